@@ -1,0 +1,5 @@
+import sys
+
+from hetpart.cli import main
+
+sys.exit(main())

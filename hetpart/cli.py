@@ -1,0 +1,145 @@
+"""`hetpart partition | run | inspect | devices | models`.
+
+User mistakes raise HetpartError: printed as one message (what, where, what to
+do), exit status 2, no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from hetpart import __version__
+from hetpart.errors import HetpartError
+
+
+def _key_value(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got '{text}'")
+    return key, value
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="hetpart", description="Partition a PyTorch model across a heterogeneous cluster.")
+    p.add_argument("--version", action="version", version=f"hetpart {__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    part = sub.add_parser("partition", help="trace, cost, partition and write per-rank artifacts")
+    part.add_argument("model", help="zoo:NAME or path/to/file.py:FUNCTION")
+    part.add_argument("--cluster", required=True, help="preset:NAME or a cluster TOML file")
+    part.add_argument("--out", required=True, type=Path, help="artifacts directory to write")
+    part.add_argument("--mode", default="inference", choices=["inference"], help="what the plan is for")
+    part.add_argument("--batch-size", type=int, default=8, help="traced batch size (dynamic in the artifacts)")
+    part.add_argument("--seq-len", type=int, default=64, help="sequence length of generated example inputs")
+    part.add_argument("--microbatches", type=int, default=4, help="microbatches per step; costs are per microbatch")
+    part.add_argument("--set", dest="overrides", action="append", type=_key_value, default=[],
+                      metavar="KEY=VALUE", help="set a model config field (repeatable)")
+    part.add_argument("--time-limit", type=float, default=30.0, help="solver time limit in seconds")
+    part.add_argument("--seed", type=int, default=0, help="seed for weights, inputs and the solver")
+    part.add_argument("--force", action="store_true", help="replace --out if it exists")
+    part.add_argument("--print-ir-after", action="append", default=[], metavar="PASS",
+                      help="print the IR after this pass (or 'all'); dumps always go to OUT/ir/")
+
+    run = sub.add_parser("run", help="run the artifacts under torchrun (one CPU process per stage)")
+    run.add_argument("out", type=Path, help="artifacts directory")
+    run.add_argument("--verify", action="store_true", help="compare with the unpartitioned model")
+    run.add_argument("--microbatches", type=int, default=None, help="default: the plan's")
+    run.add_argument("--timeout", type=float, default=600, help="seconds before the run is stopped")
+
+    insp = sub.add_parser("inspect", help="print the plan of an artifacts directory")
+    insp.add_argument("out", type=Path, help="artifacts directory")
+
+    sub.add_parser("devices", help="list the device catalog")
+    sub.add_parser("models", help="list the model zoo")
+    return p
+
+
+def _partition(args: argparse.Namespace, console: Console) -> int:
+    from hetpart.compile import CompileOptions, compile_model
+    from hetpart.frontend import ModelSpec
+    from hetpart.report import print_plan
+
+    model = args.model
+    if not model.startswith("zoo:") and ":" in model:  # record file models by absolute path
+        path, _, fn = model.rpartition(":")
+        model = f"{Path(path).resolve()}:{fn}"
+    spec = ModelSpec(model, dict(args.overrides), args.batch_size, args.seq_len, args.seed)
+    opts = CompileOptions(microbatches=args.microbatches, time_limit_s=args.time_limit, seed=args.seed,
+                          force=args.force, print_ir_after=frozenset(args.print_ir_after))
+    result = compile_model(spec, args.cluster, args.out, opts, echo=lambda text: console.print(text, markup=False, highlight=False))
+    print_plan(result.plan_json, console)
+    console.print(f"wrote {args.out}/ (plan.json, manifest.json, rank0..rank{len(result.plan.stages) - 1}, ir/)")
+    return 0
+
+
+def _run(args: argparse.Namespace, console: Console) -> int:
+    from hetpart.runtime import VERIFY_ATOL, run_pipeline
+
+    result = run_pipeline(args.out, microbatches=args.microbatches, verify=args.verify, timeout_s=args.timeout,
+                          echo=console.print)
+    shapes = ", ".join("x".join(map(str, o.shape)) for o in result.outputs)
+    console.print(f"pipeline step: {result.step_seconds * 1e3:.1f} ms; outputs: {shapes}")
+    if result.max_abs_diff is None:
+        return 0
+    ok = result.max_abs_diff <= VERIFY_ATOL
+    print(f"max_abs_diff={result.max_abs_diff:.3g}")
+    console.print(f"verify: {'PASS' if ok else 'FAIL'} (tolerance {VERIFY_ATOL:g})")
+    return 0 if ok else 1
+
+
+def _inspect(args: argparse.Namespace, console: Console) -> int:
+    from hetpart.report import print_plan
+    from hetpart.runtime.artifacts import load_manifest, read_json
+
+    load_manifest(args.out)
+    print_plan(read_json(args.out / "plan.json"), console)
+    return 0
+
+
+def _devices(console: Console) -> int:
+    from hetpart.devices import CATALOG
+
+    table = Table(title="device catalog")
+    for col in ("name", "description", "fp32 TFLOP/s", "fp16/bf16 TFLOP/s", "memory GiB", "bandwidth GB/s"):
+        table.add_column(col)
+    for t in CATALOG.values():
+        half = max(t.flops_per_s("fp16"), t.flops_per_s("bf16"))
+        table.add_row(t.name, t.description, f"{t.flops_per_s('fp32') / 1e12:g}", f"{half / 1e12:g}",
+                      f"{t.mem_bytes / (1 << 30):g}", f"{t.mem_bw_bytes_per_s / 1e9:g}")
+    console.print(table)
+    return 0
+
+
+def _models(console: Console) -> int:
+    from hetpart.models import ZOO
+
+    for m in ZOO.values():
+        print(f"zoo:{m.name:<12} {m.domain:<22} {m.description}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    # Tables keep their shape in pipes and logs (rich would wrap them at 80 columns).
+    console = Console() if sys.stdout.isatty() else Console(width=160)
+    try:
+        if args.command == "partition":
+            return _partition(args, console)
+        if args.command == "run":
+            return _run(args, console)
+        if args.command == "inspect":
+            return _inspect(args, console)
+        if args.command == "devices":
+            return _devices(console)
+        return _models(console)
+    except HetpartError as err:
+        print(f"hetpart: error: {err}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        print("hetpart: interrupted", file=sys.stderr)
+        return 130

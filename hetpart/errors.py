@@ -1,0 +1,14 @@
+"""The one exception users see: what was wrong, where, and what to do.
+
+Every module raises `HetpartError` for a user's mistake (bad input, an
+impossible request); the CLI prints its message without a traceback and exits
+with status 2. Anything else escaping is a bug in hetpart.
+"""
+
+from __future__ import annotations
+
+
+class HetpartError(Exception):
+    """A user-facing error. `str(err)` is the whole message."""
+
+    exit_code = 2

@@ -1,0 +1,89 @@
+"""MODEL specs -> (nn.Module, example inputs): `zoo:NAME` or `path/to/file.py:FUNCTION`.
+
+A file model's FUNCTION returns `(module, example_inputs_tuple)`; `--set KEY=VALUE`
+values are passed to it as keyword arguments (strings), so it must accept them.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from hetpart.errors import HetpartError
+from hetpart.models import build_zoo
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Everything needed to build the same model and inputs again (recorded in plan.json)."""
+
+    model: str  # "zoo:gpt-small" or "path/to/file.py:fn"
+    overrides: dict[str, str] = field(default_factory=dict)
+    batch_size: int = 8
+    seq_len: int = 32
+    seed: int = 0
+
+    def to_json(self) -> dict:
+        return {"model": self.model, "overrides": dict(sorted(self.overrides.items())),
+                "batch_size": self.batch_size, "seq_len": self.seq_len, "seed": self.seed}
+
+    @classmethod
+    def from_json(cls, data: dict) -> ModelSpec:
+        return cls(data["model"], dict(data["overrides"]), data["batch_size"], data["seq_len"], data["seed"])
+
+
+def _load_file_model(spec: ModelSpec) -> tuple[nn.Module, tuple]:
+    path_text, sep, func_name = spec.model.rpartition(":")
+    if not sep or not path_text or not func_name:
+        raise HetpartError(f"model '{spec.model}': expected zoo:NAME or path/to/file.py:FUNCTION")
+    path = Path(path_text)
+    if not path.is_file():
+        raise HetpartError(f"model file '{path}' not found (model '{spec.model}')")
+    mod_name = f"hetpart_user_model_{abs(hash(str(path.resolve())))}"
+    loader = importlib.util.spec_from_file_location(mod_name, path)
+    assert loader is not None and loader.loader is not None
+    module = importlib.util.module_from_spec(loader)
+    sys.modules[mod_name] = module
+    try:
+        loader.loader.exec_module(module)
+    except Exception as err:
+        raise HetpartError(f"{path}: importing the model file failed: {type(err).__name__}: {err}") from None
+    fn = getattr(module, func_name, None)
+    if not callable(fn):
+        found = [n for n, v in vars(module).items() if inspect.isfunction(v) and not n.startswith("_")]
+        raise HetpartError(f"{path}: no function '{func_name}' (functions in the file: {', '.join(found) or 'none'})")
+    params = inspect.signature(fn).parameters
+    accepts_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    for key in spec.overrides:
+        if key not in params and not accepts_any:
+            raise HetpartError(
+                f"--set {key}: {path}:{func_name}() has no parameter '{key}' (parameters: {', '.join(params) or 'none'})"
+            )
+    torch.manual_seed(spec.seed)
+    result = fn(**spec.overrides)
+    if (not isinstance(result, tuple) or len(result) != 2 or not isinstance(result[0], nn.Module)
+            or not isinstance(result[1], tuple)):
+        raise HetpartError(f"{path}:{func_name}() must return (nn.Module, tuple_of_example_inputs)")
+    return result[0].eval(), result[1]
+
+
+def load_model(spec: ModelSpec) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    """Build the model of `spec` (deterministic for its seed) and its example inputs."""
+    if spec.batch_size < 2:
+        raise HetpartError(f"--batch-size must be at least 2 (got {spec.batch_size}): a batch of 1 cannot be traced as dynamic")
+    if spec.seq_len < 1:
+        raise HetpartError(f"--seq-len must be positive (got {spec.seq_len})")
+    if spec.model.startswith("zoo:"):
+        module, inputs = build_zoo(spec.model.removeprefix("zoo:"), spec.overrides, spec.batch_size, spec.seq_len, spec.seed)
+    else:
+        module, inputs = _load_file_model(spec)
+    for i, x in enumerate(inputs):
+        if not isinstance(x, torch.Tensor):
+            raise HetpartError(f"model '{spec.model}': example input {i} is a {type(x).__name__}; inputs must be tensors")
+    return module, inputs

@@ -1,0 +1,61 @@
+"""`NodeInfo`: the one typed annotation every pass reads and writes.
+
+It lives under `node.meta["hetpart"]`; code goes through `info(node)` and never
+touches `node.meta` keys of its own.
+
+    >>> import torch.fx as fx
+    >>> g = fx.Graph(); x = g.placeholder("x")
+    >>> info(x).flops = 10
+    >>> info(x).flops
+    10
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+import torch.fx as fx
+
+META_KEY = "hetpart"
+
+
+@dataclass
+class NodeInfo:
+    """What the passes know about one FX node. `None` / empty means "not computed yet"."""
+
+    # shape pass
+    is_tensor: bool | None = None  # False for SymInts, tuples, None outputs
+    shape: tuple[str, ...] | None = None  # symbolic, e.g. ("s0", "64", "128")
+    dtype: str | None = None  # short name, e.g. "f32"; "tuple" or "scalar" for non-tensors
+    out_bytes: int | None = None  # bytes of the output at microbatch size (0 for non-tensors)
+    # flops pass
+    flops: int | None = None  # at microbatch size
+    bytes_moved: int | None = None  # memory traffic of the op at microbatch size (0 for views)
+    # memory pass
+    param_bytes: int | None = None  # bytes of the weight a get_attr node reads
+    weight: str | None = None  # canonical name of that weight (tied weights share one)
+    act_bytes: int | None = None  # activation memory the node's output needs in its stage
+    # op-cost pass
+    cost_ns: dict[str, int] = field(default_factory=dict)  # device type -> time at microbatch size
+    # partition
+    stage: int | None = None
+
+
+def info(node: fx.Node) -> NodeInfo:
+    """The node's annotation, created empty on first use."""
+    found = node.meta.get(META_KEY)
+    if found is None:
+        found = node.meta[META_KEY] = NodeInfo()
+    return found
+
+
+def has_field(node: fx.Node, name: str) -> bool:
+    """Whether a pass has filled `name` on this node (used by PassManager's requires check)."""
+    found = node.meta.get(META_KEY)
+    if found is None:
+        return False
+    value = getattr(found, name)
+    return value is not None and value != {}
+
+
+FIELD_NAMES = frozenset(f.name for f in fields(NodeInfo))

@@ -1,0 +1,47 @@
+"""The partitioner: a torch-free DAG of integer costs in, a verified pipeline plan out.
+
+Data flows problem.py (the question) -> dp.py (fast contiguous plan, the hint)
+-> cpsat.py (exact model) -> evaluate.py (the cost model, NOTE [stage time])
+-> verify.py (independent check). Nothing here imports torch.
+"""
+
+from hetpart.partitioner.cpsat import solve
+from hetpart.partitioner.dp import dp_hint
+from hetpart.partitioner.evaluate import bottleneck_ns, evaluate
+from hetpart.partitioner.problem import (
+    MEM_BYTES,
+    OUT_BYTES,
+    PIN,
+    PIN_FIRST,
+    PIN_LAST,
+    TIME_NS,
+    WEIGHTS,
+    Device,
+    Link,
+    Plan,
+    Problem,
+    StageCost,
+)
+from hetpart.partitioner.verify import PlanError, plan_violations, verify_plan
+
+__all__ = [
+    "MEM_BYTES",
+    "OUT_BYTES",
+    "PIN",
+    "PIN_FIRST",
+    "PIN_LAST",
+    "TIME_NS",
+    "WEIGHTS",
+    "Device",
+    "Link",
+    "Plan",
+    "PlanError",
+    "Problem",
+    "StageCost",
+    "bottleneck_ns",
+    "dp_hint",
+    "evaluate",
+    "plan_violations",
+    "solve",
+    "verify_plan",
+]

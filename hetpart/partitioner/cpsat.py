@@ -1,0 +1,436 @@
+"""The exact partitioner: one CP-SAT model of the whole problem, seeded by the DP.
+
+DESIGN.md section 5 and PARTITIONING-NOTES finding 2: order encoding
+y[v,k] = [stage(v) <= k], device literals a[k,d], costs enforced under the
+literal of the stage's device type, machine or capacity. The model is built in
+sections (data, variables, constraints, objective, solve); the returned plan's
+costs come from `evaluate.py`, never from solver values.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ortools.sat.python import cp_model
+
+from hetpart.errors import HetpartError
+from hetpart.partitioner.dp import dp_hint
+from hetpart.partitioner.evaluate import boundary_bytes, bottleneck_ns, evaluate
+from hetpart.partitioner.problem import (
+    MEM_BYTES,
+    OUT_BYTES,
+    PIN,
+    PIN_FIRST,
+    PIN_LAST,
+    TIME_NS,
+    WEIGHTS,
+    Plan,
+    Problem,
+)
+
+LogCallback = Callable[[int, int], None]  # (objective_ns, bound_ns) on each improving solution
+
+
+@dataclass
+class _Model:
+    """The CP-SAT model and its variables, indexed like the data they model."""
+
+    model: cp_model.CpModel
+    order: list[str]
+    num_stages: int  # K: stages the model may use
+    y: dict[str, list[cp_model.IntVar]]  # y[v][k] = [stage(v) <= k]
+    used: list[cp_model.IntVar]  # stage k holds nodes
+    a: list[dict[str, cp_model.IntVar]]  # a[k][device] = stage k runs on device
+    is_type: list[dict[str, cp_model.IntVar]]
+    on_machine: list[dict[str, cp_model.IntVar]]
+    has_capacity: list[dict[int, cp_model.IntVar]]
+    cross: dict[str, list[cp_model.IntVar]]  # cross[u][k]: u's output crosses boundary k
+    any_cross: list[cp_model.IntVar]
+    comm: list[cp_model.IntVar]  # ns of boundary k
+    compute: list[cp_model.IntVar]  # ns of stage k's compute
+    holds: dict[str, list[cp_model.IntVar]]  # holds[w][k]: stage k holds weight w
+    bottleneck: cp_model.IntVar
+    stats: dict[str, float] = field(default_factory=dict)
+
+
+def _build(problem: Problem) -> _Model:
+    g = problem.graph
+
+    # --- Data (stable orders: nodes in `node_order`, devices in list order).
+    order = problem.node_order()
+    pin = {v: g.nodes[v].get(PIN) for v in order}
+    free = [v for v in order if pin[v] != PIN_LAST]
+    K = min(problem.max_stages or len(problem.devices), len(problem.devices), len(free))
+    stages = range(K)
+    devices = problem.devices
+    types = problem.device_types
+    machines = sorted({d.node for d in devices})
+    capacities = sorted({d.capacity_bytes for d in devices})
+    time_ns = {v: g.nodes[v][TIME_NS] for v in order}
+    out_bytes = {v: g.nodes[v].get(OUT_BYTES, 0) for v in order}
+    mem_bytes = {v: g.nodes[v].get(MEM_BYTES, 0) for v in order}
+    readers: dict[str, list[str]] = {}
+    for v in order:
+        for w in g.nodes[v].get(WEIGHTS, ()):
+            if v not in readers.setdefault(w, []):
+                readers[w].append(v)
+    senders = [u for u in order if out_bytes[u] > 0 and g.out_degree(u) > 0]
+    total_bytes = sum(out_bytes[u] for u in senders)
+    links = [problem.network, *problem.intra_node_links.values()]
+    comm_ub = max(link.transfer_ns(total_bytes) for link in links)
+    compute_ub = sum(max(time_ns[v].values()) for v in order)
+    total_mem = sum(mem_bytes.values()) + sum(problem.weights[w] for w in readers)
+
+    m = cp_model.CpModel()
+
+    # --- Variables.
+    y = {v: [m.new_bool_var(f"y[{v},{k}]") for k in stages] for v in order}
+    used = [m.new_bool_var(f"used[{k}]") for k in stages]
+    a = [{d.name: m.new_bool_var(f"a[{k},{d.name}]") for d in devices} for k in stages]
+    is_type = [{t: m.new_bool_var(f"type[{k},{t}]") for t in types} for k in stages]
+    on_machine = [{mc: m.new_bool_var(f"machine[{k},{mc}]") for mc in machines} for k in stages]
+    has_capacity = [{c: m.new_bool_var(f"capacity[{k},{c}]") for c in capacities} for k in stages]
+    cross = {u: [m.new_bool_var(f"cross[{u},{k}]") for k in range(K - 1)] for u in senders}
+    any_cross = [m.new_bool_var(f"any_cross[{k}]") for k in range(K - 1)]
+    comm = [m.new_int_var(0, comm_ub, f"comm[{k}]") for k in range(K - 1)]
+    compute = [m.new_int_var(0, compute_ub, f"compute[{k}]") for k in stages]
+    holds = {w: [m.new_bool_var(f"holds[{w},{k}]") for k in stages] for w in readers}
+    bottleneck = m.new_int_var(0, compute_ub + 2 * comm_ub, "bottleneck")
+
+    def x(v: str, k: int) -> cp_model.LinearExprT:
+        """[stage(v) == k] as a linear expression."""
+        return y[v][k] - y[v][k - 1] if k > 0 else y[v][0]
+
+    # --- Constraints: stages of nodes.
+    for v in order:
+        # Every node is in some stage: stage(v) <= K-1.
+        m.add(y[v][K - 1] == 1)
+        for k in range(K - 1):
+            # stage(v) <= k implies stage(v) <= k+1.
+            m.add_implication(y[v][k], y[v][k + 1])
+    for u, v in sorted(g.edges, key=lambda e: (str(e[0]), str(e[1]))):
+        for k in range(K - 1):
+            # Every edge u->v keeps u in the same or an earlier stage.
+            m.add_implication(y[v][k], y[u][k])
+    for v in order:
+        if pin[v] == PIN_FIRST:
+            # A PIN_FIRST node (a model input) is in stage 0.
+            m.add(y[v][0] == 1)
+
+    # --- Constraints: which stages are used.
+    # Stage 0 is used; used stages form a prefix 0..S-1.
+    m.add(used[0] == 1)
+    for k in range(1, K):
+        m.add_implication(used[k], used[k - 1])
+    for v in order:
+        for k in range(1, K):
+            # A node in stage >= k makes stage k used (so every node is in a used stage,
+            # and an unused stage holds no node).
+            m.add_implication(~y[v][k - 1], used[k])
+    for k in stages:
+        # A used stage holds at least one node not pinned last.
+        m.add(sum(x(v, k) for v in free) >= used[k])
+    for p in order:
+        if pin[p] == PIN_LAST:
+            for k in range(K - 1):
+                # A PIN_LAST node (a model output) is in the last used stage: if it is in
+                # stage <= k, stage k+1 is unused.
+                m.add_implication(y[p][k], ~used[k + 1])
+
+    # --- Constraints: devices.
+    for k in stages:
+        # A used stage runs on exactly one device, an unused one on none.
+        m.add(sum(a[k].values()) == used[k])
+        for t in types:
+            # type[k,t]: stage k runs on a device of type t.
+            m.add(is_type[k][t] == sum(a[k][d.name] for d in devices if d.type == t))
+        for mc in machines:
+            # machine[k,mc]: stage k runs on a device of machine mc.
+            m.add(on_machine[k][mc] == sum(a[k][d.name] for d in devices if d.node == mc))
+        for c in capacities:
+            # capacity[k,c]: stage k runs on a device with c bytes of memory.
+            m.add(has_capacity[k][c] == sum(a[k][d.name] for d in devices if d.capacity_bytes == c))
+    for d in devices:
+        # Each device runs at most one stage.
+        m.add_at_most_one(a[k][d.name] for k in stages)
+    for cls in problem.device_classes():
+        for first, second in zip(cls, cls[1:]):
+            for k in stages:
+                # Interchangeable devices (same type, machine, capacity) are used in list
+                # order: `second` runs stage k only if `first` runs an earlier stage.
+                m.add(a[k][second] <= sum(a[j][first] for j in range(k)))
+
+    # --- Constraints: bytes over boundaries (see NOTE [stage time] in evaluate.py).
+    for u in senders:
+        succs = sorted(g.successors(u), key=str)
+        for k in range(K - 1):
+            for v in succs:
+                # u's output crosses boundary k if u is in stage <= k and a consumer v is not.
+                m.add_bool_or([~y[u][k], y[v][k], cross[u][k]])
+            # Only a value produced at or before stage k can cross boundary k.
+            m.add_implication(cross[u][k], y[u][k])
+            # Something crosses boundary k if u's output does.
+            m.add_implication(cross[u][k], any_cross[k])
+    for k in range(K - 1):
+        crossing = [cross[u][k] for u in senders]
+        # Nothing crosses boundary k unless some value does (so latency is paid only then).
+        if crossing:
+            m.add_bool_or(crossing).only_enforce_if(any_cross[k])
+        else:
+            m.add(any_cross[k] == 0)
+        nbytes = sum(out_bytes[u] * cross[u][k] for u in senders)
+        for m1 in machines:
+            for m2 in machines:
+                link = problem.intra_node_links[m1] if m1 == m2 else problem.network
+                if m1 == m2 and sum(d.node == m1 for d in devices) < 2:
+                    continue  # two stages cannot both run on this machine's only device
+                # Boundary k between machines m1 and m2 takes at least latency + bytes / bandwidth
+                # when something crosses: (comm - latency) * bw >= 1000 * bytes, i.e. the
+                # integer comm is >= Link.transfer_ns(bytes) exactly (ceil).
+                bw = link.bandwidth_bytes_per_us
+                m.add(bw * comm[k] - 1000 * nbytes >= bw * link.latency_ns).only_enforce_if(
+                    [on_machine[k][m1], on_machine[k + 1][m2], any_cross[k]]
+                )
+
+    # --- Constraints: compute and memory per stage.
+    for k in stages:
+        for t in types:
+            # A stage on type t computes at least the sum of its nodes' times on t.
+            m.add(compute[k] >= sum(time_ns[v][t] * x(v, k) for v in order)).only_enforce_if(is_type[k][t])
+        for w, vs in readers.items():
+            for v in vs:
+                # A stage holds weight w if one of its nodes reads it.
+                m.add(x(v, k) <= holds[w][k])
+        load = sum(mem_bytes[v] * x(v, k) for v in order) + sum(problem.weights[w] * holds[w][k] for w in readers)
+        for c in capacities:
+            if total_mem > c:
+                # A stage's activations and weights fit in its device's memory.
+                m.add(load <= c).only_enforce_if(has_capacity[k][c])
+
+    # --- Objective: the slowest stage (compute plus the boundaries on both sides).
+    for k in stages:
+        comm_in = comm[k - 1] if k > 0 else 0
+        comm_out = comm[k] if k < K - 1 else 0
+        # The bottleneck is at least every stage's time.
+        m.add(bottleneck >= compute[k] + comm_in + comm_out)
+    # Redundant cut: the bottleneck is at least any node's time on its fastest device type.
+    m.add(bottleneck >= max(min(time_ns[v][t] for t in types) for v in order))
+    m.minimize(bottleneck)
+
+    return _Model(
+        model=m, order=order, num_stages=K, y=y, used=used, a=a, is_type=is_type, on_machine=on_machine,
+        has_capacity=has_capacity, cross=cross, any_cross=any_cross, comm=comm, compute=compute, holds=holds,
+        bottleneck=bottleneck,
+    )
+
+
+def _canonical(problem: Problem, device_of_stage: list[str]) -> list[str]:
+    """The same plan with each class of interchangeable devices used in list order."""
+    out = list(device_of_stage)
+    for cls in problem.device_classes():
+        slots = [k for k, d in enumerate(device_of_stage) if d in cls]
+        for k, d in zip(slots, cls):
+            out[k] = d
+    return out
+
+
+def _add_hint(problem: Problem, mdl: _Model, stage_of: dict[str, int], device_of_stage: list[str]) -> None:
+    """Hint every variable from one complete plan, so CP-SAT starts from a feasible solution."""
+    m, K, S = mdl.model, mdl.num_stages, len(device_of_stage)
+    g = problem.graph
+    costs = evaluate(problem, stage_of, device_of_stage)
+    crossing = boundary_bytes(problem, stage_of, S)
+    for v in mdl.order:
+        for k in range(K):
+            m.add_hint(mdl.y[v][k], stage_of[v] <= k)
+    for u, lits in mdl.cross.items():
+        last = max(stage_of[v] for v in g.successors(u))
+        for k, lit in enumerate(lits):
+            m.add_hint(lit, stage_of[u] <= k < last)
+    for k in range(K):
+        dev = problem.device(device_of_stage[k]) if k < S else None
+        m.add_hint(mdl.used[k], dev is not None)
+        for name, lit in mdl.a[k].items():
+            m.add_hint(lit, dev is not None and name == dev.name)
+        for t, lit in mdl.is_type[k].items():
+            m.add_hint(lit, dev is not None and t == dev.type)
+        for mc, lit in mdl.on_machine[k].items():
+            m.add_hint(lit, dev is not None and mc == dev.node)
+        for c, lit in mdl.has_capacity[k].items():
+            m.add_hint(lit, dev is not None and c == dev.capacity_bytes)
+        m.add_hint(mdl.compute[k], costs[k].compute_ns if k < S else 0)
+        for w, lits in mdl.holds.items():
+            m.add_hint(lits[k], k < S and any(w in g.nodes[v].get(WEIGHTS, ()) for v in costs[k].nodes))
+        if k < K - 1:
+            m.add_hint(mdl.any_cross[k], k < S - 1 and crossing[k] > 0)
+            m.add_hint(mdl.comm[k], costs[k].comm_out_ns if k < S else 0)
+    m.add_hint(mdl.bottleneck, bottleneck_ns(costs))
+
+
+def _check_hint(problem: Problem, hint: Plan, num_stages: int) -> None:
+    g = problem.graph
+    S = len(hint.device_of_stage)
+    if set(hint.stage_of) != set(g.nodes) or any(not 0 <= s < S for s in hint.stage_of.values()):
+        raise HetpartError(
+            "partitioner: the hint plan does not match this graph (nodes or stages differ); "
+            "drop the hint or recompute it for this model"
+        )
+    if S > num_stages or any(d not in {x.name for x in problem.devices} for d in hint.device_of_stage):
+        raise HetpartError(
+            f"partitioner: the hint plan uses {S} stages on {hint.device_of_stage}, but this "
+            f"problem allows {num_stages} stages on {[d.name for d in problem.devices]}; drop the hint"
+        )
+
+
+class _Progress(cp_model.CpSolverSolutionCallback):
+    def __init__(self, log_callback: LogCallback):
+        super().__init__()
+        self._log = log_callback
+
+    def on_solution_callback(self) -> None:
+        self._log(int(round(self.objective_value)), math.ceil(self.best_objective_bound - 1e-6))
+
+
+def _node_need(problem: Problem, v: str) -> int:
+    attrs = problem.graph.nodes[v]
+    return attrs.get(MEM_BYTES, 0) + sum(problem.weights[w] for w in set(attrs.get(WEIGHTS, ())))
+
+
+def _infeasible_message(problem: Problem) -> str:
+    """Why no plan fits, in the data's terms."""
+    g = problem.graph
+    weights = sorted({w for v in g.nodes for w in g.nodes[v].get(WEIGHTS, ())})
+    need = sum(g.nodes[v].get(MEM_BYTES, 0) for v in g.nodes) + sum(problem.weights[w] for w in weights)
+    capacity = sum(d.capacity_bytes for d in problem.devices)
+    biggest_dev = max(problem.devices, key=lambda d: d.capacity_bytes)
+    biggest_node = max(g.nodes, key=lambda v: _node_need(problem, v))
+    biggest_weight = max(weights, key=lambda w: problem.weights[w], default=None)
+    lines = [
+        "partitioner: no plan fits in memory.",
+        f"  activations + weights: {need} bytes (weights counted once); total device memory: {capacity} bytes"
+        f" over {len(problem.devices)} devices"
+        + (f" (max_stages={problem.max_stages})" if problem.max_stages else ""),
+        f"  largest single node: {biggest_node!r} needs {_node_need(problem, biggest_node)} bytes; "
+        f"largest device: {biggest_dev.name!r} with {biggest_dev.capacity_bytes} bytes",
+    ]
+    if biggest_weight is not None:
+        lines.append(f"  largest weight: {biggest_weight!r} with {problem.weights[biggest_weight]} bytes")
+    lines.append(
+        "  Add devices or larger ones, allow more stages, reduce the batch size, or note that pins "
+        "(inputs first, outputs last) and weights shared across stages add memory."
+    )
+    return "\n".join(lines)
+
+
+def solve(
+    problem: Problem,
+    *,
+    time_limit_s: float = 30.0,
+    seed: int = 0,
+    workers: int = 1,
+    hint: Plan | None = None,
+    log_callback: LogCallback | None = None,
+) -> Plan:
+    """The plan with the least bottleneck (NOTE [stage time]), or the best found in `time_limit_s`.
+
+    Starts CP-SAT from `hint`, or from `dp_hint(problem)` when no hint is given;
+    returns a plan with 0..S-1 stages, costs recomputed by `evaluate`, and the
+    solver's proven bound. Raises HetpartError when no plan fits in memory, or
+    none was found in time.
+
+        >>> import networkx as nx
+        >>> from hetpart.partitioner.problem import Device, Link
+        >>> g = nx.path_graph(["a", "b", "c"], create_using=nx.DiGraph)
+        >>> nx.set_node_attributes(g, {"a": {"gpu": 30}, "b": {"gpu": 30}, "c": {"gpu": 60}}, "time_ns")
+        >>> p = Problem(graph=g, weights={}, devices=[Device("g0", "gpu", "n0", 1), Device("g1", "gpu", "n0", 1)],
+        ...             intra_node_links={"n0": Link(1000, 0)}, network=Link(1000, 0))
+        >>> plan = solve(p)
+        >>> plan.stage_of, plan.bottleneck_ns, plan.solver_status
+        ({'a': 0, 'b': 0, 'c': 1}, 60, 'OPTIMAL')
+    """
+    t0 = time.perf_counter()
+    if not time_limit_s > 0:
+        raise HetpartError(
+            f"partitioner: time limit must be positive, got {time_limit_s}; pass --time-limit > 0"
+        )
+    if workers < 1:
+        raise HetpartError(f"partitioner: workers must be at least 1, got {workers}")
+    problem.validate()
+    largest = max(d.capacity_bytes for d in problem.devices)
+    if any(_node_need(problem, v) > largest for v in problem.graph.nodes):
+        raise HetpartError(_infeasible_message(problem))
+
+    dp_plan = dp_hint(problem)
+    t_dp = time.perf_counter()
+    mdl = _build(problem)
+    if hint is not None:
+        _check_hint(problem, hint, mdl.num_stages)
+        start = (hint.stage_of, _canonical(problem, hint.device_of_stage))
+    elif dp_plan is not None:
+        start = (dp_plan.stage_of, _canonical(problem, dp_plan.device_of_stage))
+    else:
+        start = None
+    if start is not None:
+        _add_hint(problem, mdl, *start)
+    t_build = time.perf_counter()
+
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = max(0.0, time_limit_s - (t_build - t0))
+    solver.parameters.random_seed = seed
+    solver.parameters.num_workers = workers
+    # PARTITIONING-NOTES finding 3: presolve dominates on big models; probing is what costs.
+    solver.parameters.cp_model_probing_level = 0
+    status = solver.solve(mdl.model, _Progress(log_callback) if log_callback else None)
+    t_solve = time.perf_counter()
+
+    proto = mdl.model.proto
+    stats = {
+        "dp_seconds": t_dp - t0,
+        "build_seconds": t_build - t_dp,
+        "cpsat_seconds": t_solve - t_build,
+        "variables": float(len(proto.variables)),
+        "constraints": float(len(proto.constraints)),
+        "max_stages": float(mdl.num_stages),
+    }
+    if dp_plan is not None:
+        stats["dp_bottleneck_ns"] = float(dp_plan.bottleneck_ns)
+
+    if status == cp_model.INFEASIBLE:
+        raise HetpartError(_infeasible_message(problem))
+    if status == cp_model.MODEL_INVALID:
+        raise RuntimeError(f"hetpart bug: invalid CP-SAT model: {mdl.model.validate()}")
+    found = status in (cp_model.OPTIMAL, cp_model.FEASIBLE)
+    bound = max(0, math.ceil(solver.best_objective_bound - 1e-6)) if found else 0
+    if not found:
+        if dp_plan is None:
+            raise HetpartError(
+                f"partitioner: no plan found within {time_limit_s:g} s "
+                f"({len(mdl.order)} nodes, {len(problem.devices)} devices); raise --time-limit"
+            )
+        stage_of, device_of_stage, status_name = dp_plan.stage_of, dp_plan.device_of_stage, "FEASIBLE"
+    else:
+        # Read the solution; used stages are a prefix, renumber them 0..S-1 all the same.
+        raw = {v: next(k for k in range(mdl.num_stages) if solver.boolean_value(mdl.y[v][k])) for v in mdl.order}
+        used = sorted(set(raw.values()))
+        renumber = {k: i for i, k in enumerate(used)}
+        stage_of = {v: renumber[raw[v]] for v in problem.graph.nodes}
+        device_of_stage = [next(d for d, lit in mdl.a[k].items() if solver.boolean_value(lit)) for k in used]
+        status_name = "OPTIMAL" if status == cp_model.OPTIMAL else "FEASIBLE"
+
+    stages = evaluate(problem, stage_of, device_of_stage)
+    if dp_plan is not None and dp_plan.bottleneck_ns < bottleneck_ns(stages):
+        stage_of, device_of_stage, stages = dp_plan.stage_of, dp_plan.device_of_stage, dp_plan.stages
+    best = bottleneck_ns(stages)
+    return Plan(
+        stage_of=stage_of,
+        device_of_stage=device_of_stage,
+        stages=stages,
+        bottleneck_ns=best,
+        lower_bound_ns=min(bound, best),
+        solver_status="OPTIMAL" if status_name == "OPTIMAL" or bound >= best else "FEASIBLE",
+        solve_seconds=time.perf_counter() - t0,
+        stats=stats,
+    )

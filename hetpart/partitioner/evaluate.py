@@ -1,0 +1,99 @@
+"""What a plan costs, recomputed from scratch in plain Python (no solver).
+
+The solver, the DP and the verifier all agree with this module: it is the cost
+model's one definition.
+See NOTE [stage time] below.
+"""
+
+from __future__ import annotations
+
+from hetpart.partitioner.problem import MEM_BYTES, OUT_BYTES, TIME_NS, WEIGHTS, Problem, StageCost
+
+# NOTE [stage time]
+# A plan is a chain of stages 0..S-1, stage k on device `device_of_stage[k]`.
+# A stage's time is its compute time plus the transfer time of the boundaries
+# on BOTH of its sides (boundary k-1|k and boundary k|k+1): transfers are not
+# overlapped with compute, and a boundary occupies both stages it joins.
+# A value produced by node u in stage s and last consumed in stage t > s is
+# sent from stage to stage: it crosses every boundary s|s+1, ..., t-1|t and
+# pays its `out_bytes` on each (it passes through the stages in between).
+# A boundary costs `link.transfer_ns(bytes)` over the link between its two
+# devices: latency plus bytes / bandwidth, and nothing at all when no byte crosses.
+# A stage's memory is the `mem_bytes` of its nodes plus every weight its nodes
+# read, each weight counted once per stage (a weight read in two stages is
+# held by both).
+
+
+def boundary_bytes(problem: Problem, stage_of: dict[str, int], num_stages: int) -> list[int]:
+    """Bytes crossing each boundary k (between stage k and k+1), k = 0..num_stages-2.
+
+    See NOTE [stage time]: node u's output crosses boundary k when
+    stage(u) <= k < max(stage of u's successors).
+    """
+    g = problem.graph
+    crossing = [0] * max(0, num_stages - 1)
+    for u in g.nodes:
+        nbytes = g.nodes[u].get(OUT_BYTES, 0)
+        succs = list(g.successors(u))
+        if nbytes <= 0 or not succs:
+            continue
+        for k in range(stage_of[u], max(stage_of[v] for v in succs)):
+            crossing[k] += nbytes
+    return crossing
+
+
+def evaluate(problem: Problem, stage_of: dict[str, int], device_of_stage: list[str]) -> list[StageCost]:
+    """The cost of every stage of a plan; see NOTE [stage time].
+
+    `stage_of` must give every node a stage in 0..len(device_of_stage)-1 and
+    name devices of the problem (`verify_plan` checks this first).
+
+        >>> import networkx as nx
+        >>> from hetpart.partitioner.problem import Device, Link
+        >>> g = nx.DiGraph()
+        >>> g.add_node("a", time_ns={"gpu": 50}, mem_bytes=8, out_bytes=1000)
+        >>> g.add_node("b", time_ns={"gpu": 70}, mem_bytes=8, out_bytes=0)
+        >>> g.add_edge("a", "b")
+        >>> p = Problem(graph=g, weights={}, devices=[Device("g0", "gpu", "n0", 64), Device("g1", "gpu", "n0", 64)],
+        ...             intra_node_links={"n0": Link(bandwidth_bytes_per_us=100, latency_ns=5)},
+        ...             network=Link(10, 1000))
+        >>> stages = evaluate(p, {"a": 0, "b": 1}, ["g0", "g1"])
+        >>> [(s.compute_ns, s.comm_in_ns, s.comm_out_ns, s.time_ns) for s in stages]
+        [(50, 0, 10005, 10055), (70, 10005, 0, 10075)]
+    """
+    g = problem.graph
+    num_stages = len(device_of_stage)
+    devices = [problem.device(name) for name in device_of_stage]
+    nodes_of: list[list[str]] = [[] for _ in range(num_stages)]
+    for v in g.nodes:
+        nodes_of[stage_of[v]].append(v)
+
+    crossing = boundary_bytes(problem, stage_of, num_stages)
+    boundary_ns = [
+        problem.link(device_of_stage[k], device_of_stage[k + 1]).transfer_ns(crossing[k])
+        for k in range(num_stages - 1)
+    ]
+
+    stages = []
+    for k, (dev, nodes) in enumerate(zip(devices, nodes_of)):
+        weights = {w for v in nodes for w in g.nodes[v].get(WEIGHTS, ())}
+        stages.append(
+            StageCost(
+                index=k,
+                device=dev.name,
+                device_type=dev.type,
+                nodes=nodes,
+                compute_ns=sum(g.nodes[v][TIME_NS][dev.type] for v in nodes),
+                comm_in_ns=boundary_ns[k - 1] if k > 0 else 0,
+                comm_out_ns=boundary_ns[k] if k < num_stages - 1 else 0,
+                memory_bytes=sum(g.nodes[v].get(MEM_BYTES, 0) for v in nodes)
+                + sum(problem.weights[w] for w in sorted(weights)),
+                capacity_bytes=dev.capacity_bytes,
+            )
+        )
+    return stages
+
+
+def bottleneck_ns(stages: list[StageCost]) -> int:
+    """The slowest stage's time: one microbatch leaves the pipeline every this many ns."""
+    return max((s.time_ns for s in stages), default=0)

@@ -1,0 +1,205 @@
+"""The partitioning problem as plain data, and the plan that answers it.
+
+The partitioner never imports torch: it sees a DAG of integer costs, a set of
+devices and the links between them. `hetpart.passes.lower` builds a `Problem`
+from an annotated FX graph; codegen applies the `Plan` back to the graph.
+
+Cost model (see NOTE [stage time] in `evaluate.py`): a plan is an ordered chain
+of stages, each on its own device. A value produced in stage s and consumed in
+stage t > s crosses every boundary s|s+1, ..., t-1|t and pays its bytes on each.
+A boundary between stages k and k+1 takes `link.latency_ns + ceil(bytes * 1000 /
+link.bandwidth_bytes_per_us)`; a stage's time is its compute time on its
+device's type plus the transfer time of the boundaries on both of its sides.
+
+    >>> import networkx as nx
+    >>> g = nx.DiGraph()
+    >>> g.add_node("x", time_ns={"gpu": 0}, mem_bytes=0, out_bytes=16, pin=PIN_FIRST)
+    >>> g.add_node("out", time_ns={"gpu": 0}, mem_bytes=0, out_bytes=0, pin=PIN_LAST)
+    >>> g.add_edge("x", "out")
+    >>> p = Problem(graph=g, weights={}, devices=[Device("g0", "gpu", "n0", 1 << 30)],
+    ...             intra_node_links={"n0": Link(300_000, 2_000)}, network=Link(12_500, 10_000))
+    >>> p.link("g0", "g0").latency_ns
+    2000
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import networkx as nx
+
+from hetpart.errors import HetpartError
+
+# Node attributes read from `Problem.graph` (networkx style: functions name the attribute).
+TIME_NS = "time_ns"  # dict[device type, int]: compute time of the node on that type
+MEM_BYTES = "mem_bytes"  # int: memory the node needs in its stage (activations, workspace)
+OUT_BYTES = "out_bytes"  # int: bytes of the node's output, paid on every boundary it crosses
+WEIGHTS = "weights"  # tuple[str, ...]: names of the weights the node reads (see Problem.weights)
+PIN = "pin"  # PIN_FIRST, PIN_LAST or None
+
+PIN_FIRST = "first"  # the node is in stage 0 (model inputs are fed to the first stage)
+PIN_LAST = "last"  # the node is in the last stage (model outputs leave from the last stage)
+
+
+@dataclass(frozen=True)
+class Device:
+    """One device of the cluster, as the partitioner sees it."""
+
+    name: str  # unique, e.g. "a/0"
+    type: str  # device type, a key of every node's `time_ns`
+    node: str  # the machine it sits in; devices on one machine share its intra-node link
+    capacity_bytes: int
+
+
+@dataclass(frozen=True)
+class Link:
+    bandwidth_bytes_per_us: int  # 1 GB/s = 1_000 bytes/us
+    latency_ns: int
+
+    def transfer_ns(self, nbytes: int) -> int:
+        """Time to move `nbytes` over this link; nothing to move costs nothing."""
+        if nbytes <= 0:
+            return 0
+        return self.latency_ns + -(-nbytes * 1000 // self.bandwidth_bytes_per_us)
+
+
+@dataclass
+class Problem:
+    """A DAG with integer costs, the devices, and the links between them.
+
+    `graph` nodes carry the attributes named by the module constants above.
+    `weights` maps a weight name to its size; a stage holds every weight any of
+    its nodes reads, once (a weight read by two stages is replicated).
+    """
+
+    graph: nx.DiGraph
+    weights: dict[str, int]
+    devices: list[Device]
+    intra_node_links: dict[str, Link]  # machine name -> link between two devices on it
+    network: Link  # between two devices on different machines
+    max_stages: int | None = None  # default: one stage per device
+
+    def device(self, name: str) -> Device:
+        for d in self.devices:
+            if d.name == name:
+                return d
+        raise KeyError(name)
+
+    def link(self, a: str, b: str) -> Link:
+        """The link between devices named `a` and `b`."""
+        da, db = self.device(a), self.device(b)
+        if da.node == db.node:
+            return self.intra_node_links[da.node]
+        return self.network
+
+    @property
+    def device_types(self) -> list[str]:
+        return sorted({d.type for d in self.devices})
+
+    def node_order(self) -> list[str]:
+        """One stable topological order: PIN_FIRST nodes as early, PIN_LAST as late as edges allow.
+
+        Ties are broken by node name, so the same graph always gives the same order.
+        """
+        rank = {PIN_FIRST: 0, None: 1, PIN_LAST: 2}
+        pins = {v: rank.get(self.graph.nodes[v].get(PIN), 1) for v in self.graph.nodes}
+        return list(nx.lexicographical_topological_sort(self.graph, key=lambda v: (pins[v], str(v))))
+
+    def device_classes(self) -> list[list[str]]:
+        """Devices grouped into classes of interchangeable ones (same type, machine and capacity).
+
+        Swapping two devices of a class changes no cost, so solvers use a class's
+        devices in list order. Classes and their members keep `devices` order.
+        """
+        classes: dict[tuple[str, str, int], list[str]] = {}
+        for d in self.devices:
+            classes.setdefault((d.type, d.node, d.capacity_bytes), []).append(d.name)
+        return list(classes.values())
+
+    def validate(self) -> None:
+        """Raise HetpartError listing every way this problem is malformed."""
+        errors: list[str] = []
+        g = self.graph
+        if g.number_of_nodes() == 0:
+            errors.append("the graph has no nodes; trace a model with at least one op")
+        if not nx.is_directed_acyclic_graph(g):
+            errors.append(f"the graph has a cycle: {nx.find_cycle(g)}; the partitioner needs a DAG")
+        if not self.devices:
+            errors.append("the cluster has no devices; list at least one in the cluster file")
+        names = [d.name for d in self.devices]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            errors.append(f"device names used twice: {dupes}; give every device a unique name")
+        types = self.device_types
+        for v, attrs in g.nodes(data=True):
+            times = attrs.get(TIME_NS)
+            missing = [t for t in types if not isinstance(times, dict) or t not in times]
+            if missing:
+                errors.append(
+                    f"node {v!r} has no {TIME_NS} for device type(s) {missing}; "
+                    "run the op-cost pass for every device type of the cluster"
+                )
+            elif any(not isinstance(times[t], int) or times[t] < 0 for t in types):
+                errors.append(f"node {v!r}: {TIME_NS} must be non-negative ints, got {times}")
+            for attr in (MEM_BYTES, OUT_BYTES):
+                val = attrs.get(attr, 0)
+                if not isinstance(val, int) or val < 0:
+                    errors.append(f"node {v!r}: {attr} must be a non-negative int, got {val!r}")
+            unknown = [w for w in attrs.get(WEIGHTS, ()) if w not in self.weights]
+            if unknown:
+                errors.append(f"node {v!r} reads weight(s) {unknown} missing from Problem.weights")
+            if attrs.get(PIN) not in (None, PIN_FIRST, PIN_LAST):
+                errors.append(f"node {v!r}: {PIN} must be {PIN_FIRST!r}, {PIN_LAST!r} or None")
+        if g.number_of_nodes() and all(a.get(PIN) == PIN_LAST for _, a in g.nodes(data=True)):
+            errors.append(f"every node is pinned {PIN_LAST!r}; a stage needs at least one node that is not")
+        machines = sorted({d.node for d in self.devices})
+        for m in machines:
+            if sum(d.node == m for d in self.devices) > 1 and m not in self.intra_node_links:
+                errors.append(f"machine {m!r} has several devices but no entry in intra_node_links")
+        for where, link in [("network", self.network), *sorted(self.intra_node_links.items())]:
+            if link.bandwidth_bytes_per_us <= 0 or link.latency_ns < 0:
+                errors.append(f"link {where!r} needs bandwidth > 0 and latency >= 0, got {link}")
+        if self.max_stages is not None and self.max_stages < 1:
+            errors.append(f"max_stages must be at least 1, got {self.max_stages}")
+        if errors:
+            raise HetpartError("partitioner: invalid problem:\n  " + "\n  ".join(errors))
+
+
+@dataclass
+class StageCost:
+    """What one stage of a plan costs, recomputed from the problem (see evaluate.py)."""
+
+    index: int
+    device: str
+    device_type: str
+    nodes: list[str]
+    compute_ns: int
+    comm_in_ns: int  # boundary with the previous stage
+    comm_out_ns: int  # boundary with the next stage
+    memory_bytes: int
+    capacity_bytes: int
+
+    @property
+    def time_ns(self) -> int:
+        return self.compute_ns + self.comm_in_ns + self.comm_out_ns
+
+
+@dataclass
+class Plan:
+    """The answer: which stage each node is in, which device runs each stage."""
+
+    stage_of: dict[str, int]
+    device_of_stage: list[str]
+    stages: list[StageCost]
+    bottleneck_ns: int
+    lower_bound_ns: int  # proven: no plan of this problem is faster
+    solver_status: str  # "OPTIMAL" or "FEASIBLE"
+    solve_seconds: float
+    stats: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def gap(self) -> float:
+        """Relative distance to the proven bound: 0.0 means proven optimal."""
+        if self.bottleneck_ns <= 0:
+            return 0.0
+        return max(0.0, (self.bottleneck_ns - self.lower_bound_ns) / self.bottleneck_ns)

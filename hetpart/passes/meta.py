@@ -1,0 +1,73 @@
+"""Run a graph on meta tensors at concrete (microbatch) shapes: no memory, no time.
+
+The shape and flops passes both need concrete values for each node; this
+interpreter produces them. Factory ops that baked `device=cpu` into the graph
+are redirected to the meta device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+META = torch.device("meta")
+
+
+def _hint(d: int | torch.SymInt) -> int:
+    """The example value behind a traced dimension."""
+    return int(d.node.hint) if isinstance(d, torch.SymInt) else int(d)
+
+
+def concrete_input_shapes(gm: fx.GraphModule, batch_size: int) -> list[tuple[tuple[int, ...], torch.dtype]]:
+    """Each placeholder's shape with the dynamic batch dim (dim 0) set to `batch_size`."""
+    shapes = []
+    for node in gm.graph.find_nodes(op="placeholder"):
+        val = node.meta["val"]
+        dims = tuple(batch_size if i == 0 and isinstance(d, torch.SymInt) else _hint(d) for i, d in enumerate(val.shape))
+        shapes.append((dims, val.dtype))
+    return shapes
+
+
+class MetaInterpreter(fx.Interpreter):
+    """`fx.Interpreter` over meta tensors; `on_node(node, fn)` may wrap each op call."""
+
+    def __init__(self, gm: fx.GraphModule, on_node: Callable[[fx.Node, Callable[[], Any]], Any] | None = None):
+        super().__init__(gm, garbage_collect_values=True)
+        self.on_node = on_node
+
+    def get_attr(self, target, args, kwargs):
+        value = super().get_attr(target, args, kwargs)
+        if isinstance(value, torch.Tensor):
+            return torch.empty_like(value, device=META)
+        return value
+
+    def call_function(self, target, args, kwargs):
+        if "device" in kwargs:
+            kwargs = {**kwargs, "device": META}
+        call = lambda: super(MetaInterpreter, self).call_function(target, args, kwargs)  # noqa: E731
+        return call() if self.on_node is None else self.on_node(self.current_node, call)
+
+    def run_node(self, n: fx.Node) -> Any:
+        self.current_node = n
+        return super().run_node(n)
+
+
+def run_on_meta(gm: fx.GraphModule, batch_size: int, on_node=None) -> dict[fx.Node, Any]:
+    """The value of every node at `batch_size`, as meta tensors (or Python scalars)."""
+    values: dict[fx.Node, Any] = {}
+    interp = MetaInterpreter(gm, on_node)
+    original = interp.run_node
+
+    def record(n: fx.Node) -> Any:
+        out = original(n)
+        values[n] = out
+        return out
+
+    interp.run_node = record  # type: ignore[method-assign]
+    args = [torch.empty(shape, dtype=dtype, device=META) for shape, dtype in concrete_input_shapes(gm, batch_size)]
+    with torch.no_grad():
+        interp.run(*args)
+    return values

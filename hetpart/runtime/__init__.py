@@ -1,0 +1,5 @@
+"""torchrun entry point and launcher: run the per-rank stages with torch.distributed.pipelining."""
+
+from hetpart.runtime.launch import VERIFY_ATOL, RunResult, run_pipeline
+
+__all__ = ["VERIFY_ATOL", "RunResult", "run_pipeline"]

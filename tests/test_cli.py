@@ -1,0 +1,90 @@
+"""The CLI contract: partition / inspect / devices / models, and clear errors for bad input."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from hetpart.cli import main
+
+MLP = ["zoo:mlp", "--set", "hidden=32", "--set", "n_blocks=2"]
+
+
+def test_partition_then_inspect(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["partition", *MLP, "--cluster", "preset:mixed-4", "--out", str(out), "--batch-size", "8"]) == 0
+    plan = json.loads((out / "plan.json").read_text())
+    for key in ("bottleneck_us", "lower_bound_us", "gap", "solver_status"):
+        assert key in plan
+    for stage in plan["stages"]:
+        assert {"index", "device", "device_type", "node_count", "predicted_time_us", "memory_bytes",
+                "capacity_bytes"} <= set(stage)
+        assert stage["memory_bytes"] <= stage["capacity_bytes"]
+    assert plan["lower_bound_us"] <= plan["bottleneck_us"]
+    assert (out / "ir" / "05-partition.txt").is_file()
+    capsys.readouterr()
+    assert main(["inspect", str(out)]) == 0
+    shown = capsys.readouterr().out
+    for stage in plan["stages"]:
+        assert stage["device"] in shown
+    assert "bottleneck" in shown and "lower bound" in shown
+
+
+def test_same_command_twice_gives_identical_plan_and_sources(tmp_path):
+    outs = [tmp_path / "a", tmp_path / "b"]
+    for out in outs:
+        assert main(["partition", *MLP, "--cluster", "preset:mixed-4", "--out", str(out)]) == 0
+    for rel in ["plan.json", "manifest.json", "rank0/stage.py", "ir/04-op-cost.txt"]:
+        assert (outs[0] / rel).read_bytes() == (outs[1] / rel).read_bytes(), rel
+
+
+@pytest.mark.parametrize("args, message", [
+    (["zoo:nope"], "unknown model 'zoo:nope'"),
+    (["zoo:mlp", "--set", "widht=3"], "--set widht"),
+    (["zoo:mlp", "--cluster-is-missing"], None),
+    (["zoo:mlp", "--microbatches", "3"], "--microbatches 3 must be >= 1 and divide --batch-size 8"),
+    (["zoo:mlp", "--time-limit", "0"], "--time-limit must be positive"),
+    (["zoo:mlp", "--batch-size", "1", "--microbatches", "1"], "--batch-size must be at least 2"),
+])
+def test_bad_partition_input_exits_2_and_writes_nothing(tmp_path, capsys, args, message):
+    out = tmp_path / "out"
+    argv = ["partition", *args, "--out", str(out)]
+    if "--cluster-is-missing" in args:
+        argv = ["partition", "zoo:mlp", "--cluster", str(tmp_path / "none.toml"), "--out", str(out)]
+        message = "cluster file"
+    else:
+        argv += ["--cluster", "preset:mixed-4"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("hetpart: error: ") and message in err and "Traceback" not in err
+    assert list(tmp_path.iterdir()) in ([], [tmp_path / "none.toml"])
+
+
+def test_existing_output_needs_force(tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep").write_text("x")
+    assert main(["partition", *MLP, "--cluster", "preset:mixed-4", "--out", str(out)]) == 2
+    assert "pass --force" in capsys.readouterr().err
+    assert (out / "keep").exists()
+    assert main(["partition", *MLP, "--cluster", "preset:mixed-4", "--out", str(out), "--force"]) == 0
+    assert not (out / "keep").exists() and (out / "plan.json").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no staging leftovers
+
+
+def test_inspect_missing_directory(tmp_path, capsys):
+    assert main(["inspect", str(tmp_path / "nope")]) == 2
+    assert "not found" in capsys.readouterr().err
+
+
+def test_devices_and_models_list(capsys):
+    assert main(["devices"]) == 0
+    assert "t4-16g" in capsys.readouterr().out
+    assert main(["models"]) == 0
+    assert "zoo:gpt-small" in capsys.readouterr().out
+
+
+def test_python_dash_m_entry_point():
+    proc = subprocess.run([sys.executable, "-m", "hetpart", "--version"], capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stdout.startswith("hetpart ")
