@@ -42,7 +42,8 @@ class CompileResult:
     plan_json: dict
 
 
-def plan_json(spec: ModelSpec, cluster: Cluster, opts: CompileOptions, plan: Plan, microbatch_size: int) -> dict:
+def plan_json(spec: ModelSpec, cluster: Cluster, opts: CompileOptions, plan: Plan, microbatch_size: int,
+              stage_flops: list[int]) -> dict:
     """plan.json: deterministic (no timings; those go to timings.json)."""
     devices = {d.name: d for d in cluster.devices}
     us = lambda ns: round(ns / 1000, 3)  # noqa: E731
@@ -71,6 +72,7 @@ def plan_json(spec: ModelSpec, cluster: Cluster, opts: CompileOptions, plan: Pla
                 "device_type": s.device_type,
                 "machine": devices[s.device].machine,
                 "node_count": len(s.nodes),
+                "flops": stage_flops[s.index],
                 "predicted_time_us": us(s.time_ns),
                 "compute_us": us(s.compute_ns),
                 "comm_in_us": us(s.comm_in_ns),
@@ -129,7 +131,11 @@ def compile_model(spec: ModelSpec, cluster_spec: str, out: Path, opts: CompileOp
                       f"planned on {dev.device} ({dev.device_type}).\n\nInputs: {', '.join(s.inputs)}\n"
                       f"Outputs: {', '.join(s.outputs)}\n")
             files.append(write_rank(tmp / f"rank{s.index}", s, header))
-        pj = plan_json(spec, cluster, opts, plan, microbatch_size)
+        stage_flops = [0] * len(stages)
+        for node in gm.graph.nodes:
+            if node.name in where:
+                stage_flops[where[node.name]] += info(node).flops or 0
+        pj = plan_json(spec, cluster, opts, plan, microbatch_size, stage_flops)
         write_json(tmp / "plan.json", pj)
         write_json(tmp / "manifest.json", manifest(stages, files, plan.device_of_stage))
         write_json(tmp / "timings.json", {

@@ -24,12 +24,13 @@ def plan_table(plan: dict[str, Any]) -> Table:
     bottleneck = plan["bottleneck_us"] or 1
     table = Table(box=box.SIMPLE_HEAD, title=f"plan for {plan['model']['model']} on {plan['cluster']['name']} "
                         f"(per microbatch of {plan['microbatch_size']})")
-    for col in ("stage", "device", "type", "nodes", "memory / capacity", "compute", "transfer", "time", "% of max"):
+    for col in ("stage", "device", "type", "nodes", "GFLOP", "memory / capacity", "compute", "transfer", "time",
+                "% of max"):
         table.add_column(col, justify="left" if col in ("device", "type") else "right")
     for s in plan["stages"]:
         share = s["predicted_time_us"] / bottleneck
         table.add_row(
-            str(s["index"]), s["device"], s["device_type"], str(s["node_count"]),
+            str(s["index"]), s["device"], s["device_type"], str(s["node_count"]), f"{s['flops'] / 1e9:.3g}",
             f"{_bytes(s['memory_bytes'])} / {_bytes(s['capacity_bytes'])}",
             _us(s["compute_us"]), _us(s["comm_in_us"] + s["comm_out_us"]), _us(s["predicted_time_us"]),
             f"{share:.0%}",

@@ -41,7 +41,7 @@ def stage_source(stage: StageGraph, header: str, param_attrs: set[str]) -> str:
     body = code.src.strip("\n")
     used = [n for n in sorted(code.globals) if n in body.replace("def forward", "")]
     lines = [_global_line(n, code.globals[n]) for n in used]
-    prelude = "\n".join(line for line in lines if line)
+    prelude = "".join(f"{line}\n" for line in lines if line)
     weights = "\n".join(
         f"    {attr!r}: ({fqn!r}, {'True' if attr in param_attrs else 'False'}),"
         for attr, fqn in stage.weights.items()
@@ -55,7 +55,6 @@ import torch
 from safetensors.torch import load_file
 
 {prelude}
-
 # attribute -> (key in weights.safetensors, is a trainable parameter)
 WEIGHTS = {{
 {weights}

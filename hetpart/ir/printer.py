@@ -82,7 +82,8 @@ def _annotations(ni: NodeInfo | None) -> str:
         parts.append(f"param={_si(ni.param_bytes, 'B')}")
     if ni.act_bytes:
         parts.append(f"act={_si(ni.act_bytes, 'B')}")
-    parts.extend(f"{dev}={format_ns(t)}" for dev, t in sorted(ni.cost_ns.items()))
+    if any(ni.cost_ns.values()):  # views cost nothing anywhere: say nothing
+        parts.extend(f"{dev}={format_ns(t)}" for dev, t in sorted(ni.cost_ns.items()))
     if ni.stage is not None:
         parts.append(f"stage={ni.stage}")
     return " ".join(parts)
