@@ -1,7 +1,10 @@
 import pytest
 
-from hetpart.devices import CATALOG, load_cluster
+from hetpart.devices import CATALOG, PRESETS, load_cluster
 from hetpart.errors import HetpartError
+
+REQUIRED = ["a100-40g", "a100-80g", "h100-80g", "h200-141g", "v100-16g", "v100-32g", "t4-16g", "l4-24g",
+            "a10g-24g", "rtx4090-24g", "mi250x", "mi300x", "cpu"]
 
 
 def test_mixed4_preset_has_two_machines_of_two_types():
@@ -13,11 +16,28 @@ def test_mixed4_preset_has_two_machines_of_two_types():
     assert c.link(a0, b0) == c.network
 
 
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_every_preset_loads(name):
+    c = load_cluster(f"preset:{name}")
+    assert c.devices and all(d.mem_bytes > 0 for d in c.devices)
+
+
+def test_preset_shapes():
+    assert len(load_cluster("preset:a100-t4-8").devices) == 8
+    spot = load_cluster("preset:spot-16")
+    assert len(spot.devices) == 16 and len(spot.device_types) == 4 and len(spot.machines) == 4
+    assert {d.type.name for d in load_cluster("preset:cpu-4").devices} == {"cpu"}
+
+
 def test_catalog_has_required_types_with_datasheet_numbers():
-    for name in ("a100-80g", "v100-32g", "t4-16g", "cpu"):
-        assert name in CATALOG
+    assert set(REQUIRED) <= set(CATALOG)
     assert CATALOG["a100-80g"].flops_per_s("fp32") == pytest.approx(19.5e12)
+    assert CATALOG["h100-80g"].flops_per_s("bf16") == pytest.approx(989.4e12)
+    assert CATALOG["h200-141g"].mem_bw_bytes_per_s == pytest.approx(4.8e12)
     assert CATALOG["t4-16g"].flops_per_s("bf16") == CATALOG["t4-16g"].flops_per_s("fp32")  # no bf16 units
+    assert CATALOG["v100-32g"].flops_per_s("fp16") > 7 * CATALOG["v100-32g"].flops_per_s("fp32")
+    for t in CATALOG.values():
+        assert t.flops_per_s("fp32") > 0 and t.mem_bw_bytes_per_s > 0 and t.mem_bytes > 0
 
 
 def test_toml_file_loads_with_memory_override(tmp_path):
@@ -29,12 +49,34 @@ def test_toml_file_loads_with_memory_override(tmp_path):
     assert c.network.latency_s == pytest.approx(5e-6)
 
 
+def test_custom_device_type(tmp_path):
+    f = tmp_path / "c.toml"
+    f.write_text('[[device_types]]\nname = "my-gpu"\npeak_tflops = { fp32 = 20, bf16 = 160 }\nmem_GB = 48\n'
+                 'mem_bw_GBps = 900\n[[nodes]]\nname = "n"\ndevices = ["my-gpu", "cpu"]\n')
+    c = load_cluster(str(f))
+    t = c.devices[0].type
+    assert t.name == "my-gpu" and t.flops_per_s("bf16") == pytest.approx(160e12)
+    assert t.flops_per_s("fp16") == pytest.approx(20e12)  # no fp16 rate given: runs at fp32
+    assert c.devices[0].mem_bytes == 48 * 10**9
+    assert set(c.device_types) == {"my-gpu", "cpu"}
+
+
 @pytest.mark.parametrize("text, needle", [
-    ('[[nodes]]\nname = "x"\ndevices = ["a10"]\n', ":3: unknown device type 'a10' (known: a100-80g"),
+    ('[[nodes]]\nname = "x"\ndevices = ["a10"]\n', ":3: unknown device type 'a10' (known: a100-40g, a100-80g"),
     ('[[nodes]]\nname = "x"\ndevices = []\n', "has no devices"),
-    ("[network]\nbandwidth_GBps = 0\n[[nodes]]\ndevices = ['cpu']\n", ":2: [network]: 'bandwidth_GBps' must be a positive number"),
+    ("[network]\nbandwidth_GBps = 0\n[[nodes]]\ndevices = ['cpu']\n", ":2: [network]: 'bandwidth_GBps' must be a number > 0"),
+    ("[network]\nbandwidth_GBps = 1\nlatency_us = -1\n[[nodes]]\ndevices = ['cpu']\n", ":3: [network]: 'latency_us' must be a number >= 0"),
+    ('[[nodes]]\nname = "a"\ndevices = ["cpu"]\n[[nodes]]\nname = "b"\ndevices = ["cpu"]\nlink = { bandwidth_GBps = -3 }\n',
+     ":7: node 'b' link: 'bandwidth_GBps' must be a number > 0"),
+    ('[[nodes]]\nname = "a"\ndevices = ["cpu"]\ncolour = "red"\n', ":4: node 'a': unknown key(s) ['colour']"),
     ("nodes = [\n", "not valid TOML"),
     ("", "the cluster has no [[nodes]]"),
+    ('[[device_types]]\nname = "cpu"\npeak_tflops = { fp32 = 1 }\nmem_GB = 1\nmem_bw_GBps = 1\n[[nodes]]\ndevices = ["cpu"]\n',
+     "already in the catalog"),
+    ('[[device_types]]\nname = "g"\npeak_tflops = { fp32 = 1, fp4 = 9 }\nmem_GB = 1\nmem_bw_GBps = 1\n[[nodes]]\ndevices = ["g"]\n',
+     ":3: device type 'g' peak_tflops: unknown key(s) ['fp4'] (allowed: bf16, fp16, fp32, fp8, tf32)"),
+    ('[[device_types]]\nname = "g"\npeak_tflops = { fp32 = 1 }\nmem_GB = 0\nmem_bw_GBps = 1\n[[nodes]]\ndevices = ["g"]\n',
+     ":4: device type 'g': 'mem_GB' must be a number > 0"),
 ])
 def test_bad_cluster_files_say_where_and_what(tmp_path, text, needle):
     f = tmp_path / "bad.toml"
@@ -46,5 +88,5 @@ def test_bad_cluster_files_say_where_and_what(tmp_path, text, needle):
 
 
 def test_unknown_preset_lists_presets():
-    with pytest.raises(HetpartError, match="known: cpu-2, mixed-4"):
+    with pytest.raises(HetpartError, match="known: a100-t4-8, cpu-2, cpu-4, mixed-4, spot-16"):
         load_cluster("preset:nope")

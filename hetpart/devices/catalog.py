@@ -32,40 +32,35 @@ class DeviceType:
         return self.peak_flops_per_s.get(dtype, self.peak_flops_per_s["fp32"])
 
 
+def _gpu(name: str, description: str, peaks_tflops: dict[str, float], bw_GBps: float, mem_GiB: float,
+         **assumptions: float) -> DeviceType:
+    return DeviceType(name, description, {k: v * TFLOPS for k, v in peaks_tflops.items()},
+                      mem_bw_bytes_per_s=bw_GBps * GB, mem_bytes=int(mem_GiB * GiB), **assumptions)
+
+
+# Dense datasheet peaks (TFLOP/s), bandwidth (GB/s), capacity (GiB); docs/devices.md cites each.
 CATALOG: dict[str, DeviceType] = {
     t.name: t
     for t in [
-        DeviceType(
-            "a100-80g",
-            "NVIDIA A100 80GB SXM4",
-            {"fp32": 19.5 * TFLOPS, "tf32": 156 * TFLOPS, "fp16": 312 * TFLOPS, "bf16": 312 * TFLOPS},
-            mem_bw_bytes_per_s=2039 * GB,
-            mem_bytes=80 * GiB,
-        ),
-        DeviceType(
-            "v100-32g",
-            "NVIDIA V100 32GB SXM2",
-            {"fp32": 15.7 * TFLOPS, "fp16": 125 * TFLOPS},
-            mem_bw_bytes_per_s=900 * GB,
-            mem_bytes=32 * GiB,
-        ),
-        DeviceType(
-            "t4-16g",
-            "NVIDIA T4 16GB (PCIe, 70 W)",
-            {"fp32": 8.1 * TFLOPS, "fp16": 65 * TFLOPS},
-            mem_bw_bytes_per_s=320 * GB,
-            mem_bytes=16 * GiB,
-        ),
-        DeviceType(
-            "cpu",
-            "Server CPU socket (Xeon Platinum 8380: 40 cores, AVX-512, 8ch DDR4-3200)",
-            {"fp32": 2.9 * TFLOPS},
-            mem_bw_bytes_per_s=204.8 * GB,
-            mem_bytes=256 * GiB,
-            matmul_efficiency=0.5,
-            memory_efficiency=0.6,
-            overhead_ns=2_000,
-        ),
+        _gpu("a100-40g", "NVIDIA A100 40GB SXM4", {"fp32": 19.5, "tf32": 156, "fp16": 312, "bf16": 312}, 1555, 40),
+        _gpu("a100-80g", "NVIDIA A100 80GB SXM4", {"fp32": 19.5, "tf32": 156, "fp16": 312, "bf16": 312}, 2039, 80),
+        _gpu("h100-80g", "NVIDIA H100 80GB SXM5",
+             {"fp32": 67, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4, "fp8": 1978.9}, 3350, 80),
+        _gpu("h200-141g", "NVIDIA H200 141GB SXM",
+             {"fp32": 67, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4, "fp8": 1978.9}, 4800, 141),
+        _gpu("v100-16g", "NVIDIA V100 16GB SXM2", {"fp32": 15.7, "fp16": 125}, 900, 16),
+        _gpu("v100-32g", "NVIDIA V100 32GB SXM2", {"fp32": 15.7, "fp16": 125}, 900, 32),
+        _gpu("t4-16g", "NVIDIA T4 16GB (PCIe, 70 W)", {"fp32": 8.1, "fp16": 65}, 320, 16),
+        _gpu("l4-24g", "NVIDIA L4 24GB (PCIe, 72 W)",
+             {"fp32": 30.3, "tf32": 60, "fp16": 121, "bf16": 121, "fp8": 242.5}, 300, 24),
+        _gpu("a10g-24g", "NVIDIA A10G 24GB (AWS G5)", {"fp32": 31.2, "tf32": 62.5, "fp16": 125, "bf16": 125}, 600, 24),
+        _gpu("rtx4090-24g", "NVIDIA GeForce RTX 4090 24GB",
+             {"fp32": 82.6, "tf32": 82.6, "fp16": 165.2, "bf16": 165.2, "fp8": 330.3}, 1008, 24),
+        _gpu("mi250x", "AMD Instinct MI250X (both GCDs)", {"fp32": 95.7, "fp16": 383, "bf16": 383}, 3277, 128),
+        _gpu("mi300x", "AMD Instinct MI300X",
+             {"fp32": 163.4, "tf32": 653.7, "fp16": 1307.4, "bf16": 1307.4, "fp8": 2614.9}, 5300, 192),
+        _gpu("cpu", "Server CPU socket (Xeon Platinum 8380: 40 cores, AVX-512, 8ch DDR4-3200)",
+             {"fp32": 2.9}, 204.8, 256, matmul_efficiency=0.5, memory_efficiency=0.6, overhead_ns=2_000),
     ]
 }
 

@@ -83,6 +83,42 @@ PRESETS: dict[str, str] = {
         devices = ["t4-16g", "t4-16g"]
         link = { bandwidth_GBps = 16, latency_us = 5 }
     """,
+    # 4 x A100 on NVLink and 4 x T4 on PCIe, two machines on 100 Gb/s Ethernet.
+    "a100-t4-8": """
+        [network]
+        bandwidth_GBps = 12.5
+        latency_us = 10
+        [[nodes]]
+        name = "a"
+        devices = ["a100-80g", "a100-80g", "a100-80g", "a100-80g"]
+        link = { bandwidth_GBps = 300, latency_us = 2 }
+        [[nodes]]
+        name = "b"
+        devices = ["t4-16g", "t4-16g", "t4-16g", "t4-16g"]
+        link = { bandwidth_GBps = 16, latency_us = 5 }
+    """,
+    # What a spot market hands out: four machines of four types, 100 Gb/s between them.
+    "spot-16": """
+        [network]
+        bandwidth_GBps = 12.5
+        latency_us = 10
+        [[nodes]]
+        name = "h"
+        devices = ["h100-80g", "h100-80g", "h100-80g", "h100-80g"]
+        link = { bandwidth_GBps = 450, latency_us = 2 }
+        [[nodes]]
+        name = "a"
+        devices = ["a100-40g", "a100-40g", "a100-40g", "a100-40g"]
+        link = { bandwidth_GBps = 300, latency_us = 2 }
+        [[nodes]]
+        name = "l"
+        devices = ["l4-24g", "l4-24g", "l4-24g", "l4-24g"]
+        link = { bandwidth_GBps = 25, latency_us = 5 }
+        [[nodes]]
+        name = "t"
+        devices = ["t4-16g", "t4-16g", "t4-16g", "t4-16g"]
+        link = { bandwidth_GBps = 16, latency_us = 5 }
+    """,
     # Two CPU processes on this machine, talking over loopback (for measuring here).
     "cpu-2": """
         [network]
@@ -91,6 +127,15 @@ PRESETS: dict[str, str] = {
         [[nodes]]
         name = "local"
         devices = ["cpu", "cpu"]
+        link = { bandwidth_GBps = 2, latency_us = 20 }
+    """,
+    "cpu-4": """
+        [network]
+        bandwidth_GBps = 1
+        latency_us = 50
+        [[nodes]]
+        name = "local"
+        devices = ["cpu", "cpu", "cpu", "cpu"]
         link = { bandwidth_GBps = 2, latency_us = 20 }
     """,
 }
@@ -102,93 +147,162 @@ class _Source:
     def __init__(self, label: str, text: str) -> None:
         self.label, self.text = label, text
 
-    def error(self, message: str, needle: str | None = None) -> HetpartError:
+    def section(self, header: str, index: int) -> int:
+        """Line number (1-based) of the index-th `header` line, e.g. the 2nd `[[nodes]]`; 1 if absent."""
+        seen = 0
+        for number, line in enumerate(self.text.splitlines(), start=1):
+            if line.strip().startswith(header):
+                if seen == index:
+                    return number
+                seen += 1
+        return 1
+
+    def error(self, message: str, needle: str | None = None, start: int = 1) -> HetpartError:
+        """An error at the first line from `start` on that contains `needle` (else at the file)."""
         where = self.label
         if needle is not None:
-            for number, line in enumerate(self.text.splitlines(), start=1):
-                if needle in line:
+            lines = self.text.splitlines()
+            for number in list(range(start, len(lines) + 1)) + list(range(1, start)):
+                if needle in lines[number - 1]:
                     where = f"{self.label}:{number}"
                     break
         return HetpartError(f"{where}: {message}")
 
 
-def _positive(src: _Source, table: dict[str, Any], key: str, what: str) -> float:
+def _number(src: _Source, table: dict[str, Any], key: str, what: str, start: int, *, minimum: float = 0.0,
+            strict: bool = True, default: float | None = None) -> float:
+    """table[key] as a finite number > minimum (or >= minimum when not strict)."""
     if key not in table:
-        raise src.error(f"{what} needs '{key}' (a positive number)", what.split()[-1])
+        if default is not None:
+            return default
+        raise src.error(f"{what} needs '{key}' (a positive number)", None, start)
     value = table[key]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise src.error(f"{what}: '{key}' must be a positive number, got {value!r}", key)
+    ok = (not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+          and (value > minimum if strict else value >= minimum))
+    if not ok:
+        bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
+        raise src.error(f"{what}: '{key}' must be a number {bound}, got {value!r}", key, start)
     return float(value)
 
 
-def _link(src: _Source, table: Any, what: str) -> LinkSpec:
-    if not isinstance(table, dict):
-        raise src.error(f"{what} must be a table like {{ bandwidth_GBps = 300, latency_us = 2 }}", what)
-    unknown = set(table) - {"bandwidth_GBps", "latency_us"}
+def _check_keys(src: _Source, table: dict[str, Any], allowed: set[str], what: str, start: int) -> None:
+    unknown = sorted(set(table) - allowed)
     if unknown:
-        raise src.error(f"{what}: unknown key(s) {sorted(unknown)} (allowed: bandwidth_GBps, latency_us)", sorted(unknown)[0])
-    bw = _positive(src, table, "bandwidth_GBps", what)
-    latency = table.get("latency_us", 0)
-    if isinstance(latency, bool) or not isinstance(latency, (int, float)) or latency < 0:
-        raise src.error(f"{what}: 'latency_us' must be a number >= 0, got {latency!r}", "latency_us")
+        raise src.error(f"{what}: unknown key(s) {unknown} (allowed: {', '.join(sorted(allowed))})", unknown[0], start)
+
+
+def _link(src: _Source, table: Any, what: str, start: int) -> LinkSpec:
+    if not isinstance(table, dict):
+        raise src.error(f"{what} must be a table like {{ bandwidth_GBps = 300, latency_us = 2 }}", None, start)
+    _check_keys(src, table, {"bandwidth_GBps", "latency_us"}, what, start)
+    bw = _number(src, table, "bandwidth_GBps", what, start)
+    latency = _number(src, table, "latency_us", what, start, strict=False, default=0.0)
     return LinkSpec(bandwidth_bytes_per_s=bw * GB, latency_s=latency * 1e-6)
 
 
-def _device(src: _Source, entry: Any, machine: str, index: int) -> ClusterDevice:
+PEAK_DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8")
+
+
+def _device_type(src: _Source, entry: Any, index: int) -> DeviceType:
+    """One [[device_types]] table: a custom type next to the catalog's."""
+    start = src.section("[[device_types]]", index)
+    what = f"[[device_types]] #{index + 1}"
+    if not isinstance(entry, dict):
+        raise src.error(f"{what} must be a table", None, start)
+    _check_keys(src, entry, {"name", "description", "peak_tflops", "mem_GB", "mem_bw_GBps", "matmul_efficiency",
+                             "memory_efficiency", "overhead_us"}, what, start)
+    name = entry.get("name")
+    if not isinstance(name, str) or not name:
+        raise src.error(f"{what} needs a name, e.g. name = \"my-gpu\"", None, start)
+    if name in CATALOG:
+        raise src.error(f"device type '{name}' is already in the catalog; give your type another name", name, start)
+    what = f"device type '{name}'"
+    peaks = entry.get("peak_tflops")
+    if not isinstance(peaks, dict) or "fp32" not in peaks:
+        raise src.error(f"{what} needs peak_tflops = {{ fp32 = ..., bf16 = ... }} with at least fp32", "peak_tflops", start)
+    _check_keys(src, peaks, set(PEAK_DTYPES), f"{what} peak_tflops", start)
+    return DeviceType(
+        name=name,
+        description=str(entry.get("description", "custom device type")),
+        peak_flops_per_s={k: _number(src, peaks, k, f"{what} peak_tflops", start) * 1e12 for k in peaks},
+        mem_bw_bytes_per_s=_number(src, entry, "mem_bw_GBps", what, start) * GB,
+        mem_bytes=int(_number(src, entry, "mem_GB", what, start) * GB),
+        matmul_efficiency=_efficiency(src, entry, "matmul_efficiency", what, start, 0.7),
+        memory_efficiency=_efficiency(src, entry, "memory_efficiency", what, start, 0.8),
+        overhead_ns=round(_number(src, entry, "overhead_us", what, start, strict=False, default=4.0) * 1000),
+    )
+
+
+def _efficiency(src: _Source, entry: dict, key: str, what: str, start: int, default: float) -> float:
+    value = _number(src, entry, key, what, start, default=default)
+    if value > 1:
+        raise src.error(f"{what}: '{key}' is a share of peak, between 0 and 1, got {value!r}", key, start)
+    return value
+
+
+def _device(src: _Source, entry: Any, machine: str, index: int, types: dict[str, DeviceType],
+            start: int) -> ClusterDevice:
     mem_override = None
     if isinstance(entry, dict):
-        unknown = set(entry) - {"type", "mem_GB"}
-        if unknown or "type" not in entry:
+        if set(entry) - {"type", "mem_GB"} or "type" not in entry:
             raise src.error(
                 f"node '{machine}': a device is a type name or {{type = \"a100-80g\", mem_GB = 40}}, got {entry!r}",
-                machine,
+                "devices", start,
             )
         if "mem_GB" in entry:
-            mem_override = _positive(src, entry, "mem_GB", f"node '{machine}' device")
+            mem_override = _number(src, entry, "mem_GB", f"node '{machine}' device {index}", start)
         entry = entry["type"]
     if not isinstance(entry, str):
-        raise src.error(f"node '{machine}': device must be a type name string, got {entry!r}", machine)
-    if entry not in CATALOG:
-        raise src.error(
-            f"unknown device type '{entry}' (known: {', '.join(sorted(CATALOG))})", f'"{entry}"'
-        )
-    dtype = CATALOG[entry]
+        raise src.error(f"node '{machine}': a device must be a type name string, got {entry!r}", "devices", start)
+    if entry not in types:
+        raise src.error(f"unknown device type '{entry}' (known: {', '.join(sorted(types))}; "
+                        "or define it in a [[device_types]] table)", f'"{entry}"', start)
+    dtype = types[entry]
     mem = int(mem_override * GB) if mem_override is not None else dtype.mem_bytes
     return ClusterDevice(name=f"{machine}/{index}", type=dtype, machine=machine, mem_bytes=mem)
 
 
 def parse_cluster(text: str, label: str, name: str) -> Cluster:
+    """A Cluster from TOML text; errors name `label`, the line, and what is allowed."""
     src = _Source(label, text)
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:
         raise HetpartError(f"{label}: not valid TOML: {err}") from None
-    unknown = set(data) - {"network", "nodes"}
-    if unknown:
-        raise src.error(f"unknown top-level key(s) {sorted(unknown)} (allowed: network, nodes)", sorted(unknown)[0])
+    _check_keys(src, data, {"network", "nodes", "device_types"}, "cluster", 1)
+    custom = data.get("device_types", [])
+    if not isinstance(custom, list):
+        raise src.error("device_types must be an array of tables: [[device_types]]", "device_types")
+    types = dict(CATALOG)
+    for i, entry in enumerate(custom):
+        t = _device_type(src, entry, i)
+        if t.name in types:
+            raise src.error(f"device type '{t.name}' is defined twice", t.name, src.section("[[device_types]]", i))
+        types[t.name] = t
     nodes = data.get("nodes")
     if not isinstance(nodes, list) or not nodes:
         raise src.error("the cluster has no [[nodes]]; add at least one node with devices")
     machines = []
     seen: set[str] = set()
     for i, node in enumerate(nodes):
+        start = src.section("[[nodes]]", i)
         mname = node.get("name", f"node{i}")
         if not isinstance(mname, str) or not mname or "/" in mname:
-            raise src.error(f"node name must be a non-empty string without '/', got {mname!r}", "name")
+            raise src.error(f"node name must be a non-empty string without '/', got {mname!r}", "name", start)
         if mname in seen:
-            raise src.error(f"node name '{mname}' is used twice", f'"{mname}"')
+            raise src.error(f"node name '{mname}' is used twice", f'"{mname}"', start)
         seen.add(mname)
-        unknown = set(node) - {"name", "devices", "link"}
-        if unknown:
-            raise src.error(f"node '{mname}': unknown key(s) {sorted(unknown)} (allowed: name, devices, link)", sorted(unknown)[0])
+        _check_keys(src, node, {"name", "devices", "link"}, f"node '{mname}'", start)
         devices = node.get("devices")
         if not isinstance(devices, list) or not devices:
-            raise src.error(f"node '{mname}' has no devices; list them as devices = [\"a100-80g\", ...]", f'"{mname}"')
-        link = _link(src, node.get("link", {"bandwidth_GBps": 300, "latency_us": 2}), f"node '{mname}' link")
+            raise src.error(f"node '{mname}' has no devices; list them as devices = [\"a100-80g\", ...]",
+                            "devices", start)
+        link = _link(src, node.get("link", {"bandwidth_GBps": 300, "latency_us": 2}), f"node '{mname}' link", start)
         machines.append(
-            Machine(mname, tuple(_device(src, d, mname, j) for j, d in enumerate(devices)), link)
+            Machine(mname, tuple(_device(src, d, mname, j, types, start) for j, d in enumerate(devices)), link)
         )
-    network = _link(src, data.get("network", {"bandwidth_GBps": 12.5, "latency_us": 10}), "[network]")
+    network = _link(src, data.get("network", {"bandwidth_GBps": 12.5, "latency_us": 10}), "[network]",
+                    src.section("[network]", 0))
     return Cluster(name=name, machines=tuple(machines), network=network)
 
 
@@ -205,4 +319,8 @@ def load_cluster(spec: str) -> Cluster:
             f"cluster file '{spec}' not found; give a TOML file or preset:NAME "
             f"(presets: {', '.join(sorted(PRESETS))})"
         )
-    return parse_cluster(path.read_text(), str(path), path.stem)
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as err:
+        raise HetpartError(f"cannot read cluster file '{spec}': {err}") from None
+    return parse_cluster(text, str(path), path.stem)

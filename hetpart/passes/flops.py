@@ -47,6 +47,17 @@ FORMULAS: dict[Any, Callable[[tuple, dict, Any], int]] = {
 }
 
 
+def _embedding_bytes(args: tuple, kwargs: dict, out: Any) -> int:
+    """A lookup reads the gathered rows and the indices, not the whole table."""
+    return 2 * tensor_bytes(out) + tensor_bytes(args[1])
+
+
+# Bytes moved where "inputs + output" is wrong.
+BYTES_FORMULAS: dict[Any, Callable[[tuple, dict, Any], int]] = {
+    aten.embedding.default: _embedding_bytes,
+}
+
+
 def is_view(node: fx.Node) -> bool:
     """Ops that only reinterpret memory (no kernel, no traffic)."""
     if node.target in (operator.getitem, aten.sym_size.int):
@@ -86,6 +97,9 @@ class FlopsPass:
                 ni.flops = int(counted.get(node, 0))
             if is_view(node):
                 ni.bytes_moved = 0
+            elif node.target in BYTES_FORMULAS:
+                args = fx.node.map_aggregate(node.args, load)
+                ni.bytes_moved = int(BYTES_FORMULAS[node.target](args, fx.node.map_aggregate(node.kwargs, load), values[node]))
             else:
                 ni.bytes_moved = tensor_bytes(values[node]) + sum(tensor_bytes(values[a]) for a in node.all_input_nodes)
         return PassResult(gm, changed=False)

@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar
 
+import torch
 import torch.fx as fx
 
 from hetpart.devices.catalog import DeviceType
@@ -20,13 +21,27 @@ from hetpart.passes.manager import PassContext, PassResult
 # FX dtype short names -> the catalog's peak-rate keys.
 PEAK_KEY = {"f32": "fp32", "f16": "fp16", "bf16": "bf16", "f64": "fp32"}
 
+# NOTE [fp32 convolutions use TF32]
+# PyTorch runs fp32 matmuls in full fp32 by default (torch.backends.cuda.matmul.allow_tf32
+# is False) but lets cuDNN run fp32 convolutions in TF32 (torch.backends.cudnn.allow_tf32
+# is True). So an fp32 convolution gets the device's tf32 rate where it has one.
+_CONVOLUTIONS = {torch.ops.aten.convolution.default, torch.ops.aten.conv1d.default,
+                 torch.ops.aten.conv2d.default, torch.ops.aten.conv3d.default}
 
-def op_time_ns(ni: NodeInfo, dev: DeviceType) -> int:
+
+def peak_key(node: fx.Node | None, dtype: str | None) -> str:
+    key = PEAK_KEY.get(dtype or "f32", "fp32")
+    if key == "fp32" and node is not None and node.target in _CONVOLUTIONS:
+        return "tf32"
+    return key
+
+
+def op_time_ns(ni: NodeInfo, dev: DeviceType, node: fx.Node | None = None) -> int:
     """Roofline time of one op on `dev`; 0 for an op that moves and computes nothing."""
     flops, nbytes = ni.flops or 0, ni.bytes_moved or 0
     if flops == 0 and nbytes == 0:
         return 0
-    rate = dev.flops_per_s(PEAK_KEY.get(ni.dtype or "f32", "fp32")) * dev.matmul_efficiency
+    rate = dev.flops_per_s(peak_key(node, ni.dtype)) * dev.matmul_efficiency
     bw = dev.mem_bw_bytes_per_s * dev.memory_efficiency
     return math.ceil(max(flops / rate, nbytes / bw) * 1e9) + dev.overhead_ns
 
@@ -46,5 +61,5 @@ class OpCostPass:
             if is_view(node):
                 ni.cost_ns = {name: 0 for name in sorted(ctx.device_types)}
             else:
-                ni.cost_ns = {name: op_time_ns(ni, dev) for name, dev in sorted(ctx.device_types.items())}
+                ni.cost_ns = {name: op_time_ns(ni, dev, node) for name, dev in sorted(ctx.device_types.items())}
         return PassResult(gm, changed=False)

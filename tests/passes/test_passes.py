@@ -91,3 +91,24 @@ def test_dumps_are_numbered_per_pass(tmp_path, mixed4):
     analyze(SMALL["mlp"], mixed4, 2, dump_dir=tmp_path)
     names = sorted(p.name for p in tmp_path.iterdir())
     assert names == ["00-export.txt", "01-shape.txt", "02-flops.txt", "03-memory.txt", "04-op-cost.txt", "graph.json"]
+
+
+def test_embedding_moves_gathered_rows_not_the_table(annotated):
+    gm = annotated("gpt-small")  # vocab 128 x 64, tokens [2, 16]
+    emb = _nodes(gm, torch.ops.aten.embedding.default)[0]
+    assert info(emb).bytes_moved == 2 * (2 * 16 * 64 * 4) + 2 * 16 * 8
+
+
+def test_fp32_convolution_runs_at_tf32_rate():
+    from hetpart.devices import CATALOG
+    from hetpart.ir import NodeInfo
+
+    g = fx.Graph()
+    x, w = g.placeholder("x"), g.placeholder("w")
+    conv = g.call_function(torch.ops.aten.convolution.default, (x, w, None, [1], [0], [1], False, [0], 1))
+    mm = g.call_function(torch.ops.aten.mm.default, (x, w))
+    ni = NodeInfo(flops=10**12, bytes_moved=1, dtype="f32")
+    a100 = CATALOG["a100-80g"]
+    assert op_time_ns(ni, a100, conv) * 7 < op_time_ns(ni, a100, mm)  # 156 vs 19.5 TFLOP/s
+    t4 = CATALOG["t4-16g"]  # no TF32 units: the same rate
+    assert op_time_ns(ni, t4, conv) == op_time_ns(ni, t4, mm)
