@@ -17,8 +17,9 @@ from typing import Callable
 from ortools.sat.python import cp_model
 
 from hetpart.errors import HetpartError
+from hetpart.partitioner.bounds import compute_bounds, objective_bound_ns
 from hetpart.partitioner.dp import dp_hint
-from hetpart.partitioner.evaluate import boundary_bytes, bottleneck_ns, evaluate
+from hetpart.partitioner.evaluate import OBJECTIVES, boundary_bytes, bottleneck_ns, evaluate, objective_ns
 from hetpart.partitioner.problem import (
     MEM_BYTES,
     OUT_BYTES,
@@ -53,10 +54,11 @@ class _Model:
     compute: list[cp_model.IntVar]  # ns of stage k's compute
     holds: dict[str, list[cp_model.IntVar]]  # holds[w][k]: stage k holds weight w
     bottleneck: cp_model.IntVar
+    stage_time: list[cp_model.IntVar]  # per stage, only for the latency and iteration objectives
     stats: dict[str, float] = field(default_factory=dict)
 
 
-def _build(problem: Problem) -> _Model:
+def _build(problem: Problem, objective: str = "throughput", microbatches: int = 1) -> _Model:
     g = problem.graph
 
     # --- Data (stable orders: nodes in `node_order`, devices in list order).
@@ -210,20 +212,32 @@ def _build(problem: Problem) -> _Model:
                 # A stage's activations and weights fit in its device's memory.
                 m.add(load <= c).only_enforce_if(has_capacity[k][c])
 
-    # --- Objective: the slowest stage (compute plus the boundaries on both sides).
+    # --- Objective (NOTE [objectives] in evaluate.py): the slowest stage (compute plus the
+    # boundaries on both sides), or the sum of the stages' times, or both.
+    stage_time = []
+    if objective != "throughput":
+        stage_time = [m.new_int_var(0, compute_ub + 2 * comm_ub, f"stage_time[{k}]") for k in stages]
     for k in stages:
         comm_in = comm[k - 1] if k > 0 else 0
         comm_out = comm[k] if k < K - 1 else 0
         # The bottleneck is at least every stage's time.
         m.add(bottleneck >= compute[k] + comm_in + comm_out)
+        if stage_time:
+            # A stage's time is its compute plus the boundaries on both of its sides.
+            m.add(stage_time[k] >= compute[k] + comm_in + comm_out)
     # Redundant cut: the bottleneck is at least any node's time on its fastest device type.
     m.add(bottleneck >= max(min(time_ns[v][t] for t in types) for v in order))
-    m.minimize(bottleneck)
+    if objective == "throughput":
+        m.minimize(bottleneck)
+    else:
+        # Redundant cut: the stages together run every node, each at least at its fastest type's time.
+        m.add(sum(stage_time) >= sum(min(time_ns[v][t] for t in types) for v in order))
+        m.minimize(sum(stage_time) + (microbatches - 1 if objective == "iteration" else 0) * bottleneck)
 
     return _Model(
         model=m, order=order, num_stages=K, y=y, used=used, a=a, is_type=is_type, on_machine=on_machine,
         has_capacity=has_capacity, cross=cross, any_cross=any_cross, comm=comm, compute=compute, holds=holds,
-        bottleneck=bottleneck,
+        bottleneck=bottleneck, stage_time=stage_time,
     )
 
 
@@ -268,6 +282,8 @@ def _add_hint(problem: Problem, mdl: _Model, stage_of: dict[str, int], device_of
             m.add_hint(mdl.any_cross[k], k < S - 1 and crossing[k] > 0)
             m.add_hint(mdl.comm[k], costs[k].comm_out_ns if k < S else 0)
     m.add_hint(mdl.bottleneck, bottleneck_ns(costs))
+    for k, var in enumerate(mdl.stage_time):
+        m.add_hint(var, costs[k].time_ns if k < S else 0)
 
 
 def _check_hint(problem: Problem, hint: Plan, num_stages: int) -> None:
@@ -333,8 +349,14 @@ def solve(
     workers: int = 1,
     hint: Plan | None = None,
     log_callback: LogCallback | None = None,
+    objective: str = "throughput",
+    microbatches: int = 1,
 ) -> Plan:
     """The plan with the least bottleneck (NOTE [stage time]), or the best found in `time_limit_s`.
+
+    `objective` is one of NOTE [objectives] (evaluate.py): "throughput" (the bottleneck),
+    "latency" (sum of stage times) or "iteration" (that + (microbatches - 1) x bottleneck);
+    the plan's `objective_ns` and `lower_bound_ns` are in its terms.
 
     Starts CP-SAT from `hint`, or from `dp_hint(problem)` when no hint is given;
     returns a plan with 0..S-1 stages, costs recomputed by `evaluate`, and the
@@ -358,6 +380,10 @@ def solve(
         )
     if workers < 1:
         raise HetpartError(f"partitioner: workers must be at least 1, got {workers}")
+    if objective not in OBJECTIVES:
+        raise HetpartError(f"partitioner: unknown objective {objective!r}; use one of {', '.join(OBJECTIVES)}")
+    if microbatches < 1:
+        raise HetpartError(f"partitioner: microbatches must be at least 1, got {microbatches}")
     problem.validate()
     largest = max(d.capacity_bytes for d in problem.devices)
     if any(_node_need(problem, v) > largest for v in problem.graph.nodes):
@@ -365,7 +391,7 @@ def solve(
 
     dp_plan = dp_hint(problem)
     t_dp = time.perf_counter()
-    mdl = _build(problem)
+    mdl = _build(problem, objective, microbatches)
     if hint is not None:
         _check_hint(problem, hint, mdl.num_stages)
         start = (hint.stage_of, _canonical(problem, hint.device_of_stage))
@@ -421,16 +447,23 @@ def solve(
         status_name = "OPTIMAL" if status == cp_model.OPTIMAL else "FEASIBLE"
 
     stages = evaluate(problem, stage_of, device_of_stage)
-    if dp_plan is not None and dp_plan.bottleneck_ns < bottleneck_ns(stages):
+    value = lambda st: objective_ns(st, objective, microbatches)  # noqa: E731
+    if dp_plan is not None and value(dp_plan.stages) < value(stages):
         stage_of, device_of_stage, stages = dp_plan.stage_of, dp_plan.device_of_stage, dp_plan.stages
-    best = bottleneck_ns(stages)
+    best = value(stages)
+    bounds = compute_bounds(problem, bound if objective == "throughput" else 0)
+    proven = objective_bound_ns(problem, bounds, objective, microbatches, solver_ns=bound)
     return Plan(
         stage_of=stage_of,
         device_of_stage=device_of_stage,
         stages=stages,
-        bottleneck_ns=best,
-        lower_bound_ns=min(bound, best),
-        solver_status="OPTIMAL" if status_name == "OPTIMAL" or bound >= best else "FEASIBLE",
+        bottleneck_ns=bottleneck_ns(stages),
+        lower_bound_ns=min(proven, best),
+        solver_status="OPTIMAL" if status_name == "OPTIMAL" or proven >= best else "FEASIBLE",
         solve_seconds=time.perf_counter() - t0,
         stats=stats,
+        bounds=bounds,
+        objective=objective,
+        objective_ns=best,
+        microbatches=microbatches,
     )

@@ -97,3 +97,32 @@ def evaluate(problem: Problem, stage_of: dict[str, int], device_of_stage: list[s
 def bottleneck_ns(stages: list[StageCost]) -> int:
     """The slowest stage's time: one microbatch leaves the pipeline every this many ns."""
     return max((s.time_ns for s in stages), default=0)
+
+
+# NOTE [objectives]
+# `throughput`: the bottleneck, max over stages of StageCost.time_ns (one microbatch
+#   leaves the pipeline every bottleneck ns).
+# `latency`: one sample through all stages, the sum of the stages' time_ns (a boundary
+#   occupies both stages it joins, as in NOTE [stage time], so it counts on both sides).
+# `iteration`: M microbatches through a GPipe-style pipeline, sum of stage times
+#   + (M - 1) x bottleneck: the first microbatch fills the pipeline, the others follow
+#   one bottleneck apart.
+OBJECTIVES = ("throughput", "latency", "iteration")
+
+
+def objective_ns(stages: list[StageCost], objective: str = "throughput", microbatches: int = 1) -> int:
+    """The value of NOTE [objectives] for a plan's stages.
+
+        >>> from hetpart.partitioner.problem import StageCost
+        >>> s = [StageCost(0, "a", "t", [], 10, 0, 5, 0, 0), StageCost(1, "b", "t", [], 30, 5, 0, 0, 0)]
+        >>> [objective_ns(s, o, microbatches=4) for o in OBJECTIVES]
+        [35, 50, 155]
+    """
+    if objective == "throughput":
+        return bottleneck_ns(stages)
+    total = sum(s.time_ns for s in stages)
+    if objective == "latency":
+        return total
+    if objective == "iteration":
+        return total + (microbatches - 1) * bottleneck_ns(stages)
+    raise ValueError(f"unknown objective {objective!r}; expected one of {OBJECTIVES}")

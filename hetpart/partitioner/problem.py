@@ -25,10 +25,14 @@ device's type plus the transfer time of the boundaries on both of its sides.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import networkx as nx
 
 from hetpart.errors import HetpartError
+
+if TYPE_CHECKING:
+    from hetpart.partitioner.bounds import Bounds
 
 # Node attributes read from `Problem.graph` (networkx style: functions name the attribute).
 TIME_NS = "time_ns"  # dict[device type, int]: compute time of the node on that type
@@ -36,6 +40,7 @@ MEM_BYTES = "mem_bytes"  # int: memory the node needs in its stage (activations,
 OUT_BYTES = "out_bytes"  # int: bytes of the node's output, paid on every boundary it crosses
 WEIGHTS = "weights"  # tuple[str, ...]: names of the weights the node reads (see Problem.weights)
 PIN = "pin"  # PIN_FIRST, PIN_LAST or None
+LAYER = "layer"  # optional str: the model layer the node belongs to (e.g. "blocks.3"), for baselines
 
 PIN_FIRST = "first"  # the node is in stage 0 (model inputs are fed to the first stage)
 PIN_LAST = "last"  # the node is in the last stage (model outputs leave from the last stage)
@@ -192,14 +197,23 @@ class Plan:
     device_of_stage: list[str]
     stages: list[StageCost]
     bottleneck_ns: int
-    lower_bound_ns: int  # proven: no plan of this problem is faster
+    lower_bound_ns: int  # proven: no plan of this problem is faster (in terms of `objective`)
     solver_status: str  # "OPTIMAL" or "FEASIBLE"
     solve_seconds: float
     stats: dict[str, float] = field(default_factory=dict)
+    bounds: Bounds | None = None  # the search-free and solver bounds of the bottleneck (bounds.py)
+    objective: str = "throughput"  # NOTE [objectives] in evaluate.py; lower_bound_ns bounds this
+    objective_ns: int | None = None  # the plan's value of `objective`; None means bottleneck_ns
+    microbatches: int = 1  # M of the iteration objective
+
+    @property
+    def value_ns(self) -> int:
+        """The plan's value of its objective (the bottleneck for throughput)."""
+        return self.bottleneck_ns if self.objective_ns is None else self.objective_ns
 
     @property
     def gap(self) -> float:
         """Relative distance to the proven bound: 0.0 means proven optimal."""
-        if self.bottleneck_ns <= 0:
+        if self.value_ns <= 0:
             return 0.0
-        return max(0.0, (self.bottleneck_ns - self.lower_bound_ns) / self.bottleneck_ns)
+        return max(0.0, (self.value_ns - self.lower_bound_ns) / self.value_ns)

@@ -7,7 +7,7 @@ in `evaluate.py`, recomputed from scratch. Every solver answer passes it.
 from __future__ import annotations
 
 from hetpart.errors import HetpartError
-from hetpart.partitioner.evaluate import bottleneck_ns, evaluate
+from hetpart.partitioner.evaluate import OBJECTIVES, bottleneck_ns, evaluate, objective_ns
 from hetpart.partitioner.problem import PIN, PIN_FIRST, PIN_LAST, Plan, Problem
 
 
@@ -89,9 +89,15 @@ def plan_violations(problem: Problem, plan: Plan) -> list[str]:
         fresh_bottleneck = bottleneck_ns(fresh)
         if plan.bottleneck_ns != fresh_bottleneck:
             out.append(f"plan claims bottleneck {plan.bottleneck_ns} ns, recomputed {fresh_bottleneck} ns")
-
-    if plan.lower_bound_ns > plan.bottleneck_ns:
-        out.append(f"lower bound {plan.lower_bound_ns} ns exceeds the plan's bottleneck {plan.bottleneck_ns} ns")
+        if plan.objective_ns is not None and plan.objective in OBJECTIVES:
+            fresh_value = objective_ns(fresh, plan.objective, plan.microbatches)
+            if plan.objective_ns != fresh_value:
+                out.append(f"plan claims {plan.objective} {plan.objective_ns} ns, recomputed {fresh_value} ns")
+    if plan.objective not in OBJECTIVES:
+        out.append(f"unknown objective {plan.objective!r} (known: {', '.join(OBJECTIVES)})")
+    if plan.lower_bound_ns > plan.value_ns:
+        what = "bottleneck" if plan.objective == "throughput" else plan.objective
+        out.append(f"lower bound {plan.lower_bound_ns} ns exceeds the plan's {what} {plan.value_ns} ns")
     return out
 
 

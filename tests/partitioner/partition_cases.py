@@ -21,6 +21,7 @@ from hetpart.partitioner import (
     bottleneck_ns,
     evaluate,
 )
+from hetpart.partitioner.evaluate import objective_ns
 
 FAST_LINK = Link(bandwidth_bytes_per_us=1_000, latency_ns=0)  # 1 byte per ns
 
@@ -65,8 +66,8 @@ def chain(n: int, time: dict[str, int], out: int = 0, mem: int = 0) -> tuple[dic
     return {v: {"time": dict(time), "out": out, "mem": mem} for v in names}, list(zip(names, names[1:]))
 
 
-def brute_force(problem: Problem) -> int | None:
-    """The least bottleneck over every valid plan, or None when none fits in memory."""
+def brute_force(problem: Problem, objective: str = "throughput", microbatches: int = 1) -> int | None:
+    """The least value of `objective` (NOTE [objectives]) over every valid plan, or None when none fits."""
     g = problem.graph
     nodes = list(g.nodes)
     pin = {v: g.nodes[v].get(PIN) for v in nodes}
@@ -87,7 +88,7 @@ def brute_force(problem: Problem) -> int | None:
                 stages = evaluate(problem, stage_of, list(devs))
                 if any(s.memory_bytes > s.capacity_bytes for s in stages):
                     continue
-                t = bottleneck_ns(stages)
+                t = objective_ns(stages, objective, microbatches)
                 if best is None or t < best:
                     best = t
     return best

@@ -1,0 +1,556 @@
+"""Device placement of the NeurIPS 2020 benchmark (Tarnawski et al.): k accelerators and CPUs.
+
+`hetpart placement INPUT.json` reads the public benchmark's format
+(`../shared/benchmarks/dnn-partitioning/README.md`), solves it with a dedicated
+CP-SAT model and prints the authors' output shape plus a proven lower bound.
+The cost model differs from hetpart's pipeline model (see NOTE [placement load]),
+so this module has its own model, evaluator and checker; nothing here imports torch.
+
+Data flows `read_placement` (the question) -> `placement_hint` (a DP over one
+topological order) -> `solve_placement` (exact CP-SAT) -> `placement_loads`
+(the cost model, in floats) -> `placement_violations` (independent check).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import networkx as nx
+import numpy as np
+from ortools.sat.python import cp_model
+
+from hetpart.errors import HetpartError
+
+# NOTE [placement load]
+# (The authors' ILP `maxload`, read from msr-fiddle/dnn-partitioning, and our README.)
+# An accelerator's load is the `fpgaLatency` of its nodes plus, for every node u
+# with an edge u->v where exactly one of u, v is on this accelerator, u's
+# transfer `cost` once: the sender pays once however many receivers, and every
+# distinct receiving accelerator pays once too. A CPU's load is the `cpuLatency`
+# of its nodes: data already sits in host memory, so it pays no transfer.
+# Feasible: nodes with supportedOnFpga = 0 on a CPU; accelerator memory (sum of
+# `size`) <= maxSizePerFPGA; at most maxFPGAs accelerators and maxCPUs CPUs;
+# colour classes on one device; and the devices in an order where every edge
+# into a forward node goes from an earlier device to the same or a later one
+# (the authors' DP over ideals assumes this; backward nodes follow their class).
+# Objective: the maximum load.
+
+_SCALE = 1_000_000  # integer units per unit of the input's latencies
+_ROUND_SLACK = 1e-9  # relative tolerance when comparing float loads
+
+
+@dataclass(frozen=True)
+class PlacementNode:
+    id: int
+    cpu_latency: float
+    fpga_latency: float
+    size_bytes: float
+    on_fpga: bool  # supportedOnFpga
+    backward: bool
+    color: object  # nodes of one colour class share a device
+
+
+@dataclass
+class PlacementProblem:
+    """One benchmark input: a DAG of profiled nodes, k accelerators, some CPUs."""
+
+    nodes: dict[int, PlacementNode]
+    edges: list[tuple[int, int]]
+    cost: dict[int, float]  # node id -> time to move its output off its device
+    max_fpgas: int
+    max_cpus: int
+    max_size_bytes: float
+    name: str = ""
+
+    def classes(self) -> dict[object, list[int]]:
+        """Colour class -> its node ids (ids ascending), classes in order of their first node id."""
+        out: dict[object, list[int]] = {}
+        for i in sorted(self.nodes):
+            out.setdefault(self.nodes[i].color, []).append(i)
+        return out
+
+
+@dataclass
+class Placement:
+    """The answer: ordered devices, each a kind ("fpga" or "cpu") and its node ids."""
+
+    devices: list[tuple[str, list[int]]]  # in pipeline order
+    loads: list[float]
+    max_load: float
+    lower_bound: float  # proven: no placement of this problem has a smaller max load
+    status: str  # "OPTIMAL" or "FEASIBLE"
+    seconds: float
+    stats: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def gap(self) -> float:
+        if self.max_load <= 0:
+            return 0.0
+        return max(0.0, (self.max_load - self.lower_bound) / self.max_load)
+
+    def to_json(self, problem: PlacementProblem) -> dict:
+        """The authors' output shape, plus lowerBound, gap, status and seconds.
+
+        `fpgas` lists maxFPGAs accelerators in pipeline order (unused ones empty),
+        `cpus` lists maxCPUs CPUs; `order` gives the pipeline order of all devices.
+        """
+        fpgas, cpus, order = [], [], []
+        for (kind, nodes), load in zip(self.devices, self.loads):
+            target = fpgas if kind == "fpga" else cpus
+            order.append(f"{kind}{len(target)}")
+            target.append({"load": load, "nodes": sorted(nodes)})
+        fpgas += [{"load": 0.0, "nodes": []} for _ in range(problem.max_fpgas - len(fpgas))]
+        cpus += [{"load": 0.0, "nodes": []} for _ in range(problem.max_cpus - len(cpus))]
+        return {
+            "maxLoad": self.max_load,
+            "fpgas": fpgas,
+            "cpus": cpus,
+            "order": order,
+            "lowerBound": self.lower_bound,
+            "gap": round(self.gap, 6),
+            "status": self.status,
+            "seconds": round(self.seconds, 3),
+        }
+
+
+def _field(node: dict, key: str, where: str):
+    if key not in node:
+        raise HetpartError(f"{where}: missing field {key!r}; every node needs id, supportedOnFpga, "
+                           "cpuLatency, fpgaLatency (see the benchmark README)")
+    return node[key]
+
+
+def read_placement(path: str | Path) -> PlacementProblem:
+    """Read a benchmark input file; raise HetpartError saying what is malformed and where."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise HetpartError(f"{path}: no such file; pass a benchmark JSON such as "
+                           "../shared/benchmarks/dnn-partitioning/LayerGraphs/bert24_training.json") from None
+    except json.JSONDecodeError as err:
+        raise HetpartError(f"{path}: not valid JSON ({err})") from None
+    if not isinstance(data, dict):
+        raise HetpartError(f"{path}: expected a JSON object with maxSizePerFPGA, maxFPGAs, maxCPUs, nodes, edges")
+    for key in ("maxSizePerFPGA", "maxFPGAs", "maxCPUs", "nodes", "edges"):
+        if key not in data:
+            raise HetpartError(f"{path}: missing top-level field {key!r}")
+    nodes: dict[int, PlacementNode] = {}
+    for idx, raw in enumerate(data["nodes"]):
+        where = f"{path}: nodes[{idx}]"
+        nid = int(_field(raw, "id", where))
+        if nid in nodes:
+            raise HetpartError(f"{where}: node id {nid} appears twice; ids must be unique")
+        node = PlacementNode(
+            id=nid,
+            cpu_latency=float(_field(raw, "cpuLatency", where)),
+            fpga_latency=float(_field(raw, "fpgaLatency", where)),
+            size_bytes=float(raw.get("size", 0.0)),
+            on_fpga=bool(_field(raw, "supportedOnFpga", where)),
+            backward=bool(raw.get("isBackwardNode", False)),
+            color=raw.get("colorClass", ("node", nid)),  # no class: a class of its own
+        )
+        if min(node.cpu_latency, node.fpga_latency, node.size_bytes) < 0:
+            raise HetpartError(f"{where}: latencies and size must be non-negative")
+        nodes[nid] = node
+    edges: list[tuple[int, int]] = []
+    cost: dict[int, float] = {i: 0.0 for i in nodes}
+    seen_cost: dict[int, float] = {}
+    for idx, raw in enumerate(data["edges"]):
+        where = f"{path}: edges[{idx}]"
+        try:
+            u, v, c = int(raw["sourceId"]), int(raw["destId"]), float(raw["cost"])
+        except (KeyError, TypeError, ValueError):
+            raise HetpartError(f"{where}: every edge needs integer sourceId, destId and a numeric cost") from None
+        if u not in nodes or v not in nodes:
+            raise HetpartError(f"{where}: edge {u}->{v} names an unknown node id")
+        if u in seen_cost and abs(seen_cost[u] - c) > 1e-6:
+            raise HetpartError(f"{where}: node {u} has two different outgoing costs ({seen_cost[u]} and {c}); "
+                               "a node's output costs the same on every edge")
+        seen_cost[u] = c
+        cost[u] = c
+        if (u, v) not in edges:
+            edges.append((u, v))
+    problem = PlacementProblem(nodes=nodes, edges=edges, cost=cost, max_fpgas=int(data["maxFPGAs"]),
+                               max_cpus=int(data["maxCPUs"]), max_size_bytes=float(data["maxSizePerFPGA"]),
+                               name=path.stem)
+    _validate(problem, str(path))
+    return problem
+
+
+def _validate(problem: PlacementProblem, where: str) -> None:
+    errors = []
+    if problem.max_fpgas < 0 or problem.max_cpus < 0 or problem.max_fpgas + problem.max_cpus == 0:
+        errors.append(f"maxFPGAs={problem.max_fpgas} and maxCPUs={problem.max_cpus}: need at least one device")
+    cpu_only = [i for i, n in problem.nodes.items() if not n.on_fpga]
+    if cpu_only and problem.max_cpus == 0:
+        errors.append(f"nodes {cpu_only[:5]} are not supported on an accelerator but maxCPUs is 0")
+    for color, ids in problem.classes().items():
+        if len({problem.nodes[i].on_fpga for i in ids}) > 1 and problem.max_cpus == 0:
+            errors.append(f"colour class {color!r} mixes CPU-only nodes with others and there is no CPU")
+    g = _class_graph(problem)
+    if not nx.is_directed_acyclic_graph(g):
+        errors.append(f"edges into forward nodes form a cycle between colour classes: {nx.find_cycle(g)}")
+    if errors:
+        raise HetpartError(f"{where}: invalid placement input:\n  " + "\n  ".join(errors))
+
+
+def _class_graph(problem: PlacementProblem) -> nx.DiGraph:
+    """Colour classes, with an edge for every edge into a forward node (the order they must respect)."""
+    cls = {i: n.color for i, n in problem.nodes.items()}
+    g = nx.DiGraph()
+    g.add_nodes_from(problem.classes())
+    for u, v in problem.edges:
+        if not problem.nodes[v].backward and cls[u] != cls[v]:
+            g.add_edge(cls[u], cls[v])
+    return g
+
+
+def placement_loads(problem: PlacementProblem, devices: list[tuple[str, list[int]]]) -> list[float]:
+    """Each device's load by NOTE [placement load], in floats (as the authors compute it)."""
+    where = {i: d for d, (_, ids) in enumerate(devices) for i in ids}
+    loads = []
+    for d, (kind, ids) in enumerate(devices):
+        if kind == "cpu":
+            loads.append(sum(problem.nodes[i].cpu_latency for i in ids))
+            continue
+        senders = {u for u, v in problem.edges if (where[u] == d) != (where[v] == d)}
+        loads.append(sum(problem.nodes[i].fpga_latency for i in ids) + sum(problem.cost[u] for u in senders))
+    return loads
+
+
+def placement_violations(problem: PlacementProblem, devices: list[tuple[str, list[int]]]) -> list[str]:
+    """Every rule of NOTE [placement load] that `devices` breaks; empty when valid."""
+    out = []
+    where: dict[int, int] = {}
+    for d, (kind, ids) in enumerate(devices):
+        if kind not in ("fpga", "cpu"):
+            out.append(f"device {d} has kind {kind!r}, not 'fpga' or 'cpu'")
+        for i in ids:
+            if i in where:
+                out.append(f"node {i} is on devices {where[i]} and {d}")
+            where[i] = d
+    missing = sorted(set(problem.nodes) - set(where))
+    if missing:
+        out.append(f"nodes without a device: {missing[:10]}")
+        return out
+    kinds = [k for k, _ in devices]
+    if kinds.count("fpga") > problem.max_fpgas:
+        out.append(f"{kinds.count('fpga')} accelerators used, at most {problem.max_fpgas} allowed")
+    if kinds.count("cpu") > problem.max_cpus:
+        out.append(f"{kinds.count('cpu')} CPUs used, at most {problem.max_cpus} allowed")
+    for d, (kind, ids) in enumerate(devices):
+        if kind != "fpga":
+            continue
+        bad = [i for i in ids if not problem.nodes[i].on_fpga]
+        if bad:
+            out.append(f"accelerator {d} runs nodes {bad[:5]} that are not supported on an accelerator")
+        size = sum(problem.nodes[i].size_bytes for i in ids)
+        if size > problem.max_size_bytes:
+            out.append(f"accelerator {d} holds {size:.0f} bytes, over maxSizePerFPGA {problem.max_size_bytes:.0f}")
+    for color, ids in problem.classes().items():
+        if len({where[i] for i in ids}) > 1:
+            out.append(f"colour class {color!r} is split over devices {sorted({where[i] for i in ids})}")
+    # The devices can be ordered: the quotient graph of edges into forward nodes is acyclic.
+    q = nx.DiGraph()
+    q.add_nodes_from(range(len(devices)))
+    q.add_edges_from((where[u], where[v]) for u, v in problem.edges
+                     if not problem.nodes[v].backward and where[u] != where[v])
+    if not nx.is_directed_acyclic_graph(q):
+        out.append(f"no device order respects every edge into a forward node: cycle {nx.find_cycle(q)}")
+    return out
+
+
+# --- The hint: a DP over one topological order of the colour classes.
+
+
+def placement_hint(problem: PlacementProblem) -> list[tuple[str, list[int]]] | None:
+    """The best placement whose devices take contiguous runs of one topological order of the classes.
+
+    Each run is an accelerator or (at most maxCPUs of them) a CPU. Exact for that
+    class of placements, under the integer costs of `_scaled`; None when none fits.
+    """
+    classes = problem.classes()
+    order = list(nx.lexicographical_topological_sort(_class_graph(problem), key=lambda c: min(classes[c])))
+    n = len(order)
+    pos_of_class = {c: p for p, c in enumerate(order)}
+    pos = {i: pos_of_class[problem.nodes[i].color] for i in problem.nodes}
+    fpga, cpu, size, cost = _scaled(problem)
+
+    fp = np.zeros(n + 1, dtype=np.int64)
+    cp = np.zeros(n + 1, dtype=np.int64)
+    sz = np.zeros(n + 1, dtype=np.float64)
+    ok_fpga = np.ones(n + 1, dtype=np.int64)  # prefix count of classes that may run on an accelerator
+    for c, ids in classes.items():
+        p = pos_of_class[c] + 1
+        fp[p] += sum(fpga[i] for i in ids)
+        cp[p] += sum(cpu[i] for i in ids)
+        sz[p] += sum(size[i] for i in ids)
+        ok_fpga[p] = int(all(problem.nodes[i].on_fpga for i in ids))
+    ok_fpga[0] = 0
+    fp, cp, sz, ok_fpga = np.cumsum(fp), np.cumsum(cp), np.cumsum(sz), np.cumsum(ok_fpga)
+    starts = np.arange(n + 1)
+
+    # comm[i, j]: transfer cost paid by an accelerator holding the classes at positions [i, j).
+    # u pays when it is inside and a successor outside, or outside with a successor inside.
+    comm = np.zeros((n + 1, n + 1), dtype=np.int64)
+    succ: dict[int, set[int]] = {}
+    for u, v in problem.edges:
+        succ.setdefault(u, set()).add(pos[v])
+    for u, ps in succ.items():
+        if cost[u] == 0:
+            continue
+        p, ps_arr = pos[u], np.array(sorted(ps))
+        pays = np.zeros((n + 1, n + 1), dtype=bool)
+        # Inside: i <= p < j, and a successor at q < i or q >= j.
+        lo, hi = ps_arr.min(), ps_arr.max()
+        inside = (starts[:, None] <= p) & (starts[None, :] > p)
+        pays |= inside & ((lo < starts[:, None]) | (hi >= starts[None, :]))
+        # Outside (p < i or p >= j) with a successor q in [i, j): the first successor >= i is < j.
+        k = np.searchsorted(ps_arr, starts)
+        nxt = np.where(k < len(ps_arr), ps_arr[np.minimum(k, len(ps_arr) - 1)], n + 1)
+        pays |= ~inside & (nxt[:, None] < starts[None, :])
+        comm += np.where(pays, cost[u], 0)
+
+    seg_fpga = fp[None, :] - fp[:, None] + comm
+    seg_fpga_ok = ((ok_fpga[None, :] - ok_fpga[:, None]) == (starts[None, :] - starts[:, None])) & (
+        sz[None, :] - sz[:, None] <= problem.max_size_bytes)
+    seg_cpu = cp[None, :] - cp[:, None]
+    later = starts[None, :] > starts[:, None]
+    inf = np.int64(1) << np.int64(60)
+    seg = {"fpga": np.where(later & seg_fpga_ok, seg_fpga, inf), "cpu": np.where(later, seg_cpu, inf)}
+
+    # best[(a, c)][j]: least max-load of placing positions [0, j) on a accelerators and c CPUs.
+    best = {(0, 0): np.where(starts == 0, 0, inf)}
+    back: dict[tuple[int, int], tuple[np.ndarray, str]] = {}
+    for a in range(problem.max_fpgas + 1):
+        for c in range(problem.max_cpus + 1):
+            if (a, c) == (0, 0):
+                continue
+            cands = []
+            for kind, prev in (("fpga", (a - 1, c)), ("cpu", (a, c - 1))):
+                if prev in best:
+                    val = np.maximum(best[prev][:, None], seg[kind])
+                    arg = np.argmin(val, axis=0)
+                    cands.append((val[arg, starts], arg, kind))
+            if not cands:
+                continue
+            vals = np.stack([v for v, _, _ in cands])
+            which = np.argmin(vals, axis=0)
+            best[(a, c)] = vals[which, starts]
+            back[(a, c)] = (np.stack([arg for _, arg, _ in cands])[which, starts],
+                            np.array([kind for _, _, kind in cands])[which])
+    state = min(best, key=lambda s: (best[s][n], s))
+    if best[state][n] >= inf:
+        return None
+    runs = []
+    j = n
+    while state != (0, 0):
+        arg, kinds = back[state]
+        i, kind = int(arg[j]), str(kinds[j])
+        runs.append((kind, i, j))
+        state = (state[0] - (kind == "fpga"), state[1] - (kind == "cpu"))
+        j = i
+    runs.reverse()
+    return [(kind, sorted(i for cl in order[s:e] for i in classes[cl])) for kind, s, e in runs if e > s]
+
+
+def _scaled_loads(problem: PlacementProblem, devices: list[tuple[str, list[int]]], fpga: dict[int, int],
+                  cpu: dict[int, int], cost: dict[int, int]) -> list[int]:
+    """`placement_loads` in the solver's integer units."""
+    where = {i: d for d, (_, ids) in enumerate(devices) for i in ids}
+    loads = []
+    for d, (kind, ids) in enumerate(devices):
+        if kind == "cpu":
+            loads.append(sum(cpu[i] for i in ids))
+            continue
+        senders = {u for u, v in problem.edges if (where[u] == d) != (where[v] == d)}
+        loads.append(sum(fpga[i] for i in ids) + sum(cost[u] for u in senders))
+    return loads
+
+
+def _scaled(problem: PlacementProblem) -> tuple[dict[int, int], dict[int, int], dict[int, float], dict[int, int]]:
+    """Integer latencies and costs for the solver: floor(x * _SCALE).
+
+    Rounding down makes every integer load <= _SCALE x the float load, so the
+    solver's bound / _SCALE is a valid bound of the float problem.
+    """
+    fpga = {i: math.floor(n.fpga_latency * _SCALE) for i, n in problem.nodes.items()}
+    cpu = {i: math.floor(n.cpu_latency * _SCALE) for i, n in problem.nodes.items()}
+    size = {i: n.size_bytes for i, n in problem.nodes.items()}
+    cost = {i: math.floor(c * _SCALE) for i, c in problem.cost.items()}
+    return fpga, cpu, size, cost
+
+
+# --- The exact model.
+
+
+def solve_placement(problem: PlacementProblem, *, time_limit_s: float = 60.0, workers: int = 1,
+                    seed: int = 0, params: dict | None = None) -> Placement:
+    """The placement with the least max load (NOTE [placement load]), or the best found in time.
+
+    CP-SAT over device slots 0..maxFPGAs+maxCPUs-1 in pipeline order, with the order
+    encoding y[c][s] = [slot(class c) <= s] (the paper's contiguity assumption),
+    a kind literal per slot, and the DP hint of `placement_hint`.
+    """
+    t0 = time.perf_counter()
+    if not time_limit_s > 0:
+        raise HetpartError(f"placement: --time-limit must be positive, got {time_limit_s}")
+    classes = problem.classes()
+    cls_of = {i: problem.nodes[i].color for i in problem.nodes}
+    names = list(classes)
+    fpga, cpu, size, cost = _scaled(problem)
+    K = problem.max_fpgas + problem.max_cpus
+    slots = range(K)
+    hint = placement_hint(problem)
+    t_hint = time.perf_counter()
+
+    # --- Data per class.
+    c_fpga = {c: sum(fpga[i] for i in ids) for c, ids in classes.items()}
+    c_cpu = {c: sum(cpu[i] for i in ids) for c, ids in classes.items()}
+    c_size = {c: sum(size[i] for i in ids) for c, ids in classes.items()}
+    c_fpga_ok = {c: all(problem.nodes[i].on_fpga for i in ids) for c, ids in classes.items()}
+    # Classes every node u sends to (other than its own), for the transfer costs.
+    sends: dict[int, set] = {}
+    for u, v in problem.edges:
+        if cls_of[u] != cls_of[v] and cost[u] > 0:
+            sends.setdefault(u, set()).add(cls_of[v])
+
+    # --- Variables.
+    m = cp_model.CpModel()
+    y = {c: [m.new_bool_var(f"y[{c}][{s}]") for s in range(K - 1)] for c in names}
+    x = {c: [m.new_bool_var(f"x[{c}][{s}]") for s in slots] for c in names}
+    is_cpu = [m.new_bool_var(f"cpu[{s}]") for s in slots]
+    used = [m.new_bool_var(f"used[{s}]") for s in slots]
+    pay = {(u, s): m.new_bool_var(f"pay[{u}][{s}]") for u in sends for s in slots}
+    ub = sum(max(c_fpga[c], c_cpu[c]) for c in names) + sum(cost.values())
+    max_load = m.new_int_var(0, ub, "max_load")
+
+    def le(c, s):  # [slot(c) <= s] as a literal or constant
+        return 1 if s >= K - 1 else y[c][s]
+
+    # --- Constraints: slots in the order encoding.
+    for c in names:
+        for s in range(K - 2):
+            # slot(c) <= s implies slot(c) <= s+1.
+            m.add_implication(y[c][s], y[c][s + 1])
+        for s in slots:
+            # x[c][s] = [slot(c) <= s] - [slot(c) <= s-1]: class c runs on slot s.
+            m.add(x[c][s] == le(c, s) - (le(c, s - 1) if s > 0 else 0))
+    for cu, cv in _class_graph(problem).edges:
+        for s in range(K - 1):
+            # Every edge into a forward node goes to the same or a later slot.
+            m.add_implication(y[cv][s], y[cu][s])
+
+    # --- Constraints: slot kinds and symmetry breaking.
+    # Exactly maxCPUs slots are CPUs (unused ones included), so at most maxFPGAs are accelerators.
+    m.add(sum(is_cpu) == problem.max_cpus)
+    for s in slots:
+        # A slot is used when it runs a class.
+        for c in names:
+            m.add_implication(x[c][s], used[s])
+        m.add_bool_or([x[c][s] for c in names]).only_enforce_if(used[s])
+        for c in names:
+            if not c_fpga_ok[c]:
+                # Classes with a node an accelerator cannot run go to a CPU.
+                m.add_implication(x[c][s], is_cpu[s])
+        if s + 1 < K:
+            # Used slots come first; among the unused ones, accelerators before CPUs
+            # (empty slots are interchangeable).
+            m.add_implication(~used[s], ~used[s + 1])
+            m.add_implication(is_cpu[s], is_cpu[s + 1]).only_enforce_if(~used[s])
+
+    # --- Constraints: memory and transfers.
+    for s in slots:
+        if sum(c_size.values()) > problem.max_size_bytes:
+            # An accelerator holds at most maxSizePerFPGA bytes.
+            # (Sizes rounded up and the limit down: a placement the model accepts fits in floats too.)
+            held = sum(math.ceil(c_size[c]) * x[c][s] for c in names)
+            m.add(held <= math.floor(problem.max_size_bytes)).only_enforce_if(~is_cpu[s])
+        for u, targets in sends.items():
+            for cv in sorted(targets, key=str):
+                # u pays its cost on slot s when it is on s and a consumer is not, or the reverse.
+                m.add_bool_or([~x[cls_of[u]][s], x[cv][s], pay[u, s]])
+                m.add_bool_or([x[cls_of[u]][s], ~x[cv][s], pay[u, s]])
+
+    # --- Objective: the largest load.
+    for s in slots:
+        # An accelerator's load: its nodes' fpgaLatency plus the transfers it pays.
+        m.add(max_load >= sum(c_fpga[c] * x[c][s] for c in names)
+              + sum(cost[u] * pay[u, s] for u in sends)).only_enforce_if(~is_cpu[s])
+        # A CPU's load: its nodes' cpuLatency.
+        m.add(max_load >= sum(c_cpu[c] * x[c][s] for c in names)).only_enforce_if(is_cpu[s])
+    # Redundant cut: every class runs somewhere, at its cheaper speed.
+    m.add(max_load * K >= sum(min(c_fpga[c] if c_fpga_ok[c] else ub, c_cpu[c]) for c in names))
+    m.minimize(max_load)
+
+    # --- Hint: the DP's placement, in slot order.
+    if hint is not None:
+        slot_of = {problem.nodes[i].color: s for s, (_, ids) in enumerate(hint) for i in ids}
+        kinds = [k for k, _ in hint]
+        empty = K - len(hint)
+        free_cpus = problem.max_cpus - kinds.count("cpu")
+        kinds += ["fpga"] * (empty - free_cpus) + ["cpu"] * free_cpus
+        for c in names:
+            for s in range(K - 1):
+                m.add_hint(y[c][s], slot_of[c] <= s)
+            for s in slots:
+                m.add_hint(x[c][s], slot_of[c] == s)
+        for s in slots:
+            m.add_hint(is_cpu[s], kinds[s] == "cpu")
+            m.add_hint(used[s], s < len(hint))
+        m.add_hint(max_load, max(_scaled_loads(problem, hint, fpga, cpu, cost)))
+        where = {i: s for s, (_, ids) in enumerate(hint) for i in ids}
+        for u, targets in sends.items():
+            for s in slots:
+                inside = where[u] == s
+                m.add_hint(pay[u, s], any((slot_of[cv] == s) != inside for cv in targets))
+    t_build = time.perf_counter()
+
+    # --- Solve.
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = max(0.1, time_limit_s - (t_build - t0))
+    solver.parameters.num_workers = workers
+    solver.parameters.random_seed = seed
+    # PARTITIONING-NOTES finding 3: probing is most of presolve (20 s of 25 s on bert_l-12) for no gain here.
+    solver.parameters.cp_model_probing_level = 0
+    for key, value in (params or {}).items():
+        setattr(solver.parameters, key, value)
+    status = solver.solve(m)
+    t_solve = time.perf_counter()
+
+    found = status in (cp_model.OPTIMAL, cp_model.FEASIBLE)
+    if status == cp_model.INFEASIBLE or (not found and hint is None):
+        raise HetpartError(
+            f"placement: no feasible placement found for {problem.name or 'the input'} "
+            f"({'proven infeasible' if status == cp_model.INFEASIBLE else f'within {time_limit_s:g} s'}); "
+            "check maxSizePerFPGA against the node sizes, or raise --time-limit")
+    candidates = []
+    if found:
+        devices = []
+        for s in slots:
+            ids = sorted(i for c in names if solver.boolean_value(x[c][s]) for i in classes[c])
+            if ids:
+                devices.append(("cpu" if solver.boolean_value(is_cpu[s]) else "fpga", ids))
+        candidates.append(devices)
+    if hint is not None:
+        candidates.append(hint)
+    scored = [(max(placement_loads(problem, d)), n, d) for n, d in enumerate(candidates)]
+    best_load, _, best = min(scored)
+    bound = max(0.0, solver.best_objective_bound / _SCALE) if found else 0.0
+    loads = placement_loads(problem, best)
+    violations = placement_violations(problem, best)
+    if violations:
+        raise RuntimeError("hetpart bug: the placement breaks its problem:\n  " + "\n  ".join(violations))
+    optimal = status == cp_model.OPTIMAL
+    return Placement(
+        devices=best, loads=loads, max_load=best_load, lower_bound=min(bound, best_load),
+        status="OPTIMAL" if optimal else "FEASIBLE", seconds=time.perf_counter() - t0,
+        stats={"hint_seconds": t_hint - t0, "build_seconds": t_build - t_hint, "cpsat_seconds": t_solve - t_build,
+               "hint_max_load": max(placement_loads(problem, hint)) if hint else math.inf,
+               "classes": float(len(names)), "variables": float(len(m.proto.variables))},
+    )

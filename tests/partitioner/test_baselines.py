@@ -1,0 +1,115 @@
+import itertools
+
+import pytest
+
+from hetpart.partitioner import Device, Link
+from hetpart.partitioner.baselines import (
+    compute_baselines,
+    dp_topo_order,
+    equal_layers,
+    parameter_balanced,
+    plan_from_stages,
+)
+from hetpart.partitioner.problem import LAYER
+from hetpart.partitioner.verify import plan_violations
+
+from partition_cases import brute_force, chain, make_problem, random_problem
+
+CHEAP = Link(100_000, 0)
+
+
+def _layered_chain(layers: list[str], weights: list[int], caps: int = 10**6):
+    nodes, edges = chain(len(layers), {"g": 10}, out=100)
+    wt = {}
+    for (v, spec), layer, w in zip(nodes.items(), layers, weights):
+        if w:
+            spec["weights"] = [f"w_{v}"]
+            wt[f"w_{v}"] = w
+    p = make_problem(nodes, edges, [Device(f"g{i}", "g", "m0", caps) for i in range(2)], weights=wt, intra=CHEAP)
+    for v, layer in zip(nodes, layers):
+        if layer:
+            p.graph.nodes[v][LAYER] = layer
+    return p
+
+
+def test_equal_layers_counts_layers_not_nodes():
+    # Layer a has 3 nodes, b 1, c 1, d 1: two layers per stage is a split 4 | 2 of the nodes.
+    p = _layered_chain(["a", "a", "a", "b", "c", "d"], [0] * 6)
+    b = equal_layers(p)
+    assert [b.plan.stage_of[f"op{i}"] for i in range(6)] == [0, 0, 0, 0, 1, 1]
+    assert b.plan.device_of_stage == ["g0", "g1"] and b.feasible and "4 layers" in b.note
+
+
+def test_equal_layers_without_layers_counts_nodes():
+    nodes, edges = chain(6, {"g": 10})
+    p = make_problem(nodes, edges, [Device(f"g{i}", "g", "m0", 1000) for i in range(3)], intra=CHEAP)
+    b = equal_layers(p)
+    assert [b.plan.stage_of[f"op{i}"] for i in range(6)] == [0, 0, 1, 1, 2, 2]
+
+
+def test_parameter_balanced_balances_weight_bytes():
+    # Weights 8, 1, 1, 1, 1, 4 by layer: the best 2-way split is 8 | 1+1+1+1+4 = 8.
+    p = _layered_chain(["a", "b", "c", "d", "e", "f"], [8, 1, 1, 1, 1, 4])
+    b = parameter_balanced(p)
+    assert [b.plan.stage_of[f"op{i}"] for i in range(6)] == [0, 1, 1, 1, 1, 1]
+    assert b.feasible
+
+
+def test_a_baseline_that_breaks_memory_is_reported_infeasible():
+    # Each device holds 10 bytes of weights; equal layers puts 8 + 8 on the first device.
+    p = _layered_chain(["a", "b", "c", "d"], [8, 8, 1, 1], caps=10)
+    b = equal_layers(p)
+    assert not b.feasible and any("over its capacity" in v for v in b.violations)
+    assert b.bottleneck_ns == b.plan.bottleneck_ns > 0
+    assert b.to_json()["feasible"] is False
+
+
+def _contiguous_brute_force(problem):
+    """Least bottleneck over contiguous splits of node_order, stage k on device k (list order)."""
+    order = problem.node_order()
+    n = len(order)
+    best = None
+    max_s = min(len(problem.devices), problem.max_stages or len(problem.devices))
+    for S in range(1, max_s + 1):
+        for cuts in itertools.combinations(range(1, n), S - 1):
+            bounds = [0, *cuts, n]
+            stage_of = {v: k for k in range(S) for v in order[bounds[k]:bounds[k + 1]]}
+            plan = plan_from_stages(problem, stage_of, [d.name for d in problem.devices[:S]])
+            if not plan_violations(problem, plan) and (best is None or plan.bottleneck_ns < best):
+                best = plan.bottleneck_ns
+    return best
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_dp_topo_order_is_exact_for_its_class(seed):
+    p = random_problem(seed)
+    b = dp_topo_order(p)
+    want = _contiguous_brute_force(p)
+    if want is None:
+        assert b.plan is None and not b.feasible
+        return
+    assert b.feasible and b.bottleneck_ns == want
+    optimum = brute_force(p)
+    assert optimum is not None and b.bottleneck_ns >= optimum
+
+
+def test_compute_baselines_names_and_order():
+    p = _layered_chain(["a", "a", "b", "b"], [1, 1, 1, 1])
+    assert [b.name for b in compute_baselines(p)] == ["equal-layers", "parameters", "dp-topo-order"]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_balanced_split_is_optimal(seed):
+    import random
+
+    from hetpart.partitioner.baselines import _split_units
+
+    rng = random.Random(seed)
+    w = [rng.choice([0, 1, 3, 8, 20]) for _ in range(rng.randint(2, 8))]
+    parts = rng.randint(1, len(w))
+    starts = _split_units(w, parts)
+    assert len(starts) == parts and starts[0] == 0 and starts == sorted(set(starts))
+    got = max(sum(w[a:b]) for a, b in zip(starts, starts[1:] + [len(w)]))
+    best = min(max(sum(w[a:b]) for a, b in zip((0, *cuts), (*cuts, len(w))))
+               for cuts in itertools.combinations(range(1, len(w)), parts - 1))
+    assert got == best
