@@ -11,19 +11,25 @@ pipelined.
 NOTE [recomputed scalars]
 Scalars (sym_size of the dynamic batch and arithmetic on it) never cross a
 stage boundary: pipelining sends tensors only. A stage that needs one recomputes
-it from a tensor it has whose traced shape carries the same symbolic size.
+it from a tensor it has whose traced shape carries the same symbolic size (or
+an integer multiple of it, divided back: a flattened [B*L, D] tensor gives B).
+Likewise, ops on weights and constants only (RoPE tables, position biases) are
+recomputed by every stage that reads them, never sent: see NOTE [recomputed
+constants] in hetpart/passes/lower.py.
 """
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
 
+import sympy
 import torch
 import torch.fx as fx
 
 from hetpart.errors import HetpartError
 from hetpart.ir import info
-from hetpart.passes.lower import group_of
+from hetpart.passes.lower import group_of, recomputed_nodes
 from hetpart.passes.memory import fetch_attr
 
 
@@ -49,14 +55,23 @@ def _attr_name(target: str) -> str:
     return "w_" + target.replace(".", "_")
 
 
+def _scale_of(size: object, sym: object) -> int | None:
+    """k when the traced dimension `size` is k * `sym` for an integer k > 1 (`16*s0` of `s0`)."""
+    if not isinstance(size, torch.SymInt) or not isinstance(sym, torch.SymInt):
+        return None
+    ratio = sympy.simplify(size.node.expr / sym.node.expr)
+    return int(ratio) if ratio.is_Integer and int(ratio) > 1 else None
+
+
 def _sym_key(value: object) -> str | None:
     return str(value.node.expr) if isinstance(value, torch.SymInt) else None
 
 
 class _StageBuilder:
-    def __init__(self, gm: fx.GraphModule, index: int, inputs: list[fx.Node]):
+    def __init__(self, gm: fx.GraphModule, index: int, inputs: list[fx.Node], recomputed: set[fx.Node]):
         self.src = gm
         self.index = index
+        self.recomputed = recomputed
         self.graph = fx.Graph()
         self.root = torch.nn.Module()
         self.env: dict[fx.Node, fx.Node] = {}
@@ -83,6 +98,8 @@ class _StageBuilder:
             return new
         if node.op == "call_function" and not info(node).is_tensor and info(node).dtype == "scalar":
             return self._recompute_scalar(node)
+        if node in self.recomputed:
+            return self.copy(node)
         raise HetpartError(
             f"internal: stage {self.index} needs '{node.name}', which is neither computed here nor received"
         )
@@ -101,6 +118,20 @@ class _StageBuilder:
                         out.meta = dict(node.meta)
                         self.env[node] = out
                         return out
+            # Only flattened tensors arrive (HF OPT's MLP runs on [B*L, D]): B = size(0) // L.
+            for have, new in self.env.items():
+                shape = getattr(have.meta.get("val"), "shape", None)
+                if shape is None or new.op == "get_attr" or key is None:
+                    continue
+                for dim, size in enumerate(shape):
+                    scale = _scale_of(size, node.meta["val"])
+                    if scale is not None:
+                        whole = self.graph.call_function(torch.ops.aten.sym_size.int, (new, dim))
+                        whole.meta = {**node.meta, "val": size}
+                        out = self.graph.call_function(operator.floordiv, (whole, scale))
+                        out.meta = dict(node.meta)
+                        self.env[node] = out
+                        return out
             raise HetpartError(
                 f"stage {self.index} needs the size '{node.name}' ({key}) but receives no tensor with that "
                 "dimension; this model cannot be cut here yet"
@@ -116,6 +147,7 @@ class _StageBuilder:
 def split_stages(gm: fx.GraphModule, stage_of: dict[str, int], num_stages: int) -> list[StageGraph]:
     """One GraphModule per stage; see NOTE [pass-through of skip values]."""
     where = stage_of_nodes(gm, stage_of)
+    recomputed = recomputed_nodes(gm)
     nodes = list(gm.graph.nodes)
     output = next(n for n in nodes if n.op == "output")
     last = num_stages - 1
@@ -133,7 +165,7 @@ def split_stages(gm: fx.GraphModule, stage_of: dict[str, int], num_stages: int) 
     stages = []
     for k in range(num_stages):
         inputs = placeholders if k == 0 else crossing[k - 1]
-        b = _StageBuilder(gm, k, inputs)
+        b = _StageBuilder(gm, k, inputs, recomputed)
         computed = []
         for n in nodes:
             if n.op == "call_function" and where.get(n.name) == k:

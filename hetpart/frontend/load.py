@@ -1,4 +1,4 @@
-"""MODEL specs -> (nn.Module, example inputs): `zoo:NAME` or `path/to/file.py:FUNCTION`.
+"""MODEL specs -> (nn.Module, example inputs): `zoo:NAME`, `hf:MODEL_TYPE` or `path/to/file.py:FUNCTION`.
 
 A file model's FUNCTION returns `(module, example_inputs_tuple)`; `--set KEY=VALUE`
 values are passed to it as keyword arguments (strings), so it must accept them.
@@ -23,7 +23,7 @@ from hetpart.models import build_zoo
 class ModelSpec:
     """Everything needed to build the same model and inputs again (recorded in plan.json)."""
 
-    model: str  # "zoo:gpt-small" or "path/to/file.py:fn"
+    model: str  # "zoo:gpt-small", "hf:llama" or "path/to/file.py:fn"
     overrides: dict[str, str] = field(default_factory=dict)
     batch_size: int = 8
     seq_len: int = 32
@@ -41,7 +41,7 @@ class ModelSpec:
 def _load_file_model(spec: ModelSpec) -> tuple[nn.Module, tuple]:
     path_text, sep, func_name = spec.model.rpartition(":")
     if not sep or not path_text or not func_name:
-        raise HetpartError(f"model '{spec.model}': expected zoo:NAME or path/to/file.py:FUNCTION")
+        raise HetpartError(f"model '{spec.model}': expected zoo:NAME, hf:MODEL_TYPE or path/to/file.py:FUNCTION")
     path = Path(path_text)
     if not path.is_file():
         raise HetpartError(f"model file '{path}' not found (model '{spec.model}')")
@@ -81,6 +81,11 @@ def load_model(spec: ModelSpec) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
         raise HetpartError(f"--seq-len must be positive (got {spec.seq_len})")
     if spec.model.startswith("zoo:"):
         module, inputs = build_zoo(spec.model.removeprefix("zoo:"), spec.overrides, spec.batch_size, spec.seq_len, spec.seed)
+    elif spec.model.startswith("hf:"):
+        from hetpart.frontend.hf import build_hf  # imports transformers: only when asked for
+
+        module, inputs = build_hf(spec.model.removeprefix("hf:"), spec.overrides, spec.batch_size, spec.seq_len,
+                                  spec.seed)
     else:
         module, inputs = _load_file_model(spec)
     for i, x in enumerate(inputs):

@@ -10,6 +10,21 @@ NOTE [what the partitioner sees]
 - A multi-output op (split, ...) and the getitems that unpack it form one
   problem node named after the op, so a cut never separates a tuple from its
   parts; the tensors the getitems produce are what crosses.
+- Ops that read no model input, only weights, constants and scalars (RoPE
+  cos/sin from `arange`, T5's position bias, a transposed weight) are not
+  nodes either: codegen recomputes them in every stage that reads them, and
+  the partitioner counts their weights for each op that reads them. See
+  NOTE [recomputed constants].
+
+NOTE [recomputed constants]
+Sending such a value would cost a transfer per microbatch at every cut it
+crosses (T5's [1, heads, T, T] bias is larger than the activations at long
+sequence lengths), and an integer one (position buckets) would reach
+torch.distributed.pipelining's shape inference, which runs a stage on
+uninitialized inputs. Recomputing costs each reading stage the op's time,
+which is negligible for the ops models write this way (index and trigonometry
+tables, views of weights) and is not charged. Random ops are never recomputed:
+two stages would draw different values.
 """
 
 from __future__ import annotations
@@ -17,12 +32,13 @@ from __future__ import annotations
 import operator
 
 import networkx as nx
+import torch
 import torch.fx as fx
 
 from hetpart.devices import Cluster
 from hetpart.ir import info
 from hetpart.partitioner.problem import (
-    MEM_BYTES, OUT_BYTES, PIN, PIN_FIRST, PIN_LAST, TIME_NS, WEIGHTS, Device, Link, Problem,
+    LAYER, MEM_BYTES, OUT_BYTES, PIN, PIN_FIRST, PIN_LAST, TIME_NS, WEIGHTS, Device, Link, Problem,
 )
 
 
@@ -34,18 +50,62 @@ def _is_tuple(node: fx.Node) -> bool:
     return node.op == "call_function" and any(u.target is operator.getitem for u in node.users)
 
 
+def _is_random(node: fx.Node) -> bool:
+    return isinstance(node.target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in node.target.tags
+
+
+def recomputed_nodes(gm: fx.GraphModule) -> set[fx.Node]:
+    """Tensor ops that read only weights, other such ops and scalars; see NOTE [recomputed constants]."""
+    found: set[fx.Node] = set()
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or _is_scalar(node) or _is_random(node):
+            continue
+        if all(a.op == "get_attr" or a in found or _is_scalar(a) for a in node.all_input_nodes):
+            found.add(node)
+    return found
+
+
+def weights_read(node: fx.Node, recomputed: set[fx.Node]) -> set[str]:
+    """The weights `node` reads, directly or through recomputed ops."""
+    read: set[str] = set()
+    todo, seen = list(node.all_input_nodes), set()
+    while todo:
+        a = todo.pop()
+        if a in seen:
+            continue
+        seen.add(a)
+        if a.op == "get_attr":
+            read.add(a.target)
+        elif a in recomputed:
+            todo.extend(a.all_input_nodes)
+    return read
+
+
 def group_of(gm: fx.GraphModule) -> dict[str, str]:
     """FX node name -> problem node name, for every node that is part of the problem."""
     groups: dict[str, str] = {}
+    recomputed = recomputed_nodes(gm)
     for node in gm.graph.nodes:
         if node.op in ("placeholder", "output"):
             groups[node.name] = node.name
-        elif node.op == "call_function":
+        elif node.op == "call_function" and node not in recomputed:
             if node.target is operator.getitem and isinstance(node.args[0], fx.Node) and node.args[0].name in groups:
                 groups[node.name] = groups[node.args[0].name]
             elif not _is_scalar(node):
                 groups[node.name] = node.name
     return groups
+
+
+def layer_of(node: fx.Node) -> str | None:
+    """The model layer of a node, for the equal-layers baseline: its deepest module's path up to
+    the first list index ("blocks.3.attn.q" -> "blocks.3", "wte" -> "wte"); None at the top level."""
+    stack = node.meta.get("nn_module_stack") or {}
+    paths = [path for path, _ in stack.values() if path and not path.startswith("_empty_nn_module_stack")]
+    if not paths:
+        return None
+    parts = paths[-1].split(".")
+    cut = next((i for i, part in enumerate(parts) if part.isdigit()), 0)
+    return ".".join(parts[: cut + 1])
 
 
 def _link(spec) -> Link:
@@ -56,6 +116,7 @@ def _link(spec) -> Link:
 def lower_to_problem(gm: fx.GraphModule, cluster: Cluster) -> Problem:
     """The annotated graph as a Problem over `cluster`'s devices (see NOTE above)."""
     groups = group_of(gm)
+    recomputed = recomputed_nodes(gm)
     types = sorted(cluster.device_types)
     g = nx.DiGraph()
     for node in gm.graph.nodes:
@@ -72,8 +133,9 @@ def lower_to_problem(gm: fx.GraphModule, cluster: Cluster) -> Problem:
         attrs[MEM_BYTES] += ni.act_bytes or 0
         if ni.is_tensor:
             attrs[OUT_BYTES] += ni.out_bytes or 0
-        read = [a.target for a in node.all_input_nodes if a.op == "get_attr"]
-        attrs[WEIGHTS] = tuple(sorted(set(attrs[WEIGHTS]) | set(read)))
+        attrs[WEIGHTS] = tuple(sorted(set(attrs[WEIGHTS]) | weights_read(node, recomputed)))
+        if LAYER not in attrs and (layer := layer_of(node)) is not None:
+            attrs[LAYER] = layer
         for a in node.all_input_nodes:
             src = groups.get(a.name)
             if src is not None and src != name:
