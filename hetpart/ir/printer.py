@@ -129,3 +129,49 @@ def graph_json(gm: fx.GraphModule) -> dict[str, Any]:
 
 def dump_json(gm: fx.GraphModule) -> str:
     return json.dumps(graph_json(gm), indent=1, sort_keys=True) + "\n"
+
+
+def _dot_quote(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
+def dump_dot(gm: fx.GraphModule) -> str:
+    """The graph in Graphviz DOT, one cluster per stage (`dot -Tsvg partition.dot`).
+
+    A weight sits in the cluster of the stage that reads it; nodes without
+    one stage (scalars recomputed where needed, weights read by several
+    stages) sit outside the clusters. Deterministic, like `dump_text`.
+    """
+
+    def stage_of(n: fx.Node) -> int | None:
+        ni = n.meta.get(META_KEY)
+        if ni is not None and ni.stage is not None:
+            return ni.stage
+        if n.op == "get_attr":
+            readers = {u.meta[META_KEY].stage for u in n.users if META_KEY in u.meta}
+            return readers.pop() if len(readers) == 1 else None
+        return None
+
+    stages: dict[int | None, list[fx.Node]] = {}
+    for n in gm.graph.nodes:
+        stages.setdefault(stage_of(n), []).append(n)
+
+    def node_line(n: fx.Node) -> str:
+        ni = n.meta.get(META_KEY)
+        label = f"{n.name}\n{_target_name(n) if n.op == 'call_function' else n.op}\n{_type(ni)}"
+        attrs = [f"label={_dot_quote(label)}"]
+        if n.op in ("placeholder", "get_attr", "output"):
+            attrs.append("shape=ellipse")
+        return f"    {_dot_quote(n.name)} [{', '.join(attrs)}];"
+
+    out = ["digraph partition {", '  rankdir=TB;',
+           '  node [shape=box, style="rounded,filled", fillcolor=white, fontname="monospace", fontsize=9];']
+    for stage in sorted(k for k in stages if k is not None):
+        out += [f"  subgraph cluster_stage_{stage} {{",
+                f'    label="stage {stage}"; style=filled; colorscheme=set312; fillcolor={stage % 12 + 1};']
+        out += [node_line(n) for n in stages[stage]]
+        out.append("  }")
+    out += [node_line(n).removeprefix("  ") for n in stages.get(None, [])]
+    out += [f"  {_dot_quote(a.name)} -> {_dot_quote(n.name)};" for n in gm.graph.nodes for a in n.all_input_nodes]
+    out.append("}")
+    return "\n".join(out) + "\n"

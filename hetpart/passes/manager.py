@@ -9,6 +9,7 @@ timing) live here, not in the passes.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Protocol
@@ -17,7 +18,7 @@ import torch.fx as fx
 
 from hetpart.errors import HetpartError
 from hetpart.ir import dump_text, has_field
-from hetpart.ir.printer import dump_json
+from hetpart.ir.printer import dump_dot, dump_json
 
 
 @dataclass(frozen=True)
@@ -54,23 +55,39 @@ class PassTiming:
 class PassManager:
     """Runs `passes` in order.
 
-    dump_dir: write `NN-<name>.txt` after each pass (`00-export.txt` is the input).
+    dump_dir: write `NN-<name>.txt` after each pass (`00-export.txt` is the input),
+        `graph.json` (the latest state) and, once nodes carry stages, `partition.dot`.
+    extra_dump_dir: the same dumps, also written here (`--dump-ir DIR`): they stay
+        when a later step fails, where the artifacts directory is not created.
     print_after: pass names (or "all") whose output IR is printed to `echo`.
+    verbose: echo each pass's wall time as it ends.
+    on_pass_start: told "pass NN <name>" as each pass starts (a progress display).
     """
 
     passes: list
     dump_dir: Path | None = None
     print_after: frozenset[str] = frozenset()
-    echo: object = print
+    echo: Callable[[str], None] = print
     timings: list[PassTiming] = field(default_factory=list)
+    extra_dump_dir: Path | None = None
+    verbose: bool = False
+    on_pass_start: Callable[[str], None] | None = None
 
     def emit(self, gm: fx.GraphModule, index: int, name: str) -> None:
         """Dump and/or print the IR as it stands after step `index` (`name`)."""
         title = f"IR after {index:02d} {name}"
-        if self.dump_dir is not None:
-            self.dump_dir.mkdir(parents=True, exist_ok=True)
-            (self.dump_dir / f"{index:02d}-{name}.txt").write_text(dump_text(gm, title))
-            (self.dump_dir / "graph.json").write_text(dump_json(gm))  # the latest state wins
+        for where in (self.dump_dir, self.extra_dump_dir):
+            if where is None:
+                continue
+            try:
+                where.mkdir(parents=True, exist_ok=True)
+                (where / f"{index:02d}-{name}.txt").write_text(dump_text(gm, title))
+                (where / "graph.json").write_text(dump_json(gm))  # the latest state wins
+                if any(has_field(n, "stage") for n in gm.graph.nodes):
+                    (where / "partition.dot").write_text(dump_dot(gm))
+            except OSError as err:
+                raise HetpartError(f"cannot write IR dumps to '{where}': {err.strerror}; "
+                                   "pass a writable --dump-ir DIR") from None
         if "all" in self.print_after or name in self.print_after:
             self.echo(dump_text(gm, title))
 
@@ -84,6 +101,8 @@ class PassManager:
             missing = [f for f in p.requires if not any(has_field(n, f) for n in gm.graph.nodes)]
             if missing:
                 raise HetpartError(f"pass '{p.name}' needs {missing}, which no earlier pass provides")
+            if self.on_pass_start is not None:
+                self.on_pass_start(f"pass {index:02d} {p.name}")
             start = time.perf_counter()
             try:
                 result = p.run(gm, ctx)
@@ -92,6 +111,8 @@ class PassManager:
             except Exception as err:
                 raise RuntimeError(f"pass '{p.name}' failed: {type(err).__name__}: {err}") from err
             self.timings.append(PassTiming(p.name, time.perf_counter() - start))
+            if self.verbose:
+                self.echo(f"pass {index:02d} {p.name}: {self.timings[-1].seconds * 1e3:.1f} ms")
             gm = result.gm
             self.emit(gm, index, p.name)
         return gm

@@ -1,0 +1,98 @@
+"""`hetpart inspect DIR`: one stage's source with its inputs and outputs, one IR dump, or JSON for tools.
+
+Reads only the artifacts directory (plan.json, manifest.json, rank<k>/, ir/);
+every lookup that misses lists what exists.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from hetpart.errors import HetpartError
+from hetpart.report.table import share_of_bottleneck, simulated_step, transfer_us
+
+_DUMP = re.compile(r"^(\d+)-(.+)\.txt$")
+
+
+def ir_dumps(out: Path) -> list[tuple[int, str, Path]]:
+    """(number, pass name, path) of every `ir/NN-<name>.txt`, in order."""
+    found = []
+    for path in sorted((out / "ir").glob("*.txt")):
+        m = _DUMP.match(path.name)
+        if m:
+            found.append((int(m.group(1)), m.group(2), path))
+    return found
+
+
+def ir_dump(out: Path, key: str) -> str:
+    """The dump named by number (`3`, `03`) or pass name (`op-cost`)."""
+    dumps = ir_dumps(out)
+    for number, name, path in dumps:
+        if (key.isdigit() and int(key) == number) or key == name:
+            return path.read_text()
+    known = ", ".join(f"{n:02d} {name}" for n, name, _ in dumps) or f"none: '{out / 'ir'}' has no dumps"
+    raise HetpartError(f"--ir {key}: no such IR dump in '{out / 'ir'}' (dumps: {known})")
+
+
+def _rank(manifest: dict[str, Any], stage: int, out: Path) -> dict[str, Any]:
+    for entry in manifest["ranks"]:
+        if entry["stage"] == stage:
+            return entry
+    known = ", ".join(str(e["stage"]) for e in manifest["ranks"])
+    raise HetpartError(f"--stage {stage}: '{out}' has no stage {stage} (stages: {known})")
+
+
+def _values(title: str, values: list[dict[str, Any]]) -> list[str]:
+    lines = [f"# {title}:"]
+    lines += [f"#   {v['name']} : {v['dtype']}[{','.join(map(str, v['shape']))}]" for v in values]
+    return lines
+
+
+def stage_text(out: Path, manifest: dict[str, Any], plan: dict[str, Any], stage: int) -> str:
+    """A stage's device, inputs and outputs (from manifest.json), then its `stage.py`."""
+    entry = _rank(manifest, stage, out)
+    cost = plan["stages"][stage]
+    source = out / entry["dir"] / "stage.py"
+    if not source.is_file():
+        raise HetpartError(f"'{source}' is missing; re-run `hetpart partition`")
+    head = [f"# rank {entry['rank']}, stage {stage} of {len(manifest['ranks'])}: planned on {cost['device']} "
+            f"({cost['device_type']}), {cost['predicted_time_us']} us per microbatch",
+            f"# file: {source}"]
+    head += _values("inputs", entry["inputs"]) + _values("outputs", entry["outputs"])
+    head.append(f"# weights: {len(entry['weights'])}")
+    return "\n".join(head) + "\n\n" + source.read_text()
+
+
+def inspect_json(out: Path, manifest: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any]:
+    """plan.json's numbers with each stage's derived columns and boundary values, for tools."""
+    ranks = {e["stage"]: e for e in manifest["ranks"]}
+    step = simulated_step(plan)
+    stages = []
+    for s in plan["stages"]:
+        entry = ranks.get(s["index"], {})
+        stages.append({**s, "transfer_us": round(transfer_us(s), 3),
+                       "share_of_bottleneck": round(share_of_bottleneck(plan, s), 6),
+                       "dir": entry.get("dir"), "inputs": entry.get("inputs", []),
+                       "outputs": entry.get("outputs", [])})
+    return {
+        "out": str(out),
+        "model": plan["model"],
+        "cluster": plan["cluster"]["name"],
+        "microbatches": plan["microbatches"],
+        "microbatch_size": plan["microbatch_size"],
+        "bottleneck_us": plan["bottleneck_us"],
+        "predicted_samples_per_s": plan.get("predicted_samples_per_s"),
+        "lower_bound_us": plan["lower_bound_us"],
+        "gap": plan["gap"],
+        "solver_status": plan["solver_status"],
+        "simulated_step": {"schedule": step.schedule, "step_us": round(step.step_ns / 1000, 3),
+                           "bubble_fraction": round(step.bubble_fraction, 6)},
+        "baselines": plan.get("baselines") or [],
+        "stages": stages,
+        "ir": [{"number": n, "name": name, "file": str(p.relative_to(out))} for n, name, p in ir_dumps(out)],
+    }
+
+
+__all__ = ["inspect_json", "ir_dump", "ir_dumps", "stage_text"]

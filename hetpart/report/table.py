@@ -1,0 +1,99 @@
+"""Plan tables for the terminal (rich), read from plan.json so `partition` and `inspect` agree."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from hetpart.partitioner.simulate import Timeline, simulate
+
+
+SCHEDULE_NAMES = {"gpipe": "GPipe", "1f1b": "1F1B"}
+
+
+def format_bytes(n: float) -> str:
+    for factor, unit in ((1 << 40, "TiB"), (1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
+        if n >= factor:
+            return f"{n / factor:.3g} {unit}"
+    return f"{n:.0f} B"
+
+
+def format_us(value: float) -> str:
+    return f"{value / 1000:.3g} ms" if value >= 1000 else f"{value:.3g} us"
+
+
+def transfer_us(stage: dict[str, Any]) -> float:
+    return stage["comm_in_us"] + stage["comm_out_us"]
+
+
+def share_of_bottleneck(plan: dict[str, Any], stage: dict[str, Any]) -> float:
+    return stage["predicted_time_us"] / (plan["bottleneck_us"] or 1)
+
+
+def simulated_step(plan: dict[str, Any]) -> Timeline:
+    """The plan's step for its microbatches, played by `simulate` (NOTE [schedule simulation]).
+
+    Forward only, unless every stage carries a `backward_us` (a training plan);
+    the schedule is plan.json's `schedule` (default GPipe).
+    """
+    stages = plan["stages"]
+    ns = lambda us: round(us * 1000)  # noqa: E731
+    backward = [ns(s["backward_us"]) for s in stages] if all("backward_us" in s for s in stages) else None
+    return simulate([ns(s["compute_us"]) for s in stages], [ns(s["comm_out_us"]) for s in stages[:-1]],
+                    plan["microbatches"], plan.get("schedule", "gpipe"), backward_ns=backward)
+
+
+def plan_table(plan: dict[str, Any]) -> Table:
+    table = Table(box=box.SIMPLE_HEAD, title=f"plan for {plan['model']['model']} on {plan['cluster']['name']} "
+                        f"(per microbatch of {plan['microbatch_size']})")
+    for col in ("stage", "device", "type", "nodes", "GFLOP", "params", "memory / capacity", "compute", "transfer", "time",
+                "% of max"):
+        table.add_column(col, justify="left" if col in ("device", "type") else "right")
+    for s in plan["stages"]:
+        table.add_row(
+            str(s["index"]), s["device"], s["device_type"], str(s["node_count"]), f"{s['flops'] / 1e9:.3g}",
+            format_bytes(s.get("param_bytes", 0)),
+            f"{format_bytes(s['memory_bytes'])} / {format_bytes(s['capacity_bytes'])}",
+            format_us(s["compute_us"]), format_us(transfer_us(s)), format_us(s["predicted_time_us"]),
+            f"{share_of_bottleneck(plan, s):.0%}",
+        )
+    return table
+
+
+def plan_summary(plan: dict[str, Any]) -> str:
+    rate = plan.get("predicted_samples_per_s")
+    return (
+        f"bottleneck {format_us(plan['bottleneck_us'])} per microbatch  |  "
+        f"throughput {rate or 0:,.0f} samples/s  |  lower bound {format_us(plan['lower_bound_us'])}  |  "
+        f"gap {plan['gap']:.2%}  |  solver {plan['solver_status']}"
+    )
+
+
+def baseline_lines(plan: dict[str, Any]) -> list[str]:
+    """One line per entry of plan.json's optional `baselines` ({name, bottleneck_us})."""
+    lines = []
+    for b in plan.get("baselines") or []:
+        note = f" ({b['note']})" if b.get("note") else ""
+        if b.get("bottleneck_us") is None:
+            lines.append(f"baseline {b['name']}: no plan{note}")
+            continue
+        ratio = b["bottleneck_us"] / plan["bottleneck_us"] if plan["bottleneck_us"] else float("nan")
+        feasible = "" if b.get("feasible", True) else ", over memory capacity"
+        lines.append(f"baseline {b['name']}: bottleneck {format_us(b['bottleneck_us'])} "
+                     f"({ratio:.2f}x the plan's{feasible}){note}")
+    return lines
+
+
+def print_plan(plan: dict[str, Any], console: Console | None = None) -> None:
+    console = console or Console()
+    console.print(plan_table(plan))
+    console.print(plan_summary(plan))
+    step = simulated_step(plan)
+    console.print(f"step of {step.microbatches} microbatches ({SCHEDULE_NAMES[step.schedule]}, simulated): "
+                  f"{format_us(step.step_ns / 1000)}, "
+                  f"bubble {step.bubble_fraction:.0%}", markup=False, highlight=False)
+    for line in baseline_lines(plan):
+        console.print(line, markup=False, highlight=False)

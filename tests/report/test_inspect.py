@@ -1,0 +1,63 @@
+"""`hetpart partition --dump-ir/--verbose` and `hetpart inspect --stage/--ir/--json`."""
+
+import json
+
+from hetpart.cli import main
+
+
+def test_dump_ir_dir_and_verbose_timings(partitioned):
+    names = sorted(p.name for p in partitioned.dump_dir.iterdir())
+    assert names == ["00-export.txt", "01-shape.txt", "02-flops.txt", "03-memory.txt", "04-op-cost.txt",
+                     "05-partition.txt", "graph.json", "partition.dot"]
+    for name in names:  # the same dumps as the artifacts' ir/
+        assert (partitioned.dump_dir / name).read_bytes() == (partitioned.out / "ir" / name).read_bytes()
+    for line in ("pass 01 shape: ", "pass 04 op-cost: ", "solve: "):
+        assert line in partitioned.stdout
+    assert "subgraph cluster_stage_0" in (partitioned.out / "ir" / "partition.dot").read_text()
+
+
+def test_inspect_table_has_simulated_step(partitioned, capsys):
+    assert main(["inspect", str(partitioned.out)]) == 0
+    shown = capsys.readouterr().out
+    assert "bottleneck" in shown and "lower bound" in shown and "gap" in shown
+    assert "step of 4 microbatches (GPipe, simulated)" in shown
+
+
+def test_inspect_stage_prints_source_with_inputs_and_outputs(partitioned, capsys):
+    manifest = json.loads((partitioned.out / "manifest.json").read_text())
+    assert main(["inspect", str(partitioned.out), "--stage", "1"]) == 0
+    shown = capsys.readouterr().out
+    entry = manifest["ranks"][1]
+    assert shown.count("class Stage(") == 1
+    assert all(f"#   {v['name']} : " in shown for v in entry["inputs"] + entry["outputs"])
+    assert shown.endswith((partitioned.out / "rank1" / "stage.py").read_text())
+
+
+def test_inspect_ir_by_number_or_name(partitioned, capsys):
+    assert main(["inspect", str(partitioned.out), "--ir", "4"]) == 0
+    by_number = capsys.readouterr().out
+    assert main(["inspect", str(partitioned.out), "--ir", "op-cost"]) == 0
+    assert capsys.readouterr().out == by_number == (partitioned.out / "ir" / "04-op-cost.txt").read_text()
+
+
+def test_inspect_json_for_tools(partitioned, capsys):
+    assert main(["inspect", str(partitioned.out), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    plan = json.loads((partitioned.out / "plan.json").read_text())
+    assert data["bottleneck_us"] == plan["bottleneck_us"] and data["gap"] == plan["gap"]
+    assert [s["device"] for s in data["stages"]] == [s["device"] for s in plan["stages"]]
+    assert max(s["share_of_bottleneck"] for s in data["stages"]) == 1.0
+    assert all(s["inputs"] or s["index"] == 0 for s in data["stages"])
+    step = data["simulated_step"]
+    assert step["schedule"] == "gpipe" and 0 < step["bubble_fraction"] < 1
+    assert step["step_us"] >= plan["microbatches"] * plan["bottleneck_us"] - 0.01
+    assert [d["name"] for d in data["ir"]][-1] == "partition"
+
+
+def test_inspect_errors_list_what_exists(partitioned, capsys):
+    stages = ", ".join(str(r["stage"]) for r in json.loads((partitioned.out / "manifest.json").read_text())["ranks"])
+    assert main(["inspect", str(partitioned.out), "--stage", "9"]) == 2
+    assert f"no stage 9 (stages: {stages})" in capsys.readouterr().err
+    assert main(["inspect", str(partitioned.out), "--ir", "lowering"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("hetpart: error: --ir lowering") and "04 op-cost" in err and "05 partition" in err
