@@ -1,4 +1,4 @@
-"""`hetpart partition | run | inspect | devices | models`.
+"""`hetpart partition | run | inspect | placement | devices | models`.
 
 User mistakes raise HetpartError: printed as one message (what, where, what to
 do), exit status 2, no traceback.
@@ -10,6 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -42,17 +43,40 @@ def _parser() -> argparse.ArgumentParser:
     part.add_argument("--time-limit", type=float, default=30.0, help="solver time limit in seconds")
     part.add_argument("--seed", type=int, default=0, help="seed for weights, inputs and the solver")
     part.add_argument("--force", action="store_true", help="replace --out if it exists")
+    part.add_argument("--no-pt2", dest="pt2", action="store_false",
+                      help="skip rank<k>/stage.pt2 (the torch.export programs; the slowest artifact to write)")
     part.add_argument("--print-ir-after", action="append", default=[], metavar="PASS",
                       help="print the IR after this pass (or 'all'); dumps always go to OUT/ir/")
+    part.add_argument("--dump-ir", nargs="?", const=None, default=None, type=Path, metavar="DIR",
+                      help="also write the IR dumps to DIR as each pass ends (kept if a later step fails); "
+                           "default: only OUT/ir/")
+    part.add_argument("--verbose", action="store_true", help="print each pass's and the solver's time")
 
     run = sub.add_parser("run", help="run the artifacts under torchrun (one CPU process per stage)")
     run.add_argument("out", type=Path, help="artifacts directory")
-    run.add_argument("--verify", action="store_true", help="compare with the unpartitioned model")
+    run.add_argument("--verify", action="store_true", help="compare outputs (and gradients) with the unpartitioned model")
+    run.add_argument("--mode", choices=["inference", "training"], default="inference",
+                     help="training: MSE loss on the first output, SGD step on every rank")
+    run.add_argument("--schedule", choices=["gpipe", "1f1b"], default="gpipe", help="pipeline schedule")
     run.add_argument("--microbatches", type=int, default=None, help="default: the plan's")
+    run.add_argument("--steps", type=int, default=1, help="pipeline steps to run")
+    run.add_argument("--measure", action="store_true",
+                     help="time every stage and the step; write DIR/measured.json next to the plan's predictions")
+    run.add_argument("--as-nodes", action="store_true",
+                     help="start one torchrun per planned node (launch.sh's), all on loopback: a multi-node rehearsal")
     run.add_argument("--timeout", type=float, default=600, help="seconds before the run is stopped")
 
     insp = sub.add_parser("inspect", help="print the plan of an artifacts directory")
     insp.add_argument("out", type=Path, help="artifacts directory")
+    view = insp.add_mutually_exclusive_group()
+    view.add_argument("--stage", type=int, metavar="K", help="print stage K's stage.py with its inputs and outputs")
+    view.add_argument("--ir", metavar="N|NAME", help="print an IR dump from DIR/ir by number or pass name")
+    view.add_argument("--json", action="store_true", help="print the plan and its derived numbers as JSON")
+
+    place = sub.add_parser("placement", help="solve a device-placement benchmark input (NeurIPS 2020 format)")
+    place.add_argument("input", type=Path, help="benchmark JSON (maxSizePerFPGA, maxFPGAs, maxCPUs, nodes, edges)")
+    place.add_argument("--time-limit", type=float, default=60.0, help="solver time limit in seconds")
+    place.add_argument("--workers", type=int, default=1, help="CP-SAT worker threads (1 is deterministic)")
 
     sub.add_parser("devices", help="list the device catalog")
     sub.add_parser("models", help="list the model zoo")
@@ -63,41 +87,97 @@ def _partition(args: argparse.Namespace, console: Console) -> int:
     from hetpart.compile import CompileOptions, compile_model
     from hetpart.frontend import ModelSpec
     from hetpart.report import print_plan
+    from hetpart.report.progress import Progress
 
     model = args.model
-    if not model.startswith("zoo:") and ":" in model:  # record file models by absolute path
+    if not model.startswith(("zoo:", "hf:")) and ":" in model:  # record file models by absolute path
         path, _, fn = model.rpartition(":")
         model = f"{Path(path).resolve()}:{fn}"
     spec = ModelSpec(model, dict(args.overrides), args.batch_size, args.seq_len, args.seed)
     opts = CompileOptions(microbatches=args.microbatches, time_limit_s=args.time_limit, seed=args.seed,
-                          force=args.force, print_ir_after=frozenset(args.print_ir_after))
-    result = compile_model(spec, args.cluster, args.out, opts, echo=lambda text: console.print(text, markup=False, highlight=False))
+                          force=args.force, pt2=args.pt2, print_ir_after=frozenset(args.print_ir_after),
+                          verbose=args.verbose, dump_ir=args.dump_ir)
+    result = compile_model(spec, args.cluster, args.out, opts,
+                           echo=lambda text: console.print(text, markup=False, highlight=False),
+                           progress=Progress.for_console(console))
     print_plan(result.plan_json, console)
-    console.print(f"wrote {args.out}/ (plan.json, manifest.json, rank0..rank{len(result.plan.stages) - 1}, ir/)")
+    console.print(f"wrote {args.out}/ (plan.json, manifest.json, rank0..rank{len(result.plan.stages) - 1}, ir/, "
+                  "report.html)")
     return 0
 
 
 def _run(args: argparse.Namespace, console: Console) -> int:
-    from hetpart.runtime import VERIFY_ATOL, run_pipeline
+    from hetpart.runtime import VERIFY_ATOL, VERIFY_GRAD_RTOL, RunOptions, run_pipeline
 
-    result = run_pipeline(args.out, microbatches=args.microbatches, verify=args.verify, timeout_s=args.timeout,
-                          echo=console.print)
-    shapes = ", ".join("x".join(map(str, o.shape)) for o in result.outputs)
-    console.print(f"pipeline step: {result.step_seconds * 1e3:.1f} ms; outputs: {shapes}")
+    opts = RunOptions(mode=args.mode, schedule=args.schedule, microbatches=args.microbatches, steps=args.steps,
+                      verify=args.verify, timeout_s=args.timeout, as_nodes=args.as_nodes,
+                      measure=args.measure)
+    result = run_pipeline(args.out, opts, echo=console.print)
+    console.print(f"pipeline step: {result.step_seconds * 1e3:.1f} ms; outputs: {result.described_outputs()}")
+    if result.measured is not None:
+        _print_measured(result.measured, console)
     if result.max_abs_diff is None:
         return 0
     ok = result.max_abs_diff <= VERIFY_ATOL
     print(f"max_abs_diff={result.max_abs_diff:.3g}")
-    console.print(f"verify: {'PASS' if ok else 'FAIL'} (tolerance {VERIFY_ATOL:g})")
+    if result.grad_rel_err is not None:
+        ok = ok and result.grad_rel_err <= VERIFY_GRAD_RTOL
+        print(f"max_grad_rel_err={result.grad_rel_err:.3g}")
+    console.print(f"verify: {'PASS' if ok else 'FAIL'} (outputs atol {VERIFY_ATOL:g}"
+                  + (f", gradients rtol {VERIFY_GRAD_RTOL:g})" if result.grad_rel_err is not None else ")"))
     return 0 if ok else 1
+
+
+def _print_measured(measured: dict, console: Console) -> None:
+    table = Table(box=box.SIMPLE_HEAD, title=f"measured vs predicted ({measured['schedule']}, "
+                                             f"{measured['microbatches']} microbatches, per microbatch)")
+    for col in ("stage", "device", "measured", "predicted compute", "ratio"):
+        table.add_column(col, justify="left" if col == "device" else "right")
+    for s in measured["stages"]:
+        ratio = s["measured_time_us"] / s["predicted_compute_us"] if s["predicted_compute_us"] else float("nan")
+        table.add_row(str(s["index"]), s["device"], f"{s['measured_time_us']:.1f} us",
+                      f"{s['predicted_compute_us']:.1f} us", f"{ratio:.2f}")
+    console.print(table)
+    predicted = measured["predicted_step_time_us"]
+    console.print(f"step: measured {measured['step_time_us'] / 1e3:.2f} ms"
+                  + (f", simulated {predicted / 1e3:.2f} ms" if predicted is not None else ""))
 
 
 def _inspect(args: argparse.Namespace, console: Console) -> int:
     from hetpart.report import print_plan
     from hetpart.runtime.artifacts import load_manifest, read_json
 
-    load_manifest(args.out)
-    print_plan(read_json(args.out / "plan.json"), console)
+    manifest = load_manifest(args.out)
+    plan = read_json(args.out / "plan.json")
+    if args.json:
+        import json
+
+        from hetpart.report.inspect import inspect_json
+
+        print(json.dumps(inspect_json(args.out, manifest, plan), indent=1))
+    elif args.stage is not None:
+        from hetpart.report.inspect import stage_text
+
+        print(stage_text(args.out, manifest, plan, args.stage), end="")
+    elif args.ir is not None:
+        from hetpart.report.inspect import ir_dump
+
+        print(ir_dump(args.out, args.ir), end="")
+    else:
+        print_plan(plan, console)
+    return 0
+
+
+def _placement(args: argparse.Namespace) -> int:
+    import json
+
+    from hetpart.partitioner.placement import read_placement, solve_placement
+
+    if args.workers < 1:
+        raise HetpartError(f"--workers must be at least 1 (got {args.workers})")
+    problem = read_placement(args.input)
+    result = solve_placement(problem, time_limit_s=args.time_limit, workers=args.workers)
+    print(json.dumps(result.to_json(problem)))
     return 0
 
 
@@ -134,6 +214,8 @@ def main(argv: list[str] | None = None) -> int:
             return _run(args, console)
         if args.command == "inspect":
             return _inspect(args, console)
+        if args.command == "placement":
+            return _placement(args)
         if args.command == "devices":
             return _devices(console)
         return _models(console)

@@ -35,7 +35,7 @@ def test_same_command_twice_gives_identical_plan_and_sources(tmp_path):
     outs = [tmp_path / "a", tmp_path / "b"]
     for out in outs:
         assert main(["partition", *MLP, "--cluster", "preset:mixed-4", "--out", str(out)]) == 0
-    for rel in ["plan.json", "manifest.json", "rank0/stage.py", "ir/04-op-cost.txt"]:
+    for rel in ["plan.json", "manifest.json", "rank0/stage.py", "rank0/stage.pt2", "ir/04-op-cost.txt", "report.html"]:
         assert (outs[0] / rel).read_bytes() == (outs[1] / rel).read_bytes(), rel
 
 

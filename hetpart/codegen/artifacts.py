@@ -19,8 +19,11 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
+import zipfile
+from dataclasses import dataclass
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -89,8 +92,65 @@ def _boundary(stage: StageGraph) -> tuple[list[dict], list[dict]]:
             [describe(n, name) for n, name in zip(returned, stage.outputs)])
 
 
-def write_rank(rank_dir: Path, stage: StageGraph, header: str) -> dict[str, str]:
-    """stage.py and weights.safetensors for one rank; returns {file: sha256}."""
+def stage_examples(stages: list[StageGraph], inputs: tuple[torch.Tensor, ...]) -> list[tuple[torch.Tensor, ...]]:
+    """Each stage's inputs when the model runs on `inputs`, contiguous as the runtime sends them."""
+    examples = []
+    values = tuple(x.contiguous() for x in inputs)
+    with torch.no_grad():
+        for stage in stages:
+            examples.append(values)
+            values = tuple(v.contiguous() for v in stage.gm(*values))
+    return examples
+
+
+def write_pt2(path: Path, stage: StageGraph, example: tuple[torch.Tensor, ...]) -> None:
+    """The stage as a torch.export program whose batch dimension is dynamic (down to 1).
+
+    Only inputs whose traced dim 0 is the model's batch (`s0`) get the dynamic
+    dimension; a value without a batch (a position embedding) keeps its shape.
+    See NOTE [deterministic .pt2].
+    """
+    batch = torch.export.Dim("batch", min=1)
+
+    def dim0(p: torch.fx.Node) -> dict | None:  # `s0`, or `16*s0` (HF GPT-2 flattens [B, L, D] to [B*L, D])
+        scale, _, sym = str((info(p).shape or ("",))[0]).rpartition("*")
+        if not re.fullmatch(r"s\d+", sym) or (scale and not scale.isdigit()):  # the batch is the only symbol
+            return None
+        return {0: int(scale) * batch if scale else batch}
+
+    dynamic = tuple(dim0(p) for p in stage.gm.graph.find_nodes(op="placeholder"))
+    ep = torch.export.export(stage.gm, example, dynamic_shapes=dynamic, strict=False)
+    for node in ep.graph.nodes:
+        node.meta.pop("from_node", None)  # provenance: holds ids of in-memory graphs
+    raw = path.with_suffix(".raw")
+    torch.export.save(ep, str(raw))
+    _rezip_deterministically(raw, path)
+    raw.unlink()
+
+
+# NOTE [deterministic .pt2]
+# torch.export.save writes a random `.data/serialization_id` record, and node
+# provenance (`from_node`) carries Python object ids, so two identical
+# partitions would ship different .pt2 bytes (and manifest hashes). We drop the
+# provenance and rewrite the archive with fixed timestamps and an id derived
+# from the other records; torch.export.load reads it as before.
+def _rezip_deterministically(src: Path, dst: Path) -> None:
+    with zipfile.ZipFile(src) as z:
+        records = [(i.filename, z.read(i.filename)) for i in z.infolist()]
+    digest = hashlib.sha256()
+    for name, data in records:
+        if not name.endswith(".data/serialization_id"):
+            digest.update(name.encode() + b"\0" + data)
+    ident = str(int(digest.hexdigest(), 16))[:40].encode()
+    with zipfile.ZipFile(dst, "w", compression=zipfile.ZIP_STORED) as z:
+        for name, data in records:
+            z.writestr(zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0)),
+                       ident if name.endswith(".data/serialization_id") else data)
+
+
+def write_rank(rank_dir: Path, stage: StageGraph, header: str,
+               example: tuple[torch.Tensor, ...] | None = None) -> dict[str, str]:
+    """stage.py, weights.safetensors and (given example inputs) stage.pt2 for one rank; {file: sha256}."""
     rank_dir.mkdir(parents=True)
     params = {name for name, _ in stage.gm.named_parameters()}
     (rank_dir / "stage.py").write_text(stage_source(stage, header, params))
@@ -98,20 +158,60 @@ def write_rank(rank_dir: Path, stage: StageGraph, header: str) -> dict[str, str]
     for attr, fqn in stage.weights.items():
         tensors[fqn] = getattr(stage.gm, attr).detach().contiguous()
     save_file(tensors, str(rank_dir / "weights.safetensors"), metadata={"format": "pt"})
-    return {f: sha256(rank_dir / f) for f in ("stage.py", "weights.safetensors")}
+    written = ["stage.py", "weights.safetensors"]
+    if example is not None:
+        write_pt2(rank_dir / "stage.pt2", stage, example)
+        written.append("stage.pt2")
+    return {f: sha256(rank_dir / f) for f in written}
 
 
-def manifest(stages: list[StageGraph], files: list[dict[str, str]], planned_devices: list[str]) -> dict:
+@dataclass(frozen=True)
+class PlannedDevice:
+    name: str  # "<machine>/<index>"
+    type: str  # device type name; "cpu" runs on the host
+    machine: str
+
+
+def launch_groups(devices: list[PlannedDevice]) -> list[list[int]]:
+    """Ranks grouped into torchrun "nodes": maximal runs of consecutive stages on one machine.
+
+    NOTE [ranks are stages]: torchrun's static rendezvous numbers ranks node by
+    node (node_rank order, then local rank), so starting one torchrun per group
+    in group order makes global rank k run stage k, whatever the machines' order.
+    A machine that hosts two separate runs of stages starts two torchruns.
+    """
+    groups: list[list[int]] = []
+    for k, dev in enumerate(devices):
+        if groups and devices[groups[-1][-1]].machine == dev.machine:
+            groups[-1].append(k)
+        else:
+            groups.append([k])
+    return groups
+
+
+def _runtime_device(dev: PlannedDevice) -> str:
+    return "cpu" if dev.type == "cpu" else f"cuda:{dev.name.rpartition('/')[2]}"
+
+
+def manifest(stages: list[StageGraph], files: list[dict[str, str]], devices: list[PlannedDevice]) -> dict:
+    groups = launch_groups(devices)
+    node_of = {k: (n, i) for n, ranks in enumerate(groups) for i, k in enumerate(ranks)}
+    all_gpu = all(d.type != "cpu" for d in devices)
     return {
         "format_version": FORMAT_VERSION,
         "world_size": len(stages),
-        "backend": "gloo",
+        "backend": "nccl" if all_gpu else "gloo",
+        "nodes": [{"node_rank": n, "machine": devices[ranks[0]].machine, "ranks": ranks}
+                  for n, ranks in enumerate(groups)],
         "ranks": [
             {
                 "rank": s.index,
                 "stage": s.index,
-                "device": "cpu",
-                "planned_device": planned_devices[s.index],
+                "device": _runtime_device(devices[s.index]) if all_gpu else "cpu",
+                "planned_device": devices[s.index].name,
+                "machine": devices[s.index].machine,
+                "node_rank": node_of[s.index][0],
+                "local_rank": node_of[s.index][1],
                 "dir": f"rank{s.index}",
                 "files": files[s.index],
                 "inputs": _boundary(s)[0],
@@ -121,3 +221,34 @@ def manifest(stages: list[StageGraph], files: list[dict[str, str]], planned_devi
             for s in stages
         ],
     }
+
+
+def launch_script(man: dict) -> str:
+    """launch.sh: one torchrun command line per node (see NOTE [ranks are stages])."""
+    nnodes = len(man["nodes"])
+    cases = []
+    for node in man["nodes"]:
+        ranks = node["ranks"]
+        cases.append(
+            f"  {node['node_rank']})  # machine {node['machine']}: stage(s) {', '.join(map(str, ranks))}\n"
+            f"    exec torchrun --nnodes {nnodes} --node-rank {node['node_rank']} --nproc-per-node {len(ranks)} \\\n"
+            f"      --rdzv-backend static --master-addr \"$MASTER_ADDR\" --master-port \"$MASTER_PORT\" \\\n"
+            f"      -m hetpart.runtime.worker \"$DIR\" \"$@\" ;;"
+        )
+    body = "\n".join(cases)
+    return f"""#!/usr/bin/env bash
+# torchrun command lines for this plan: {man['world_size']} rank(s) on {nnodes} node(s), backend {man['backend']}.
+# On each machine, with this directory copied there:
+#   MASTER_ADDR=<host of node 0> MASTER_PORT=29500 ./launch.sh NODE_RANK --io IO_DIR --microbatches M [worker options]
+# NODE_RANK 0 must be able to read IO_DIR/inputs.safetensors; the last node writes IO_DIR/outputs.safetensors.
+set -euo pipefail
+DIR="$(cd "$(dirname "${{BASH_SOURCE[0]}}")" && pwd)"
+MASTER_ADDR="${{MASTER_ADDR:-127.0.0.1}}"
+MASTER_PORT="${{MASTER_PORT:-29500}}"
+NODE_RANK="${{1:?usage: launch.sh NODE_RANK [worker options]}}"
+shift
+case "$NODE_RANK" in
+{body}
+  *) echo "launch.sh: NODE_RANK must be 0..{nnodes - 1}" >&2; exit 2 ;;
+esac
+"""

@@ -1,13 +1,18 @@
 """One torchrun rank: load this rank's stage, run the pipeline schedule, report.
 
-Run by `hetpart run` as `torchrun ... -m hetpart.runtime.worker OUT --io DIR`.
-Rank 0 reads the inputs from DIR/inputs.safetensors; the last rank writes the
-outputs to DIR/outputs.safetensors. Each rank loads only its own files.
+Run by `hetpart run` as `torchrun ... -m hetpart.runtime.worker OUT --io DIR ...`.
+Rank 0 reads the inputs from DIR/inputs.safetensors, the last rank the training
+target from DIR/target.safetensors; the last rank writes the first step's
+outputs to DIR/outputs.safetensors and, in training, every rank writes its
+weights' gradients (before the optimizer step) to DIR/grads<rank>.safetensors.
+Each rank loads only its own files.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import os
 import sys
 import time
@@ -16,37 +21,191 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from safetensors.torch import load_file, save_file
-from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
 from hetpart.errors import HetpartError
-from hetpart.runtime.artifacts import load_manifest, load_stage
+from hetpart.runtime.artifacts import load_manifest, load_stage, read_json
+
+SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 
 
-def run_rank(out: Path, io_dir: Path, microbatches: int) -> None:
+def training_loss(output: torch.Tensor | tuple[torch.Tensor, ...], target: torch.Tensor) -> torch.Tensor:
+    """The loss `hetpart run --mode training` optimizes: MSE of the first output against a target.
+
+    Model-agnostic on purpose: it exercises every weight's gradient through the
+    pipeline; the reference in launch.py computes the same.
+    """
+    first = output[0] if isinstance(output, (tuple, list)) else output
+    return torch.nn.functional.mse_loss(first.float(), target)
+
+
+class _ContiguousGrad(torch.autograd.Function):
+    """Identity whose gradient is made contiguous.
+
+    gloo sends and receives contiguous buffers only, and pipelining sizes a
+    stage's gradient buffers like the next stage's input gradients, which are
+    often strided (the gradient of a `cat` input is a slice of the `cat`'s).
+    """
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:  # noqa: D102
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:  # noqa: D102
+        return grad.contiguous()
+
+
+class Boundary(torch.nn.Module):
+    """Wraps a generated stage so that what crosses a boundary is contiguous, both ways."""
+
+    def __init__(self, stage: torch.nn.Module) -> None:
+        super().__init__()
+        self.stage = stage
+        self.forward_seconds: list[float] = []  # wall time of each microbatch's forward (for --measure)
+
+    def forward(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        start = time.perf_counter()
+        args = tuple(_ContiguousGrad.apply(a) if a.is_floating_point() else a for a in args)
+        outputs = tuple(o.contiguous() for o in self.stage(*args))
+        self.forward_seconds.append(time.perf_counter() - start)
+        return outputs
+
+
+def _static_metadata(manifest: dict, entry: dict, microbatches: int, plan: dict,
+                     device: torch.device) -> dict | None:
+    """`input_args`/`output_args` for PipelineStage: zeros shaped like this rank's boundary values.
+
+    NOTE [static stage metadata]: without them, pipelining infers each stage's output shapes by
+    running it on `torch.empty` inputs, and an integer tensor crossing a cut (HF attention-mask
+    indices, decoder token ids) then holds garbage that `index`/`embedding` reject. The manifest
+    knows every shape; the batch symbols (dim 0 of the model's inputs) become the microbatch size.
+    Any other symbolic dim leaves the stage to inference (None). Inference mode only: training
+    also needs gradient metadata.
+    """
+    from hetpart.passes.shape import DTYPE_NAMES
+
+    dtypes = {name: dtype for dtype, name in DTYPE_NAMES.items()}
+    batch_syms = {str(i["shape"][0]) for i in manifest["ranks"][0]["inputs"] if i["shape"]}
+    micro = plan["model"]["batch_size"] // microbatches
+
+    def size(dim: object) -> int | None:  # "16", "s0" or "16*s0" (a flattened [B, L, ...])
+        scale, _, last = str(dim).rpartition("*")
+        if scale and not scale.isdigit():
+            return None
+        value = micro if last in batch_syms else int(last) if last.isdigit() else None
+        return None if value is None else value * int(scale or 1)
+
+    def zeros(values: list[dict]) -> tuple[torch.Tensor, ...] | None:
+        out = []
+        for v in values:
+            dims = [size(d) for d in v["shape"]]
+            if None in dims or v["dtype"] not in dtypes:
+                return None
+            out.append(torch.zeros(dims, dtype=dtypes[v["dtype"]], device=device))
+        return tuple(out)
+
+    ranks = manifest["ranks"]
+    sent = ranks[entry["rank"] + 1]["inputs"] if entry["rank"] + 1 < len(ranks) else entry["outputs"]
+    inputs, outputs = zeros(entry["inputs"]), zeros(sent)  # what a rank sends is what the next receives
+    return None if inputs is None or outputs is None else {"input_args": inputs, "output_args": outputs}
+
+
+def _weight_names(module: torch.nn.Module) -> dict[str, str]:
+    """Stage attribute -> weight FQN, from the generated stage.py's WEIGHTS table."""
+    table = sys.modules[type(module).__module__].WEIGHTS
+    return {attr: key for attr, (key, _) in table.items()}
+
+
+def shared_weight_groups(manifest: dict) -> list[tuple[tuple[int, ...], list[str]]]:
+    """Weights held by several ranks, grouped by the set of ranks holding them (in a stable order)."""
+    holders: dict[str, list[int]] = {}
+    for entry in manifest["ranks"]:
+        for name in entry["weights"]:
+            holders.setdefault(name, []).append(entry["rank"])
+    groups: dict[tuple[int, ...], list[str]] = {}
+    for name, ranks in sorted(holders.items()):
+        if len(ranks) > 1:
+            groups.setdefault(tuple(ranks), []).append(name)
+    return sorted(groups.items())
+
+
+def sum_shared_grads(module: torch.nn.Module, groups: list, process_groups: list) -> None:
+    """NOTE [replicated weights]: a weight read by several stages (a tied embedding and LM
+    head) is a copy on each of their ranks; each copy gets the gradient of its own uses,
+    so the copies' gradients are summed before the optimizer step and they stay equal."""
+    names = _weight_names(module)
+    by_name = {names[attr]: p for attr, p in module.named_parameters() if attr in names}
+    for (ranks, weights), pg in zip(groups, process_groups):
+        if dist.get_rank() not in ranks:
+            continue
+        for name in weights:
+            p = by_name.get(name)
+            if p is None:
+                continue
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            dist.all_reduce(p.grad, group=pg)
+
+
+def run_rank(out: Path, io_dir: Path, mode: str, schedule_name: str, microbatches: int, steps: int,
+             lr: float, device: torch.device) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     manifest = load_manifest(out)
     if manifest["world_size"] != world:
         raise HetpartError(f"the plan has {manifest['world_size']} ranks but torchrun started {world}")
     entry = manifest["ranks"][rank]
-    module = load_stage(out, entry)
-    module.requires_grad_(False)  # inference
-    stage = PipelineStage(module, stage_index=rank, num_stages=world, device=torch.device("cpu"))
-    schedule = ScheduleGPipe(stage, n_microbatches=microbatches)
-    args = ()
+    module = load_stage(out, entry).to(device)
+    training = mode == "training"
+    module.requires_grad_(training)
+    static = None if training else _static_metadata(manifest, entry, microbatches, read_json(out / "plan.json"),
+                                                              device)
+    boundary = Boundary(module)
+    stage = PipelineStage(boundary, stage_index=rank, num_stages=world, device=device, **(static or {}))
+    schedule = SCHEDULES[schedule_name](stage, n_microbatches=microbatches,
+                                        loss_fn=training_loss if training else None)
+    params = [p for p in module.parameters() if p.requires_grad]
+    shared = shared_weight_groups(manifest) if training else []
+    # Every rank creates every group, in the same order (torch.distributed requires it).
+    process_groups = [dist.new_group(list(ranks)) for ranks, _ in shared]
+    optimizer = torch.optim.SGD(params, lr=lr) if training and params else None
+    args: tuple = ()
     if rank == 0:
         tensors = load_file(str(io_dir / "inputs.safetensors"))
-        args = tuple(tensors[i["name"]] for i in entry["inputs"])
-    dist.barrier()
-    start = time.perf_counter()
-    with torch.no_grad():
-        result = schedule.step(*args)
-    elapsed = time.perf_counter() - start
-    print(f"rank {rank}: step {elapsed * 1e3:.2f} ms", flush=True)
+        args = tuple(tensors[i["name"]].to(device) for i in entry["inputs"])
+    kwargs = {}
+    if training and rank == world - 1:
+        kwargs["target"] = load_file(str(io_dir / "target.safetensors"))["target"].to(device)
+    step_seconds = []
+    forwards_per_step = []
+    for step in range(steps):
+        seen = len(boundary.forward_seconds)
+        if optimizer is not None:
+            optimizer.zero_grad(set_to_none=True)
+        dist.barrier()
+        start = time.perf_counter()
+        with torch.no_grad() if not training else contextlib.nullcontext():
+            result = schedule.step(*args, **kwargs)
+        if training:
+            sum_shared_grads(module, shared, process_groups)
+        step_seconds.append(time.perf_counter() - start)
+        forwards_per_step.append(boundary.forward_seconds[seen:])
+        if step == 0 and rank == world - 1:
+            outputs = result if isinstance(result, tuple) else (result,)
+            names = [o["name"] for o in entry["outputs"]]
+            save_file({n: t.detach().cpu().contiguous() for n, t in zip(names, outputs)},
+                      str(io_dir / "outputs.safetensors"))
+        if step == 0 and training:
+            names = _weight_names(module)
+            grads = {names[attr]: p.grad.detach().cpu().contiguous()
+                     for attr, p in module.named_parameters() if p.grad is not None}
+            save_file(grads, str(io_dir / f"grads{rank}.safetensors"))
+        if optimizer is not None:
+            optimizer.step()
+        print(f"rank {rank}: step {step} {step_seconds[-1] * 1e3:.2f} ms", flush=True)
     if rank == world - 1:
-        outputs = result if isinstance(result, tuple) else (result,)
-        names = [o["name"] for o in entry["outputs"]]
-        save_file({n: t.contiguous() for n, t in zip(names, outputs)}, str(io_dir / "outputs.safetensors"))
-        (io_dir / "step_seconds").write_text(f"{elapsed}\n")
+        (io_dir / "step_seconds").write_text("\n".join(f"{s}" for s in step_seconds) + "\n")
+    (io_dir / f"timing{rank}.json").write_text(json.dumps({"step_s": step_seconds, "forward_s": forwards_per_step}))
     dist.barrier()
 
 
@@ -54,11 +213,20 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="hetpart.runtime.worker")
     parser.add_argument("out", type=Path)
     parser.add_argument("--io", type=Path, required=True)
+    parser.add_argument("--mode", choices=["inference", "training"], default="inference")
+    parser.add_argument("--schedule", choices=sorted(SCHEDULES), default="gpipe")
     parser.add_argument("--microbatches", type=int, required=True)
+    parser.add_argument("--steps", type=int, default=1)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--device", choices=["auto", "cpu"], default="auto",
+                        help="auto: the manifest's device and backend where CUDA is available, else CPU and gloo")
     args = parser.parse_args(argv)
-    dist.init_process_group("gloo")
+    manifest = load_manifest(args.out)
+    use_cuda = args.device == "auto" and manifest["backend"] == "nccl" and torch.cuda.is_available()
+    dist.init_process_group("nccl" if use_cuda else "gloo")
     try:
-        run_rank(args.out, args.io, args.microbatches)
+        device = torch.device(manifest["ranks"][dist.get_rank()]["device"] if use_cuda else "cpu")
+        run_rank(args.out, args.io, args.mode, args.schedule, args.microbatches, args.steps, args.lr, device)
     except HetpartError as err:
         print(f"hetpart: rank {os.environ.get('RANK')}: {err}", file=sys.stderr, flush=True)
         return 2

@@ -44,3 +44,82 @@ def test_tampered_weights_are_refused(two_rank_out, tmp_path, capsys):
 def test_microbatches_must_divide_batch(two_rank_out, capsys):
     assert main(["run", str(two_rank_out), "--microbatches", "3"]) == 2
     assert "must be >= 1 and divide the batch size 4" in capsys.readouterr().err
+
+
+def test_training_1f1b_through_tied_weights_verifies_gradients(two_rank_out, capsys):
+    # gpt-small ties the LM head to the embedding: the weight lives on both ranks and
+    # its gradient is the sum of both parts.
+    manifest = json.loads((two_rank_out / "manifest.json").read_text())
+    assert all("lm_head.weight" in r["weights"] for r in manifest["ranks"])
+    capsys.readouterr()
+    assert main(["run", str(two_rank_out), "--verify", "--mode", "training", "--schedule", "1f1b"]) == 0
+    out = capsys.readouterr().out
+    assert float(out.split("max_grad_rel_err=")[1].split()[0]) <= 1e-5
+    assert "verify: PASS" in out
+
+
+def test_1f1b_needs_as_many_microbatches_as_stages(two_rank_out, capsys):
+    assert main(["run", str(two_rank_out), "--schedule", "1f1b", "--microbatches", "1"]) == 2
+    assert "at least as many microbatches as stages (2)" in capsys.readouterr().err
+
+
+def test_training_through_a_long_skip_with_strided_gradients(tmp_path, capsys):
+    # zoo:mlp's input projection skips to a concat in the head: the gradient that flows
+    # back through the skip is a strided slice of the concat's gradient.
+    out = tmp_path / "mlp"
+    assert main(["partition", "zoo:mlp", "--set", "hidden=256", "--set", "n_blocks=4", "--cluster", "preset:cpu-2",
+                 "--out", str(out), "--batch-size", "64", "--microbatches", "2"]) == 0
+    plan = json.loads((out / "plan.json").read_text())
+    assert len(plan["stages"]) == 2, "big enough that splitting pays"
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert "relu" in [i["name"] for i in manifest["ranks"][1]["inputs"]], "the long skip crosses the cut"
+    capsys.readouterr()
+    assert main(["run", str(out), "--verify", "--mode", "training", "--schedule", "gpipe"]) == 0
+    assert "verify: PASS" in capsys.readouterr().out
+
+
+def test_two_torchrun_nodes_on_loopback(tmp_path, capsys):
+    # mixed-4 puts stages on two machines: one torchrun per machine, static rendezvous.
+    out = tmp_path / "out"
+    assert main(["partition", "zoo:gpt-small", "--set", "n_layer=2", "--set", "n_embd=64", "--set", "vocab_size=128",
+                 "--set", "block_size=16", "--cluster", "preset:mixed-4", "--out", str(out), "--batch-size", "8",
+                 "--seq-len", "16"]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert len(manifest["nodes"]) >= 2, manifest["nodes"]
+    assert [r for n in manifest["nodes"] for r in n["ranks"]] == list(range(manifest["world_size"]))
+    script = (out / "launch.sh").read_text()
+    assert script.count("exec torchrun") == len(manifest["nodes"]) and "--node-rank 1" in script
+    capsys.readouterr()
+    assert main(["run", str(out), "--verify", "--as-nodes"]) == 0
+    captured = capsys.readouterr().out
+    assert f"{len(manifest['nodes'])} torchrun node(s) on loopback" in captured and "verify: PASS" in captured
+    assert len(list((out / "logs").glob("node*"))) == len(manifest["nodes"])
+
+
+def test_measure_writes_measured_json_next_to_predictions(two_rank_out, capsys):
+    assert main(["run", str(two_rank_out), "--measure", "--steps", "2"]) == 0
+    measured = json.loads((two_rank_out / "measured.json").read_text())
+    plan = json.loads((two_rank_out / "plan.json").read_text())
+    assert [s["index"] for s in measured["stages"]] == [s["index"] for s in plan["stages"]]
+    assert all(s["measured_time_us"] > 0 for s in measured["stages"])
+    assert measured["steps_measured"] == 1  # the first (warm-up) step is left out
+    assert measured["step_time_us"] > max(s["measured_time_us"] for s in measured["stages"])
+    assert measured["predicted_step_time_us"] > 0
+    assert "measured vs predicted" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("model", ["resnet", "unet"])
+def test_training_1f1b_through_skip_connections(model, tmp_path, capsys):
+    # ResNet's residual blocks and the UNet's down-to-up skips (which the plan passes
+    # through middle stages); 1F1B runs their backwards interleaved with forwards.
+    out = tmp_path / model
+    assert main(["partition", f"zoo:{model}", "--cluster", "preset:cpu-4", "--out", str(out), "--batch-size", "8",
+                 "--microbatches", "4", "--no-pt2"]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["world_size"] >= 3
+    passed_through = any(set(i["name"] for i in r["inputs"]) & set(o["name"] for o in r["outputs"])
+                         for r in manifest["ranks"])
+    assert passed_through or model == "resnet", "a UNet skip passes through a middle stage"
+    capsys.readouterr()
+    assert main(["run", str(out), "--verify", "--mode", "training", "--schedule", "1f1b"]) == 0
+    assert "verify: PASS" in capsys.readouterr().out

@@ -1,0 +1,71 @@
+"""The artifacts directory: .pt2 programs, launch.sh, manifest fields."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from hetpart.cli import main
+
+LOAD_AND_RUN = """
+import json, sys, torch
+from safetensors.torch import load_file
+out, rank, batch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+manifest = json.load(open(f"{out}/manifest.json"))
+entry = manifest["ranks"][rank]
+ep = torch.export.load(f"{out}/rank{rank}/stage.pt2")
+args = []
+for i in entry["inputs"]:
+    shape = [batch if d == "s0" else int(d) for d in i["shape"]]
+    args.append(torch.randint(0, 64, shape) if i["dtype"] == "i64" else torch.randn(shape))
+outs = ep.module()(*args)
+print(json.dumps([list(o.shape) for o in outs]))
+"""
+
+
+@pytest.fixture(scope="module")
+def gpt_out(tmp_path_factory):
+    out = tmp_path_factory.mktemp("art") / "out"
+    assert main(["partition", "zoo:gpt-small", "--set", "n_layer=2", "--set", "n_embd=64", "--set", "vocab_size=64",
+                 "--set", "block_size=16", "--cluster", "preset:mixed-4", "--out", str(out), "--batch-size", "4",
+                 "--seq-len", "16"]) == 0
+    return out
+
+
+def test_every_rank_has_a_hashed_pt2(gpt_out):
+    manifest = json.loads((gpt_out / "manifest.json").read_text())
+    for entry in manifest["ranks"]:
+        assert "stage.pt2" in entry["files"]
+        assert (gpt_out / entry["dir"] / "stage.pt2").is_file()
+
+
+@pytest.mark.parametrize("batch", [1, 7])
+def test_pt2_loads_in_a_fresh_process_at_another_batch(gpt_out, batch):
+    manifest = json.loads((gpt_out / "manifest.json").read_text())
+    rank = len(manifest["ranks"]) - 1  # the last rank: its inputs are activations, not tokens
+    proc = subprocess.run([sys.executable, "-c", LOAD_AND_RUN, str(gpt_out), str(rank), str(batch)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    shapes = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert shapes[0][0] == batch and shapes[0][1:] == [16, 64]
+
+
+def test_manifest_nodes_and_devices(gpt_out):
+    manifest = json.loads((gpt_out / "manifest.json").read_text())
+    plan = json.loads((gpt_out / "plan.json").read_text())
+    assert manifest["backend"] == "nccl"  # mixed-4 is all GPUs
+    for entry, stage in zip(manifest["ranks"], plan["stages"]):
+        assert entry["device"] == f"cuda:{stage['device'].rpartition('/')[2]}"
+        assert entry["machine"] == stage["machine"]
+    assert sorted(r for n in manifest["nodes"] for r in n["ranks"]) == list(range(manifest["world_size"]))
+    assert (gpt_out / "launch.sh").stat().st_mode & 0o111
+    proc = subprocess.run(["bash", "-n", str(gpt_out / "launch.sh")], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_no_pt2_flag(tmp_path):
+    out = tmp_path / "out"
+    assert main(["partition", "zoo:mlp", "--set", "hidden=16", "--cluster", "preset:mixed-4", "--out", str(out),
+                 "--no-pt2"]) == 0
+    assert not list(out.glob("rank*/stage.pt2"))
