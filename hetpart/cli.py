@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 from pathlib import Path
 
 from rich import box
@@ -205,6 +206,8 @@ def _models(console: Console) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    # torch's own deprecation notices (pytree LeafSpec) are not the user's to act on.
+    warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
     # Tables keep their shape in pipes and logs (rich would wrap them at 80 columns).
     console = Console() if sys.stdout.isatty() else Console(width=160)
     try:

@@ -122,7 +122,7 @@ def write_pt2(path: Path, stage: StageGraph, example: tuple[torch.Tensor, ...]) 
     ep = torch.export.export(stage.gm, example, dynamic_shapes=dynamic, strict=False)
     for node in ep.graph.nodes:
         node.meta.pop("from_node", None)  # provenance: holds ids of in-memory graphs
-    raw = path.with_suffix(".raw")
+    raw = path.with_name(f".{path.stem}.raw.pt2")
     torch.export.save(ep, str(raw))
     _rezip_deterministically(raw, path)
     raw.unlink()
