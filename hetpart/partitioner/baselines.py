@@ -22,9 +22,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from hetpart.partitioner.dp import order_cut_bytes, transfer_ns
 from hetpart.partitioner.evaluate import bottleneck_ns, evaluate
 from hetpart.partitioner.problem import (
-    LAYER, MEM_BYTES, OUT_BYTES, PIN, PIN_FIRST, PIN_LAST, TIME_NS, WEIGHTS, Plan, Problem,
+    LAYER, MEM_BYTES, PIN, PIN_FIRST, PIN_LAST, TIME_NS, WEIGHTS, Plan, Problem,
 )
 from hetpart.partitioner.verify import plan_violations
 
@@ -177,19 +178,10 @@ def dp_topo_order(problem: Problem) -> Baseline:
     if n > _DP_MAX_NODES:
         return Baseline(name="dp-topo-order", plan=None, bottleneck_ns=None, feasible=False,
                         note=f"skipped: {n} nodes > {_DP_MAX_NODES} (the DP's matrices grow as n^2)")
-    pos = {v: i for i, v in enumerate(order)}
     devices = problem.devices[: min(len(problem.devices), problem.max_stages or len(problem.devices))]
     idx = np.arange(n + 1)
 
-    # Bytes over cut j: outputs of nodes before j read at or after j.
-    diff = np.zeros(n + 2, dtype=np.int64)
-    for u in order:
-        nbytes = g.nodes[u].get(OUT_BYTES, 0)
-        last = max((pos[v] for v in g.successors(u)), default=-1)
-        if nbytes > 0 and last > pos[u]:
-            diff[pos[u] + 1] += nbytes
-            diff[last + 1] -= nbytes
-    cut_bytes = np.cumsum(diff)[: n + 1]
+    cut_bytes = order_cut_bytes(problem, order)
 
     # Segment memory [i, j): mem_bytes plus each weight read in the segment, once.
     mem_prefix = np.concatenate([[0], np.cumsum([g.nodes[v].get(MEM_BYTES, 0) for v in order], dtype=np.int64)])
@@ -213,9 +205,7 @@ def dp_topo_order(problem: Problem) -> Baseline:
     last_start = max(i for i, p in enumerate(pins) if p != PIN_LAST)
 
     def transfer(a: int, b: int) -> np.ndarray:
-        link = problem.link(devices[a].name, devices[b].name)
-        bw = link.bandwidth_bytes_per_us
-        return np.where(cut_bytes > 0, link.latency_ns + (cut_bytes * 1000 + bw - 1) // bw, 0).astype(np.int64)
+        return transfer_ns(problem.link(devices[a].name, devices[b].name), cut_bytes)
 
     # best[S][k][j]: stages 0..k cover [0, j) and stage k is followed by another one (k < S-1) or not.
     # Stage k's time needs its outgoing boundary, so the DP runs once per stage count S.

@@ -42,7 +42,24 @@ _INF = np.int64(1) << np.int64(60)
 _DP_BUDGET = 300_000_000  # matrix entries the DP may touch (about a second) before it coarsens its classes
 
 
-def _transfer_ns(link: Link, nbytes: np.ndarray) -> np.ndarray:
+def order_cut_bytes(problem: Problem, order: list[str]) -> np.ndarray:
+    """Bytes over cut j of a topological order (between positions j-1 and j), j = 0..n.
+
+    A node's output crosses every cut between it and its last reader (NOTE [stage time]).
+    """
+    g = problem.graph
+    pos = {v: i for i, v in enumerate(order)}
+    diff = np.zeros(len(order) + 2, dtype=np.int64)
+    for u in order:
+        nbytes = g.nodes[u].get(OUT_BYTES, 0)
+        last = max((pos[v] for v in g.successors(u)), default=-1)
+        if nbytes > 0 and last > pos[u]:
+            diff[pos[u] + 1] += nbytes
+            diff[last + 1] -= nbytes
+    return np.cumsum(diff)[: len(order) + 1]
+
+
+def transfer_ns(link: Link, nbytes: np.ndarray) -> np.ndarray:
     """`Link.transfer_ns` over a vector of byte counts."""
     bw = link.bandwidth_bytes_per_us
     return np.where(nbytes > 0, link.latency_ns + (nbytes * 1000 + bw - 1) // bw, 0).astype(np.int64)
@@ -96,7 +113,6 @@ def dp_hint(problem: Problem) -> Plan | None:
     g = problem.graph
     order = problem.node_order()
     n = len(order)
-    pos = {v: i for i, v in enumerate(order)}
     attrs = [g.nodes[v] for v in order]
 
     # --- Data: prefix sums over the order, cut bytes, segment memory.
@@ -114,15 +130,7 @@ def dp_hint(problem: Problem) -> Plan | None:
     }
     mem_prefix = np.concatenate([[0], np.cumsum([a.get(MEM_BYTES, 0) for a in attrs], dtype=np.int64)])
 
-    # Bytes over cut j (between positions j-1 and j): outputs of u (pos < j) read at pos >= j.
-    diff = np.zeros(n + 2, dtype=np.int64)
-    for u in order:
-        nbytes = g.nodes[u].get(OUT_BYTES, 0)
-        last = max((pos[v] for v in g.successors(u)), default=-1)
-        if nbytes > 0 and last > pos[u]:
-            diff[pos[u] + 1] += nbytes
-            diff[last + 1] -= nbytes
-    cut_bytes = np.cumsum(diff)[: n + 1]
+    cut_bytes = order_cut_bytes(problem, order)
 
     # Segment memory M[i, j] of [i, j): mem_bytes plus each weight with a reader in [i, j), once.
     readers: dict[str, list[int]] = {}
@@ -150,9 +158,9 @@ def dp_hint(problem: Problem) -> Plan | None:
     # Boundary times per link: the link between two classes depends on their machines only.
     # Without machines in the classes (not `exact`) the DP pays the slowest link everywhere.
     all_links = [problem.network, *problem.intra_node_links.values()]
-    slowest = np.max([_transfer_ns(link, cut_bytes) for link in all_links], axis=0)
-    intra_ns = {m: _transfer_ns(link, cut_bytes) for m, link in problem.intra_node_links.items()}
-    network_ns = _transfer_ns(problem.network, cut_bytes) if exact else slowest
+    slowest = np.max([transfer_ns(link, cut_bytes) for link in all_links], axis=0)
+    intra_ns = {m: transfer_ns(link, cut_bytes) for m, link in problem.intra_node_links.items()}
+    network_ns = transfer_ns(problem.network, cut_bytes) if exact else slowest
     zeros = np.zeros(n + 1, dtype=np.int64)
 
     def same_machine(c1: int, c2: int) -> int:
