@@ -37,12 +37,24 @@ FAMILIES = [
     # decoder-only
     "opt", "gpt_neox", "gptj", "gpt_neo", "bloom", "mistral", "qwen2", "qwen3", "qwen2_moe", "phi", "phi3",
     "falcon", "gemma", "gemma2", "starcoder2", "olmo", "stablelm", "codegen",
+    "gpt_bigcode", "xglm", "biogpt", "cohere", "granite", "olmo2", "nemotron", "persimmon", "mpt", "glm", "glm4",
+    "helium", "smollm3", "exaone4", "ministral", "cohere2", "gemma3_text",
+    # decoder-only, mixture of experts
+    "phimoe", "qwen3_moe", "deepseek_v3", "dbrx", "granitemoe", "olmoe", "jamba",
+    # decoder-only, recurrent and state-space
+    "mamba", "rwkv", "recurrent_gemma",
     # encoder-only
     "roberta", "distilbert", "albert", "electra", "deberta", "deberta-v2", "xlm-roberta", "mpnet", "camembert",
+    "modernbert", "funnel", "ernie", "roformer", "squeezebert", "megatron-bert", "xlm", "flaubert", "data2vec-text",
+    "rembert", "mobilebert", "nystromformer", "esm",
     # encoder-decoder
     "bart", "mbart", "mt5", "pegasus", "marian", "blenderbot", "led",
+    "bigbird_pegasus", "prophetnet", "fsmt", "m2m_100", "plbart", "umt5", "switch_transformers", "longt5",
+    "nllb-moe", "mvp",
     # vision
     "deit", "swin", "beit", "convnext", "resnet",
+    "dinov2", "efficientnet", "mobilenet_v2", "regnet", "levit", "poolformer", "cvt", "swinv2", "convnextv2",
+    "focalnet", "mobilevit", "pvt", "bit",
 ]
 ATOL = 1e-4
 
@@ -120,13 +132,13 @@ def try_family(family: str, run: bool) -> Row:
     return row
 
 
-def table(rows: list[Row]) -> str:
+TABLE_HEADER = "| family | head | partitions | runs verified | notes |\n|---|---|---|---|---|"
+
+
+def table_row(r: Row) -> str:
     yes = {True: "yes", False: "no"}
-    lines = ["| family | head | partitions | runs verified | notes |", "|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {r.family} | {r.head} | {yes[r.partitions]}"
-                     f"{f' ({r.stages} stages)' if r.partitions else ''} | {yes[r.verified]} | {r.note} |")
-    return "\n".join(lines)
+    return (f"| {r.family} | {r.head} | {yes[r.partitions]}"
+            f"{f' ({r.stages} stages)' if r.partitions else ''} | {yes[r.verified]} | {r.note} |")
 
 
 def main() -> int:
@@ -135,12 +147,13 @@ def main() -> int:
     parser.add_argument("--run", action="store_true", help="also run under torchrun with --verify")
     args = parser.parse_args()
     rows = []
-    for family in args.families:
+    print(TABLE_HEADER, flush=True)
+    for family in args.families:  # a row as soon as its family is done: a long run can be read as it goes
         row = try_family(family, args.run)
         print(f"{family:<14} {row.seconds:6.1f} s  {'ok' if row.verified else 'FAIL'}  {row.note}", file=sys.stderr,
               flush=True)
+        print(table_row(row), flush=True)
         rows.append(row)
-    print(table(rows))
     return 0 if all(r.verified for r in rows) else 1
 
 

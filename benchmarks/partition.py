@@ -2,26 +2,32 @@
 
     .venv/bin/python benchmarks/partition.py [--time-limit 60] [--only bert] [--bench DIR]
     .venv/bin/python benchmarks/partition.py --scaling 1000,5000,20000 [--time-limit 60]
+    .venv/bin/python benchmarks/partition.py --zoo all [--presets mixed-4,a100-t4-8,spot-16]
+        [--modes inference,training] [--time-limit 30]
 
-Prints a Markdown table (input, nodes, k, ours, lower bound, certified gap, known
-optimum, ours vs optimum, seconds, status). The known optima are read from the
-benchmark's README (the authors' dynamic program, run by whoever filed the inputs).
+Prints a Markdown table. Placement (default): input, nodes, k, ours, lower bound,
+certified gap, known optimum (the authors' dynamic program, from the benchmark's
+README), ours vs optimum, seconds, status. --scaling: synthetic transformers
+(`transformer_problem` in tests/partitioner/partition_cases.py) with the plan, the
+DP's plan, the bound, gap and the baselines. --zoo: zoo models x presets x modes,
+traced and lowered as `hetpart partition` does, with the best baseline.
 """
 
 from __future__ import annotations
 
 import argparse
-import random
+import math
 import re
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "partitioner"))
 
-import networkx as nx  # noqa: E402
+from partition_cases import transformer_problem  # noqa: E402
 
-from hetpart.partitioner import PIN_FIRST, PIN_LAST, Device, Link, Problem, solve, verify_plan  # noqa: E402
+from hetpart.partitioner import solve, verify_plan  # noqa: E402
 from hetpart.partitioner.baselines import compute_baselines  # noqa: E402
 from hetpart.partitioner.placement import read_placement, solve_placement  # noqa: E402
 
@@ -62,63 +68,78 @@ def placement_table(bench: Path, time_limit_s: float, only: str | None, workers:
     return rows
 
 
-def transformer_like(num_nodes: int, seed: int = 0) -> Problem:
-    """A GPT-style chain of blocks (27 ops each, two residual skips per block) on a mixed 8-device cluster.
-
-    Three device types (compute speed 1 : 0.45 : 0.15, memory-bound ops 1 : 0.58 : 0.20, +-10% per
-    op), as in PARTITIONING-NOTES; every op has a `layer` (its block), weights on the matmuls.
-    """
-    rng = random.Random(seed)
-    g = nx.DiGraph()
-    weights: dict[str, int] = {}
-    speed = {"big": (1.0, 1.0), "mid": (0.45, 0.58), "small": (0.15, 0.20)}
-    prev, block_in, i = None, None, 0
-    while i < num_nodes:
-        block, op = divmod(i, 27)
-        name = f"b{block}.op{op:02d}"
-        matmul = op in (1, 5, 14, 20)
-        base = rng.randint(20_000, 60_000) if matmul else rng.randint(2_000, 8_000)
-        times = {t: int(base / s[0 if matmul else 1] * rng.uniform(0.9, 1.1)) for t, s in speed.items()}
-        w = (f"w{block}.{op}",) if matmul else ()
-        for wname in w:
-            weights[wname] = rng.randint(20, 40) << 20
-        g.add_node(name, time_ns=times, mem_bytes=1 << 20, out_bytes=1 << 18, weights=w, layer=f"blocks.{block}",
-                   pin=PIN_FIRST if i == 0 else PIN_LAST if i == num_nodes - 1 else None)
-        if prev is not None:
-            g.add_edge(prev, name)
-        if op == 0:
-            block_in = name
-        if op in (12, 26) and block_in is not None and block_in != prev:
-            g.add_edge(block_in, name)  # residual skip
-            block_in = name
-        prev, i = name, i + 1
-    devices = [Device(f"{t}{k}", t, f"m{k // 2}", cap << 30) for k, (t, cap) in
-               enumerate([("big", 40), ("big", 40), ("mid", 16), ("mid", 16), ("small", 16), ("small", 16),
-                           ("small", 16), ("small", 16)])]
-    machines = sorted({d.node for d in devices})
-    return Problem(graph=g, weights=weights, devices=devices,
-                   intra_node_links={m: Link(300_000, 2_000) for m in machines}, network=Link(12_500, 10_000))
+def _ratio_cell(base, plan_ns: int) -> str:
+    if base is None or base.bottleneck_ns is None:
+        return "—"
+    return f"{base.bottleneck_ns / plan_ns:.2f}x" + ("" if base.feasible else " (breaks memory)")
 
 
-def scaling_table(sizes: list[int], time_limit_s: float) -> list[str]:
-    rows = ["| nodes | ours (us) | lower bound (us) | gap | status | seconds | dp-topo-order | equal-layers "
-            "| parameters |", "|---|---|---|---|---|---|---|---|---|"]
+def scaling_table(sizes: list[int], time_limit_s: float, workers: int) -> list[str]:
+    """Synthetic transformers (`transformer_problem`, 22 ops per block) of about `sizes` nodes."""
+    rows = ["| nodes | plan (ms) | DP alone (ms) | lower bound (ms) | certified gap | status | solve seconds "
+            "| coarse nodes | equal-layers | parameters | dp-topo-order |", "|---" * 11 + "|"]
     for n in sizes:
-        problem = transformer_like(n)
+        problem = transformer_problem(n)
         start = time.perf_counter()
-        plan = solve(problem, time_limit_s=time_limit_s, workers=2)
+        plan = solve(problem, time_limit_s=time_limit_s, workers=workers)
         seconds = time.perf_counter() - start
         verify_plan(problem, plan)
         base = {b.name: b for b in compute_baselines(problem)}
-
-        def cell(b):
-            ratio = b.bottleneck_ns / plan.bottleneck_ns if b.bottleneck_ns else float("nan")
-            return f"{ratio:.2f}x" + ("" if b.feasible else " (breaks memory)")
-
-        rows.append(f"| {n} | {plan.bottleneck_ns / 1000:.1f} | {plan.lower_bound_ns / 1000:.1f} | "
-                    f"{plan.gap * 100:.2f}% | {plan.solver_status} | {seconds:.1f} | {cell(base['dp-topo-order'])} | "
-                    f"{cell(base['equal-layers'])} | {cell(base['parameters'])} |")
+        dp_ms = plan.stats.get("dp_bottleneck_ns", float("nan")) / 1e6
+        rows.append(f"| {problem.graph.number_of_nodes()} | {plan.bottleneck_ns / 1e6:.2f} | {dp_ms:.2f} "
+                    f"| {plan.lower_bound_ns / 1e6:.2f} | {plan.gap * 100:.2f}% | {plan.solver_status} | {seconds:.1f} "
+                    f"| {int(plan.stats.get('coarse_nodes', 0)) or '—'} "
+                    f"| {_ratio_cell(base['equal-layers'], plan.bottleneck_ns)} "
+                    f"| {_ratio_cell(base['parameters'], plan.bottleneck_ns)} "
+                    f"| {_ratio_cell(base['dp-topo-order'], plan.bottleneck_ns)} |")
         print(rows[-1], file=sys.stderr, flush=True)
+    return rows
+
+
+def zoo_table(models: list[str], presets: list[str], modes: list[str], time_limit_s: float,
+              workers: int) -> list[str]:
+    """Zoo models x cluster presets x modes: the plan, its certified gap, and the best baseline."""
+    from hetpart.compile import CompileOptions, analyze, check_training
+    from hetpart.devices import load_cluster
+    from hetpart.frontend import ModelSpec
+    from hetpart.passes import lower_to_problem
+    from hetpart.passes.fx_baselines import fx_baselines
+
+    rows = ["| model | mode | cluster | nodes | plan (us) | lower bound (us) | certified gap | status | solve seconds "
+            "| best tool baseline | tool / plan | dp-topo-order / plan |", "|---" * 12 + "|"]
+    ratios: dict[tuple[str, str], list[float]] = {}
+    for model in models:
+        for mode in modes:
+            for preset in presets:
+                cluster = load_cluster(f"preset:{preset}")
+                spec = ModelSpec(f"zoo:{model}")
+                opts = CompileOptions(mode=mode, schedule="1f1b")
+                training = check_training(opts)
+                an = analyze(spec, cluster, spec.batch_size // opts.microbatches, echo=lambda _: None, mode=mode,
+                             meta=False)
+                problem = lower_to_problem(an.gm, cluster, training)
+                start = time.perf_counter()
+                plan = solve(problem, time_limit_s=time_limit_s, workers=workers)
+                seconds = time.perf_counter() - start
+                verify_plan(problem, plan)
+                baselines = compute_baselines(problem) + fx_baselines(an.gm, problem)
+                # Today's tools: equal layers (pipelining/Megatron), parameters (DeepSpeed), torch.fx.
+                tools = [b for b in baselines if b.name != "dp-topo-order" and b.feasible and b.bottleneck_ns]
+                best = min(tools, key=lambda b: b.bottleneck_ns, default=None)
+                dp_topo = next(b for b in baselines if b.name == "dp-topo-order")
+                if best is not None:
+                    ratios.setdefault((mode, preset), []).append(best.bottleneck_ns / plan.bottleneck_ns)
+                rows.append(f"| {model} | {mode} | {preset} | {problem.graph.number_of_nodes()} "
+                            f"| {plan.bottleneck_ns / 1000:.1f} | {plan.lower_bound_ns / 1000:.1f} "
+                            f"| {plan.gap * 100:.2f}% | {plan.solver_status} | {seconds:.1f} "
+                            f"| {best.name if best else 'none fits'} "
+                            f"| {_ratio_cell(best, plan.bottleneck_ns) if best else '—'} "
+                            f"| {_ratio_cell(dp_topo, plan.bottleneck_ns)} |")
+                print(rows[-1], file=sys.stderr, flush=True)
+    rows += ["", "| mode | cluster | models with a fitting tool baseline | geomean best tool baseline / plan |",
+             "|---|---|---|---|"]
+    for (mode, preset), rs in sorted(ratios.items()):
+        rows.append(f"| {mode} | {preset} | {len(rs)} | {math.exp(sum(map(math.log, rs)) / len(rs)):.2f}x |")
     return rows
 
 
@@ -130,9 +151,19 @@ def main() -> int:
     ap.add_argument("--only", default=None, help="run inputs whose name contains this")
     ap.add_argument("--scaling", default="", help="comma-separated node counts of synthetic transformer-like DAGs "
                     "to plan instead (e.g. 1000,5000,20000)")
+    ap.add_argument("--zoo", default="", help="comma-separated zoo models to plan instead ('all': every zoo "
+                    "model but the meta-traced llama-7b/70b)")
+    ap.add_argument("--presets", default="mixed-4,a100-t4-8,spot-16", help="cluster presets for --zoo")
+    ap.add_argument("--modes", default="inference", help="comma-separated modes for --zoo (inference,training)")
     args = ap.parse_args()
-    if args.scaling:
-        print("\n".join(scaling_table([int(n) for n in args.scaling.split(",")], args.time_limit)))
+    if args.zoo:
+        from hetpart.models import ZOO
+
+        models = [m for m in ZOO if m not in ("llama-7b", "llama-70b")] if args.zoo == "all" else args.zoo.split(",")
+        print("\n".join(zoo_table(models, args.presets.split(","), args.modes.split(","), args.time_limit,
+                                  args.workers)))
+    elif args.scaling:
+        print("\n".join(scaling_table([int(n) for n in args.scaling.split(",")], args.time_limit, args.workers)))
     else:
         print("\n".join(placement_table(args.bench, args.time_limit, args.only, args.workers)))
     return 0

@@ -35,7 +35,15 @@ def _parser() -> argparse.ArgumentParser:
     part.add_argument("model", help="zoo:NAME or path/to/file.py:FUNCTION")
     part.add_argument("--cluster", required=True, help="preset:NAME or a cluster TOML file")
     part.add_argument("--out", required=True, type=Path, help="artifacts directory to write")
-    part.add_argument("--mode", default="inference", choices=["inference"], help="what the plan is for")
+    part.add_argument("--mode", default="inference", choices=["inference", "training"],
+                      help="what the plan is for; training costs forward + backward and holds gradients, "
+                           "optimizer state and the schedule's activation stash")
+    part.add_argument("--schedule", default="gpipe", choices=["gpipe", "1f1b"],
+                      help="training: GPipe stashes all microbatches, 1F1B stage k of S min(S-k, M)")
+    part.add_argument("--optimizer-bytes-per-param", type=int, default=8, metavar="N",
+                      help="training: optimizer state per parameter (default 8: Adam's two fp32 moments)")
+    part.add_argument("--profile", dest="profiles", action="append", type=Path, default=[], metavar="FILE",
+                      help="measured op times from `hetpart profile` for its device type (repeatable, one per type)")
     part.add_argument("--batch-size", type=int, default=8, help="traced batch size (dynamic in the artifacts)")
     part.add_argument("--seq-len", type=int, default=64, help="sequence length of generated example inputs")
     part.add_argument("--microbatches", type=int, default=4, help="microbatches per step; costs are per microbatch")
@@ -44,6 +52,12 @@ def _parser() -> argparse.ArgumentParser:
     part.add_argument("--time-limit", type=float, default=30.0, help="solver time limit in seconds")
     part.add_argument("--seed", type=int, default=0, help="seed for weights, inputs and the solver")
     part.add_argument("--force", action="store_true", help="replace --out if it exists")
+    weights = part.add_mutually_exclusive_group()
+    weights.add_argument("--meta", dest="meta", action="store_const", const=True, default=None,
+                         help="trace without weights (meta device): per-rank weight manifests that "
+                              "`shard-weights` fills; default: only when the weights would not fit in memory")
+    weights.add_argument("--no-meta", dest="meta", action="store_const", const=False,
+                         help="always build the model with its (random) weights")
     part.add_argument("--no-pt2", dest="pt2", action="store_false",
                       help="skip rank<k>/stage.pt2 (the torch.export programs; the slowest artifact to write)")
     part.add_argument("--print-ir-after", action="append", default=[], metavar="PASS",
@@ -66,6 +80,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--as-nodes", action="store_true",
                      help="start one torchrun per planned node (launch.sh's), all on loopback: a multi-node rehearsal")
     run.add_argument("--timeout", type=float, default=600, help="seconds before the run is stopped")
+    run.add_argument("--master-port", type=int, default=None,
+                     help="torchrun's rendezvous port on 127.0.0.1 (default: a free one)")
 
     insp = sub.add_parser("inspect", help="print the plan of an artifacts directory")
     insp.add_argument("out", type=Path, help="artifacts directory")
@@ -79,9 +95,44 @@ def _parser() -> argparse.ArgumentParser:
     place.add_argument("--time-limit", type=float, default=60.0, help="solver time limit in seconds")
     place.add_argument("--workers", type=int, default=1, help="CP-SAT worker threads (1 is deterministic)")
 
+    prof = sub.add_parser("profile", help="measure a model's ops on this machine into a profile table")
+    prof.add_argument("model", help="zoo:NAME, hf:TYPE or path/to/file.py:FUNCTION")
+    prof.add_argument("--out", required=True, type=Path, help="profile JSON to write")
+    prof.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where to run the ops")
+    prof.add_argument("--device-type", default="cpu", help="the catalog device type the profile stands for")
+    prof.add_argument("--batch-size", type=int, default=8, help="traced batch size")
+    prof.add_argument("--seq-len", type=int, default=64, help="sequence length of generated example inputs")
+    prof.add_argument("--microbatches", type=int, default=4,
+                      help="ops are measured at --batch-size / --microbatches samples, as partition costs them")
+    prof.add_argument("--set", dest="overrides", action="append", type=_key_value, default=[],
+                      metavar="KEY=VALUE", help="set a model config field (repeatable)")
+    prof.add_argument("--repeats", type=int, default=20, help="timed runs per op (the median is kept)")
+    prof.add_argument("--warmup", type=int, default=3, help="untimed runs per op before the timed ones")
+    prof.add_argument("--threads", type=int, default=None,
+                      help="torch threads (default: what a `hetpart run` rank uses, OMP_NUM_THREADS or 1)")
+    prof.add_argument("--backward", action="store_true",
+                      help="also time each op's backward (used by `partition --mode training`)")
+    prof.add_argument("--seed", type=int, default=0, help="seed for weights and inputs")
+
+    shard = sub.add_parser("shard-weights", help="fill the per-rank weights of a plan made with --meta "
+                                                 "from a checkpoint, streaming")
+    shard.add_argument("out", type=Path, help="artifacts directory of `partition --meta`")
+    shard.add_argument("checkpoint", type=Path,
+                       help="a .safetensors file, an HF-style *.safetensors.index.json, or a directory with one")
+    shard.add_argument("--allow-cast", action="store_true",
+                       help="convert tensors whose dtype differs from the traced one (e.g. bf16 -> fp32)")
+
     sub.add_parser("devices", help="list the device catalog")
     sub.add_parser("models", help="list the model zoo")
     return p
+
+
+def _model_arg(model: str) -> str:
+    """MODEL as recorded in specs: file models by absolute path."""
+    if not model.startswith(("zoo:", "hf:")) and ":" in model:
+        path, _, fn = model.rpartition(":")
+        model = f"{Path(path).resolve()}:{fn}"
+    return model
 
 
 def _partition(args: argparse.Namespace, console: Console) -> int:
@@ -90,14 +141,11 @@ def _partition(args: argparse.Namespace, console: Console) -> int:
     from hetpart.report import print_plan
     from hetpart.report.progress import Progress
 
-    model = args.model
-    if not model.startswith(("zoo:", "hf:")) and ":" in model:  # record file models by absolute path
-        path, _, fn = model.rpartition(":")
-        model = f"{Path(path).resolve()}:{fn}"
-    spec = ModelSpec(model, dict(args.overrides), args.batch_size, args.seq_len, args.seed)
+    spec = ModelSpec(_model_arg(args.model), dict(args.overrides), args.batch_size, args.seq_len, args.seed)
     opts = CompileOptions(microbatches=args.microbatches, time_limit_s=args.time_limit, seed=args.seed,
-                          force=args.force, pt2=args.pt2, print_ir_after=frozenset(args.print_ir_after),
-                          verbose=args.verbose, dump_ir=args.dump_ir)
+                          force=args.force, pt2=args.pt2, meta=args.meta, print_ir_after=frozenset(args.print_ir_after),
+                          verbose=args.verbose, dump_ir=args.dump_ir, mode=args.mode, schedule=args.schedule,
+                          optimizer_bytes_per_param=args.optimizer_bytes_per_param, profiles=tuple(args.profiles))
     result = compile_model(spec, args.cluster, args.out, opts,
                            echo=lambda text: console.print(text, markup=False, highlight=False),
                            progress=Progress.for_console(console))
@@ -111,7 +159,7 @@ def _run(args: argparse.Namespace, console: Console) -> int:
     from hetpart.runtime import VERIFY_ATOL, VERIFY_GRAD_RTOL, RunOptions, run_pipeline
 
     opts = RunOptions(mode=args.mode, schedule=args.schedule, microbatches=args.microbatches, steps=args.steps,
-                      verify=args.verify, timeout_s=args.timeout, as_nodes=args.as_nodes,
+                      verify=args.verify, timeout_s=args.timeout, as_nodes=args.as_nodes, master_port=args.master_port,
                       measure=args.measure)
     result = run_pipeline(args.out, opts, echo=console.print)
     console.print(f"pipeline step: {result.step_seconds * 1e3:.1f} ms; outputs: {result.described_outputs()}")
@@ -169,6 +217,24 @@ def _inspect(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def _profile(args: argparse.Namespace, console: Console) -> int:
+    from hetpart.devices import device_type
+    from hetpart.frontend import ModelSpec
+    from hetpart.passes.profile import profile_model
+
+    device_type(args.device_type)  # an unknown type is an error that lists the catalog
+    spec = ModelSpec(_model_arg(args.model), dict(args.overrides), args.batch_size, args.seq_len, args.seed)
+    prof = profile_model(spec, args.microbatches, args.device_type, device=args.device, repeats=args.repeats,
+                         warmup=args.warmup, threads=args.threads, backward=args.backward)
+    prof.save(args.out)
+    total_us = sum(prof.forward_ns.values()) / 1e3
+    console.print(f"profiled {len(prof.forward_ns)} distinct ops"
+                  + (f" ({len(prof.backward_ns)} backwards)" if args.backward else "") + f" of {spec.model} on {args.device} "
+                  f"({prof.threads} thread(s)) as device type '{prof.device_type}': "
+                  f"{total_us:.1f} us over one of each; wrote {args.out}", markup=False, highlight=False)
+    return 0
+
+
 def _placement(args: argparse.Namespace) -> int:
     import json
 
@@ -179,6 +245,17 @@ def _placement(args: argparse.Namespace) -> int:
     problem = read_placement(args.input)
     result = solve_placement(problem, time_limit_s=args.time_limit, workers=args.workers)
     print(json.dumps(result.to_json(problem)))
+    return 0
+
+
+def _shard_weights(args: argparse.Namespace, console: Console) -> int:
+    from hetpart.codegen.weights import shard_weights
+
+    result = shard_weights(args.out, args.checkpoint, allow_cast=args.allow_cast,
+                           echo=lambda text: console.print(text, markup=False, highlight=False))
+    console.print(f"wrote weights.safetensors for {result.ranks} rank(s): {result.tensors} tensor(s), "
+                  f"{result.bytes_written / 1e6:.1f} MB, {result.from_checkpoint} from {args.checkpoint}"
+                  + (f" ({result.cast} converted)" if result.cast else ""))
     return 0
 
 
@@ -217,8 +294,12 @@ def main(argv: list[str] | None = None) -> int:
             return _run(args, console)
         if args.command == "inspect":
             return _inspect(args, console)
+        if args.command == "profile":
+            return _profile(args, console)
         if args.command == "placement":
             return _placement(args)
+        if args.command == "shard-weights":
+            return _shard_weights(args, console)
         if args.command == "devices":
             return _devices(console)
         return _models(console)

@@ -21,12 +21,13 @@ from hetpart.codegen import (
 from hetpart.codegen.split import stage_of_nodes
 from hetpart.devices import Cluster, load_cluster
 from hetpart.errors import HetpartError
-from hetpart.frontend import ModelSpec, export_model, load_model
+from hetpart.frontend import ModelSpec, checkpoint_names, export_model, load_for_tracing
 from hetpart.ir import info
 from hetpart.partitioner import Plan, Problem, solve, verify_plan
 from hetpart.partitioner.baselines import compute_baselines
 from hetpart.passes.fx_baselines import fx_baselines
 from hetpart.passes import PassContext, PassManager, default_passes, lower_to_problem
+from hetpart.passes.lower import TrainingSpec, group_of
 from hetpart.report.blocks import coarsen_to_blocks
 from hetpart.report.html import write_report
 from hetpart.report.progress import Progress
@@ -42,6 +43,11 @@ class CompileOptions:
     verbose: bool = False  # echo each pass's and the solver's time
     dump_ir: Path | None = None  # also write the IR dumps here (besides OUT/ir/), as each pass ends
     pt2: bool = True  # also write rank<k>/stage.pt2 (torch.export.save, dynamic batch)
+    mode: str = "inference"  # or "training": forward + backward costs, gradients, optimizer state, stash
+    schedule: str = "gpipe"  # training: "gpipe" or "1f1b" (decides the activation stash)
+    optimizer_bytes_per_param: int = 8  # training: optimizer state per parameter (Adam in fp32: 8)
+    profiles: tuple[Path, ...] = ()  # `hetpart profile` tables: measured op times per device type
+    meta: bool | None = None  # trace without weights (True), with them (False), or decide by size (None)
 
 
 @dataclass
@@ -66,7 +72,8 @@ def plan_json(spec: ModelSpec, cluster: Cluster, opts: CompileOptions, plan: Pla
             "devices": [{"name": d.name, "type": d.type.name, "machine": d.machine, "mem_bytes": d.mem_bytes}
                         for d in cluster.devices],
         },
-        "mode": "inference",
+        "mode": opts.mode,
+        "schedule": opts.schedule,
         "objective": "throughput",
         "microbatches": opts.microbatches,
         "microbatch_size": microbatch_size,
@@ -99,23 +106,75 @@ def plan_json(spec: ModelSpec, cluster: Cluster, opts: CompileOptions, plan: Pla
 class Analysis(NamedTuple):
     gm: fx.GraphModule  # annotated
     pm: PassManager  # with the passes' timings
-    inputs: tuple  # the example inputs it was traced with (full batch)
+    inputs: tuple  # the example inputs it was traced with (full batch; real tensors even when meta)
+    meta: bool = False  # traced without weights: parameters are meta tensors (NOTE [meta build])
+    checkpoint_names: dict[str, list[str]] = {}  # weight name -> names a checkpoint may use (shard-weights)
 
 
 def analyze(spec: ModelSpec, cluster: Cluster, microbatch_size: int, *, dump_dir: Path | None = None,
             print_ir_after: frozenset[str] = frozenset(), echo: Callable[[str], None] = print,
             extra_dump_dir: Path | None = None, verbose: bool = False,
-            progress: Progress | None = None) -> Analysis:
+            progress: Progress | None = None, mode: str = "inference", meta: bool | None = False,
+            profiles: dict | None = None) -> Analysis:
     """Trace the model and run the analysis passes (steps 1 and 2)."""
     progress = progress or Progress()
     progress.update("building the model")
-    module, inputs = load_model(spec)
-    progress.update("tracing with torch.export")
-    gm = export_model(module, inputs)
-    ctx = PassContext(device_types=cluster.device_types, batch_size=spec.batch_size, microbatch_size=microbatch_size)
+    module, inputs, on_meta = load_for_tracing(spec, meta)
+    progress.update("tracing with torch.export" + (" (weights on the meta device)" if on_meta else ""))
+    gm = export_model(module, tuple(x.to("meta") for x in inputs) if on_meta else inputs)
+    ctx = PassContext(device_types=cluster.device_types, batch_size=spec.batch_size, microbatch_size=microbatch_size,
+                      mode=mode, profiles=profiles or {})
     pm = PassManager(default_passes(), dump_dir=dump_dir, print_after=print_ir_after, echo=echo,
                      extra_dump_dir=extra_dump_dir, verbose=verbose, on_pass_start=progress.update)
-    return Analysis(pm.run(gm, ctx), pm, inputs)
+    return Analysis(pm.run(gm, ctx), pm, inputs, on_meta, checkpoint_names(module))
+
+
+def load_profiles(paths: tuple[Path, ...], cluster: Cluster) -> dict:
+    """Device type -> Profile, from `--profile` files; a type must be in the cluster, and profiled once."""
+    from hetpart.passes.profile import Profile
+
+    profiles: dict = {}
+    for path in paths:
+        prof = Profile.load(path)
+        if prof.device_type not in cluster.device_types:
+            raise HetpartError(f"--profile {path}: it measures device type '{prof.device_type}', which cluster "
+                               f"'{cluster.name}' does not have (types: {', '.join(sorted(cluster.device_types))})")
+        if prof.device_type in profiles:
+            raise HetpartError(f"--profile {path}: a second profile for device type '{prof.device_type}'; "
+                               "pass one per device type")
+        profiles[prof.device_type] = prof
+    return profiles
+
+
+def check_training(opts: CompileOptions) -> TrainingSpec | None:
+    """The training spec of `--mode training`, or None for inference; checks the options."""
+    if opts.mode not in ("inference", "training"):
+        raise HetpartError(f"--mode {opts.mode}: expected inference or training")
+    if opts.schedule not in ("gpipe", "1f1b"):
+        raise HetpartError(f"--schedule {opts.schedule}: expected gpipe or 1f1b")
+    if opts.optimizer_bytes_per_param < 0:
+        raise HetpartError(f"--optimizer-bytes-per-param must be >= 0 (got {opts.optimizer_bytes_per_param})")
+    if opts.mode == "inference":
+        return None
+    return TrainingSpec(opts.schedule, opts.microbatches, opts.optimizer_bytes_per_param)
+
+
+def add_training_json(pj: dict, gm: fx.GraphModule, plan: Plan, spec: TrainingSpec) -> None:
+    """Training plans: optimizer bytes, and each stage's forward and backward share of its compute.
+
+    `compute_us` is forward + backward (NOTE [training costs] in passes/lower.py); the
+    schedule simulator and the report play `forward_us` and `backward_us` separately.
+    """
+    pj["optimizer_bytes_per_param"] = spec.optimizer_bytes_per_param
+    forward_ns = [0] * len(plan.stages)
+    groups = group_of(gm)  # what lowering summed into each problem node
+    for node in gm.graph.nodes:
+        if node.name in groups:
+            k = plan.stage_of[groups[node.name]]
+            forward_ns[k] += info(node).cost_ns.get(plan.stages[k].device_type, 0)
+    for s, fwd in zip(pj["stages"], forward_ns):
+        s["forward_us"] = round(fwd / 1000, 3)
+        s["backward_us"] = round(s["compute_us"] - fwd / 1000, 3)
 
 
 def compile_model(spec: ModelSpec, cluster_spec: str, out: Path, opts: CompileOptions,
@@ -133,14 +192,21 @@ def compile_model(spec: ModelSpec, cluster_spec: str, out: Path, opts: CompileOp
         raise HetpartError(f"--time-limit must be positive (got {opts.time_limit_s})")
     cluster = load_cluster(cluster_spec)
     microbatch_size = spec.batch_size // opts.microbatches
+    profiles = load_profiles(opts.profiles, cluster)
+    training = check_training(opts)
+    for t, prof in sorted(profiles.items()):
+        if training is not None and not prof.backward_ns:
+            echo(f"note: the '{t}' profile has no backward times (`hetpart profile --backward`); "
+                 "backwards on it use the roofline")
     with staging_dir(out, opts.force) as tmp:
         # 1-2. Trace with torch.export and annotate shapes, FLOPs, memory and op cost per device type.
         with progress.step("tracing"):
-            gm, pm, inputs = analyze(spec, cluster, microbatch_size, dump_dir=tmp / "ir",
-                             print_ir_after=opts.print_ir_after, echo=echo,
-                             extra_dump_dir=opts.dump_ir, verbose=opts.verbose, progress=progress)
+            gm, pm, inputs, on_meta, names = analyze(
+                spec, cluster, microbatch_size, dump_dir=tmp / "ir", print_ir_after=opts.print_ir_after, echo=echo,
+                extra_dump_dir=opts.dump_ir, verbose=opts.verbose, progress=progress, mode=opts.mode,
+                profiles=profiles, meta=opts.meta)
         # 3. Lower to the torch-free problem, solve with CP-SAT, check the plan independently.
-        problem = lower_to_problem(gm, cluster)
+        problem = lower_to_problem(gm, cluster, training)
         start = time.perf_counter()
         with progress.step("solving"):
             plan = solve(problem, time_limit_s=opts.time_limit_s, seed=opts.seed,
@@ -157,20 +223,27 @@ def compile_model(spec: ModelSpec, cluster_spec: str, out: Path, opts: CompileOp
         # 4. Cut the graph into stages and write one rank directory per stage.
         stages = split_stages(gm, plan.stage_of, len(plan.device_of_stage))
         # Each stage's example inputs for its .pt2 export: 2 rows (a batch of 1 would be specialized).
-        examples = stage_examples(stages, tuple(x[:2] for x in inputs)) if opts.pt2 else []
+        # A plan traced on meta has no weights to export with: rank<k>/weights.json lists what
+        # `hetpart shard-weights` fills from a checkpoint (NOTE [weight manifests]).
+        pt2 = opts.pt2 and not on_meta
+        examples = stage_examples(stages, tuple(x[:2] for x in inputs)) if pt2 else []
         files = []
         for s in stages:
             dev = plan.stages[s.index]
             header = (f"hetpart {__version__}: stage {s.index} of {len(stages)} for {spec.model}, "
                       f"planned on {dev.device} ({dev.device_type}).\n\nInputs: {', '.join(s.inputs)}\n"
                       f"Outputs: {', '.join(s.outputs)}\n")
-            files.append(write_rank(tmp / f"rank{s.index}", s, header, examples[s.index] if opts.pt2 else None))
+            files.append(write_rank(tmp / f"rank{s.index}", s, header, examples[s.index] if pt2 else None,
+                                    checkpoint_names=names if on_meta else None))
         stage_flops = [0] * len(stages)
         for node in gm.graph.nodes:
             if node.name in where:
                 stage_flops[where[node.name]] += info(node).flops or 0
         stage_params = [sum(problem.weights[w] for w in s.weights.values()) for s in stages]
         pj = plan_json(spec, cluster, opts, plan, microbatch_size, stage_flops, stage_params)
+        pj["weights"] = "manifest" if on_meta else "included"
+        if training is not None:
+            add_training_json(pj, gm, plan, training)
         # What other tools would plan, in the same cost model (issue 5).
         pj["baselines"] = [b.to_json() for b in compute_baselines(problem) + fx_baselines(gm, problem)]
         pj["bounds"] = plan.bounds.to_json() if plan.bounds else None

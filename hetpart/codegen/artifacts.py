@@ -5,6 +5,8 @@
       manifest.json             per rank: files + sha256, inputs/outputs, device, backend
       rank<k>/stage.py          standalone nn.Module source (torch + safetensors only)
       rank<k>/weights.safetensors
+      rank<k>/weights.json      (plans traced on meta) what shard-weights fills, and
+      rank<k>/constants.safetensors   the buffers and constants that have values already
       ir/                       numbered pass dumps and graph.json
       timings.json              run-specific numbers (pass and solver seconds)
 
@@ -33,6 +35,7 @@ from safetensors.torch import save_file
 
 from hetpart.codegen.source import stage_source
 from hetpart.codegen.split import StageGraph
+from hetpart.codegen.weights import write_weight_manifest
 from hetpart.errors import HetpartError
 from hetpart.ir import info
 
@@ -53,30 +56,46 @@ def write_json(path: Path, data: Any) -> None:
 
 @contextlib.contextmanager
 def staging_dir(out: Path, force: bool) -> Iterator[Path]:
-    """A fresh directory beside `out`, renamed to `out` only if the block succeeds."""
+    """A fresh directory beside `out`, renamed to `out` only if the block succeeds.
+
+    On failure nothing is left: not the directory, nor the parent directories it created.
+    """
     out = out.resolve()
     if out.exists() and not force:
         raise HetpartError(f"output directory '{out}' already exists; pass --force to replace it")
     if out.exists() and not out.is_dir():
-        raise HetpartError(f"output path '{out}' exists and is not a directory")
+        raise HetpartError(f"output path '{out}' exists and is not a directory; choose another --out")
     parent = out.parent
+    created = [p for p in (parent, *parent.parents) if not p.exists()]  # deepest first
+    done = False
     try:
-        parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=parent))
-    except OSError as err:
-        raise HetpartError(f"cannot create the output directory in '{parent}': {err.strerror}") from None
-    try:
-        yield tmp
-        if out.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=parent))
-            os.replace(out, old / "x")
-            os.replace(tmp, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, out)
+        try:
+            parent.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=parent))
+        except OSError as err:
+            blocker = next((p for p in (parent, *parent.parents) if p.exists() and not p.is_dir()), None)
+            why = f"'{blocker}' is a file, not a directory" if blocker else f"{err.strerror} in '{parent}'"
+            raise HetpartError(f"cannot create the output directory '{out}': {why}; choose another --out") from None
+        try:
+            yield tmp
+            umask = os.umask(0)
+            os.umask(umask)
+            tmp.chmod(0o777 & ~umask)  # mkdtemp's 0700 would hide the artifacts from other users
+            if out.exists():
+                old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=parent))
+                os.replace(out, old / "x")
+                os.replace(tmp, out)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.replace(tmp, out)
+            done = True
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
     finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+        for p in created if not done else []:
+            with contextlib.suppress(OSError):  # not empty: someone else wrote there meanwhile
+                p.rmdir()
 
 
 def _boundary(stage: StageGraph) -> tuple[list[dict], list[dict]]:
@@ -133,10 +152,14 @@ def write_pt2(path: Path, stage: StageGraph, example: tuple[torch.Tensor, ...]) 
 # provenance (`from_node`) carries Python object ids, so two identical
 # partitions would ship different .pt2 bytes (and manifest hashes). We drop the
 # provenance and rewrite the archive with fixed timestamps and an id derived
-# from the other records; torch.export.load reads it as before.
+# from the other records; torch.export.load reads it as before. The sample-inputs
+# record is a torch.save pickle, which torch.export.load unpickles (retrying with
+# weights_only=False when that fails): it is written empty, read back as no
+# example inputs, so a .pt2 from hetpart holds JSON and raw tensor bytes only.
 def _rezip_deterministically(src: Path, dst: Path) -> None:
     with zipfile.ZipFile(src) as z:
-        records = [(i.filename, z.read(i.filename)) for i in z.infolist()]
+        records = [(i.filename, b"" if "/data/sample_inputs/" in i.filename else z.read(i.filename))
+                   for i in z.infolist()]
     digest = hashlib.sha256()
     for name, data in records:
         if not name.endswith(".data/serialization_id"):
@@ -149,16 +172,25 @@ def _rezip_deterministically(src: Path, dst: Path) -> None:
 
 
 def write_rank(rank_dir: Path, stage: StageGraph, header: str,
-               example: tuple[torch.Tensor, ...] | None = None) -> dict[str, str]:
-    """stage.py, weights.safetensors and (given example inputs) stage.pt2 for one rank; {file: sha256}."""
+               example: tuple[torch.Tensor, ...] | None = None,
+               checkpoint_names: dict[str, list[str]] | None = None) -> dict[str, str]:
+    """stage.py, weights.safetensors and (given example inputs) stage.pt2 for one rank; {file: sha256}.
+
+    With `checkpoint_names` (a plan traced on meta), weights.json and constants.safetensors
+    stand in for weights.safetensors until `hetpart shard-weights` (NOTE [weight manifests]).
+    """
     rank_dir.mkdir(parents=True)
     params = {name for name, _ in stage.gm.named_parameters()}
     (rank_dir / "stage.py").write_text(stage_source(stage, header, params))
     tensors: dict[str, torch.Tensor] = {}
     for attr, fqn in stage.weights.items():
         tensors[fqn] = getattr(stage.gm, attr).detach().contiguous()
-    save_file(tensors, str(rank_dir / "weights.safetensors"), metadata={"format": "pt"})
-    written = ["stage.py", "weights.safetensors"]
+    written = ["stage.py"]
+    if checkpoint_names is not None:
+        written += write_weight_manifest(rank_dir, tensors, checkpoint_names)
+    else:
+        save_file(tensors, str(rank_dir / "weights.safetensors"), metadata={"format": "pt"})
+        written.append("weights.safetensors")
     if example is not None:
         write_pt2(rank_dir / "stage.pt2", stage, example)
         written.append("stage.pt2")

@@ -18,6 +18,7 @@ Loaded from TOML or a preset name:
 from __future__ import annotations
 
 import math
+import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -267,8 +268,11 @@ def parse_cluster(text: str, label: str, name: str) -> Cluster:
     src = _Source(label, text)
     try:
         data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as err:
-        raise HetpartError(f"{label}: not valid TOML: {err}") from None
+    except tomllib.TOMLDecodeError as err:  # "... (at line 3, column 5)" or "... (at end of document)"
+        at = re.search(r" \(at line (\d+), column (\d+)\)$", str(err))
+        line = f"{at.group(1)}:{at.group(2)}" if at else str(len(text.splitlines()) or 1)
+        what = str(err)[:at.start()] if at else str(err).removesuffix(" (at end of document)")
+        raise HetpartError(f"{label}:{line}: not valid TOML: {what}; see the cluster file format in the README") from None
     _check_keys(src, data, {"network", "nodes", "device_types"}, "cluster", 1)
     custom = data.get("device_types", [])
     if not isinstance(custom, list):

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import inspect
+import io
+import logging
+import sys
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -19,16 +25,25 @@ def export_model(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> f
     adds is dropped: the stages check their own inputs.
     """
     dynamic = tuple({0: Dim.DYNAMIC} if x.dim() > 0 else None for x in inputs)
+    params = list(inspect.signature(module.forward).parameters.values())
+    star = next((i for i, p in enumerate(params) if p.kind is inspect.Parameter.VAR_POSITIONAL), None)
+    if star is not None and star <= len(dynamic):  # `forward(self, x, *rest)`: export wants `rest`'s as one tuple
+        dynamic = (*dynamic[:star], dynamic[star:])
     try:
-        with torch.no_grad():
+        with torch.no_grad(), _torch_quiet_unless_ok(), _no_stack_traces():
             ep = torch.export.export(module, inputs, dynamic_shapes=dynamic, strict=False)
     except Exception as err:  # torch raises many types; the user needs the first lines
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         where = model_source_line(err)
+        if "data-dependent" in str(err) or "DataDependent" in type(err).__name__:
+            hint = "remove data-dependent Python control flow (if/for/while on tensor values; torch.cond)"
+        else:
+            shapes = ", ".join(f"{str(x.dtype).removeprefix('torch.')}{list(x.shape)}" for x in inputs)
+            hint = (f"check that the example inputs ({shapes}) are what the model's forward expects, "
+                    "and that the batch dimension (dim 0) is independent of the other dimensions")
         raise HetpartError(
             f"torch.export could not trace the model{f' at {where}' if where else ''}: {type(err).__name__}: {first}\n"
-            "  what to try: remove data-dependent Python control flow (if/for on tensor values), "
-            "or make the batch dimension independent of other dimensions"
+            f"  what to try: {hint}"
         ) from None
     gm = ep.module()
     for node in list(gm.graph.nodes):
@@ -42,6 +57,31 @@ def export_model(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> f
     return gm
 
 
+@contextlib.contextmanager
+def _torch_quiet_unless_ok() -> Iterator[None]:
+    """Hold back what torch writes to stderr while exporting (logged tracebacks, a failed export's
+    partial graph): the HetpartError says what failed; after a successful export it is shown."""
+    held = io.StringIO()
+    logging.disable(logging.CRITICAL)
+    try:
+        with contextlib.redirect_stderr(held):
+            yield
+    finally:
+        logging.disable(logging.NOTSET)
+    sys.stderr.write(held.getvalue())
+
+
+@contextlib.contextmanager
+def _no_stack_traces() -> Iterator[None]:
+    """Export without node stack traces: a tenth of a 7B model's tracing time, and nothing reads them."""
+    before = torch.fx.config.do_not_emit_stack_traces
+    torch.fx.config.do_not_emit_stack_traces = True
+    try:
+        yield
+    finally:
+        torch.fx.config.do_not_emit_stack_traces = before
+
+
 def model_source_line(err: BaseException) -> str | None:
     """`path/to/model.py:192 in forward: code`, the innermost frame of the model's own code.
 
@@ -51,7 +91,8 @@ def model_source_line(err: BaseException) -> str | None:
     torch_dir = Path(torch.__file__).parent
     own = Path(__file__).parent
     frames = [f for f in traceback.extract_tb(err.__traceback__)
-              if not Path(f.filename).is_relative_to(torch_dir) and not Path(f.filename).is_relative_to(own)]
+              if not Path(f.filename).is_relative_to(torch_dir) and not Path(f.filename).is_relative_to(own)
+              and not f.filename.startswith("<")]  # code torch generated (`<string>`, `<eval_with_key>`)
     if not frames:
         return None
     f = frames[-1]
@@ -59,13 +100,19 @@ def model_source_line(err: BaseException) -> str | None:
 
 
 def follow_input_devices(gm: fx.GraphModule) -> None:
-    """Drop the tracing machine's device from conversions, so each op runs where its input lives.
+    """Drop the tracing machine's device from the graph, so each op runs where its stage runs.
 
-    NOTE [baked devices]: export records `x.to(device=x.device, dtype=...)` (HF rotary embeddings, masks)
-    as `aten.to.device(x, cpu, ...)` and adds `_assert_tensor_metadata(x, device=cpu)` checks. A stage
-    runs on its own device (and the analysis passes on meta), so the device is dropped: `to.device`
-    becomes `to.dtype`, `to.dtype_layout` and the metadata check lose their `device=`. Factory ops
-    (`arange(..., device=cpu)`) are left to the meta interpreter and codegen.
+    NOTE [baked devices]: export records the device the model was traced on (`cpu`, or `meta`
+    for a model traced without its weights) wherever the model named one:
+    - `x.to(device=x.device, dtype=...)` (HF rotary embeddings, masks) becomes
+      `aten.to.device(x, cpu, ...)`, and export adds `_assert_tensor_metadata(x, device=cpu)`
+      checks: `to.device` becomes `to.dtype`, `to.dtype_layout` and the check lose `device=`,
+      so the op follows its input.
+    - factory ops (`arange(T, device=tokens.device)`, `zeros`, `full`) and `*_like`/`new_*` ops
+      get `device=cpu`: the kwarg is dropped from every op, so factory ops create on the default
+      device of the process that runs the stage (the runtime sets it to the rank's device) and
+      the others follow their input.
+    The analysis passes run factory ops on meta (`passes/meta.py`).
     """
     aten = torch.ops.aten
     for node in list(gm.graph.nodes):
@@ -74,5 +121,5 @@ def follow_input_devices(gm: fx.GraphModule) -> None:
         if node.target is aten.to.device:
             x, _device, *rest = node.args
             node.target, node.args = aten.to.dtype, (x, *rest)
-        elif node.target in (aten.to.dtype_layout, aten._assert_tensor_metadata.default) and "device" in node.kwargs:
+        elif "device" in node.kwargs:
             node.kwargs = {k: v for k, v in node.kwargs.items() if k != "device"}

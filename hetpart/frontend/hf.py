@@ -74,12 +74,19 @@ class OutputStructure:
         return f"{self.class_name}({fields})"
 
 
+# Families that make their all-ones attention mask only when not traced (`attention_mask is None and not
+# is_torchdynamo_compiling()`) and fail under torch.export without one: the wrapper passes it.
+MASKED_WHEN_TRACED = frozenset({"switch_transformers", "longt5"})
+
+
 def _key_name(path: tuple) -> str:
     return pytree.keystr(path).removeprefix(".").replace("['", "").replace("']", "")
 
 
 class HFModel(nn.Module):
     """A transformers model returning its output's tensor leaves; subclasses name the inputs."""
+
+    checkpoint_prefix = "model."  # the model's own checkpoints name its weights without the wrapper's prefix
 
     def __init__(self, model: nn.Module):
         super().__init__()
@@ -90,6 +97,8 @@ class HFModel(nn.Module):
     def flat_outputs(self, **inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         from transformers.utils import ModelOutput
 
+        if getattr(self.model.config, "model_type", None) in MASKED_WHEN_TRACED:
+            inputs["attention_mask"] = torch.ones_like(inputs["input_ids"])
         out = self.model(**inputs)
         leaves = pytree.tree_flatten_with_path(out)[0]
         kept = [(path, x) for path, x in leaves if isinstance(x, torch.Tensor)]
@@ -203,7 +212,9 @@ def example_inputs(config: Any, head: str, batch_size: int, seq_len: int,
     if isinstance(limit, int) and seq_len > limit:
         raise HetpartError(f"--seq-len {seq_len} exceeds the model's {limit} positions "
                            f"(raise it with --set max_position_embeddings=N or lower --seq-len)")
-    ids = torch.randint(0, config.vocab_size, (batch_size, seq_len), generator=generator)
+    # FSMT has a vocabulary per side: its `vocab_size` is the target's
+    source_vocab = getattr(config, "src_vocab_size", None) or config.vocab_size
+    ids = torch.randint(0, source_vocab, (batch_size, seq_len), generator=generator)
     inputs = {"input_ids": ids}
     if head == "seq2seq-lm":
         inputs["decoder_input_ids"] = torch.randint(0, config.vocab_size, (batch_size, seq_len), generator=generator)
@@ -249,17 +260,37 @@ def build_hf(model_type: str, overrides: dict[str, str], batch_size: int, seq_le
 SMALL_SIZES: dict[str, int] = {
     # depth
     "num_hidden_layers": 2, "n_layer": 2, "n_layers": 2, "num_layers": 2, "num_decoder_layers": 2,
-    "encoder_layers": 2, "decoder_layers": 2,
+    "encoder_layers": 2, "decoder_layers": 2, "num_encoder_layers": 2,
     # width
-    "hidden_size": 64, "n_embd": 64, "d_model": 64, "dim": 64, "embedding_size": 32,
-    "intermediate_size": 128, "n_inner": 128, "d_ff": 128, "encoder_ffn_dim": 128, "decoder_ffn_dim": 128,
-    "ffn_dim": 128, "hidden_dim": 128, "moe_intermediate_size": 64,
+    "hidden_size": 64, "n_embd": 64, "d_model": 64, "dim": 64, "emb_dim": 64, "embedding_size": 32,
+    "input_embedding_size": 32, "output_embedding_size": 64,
+    "intermediate_size": 128, "n_inner": 128, "d_ff": 128, "d_inner": 128, "encoder_ffn_dim": 128,
+    "decoder_ffn_dim": 128, "ffn_dim": 128, "hidden_dim": 128, "moe_intermediate_size": 64,
     # attention
     "num_attention_heads": 4, "n_head": 4, "num_heads": 4, "n_heads": 4, "encoder_attention_heads": 4,
-    "decoder_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "d_kv": 16, "rotary_dim": 8,
-    # vocabulary, positions, images, experts
-    "vocab_size": 128, "max_position_embeddings": 64, "n_positions": 64, "image_size": 64,
-    "num_local_experts": 4, "num_experts": 4,
+    "decoder_attention_heads": 4, "num_encoder_attention_heads": 4, "num_decoder_attention_heads": 4,
+    "num_key_value_heads": 2, "head_dim": 16, "d_head": 16, "d_kv": 16, "rotary_dim": 8,
+    # multi-head latent attention (DeepSeek-V3)
+    "kv_lora_rank": 32, "q_lora_rank": 32, "v_head_dim": 16,  # qk_*_head_dim: head_dim is derived from them
+    # recurrent and state-space layers (RWKV, RecurrentGemma, Jamba)
+    "attention_hidden_size": 64, "lru_width": 64, "mamba_dt_rank": 8,
+    # vocabulary, positions, images
+    "vocab_size": 128, "src_vocab_size": 128, "tgt_vocab_size": 128, "max_position_embeddings": 64,
+    "n_positions": 64, "image_size": 64,
+    # experts: 2 of 4 routed per token, one group, the second layer already sparse
+    "num_local_experts": 4, "num_experts": 4, "n_routed_experts": 4, "num_experts_per_tok": 2, "n_group": 1,
+    "topk_group": 1, "first_k_dense_replace": 1,
+}
+# What one family needs beyond SMALL_SIZES.
+FAMILY_SIZES: dict[str, dict[str, str]] = {
+    "esm": {"pad_token_id": "1", "mask_token_id": "2"},  # unset by default; the embeddings compare the ids with both
+    # EfficientNet scales its stages by coefficients (B7's by default); hidden_dim is the last conv's width
+    "efficientnet": {"width_coefficient": "0.5", "depth_coefficient": "0.5", "hidden_dim": "640"},
+    # RWKV divides its weights in place on the first eval forward (an fp16 trick): a parameter mutation
+    # inside the traced forward. rescale_every=0 turns it off.
+    "rwkv": {"rescale_every": "0"},
+    # multi-head latent attention makes a key per query head: no grouped queries
+    "deepseek_v3": {"num_key_value_heads": str(SMALL_SIZES["num_attention_heads"])},
 }
 
 
@@ -270,14 +301,24 @@ def small_overrides(model_type: str) -> dict[str, str]:
     config = AutoConfig.for_model(model_type)
     fields = config.to_dict()
     # Constructor arguments only: Swin's hidden_size and num_layers are derived from embed_dim and depths.
+    # An alias (Qwen3-MoE's num_experts for num_local_experts) is set through its constructor name; an
+    # unset field (None: ESM's vocab_size, Nemotron's num_key_value_heads) gets the small size too.
     params = inspect.signature(type(config).__init__).parameters
-    small = {k: str(v) for k, v in SMALL_SIZES.items() if k in fields and k in params
-             and isinstance(fields[k], int) and not isinstance(fields[k], bool)}
+
+    def sized(key: str) -> bool:
+        value = getattr(config, key, None)
+        return key in params and (value is None or isinstance(value, int) and not isinstance(value, bool))
+
+    small = {k: str(v) for k, v in SMALL_SIZES.items() if sized(k)}
+    if "embedding_size" in small and "hidden_size" in small and isinstance(fields.get("embedding_size"), int) \
+            and fields["embedding_size"] == fields.get("hidden_size"):
+        small["embedding_size"] = small["hidden_size"]  # tied by default (SqueezeBERT requires it)
     if "window_size" in fields:  # windowed attention (Swin) needs the resolution its windows were sized for
         small.pop("image_size", None)
         if isinstance(fields.get("embed_dim"), int):
             small["embed_dim"] = "48"  # divisible by every stage's heads (3, 6, 12, 24)
-    for key in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):  # keep them in the vocab
+    for key in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id", "cls_token_id",
+                "sep_token_id", "mask_token_id"):  # keep them in the vocab
         if isinstance(fields.get(key), int) and fields[key] >= SMALL_SIZES["vocab_size"]:
             small[key] = "0"
-    return small
+    return {**small, **FAMILY_SIZES.get(model_type, {})}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +18,7 @@ from torch import nn
 
 from hetpart.errors import HetpartError
 from hetpart.models import build_zoo
+from hetpart.models.meta import params_on_meta
 
 
 @dataclass(frozen=True)
@@ -44,7 +46,8 @@ def _load_file_model(spec: ModelSpec) -> tuple[nn.Module, tuple]:
         raise HetpartError(f"model '{spec.model}': expected zoo:NAME, hf:MODEL_TYPE or path/to/file.py:FUNCTION")
     path = Path(path_text)
     if not path.is_file():
-        raise HetpartError(f"model file '{path}' not found (model '{spec.model}')")
+        raise HetpartError(f"model file '{path}' not found (model '{spec.model}'); give an existing "
+                           "path/to/file.py:FUNCTION, zoo:NAME or hf:MODEL_TYPE")
     mod_name = f"hetpart_user_model_{abs(hash(str(path.resolve())))}"
     loader = importlib.util.spec_from_file_location(mod_name, path)
     assert loader is not None and loader.loader is not None
@@ -66,15 +69,81 @@ def _load_file_model(spec: ModelSpec) -> tuple[nn.Module, tuple]:
                 f"--set {key}: {path}:{func_name}() has no parameter '{key}' (parameters: {', '.join(params) or 'none'})"
             )
     torch.manual_seed(spec.seed)
-    result = fn(**spec.overrides)
+    try:
+        result = fn(**spec.overrides)
+    except Exception as err:  # the user's own code failed: show its line, not a traceback
+        from hetpart.frontend.export import model_source_line
+
+        where = model_source_line(err) or f"{path}:{func_name}()"
+        raise HetpartError(f"{where}: building the model failed: {type(err).__name__}: {err}") from None
     if (not isinstance(result, tuple) or len(result) != 2 or not isinstance(result[0], nn.Module)
             or not isinstance(result[1], tuple)):
         raise HetpartError(f"{path}:{func_name}() must return (nn.Module, tuple_of_example_inputs)")
     return result[0].eval(), result[1]
 
 
-def load_model(spec: ModelSpec) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
-    """Build the model of `spec` (deterministic for its seed) and its example inputs."""
+def param_bytes(module: nn.Module) -> int:
+    """Bytes of the module's parameters, each shared one counted once."""
+    return sum(p.numel() * p.element_size() for p in module.parameters())
+
+
+def available_memory_bytes() -> int:
+    """Memory this machine can still give (MemAvailable), or the physical size where unknown."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def load_for_tracing(spec: ModelSpec, meta: bool | None = None) -> tuple[nn.Module, tuple[torch.Tensor, ...], bool]:
+    """The model to trace, its example inputs, and whether its parameters are on meta.
+
+    `meta=None` decides: the model is first built on meta (no weight memory); if its
+    parameters would take more than half of the memory available, it stays there
+    (tracing and the passes roughly double what the weights take), else it is built
+    for real. Zoo models that are meta-only always stay on meta.
+    """
+    if meta is False:
+        module, inputs = load_model(spec)
+        return module, inputs, any(p.is_meta for p in module.parameters())
+    module, inputs = load_model(spec, meta=True)
+    if meta is None and param_bytes(module) <= available_memory_bytes() // 2:
+        real, inputs = load_model(spec)
+        if not any(p.is_meta for p in real.parameters()):
+            return real, inputs, False
+    return module, inputs, True
+
+
+def checkpoint_names(module: nn.Module) -> dict[str, list[str]]:
+    """Each parameter and buffer name -> the names a checkpoint may store it under.
+
+    Tied weights have several names and a checkpoint keeps one of them; a wrapper
+    (`HFModel`) adds a prefix (`checkpoint_prefix`) that the model's own checkpoints lack.
+    """
+    prefix = getattr(module, "checkpoint_prefix", "")
+    by_tensor: dict[int, list[str]] = {}
+    for name, t in [*module.named_parameters(remove_duplicate=False), *module.named_buffers(remove_duplicate=False)]:
+        by_tensor.setdefault(id(t), []).append(name)
+    names: dict[str, list[str]] = {}
+    for aliases in by_tensor.values():
+        keys = [a.removeprefix(prefix) for a in aliases if prefix and a.startswith(prefix)] + aliases
+        for a in aliases:
+            names[a] = list(dict.fromkeys(keys))
+    return names
+
+
+def load_model(spec: ModelSpec, meta: bool = False) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    """Build the model of `spec` (deterministic for its seed) and its example inputs.
+
+    `meta`: parameters on the meta device, no weight memory (NOTE [meta build]);
+    buffers and example inputs are real.
+    """
+    if meta:
+        with params_on_meta():
+            return load_model(spec)
     if spec.batch_size < 2:
         raise HetpartError(f"--batch-size must be at least 2 (got {spec.batch_size}): a batch of 1 cannot be traced as dynamic")
     if spec.seq_len < 1:
@@ -90,5 +159,6 @@ def load_model(spec: ModelSpec) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
         module, inputs = _load_file_model(spec)
     for i, x in enumerate(inputs):
         if not isinstance(x, torch.Tensor):
-            raise HetpartError(f"model '{spec.model}': example input {i} is a {type(x).__name__}; inputs must be tensors")
+            raise HetpartError(f"model '{spec.model}': example input {i} is {type(x).__name__!r}, not a tensor; "
+                               "return the example inputs as a tuple of tensors")
     return module, inputs

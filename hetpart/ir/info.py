@@ -31,12 +31,16 @@ class NodeInfo:
     # flops pass
     flops: int | None = None  # at microbatch size
     bytes_moved: int | None = None  # memory traffic of the op at microbatch size (0 for views)
+    needs_grad: bool | None = None  # training only: the output needs a gradient (computed from a trainable weight)
+    bwd_flops: int | None = None  # training only: FLOPs of the gradients this op's backward computes
+    bwd_bytes_moved: int | None = None  # training only: memory traffic of that backward
     # memory pass
     param_bytes: int | None = None  # bytes of the weight a get_attr node reads
     weight: str | None = None  # canonical name of that weight (tied weights share one)
     act_bytes: int | None = None  # activation memory the node's output needs in its stage
     # op-cost pass
     cost_ns: dict[str, int] = field(default_factory=dict)  # device type -> time at microbatch size
+    bwd_cost_ns: dict[str, int] = field(default_factory=dict)  # training only: backward time per device type
     # partition
     stage: int | None = None
 

@@ -84,6 +84,10 @@ def _annotations(ni: NodeInfo | None) -> str:
         parts.append(f"act={_si(ni.act_bytes, 'B')}")
     if any(ni.cost_ns.values()):  # views cost nothing anywhere: say nothing
         parts.extend(f"{dev}={format_ns(t)}" for dev, t in sorted(ni.cost_ns.items()))
+    if ni.bwd_flops:  # training only
+        parts.append(f"bwd_flops={_si(ni.bwd_flops)}")
+    if any(ni.bwd_cost_ns.values()):
+        parts.extend(f"bwd:{dev}={format_ns(t)}" for dev, t in sorted(ni.bwd_cost_ns.items()))
     if ni.stage is not None:
         parts.append(f"stage={ni.stage}")
     return " ".join(parts)

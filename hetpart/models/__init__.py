@@ -24,6 +24,7 @@ from torch import nn
 
 from hetpart.errors import HetpartError
 from hetpart.models import bert, glm, gpt, hgnn, llama, lstm, mlp, moe, resnet, t5, unet, vit
+from hetpart.models.meta import params_on_meta
 
 
 @dataclass(frozen=True)
@@ -129,7 +130,7 @@ def build_zoo(name: str, overrides: dict[str, str], batch_size: int, seq_len: in
     cfg = apply_overrides(entry.config_cls(), overrides, f"zoo:{name}")
     torch.manual_seed(seed)
     if entry.meta_only:
-        with torch.device("meta"):
+        with params_on_meta():
             module = entry.build(cfg).eval()
     else:
         module = entry.build(cfg).eval()

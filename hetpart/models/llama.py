@@ -27,6 +27,7 @@ class LlamaConfig:
     max_seq_len: int = 512
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
+    dtype: str = "float32"  # of the weights (and so the activations): float32, bfloat16 or float16
 
 
 @dataclass
@@ -96,8 +97,9 @@ class Attention(nn.Module):
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
         groups = self.n_heads // self.n_kv_heads  # each key/value head serves `groups` query heads
-        k = k.repeat_interleave(groups, dim=1)
-        v = v.repeat_interleave(groups, dim=1)
+        if groups > 1:
+            k = k.repeat_interleave(groups, dim=1)
+            v = v.repeat_interleave(groups, dim=1)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.wo(y.transpose(1, 2).reshape(b, t, -1))
 
@@ -146,13 +148,21 @@ class Llama(nn.Module):
         """tokens: [B, T] -> logits [B, T, vocab]."""
         cos, sin = rope_tables(tokens.shape[1], self.cfg.dim // self.cfg.n_heads, self.cfg.rope_theta, tokens.device)
         h = self.tok_embeddings(tokens)
+        cos, sin = cos.to(h.dtype), sin.to(h.dtype)  # tables in fp32, applied in the weights' dtype
         for layer in self.layers:
             h = layer(h, cos, sin)
         return self.output(self.norm(h))
 
 
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
 def build(cfg: LlamaConfig) -> nn.Module:
-    return Llama(cfg)
+    if cfg.dtype not in DTYPES:
+        from hetpart.errors import HetpartError
+
+        raise HetpartError(f"llama: dtype '{cfg.dtype}' is not one of {', '.join(DTYPES)}")
+    return Llama(cfg).to(DTYPES[cfg.dtype])
 
 
 def example_inputs(cfg: LlamaConfig, batch_size: int, seq_len: int) -> tuple[torch.Tensor, ...]:

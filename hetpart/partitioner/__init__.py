@@ -1,14 +1,18 @@
 """The partitioner: a torch-free DAG of integer costs in, a verified pipeline plan out.
 
-Data flows problem.py (the question) -> dp.py (fast contiguous plan, the hint)
--> cpsat.py (exact model) -> evaluate.py (the cost model, NOTE [stage time])
--> verify.py (independent check). Nothing here imports torch.
+Data flows problem.py (the question; constraints.py: co-location and forbidden
+device types) -> dp.py (fast contiguous plan, the hint) -> coarsen.py (fewer nodes
+for big graphs) -> cpsat.py (exact model, NOTE [coarsened solve]) -> evaluate.py
+(the cost model, NOTE [stage time]) -> verify.py (independent check). Nothing here
+imports torch.
 """
 
 from hetpart.partitioner.cpsat import solve
 from hetpart.partitioner.dp import dp_hint
 from hetpart.partitioner.evaluate import bottleneck_ns, evaluate
 from hetpart.partitioner.problem import (
+    COLOCATE,
+    FORBIDDEN_TYPES,
     MEM_BYTES,
     OUT_BYTES,
     PIN,
@@ -25,6 +29,8 @@ from hetpart.partitioner.problem import (
 from hetpart.partitioner.verify import PlanError, plan_violations, verify_plan
 
 __all__ = [
+    "COLOCATE",
+    "FORBIDDEN_TYPES",
     "MEM_BYTES",
     "OUT_BYTES",
     "PIN",

@@ -22,15 +22,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from hetpart.partitioner.dp import order_cut_bytes, transfer_ns
+from hetpart.partitioner.coarsen import cut_candidates
+from hetpart.partitioner.dp import COARSE_CUTS, EXACT_CUTS, list_order_segments, order_tables
 from hetpart.partitioner.evaluate import bottleneck_ns, evaluate
 from hetpart.partitioner.problem import (
-    LAYER, MEM_BYTES, PIN, PIN_FIRST, PIN_LAST, TIME_NS, WEIGHTS, Plan, Problem,
+    LAYER, PIN, PIN_FIRST, PIN_LAST, WEIGHTS, Plan, Problem,
 )
 from hetpart.partitioner.verify import plan_violations
-
-_INF = np.int64(1) << np.int64(60)
-
 
 @dataclass
 class Baseline:
@@ -163,81 +161,27 @@ def parameter_balanced(problem: Problem) -> Baseline:
                        [d.name for d in problem.devices[:stages]], note=f"{count} {kind} over {stages} stages")
 
 
-_DP_MAX_NODES = 6_000  # the DP holds (n+1)^2 int64 matrices: 290 MB each at 6,000 nodes
-
-
 def dp_topo_order(problem: Problem) -> Baseline:
     """PipeDream style: the exact DP over contiguous segments of the order, devices in list order.
 
     Stage k runs on device k; the DP may use a prefix of the devices. Minimises the
-    bottleneck of NOTE [stage time] under memory; infeasible when no prefix fits.
+    bottleneck of NOTE [stage time] under memory; infeasible when no prefix fits. Above
+    `dp.EXACT_CUTS` nodes it cuts at candidate positions, then refines op by op around
+    them (NOTE [candidate cuts] in dp.py, with the device order fixed).
     """
-    g = problem.graph
-    order = problem.node_order()
-    n = len(order)
-    if n > _DP_MAX_NODES:
-        return Baseline(name="dp-topo-order", plan=None, bottleneck_ns=None, feasible=False,
-                        note=f"skipped: {n} nodes > {_DP_MAX_NODES} (the DP's matrices grow as n^2)")
-    devices = problem.devices[: min(len(problem.devices), problem.max_stages or len(problem.devices))]
-    idx = np.arange(n + 1)
-
-    cut_bytes = order_cut_bytes(problem, order)
-
-    # Segment memory [i, j): mem_bytes plus each weight read in the segment, once.
-    mem_prefix = np.concatenate([[0], np.cumsum([g.nodes[v].get(MEM_BYTES, 0) for v in order], dtype=np.int64)])
-    readers: dict[str, list[int]] = {}
-    for i, v in enumerate(order):
-        for w in g.nodes[v].get(WEIGHTS, ()):
-            readers.setdefault(w, []).append(i)
-    wdiff = np.zeros((n + 1, n + 2), dtype=np.int64)
-    for w, rs in sorted(readers.items()):
-        rs_arr = np.array(sorted(set(rs)))
-        k = np.searchsorted(rs_arr, idx)
-        has = k < len(rs_arr)
-        np.add.at(wdiff, (idx[has], rs_arr[np.minimum(k, len(rs_arr) - 1)][has] + 1), problem.weights[w])
-    seg_mem = mem_prefix[None, :] - mem_prefix[:, None] + np.cumsum(wdiff, axis=1)[:, : n + 1]
-    later = idx[None, :] > idx[:, None]
-    # Pins: stage 0 ends after the last PIN_FIRST node; a stage other than the last ends at or
-    # before the first PIN_LAST node; the last stage starts at or before its last unpinned node.
-    pins = [g.nodes[v].get(PIN) for v in order]
-    first_end = max((i for i, p in enumerate(pins) if p == PIN_FIRST), default=-1) + 1
-    inner_end = min([i for i, p in enumerate(pins) if p == PIN_LAST] + [n])
-    last_start = max(i for i, p in enumerate(pins) if p != PIN_LAST)
-
-    def transfer(a: int, b: int) -> np.ndarray:
-        return transfer_ns(problem.link(devices[a].name, devices[b].name), cut_bytes)
-
-    # best[S][k][j]: stages 0..k cover [0, j) and stage k is followed by another one (k < S-1) or not.
-    # Stage k's time needs its outgoing boundary, so the DP runs once per stage count S.
-    plan_best: tuple[int, int, list[int]] | None = None
-    for S in range(1, len(devices) + 1):
-        G = np.where(idx == 0, 0, _INF).astype(np.int64)  # G[i]: max time of stages before cut i
-        backs = []
-        for k in range(S):
-            comp = np.concatenate([[0], np.cumsum([g.nodes[v][TIME_NS][devices[k].type] for v in order],
-                                                  dtype=np.int64)])
-            tin = transfer(k - 1, k) if k > 0 else np.zeros(n + 1, dtype=np.int64)
-            tout = transfer(k, k + 1) if k < S - 1 else np.zeros(n + 1, dtype=np.int64)
-            cost = (comp[None, :] - comp[:, None]) + tin[:, None] + tout[None, :]
-            ok = later & (seg_mem <= devices[k].capacity_bytes) & (G[:, None] < _INF)
-            ok &= (idx[None, :] >= first_end) if k == 0 else True
-            ok &= (idx[None, :] <= inner_end) if k < S - 1 else (idx[:, None] <= last_start)
-            val = np.where(ok, np.maximum(G[:, None], cost), _INF)
-            arg = np.argmin(val, axis=0)
-            G = val[arg, idx]
-            backs.append(arg)
-        if G[n] < _INF and (plan_best is None or G[n] < plan_best[0]):
-            starts, j = [], n
-            for arg in reversed(backs):
-                j = int(arg[j])
-                starts.append(j)
-            plan_best = (int(G[n]), S, list(reversed(starts)))
-    if plan_best is None:
+    tab = order_tables(problem)
+    exact = tab.n <= EXACT_CUTS
+    P = np.arange(tab.n + 1) if exact else cut_candidates(tab, COARSE_CUTS)
+    best = list_order_segments(problem, tab, P, refine=not exact)
+    if best is None:
         return Baseline(name="dp-topo-order", plan=None, bottleneck_ns=None, feasible=False,
                         violations=["no contiguous split of the order fits the devices' memory in list order"])
-    _, S, starts = plan_best
-    stage_of = {v: int(np.searchsorted(starts, i, side="right")) - 1 for i, v in enumerate(order)}
-    return baseline_of(problem, "dp-topo-order", stage_of, [d.name for d in devices[:S]])
+    stage_of = {}
+    for k in range(len(best.devices)):
+        for v in tab.order[best.cuts[k]:best.cuts[k + 1]]:
+            stage_of[v] = k
+    return baseline_of(problem, "dp-topo-order", stage_of, best.devices,
+                       note="" if exact else f"cuts at {len(P)} candidate positions, refined op by op")
 
 
 def compute_baselines(problem: Problem) -> list[Baseline]:

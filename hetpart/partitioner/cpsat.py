@@ -9,18 +9,26 @@ costs come from `evaluate.py`, never from solver values.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+import numpy as np
 from ortools.sat.python import cp_model
 
 from hetpart.errors import HetpartError
 from hetpart.partitioner.bounds import compute_bounds, objective_bound_ns
-from hetpart.partitioner.dp import dp_hint
-from hetpart.partitioner.evaluate import OBJECTIVES, boundary_bytes, bottleneck_ns, evaluate, objective_ns
+from hetpart.partitioner.coarsen import coarsen, cut_candidates
+from hetpart.partitioner.constraints import check_constraints
+from hetpart.partitioner.dp import Segments, contiguous_plan, dp_hint, order_tables, refine_cuts
+from hetpart.partitioner.evaluate import (
+    OBJECTIVES, boundary_bytes, bottleneck_ns, evaluate, max_stage_memory_bytes, objective_ns, stage_memory_bytes,
+    stash_microbatches,
+)
 from hetpart.partitioner.problem import (
+    FORBIDDEN_TYPES,
     MEM_BYTES,
     OUT_BYTES,
     PIN,
@@ -31,8 +39,11 @@ from hetpart.partitioner.problem import (
     Plan,
     Problem,
 )
+from hetpart.partitioner.verify import plan_violations
 
 LogCallback = Callable[[int, int], None]  # (objective_ns, bound_ns) on each improving solution
+COARSEN_ABOVE = 1_000  # nodes; above, `solve` coarsens (NOTE [coarsened solve])
+COARSE_NODES = 300  # runs of the coarse problem CP-SAT sees
 
 
 @dataclass
@@ -58,7 +69,8 @@ class _Model:
     stats: dict[str, float] = field(default_factory=dict)
 
 
-def _build(problem: Problem, objective: str = "throughput", microbatches: int = 1) -> _Model:
+def _build(problem: Problem, objective: str = "throughput", microbatches: int = 1,
+           bottleneck_lb_ns: int = 0) -> _Model:
     g = problem.graph
 
     # --- Data (stable orders: nodes in `node_order`, devices in list order).
@@ -84,12 +96,17 @@ def _build(problem: Problem, objective: str = "throughput", microbatches: int = 
     links = [problem.network, *problem.intra_node_links.values()]
     comm_ub = max(link.transfer_ns(total_bytes) for link in links)
     compute_ub = sum(max(time_ns[v].values()) for v in order)
-    total_mem = sum(mem_bytes.values()) + sum(problem.weights[w] for w in readers)
+    stash_max, held_bytes = max_stage_memory_bytes(problem)
+    total_mem = stash_max * sum(mem_bytes.values()) + sum(held_bytes[w] for w in readers)
 
     m = cp_model.CpModel()
 
     # --- Variables.
     y = {v: [m.new_bool_var(f"y[{v},{k}]") for k in stages] for v in order}
+    for members in problem.colocation_groups().values():
+        for v in members[1:]:
+            # A co-location group's nodes share one stage: they share its literals.
+            y[v] = y[members[0]]
     used = [m.new_bool_var(f"used[{k}]") for k in stages]
     a = [{d.name: m.new_bool_var(f"a[{k},{d.name}]") for d in devices} for k in stages]
     is_type = [{t: m.new_bool_var(f"type[{k},{t}]") for t in types} for k in stages]
@@ -165,6 +182,12 @@ def _build(problem: Problem, objective: str = "throughput", microbatches: int = 
                 # order: `second` runs stage k only if `first` runs an earlier stage.
                 m.add(a[k][second] <= sum(a[j][first] for j in range(k)))
 
+    for v in order:
+        for t in sorted(set(g.nodes[v].get(FORBIDDEN_TYPES, ())) & set(types)):
+            for k in stages:
+                # A node never runs in a stage whose device type cannot run it.
+                m.add(x(v, k) + is_type[k][t] <= 1)
+
     # --- Constraints: bytes over boundaries (see NOTE [stage time] in evaluate.py).
     for u in senders:
         succs = sorted(g.successors(u), key=str)
@@ -206,11 +229,16 @@ def _build(problem: Problem, objective: str = "throughput", microbatches: int = 
             for v in vs:
                 # A stage holds weight w if one of its nodes reads it.
                 m.add(x(v, k) <= holds[w][k])
-        load = sum(mem_bytes[v] * x(v, k) for v in order) + sum(problem.weights[w] * holds[w][k] for w in readers)
-        for c in capacities:
-            if total_mem > c:
-                # A stage's activations and weights fit in its device's memory.
-                m.add(load <= c).only_enforce_if(has_capacity[k][c])
+        activations = sum(mem_bytes[v] * x(v, k) for v in order)
+        held = {w: holds[w][k] for w in readers}
+        for num_stages, when in _stage_counts(problem, used, k):
+            # A stage's weights (with gradients and optimizer state in training) and its activations
+            # (times the microbatches its schedule stashes when the plan has `num_stages` stages) fit
+            # in its device's memory: NOTE [training memory], the formula of `evaluate`.
+            load = stage_memory_bytes(problem, activations, held, k, num_stages)
+            for c in capacities:
+                if total_mem > c:
+                    m.add(load <= c).only_enforce_if([has_capacity[k][c], *when])
 
     # --- Objective (NOTE [objectives] in evaluate.py): the slowest stage (compute plus the
     # boundaries on both sides), or the sum of the stages' times, or both.
@@ -227,6 +255,8 @@ def _build(problem: Problem, objective: str = "throughput", microbatches: int = 
             m.add(stage_time[k] >= compute[k] + comm_in + comm_out)
     # Redundant cut: the bottleneck is at least any node's time on its fastest device type.
     m.add(bottleneck >= max(min(time_ns[v][t] for t in types) for v in order))
+    # Redundant cut: the bottleneck is at least the search-free bound of bounds.py (valid for every plan).
+    m.add(bottleneck >= bottleneck_lb_ns)
     if objective == "throughput":
         m.minimize(bottleneck)
     else:
@@ -239,6 +269,26 @@ def _build(problem: Problem, objective: str = "throughput", microbatches: int = 
         has_capacity=has_capacity, cross=cross, any_cross=any_cross, comm=comm, compute=compute, holds=holds,
         bottleneck=bottleneck, stage_time=stage_time,
     )
+
+
+def _stage_counts(problem: Problem, used: list[cp_model.IntVar], k: int) -> list[tuple[int, list]]:
+    """(S, literals that imply the plan has S stages, or at least S where the stash no longer changes)
+    for stage k: the cases of NOTE [training memory] that the memory constraint needs.
+
+    Used stages are a prefix, so S == s exactly when used[s-1] and not used[s]. Only 1F1B's stash
+    depends on S, and it stops growing at S = k + M; every other case is one constraint.
+    """
+    K = len(used)
+    t = problem.training
+    if t is None or t.schedule != "1f1b":
+        return [(K, [])]
+    cases = []
+    for s in range(k + 1, K + 1):
+        if s - k >= t.microbatches or s == K:
+            cases.append((s, [used[s - 1]]))  # S >= s: the stash is min(S - k, M) = that of s
+            break
+        cases.append((s, [used[s - 1], ~used[s]]))
+    return cases
 
 
 def _canonical(problem: Problem, device_of_stage: list[str]) -> list[str]:
@@ -257,7 +307,11 @@ def _add_hint(problem: Problem, mdl: _Model, stage_of: dict[str, int], device_of
     g = problem.graph
     costs = evaluate(problem, stage_of, device_of_stage)
     crossing = boundary_bytes(problem, stage_of, S)
+    hinted: set[int] = set()
     for v in mdl.order:
+        if id(mdl.y[v]) in hinted:
+            continue  # a co-location group's nodes share their literals: hint them once
+        hinted.add(id(mdl.y[v]))
         for k in range(K):
             m.add_hint(mdl.y[v][k], stage_of[v] <= k)
     for u, lits in mdl.cross.items():
@@ -311,21 +365,29 @@ class _Progress(cp_model.CpSolverSolutionCallback):
 
 
 def _node_need(problem: Problem, v: str) -> int:
+    """Memory `v` needs wherever it goes: in training, the least stash of any stage (GPipe: M; 1F1B: 1)."""
     attrs = problem.graph.nodes[v]
-    return attrs.get(MEM_BYTES, 0) + sum(problem.weights[w] for w in set(attrs.get(WEIGHTS, ())))
+    return stage_memory_bytes(problem, attrs.get(MEM_BYTES, 0), dict.fromkeys(attrs.get(WEIGHTS, ()), 1), 0, 1)
 
 
 def _infeasible_message(problem: Problem) -> str:
     """Why no plan fits, in the data's terms."""
     g = problem.graph
     weights = sorted({w for v in g.nodes for w in g.nodes[v].get(WEIGHTS, ())})
-    need = sum(g.nodes[v].get(MEM_BYTES, 0) for v in g.nodes) + sum(problem.weights[w] for w in weights)
+    activations = sum(g.nodes[v].get(MEM_BYTES, 0) for v in g.nodes)
+    need = stage_memory_bytes(problem, activations, dict.fromkeys(weights, 1), 0, 1)
     capacity = sum(d.capacity_bytes for d in problem.devices)
     biggest_dev = max(problem.devices, key=lambda d: d.capacity_bytes)
     biggest_node = max(g.nodes, key=lambda v: _node_need(problem, v))
     biggest_weight = max(weights, key=lambda w: problem.weights[w], default=None)
+    if _node_need(problem, biggest_node) > biggest_dev.capacity_bytes:
+        cause = f"node {biggest_node!r} alone is larger than the largest device"
+    elif need > capacity:
+        cause = "the model needs more than all the devices' memory together"
+    else:
+        cause = "the model fits in the devices' memory together but in no split of it into stages"
     lines = [
-        "partitioner: no plan fits in memory.",
+        f"partitioner: no plan fits in memory: {cause}.",
         f"  activations + weights: {need} bytes (weights counted once); total device memory: {capacity} bytes"
         f" over {len(problem.devices)} devices"
         + (f" (max_stages={problem.max_stages})" if problem.max_stages else ""),
@@ -334,6 +396,16 @@ def _infeasible_message(problem: Problem) -> str:
     ]
     if biggest_weight is not None:
         lines.append(f"  largest weight: {biggest_weight!r} with {problem.weights[biggest_weight]} bytes")
+    t = problem.training
+    if t is not None:
+        state = sum(t.state_bytes.get(w, 0) for w in weights)
+        lines.append(
+            f"  training ({t.schedule}, {t.microbatches} microbatches): the need above counts {state} bytes of "
+            f"gradients and optimizer state and the activations of {stash_microbatches(problem, 0, 1)} "
+            f"microbatch(es) ({activations} bytes each); "
+            + ("1F1B stage k of S stashes min(S-k, M)" if t.schedule == "1f1b" else "GPipe stashes all M; "
+               "--schedule 1f1b stashes fewer")
+        )
     lines.append(
         "  Add devices or larger ones, allow more stages, reduce the batch size, or note that pins "
         "(inputs first, outputs last) and weights shared across stages add memory."
@@ -351,6 +423,7 @@ def solve(
     log_callback: LogCallback | None = None,
     objective: str = "throughput",
     microbatches: int = 1,
+    coarsen_above: int | None = COARSEN_ABOVE,
 ) -> Plan:
     """The plan with the least bottleneck (NOTE [stage time]), or the best found in `time_limit_s`.
 
@@ -360,7 +433,10 @@ def solve(
 
     Starts CP-SAT from `hint`, or from `dp_hint(problem)` when no hint is given;
     returns a plan with 0..S-1 stages, costs recomputed by `evaluate`, and the
-    solver's proven bound. Raises HetpartError when no plan fits in memory, or
+    solver's proven bound. Above `coarsen_above` nodes (None: never), NOTE [coarsened solve].
+    Honours co-location groups and forbidden device types (constraints.py).
+    Raises HetpartError when no plan fits in memory, when the groups and forbidden
+    types rule out every plan (naming which and why), or
     none was found in time.
 
         >>> import networkx as nx
@@ -388,10 +464,15 @@ def solve(
     largest = max(d.capacity_bytes for d in problem.devices)
     if any(_node_need(problem, v) > largest for v in problem.graph.nodes):
         raise HetpartError(_infeasible_message(problem))
+    check_constraints(problem)
+    if coarsen_above is not None and problem.graph.number_of_nodes() > coarsen_above:
+        return _solve_coarsened(problem, t0, time_limit_s=time_limit_s, seed=seed, workers=workers, hint=hint,
+                                log_callback=log_callback, objective=objective, microbatches=microbatches)
 
     dp_plan = dp_hint(problem)
     t_dp = time.perf_counter()
-    mdl = _build(problem, objective, microbatches)
+    bounds = compute_bounds(problem)
+    mdl = _build(problem, objective, microbatches, bounds.search_free_ns)
     if hint is not None:
         _check_hint(problem, hint, mdl.num_stages)
         start = (hint.stage_of, _canonical(problem, hint.device_of_stage))
@@ -404,7 +485,10 @@ def solve(
     t_build = time.perf_counter()
 
     solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = max(0.0, time_limit_s - (t_build - t0))
+    # What is left of the limit; when neither the DP nor a hint gave a plan, CP-SAT is the only
+    # way to one: then a quarter of the limit at least, even if the DP and bounds overran it.
+    floor_s = 0.25 * time_limit_s if start is None else 0.0
+    solver.parameters.max_time_in_seconds = max(floor_s, time_limit_s - (t_build - t0))
     solver.parameters.random_seed = seed
     solver.parameters.num_workers = workers
     # PARTITIONING-NOTES finding 3: presolve dominates on big models; probing is what costs.
@@ -425,7 +509,7 @@ def solve(
         stats["dp_bottleneck_ns"] = float(dp_plan.bottleneck_ns)
 
     if status == cp_model.INFEASIBLE:
-        raise HetpartError(_infeasible_message(problem))
+        raise HetpartError(_infeasible_message(problem) + _constraints_note(problem))
     if status == cp_model.MODEL_INVALID:
         raise RuntimeError(f"hetpart bug: invalid CP-SAT model: {mdl.model.validate()}")
     found = status in (cp_model.OPTIMAL, cp_model.FEASIBLE)
@@ -451,7 +535,7 @@ def solve(
     if dp_plan is not None and value(dp_plan.stages) < value(stages):
         stage_of, device_of_stage, stages = dp_plan.stage_of, dp_plan.device_of_stage, dp_plan.stages
     best = value(stages)
-    bounds = compute_bounds(problem, bound if objective == "throughput" else 0)
+    bounds = dataclasses.replace(bounds, solver_ns=max(0, bound) if objective == "throughput" else 0)
     proven = objective_bound_ns(problem, bounds, objective, microbatches, solver_ns=bound)
     return Plan(
         stage_of=stage_of,
@@ -467,3 +551,142 @@ def solve(
         objective_ns=best,
         microbatches=microbatches,
     )
+
+
+def _constraints_note(problem: Problem) -> str:
+    """A line for the infeasibility message when co-location groups or forbidden types narrowed the choice."""
+    groups = problem.colocation_groups()
+    forbidding = [v for v in problem.graph.nodes if problem.graph.nodes[v].get(FORBIDDEN_TYPES)]
+    if not groups and not forbidding:
+        return ""
+    names = ", ".join(map(repr, list(groups)[:5]))
+    return (f"\n  The plan must also keep {len(groups)} co-location group(s) ({names}) "
+            f"in one stage each and {len(forbidding)} op(s) off the device types they forbid "
+            f"(e.g. {', '.join(map(repr, forbidding[:3]))}); relax those if the memory above looks sufficient.")
+
+
+
+# NOTE [coarsened solve]
+# Above COARSEN_ABOVE nodes one CP-SAT model of the whole graph stalls in presolve
+# (PARTITIONING-NOTES finding 3), so `solve`:
+# 1. runs the DP (dp.py, NOTE [candidate cuts]: coarse cut candidates, then op-level
+#    windows around its cuts) -- the plan to beat, contiguous in the node order;
+# 2. coarsens the graph into about COARSE_NODES runs of the order (coarsen.py, NOTE
+#    [coarse nodes]), with the DP's cuts among the run boundaries so its plan is a
+#    coarse plan, and lets CP-SAT improve that plan on the coarse problem (it may
+#    place runs out of order, which the DP cannot) for the rest of the time limit;
+# 3. reads the coarse answer back, recosts it exactly on the original problem, and
+#    when it is contiguous in the order refines its cuts op by op (dp.refine_cuts, devices
+#    fixed); then keeps the better of that and the DP's plan: never worse than the DP.
+# Bounds: the coarse CP-SAT bound is a bound of the coarse problem only (fewer plans,
+# transfers rounded up), NOT of the original one, so a coarsened plan reports only the
+# search-free bounds of bounds.py (LP work bound, largest op, memory), which hold for
+# every plan of the original problem; its gap is honest and usually wider than a
+# fine solve's. Deterministic for a given seed and worker count as long as the coarse
+# CP-SAT finishes (or stops) at the same point: the DP and refinement are.
+
+
+def _solve_coarsened(problem: Problem, t0: float, *, time_limit_s: float, seed: int, workers: int,
+                     hint: Plan | None, log_callback: LogCallback | None, objective: str,
+                     microbatches: int) -> Plan:
+    """NOTE [coarsened solve]."""
+    value = lambda st: objective_ns(st, objective, microbatches)  # noqa: E731
+    dp_plan = dp_hint(problem)
+    t_dp = time.perf_counter()
+    bounds = compute_bounds(problem, 0)
+    valid_lb = objective_bound_ns(problem, bounds, objective, microbatches)
+    t_bounds = time.perf_counter()
+    candidates: list[tuple[str, dict[str, int], list[str]]] = []
+    if dp_plan is not None:
+        candidates.append(("dp", dp_plan.stage_of, dp_plan.device_of_stage))
+    if hint is not None:
+        _check_hint(problem, hint, len(problem.devices))
+        candidates.append(("hint", hint.stage_of, hint.device_of_stage))
+
+    tab = order_tables(problem)
+    t_eval = time.perf_counter()
+    start = min(candidates, key=lambda c: value(evaluate(problem, c[1], c[2])), default=None)
+    # Reading the coarse answer back costs a few recostings and checks of the whole graph: keep time for them.
+    reserve_s = 8 * (time.perf_counter() - t_eval) / max(1, len(candidates))
+    cuts = cut_candidates(tab, COARSE_NODES)
+    if start is not None and _is_contiguous(tab.order, start[1]):
+        cuts = np.union1d(cuts, [i for i in range(1, tab.n) if start[1][tab.order[i]] != start[1][tab.order[i - 1]]])
+    coarse = coarsen(problem, tab, cuts)
+    stats: dict[str, float] = {"dp_seconds": t_dp - t0, "bounds_seconds": t_bounds - t_dp,
+                               "coarse_nodes": float(coarse.problem.graph.number_of_nodes()) if coarse else 0.0}
+    if dp_plan is not None:
+        stats["dp_bottleneck_ns"] = float(dp_plan.bottleneck_ns)
+    remaining = time_limit_s - (time.perf_counter() - t0) - reserve_s
+    if coarse is not None and remaining > 0.5:
+        coarse_hint = None
+        if start is not None and (c_stage := coarse.coarse_stage_of(start[1])) is not None:
+            st = evaluate(coarse.problem, c_stage, start[2])
+            coarse_hint = Plan(stage_of=c_stage, device_of_stage=start[2], stages=st, bottleneck_ns=bottleneck_ns(st),
+                               lower_bound_ns=0, solver_status="FEASIBLE", solve_seconds=0.0)
+        progress = (lambda obj, _bound: log_callback(obj, valid_lb)) if log_callback else None
+        try:
+            cplan = solve(coarse.problem, time_limit_s=remaining, seed=seed, workers=workers, hint=coarse_hint,
+                          log_callback=progress, objective=objective, microbatches=microbatches, coarsen_above=None)
+        except HetpartError:
+            cplan = None  # the runs are too coarse to fit somewhere: keep the DP's plan
+        if cplan is not None:
+            stats["coarse_solver_status_optimal"] = float(cplan.solver_status == "OPTIMAL")
+            stats["coarse_cpsat_seconds"] = cplan.solve_seconds
+            fine = coarse.fine_stage_of(cplan.stage_of)
+            candidates.append(("coarse", fine, cplan.device_of_stage))
+            if _is_contiguous(tab.order, fine) and objective == "throughput":
+                cut_pos = [0] + [i for i in range(1, tab.n) if fine[tab.order[i]] != fine[tab.order[i - 1]]] + [tab.n]
+                seg = Segments(cuts=cut_pos, devices=cplan.device_of_stage, dp_ns=0, exact=True, states=0)
+                refined = refine_cuts(problem, tab, seg, radius=max(16, 2 * tab.n // max(1, len(cuts))))
+                ref = contiguous_plan(problem, tab, refined.cuts, refined.devices, t0, {})
+                candidates.append(("refined", ref.stage_of, ref.device_of_stage))
+    if not candidates:
+        if not bounds.memory_feasible:
+            raise HetpartError(_infeasible_message(problem) + _constraints_note(problem))
+        raise HetpartError(
+            f"partitioner: no plan found within {time_limit_s:g} s ({problem.graph.number_of_nodes()} nodes, "
+            f"{len(problem.devices)} devices, coarsened): no contiguous split of the node order fits, and the "
+            "coarse model found none either; raise --time-limit, or add memory (the weights and activations "
+            "may fit only when split across more devices than the order allows)"
+        )
+    # Every candidate is recosted on the original problem, and one that breaks a rule is dropped.
+    scored, seen = [], set()
+    for i, (source, stage_of, device_of_stage) in enumerate(candidates):
+        key = (tuple(stage_of[v] for v in tab.order), tuple(device_of_stage))
+        if key in seen:
+            continue  # the coarse solver often hands back the DP's plan
+        seen.add(key)
+        st = evaluate(problem, stage_of, device_of_stage)
+        trial = Plan(stage_of=stage_of, device_of_stage=list(device_of_stage), stages=st,
+                     bottleneck_ns=bottleneck_ns(st), lower_bound_ns=0, solver_status="FEASIBLE", solve_seconds=0.0)
+        if not plan_violations(problem, trial):
+            scored.append((value(st), i, (source, stage_of, device_of_stage, st)))
+    if not scored:
+        raise HetpartError(
+            f"partitioner: no valid plan found within {time_limit_s:g} s ({problem.graph.number_of_nodes()} nodes, "
+            f"{len(problem.devices)} devices, coarsened); raise --time-limit"
+        )
+    _, _, (source, stage_of, device_of_stage, stages) = min(scored)
+    best = value(stages)
+    stats["coarsened"] = 1.0
+    stats["plan_from_" + source] = 1.0
+    return Plan(
+        stage_of={v: stage_of[v] for v in problem.graph.nodes},
+        device_of_stage=list(device_of_stage),
+        stages=stages,
+        bottleneck_ns=bottleneck_ns(stages),
+        lower_bound_ns=min(valid_lb, best),
+        solver_status="OPTIMAL" if valid_lb >= best else "FEASIBLE",
+        solve_seconds=time.perf_counter() - t0,
+        stats=stats,
+        bounds=bounds,
+        objective=objective,
+        objective_ns=best,
+        microbatches=microbatches,
+    )
+
+
+def _is_contiguous(order: list[str], stage_of: dict[str, int]) -> bool:
+    """Whether the stages are contiguous runs of `order` (stage numbers never decrease along it)."""
+    stages = [stage_of[v] for v in order]
+    return all(a <= b for a, b in zip(stages, stages[1:]))

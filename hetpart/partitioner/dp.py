@@ -14,18 +14,24 @@ many states: then `_classes` coarsens them (see there).
 
 For contiguous segments the bytes crossing a cut depend only on the cut's
 position j (outputs of nodes before j read at or after j), so every cost the DP
-needs is a vector over positions or an (n+1) x (n+1) matrix over segments [i, j).
+needs is a vector over cut positions or a matrix over segments [i, j) between
+two allowed cut positions. See NOTE [candidate cuts] for how the DP stays fast
+on graphs of tens of thousands of nodes.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
-from hetpart.partitioner.evaluate import bottleneck_ns, evaluate
+from hetpart.partitioner.coarsen import cut_candidates
+from hetpart.partitioner.evaluate import bottleneck_ns, evaluate, max_stage_memory_bytes, stash_microbatches
 from hetpart.partitioner.problem import (
+    FORBIDDEN_TYPES,
+    LAYER,
     MEM_BYTES,
     OUT_BYTES,
     PIN,
@@ -40,6 +46,35 @@ from hetpart.partitioner.problem import (
 
 _INF = np.int64(1) << np.int64(60)
 _DP_BUDGET = 300_000_000  # matrix entries the DP may touch (about a second) before it coarsens its classes
+EXACT_CUTS = 600  # up to this many nodes the DP tries every cut position (exact over contiguous plans)
+COARSE_CUTS = 200  # above it, the first pass tries this many candidate positions (NOTE [candidate cuts])
+_REFINE_BUDGET = 3_000_000  # matrix entries of one refinement pass: windows of +-sqrt(budget / S) / 2 positions
+
+# NOTE [candidate cuts]
+# The DP's cost is (number of allowed cut positions)^2 per state, so on a graph of
+# n nodes it cannot try every position once n is more than a few hundred (86 s and
+# 3 GB of matrices at 2,000 nodes). Above EXACT_CUTS nodes it runs in two passes:
+# 1. Coarse: only COARSE_CUTS candidate positions (`coarsen.cut_candidates`: one per
+#    equal-work chunk of the order, the one with the fewest bytes crossing, module
+#    boundaries on ties); the DP chooses the stage count, the device sequence and
+#    which candidates to cut at.
+# 2. Refine: with that device sequence fixed, cut k may move to any position within
+#    a radius of where pass 1 put it (300 positions for 8 stages, 10 to 20 times the
+#    spacing of the candidates); a DP over the S windows (S x window^2 entries,
+#    `_REFINE_BUDGET`) finds the best positions. Repeated while it improves (4 times at most);
+#    each pass contains the previous answer, so the plan never gets worse.
+# 3. Pass 1 once more on twice the candidates plus the refined cuts, keeping only partial
+#    plans below the bottleneck found so far (that prunes most states and positions),
+#    refined again; the better plan is kept (it may use another device sequence).
+# Both passes are exact over their sets of positions, so the plan is valid and its
+# cost is the cost model's (`evaluate` recomputes it anyway). Memory is linear in n
+# plus the matrices over candidates (COARSE_CUTS^2 entries). Co-location groups: a cut
+# never falls strictly inside a group's span of the order (`OrderTables.cuttable`);
+# forbidden device types: a segment is allowed on a type only if none of its nodes
+# forbids it (prefix counts). Training memory (NOTE [training memory] in evaluate.py):
+# the first pass does not know a stage's index or the stage count, so it counts the
+# largest stash any stage may hold (`max_stage_memory_bytes`: valid, maybe pessimistic);
+# refinement knows both and counts each stage's own stash.
 
 
 def order_cut_bytes(problem: Problem, order: list[str]) -> np.ndarray:
@@ -65,8 +100,97 @@ def transfer_ns(link: Link, nbytes: np.ndarray) -> np.ndarray:
     return np.where(nbytes > 0, link.latency_ns + (nbytes * 1000 + bw - 1) // bw, 0).astype(np.int64)
 
 
-def _classes(problem: Problem, n: int, max_stages: int) -> tuple[bool, list[list[str]]]:
-    """Device classes for the DP, and whether they are exact.
+@dataclass
+class OrderTables:
+    """Everything the DP needs about one topological order, as vectors over positions 0..n."""
+
+    order: list[str]
+    comp: dict[str, np.ndarray]  # device type -> prefix sums of node times
+    act_prefix: np.ndarray  # prefix sums of mem_bytes (activations of one microbatch)
+    weight_prefix: np.ndarray  # prefix sums of the held bytes of weights read at one position only
+    shared_readers: list[tuple[np.ndarray, int]]  # (sorted reader positions, held bytes) of weights read at 2+
+    stash_max: int  # NOTE [training memory]: microbatches of activations a stage may hold, at most
+    forbidden: dict[str, np.ndarray]  # device type -> prefix count of nodes that cannot run on it
+    cut_bytes: np.ndarray
+    cuttable: np.ndarray  # bool over positions: a cut there splits no co-location group
+    layer_start: np.ndarray  # bool over positions: order[j] starts a new LAYER (a module boundary)
+    first_end_min: int  # stage 0 ends at or after this position (after the last PIN_FIRST node)
+    inner_end_max: int  # a stage other than the last ends at or before this position (first PIN_LAST node)
+    final_start_max: int  # the last stage starts at or before this position (its last unpinned node)
+
+    @property
+    def n(self) -> int:
+        return len(self.order)
+
+    def seg_mem(self, starts: np.ndarray, ends: np.ndarray, stash: int | None = None) -> np.ndarray:
+        """Memory of segments [starts[a], ends[b]) as a matrix: `stash` microbatches of activations
+        (default `stash_max`) plus each weight read, once (NOTE [training memory] in evaluate.py)."""
+        mult = self.stash_max if stash is None else stash
+        out = (mult * (self.act_prefix[ends][None, :] - self.act_prefix[starts][:, None])
+               + self.weight_prefix[ends][None, :] - self.weight_prefix[starts][:, None])
+        if self.shared_readers:
+            diff = np.zeros((len(starts), len(ends) + 1), dtype=np.int64)
+            rows = np.arange(len(starts))
+            for readers, nbytes in self.shared_readers:
+                k = np.searchsorted(readers, starts)  # first reader at or after each start
+                has = k < len(readers)
+                first = readers[np.minimum(k, len(readers) - 1)]
+                col = np.searchsorted(ends, first, side="right")  # first end that includes it
+                np.add.at(diff, (rows[has], col[has]), nbytes)
+            out = out + np.cumsum(diff, axis=1)[:, : len(ends)]
+        return out
+
+    def allowed(self, device_type: str, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+        """[a, b]: segment [starts[a], ends[b]) is non-empty and every node in it can run on `device_type`."""
+        f = self.forbidden[device_type]
+        return (ends[None, :] > starts[:, None]) & (f[ends][None, :] == f[starts][:, None])
+
+
+def order_tables(problem: Problem, order: list[str] | None = None) -> OrderTables:
+    g = problem.graph
+    order = problem.node_order() if order is None else order
+    n = len(order)
+    attrs = [g.nodes[v] for v in order]
+    comp = {t: np.concatenate([[0], np.cumsum([a[TIME_NS][t] for a in attrs], dtype=np.int64)]).astype(np.int64)
+            for t in problem.device_types}
+    stash_max, held = max_stage_memory_bytes(problem)
+    act = np.array([a.get(MEM_BYTES, 0) for a in attrs], dtype=np.int64)
+    own = np.zeros(n, dtype=np.int64)
+    readers: dict[str, set[int]] = {}
+    for i, a in enumerate(attrs):
+        for w in a.get(WEIGHTS, ()):
+            readers.setdefault(w, set()).add(i)
+    shared = []
+    for w, rs in sorted(readers.items()):
+        if len(rs) == 1:
+            own[next(iter(rs))] += held[w]  # read at one position: held exactly when that node is
+        else:
+            shared.append((np.array(sorted(rs), dtype=np.int64), held[w]))
+    forbidden = {t: np.concatenate([[0], np.cumsum([t in a.get(FORBIDDEN_TYPES, ()) for a in attrs])]).astype(np.int64)
+                 for t in problem.device_types}
+    # A cut at j separates positions < j from >= j: not allowed strictly inside a group's span.
+    cuttable = np.ones(n + 1, dtype=bool)
+    pos = {v: i for i, v in enumerate(order)}
+    for members in problem.colocation_groups().values():
+        ps = [pos[v] for v in members]
+        cuttable[min(ps) + 1: max(ps) + 1] = False
+    layers = [a.get(LAYER) for a in attrs]
+    layer_start = np.array([True] + [layers[j] != layers[j - 1] for j in range(1, n)] + [True])
+    first_pins = [i for i, a in enumerate(attrs) if a.get(PIN) == PIN_FIRST]
+    last_pins = [i for i, a in enumerate(attrs) if a.get(PIN) == PIN_LAST]
+    free = [i for i, a in enumerate(attrs) if a.get(PIN) != PIN_LAST]
+    return OrderTables(
+        order=order, comp=comp, act_prefix=np.concatenate([[0], np.cumsum(act)]).astype(np.int64),
+        weight_prefix=np.concatenate([[0], np.cumsum(own)]).astype(np.int64), shared_readers=shared,
+        stash_max=stash_max, forbidden=forbidden, cut_bytes=order_cut_bytes(problem, order), cuttable=cuttable,
+        layer_start=layer_start,
+        first_end_min=max(first_pins, default=0) + 1, inner_end_max=min(last_pins + [n - 1]),
+        final_start_max=free[-1] if free else -1,
+    )
+
+
+def _classes(problem: Problem, m: int, max_stages: int) -> tuple[bool, list[list[str]]]:
+    """Device classes for the DP over `m` cut positions, and whether they are exact.
 
     Exact classes are `Problem.device_classes()` (type, machine, capacity). When
     their states would cost more than `_DP_BUDGET` matrix entries, devices are
@@ -79,89 +203,64 @@ def _classes(problem: Problem, n: int, max_stages: int) -> tuple[bool, list[list
         lambda d: (d.type, d.capacity_bytes),
         lambda d: (d.type,),
     ]
+    exact_classes = None
     for level, key in enumerate(keys):
         groups: dict[tuple, list[str]] = {}
         for d in problem.devices:
             groups.setdefault(key(d), []).append(d.name)
         classes = list(groups.values())
+        exact_classes = exact_classes or classes
         count_states = math.prod(min(len(c), max_stages) + 1 for c in classes)
-        work = count_states * 2 * len(classes) ** 2 * (n + 1) ** 2 // 2
+        work = count_states * 2 * len(classes) ** 2 * m**2 // 2
         if work <= _DP_BUDGET or level == len(keys) - 1:
-            return level == 0, classes
+            # Exact when merging changed nothing (each type on one machine with one capacity).
+            return classes == exact_classes, classes
     raise AssertionError("unreachable")
 
 
-def dp_hint(problem: Problem) -> Plan | None:
-    """The best plan whose stages are contiguous segments of `problem.node_order()`.
+@dataclass
+class Segments:
+    """A contiguous plan: stage k is order[cuts[k]:cuts[k+1]] on device `devices[k]`."""
 
-    Minimises the bottleneck of NOTE [stage time] (evaluate.py) under the memory
-    limits and pins; returns None when no such plan fits in memory. The plan's
-    `lower_bound_ns` is 0: the DP proves nothing about non-contiguous plans.
+    cuts: list[int]  # 0 = cuts[0] < ... < cuts[S] = n
+    devices: list[str]
+    dp_ns: int  # the DP's value of the plan (equal to `evaluate`'s bottleneck when the classes are exact)
+    exact: bool
+    states: int
 
-        >>> import networkx as nx
-        >>> from hetpart.partitioner.problem import Device, Link
-        >>> g = nx.path_graph(["a", "b", "c", "d"], create_using=nx.DiGraph)
-        >>> nx.set_node_attributes(g, {v: {"gpu": 10} for v in g}, "time_ns")
-        >>> p = Problem(graph=g, weights={}, devices=[Device("g0", "gpu", "n0", 1), Device("g1", "gpu", "n0", 1)],
-        ...             intra_node_links={"n0": Link(1000, 0)}, network=Link(1000, 0))
-        >>> plan = dp_hint(p)
-        >>> plan.stage_of, plan.device_of_stage, plan.bottleneck_ns
-        ({'a': 0, 'b': 0, 'c': 1, 'd': 1}, ['g0', 'g1'], 20)
+
+def _dp_over(problem: Problem, tab: OrderTables, P: np.ndarray, upper_ns: int | None = None) -> Segments | None:
+    """The best contiguous plan cutting only at positions `P` (sorted, with 0 and n), devices chosen too.
+
+    With `upper_ns`, only a plan whose DP value is below it (None if there is none): partial
+    plans already at `upper_ns` are dropped, which prunes most of the work.
     """
-    t0 = time.perf_counter()
-    problem.validate()
-    g = problem.graph
-    order = problem.node_order()
-    n = len(order)
-    attrs = [g.nodes[v] for v in order]
-
-    # --- Data: prefix sums over the order, cut bytes, segment memory.
+    n, m = tab.n, len(P)
     max_stages = min(problem.max_stages or len(problem.devices), len(problem.devices))
-    exact, classes = _classes(problem, n, max_stages)
+    exact, classes = _classes(problem, m, max_stages)
     cls_dev = [[problem.device(d) for d in c] for c in classes]
     cls_type = [c[0].type for c in cls_dev]
     cls_capacity = [min(d.capacity_bytes for d in c) for c in cls_dev]
     cls_machine = [c[0].node if exact else "" for c in cls_dev]
     sizes = [len(c) for c in classes]
-
-    comp = {
-        t: np.concatenate([[0], np.cumsum([a[TIME_NS][t] for a in attrs], dtype=np.int64)]).astype(np.int64)
-        for t in problem.device_types
-    }
-    mem_prefix = np.concatenate([[0], np.cumsum([a.get(MEM_BYTES, 0) for a in attrs], dtype=np.int64)])
-
-    cut_bytes = order_cut_bytes(problem, order)
-
-    # Segment memory M[i, j] of [i, j): mem_bytes plus each weight with a reader in [i, j), once.
-    readers: dict[str, list[int]] = {}
-    for i, a in enumerate(attrs):
-        for w in a.get(WEIGHTS, ()):
-            readers.setdefault(w, []).append(i)
-    wdiff = np.zeros((n + 1, n + 2), dtype=np.int64)
-    starts = np.arange(n + 1)
-    for w, rs in sorted(readers.items()):
-        rs_arr = np.array(sorted(set(rs)))
-        k = np.searchsorted(rs_arr, starts)  # first reader at or after start i
-        has = k < len(rs_arr)
-        nxt = rs_arr[np.minimum(k, len(rs_arr) - 1)]
-        np.add.at(wdiff, (starts[has], nxt[has] + 1), problem.weights[w])
-    seg_mem = mem_prefix[None, :] - mem_prefix[:, None] + np.cumsum(wdiff, axis=1)[:, : n + 1]
-    later = starts[None, :] > starts[:, None]  # j > i: segments are non-empty
-    fits_cache: dict[int, np.ndarray] = {}
+    comp = {t: c[P] for t, c in tab.comp.items()}
+    seg_mem = tab.seg_mem(P, P)
+    fits_cache: dict[tuple[int, str], np.ndarray] = {}
 
     def fits(c: int) -> np.ndarray:
-        cap = cls_capacity[c]
-        if cap not in fits_cache:
-            fits_cache[cap] = later & (seg_mem <= cap)
-        return fits_cache[cap]
+        key = (cls_capacity[c], cls_type[c])
+        if key not in fits_cache:
+            fits_cache[key] = tab.allowed(cls_type[c], P, P) & (seg_mem <= cls_capacity[c])
+        return fits_cache[key]
 
     # Boundary times per link: the link between two classes depends on their machines only.
     # Without machines in the classes (not `exact`) the DP pays the slowest link everywhere.
+    cut_bytes = tab.cut_bytes[P]
     all_links = [problem.network, *problem.intra_node_links.values()]
     slowest = np.max([transfer_ns(link, cut_bytes) for link in all_links], axis=0)
-    intra_ns = {m: transfer_ns(link, cut_bytes) for m, link in problem.intra_node_links.items()}
+    intra_ns = {mc: transfer_ns(link, cut_bytes) for mc, link in problem.intra_node_links.items()}
     network_ns = transfer_ns(problem.network, cut_bytes) if exact else slowest
-    zeros = np.zeros(n + 1, dtype=np.int64)
+    zeros = np.zeros(m, dtype=np.int64)
 
     def same_machine(c1: int, c2: int) -> int:
         return int(exact and cls_machine[c1] == cls_machine[c2])
@@ -172,28 +271,23 @@ def dp_hint(problem: Problem) -> Plan | None:
 
     # Pins: stage 0 ends after the last PIN_FIRST node; non-final stages end at or
     # before the first PIN_LAST node; the final stage starts before its last unpinned node.
-    first_pins = [i for i, a in enumerate(attrs) if a.get(PIN) == PIN_FIRST]
-    last_pins = [i for i, a in enumerate(attrs) if a.get(PIN) == PIN_LAST]
-    free = [i for i, a in enumerate(attrs) if a.get(PIN) != PIN_LAST]
-    first_end_min = max(first_pins, default=0) + 1
-    inner_end_max = min(last_pins + [n - 1])
-    final_start_max = free[-1]
+    final_ok = P <= tab.final_start_max
 
     # --- DP. A state (counts, same, cur) holds G[j]: the least bottleneck of the stages
-    # before cut j, given that the stage starting at j runs on class `cur` and that the
+    # before cut P[j], given that the stage starting at P[j] runs on class `cur` and that the
     # stage before it ran on the same machine (same=1), another one (0) or none (-1).
-    # The boundary at j is paid by the stage that ends there and, through `same`, by `cur`.
+    # The boundary at P[j] is paid by the stage that ends there and, through `same`, by `cur`.
     Key = tuple[tuple[int, ...], int, int]
     states: list[tuple[Key, np.ndarray, np.ndarray, np.ndarray]] = []  # key, G, back_start, back_state
     layer: dict[Key, int] = {}
     for c in range(len(classes)):
-        G = np.full(n + 1, _INF, dtype=np.int64)
+        G = np.full(m, _INF, dtype=np.int64)
         G[0] = 0
         counts = tuple(int(i == c) for i in range(len(classes)))
         layer[(counts, -1, c)] = len(states)
-        states.append(((counts, -1, c), G, np.full(n + 1, -1), np.full(n + 1, -1)))
+        states.append(((counts, -1, c), G, np.full(m, -1), np.full(m, -1)))
 
-    best_ns, best_state, best_start = _INF, -1, -1
+    best_ns, best_state, best_start = (_INF if upper_ns is None else np.int64(upper_ns)), -1, -1
     for depth in range(1, max_stages + 1):
         next_layer: dict[Key, int] = {}
         for key in sorted(layer):
@@ -203,22 +297,25 @@ def dp_hint(problem: Problem) -> Plan | None:
             if G.min() >= best_ns:
                 continue
             tin = boundary_ns(same, cur)
-            rows = np.flatnonzero(G < _INF)
+            rows = np.flatnonzero(G < best_ns)  # a partial plan at the best bottleneck cannot improve it
             ctype = cls_type[cur]
 
-            # The stage on `cur` is the last one: segment [i, n).
-            ok = rows[(rows <= final_start_max) & fits(cur)[rows, n]]
+            # The stage on `cur` is the last one: segment [P[i], n).
+            ok = rows[final_ok[rows] & fits(cur)[rows, m - 1]]
             if len(ok):
-                val = np.maximum(G[ok], tin[ok] + comp[ctype][n] - comp[ctype][ok])
+                val = np.maximum(G[ok], tin[ok] + comp[ctype][m - 1] - comp[ctype][ok])
                 k = int(np.argmin(val))
                 if val[k] < best_ns:
                     best_ns, best_state, best_start = val[k], sid, int(ok[k])
 
             if depth == max_stages:
                 continue
-            # Or it ends at cut j and the next stage runs on class `nxt`.
-            lo = first_end_min if depth == 1 else 1
-            cols = np.arange(lo, inner_end_max + 1)
+            # Or it ends at cut P[j] and the next stage runs on class `nxt`.
+            lo = tab.first_end_min if depth == 1 else 1
+            cols = np.flatnonzero((P >= lo) & (P <= tab.inner_end_max))
+            if best_ns < _INF:
+                # A stage longer than the best bottleneck is useless: its compute alone is too much.
+                cols = cols[comp[ctype][cols] < comp[ctype][rows.max()] + best_ns]
             if len(cols) == 0:
                 continue
             for nxt in range(len(classes)):
@@ -233,7 +330,7 @@ def dp_hint(problem: Problem) -> Plan | None:
                 nkey = (tuple(c + (i == nxt) for i, c in enumerate(counts)), same, nxt)
                 if nkey not in next_layer:
                     next_layer[nkey] = len(states)
-                    states.append((nkey, np.full(n + 1, _INF, dtype=np.int64), np.full(n + 1, -1), np.full(n + 1, -1)))
+                    states.append((nkey, np.full(m, _INF, dtype=np.int64), np.full(m, -1), np.full(m, -1)))
                 _, G2, back_start, back_state = states[next_layer[nkey]]
                 better = got < G2[cols]
                 G2[cols[better]] = got[better]
@@ -245,33 +342,195 @@ def dp_hint(problem: Problem) -> Plan | None:
         return None
 
     # --- Read the plan back: walk the cuts from the last stage to the first.
-    segments = []  # (start, end, class)
-    sid, start, end = best_state, best_start, n
+    segments = []  # (start index, class)
+    sid, start = best_state, best_start
     while True:
         (_, same, cur), _, back_start, back_state = states[sid]
-        segments.append((start, end, cur))
+        segments.append((start, cur))
         if same < 0:
             break
-        sid, start, end = int(back_state[start]), int(back_start[start]), start
+        sid, start = int(back_state[start]), int(back_start[start])
     segments.reverse()
-
     used = [0] * len(classes)
-    stage_of: dict[str, int] = {}
-    device_of_stage: list[str] = []
-    for k, (i, j, c) in enumerate(segments):
-        device_of_stage.append(classes[c][used[c]])  # a class's devices in list order
+    devices = []
+    for _, c in segments:
+        devices.append(classes[c][used[c]])  # a class's devices in list order
         used[c] += 1
-        for v in order[i:j]:
+    cuts = [int(P[i]) for i, _ in segments] + [n]
+    return Segments(cuts=cuts, devices=devices, dp_ns=int(best_ns), exact=exact, states=len(states))
+
+
+def valid_cuts(tab: OrderTables) -> np.ndarray:
+    """bool over positions 0..n: a cut between two stages may go there (groups, pins)."""
+    valid = tab.cuttable.copy()
+    valid[: tab.first_end_min] = False
+    valid[tab.inner_end_max + 1:] = False
+    valid[0] = valid[tab.n] = False
+    return valid
+
+
+def fixed_device_dp(problem: Problem, tab: OrderTables, devices: list[str],
+                    windows: list[np.ndarray]) -> Segments | None:
+    """The best contiguous plan on `devices` in this order whose cut k lies in `windows[k]`.
+
+    `windows[0]` is [0] and `windows[-1]` is [n]; one window per stage boundary in between.
+    Exact over its windows (every link, capacity and stash is the real one); None when no
+    choice of cuts fits in memory.
+    """
+    n, S = tab.n, len(devices)
+    devs = [problem.device(d) for d in devices]
+    G = np.zeros(1, dtype=np.int64)
+    backs = []
+    for k in range(S):
+        I, J = windows[k], windows[k + 1]  # noqa: E741 (starts, ends: the matrix axes)
+        t = devs[k].type
+        tin = (transfer_ns(problem.link(devs[k - 1].name, devs[k].name), tab.cut_bytes[I]) if k > 0
+               else np.zeros(len(I), dtype=np.int64))
+        tout = (transfer_ns(problem.link(devs[k].name, devs[k + 1].name), tab.cut_bytes[J]) if k < S - 1
+                else np.zeros(len(J), dtype=np.int64))
+        cost = (tin - tab.comp[t][I])[:, None] + (tab.comp[t][J] + tout)[None, :]
+        mem = tab.seg_mem(I, J, stash_microbatches(problem, k, S))
+        ok = tab.allowed(t, I, J) & (mem <= devs[k].capacity_bytes) & (G[:, None] < _INF)
+        if k == S - 1:
+            ok &= (I <= tab.final_start_max)[:, None]
+        val = np.where(ok, np.maximum(cost, G[:, None]), _INF)
+        arg = np.argmin(val, axis=0)
+        G = val[arg, np.arange(len(J))]
+        backs.append(arg)
+    if G[0] >= _INF:
+        return None
+    cuts, j = [n], 0
+    for k in range(S - 1, -1, -1):
+        j = int(backs[k][j])
+        cuts.append(int(windows[k][j]))
+    return Segments(cuts=cuts[::-1], devices=list(devices), dp_ns=int(G[0]), exact=True, states=S)
+
+
+def refine_cuts(problem: Problem, tab: OrderTables, seg: Segments, radius: int) -> Segments:
+    """The best cuts within `radius` positions of `seg.cuts`, devices fixed; NOTE [candidate cuts] pass 2.
+
+    The windows contain `seg`'s cuts, so the answer is at most `evaluate`'s bottleneck of `seg`.
+    """
+    n = tab.n
+    valid = valid_cuts(tab)
+    windows = [np.array([0])]
+    for c in seg.cuts[1:-1]:
+        w = np.arange(max(1, c - radius), min(n - 1, c + radius) + 1)
+        windows.append(w[valid[w] | (w == c)])
+    windows.append(np.array([n]))
+    got = fixed_device_dp(problem, tab, seg.devices, windows)
+    return seg if got is None else got
+
+
+def contiguous_plan(problem: Problem, tab: OrderTables, cuts: list[int], devices: list[str], t0: float,
+                    stats: dict[str, float]) -> Plan:
+    """A Plan from cut positions of `tab.order`, costed by `evaluate`."""
+    stage_of: dict[str, int] = {}
+    for k in range(len(devices)):
+        for v in tab.order[cuts[k]:cuts[k + 1]]:
             stage_of[v] = k
-    stage_of = {v: stage_of[v] for v in g.nodes}
-    stages = evaluate(problem, stage_of, device_of_stage)
-    return Plan(
-        stage_of=stage_of,
-        device_of_stage=device_of_stage,
-        stages=stages,
-        bottleneck_ns=bottleneck_ns(stages),
-        lower_bound_ns=0,
-        solver_status="FEASIBLE",
-        solve_seconds=time.perf_counter() - t0,
-        stats={"dp_states": float(len(states)), "dp_bottleneck_ns": float(best_ns), "dp_exact": float(exact)},
-    )
+    stage_of = {v: stage_of[v] for v in problem.graph.nodes}
+    stages = evaluate(problem, stage_of, devices)
+    return Plan(stage_of=stage_of, device_of_stage=list(devices), stages=stages, bottleneck_ns=bottleneck_ns(stages),
+                lower_bound_ns=0, solver_status="FEASIBLE", solve_seconds=time.perf_counter() - t0, stats=stats)
+
+
+def dp_hint(problem: Problem, *, exact_cuts: int = EXACT_CUTS, coarse_cuts: int = COARSE_CUTS) -> Plan | None:
+    """The best plan whose stages are contiguous segments of `problem.node_order()`.
+
+    Minimises the bottleneck of NOTE [stage time] (evaluate.py) under the memory
+    limits, pins, co-location groups and forbidden device types; returns None when
+    no such plan fits. Exact over contiguous plans up to `exact_cuts` nodes; above,
+    NOTE [candidate cuts]. The plan's `lower_bound_ns` is 0: the DP proves nothing
+    about non-contiguous plans.
+
+        >>> import networkx as nx
+        >>> from hetpart.partitioner.problem import Device, Link
+        >>> g = nx.path_graph(["a", "b", "c", "d"], create_using=nx.DiGraph)
+        >>> nx.set_node_attributes(g, {v: {"gpu": 10} for v in g}, "time_ns")
+        >>> p = Problem(graph=g, weights={}, devices=[Device("g0", "gpu", "n0", 1), Device("g1", "gpu", "n0", 1)],
+        ...             intra_node_links={"n0": Link(1000, 0)}, network=Link(1000, 0))
+        >>> plan = dp_hint(p)
+        >>> plan.stage_of, plan.device_of_stage, plan.bottleneck_ns
+        ({'a': 0, 'b': 0, 'c': 1, 'd': 1}, ['g0', 'g1'], 20)
+    """
+    t0 = time.perf_counter()
+    problem.validate()
+    tab = order_tables(problem)
+    n = tab.n
+    every = np.flatnonzero(tab.cuttable | (np.arange(n + 1) == 0) | (np.arange(n + 1) == n))
+    exact = n <= exact_cuts
+    P = every if exact else cut_candidates(tab, coarse_cuts)
+    seg = _dp_over(problem, tab, P)
+    if seg is None and not exact:
+        # The candidates may miss the only cuts that fit in memory: try positions four times
+        # denser before giving up (rare: memory that tight).
+        P = np.unique(np.concatenate([P, every[:: max(1, len(every) // (4 * coarse_cuts))], [0, n]]))
+        seg = _dp_over(problem, tab, P)
+    found: list[Segments] = []
+    stats = {"dp_candidates": float(len(P)), "dp_exact": float(exact and seg is not None and seg.exact),
+             "dp_states": float(seg.states if seg else 0)}
+    if seg is not None:
+        stats["dp_coarse_ns"] = float(_cost(problem, tab, seg))
+        if exact and seg.exact:
+            found.append(seg)  # the best contiguous plan: nothing to refine
+        else:
+            best, best_ns, rounds = _refined(problem, tab, seg)
+            found.append(best)
+            stats["dp_refine_rounds"] = float(rounds)
+            if not exact:
+                # Pass 1 again on twice the candidates and the refined cuts, pruned by the plan so
+                # far: it may find a better device sequence (NOTE [candidate cuts] step 3).
+                P2 = np.union1d(cut_candidates(tab, 2 * coarse_cuts), best.cuts)
+                again = _dp_over(problem, tab, P2, upper_ns=best_ns)
+                if again is not None:
+                    found.append(_refined(problem, tab, again)[0])
+    # Devices in list order with exact links and capacities (what dp-topo-order does): it can
+    # beat a DP whose classes had to be merged (`_classes`), and finds plans when that DP cannot.
+    listed = list_order_segments(problem, tab, P, refine=not exact)
+    if listed is not None:
+        found.append(listed)
+    if not found:
+        return None
+    best = min(found, key=lambda sg: _cost(problem, tab, sg))
+    stats["dp_bottleneck_ns"] = float(_cost(problem, tab, best))
+    stats["dp_from_list_order"] = float(best is listed)
+    return contiguous_plan(problem, tab, best.cuts, best.devices, t0, stats)
+
+
+def _cost(problem: Problem, tab: OrderTables, seg: Segments) -> int:
+    """`evaluate`'s bottleneck of a contiguous plan."""
+    return contiguous_plan(problem, tab, seg.cuts, seg.devices, 0.0, {}).bottleneck_ns
+
+
+def list_order_segments(problem: Problem, tab: OrderTables, P: np.ndarray, refine: bool) -> Segments | None:
+    """The best contiguous plan on a prefix of the devices in list order, cutting at positions `P`
+    (then, for the best prefix, refined op by op when `refine`); None when no prefix fits."""
+    n = tab.n
+    names = [d.name for d in problem.devices[: min(len(problem.devices), problem.max_stages or len(problem.devices))]]
+    valid = valid_cuts(tab)
+    inner = np.array([j for j in P if valid[j]], dtype=np.int64)
+    best: Segments | None = None
+    for S in range(1, len(names) + 1):
+        if len(inner) < S - 1:
+            break
+        seg = fixed_device_dp(problem, tab, names[:S], [np.array([0]), *[inner] * (S - 1), np.array([n])])
+        if seg is not None and (best is None or seg.dp_ns < best.dp_ns):
+            best = seg
+    if best is not None and refine:
+        best = _refined(problem, tab, best)[0]  # only the best stage count: refining is the costly part
+    return best
+
+
+def _refined(problem: Problem, tab: OrderTables, seg: Segments) -> tuple[Segments, int, int]:
+    """`refine_cuts` until it stops improving: (plan, its bottleneck, rounds)."""
+    radius = max(16, int(math.sqrt(_REFINE_BUDGET / len(seg.devices)) / 2))
+    cur_ns = _cost(problem, tab, seg)
+    rounds = 0
+    while rounds < 4:
+        rounds += 1
+        nxt = refine_cuts(problem, tab, seg, radius)
+        if nxt.dp_ns >= cur_ns:
+            break
+        seg, cur_ns = nxt, nxt.dp_ns
+    return seg, cur_ns, rounds

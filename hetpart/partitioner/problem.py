@@ -41,6 +41,8 @@ OUT_BYTES = "out_bytes"  # int: bytes of the node's output, paid on every bounda
 WEIGHTS = "weights"  # tuple[str, ...]: names of the weights the node reads (see Problem.weights)
 PIN = "pin"  # PIN_FIRST, PIN_LAST or None
 LAYER = "layer"  # optional str: the model layer the node belongs to (e.g. "blocks.3"), for baselines
+COLOCATE = "colocate"  # optional str: nodes with the same value must share a stage (tied weights, fwd + bwd)
+FORBIDDEN_TYPES = "forbidden_types"  # optional tuple[str, ...]: device types that cannot run the node
 
 PIN_FIRST = "first"  # the node is in stage 0 (model inputs are fed to the first stage)
 PIN_LAST = "last"  # the node is in the last stage (model outputs leave from the last stage)
@@ -68,6 +70,23 @@ class Link:
         return self.latency_ns + -(-nbytes * 1000 // self.bandwidth_bytes_per_us)
 
 
+SCHEDULES = ("gpipe", "1f1b")
+
+
+@dataclass(frozen=True)
+class Training:
+    """What a training plan adds to the problem (NOTE [training memory] in evaluate.py).
+
+    In training, a node's TIME_NS is its forward plus its backward, its OUT_BYTES
+    the activation plus its gradient, and links carry two transfers per
+    microbatch (lowering sets all three); what is left for the partitioner is memory.
+    """
+
+    schedule: str  # "gpipe" or "1f1b": how many microbatches' activations a stage keeps
+    microbatches: int  # M
+    state_bytes: dict[str, int] = field(default_factory=dict)  # weight -> gradient + optimizer state bytes
+
+
 @dataclass
 class Problem:
     """A DAG with integer costs, the devices, and the links between them.
@@ -83,6 +102,7 @@ class Problem:
     intra_node_links: dict[str, Link]  # machine name -> link between two devices on it
     network: Link  # between two devices on different machines
     max_stages: int | None = None  # default: one stage per device
+    training: Training | None = None  # None: an inference plan
 
     def device(self, name: str) -> Device:
         for d in self.devices:
@@ -121,6 +141,22 @@ class Problem:
             classes.setdefault((d.type, d.node, d.capacity_bytes), []).append(d.name)
         return list(classes.values())
 
+    def colocation_groups(self) -> dict[str, list[str]]:
+        """COLOCATE group name -> its nodes (in `node_order`), for groups of two or more nodes."""
+        groups: dict[str, list[str]] = {}
+        if all(a.get(COLOCATE) is None for _, a in self.graph.nodes(data=True)):
+            return groups  # (node_order costs a topological sort)
+        for v in self.node_order():
+            name = self.graph.nodes[v].get(COLOCATE)
+            if name is not None:
+                groups.setdefault(name, []).append(v)
+        return {name: vs for name, vs in sorted(groups.items()) if len(vs) > 1}
+
+    def allowed_types(self, v: str) -> list[str]:
+        """The device types of the cluster that can run node `v` (not in its FORBIDDEN_TYPES)."""
+        forbidden = set(self.graph.nodes[v].get(FORBIDDEN_TYPES, ()))
+        return [t for t in self.device_types if t not in forbidden]
+
     def validate(self) -> None:
         """Raise HetpartError listing every way this problem is malformed."""
         errors: list[str] = []
@@ -153,6 +189,12 @@ class Problem:
             unknown = [w for w in attrs.get(WEIGHTS, ()) if w not in self.weights]
             if unknown:
                 errors.append(f"node {v!r} reads weight(s) {unknown} missing from Problem.weights")
+            forbidden = attrs.get(FORBIDDEN_TYPES, ())
+            if isinstance(forbidden, str) or not all(isinstance(t, str) for t in forbidden):
+                errors.append(f"node {v!r}: {FORBIDDEN_TYPES} must be a tuple of device type names, got {forbidden!r}")
+            group = attrs.get(COLOCATE)
+            if group is not None and not isinstance(group, str):
+                errors.append(f"node {v!r}: {COLOCATE} must be a group name (str) or None, got {group!r}")
             if attrs.get(PIN) not in (None, PIN_FIRST, PIN_LAST):
                 errors.append(f"node {v!r}: {PIN} must be {PIN_FIRST!r}, {PIN_LAST!r} or None")
         if g.number_of_nodes() and all(a.get(PIN) == PIN_LAST for _, a in g.nodes(data=True)):
@@ -164,6 +206,15 @@ class Problem:
         for where, link in [("network", self.network), *sorted(self.intra_node_links.items())]:
             if link.bandwidth_bytes_per_us <= 0 or link.latency_ns < 0:
                 errors.append(f"link {where!r} needs bandwidth > 0 and latency >= 0, got {link}")
+        if self.training is not None:
+            t = self.training
+            if t.schedule not in SCHEDULES or t.microbatches < 1:
+                errors.append(f"training needs a schedule in {SCHEDULES} and microbatches >= 1, got "
+                              f"{t.schedule!r} and {t.microbatches}")
+            unknown_state = sorted(set(t.state_bytes) - set(self.weights))
+            if unknown_state or any(not isinstance(b, int) or b < 0 for b in t.state_bytes.values()):
+                errors.append(f"training.state_bytes must map weights of Problem.weights to non-negative ints "
+                              f"(unknown: {unknown_state[:5]})")
         if self.max_stages is not None and self.max_stages < 1:
             errors.append(f"max_stages must be at least 1, got {self.max_stages}")
         if errors:

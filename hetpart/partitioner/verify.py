@@ -7,8 +7,8 @@ in `evaluate.py`, recomputed from scratch. Every solver answer passes it.
 from __future__ import annotations
 
 from hetpart.errors import HetpartError
-from hetpart.partitioner.evaluate import OBJECTIVES, bottleneck_ns, evaluate, objective_ns
-from hetpart.partitioner.problem import PIN, PIN_FIRST, PIN_LAST, Plan, Problem
+from hetpart.partitioner.evaluate import OBJECTIVES, bottleneck_ns, evaluate, objective_ns, stash_microbatches
+from hetpart.partitioner.problem import COLOCATE, FORBIDDEN_TYPES, PIN, PIN_FIRST, PIN_LAST, Plan, Problem
 
 
 class PlanError(HetpartError):
@@ -70,14 +70,32 @@ def plan_violations(problem: Problem, plan: Plan) -> list[str]:
                 out.append(f"node {v!r} is pinned {PIN_FIRST!r} but in stage {stage[v]}")
             if pin == PIN_LAST and stage[v] != num_stages - 1:
                 out.append(f"node {v!r} is pinned {PIN_LAST!r} but in stage {stage[v]} of 0..{num_stages - 1}")
+        # Co-location groups share a stage.
+        groups: dict[str, list[str]] = {}
+        for v in g.nodes:
+            if g.nodes[v].get(COLOCATE) is not None:
+                groups.setdefault(g.nodes[v][COLOCATE], []).append(v)
+        for name, vs in sorted(groups.items()):
+            if len({stage[v] for v in vs}) > 1:
+                out.append(f"co-location group {name!r} is split over stages "
+                           f"{sorted({stage[v] for v in vs})}: {sorted(map(str, vs))[:6]}")
 
     if structure_ok and not unknown and num_stages > 0:
+        # No node runs on a device type it forbids.
+        for v in g.nodes:
+            dev_type = problem.device(plan.device_of_stage[plan.stage_of[v]]).type
+            if dev_type in g.nodes[v].get(FORBIDDEN_TYPES, ()):
+                out.append(f"node {v!r} runs on {plan.device_of_stage[plan.stage_of[v]]!r} of type {dev_type!r}, "
+                           "which it forbids")
         fresh = evaluate(problem, plan.stage_of, plan.device_of_stage)
         for s in fresh:
             if s.memory_bytes > s.capacity_bytes:
+                why = "" if problem.training is None else (
+                    f" (training, {problem.training.schedule}: weights with gradients and optimizer state, and "
+                    f"{stash_microbatches(problem, s.index, num_stages)} microbatches of activations)")
                 out.append(
                     f"stage {s.index} on {s.device!r} needs {s.memory_bytes} bytes, "
-                    f"over its capacity of {s.capacity_bytes}"
+                    f"over its capacity of {s.capacity_bytes}{why}"
                 )
         if len(plan.stages) == num_stages:
             for claimed, s in zip(plan.stages, fresh):

@@ -58,6 +58,103 @@ BYTES_FORMULAS: dict[Any, Callable[[tuple, dict, Any], int]] = {
 }
 
 
+# NOTE [backward formulas]
+# In training, an op whose output needs a gradient runs a backward that computes
+# the gradients of those of its inputs that need one (`needs_grad`): a trainable
+# weight, or a value computed from one. Model inputs need none, so the first
+# matmul on them computes only its weight's gradient, and ops on integer values
+# (token ids, masks) have no backward at all.
+# - matmuls and convolutions: each operand's gradient is one matmul (conv) of the
+#   forward's size (grad_x = grad_out @ W^T, grad_W = grad_out^T @ x), so the
+#   backward costs the forward's FLOPs once per operand that needs a gradient; a
+#   bias gradient is a reduction of grad_out (bytes). Bytes: per operand, grad_out
+#   and the other operand read, the gradient written.
+# - scaled_dot_product_attention: the CPU and flash kernels recompute QK^T, then
+#   compute dV, dP, dQ and dK: 5 matmuls against the forward's 2 (as
+#   torch.utils.flop_counter's `sdpa_backward_flop_count`), over the same causal pairs.
+# - embedding: the weight's gradient is a zeroed table plus a scatter-add of
+#   grad_out's rows (the whole table is written: it dominates for big vocabularies).
+# - everything else (elementwise, norms, softmax, reductions, copies) is
+#   memory-bound: it reads grad_out and, per input that needs a gradient, the
+#   saved input, and writes that gradient; FLOPs as in the forward.
+# Views cost nothing backward either.
+
+# Matmul-like ops: (positions of the two operands, position of the bias or None).
+_MATMULS: dict[Any, tuple[tuple[int, int], int | None]] = {
+    aten.mm.default: ((0, 1), None),
+    aten.bmm.default: ((0, 1), None),
+    aten.matmul.default: ((0, 1), None),
+    aten.linear.default: ((0, 1), 2),
+    aten.addmm.default: ((1, 2), 0),
+    aten.baddbmm.default: ((1, 2), 0),
+    aten.convolution.default: ((0, 1), 2),
+    aten.conv1d.default: ((0, 1), 2),
+    aten.conv2d.default: ((0, 1), 2),
+    aten.conv3d.default: ((0, 1), 2),
+}
+
+
+def has_floating(value: Any) -> bool:
+    """A floating-point tensor, or a tuple/list holding one (the values a gradient can flow through)."""
+    if isinstance(value, torch.Tensor):
+        return value.is_floating_point()
+    if isinstance(value, (tuple, list)):
+        return any(has_floating(v) for v in value)
+    return False
+
+
+def needs_grad(gm: fx.GraphModule, values: dict[fx.Node, Any]) -> set[fx.Node]:
+    """Nodes whose output needs a gradient in training (NOTE [backward formulas])."""
+    found: set[fx.Node] = set()
+    for node in gm.graph.nodes:
+        if node.op == "get_attr":
+            value: Any = gm
+            for part in node.target.split("."):
+                value = getattr(value, part)
+            if isinstance(value, torch.nn.Parameter) and value.requires_grad and value.is_floating_point():
+                found.add(node)
+        elif node.op == "call_function" and any(a in found for a in node.all_input_nodes) and has_floating(values.get(node)):
+            found.add(node)
+    return found
+
+
+def backward_cost(node: fx.Node, values: dict[fx.Node, Any], fwd_flops: int, needs: set[fx.Node]) -> tuple[int, int]:
+    """(FLOPs, bytes moved) of `node`'s backward at the values' sizes; see NOTE [backward formulas]."""
+    if node.op != "call_function" or node not in needs or is_view(node):
+        return 0, 0
+    grad_out = tensor_bytes(values[node]) if isinstance(values[node], torch.Tensor) else sum(
+        tensor_bytes(v) for v in values[node] if isinstance(v, torch.Tensor))
+    arg = lambda i: node.args[i] if i < len(node.args) else None  # noqa: E731
+    wants = lambda a: isinstance(a, fx.Node) and a in needs  # noqa: E731
+    size = lambda a: tensor_bytes(values[a]) if isinstance(a, fx.Node) else 0  # noqa: E731
+    if node.target in _MATMULS:
+        (i, j), b = _MATMULS[node.target]
+        flops = nbytes = 0
+        for mine, other in ((arg(i), arg(j)), (arg(j), arg(i))):
+            if wants(mine):
+                flops += fwd_flops
+                nbytes += grad_out + size(other) + size(mine)
+        bias = arg(b) if b is not None else None
+        if wants(bias):
+            nbytes += grad_out + size(bias)
+        return flops, nbytes
+    if node.target == aten.scaled_dot_product_attention.default:
+        q, k, v = arg(0), arg(1), arg(2)
+        if not any(wants(a) for a in (q, k, v)):
+            return 0, 0
+        d, dv = values[q].shape[-1], values[v].shape[-1]
+        # fwd_flops = 2 * heads * pairs * (d + dv); the backward's five matmuls are 2 * heads * pairs * (3d + 2dv).
+        flops = fwd_flops * (3 * d + 2 * dv) // (d + dv)
+        return flops, 2 * grad_out + 2 * (size(q) + size(k) + size(v))
+    if node.target == aten.embedding.default:
+        weight, indices = arg(0), arg(1)
+        if not wants(weight):
+            return 0, 0
+        return values[node].numel(), size(weight) + 2 * grad_out + size(indices)
+    inputs = [a for a in node.all_input_nodes if a in needs]
+    return fwd_flops, grad_out + sum(2 * size(a) for a in inputs)
+
+
 def is_view(node: fx.Node) -> bool:
     """Ops that only reinterpret memory (no kernel, no traffic)."""
     if node.target in (operator.getitem, aten.sym_size.int):
@@ -70,7 +167,7 @@ class FlopsPass:
     name: ClassVar[str] = "flops"
     summary: ClassVar[str] = "FLOPs and bytes moved per op (meta tensors, microbatch size)"
     requires: ClassVar[tuple[str, ...]] = ("out_bytes",)
-    provides: ClassVar[tuple[str, ...]] = ("flops", "bytes_moved")
+    provides: ClassVar[tuple[str, ...]] = ("flops", "bytes_moved")  # and bwd_flops, bwd_bytes_moved in training
 
     def run(self, gm: fx.GraphModule, ctx: PassContext) -> PassResult:
         counted: dict[fx.Node, int] = {}
@@ -102,4 +199,10 @@ class FlopsPass:
                 ni.bytes_moved = int(BYTES_FORMULAS[node.target](args, fx.node.map_aggregate(node.kwargs, load), values[node]))
             else:
                 ni.bytes_moved = tensor_bytes(values[node]) + sum(tensor_bytes(values[a]) for a in node.all_input_nodes)
+        if ctx.mode == "training":
+            needs = needs_grad(gm, values)
+            for node in gm.graph.nodes:
+                ni = info(node)
+                ni.needs_grad = node in needs
+                ni.bwd_flops, ni.bwd_bytes_moved = backward_cost(node, values, ni.flops or 0, needs)
         return PassResult(gm, changed=False)

@@ -30,16 +30,45 @@ two stages would draw different values.
 from __future__ import annotations
 
 import operator
+from dataclasses import dataclass
 
 import networkx as nx
 import torch
 import torch.fx as fx
 
 from hetpart.devices import Cluster
+from hetpart.errors import HetpartError
 from hetpart.ir import info
 from hetpart.partitioner.problem import (
-    LAYER, MEM_BYTES, OUT_BYTES, PIN, PIN_FIRST, PIN_LAST, TIME_NS, WEIGHTS, Device, Link, Problem,
+    LAYER, MEM_BYTES, OUT_BYTES, PIN, PIN_FIRST, PIN_LAST, TIME_NS, WEIGHTS, Device, Link, Problem, Training,
 )
+from hetpart.passes.shape import DTYPE_NAMES
+
+# NOTE [training costs]
+# A training plan is costed per microbatch of forward plus backward:
+# - a node's TIME_NS is its forward plus its backward (`bwd_cost_ns`, NOTE
+#   [backward formulas] in flops.py);
+# - a value crossing a boundary goes forward and its gradient comes back: its
+#   OUT_BYTES is the activation plus, when it needs a gradient, the gradient
+#   (same size), and each link carries two transfers per microbatch, so its
+#   latency is paid twice (`Link(bandwidth, 2 x latency)`): exactly
+#   `transfer(activation) + transfer(gradient)` when both cross;
+# - memory: each trainable weight adds its gradient and the optimizer's state
+#   (`Training.state_bytes`: bytes of the weight + parameters x
+#   optimizer_bytes_per_param), and the schedule decides the activation stash
+#   (NOTE [training memory] in partitioner/evaluate.py).
+
+
+@dataclass(frozen=True)
+class TrainingSpec:
+    """What `hetpart partition --mode training` plans for."""
+
+    schedule: str = "gpipe"  # or "1f1b"
+    microbatches: int = 4
+    optimizer_bytes_per_param: int = 8  # Adam: two fp32 moments per parameter
+
+
+_ITEM_BYTES = {name: torch.empty((), dtype=dtype).element_size() for dtype, name in DTYPE_NAMES.items()}
 
 
 def _is_scalar(node: fx.Node) -> bool:
@@ -108,13 +137,30 @@ def layer_of(node: fx.Node) -> str | None:
     return ".".join(parts[: cut + 1])
 
 
-def _link(spec) -> Link:
+def _link(spec, directions: int = 1) -> Link:
     return Link(bandwidth_bytes_per_us=max(1, round(spec.bandwidth_bytes_per_s / 1e6)),
-                latency_ns=round(spec.latency_s * 1e9))
+                latency_ns=directions * round(spec.latency_s * 1e9))
 
 
-def lower_to_problem(gm: fx.GraphModule, cluster: Cluster) -> Problem:
-    """The annotated graph as a Problem over `cluster`'s devices (see NOTE above)."""
+def _state_bytes(gm: fx.GraphModule, spec: TrainingSpec) -> dict[str, int]:
+    """Gradient + optimizer state bytes of each trainable weight (NOTE [training costs])."""
+    out: dict[str, int] = {}
+    for n in gm.graph.find_nodes(op="get_attr"):
+        ni = info(n)
+        if ni.needs_grad and ni.param_bytes:
+            params = ni.param_bytes // _ITEM_BYTES.get(ni.dtype or "f32", 4)
+            out[n.target] = ni.param_bytes + params * spec.optimizer_bytes_per_param
+    return out
+
+
+def lower_to_problem(gm: fx.GraphModule, cluster: Cluster, training: TrainingSpec | None = None) -> Problem:
+    """The annotated graph as a Problem over `cluster`'s devices (see NOTE above).
+
+    With `training`, the graph must have been annotated in training mode
+    (`PassContext(mode="training")`): NOTE [training costs].
+    """
+    if training is not None and not any(info(n).bwd_cost_ns for n in gm.graph.nodes):
+        raise HetpartError("lowering for training needs backward costs: run the passes with mode='training'")
     groups = group_of(gm)
     recomputed = recomputed_nodes(gm)
     types = sorted(cluster.device_types)
@@ -129,10 +175,10 @@ def lower_to_problem(gm: fx.GraphModule, cluster: Cluster) -> Problem:
             g.add_node(name, **{TIME_NS: {t: 0 for t in types}, MEM_BYTES: 0, OUT_BYTES: 0, WEIGHTS: (), PIN: pin})
         attrs = g.nodes[name]
         for t in types:
-            attrs[TIME_NS][t] += ni.cost_ns.get(t, 0)
+            attrs[TIME_NS][t] += ni.cost_ns.get(t, 0) + (ni.bwd_cost_ns.get(t, 0) if training else 0)
         attrs[MEM_BYTES] += ni.act_bytes or 0
         if ni.is_tensor:
-            attrs[OUT_BYTES] += ni.out_bytes or 0
+            attrs[OUT_BYTES] += (ni.out_bytes or 0) * (2 if training and ni.needs_grad else 1)
         attrs[WEIGHTS] = tuple(sorted(set(attrs[WEIGHTS]) | weights_read(node, recomputed)))
         if LAYER not in attrs and (layer := layer_of(node)) is not None:
             attrs[LAYER] = layer
@@ -142,10 +188,13 @@ def lower_to_problem(gm: fx.GraphModule, cluster: Cluster) -> Problem:
                 g.add_edge(src, name)
     weights = {n.target: info(n).param_bytes or 0 for n in gm.graph.find_nodes(op="get_attr")}
     devices = [Device(d.name, d.type.name, d.machine, d.mem_bytes) for d in cluster.devices]
+    directions = 2 if training else 1
     return Problem(
         graph=g,
         weights=weights,
         devices=devices,
-        intra_node_links={m.name: _link(m.link) for m in cluster.machines},
-        network=_link(cluster.network),
+        intra_node_links={m.name: _link(m.link, directions) for m in cluster.machines},
+        network=_link(cluster.network, directions),
+        training=None if training is None else Training(training.schedule, training.microbatches,
+                                                        _state_bytes(gm, training)),
     )

@@ -28,6 +28,8 @@ class PassContext:
     device_types: dict = field(default_factory=dict)  # name -> hetpart.devices.DeviceType
     batch_size: int = 8  # the traced (full) batch
     microbatch_size: int = 8  # costs and memory are per microbatch
+    mode: str = "inference"  # "training": the flops and op-cost passes also cost each op's backward
+    profiles: dict = field(default_factory=dict)  # device type name -> hetpart.passes.profile.Profile
 
 
 @dataclass(frozen=True)

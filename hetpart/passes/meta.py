@@ -1,8 +1,8 @@
 """Run a graph on meta tensors at concrete (microbatch) shapes: no memory, no time.
 
 The shape and flops passes both need concrete values for each node; this
-interpreter produces them. Factory ops that baked `device=cpu` into the graph
-are redirected to the meta device.
+interpreter produces them. Ops that can take a device (factory ops, whose
+`device=` the frontend dropped: NOTE [baked devices]) create on the meta device.
 """
 
 from __future__ import annotations
@@ -31,6 +31,10 @@ def concrete_input_shapes(gm: fx.GraphModule, batch_size: int) -> list[tuple[tup
     return shapes
 
 
+def _takes_device(target: object) -> bool:
+    return isinstance(target, torch._ops.OpOverload) and any(a.name == "device" for a in target._schema.arguments)
+
+
 class MetaInterpreter(fx.Interpreter):
     """`fx.Interpreter` over meta tensors; `on_node(node, fn)` may wrap each op call."""
 
@@ -45,7 +49,7 @@ class MetaInterpreter(fx.Interpreter):
         return value
 
     def call_function(self, target, args, kwargs):
-        if "device" in kwargs:
+        if _takes_device(target):
             kwargs = {**kwargs, "device": META}
         call = lambda: super(MetaInterpreter, self).call_function(target, args, kwargs)  # noqa: E731
         return call() if self.on_node is None else self.on_node(self.current_node, call)

@@ -41,14 +41,21 @@ def simulated_step(plan: dict[str, Any]) -> Timeline:
     """
     stages = plan["stages"]
     ns = lambda us: round(us * 1000)  # noqa: E731
-    backward = [ns(s["backward_us"]) for s in stages] if all("backward_us" in s for s in stages) else None
+    if all("backward_us" in s for s in stages):
+        # A training plan's compute_us is forward + backward and its comm_out_us carries the activations
+        # and their gradients (NOTE [training costs] in passes/lower.py): half each way.
+        return simulate([ns(s.get("forward_us", s["compute_us"])) for s in stages],
+                        [ns(s["comm_out_us"]) // 2 for s in stages[:-1]], plan["microbatches"],
+                        plan.get("schedule", "gpipe"), backward_ns=[ns(s["backward_us"]) for s in stages])
     return simulate([ns(s["compute_us"]) for s in stages], [ns(s["comm_out_us"]) for s in stages[:-1]],
-                    plan["microbatches"], plan.get("schedule", "gpipe"), backward_ns=backward)
+                    plan["microbatches"], plan.get("schedule", "gpipe"))
 
 
 def plan_table(plan: dict[str, Any]) -> Table:
+    training = plan.get("mode") == "training"
+    what = f"training with {SCHEDULE_NAMES.get(plan.get('schedule'), plan.get('schedule'))}, " if training else ""
     table = Table(box=box.SIMPLE_HEAD, title=f"plan for {plan['model']['model']} on {plan['cluster']['name']} "
-                        f"(per microbatch of {plan['microbatch_size']})")
+                        f"({what}per microbatch of {plan['microbatch_size']})")
     for col in ("stage", "device", "type", "nodes", "GFLOP", "params", "memory / capacity", "compute", "transfer", "time",
                 "% of max"):
         table.add_column(col, justify="left" if col in ("device", "type") else "right")

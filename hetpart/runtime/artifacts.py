@@ -42,14 +42,40 @@ def load_manifest(out: Path) -> dict[str, Any]:
             f"{out / 'manifest.json'}: format version {version!r}, this hetpart reads version {FORMAT_VERSION}; "
             "re-run `hetpart partition` with this version"
         )
+    _check_structure(out / "manifest.json", manifest)
     return manifest
+
+
+def _check_structure(path: Path, manifest: dict[str, Any]) -> None:
+    """The manifest's ranks, nodes and world size agree (it is edited by hand at times)."""
+    redo = "; the manifest was edited or truncated: re-run `hetpart partition`"
+    world, ranks = manifest.get("world_size"), manifest.get("ranks")
+    if not isinstance(world, int) or world < 1 or not isinstance(ranks, list):
+        raise HetpartError(f"{path}: needs a positive 'world_size' and a 'ranks' list{redo}")
+    if len(ranks) != world:
+        raise HetpartError(f"{path}: world_size is {world} but {len(ranks)} rank(s) are listed{redo}")
+    needed = {"rank", "dir", "files", "inputs", "outputs", "weights", "device", "node_rank", "local_rank"}
+    for k, entry in enumerate(ranks):
+        if not isinstance(entry, dict) or entry.get("rank") != k or not needed <= set(entry):
+            raise HetpartError(f"{path}: ranks[{k}] must be rank {k} with {', '.join(sorted(needed))}{redo}")
+        if not isinstance(entry["dir"], str) or Path(entry["dir"]).is_absolute() or ".." in Path(entry["dir"]).parts:
+            raise HetpartError(f"{path}: ranks[{k}].dir {entry['dir']!r} must be a directory inside {path.parent}{redo}")
+    placed = [r for node in manifest.get("nodes", []) for r in node.get("ranks", [])]
+    if placed != list(range(world)):
+        raise HetpartError(f"{path}: the nodes hold ranks {placed}, expected 0..{world - 1} in order{redo}")
 
 
 def check_rank_files(out: Path, entry: dict[str, Any]) -> Path:
     """The rank's directory, after checking every file exists and matches its sha256."""
     rank_dir = out / entry["dir"]
+    if "weights.safetensors" not in entry["files"]:  # a plan traced on meta: NOTE [weight manifests]
+        raise HetpartError(f"rank {entry['rank']}: {out} was partitioned without weights (--meta) and they are "
+                           f"not filled yet; run `hetpart shard-weights {out} CHECKPOINT` first")
     for name, digest in entry["files"].items():
         path = rank_dir / name
+        if Path(name).name != name:
+            raise HetpartError(f"rank {entry['rank']}: file name {name!r} in manifest.json is not a plain name; "
+                               "re-run `hetpart partition`")
         if not path.is_file():
             raise HetpartError(f"rank {entry['rank']}: '{path}' is missing; re-run `hetpart partition`")
         if _sha256(path) != digest:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import socket
 import statistics
 import shutil
@@ -73,13 +75,89 @@ def reference_model(out: Path, manifest: dict, spec: ModelSpec) -> tuple[torch.n
     return module, inputs
 
 
-def _log_tails(log_dir: Path, lines: int = 15) -> str:
+class RunFailed(HetpartError):
+    """A run that started but did not finish: a rank died, failed or timed out (exit status 1).
+
+    A rank that stopped on a HetpartError of its own (its files are missing) keeps status 2.
+    """
+
+    exit_code = 1
+
+
+def _tail(path: Path, lines: int) -> list[str]:
+    text = path.read_text(errors="replace").rstrip().splitlines() if path.is_file() else []
+    return text[-lines:]
+
+
+def _rank_logs(log_dir: Path, manifest: dict, as_nodes: bool, rank: int) -> list[Path]:
+    """A rank's stdout and stderr logs: torchrun writes LOG_DIR/<run id>/attempt_<n>/<local rank>/."""
+    entry = manifest["ranks"][rank]
+    base = log_dir / f"node{entry['node_rank']}" if as_nodes else log_dir
+    local = entry["local_rank"] if as_nodes else rank
+    return sorted(base.glob(f"*/attempt_*/{local}/stdout.log")) + sorted(base.glob(f"*/attempt_*/{local}/stderr.log"))
+
+
+def _rank_tail(log_dir: Path, manifest: dict, as_nodes: bool, rank: int, lines: int = 15) -> str:
     chunks = []
-    for path in sorted(log_dir.rglob("*/*.log")):  # the ranks' logs, not the launchers'
-        text = path.read_text(errors="replace").strip().splitlines()
-        if text:
-            chunks.append(f"--- {path.relative_to(log_dir)} (last {min(lines, len(text))} lines)\n" + "\n".join(text[-lines:]))
-    return "\n".join(chunks)
+    for path in _rank_logs(log_dir, manifest, as_nodes, rank):
+        tail = _tail(path, lines)
+        if tail:
+            chunks.append(f"--- {path} (last {len(tail)} lines)\n" + "\n".join(tail))
+    return "\n".join(chunks) or f"--- rank {rank}'s log is empty (it stopped before printing anything)"
+
+
+def _without_tracebacks(lines: list[str]) -> list[str]:
+    """torchrun's own log minus Python stack frames: the user needs the error, not torchrun's internals."""
+    kept, in_trace = [], False
+    for line in lines:
+        if line.startswith("Traceback (most recent call last)"):
+            in_trace = True
+        elif in_trace and not line.startswith(" "):
+            in_trace = False
+        if not in_trace:
+            kept.append(line)
+    return kept
+
+
+# "Root Cause (first observed failure):\n[0]:\n  time : ...\n  rank : 1 (local_rank: 1)\n  exitcode : -9 ..."
+_ROOT_CAUSE = re.compile(r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.DOTALL)
+_PORT_IN_USE = re.compile(r"EADDRINUSE|[Aa]ddress already in use")
+
+
+def _exit_words(code: int) -> str:
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with status {code}"
+
+
+def _failure(manifest: dict, log_dir: Path, as_nodes: bool, torchrun_log: Path, node: int | None,
+             master_port: int | None) -> RunFailed:
+    """Why a torchrun failed, from its log: the rank that failed first and the tail of its own log."""
+    text = torchrun_log.read_text(errors="replace") if torchrun_log.is_file() else ""
+    found = _ROOT_CAUSE.search(text)
+    if found is not None:
+        rank, code = int(found.group(1)), int(found.group(2))
+        entry = manifest["ranks"][rank] if rank < len(manifest["ranks"]) else {}
+        where = f"stage {rank} on {entry.get('planned_device', '?')}"
+        err = RunFailed(
+            f"rank {rank} ({where}) {_exit_words(code)} during the run; every other rank was stopped.\n"
+            f"{_rank_tail(log_dir, manifest, as_nodes, rank)}\n"
+            f"every rank's log and torchrun's are in {log_dir}"
+        )
+        if code == HetpartError.exit_code:  # the rank reported a HetpartError of its own
+            err.exit_code = HetpartError.exit_code
+        return err
+    if _PORT_IN_USE.search(text):
+        port = f"port {master_port}" if master_port is not None else "the rendezvous port"
+        return RunFailed(f"torchrun could not listen on {port} of 127.0.0.1: address already in use; pass a "
+                         f"free --master-port, or leave it out to let hetpart pick one (torchrun's log: {torchrun_log})")
+    lines = _without_tracebacks(text.rstrip().splitlines())[-20:]
+    which = f"torchrun (node {node})" if node is not None else "torchrun"
+    return RunFailed(f"{which} failed before any rank reported an error; the last lines of {torchrun_log}:\n"
+                     + "\n".join(lines))
 
 
 def _free_port() -> int:
@@ -88,61 +166,92 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _torchrun_commands(manifest: dict, log_dir: Path, as_nodes: bool) -> list[list[str]]:
-    """One torchrun for the whole plan, or one per planned node (NOTE [ranks are stages])."""
+def _check_port_free(port: int) -> None:
+    """Refuse a --master-port another process listens on, before starting any rank."""
+    if not 1 <= port <= 65535:
+        raise HetpartError(f"--master-port {port}: expected a TCP port between 1 and 65535")
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as torchrun's store does: TIME_WAIT is free
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError as err:
+            raise HetpartError(f"--master-port {port}: 127.0.0.1:{port} is not free ({err.strerror}); pass another "
+                               "port, or leave --master-port out to let hetpart pick a free one") from None
+
+
+def _torchrun_commands(manifest: dict, log_dir: Path, as_nodes: bool, master_port: int | None) -> list[list[str]]:
+    """One torchrun for the whole plan, or one per planned node (NOTE [ranks are stages]).
+
+    Without --master-port a single torchrun rendezvouses on a port of its own choosing (`--standalone`).
+    """
     torchrun = [sys.executable, "-m", "torch.distributed.run"]
-    if not as_nodes:
+    if not as_nodes and master_port is None:
         return [torchrun + ["--standalone", "--nnodes=1", f"--nproc-per-node={manifest['world_size']}",
                             "--log-dir", str(log_dir), "--redirects", "3"]]
-    port = _free_port()
-    nodes = manifest["nodes"]
+    port = master_port if master_port is not None else _free_port()
+    nodes = manifest["nodes"] if as_nodes else [{"node_rank": 0, "ranks": list(range(manifest["world_size"]))}]
     return [
         torchrun + [f"--nnodes={len(nodes)}", f"--node-rank={node['node_rank']}",
                     f"--nproc-per-node={len(node['ranks'])}", "--rdzv-backend=static",
                     "--master-addr=127.0.0.1", f"--master-port={port}",
-                    "--log-dir", str(log_dir / f"node{node['node_rank']}"), "--redirects", "3"]
+                    "--log-dir", str(log_dir / f"node{node['node_rank']}" if as_nodes else log_dir),
+                    "--redirects", "3"]
         for node in nodes
     ]
 
 
-def _run_torchruns(cmds: list[list[str]], log_dir: Path, timeout_s: float) -> None:
-    """Start every torchrun, wait for all; on a failure or the timeout stop the rest and show the logs."""
+def _stop(procs: list[subprocess.Popen], grace_s: float = 20) -> None:
+    """SIGTERM every torchrun still running (each stops its ranks), SIGKILL what is left after `grace_s`.
+
+    A worker whose torchrun is SIGKILLed notices and exits (NOTE [orphaned ranks] in worker.py).
+    """
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    deadline = time.monotonic() + grace_s
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def _run_torchruns(cmds: list[list[str]], manifest: dict, log_dir: Path, opts: "RunOptions") -> None:
+    """Start every torchrun and wait for all. NOTE [one rank fails]: torchrun stops the other ranks
+    of its own node when one fails; the ranks of other nodes would wait for it in gloo, so the first
+    torchrun to fail (or the --timeout) stops every other torchrun, and the error names the rank."""
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     log_dir.mkdir(parents=True, exist_ok=True)
     launcher_logs = [log_dir / f"torchrun{i}.log" for i in range(len(cmds))]
-    procs = []
-    for cmd, log in zip(cmds, launcher_logs):
-        with log.open("w") as f:  # a file, not a pipe: a chatty torchrun cannot block on a full pipe
-            procs.append(subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT))
-    deadline = time.monotonic() + timeout_s
-    failed: tuple[int, int, str] | None = None
+    procs: list[subprocess.Popen] = []
+    deadline = time.monotonic() + opts.timeout_s
+    failed: int | None = None
+    timed_out = False
     try:
+        for cmd, log in zip(cmds, launcher_logs):
+            with log.open("w") as f:  # a file, not a pipe: a chatty torchrun cannot block on a full pipe
+                procs.append(subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT))
         while any(p.poll() is None for p in procs):
-            bad = next(((i, p) for i, p in enumerate(procs) if p.poll() not in (None, 0)), None)
-            if bad is not None or time.monotonic() > deadline:
+            failed = next((i for i, p in enumerate(procs) if p.poll() not in (None, 0)), None)
+            if failed is not None:
+                break
+            if time.monotonic() > deadline:
+                timed_out = True
                 break
             time.sleep(0.1)
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-    for i, p in enumerate(procs):
-        if p.returncode != 0:
-            failed = (i, p.returncode, launcher_logs[i].read_text(errors="replace"))
-            break
+        _stop(procs)
     if failed is None:
-        return
-    node, code, stderr = failed
-    what = "did not finish in {:.0f} s".format(timeout_s) if time.monotonic() > deadline else f"exited with status {code}"
-    raise HetpartError(
-        f"torchrun{f' (node {node})' if len(procs) > 1 else ''} {what}; rank logs:\n{_log_tails(log_dir)}\n"
-        f"--- torchrun\n{stderr.strip()[-3000:]}"
-    )
+        failed = next((i for i, p in enumerate(procs) if p.returncode != 0), None)
+    if timed_out:
+        tails = "\n".join(_rank_tail(log_dir, manifest, opts.as_nodes, r, lines=5)
+                          for r in range(manifest["world_size"]))
+        raise RunFailed(f"the run did not finish in {opts.timeout_s:g} s (--timeout); every rank was stopped. "
+                        f"The ranks' logs:\n{tails}")
+    if failed is not None:
+        raise _failure(manifest, log_dir, opts.as_nodes, launcher_logs[failed],
+                       failed if len(cmds) > 1 else None, opts.master_port)
 
 
 def measurement(io_dir: Path, world: int, m: int, plan: dict, opts: "RunOptions") -> dict:
@@ -199,6 +308,7 @@ class RunOptions:
     lr: float = 1e-3
     as_nodes: bool = False  # one torchrun per planned node on loopback (a multi-node rehearsal)
     measure: bool = False  # write DIR/measured.json
+    master_port: int | None = None  # the rendezvous port on 127.0.0.1 (default: a free one)
 
 
 def _check_options(opts: RunOptions, batch_size: int, world: int, m: int) -> None:
@@ -213,6 +323,10 @@ def _check_options(opts: RunOptions, batch_size: int, world: int, m: int) -> Non
                            f"got --microbatches {m}")
     if opts.steps < 1:
         raise HetpartError(f"--steps must be >= 1 (got {opts.steps})")
+    if opts.timeout_s <= 0:
+        raise HetpartError(f"--timeout must be positive (got {opts.timeout_s:g})")
+    if opts.master_port is not None:
+        _check_port_free(opts.master_port)
 
 
 def _target(manifest: dict, batch_size: int, seed: int) -> torch.Tensor:
@@ -265,7 +379,10 @@ def run_pipeline(out: Path, opts: RunOptions = RunOptions(), echo: Callable[[str
     _check_options(opts, spec.batch_size, world, m)
     for entry in manifest["ranks"]:
         check_rank_files(out, entry)
-    module, inputs = reference_model(out, manifest, spec) if opts.verify else load_model(spec)
+    if opts.verify:
+        module, inputs = reference_model(out, manifest, spec)
+    else:  # only the inputs are needed: a plan traced without weights (--meta) is not built with them
+        module, inputs = load_model(spec, meta=plan.get("weights") == "manifest")
     structure = module.output_structure() if isinstance(module, HFModel) else None
     training = opts.mode == "training"
     log_dir = out / "logs"
@@ -279,13 +396,13 @@ def run_pipeline(out: Path, opts: RunOptions = RunOptions(), echo: Callable[[str
             save_file({"target": target}, str(io_dir / "target.safetensors"))
         worker_args = ["-m", "hetpart.runtime.worker", str(out), "--io", str(io_dir), "--microbatches", str(m),
                        "--mode", opts.mode, "--schedule", opts.schedule, "--steps", str(opts.steps),
-                       "--lr", str(opts.lr), "--device", "auto" if torch.cuda.is_available() else "cpu"]
-        cmds = _torchrun_commands(manifest, log_dir, opts.as_nodes)
+                       "--lr", str(opts.lr), "--timeout", f"{opts.timeout_s:g}", "--device", "auto" if torch.cuda.is_available() else "cpu"]
+        cmds = _torchrun_commands(manifest, log_dir, opts.as_nodes, opts.master_port)
         where = (f"{len(cmds)} torchrun node(s) on loopback" if opts.as_nodes else "one torchrun")
         backend = manifest["backend"] if torch.cuda.is_available() else "gloo on CPU"
         echo(f"launching {where}: {world} rank(s), {backend}, {opts.mode} with {opts.schedule}, "
              f"{m} microbatch(es), {opts.steps} step(s); logs in {log_dir}")
-        _run_torchruns([c + worker_args for c in cmds], log_dir, opts.timeout_s)
+        _run_torchruns([c + worker_args for c in cmds], manifest, log_dir, opts)
         got = load_file(str(io_dir / "outputs.safetensors"))
         outputs = tuple(got[o["name"]] for o in manifest["ranks"][-1]["outputs"])
         step_s = [float(x) for x in (io_dir / "step_seconds").read_text().split()]

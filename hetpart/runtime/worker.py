@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime
 import json
 import os
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -27,6 +30,10 @@ from hetpart.errors import HetpartError
 from hetpart.runtime.artifacts import load_manifest, load_stage, read_json
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
+
+# NOTE [test-only crash hook]: HETPART_TEST_CRASH_RANK=K makes rank K SIGKILL itself after its
+# first forward, so tests/runtime/test_faults.py can kill a rank mid-run deterministically.
+# Tests only; unset, it costs one dictionary lookup per forward.
 
 
 def training_loss(output: torch.Tensor | tuple[torch.Tensor, ...], target: torch.Tensor) -> torch.Tensor:
@@ -69,6 +76,8 @@ class Boundary(torch.nn.Module):
         args = tuple(_ContiguousGrad.apply(a) if a.is_floating_point() else a for a in args)
         outputs = tuple(o.contiguous() for o in self.stage(*args))
         self.forward_seconds.append(time.perf_counter() - start)
+        if os.environ.get("HETPART_TEST_CRASH_RANK") == os.environ.get("RANK"):  # NOTE [test-only crash hook]
+            os.kill(os.getpid(), signal.SIGKILL)
         return outputs
 
 
@@ -155,7 +164,10 @@ def run_rank(out: Path, io_dir: Path, mode: str, schedule_name: str, microbatche
     if manifest["world_size"] != world:
         raise HetpartError(f"the plan has {manifest['world_size']} ranks but torchrun started {world}")
     entry = manifest["ranks"][rank]
+    if device.type != "cpu":  # stage code creates tensors (arange, masks) on the default device: NOTE [baked devices]
+        torch.set_default_device(device)
     module = load_stage(out, entry).to(device)
+    print(f"rank {rank}: loaded {entry['dir']}/stage.py and {len(entry['weights'])} weight(s) on {device}", flush=True)
     training = mode == "training"
     module.requires_grad_(training)
     static = None if training else _static_metadata(manifest, entry, microbatches, read_json(out / "plan.json"),
@@ -209,6 +221,21 @@ def run_rank(out: Path, io_dir: Path, mode: str, schedule_name: str, microbatche
     dist.barrier()
 
 
+def _exit_with_parent(poll_s: float = 1.0) -> None:
+    """NOTE [orphaned ranks]: a rank whose torchrun died (SIGKILLed, or its machine's launcher
+    stopped) would wait for its peers until the process-group timeout; it exits instead."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ:  # not started by torchrun (a test calling main)
+        return
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="hetpart-parent-watch", daemon=True).start()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="hetpart.runtime.worker")
     parser.add_argument("out", type=Path)
@@ -218,12 +245,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--microbatches", type=int, required=True)
     parser.add_argument("--steps", type=int, default=1)
     parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--timeout", type=float, default=600,
+                        help="seconds any send, receive or collective may wait for a peer before this rank fails")
     parser.add_argument("--device", choices=["auto", "cpu"], default="auto",
                         help="auto: the manifest's device and backend where CUDA is available, else CPU and gloo")
     args = parser.parse_args(argv)
     manifest = load_manifest(args.out)
     use_cuda = args.device == "auto" and manifest["backend"] == "nccl" and torch.cuda.is_available()
-    dist.init_process_group("nccl" if use_cuda else "gloo")
+    _exit_with_parent()
+    dist.init_process_group("nccl" if use_cuda else "gloo", timeout=datetime.timedelta(seconds=args.timeout))
     try:
         device = torch.device(manifest["ranks"][dist.get_rank()]["device"] if use_cuda else "cpu")
         run_rank(args.out, args.io, args.mode, args.schedule, args.microbatches, args.steps, args.lr, device)

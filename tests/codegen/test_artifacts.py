@@ -69,3 +69,10 @@ def test_no_pt2_flag(tmp_path):
     assert main(["partition", "zoo:mlp", "--set", "hidden=16", "--cluster", "preset:mixed-4", "--out", str(out),
                  "--no-pt2"]) == 0
     assert not list(out.glob("rank*/stage.pt2"))
+
+
+def test_stage_code_names_no_device(gpt_out):
+    """Factory ops (`arange` for positions) lose the tracing device: a stage creates on the device it runs on."""
+    for stage_py in gpt_out.glob("rank*/stage.py"):
+        text = stage_py.read_text()
+        assert "device = " not in text.split("class Stage")[1] and "device(type=" not in text, stage_py

@@ -64,6 +64,22 @@ def test_inputs_fit_the_config():
     assert pixels.shape == (2, 1, 24, 24)
 
 
+def test_small_overrides_reach_aliases_unset_fields_and_family_needs():
+    assert small_overrides("qwen3_moe")["num_experts"] == "4"  # the constructor's name for num_local_experts (128)
+    assert small_overrides("nemotron")["num_key_value_heads"] == "2"  # None by default
+    squeeze = small_overrides("squeezebert")
+    assert squeeze["embedding_size"] == squeeze["hidden_size"]  # tied by default, and SqueezeBERT requires it
+    module, inputs = build_hf("esm", small_overrides("esm"), batch_size=2, seq_len=8)  # vocab and pad unset
+    assert module.model.config.vocab_size == 128 and module.model.config.pad_token_id == 1
+    with torch.no_grad():
+        assert module(*inputs)[0].shape == (2, 8, 128)
+
+
+def test_fsmt_source_ids_fit_the_source_vocabulary():
+    _, (ids, dec) = build_hf("fsmt", {**small_overrides("fsmt"), "src_vocab_size": "20"}, batch_size=4, seq_len=12)
+    assert int(ids.max()) < 20 <= int(dec.max()) < 128  # decoder ids span the target vocabulary (128)
+
+
 def test_set_converts_to_the_config_type_and_is_deterministic():
     (m1, x1), (m2, x2) = (build_hf("llama", {**small_overrides("llama"), "rms_norm_eps": "0.001",
                                              "tie_word_embeddings": "true"}, 2, 8) for _ in range(2))

@@ -8,6 +8,8 @@ import random
 import networkx as nx
 
 from hetpart.partitioner import (
+    COLOCATE,
+    FORBIDDEN_TYPES,
     MEM_BYTES,
     OUT_BYTES,
     PIN,
@@ -18,7 +20,6 @@ from hetpart.partitioner import (
     Device,
     Link,
     Problem,
-    bottleneck_ns,
     evaluate,
 )
 from hetpart.partitioner.evaluate import objective_ns
@@ -36,7 +37,8 @@ def make_problem(
     network: Link = FAST_LINK,
     max_stages: int | None = None,
 ) -> Problem:
-    """`nodes` maps a name to {"time": {type: ns}, "mem": b, "out": b, "weights": (...), "pin": ...}."""
+    """`nodes` maps a name to {"time": {type: ns}, "mem": b, "out": b, "weights": (...), "pin": ...,
+    "colocate": group name, "forbidden": (device types,)}."""
     g = nx.DiGraph()
     for name, spec in nodes.items():
         g.add_node(
@@ -47,6 +49,8 @@ def make_problem(
                 OUT_BYTES: spec.get("out", 0),
                 WEIGHTS: tuple(spec.get("weights", ())),
                 PIN: spec.get("pin"),
+                **({COLOCATE: spec["colocate"]} if spec.get("colocate") else {}),
+                **({FORBIDDEN_TYPES: tuple(spec["forbidden"])} if spec.get("forbidden") else {}),
             },
         )
     g.add_edges_from(edges)
@@ -71,6 +75,11 @@ def brute_force(problem: Problem, objective: str = "throughput", microbatches: i
     g = problem.graph
     nodes = list(g.nodes)
     pin = {v: g.nodes[v].get(PIN) for v in nodes}
+    forbidden = {v: set(g.nodes[v].get(FORBIDDEN_TYPES, ())) for v in nodes}
+    groups: dict[str, list[str]] = {}
+    for v in nodes:
+        if g.nodes[v].get(COLOCATE):
+            groups.setdefault(g.nodes[v][COLOCATE], []).append(v)
     max_s = min(problem.max_stages or len(problem.devices), len(problem.devices))
     best = None
     for S in range(1, max_s + 1):
@@ -84,7 +93,12 @@ def brute_force(problem: Problem, objective: str = "throughput", microbatches: i
                 continue
             if {stage_of[v] for v in nodes if pin[v] != PIN_LAST} != set(range(S)):
                 continue
+            if any(len({stage_of[v] for v in vs}) > 1 for vs in groups.values()):
+                continue
             for devs in itertools.permutations([d.name for d in problem.devices], S):
+                types = [problem.device(d).type for d in devs]
+                if any(types[stage_of[v]] in forbidden[v] for v in nodes):
+                    continue
                 stages = evaluate(problem, stage_of, list(devs))
                 if any(s.memory_bytes > s.capacity_bytes for s in stages):
                     continue
@@ -148,3 +162,99 @@ def random_large(seed: int, n: int, num_devices: int = 4) -> Problem:
     weights = {f"w{i}": rng.randint(100, 1_000) for i in range(n // 5 + 1)}
     devices = [Device(f"d{i}", "a" if i % 2 == 0 else "b", f"m{i // 2}", 10**9) for i in range(num_devices)]
     return make_problem(nodes, edges, devices, weights=weights, intra=Link(10_000, 10), network=Link(1_000, 100))
+
+
+# Device types of `transformer_problem`: peak FLOP/s, memory bandwidth (bytes/s), per-op overhead (ns).
+_XF_TYPES = {"a100": (312e12 * 0.6, 2.0e12 * 0.8, 5_000), "v100": (125e12 * 0.6, 0.9e12 * 0.8, 8_000),
+             "t4": (65e12 * 0.5, 0.32e12 * 0.8, 10_000)}
+
+
+def transformer_problem(num_nodes: int, seed: int = 0) -> Problem:
+    """A decoder-only transformer of about `num_nodes` FX-level ops on 8 devices of 3 types over 4 machines.
+
+    Each block is 22 ops (layer norm, q/k/v projections in parallel, views, scores, mask,
+    softmax, attention, output projection, residual add, MLP, residual add), with the two
+    residual skips and an attention mask that every block reads (so it crosses every cut),
+    token embedding and a tied LM head. Times are rooflines (FLOPs / peak, bytes / bandwidth,
+    plus a per-op overhead, +-10% per op and type, views free); weights are fp16 and sized so
+    the weights fill about 40% of the cluster's memory (activations: half an output each, at most
+    half the hidden state). Every op has its block as LAYER.
+    """
+    rng = random.Random(seed)
+    blocks = max(1, (num_nodes - 6) // 22)
+    capacities = {"a100": 80 << 30, "v100": 32 << 30, "t4": 16 << 30}
+    kinds = ["a100", "a100", "v100", "v100", "t4", "t4", "t4", "t4"]
+    devices = [Device(f"{t}-{i}", t, f"m{i // 2}", capacities[t]) for i, t in enumerate(kinds)]
+    d = int((sum(capacities[t] for t in kinds) * 0.4 / (blocks * 24)) ** 0.5) // 64 * 64
+    seq, heads, vocab = 1024, max(1, d // 128), 32_000
+    act = seq * d * 2
+    g = nx.DiGraph()
+    weights: dict[str, int] = {"wte": vocab * d * 2}
+
+    def op(name: str, flops: float, nbytes: float, out: int, layer: str, w: tuple[str, ...] = (),
+           free: bool = False, pin: str | None = None, preds: tuple[str, ...] = ()) -> str:
+        times = {}
+        for t, (peak, bw, overhead) in _XF_TYPES.items():
+            base = 0.0 if free else max(flops / peak, nbytes / bw) * 1e9 + overhead
+            times[t] = int(base * rng.uniform(0.9, 1.1))
+        g.add_node(name, **{TIME_NS: times, MEM_BYTES: min(out, act) // 2, OUT_BYTES: out, WEIGHTS: w, PIN: pin,
+                            "layer": layer})
+        g.add_edges_from((p, name) for p in preds)
+        return name
+
+    def linear(name: str, x: str, d_in: int, d_out: int, layer: str) -> str:
+        weights[f"{name}.w"] = d_in * d_out * 2
+        return op(name, 2 * seq * d_in * d_out, (seq * (d_in + d_out) + d_in * d_out) * 2, seq * d_out * 2, layer,
+                  (f"{name}.w",), preds=(x,))
+
+    tokens = op("tokens", 0, 0, seq * 8, "", free=True, pin=PIN_FIRST)
+    mask = op("mask", 0, 0, seq * seq, "", free=True, pin=PIN_FIRST)
+    x = op("embed", 0, act, act, "wte", ("wte",), preds=(tokens,))
+    for b in range(blocks):
+        L, p = f"blocks.{b}", f"b{b}."
+        ln1 = op(p + "ln1", 5 * seq * d, 2 * act, act, L, preds=(x,))
+        q, k, v = (linear(p + n, ln1, d, d, L) for n in "qkv")
+        qv, kv, vv = (op(p + n + "_view", 0, 0, act, L, free=True, preds=(s,)) for n, s in zip("qkv", (q, k, v)))
+        kt = op(p + "k_t", 0, 0, act, L, free=True, preds=(kv,))
+        score_bytes = heads * seq * seq * 2
+        s = op(p + "scores", 2 * seq * seq * d, 2 * act + score_bytes, score_bytes, L, preds=(qv, kt))
+        s = op(p + "scale", heads * seq * seq, 2 * score_bytes, score_bytes, L, preds=(s,))
+        s = op(p + "mask_add", heads * seq * seq, 2 * score_bytes, score_bytes, L, preds=(s, mask))
+        s = op(p + "softmax", 5 * heads * seq * seq, 2 * score_bytes, score_bytes, L, preds=(s,))
+        a = op(p + "attn", 2 * seq * seq * d, score_bytes + 2 * act, act, L, preds=(s, vv))
+        a = op(p + "attn_t", 0, 0, act, L, free=True, preds=(a,))
+        a = op(p + "attn_view", 0, 0, act, L, free=True, preds=(a,))
+        o = linear(p + "o", a, d, d, L)
+        x1 = op(p + "add1", seq * d, 3 * act, act, L, preds=(x, o))
+        ln2 = op(p + "ln2", 5 * seq * d, 2 * act, act, L, preds=(x1,))
+        h = linear(p + "fc1", ln2, d, 4 * d, L)
+        h = op(p + "gelu", 8 * seq * 4 * d, 8 * act, 4 * act, L, preds=(h,))
+        f = linear(p + "fc2", h, 4 * d, d, L)
+        x = op(p + "add2", seq * d, 3 * act, act, L, preds=(x1, f))
+    x = op("ln_f", 5 * seq * d, 2 * act, act, "ln_f", preds=(x,))
+    logits = op("lm_head", 2 * seq * d * vocab, (seq * (d + vocab) + d * vocab) * 2, seq * vocab * 2, "lm_head",
+                ("wte",), preds=(x,))
+    op("output", 0, 0, 0, "", free=True, pin=PIN_LAST, preds=(logits,))
+    machines = sorted({dev.node for dev in devices})
+    intra = {"m0": Link(300_000, 2_000), "m1": Link(150_000, 2_000), "m2": Link(16_000, 5_000),
+             "m3": Link(16_000, 5_000)}
+    return Problem(graph=g, weights=weights, devices=devices, intra_node_links={m: intra[m] for m in machines},
+                   network=Link(12_500, 10_000))
+
+
+def constrained_problem(seed: int) -> Problem:
+    """`random_problem` with co-location groups and forbidden device types on some nodes."""
+    rng = random.Random(1000 + seed)
+    p = random_problem(seed)
+    g = p.graph
+    nodes = list(g.nodes)
+    for v in nodes:
+        r = rng.random()
+        if r < 0.25:
+            g.nodes[v][FORBIDDEN_TYPES] = (rng.choice(["a", "b"]),)
+        elif r < 0.3:
+            g.nodes[v][FORBIDDEN_TYPES] = ("a", "b")  # runs nowhere: solve must say which node
+    if len(nodes) >= 2 and rng.random() < 0.7:
+        for v in rng.sample(nodes, rng.randint(2, min(3, len(nodes)))):
+            g.nodes[v][COLOCATE] = "tied"
+    return p

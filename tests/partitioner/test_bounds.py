@@ -64,3 +64,28 @@ def test_memory_decides_the_fewest_devices():
     assert compute_bounds(p).memory_feasible is False
     small = make_problem(nodes, edges, [Device("g0", "g", "m0", 50)])
     assert min_devices(small) is None
+
+
+def test_min_boundary_bytes_is_the_cheapest_cut_between_inputs_and_outputs():
+    from hetpart.partitioner.bounds import min_boundary_bytes
+
+    # x -> a -> b -> y, with a skip x -> b: cutting after a carries x's and a's outputs (1000 + 30),
+    # after x only x's (1000), after b only b's (20).
+    nodes = {"x": {"time": {"g": 1}, "out": 1000, "pin": "first"}, "a": {"time": {"g": 1}, "out": 30},
+             "b": {"time": {"g": 1}, "out": 20}, "y": {"time": {"g": 1}, "pin": "last"}}
+    p = make_problem(nodes, [("x", "a"), ("a", "b"), ("x", "b"), ("b", "y")], [Device("g0", "g", "m0", 100)])
+    assert min_boundary_bytes(p) == 20
+    p.graph.add_edge("x", "y")  # now x's output crosses every boundary: after x is the cheapest
+    assert min_boundary_bytes(p) == 1000
+
+
+def test_stage_sum_bound_counts_the_network_boundary():
+    # Two ops of 100 ns, one device on each of two machines: splitting pays the network both ways.
+    nodes = {"x": {"time": {"g": 100}, "out": 1000, "pin": "first"}, "y": {"time": {"g": 100}, "pin": "last"}}
+    from hetpart.partitioner import Link
+
+    p = make_problem(nodes, [("x", "y")], [Device("g0", "g", "m0", 100), Device("g1", "g", "m1", 100)],
+                     network=Link(1000, 500))
+    assert brute_force(p) == 200  # one stage: 200; two: 100 + 1500 each
+    b = compute_bounds(p)
+    assert b.lp_work_ns <= 100 and b.stage_sum_ns == 200 == b.lower_bound_ns

@@ -1,0 +1,319 @@
+"""Weight manifests for plans traced on meta, and `hetpart shard-weights`, which fills them.
+
+NOTE [weight manifests]
+A model traced without its weights (`--meta`, NOTE [meta build]) has parameters
+with shapes and dtypes but no values. Each rank then gets, instead of
+`weights.safetensors`:
+
+    rank<k>/weights.json          every tensor weights.safetensors will hold: key, shape,
+                                  dtype, the checkpoint names it may come from, required
+    rank<k>/constants.safetensors the values that exist already: buffers (RoPE's
+                                  inv_freq, position ids) and constants export lifted
+
+`shard-weights DIR CHECKPOINT` reads a safetensors checkpoint (one file, or an
+HF-style sharded `*.safetensors.index.json`), checks every tensor's name,
+shape and dtype for every rank before it writes anything, then streams each
+rank's `weights.safetensors` tensor by tensor: the header is known from the
+manifest, so a tensor is read from the checkpoint (plain reads: see
+`Checkpoint`), written and dropped, and peak memory is about the largest
+tensor, never a rank's share.
+A checkpoint value wins over a constant (trained BatchNorm statistics); a
+parameter with no checkpoint value is an error.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import struct
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from hetpart.errors import HetpartError
+
+# torch dtype <-> the dtype names of the safetensors format.
+SAFETENSORS_DTYPES: dict[torch.dtype, str] = {
+    torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
+    torch.bool: "BOOL", torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2",
+}
+TORCH_DTYPES = {v: k for k, v in SAFETENSORS_DTYPES.items()}
+MANIFEST_VERSION = 1
+
+
+@dataclass(frozen=True)
+class WeightEntry:
+    """One tensor of a rank's weights.safetensors, as weights.json records it."""
+
+    key: str  # the key in weights.safetensors (the weight's name in the traced model)
+    shape: tuple[int, ...]
+    dtype: str  # safetensors dtype name: F32, BF16, ...
+    checkpoint_keys: tuple[str, ...]  # names a checkpoint may store it under, in order of preference
+    required: bool  # True: only a checkpoint has its value; False: constants.safetensors has one
+
+    def to_json(self) -> dict:
+        return {"key": self.key, "shape": list(self.shape), "dtype": self.dtype,
+                "checkpoint_keys": list(self.checkpoint_keys), "required": self.required}
+
+    @classmethod
+    def from_json(cls, data: dict) -> WeightEntry:
+        return cls(data["key"], tuple(data["shape"]), data["dtype"], tuple(data["checkpoint_keys"]),
+                   bool(data["required"]))
+
+    @property
+    def nbytes(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n * torch.empty((), dtype=TORCH_DTYPES[self.dtype]).element_size()
+
+
+def _dtype_name(t: torch.Tensor) -> str:
+    if t.dtype not in SAFETENSORS_DTYPES:
+        raise HetpartError(f"weight of dtype {t.dtype} cannot be stored in safetensors")
+    return SAFETENSORS_DTYPES[t.dtype]
+
+
+def write_weight_manifest(rank_dir: Path, tensors: dict[str, torch.Tensor],
+                          checkpoint_names: dict[str, list[str]]) -> list[str]:
+    """weights.json and constants.safetensors for a rank whose parameters are meta tensors; the files written."""
+    entries, constants = [], {}
+    for key in sorted(tensors):
+        t = tensors[key]
+        if not t.is_meta:
+            constants[key] = t.detach().contiguous()
+        entries.append(WeightEntry(key, tuple(t.shape), _dtype_name(t), tuple(checkpoint_names.get(key, [])),
+                                   required=t.is_meta))
+    save_file(constants, str(rank_dir / "constants.safetensors"), metadata={"format": "pt"})
+    (rank_dir / "weights.json").write_text(json.dumps(
+        {"format_version": MANIFEST_VERSION, "tensors": [e.to_json() for e in entries]}, indent=1) + "\n")
+    return ["weights.json", "constants.safetensors"]
+
+
+def read_weight_manifest(path: Path) -> list[WeightEntry]:
+    try:
+        data = json.loads(path.read_text())
+        if data.get("format_version") != MANIFEST_VERSION:
+            raise HetpartError(f"{path}: weight manifest format_version {data.get('format_version')!r}; "
+                               f"this hetpart reads {MANIFEST_VERSION}: partition again with this version")
+        return [WeightEntry.from_json(e) for e in data["tensors"]]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise HetpartError(f"{path}: not a readable weight manifest ({err}); partition again") from None
+
+
+class Checkpoint:
+    """A safetensors checkpoint: one file, or an HF-style index of shards.
+
+    Tensors are read with plain file reads, not safetensors' memory map: pages of a mapped
+    file that were read count in the process's RSS until it is unmapped, so streaming a
+    whole checkpoint through `safe_open` peaks at the checkpoint's size (measured in
+    benchmarks/shard_weights.py). The format is a little-endian u64 header size, a JSON
+    header (dtype, shape, data_offsets per tensor) and the data.
+    """
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.file_of: dict[str, Path] = {}
+        self._headers: dict[Path, tuple[int, dict]] = {}
+        index = self._find_index(path)
+        if index is not None:
+            try:
+                weight_map = json.loads(index.read_text())["weight_map"]
+            except (OSError, ValueError, KeyError) as err:
+                raise HetpartError(f"checkpoint index {index}: unreadable ({err}); expected a JSON file "
+                                   'with a "weight_map" of tensor name -> shard file') from None
+            for key, shard in weight_map.items():
+                self.file_of[key] = index.parent / shard
+            missing = sorted({str(f) for f in self.file_of.values() if not f.is_file()})
+            if missing:
+                raise HetpartError(f"checkpoint index {index} names shard file(s) that do not exist: "
+                                   f"{', '.join(missing[:5])}")
+        else:
+            file = path if path.is_file() else self._single_file(path)
+            for key in self._header(file):
+                self.file_of[key] = file
+
+    @staticmethod
+    def _find_index(path: Path) -> Path | None:
+        if path.is_file():
+            return path if path.name.endswith(".json") else None
+        if not path.is_dir():
+            raise HetpartError(f"checkpoint '{path}' not found; pass a .safetensors file, a "
+                               "*.safetensors.index.json, or a directory holding one")
+        found = sorted(path.glob("*.safetensors.index.json"))
+        if len(found) > 1:
+            raise HetpartError(f"checkpoint directory {path} has several indexes ({', '.join(f.name for f in found)}); "
+                               "pass the one to use")
+        return found[0] if found else None
+
+    @staticmethod
+    def _single_file(path: Path) -> Path:
+        files = sorted(path.glob("*.safetensors"))
+        if len(files) != 1:
+            raise HetpartError(f"checkpoint directory {path} has {len(files)} .safetensors files and no "
+                               "*.safetensors.index.json; pass one file or add the index")
+        return files[0]
+
+    def _header(self, file: Path) -> dict:
+        if file not in self._headers:
+            try:
+                with file.open("rb") as f:
+                    (size,) = struct.unpack("<Q", f.read(8))
+                    if size > 100 << 20:
+                        raise ValueError(f"header of {size} bytes")
+                    header = json.loads(f.read(size))
+                header.pop("__metadata__", None)
+            except (OSError, ValueError, struct.error) as err:
+                raise HetpartError(f"checkpoint file {file}: not a safetensors file ({err})") from None
+            self._headers[file] = (8 + size, header)
+        return self._headers[file][1]
+
+    def find(self, names: Iterable[str]) -> str | None:
+        return next((n for n in names if n in self.file_of), None)
+
+    def _entry(self, key: str) -> dict:
+        entry = self._header(self.file_of[key]).get(key)
+        if entry is None:
+            raise HetpartError(f"checkpoint: the index puts '{key}' in {self.file_of[key]}, which does not hold it")
+        return entry
+
+    def shape_dtype(self, key: str) -> tuple[tuple[int, ...], str]:
+        entry = self._entry(key)
+        return tuple(entry["shape"]), entry["dtype"]
+
+    def tensor(self, key: str) -> torch.Tensor:
+        """The tensor `key`, read into fresh memory (freed when the caller drops it)."""
+        entry, file = self._entry(key), self.file_of[key]
+        start, end = entry["data_offsets"]
+        data = bytearray(end - start)
+        with file.open("rb") as f:
+            f.seek(self._headers[file][0] + start)
+            if f.readinto(data) != len(data):
+                raise HetpartError(f"checkpoint file {file}: '{key}' is cut short; the file is truncated")
+        dtype = TORCH_DTYPES.get(entry["dtype"])
+        if dtype is None:
+            raise HetpartError(f"checkpoint: '{key}' has dtype {entry['dtype']}, which hetpart cannot read")
+        if not data:
+            return torch.empty(entry["shape"], dtype=dtype)
+        return torch.frombuffer(data, dtype=dtype).reshape(entry["shape"])
+
+
+def write_safetensors_streaming(path: Path, entries: list[WeightEntry],
+                                value: Callable[[WeightEntry], torch.Tensor]) -> None:
+    """A safetensors file whose tensors are produced one at a time by `value` (the header comes first,
+    from the entries' shapes and dtypes). safetensors' own writers take every tensor at once."""
+    header: dict[str, object] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for e in entries:
+        header[e.key] = {"dtype": e.dtype, "shape": list(e.shape), "data_offsets": [offset, offset + e.nbytes]}
+        offset += e.nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)  # the data starts 8-byte aligned, as safetensors writes it
+    with path.open("wb") as f:
+        f.write(struct.pack("<Q", len(raw)))
+        f.write(raw)
+        for e in entries:
+            t = value(e).contiguous()
+            if t.numel():
+                f.write(t.reshape(-1).view(torch.uint8).numpy())  # the buffer itself, no copy
+
+
+@dataclass
+class ShardResult:
+    ranks: int
+    tensors: int
+    bytes_written: int
+    from_checkpoint: int
+    cast: int
+
+
+def plan_sources(out: Path, manifest: dict, ckpt: Checkpoint, allow_cast: bool
+                 ) -> list[tuple[Path, list[WeightEntry], dict[str, str | None]]]:
+    """For each rank: its dir, its entries and the checkpoint key of each (None: its constant).
+    Checks every name, shape and dtype first and raises one error listing every problem."""
+    problems: list[str] = []
+    plans = []
+    for rank in manifest["ranks"]:
+        rank_dir = out / rank["dir"]
+        entries = read_weight_manifest(rank_dir / "weights.json")
+        source: dict[str, str | None] = {}
+        for e in entries:
+            key = ckpt.find(e.checkpoint_keys)
+            if key is None:
+                if e.required:
+                    names = list(e.checkpoint_keys) or [e.key]
+                    close = difflib.get_close_matches(names[0], list(ckpt.file_of), n=2)
+                    problems.append(f"rank {rank['rank']}: '{names[0]}' is not in the checkpoint"
+                                    + (f" (close: {', '.join(close)})" if close else ""))
+                source[e.key] = None
+                continue
+            shape, dtype = ckpt.shape_dtype(key)
+            if shape != e.shape:
+                problems.append(f"rank {rank['rank']}: '{key}' has shape {list(shape)} in the checkpoint, "
+                                f"the plan needs {list(e.shape)}")
+            elif dtype != e.dtype and not allow_cast:
+                problems.append(f"rank {rank['rank']}: '{key}' is {dtype} in the checkpoint, the plan traced "
+                                f"{e.dtype} (pass --allow-cast to convert, or partition with the checkpoint's dtype)")
+            source[e.key] = key
+        plans.append((rank_dir, entries, source))
+    if problems:
+        more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
+        raise HetpartError(f"checkpoint {ckpt.path} does not match the plan in {out} ({len(problems)} problem(s)):\n  "
+                           + "\n  ".join(problems[:20]) + more
+                           + "\n  nothing was written; check that the checkpoint is for the same model and config")
+    return plans
+
+
+def shard_weights(out: Path, checkpoint: Path, *, allow_cast: bool = False,
+                  echo: Callable[[str], None] = lambda _: None) -> ShardResult:
+    """Fill every rank's weights.safetensors of the meta-traced plan in `out` from `checkpoint`
+    (NOTE [weight manifests]); updates manifest.json's hashes last."""
+    from hetpart.codegen.artifacts import sha256, write_json
+
+    manifest_path = out / "manifest.json"
+    try:
+        manifest = json.loads(manifest_path.read_text())
+        ranks = manifest["ranks"]
+    except (OSError, ValueError, KeyError) as err:
+        raise HetpartError(f"{manifest_path}: not a hetpart artifacts directory ({err}); "
+                           "pass the --out of `hetpart partition`") from None
+    for rank in ranks:
+        if "weights.json" not in rank["files"]:
+            raise HetpartError(f"{out}: rank {rank['rank']} has its weights already (no weights.json): this plan "
+                               "was traced with them; shard-weights fills plans made with `partition --meta`")
+    ckpt = Checkpoint(checkpoint)
+    result = ShardResult(len(ranks), 0, 0, 0, 0)
+    plans = plan_sources(out, manifest, ckpt, allow_cast)
+    for rank, (rank_dir, entries, source) in zip(ranks, plans):
+        constants = load_file(str(rank_dir / "constants.safetensors"))
+
+        def value(e: WeightEntry) -> torch.Tensor:
+            key = source[e.key]
+            if key is None:
+                return constants[e.key]
+            t = ckpt.tensor(key)
+            if SAFETENSORS_DTYPES.get(t.dtype) != e.dtype:
+                result.cast += 1
+                t = t.to(TORCH_DTYPES[e.dtype])
+            result.from_checkpoint += 1
+            return t
+
+        tmp = rank_dir / ".weights.safetensors.tmp"
+        try:
+            write_safetensors_streaming(tmp, entries, value)
+            os.replace(tmp, rank_dir / "weights.safetensors")
+        finally:
+            tmp.unlink(missing_ok=True)
+        rank["files"]["weights.safetensors"] = sha256(rank_dir / "weights.safetensors")
+        result.tensors += len(entries)
+        result.bytes_written += sum(e.nbytes for e in entries)
+        echo(f"rank {rank['rank']}: {len(entries)} tensor(s), {sum(e.nbytes for e in entries) / 1e6:.1f} MB")
+    tmp_manifest = out / ".manifest.json.tmp"
+    write_json(tmp_manifest, manifest)
+    os.replace(tmp_manifest, manifest_path)
+    return result

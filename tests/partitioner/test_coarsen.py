@@ -1,0 +1,120 @@
+"""Coarsening, the DP's candidate cuts and op-level refinement, and the coarsened solve (NOTE [coarsened solve])."""
+
+import random
+import time
+
+import numpy as np
+import pytest
+
+from hetpart.errors import HetpartError
+from hetpart.partitioner import dp_hint, evaluate, solve, verify_plan
+from hetpart.partitioner.coarsen import coarsen, cut_candidates
+from hetpart.partitioner.dp import order_tables
+from hetpart.partitioner.evaluate import bottleneck_ns
+
+from partition_cases import brute_force, constrained_problem, random_large, random_problem, transformer_problem
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_coarsened_solve_is_valid_and_its_bound_holds_against_brute_force(seed):
+    p = random_problem(seed) if seed % 2 else constrained_problem(seed)
+    want = brute_force(p)
+    if want is None:
+        with pytest.raises(HetpartError):
+            solve(p, time_limit_s=5, coarsen_above=0)
+        return
+    plan = solve(p, time_limit_s=5, coarsen_above=0)
+    verify_plan(p, plan)
+    assert plan.stats["coarsened"] == 1.0
+    assert plan.lower_bound_ns <= want <= plan.bottleneck_ns
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_coarse_plans_cost_at_most_their_coarse_cost_on_the_original(seed):
+    p = random_large(seed, 120)
+    tab = order_tables(p)
+    rng = random.Random(seed)
+    cuts = np.array(sorted({0, tab.n, *rng.sample(range(1, tab.n), 25)}))
+    coarse = coarsen(p, tab, cuts)
+    cg = coarse.problem.graph
+    assert sum(len(vs) for vs in coarse.members.values()) == tab.n
+    for t in p.device_types:  # compute time is kept exactly
+        assert sum(cg.nodes[c]["time_ns"][t] for c in cg) == sum(p.graph.nodes[v]["time_ns"][t] for v in p.graph)
+    plan = solve(coarse.problem, time_limit_s=5, coarsen_above=None)
+    fine = coarse.fine_stage_of(plan.stage_of)
+    stages = evaluate(p, fine, plan.device_of_stage)
+    assert bottleneck_ns(stages) <= plan.bottleneck_ns
+    assert [s.memory_bytes for s in stages] == [s.memory_bytes for s in plan.stages]
+    assert [s.compute_ns for s in stages] == [s.compute_ns for s in plan.stages]
+
+
+def test_candidate_cuts_never_split_a_group_and_keep_the_pins():
+    p2 = random_large(4, 200)
+    names = sorted(p2.graph.nodes)
+    for v in names[50:60]:
+        p2.graph.nodes[v]["colocate"] = "blk"
+    tab = order_tables(p2)
+    P = cut_candidates(tab, 40)
+    pos = sorted(tab.order.index(v) for v in names[50:60])
+    assert not any(pos[0] < c <= pos[-1] for c in P)
+    assert P[0] == 0 and P[-1] == tab.n and tab.first_end_min in P
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_two_pass_dp_is_valid_never_worse_than_its_coarse_pass_and_close_to_the_exact_dp(seed):
+    p = random_large(seed, 400, num_devices=4)
+    exact = dp_hint(p, exact_cuts=10_000)
+    two = dp_hint(p, exact_cuts=0, coarse_cuts=40)
+    verify_plan(p, two)
+    assert two.bottleneck_ns >= exact.bottleneck_ns
+    assert two.stats["dp_coarse_ns"] >= two.bottleneck_ns  # refinement never worsens
+    assert two.bottleneck_ns <= 1.05 * exact.bottleneck_ns
+
+
+def test_two_thousand_node_transformer_is_planned_fast_and_deterministically():
+    p = transformer_problem(2000)
+    t0 = time.perf_counter()
+    plan = solve(p, time_limit_s=4, seed=1)
+    assert time.perf_counter() - t0 < 20  # the DP, coarsening and bounds: about 1 s past the limit, idle
+    verify_plan(p, plan)
+    assert plan.stats["coarsened"] == 1.0
+    assert plan.bounds.lp_work_ns <= plan.lower_bound_ns <= plan.bottleneck_ns
+    dp = dp_hint(p)
+    assert plan.bottleneck_ns <= dp.bottleneck_ns
+    if plan.stats.get("plan_from_dp"):
+        assert plan.stage_of == dp.stage_of  # the DP is deterministic, and so is the plan taken from it
+
+
+def test_coarsened_solve_is_deterministic_for_a_seed():
+    p = random_large(11, 80, num_devices=4)
+    a = solve(p, time_limit_s=5, seed=2, coarsen_above=0)
+    b = solve(p, time_limit_s=5, seed=2, coarsen_above=0)
+    assert a.stage_of == b.stage_of and a.device_of_stage == b.device_of_stage
+    verify_plan(p, a)
+
+
+def test_dp_topo_order_baseline_scales_past_the_exact_dp():
+    from hetpart.partitioner.baselines import dp_topo_order
+
+    p = random_large(5, 700, num_devices=4)
+    base = dp_topo_order(p)
+    assert base.feasible and "candidate positions" in base.note
+    verify_plan(p, base.plan)
+    assert base.bottleneck_ns >= dp_hint(p).bottleneck_ns  # the DP tries the list order too, and others
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_coarsened_training_plans_respect_the_training_memory(schedule):
+    from hetpart.partitioner.problem import Training
+
+    p = random_large(6, 120, num_devices=4)
+    p.training = Training(schedule, microbatches=3, state_bytes={w: 2 * b for w, b in p.weights.items()})
+    # Tight: the weights, their optimizer state and the stash need all 4 devices (not so in inference).
+    p.devices = [type(d)(d.name, d.type, d.node, 20_000) for d in p.devices]
+    plan = solve(p, time_limit_s=5, coarsen_above=0)
+    verify_plan(p, plan)
+    assert plan.stats["coarsened"] == 1.0 and len(plan.device_of_stage) == 4
+    p.devices = [type(d)(d.name, d.type, d.node, 12_000) for d in p.devices]
+    # GPipe: the bounds prove it (every stage stashes 3 microbatches); 1F1B: only the search fails.
+    with pytest.raises(HetpartError, match="no plan fits in memory" if schedule == "gpipe" else "no plan found"):
+        solve(p, time_limit_s=5, coarsen_above=0)

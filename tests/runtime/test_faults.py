@@ -1,0 +1,172 @@
+"""Faults during `hetpart run`: a rank killed mid-run, a port in use, a rank without its files, a timeout.
+
+Each ends with one clear error naming the rank (or the port), a non-zero status and no rank
+left running. Ranks are killed with the worker's test-only HETPART_TEST_CRASH_RANK hook
+(NOTE [test-only crash hook] in hetpart/runtime/worker.py).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from hetpart.cli import main
+from hetpart.runtime import launch
+
+# One CPU per machine, each too small for all of zoo:mlp below (8.6 MB): the plan has two stages.
+TWO_MACHINES = """
+[network]
+bandwidth_GBps = 1
+latency_us = 50
+
+[[nodes]]
+name = "a"
+devices = [{type = "cpu", mem_GB = 0.006}]
+link = { bandwidth_GBps = 2, latency_us = 20 }
+
+[[nodes]]
+name = "b"
+devices = [{type = "cpu", mem_GB = 0.006}]
+link = { bandwidth_GBps = 2, latency_us = 20 }
+"""
+MLP = ["zoo:mlp", "--set", "hidden=256", "--set", "n_blocks=4", "--batch-size", "64", "--microbatches", "2",
+       "--no-pt2"]
+
+
+def _partition(out: Path, cluster: str) -> Path:
+    assert main(["partition", *MLP, "--cluster", cluster, "--out", str(out)]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory) -> Path:
+    """zoo:mlp on two CPUs of one machine: one torchrun, two ranks."""
+    return _partition(tmp_path_factory.mktemp("faults") / "mlp", "preset:cpu-2")
+
+
+def _running_ranks(out: Path) -> list[int]:
+    """Pids of processes (torchrun or a rank) still running on the artifacts in `out`."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and str(out).encode() in (proc / "cmdline").read_bytes():
+                pids.append(int(proc.name))
+        except OSError:  # gone meanwhile
+            pass
+    return pids
+
+
+def _error(capsys) -> str:
+    err = capsys.readouterr().err
+    assert err.startswith("hetpart: error: ") and "Traceback" not in err, err
+    return err
+
+
+def test_a_killed_rank_stops_the_run_and_is_named(two_ranks, monkeypatch, capsys):
+    monkeypatch.setenv("HETPART_TEST_CRASH_RANK", "1")
+    start = time.monotonic()
+    assert main(["run", str(two_ranks), "--timeout", "300"]) == 1
+    elapsed_s = time.monotonic() - start
+    err = _error(capsys)
+    assert "rank 1 (stage 1 on local/1) was killed by SIGKILL" in err, err
+    assert "rank 1: loaded rank1/stage.py" in err, "the tail of the dead rank's own log"
+    assert elapsed_s < 120, "stopped by the failure, not by --timeout"
+    assert _running_ranks(two_ranks) == []
+
+
+def test_a_killed_rank_on_one_node_stops_the_other_node(tmp_path, monkeypatch, capsys):
+    # Rank 0 dies after its first microbatch; rank 1, in another torchrun, waits for the second
+    # in gloo. Its torchrun knows nothing of the failure: the launcher stops it.
+    cluster = tmp_path / "two.toml"
+    cluster.write_text(TWO_MACHINES)
+    out = _partition(tmp_path / "mlp", str(cluster))
+    assert [n["ranks"] for n in json.loads((out / "manifest.json").read_text())["nodes"]] == [[0], [1]]
+    capsys.readouterr()
+    monkeypatch.setenv("HETPART_TEST_CRASH_RANK", "0")
+    start = time.monotonic()
+    assert main(["run", str(out), "--as-nodes", "--timeout", "300"]) == 1
+    elapsed_s = time.monotonic() - start
+    err = _error(capsys)
+    assert "rank 0 (stage 0 on " in err and "was killed by SIGKILL" in err, err
+    assert "node0" in err, "the dead rank's log is under its node's log directory"
+    assert elapsed_s < 120
+    assert _running_ranks(out) == []
+
+
+def test_a_rank_that_cannot_find_its_files(two_ranks, tmp_path, monkeypatch, capsys):
+    copy = tmp_path / "copy"
+    shutil.copytree(two_ranks, copy)
+    shutil.rmtree(copy / "rank1")
+    shutil.rmtree(copy / "logs", ignore_errors=True)  # from an earlier test's run
+    # The launcher checks every rank's files before it starts torchrun.
+    assert main(["run", str(copy)]) == 2
+    err = _error(capsys)
+    assert f"rank 1: '{copy / 'rank1' / 'stage.py'}' is missing; re-run `hetpart partition`" in err
+    assert not (copy / "logs").exists(), "nothing was started"
+    # On a real cluster the rank's machine may lack them although the launcher's has them:
+    # the rank reports it, and its peer is stopped.
+    monkeypatch.setattr(launch, "check_rank_files", lambda out, entry: out / entry["dir"])
+    assert main(["run", str(copy), "--timeout", "300"]) == 2
+    err = _error(capsys)
+    assert "rank 1 (stage 1 on local/1) exited with status 2" in err, err
+    assert "hetpart: rank 1: " in err and "rank1/stage.py' is missing" in err
+    assert _running_ranks(copy) == []
+
+
+@pytest.fixture()
+def taken_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        yield sock.getsockname()[1]
+
+
+def test_a_master_port_in_use_is_refused_before_starting(two_ranks, taken_port, capsys):
+    assert main(["run", str(two_ranks), "--master-port", str(taken_port)]) == 2
+    err = _error(capsys)
+    assert f"--master-port {taken_port}: 127.0.0.1:{taken_port} is not free" in err
+    assert "leave --master-port out" in err
+
+
+def test_a_port_taken_after_the_check_fails_fast(two_ranks, taken_port, monkeypatch, capsys):
+    # Another process can take the port between the check and torchrun's bind.
+    monkeypatch.setattr(launch, "_check_port_free", lambda port: None)
+    start = time.monotonic()
+    assert main(["run", str(two_ranks), "--master-port", str(taken_port), "--timeout", "300"]) == 1
+    assert time.monotonic() - start < 60
+    err = _error(capsys)
+    assert f"could not listen on port {taken_port} of 127.0.0.1: address already in use" in err
+    assert _running_ranks(two_ranks) == []
+
+
+def test_a_run_past_its_timeout_is_stopped(two_ranks, capsys):
+    assert main(["run", str(two_ranks), "--timeout", "2"]) == 1
+    err = _error(capsys)
+    assert "did not finish in 2 s (--timeout); every rank was stopped" in err
+    assert _running_ranks(two_ranks) == []
+
+
+def test_bad_timeout_and_port_values(two_ranks, capsys):
+    assert main(["run", str(two_ranks), "--timeout", "0"]) == 2
+    assert "--timeout must be positive" in _error(capsys)
+    assert main(["run", str(two_ranks), "--master-port", "70000"]) == 2
+    assert "expected a TCP port between 1 and 65535" in _error(capsys)
+
+
+def test_a_world_size_torchrun_did_not_plan(two_ranks, tmp_path, monkeypatch, capsys):
+    # launch.sh started by hand with another --nproc-per-node: the rank refuses before any send.
+    from hetpart.runtime import worker
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    for key, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                       "MASTER_PORT": str(port)}.items():
+        monkeypatch.setenv(key, value)
+    assert worker.main([str(two_ranks), "--io", str(tmp_path), "--microbatches", "2", "--device", "cpu"]) == 2
+    assert "hetpart: rank 0: the plan has 2 ranks but torchrun started 1" in capsys.readouterr().err
