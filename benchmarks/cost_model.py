@@ -9,7 +9,8 @@ For each zoo model (batch 16 in 4 microbatches, as benchmarks/runtime.py):
    correlation of each op's predicted time (roofline `cpu` type, or the profile) against it.
 3. Per stage, for each preset: partition with the profile, then measure every stage's forward
    per microbatch twice: under torchrun (`hetpart run --measure --steps 4`, one process per
-   stage, GPipe: `measured.json`), and alone (the stages back to back in this process, one
+   stage, GPipe: `measured.json`'s `measured_cpu_time_us`, each rank's thread CPU time in its
+   forward, NOTE [measured CPU time]), and alone (the stages back to back in this process, one
    thread), and compare with the plan's predicted compute, both for the costs it was planned
    with (the profile) and for the roofline costs of the same stages. On this 2-core VM the
    torchrun ranks share cores with each other (cpu-4 runs 4 ranks) and with whatever else
@@ -126,7 +127,7 @@ def per_stage(spec: ModelSpec, preset: str, profile_path: Path, work: Path,
     roof = evaluate(lower_to_problem(roof_gm, cluster), result.plan.stage_of, result.plan.device_of_stage)
     alone = isolated_us(out, spec, repeats)
     measured = run_pipeline(out, RunOptions(measure=True, steps=4), echo=lambda *_: None).measured
-    return [(s["index"], s["measured_time_us"], a, s["predicted_compute_us"], r.compute_ns / 1000)
+    return [(s["index"], s["measured_cpu_time_us"], a, s["predicted_compute_us"], r.compute_ns / 1000)
             for s, a, r in zip(measured["stages"], alone, roof)]
 
 
@@ -164,7 +165,7 @@ def main() -> None:
     for name, n, s_roof, s_prof in op_rows:
         print(f"| {name} | {n} | {s_roof:.2f} | {s_prof:.2f} |")
     print()
-    print("| model | preset | stage | torchrun us | alone us | profile us | error vs torchrun | error vs alone "
+    print("| model | preset | stage | torchrun CPU us | alone us | profile us | error vs torchrun | error vs alone "
           "| roofline us | error vs torchrun |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for name, preset, stage, got, alone, pred, roof in stage_rows:

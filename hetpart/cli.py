@@ -180,11 +180,12 @@ def _run(args: argparse.Namespace, console: Console) -> int:
 def _print_measured(measured: dict, console: Console) -> None:
     table = Table(box=box.SIMPLE_HEAD, title=f"measured vs predicted ({measured['schedule']}, "
                                              f"{measured['microbatches']} microbatches, per microbatch)")
-    for col in ("stage", "device", "measured", "predicted compute", "ratio"):
+    for col in ("stage", "device", "measured", "CPU time", "predicted compute", "CPU / predicted"):
         table.add_column(col, justify="left" if col == "device" else "right")
     for s in measured["stages"]:
-        ratio = s["measured_time_us"] / s["predicted_compute_us"] if s["predicted_compute_us"] else float("nan")
-        table.add_row(str(s["index"]), s["device"], f"{s['measured_time_us']:.1f} us",
+        cpu = s["measured_cpu_time_us"]
+        ratio = cpu / s["predicted_compute_us"] if s["predicted_compute_us"] else float("nan")
+        table.add_row(str(s["index"]), s["device"], f"{s['measured_time_us']:.1f} us", f"{cpu:.1f} us",
                       f"{s['predicted_compute_us']:.1f} us", f"{ratio:.2f}")
     console.print(table)
     predicted = measured["predicted_step_time_us"]

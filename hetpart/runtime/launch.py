@@ -260,6 +260,12 @@ def measurement(io_dir: Path, world: int, m: int, plan: dict, opts: "RunOptions"
     The first step warms up (and runs pipelining's shape inference); with --steps > 1
     it is left out. A stage's measured time is the median wall time of its forward on
     one microbatch (compute only: transfers are measured in the step time).
+
+    NOTE [measured CPU time]: on `cpu` devices of one machine, ranks share its cores
+    (cpu-4 puts 4 ranks on this 2-core VM), so a forward's wall time includes waiting
+    for a core. `measured_cpu_time_us` is the rank thread's CPU time in the forward
+    (`time.thread_time`; ranks run one intra-op thread unless OMP_NUM_THREADS says
+    otherwise), the time its device was busy, which is what the plan predicts.
     """
     from hetpart.partitioner.simulate import simulate
 
@@ -269,11 +275,15 @@ def measurement(io_dir: Path, world: int, m: int, plan: dict, opts: "RunOptions"
     for rank in range(world):
         data = json.loads((io_dir / f"timing{rank}.json").read_text())
         forwards = [t for step in data["forward_s"][keep] for t in step[-m:]]
+        cpu = [t for step in data["forward_cpu_s"][keep] for t in step[-m:]]
         planned = plan["stages"][rank]
         stages.append({
             "index": rank,
             "device": planned["device"],
             "measured_time_us": round(statistics.median(forwards) * 1e6, 3),
+            # CPU time of the rank's thread: its own compute, without waiting for a core that
+            # other ranks (or other jobs) share (NOTE [measured CPU time])
+            "measured_cpu_time_us": round(statistics.median(cpu) * 1e6, 3),
             "predicted_compute_us": planned["compute_us"],
             "predicted_time_us": planned["predicted_time_us"],
         })

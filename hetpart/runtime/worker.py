@@ -70,12 +70,14 @@ class Boundary(torch.nn.Module):
         super().__init__()
         self.stage = stage
         self.forward_seconds: list[float] = []  # wall time of each microbatch's forward (for --measure)
+        self.forward_cpu_seconds: list[float] = []  # and this thread's CPU time in it (the rank's own compute)
 
     def forward(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.thread_time()
         args = tuple(_ContiguousGrad.apply(a) if a.is_floating_point() else a for a in args)
         outputs = tuple(o.contiguous() for o in self.stage(*args))
         self.forward_seconds.append(time.perf_counter() - start)
+        self.forward_cpu_seconds.append(time.thread_time() - cpu_start)
         if os.environ.get("HETPART_TEST_CRASH_RANK") == os.environ.get("RANK"):  # NOTE [test-only crash hook]
             os.kill(os.getpid(), signal.SIGKILL)
         return outputs
@@ -189,7 +191,7 @@ def run_rank(out: Path, io_dir: Path, mode: str, schedule_name: str, microbatche
     if training and rank == world - 1:
         kwargs["target"] = load_file(str(io_dir / "target.safetensors"))["target"].to(device)
     step_seconds = []
-    forwards_per_step = []
+    forwards_per_step, forward_cpu_per_step = [], []
     for step in range(steps):
         seen = len(boundary.forward_seconds)
         if optimizer is not None:
@@ -202,6 +204,7 @@ def run_rank(out: Path, io_dir: Path, mode: str, schedule_name: str, microbatche
             sum_shared_grads(module, shared, process_groups)
         step_seconds.append(time.perf_counter() - start)
         forwards_per_step.append(boundary.forward_seconds[seen:])
+        forward_cpu_per_step.append(boundary.forward_cpu_seconds[seen:])
         if step == 0 and rank == world - 1:
             outputs = result if isinstance(result, tuple) else (result,)
             names = [o["name"] for o in entry["outputs"]]
@@ -217,7 +220,8 @@ def run_rank(out: Path, io_dir: Path, mode: str, schedule_name: str, microbatche
         print(f"rank {rank}: step {step} {step_seconds[-1] * 1e3:.2f} ms", flush=True)
     if rank == world - 1:
         (io_dir / "step_seconds").write_text("\n".join(f"{s}" for s in step_seconds) + "\n")
-    (io_dir / f"timing{rank}.json").write_text(json.dumps({"step_s": step_seconds, "forward_s": forwards_per_step}))
+    (io_dir / f"timing{rank}.json").write_text(json.dumps({"step_s": step_seconds, "forward_s": forwards_per_step,
+                                                                 "forward_cpu_s": forward_cpu_per_step}))
     dist.barrier()
 
 

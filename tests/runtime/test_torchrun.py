@@ -102,6 +102,8 @@ def test_measure_writes_measured_json_next_to_predictions(two_rank_out, capsys):
     plan = json.loads((two_rank_out / "plan.json").read_text())
     assert [s["index"] for s in measured["stages"]] == [s["index"] for s in plan["stages"]]
     assert all(s["measured_time_us"] > 0 for s in measured["stages"])
+    # one intra-op thread per rank: its CPU time is within its wall time
+    assert all(0 < s["measured_cpu_time_us"] <= s["measured_time_us"] * 1.05 + 50 for s in measured["stages"])
     assert measured["steps_measured"] == 1  # the first (warm-up) step is left out
     assert measured["step_time_us"] > max(s["measured_time_us"] for s in measured["stages"])
     assert measured["predicted_step_time_us"] > 0
