@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 import os
 import struct
 from collections.abc import Callable, Iterable
@@ -67,10 +68,7 @@ class WeightEntry:
 
     @property
     def nbytes(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n * torch.empty((), dtype=TORCH_DTYPES[self.dtype]).element_size()
+        return math.prod(self.shape) * TORCH_DTYPES[self.dtype].itemsize
 
 
 def _dtype_name(t: torch.Tensor) -> str:

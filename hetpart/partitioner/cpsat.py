@@ -19,7 +19,7 @@ import numpy as np
 from ortools.sat.python import cp_model
 
 from hetpart.errors import HetpartError
-from hetpart.partitioner.bounds import compute_bounds, objective_bound_ns
+from hetpart.partitioner.bounds import Bounds, compute_bounds, objective_bound_ns
 from hetpart.partitioner.coarsen import coarsen, cut_candidates
 from hetpart.partitioner.constraints import check_constraints
 from hetpart.partitioner.dp import Segments, contiguous_plan, dp_hint, order_tables, refine_cuts
@@ -38,6 +38,7 @@ from hetpart.partitioner.problem import (
     WEIGHTS,
     Plan,
     Problem,
+    StageCost,
 )
 from hetpart.partitioner.verify import plan_violations
 
@@ -534,16 +535,25 @@ def solve(
     value = lambda st: objective_ns(st, objective, microbatches)  # noqa: E731
     if dp_plan is not None and value(dp_plan.stages) < value(stages):
         stage_of, device_of_stage, stages = dp_plan.stage_of, dp_plan.device_of_stage, dp_plan.stages
-    best = value(stages)
     bounds = dataclasses.replace(bounds, solver_ns=max(0, bound) if objective == "throughput" else 0)
     proven = objective_bound_ns(problem, bounds, objective, microbatches, solver_ns=bound)
+    return _finished_plan(stage_of, device_of_stage, stages, proven, status_name == "OPTIMAL",
+                          objective=objective, microbatches=microbatches, t0=t0, stats=stats, bounds=bounds)
+
+
+def _finished_plan(stage_of: dict[str, int], device_of_stage: list[str], stages: list[StageCost], proven_ns: int,
+                   solver_optimal: bool, *, objective: str, microbatches: int, t0: float, stats: dict[str, float],
+                   bounds: Bounds) -> Plan:
+    """The plan `solve` returns: its objective value, and the proven bound capped by it (OPTIMAL
+    when the solver says so or the bound reaches the value)."""
+    best = objective_ns(stages, objective, microbatches)
     return Plan(
         stage_of=stage_of,
         device_of_stage=device_of_stage,
         stages=stages,
         bottleneck_ns=bottleneck_ns(stages),
-        lower_bound_ns=min(proven, best),
-        solver_status="OPTIMAL" if status_name == "OPTIMAL" or proven >= best else "FEASIBLE",
+        lower_bound_ns=min(proven_ns, best),
+        solver_status="OPTIMAL" if solver_optimal or proven_ns >= best else "FEASIBLE",
         solve_seconds=time.perf_counter() - t0,
         stats=stats,
         bounds=bounds,
@@ -667,23 +677,10 @@ def _solve_coarsened(problem: Problem, t0: float, *, time_limit_s: float, seed: 
             f"{len(problem.devices)} devices, coarsened); raise --time-limit"
         )
     _, _, (source, stage_of, device_of_stage, stages) = min(scored)
-    best = value(stages)
     stats["coarsened"] = 1.0
     stats["plan_from_" + source] = 1.0
-    return Plan(
-        stage_of={v: stage_of[v] for v in problem.graph.nodes},
-        device_of_stage=list(device_of_stage),
-        stages=stages,
-        bottleneck_ns=bottleneck_ns(stages),
-        lower_bound_ns=min(valid_lb, best),
-        solver_status="OPTIMAL" if valid_lb >= best else "FEASIBLE",
-        solve_seconds=time.perf_counter() - t0,
-        stats=stats,
-        bounds=bounds,
-        objective=objective,
-        objective_ns=best,
-        microbatches=microbatches,
-    )
+    return _finished_plan({v: stage_of[v] for v in problem.graph.nodes}, list(device_of_stage), stages, valid_lb,
+                          False, objective=objective, microbatches=microbatches, t0=t0, stats=stats, bounds=bounds)
 
 
 def _is_contiguous(order: list[str], stage_of: dict[str, int]) -> bool:
