@@ -4,17 +4,19 @@
     .venv/bin/python benchmarks/cost_model.py --models mlp --presets cpu-2
 
 For each zoo model (batch 16 in 4 microbatches, as benchmarks/runtime.py):
-1. `hetpart profile` the model on this machine (one thread, as a `hetpart run` rank).
+1. `hetpart profile` the model on this machine alone (one thread, as a `hetpart run` rank).
 2. Per op: a second, independent profiling run is the measurement; the Spearman rank
    correlation of each op's predicted time (roofline `cpu` type, or the profile) against it.
-3. Per stage, for each preset: partition with the profile, then measure every stage's forward
-   per microbatch twice: under torchrun (`hetpart run --measure --steps 4`, one process per
-   stage, GPipe: `measured.json`'s `measured_cpu_time_us`, each rank's thread CPU time in its
-   forward, NOTE [measured CPU time]), and alone (the stages back to back in this process, one
-   thread), and compare with the plan's predicted compute, both for the costs it was planned
-   with (the profile) and for the roofline costs of the same stages. On this 2-core VM the
-   torchrun ranks share cores with each other (cpu-4 runs 4 ranks) and with whatever else
-   runs; "alone" isolates the cost model's own error.
+3. Per stage, for each preset: profile again with `--cluster preset:P` (as many processes side
+   by side as the preset has ranks on this machine, NOTE [concurrent profile]), partition with
+   that profile, then measure every stage's forward per microbatch twice: under torchrun
+   (`hetpart run --measure --steps 4`, one process per stage, GPipe: `measured.json`'s
+   `measured_cpu_time_us`, each rank's thread CPU time in its forward, NOTE [measured CPU
+   time]), and alone (the stages back to back in this process, one thread), and compare with
+   the plan's predicted compute, for the costs it was planned with (the concurrent profile),
+   for the same stages costed with the profile taken alone (step 1), and with the roofline.
+   On this 2-core VM the torchrun ranks share cores and caches with each other (cpu-4 runs 4
+   ranks) and with whatever else runs; "alone" isolates the cost model's own error.
 Prints markdown tables; copy them with the command into docs/benchmarks.md ("Cost model").
 """
 
@@ -39,7 +41,7 @@ from hetpart.ir import info  # noqa: E402
 from hetpart.partitioner import evaluate  # noqa: E402
 from hetpart.passes import lower_to_problem  # noqa: E402
 from hetpart.passes.meta import run_on_meta  # noqa: E402
-from hetpart.passes.profile import Profile, op_key, profile_graph, profiled  # noqa: E402
+from hetpart.passes.profile import Profile, op_key, profile_graph, profiled, ranks_sharing_a_machine  # noqa: E402
 from hetpart.runtime import RunOptions, run_pipeline  # noqa: E402
 from hetpart.runtime.artifacts import load_manifest, load_stage  # noqa: E402
 
@@ -68,11 +70,12 @@ def spearman(a: list[float], b: list[float]) -> float:
     return float(np.corrcoef(ranks(np.array(a, dtype=float)), ranks(np.array(b, dtype=float)))[0, 1])
 
 
-def profile_of(spec: ModelSpec, repeats: int) -> tuple[Profile, object]:
+def profile_of(spec: ModelSpec, repeats: int, concurrent: int = 1) -> Profile:
     module, inputs = load_model(spec)
     gm = export_model(module, inputs)
     micro = spec.batch_size // MICROBATCHES
-    return profile_graph(gm, tuple(x[:micro] for x in inputs), "cpu", repeats=repeats), gm
+    return profile_graph(gm, tuple(x[:micro] for x in inputs), "cpu", repeats=repeats, concurrent=concurrent,
+                         microbatches=MICROBATCHES)
 
 
 def per_op(spec: ModelSpec, profile: Profile, measured: Profile) -> tuple[int, float, float]:
@@ -114,21 +117,30 @@ def isolated_us(out: Path, spec: ModelSpec, repeats: int) -> list[float]:
     return [statistics.median(t) * 1e6 for t in times]
 
 
-def per_stage(spec: ModelSpec, preset: str, profile_path: Path, work: Path,
-              repeats: int) -> list[tuple[int, float, float, float, float]]:
-    """[(stage, measured us under torchrun, measured us alone, predicted us with the profile,
-    predicted us roofline)] for one plan."""
+def stage_costs_us(spec: ModelSpec, cluster: object, plan: object, profiles: dict) -> list[float]:
+    """The plan's stages' predicted compute (us) with these profiles ({} for the roofline)."""
+    gm = analyze(spec, cluster, spec.batch_size // MICROBATCHES, echo=lambda *_: None, profiles=profiles).gm
+    return [s.compute_ns / 1000 for s in evaluate(lower_to_problem(gm, cluster), plan.stage_of, plan.device_of_stage)]
+
+
+def per_stage(spec: ModelSpec, preset: str, alone_profile: Profile, work: Path,
+              repeats: int) -> list[tuple[int, float, float, float, float, float]]:
+    """[(stage, measured us under torchrun, measured us alone, predicted us with the concurrent profile
+    the plan was made with, predicted us with the profile taken alone, predicted us roofline)]."""
+    cluster = load_cluster(f"preset:{preset}")
+    concurrent = ranks_sharing_a_machine(cluster, "cpu")
+    path = work / f"{spec.model[4:]}-{preset}.json"
+    profile_of(spec, repeats, concurrent).save(path)
     out = work / f"{spec.model[4:]}-{preset}"
     result = compile_model(spec, f"preset:{preset}", out,
                            CompileOptions(microbatches=MICROBATCHES, time_limit_s=10, pt2=False,
-                                          profiles=(profile_path,)), echo=lambda *_: None)
-    cluster = load_cluster(f"preset:{preset}")
-    roof_gm = analyze(spec, cluster, spec.batch_size // MICROBATCHES, echo=lambda *_: None).gm
-    roof = evaluate(lower_to_problem(roof_gm, cluster), result.plan.stage_of, result.plan.device_of_stage)
+                                          profiles=(path,)), echo=lambda *_: None)
+    one = stage_costs_us(spec, cluster, result.plan, {"cpu": alone_profile})
+    roof = stage_costs_us(spec, cluster, result.plan, {})
     alone = isolated_us(out, spec, repeats)
     measured = run_pipeline(out, RunOptions(measure=True, steps=4), echo=lambda *_: None).measured
-    return [(s["index"], s["measured_cpu_time_us"], a, s["predicted_compute_us"], r.compute_ns / 1000)
-            for s, a, r in zip(measured["stages"], alone, roof)]
+    return [(s["index"], s["measured_cpu_time_us"], a, s["predicted_compute_us"], o, r)
+            for s, a, o, r in zip(measured["stages"], alone, one, roof)]
 
 
 def rel_err(predicted: float, measured: float) -> float:
@@ -150,13 +162,11 @@ def main() -> None:
         for name in names:
             overrides, seq = SPECS[name]
             spec = ModelSpec(f"zoo:{name}", overrides, batch_size=BATCH, seq_len=seq)
-            profile, _ = profile_of(spec, args.repeats)
-            path = work / f"{name}.json"
-            profile.save(path)
-            measured, _ = profile_of(spec, args.repeats)  # a second, independent run
+            profile = profile_of(spec, args.repeats)
+            measured = profile_of(spec, args.repeats)  # a second, independent run
             op_rows.append((name, *per_op(spec, profile, measured)))
             for preset in presets:
-                for row in per_stage(spec, preset, path, work, args.repeats):
+                for row in per_stage(spec, preset, profile, work, args.repeats):
                     stage_rows.append((name, preset, *row))
                 print(f"# {name} on {preset} done at {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
 
@@ -165,20 +175,20 @@ def main() -> None:
     for name, n, s_roof, s_prof in op_rows:
         print(f"| {name} | {n} | {s_roof:.2f} | {s_prof:.2f} |")
     print()
-    print("| model | preset | stage | torchrun CPU us | alone us | profile us | error vs torchrun | error vs alone "
-          "| roofline us | error vs torchrun |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for name, preset, stage, got, alone, pred, roof in stage_rows:
+    print("| model | preset | stage | torchrun CPU us | alone us | concurrent profile us | error vs torchrun "
+          "| profile alone us | error vs torchrun | error vs alone | roofline us | error vs torchrun |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for name, preset, stage, got, alone, pred, one, roof in stage_rows:
         print(f"| {name} | {preset} | {stage} | {got:.0f} | {alone:.0f} | {pred:.0f} | {rel_err(pred, got):.0%} | "
-              f"{rel_err(pred, alone):.0%} | {roof:.0f} | {rel_err(roof, got):.0%} |")
+              f"{one:.0f} | {rel_err(one, got):.0%} | {rel_err(one, alone):.0%} | {roof:.0f} | {rel_err(roof, got):.0%} |")
     print()
-    print("| preset | stages | median error, profile vs torchrun | profile vs alone | roofline vs torchrun "
-          "| roofline vs alone |")
+    print("| preset | stages | median error, concurrent profile vs torchrun | profile alone vs torchrun "
+          "| profile alone vs alone | roofline vs torchrun |")
     print("|---|---|---|---|---|---|")
     for preset in [*presets, "all"]:
         rows = [r for r in stage_rows if preset in ("all", r[1])]
         med = lambda i, j: statistics.median(rel_err(r[i], r[j]) for r in rows)  # noqa: E731
-        print(f"| {preset} | {len(rows)} | {med(5, 3):.1%} | {med(5, 4):.1%} | {med(6, 3):.1%} | {med(6, 4):.1%} |")
+        print(f"| {preset} | {len(rows)} | {med(5, 3):.1%} | {med(6, 3):.1%} | {med(6, 4):.1%} | {med(7, 3):.1%} |")
     print(f"\n({time.perf_counter() - start:.0f} s)")
 
 

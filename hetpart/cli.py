@@ -50,6 +50,9 @@ def _parser() -> argparse.ArgumentParser:
     part.add_argument("--set", dest="overrides", action="append", type=_key_value, default=[],
                       metavar="KEY=VALUE", help="set a model config field (repeatable)")
     part.add_argument("--time-limit", type=float, default=30.0, help="solver time limit in seconds")
+    part.add_argument("--gap", type=float, default=0.0, metavar="FRACTION",
+                      help="stop once the plan is certified within this relative gap of optimal "
+                           "(e.g. 0.01 for 1%%; default 0: prove optimal or use the whole time limit)")
     part.add_argument("--seed", type=int, default=0, help="seed for weights, inputs and the solver")
     part.add_argument("--force", action="store_true", help="replace --out if it exists")
     weights = part.add_mutually_exclusive_group()
@@ -74,6 +77,10 @@ def _parser() -> argparse.ArgumentParser:
                      help="training: MSE loss on the first output, SGD step on every rank")
     run.add_argument("--schedule", choices=["gpipe", "1f1b"], default="gpipe", help="pipeline schedule")
     run.add_argument("--microbatches", type=int, default=None, help="default: the plan's")
+    run.add_argument("--batch-size", type=int, default=None,
+                     help="run (and --verify) at this batch instead of the traced one; the batch is always dynamic")
+    run.add_argument("--seq-len", type=int, default=None,
+                     help="run at this sequence length, where the plan's is dynamic (plan.json `dynamic`)")
     run.add_argument("--steps", type=int, default=1, help="pipeline steps to run")
     run.add_argument("--measure", action="store_true",
                      help="time every stage and the step; write DIR/measured.json next to the plan's predictions")
@@ -112,6 +119,12 @@ def _parser() -> argparse.ArgumentParser:
                       help="torch threads (default: what a `hetpart run` rank uses, OMP_NUM_THREADS or 1)")
     prof.add_argument("--backward", action="store_true",
                       help="also time each op's backward (used by `partition --mode training`)")
+    share = prof.add_mutually_exclusive_group()
+    share.add_argument("--concurrent", type=int, default=1, metavar="N",
+                       help="time the ops while N-1 sibling processes each run 1/N of the graph, as this machine's "
+                            "other ranks will: N = the ranks `hetpart run` starts on it (default 1)")
+    share.add_argument("--cluster", default=None, metavar="FILE|preset:NAME",
+                       help="--concurrent from a cluster: the most devices of --device-type on one of its nodes")
     prof.add_argument("--seed", type=int, default=0, help="seed for weights and inputs")
 
     shard = sub.add_parser("shard-weights", help="fill the per-rank weights of a plan made with --meta "
@@ -142,7 +155,7 @@ def _partition(args: argparse.Namespace, console: Console) -> int:
     from hetpart.report.progress import Progress
 
     spec = ModelSpec(_model_arg(args.model), dict(args.overrides), args.batch_size, args.seq_len, args.seed)
-    opts = CompileOptions(microbatches=args.microbatches, time_limit_s=args.time_limit, seed=args.seed,
+    opts = CompileOptions(microbatches=args.microbatches, time_limit_s=args.time_limit, gap=args.gap, seed=args.seed,
                           force=args.force, pt2=args.pt2, meta=args.meta, print_ir_after=frozenset(args.print_ir_after),
                           verbose=args.verbose, dump_ir=args.dump_ir, mode=args.mode, schedule=args.schedule,
                           optimizer_bytes_per_param=args.optimizer_bytes_per_param, profiles=tuple(args.profiles))
@@ -160,7 +173,7 @@ def _run(args: argparse.Namespace, console: Console) -> int:
 
     opts = RunOptions(mode=args.mode, schedule=args.schedule, microbatches=args.microbatches, steps=args.steps,
                       verify=args.verify, timeout_s=args.timeout, as_nodes=args.as_nodes, master_port=args.master_port,
-                      measure=args.measure)
+                      measure=args.measure, batch_size=args.batch_size, seq_len=args.seq_len)
     result = run_pipeline(args.out, opts, echo=console.print)
     console.print(f"pipeline step: {result.step_seconds * 1e3:.1f} ms; outputs: {result.described_outputs()}")
     if result.measured is not None:
@@ -221,17 +234,23 @@ def _inspect(args: argparse.Namespace, console: Console) -> int:
 def _profile(args: argparse.Namespace, console: Console) -> int:
     from hetpart.devices import device_type
     from hetpart.frontend import ModelSpec
-    from hetpart.passes.profile import profile_model
+    from hetpart.passes.profile import profile_model, ranks_sharing_a_machine
 
     device_type(args.device_type)  # an unknown type is an error that lists the catalog
     spec = ModelSpec(_model_arg(args.model), dict(args.overrides), args.batch_size, args.seq_len, args.seed)
+    concurrent = args.concurrent
+    if args.cluster is not None:
+        from hetpart.devices import load_cluster
+
+        concurrent = ranks_sharing_a_machine(load_cluster(args.cluster), args.device_type)
     prof = profile_model(spec, args.microbatches, args.device_type, device=args.device, repeats=args.repeats,
-                         warmup=args.warmup, threads=args.threads, backward=args.backward)
+                         warmup=args.warmup, threads=args.threads, backward=args.backward, concurrent=concurrent)
     prof.save(args.out)
     total_us = sum(prof.forward_ns.values()) / 1e3
     console.print(f"profiled {len(prof.forward_ns)} distinct ops"
                   + (f" ({len(prof.backward_ns)} backwards)" if args.backward else "") + f" of {spec.model} on {args.device} "
-                  f"({prof.threads} thread(s)) as device type '{prof.device_type}': "
+                  f"({prof.threads} thread(s)" + (f", {prof.concurrent} processes side by side" if prof.concurrent > 1
+                                                   else "") + f") as device type '{prof.device_type}': "
                   f"{total_us:.1f} us over one of each; wrote {args.out}", markup=False, highlight=False)
     return 0
 

@@ -21,7 +21,7 @@ from hetpart.codegen import (
 from hetpart.codegen.split import stage_of_nodes
 from hetpart.devices import Cluster, load_cluster
 from hetpart.errors import HetpartError
-from hetpart.frontend import ModelSpec, checkpoint_names, export_model, load_for_tracing
+from hetpart.frontend import ModelSpec, checkpoint_names, export_model, load_for_tracing, sequence_axes
 from hetpart.ir import info
 from hetpart.partitioner import Plan, Problem, solve, verify_plan
 from hetpart.partitioner.baselines import compute_baselines
@@ -37,6 +37,7 @@ from hetpart.report.progress import Progress
 class CompileOptions:
     microbatches: int = 4
     time_limit_s: float = 30.0
+    gap: float = 0.0  # stop once the plan is certified within this relative gap (NOTE [gap stop] in cpsat.py)
     seed: int = 0
     force: bool = False
     print_ir_after: frozenset[str] = frozenset()
@@ -121,7 +122,8 @@ def analyze(spec: ModelSpec, cluster: Cluster, microbatch_size: int, *, dump_dir
     progress.update("building the model")
     module, inputs, on_meta = load_for_tracing(spec, meta)
     progress.update("tracing with torch.export" + (" (weights on the meta device)" if on_meta else ""))
-    gm = export_model(module, tuple(x.to("meta") for x in inputs) if on_meta else inputs)
+    gm = export_model(module, tuple(x.to("meta") for x in inputs) if on_meta else inputs,
+                      seq=sequence_axes(spec, inputs))
     ctx = PassContext(device_types=cluster.device_types, batch_size=spec.batch_size, microbatch_size=microbatch_size,
                       mode=mode, profiles=profiles or {})
     pm = PassManager(default_passes(), dump_dir=dump_dir, print_after=print_ir_after, echo=echo,
@@ -209,7 +211,7 @@ def compile_model(spec: ModelSpec, cluster_spec: str, out: Path, opts: CompileOp
         problem = lower_to_problem(gm, cluster, training)
         start = time.perf_counter()
         with progress.step("solving"):
-            plan = solve(problem, time_limit_s=opts.time_limit_s, seed=opts.seed,
+            plan = solve(problem, time_limit_s=opts.time_limit_s, seed=opts.seed, gap=opts.gap,
                          log_callback=progress.solver if progress.active else None)
         solve_s = time.perf_counter() - start
         if opts.verbose:
@@ -242,6 +244,8 @@ def compile_model(spec: ModelSpec, cluster_spec: str, out: Path, opts: CompileOp
         stage_params = [sum(problem.weights[w] for w in s.weights.values()) for s in stages]
         pj = plan_json(spec, cluster, opts, plan, microbatch_size, stage_flops, stage_params)
         pj["weights"] = "manifest" if on_meta else "included"
+        # which dims `hetpart run --batch-size/--seq-len` may change (NOTE [dynamic sequence length])
+        pj["dynamic"] = gm.meta.get("dynamic", {"batch": True, "seq_len": False, "why": None})
         if training is not None:
             add_training_json(pj, gm, plan, training)
         # What other tools would plan, in the same cost model (issue 5).

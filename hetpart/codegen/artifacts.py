@@ -21,7 +21,6 @@ import contextlib
 import hashlib
 import json
 import os
-import re
 import shutil
 import tempfile
 import zipfile
@@ -30,6 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import sympy
 import torch
 from safetensors.torch import save_file
 
@@ -37,6 +37,7 @@ from hetpart.codegen.source import stage_source
 from hetpart.codegen.split import StageGraph
 from hetpart.codegen.weights import write_weight_manifest
 from hetpart.errors import HetpartError
+from hetpart.frontend.fast_fake import fast_fake_kernels
 from hetpart.ir import info
 
 FORMAT_VERSION = 1
@@ -123,28 +124,57 @@ def stage_examples(stages: list[StageGraph], inputs: tuple[torch.Tensor, ...]) -
 
 
 def write_pt2(path: Path, stage: StageGraph, example: tuple[torch.Tensor, ...]) -> None:
-    """The stage as a torch.export program whose batch dimension is dynamic (down to 1).
+    """The stage as a torch.export program with the model's dynamic dims (batch down to 1, sequence).
 
-    Only inputs whose traced dim 0 is the model's batch (`s0`) get the dynamic
-    dimension; a value without a batch (a position embedding) keeps its shape.
-    See NOTE [deterministic .pt2].
+    See NOTE [stage dims] and NOTE [deterministic .pt2].
     """
-    batch = torch.export.Dim("batch", min=1)
-
-    def dim0(p: torch.fx.Node) -> dict | None:  # `s0`, or `16*s0` (HF GPT-2 flattens [B, L, D] to [B*L, D])
-        scale, _, sym = str((info(p).shape or ("",))[0]).rpartition("*")
-        if not re.fullmatch(r"s\d+", sym) or (scale and not scale.isdigit()):  # the batch is the only symbol
-            return None
-        return {0: int(scale) * batch if scale else batch}
-
-    dynamic = tuple(dim0(p) for p in stage.gm.graph.find_nodes(op="placeholder"))
-    ep = torch.export.export(stage.gm, example, dynamic_shapes=dynamic, strict=False)
+    dynamic = pt2_dynamic_shapes(stage)
+    with fast_fake_kernels():  # NOTE [fast fake kernels]
+        ep = torch.export.export(stage.gm, example, dynamic_shapes=dynamic, strict=False)
     for node in ep.graph.nodes:
         node.meta.pop("from_node", None)  # provenance: holds ids of in-memory graphs
     raw = path.with_name(f".{path.stem}.raw.pt2")
     torch.export.save(ep, str(raw))
     _rezip_deterministically(raw, path)
     raw.unlink()
+
+
+def pt2_dynamic_shapes(stage: StageGraph) -> tuple[dict | None, ...]:
+    """`dynamic_shapes` for exporting a stage: each traced dim that is a symbol of the model's trace.
+
+    NOTE [stage dims]: a stage input's traced shape is made of the model's symbols (the
+    batch `s0`, the sequence `s1`) and integers: `s0`, `16*s0` (HF GPT-2 flattens [B, L, D] to
+    [B*L, D] at a static length), `s0*s1` (the same at a dynamic one). Each symbol becomes one
+    Dim shared by every input that has it, with the range export gave it (a batch that is the
+    dim 0 of an input goes down to 1); a dim that is an integer multiple of one symbol is that
+    multiple of its Dim; any other expression (`s0*s1`, `s1 + 1`) gets its own `Dim.AUTO`, which
+    export relates to the others as the stage's code requires. Integer dims stay static.
+    """
+    placeholders = stage.gm.graph.find_nodes(op="placeholder")
+    shapes = [getattr(p.meta.get("val"), "shape", None) for p in placeholders]
+    symbols = [d for shape in shapes for d in shape or () if isinstance(d, torch.SymInt)]
+    dims: dict[sympy.Symbol, torch.export.Dim] = {}
+    lowest = {shape[0].node.expr for shape in shapes if shape and isinstance(shape[0], torch.SymInt)
+              and isinstance(shape[0].node.expr, sympy.Symbol)}
+    for d in symbols:
+        for sym in sorted(d.node.expr.free_symbols, key=str):
+            if sym in dims:
+                continue
+            bounds = d.node.shape_env.var_to_range.get(sym)
+            upper = int(bounds.upper) if bounds is not None and bounds.upper.is_Integer else None  # int_oo is not
+            lower = 1 if sym in lowest else max(1, int(bounds.lower)) if bounds is not None else 2
+            dims[sym] = torch.export.Dim(f"d_{sym}", min=lower, **({"max": upper} if upper is not None else {}))
+
+    def dim(size: torch.SymInt) -> object:
+        coeff, rest = size.node.expr.as_coeff_Mul()
+        if isinstance(rest, sympy.Symbol) and coeff.is_Integer and int(coeff) >= 1 and rest in dims:
+            return dims[rest] if int(coeff) == 1 else int(coeff) * dims[rest]
+        return torch.export.Dim.AUTO
+
+    return tuple(
+        {i: dim(d) for i, d in enumerate(shape) if isinstance(d, torch.SymInt)} or None if shape is not None else None
+        for shape in shapes
+    )
 
 
 # NOTE [deterministic .pt2]

@@ -11,8 +11,10 @@ pipelined.
 NOTE [recomputed scalars]
 Scalars (sym_size of the dynamic batch and arithmetic on it) never cross a
 stage boundary: pipelining sends tensors only. A stage that needs one recomputes
-it from a tensor it has whose traced shape carries the same symbolic size (or
-an integer multiple of it, divided back: a flattened [B*L, D] tensor gives B).
+it from a tensor it has whose traced shape carries the same symbolic size, or
+from the symbols it is made of, each divided out of a dim that is an integer
+times it and symbols had already: a flattened [B*L, D] tensor gives B at a
+static L (16*s0), and L from B at a dynamic one (s0*s1).
 Likewise, ops on weights and constants only (RoPE tables, position biases) are
 recomputed by every stage that reads them, never sent: see NOTE [recomputed
 constants] in hetpart/passes/lower.py.
@@ -55,18 +57,6 @@ def _attr_name(target: str) -> str:
     return "w_" + target.replace(".", "_")
 
 
-def _scale_of(size: object, sym: object) -> int | None:
-    """k when the traced dimension `size` is k * `sym` for an integer k > 1 (`16*s0` of `s0`)."""
-    if not isinstance(size, torch.SymInt) or not isinstance(sym, torch.SymInt):
-        return None
-    ratio = sympy.simplify(size.node.expr / sym.node.expr)
-    return int(ratio) if ratio.is_Integer and int(ratio) > 1 else None
-
-
-def _sym_key(value: object) -> str | None:
-    return str(value.node.expr) if isinstance(value, torch.SymInt) else None
-
-
 class _StageBuilder:
     def __init__(self, gm: fx.GraphModule, index: int, inputs: list[fx.Node], recomputed: set[fx.Node]):
         self.src = gm
@@ -106,37 +96,63 @@ class _StageBuilder:
 
     def _recompute_scalar(self, node: fx.Node) -> fx.Node:
         """See NOTE [recomputed scalars]."""
-        if node.target is torch.ops.aten.sym_size.int and node.args[0] not in self.env:
-            key = _sym_key(node.meta.get("val"))
-            for have, new in self.env.items():
-                shape = getattr(have.meta.get("val"), "shape", None)
-                if shape is None or new.op == "get_attr":
+        if node.target is not torch.ops.aten.sym_size.int or node.args[0] in self.env:
+            return self.copy(node)
+        val = node.meta.get("val")
+        want = val.node.expr if isinstance(val, torch.SymInt) else None
+        # Every symbolic dim of a tensor this stage has: (its node here, dim, traced size).
+        dims = [(new, d, size.node.expr) for have, new in self.env.items() if new.op != "get_attr"
+                for d, size in enumerate(getattr(have.meta.get("val"), "shape", ())) if isinstance(size, torch.SymInt)]
+        found = next(((new, d) for new, d, expr in dims if expr == want), None) if want is not None else None
+        if found is not None:
+            out = self.graph.call_function(torch.ops.aten.sym_size.int, found)
+        else:
+            out = self._from_symbols(want, dims) if want is not None else None
+            if out is None:
+                message = (f"stage {self.index} needs the size '{node.name}' ({want}) but receives no tensor "
+                           "with that dimension; this model cannot be cut here yet")
+                raise _MissingSize(self.index, want, message) if want is not None else HetpartError(message)
+        out.meta = dict(node.meta)
+        self.env[node] = out
+        return out
+
+    def _from_symbols(self, want: sympy.Expr, dims: list[tuple[fx.Node, int, sympy.Expr]]) -> fx.Node | None:
+        """`want` (`s0`, `s1 + 1`) computed from its symbols, each divided out of a dim that is an
+        integer times it and symbols known already (`16*s0` gives s0, then `s0*s1` gives s1); None
+        where some symbol cannot be had that way."""
+        known: dict[sympy.Symbol, fx.Node] = {}
+        progress = True
+        while progress and not want.free_symbols <= set(known):
+            progress = False
+            for new, d, expr in dims:
+                coeff, factors = expr.as_coeff_mul()
+                unknown = [f for f in factors if f not in known]
+                if not coeff.is_Integer or not all(isinstance(f, sympy.Symbol) for f in factors) or len(unknown) != 1:
                     continue
-                for dim, size in enumerate(shape):
-                    if key is not None and _sym_key(size) == key:
-                        out = self.graph.call_function(torch.ops.aten.sym_size.int, (new, dim))
-                        out.meta = dict(node.meta)
-                        self.env[node] = out
-                        return out
-            # Only flattened tensors arrive (HF OPT's MLP runs on [B*L, D]): B = size(0) // L.
-            for have, new in self.env.items():
-                shape = getattr(have.meta.get("val"), "shape", None)
-                if shape is None or new.op == "get_attr" or key is None:
-                    continue
-                for dim, size in enumerate(shape):
-                    scale = _scale_of(size, node.meta["val"])
-                    if scale is not None:
-                        whole = self.graph.call_function(torch.ops.aten.sym_size.int, (new, dim))
-                        whole.meta = {**node.meta, "val": size}
-                        out = self.graph.call_function(operator.floordiv, (whole, scale))
-                        out.meta = dict(node.meta)
-                        self.env[node] = out
-                        return out
-            raise HetpartError(
-                f"stage {self.index} needs the size '{node.name}' ({key}) but receives no tensor with that "
-                "dimension; this model cannot be cut here yet"
-            )
-        return self.copy(node)
+                value = self.graph.call_function(torch.ops.aten.sym_size.int, (new, d))
+                for divisor in [int(coeff)] * (int(coeff) > 1) + [known[f] for f in factors if f in known]:
+                    value = self.graph.call_function(operator.floordiv, (value, divisor))
+                known[unknown[0]] = value
+                progress = True
+        if not want.free_symbols <= set(known):
+            return None
+
+        def emit(expr: sympy.Expr) -> fx.Node | int:
+            if expr in known:
+                return known[expr]
+            if expr.is_Integer:
+                return int(expr)
+            if isinstance(expr, (sympy.Add, sympy.Mul)):
+                parts = [emit(a) for a in expr.args]
+                fn = operator.add if isinstance(expr, sympy.Add) else operator.mul
+                value = parts[0]
+                for part in parts[1:]:
+                    value = self.graph.call_function(fn, (value, part))
+                return value
+            raise HetpartError(f"stage {self.index}: cannot compute the size {want} from its symbols")
+
+        out = emit(want)
+        return out if isinstance(out, fx.Node) else None
 
     def copy(self, node: fx.Node) -> fx.Node:
         new = self.graph.node_copy(node, self.value)
@@ -153,8 +169,42 @@ def split_stages(gm: fx.GraphModule, stage_of: dict[str, int], num_stages: int) 
     last = num_stages - 1
     where[output.name] = last
 
+    placeholders = [n for n in nodes if n.op == "placeholder"]
+    carried: dict[fx.Node, int] = {}  # model inputs sent on for their sizes: NOTE [size carriers]
+    while True:
+        try:
+            return _build_stages(gm, where, recomputed, num_stages, carried)
+        except _MissingSize as missing:
+            carrier = next((p for p in placeholders if missing.want.free_symbols <= _bare_symbols(p)), None)
+            if carrier is None or carried.get(carrier, -1) >= missing.stage:
+                raise HetpartError(str(missing)) from None
+            carried[carrier] = missing.stage
+
+
+# NOTE [size carriers]: a stage that receives only flattened values ([B*L, D], HF OPT's MLP at a
+# dynamic length: `s0*s1`) cannot recompute B or L from them (NOTE [recomputed scalars]). Then
+# the model input that has both as plain dims (the token ids, [B, L]) is passed through every
+# stage up to that one, like a skip value, so it can read them: B*L integers per microbatch
+# besides activations of B*L*D values, which the plan's transfer times do not count.
+class _MissingSize(HetpartError):
+    def __init__(self, stage: int, want: sympy.Expr, message: str) -> None:
+        super().__init__(message)
+        self.stage, self.want = stage, want
+
+
+def _bare_symbols(node: fx.Node) -> set[sympy.Symbol]:
+    shape = getattr(node.meta.get("val"), "shape", ())
+    return {d.node.expr for d in shape if isinstance(d, torch.SymInt) and isinstance(d.node.expr, sympy.Symbol)}
+
+
+def _build_stages(gm: fx.GraphModule, where: dict[str, int], recomputed: set[fx.Node], num_stages: int,
+                  carried: dict[fx.Node, int]) -> list[StageGraph]:
+    nodes = list(gm.graph.nodes)
+    output = next(n for n in nodes if n.op == "output")
+    last = num_stages - 1
+
     def last_use(node: fx.Node) -> int:
-        return max((where.get(u.name, -1) for u in node.users), default=-1)
+        return max([where.get(u.name, -1) for u in node.users] + [carried.get(node, -1)])
 
     crossing = [
         [n for n in nodes if n.name in where and n.op != "output" and info(n).is_tensor

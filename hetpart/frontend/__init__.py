@@ -1,6 +1,7 @@
 """Model specs -> nn.Module and example inputs -> FX graph (torch.export)."""
 
 from hetpart.frontend.export import export_model
-from hetpart.frontend.load import ModelSpec, checkpoint_names, load_for_tracing, load_model
+from hetpart.frontend.load import ModelSpec, SequenceAxes, checkpoint_names, load_for_tracing, load_model, sequence_axes
 
-__all__ = ["ModelSpec", "checkpoint_names", "export_model", "load_for_tracing", "load_model"]
+__all__ = ["ModelSpec", "SequenceAxes", "checkpoint_names", "export_model", "load_for_tracing", "load_model",
+           "sequence_axes"]

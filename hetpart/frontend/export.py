@@ -1,4 +1,4 @@
-"""nn.Module + example inputs -> FX GraphModule, through torch.export with a dynamic batch."""
+"""nn.Module + example inputs -> FX GraphModule, through torch.export with a dynamic batch (and sequence)."""
 
 from __future__ import annotations
 
@@ -16,21 +16,72 @@ import torch.fx as fx
 from torch.export import Dim
 
 from hetpart.errors import HetpartError
+from hetpart.frontend.fast_fake import fast_fake_kernels
+from hetpart.frontend.load import SequenceAxes
 
 
-def export_model(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> fx.GraphModule:
+def export_model(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...],
+                 seq: SequenceAxes | None = None) -> fx.GraphModule:
     """Export non-strict with dim 0 of every input dynamic; returns the unlifted GraphModule.
 
-    Weights stay attributes (get_attr nodes); the runtime guard submodule export
-    adds is dropped: the stages check their own inputs.
+    With `seq`, dim 1 of the inputs it marks is one dynamic sequence length too, where
+    the model allows it (NOTE [dynamic sequence length]); `gm.meta["dynamic"]` records
+    which dims are dynamic and why the sequence is not. Weights stay attributes (get_attr
+    nodes); the runtime guard submodule export adds is dropped: the stages check their own inputs.
     """
-    dynamic = tuple({0: Dim.DYNAMIC} if x.dim() > 0 else None for x in inputs)
+    dynamic_seq = seq is not None and any(seq.inputs)
+    record = {"batch": True, "seq_len": False, "why": seq.why if seq is not None else None}
+    if dynamic_seq:
+        assert seq is not None
+        try:
+            gm = _export(module, inputs, _dynamic_shapes(module, inputs, seq))
+            record["seq_len"] = True
+            if seq.max is not None:
+                record["seq_len_max"] = seq.max
+        except Exception as err:  # noqa: BLE001 - any refusal: trace again with a static sequence
+            record["why"] = _why_static(err)
+    if not record["seq_len"]:
+        gm = _export(module, inputs, _dynamic_shapes(module, inputs, None))
+    gm.meta["dynamic"] = record
+    follow_input_devices(gm)
+    gm.graph.eliminate_dead_code()
+    gm.recompile()
+    return gm
+
+
+# NOTE [dynamic sequence length]
+# Text models export with dim 1 of their token ids and masks dynamic too: one named Dim
+# `seq` shared by every input that has the sequence (hetpart.frontend.load.sequence_axes
+# finds them by asking the input factory for a longer sequence), bounded by the model's
+# position table where its config has one (HF BERT slices a position-id buffer, which
+# export accepts only for lengths up to its size). Where export refuses (a model that
+# unrolls its time steps in Python, like zoo:lstm, specializes the length), the model is
+# traced again with a static sequence length: the plan records why ("dynamic" in
+# plan.json), the user sees no error. A refusal costs a second trace.
+def _why_static(err: BaseException) -> str:
+    """The line of a refused dynamic-sequence export that says why (`... specialized it to be a constant (16)`)."""
+    err = err.__context__ or err  # _export's HetpartError keeps one line; torch's own error says why
+    lines = [ln.strip(" -") for ln in str(err).strip().splitlines() if ln.strip()]
+    telling = [ln for ln in lines if "seq" in ln and ("special" in ln or "guard" in ln or "range" in ln)]
+    first = (telling or lines or [type(err).__name__])[0]
+    return f"torch.export refused a dynamic sequence length: {type(err).__name__}: {first}"[:400]
+
+
+def _dynamic_shapes(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], seq: SequenceAxes | None) -> tuple:
+    seq_dim = Dim("seq", min=2, max=seq.max) if seq is not None and seq.max is not None else Dim("seq", min=2)
+    dynamic = tuple(None if x.dim() == 0 else {0: Dim.DYNAMIC, 1: seq_dim} if seq is not None and seq.inputs[i]
+                    else {0: Dim.DYNAMIC} for i, x in enumerate(inputs))
     params = list(inspect.signature(module.forward).parameters.values())
     star = next((i for i, p in enumerate(params) if p.kind is inspect.Parameter.VAR_POSITIONAL), None)
     if star is not None and star <= len(dynamic):  # `forward(self, x, *rest)`: export wants `rest`'s as one tuple
         dynamic = (*dynamic[:star], dynamic[star:])
+    return dynamic
+
+
+def _export(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], dynamic: tuple) -> fx.GraphModule:
+    """torch.export non-strict, unlifted, without export's guard submodule; HetpartError where it fails."""
     try:
-        with torch.no_grad(), _torch_quiet_unless_ok(), _no_stack_traces():
+        with torch.no_grad(), _torch_quiet_unless_ok(), _no_stack_traces(), fast_fake_kernels():
             ep = torch.export.export(module, inputs, dynamic_shapes=dynamic, strict=False)
     except Exception as err:  # torch raises many types; the user needs the first lines
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
@@ -45,18 +96,35 @@ def export_model(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> f
             f"torch.export could not trace the model{f' at {where}' if where else ''}: {type(err).__name__}: {first}\n"
             f"  what to try: {hint}"
         ) from None
+    if _mutates(ep):
+        with torch.no_grad(), _torch_quiet_unless_ok(), _no_stack_traces(), fast_fake_kernels():
+            ep = ep.run_decompositions({})
     gm = ep.module()
     for node in list(gm.graph.nodes):
         if node.op == "call_module" and node.target == "_guards_fn":
             gm.graph.erase_node(node)
     if hasattr(gm, "_guards_fn"):
         delattr(gm, "_guards_fn")
-    follow_input_devices(gm)
-    gm.graph.eliminate_dead_code()
-    gm.recompile()
     return gm
 
 
+def _mutates(ep: torch.export.ExportedProgram) -> bool:
+    """The exported graph writes in place into a tensor that only others read (NOTE [in-place writes])."""
+    return any(node.op == "call_function" and not node.users
+               and getattr(getattr(node.target, "_schema", None), "is_mutable", False) for node in ep.graph.nodes)
+
+
+# NOTE [in-place writes]
+# torch.export's default IR keeps in-place ops: HF RWKV fills `output[:, t] = ...` in a
+# loop, which export records as `aten.copy_` into a `select` view of `output`, nodes with
+# no users. A graph split by data dependencies does not order such a write before the
+# reads of `output` in another stage, so the stages would compute something else. A
+# graph with such a write (a mutating node without users: its effect is seen only through
+# the tensor it wrote into) is functionalized (`run_decompositions({})`: the writes become
+# `select_scatter`/`slice_scatter` values that the reads depend on; composite ops such as
+# linear and SDPA stay whole). In-place ops whose result is used, like T5's
+# `relative_buckets += ...`, order their readers through that result and stay; graphs
+# without in-place writes, nearly every model, are kept as export made them.
 @contextlib.contextmanager
 def _torch_quiet_unless_ok() -> Iterator[None]:
     """Hold back what torch writes to stderr while exporting (logged tracebacks, a failed export's

@@ -162,3 +162,66 @@ def load_model(spec: ModelSpec, meta: bool = False) -> tuple[nn.Module, tuple[to
             raise HetpartError(f"model '{spec.model}': example input {i} is {type(x).__name__!r}, not a tensor; "
                                "return the example inputs as a tuple of tensors")
     return module, inputs
+
+
+# Config fields that bound the sequence length (position tables, RoPE caches), across the zoo and HF.
+SEQ_LIMIT_FIELDS = ("max_position_embeddings", "n_positions", "max_seq_len", "block_size", "max_position")
+
+
+@dataclass(frozen=True)
+class SequenceAxes:
+    """Which of a model's example inputs have the sequence length as dim 1, and its bounds.
+
+    `inputs[i]` is True where input i's dim 1 follows `--seq-len`; `max` is the longest
+    sequence the model's config allows (None: unbounded). `why` says why no input has one.
+    """
+
+    inputs: tuple[bool, ...]
+    max: int | None = None
+    why: str | None = None
+
+
+def _inputs_only(spec: ModelSpec, seq_len: int) -> tuple[tuple[torch.Tensor, ...], object] | None:
+    """The example inputs of `spec` at `seq_len` and the model's config, without building the model."""
+    if spec.model.startswith("zoo:"):
+        from hetpart.models import apply_overrides, zoo_model
+
+        entry = zoo_model(spec.model.removeprefix("zoo:"))
+        cfg = apply_overrides(entry.config_cls(), spec.overrides, spec.model)
+        return entry.example_inputs(cfg, spec.batch_size, seq_len), cfg
+    if spec.model.startswith("hf:"):
+        from hetpart.frontend.hf import _config, choose_head, example_inputs
+
+        model_type = spec.model.removeprefix("hf:")
+        config = _config(model_type, spec.overrides)
+        named = example_inputs(config, choose_head(model_type, config), spec.batch_size, seq_len,
+                               torch.Generator().manual_seed(spec.seed))
+        return tuple(named.values()), config
+    return None
+
+
+def sequence_axes(spec: ModelSpec, inputs: tuple[torch.Tensor, ...]) -> SequenceAxes:
+    """Which inputs of `spec` (traced with `inputs`) have a sequence dimension: the input factory is
+    asked for inputs one token longer (or shorter, at the model's limit), and the inputs whose dim 1
+    changed with it have one. File models have no `--seq-len`: none."""
+    none = (False,) * len(inputs)
+    if spec.seq_len < 2:
+        return SequenceAxes(none, why=f"traced at --seq-len {spec.seq_len} (a length of 1 is specialized)")
+    with torch.random.fork_rng(devices=[]):  # zoo factories draw from the global generator
+        probe = _inputs_only(spec, spec.seq_len)
+    if probe is None:
+        return SequenceAxes(none, why="a file model's inputs do not follow --seq-len")
+    cfg = probe[1]
+    limits = [getattr(cfg, k) for k in SEQ_LIMIT_FIELDS if isinstance(getattr(cfg, k, None), int)]
+    limit = min(limits) if limits else None
+    other = spec.seq_len + 1 if limit is None or spec.seq_len < limit else spec.seq_len - 1
+    if other < 2:
+        return SequenceAxes(none, why=f"the model takes sequences of at most {limit}")
+    with torch.random.fork_rng(devices=[]):
+        longer = _inputs_only(spec, other)[0]
+    axes = tuple(len(a.shape) >= 2 and len(b.shape) == len(a.shape) and a.shape[1] == spec.seq_len
+                 and b.shape[1] == other and a.shape[:1] + a.shape[2:] == b.shape[:1] + b.shape[2:]
+                 for a, b in zip(inputs, longer))
+    if not any(axes):
+        return SequenceAxes(none, why="no input has a sequence dimension (dim 1 does not follow --seq-len)")
+    return SequenceAxes(axes, max=limit)

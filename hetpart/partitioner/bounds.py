@@ -6,6 +6,8 @@ Every bound here holds for every valid plan of the problem, contiguous or not:
   device types fractionally, NOTE [LP work bound].
 - `largest_op_bound_ns`: the slowest node on its fastest device type; some stage runs it.
 - `min_devices`: the fewest devices whose memory can hold the model at all.
+- `stage_sum_bound_ns`: work and unavoidable transfers per multiset of devices, NOTE [stage-sum bound].
+- `sequence_bound_ns`: ops and work each stage of a device sequence can run, NOTE [sequence bound].
 
 PARTITIONING-NOTES finding 6: total work / sum of device speeds is NOT a valid bound
 when the speed ratio of two device types differs from op to op (it came out above
@@ -47,11 +49,12 @@ class Bounds:
     min_devices: int | None  # fewest devices that can hold the model; None: not even all of them
     memory_feasible: bool  # min_devices is at most the stages the problem allows
     stage_sum_ns: int = 0  # NOTE [stage-sum bound]: work and unavoidable transfers, per device multiset
+    sequence_ns: int = 0  # NOTE [sequence bound]: ops and work per stage, per device sequence
 
     @property
     def search_free_ns(self) -> int:
         """The best bound that holds without the solver (for every plan of the original problem)."""
-        return max(self.lp_work_ns, self.largest_op_ns, self.stage_sum_ns)
+        return max(self.lp_work_ns, self.largest_op_ns, self.stage_sum_ns, self.sequence_ns)
 
     @property
     def lower_bound_ns(self) -> int:
@@ -64,6 +67,7 @@ class Bounds:
             "lp_work_us": us(self.lp_work_ns),
             "largest_op_us": us(self.largest_op_ns),
             "stage_sum_us": us(self.stage_sum_ns),
+            "sequence_us": us(self.sequence_ns),
             "min_devices": self.min_devices,
             "memory_feasible": self.memory_feasible,
             "lower_bound_us": us(self.lower_bound_ns),
@@ -272,13 +276,30 @@ def lp_work_bound_ns(problem: Problem) -> int:
 # models on many devices the boundaries are a large part of every stage.
 def min_boundary_bytes(problem: Problem) -> int:
     """The fewest bytes any boundary between two stages carries (NOTE [stage-sum bound]); 0 when unknown."""
+    got = _closure_cut(_closure_arcs(problem))
+    return 0 if got is None else got
+
+
+@dataclass
+class _Closure:
+    """The max-flow network of `min_boundary_bytes`, to solve again with one more node forced to a side."""
+
+    index: dict[str, int]
+    tails: np.ndarray
+    heads: np.ndarray
+    caps: np.ndarray
+    source: int
+    sink: int
+    inf: int
+    pinned: bool  # both PIN_FIRST and PIN_LAST nodes exist
+
+
+def _closure_arcs(problem: Problem) -> _Closure:
     g = problem.graph
     index = {v: i for i, v in enumerate(g.nodes)}
     n = len(index)
     firsts = [index[v] for v in g.nodes if g.nodes[v].get(PIN) == PIN_FIRST]
     lasts = [index[v] for v in g.nodes if g.nodes[v].get(PIN) == PIN_LAST]
-    if not firsts or not lasts:
-        return 0
     # Source side = the nodes in stages <= k: closed under predecessors (arc v -> u of
     # "infinite" capacity for an edge u -> v); u pays its out_bytes (arc u -> sent(u)) when a
     # successor is on the sink side (sent(u) -> v, infinite). Nodes 0..n-1, sent(u) = n + u.
@@ -296,12 +317,51 @@ def min_boundary_bytes(problem: Problem) -> int:
     tails += [source] * len(firsts) + lasts
     heads += firsts + [sink] * len(lasts)
     caps += [inf] * (len(firsts) + len(lasts))
+    return _Closure(index=index, tails=np.array(tails, dtype=np.int64), heads=np.array(heads, dtype=np.int64),
+                    caps=np.array(caps, dtype=np.int64), source=source, sink=sink, inf=inf,
+                    pinned=bool(firsts and lasts))
+
+
+def _closure_cut(net: _Closure, inside: str | None = None, outside: str | None = None) -> int | None:
+    """The fewest bytes over a boundary whose stages before it hold every PIN_FIRST node and node
+    `inside`, and whose stages after it hold every PIN_LAST node and node `outside`; None when no
+    such boundary exists or there are no pins."""
+    if not net.pinned:
+        return None
+    extra_t = [net.source] if inside is not None else []
+    extra_h = [net.index[inside]] if inside is not None else []
+    if outside is not None:
+        extra_t.append(net.index[outside]), extra_h.append(net.sink)
     flow = max_flow.SimpleMaxFlow()
-    flow.add_arcs_with_capacity(np.array(tails, dtype=np.int64), np.array(heads, dtype=np.int64),
-                                np.array(caps, dtype=np.int64))
-    if flow.solve(source, sink) != flow.OPTIMAL or flow.optimal_flow() >= inf:
-        return 0  # e.g. a PIN_LAST node precedes a PIN_FIRST one: only one-stage plans exist
+    flow.add_arcs_with_capacity(np.concatenate([net.tails, np.array(extra_t, dtype=np.int64)]),
+                                np.concatenate([net.heads, np.array(extra_h, dtype=np.int64)]),
+                                np.concatenate([net.caps, np.full(len(extra_t), net.inf, dtype=np.int64)]))
+    if flow.solve(net.source, net.sink) != flow.OPTIMAL or flow.optimal_flow() >= net.inf:
+        return None  # e.g. a PIN_LAST node precedes a PIN_FIRST one: only one-stage plans exist
     return int(flow.optimal_flow())
+
+
+INNER_CUT_MAX_NODES = 1_500  # above, `inner_boundary_bytes` does not run its max-flows (one per unpinned node)
+
+
+def inner_boundary_bytes(problem: Problem) -> tuple[int, int]:
+    """(after_second, before_last): the fewest bytes a boundary carries when at least two stages
+    precede it, and when at least two follow it (NOTE [sequence bound]); `min_boundary_bytes` where unknown.
+
+    A stage other than the first and the last holds an unpinned node (it holds a node not pinned
+    last, and PIN_FIRST nodes are in the first stage). So with two stages before a boundary, some
+    unpinned node u is before it: the least over u of the cut with u forced before; likewise after.
+    """
+    g = problem.graph
+    net = _closure_arcs(problem)
+    got = _closure_cut(net)
+    base = 0 if got is None else got
+    unpinned = [v for v in g.nodes if g.nodes[v].get(PIN) is None]
+    if len(g) > INNER_CUT_MAX_NODES or not unpinned or got is None:
+        return base, base
+    before = [c for u in unpinned if (c := _closure_cut(net, inside=u)) is not None]
+    after = [c for w in unpinned if (c := _closure_cut(net, outside=w)) is not None]
+    return max(base, min(before, default=base)), max(base, min(after, default=base))
 
 
 def _fewest_machines(problem: Problem, want: dict[str, int]) -> int:
@@ -355,18 +415,206 @@ def stage_sum_bound_ns(problem: Problem, data: _LpData, lam: np.ndarray, mu: np.
     return best or 0
 
 
-def compute_bounds(problem: Problem, solver_ns: int = 0) -> Bounds:
-    """All the search-free bounds, with the solver's proven bound `solver_ns`."""
+# NOTE [sequence bound]
+# A plan runs its S stages on a sequence of distinct devices d_1..d_S; boundary k carries at
+# least `min_boundary_bytes` (NOTE [stage-sum bound]), and at least `inner_boundary_bytes` when
+# two stages precede it (k >= 2) or follow it (k <= S-2): on transformers only the first
+# boundary can carry just the token ids, every other one a hidden state. Over the link between
+# d_k and d_k+1 it takes at least L(d_k, d_k+1) = that link's transfer_ns of those bytes. With bottleneck T,
+# stage k computes within its budget B_k = T - L(d_k-1, d_k) - L(d_k, d_k+1) (the first and last
+# stage pay one side). Two measures of what a stage on type t can run within B:
+# - count: the ops whose time is > 0 on every type they may run on ("busy" ops) each take a
+#   slot; a t-stage holds at most the largest j such that the j fastest busy ops on t (among
+#   those allowed on t) take <= B in all. Every busy op is in some stage, so the stages' slots
+#   add up to at least their number. Tight where ops are alike (zoo:glm: 35 ops of 4 us).
+# - work: op v has work w(v) = its time on its fastest allowed type; a t-stage runs at most the
+#   fractional knapsack of w within B on t (ops by w / time_t, best first), and the stages
+#   together run all the work.
+# - weighted work (the stages of one type pooled, NOTE [Lagrangian LP bound]'s argument): for
+#   multipliers lambda_t >= 0, op v has work w_l(v) = min over its allowed types t of
+#   lambda_t * time_t(v) <= lambda_t * time_t(v), so a t-stage runs at most the fractional knapsack
+#   of w_l within B on t (<= lambda_t * B), and the stages together run all of it. With the LP's
+#   work multipliers this charges each type's stages together for the work only that type runs
+#   well, which per-stage knapsacks of w count once per stage; lambda = 1 is the plain work check.
+# For a given T, a DP over device sequences (state: devices used per class of type and machine,
+# the last class and the link into it) finds the most slots and the most work any sequence
+# offers; if either falls short, no plan has bottleneck T. Both only grow with T, so bisection
+# gives the least T that passes: a bound for every plan (contiguous or not; memory and the
+# order of ops ignored). Skipped (0) when the device-count states exceed SEQUENCE_MAX_STATES.
+SEQUENCE_MAX_STATES = 20_000
+
+
+def _cap_tables(problem: Problem, lam: dict[str, float] | None = None
+                ) -> tuple[dict[str, np.ndarray], int, dict[str, tuple], float]:
+    """Per type: (count prefix sums, number of busy ops); (work knapsack breakpoints, total work),
+    work weighted by the multipliers `lam` per type (None: 1 each, NOTE [sequence bound])."""
+    g = problem.graph
+    types = problem.device_types
+    allowed = {v: problem.allowed_types(v) for v in g.nodes}
+    fastest = {v: min((g.nodes[v][TIME_NS][t] for t in allowed[v]), default=0) for v in g.nodes}
+    busy = [v for v in g.nodes if fastest[v] > 0]
+    if lam is not None:
+        fastest = {v: min((lam[t] * g.nodes[v][TIME_NS][t] for t in allowed[v]), default=0.0) for v in g.nodes}
+    count_prefix = {t: np.concatenate([[0], np.cumsum(sorted(g.nodes[v][TIME_NS][t] for v in busy
+                                                              if t in allowed[v]))]).astype(np.int64)
+                    for t in types}
+    work = {}
+    for t in types:
+        items = sorted(((fastest[v], g.nodes[v][TIME_NS][t]) for v in busy if t in allowed[v]),
+                       key=lambda it: -it[0] / it[1])
+        tp = np.concatenate([[0], np.cumsum([it[1] for it in items])]).astype(np.float64)
+        wp = np.concatenate([[0], np.cumsum([it[0] for it in items])]).astype(np.float64)
+        ratio = np.array([it[0] / it[1] for it in items] + [0.0])
+        work[t] = (tp, wp, ratio)
+    return count_prefix, len(busy), work, float(sum(fastest[v] for v in busy))
+
+
+def sequence_bound_ns(problem: Problem, lower_ns: int = 0, upper_ns: int | None = None,
+                      multipliers: list[dict[str, float]] = ()) -> int:
+    """NOTE [sequence bound]: the least T in [lower_ns, upper_ns] that no relaxation rules out
+    (`lower_ns` when it cannot rule out that one); 0 when skipped. `lower_ns` must be a valid bound.
+    `multipliers`: per-type weights (>= 0) of the weighted work checks, besides the plain one."""
+    classes: dict[tuple[str, str], int] = {}
+    for d in problem.devices:
+        classes[(d.type, d.node)] = classes.get((d.type, d.node), 0) + 1
+    keys = sorted(classes)
+    sizes = [classes[k] for k in keys]
+    max_stages = min(problem.max_stages or len(problem.devices), len(problem.devices))
+    if math.prod(min(s, max_stages) + 1 for s in sizes) > SEQUENCE_MAX_STATES:
+        return 0
+    count_prefix, busy, work, total_work = _cap_tables(problem)
+    if busy == 0:
+        return lower_ns
+    # One (knapsack tables, work to run) per work check: the plain one, then the weighted ones.
+    checks = [(work, total_work)]
+    for lam in multipliers:
+        if any(x > 0 for x in lam.values()):
+            _, _, wtab, wtotal = _cap_tables(problem, lam)
+            checks.append((wtab, wtotal))
+    nw = len(checks)
+    cut = min_boundary_bytes(problem)
+    after_two, before_two = inner_boundary_bytes(problem)
+    nc = len(keys)
+    links = [[(problem.intra_node_links[a[1]] if a[1] == b[1] else problem.network)
+              if (a != b or classes[a] > 1) else None for b in keys] for a in keys]
+
+    def boundary_bytes(d: int, last: bool) -> int:
+        """Bytes boundary d (after stage d, from 1) carries at least; `last`: no stage after the next."""
+        return max(cut, after_two if d >= 2 else 0, 0 if last else before_two)
+
+    def slots(t: str, budget: int) -> float:
+        if budget < 0:
+            return -math.inf
+        return float(np.searchsorted(count_prefix[t], budget, side="right") - 1)
+
+    def carries(t: str, budget: int, i: int = 0) -> float:
+        if budget < 0:
+            return -math.inf
+        tp, wp, ratio = checks[i][0][t]
+        j = int(np.searchsorted(tp, budget, side="right") - 1)
+        return float(wp[j] + (budget - tp[j]) * ratio[j])
+
+    # Boundary times by (from class, to class, boundary after the first stage?, the next stage last?).
+    ltime = {(c, c2, d >= 2, last): links[c][c2].transfer_ns(boundary_bytes(d, last))
+             for c in range(nc) for c2 in range(nc) if links[c][c2] is not None
+             for d in (1, 2) for last in (False, True)}
+    work_need = [total * (1 - 1e-9) - 1e-6 * (total > 0) for _, total in checks]
+
+    def enough(slots_: float, work_: tuple[float, ...]) -> bool:
+        return slots_ >= busy and all(w >= need for w, need in zip(work_, work_need))
+
+    def passes(T: int) -> bool:
+        """Whether some device sequence offers enough slots, and for each work check some (maybe
+        another) enough work, at T."""
+        cache: dict[tuple[int, int], tuple[float, tuple[float, ...]]] = {}
+
+        def stage(c: int, budget: int) -> tuple[float, tuple[float, ...]]:
+            key = (c, budget)
+            if key not in cache:
+                cache[key] = (slots(keys[c][0], budget), tuple(carries(keys[c][0], budget, i) for i in range(nw)))
+            return cache[key]
+
+        best_slots = max(stage(c, T)[0] for c in range(nc))
+        best_work = tuple(max(stage(c, T)[1][i] for c in range(nc)) for i in range(nw))
+        # A state is a stage at depth d that is not the last: (devices used per class, its class,
+        # the time of the boundary into it) -> the most slots and work of the stages before it.
+        layer = {(tuple(int(i == c) for i in range(nc)), c, 0): (0.0, (0.0,) * nw) for c in range(nc)}
+        for d in range(1, max_stages):
+            nxt: dict[tuple, tuple[float, tuple[float, ...]]] = {}
+            for (counts, c, tin), (vs, vw) in layer.items():
+                for c2 in range(nc):
+                    if counts[c2] >= sizes[c2] or links[c][c2] is None:
+                        continue
+                    # The next stage, on c2, is the last one: boundary d is the last.
+                    lk = ltime[c, c2, d >= 2, True]
+                    s1, w1 = stage(c, T - tin - lk)
+                    s2, w2 = stage(c2, T - lk)
+                    best_slots = max(best_slots, vs + s1 + s2)
+                    best_work = tuple(max(b, x + y + z) for b, x, y, z in zip(best_work, vw, w1, w2))
+                    if enough(best_slots, best_work):
+                        return True
+                    if d + 1 < max_stages:
+                        # Or more stages follow it.
+                        lk = ltime[c, c2, d >= 2, False]
+                        s1, w1 = stage(c, T - tin - lk)
+                        if s1 == -math.inf:
+                            continue
+                        key = (tuple(k + (i == c2) for i, k in enumerate(counts)), c2, lk)
+                        old = nxt.get(key)
+                        got = (vs + s1, tuple(x + y for x, y in zip(vw, w1)))
+                        nxt[key] = got if old is None else (max(old[0], got[0]),
+                                                            tuple(max(x, y) for x, y in zip(old[1], got[1])))
+            layer = nxt
+        return enough(best_slots, best_work)
+
+    failed = max(0, lower_ns)  # no plan has bottleneck `failed` or less once it fails the test
+    if passes(failed):
+        return failed
+    hi = upper_ns if upper_ns is not None and upper_ns > failed else 2 * failed + 1
+    step = max(1, failed)
+    for _ in range(64):
+        if passes(hi):
+            break
+        failed, hi, step = hi, hi + step, 2 * step
+    else:
+        return failed + 1  # nothing passes: no plan at all (memory or constraints say why)
+    lo = failed + 1
+    tol = max(1, hi // 2000)  # stop within 0.05% of T: `lo` is a bound all the same
+    while hi - lo >= tol:
+        mid = (lo + hi) // 2
+        if passes(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def _work_multipliers(data: _LpData, lam: np.ndarray) -> list[dict[str, float]]:
+    """The weighted work checks of NOTE [sequence bound]: the LP's work duals, and each type's
+    share of its own total time (a type that is slow on everything weighs little)."""
+    total = np.where(data.allowed, data.time_us, 0.0).sum(axis=0)
+    share = {t: (1.0 / total[j] if total[j] > 0 else 0.0) for j, t in enumerate(data.types)}
+    return [{t: float(lam[j]) for j, t in enumerate(data.types)}, share]
+
+
+def compute_bounds(problem: Problem, solver_ns: int = 0, upper_ns: int | None = None) -> Bounds:
+    """All the search-free bounds, with the solver's proven bound `solver_ns`; `upper_ns`, the
+    bottleneck of a known plan, only narrows the search of NOTE [sequence bound]."""
     need = min_devices(problem)
     allowed = min(problem.max_stages or len(problem.devices), len(problem.devices))
     lp_ns, data, lam, mu = _lp(problem)
+    feasible_types = bool(data.allowed.any(axis=1).all())
+    stage_sum = stage_sum_bound_ns(problem, data, lam, mu) if feasible_types else 0
+    largest = largest_op_bound_ns(problem)
     return Bounds(
         solver_ns=max(0, solver_ns),
         lp_work_ns=lp_ns,
-        largest_op_ns=largest_op_bound_ns(problem),
+        largest_op_ns=largest,
         min_devices=need,
         memory_feasible=need is not None and need <= allowed,
-        stage_sum_ns=stage_sum_bound_ns(problem, data, lam, mu) if data.allowed.any(axis=1).all() else 0,
+        stage_sum_ns=stage_sum,
+        sequence_ns=(sequence_bound_ns(problem, max(lp_ns, stage_sum, largest), upper_ns,
+                                       _work_multipliers(data, lam)) if feasible_types else 0),
     )
 
 

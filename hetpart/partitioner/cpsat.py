@@ -45,6 +45,7 @@ from hetpart.partitioner.verify import plan_violations
 LogCallback = Callable[[int, int], None]  # (objective_ns, bound_ns) on each improving solution
 COARSEN_ABOVE = 1_000  # nodes; above, `solve` coarsens (NOTE [coarsened solve])
 COARSE_NODES = 300  # runs of the coarse problem CP-SAT sees
+DP_SHARE = 0.5  # of the time limit, the most the DP may take (NOTE [DP deadline] in dp.py)
 
 
 @dataclass
@@ -357,12 +358,39 @@ def _check_hint(problem: Problem, hint: Plan, num_stages: int) -> None:
 
 
 class _Progress(cp_model.CpSolverSolutionCallback):
-    def __init__(self, log_callback: LogCallback):
+    """Reports each improving solution to `log_callback`, and stops the search once it is within
+    `gap` of max(CP-SAT's bound, `external_lb`) (NOTE [gap stop])."""
+
+    def __init__(self, log_callback: LogCallback | None, gap: float = 0.0, external_lb: int = 0):
         super().__init__()
         self._log = log_callback
+        self._gap = gap
+        self._external_lb = external_lb
 
     def on_solution_callback(self) -> None:
-        self._log(int(round(self.objective_value)), math.ceil(self.best_objective_bound - 1e-6))
+        objective, bound = int(round(self.objective_value)), math.ceil(self.best_objective_bound - 1e-6)
+        if self._log is not None:
+            self._log(objective, bound)
+        if self._gap > 0 and _within_gap(objective, max(bound, self._external_lb), self._gap):
+            self.stop_search()
+
+
+# NOTE [gap stop]
+# `solve(gap=g)` returns as soon as its plan is certified within g of optimal, i.e.
+# (value - bound) / value <= g, with the bound the larger of CP-SAT's and the search-free
+# ones of bounds.py (NOTE [sequence bound] above all, which the model does not see):
+# - before CP-SAT: when the DP's plan is already within g of the search-free bound, CP-SAT
+#   is not built at all;
+# - during: CP-SAT's relative_gap_limit = g covers its own bound rising, and a solution
+#   callback covers a new solution coming within g of the external bound (that bound is
+#   fixed, so only new solutions can close that gap).
+# CP-SAT reports OPTIMAL when its gap limit stops it; `solve` calls the plan OPTIMAL only
+# when the bound reaches the value, WITHIN_GAP when it is within g (whatever stopped the
+# search), FEASIBLE otherwise. g = 0 (the default) proves optimality as before.
+# Deterministic as before: with one worker the callback stops at the same solution.
+def _within_gap(value: int, bound: int, gap: float) -> bool:
+    """Whether `value` is certified within the relative `gap` of optimal by `bound` (NOTE [gap stop])."""
+    return value <= 0 or value - bound <= gap * value
 
 
 def _node_need(problem: Problem, v: str) -> int:
@@ -425,6 +453,7 @@ def solve(
     objective: str = "throughput",
     microbatches: int = 1,
     coarsen_above: int | None = COARSEN_ABOVE,
+    gap: float = 0.0,
 ) -> Plan:
     """The plan with the least bottleneck (NOTE [stage time]), or the best found in `time_limit_s`.
 
@@ -435,6 +464,8 @@ def solve(
     Starts CP-SAT from `hint`, or from `dp_hint(problem)` when no hint is given;
     returns a plan with 0..S-1 stages, costs recomputed by `evaluate`, and the
     solver's proven bound. Above `coarsen_above` nodes (None: never), NOTE [coarsened solve].
+    `gap` > 0 stops as soon as the plan is certified within that relative gap of optimal
+    (status "WITHIN_GAP", NOTE [gap stop]); 0 proves optimality or runs out the time limit.
     Honours co-location groups and forbidden device types (constraints.py).
     Raises HetpartError when no plan fits in memory, when the groups and forbidden
     types rule out every plan (naming which and why), or
@@ -461,6 +492,10 @@ def solve(
         raise HetpartError(f"partitioner: unknown objective {objective!r}; use one of {', '.join(OBJECTIVES)}")
     if microbatches < 1:
         raise HetpartError(f"partitioner: microbatches must be at least 1, got {microbatches}")
+    if not 0.0 <= gap < 1.0:
+        raise HetpartError(
+            f"partitioner: gap must be a fraction in [0, 1), got {gap}; pass e.g. --gap 0.01 for 1%"
+        )
     problem.validate()
     largest = max(d.capacity_bytes for d in problem.devices)
     if any(_node_need(problem, v) > largest for v in problem.graph.nodes):
@@ -468,12 +503,24 @@ def solve(
     check_constraints(problem)
     if coarsen_above is not None and problem.graph.number_of_nodes() > coarsen_above:
         return _solve_coarsened(problem, t0, time_limit_s=time_limit_s, seed=seed, workers=workers, hint=hint,
-                                log_callback=log_callback, objective=objective, microbatches=microbatches)
+                                log_callback=log_callback, objective=objective, microbatches=microbatches, gap=gap)
 
-    dp_plan = dp_hint(problem)
+    dp_plan = dp_hint(problem, time_limit_s=DP_SHARE * time_limit_s)
     t_dp = time.perf_counter()
-    bounds = compute_bounds(problem)
-    mdl = _build(problem, objective, microbatches, bounds.search_free_ns)
+    bounds = compute_bounds(problem, upper_ns=dp_plan.bottleneck_ns if dp_plan is not None else None)
+    # The model's cut leaves out NOTE [sequence bound]: fed to CP-SAT it changed its search for the
+    # worse (zoo:llama training on a100-t4-8: proven optimal in 16 s without it, 15% gap after 30 s
+    # with it). The plan reports it all the same (objective_bound_ns below).
+    model_lb = max(bounds.lp_work_ns, bounds.largest_op_ns, bounds.stage_sum_ns)
+    value = lambda st: objective_ns(st, objective, microbatches)  # noqa: E731
+    search_free_lb = objective_bound_ns(problem, bounds, objective, microbatches)
+    if gap > 0 and dp_plan is not None and _within_gap(value(dp_plan.stages), search_free_lb, gap):
+        # NOTE [gap stop]: the DP's plan is already certified; CP-SAT could only narrow the gap.
+        stats = {"dp_seconds": t_dp - t0, "dp_bottleneck_ns": float(dp_plan.bottleneck_ns)}
+        return _finished_plan(dp_plan.stage_of, dp_plan.device_of_stage, dp_plan.stages, search_free_lb, False,
+                              objective=objective, microbatches=microbatches, t0=t0, stats=stats, bounds=bounds,
+                              gap=gap)
+    mdl = _build(problem, objective, microbatches, model_lb)
     if hint is not None:
         _check_hint(problem, hint, mdl.num_stages)
         start = (hint.stage_of, _canonical(problem, hint.device_of_stage))
@@ -494,7 +541,10 @@ def solve(
     solver.parameters.num_workers = workers
     # PARTITIONING-NOTES finding 3: presolve dominates on big models; probing is what costs.
     solver.parameters.cp_model_probing_level = 0
-    status = solver.solve(mdl.model, _Progress(log_callback) if log_callback else None)
+    if gap > 0:
+        solver.parameters.relative_gap_limit = gap  # NOTE [gap stop]; the callback adds the external bound
+    callback = _Progress(log_callback, gap, search_free_lb) if log_callback or gap > 0 else None
+    status = solver.solve(mdl.model, callback)
     t_solve = time.perf_counter()
 
     proto = mdl.model.proto
@@ -529,31 +579,38 @@ def solve(
         renumber = {k: i for i, k in enumerate(used)}
         stage_of = {v: renumber[raw[v]] for v in problem.graph.nodes}
         device_of_stage = [next(d for d, lit in mdl.a[k].items() if solver.boolean_value(lit)) for k in used]
-        status_name = "OPTIMAL" if status == cp_model.OPTIMAL else "FEASIBLE"
+        # With a gap, CP-SAT's OPTIMAL may mean "within the gap limit": then only the bound says optimal.
+        status_name = "OPTIMAL" if status == cp_model.OPTIMAL and gap == 0 else "FEASIBLE"
 
     stages = evaluate(problem, stage_of, device_of_stage)
-    value = lambda st: objective_ns(st, objective, microbatches)  # noqa: E731
     if dp_plan is not None and value(dp_plan.stages) < value(stages):
         stage_of, device_of_stage, stages = dp_plan.stage_of, dp_plan.device_of_stage, dp_plan.stages
     bounds = dataclasses.replace(bounds, solver_ns=max(0, bound) if objective == "throughput" else 0)
     proven = objective_bound_ns(problem, bounds, objective, microbatches, solver_ns=bound)
     return _finished_plan(stage_of, device_of_stage, stages, proven, status_name == "OPTIMAL",
-                          objective=objective, microbatches=microbatches, t0=t0, stats=stats, bounds=bounds)
+                          objective=objective, microbatches=microbatches, t0=t0, stats=stats, bounds=bounds, gap=gap)
 
 
 def _finished_plan(stage_of: dict[str, int], device_of_stage: list[str], stages: list[StageCost], proven_ns: int,
                    solver_optimal: bool, *, objective: str, microbatches: int, t0: float, stats: dict[str, float],
-                   bounds: Bounds) -> Plan:
+                   bounds: Bounds, gap: float = 0.0) -> Plan:
     """The plan `solve` returns: its objective value, and the proven bound capped by it (OPTIMAL
-    when the solver says so or the bound reaches the value)."""
+    when the solver says so or the bound reaches the value; else WITHIN_GAP when `gap` > 0 and
+    the bound is within it, NOTE [gap stop]; else FEASIBLE)."""
     best = objective_ns(stages, objective, microbatches)
+    if solver_optimal or proven_ns >= best:
+        status = "OPTIMAL"
+    elif gap > 0 and _within_gap(best, proven_ns, gap):
+        status = "WITHIN_GAP"
+    else:
+        status = "FEASIBLE"
     return Plan(
         stage_of=stage_of,
         device_of_stage=device_of_stage,
         stages=stages,
         bottleneck_ns=bottleneck_ns(stages),
         lower_bound_ns=min(proven_ns, best),
-        solver_status="OPTIMAL" if solver_optimal or proven_ns >= best else "FEASIBLE",
+        solver_status=status,
         solve_seconds=time.perf_counter() - t0,
         stats=stats,
         bounds=bounds,
@@ -598,14 +655,21 @@ def _constraints_note(problem: Problem) -> str:
 
 def _solve_coarsened(problem: Problem, t0: float, *, time_limit_s: float, seed: int, workers: int,
                      hint: Plan | None, log_callback: LogCallback | None, objective: str,
-                     microbatches: int) -> Plan:
+                     microbatches: int, gap: float = 0.0) -> Plan:
     """NOTE [coarsened solve]."""
     value = lambda st: objective_ns(st, objective, microbatches)  # noqa: E731
-    dp_plan = dp_hint(problem)
+    dp_plan = dp_hint(problem, time_limit_s=DP_SHARE * time_limit_s)
     t_dp = time.perf_counter()
-    bounds = compute_bounds(problem, 0)
+    bounds = compute_bounds(problem, 0, upper_ns=dp_plan.bottleneck_ns if dp_plan is not None else None)
     valid_lb = objective_bound_ns(problem, bounds, objective, microbatches)
     t_bounds = time.perf_counter()
+    if gap > 0 and dp_plan is not None and _within_gap(value(dp_plan.stages), valid_lb, gap):
+        # NOTE [gap stop]: the DP's plan is already certified; skip the coarse model.
+        stats = {"dp_seconds": t_dp - t0, "bounds_seconds": t_bounds - t_dp,
+                 "dp_bottleneck_ns": float(dp_plan.bottleneck_ns), "plan_from_dp": 1.0}
+        return _finished_plan(dp_plan.stage_of, dp_plan.device_of_stage, dp_plan.stages, valid_lb, False,
+                              objective=objective, microbatches=microbatches, t0=t0, stats=stats, bounds=bounds,
+                              gap=gap)
     candidates: list[tuple[str, dict[str, int], list[str]]] = []
     if dp_plan is not None:
         candidates.append(("dp", dp_plan.stage_of, dp_plan.device_of_stage))
@@ -680,7 +744,8 @@ def _solve_coarsened(problem: Problem, t0: float, *, time_limit_s: float, seed: 
     stats["coarsened"] = 1.0
     stats["plan_from_" + source] = 1.0
     return _finished_plan({v: stage_of[v] for v in problem.graph.nodes}, list(device_of_stage), stages, valid_lb,
-                          False, objective=objective, microbatches=microbatches, t0=t0, stats=stats, bounds=bounds)
+                          False, objective=objective, microbatches=microbatches, t0=t0, stats=stats, bounds=bounds,
+                          gap=gap)
 
 
 def _is_contiguous(order: list[str], stage_of: dict[str, int]) -> bool:

@@ -48,6 +48,7 @@ _INF = np.int64(1) << np.int64(60)
 _DP_BUDGET = 300_000_000  # matrix entries the DP may touch (about a second) before it coarsens its classes
 EXACT_CUTS = 600  # up to this many nodes the DP tries every cut position (exact over contiguous plans)
 COARSE_CUTS = 200  # above it, the first pass tries this many candidate positions (NOTE [candidate cuts])
+PRE_CUTS_ABOVE = 150  # exact DPs over more cut positions first plan on COARSE_CUTS // 2 of them, to prune
 _REFINE_BUDGET = 3_000_000  # matrix entries of one refinement pass: windows of +-sqrt(budget / S) / 2 positions
 
 # NOTE [candidate cuts]
@@ -227,13 +228,19 @@ class Segments:
     dp_ns: int  # the DP's value of the plan (equal to `evaluate`'s bottleneck when the classes are exact)
     exact: bool
     states: int
+    timed_out: bool = False  # the DP stopped at its deadline: the best plan of the stage counts it finished
 
 
-def _dp_over(problem: Problem, tab: OrderTables, P: np.ndarray, upper_ns: int | None = None) -> Segments | None:
+def _dp_over(problem: Problem, tab: OrderTables, P: np.ndarray, upper_ns: int | None = None,
+             deadline: float | None = None, known_ns: int | None = None) -> Segments | None:
     """The best contiguous plan cutting only at positions `P` (sorted, with 0 and n), devices chosen too.
 
     With `upper_ns`, only a plan whose DP value is below it (None if there is none): partial
-    plans already at `upper_ns` are dropped, which prunes most of the work.
+    plans already at `upper_ns` are dropped, which prunes most of the work. `known_ns`: the
+    `evaluate` bottleneck of a plan already found; when the classes are exact (DP values are
+    `evaluate`'s) it prunes like `upper_ns` = known_ns + 1 (ties still found), else it is ignored.
+    At `deadline` (a `time.perf_counter()` value) the DP stops and returns the best plan of the
+    stage counts it finished (`timed_out`; NOTE [DP deadline]).
     """
     n, m = tab.n, len(P)
     max_stages = min(problem.max_stages or len(problem.devices), len(problem.devices))
@@ -288,9 +295,15 @@ def _dp_over(problem: Problem, tab: OrderTables, P: np.ndarray, upper_ns: int | 
         states.append(((counts, -1, c), G, np.full(m, -1), np.full(m, -1)))
 
     best_ns, best_state, best_start = (_INF if upper_ns is None else np.int64(upper_ns)), -1, -1
+    if known_ns is not None and exact:
+        best_ns = min(best_ns, np.int64(known_ns + 1))
+    timed_out = False
     for depth in range(1, max_stages + 1):
         next_layer: dict[Key, int] = {}
         for key in sorted(layer):
+            if deadline is not None and time.perf_counter() > deadline:
+                timed_out = True
+                break
             sid = layer[key]
             counts, same, cur = key
             G = states[sid][1]
@@ -336,6 +349,8 @@ def _dp_over(problem: Problem, tab: OrderTables, P: np.ndarray, upper_ns: int | 
                 G2[cols[better]] = got[better]
                 back_start[cols[better]] = rows[arg[better]]
                 back_state[cols[better]] = sid
+        if timed_out:
+            break
         layer = next_layer
 
     if best_state < 0:
@@ -357,7 +372,8 @@ def _dp_over(problem: Problem, tab: OrderTables, P: np.ndarray, upper_ns: int | 
         devices.append(classes[c][used[c]])  # a class's devices in list order
         used[c] += 1
     cuts = [int(P[i]) for i, _ in segments] + [n]
-    return Segments(cuts=cuts, devices=devices, dp_ns=int(best_ns), exact=exact, states=len(states))
+    return Segments(cuts=cuts, devices=devices, dp_ns=int(best_ns), exact=exact, states=len(states),
+                    timed_out=timed_out)
 
 
 def valid_cuts(tab: OrderTables) -> np.ndarray:
@@ -435,14 +451,15 @@ def contiguous_plan(problem: Problem, tab: OrderTables, cuts: list[int], devices
                 lower_bound_ns=0, solver_status="FEASIBLE", solve_seconds=time.perf_counter() - t0, stats=stats)
 
 
-def dp_hint(problem: Problem, *, exact_cuts: int = EXACT_CUTS, coarse_cuts: int = COARSE_CUTS) -> Plan | None:
+def dp_hint(problem: Problem, *, exact_cuts: int = EXACT_CUTS, coarse_cuts: int = COARSE_CUTS,
+            time_limit_s: float | None = None) -> Plan | None:
     """The best plan whose stages are contiguous segments of `problem.node_order()`.
 
     Minimises the bottleneck of NOTE [stage time] (evaluate.py) under the memory
     limits, pins, co-location groups and forbidden device types; returns None when
     no such plan fits. Exact over contiguous plans up to `exact_cuts` nodes; above,
     NOTE [candidate cuts]. The plan's `lower_bound_ns` is 0: the DP proves nothing
-    about non-contiguous plans.
+    about non-contiguous plans. With `time_limit_s`, NOTE [DP deadline].
 
         >>> import networkx as nx
         >>> from hetpart.partitioner.problem import Device, Link
@@ -455,39 +472,57 @@ def dp_hint(problem: Problem, *, exact_cuts: int = EXACT_CUTS, coarse_cuts: int 
         ({'a': 0, 'b': 0, 'c': 1, 'd': 1}, ['g0', 'g1'], 20)
     """
     t0 = time.perf_counter()
+    deadline = None if time_limit_s is None else t0 + time_limit_s
     problem.validate()
     tab = order_tables(problem)
     n = tab.n
     every = np.flatnonzero(tab.cuttable | (np.arange(n + 1) == 0) | (np.arange(n + 1) == n))
     exact = n <= exact_cuts
     P = every if exact else cut_candidates(tab, coarse_cuts)
-    seg = _dp_over(problem, tab, P)
-    if seg is None and not exact:
+    # Devices in list order with exact links and capacities (what dp-topo-order does): it can
+    # beat a DP whose classes had to be merged (`_classes`), and finds plans when that DP cannot.
+    # Computed first: it is cheap, it is the plan to fall back on at the deadline, and its
+    # bottleneck prunes the exact DP.
+    listed = list_order_segments(problem, tab, P, refine=not exact)
+    known = [_cost(problem, tab, listed)] if listed is not None else []
+    pre = None
+    max_stages = min(problem.max_stages or len(problem.devices), len(problem.devices))
+    if exact and len(P) > PRE_CUTS_ABOVE and _classes(problem, len(P), max_stages)[0]:
+        # A quick plan from half the candidate cuts, refined, to prune the exact DP (NOTE [DP deadline]).
+        rough = _dp_over(problem, tab, cut_candidates(tab, COARSE_CUTS // 2), deadline=deadline)
+        if rough is not None:
+            pre, pre_ns, _ = _refined(problem, tab, rough)
+            known.append(pre_ns)
+    seg = _dp_over(problem, tab, P, deadline=deadline, known_ns=min(known) if exact and known else None)
+    if seg is None and not exact and not _past(deadline):
         # The candidates may miss the only cuts that fit in memory: try positions four times
         # denser before giving up (rare: memory that tight).
         P = np.unique(np.concatenate([P, every[:: max(1, len(every) // (4 * coarse_cuts))], [0, n]]))
-        seg = _dp_over(problem, tab, P)
+        seg = _dp_over(problem, tab, P, deadline=deadline)
     found: list[Segments] = []
-    stats = {"dp_candidates": float(len(P)), "dp_exact": float(exact and seg is not None and seg.exact),
-             "dp_states": float(seg.states if seg else 0)}
+    timed_out = _past(deadline) if seg is None else seg.timed_out
+    # Exact over contiguous plans: every cut position, exact classes, not stopped (None from the
+    # exact DP then means that no plan beats the list-order one).
+    dp_exact = exact and not timed_out and (seg.exact if seg is not None else _classes(problem, len(P), max_stages)[0])
+    stats = {"dp_candidates": float(len(P)), "dp_exact": float(dp_exact),
+             "dp_states": float(seg.states if seg else 0), "dp_timed_out": float(timed_out)}
     if seg is not None:
         stats["dp_coarse_ns"] = float(_cost(problem, tab, seg))
         if exact and seg.exact:
-            found.append(seg)  # the best contiguous plan: nothing to refine
+            found.append(seg)  # the best contiguous plan (of the stage counts done): nothing to refine
         else:
             best, best_ns, rounds = _refined(problem, tab, seg)
             found.append(best)
             stats["dp_refine_rounds"] = float(rounds)
-            if not exact:
+            if not exact and not seg.timed_out:
                 # Pass 1 again on twice the candidates and the refined cuts, pruned by the plan so
                 # far: it may find a better device sequence (NOTE [candidate cuts] step 3).
                 P2 = np.union1d(cut_candidates(tab, 2 * coarse_cuts), best.cuts)
-                again = _dp_over(problem, tab, P2, upper_ns=best_ns)
+                again = _dp_over(problem, tab, P2, upper_ns=best_ns, deadline=deadline)
                 if again is not None:
                     found.append(_refined(problem, tab, again)[0])
-    # Devices in list order with exact links and capacities (what dp-topo-order does): it can
-    # beat a DP whose classes had to be merged (`_classes`), and finds plans when that DP cannot.
-    listed = list_order_segments(problem, tab, P, refine=not exact)
+    if pre is not None:
+        found.append(pre)
     if listed is not None:
         found.append(listed)
     if not found:
@@ -496,6 +531,23 @@ def dp_hint(problem: Problem, *, exact_cuts: int = EXACT_CUTS, coarse_cuts: int 
     stats["dp_bottleneck_ns"] = float(_cost(problem, tab, best))
     stats["dp_from_list_order"] = float(best is listed)
     return contiguous_plan(problem, tab, best.cuts, best.devices, t0, stats)
+
+
+def _past(deadline: float | None) -> bool:
+    return deadline is not None and time.perf_counter() > deadline
+
+
+# NOTE [DP deadline]
+# The DP's work grows with the number of device-count states (up to 625 x 16 on 16 devices of
+# 4 types) times the cut positions squared: 40 s at 326 nodes on spot-16. `dp_hint(...,
+# time_limit_s=...)` keeps it within a limit: the list-order plan (`list_order_segments`,
+# devices in list order) comes first; the DP over device classes goes by stage count
+# (depth) and, at the deadline, stops and keeps the best plan of the depths it finished
+# (a valid plan, costed by `evaluate`; `stats["dp_timed_out"]`); the further passes are skipped.
+# The exact DP is pruned by the best bottleneck known before it starts (the list-order plan;
+# above PRE_CUTS_ABOVE positions also a DP over COARSE_CUTS // 2 candidate cuts, refined)
+# when its classes are exact (its values are then `evaluate`'s): it keeps the same optimum
+# and skips most partial plans (moe on spot-16: 14 s of CPU without, 5 s with).
 
 
 def _cost(problem: Problem, tab: OrderTables, seg: Segments) -> int:

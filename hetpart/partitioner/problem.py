@@ -249,7 +249,7 @@ class Plan:
     stages: list[StageCost]
     bottleneck_ns: int
     lower_bound_ns: int  # proven: no plan of this problem is faster (in terms of `objective`)
-    solver_status: str  # "OPTIMAL" or "FEASIBLE"
+    solver_status: str  # "OPTIMAL", "WITHIN_GAP" (certified within solve's gap) or "FEASIBLE"
     solve_seconds: float
     stats: dict[str, float] = field(default_factory=dict)
     bounds: Bounds | None = None  # the search-free and solver bounds of the bottleneck (bounds.py)

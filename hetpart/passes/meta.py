@@ -35,6 +35,35 @@ def _takes_device(target: object) -> bool:
     return isinstance(target, torch._ops.OpOverload) and any(a.name == "device" for a in target._schema.arguments)
 
 
+# NOTE [scalars from tensors on meta]: `x.max().item()` (HF XLM checks `assert lengths.max().item()
+# <= slen`) exports to `aten.item`, which has no value on a meta tensor. The interpreter takes the
+# scalar export traced instead (`node.meta["val"]`): a number, a symbolic size with an example value
+# (its hint), or an unbacked symbol (`u0`, data-dependent), which stands in as 0 moved into the range
+# export proved for it. The runtime assertions export adds on such scalars (`_assert_scalar(u0 <= s1)`)
+# are skipped on meta: they check data the analysis does not have. (The partitioned stages do not
+# carry them either: a stage keeps the ops whose values it uses, and an assertion has no users.)
+_TRACED_SCALARS = (torch.ops.aten.item.default, torch.ops.aten._local_scalar_dense.default)
+
+
+def traced_scalar(node: fx.Node) -> int | float | bool:
+    """A Python number for a scalar-from-tensor node (NOTE [scalars from tensors on meta])."""
+    val = node.meta.get("val")
+    if isinstance(val, (int, float, bool)):
+        return val
+    if isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        kind = {torch.SymInt: int, torch.SymFloat: float, torch.SymBool: bool}[type(val)]
+        if val.node.hint is not None:
+            return kind(val.node.hint)
+        bounds = val.node.shape_env.var_to_range.get(val.node.expr)
+        value = 0
+        if bounds is not None and bounds.lower.is_number and bounds.lower > 0:
+            value = bounds.lower
+        if bounds is not None and bounds.upper.is_number and bounds.upper < value:
+            value = bounds.upper
+        return kind(value)
+    raise RuntimeError(f"'{node.name}' ({node.target}) has no traced value to stand in for it on meta")
+
+
 class MetaInterpreter(fx.Interpreter):
     """`fx.Interpreter` over meta tensors; `on_node(node, fn)` may wrap each op call."""
 
@@ -49,6 +78,10 @@ class MetaInterpreter(fx.Interpreter):
         return value
 
     def call_function(self, target, args, kwargs):
+        if target in _TRACED_SCALARS:  # NOTE [scalars from tensors on meta]
+            return traced_scalar(self.current_node)
+        if target is torch.ops.aten._assert_scalar.default:
+            return None
         if _takes_device(target):
             kwargs = {**kwargs, "device": META}
         call = lambda: super(MetaInterpreter, self).call_function(target, args, kwargs)  # noqa: E731

@@ -87,6 +87,7 @@ def inspect_json(out: Path, manifest: dict[str, Any], plan: dict[str, Any]) -> d
         "lower_bound_us": plan["lower_bound_us"],
         "gap": plan["gap"],
         "solver_status": plan["solver_status"],
+        "dynamic": plan.get("dynamic"),
         "simulated_step": {"schedule": step.schedule, "step_us": round(step.step_ns / 1000, 3),
                            "bubble_fraction": round(step.bubble_fraction, 6)},
         "baselines": plan.get("baselines") or [],

@@ -104,3 +104,8 @@ def print_plan(plan: dict[str, Any], console: Console | None = None) -> None:
                   f"bubble {step.bubble_fraction:.0%}", markup=False, highlight=False)
     for line in baseline_lines(plan):
         console.print(line, markup=False, highlight=False)
+    dynamic = plan.get("dynamic")  # which dims `hetpart run --batch-size/--seq-len` may change
+    if dynamic is not None:
+        top = f" (2 to {dynamic['seq_len_max']})" if dynamic.get("seq_len_max") else ""
+        seq = f"dynamic{top}" if dynamic["seq_len"] else f"static ({dynamic.get('why') or 'traced so'})"
+        console.print(f"dynamic dims: batch; sequence length {seq}", markup=False, highlight=False)

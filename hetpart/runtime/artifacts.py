@@ -5,9 +5,11 @@ Nothing here unpickles: JSON, safetensors and the generated `stage.py` source on
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import importlib.util
 import json
+import operator
 import sys
 from pathlib import Path
 from typing import Any
@@ -96,3 +98,54 @@ def load_stage(out: Path, entry: dict[str, Any]) -> torch.nn.Module:
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module.Stage()
+
+
+# NOTE [symbolic dims]: the manifest writes each boundary value's shape as export traced it,
+# in the model's symbols: `s0` is the batch (dim 0 of the model's inputs), `s1` the sequence
+# length where it is dynamic, and a dim may be an expression of them: `16*s0` (a flattened
+# [B, L, D] at a static length), `s0*s1`, `s1 - 1`, `(s1//2)`, `Max(1, s1)`. `dim_size`
+# evaluates such a dim at a run's sizes. It walks the expression's Python syntax tree and
+# knows integers, symbols, + - * // % ** and Max/Min, nothing else: a manifest is data, and
+# sympy's parser would `eval` it.
+_BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv,
+           ast.Mod: operator.mod, ast.Pow: operator.pow}
+_CALLS = {"Max": max, "Min": min}
+
+
+def dim_size(dim: object, sizes: dict[str, int]) -> int | None:
+    """A manifest dim at the symbols' `sizes` (NOTE [symbolic dims]); None if it names a symbol
+    `sizes` lacks. An expression that is not one of the forms above is an error."""
+
+    def value(node: ast.AST) -> int | None:
+        if isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool):
+            return node.value
+        if isinstance(node, ast.Name):
+            return sizes.get(node.id)
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            inner = value(node.operand)
+            return None if inner is None else -inner
+        if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
+            left, right = value(node.left), value(node.right)
+            return None if left is None or right is None else _BINARY[type(node.op)](left, right)
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _CALLS
+                and node.args and not node.keywords):
+            args = [value(a) for a in node.args]
+            return None if None in args else _CALLS[node.func.id](args)
+        raise ValueError
+
+    try:
+        return value(ast.parse(str(dim).strip(), mode="eval").body)
+    except (SyntaxError, ValueError, ZeroDivisionError):
+        raise HetpartError(f"manifest.json: cannot read the dimension {dim!r} (expected an integer or an expression "
+                           "of symbols s0, s1, ... with + - * //); re-run `hetpart partition`") from None
+
+
+def symbol_sizes(manifest: dict[str, Any], batch_size: int, seq_len: int) -> dict[str, int]:
+    """Each symbol of the model's inputs (rank 0's) at a run's sizes: a symbol that is a dim 0 is the
+    batch, one that is a later dim the sequence length (the only other dim export makes dynamic)."""
+    sizes: dict[str, int] = {}
+    for value in manifest["ranks"][0]["inputs"]:
+        for i, dim in enumerate(value["shape"]):
+            if str(dim).isidentifier():
+                sizes.setdefault(str(dim), batch_size if i == 0 else seq_len)
+    return sizes

@@ -8,6 +8,7 @@ the same weights and compares.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -29,7 +30,7 @@ from safetensors.torch import load_file, save_file
 from hetpart.errors import HetpartError
 from hetpart.frontend import ModelSpec, load_model
 from hetpart.frontend.hf import HFModel, OutputStructure
-from hetpart.runtime.artifacts import check_rank_files, load_manifest, read_json
+from hetpart.runtime.artifacts import check_rank_files, dim_size, load_manifest, read_json, symbol_sizes
 
 VERIFY_ATOL = 1e-5  # fp32 outputs: max absolute difference
 VERIFY_GRAD_RTOL = 1e-5  # fp32 gradients: max difference relative to the largest reference entry
@@ -319,6 +320,8 @@ class RunOptions:
     as_nodes: bool = False  # one torchrun per planned node on loopback (a multi-node rehearsal)
     measure: bool = False  # write DIR/measured.json
     master_port: int | None = None  # the rendezvous port on 127.0.0.1 (default: a free one)
+    batch_size: int | None = None  # run at this batch (default: the traced one); the batch is always dynamic
+    seq_len: int | None = None  # run at this sequence length, where the plan's is dynamic (default: the traced one)
 
 
 def _check_options(opts: RunOptions, batch_size: int, world: int, m: int) -> None:
@@ -327,7 +330,8 @@ def _check_options(opts: RunOptions, batch_size: int, world: int, m: int) -> Non
     if opts.schedule not in ("gpipe", "1f1b"):
         raise HetpartError(f"--schedule {opts.schedule}: expected gpipe or 1f1b")
     if m < 1 or batch_size % m:
-        raise HetpartError(f"--microbatches {m} must be >= 1 and divide the batch size {batch_size}")
+        raise HetpartError(f"--microbatches {m} must be >= 1 and divide the batch size {batch_size}; "
+                           "pass a --batch-size that --microbatches divides, or other --microbatches")
     if opts.schedule == "1f1b" and m < world:
         raise HetpartError(f"--schedule 1f1b needs at least as many microbatches as stages ({world}); "
                            f"got --microbatches {m}")
@@ -339,10 +343,33 @@ def _check_options(opts: RunOptions, batch_size: int, world: int, m: int) -> Non
         _check_port_free(opts.master_port)
 
 
-def _target(manifest: dict, batch_size: int, seed: int) -> torch.Tensor:
+def run_spec(spec: ModelSpec, plan: dict, opts: RunOptions) -> ModelSpec:
+    """The model spec at the run's --batch-size and --seq-len; an error where the plan's dims are static.
+
+    NOTE [run sizes]: the batch is always dynamic; the sequence length is where plan.json's
+    `dynamic.seq_len` says so (NOTE [dynamic sequence length] in frontend/export.py), within
+    the range it was traced for. Every symbol of the manifest's shapes is then a size of this run
+    (`symbol_sizes`), which the launcher passes on to each rank.
+    """
+    dynamic = plan.get("dynamic", {"batch": True, "seq_len": False, "why": "planned before dynamic sequences"})
+    batch, seq = opts.batch_size or spec.batch_size, opts.seq_len or spec.seq_len
+    if batch < 2:
+        raise HetpartError(f"--batch-size must be at least 2 (got {batch}): the model's inputs are built at it")
+    if seq != spec.seq_len:
+        if not dynamic.get("seq_len"):
+            why = f" ({dynamic['why']})" if dynamic.get("why") else ""
+            raise HetpartError(f"--seq-len {seq}: this plan's sequence length is static, {spec.seq_len}{why}; "
+                               f"run at --seq-len {spec.seq_len}, or partition again at --seq-len {seq}")
+        top = dynamic.get("seq_len_max")
+        if seq < 2 or (top is not None and seq > top):
+            raise HetpartError(f"--seq-len {seq}: this plan runs sequences of 2 to {top or 'any length'} tokens")
+    return dataclasses.replace(spec, batch_size=batch, seq_len=seq)
+
+
+def _target(manifest: dict, batch_size: int, seq_len: int, seed: int) -> torch.Tensor:
     """The training target: random, shaped like the model's first output at the full batch."""
     first = manifest["ranks"][-1]["outputs"][0]
-    shape = [batch_size if i == 0 else int(d) for i, d in enumerate(first["shape"])]
+    shape = [dim_size(d, symbol_sizes(manifest, batch_size, seq_len)) for d in first["shape"]]
     generator = torch.Generator().manual_seed(seed + 1)
     return torch.randn(shape, generator=generator)
 
@@ -383,7 +410,7 @@ def _grad_rel_err(io_dir: Path, world: int, reference: dict[str, torch.Tensor]) 
 def run_pipeline(out: Path, opts: RunOptions = RunOptions(), echo: Callable[[str], None] = print) -> RunResult:
     manifest = load_manifest(out)
     plan = read_json(out / "plan.json")
-    spec = ModelSpec.from_json(plan["model"])
+    spec = run_spec(ModelSpec.from_json(plan["model"]), plan, opts)
     m = opts.microbatches or plan["microbatches"]
     world = manifest["world_size"]
     _check_options(opts, spec.batch_size, world, m)
@@ -401,12 +428,14 @@ def run_pipeline(out: Path, opts: RunOptions = RunOptions(), echo: Callable[[str
         io_dir = Path(io)
         names = [i["name"] for i in manifest["ranks"][0]["inputs"]]
         save_file({n: x.contiguous() for n, x in zip(names, inputs)}, str(io_dir / "inputs.safetensors"))
-        target = _target(manifest, spec.batch_size, spec.seed) if training else None
+        target = _target(manifest, spec.batch_size, spec.seq_len, spec.seed) if training else None
         if target is not None:
             save_file({"target": target}, str(io_dir / "target.safetensors"))
         worker_args = ["-m", "hetpart.runtime.worker", str(out), "--io", str(io_dir), "--microbatches", str(m),
                        "--mode", opts.mode, "--schedule", opts.schedule, "--steps", str(opts.steps),
-                       "--lr", str(opts.lr), "--timeout", f"{opts.timeout_s:g}", "--device", "auto" if torch.cuda.is_available() else "cpu"]
+                       "--lr", str(opts.lr), "--timeout", f"{opts.timeout_s:g}",
+                       "--batch-size", str(spec.batch_size), "--seq-len", str(spec.seq_len),
+                       "--device", "auto" if torch.cuda.is_available() else "cpu"]
         cmds = _torchrun_commands(manifest, log_dir, opts.as_nodes, opts.master_port)
         where = (f"{len(cmds)} torchrun node(s) on loopback" if opts.as_nodes else "one torchrun")
         backend = manifest["backend"] if torch.cuda.is_available() else "gloo on CPU"

@@ -27,7 +27,7 @@ from safetensors.torch import load_file, save_file
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
 from hetpart.errors import HetpartError
-from hetpart.runtime.artifacts import load_manifest, load_stage, read_json
+from hetpart.runtime.artifacts import dim_size, load_manifest, load_stage, read_json, symbol_sizes
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 
@@ -83,34 +83,26 @@ class Boundary(torch.nn.Module):
         return outputs
 
 
-def _static_metadata(manifest: dict, entry: dict, microbatches: int, plan: dict,
-                     device: torch.device) -> dict | None:
+def _static_metadata(manifest: dict, entry: dict, sizes: dict[str, int], device: torch.device) -> dict | None:
     """`input_args`/`output_args` for PipelineStage: zeros shaped like this rank's boundary values.
 
     NOTE [static stage metadata]: without them, pipelining infers each stage's output shapes by
     running it on `torch.empty` inputs, and an integer tensor crossing a cut (HF attention-mask
     indices, decoder token ids) then holds garbage that `index`/`embedding` reject. The manifest
-    knows every shape; the batch symbols (dim 0 of the model's inputs) become the microbatch size.
-    Any other symbolic dim leaves the stage to inference (None). Inference mode only: training
-    also needs gradient metadata.
+    knows every shape in the model's symbols; `sizes` gives each symbol's size in one microbatch
+    of this run (the batch symbols the microbatch size, the sequence symbol the run's length:
+    `symbol_sizes`), and every dim is evaluated at them (`16*s0`, `s0*s1`: NOTE [symbolic dims]).
+    A dim naming a symbol `sizes` lacks leaves the stage to inference (None). Inference mode
+    only: training also needs gradient metadata.
     """
     from hetpart.passes.shape import DTYPE_NAMES
 
     dtypes = {name: dtype for dtype, name in DTYPE_NAMES.items()}
-    batch_syms = {str(i["shape"][0]) for i in manifest["ranks"][0]["inputs"] if i["shape"]}
-    micro = plan["model"]["batch_size"] // microbatches
-
-    def size(dim: object) -> int | None:  # "16", "s0" or "16*s0" (a flattened [B, L, ...])
-        scale, _, last = str(dim).rpartition("*")
-        if scale and not scale.isdigit():
-            return None
-        value = micro if last in batch_syms else int(last) if last.isdigit() else None
-        return None if value is None else value * int(scale or 1)
 
     def zeros(values: list[dict]) -> tuple[torch.Tensor, ...] | None:
         out = []
         for v in values:
-            dims = [size(d) for d in v["shape"]]
+            dims = [dim_size(d, sizes) for d in v["shape"]]
             if None in dims or v["dtype"] not in dtypes:
                 return None
             out.append(torch.zeros(dims, dtype=dtypes[v["dtype"]], device=device))
@@ -160,7 +152,8 @@ def sum_shared_grads(module: torch.nn.Module, groups: list, process_groups: list
 
 
 def run_rank(out: Path, io_dir: Path, mode: str, schedule_name: str, microbatches: int, steps: int,
-             lr: float, device: torch.device) -> None:
+             lr: float, device: torch.device, batch_size: int | None = None, seq_len: int | None = None) -> None:
+    """Run this rank's stage; `batch_size` and `seq_len` are the run's (default: the plan's traced ones)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     manifest = load_manifest(out)
     if manifest["world_size"] != world:
@@ -172,8 +165,9 @@ def run_rank(out: Path, io_dir: Path, mode: str, schedule_name: str, microbatche
     print(f"rank {rank}: loaded {entry['dir']}/stage.py and {len(entry['weights'])} weight(s) on {device}", flush=True)
     training = mode == "training"
     module.requires_grad_(training)
-    static = None if training else _static_metadata(manifest, entry, microbatches, read_json(out / "plan.json"),
-                                                              device)
+    model = read_json(out / "plan.json")["model"]
+    sizes = symbol_sizes(manifest, (batch_size or model["batch_size"]) // microbatches, seq_len or model["seq_len"])
+    static = None if training else _static_metadata(manifest, entry, sizes, device)
     boundary = Boundary(module)
     stage = PipelineStage(boundary, stage_index=rank, num_stages=world, device=device, **(static or {}))
     schedule = SCHEDULES[schedule_name](stage, n_microbatches=microbatches,
@@ -249,6 +243,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--microbatches", type=int, required=True)
     parser.add_argument("--steps", type=int, default=1)
     parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--batch-size", type=int, default=None, help="the inputs' batch (default: the plan's)")
+    parser.add_argument("--seq-len", type=int, default=None, help="the inputs' sequence length (default: the plan's)")
     parser.add_argument("--timeout", type=float, default=600,
                         help="seconds any send, receive or collective may wait for a peer before this rank fails")
     parser.add_argument("--device", choices=["auto", "cpu"], default="auto",
@@ -260,7 +256,8 @@ def main(argv: list[str] | None = None) -> int:
     dist.init_process_group("nccl" if use_cuda else "gloo", timeout=datetime.timedelta(seconds=args.timeout))
     try:
         device = torch.device(manifest["ranks"][dist.get_rank()]["device"] if use_cuda else "cpu")
-        run_rank(args.out, args.io, args.mode, args.schedule, args.microbatches, args.steps, args.lr, device)
+        run_rank(args.out, args.io, args.mode, args.schedule, args.microbatches, args.steps, args.lr, device,
+                 args.batch_size, args.seq_len)
     except HetpartError as err:
         print(f"hetpart: rank {os.environ.get('RANK')}: {err}", file=sys.stderr, flush=True)
         return 2

@@ -1,23 +1,27 @@
 """The artifacts directory: .pt2 programs, launch.sh, manifest fields."""
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from hetpart.cli import main
 
+ROOT = Path(__file__).resolve().parents[2]
+
 LOAD_AND_RUN = """
 import json, sys, torch
-from safetensors.torch import load_file
-out, rank, batch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+from hetpart.runtime.artifacts import dim_size, symbol_sizes
+out, rank, batch, seq = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 manifest = json.load(open(f"{out}/manifest.json"))
 entry = manifest["ranks"][rank]
 ep = torch.export.load(f"{out}/rank{rank}/stage.pt2")
 args = []
 for i in entry["inputs"]:
-    shape = [batch if d == "s0" else int(d) for d in i["shape"]]
+    shape = [dim_size(d, symbol_sizes(manifest, batch, seq)) for d in i["shape"]]
     args.append(torch.randint(0, 64, shape) if i["dtype"] == "i64" else torch.randn(shape))
 outs = ep.module()(*args)
 print(json.dumps([list(o.shape) for o in outs]))
@@ -40,15 +44,16 @@ def test_every_rank_has_a_hashed_pt2(gpt_out):
         assert (gpt_out / entry["dir"] / "stage.pt2").is_file()
 
 
-@pytest.mark.parametrize("batch", [1, 7])
-def test_pt2_loads_in_a_fresh_process_at_another_batch(gpt_out, batch):
+@pytest.mark.parametrize(("batch", "seq"), [(1, 16), (7, 9)])
+def test_pt2_loads_in_a_fresh_process_at_another_batch_and_length(gpt_out, batch, seq):
     manifest = json.loads((gpt_out / "manifest.json").read_text())
+    assert json.loads((gpt_out / "plan.json").read_text())["dynamic"]["seq_len"]
     rank = len(manifest["ranks"]) - 1  # the last rank: its inputs are activations, not tokens
-    proc = subprocess.run([sys.executable, "-c", LOAD_AND_RUN, str(gpt_out), str(rank), str(batch)],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-c", LOAD_AND_RUN, str(gpt_out), str(rank), str(batch), str(seq)],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 0, proc.stderr[-2000:]
     shapes = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert shapes[0][0] == batch and shapes[0][1:] == [16, 64]
+    assert shapes[0] == [batch, seq, 64]
 
 
 def test_manifest_nodes_and_devices(gpt_out):

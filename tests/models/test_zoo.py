@@ -3,7 +3,7 @@
 Two splits per model: the solver's plan (through `compile_model`, as the CLI
 does) and a forced contiguous 4-stage split, so that skip values (residuals,
 U-Net skips, the timestep embedding, recurrent states, id bags) cross cuts.
-Both run at the traced batch and at another batch size. Runs of these configs
+Both run at the traced batch and another (and another length where it is dynamic). Runs of these configs
 under a real torchrun are recorded in docs/models.md (4 ranks take about a
 minute on a 2-core machine, too slow for the suite; tests/runtime has its own).
 """
@@ -20,7 +20,7 @@ import hetpart.compile
 from hetpart.codegen import manifest, split_stages, write_json, write_rank
 from hetpart.codegen.artifacts import PlannedDevice
 from hetpart.compile import CompileOptions, analyze, compile_model
-from hetpart.frontend import ModelSpec, export_model, load_model
+from hetpart.frontend import ModelSpec, export_model, load_model, sequence_axes
 from hetpart.ir import info
 from hetpart.models import ZOO, build_zoo
 from hetpart.passes import lower_to_problem
@@ -29,6 +29,8 @@ from tests.codegen.test_split import contiguous_plan
 
 TRACED_BATCH = 4
 OTHER_BATCH = 3
+TRACED_SEQ = 6
+OTHER_SEQ = 5
 
 TINY = {
     "mlp": {"n_blocks": "3", "hidden": "32"},
@@ -53,10 +55,13 @@ NAMES = sorted(TINY)
 # other node type), a layer input read one step later (lstm), or a residual whose block spans a
 # whole stage (llama, moe, t5).
 LONG_SKIPS = {"mlp", "unet", "llama", "moe", "t5", "hgnn", "lstm", "glm"}
+# Models whose sequence length is dynamic (NOTE [dynamic sequence length]); lstm unrolls its time
+# steps, so export specializes the length, and the others have no sequence dimension.
+DYNAMIC_SEQ = {"gpt-small", "llama", "moe", "bert", "t5"}
 
 
-def spec(name: str) -> ModelSpec:
-    return ModelSpec(f"zoo:{name}", TINY[name], batch_size=TRACED_BATCH, seq_len=6)
+def spec(name: str, seq_len: int = TRACED_SEQ) -> ModelSpec:
+    return ModelSpec(f"zoo:{name}", TINY[name], batch_size=TRACED_BATCH, seq_len=seq_len)
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +75,8 @@ def traced():
 
     def get(name: str) -> torch.fx.GraphModule:
         if name not in cache:
-            cache[name] = export_model(*load_model(spec(name)))
+            module, inputs = load_model(spec(name))
+            cache[name] = export_model(module, inputs, seq=sequence_axes(spec(name), inputs))
         return cache[name]
 
     return get
@@ -82,7 +88,7 @@ def export_once(traced, monkeypatch):
 
     def use(name: str) -> None:
         gm = traced(name)
-        monkeypatch.setattr(hetpart.compile, "export_model", lambda module, inputs: gm)
+        monkeypatch.setattr(hetpart.compile, "export_model", lambda module, inputs, **kw: gm)
 
     return use
 
@@ -96,15 +102,18 @@ def run_generated(out: Path, inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Te
     return values
 
 
-def assert_matches_model(out: Path, name: str) -> None:
-    module, inputs = load_model(spec(name))
-    for batch in (TRACED_BATCH, OTHER_BATCH):
-        x = tuple(t[:batch] for t in inputs)
-        with torch.no_grad():
-            expected = module(*x)
-        got = run_generated(out, x)
-        assert len(got) == 1
-        torch.testing.assert_close(got[0], expected, rtol=0, atol=1e-5)
+def assert_matches_model(out: Path, name: str, dynamic_seq: bool) -> None:
+    """The stage files equal the model at the traced batch and another, and (dynamic_seq) another length."""
+    assert dynamic_seq == (name in DYNAMIC_SEQ)
+    for seq in (TRACED_SEQ, OTHER_SEQ) if dynamic_seq else (TRACED_SEQ,):
+        module, inputs = load_model(spec(name, seq))  # the same weights: the seed builds them first
+        for batch in (TRACED_BATCH, OTHER_BATCH):
+            x = tuple(t[:batch] for t in inputs)
+            with torch.no_grad():
+                expected = module(*x)
+            got = run_generated(out, x)
+            assert len(got) == 1
+            torch.testing.assert_close(got[0], expected, rtol=0, atol=1e-5)
 
 
 def test_every_small_zoo_model_is_covered():
@@ -119,7 +128,7 @@ def test_partitioned_stage_files_reproduce_the_model(name, tmp_path, export_once
     result = compile_model(spec(name), "preset:mixed-4", out, CompileOptions(microbatches=2, time_limit_s=1),
                            echo=lambda _: None)
     assert result.plan.solver_status in {"OPTIMAL", "FEASIBLE"}
-    assert_matches_model(out, name)
+    assert_matches_model(out, name, result.plan_json["dynamic"]["seq_len"])
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -140,7 +149,7 @@ def test_forced_four_stage_split_reproduces_the_model(name, tmp_path, mixed4, ex
     files = [write_rank(out / f"rank{s.index}", s, f"stage {s.index}") for s in stages]
     devices = [PlannedDevice(f"host/{s.index}", "cpu", "host") for s in stages]
     write_json(out / "manifest.json", manifest(stages, files, devices))
-    assert_matches_model(out, name)
+    assert_matches_model(out, name, gm.meta["dynamic"]["seq_len"])
 
 
 @pytest.mark.parametrize(("name", "params"), [("llama-7b", 6_738_415_616), ("llama-70b", 68_976_648_192)])

@@ -7,6 +7,7 @@ from hetpart.partitioner.bounds import (
     lp_work_bound_ns,
     min_devices,
     model_bytes,
+    sequence_bound_ns,
 )
 
 from partition_cases import FAST_LINK, brute_force, chain, make_problem, random_problem
@@ -21,7 +22,10 @@ def test_every_bound_is_at_most_the_brute_force_optimum(seed):
         return  # nothing fits: no bound to check against (memory_feasible may still say True)
     assert b.lp_work_ns <= optimum
     assert b.largest_op_ns <= optimum
+    assert b.sequence_ns <= optimum
     assert b.lower_bound_ns <= optimum
+    # A known plan's bottleneck (here the optimum itself) only narrows the bisection.
+    assert compute_bounds(p, upper_ns=optimum).sequence_ns <= optimum
     assert b.min_devices is not None and b.min_devices <= len(p.devices)
 
 
@@ -89,3 +93,114 @@ def test_stage_sum_bound_counts_the_network_boundary():
     assert brute_force(p) == 200  # one stage: 200; two: 100 + 1500 each
     b = compute_bounds(p)
     assert b.lp_work_ns <= 100 and b.stage_sum_ns == 200 == b.lower_bound_ns
+
+
+def _alike_problem(seed: int):
+    """Like `random_problem`, but ops of nearly equal times (where counting ops per stage bites),
+    some free ops, sometimes a forbidden type, and pins that make every boundary pay."""
+    import random
+
+    from hetpart.partitioner import Link
+
+    rng = random.Random(seed)
+    n = rng.randint(3, 6)
+    names = [f"n{i}" for i in range(n)]
+    base = rng.randint(5, 40)
+    nodes = {}
+    for v in names:
+        t = 0 if rng.random() < 0.2 else base + rng.randint(0, 3)
+        nodes[v] = {"time": {"a": t, "b": t + rng.choice([0, 0, 1, base])}, "out": rng.choice([0, 10, 100, 1000])}
+        if rng.random() < 0.15:
+            nodes[v]["forbidden"] = [rng.choice("ab")]
+    nodes[names[0]]["pin"] = "first"
+    nodes[names[0]].pop("forbidden", None)
+    nodes[names[-1]]["pin"] = "last"
+    edges = [(u, v) for i, u in enumerate(names) for v in names[i + 1:] if rng.random() < 0.5]
+    edges += [(names[0], names[1]), (names[-2], names[-1])]
+    devices = [Device("d0", "a", "m0", 1000), Device("d1", "a", "m0", 1000), Device("d2", "b", "m1", 1000)]
+    return make_problem(nodes, sorted(set(edges)), devices, intra=Link(rng.choice([100, 1000]), rng.choice([0, 5])),
+                        network=Link(rng.choice([10, 100, 1000]), rng.choice([0, 20])),
+                        max_stages=rng.choice([None, 2]))
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_sequence_bound_is_at_most_the_brute_force_optimum_on_alike_ops(seed):
+    p = _alike_problem(seed)
+    optimum = brute_force(p)
+    if optimum is None:
+        return
+    b = compute_bounds(p, upper_ns=optimum)
+    assert b.sequence_ns <= optimum
+    assert compute_bounds(p).sequence_ns <= optimum
+
+
+def test_sequence_bound_counts_ops_per_stage():
+    # Five ops of 10 ns on two identical devices: the best split is 3 + 2 ops, 30 ns. The work
+    # bounds say 25 (50 ns over two devices); no stage may hold 3 ops below 30 ns, and 2 + 2 < 5.
+    nodes, edges = chain(5, {"g": 10})
+    p = make_problem(nodes, edges, [Device(f"g{i}", "g", "m0", 10**6) for i in range(2)], network=FAST_LINK)
+    assert brute_force(p) == 30
+    b = compute_bounds(p)
+    assert b.lp_work_ns <= 25 and b.stage_sum_ns <= 25
+    assert sequence_bound_ns(p) == 30 == b.lower_bound_ns
+
+
+def test_sequence_bound_pays_each_machines_own_link():
+    # Pins make every boundary carry x's 1000 bytes; g0, g1 on a slow machine link (1 byte/ns),
+    # h0 on a fast machine whose network link is fast too. Stage sums with the cheapest link
+    # for every boundary would allow a three-way split; with each boundary on its own link,
+    # the best is one fast stage and the rest.
+    from hetpart.partitioner import Link
+
+    nodes = {"x": {"time": {"g": 0}, "out": 1000, "pin": "first"}}
+    nodes.update({f"op{i}": {"time": {"g": 400}} for i in range(3)})
+    nodes["y"] = {"time": {"g": 0}, "pin": "last"}
+    edges = [("x", "op0"), ("op0", "op1"), ("op1", "op2"), ("op2", "y"), ("x", "y")]
+    p = make_problem(nodes, edges, [Device("g0", "g", "m0", 10**6), Device("g1", "g", "m0", 10**6),
+                                    Device("h0", "g", "m1", 10**6)], network=Link(100_000, 0))
+    p.intra_node_links["m0"] = Link(1_000, 0)
+    optimum = brute_force(p)
+    b = compute_bounds(p, upper_ns=optimum)
+    assert b.sequence_ns <= optimum and compute_bounds(p).sequence_ns <= optimum
+    assert b.sequence_ns > b.stage_sum_ns
+
+
+def _mixed_speed_problem(seed: int):
+    """Ops that each run well on one type only (speed ratios differ op by op), on two devices of
+    type a and one of b, with cheap transfers: where pooling a type's stages (the weighted work
+    checks of NOTE [sequence bound]) bites."""
+    import random
+
+    from hetpart.partitioner import Link
+
+    rng = random.Random(seed)
+    n = rng.randint(3, 6)
+    names = [f"n{i}" for i in range(n)]
+    nodes = {}
+    for v in names:
+        fast, slow = rng.randint(5, 30), rng.randint(40, 120)
+        nodes[v] = {"time": {"a": fast, "b": slow} if rng.random() < 0.5 else {"a": slow, "b": fast},
+                    "out": rng.choice([0, 1, 10])}
+    edges = [(u, v) for i, u in enumerate(names) for v in names[i + 1:] if rng.random() < 0.4]
+    devices = [Device("d0", "a", "m0", 1000), Device("d1", "a", "m0", 1000), Device("d2", "b", "m1", 1000)]
+    return make_problem(nodes, edges, devices, intra=Link(1000, rng.choice([0, 2])),
+                        network=Link(1000, rng.choice([0, 5])))
+
+
+def test_weighted_work_checks_are_valid_and_raise_the_sequence_bound():
+    from hetpart.partitioner.bounds import _lp, _work_multipliers
+
+    raised = 0
+    for seed in range(40):
+        p = _mixed_speed_problem(seed)
+        optimum = brute_force(p)
+        _, data, lam, _ = _lp(p)
+        plain = sequence_bound_ns(p)
+        weighted = sequence_bound_ns(p, multipliers=_work_multipliers(data, lam))
+        assert plain <= weighted <= optimum, seed
+        # Any nonnegative multipliers give a valid check, not just the LP's.
+        for lam_a, lam_b in ((1.0, 0.0), (0.0, 1.0), (1.0, 3.0), (5.0, 1.0)):
+            assert sequence_bound_ns(p, multipliers=[{"a": lam_a, "b": lam_b}]) <= optimum, (seed, lam_a, lam_b)
+        assert compute_bounds(p, upper_ns=optimum).lower_bound_ns <= optimum
+        raised += weighted > plain
+    assert raised > 0

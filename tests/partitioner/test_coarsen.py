@@ -74,7 +74,8 @@ def test_two_pass_dp_is_valid_never_worse_than_its_coarse_pass_and_close_to_the_
 def test_two_thousand_node_transformer_is_planned_fast_and_deterministically():
     p = transformer_problem(2000)
     t0 = time.perf_counter()
-    plan = solve(p, time_limit_s=4, seed=1)
+    # 8 s: the DP may take half (NOTE [DP deadline]), and it needs 2-3 s here on a loaded machine.
+    plan = solve(p, time_limit_s=8, seed=1)
     assert time.perf_counter() - t0 < 20  # the DP, coarsening and bounds: about 1 s past the limit, idle
     verify_plan(p, plan)
     assert plan.stats["coarsened"] == 1.0

@@ -1,6 +1,7 @@
 import time
 from collections import Counter
 
+import numpy as np
 import pytest
 
 from hetpart.errors import HetpartError
@@ -194,7 +195,7 @@ def test_no_solution_and_no_dp_plan_says_raise_time_limit(monkeypatch):
     from hetpart.partitioner import cpsat
 
     monkeypatch.setattr(cpsat.cp_model.CpSolver, "solve", lambda self, model, cb=None: cpsat.cp_model.UNKNOWN)
-    monkeypatch.setattr(cpsat, "dp_hint", lambda problem: None)
+    monkeypatch.setattr(cpsat, "dp_hint", lambda problem, **_: None)
     with pytest.raises(HetpartError, match="raise --time-limit"):
         solve(random_large(5, 30), time_limit_s=1)
 
@@ -206,3 +207,105 @@ def test_dp_coarsens_many_distinct_devices_and_stays_valid():
     assert time.perf_counter() - t0 < 3.0  # under 1 s idle; room for a loaded 2-core machine
     assert plan.stats["dp_exact"] == 0.0
     verify_plan(p, plan)
+
+
+def test_dp_stops_at_its_deadline_with_the_list_order_plan():
+    from hetpart.partitioner.dp import list_order_segments, order_tables
+
+    p = random_large(3, 200, num_devices=4)
+    full = dp_hint(p)
+    assert full.stats["dp_timed_out"] == 0.0 and full.stats["dp_exact"] == 1.0
+    t0 = time.perf_counter()
+    cut = dp_hint(p, time_limit_s=1e-9)  # past the deadline before the first state
+    assert time.perf_counter() - t0 < 3.0
+    verify_plan(p, cut)
+    assert cut.stats["dp_timed_out"] == 1.0 and cut.stats["dp_exact"] == 0.0
+    tab = order_tables(p)
+    listed = list_order_segments(p, tab, np.arange(tab.n + 1), refine=False)
+    assert cut.device_of_stage == listed.devices
+    assert full.bottleneck_ns <= cut.bottleneck_ns
+
+
+def test_solve_keeps_its_time_limit_when_the_dp_is_slow(monkeypatch):
+    from hetpart.partitioner import cpsat, dp
+
+    real = dp._dp_over
+
+    def slow(*args, deadline=None, **kwargs):
+        while deadline is not None and time.perf_counter() <= deadline:
+            time.sleep(0.01)  # a DP that would take far longer than the limit
+        return real(*args, deadline=deadline, **kwargs)
+
+    monkeypatch.setattr(dp, "_dp_over", slow)
+    p = random_large(3, 60, num_devices=4)
+    t0 = time.perf_counter()
+    plan = solve(p, time_limit_s=2)
+    assert time.perf_counter() - t0 < 2 + 3  # CP-SAT gets what is left; slack for a loaded machine
+    verify_plan(p, plan)
+    assert plan.stats["dp_seconds"] >= cpsat.DP_SHARE * 2 * 0.9
+
+
+def _dp_only_plan(monkeypatch, p):
+    """The plan `solve` returns when CP-SAT finds nothing: the DP's, with the search-free bounds."""
+    from hetpart.partitioner import cpsat
+
+    with monkeypatch.context() as m:
+        m.setattr(cpsat.cp_model.CpSolver, "solve", lambda self, model, cb=None: cpsat.cp_model.UNKNOWN)
+        return solve(p, time_limit_s=1)
+
+
+def test_dp_plan_within_the_gap_skips_cpsat(monkeypatch):
+    from hetpart.partitioner import cpsat
+
+    p = random_large(5, 30)
+    dp_only = _dp_only_plan(monkeypatch, p)
+    assert dp_only.gap > 0.0
+
+    def no_cpsat(*_args, **_kwargs):
+        raise AssertionError("CP-SAT ran although the DP's plan was within the gap")
+
+    monkeypatch.setattr(cpsat.cp_model.CpSolver, "solve", no_cpsat)
+    plan = solve(p, time_limit_s=10, gap=dp_only.gap * 1.001 + 1e-9)
+    verify_plan(p, plan)
+    assert plan.solver_status == "WITHIN_GAP" and plan.bottleneck_ns == dp_only.bottleneck_ns
+    assert plan.lower_bound_ns == dp_only.lower_bound_ns == plan.bounds.lower_bound_ns
+    assert plan.gap <= dp_only.gap * 1.001 + 1e-9
+    # Just below the DP's gap, CP-SAT runs (and here proves optimality).
+    monkeypatch.undo()
+    plan = solve(p, time_limit_s=10, gap=dp_only.gap * 0.999)
+    assert plan.solver_status in ("OPTIMAL", "WITHIN_GAP") and plan.gap <= dp_only.gap * 0.999
+
+
+def test_gap_plans_are_certified_and_bounds_valid():
+    statuses = Counter()
+    for seed in range(20):
+        p = random_problem(seed)
+        want = brute_force(p)
+        if want is None:
+            continue  # no plan fits: test_matches_brute_force_on_random_small_dags checks the error
+        exact = solve(p, time_limit_s=10)
+        assert exact.solver_status == "OPTIMAL" and exact.bottleneck_ns == want  # gap 0: as before
+        assert solve(p, time_limit_s=10, gap=0.0).stage_of == exact.stage_of
+        for gap in (0.05, 0.3):
+            plan = solve(p, time_limit_s=10, gap=gap)
+            verify_plan(p, plan)
+            assert plan.lower_bound_ns <= want <= plan.bottleneck_ns
+            assert plan.solver_status in ("OPTIMAL", "WITHIN_GAP")
+            assert plan.bottleneck_ns - plan.lower_bound_ns <= gap * plan.bottleneck_ns
+            assert (plan.solver_status == "OPTIMAL") == (plan.lower_bound_ns == plan.bottleneck_ns)
+            statuses[plan.solver_status] += 1
+    assert statuses["OPTIMAL"] > 0 and statuses["WITHIN_GAP"] > 0, statuses
+
+
+def test_gap_stop_in_cpsat_is_deterministic():
+    p = random_large(3, 60)
+    a, b = (solve(p, time_limit_s=20, gap=0.02) for _ in range(2))
+    assert a.solver_status in ("OPTIMAL", "WITHIN_GAP") and a.gap <= 0.02
+    assert (a.stage_of, a.device_of_stage, a.lower_bound_ns, a.solver_status) == \
+        (b.stage_of, b.device_of_stage, b.lower_bound_ns, b.solver_status)
+
+
+@pytest.mark.parametrize("gap", [-0.1, 1.0, float("nan")])
+def test_bad_gap_says_what_to_pass(gap):
+    with pytest.raises(HetpartError, match="--gap"):
+        solve(random_large(5, 30), gap=gap)
