@@ -81,7 +81,7 @@ def _dynamic_shapes(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], s
 def _export(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], dynamic: tuple) -> fx.GraphModule:
     """torch.export non-strict, unlifted, without export's guard submodule; HetpartError where it fails."""
     try:
-        with torch.no_grad(), _torch_quiet_unless_ok(), _no_stack_traces(), fast_fake_kernels():
+        with _tracing():
             ep = torch.export.export(module, inputs, dynamic_shapes=dynamic, strict=False)
     except Exception as err:  # torch raises many types; the user needs the first lines
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
@@ -97,7 +97,7 @@ def _export(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], dynamic: 
             f"  what to try: {hint}"
         ) from None
     if _mutates(ep):
-        with torch.no_grad(), _torch_quiet_unless_ok(), _no_stack_traces(), fast_fake_kernels():
+        with _tracing():
             ep = ep.run_decompositions({})
     gm = ep.module()
     for node in list(gm.graph.nodes):
@@ -125,6 +125,14 @@ def _mutates(ep: torch.export.ExportedProgram) -> bool:
 # linear and SDPA stay whole). In-place ops whose result is used, like T5's
 # `relative_buckets += ...`, order their readers through that result and stay; graphs
 # without in-place writes, nearly every model, are kept as export made them.
+@contextlib.contextmanager
+def _tracing() -> Iterator[None]:
+    """How hetpart runs torch.export: no autograd, torch's stderr held back, no node stack traces,
+    shape-only kernels (NOTE [fast fake kernels])."""
+    with torch.no_grad(), _torch_quiet_unless_ok(), _no_stack_traces(), fast_fake_kernels():
+        yield
+
+
 @contextlib.contextmanager
 def _torch_quiet_unless_ok() -> Iterator[None]:
     """Hold back what torch writes to stderr while exporting (logged tracebacks, a failed export's

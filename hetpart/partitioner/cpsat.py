@@ -514,12 +514,10 @@ def solve(
     model_lb = max(bounds.lp_work_ns, bounds.largest_op_ns, bounds.stage_sum_ns)
     value = lambda st: objective_ns(st, objective, microbatches)  # noqa: E731
     search_free_lb = objective_bound_ns(problem, bounds, objective, microbatches)
-    if gap > 0 and dp_plan is not None and _within_gap(value(dp_plan.stages), search_free_lb, gap):
-        # NOTE [gap stop]: the DP's plan is already certified; CP-SAT could only narrow the gap.
-        stats = {"dp_seconds": t_dp - t0, "dp_bottleneck_ns": float(dp_plan.bottleneck_ns)}
-        return _finished_plan(dp_plan.stage_of, dp_plan.device_of_stage, dp_plan.stages, search_free_lb, False,
-                              objective=objective, microbatches=microbatches, t0=t0, stats=stats, bounds=bounds,
-                              gap=gap)
+    certified = _certified_dp_plan(dp_plan, search_free_lb, gap, objective=objective, microbatches=microbatches,
+                                   t0=t0, bounds=bounds, stats={"dp_seconds": t_dp - t0})
+    if certified is not None:
+        return certified
     mdl = _build(problem, objective, microbatches, model_lb)
     if hint is not None:
         _check_hint(problem, hint, mdl.num_stages)
@@ -589,6 +587,18 @@ def solve(
     proven = objective_bound_ns(problem, bounds, objective, microbatches, solver_ns=bound)
     return _finished_plan(stage_of, device_of_stage, stages, proven, status_name == "OPTIMAL",
                           objective=objective, microbatches=microbatches, t0=t0, stats=stats, bounds=bounds, gap=gap)
+
+
+def _certified_dp_plan(dp_plan: Plan | None, lower_bound_ns: int, gap: float, *, objective: str, microbatches: int,
+                       t0: float, bounds: Bounds, stats: dict[str, float]) -> Plan | None:
+    """The DP's plan, finished, when it is already within `gap` of `lower_bound_ns` (NOTE [gap stop]:
+    the solver could only narrow the gap); else None."""
+    if gap <= 0 or dp_plan is None or not _within_gap(objective_ns(dp_plan.stages, objective, microbatches),
+                                                      lower_bound_ns, gap):
+        return None
+    return _finished_plan(dp_plan.stage_of, dp_plan.device_of_stage, dp_plan.stages, lower_bound_ns, False,
+                          objective=objective, microbatches=microbatches, t0=t0,
+                          stats={**stats, "dp_bottleneck_ns": float(dp_plan.bottleneck_ns)}, bounds=bounds, gap=gap)
 
 
 def _finished_plan(stage_of: dict[str, int], device_of_stage: list[str], stages: list[StageCost], proven_ns: int,
@@ -663,13 +673,11 @@ def _solve_coarsened(problem: Problem, t0: float, *, time_limit_s: float, seed: 
     bounds = compute_bounds(problem, 0, upper_ns=dp_plan.bottleneck_ns if dp_plan is not None else None)
     valid_lb = objective_bound_ns(problem, bounds, objective, microbatches)
     t_bounds = time.perf_counter()
-    if gap > 0 and dp_plan is not None and _within_gap(value(dp_plan.stages), valid_lb, gap):
-        # NOTE [gap stop]: the DP's plan is already certified; skip the coarse model.
-        stats = {"dp_seconds": t_dp - t0, "bounds_seconds": t_bounds - t_dp,
-                 "dp_bottleneck_ns": float(dp_plan.bottleneck_ns), "plan_from_dp": 1.0}
-        return _finished_plan(dp_plan.stage_of, dp_plan.device_of_stage, dp_plan.stages, valid_lb, False,
-                              objective=objective, microbatches=microbatches, t0=t0, stats=stats, bounds=bounds,
-                              gap=gap)
+    certified = _certified_dp_plan(dp_plan, valid_lb, gap, objective=objective, microbatches=microbatches, t0=t0,
+                                   bounds=bounds, stats={"dp_seconds": t_dp - t0, "bounds_seconds": t_bounds - t_dp,
+                                                         "plan_from_dp": 1.0})
+    if certified is not None:
+        return certified
     candidates: list[tuple[str, dict[str, int], list[str]]] = []
     if dp_plan is not None:
         candidates.append(("dp", dp_plan.stage_of, dp_plan.device_of_stage))
