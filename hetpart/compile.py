@@ -192,6 +192,8 @@ def compile_model(spec: ModelSpec, cluster_spec: str, out: Path, opts: CompileOp
         )
     if opts.time_limit_s <= 0:
         raise HetpartError(f"--time-limit must be positive (got {opts.time_limit_s})")
+    if not 0.0 <= opts.gap < 1.0:  # before tracing: solve checks it too, but only after the model is traced
+        raise HetpartError(f"--gap must be a fraction in [0, 1), e.g. --gap 0.01 for 1% (got {opts.gap})")
     cluster = load_cluster(cluster_spec)
     microbatch_size = spec.batch_size // opts.microbatches
     profiles = load_profiles(opts.profiles, cluster)

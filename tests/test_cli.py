@@ -46,6 +46,7 @@ def test_same_command_twice_gives_identical_plan_and_sources(tmp_path):
     (["zoo:mlp", "--microbatches", "3"], "--microbatches 3 must be >= 1 and divide --batch-size 8"),
     (["zoo:mlp", "--time-limit", "0"], "--time-limit must be positive"),
     (["zoo:mlp", "--batch-size", "1", "--microbatches", "1"], "--batch-size must be at least 2"),
+    (["zoo:mlp", "--gap", "1.5"], "--gap must be a fraction in [0, 1)"),
 ])
 def test_bad_partition_input_exits_2_and_writes_nothing(tmp_path, capsys, args, message):
     out = tmp_path / "out"
@@ -59,6 +60,14 @@ def test_bad_partition_input_exits_2_and_writes_nothing(tmp_path, capsys, args, 
     err = capsys.readouterr().err
     assert err.startswith("hetpart: error: ") and message in err and "Traceback" not in err
     assert list(tmp_path.iterdir()) in ([], [tmp_path / "none.toml"])
+
+
+def test_gap_stops_once_the_plan_is_certified_within_it(tmp_path):
+    """`--gap` (NOTE [gap stop]): the DP's plan is certified within 50% and kept, not proven optimal."""
+    out = tmp_path / "out"
+    assert main(["partition", *MLP, "--cluster", "preset:spot-16", "--out", str(out), "--gap", "0.5"]) == 0
+    plan = json.loads((out / "plan.json").read_text())
+    assert plan["solver_status"] == "WITHIN_GAP" and 0 < plan["gap"] <= 0.5
 
 
 def test_existing_output_needs_force(tmp_path, capsys):
