@@ -8,6 +8,8 @@ Every bound here holds for every valid plan of the problem, contiguous or not:
 - `min_devices`: the fewest devices whose memory can hold the model at all.
 - `stage_sum_bound_ns`: work and unavoidable transfers per multiset of devices, NOTE [stage-sum bound].
 - `sequence_bound_ns`: ops and work each stage of a device sequence can run, NOTE [sequence bound].
+- `ideal_ns` (ideals.py, filled in by `solve`): the exact optimum over chains of ideals, memory
+  relaxed, on graphs with few ideals, NOTE [ideal DP].
 
 PARTITIONING-NOTES finding 6: total work / sum of device speeds is NOT a valid bound
 when the speed ratio of two device types differs from op to op (it came out above
@@ -50,11 +52,12 @@ class Bounds:
     memory_feasible: bool  # min_devices is at most the stages the problem allows
     stage_sum_ns: int = 0  # NOTE [stage-sum bound]: work and unavoidable transfers, per device multiset
     sequence_ns: int = 0  # NOTE [sequence bound]: ops and work per stage, per device sequence
+    ideal_ns: int = 0  # NOTE [ideal DP] (ideals.py): exact but for memory, where the graph has few ideals
 
     @property
     def search_free_ns(self) -> int:
         """The best bound that holds without the solver (for every plan of the original problem)."""
-        return max(self.lp_work_ns, self.largest_op_ns, self.stage_sum_ns, self.sequence_ns)
+        return max(self.lp_work_ns, self.largest_op_ns, self.stage_sum_ns, self.sequence_ns, self.ideal_ns)
 
     @property
     def lower_bound_ns(self) -> int:
@@ -68,6 +71,7 @@ class Bounds:
             "largest_op_us": us(self.largest_op_ns),
             "stage_sum_us": us(self.stage_sum_ns),
             "sequence_us": us(self.sequence_ns),
+            "ideal_us": us(self.ideal_ns),
             "min_devices": self.min_devices,
             "memory_feasible": self.memory_feasible,
             "lower_bound_us": us(self.lower_bound_ns),

@@ -23,6 +23,7 @@ from hetpart.partitioner.bounds import Bounds, compute_bounds, objective_bound_n
 from hetpart.partitioner.coarsen import coarsen, cut_candidates
 from hetpart.partitioner.constraints import check_constraints
 from hetpart.partitioner.dp import Segments, contiguous_plan, dp_hint, order_tables, refine_cuts
+from hetpart.partitioner.ideals import ideal_dp
 from hetpart.partitioner.evaluate import (
     OBJECTIVES, boundary_bytes, bottleneck_ns, evaluate, max_stage_memory_bytes, objective_ns, stage_memory_bytes,
     stash_microbatches,
@@ -46,6 +47,7 @@ LogCallback = Callable[[int, int], None]  # (objective_ns, bound_ns) on each imp
 COARSEN_ABOVE = 1_000  # nodes; above, `solve` coarsens (NOTE [coarsened solve])
 COARSE_NODES = 300  # runs of the coarse problem CP-SAT sees
 DP_SHARE = 0.5  # of the time limit, the most the DP may take (NOTE [DP deadline] in dp.py)
+IDEAL_SHARE = 0.8  # of the time limit, when the DP over ideals must be done (NOTE [ideal DP] in ideals.py)
 
 
 @dataclass
@@ -514,10 +516,26 @@ def solve(
     model_lb = max(bounds.lp_work_ns, bounds.largest_op_ns, bounds.stage_sum_ns)
     value = lambda st: objective_ns(st, objective, microbatches)  # noqa: E731
     search_free_lb = objective_bound_ns(problem, bounds, objective, microbatches)
+    pre_stats = {"dp_seconds": t_dp - t0}
     certified = _certified_dp_plan(dp_plan, search_free_lb, gap, objective=objective, microbatches=microbatches,
-                                   t0=t0, bounds=bounds, stats={"dp_seconds": t_dp - t0})
+                                   t0=t0, bounds=bounds, stats=pre_stats)
     if certified is not None:
         return certified
+    if objective == "throughput" and dp_plan is not None:
+        # NOTE [ideal DP]: on graphs with few ideals, the exact optimum (memory relaxed) by a DP.
+        t_ideal = time.perf_counter()
+        got = ideal_dp(problem, dp_plan.bottleneck_ns, deadline=t0 + IDEAL_SHARE * time_limit_s)
+        pre_stats["ideal_seconds"] = time.perf_counter() - t_ideal
+        if got is not None:
+            bounds = dataclasses.replace(bounds, ideal_ns=got.bound_ns)
+            search_free_lb = objective_bound_ns(problem, bounds, objective, microbatches)
+            if got.plan is not None and got.plan.bottleneck_ns < dp_plan.bottleneck_ns:
+                dp_plan = dataclasses.replace(got.plan, stats={**dp_plan.stats, "from_ideal_dp": 1.0})
+            certified = _certified_dp_plan(dp_plan, search_free_lb, gap, objective=objective,
+                                           microbatches=microbatches, t0=t0, bounds=bounds, stats=pre_stats,
+                                           exact_bound=True)
+            if certified is not None:
+                return certified
     mdl = _build(problem, objective, microbatches, model_lb)
     if hint is not None:
         _check_hint(problem, hint, mdl.num_stages)
@@ -547,8 +565,8 @@ def solve(
 
     proto = mdl.model.proto
     stats = {
-        "dp_seconds": t_dp - t0,
-        "build_seconds": t_build - t_dp,
+        **pre_stats,
+        "build_seconds": t_build - t_dp - pre_stats.get("ideal_seconds", 0.0),  # bounds included
         "cpsat_seconds": t_solve - t_build,
         "variables": float(len(proto.variables)),
         "constraints": float(len(proto.constraints)),
@@ -590,11 +608,12 @@ def solve(
 
 
 def _certified_dp_plan(dp_plan: Plan | None, lower_bound_ns: int, gap: float, *, objective: str, microbatches: int,
-                       t0: float, bounds: Bounds, stats: dict[str, float]) -> Plan | None:
+                       t0: float, bounds: Bounds, stats: dict[str, float], exact_bound: bool = False) -> Plan | None:
     """The DP's plan, finished, when it is already within `gap` of `lower_bound_ns` (NOTE [gap stop]:
-    the solver could only narrow the gap); else None."""
-    if gap <= 0 or dp_plan is None or not _within_gap(objective_ns(dp_plan.stages, objective, microbatches),
-                                                      lower_bound_ns, gap):
+    the solver could only narrow the gap); else None. With `gap` 0 only when `exact_bound` (a bound
+    that is the optimum where it is reached, NOTE [ideal DP]) and the bound proves the plan optimal."""
+    if (gap <= 0 and not exact_bound) or dp_plan is None or not _within_gap(
+            objective_ns(dp_plan.stages, objective, microbatches), lower_bound_ns, gap):
         return None
     return _finished_plan(dp_plan.stage_of, dp_plan.device_of_stage, dp_plan.stages, lower_bound_ns, False,
                           objective=objective, microbatches=microbatches, t0=t0,

@@ -356,9 +356,16 @@ def _dp_over(problem: Problem, tab: OrderTables, P: np.ndarray, upper_ns: int | 
     if best_state < 0:
         return None
 
-    # --- Read the plan back: walk the cuts from the last stage to the first.
-    segments = []  # (start index, class)
-    sid, start = best_state, best_start
+    starts, devices = read_back(states, best_state, best_start, classes)
+    cuts = [int(P[i]) for i in starts] + [n]
+    return Segments(cuts=cuts, devices=devices, dp_ns=int(best_ns), exact=exact, states=len(states),
+                    timed_out=timed_out)
+
+
+def read_back(states: list, sid: int, start: int, classes: list[list[str]]) -> tuple[list[int], list[str]]:
+    """The plan of a DP over states (key (counts, same, cur), G, back_start, back_state), ending in
+    state `sid` with its last stage starting at index `start`: (each stage's start index, its device)."""
+    segments = []  # (start index, class), from the last stage to the first
     while True:
         (_, same, cur), _, back_start, back_state = states[sid]
         segments.append((start, cur))
@@ -371,9 +378,7 @@ def _dp_over(problem: Problem, tab: OrderTables, P: np.ndarray, upper_ns: int | 
     for _, c in segments:
         devices.append(classes[c][used[c]])  # a class's devices in list order
         used[c] += 1
-    cuts = [int(P[i]) for i, _ in segments] + [n]
-    return Segments(cuts=cuts, devices=devices, dp_ns=int(best_ns), exact=exact, states=len(states),
-                    timed_out=timed_out)
+    return [i for i, _ in segments], devices
 
 
 def valid_cuts(tab: OrderTables) -> np.ndarray:
