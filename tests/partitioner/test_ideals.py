@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 
 from hetpart.partitioner import Device, solve, verify_plan
-from hetpart.partitioner.ideals import enumerate_ideals, ideal_dp, ideal_tables
+from hetpart.partitioner.ideals import contract_free_nodes, enumerate_ideals, ideal_dp, ideal_tables
 
 from partition_cases import brute_force, constrained_problem, make_problem, random_problem, transformer_problem
 
@@ -57,3 +57,55 @@ def test_solve_proves_optimal_without_cpsat_on_a_transformer():
     verify_plan(p, plan)
     assert plan.solver_status == "OPTIMAL" and plan.bounds.ideal_ns == plan.bottleneck_ns
     assert "ideal_seconds" in plan.stats and "cpsat_seconds" not in plan.stats
+
+
+def _with_free_nodes(seed):
+    """`random_problem` with some nodes made free (no time, memory or weights) and their outputs
+    no larger than their inputs: NOTE [ideal DP contraction] merges them."""
+    p = random_problem(seed)
+    g = p.graph
+    for i, v in enumerate(p.node_order()):
+        preds = list(g.predecessors(v))
+        if i % 2 and len(preds) == 1 and not g.nodes[v].get("pin"):
+            g.nodes[v].update({"time_ns": dict.fromkeys(g.nodes[v]["time_ns"], 0), "mem_bytes": 0, "weights": ()})
+            g.nodes[v]["out_bytes"] = min(g.nodes[v]["out_bytes"], g.nodes[preds[0]]["out_bytes"])
+    return p
+
+
+@pytest.mark.parametrize("seed", range(80))
+def test_contraction_keeps_a_valid_bound_and_exact_plans(seed):
+    p = _with_free_nodes(seed)
+    merged, into = contract_free_nodes(p)
+    optimum = brute_force(p)
+    if optimum is None:
+        return
+    got = ideal_dp(p, optimum + 1)
+    assert got is not None and got.bound_ns <= optimum
+    if got.plan is not None:
+        verify_plan(p, got.plan)
+        assert got.plan.bottleneck_ns == got.bound_ns == optimum
+    roomy = _roomy(p)
+    want = brute_force(roomy)
+    got = ideal_dp(roomy, want + 1)
+    assert got.bound_ns <= want and (got.plan is None or got.plan.bottleneck_ns == want)
+
+
+def test_contraction_merges_free_chains_into_their_producer():
+    nodes = {"x": {"time": {"g": 5}, "out": 100, "pin": "first"}, "lin": {"time": {"g": 50}, "out": 400},
+             "view": {"time": {"g": 0}, "out": 400}, "t": {"time": {"g": 0}, "out": 300},
+             "out": {"time": {"g": 50}, "out": 10, "pin": "last"}}
+    edges = [("x", "lin"), ("lin", "view"), ("view", "t"), ("t", "out")]
+    p = make_problem(nodes, edges, [Device(f"g{i}", "g", "m0", 10**6) for i in range(3)])
+    merged, into = contract_free_nodes(p)
+    assert sorted(merged.graph.nodes) == ["lin", "out", "x"] and into["t"] == into["view"] == "lin"
+    assert merged.graph.nodes["lin"]["out_bytes"] == 300 and p.graph.nodes["lin"]["out_bytes"] == 400
+    got = ideal_dp(p, 10**9)
+    verify_plan(p, got.plan)
+    assert got.plan.bottleneck_ns == got.bound_ns == brute_force(p)
+
+
+def test_deadline_proves_nothing():
+    import time
+
+    p = transformer_problem(100)
+    assert ideal_dp(p, 10**12, deadline=time.perf_counter() - 1) is None
