@@ -524,7 +524,8 @@ def solve(
     if objective == "throughput" and dp_plan is not None:
         # NOTE [ideal DP]: on graphs with few ideals, the exact optimum (memory relaxed) by a DP.
         t_ideal = time.perf_counter()
-        got = ideal_dp(problem, dp_plan.bottleneck_ns, deadline=t0 + IDEAL_SHARE * time_limit_s)
+        got = ideal_dp(problem, dp_plan.bottleneck_ns, deadline=t0 + IDEAL_SHARE * time_limit_s,
+                       lower_ns=bounds.lower_bound_ns)
         pre_stats["ideal_seconds"] = time.perf_counter() - t_ideal
         if got is not None:
             bounds = dataclasses.replace(bounds, ideal_ns=got.bound_ns)

@@ -109,3 +109,16 @@ def test_deadline_proves_nothing():
 
     p = transformer_problem(100)
     assert ideal_dp(p, 10**12, deadline=time.perf_counter() - 1) is None
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_probes_from_a_lower_bound_find_the_same_optimum(seed):
+    # NOTE [ideal DP probes]: from any valid lower bound, the same answer as one run.
+    p = _with_free_nodes(seed)
+    optimum = brute_force(p)
+    if optimum is None:
+        return
+    once = ideal_dp(p, optimum + 1)
+    for lower in (1, optimum // 2, once.bound_ns):
+        got = ideal_dp(p, optimum + 1, lower_ns=lower)
+        assert got.bound_ns == once.bound_ns and (got.plan is None) == (once.plan is None)
