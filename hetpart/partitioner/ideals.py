@@ -26,6 +26,7 @@ from hetpart.partitioner.verify import plan_violations
 
 IDEAL_MAX = 5_000  # ideals the DP may run over (its work grows with their square)
 _VISIT_MAX = 20_000  # ideals enumerated at most, those that split a co-location group included
+_VISIT_WORK = 4_000_000  # ... and at most this many (ideal, node) checks: 4,000 ideals at 1,000 nodes
 
 # NOTE [ideal DP]
 # `_dp_over` (dp.py) minimises the bottleneck over chains of "positions" 0 = P_0 < ... < P_S = n,
@@ -109,7 +110,7 @@ def ideal_tables(problem: Problem, limit: int = IDEAL_MAX, relays: bool = False)
     g = problem.graph
     order = problem.node_order()
     n = len(order)
-    every = enumerate_ideals(problem)
+    every = enumerate_ideals(problem, min(_VISIT_MAX, max(limit, _VISIT_WORK // max(1, n))))
     if every is None:
         return None
     index = {v: i for i, v in enumerate(order)}
