@@ -57,8 +57,10 @@ _VISIT_WORK = 4_000_000  # ... and at most this many (ideal, node) checks: 4,000
 # idle: no less than 0); the first stage pays the boundary into it instead, the last one none
 # out; and a machine other than cur's that is used at all costs a network boundary (its
 # devices' share, less 2 x (network - c) weighted by the least multiplier, no less than 0).
-# NOTE [ideal DP dominance]: see `ideal_dp`. Both together: zoo:llama on spot-16 (4,307
-# ideals, 625 device-count states) from 83 s to 13 s.
+# NOTE [ideal DP dominance]: see `_ideal_dp_over`. Both together: zoo:llama on spot-16 (4,307
+# ideals, 625 device-count states) from 83 s to 13 s. The boundary after a stage runs over its
+# machine's link or the network whatever the next class is, so the best start for each end is
+# found once per link, not once per next class (zoo:t5 on spot-16: 54 s to about 35 s).
 
 
 def enumerate_ideals(problem: Problem, limit: int = _VISIT_MAX) -> list[int] | None:
@@ -199,7 +201,7 @@ class IdealResult:
 
 def _stage_pairs(tab: IdealTables, device_type: str, capacity: int, upper_ns: int) -> tuple[np.ndarray, ...]:
     """The stages (I, J) a device of this type and capacity can run in less than `upper_ns` of
-    compute, sorted by I: (I, J, start of each I's run of pairs, its end)."""
+    compute, sorted by I: (I, J, start of each I's run of pairs, its end, the stage's compute)."""
     comp = tab.comp[device_type]
     f = tab.forbidden[device_type]
     got_i, got_j = [], []
@@ -212,7 +214,7 @@ def _stage_pairs(tab: IdealTables, device_type: str, capacity: int, upper_ns: in
     pi, pj = np.concatenate(got_i), np.concatenate(got_j)
     starts = np.searchsorted(pi, np.arange(tab.n + 1))
     ends = np.searchsorted(pi, np.arange(tab.n + 1), side="right")
-    return pi, pj, starts, ends
+    return pi, pj, starts, ends, comp[pj] - comp[pi]
 
 
 def _gather(starts: np.ndarray, ends: np.ndarray, rows: np.ndarray) -> np.ndarray:
@@ -412,12 +414,10 @@ def _ideal_dp_over(problem: Problem, tab: IdealTables, original: Problem, into: 
             rows = np.flatnonzero(alive)
             if len(rows) == 0:
                 continue
-            ctype = cls_type[cur]
-            comp = tab.comp[ctype]
-            pi_all, pj_all, starts, ends = cls_pairs[cur]
+            pi_all, pj_all, starts, ends, dcomp = cls_pairs[cur]
             idx = _gather(starts, ends, rows)
             pi, pj = pi_all[idx], pj_all[idx]
-            base = link_into(same, cur)[pi] - comp[pi] + comp[pj]
+            base = tin[pi] + dcomp[idx]
             g_pi = G[pi]
             # The stage on `cur` is the last one: J = V.
             last = (pj == n) & tab.final_ok[pi]
@@ -430,26 +430,36 @@ def _ideal_dp_over(problem: Problem, tab: IdealTables, original: Problem, into: 
                 continue
             inner = (pj < n) & (base < best_ns)
             pi, pj, base, g_pi = pi[inner], pj[inner], base[inner], g_pi[inner]
+            # The boundary after the stage runs over cur's machine's link or the network, whatever
+            # the next class: the best start per end J is computed once for each of the two.
+            per_link: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
             for nxt in range(len(classes)):
                 if counts[nxt] >= sizes[nxt]:
                     continue
                 nsame = int(cls_machine[cur] == cls_machine[nxt])
-                val = np.maximum(g_pi, base + link_into(nsame, nxt)[pj])
-                keep = val < best_ns
-                if not keep.any():
+                if nsame not in per_link:
+                    val = np.maximum(g_pi, base + link_into(nsame, nxt)[pj])
+                    keep = val < best_ns
+                    v, a, b = val[keep], pi[keep], pj[keep]
+                    least = np.full(n + 1, _INF, dtype=np.int64)
+                    np.minimum.at(least, b, v)
+                    start_of = np.full(n + 1, -1, dtype=np.int64)
+                    won = v == least[b]  # the pairs that reach their J's least value (any one of ties)
+                    start_of[b[won]] = a[won]
+                    ends_j = np.flatnonzero(least < _INF)
+                    per_link[nsame] = (ends_j, least[ends_j], start_of[ends_j])
+                ends_j, v, a = per_link[nsame]
+                if len(ends_j) == 0:
                     continue
-                v, a, b = val[keep], pi[keep], pj[keep]
                 nkey = (tuple(x + (i == nxt) for i, x in enumerate(counts)), nsame, nxt)
                 if nkey not in nxt_layer:
                     nxt_layer[nkey] = len(states)
                     states.append((nkey, np.full(n + 1, _INF, dtype=np.int64), np.full(n + 1, -1), np.full(n + 1, -1)))
                 _, G2, back_start, back_state = states[nxt_layer[nkey]]
-                before = G2.copy()
-                np.minimum.at(G2, b, v)
-                won = v == G2[b]  # the pairs that set their J's new value (any one of ties)
-                won &= v < before[b]
-                back_start[b[won]] = a[won]
-                back_state[b[won]] = sid
+                better = v < G2[ends_j]
+                G2[ends_j[better]] = v[better]
+                back_start[ends_j[better]] = a[better]
+                back_state[ends_j[better]] = sid
         if timed_out:
             break
         layer = nxt_layer
