@@ -285,14 +285,7 @@ def _dp_over(problem: Problem, tab: OrderTables, P: np.ndarray, upper_ns: int | 
     # stage before it ran on the same machine (same=1), another one (0) or none (-1).
     # The boundary at P[j] is paid by the stage that ends there and, through `same`, by `cur`.
     Key = tuple[tuple[int, ...], int, int]
-    states: list[tuple[Key, np.ndarray, np.ndarray, np.ndarray]] = []  # key, G, back_start, back_state
-    layer: dict[Key, int] = {}
-    for c in range(len(classes)):
-        G = np.full(m, _INF, dtype=np.int64)
-        G[0] = 0
-        counts = tuple(int(i == c) for i in range(len(classes)))
-        layer[(counts, -1, c)] = len(states)
-        states.append(((counts, -1, c), G, np.full(m, -1), np.full(m, -1)))
+    states, layer = first_states(len(classes), m)
 
     best_ns, best_state, best_start = (_INF if upper_ns is None else np.int64(upper_ns)), -1, -1
     if known_ns is not None and exact:
@@ -341,10 +334,7 @@ def _dp_over(problem: Problem, tab: OrderTables, P: np.ndarray, upper_ns: int | 
                 arg = np.argmin(val, axis=0)
                 got = val[arg, np.arange(len(cols))]
                 nkey = (tuple(c + (i == nxt) for i, c in enumerate(counts)), same, nxt)
-                if nkey not in next_layer:
-                    next_layer[nkey] = len(states)
-                    states.append((nkey, np.full(m, _INF, dtype=np.int64), np.full(m, -1), np.full(m, -1)))
-                _, G2, back_start, back_state = states[next_layer[nkey]]
+                G2, back_start, back_state = state_of(states, next_layer, nkey, m)
                 better = got < G2[cols]
                 G2[cols[better]] = got[better]
                 back_start[cols[better]] = rows[arg[better]]
@@ -360,6 +350,30 @@ def _dp_over(problem: Problem, tab: OrderTables, P: np.ndarray, upper_ns: int | 
     cuts = [int(P[i]) for i in starts] + [n]
     return Segments(cuts=cuts, devices=devices, dp_ns=int(best_ns), exact=exact, states=len(states),
                     timed_out=timed_out)
+
+
+def first_states(num_classes: int, size: int) -> tuple[list, dict]:
+    """The state table of a DP over device classes (what `read_back` walks): a list of (key
+    (counts, same, cur), G, back_start, back_state), G and the back pointers over `size`
+    positions; and its first layer (key -> index), one state per class for the first stage,
+    with G[0] = 0 (nothing before it)."""
+    states: list[tuple[tuple, np.ndarray, np.ndarray, np.ndarray]] = []
+    layer: dict[tuple, int] = {}
+    for c in range(num_classes):
+        G = np.full(size, _INF, dtype=np.int64)
+        G[0] = 0
+        key = (tuple(int(i == c) for i in range(num_classes)), -1, c)
+        layer[key] = len(states)
+        states.append((key, G, np.full(size, -1), np.full(size, -1)))
+    return states, layer
+
+
+def state_of(states: list, layer: dict, key: tuple, size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(G, back_start, back_state) of state `key` in `layer`, added to `states` (unreached) if new."""
+    if key not in layer:
+        layer[key] = len(states)
+        states.append((key, np.full(size, _INF, dtype=np.int64), np.full(size, -1), np.full(size, -1)))
+    return states[layer[key]][1:]
 
 
 def read_back(states: list, sid: int, start: int, classes: list[list[str]]) -> tuple[list[int], list[str]]:

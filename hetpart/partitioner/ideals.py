@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hetpart.partitioner.bounds import least_stash
-from hetpart.partitioner.dp import _INF, read_back, transfer_ns
+from hetpart.partitioner.dp import _INF, first_states, read_back, state_of, transfer_ns
 from hetpart.partitioner.evaluate import bottleneck_ns, evaluate, held_weight_bytes
 from hetpart.partitioner.problem import (
     COLOCATE, FORBIDDEN_TYPES, MEM_BYTES, OUT_BYTES, PIN, PIN_FIRST, PIN_LAST, TIME_NS, WEIGHTS, Plan, Problem,
@@ -362,14 +362,7 @@ def _ideal_dp_over(problem: Problem, tab: IdealTables, original: Problem, into: 
     # A state (counts, same, cur): G[i] is the least bottleneck of the stages that make up ideal
     # i, given that the next stage runs on class `cur`, after one on the same machine or not
     # (same = 1 / 0; -1: none). As in dp._dp_over, with pairs (I, J) instead of a matrix.
-    states: list[tuple[tuple, np.ndarray, np.ndarray, np.ndarray]] = []
-    layer: dict[tuple, int] = {}
-    for c in range(len(classes)):
-        G = np.full(n + 1, _INF, dtype=np.int64)
-        G[0] = 0
-        key = (tuple(int(i == c) for i in range(len(classes))), -1, c)
-        layer[key] = len(states)
-        states.append((key, G, np.full(n + 1, -1), np.full(n + 1, -1)))
+    states, layer = first_states(len(classes), n + 1)
     best_ns, best_state, best_start = np.int64(upper_ns), -1, -1
     nc = len(classes)
     intra_le_net = [bool((intra[cls_machine[c]] <= network).all()) for c in range(nc)]
@@ -452,10 +445,7 @@ def _ideal_dp_over(problem: Problem, tab: IdealTables, original: Problem, into: 
                 if len(ends_j) == 0:
                     continue
                 nkey = (tuple(x + (i == nxt) for i, x in enumerate(counts)), nsame, nxt)
-                if nkey not in nxt_layer:
-                    nxt_layer[nkey] = len(states)
-                    states.append((nkey, np.full(n + 1, _INF, dtype=np.int64), np.full(n + 1, -1), np.full(n + 1, -1)))
-                _, G2, back_start, back_state = states[nxt_layer[nkey]]
+                G2, back_start, back_state = state_of(states, nxt_layer, nkey, n + 1)
                 better = v < G2[ends_j]
                 G2[ends_j[better]] = v[better]
                 back_start[ends_j[better]] = a[better]
