@@ -525,7 +525,7 @@ def solve(
         # NOTE [ideal DP]: on graphs with few ideals, the exact optimum (memory relaxed) by a DP.
         t_ideal = time.perf_counter()
         got = ideal_dp(problem, dp_plan.bottleneck_ns, deadline=t0 + IDEAL_SHARE * time_limit_s,
-                       lower_ns=bounds.lower_bound_ns)
+                       lower_ns=bounds.lower_bound_ns, gap=gap)
         pre_stats["ideal_seconds"] = time.perf_counter() - t_ideal
         if got is not None:
             bounds = dataclasses.replace(bounds, ideal_ns=got.bound_ns)

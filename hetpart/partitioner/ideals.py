@@ -10,14 +10,13 @@ plan, contiguous or not.
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from dataclasses import dataclass
 
 import numpy as np
 
 from hetpart.partitioner.bounds import least_stash
-from hetpart.partitioner.dp import _INF, first_states, read_back, state_of, transfer_ns
+from hetpart.partitioner.dp import transfer_ns
 from hetpart.partitioner.evaluate import bottleneck_ns, evaluate, held_weight_bytes
 from hetpart.partitioner.problem import (
     COLOCATE, FORBIDDEN_TYPES, MEM_BYTES, OUT_BYTES, PIN, PIN_FIRST, PIN_LAST, TIME_NS, WEIGHTS, Plan, Problem,
@@ -44,8 +43,9 @@ _VISIT_WORK = 4_000_000  # ... and at most this many (ideal, node) checks: 4,000
 # and its plan, re-costed by `evaluate`, is optimal whenever it fits in memory.
 # Transformers lowered at FX level have few ideals (zoo:gpt-small 241, zoo:llama 4,307);
 # branchy graphs have millions (zoo:unet, zoo:lstm), and there the DP does not run.
-# Costs are pairs (I, J) rather than matrices: each device type keeps the pairs whose compute is
-# below the known plan's bottleneck, and a state gathers the pairs of the ideals it reached.
+# Each device type keeps the pairs (I, J) whose compute is below the known plan's bottleneck,
+# and NOTE [ideal DP bisection] finds the least bottleneck by deciding, for one bottleneck at a
+# time, whether a chain of stages below it exists.
 
 # NOTE [ideal DP pruning]
 # A state's entry for ideal I (stages so far make up I, the next runs on `cur`) is dropped when
@@ -57,10 +57,11 @@ _VISIT_WORK = 4_000_000  # ... and at most this many (ideal, node) checks: 4,000
 # idle: no less than 0); the first stage pays the boundary into it instead, the last one none
 # out; and a machine other than cur's that is used at all costs a network boundary (its
 # devices' share, less 2 x (network - c) weighted by the least multiplier, no less than 0).
-# NOTE [ideal DP dominance]: see `_ideal_dp_over`. Both together: zoo:llama on spot-16 (4,307
-# ideals, 625 device-count states) from 83 s to 13 s. The boundary after a stage runs over its
-# machine's link or the network whatever the next class is, so the best start for each end is
-# found once per link, not once per next class (zoo:t5 on spot-16: 54 s to about 35 s).
+# NOTE [ideal DP dominance]: see `_Decider.chain_below`. Both together took zoo:llama on spot-16
+# (4,307 ideals, 625 device-count states) from 83 s to 13 s, in the DP over values that NOTE
+# [ideal DP bisection] replaced. The boundary after a stage runs over its machine's link or the
+# network whatever the next class is, so the ideals after it are found once per link, not once
+# per next class.
 
 
 def enumerate_ideals(problem: Problem, limit: int = _VISIT_MAX) -> list[int] | None:
@@ -195,13 +196,19 @@ def contract_free_nodes(problem: Problem) -> tuple[Problem, dict[str, str]]:
 @dataclass(frozen=True)
 class IdealResult:
     bound_ns: int  # no plan of the problem has a smaller bottleneck
-    plan: Plan | None  # the DP's plan when it fits in memory (optimal, bottleneck == bound_ns, when finished)
+    plan: Plan | None  # the best plan found below upper_ns: optimal when its bottleneck is bound_ns
     finished: bool = True  # False: stopped at the deadline (the bound is what was proven by then)
+
+    def settled(self, gap: float, upper_ns: int | None = None) -> bool:
+        """The plan, or else a known plan of bottleneck `upper_ns`, is certified within `gap`
+        (relative to the plan) by the bound."""
+        value = self.plan.bottleneck_ns if self.plan is not None else upper_ns
+        return value is not None and value - self.bound_ns <= gap * value
 
 
 def _stage_pairs(tab: IdealTables, device_type: str, capacity: int, upper_ns: int) -> tuple[np.ndarray, ...]:
     """The stages (I, J) a device of this type and capacity can run in less than `upper_ns` of
-    compute, sorted by I: (I, J, start of each I's run of pairs, its end, the stage's compute)."""
+    compute: (I, J, the stage's compute)."""
     comp = tab.comp[device_type]
     f = tab.forbidden[device_type]
     got_i, got_j = [], []
@@ -209,34 +216,24 @@ def _stage_pairs(tab: IdealTables, device_type: str, capacity: int, upper_ns: in
         rows = np.arange(lo, min(lo + 512, tab.n + 1))
         ok = (tab.subset[rows] & (f[None, :] == f[rows][:, None]) & (comp[None, :] - comp[rows][:, None] < upper_ns)
               & (tab.mem_prefix[None, :] - tab.mem_prefix[rows][:, None] <= capacity))
-        a, b = np.nonzero(ok)  # row-major: sorted by I
+        a, b = np.nonzero(ok)
         got_i.append((a + lo).astype(np.int32)), got_j.append(b.astype(np.int32))
     pi, pj = np.concatenate(got_i), np.concatenate(got_j)
-    starts = np.searchsorted(pi, np.arange(tab.n + 1))
-    ends = np.searchsorted(pi, np.arange(tab.n + 1), side="right")
-    return pi, pj, starts, ends, comp[pj] - comp[pi]
-
-
-def _gather(starts: np.ndarray, ends: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """The pair indices of `rows`: concatenated ranges starts[r]..ends[r]."""
-    lengths = ends[rows] - starts[rows]
-    total = int(lengths.sum())
-    if total == 0:
-        return np.zeros(0, dtype=np.int64)
-    offsets = np.repeat(starts[rows] - np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths)
-    return offsets + np.arange(total)
+    return pi, pj, comp[pj] - comp[pi]
 
 
 def ideal_dp(problem: Problem, upper_ns: int, deadline: float | None = None, limit: int = IDEAL_MAX,
-             multipliers: tuple = (), lower_ns: int = 0) -> IdealResult | None:
+             multipliers: tuple = (), lower_ns: int = 0, gap: float = 0.0) -> IdealResult | None:
     """NOTE [ideal DP]: the least bottleneck of any plan below `upper_ns` (a known plan's; the
-    bound is `upper_ns` when there is none), and a plan with it when it fits in memory. None when
-    the graph has too many ideals, or the deadline came before anything was proven or found; at
-    the deadline, the bound proven so far and the best plan found (`finished` False).
+    bound is `upper_ns` when there is none), and the best plan found on the way, by NOTE [ideal DP
+    bisection] from `lower_ns` (a valid bound); it stops once that plan is within `gap` of the
+    bound. None when the graph has too many ideals, or the deadline came before anything was
+    proven or found; at the deadline, the bound proven so far and the best plan found
+    (`finished` False).
 
-    `lower_ns`, a valid bound, starts NOTE [ideal DP probes]. The merged graph of NOTE [ideal DP
-    contraction] goes first (fewer ideals: zoo:llama 1,971 instead of 4,307); when its best plan
-    needs a relay stage, the graph itself, if it has few enough ideals, for a plan and the exact value."""
+    The merged graph of NOTE [ideal DP contraction] goes first (fewer ideals: zoo:llama 1,971
+    instead of 4,307); when its best chain is no plan (a relay stage, or memory), the graph itself,
+    if it has few enough ideals."""
     contracted, into = contract_free_nodes(problem)
     smaller = contracted.graph.number_of_nodes() < problem.graph.number_of_nodes()
     attempts = [(contracted, into, True)] if smaller else []
@@ -246,230 +243,275 @@ def ideal_dp(problem: Problem, upper_ns: int, deadline: float | None = None, lim
         tab = ideal_tables(run_on, limit, relays=relays)
         if tab is None:
             continue
-        got = _probed(run_on, tab, problem, merged, max(lower_ns, best.bound_ns if best else 0), upper_ns,
-                      deadline, multipliers)
-        if best is None or got.bound_ns >= best.bound_ns:
-            best = got if got.plan is not None or best is None else dataclasses.replace(got, plan=best.plan)
-        if not got.finished or got.plan is not None or got.bound_ns >= upper_ns:
-            break  # the deadline, an optimal plan, or none below upper_ns even with relays
+        lower = max(lower_ns, best.bound_ns if best else 0)
+        upper = best.plan.bottleneck_ns if best and best.plan else upper_ns
+        got = _Decider(run_on, tab, problem, merged, upper, multipliers).bisect(lower, deadline, gap)
+        best = got if best is None else IdealResult(max(best.bound_ns, got.bound_ns), got.plan or best.plan,
+                                                    got.finished)
+        if not got.finished or best.settled(gap, upper_ns):
+            break  # the deadline, or a plan (this one, or the known one) proven good enough
     if best is None or (best.bound_ns == 0 and best.plan is None):
         return None
     return best
 
 
-# NOTE [ideal DP probes]
-# The DP prunes by the bottleneck it must beat: the pairs of a stage whose compute reaches it,
-# and every partial plan at it. So a run told to beat U close to the optimum is much faster
-# than one told to beat the DP plan of dp.py (zoo:t5 on spot-16: that plan is 15% above the
-# optimum). When one run told to beat that plan does not finish in half the time it has,
-# `ideal_dp` runs it for U = lower * 1.03, lower * 1.03^2, ... up to `upper_ns`: each run that
-# finds nothing below U proves U a bound; the first that finds a plan finds the optimum (below
-# U, and nothing below the previous U). At the deadline, the last U proven is kept: a bound
-# even when the DP cannot finish (zoo:t5 on spot-16: 67.8 us where the other bounds give 62.0;
-# the optimum, 71.9 us, takes the single run 54 s).
-PROBE_STEP = 1.03
+# NOTE [ideal DP bisection]
+# For a bottleneck U, the DP decides whether some chain of ideals has every stage below U
+# (memory relaxed as in NOTE [ideal DP]): reachability, one bit per ideal and state, where the
+# DP of dp.py keeps a value. The pairs (I, J) a class can run below U, for each link into the
+# stage (none: the first stage; cur's machine's; the network) and out of it, are bit matrices,
+# and a state's next ideals are the OR of the rows of the ideals it reached: 8 pairs a byte and
+# no arithmetic per pair (zoo:t5 on spot-16, 4,467 ideals: about 1 s a decision, where the DP
+# over values took 13 s told to beat the optimum itself and 35 s told to beat the order DP's
+# plan). Bisection between `lo` (no chain below it) and `hi` (a chain's value) finds the
+# optimum in about log2(hi - lo) decisions; each that finds nothing proves its U, so at the
+# deadline the bound is the last U proven. It stops once the best plan found is within the gap
+# asked for (zoo:t5 on spot-16 at 1%: 6 decisions instead of 14).
+_TIMEOUT = "timeout"
 
 
-def _probed(problem: Problem, tab: IdealTables, original: Problem, into: dict[str, str] | None, lower_ns: int,
-            upper_ns: int, deadline: float | None, multipliers: tuple) -> IdealResult:
-    """NOTE [ideal DP probes] over `_ideal_dp_over`: with a deadline, one run told to beat `upper_ns`
-    first, for half the time left (it is the fastest where that plan is close to the optimum)."""
-    found = None  # a plan of the first run, stopped at its deadline
-    if deadline is not None:
-        first = time.perf_counter() + (deadline - time.perf_counter()) / 2 if lower_ns > 0 else deadline
-        got = _ideal_dp_over(problem, tab, original, into, upper_ns, first, multipliers)
-        if got.finished or lower_ns <= 0:
-            return got
-        found = got.plan
-    proven = 0
-    probe = math.ceil(lower_ns * PROBE_STEP) if lower_ns > 0 else upper_ns
-    while True:
-        u = min(probe, upper_ns)
-        got = _ideal_dp_over(problem, tab, original, into, u, deadline, multipliers)
-        if not got.finished:
-            plans = [pl for pl in (got.plan, found) if pl is not None]
-            return IdealResult(bound_ns=proven, plan=min(plans, key=lambda pl: pl.bottleneck_ns, default=None),
-                               finished=False)
-        if got.bound_ns < u or u >= upper_ns:
-            return got  # the optimum below u (nothing below the last probe), or nothing below upper_ns
-        proven = u
-        probe = max(u + 1, math.ceil(u * PROBE_STEP))
+class _Decider:
+    """NOTE [ideal DP bisection] on the tables `tab` of `problem` (`original` merged as `into`
+    says, or itself), for bottlenecks below `upper_ns`."""
 
+    def __init__(self, problem: Problem, tab: IdealTables, original: Problem, into: dict[str, str] | None,
+                 upper_ns: int, multipliers: tuple) -> None:
+        self.problem, self.tab, self.original, self.into, self.upper_ns = problem, tab, original, into, upper_ns
+        n = tab.n
+        self.classes = problem.device_classes()
+        first = [problem.device(c[0]) for c in self.classes]
+        self.sizes = np.array([len(c) for c in self.classes])
+        self.max_stages = min(problem.max_stages or len(problem.devices), len(problem.devices))
+        network = transfer_ns(problem.network, tab.cut_bytes)
+        intra = {mc: transfer_ns(link, tab.cut_bytes) for mc, link in problem.intra_node_links.items()}
+        # The boundary next to a stage on class c, by kind: -1 none (before the first stage), 0 the
+        # network, 1 c's machine's link (a machine with one device never has kind 1).
+        self.link = [{-1: np.zeros(n + 1, dtype=np.int64), 0: network, 1: intra.get(d.node, network)} for d in first]
+        self.intra_le_net = [bool((lk[1] <= lk[0]).all()) for lk in self.link]
+        self.machine = [d.node for d in first]
+        types = problem.device_types
+        self.cls_t = np.array([types.index(d.type) for d in first])
+        machines = sorted(set(self.machine))
+        self.n_machines = len(machines)
+        self.cls_m = np.array([machines.index(mc) for mc in self.machine])
+        # Every boundary carries at least the fewest bytes over any inner ideal (NOTE [stage time]).
+        least = int(tab.cut_bytes[1:-1].min()) if n > 1 else 0
+        links = [problem.intra_node_links[mc] for mc in machines if sum(d.node == mc for d in problem.devices) > 1]
+        self.c_net = problem.network.transfer_ns(least)
+        self.c_min = min([link.transfer_ns(least) for link in links] + [self.c_net])
+        g = problem.graph
+        node_time = np.array([[g.nodes[v][TIME_NS][t] for t in types] for v in tab.order], dtype=np.float64)
+        node_allowed = np.array([[t in problem.allowed_types(v) for t in types] for v in tab.order])
+        member_int = tab.member.astype(np.float64)
+        totals = np.where(node_allowed, node_time, 0.0).sum(axis=0)
+        self.weighted = []
+        for lam in [np.ones(len(types)), np.where(totals > 0, 1.0 / np.maximum(totals, 1.0), 0.0), *multipliers]:
+            lam = np.asarray(lam, dtype=np.float64)
+            # Work of the nodes outside each ideal, each at its cheapest weighted type: a lower bound
+            # of what the devices after it run, weighted (NOTE [Lagrangian LP bound] in bounds.py).
+            per_node = np.min(np.where(node_allowed, node_time * lam[None, :], np.inf), axis=1)
+            self.weighted.append((float(per_node.sum()) - member_int @ per_node, lam))
+        self._pairs: dict[tuple, tuple] = {}
+        self._capacity: dict[tuple, tuple[float, float]] = {}
 
-def _ideal_dp_over(problem: Problem, tab: IdealTables, original: Problem, into: dict[str, str] | None,
-                   upper_ns: int, deadline: float | None, multipliers: tuple) -> IdealResult:
-    """`ideal_dp` on the tables `tab` of `problem` (`original` merged as `into` says, or itself),
-    one run told to beat `upper_ns`."""
-    t0 = time.perf_counter()
-    n = tab.n
-    classes = problem.device_classes()
-    cls_dev = [[problem.device(d) for d in c] for c in classes]
-    cls_type = [c[0].type for c in cls_dev]
-    cls_machine = [c[0].node for c in cls_dev]
-    sizes = [len(c) for c in classes]
-    max_stages = min(problem.max_stages or len(problem.devices), len(problem.devices))
-    pairs = {}
-    for c in cls_dev:
-        key = (c[0].type, c[0].capacity_bytes)
-        if key not in pairs:
-            pairs[key] = _stage_pairs(tab, *key, upper_ns)
-    cls_pairs = [pairs[(c[0].type, c[0].capacity_bytes)] for c in cls_dev]
-    intra = {mc: transfer_ns(link, tab.cut_bytes) for mc, link in problem.intra_node_links.items()}
-    network = transfer_ns(problem.network, tab.cut_bytes)
-    zeros = np.zeros(n + 1, dtype=np.int64)
+    def capacity(self, left: np.ndarray, home: int, k: int, u: int) -> tuple[float, float]:
+        """NOTE [ideal DP pruning]: (the most work, weighted by multipliers k, that the devices
+        `left` (per class, the next stage's included, on machine `home`) run with every stage below
+        u, the least multiplier among them): what is outside an ideal must fit, less that
+        multiplier times the boundary into the next stage."""
+        key = (left.tobytes(), home, k, u)
+        if key not in self._capacity:
+            lam_c = self.weighted[k][1][self.cls_t]
+            low = float(lam_c[left > 0].min())
+            per_class = left * np.maximum(0.0, lam_c * float(u) - 2 * low * self.c_min)  # a device may stay idle
+            per_machine = np.bincount(self.cls_m, weights=per_class, minlength=self.n_machines)
+            others = np.delete(per_machine, home)
+            total = (per_machine[home] + np.maximum(0.0, others - 2 * low * (self.c_net - self.c_min)).sum()
+                     + 2 * low * self.c_min)
+            self._capacity[key] = (total * (1 + 1e-9) + 1, low)
+        return self._capacity[key]
 
-    def link_into(same: int, cur: int) -> np.ndarray:
-        return zeros if same < 0 else intra[cls_machine[cur]] if same else network
+    def matrices(self, u: int) -> list[dict]:
+        """Per class, the stages below u: {(kind in, kind out): packed bit rows I, columns J},
+        the first stage's (-1, kind out) one row; {(kind in, 'last'): bool over I}, J = V."""
+        tab, n = self.tab, self.tab.n
+        dense = np.zeros((n + 1, n + 1), dtype=bool)
+        out = []
+        for c, name in enumerate(self.classes):
+            d = self.problem.device(name[0])
+            if (d.type, d.capacity_bytes) not in self._pairs:
+                self._pairs[(d.type, d.capacity_bytes)] = _stage_pairs(tab, d.type, d.capacity_bytes, self.upper_ns)
+            pi, pj, dcomp = self._pairs[(d.type, d.capacity_bytes)]
+            keep = dcomp < u
+            pi, pj, dcomp = pi[keep], pj[keep], dcomp[keep]
+            mats = {}
+            for kin in (-1, 0, 1):
+                base = self.link[c][kin][pi] + dcomp
+                a, b, base_k = (pi, pj, base) if kin >= 0 else (pi[pi == 0], pj[pi == 0], base[pi == 0])
+                last = np.zeros(n + 1, dtype=bool)
+                last[a[(b == n) & tab.final_ok[a] & (base_k < u)]] = True
+                mats[(kin, "last")] = last
+                for kout in (0, 1):
+                    ok = (b < n) & (base_k + self.link[c][kout][b] < u)
+                    if kin < 0:
+                        row = np.zeros(n + 1, dtype=bool)
+                        row[b[ok]] = True
+                        mats[(kin, kout)] = np.packbits(row)[None, :]
+                    else:
+                        dense[:] = False
+                        dense[a[ok], b[ok]] = True
+                        mats[(kin, kout)] = np.packbits(dense, axis=1)
+            out.append(mats)
+        return out
 
-    types = problem.device_types
-    cls_t = np.array([types.index(t) for t in cls_type])
+    def chain_below(self, u: int, deadline: float | None) -> list[tuple[int, int]] | None | str:
+        """A chain of (start ideal, class), every stage below u (memory relaxed); None when there is
+        none; _TIMEOUT at the deadline."""
+        n, nc, sizes = self.tab.n, len(self.classes), self.sizes
+        if deadline is not None and time.perf_counter() > deadline:
+            return _TIMEOUT
+        mats = self.matrices(u)
+        # reached[(counts, same, cur)]: the ideals the stages so far can make up, the next stage
+        # running on class cur over the link `same` (1 cur's machine's, 0 the network, -1 none).
+        reached: dict[tuple, np.ndarray] = {}
+        for c in range(nc):
+            reached[(tuple(int(i == c) for i in range(nc)), -1, c)] = np.arange(n + 1) == 0
+        layer = list(reached)
+        env_prev: dict[tuple, np.ndarray] = {}
+        for depth in range(1, self.max_stages + 1):
+            # NOTE [ideal DP dominance]: an ideal is not expanded in a state when a state with the
+            # same next class, no more devices of any class and a link into it no dearer reached
+            # it. env[(counts, cur, kind)]: what such states with at most `counts` reached.
+            env: dict[tuple, np.ndarray] = {}
+            for (counts, cur, kind), vec in env_prev.items():
+                for c in range(nc):
+                    if counts[c] < sizes[c]:
+                        key = (counts[:c] + (counts[c] + 1,) + counts[c + 1:], cur, kind)
+                        env[key] = env[key] | vec if key in env else vec
+            nxt_layer: dict[tuple, None] = {}
+            for key in sorted(layer, key=lambda k: (-k[1], k)):  # intra (1) before network (0)
+                if deadline is not None and time.perf_counter() > deadline:
+                    return _TIMEOUT
+                counts, same, cur = key
+                got = reached[key]
+                kinds = [same, -1] + ([1] if same == 0 and self.intra_le_net[cur] else [])
+                doms = [env[k] for k in ((counts, cur, kind) for kind in dict.fromkeys(kinds)) if k in env]
+                mine = (counts, cur, same)
+                env[mine] = env[mine] | got if mine in env else got
+                alive = got & ~np.logical_or.reduce(doms) if doms else got.copy()
+                # NOTE [ideal DP pruning]: ideals whose rest the devices left cannot run are dead.
+                left = sizes - np.array(counts)
+                left[cur] += 1
+                tin = self.link[cur][same]
+                for k, (rest, _) in enumerate(self.weighted):
+                    most, low = self.capacity(left, int(self.cls_m[cur]), k, u)
+                    alive &= rest <= most - low * tin
+                rows = np.flatnonzero(alive)
+                if len(rows) == 0:
+                    continue
+                last = mats[cur][(same, "last")][rows]
+                if last.any():
+                    return self._read_back(reached, mats, key, int(rows[np.argmax(last)]))
+                if depth == self.max_stages:
+                    continue
+                reach: dict[int, np.ndarray] = {}  # by the link out of this stage
+                for nxt in range(nc):
+                    if counts[nxt] >= sizes[nxt]:
+                        continue
+                    nsame = int(self.machine[cur] == self.machine[nxt])
+                    if nsame not in reach:
+                        mat = mats[cur][(same, nsame)]
+                        bits = np.bitwise_or.reduce(mat if same < 0 else mat[rows], axis=0)
+                        reach[nsame] = np.unpackbits(bits, count=n + 1).astype(bool)
+                    if not reach[nsame].any():
+                        continue
+                    nkey = (counts[:nxt] + (counts[nxt] + 1,) + counts[nxt + 1:], nsame, nxt)
+                    if nkey in reached:
+                        reached[nkey] |= reach[nsame]
+                    else:
+                        reached[nkey] = reach[nsame].copy()
+                        nxt_layer[nkey] = None
+            env_prev = env
+            layer = list(nxt_layer)
+        return None
 
-    machines = sorted(set(cls_machine))
-    cls_m = np.array([machines.index(mc) for mc in cls_machine])
-    # Every boundary carries at least the fewest bytes over any inner ideal (NOTE [stage time]).
-    least = int(tab.cut_bytes[1:-1].min()) if tab.n > 1 else 0
-    links = [problem.intra_node_links[mc] for mc in machines if sum(d.node == mc for d in problem.devices) > 1]
-    c_net = problem.network.transfer_ns(least)
-    c_min = min([link.transfer_ns(least) for link in links] + [c_net])
-
-    def capacity(counts: tuple, cur: int, lam: np.ndarray, tin: np.ndarray) -> np.ndarray:
-        """NOTE [ideal DP pruning]: the most weighted work the devices left (cur's included) can run
-        within best_ns, over every ideal the stage on `cur` may start after."""
-        left = np.array(sizes) - np.array(counts)
-        left[cur] += 1
-        lam_c = lam[cls_t]
-        low = float(lam_c[left > 0].min())
-        per_class = left * np.maximum(0.0, lam_c * float(best_ns) - 2 * low * c_min)  # a device may stay idle
-        per_machine = np.bincount(cls_m, weights=per_class, minlength=len(machines))
-        home = cls_m[cur]
-        others = np.delete(per_machine, home)
-        total = per_machine[home] + np.maximum(0.0, others - 2 * low * (c_net - c_min)).sum() + 2 * low * c_min
-        return total - low * tin
-
-    g = problem.graph
-    node_time = np.array([[g.nodes[v][TIME_NS][t] for t in types] for v in tab.order], dtype=np.float64)
-    node_allowed = np.array([[t in problem.allowed_types(v) for t in types] for v in tab.order])
-    member_int = tab.member.astype(np.float64)
-    totals = np.where(node_allowed, node_time, 0.0).sum(axis=0)
-    multipliers = [np.ones(len(types)), np.where(totals > 0, 1.0 / np.maximum(totals, 1.0), 0.0), *multipliers]
-    weighted = []
-    for lam in multipliers:
-        lam = np.asarray(lam, dtype=np.float64)
-        # Work of the nodes outside each ideal, each at its cheapest weighted type: a lower bound
-        # of what the devices after it run, weighted (NOTE [Lagrangian LP bound] in bounds.py).
-        per_node = np.min(np.where(node_allowed, node_time * lam[None, :], np.inf), axis=1)
-        weighted.append((float(per_node.sum()) - member_int @ per_node, lam))
-    # A state (counts, same, cur): G[i] is the least bottleneck of the stages that make up ideal
-    # i, given that the next stage runs on class `cur`, after one on the same machine or not
-    # (same = 1 / 0; -1: none). As in dp._dp_over, with pairs (I, J) instead of a matrix.
-    states, layer = first_states(len(classes), n + 1)
-    best_ns, best_state, best_start = np.int64(upper_ns), -1, -1
-    nc = len(classes)
-    intra_le_net = [bool((intra[cls_machine[c]] <= network).all()) for c in range(nc)]
-    env_prev: dict[tuple, np.ndarray] = {}
-    timed_out = False
-    for depth in range(1, max_stages + 1):
-        # NOTE [ideal DP dominance]: a state is no better than one with the same next class that
-        # used no more devices of any class and pays no more into the next stage; where that one
-        # reached an ideal no later (G no larger), this one's entry is dropped. env[(counts, cur,
-        # kind)]: the least G over such states with at most `counts`, `kind` the link into `cur`.
-        env: dict[tuple, np.ndarray] = {}
-        for (counts, cur, kind), vec in env_prev.items():
-            for c in range(nc):
-                if counts[c] < sizes[c]:
-                    key = (tuple(x + (i == c) for i, x in enumerate(counts)), cur, kind)
-                    env[key] = np.minimum(env[key], vec) if key in env else vec
-        for key in sorted(layer, key=lambda k: (-k[1], k)):  # intra (1) before network (0)
+    def _read_back(self, reached: dict, mats: list[dict], key: tuple, start: int) -> list[tuple[int, int]]:
+        """The chain ending with a stage on key's class from ideal `start` to V: each stage's
+        predecessor is any state that reached an ideal with a stage from it to `start`."""
+        chain = []
+        while True:
             counts, same, cur = key
-            G = states[layer[key]][1]
-            kinds = [same, -1] + ([1] if same == 0 and intra_le_net[cur] else [])
-            doms = [env[k] for k in ((counts, cur, kind) for kind in dict.fromkeys(kinds)) if k in env]
-            if doms:
-                dom = np.minimum.reduce(doms) if len(doms) > 1 else doms[0]
-                G[dom <= G] = _INF
-                G = np.minimum(G, dom)
-            mine = (counts, cur, same)
-            env[mine] = np.minimum(env[mine], G) if mine in env else G
-        env_prev = env
-        nxt_layer: dict[tuple, int] = {}
-        for key in sorted(layer):
-            if deadline is not None and time.perf_counter() > deadline:
-                timed_out = True
+            chain.append((start, cur))
+            if same < 0:
                 break
-            sid = layer[key]
-            counts, same, cur = key
-            G = states[sid][1]
-            # Rows whose remaining work the remaining devices cannot run within best_ns are dead.
-            alive = G < best_ns
-            tin = link_into(same, cur)
-            for rest, lam in weighted:
-                alive &= rest <= capacity(counts, cur, lam, tin) * (1 + 1e-9) + 1
-            rows = np.flatnonzero(alive)
-            if len(rows) == 0:
-                continue
-            pi_all, pj_all, starts, ends, dcomp = cls_pairs[cur]
-            idx = _gather(starts, ends, rows)
-            pi, pj = pi_all[idx], pj_all[idx]
-            base = tin[pi] + dcomp[idx]
-            g_pi = G[pi]
-            # The stage on `cur` is the last one: J = V.
-            last = (pj == n) & tab.final_ok[pi]
-            if last.any():
-                val = np.maximum(g_pi[last], base[last])
-                k = int(np.argmin(val))
-                if val[k] < best_ns:
-                    best_ns, best_state, best_start = val[k], sid, int(pi[last][k])
-            if depth == max_stages:
-                continue
-            inner = (pj < n) & (base < best_ns)
-            pi, pj, base, g_pi = pi[inner], pj[inner], base[inner], g_pi[inner]
-            # The boundary after the stage runs over cur's machine's link or the network, whatever
-            # the next class: the best start per end J is computed once for each of the two.
-            per_link: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
-            for nxt in range(len(classes)):
-                if counts[nxt] >= sizes[nxt]:
+            before = counts[:cur] + (counts[cur] - 1,) + counts[cur + 1:]
+            byte, bit = start >> 3, 7 - (start & 7)
+            for prev in range(len(self.classes)):
+                if int(self.machine[prev] == self.machine[cur]) != same:
                     continue
-                nsame = int(cls_machine[cur] == cls_machine[nxt])
-                if nsame not in per_link:
-                    val = np.maximum(g_pi, base + link_into(nsame, nxt)[pj])
-                    keep = val < best_ns
-                    v, a, b = val[keep], pi[keep], pj[keep]
-                    least = np.full(n + 1, _INF, dtype=np.int64)
-                    np.minimum.at(least, b, v)
-                    start_of = np.full(n + 1, -1, dtype=np.int64)
-                    won = v == least[b]  # the pairs that reach their J's least value (any one of ties)
-                    start_of[b[won]] = a[won]
-                    ends_j = np.flatnonzero(least < _INF)
-                    per_link[nsame] = (ends_j, least[ends_j], start_of[ends_j])
-                ends_j, v, a = per_link[nsame]
-                if len(ends_j) == 0:
-                    continue
-                nkey = (tuple(x + (i == nxt) for i, x in enumerate(counts)), nsame, nxt)
-                G2, back_start, back_state = state_of(states, nxt_layer, nkey, n + 1)
-                better = v < G2[ends_j]
-                G2[ends_j[better]] = v[better]
-                back_start[ends_j[better]] = a[better]
-                back_state[ends_j[better]] = sid
-        if timed_out:
-            break
-        layer = nxt_layer
-    # Stopped at the deadline, the DP proves nothing; the best plan it found is still a plan.
-    bound = 0 if timed_out else int(best_ns)
-    if best_state < 0:
-        return IdealResult(bound_ns=0 if timed_out else upper_ns, plan=None, finished=not timed_out)
-    starts, devices = read_back(states, best_state, best_start, classes)
-    cuts = [*starts, n]
-    if len(set(cuts)) < len(cuts):
-        return IdealResult(bound_ns=bound, plan=None, finished=not timed_out)  # a relay stage: no plan
-    stage_of = {}
-    for k in range(len(devices)):
-        members = tab.ideals[cuts[k + 1]] & ~tab.ideals[cuts[k]]
-        for i, v in enumerate(tab.order):
-            if members >> i & 1:
-                stage_of[v] = k
-    # Merged nodes go back to the stage of the node they were merged into.
-    stage_of = {v: stage_of[v if into is None else into[v]] for v in original.graph.nodes}
-    stages = evaluate(original, stage_of, devices)
-    plan = Plan(stage_of=stage_of, device_of_stage=devices, stages=stages, bottleneck_ns=bottleneck_ns(stages),
-                lower_bound_ns=bound, solver_status="FEASIBLE", solve_seconds=time.perf_counter() - t0)
-    return IdealResult(bound_ns=bound, plan=None if plan_violations(original, plan) else plan, finished=not timed_out)
+                found = [(s, np.flatnonzero(reached[(before, s, prev)]
+                                            & (mats[prev][(s, same)][:, byte] >> bit & 1).astype(bool)))
+                         for s in (-1, 0, 1) if (before, s, prev) in reached]
+                found = [(s, at) for s, at in found if len(at)]
+                if found:
+                    key, start = (before, found[0][0], prev), int(found[0][1][0])
+                    break
+            else:
+                raise AssertionError("a reached ideal with no stage into it")
+        return chain[::-1]
+
+    def value(self, chain: list[tuple[int, int]]) -> int:
+        """The bottleneck of a chain as the DP costs it."""
+        worst = 0
+        for k, (start, c) in enumerate(chain):
+            end = chain[k + 1][0] if k + 1 < len(chain) else self.tab.n
+            kin = -1 if k == 0 else int(self.machine[chain[k - 1][1]] == self.machine[c])
+            comp = self.tab.comp[self.problem.device(self.classes[c][0]).type]
+            t = self.link[c][kin][start] + comp[end] - comp[start]
+            if k + 1 < len(chain):
+                t += self.link[c][int(self.machine[chain[k + 1][1]] == self.machine[c])][end]
+            worst = max(worst, int(t))
+        return worst
+
+    def plan(self, chain: list[tuple[int, int]]) -> Plan | None:
+        """The chain as a plan of the original problem; None when it has a relay stage or breaks memory."""
+        tab = self.tab
+        cuts = [start for start, _ in chain] + [tab.n]
+        if len(set(cuts)) < len(cuts):
+            return None  # a relay stage
+        used = [0] * len(self.classes)
+        devices = []
+        for _, c in chain:  # a class's devices in list order
+            devices.append(self.classes[c][used[c]])
+            used[c] += 1
+        stage_of = {}
+        for k in range(len(devices)):
+            members = tab.ideals[cuts[k + 1]] & ~tab.ideals[cuts[k]]
+            for i, v in enumerate(tab.order):
+                if members >> i & 1:
+                    stage_of[v] = k
+        # Merged nodes go back to the stage of the node they were merged into.
+        stage_of = {v: stage_of[v if self.into is None else self.into[v]] for v in self.original.graph.nodes}
+        stages = evaluate(self.original, stage_of, devices)
+        plan = Plan(stage_of=stage_of, device_of_stage=devices, stages=stages, bottleneck_ns=bottleneck_ns(stages),
+                    lower_bound_ns=0, solver_status="FEASIBLE", solve_seconds=0.0)
+        return None if plan_violations(self.original, plan) else plan
+
+    def bisect(self, lower_ns: int, deadline: float | None, gap: float) -> IdealResult:
+        """NOTE [ideal DP bisection] from a valid bound `lower_ns`."""
+        lo, hi, best = lower_ns, self.upper_ns, None
+        while lo < hi and not IdealResult(lo, best).settled(gap, self.upper_ns):
+            # First: is any chain faster than the known plan? Often not (the order DP's plan is
+            # optimal on chains), and then one decision proves that plan optimal.
+            u = hi if hi == self.upper_ns and lo == lower_ns else (lo + hi + 1) // 2
+            chain = self.chain_below(u, deadline)
+            if chain is _TIMEOUT:
+                return IdealResult(bound_ns=lo, plan=best, finished=False)
+            if chain is None:
+                lo = u  # no chain below u
+                continue
+            hi = self.value(chain)
+            plan = self.plan(chain)
+            if plan is not None and (best is None or plan.bottleneck_ns < best.bottleneck_ns):
+                best = plan
+        return IdealResult(bound_ns=lo, plan=best)
