@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
+from ortools.graph.python import max_flow
 
 from hetpart.partitioner.bounds import least_stash
 from hetpart.partitioner.dp import transfer_ns
@@ -41,8 +42,9 @@ _VISIT_WORK = 4_000_000  # ... and at most this many (ideal, node) checks: 4,000
 # its activations with the least stash of any stage (NOTE [training memory]). So with exact
 # device classes and no deadline, the DP's value is a lower bound of every plan's bottleneck,
 # and its plan, re-costed by `evaluate`, is optimal whenever it fits in memory.
-# Transformers lowered at FX level have few ideals (zoo:gpt-small 241, zoo:llama 4,307);
-# branchy graphs have millions (zoo:unet, zoo:lstm), and there the DP does not run.
+# Transformers lowered at FX level have few ideals (zoo:gpt-small 241, zoo:llama 4,307), fewer
+# still without their free nodes (NOTE [ideal DP free nodes]); branchy graphs have tens of
+# thousands or more (zoo:unet, zoo:moe), and there the DP does not run.
 # Each device type keeps the pairs (I, J) whose compute is below the known plan's bottleneck,
 # and NOTE [ideal DP bisection] finds the least bottleneck by deciding, for one bottleneck at a
 # time, whether a chain of stages below it exists.
@@ -101,15 +103,23 @@ class IdealTables:
     forbidden: dict[str, np.ndarray]  # device type -> nodes of each ideal that cannot run on it
     subset: np.ndarray  # [I, J]: I is a proper subset of J
     final_ok: np.ndarray  # the last stage may start after this ideal (it keeps an unpinned node)
+    # NOTE [ideal DP free nodes]: the free nodes left out of `order`, and per ideal those of them
+    # that go before its boundary (a bitmask over `free`).
+    free: list[str] = field(default_factory=list)
+    free_inside: list[int] = field(default_factory=list)
 
     @property
     def n(self) -> int:
         return len(self.ideals) - 1
 
 
-def ideal_tables(problem: Problem, limit: int = IDEAL_MAX, relays: bool = False) -> IdealTables | None:
-    """NOTE [ideal DP]'s tables; None when the graph has more than `limit` usable ideals. `relays`:
-    a stage may also run no node at all (I = J, NOTE [ideal DP contraction])."""
+def ideal_tables(problem: Problem, limit: int = IDEAL_MAX, relaxed: bool = False) -> IdealTables | None:
+    """NOTE [ideal DP]'s tables; None when the graph has more than `limit` usable ideals.
+    `relaxed`: over the ideals of the graph without its free nodes (NOTE [ideal DP free nodes])."""
+    original, free = problem, []
+    if relaxed:
+        problem, free = _without_free_nodes(problem)
+    relays = relaxed
     g = problem.graph
     order = problem.node_order()
     n = len(order)
@@ -154,43 +164,127 @@ def ideal_tables(problem: Problem, limit: int = IDEAL_MAX, relays: bool = False)
         subset[inner_index, inner_index] = True
     # The last stage keeps a node not pinned last; with relays (a relaxation) it need not.
     final_ok = np.array([(s | lasts) != full or (relays and s != full) for s in ideals])
-    return IdealTables(order=order, ideals=ideals, member=member, comp=comp, cut_bytes=cut, mem_prefix=as_int @ own,
-                       forbidden=forbidden, subset=subset, final_ok=final_ok)
+    tab = IdealTables(order=order, ideals=ideals, member=member, comp=comp, cut_bytes=cut, mem_prefix=as_int @ own,
+                      forbidden=forbidden, subset=subset, final_ok=final_ok)
+    return _fewest_bytes_with_free_nodes(original, tab, free) if relaxed else tab
 
 
-# NOTE [ideal DP contraction]
-# Where a graph has too many ideals, the DP runs on a smaller graph that loses no plan's value:
-# a node v whose time is 0 on every type, with no memory, weights, pin, group or forbidden type,
-# whose only input is u, u's only reader being v, and whose output is no larger than u's, is
-# merged into u. Moving v into u's stage in any plan changes no compute and no boundary on the
-# far side of v's stage, and on the boundaries between u and v it replaces u's bytes with v's
-# (no more). Only one thing breaks: v's stage may be left empty, and dropping it would join two
-# other stages over another link, or (the last stage) hold only PIN_LAST nodes. So the DP on the
-# merged graph lets a stage run nothing (a relay, paying its two boundaries) and the last stage
-# hold only pinned nodes. Then every plan of the problem maps to a plan of the DP no
-# slower, and the DP's value is a lower bound; its plan, with merged nodes back in their
-# producers' stages, is a plan of the problem (and so optimal) unless it uses a relay.
-# zoo:t5 goes from more than 300,000 ideals to 4,642.
+# NOTE [ideal DP free nodes]
+# Where a graph has too many ideals, the DP runs over fewer, losing no plan's value. A free node
+# (no time on any type, no memory, weights, pin, group or forbidden type: views, slices, the
+# `x[:, t]` of each time step of an unrolled RNN) changes no stage's compute or memory, only the
+# bytes over boundaries. So the DP runs over the ideals C of the graph without free nodes (u
+# before w there when a path of free nodes joins them), and the bytes over the boundary after C
+# are the fewest over every choice of free nodes S before it that keeps C + S an ideal: a
+# minimum cut (OR-Tools' max-flow, one per ideal; a value crosses when it is before the boundary
+# and one of its readers after). Every plan maps to a chain of such ideals no slower: its
+# boundaries less their free nodes, each paying no more bytes; a stage of only free nodes becomes
+# a relay (a stage running nothing, paying its two boundaries), and the last stage may hold only
+# PIN_LAST nodes. So the DP's value is a lower bound. Its chain is a plan once each free node
+# goes before the first boundary whose cut puts it there (the union of the cuts so far, an
+# ideal at every boundary), unless it has a relay; that plan may pay more bytes than the cuts,
+# and is optimal when it meets the bound. zoo:t5 goes from more than 300,000 ideals to 4,642,
+# zoo:lstm (every time step's input a free slice of the embeddings) from 343,000 to 638.
 
 
-def contract_free_nodes(problem: Problem) -> tuple[Problem, dict[str, str]]:
-    """NOTE [ideal DP contraction]: the merged problem and, per node, the node it was merged into."""
-    g = problem.graph.copy()
-    into = {v: v for v in g.nodes}
-    for v in problem.node_order():
-        a = g.nodes[v]
-        preds = list(g.predecessors(v))
-        if (len(preds) != 1 or any(a[TIME_NS].values()) or a.get(MEM_BYTES, 0) or a.get(WEIGHTS)
-                or a.get(PIN) or a.get(COLOCATE) is not None or a.get(FORBIDDEN_TYPES)):
-            continue
-        u = preds[0]
-        if g.out_degree(u) != 1 or a.get(OUT_BYTES, 0) > g.nodes[u].get(OUT_BYTES, 0):
-            continue
-        g.add_edges_from((u, w) for w in g.successors(v))
-        g.nodes[u][OUT_BYTES] = a.get(OUT_BYTES, 0)
-        g.remove_node(v)
-        into[v] = into[u]
-    return dataclasses.replace(problem, graph=g), into
+def _is_free(attrs: dict) -> bool:
+    return (not any(attrs[TIME_NS].values()) and not attrs.get(MEM_BYTES, 0) and not attrs.get(WEIGHTS)
+            and not attrs.get(PIN) and attrs.get(COLOCATE) is None and not attrs.get(FORBIDDEN_TYPES))
+
+
+def _without_free_nodes(problem: Problem) -> tuple[Problem, list[str]]:
+    """NOTE [ideal DP free nodes]: the problem without its free nodes, u before w where a path of
+    free nodes joins them; and the free nodes, in node order."""
+    g = problem.graph
+    free = [v for v in problem.node_order() if _is_free(g.nodes[v])]
+    if not free:
+        return problem, []
+    gone = set(free)
+    core = g.subgraph(v for v in g.nodes if v not in gone).copy()
+    for u in list(core.nodes):
+        stack, seen = [w for w in g.successors(u) if w in gone], set()
+        while stack:
+            x = stack.pop()
+            if x not in seen:
+                seen.add(x)
+                for w in g.successors(x):
+                    (stack.append(w) if w in gone else core.add_edge(u, w))
+    return dataclasses.replace(problem, graph=core), free
+
+
+def _fewest_bytes_with_free_nodes(problem: Problem, tab: IdealTables, free: list[str]) -> IdealTables:
+    """NOTE [ideal DP free nodes]: `tab` (over the ideals without free nodes) with each boundary's
+    fewest bytes, and the free nodes before it, over the placements of the free nodes.
+
+    The cut: a free node on the source side goes before the boundary. Arcs: s -> v when a reader
+    of v is before (it must be too), v -> t when an input of v is after; a reader of a free value
+    before it only if the value is (r -> p); a value p before the boundary pays out(p) when a
+    reader is after: when that reader is not free, p -> t (or a constant); otherwise through an
+    auxiliary node y_p that may go before only with all of p's free readers (p -> y_p, y_p -> r)."""
+    g = problem.graph
+    if not free:
+        return tab
+    index = {v: i for i, v in enumerate(tab.order)}
+    fidx = {v: 2 + i for i, v in enumerate(free)}
+    out = {v: int(g.nodes[v].get(OUT_BYTES, 0)) for v in g.nodes}
+    inf = sum(out.values()) + 1
+    member = tab.member
+    m = len(tab.ideals)
+    ones, zeros = np.ones(m, dtype=bool), np.zeros(m, dtype=bool)
+
+    def any_in(vs: list[str]) -> np.ndarray:  # per ideal: one of these (non-free) nodes is in it
+        return member[:, [index[v] for v in vs]].any(axis=1) if vs else zeros
+
+    def all_in(vs: list[str]) -> np.ndarray:  # ... all of them are
+        return member[:, [index[v] for v in vs]].all(axis=1) if vs else ones
+
+    tails, heads, caps = [], [], []  # caps: per ideal (arrays of m)
+
+    def arc(a: int, b: int, cap: np.ndarray) -> None:
+        tails.append(a), heads.append(b), caps.append(cap)
+
+    constant = np.zeros(m, dtype=np.int64)
+    aux = 2 + len(free)
+    for p in [*free, *tab.order]:
+        readers = list(g.successors(p))
+        free_readers = [fidx[r] for r in readers if r in fidx]
+        core_readers = [r for r in readers if r not in fidx]
+        core_out = ~all_in(core_readers) if core_readers else zeros  # a non-free reader is after
+        if p in fidx:
+            v = fidx[p]
+            preds = list(g.predecessors(p))
+            forced_out = ~all_in([u for u in preds if u not in fidx])
+            arc(0, v, np.where(any_in(core_readers), inf, 0))
+            arc(v, 1, np.where(forced_out, inf, np.where(core_out, out[p], 0)))
+            for u in preds:
+                if u in fidx:
+                    arc(v, fidx[u], np.full(m, inf))
+            source, pays = v, ~core_out
+        else:
+            inside = member[:, index[p]]
+            constant += np.where(inside & core_out, out[p], 0)
+            if not free_readers:
+                continue
+            source = aux
+            aux += 1
+            arc(0, source, np.where(inside, inf, 0))
+            pays = inside & ~core_out
+        if free_readers and out[p]:
+            arc(source, aux, np.where(pays, out[p], 0))
+            for r in free_readers:
+                arc(aux, r, np.full(m, inf))
+            aux += 1
+    tails_a, heads_a = np.array(tails, dtype=np.int64), np.array(heads, dtype=np.int64)
+    caps_m = np.array(caps, dtype=np.int64).T  # [ideal, arc]
+    cut = np.zeros(m, dtype=np.int64)
+    inside_free = []
+    for i in range(m):
+        flow = max_flow.SimpleMaxFlow()
+        flow.add_arcs_with_capacity(tails_a, heads_a, caps_m[i])
+        flow.solve(0, 1)
+        cut[i] = constant[i] + flow.optimal_flow()
+        inside_free.append(sum(1 << (x - 2) for x in flow.get_source_side_min_cut() if 2 <= x < 2 + len(free)))
+    return dataclasses.replace(tab, cut_bytes=cut, free=free, free_inside=inside_free)
 
 
 @dataclass(frozen=True)
@@ -231,21 +325,18 @@ def ideal_dp(problem: Problem, upper_ns: int, deadline: float | None = None, lim
     proven or found; at the deadline, the bound proven so far and the best plan found
     (`finished` False).
 
-    The merged graph of NOTE [ideal DP contraction] goes first (fewer ideals: zoo:llama 1,971
-    instead of 4,307); when its best chain is no plan (a relay stage, or memory), the graph itself,
-    if it has few enough ideals."""
-    contracted, into = contract_free_nodes(problem)
-    smaller = contracted.graph.number_of_nodes() < problem.graph.number_of_nodes()
-    attempts = [(contracted, into, True)] if smaller else []
-    attempts.append((problem, None, False))
+    The graph without its free nodes (NOTE [ideal DP free nodes]) goes first (fewer ideals:
+    zoo:llama 1,419 instead of 4,307); when its best chain is no plan (a relay stage, or memory),
+    the graph itself, if it has few enough ideals."""
+    attempts = [True, False] if any(_is_free(a) for _, a in problem.graph.nodes(data=True)) else [False]
     best: IdealResult | None = None
-    for run_on, merged, relays in attempts:
-        tab = ideal_tables(run_on, limit, relays=relays)
+    for relaxed in attempts:
+        tab = ideal_tables(problem, limit, relaxed=relaxed)
         if tab is None:
             continue
         lower = max(lower_ns, best.bound_ns if best else 0)
         upper = best.plan.bottleneck_ns if best and best.plan else upper_ns
-        got = _Decider(run_on, tab, problem, merged, upper, multipliers).bisect(lower, deadline, gap)
+        got = _Decider(problem, tab, upper, multipliers).bisect(lower, deadline, gap)
         best = got if best is None else IdealResult(max(best.bound_ns, got.bound_ns), got.plan or best.plan,
                                                     got.finished)
         if not got.finished or best.settled(gap, upper_ns):
@@ -271,12 +362,10 @@ _TIMEOUT = "timeout"
 
 
 class _Decider:
-    """NOTE [ideal DP bisection] on the tables `tab` of `problem` (`original` merged as `into`
-    says, or itself), for bottlenecks below `upper_ns`."""
+    """NOTE [ideal DP bisection] on the tables `tab` of `problem`, for bottlenecks below `upper_ns`."""
 
-    def __init__(self, problem: Problem, tab: IdealTables, original: Problem, into: dict[str, str] | None,
-                 upper_ns: int, multipliers: tuple) -> None:
-        self.problem, self.tab, self.original, self.into, self.upper_ns = problem, tab, original, into, upper_ns
+    def __init__(self, problem: Problem, tab: IdealTables, upper_ns: int, multipliers: tuple) -> None:
+        self.problem, self.tab, self.upper_ns = problem, tab, upper_ns
         n = tab.n
         self.classes = problem.device_classes()
         first = [problem.device(c[0]) for c in self.classes]
@@ -474,28 +563,33 @@ class _Decider:
         return worst
 
     def plan(self, chain: list[tuple[int, int]]) -> Plan | None:
-        """The chain as a plan of the original problem; None when it has a relay stage or breaks memory."""
+        """The chain as a plan; None when it has a relay stage or breaks memory."""
         tab = self.tab
         cuts = [start for start, _ in chain] + [tab.n]
-        if len(set(cuts)) < len(cuts):
-            return None  # a relay stage
         used = [0] * len(self.classes)
         devices = []
         for _, c in chain:  # a class's devices in list order
             devices.append(self.classes[c][used[c]])
             used[c] += 1
         stage_of = {}
+        placed = 0  # NOTE [ideal DP free nodes]: a free node goes before the first boundary whose cut has it
         for k in range(len(devices)):
             members = tab.ideals[cuts[k + 1]] & ~tab.ideals[cuts[k]]
             for i, v in enumerate(tab.order):
                 if members >> i & 1:
                     stage_of[v] = k
-        # Merged nodes go back to the stage of the node they were merged into.
-        stage_of = {v: stage_of[v if self.into is None else self.into[v]] for v in self.original.graph.nodes}
-        stages = evaluate(self.original, stage_of, devices)
+            if tab.free:
+                now = (tab.free_inside[cuts[k + 1]] if k + 1 < len(devices) else (1 << len(tab.free)) - 1) & ~placed
+                placed |= now
+                for i, v in enumerate(tab.free):
+                    if now >> i & 1:
+                        stage_of[v] = k
+        if len(set(stage_of.values())) < len(devices):
+            return None  # a relay: a stage that runs nothing
+        stages = evaluate(self.problem, stage_of, devices)
         plan = Plan(stage_of=stage_of, device_of_stage=devices, stages=stages, bottleneck_ns=bottleneck_ns(stages),
                     lower_bound_ns=0, solver_status="FEASIBLE", solve_seconds=0.0)
-        return None if plan_violations(self.original, plan) else plan
+        return None if plan_violations(self.problem, plan) else plan
 
     def bisect(self, lower_ns: int, deadline: float | None, gap: float) -> IdealResult:
         """NOTE [ideal DP bisection] from a valid bound `lower_ns`."""
