@@ -434,13 +434,15 @@ class _Decider:
             keep = dcomp < u
             pi, pj, dcomp = pi[keep], pj[keep], dcomp[keep]
             mats = {}
-            for kin in (-1, 0, 1):
+            # Link kind 1 only where c's machine has another device.
+            kinds = (0, 1) if self.sizes[self.cls_m == self.cls_m[c]].sum() > 1 else (0,)
+            for kin in (-1, *kinds):
                 base = self.link[c][kin][pi] + dcomp
                 a, b, base_k = (pi, pj, base) if kin >= 0 else (pi[pi == 0], pj[pi == 0], base[pi == 0])
                 last = np.zeros(n + 1, dtype=bool)
                 last[a[(b == n) & tab.final_ok[a] & (base_k < u)]] = True
                 mats[(kin, "last")] = last
-                for kout in (0, 1):
+                for kout in kinds:
                     ok = (b < n) & (base_k + self.link[c][kout][b] < u)
                     if kin < 0:
                         row = np.zeros(n + 1, dtype=bool)
