@@ -521,22 +521,11 @@ def solve(
                                    t0=t0, bounds=bounds, stats=pre_stats)
     if certified is not None:
         return certified
-    if objective == "throughput" and dp_plan is not None:
-        # NOTE [ideal DP]: on graphs with few ideals, the exact optimum (memory relaxed) by a DP.
-        t_ideal = time.perf_counter()
-        got = ideal_dp(problem, dp_plan.bottleneck_ns, deadline=t0 + IDEAL_SHARE * time_limit_s,
-                       lower_ns=bounds.lower_bound_ns, gap=gap)
-        pre_stats["ideal_seconds"] = time.perf_counter() - t_ideal
-        if got is not None:
-            bounds = dataclasses.replace(bounds, ideal_ns=got.bound_ns)
-            search_free_lb = objective_bound_ns(problem, bounds, objective, microbatches)
-            if got.plan is not None and got.plan.bottleneck_ns < dp_plan.bottleneck_ns:
-                dp_plan = dataclasses.replace(got.plan, stats={**dp_plan.stats, "from_ideal_dp": 1.0})
-            certified = _certified_dp_plan(dp_plan, search_free_lb, gap, objective=objective,
-                                           microbatches=microbatches, t0=t0, bounds=bounds, stats=pre_stats,
-                                           exact_bound=True)
-            if certified is not None:
-                return certified
+    dp_plan, bounds, certified = _ideal_pass(problem, dp_plan, bounds, t0 + IDEAL_SHARE * time_limit_s, gap=gap,
+                                             objective=objective, microbatches=microbatches, t0=t0, stats=pre_stats)
+    if certified is not None:
+        return certified
+    search_free_lb = objective_bound_ns(problem, bounds, objective, microbatches)
     mdl = _build(problem, objective, microbatches, model_lb)
     if hint is not None:
         _check_hint(problem, hint, mdl.num_stages)
@@ -608,6 +597,28 @@ def solve(
                           objective=objective, microbatches=microbatches, t0=t0, stats=stats, bounds=bounds, gap=gap)
 
 
+def _ideal_pass(problem: Problem, dp_plan: Plan | None, bounds: Bounds, deadline: float, *, gap: float,
+                objective: str, microbatches: int, t0: float, stats: dict[str, float]
+                ) -> tuple[Plan | None, Bounds, Plan | None]:
+    """NOTE [ideal DP]: on graphs with few ideals, the optimum (memory relaxed) or a plan within
+    `gap` of it, by a DP, for the throughput objective: (the better of its plan and `dp_plan`, the
+    bounds with `ideal_ns`, the plan finished when it is certified within `gap`)."""
+    if objective != "throughput" or dp_plan is None:
+        return dp_plan, bounds, None
+    t_ideal = time.perf_counter()
+    got = ideal_dp(problem, dp_plan.bottleneck_ns, deadline=deadline, lower_ns=bounds.lower_bound_ns, gap=gap)
+    stats["ideal_seconds"] = time.perf_counter() - t_ideal
+    if got is None:
+        return dp_plan, bounds, None
+    bounds = dataclasses.replace(bounds, ideal_ns=got.bound_ns)
+    if got.plan is not None and got.plan.bottleneck_ns < dp_plan.bottleneck_ns:
+        dp_plan = dataclasses.replace(got.plan, stats={**dp_plan.stats, "from_ideal_dp": 1.0})
+    certified = _certified_dp_plan(dp_plan, objective_bound_ns(problem, bounds, objective, microbatches), gap,
+                                   objective=objective, microbatches=microbatches, t0=t0, bounds=bounds, stats=stats,
+                                   exact_bound=True)
+    return dp_plan, bounds, certified
+
+
 def _certified_dp_plan(dp_plan: Plan | None, lower_bound_ns: int, gap: float, *, objective: str, microbatches: int,
                        t0: float, bounds: Bounds, stats: dict[str, float], exact_bound: bool = False) -> Plan | None:
     """The DP's plan, finished, when it is already within `gap` of `lower_bound_ns` (NOTE [gap stop]:
@@ -667,7 +678,9 @@ def _constraints_note(problem: Problem) -> str:
 # Above COARSEN_ABOVE nodes one CP-SAT model of the whole graph stalls in presolve
 # (PARTITIONING-NOTES finding 3), so `solve`:
 # 1. runs the DP (dp.py, NOTE [candidate cuts]: coarse cut candidates, then op-level
-#    windows around its cuts) -- the plan to beat, contiguous in the node order;
+#    windows around its cuts) -- the plan to beat, contiguous in the node order; and where
+#    the graph without its free nodes has few ideals (hf:llama at 7B dimensions: 1,677 nodes,
+#    7,115 ideals), NOTE [ideal DP], which may prove that plan optimal or beat it;
 # 2. coarsens the graph into about COARSE_NODES runs of the order (coarsen.py, NOTE
 #    [coarse nodes]), with the DP's cuts among the run boundaries so its plan is a
 #    coarse plan, and lets CP-SAT improve that plan on the coarse problem (it may
@@ -677,8 +690,8 @@ def _constraints_note(problem: Problem) -> str:
 #    fixed); then keeps the better of that and the DP's plan: never worse than the DP.
 # Bounds: the coarse CP-SAT bound is a bound of the coarse problem only (fewer plans,
 # transfers rounded up), NOT of the original one, so a coarsened plan reports only the
-# search-free bounds of bounds.py (LP work bound, largest op, memory), which hold for
-# every plan of the original problem; its gap is honest and usually wider than a
+# search-free bounds of bounds.py (LP work bound, largest op, memory) and the ideal DP's,
+# which hold for every plan of the original problem; its gap is honest and usually wider than a
 # fine solve's. Deterministic for a given seed and worker count as long as the coarse
 # CP-SAT finishes (or stops) at the same point: the DP and refinement are.
 
@@ -693,14 +706,21 @@ def _solve_coarsened(problem: Problem, t0: float, *, time_limit_s: float, seed: 
     bounds = compute_bounds(problem, 0, upper_ns=dp_plan.bottleneck_ns if dp_plan is not None else None)
     valid_lb = objective_bound_ns(problem, bounds, objective, microbatches)
     t_bounds = time.perf_counter()
+    pre_stats = {"dp_seconds": t_dp - t0, "bounds_seconds": t_bounds - t_dp, "plan_from_dp": 1.0}
     certified = _certified_dp_plan(dp_plan, valid_lb, gap, objective=objective, microbatches=microbatches, t0=t0,
-                                   bounds=bounds, stats={"dp_seconds": t_dp - t0, "bounds_seconds": t_bounds - t_dp,
-                                                         "plan_from_dp": 1.0})
+                                   bounds=bounds, stats=pre_stats)
     if certified is not None:
         return certified
+    # The graph without its free nodes may have few ideals even here (hf:llama at 7B: 7,115).
+    dp_plan, bounds, certified = _ideal_pass(problem, dp_plan, bounds, t0 + IDEAL_SHARE * time_limit_s, gap=gap,
+                                             objective=objective, microbatches=microbatches, t0=t0, stats=pre_stats)
+    if certified is not None:
+        return certified
+    valid_lb = objective_bound_ns(problem, bounds, objective, microbatches)
     candidates: list[tuple[str, dict[str, int], list[str]]] = []
     if dp_plan is not None:
-        candidates.append(("dp", dp_plan.stage_of, dp_plan.device_of_stage))
+        source = "ideal_dp" if dp_plan.stats.get("from_ideal_dp") else "dp"
+        candidates.append((source, dp_plan.stage_of, dp_plan.device_of_stage))
     if hint is not None:
         _check_hint(problem, hint, len(problem.devices))
         candidates.append(("hint", hint.stage_of, hint.device_of_stage))
@@ -716,6 +736,8 @@ def _solve_coarsened(problem: Problem, t0: float, *, time_limit_s: float, seed: 
     coarse = coarsen(problem, tab, cuts)
     stats: dict[str, float] = {"dp_seconds": t_dp - t0, "bounds_seconds": t_bounds - t_dp,
                                "coarse_nodes": float(coarse.problem.graph.number_of_nodes()) if coarse else 0.0}
+    if "ideal_seconds" in pre_stats:
+        stats["ideal_seconds"] = pre_stats["ideal_seconds"]
     if dp_plan is not None:
         stats["dp_bottleneck_ns"] = float(dp_plan.bottleneck_ns)
     remaining = time_limit_s - (time.perf_counter() - t0) - reserve_s

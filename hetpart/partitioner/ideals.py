@@ -24,9 +24,9 @@ from hetpart.partitioner.problem import (
 )
 from hetpart.partitioner.verify import plan_violations
 
-IDEAL_MAX = 5_000  # ideals the DP may run over (its work grows with their square)
+IDEAL_MAX = 8_000  # ideals the DP may run over (its bit matrices grow with their square)
 _VISIT_MAX = 20_000  # ideals enumerated at most, those that split a co-location group included
-_VISIT_WORK = 4_000_000  # ... and at most this many (ideal, node) checks: 4,000 ideals at 1,000 nodes
+_VISIT_WORK = 12_000_000  # ... and at most this many (ideal, node) checks: 12,000 ideals at 1,000 nodes
 
 # NOTE [ideal DP]
 # `_dp_over` (dp.py) minimises the bottleneck over chains of "positions" 0 = P_0 < ... < P_S = n,
@@ -68,26 +68,39 @@ _VISIT_WORK = 4_000_000  # ... and at most this many (ideal, node) checks: 4,000
 
 def enumerate_ideals(problem: Problem, limit: int = _VISIT_MAX) -> list[int] | None:
     """Every ideal of the graph as a bitmask over `problem.node_order()`, sorted by size; None
-    above `limit`."""
+    above `limit`. Breadth first, one size at a time, the ideals of a size as bool rows."""
     order = problem.node_order()
+    n = len(order)
     index = {v: i for i, v in enumerate(order)}
-    g = problem.graph
-    preds = [sum(1 << index[u] for u in g.predecessors(v)) for v in order]
-    seen = {0}
-    frontier = [0]
-    while frontier:
-        nxt = []
-        for ideal in frontier:
-            for i, need in enumerate(preds):
-                if not ideal >> i & 1 and need & ~ideal == 0:
-                    grown = ideal | 1 << i
-                    if grown not in seen:
-                        seen.add(grown)
-                        nxt.append(grown)
-                        if len(seen) > limit:
-                            return None
-        frontier = nxt
-    return sorted(seen, key=lambda s: (s.bit_count(), s))
+    inputs = [[index[u] for u in problem.graph.predecessors(v)] for v in order]
+    flat = np.array([u for us in inputs for u in us], dtype=np.int64)  # every node's inputs, node by node
+    ends = np.cumsum([len(us) for us in inputs])
+    starts = ends - np.array([len(us) for us in inputs])
+    level = np.zeros((1, n), dtype=bool)
+    found = [0]
+    while len(level):
+        # A node may join an ideal when it is outside and none of its inputs is.
+        outside = np.zeros((len(level), len(flat) + 1), dtype=np.int32)
+        np.cumsum(~level[:, flat], axis=1, out=outside[:, 1:])
+        ready = ~level & (outside[:, ends] == outside[:, starts])
+        rows, nodes = np.nonzero(ready)
+        grown = level[rows]
+        grown[np.arange(len(rows)), nodes] = True
+        packed = np.packbits(grown, axis=1, bitorder="little")
+        packed = np.unique(packed.view(np.dtype((np.void, packed.shape[1]))).ravel()).view(np.uint8).reshape(
+            -1, packed.shape[1])
+        if len(found) + len(packed) > limit:
+            return None
+        found.extend(sorted(int.from_bytes(row.tobytes(), "little") for row in packed))
+        level = np.unpackbits(packed, axis=1, count=n, bitorder="little").astype(bool)
+    return found
+
+
+def _bits(masks: list[int], n: int) -> np.ndarray:
+    """[mask, bit] bool: the low n bits of each mask."""
+    size = (n + 7) // 8
+    raw = np.frombuffer(b"".join(m.to_bytes(size, "little") for m in masks), dtype=np.uint8)
+    return np.unpackbits(raw.reshape(len(masks), size), axis=1, count=n, bitorder="little").astype(bool)
 
 
 @dataclass
@@ -123,7 +136,7 @@ def ideal_tables(problem: Problem, limit: int = IDEAL_MAX, relaxed: bool = False
     g = problem.graph
     order = problem.node_order()
     n = len(order)
-    every = enumerate_ideals(problem, min(_VISIT_MAX, max(limit, _VISIT_WORK // max(1, n))))
+    every = enumerate_ideals(problem, min(_VISIT_MAX, _VISIT_WORK // max(1, n)))
     if every is None:
         return None
     index = {v: i for i, v in enumerate(order)}
@@ -137,7 +150,7 @@ def ideal_tables(problem: Problem, limit: int = IDEAL_MAX, relaxed: bool = False
     ideals = [0, *inner, full]
     if len(ideals) > limit:
         return None
-    member = np.array([[s >> i & 1 for i in range(n)] for s in ideals], dtype=bool)
+    member = _bits(ideals, n)
     as_int = member.astype(np.int64)
     comp = {t: as_int @ np.array([g.nodes[v][TIME_NS][t] for v in order], dtype=np.int64) for t in problem.device_types}
     cut = np.zeros(len(ideals), dtype=np.int64)
@@ -283,7 +296,10 @@ def _fewest_bytes_with_free_nodes(problem: Problem, tab: IdealTables, free: list
         flow.add_arcs_with_capacity(tails_a, heads_a, caps_m[i])
         flow.solve(0, 1)
         cut[i] = constant[i] + flow.optimal_flow()
-        inside_free.append(sum(1 << (x - 2) for x in flow.get_source_side_min_cut() if 2 <= x < 2 + len(free)))
+        side = np.asarray(flow.get_source_side_min_cut(), dtype=np.int64)
+        before = np.zeros(len(free), dtype=bool)
+        before[side[(side >= 2) & (side < 2 + len(free))] - 2] = True
+        inside_free.append(int.from_bytes(np.packbits(before, bitorder="little").tobytes(), "little"))
     return dataclasses.replace(tab, cut_bytes=cut, free=free, free_inside=inside_free)
 
 

@@ -7,12 +7,18 @@ import numpy as np
 import pytest
 
 from hetpart.errors import HetpartError
-from hetpart.partitioner import dp_hint, evaluate, solve, verify_plan
+from hetpart.partitioner import cpsat, dp_hint, evaluate, ideals, solve, verify_plan
 from hetpart.partitioner.coarsen import coarsen, cut_candidates
 from hetpart.partitioner.dp import order_tables
 from hetpart.partitioner.evaluate import bottleneck_ns
 
 from partition_cases import brute_force, constrained_problem, random_large, random_problem, transformer_problem
+
+
+@pytest.fixture(autouse=True)
+def _no_ideal_dp(monkeypatch):
+    """Leave NOTE [ideal DP] out: it solves these graphs before anything is coarsened."""
+    monkeypatch.setattr(cpsat, "ideal_dp", lambda *_args, **_kwargs: None)
 
 
 @pytest.mark.parametrize("seed", range(24))
@@ -119,3 +125,14 @@ def test_coarsened_training_plans_respect_the_training_memory(schedule):
     # GPipe: the bounds prove it (every stage stashes 3 microbatches); 1F1B: only the search fails.
     with pytest.raises(HetpartError, match="no plan fits in memory" if schedule == "gpipe" else "no plan found"):
         solve(p, time_limit_s=5, coarsen_above=0)
+
+
+def test_coarsened_solve_runs_the_ideal_dp_first(monkeypatch):
+    # NOTE [coarsened solve] step 1: where the graph has few ideals, the ideal DP proves the plan
+    # optimal before anything is coarsened (hf:llama at 7B dimensions: 1,677 nodes).
+    monkeypatch.setattr(cpsat, "ideal_dp", ideals.ideal_dp)
+    p = transformer_problem(100)
+    plan = solve(p, time_limit_s=30, coarsen_above=0)
+    verify_plan(p, plan)
+    assert plan.solver_status == "OPTIMAL" and plan.bounds.ideal_ns == plan.bottleneck_ns
+    assert "ideal_seconds" in plan.stats and "coarsened" not in plan.stats
