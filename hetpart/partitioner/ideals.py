@@ -66,9 +66,9 @@ _VISIT_WORK = 12_000_000  # ... and at most this many (ideal, node) checks: 12,0
 # per next class.
 
 
-def enumerate_ideals(problem: Problem, limit: int = _VISIT_MAX) -> list[int] | None:
+def enumerate_ideals(problem: Problem, limit: int = _VISIT_MAX, deadline: float | None = None) -> list[int] | None:
     """Every ideal of the graph as a bitmask over `problem.node_order()`, sorted by size; None
-    above `limit`. Breadth first, one size at a time, the ideals of a size as bool rows."""
+    above `limit` or past the deadline. Breadth first, one size at a time, the ideals of a size as bool rows."""
     order = problem.node_order()
     n = len(order)
     index = {v: i for i, v in enumerate(order)}
@@ -79,6 +79,8 @@ def enumerate_ideals(problem: Problem, limit: int = _VISIT_MAX) -> list[int] | N
     level = np.zeros((1, n), dtype=bool)
     found = [0]
     while len(level):
+        if deadline is not None and time.perf_counter() > deadline:
+            return None
         # A node may join an ideal when it is outside and none of its inputs is.
         outside = np.zeros((len(level), len(flat) + 1), dtype=np.int32)
         np.cumsum(~level[:, flat], axis=1, out=outside[:, 1:])
@@ -126,8 +128,9 @@ class IdealTables:
         return len(self.ideals) - 1
 
 
-def ideal_tables(problem: Problem, limit: int = IDEAL_MAX, relaxed: bool = False) -> IdealTables | None:
-    """NOTE [ideal DP]'s tables; None when the graph has more than `limit` usable ideals.
+def ideal_tables(problem: Problem, limit: int = IDEAL_MAX, relaxed: bool = False,
+                 deadline: float | None = None) -> IdealTables | None:
+    """NOTE [ideal DP]'s tables; None when the graph has more than `limit` usable ideals, or past the deadline.
     `relaxed`: over the ideals of the graph without its free nodes (NOTE [ideal DP free nodes])."""
     original, free = problem, []
     if relaxed:
@@ -136,7 +139,7 @@ def ideal_tables(problem: Problem, limit: int = IDEAL_MAX, relaxed: bool = False
     g = problem.graph
     order = problem.node_order()
     n = len(order)
-    every = enumerate_ideals(problem, min(_VISIT_MAX, _VISIT_WORK // max(1, n)))
+    every = enumerate_ideals(problem, min(_VISIT_MAX, _VISIT_WORK // max(1, n)), deadline)
     if every is None:
         return None
     index = {v: i for i, v in enumerate(order)}
@@ -179,7 +182,7 @@ def ideal_tables(problem: Problem, limit: int = IDEAL_MAX, relaxed: bool = False
     final_ok = np.array([(s | lasts) != full or (relays and s != full) for s in ideals])
     tab = IdealTables(order=order, ideals=ideals, member=member, comp=comp, cut_bytes=cut, mem_prefix=as_int @ own,
                       forbidden=forbidden, subset=subset, final_ok=final_ok)
-    return _fewest_bytes_with_free_nodes(original, tab, free) if relaxed else tab
+    return _fewest_bytes_with_free_nodes(original, tab, free, deadline) if relaxed else tab
 
 
 # NOTE [ideal DP free nodes]
@@ -225,7 +228,8 @@ def _without_free_nodes(problem: Problem) -> tuple[Problem, list[str]]:
     return dataclasses.replace(problem, graph=core), free
 
 
-def _fewest_bytes_with_free_nodes(problem: Problem, tab: IdealTables, free: list[str]) -> IdealTables:
+def _fewest_bytes_with_free_nodes(problem: Problem, tab: IdealTables, free: list[str],
+                                  deadline: float | None = None) -> IdealTables | None:
     """NOTE [ideal DP free nodes]: `tab` (over the ideals without free nodes) with each boundary's
     fewest bytes, and the free nodes before it, over the placements of the free nodes.
 
@@ -292,6 +296,8 @@ def _fewest_bytes_with_free_nodes(problem: Problem, tab: IdealTables, free: list
     cut = np.zeros(m, dtype=np.int64)
     inside_free = []
     for i in range(m):
+        if deadline is not None and i % 256 == 0 and time.perf_counter() > deadline:
+            return None
         flow = max_flow.SimpleMaxFlow()
         flow.add_arcs_with_capacity(tails_a, heads_a, caps_m[i])
         flow.solve(0, 1)
@@ -347,7 +353,7 @@ def ideal_dp(problem: Problem, upper_ns: int, deadline: float | None = None, lim
     attempts = [True, False] if any(_is_free(a) for _, a in problem.graph.nodes(data=True)) else [False]
     best: IdealResult | None = None
     for relaxed in attempts:
-        tab = ideal_tables(problem, limit, relaxed=relaxed)
+        tab = ideal_tables(problem, limit, relaxed=relaxed, deadline=deadline)
         if tab is None:
             continue
         lower = max(lower_ns, best.bound_ns if best else 0)
