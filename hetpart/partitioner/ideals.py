@@ -379,7 +379,7 @@ def ideal_dp(problem: Problem, upper_ns: int, deadline: float | None = None, lim
 # plan). Bisection between `lo` (no chain below it) and `hi` (a chain's value) finds the
 # optimum in about log2(hi - lo) decisions; each that finds nothing proves its U, so at the
 # deadline the bound is the last U proven. It stops once the best plan found is within the gap
-# asked for (zoo:t5 on spot-16 at 1%: 6 decisions instead of 14).
+# asked for (zoo:t5 on spot-16: 6 decisions and 5 s to 1%, 16 and 13 s to the optimum).
 _TIMEOUT = "timeout"
 
 
