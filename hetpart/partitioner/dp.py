@@ -285,7 +285,14 @@ def _dp_over(problem: Problem, tab: OrderTables, P: np.ndarray, upper_ns: int | 
     # stage before it ran on the same machine (same=1), another one (0) or none (-1).
     # The boundary at P[j] is paid by the stage that ends there and, through `same`, by `cur`.
     Key = tuple[tuple[int, ...], int, int]
-    states, layer = first_states(len(classes), m)
+    states: list[tuple[Key, np.ndarray, np.ndarray, np.ndarray]] = []  # key, G, back_start, back_state
+    layer: dict[Key, int] = {}
+    for c in range(len(classes)):
+        G = np.full(m, _INF, dtype=np.int64)
+        G[0] = 0
+        counts = tuple(int(i == c) for i in range(len(classes)))
+        layer[(counts, -1, c)] = len(states)
+        states.append(((counts, -1, c), G, np.full(m, -1), np.full(m, -1)))
 
     best_ns, best_state, best_start = (_INF if upper_ns is None else np.int64(upper_ns)), -1, -1
     if known_ns is not None and exact:
@@ -334,7 +341,10 @@ def _dp_over(problem: Problem, tab: OrderTables, P: np.ndarray, upper_ns: int | 
                 arg = np.argmin(val, axis=0)
                 got = val[arg, np.arange(len(cols))]
                 nkey = (tuple(c + (i == nxt) for i, c in enumerate(counts)), same, nxt)
-                G2, back_start, back_state = state_of(states, next_layer, nkey, m)
+                if nkey not in next_layer:
+                    next_layer[nkey] = len(states)
+                    states.append((nkey, np.full(m, _INF, dtype=np.int64), np.full(m, -1), np.full(m, -1)))
+                _, G2, back_start, back_state = states[next_layer[nkey]]
                 better = got < G2[cols]
                 G2[cols[better]] = got[better]
                 back_start[cols[better]] = rows[arg[better]]
@@ -346,40 +356,9 @@ def _dp_over(problem: Problem, tab: OrderTables, P: np.ndarray, upper_ns: int | 
     if best_state < 0:
         return None
 
-    starts, devices = read_back(states, best_state, best_start, classes)
-    cuts = [int(P[i]) for i in starts] + [n]
-    return Segments(cuts=cuts, devices=devices, dp_ns=int(best_ns), exact=exact, states=len(states),
-                    timed_out=timed_out)
-
-
-def first_states(num_classes: int, size: int) -> tuple[list, dict]:
-    """The state table of a DP over device classes (what `read_back` walks): a list of (key
-    (counts, same, cur), G, back_start, back_state), G and the back pointers over `size`
-    positions; and its first layer (key -> index), one state per class for the first stage,
-    with G[0] = 0 (nothing before it)."""
-    states: list[tuple[tuple, np.ndarray, np.ndarray, np.ndarray]] = []
-    layer: dict[tuple, int] = {}
-    for c in range(num_classes):
-        G = np.full(size, _INF, dtype=np.int64)
-        G[0] = 0
-        key = (tuple(int(i == c) for i in range(num_classes)), -1, c)
-        layer[key] = len(states)
-        states.append((key, G, np.full(size, -1), np.full(size, -1)))
-    return states, layer
-
-
-def state_of(states: list, layer: dict, key: tuple, size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(G, back_start, back_state) of state `key` in `layer`, added to `states` (unreached) if new."""
-    if key not in layer:
-        layer[key] = len(states)
-        states.append((key, np.full(size, _INF, dtype=np.int64), np.full(size, -1), np.full(size, -1)))
-    return states[layer[key]][1:]
-
-
-def read_back(states: list, sid: int, start: int, classes: list[list[str]]) -> tuple[list[int], list[str]]:
-    """The plan of a DP over states (key (counts, same, cur), G, back_start, back_state), ending in
-    state `sid` with its last stage starting at index `start`: (each stage's start index, its device)."""
-    segments = []  # (start index, class), from the last stage to the first
+    # --- Read the plan back: walk the cuts from the last stage to the first.
+    segments = []  # (start index, class)
+    sid, start = best_state, best_start
     while True:
         (_, same, cur), _, back_start, back_state = states[sid]
         segments.append((start, cur))
@@ -392,7 +371,9 @@ def read_back(states: list, sid: int, start: int, classes: list[list[str]]) -> t
     for _, c in segments:
         devices.append(classes[c][used[c]])  # a class's devices in list order
         used[c] += 1
-    return [i for i, _ in segments], devices
+    cuts = [int(P[i]) for i, _ in segments] + [n]
+    return Segments(cuts=cuts, devices=devices, dp_ns=int(best_ns), exact=exact, states=len(states),
+                    timed_out=timed_out)
 
 
 def valid_cuts(tab: OrderTables) -> np.ndarray:
