@@ -27,6 +27,14 @@ from hetpart.partitioner.evaluate import objective_ns
 FAST_LINK = Link(bandwidth_bytes_per_us=1_000, latency_ns=0)  # 1 byte per ns
 
 
+def without_ideal_dp(monkeypatch) -> None:
+    """Leave NOTE [ideal DP] out of `solve`: it solves small graphs exactly before CP-SAT or the
+    coarsened path start, which is what these tests exercise."""
+    from hetpart.partitioner import cpsat
+
+    monkeypatch.setattr(cpsat, "ideal_dp", lambda *_args, **_kwargs: None)
+
+
 def make_problem(
     nodes: dict[str, dict],
     edges: list[tuple[str, str]],

@@ -12,13 +12,14 @@ from hetpart.partitioner.coarsen import coarsen, cut_candidates
 from hetpart.partitioner.dp import order_tables
 from hetpart.partitioner.evaluate import bottleneck_ns
 
-from partition_cases import brute_force, constrained_problem, random_large, random_problem, transformer_problem
+from partition_cases import (
+    brute_force, constrained_problem, random_large, random_problem, transformer_problem, without_ideal_dp,
+)
 
 
 @pytest.fixture(autouse=True)
 def _no_ideal_dp(monkeypatch):
-    """Leave NOTE [ideal DP] out: it solves these graphs before anything is coarsened."""
-    monkeypatch.setattr(cpsat, "ideal_dp", lambda *_args, **_kwargs: None)
+    without_ideal_dp(monkeypatch)
 
 
 @pytest.mark.parametrize("seed", range(24))

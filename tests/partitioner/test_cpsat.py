@@ -7,7 +7,7 @@ import pytest
 from hetpart.errors import HetpartError
 from hetpart.partitioner import Device, Link, dp_hint, solve, verify_plan
 
-from partition_cases import brute_force, chain, make_problem, random_large, random_problem
+from partition_cases import brute_force, chain, make_problem, random_large, random_problem, without_ideal_dp
 
 CHEAP = Link(100_000, 0)  # 100 bytes in 1 ns
 
@@ -130,15 +130,8 @@ def test_user_hint_with_swapped_interchangeable_devices():
     assert plan.bottleneck_ns == 21 and plan.solver_status == "OPTIMAL"
 
 
-def _no_ideal_dp(monkeypatch):
-    """Leave NOTE [ideal DP] out, which solves these small graphs exactly before CP-SAT starts."""
-    from hetpart.partitioner import cpsat
-
-    monkeypatch.setattr(cpsat, "ideal_dp", lambda *_args, **_kwargs: None)
-
-
 def test_log_callback_sees_solutions(monkeypatch):
-    _no_ideal_dp(monkeypatch)
+    without_ideal_dp(monkeypatch)
     seen = []
     p = random_large(3, 30)
     plan = solve(p, time_limit_s=5, log_callback=lambda obj, bound: seen.append((obj, bound)))
@@ -190,7 +183,7 @@ def test_no_solution_in_time_falls_back_to_dp_plan(monkeypatch):
     from hetpart.partitioner import cpsat
 
     monkeypatch.setattr(cpsat.cp_model.CpSolver, "solve", lambda self, model, cb=None: cpsat.cp_model.UNKNOWN)
-    _no_ideal_dp(monkeypatch)
+    without_ideal_dp(monkeypatch)
     p = random_large(5, 30)
     plan = solve(p, time_limit_s=1)
     verify_plan(p, plan)
@@ -266,7 +259,7 @@ def _dp_only_plan(monkeypatch, p):
 def test_dp_plan_within_the_gap_skips_cpsat(monkeypatch):
     from hetpart.partitioner import cpsat
 
-    _no_ideal_dp(monkeypatch)
+    without_ideal_dp(monkeypatch)
     p = random_large(5, 30)
     dp_only = _dp_only_plan(monkeypatch, p)
     assert dp_only.gap > 0.0
@@ -282,7 +275,7 @@ def test_dp_plan_within_the_gap_skips_cpsat(monkeypatch):
     assert plan.gap <= dp_only.gap * 1.001 + 1e-9
     # Just below the DP's gap, CP-SAT runs (and here proves optimality).
     monkeypatch.undo()
-    _no_ideal_dp(monkeypatch)
+    without_ideal_dp(monkeypatch)
     plan = solve(p, time_limit_s=10, gap=dp_only.gap * 0.999)
     assert plan.solver_status in ("OPTIMAL", "WITHIN_GAP") and plan.gap <= dp_only.gap * 0.999
 

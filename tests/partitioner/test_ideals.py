@@ -16,6 +16,17 @@ def _roomy(p):
     return dataclasses.replace(p, devices=[dataclasses.replace(d, capacity_bytes=10**12) for d in p.devices])
 
 
+def _bound_and_plan_hold(p, optimum):
+    """The DP told to beat optimum + 1: a bound no higher than the optimum, and a plan (when it
+    returns one) that is valid; it is optimal when it meets the bound."""
+    got = ideal_dp(p, optimum + 1)
+    assert got is not None and got.bound_ns <= optimum
+    if got.plan is not None:
+        verify_plan(p, got.plan)
+        assert got.plan.bottleneck_ns >= optimum
+    return got
+
+
 @pytest.mark.parametrize(("make", "seed"), [(random_problem, s) for s in range(60)]
                          + [(constrained_problem, s) for s in range(30)])
 def test_bound_and_plan_against_brute_force(make, seed):
@@ -24,11 +35,7 @@ def test_bound_and_plan_against_brute_force(make, seed):
     optimum = brute_force(p)
     if optimum is None:
         return
-    got = ideal_dp(p, optimum + 1)
-    assert got is not None and got.bound_ns <= optimum
-    if got.plan is not None:
-        verify_plan(p, got.plan)
-        assert got.plan.bottleneck_ns >= optimum  # optimal when it meets the bound
+    got = _bound_and_plan_hold(p, optimum)
     # With the optimum as the upper bound only a memory-relaxed plan can be below it.
     assert ideal_dp(p, optimum).bound_ns == got.bound_ns
 
@@ -81,11 +88,7 @@ def test_free_nodes_keep_a_valid_bound_and_exact_plans(seed, fan_out):
     optimum = brute_force(p)
     if optimum is None:
         return
-    got = ideal_dp(p, optimum + 1)
-    assert got is not None and got.bound_ns <= optimum
-    if got.plan is not None:
-        verify_plan(p, got.plan)
-        assert got.plan.bottleneck_ns >= optimum  # optimal when it meets the bound
+    _bound_and_plan_hold(p, optimum)
     roomy = _roomy(p)
     want = brute_force(roomy)
     got = ideal_dp(roomy, want + 1)
