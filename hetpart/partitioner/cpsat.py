@@ -706,9 +706,9 @@ def _solve_coarsened(problem: Problem, t0: float, *, time_limit_s: float, seed: 
     bounds = compute_bounds(problem, 0, upper_ns=dp_plan.bottleneck_ns if dp_plan is not None else None)
     valid_lb = objective_bound_ns(problem, bounds, objective, microbatches)
     t_bounds = time.perf_counter()
-    pre_stats = {"dp_seconds": t_dp - t0, "bounds_seconds": t_bounds - t_dp, "plan_from_dp": 1.0}
+    pre_stats = {"dp_seconds": t_dp - t0, "bounds_seconds": t_bounds - t_dp}
     certified = _certified_dp_plan(dp_plan, valid_lb, gap, objective=objective, microbatches=microbatches, t0=t0,
-                                   bounds=bounds, stats=pre_stats)
+                                   bounds=bounds, stats={**pre_stats, "plan_from_dp": 1.0})
     if certified is not None:
         return certified
     # The graph without its free nodes may have few ideals even here (hf:llama at 7B: 7,115).
@@ -734,10 +734,8 @@ def _solve_coarsened(problem: Problem, t0: float, *, time_limit_s: float, seed: 
     if start is not None and _is_contiguous(tab.order, start[1]):
         cuts = np.union1d(cuts, [i for i in range(1, tab.n) if start[1][tab.order[i]] != start[1][tab.order[i - 1]]])
     coarse = coarsen(problem, tab, cuts)
-    stats: dict[str, float] = {"dp_seconds": t_dp - t0, "bounds_seconds": t_bounds - t_dp,
+    stats: dict[str, float] = {**pre_stats,
                                "coarse_nodes": float(coarse.problem.graph.number_of_nodes()) if coarse else 0.0}
-    if "ideal_seconds" in pre_stats:
-        stats["ideal_seconds"] = pre_stats["ideal_seconds"]
     if dp_plan is not None:
         stats["dp_bottleneck_ns"] = float(dp_plan.bottleneck_ns)
     remaining = time_limit_s - (time.perf_counter() - t0) - reserve_s
