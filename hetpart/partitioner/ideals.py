@@ -135,7 +135,6 @@ def ideal_tables(problem: Problem, limit: int = IDEAL_MAX, relaxed: bool = False
     original, free = problem, []
     if relaxed:
         problem, free = _without_free_nodes(problem)
-    relays = relaxed
     g = problem.graph
     order = problem.node_order()
     n = len(order)
@@ -175,11 +174,11 @@ def ideal_tables(problem: Problem, limit: int = IDEAL_MAX, relaxed: bool = False
     # I is a subset of J when no node of I is outside J; proper when it is also smaller.
     sizes = as_int.sum(1)
     subset = (member.astype(np.float32) @ (~member).astype(np.float32).T == 0) & (sizes[:, None] < sizes[None, :])
-    if relays:
+    if relaxed:  # a stage may run nothing (a relay, NOTE [ideal DP free nodes])
         inner_index = np.arange(1, len(ideals) - 1)
         subset[inner_index, inner_index] = True
     # The last stage keeps a node not pinned last; with relays (a relaxation) it need not.
-    final_ok = np.array([(s | lasts) != full or (relays and s != full) for s in ideals])
+    final_ok = np.array([(s | lasts) != full or (relaxed and s != full) for s in ideals])
     tab = IdealTables(order=order, ideals=ideals, member=member, comp=comp, cut_bytes=cut, mem_prefix=as_int @ own,
                       forbidden=forbidden, subset=subset, final_ok=final_ok)
     return _fewest_bytes_with_free_nodes(original, tab, free, deadline) if relaxed else tab
@@ -355,7 +354,7 @@ def ideal_dp(problem: Problem, upper_ns: int, deadline: float | None = None, lim
     for relaxed in attempts:
         tab = ideal_tables(problem, limit, relaxed=relaxed, deadline=deadline)
         if tab is None:
-            continue
+            break  # the deadline, or too many ideals: the graph itself has no fewer than without free nodes
         lower = max(lower_ns, best.bound_ns if best else 0)
         upper = best.plan.bottleneck_ns if best and best.plan else upper_ns
         got = _Decider(problem, tab, upper, multipliers).bisect(lower, deadline, gap)
