@@ -22,9 +22,11 @@ from hetpart.partitioner.evaluate import bottleneck_ns, evaluate, held_weight_by
 from hetpart.partitioner.problem import (
     COLOCATE, FORBIDDEN_TYPES, MEM_BYTES, OUT_BYTES, PIN, PIN_FIRST, PIN_LAST, TIME_NS, WEIGHTS, Plan, Problem,
 )
+from hetpart.partitioner.symmetry import twin_order
 from hetpart.partitioner.verify import plan_violations
 
-IDEAL_MAX = 8_000  # ideals the DP may run over (its bit matrices grow with their square)
+IDEAL_MAX = 12_000  # ideals the DP may run over (its bit matrices grow with their square)
+PAIRS_MAX = 30_000_000  # stages (I, J) below the known plan kept, over all device types: 8 bytes each
 _VISIT_MAX = 20_000  # ideals enumerated at most, those that split a co-location group included
 _VISIT_WORK = 12_000_000  # ... and at most this many (ideal, node) checks: 12,000 ideals at 1,000 nodes
 
@@ -43,9 +45,13 @@ _VISIT_WORK = 12_000_000  # ... and at most this many (ideal, node) checks: 12,0
 # device classes and no deadline, the DP's value is a lower bound of every plan's bottleneck,
 # and its plan, re-costed by `evaluate`, is optimal whenever it fits in memory.
 # Transformers lowered at FX level have few ideals (zoo:gpt-small 241, zoo:llama 4,307), fewer
-# still without their free nodes (NOTE [ideal DP free nodes]); branchy graphs have tens of
-# thousands or more (zoo:unet, zoo:moe), and there the DP does not run.
-# Each device type keeps the pairs (I, J) whose compute is below the known plan's bottleneck,
+# still without their free nodes (NOTE [ideal DP free nodes]). Branchy graphs have tens of
+# thousands or more; where the branches are twins (NOTE [twin branches] in symmetry.py: an
+# ideal holding one holds its elder twin) they drop to a few thousand: zoo:moe from 191,835 to
+# 10,019 (four experts a layer), zoo:unet from 28,348 to 7,318, zoo:t5 from 4,642 to 2,060.
+# Each device type keeps the pairs (I, J) whose compute is below the known plan's bottleneck
+# (at most PAIRS_MAX in all: with few devices, stages are long and nearly every pair is one;
+# zoo:moe on mixed-4 has 40M, left to CP-SAT, which proves it in 1-2 s; on spot-16 14M),
 # and NOTE [ideal DP bisection] finds the least bottleneck by deciding, for one bottleneck at a
 # time, whether a chain of stages below it exists.
 
@@ -66,13 +72,17 @@ _VISIT_WORK = 12_000_000  # ... and at most this many (ideal, node) checks: 12,0
 # per next class.
 
 
-def enumerate_ideals(problem: Problem, limit: int = _VISIT_MAX, deadline: float | None = None) -> list[int] | None:
+def enumerate_ideals(problem: Problem, limit: int = _VISIT_MAX, deadline: float | None = None,
+                     before: list[tuple[str, str]] = ()) -> list[int] | None:
     """Every ideal of the graph as a bitmask over `problem.node_order()`, sorted by size; None
-    above `limit` or past the deadline. Breadth first, one size at a time, the ideals of a size as bool rows."""
+    above `limit` or past the deadline. Breadth first, one size at a time, the ideals of a size as bool rows.
+    `before`: pairs (u, w) such that an ideal holding w must hold u (NOTE [twin branches])."""
     order = problem.node_order()
     n = len(order)
     index = {v: i for i, v in enumerate(order)}
     inputs = [[index[u] for u in problem.graph.predecessors(v)] for v in order]
+    for u, w in before:
+        inputs[index[w]].append(index[u])
     flat = np.array([u for us in inputs for u in us], dtype=np.int64)  # every node's inputs, node by node
     ends = np.cumsum([len(us) for us in inputs])
     starts = ends - np.array([len(us) for us in inputs])
@@ -131,14 +141,16 @@ class IdealTables:
 def ideal_tables(problem: Problem, limit: int = IDEAL_MAX, relaxed: bool = False,
                  deadline: float | None = None) -> IdealTables | None:
     """NOTE [ideal DP]'s tables; None when the graph has more than `limit` usable ideals, or past the deadline.
-    `relaxed`: over the ideals of the graph without its free nodes (NOTE [ideal DP free nodes])."""
+    `relaxed`: over the ideals of the graph without its free nodes (NOTE [ideal DP free nodes]).
+    Twins are ordered (NOTE [twin branches]): the ideals are those that hold every elder twin of their nodes."""
     original, free = problem, []
     if relaxed:
         problem, free = _without_free_nodes(problem)
     g = problem.graph
     order = problem.node_order()
     n = len(order)
-    every = enumerate_ideals(problem, min(_VISIT_MAX, _VISIT_WORK // max(1, n)), deadline)
+    twins = [(u, w) for u, w in twin_order(original) if u in g and w in g]
+    every = enumerate_ideals(problem, min(_VISIT_MAX, _VISIT_WORK // max(1, n)), deadline, twins)
     if every is None:
         return None
     index = {v: i for i, v in enumerate(order)}
@@ -173,7 +185,11 @@ def ideal_tables(problem: Problem, limit: int = IDEAL_MAX, relaxed: bool = False
                  for t in problem.device_types}
     # I is a subset of J when no node of I is outside J; proper when it is also smaller.
     sizes = as_int.sum(1)
-    subset = (member.astype(np.float32) @ (~member).astype(np.float32).T == 0) & (sizes[:, None] < sizes[None, :])
+    inside, outside = member.astype(np.float32), (~member).astype(np.float32).T
+    subset = np.zeros((len(ideals), len(ideals)), dtype=bool)
+    for lo in range(0, len(ideals), 1024):  # blocks of rows: the whole product would take GBs
+        rows = slice(lo, lo + 1024)
+        subset[rows] = (inside[rows] @ outside == 0) & (sizes[rows, None] < sizes[None, :])
     if relaxed:  # a stage may run nothing (a relay, NOTE [ideal DP free nodes])
         inner_index = np.arange(1, len(ideals) - 1)
         subset[inner_index, inner_index] = True
@@ -321,20 +337,23 @@ class IdealResult:
         return value is not None and value - self.bound_ns <= gap * value
 
 
-def _stage_pairs(tab: IdealTables, device_type: str, capacity: int, upper_ns: int) -> tuple[np.ndarray, ...]:
+def _stage_pairs(tab: IdealTables, device_type: str, capacity: int, upper_ns: int,
+                 most: int) -> tuple[np.ndarray, np.ndarray] | None:
     """The stages (I, J) a device of this type and capacity can run in less than `upper_ns` of
-    compute: (I, J, the stage's compute)."""
+    compute: (I, J); None when there are more than `most`."""
     comp = tab.comp[device_type]
     f = tab.forbidden[device_type]
-    got_i, got_j = [], []
+    got_i, got_j, count = [], [], 0
     for lo in range(0, tab.n + 1, 512):  # blocks of rows: the full matrices would take GBs
         rows = np.arange(lo, min(lo + 512, tab.n + 1))
         ok = (tab.subset[rows] & (f[None, :] == f[rows][:, None]) & (comp[None, :] - comp[rows][:, None] < upper_ns)
               & (tab.mem_prefix[None, :] - tab.mem_prefix[rows][:, None] <= capacity))
         a, b = np.nonzero(ok)
+        count += len(a)
+        if count > most:
+            return None
         got_i.append((a + lo).astype(np.int32)), got_j.append(b.astype(np.int32))
-    pi, pj = np.concatenate(got_i), np.concatenate(got_j)
-    return pi, pj, comp[pj] - comp[pi]
+    return np.concatenate(got_i), np.concatenate(got_j)
 
 
 def ideal_dp(problem: Problem, upper_ns: int, deadline: float | None = None, limit: int = IDEAL_MAX,
@@ -357,7 +376,10 @@ def ideal_dp(problem: Problem, upper_ns: int, deadline: float | None = None, lim
             break  # the deadline, or too many ideals: the graph itself has no fewer than without free nodes
         lower = max(lower_ns, best.bound_ns if best else 0)
         upper = best.plan.bottleneck_ns if best and best.plan else upper_ns
-        got = _Decider(problem, tab, upper, multipliers).bisect(lower, deadline, gap)
+        decider = _Decider(problem, tab, upper, multipliers)
+        if decider.pairs is None:
+            break  # too many stages to keep (few devices, so long ones); the graph itself has no fewer
+        got = decider.bisect(lower, deadline, gap)
         best = got if best is None else IdealResult(max(best.bound_ns, got.bound_ns), got.plan or best.plan,
                                                     got.finished)
         if not got.finished or best.settled(gap, upper_ns):
@@ -421,7 +443,18 @@ class _Decider:
             # of what the devices after it run, weighted (NOTE [Lagrangian LP bound] in bounds.py).
             per_node = np.min(np.where(node_allowed, node_time * lam[None, :], np.inf), axis=1)
             self.weighted.append((float(per_node.sum()) - member_int @ per_node, lam))
-        self._pairs: dict[tuple, tuple] = {}
+        # Per (type, capacity): the stages it can run below the known plan (NOTE [ideal DP]); None
+        # when there are more than PAIRS_MAX in all.
+        self.pairs: dict[tuple, tuple] | None = {}
+        for d in first:
+            key = (d.type, d.capacity_bytes)
+            if key not in self.pairs:
+                left = PAIRS_MAX - sum(len(pi) for pi, _ in self.pairs.values())
+                got = _stage_pairs(tab, d.type, d.capacity_bytes, upper_ns, left)
+                if got is None:
+                    self.pairs = None
+                    break
+                self.pairs[key] = got
         self._capacity: dict[tuple, tuple[float, float]] = {}
 
     def capacity(self, left: np.ndarray, home: int, k: int, u: int) -> tuple[float, float]:
@@ -449,9 +482,9 @@ class _Decider:
         out = []
         for c, name in enumerate(self.classes):
             d = self.problem.device(name[0])
-            if (d.type, d.capacity_bytes) not in self._pairs:
-                self._pairs[(d.type, d.capacity_bytes)] = _stage_pairs(tab, d.type, d.capacity_bytes, self.upper_ns)
-            pi, pj, dcomp = self._pairs[(d.type, d.capacity_bytes)]
+            pi, pj = self.pairs[(d.type, d.capacity_bytes)]
+            comp = tab.comp[d.type]
+            dcomp = comp[pj] - comp[pi]
             keep = dcomp < u
             pi, pj, dcomp = pi[keep], pj[keep], dcomp[keep]
             mats = {}

@@ -78,8 +78,8 @@ def chain(n: int, time: dict[str, int], out: int = 0, mem: int = 0) -> tuple[dic
     return {v: {"time": dict(time), "out": out, "mem": mem} for v in names}, list(zip(names, names[1:]))
 
 
-def brute_force(problem: Problem, objective: str = "throughput", microbatches: int = 1) -> int | None:
-    """The least value of `objective` (NOTE [objectives]) over every valid plan, or None when none fits."""
+def valid_plans(problem: Problem):
+    """Every valid plan that fits in memory: (stage_of, devices, stages)."""
     g = problem.graph
     nodes = list(g.nodes)
     pin = {v: g.nodes[v].get(PIN) for v in nodes}
@@ -89,7 +89,6 @@ def brute_force(problem: Problem, objective: str = "throughput", microbatches: i
         if g.nodes[v].get(COLOCATE):
             groups.setdefault(g.nodes[v][COLOCATE], []).append(v)
     max_s = min(problem.max_stages or len(problem.devices), len(problem.devices))
-    best = None
     for S in range(1, max_s + 1):
         for assign in itertools.product(range(S), repeat=len(nodes)):
             stage_of = dict(zip(nodes, assign))
@@ -108,12 +107,13 @@ def brute_force(problem: Problem, objective: str = "throughput", microbatches: i
                 if any(types[stage_of[v]] in forbidden[v] for v in nodes):
                     continue
                 stages = evaluate(problem, stage_of, list(devs))
-                if any(s.memory_bytes > s.capacity_bytes for s in stages):
-                    continue
-                t = objective_ns(stages, objective, microbatches)
-                if best is None or t < best:
-                    best = t
-    return best
+                if all(s.memory_bytes <= s.capacity_bytes for s in stages):
+                    yield stage_of, list(devs), stages
+
+
+def brute_force(problem: Problem, objective: str = "throughput", microbatches: int = 1) -> int | None:
+    """The least value of `objective` (NOTE [objectives]) over every valid plan, or None when none fits."""
+    return min((objective_ns(stages, objective, microbatches) for _, _, stages in valid_plans(problem)), default=None)
 
 
 def random_problem(seed: int) -> Problem:
@@ -266,3 +266,76 @@ def constrained_problem(seed: int) -> Problem:
         for v in rng.sample(nodes, rng.randint(2, min(3, len(nodes)))):
             g.nodes[v][COLOCATE] = "tied"
     return p
+
+
+def twin_problem(seed: int) -> Problem:
+    """Copies of one small branch (equal costs, weights of equal sizes) reading the same inputs,
+    their outputs summed in order, joined at once, or read each by its own consumer (chained or
+    not), sometimes one copy's first node read again: NOTE [twin branches] may order some
+    copies, none or all. 4..9 nodes on 3 devices."""
+    rng = random.Random(2000 + seed)
+    nodes: dict[str, dict] = {}
+    edges: list[tuple[str, str]] = []
+    weights: dict[str, int] = {}
+
+    def node(name: str, **spec) -> str:
+        nodes[name] = {"time": {"a": rng.randint(1, 40), "b": rng.randint(1, 40)}, "mem": rng.randint(0, 6),
+                       "out": rng.choice([0, 10, 100, 1000, 5000]), **spec}
+        return name
+
+    inputs = [node("x", **({"pin": PIN_FIRST} if rng.random() < 0.4 else {}))]
+    if rng.random() < 0.4:
+        inputs.append(node("y"))
+        edges.append(("x", "y"))
+    size, copies = rng.choice([(1, 2), (1, 3), (2, 2)])
+    shape = rng.choice(["chain", "parallel"])  # of a two-node branch
+    template = [{"time": {"a": rng.randint(1, 40), "b": rng.randint(1, 40)}, "mem": rng.randint(0, 6),
+                 "out": rng.choice([0, 10, 100, 1000, 5000]), "wsize": rng.choice([0, 0, 3, 7]),
+                 "reads": [u for u in inputs if rng.random() < 0.7] or inputs[:1]} for _ in range(size)]
+    ends = []
+    for c in range(copies):
+        names = []
+        for k, t in enumerate(template):
+            name = f"b{c}_{k}"
+            w = (f"w{c}_{k}",) if t["wsize"] else ()
+            if w:
+                weights[w[0]] = t["wsize"]
+            nodes[name] = {"time": dict(t["time"]), "mem": t["mem"], "out": t["out"], "weights": w}
+            if k and shape == "chain":
+                edges.append((names[-1], name))
+            else:
+                edges.extend((u, name) for u in t["reads"])
+            names.append(name)
+        ends.append(names if shape == "parallel" else names[-1:])
+    consumers = rng.choice(["sum", "join", "chained", "apart"])
+    if consumers == "sum":
+        acc = node("s1")
+        edges.extend((u, acc) for u in ends[0] + ends[1])
+        for c in range(2, copies):
+            nxt = node(f"s{c}")
+            edges.extend([(acc, nxt)] + [(u, nxt) for u in ends[c]])
+            acc = nxt
+    elif consumers == "join":
+        acc = node("j")
+        edges.extend((u, acc) for e in ends for u in e)
+    else:
+        prev = None
+        for c in range(copies):
+            acc = node(f"r{c}")
+            edges.extend((u, acc) for u in ends[c])
+            if prev is not None and consumers == "chained":
+                edges.append((prev, acc))
+            prev = acc
+    if rng.random() < 0.3:  # another reader of one copy's first node: its bytes may cross more boundaries
+        edges.append((f"b{rng.randrange(copies)}_0", node("extra")))
+        if rng.random() < 0.5:
+            edges.append(("extra", acc))
+    if rng.random() < 0.4:
+        nodes[acc]["pin"] = PIN_LAST
+    cap = lambda: rng.choice([15, 25, 40, 1000])  # noqa: E731
+    devices = [Device("d0", "a", "m0", cap()), Device("d1", "a", "m0", cap()), Device("d2", "b", "m1", cap())]
+    devices[1] = Device("d1", "a", "m0", devices[0].capacity_bytes)
+    intra = Link(rng.choice([100, 1000, 10_000]), rng.choice([0, 5, 50]))
+    network = Link(rng.choice([10, 100, 1000]), rng.choice([0, 20, 200]))
+    return make_problem(nodes, edges, devices, weights=weights, intra=intra, network=network,
+                        max_stages=rng.choice([None, None, 2]))

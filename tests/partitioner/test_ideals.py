@@ -51,6 +51,7 @@ def test_exact_when_memory_does_not_bind(seed):
 
 def test_ideals_of_a_diamond():
     nodes = {v: {"time": {"g": 1}} for v in "abcd"}
+    nodes["b"]["time"] = {"g": 2}  # else b and c are twins (NOTE [twin branches]), and {a, c} no ideal the DP needs
     p = make_problem(nodes, [("a", "b"), ("a", "c"), ("b", "d"), ("c", "d")], [Device("g0", "g", "m0", 100)])
     order = p.node_order()
     got = {frozenset(order[i] for i in range(4) if s >> i & 1) for s in enumerate_ideals(p)}
@@ -119,6 +120,13 @@ def test_free_nodes_leave_the_ideals_and_pay_their_fewest_bytes():
     got = ideal_dp(p, 10**9)
     verify_plan(p, got.plan)
     assert got.plan.bottleneck_ns == got.bound_ns == brute_force(p)
+
+
+def test_too_many_stages_leave_the_graph_to_the_solver(monkeypatch):
+    p = transformer_problem(100)
+    assert ideal_dp(p, 10**12) is not None
+    monkeypatch.setattr(ideals, "PAIRS_MAX", 10)
+    assert ideal_dp(p, 10**12) is None
 
 
 def test_deadline_proves_nothing():
