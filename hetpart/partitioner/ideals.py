@@ -404,6 +404,18 @@ def ideal_dp(problem: Problem, upper_ns: int, deadline: float | None = None, lim
 _TIMEOUT = "timeout"
 
 
+def _packed(rows: np.ndarray, cols: np.ndarray, n: int) -> np.ndarray:
+    """The n x n bit matrix (np.packbits' layout) with ones at (rows, cols), given in row-major
+    order: each byte is the OR of its bits, without the dense matrix."""
+    width = (n + 7) // 8
+    out = np.zeros((n, width), dtype=np.uint8)
+    if len(rows):
+        at = rows.astype(np.int64) * width + (cols >> 3)
+        starts = np.flatnonzero(np.r_[True, at[1:] != at[:-1]])
+        out.ravel()[at[starts]] = np.bitwise_or.reduceat((128 >> (cols & 7)).astype(np.uint8), starts)
+    return out
+
+
 class _Decider:
     """NOTE [ideal DP bisection] on the tables `tab` of `problem`, for bottlenecks below `upper_ns`."""
 
@@ -478,34 +490,31 @@ class _Decider:
         """Per class, the stages below u: {(kind in, kind out): packed bit rows I, columns J},
         the first stage's (-1, kind out) one row; {(kind in, 'last'): bool over I}, J = V."""
         tab, n = self.tab, self.tab.n
-        dense = np.zeros((n + 1, n + 1), dtype=bool)
         out = []
         for c, name in enumerate(self.classes):
             d = self.problem.device(name[0])
             pi, pj = self.pairs[(d.type, d.capacity_bytes)]
-            comp = tab.comp[d.type]
+            comp, link = tab.comp[d.type], self.link[c]
             dcomp = comp[pj] - comp[pi]
-            keep = dcomp < u
+            keep = np.flatnonzero(dcomp < u)
             pi, pj, dcomp = pi[keep], pj[keep], dcomp[keep]
+            first = int(np.searchsorted(pi, 1))  # the stages from {} (pairs are sorted by I)
             mats = {}
             # Link kind 1 only where c's machine has another device.
             kinds = (0, 1) if self.sizes[self.cls_m == self.cls_m[c]].sum() > 1 else (0,)
             for kin in (-1, *kinds):
-                base = self.link[c][kin][pi] + dcomp
-                a, b, base_k = (pi, pj, base) if kin >= 0 else (pi[pi == 0], pj[pi == 0], base[pi == 0])
+                a, b, base_k = (pi, pj, link[kin][pi] + dcomp) if kin >= 0 else (pi[:first], pj[:first], dcomp[:first])
                 last = np.zeros(n + 1, dtype=bool)
                 last[a[(b == n) & tab.final_ok[a] & (base_k < u)]] = True
                 mats[(kin, "last")] = last
                 for kout in kinds:
-                    ok = (b < n) & (base_k + self.link[c][kout][b] < u)
+                    ok = (b < n) & (base_k + link[kout][b] < u)
                     if kin < 0:
                         row = np.zeros(n + 1, dtype=bool)
                         row[b[ok]] = True
                         mats[(kin, kout)] = np.packbits(row)[None, :]
                     else:
-                        dense[:] = False
-                        dense[a[ok], b[ok]] = True
-                        mats[(kin, kout)] = np.packbits(dense, axis=1)
+                        mats[(kin, kout)] = _packed(a[ok], b[ok], n + 1)
             out.append(mats)
         return out
 
