@@ -51,7 +51,7 @@ _VISIT_WORK = 12_000_000  # ... and at most this many (ideal, node) checks: 12,0
 # 10,019 (four experts a layer), zoo:unet from 28,348 to 7,318, zoo:t5 from 4,642 to 2,060.
 # Each device type keeps the pairs (I, J) whose compute is below the known plan's bottleneck
 # (at most PAIRS_MAX in all: with few devices, stages are long and nearly every pair is one;
-# zoo:moe on mixed-4 has 40M, left to CP-SAT, which proves it in 1-2 s; on spot-16 14M),
+# zoo:moe on mixed-4 has 40M and is left to CP-SAT, which certifies it in 2-3 s; on spot-16 14M),
 # and NOTE [ideal DP bisection] finds the least bottleneck by deciding, for one bottleneck at a
 # time, whether a chain of stages below it exists.
 

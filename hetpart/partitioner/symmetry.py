@@ -65,6 +65,7 @@ class _Twins:
                 readers[w] = readers.get(w, 0) + 1
         self.sig = {v: _signature(problem, v, readers) for v in g.nodes}
         self._reach: dict[tuple[str, str], bool] = {}
+        self.mapped = 0  # node pairs mapped by the growths so far, those that failed included
 
     def reaches(self, u: str, w: str) -> bool:
         """Whether w descends from u (a path u -> ... -> w, w != u)."""
@@ -135,6 +136,7 @@ class _Twins:
                         phi[u], inv[w] = w, u
                         queue.append(u)
                     break
+        self.mapped += len(phi)
         return phi if self.is_twin(phi) else None
 
     def is_twin(self, phi: dict[str, str]) -> bool:
@@ -174,15 +176,13 @@ def twin_order(problem: Problem) -> list[tuple[str, str]]:
         if tw.sig[v] is not None:
             seeds.setdefault((tw.sig[v], frozenset(g.predecessors(v))), []).append(v)
     families = []
-    work = _WORK_PER_NODE * g.number_of_nodes()  # node pairs the growths may map, in all
     for group in seeds.values():
         group = group[:_GROUP_MAX]
         for i, a in enumerate(group):
             maps: dict[frozenset, list[dict]] = {}
             for b in group[i + 1:]:
-                phi = tw.grow(a, b) if work > 0 else None
+                phi = tw.grow(a, b) if tw.mapped < _WORK_PER_NODE * g.number_of_nodes() else None
                 if phi is not None:
-                    work -= len(phi)
                     maps.setdefault(frozenset(phi), []).append(phi)
             families.extend(maps.items())
     families.sort(key=lambda f: (-len(f[0]), -len(f[1]), min(tw.rank[v] for v in f[0])))

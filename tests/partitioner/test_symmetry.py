@@ -146,3 +146,11 @@ def test_a_reader_outside_one_branch_only_keeps_the_branches_unordered():
     first = evaluate(p, plan, ["g0", "g1", "g2"])
     swapped = evaluate(p, _sorted([("p0", "p1"), ("q0", "q1")], plan), ["g0", "g1", "g2"])
     assert bottleneck_ns(swapped) > bottleneck_ns(first)
+
+
+def test_the_search_stops_at_its_budget(monkeypatch):
+    from hetpart.partitioner import symmetry
+
+    assert twin_order(_moe())
+    monkeypatch.setattr(symmetry, "_WORK_PER_NODE", 0)
+    assert twin_order(_moe()) == []
