@@ -93,7 +93,7 @@ class _Twins:
             if u in inv:
                 return None  # s reads a node of the other branch
             w = phi.get(u, u)
-            if w in need and (u in phi or w not in phi):
+            if w in need:  # phi of a node of s's branch, or the same node outside both
                 need.discard(w)
             elif u in phi:
                 return None
@@ -149,6 +149,8 @@ class _Twins:
                 return False
             if set(g.predecessors(t)) != {phi.get(u, u) for u in g.predecessors(s)}:
                 return False
+            # No edge from Bj into Bi (either way round); one from Bi into Bj would be an input of
+            # t that is no phi of s's inputs, which the check above rules out.
             if any(u in inv for u in g.predecessors(s)) or any(w in phi for w in g.successors(t)):
                 return False
         return True
