@@ -416,8 +416,8 @@ def ideal_dp(problem: Problem, upper_ns: int, deadline: float | None = None, lim
 # deadline the bound is the last U proven. It stops once the best plan found is within the gap
 # asked for, and with a gap the decisions aim there: U = hi less the gap, which settles the
 # plan when no chain is below it. A chain found below the aim is often just below it, so after
-# one the next decision halves: zoo:moe on spot-16 (the order DP's plan 2.4% above the optimum)
-# settles in 5 decisions where halving alone took 8; zoo:t5 (13% above) in 7, the same as halving.
+# one the next decision halves: zoo:moe on spot-16 (the order DP's plan 2.4% above the plan found)
+# settles in 5 decisions where halving alone takes 6; zoo:t5 (15% above) in 3 where it takes 6.
 _TIMEOUT = "timeout"
 
 

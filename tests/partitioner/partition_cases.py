@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 
@@ -21,8 +22,10 @@ from hetpart.partitioner import (
     Link,
     Problem,
     evaluate,
+    verify_plan,
 )
 from hetpart.partitioner.evaluate import objective_ns
+from hetpart.partitioner.ideals import IdealResult, ideal_dp
 
 FAST_LINK = Link(bandwidth_bytes_per_us=1_000, latency_ns=0)  # 1 byte per ns
 
@@ -33,6 +36,22 @@ def without_ideal_dp(monkeypatch) -> None:
     from hetpart.partitioner import cpsat
 
     monkeypatch.setattr(cpsat, "ideal_dp", lambda *_args, **_kwargs: None)
+
+
+def roomy(p: Problem) -> Problem:
+    """`p` with memory that never binds: the ideal DP is then exact, not just a bound."""
+    return dataclasses.replace(p, devices=[dataclasses.replace(d, capacity_bytes=10**12) for d in p.devices])
+
+
+def ideal_dp_holds(p: Problem, optimum: int) -> IdealResult:
+    """The ideal DP told to beat optimum + 1: a bound no higher than the optimum, and a plan (when
+    it returns one) that is valid; it is optimal when it meets the bound."""
+    got = ideal_dp(p, optimum + 1)
+    assert got is not None and got.bound_ns <= optimum
+    if got.plan is not None:
+        verify_plan(p, got.plan)
+        assert got.plan.bottleneck_ns >= optimum
+    return got
 
 
 def make_problem(

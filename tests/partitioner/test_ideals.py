@@ -1,30 +1,14 @@
 """NOTE [ideal DP]: the DP over the ideals of the graph is exact but for memory, and `solve` uses it."""
 
-import dataclasses
-
 import pytest
 
 from hetpart.partitioner import Device, solve, verify_plan
 from hetpart.partitioner import ideals
 from hetpart.partitioner.ideals import enumerate_ideals, ideal_dp, ideal_tables
 
-from partition_cases import brute_force, constrained_problem, make_problem, random_problem, transformer_problem
-
-
-def _roomy(p):
-    """`p` with memory that never binds: the DP is then exact, not just a bound."""
-    return dataclasses.replace(p, devices=[dataclasses.replace(d, capacity_bytes=10**12) for d in p.devices])
-
-
-def _bound_and_plan_hold(p, optimum):
-    """The DP told to beat optimum + 1: a bound no higher than the optimum, and a plan (when it
-    returns one) that is valid; it is optimal when it meets the bound."""
-    got = ideal_dp(p, optimum + 1)
-    assert got is not None and got.bound_ns <= optimum
-    if got.plan is not None:
-        verify_plan(p, got.plan)
-        assert got.plan.bottleneck_ns >= optimum
-    return got
+from partition_cases import (
+    brute_force, constrained_problem, ideal_dp_holds, make_problem, random_problem, roomy, transformer_problem,
+)
 
 
 @pytest.mark.parametrize(("make", "seed"), [(random_problem, s) for s in range(60)]
@@ -35,14 +19,14 @@ def test_bound_and_plan_against_brute_force(make, seed):
     optimum = brute_force(p)
     if optimum is None:
         return
-    got = _bound_and_plan_hold(p, optimum)
+    got = ideal_dp_holds(p, optimum)
     # With the optimum as the upper bound only a memory-relaxed plan can be below it.
     assert ideal_dp(p, optimum).bound_ns == got.bound_ns
 
 
 @pytest.mark.parametrize("seed", range(40))
 def test_exact_when_memory_does_not_bind(seed):
-    p = _roomy(random_problem(seed))
+    p = roomy(random_problem(seed))
     optimum = brute_force(p)
     got = ideal_dp(p, optimum + 1)
     assert got.plan is not None and got.bound_ns == got.plan.bottleneck_ns == optimum
@@ -89,10 +73,10 @@ def test_free_nodes_keep_a_valid_bound_and_exact_plans(seed, fan_out):
     optimum = brute_force(p)
     if optimum is None:
         return
-    _bound_and_plan_hold(p, optimum)
-    roomy = _roomy(p)
-    want = brute_force(roomy)
-    got = ideal_dp(roomy, want + 1)
+    ideal_dp_holds(p, optimum)
+    spacious = roomy(p)
+    want = brute_force(spacious)
+    got = ideal_dp(spacious, want + 1)
     assert got.bound_ns <= want and (got.plan is None or got.plan.bottleneck_ns >= want)
 
 

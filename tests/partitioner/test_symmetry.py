@@ -1,7 +1,5 @@
 """NOTE [twin branches]: ordering identical parallel branches keeps an optimal plan, and the DP of ideals uses it."""
 
-import dataclasses
-
 import pytest
 
 from hetpart.partitioner import Device, solve, verify_plan
@@ -9,7 +7,9 @@ from hetpart.partitioner.evaluate import bottleneck_ns, evaluate
 from hetpart.partitioner.ideals import _without_free_nodes, enumerate_ideals, ideal_dp, ideal_tables
 from hetpart.partitioner.symmetry import twin_order
 
-from partition_cases import brute_force, make_problem, twin_problem, valid_plans, without_ideal_dp
+from partition_cases import (
+    brute_force, ideal_dp_holds, make_problem, roomy, twin_problem, valid_plans, without_ideal_dp,
+)
 
 
 def _sorted(pairs, stage_of):
@@ -41,23 +41,15 @@ def test_sorting_twins_keeps_every_plan_valid_and_no_slower(seed):
         assert bottleneck_ns(after) <= bottleneck_ns(stages)
 
 
-def _roomy(p):
-    return dataclasses.replace(p, devices=[dataclasses.replace(d, capacity_bytes=10**12) for d in p.devices])
-
-
 @pytest.mark.parametrize("seed", range(80))
 def test_ideal_dp_with_twins_against_brute_force(seed):
     p = twin_problem(seed)
     optimum = brute_force(p)
     if optimum is not None:
-        got = ideal_dp(p, optimum + 1)
-        assert got is not None and got.bound_ns <= optimum
-        if got.plan is not None:
-            verify_plan(p, got.plan)
-            assert got.plan.bottleneck_ns >= optimum
-    roomy = _roomy(p)  # memory never binds: the DP is exact, twins ordered or not
-    want = brute_force(roomy)
-    got = ideal_dp(roomy, want + 1)
+        ideal_dp_holds(p, optimum)
+    spacious = roomy(p)  # memory never binds: the DP is exact, twins ordered or not
+    want = brute_force(spacious)
+    got = ideal_dp(spacious, want + 1)
     assert got.plan is not None and got.bound_ns == got.plan.bottleneck_ns == want
 
 
