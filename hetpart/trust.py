@@ -15,6 +15,8 @@ manifest is the root of trust:
 - plan.json's model is a path on the partitioning machine: `run` imports a model
   file only when the user names it (`--model FILE.py:FN`, compared with the
   sha256 plan.json recorded, or `--trust-model-file`);
+- `weights.safetensors` is hashed, then read by `stage.py` from its path: a file
+  swapped in between is data (safetensors holds no code), never code;
 - hashes catch a corrupted or partly edited directory, not one rewritten whole
   (the manifest re-hashed): that needs a signature. `partition --sign-key FILE`
   writes `manifest.json.hmac`, the HMAC-SHA256 of manifest.json's bytes under a
