@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
 FORMAT_VERSION = MANIFEST_FORMAT_VERSION
 REDO = "re-run `hetpart partition`"
+EDITED = f"; the manifest was edited or truncated: {REDO}"
 
 
 def read_json(path: Path) -> dict[str, Any]:
@@ -74,57 +75,55 @@ def load_manifest(out: Path, key: bytes | None = None) -> dict[str, Any]:
 
 def _check_files(path: Path, where: str, files: object, plain: bool) -> None:
     """A `files` table: {name: sha256}; names plain (rank files) or relative paths inside the directory."""
-    redo = f"; the manifest was edited or truncated: {REDO}"
     if not isinstance(files, dict):
-        raise HetpartError(f"{path}: {where}files must be a table of file name -> sha256{redo}")
+        raise HetpartError(f"{path}: {where}files must be a table of file name -> sha256{EDITED}")
     for name, digest in files.items():
         parts = Path(name).parts
         bad = Path(name).name != name if plain else (Path(name).is_absolute() or ".." in parts or not parts)
         if bad or "\\" in name:
             raise HetpartError(f"{path}: {where}files: name {name!r} is not a "
-                               f"{'plain name' if plain else 'path inside the directory'}{redo}")
+                               f"{'plain name' if plain else 'path inside the directory'}{EDITED}")
         if not is_sha256(digest):
-            raise HetpartError(f"{path}: {where}files[{name!r}] is not a sha256 (64 hex digits){redo}")
+            raise HetpartError(f"{path}: {where}files[{name!r}] is not a sha256 (64 hex digits){EDITED}")
 
 
 def _check_structure(path: Path, manifest: dict[str, Any]) -> None:
     """The manifest's ranks, nodes, world size and file tables agree (it is edited by hand at times,
     and everything `run` reads is checked against it)."""
-    redo = f"; the manifest was edited or truncated: {REDO}"
     world, ranks = manifest.get("world_size"), manifest.get("ranks")
     if not isinstance(world, int) or world < 1 or not isinstance(ranks, list):
-        raise HetpartError(f"{path}: needs a positive 'world_size' and a 'ranks' list{redo}")
+        raise HetpartError(f"{path}: needs a positive 'world_size' and a 'ranks' list{EDITED}")
     if len(ranks) != world:
-        raise HetpartError(f"{path}: world_size is {world} but {len(ranks)} rank(s) are listed{redo}")
+        raise HetpartError(f"{path}: world_size is {world} but {len(ranks)} rank(s) are listed{EDITED}")
     if manifest.get("backend") not in ("gloo", "nccl"):
-        raise HetpartError(f"{path}: backend {manifest.get('backend')!r} must be gloo or nccl{redo}")
+        raise HetpartError(f"{path}: backend {manifest.get('backend')!r} must be gloo or nccl{EDITED}")
     _check_files(path, "", manifest.get("files"), plain=False)
     if "plan.json" not in manifest["files"]:
-        raise HetpartError(f"{path}: files lists no sha256 for plan.json{redo}")
+        raise HetpartError(f"{path}: files lists no sha256 for plan.json{EDITED}")
     needed = {"rank": int, "stage": int, "dir": str, "files": dict, "inputs": list, "outputs": list,
               "weights": list, "device": str, "node_rank": int, "local_rank": int}
     for k, entry in enumerate(ranks):
         if (not isinstance(entry, dict) or entry.get("rank") != k
                 or not all(isinstance(entry.get(f), t) for f, t in needed.items())):
             fields = ", ".join(f"{f} ({t.__name__})" for f, t in needed.items())
-            raise HetpartError(f"{path}: ranks[{k}] must be rank {k} with {fields}{redo}")
+            raise HetpartError(f"{path}: ranks[{k}] must be rank {k} with {fields}{EDITED}")
         if Path(entry["dir"]).is_absolute() or ".." in Path(entry["dir"]).parts or not Path(entry["dir"]).parts:
-            raise HetpartError(f"{path}: ranks[{k}].dir {entry['dir']!r} must be a directory inside {path.parent}{redo}")
+            raise HetpartError(f"{path}: ranks[{k}].dir {entry['dir']!r} must be a directory inside {path.parent}{EDITED}")
         _check_files(path, f"ranks[{k}].", entry["files"], plain=True)
         for side in ("inputs", "outputs"):
             for v in entry[side]:
                 if not (isinstance(v, dict) and isinstance(v.get("name"), str) and isinstance(v.get("shape"), list)
                         and isinstance(v.get("dtype"), str)):
-                    raise HetpartError(f"{path}: ranks[{k}].{side} must be values with a name, shape and dtype{redo}")
+                    raise HetpartError(f"{path}: ranks[{k}].{side} must be values with a name, shape and dtype{EDITED}")
         if not all(isinstance(w, str) for w in entry["weights"]):
-            raise HetpartError(f"{path}: ranks[{k}].weights must be weight names{redo}")
+            raise HetpartError(f"{path}: ranks[{k}].weights must be weight names{EDITED}")
     nodes = manifest.get("nodes")
     if not isinstance(nodes, list) or not all(isinstance(n, dict) and isinstance(n.get("ranks"), list)
                                               and isinstance(n.get("node_rank"), int) for n in nodes):
-        raise HetpartError(f"{path}: needs a 'nodes' list, each with a node_rank and its ranks{redo}")
+        raise HetpartError(f"{path}: needs a 'nodes' list, each with a node_rank and its ranks{EDITED}")
     placed = [r for node in nodes for r in node["ranks"]]
     if placed != list(range(world)):
-        raise HetpartError(f"{path}: the nodes hold ranks {placed}, expected 0..{world - 1} in order{redo}")
+        raise HetpartError(f"{path}: the nodes hold ranks {placed}, expected 0..{world - 1} in order{EDITED}")
 
 
 def _refuse(who: str, path: Path, reason: str, out: Path) -> HetpartError:
