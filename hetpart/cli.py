@@ -69,6 +69,8 @@ def _parser() -> argparse.ArgumentParser:
                       help="also write the IR dumps to DIR as each pass ends (kept if a later step fails); "
                            "default: only OUT/ir/")
     part.add_argument("--verbose", action="store_true", help="print each pass's and the solver's time")
+    part.add_argument("--sign-key", type=Path, default=None, metavar="FILE",
+                      help="sign manifest.json with this secret key (HMAC-SHA256) into manifest.json.hmac")
 
     run = sub.add_parser("run", help="run the artifacts under torchrun (one CPU process per stage)")
     run.add_argument("out", type=Path, help="artifacts directory")
@@ -89,6 +91,13 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--timeout", type=float, default=600, help="seconds before the run is stopped")
     run.add_argument("--master-port", type=int, default=None,
                      help="torchrun's rendezvous port on 127.0.0.1 (default: a free one)")
+    run.add_argument("--model", default=None, metavar="FILE.py:FUNCTION",
+                     help="a file model's plan: the model file to import (its sha256 must be the one plan.json "
+                          "recorded at partition time)")
+    run.add_argument("--trust-model-file", action="store_true",
+                     help="a file model's plan: import the file plan.json names (or --model's, though it differs)")
+    run.add_argument("--key", type=Path, default=None, metavar="FILE",
+                     help="run only a directory signed with this key (manifest.json.hmac)")
 
     insp = sub.add_parser("inspect", help="print the plan of an artifacts directory")
     insp.add_argument("out", type=Path, help="artifacts directory")
@@ -96,6 +105,8 @@ def _parser() -> argparse.ArgumentParser:
     view.add_argument("--stage", type=int, metavar="K", help="print stage K's stage.py with its inputs and outputs")
     view.add_argument("--ir", metavar="N|NAME", help="print an IR dump from DIR/ir by number or pass name")
     view.add_argument("--json", action="store_true", help="print the plan and its derived numbers as JSON")
+    insp.add_argument("--key", type=Path, default=None, metavar="FILE",
+                      help="read only a directory signed with this key (manifest.json.hmac)")
 
     place = sub.add_parser("placement", help="solve a device-placement benchmark input (NeurIPS 2020 format)")
     place.add_argument("input", type=Path, help="benchmark JSON (maxSizePerFPGA, maxFPGAs, maxCPUs, nodes, edges)")
@@ -134,6 +145,8 @@ def _parser() -> argparse.ArgumentParser:
                        help="a .safetensors file, an HF-style *.safetensors.index.json, or a directory with one")
     shard.add_argument("--allow-cast", action="store_true",
                        help="convert tensors whose dtype differs from the traced one (e.g. bf16 -> fp32)")
+    shard.add_argument("--sign-key", type=Path, default=None, metavar="FILE",
+                       help="check the directory's signature with this key, and sign the updated manifest.json")
 
     sub.add_parser("devices", help="list the device catalog")
     sub.add_parser("models", help="list the model zoo")
@@ -158,7 +171,8 @@ def _partition(args: argparse.Namespace, console: Console) -> int:
     opts = CompileOptions(microbatches=args.microbatches, time_limit_s=args.time_limit, gap=args.gap, seed=args.seed,
                           force=args.force, pt2=args.pt2, meta=args.meta, print_ir_after=frozenset(args.print_ir_after),
                           verbose=args.verbose, dump_ir=args.dump_ir, mode=args.mode, schedule=args.schedule,
-                          optimizer_bytes_per_param=args.optimizer_bytes_per_param, profiles=tuple(args.profiles))
+                          optimizer_bytes_per_param=args.optimizer_bytes_per_param, profiles=tuple(args.profiles),
+                          sign_key=args.sign_key)
     result = compile_model(spec, args.cluster, args.out, opts,
                            echo=lambda text: console.print(text, markup=False, highlight=False),
                            progress=Progress.for_console(console))
@@ -173,7 +187,9 @@ def _run(args: argparse.Namespace, console: Console) -> int:
 
     opts = RunOptions(mode=args.mode, schedule=args.schedule, microbatches=args.microbatches, steps=args.steps,
                       verify=args.verify, timeout_s=args.timeout, as_nodes=args.as_nodes, master_port=args.master_port,
-                      measure=args.measure, batch_size=args.batch_size, seq_len=args.seq_len)
+                      measure=args.measure, batch_size=args.batch_size, seq_len=args.seq_len,
+                      model=_model_arg(args.model) if args.model else None, trust_model_file=args.trust_model_file,
+                      key=args.key)
     result = run_pipeline(args.out, opts, echo=console.print)
     console.print(f"pipeline step: {result.step_seconds * 1e3:.1f} ms; outputs: {result.described_outputs()}")
     if result.measured is not None:
@@ -208,10 +224,11 @@ def _print_measured(measured: dict, console: Console) -> None:
 
 def _inspect(args: argparse.Namespace, console: Console) -> int:
     from hetpart.report import print_plan
-    from hetpart.runtime.artifacts import load_manifest, read_json
+    from hetpart.runtime.artifacts import load_manifest, read_plan
+    from hetpart.trust import read_key
 
-    manifest = load_manifest(args.out)
-    plan = read_json(args.out / "plan.json")
+    manifest = load_manifest(args.out, read_key(args.key, args.out) if args.key is not None else None)
+    plan = read_plan(args.out, manifest)
     if args.json:
         import json
 
@@ -225,7 +242,7 @@ def _inspect(args: argparse.Namespace, console: Console) -> int:
     elif args.ir is not None:
         from hetpart.report.inspect import ir_dump
 
-        print(ir_dump(args.out, args.ir), end="")
+        print(ir_dump(args.out, args.ir, manifest), end="")
     else:
         print_plan(plan, console)
     return 0
@@ -270,9 +287,14 @@ def _placement(args: argparse.Namespace) -> int:
 
 def _shard_weights(args: argparse.Namespace, console: Console) -> int:
     from hetpart.codegen.weights import shard_weights
+    from hetpart.runtime.artifacts import check_before_shard
+    from hetpart.trust import write_signature
 
+    key = check_before_shard(args.out, args.sign_key)  # what it reads, and the signature it replaces
     result = shard_weights(args.out, args.checkpoint, allow_cast=args.allow_cast,
                            echo=lambda text: console.print(text, markup=False, highlight=False))
+    if key is not None:
+        write_signature(args.out, key)
     console.print(f"wrote weights.safetensors for {result.ranks} rank(s): {result.tensors} tensor(s), "
                   f"{result.bytes_written / 1e6:.1f} MB, {result.from_checkpoint} from {args.checkpoint}"
                   + (f" ({result.cast} converted)" if result.cast else ""))

@@ -18,10 +18,12 @@ from hetpart import __version__
 from hetpart.codegen import (
     PlannedDevice, launch_script, manifest, split_stages, stage_examples, staging_dir, write_json, write_rank,
 )
+from hetpart.codegen import write_manifest
 from hetpart.codegen.split import stage_of_nodes
 from hetpart.devices import Cluster, load_cluster
 from hetpart.errors import HetpartError
 from hetpart.frontend import ModelSpec, checkpoint_names, export_model, load_for_tracing, sequence_axes
+from hetpart.frontend import model_file_sha256
 from hetpart.ir import info
 from hetpart.partitioner import Plan, Problem, solve, verify_plan
 from hetpart.partitioner.baselines import compute_baselines
@@ -31,6 +33,7 @@ from hetpart.passes.lower import TrainingSpec, group_of
 from hetpart.report.blocks import coarsen_to_blocks
 from hetpart.report.html import write_report
 from hetpart.report.progress import Progress
+from hetpart.trust import read_key
 
 
 @dataclass
@@ -49,6 +52,7 @@ class CompileOptions:
     optimizer_bytes_per_param: int = 8  # training: optimizer state per parameter (Adam in fp32: 8)
     profiles: tuple[Path, ...] = ()  # `hetpart profile` tables: measured op times per device type
     meta: bool | None = None  # trace without weights (True), with them (False), or decide by size (None)
+    sign_key: Path | None = None  # a key file: sign manifest.json into manifest.json.hmac (hetpart/trust.py)
 
 
 @dataclass
@@ -194,6 +198,8 @@ def compile_model(spec: ModelSpec, cluster_spec: str, out: Path, opts: CompileOp
         raise HetpartError(f"--time-limit must be positive (got {opts.time_limit_s})")
     if not 0.0 <= opts.gap < 1.0:  # before tracing: solve checks it too, but only after the model is traced
         raise HetpartError(f"--gap must be a fraction in [0, 1), e.g. --gap 0.01 for 1% (got {opts.gap})")
+    sign_key = read_key(opts.sign_key, out) if opts.sign_key is not None else None
+    model_sha256 = model_file_sha256(spec)  # the file as it is traced: NOTE [model files] in runtime/artifacts.py
     cluster = load_cluster(cluster_spec)
     microbatch_size = spec.batch_size // opts.microbatches
     profiles = load_profiles(opts.profiles, cluster)
@@ -246,6 +252,8 @@ def compile_model(spec: ModelSpec, cluster_spec: str, out: Path, opts: CompileOp
         stage_params = [sum(problem.weights[w] for w in s.weights.values()) for s in stages]
         pj = plan_json(spec, cluster, opts, plan, microbatch_size, stage_flops, stage_params)
         pj["weights"] = "manifest" if on_meta else "included"
+        if model_sha256 is not None:
+            pj["model"]["file_sha256"] = model_sha256
         # which dims `hetpart run --batch-size/--seq-len` may change (NOTE [dynamic sequence length])
         pj["dynamic"] = gm.meta.get("dynamic", {"batch": True, "seq_len": False, "why": None})
         if training is not None:
@@ -257,9 +265,9 @@ def compile_model(spec: ModelSpec, cluster_spec: str, out: Path, opts: CompileOp
         planned = [PlannedDevice(d.name, d.type.name, d.machine)
                    for d in (next(c for c in cluster.devices if c.name == n) for n in plan.device_of_stage)]
         man = manifest(stages, files, planned)
-        write_json(tmp / "manifest.json", man)
         (tmp / "launch.sh").write_text(launch_script(man))
         (tmp / "launch.sh").chmod(0o755)
+        write_manifest(tmp, man, sign_key)  # last of what `run` reads: it hashes all of it
         write_json(tmp / "timings.json", {
             "passes": {t.name: round(t.seconds, 4) for t in pm.timings},
             "solve_s": round(solve_s, 4),

@@ -39,16 +39,10 @@ from hetpart.codegen.weights import write_weight_manifest
 from hetpart.errors import HetpartError
 from hetpart.frontend.fast_fake import fast_fake_kernels
 from hetpart.ir import info
+from hetpart.trust import MANIFEST_FORMAT_VERSION, sha256_file, write_signature
 
-FORMAT_VERSION = 1
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+FORMAT_VERSION = MANIFEST_FORMAT_VERSION
+sha256 = sha256_file
 
 
 def write_json(path: Path, data: Any) -> None:
@@ -261,6 +255,7 @@ def manifest(stages: list[StageGraph], files: list[dict[str, str]], devices: lis
     all_gpu = all(d.type != "cpu" for d in devices)
     return {
         "format_version": FORMAT_VERSION,
+        "files": {},  # plan.json, launch.sh, ir/: filled by write_manifest
         "world_size": len(stages),
         "backend": "nccl" if all_gpu else "gloo",
         "nodes": [{"node_rank": n, "machine": devices[ranks[0]].machine, "ranks": ranks}
@@ -283,6 +278,18 @@ def manifest(stages: list[StageGraph], files: list[dict[str, str]], devices: lis
             for s in stages
         ],
     }
+
+
+def write_manifest(out: Path, man: dict, sign_key: bytes | None = None) -> None:
+    """manifest.json, last: it hashes plan.json, launch.sh and ir/ (written before it) besides the rank
+    files, and is the root of trust (NOTE [artifacts are code] in hetpart/trust.py); with `sign_key`,
+    manifest.json.hmac too."""
+    listed = ["plan.json", "launch.sh", *sorted(p.relative_to(out).as_posix() for p in (out / "ir").rglob("*")
+                                                if p.is_file())]
+    man["files"] = {name: sha256(out / name) for name in listed if (out / name).is_file()}
+    write_json(out / "manifest.json", man)
+    if sign_key is not None:
+        write_signature(out, sign_key)
 
 
 def launch_script(man: dict) -> str:

@@ -6,6 +6,7 @@ values are passed to it as keyword arguments (strings), so it must accept them.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import inspect
 import os
@@ -38,6 +39,15 @@ class ModelSpec:
     @classmethod
     def from_json(cls, data: dict) -> ModelSpec:
         return cls(data["model"], dict(data["overrides"]), data["batch_size"], data["seq_len"], data["seed"])
+
+
+def model_file_sha256(spec: ModelSpec) -> str | None:
+    """The sha256 of a file model's file (plan.json records it: NOTE [model files] in runtime/artifacts.py);
+    None for zoo: and hf: models, or a file that does not exist."""
+    if spec.model.startswith(("zoo:", "hf:")):
+        return None
+    path = Path(spec.model.rpartition(":")[0])
+    return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
 
 
 def _load_file_model(spec: ModelSpec) -> tuple[nn.Module, tuple]:

@@ -1,6 +1,7 @@
 """`hetpart inspect DIR`: one stage's source with its inputs and outputs, one IR dump, or JSON for tools.
 
-Reads only the artifacts directory (plan.json, manifest.json, rank<k>/, ir/);
+Reads only the artifacts directory (plan.json, manifest.json, rank<k>/, ir/), and prints
+only what matches its sha256 in manifest.json (NOTE [artifacts are code] in hetpart/trust.py);
 every lookup that misses lists what exists.
 """
 
@@ -26,12 +27,14 @@ def ir_dumps(out: Path) -> list[tuple[int, str, Path]]:
     return found
 
 
-def ir_dump(out: Path, key: str) -> str:
-    """The dump named by number (`3`, `03`) or pass name (`op-cost`)."""
+def ir_dump(out: Path, key: str, manifest: dict[str, Any]) -> str:
+    """The dump named by number (`3`, `03`) or pass name (`op-cost`), checked against the manifest."""
+    from hetpart.runtime.artifacts import read_listed
+
     dumps = ir_dumps(out)
     for number, name, path in dumps:
         if (key.isdigit() and int(key) == number) or key == name:
-            return path.read_text()
+            return read_listed(out, manifest, path.relative_to(out).as_posix()).decode()
     known = ", ".join(f"{n:02d} {name}" for n, name, _ in dumps) or f"none: '{out / 'ir'}' has no dumps"
     raise HetpartError(f"--ir {key}: no such IR dump in '{out / 'ir'}' (dumps: {known})")
 
@@ -54,15 +57,19 @@ def stage_text(out: Path, manifest: dict[str, Any], plan: dict[str, Any], stage:
     """A stage's device, inputs and outputs (from manifest.json), then its `stage.py`."""
     entry = _rank(manifest, stage, out)
     cost = plan["stages"][stage]
+    from hetpart.runtime.artifacts import check_file
+
     source = out / entry["dir"] / "stage.py"
-    if not source.is_file():
-        raise HetpartError(f"'{source}' is missing; re-run `hetpart partition`")
+    digest = entry["files"].get("stage.py")
+    if digest is None:
+        raise HetpartError(f"manifest.json lists no sha256 for {entry['dir']}/stage.py; re-run `hetpart partition`")
+    text = check_file(out, f"{entry['dir']}/stage.py", digest, f"rank {entry['rank']}: ", read=True)
     head = [f"# rank {entry['rank']}, stage {stage} of {len(manifest['ranks'])}: planned on {cost['device']} "
             f"({cost['device_type']}), {cost['predicted_time_us']} us per microbatch",
             f"# file: {source}"]
     head += _values("inputs", entry["inputs"]) + _values("outputs", entry["outputs"])
     head.append(f"# weights: {len(entry['weights'])}")
-    return "\n".join(head) + "\n\n" + source.read_text()
+    return "\n".join(head) + "\n\n" + text.decode()
 
 
 def inspect_json(out: Path, manifest: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any]:

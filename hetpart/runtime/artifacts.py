@@ -6,98 +6,307 @@ Nothing here unpickles: JSON, safetensors and the generated `stage.py` source on
 from __future__ import annotations
 
 import ast
-import hashlib
-import importlib.util
+import dataclasses
 import json
 import operator
 import sys
+import types
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from hetpart.errors import HetpartError
+from hetpart.trust import (
+    MANIFEST_FORMAT_VERSION, SIGNATURE_NAME, NotAPlainFile, check_signature, is_sha256, is_signed, read_key, read_plain,
+    sha256_bytes, sha256_file,
+)
 
-FORMAT_VERSION = 1
+if TYPE_CHECKING:
+    from hetpart.frontend import ModelSpec
 
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+FORMAT_VERSION = MANIFEST_FORMAT_VERSION
+REDO = "re-run `hetpart partition`"
+EDITED = f"; the manifest was edited or truncated: {REDO}"
 
 
 def read_json(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise HetpartError(f"'{path}' is missing; is '{path.parent}' a directory written by `hetpart partition`?")
+    return _parse_json(path, path.read_bytes())
+
+
+def _parse_json(path: Path, data: bytes) -> Any:
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise HetpartError(f"{path}:{err.lineno}: not valid JSON ({err.msg}); re-run `hetpart partition`") from None
+        return json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        where = f"{path}:{err.lineno}" if isinstance(err, json.JSONDecodeError) else f"{path}"
+        why = err.msg if isinstance(err, json.JSONDecodeError) else "not UTF-8"
+        raise HetpartError(f"{where}: not valid JSON ({why}); {REDO}") from None
 
 
-def load_manifest(out: Path) -> dict[str, Any]:
+def load_manifest(out: Path, key: bytes | None = None) -> dict[str, Any]:
+    """manifest.json, its format version and structure checked; with `key`, its signature first
+    (over the very bytes parsed: NOTE [artifacts are code] in hetpart/trust.py)."""
     if not out.is_dir():
         raise HetpartError(f"artifacts directory '{out}' not found; create it with `hetpart partition ... --out {out}`")
-    manifest = read_json(out / "manifest.json")
-    version = manifest.get("format_version")
+    path = out / "manifest.json"
+    try:
+        data = read_plain(path)
+    except NotAPlainFile as err:
+        if err.reason == "missing":
+            raise HetpartError(f"'{path}' is missing; is '{out}' a directory written by `hetpart partition`?"
+                               ) from None
+        raise HetpartError(f"'{path}' is {err.reason}; the manifest must be a plain file inside '{out}': "
+                           f"{REDO}") from None
+    if key is not None:
+        check_signature(out, data, key)
+    manifest = _parse_json(path, data)
+    version = manifest.get("format_version") if isinstance(manifest, dict) else None
     if version != FORMAT_VERSION:
         raise HetpartError(
-            f"{out / 'manifest.json'}: format version {version!r}, this hetpart reads version {FORMAT_VERSION}; "
+            f"{path}: format version {version!r}, this hetpart reads version {FORMAT_VERSION}; "
             "re-run `hetpart partition` with this version"
         )
-    _check_structure(out / "manifest.json", manifest)
+    _check_structure(path, manifest)
     return manifest
 
 
+def _check_files(path: Path, where: str, files: object, plain: bool) -> None:
+    """A `files` table: {name: sha256}; names plain (rank files) or relative paths inside the directory."""
+    if not isinstance(files, dict):
+        raise HetpartError(f"{path}: {where}files must be a table of file name -> sha256{EDITED}")
+    for name, digest in files.items():
+        parts = Path(name).parts
+        bad = Path(name).name != name if plain else (Path(name).is_absolute() or ".." in parts or not parts)
+        if bad or "\\" in name:
+            raise HetpartError(f"{path}: {where}files: name {name!r} is not a "
+                               f"{'plain name' if plain else 'path inside the directory'}{EDITED}")
+        if not is_sha256(digest):
+            raise HetpartError(f"{path}: {where}files[{name!r}] is not a sha256 (64 hex digits){EDITED}")
+
+
 def _check_structure(path: Path, manifest: dict[str, Any]) -> None:
-    """The manifest's ranks, nodes and world size agree (it is edited by hand at times)."""
-    redo = "; the manifest was edited or truncated: re-run `hetpart partition`"
+    """The manifest's ranks, nodes, world size and file tables agree (it is edited by hand at times,
+    and everything `run` reads is checked against it)."""
     world, ranks = manifest.get("world_size"), manifest.get("ranks")
     if not isinstance(world, int) or world < 1 or not isinstance(ranks, list):
-        raise HetpartError(f"{path}: needs a positive 'world_size' and a 'ranks' list{redo}")
+        raise HetpartError(f"{path}: needs a positive 'world_size' and a 'ranks' list{EDITED}")
     if len(ranks) != world:
-        raise HetpartError(f"{path}: world_size is {world} but {len(ranks)} rank(s) are listed{redo}")
-    needed = {"rank", "dir", "files", "inputs", "outputs", "weights", "device", "node_rank", "local_rank"}
+        raise HetpartError(f"{path}: world_size is {world} but {len(ranks)} rank(s) are listed{EDITED}")
+    if manifest.get("backend") not in ("gloo", "nccl"):
+        raise HetpartError(f"{path}: backend {manifest.get('backend')!r} must be gloo or nccl{EDITED}")
+    _check_files(path, "", manifest.get("files"), plain=False)
+    if "plan.json" not in manifest["files"]:
+        raise HetpartError(f"{path}: files lists no sha256 for plan.json{EDITED}")
+    needed = {"rank": int, "stage": int, "dir": str, "files": dict, "inputs": list, "outputs": list,
+              "weights": list, "device": str, "node_rank": int, "local_rank": int}
     for k, entry in enumerate(ranks):
-        if not isinstance(entry, dict) or entry.get("rank") != k or not needed <= set(entry):
-            raise HetpartError(f"{path}: ranks[{k}] must be rank {k} with {', '.join(sorted(needed))}{redo}")
-        if not isinstance(entry["dir"], str) or Path(entry["dir"]).is_absolute() or ".." in Path(entry["dir"]).parts:
-            raise HetpartError(f"{path}: ranks[{k}].dir {entry['dir']!r} must be a directory inside {path.parent}{redo}")
-    placed = [r for node in manifest.get("nodes", []) for r in node.get("ranks", [])]
+        if (not isinstance(entry, dict) or entry.get("rank") != k
+                or not all(isinstance(entry.get(f), t) for f, t in needed.items())):
+            fields = ", ".join(f"{f} ({t.__name__})" for f, t in needed.items())
+            raise HetpartError(f"{path}: ranks[{k}] must be rank {k} with {fields}{EDITED}")
+        if Path(entry["dir"]).is_absolute() or ".." in Path(entry["dir"]).parts or not Path(entry["dir"]).parts:
+            raise HetpartError(f"{path}: ranks[{k}].dir {entry['dir']!r} must be a directory inside {path.parent}{EDITED}")
+        _check_files(path, f"ranks[{k}].", entry["files"], plain=True)
+        for side in ("inputs", "outputs"):
+            for v in entry[side]:
+                if not (isinstance(v, dict) and isinstance(v.get("name"), str) and isinstance(v.get("shape"), list)
+                        and isinstance(v.get("dtype"), str)):
+                    raise HetpartError(f"{path}: ranks[{k}].{side} must be values with a name, shape and dtype{EDITED}")
+        if not all(isinstance(w, str) for w in entry["weights"]):
+            raise HetpartError(f"{path}: ranks[{k}].weights must be weight names{EDITED}")
+    nodes = manifest.get("nodes")
+    if not isinstance(nodes, list) or not all(isinstance(n, dict) and isinstance(n.get("ranks"), list)
+                                              and isinstance(n.get("node_rank"), int) for n in nodes):
+        raise HetpartError(f"{path}: needs a 'nodes' list, each with a node_rank and its ranks{EDITED}")
+    placed = [r for node in nodes for r in node["ranks"]]
     if placed != list(range(world)):
-        raise HetpartError(f"{path}: the nodes hold ranks {placed}, expected 0..{world - 1} in order{redo}")
+        raise HetpartError(f"{path}: the nodes hold ranks {placed}, expected 0..{world - 1} in order{EDITED}")
 
 
-def check_rank_files(out: Path, entry: dict[str, Any]) -> Path:
-    """The rank's directory, after checking every file exists and matches its sha256."""
+def _refuse(who: str, path: Path, reason: str, out: Path) -> HetpartError:
+    if reason == "missing":
+        return HetpartError(f"{who}'{path}' is missing; {REDO}")
+    return HetpartError(f"{who}'{path}' is {reason}; the files `run` reads must be plain files inside '{out}' "
+                        f"(README.md, Trust model): {REDO}")
+
+
+def _mismatch(who: str, path: Path) -> HetpartError:
+    return HetpartError(f"{who}'{path}' does not match its sha256 in manifest.json (modified or corrupted); {REDO}")
+
+
+def _inside(out: Path, path: Path) -> bool:
+    """`path` lies inside `out` once every symbolic link on the way is followed."""
+    return path.resolve().is_relative_to(out.resolve())
+
+
+def check_file(out: Path, relative: str, digest: str, who: str = "", read: bool = False) -> bytes | None:
+    """Refuse a listed file that is missing, a symbolic link (or under one leading out of `out`),
+    not regular, or not matching `digest`. With `read`, return the bytes that were hashed."""
+    path = out / relative
+    if not _inside(out, path.parent):
+        raise _refuse(who, path, f"under a directory outside '{out}'", out)
+    try:
+        if read:
+            data = read_plain(path)
+            if sha256_bytes(data) != digest:
+                raise _mismatch(who, path)
+            return data
+        if sha256_file(path) != digest:
+            raise _mismatch(who, path)
+        return None
+    except NotAPlainFile as err:
+        raise _refuse(who, path, err.reason, out) from None
+
+
+def read_listed(out: Path, manifest: dict[str, Any], relative: str) -> bytes:
+    """A top-level file the manifest lists (plan.json, ir/...), checked against its sha256."""
+    digest = manifest["files"].get(relative)
+    if digest is None:
+        raise HetpartError(f"'{out / relative}' is not listed in manifest.json; hetpart reads only the files it "
+                           f"wrote: {REDO}")
+    data = check_file(out, relative, digest, read=True)
+    assert data is not None
+    return data
+
+
+def read_plan(out: Path, manifest: dict[str, Any]) -> dict[str, Any]:
+    """plan.json, checked against its sha256 in the manifest."""
+    plan = _parse_json(out / "plan.json", read_listed(out, manifest, "plan.json"))
+    if not isinstance(plan, dict):
+        raise HetpartError(f"{out / 'plan.json'}: not a plan (a JSON object); {REDO}")
+    return plan
+
+
+def check_listed_files(out: Path, manifest: dict[str, Any]) -> None:
+    """Every top-level file the manifest lists (plan.json, launch.sh, ir/...) matches its sha256."""
+    for relative, digest in manifest["files"].items():
+        check_file(out, relative, digest)
+
+
+REQUIRED_RANK_FILES = ("stage.py",)
+
+
+def check_rank_files(out: Path, entry: dict[str, Any], need_weights: bool = True) -> Path:
+    """The rank's directory, after checking it: every file in it is listed, every listed file is a
+    plain file that matches its sha256 (NOTE [artifacts are code] in hetpart/trust.py).
+
+    `need_weights=False` (shard-weights) accepts a plan traced on meta whose weights are not filled yet.
+    """
+    who = f"rank {entry['rank']}: "
     rank_dir = out / entry["dir"]
-    if "weights.safetensors" not in entry["files"]:  # a plan traced on meta: NOTE [weight manifests]
+    if need_weights and "weights.safetensors" not in entry["files"]:  # traced on meta: NOTE [weight manifests]
         raise HetpartError(f"rank {entry['rank']}: {out} was partitioned without weights (--meta) and they are "
                            f"not filled yet; run `hetpart shard-weights {out} CHECKPOINT` first")
+    for name in REQUIRED_RANK_FILES:
+        if name not in entry["files"]:
+            raise HetpartError(f"{who}manifest.json lists no sha256 for {entry['dir']}/{name}; {REDO}")
+    if rank_dir.is_symlink() or not _inside(out, rank_dir):
+        raise _refuse(who, rank_dir, f"a symbolic link or outside '{out}'", out)
+    if rank_dir.is_dir():
+        unlisted = sorted(p.name for p in rank_dir.iterdir() if p.name not in entry["files"])
+        if unlisted:
+            raise HetpartError(f"{who}'{rank_dir / unlisted[0]}' is not listed in manifest.json"
+                               + (f" (nor {len(unlisted) - 1} more)" if len(unlisted) > 1 else "")
+                               + "; `run` executes only the files hetpart wrote (README.md, Trust model): "
+                               f"remove it, or {REDO}")
     for name, digest in entry["files"].items():
-        path = rank_dir / name
-        if Path(name).name != name:
-            raise HetpartError(f"rank {entry['rank']}: file name {name!r} in manifest.json is not a plain name; "
-                               "re-run `hetpart partition`")
-        if not path.is_file():
-            raise HetpartError(f"rank {entry['rank']}: '{path}' is missing; re-run `hetpart partition`")
-        if _sha256(path) != digest:
-            raise HetpartError(
-                f"rank {entry['rank']}: '{path}' does not match its sha256 in manifest.json "
-                "(modified or corrupted); re-run `hetpart partition`"
-            )
+        check_file(out, f"{entry['dir']}/{name}", digest, who)
     return rank_dir
 
 
+def check_before_shard(out: Path, key_path: Path | None) -> bytes | None:
+    """`shard-weights` reads weights.json and constants.safetensors into weights.safetensors and rewrites
+    manifest.json: check what it reads first, and a signed directory's signature, which it replaces
+    (so it never signs what it did not check). The key of `--sign-key`, or None."""
+    key = read_key(key_path, out) if key_path is not None else None
+    signed = is_signed(out)
+    if key is None and signed:
+        raise HetpartError(f"'{out}' is signed ({SIGNATURE_NAME}) and shard-weights rewrites its manifest.json; "
+                           "pass --sign-key KEY to check the signature and sign the result, or delete "
+                           f"{out / SIGNATURE_NAME} to leave the directory unsigned")
+    manifest = load_manifest(out, key if signed else None)
+    check_listed_files(out, manifest)
+    for entry in manifest["ranks"]:
+        check_rank_files(out, entry, need_weights=False)
+    return key
+
+
 def load_stage(out: Path, entry: dict[str, Any]) -> torch.nn.Module:
-    """Import the rank's `stage.py` and build its `Stage` (weights loaded from beside it)."""
+    """Check the rank's files, execute its `stage.py` (the bytes that were hashed, not a cached .pyc)
+    and build its `Stage` (weights loaded from beside it)."""
     rank_dir = check_rank_files(out, entry)
+    path = rank_dir / "stage.py"
+    source = check_file(out, f"{entry['dir']}/stage.py", entry["files"]["stage.py"], f"rank {entry['rank']}: ",
+                        read=True)
     name = f"hetpart_stage_{entry['rank']}"
-    spec = importlib.util.spec_from_file_location(name, rank_dir / "stage.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
+    module = types.ModuleType(name)
+    module.__file__ = str(path)
     sys.modules[name] = module
-    spec.loader.exec_module(module)
+    exec(compile(source, str(path), "exec"), module.__dict__)  # noqa: S102 (checked against the manifest)
     return module.Stage()
+
+
+def model_spec_for_run(plan: dict[str, Any], model: str | None, trust_model_file: bool,
+                       echo: Callable[[str], None] = print) -> ModelSpec:
+    """The model `run` may build: plan.json's spec, where a file model's file is the one the user named.
+
+    NOTE [model files]: a file model's plan.json names a path on the partitioning machine
+    and its sha256 then. `run` builds the inputs (and, with --verify, the reference) by
+    importing it, so it does that only when the user names the file: `--model FILE.py:FN`
+    (FN must be the plan's; the file's sha256 must be plan.json's unless
+    `--trust-model-file`), or `--trust-model-file` alone (the recorded path). Only the
+    file itself is compared: what it imports is the user's to trust.
+    """
+    from hetpart.frontend import ModelSpec, model_file_sha256
+
+    data = plan.get("model")
+    try:
+        spec = ModelSpec.from_json(data)  # type: ignore[arg-type]
+        ok = isinstance(spec.model, str) and isinstance(spec.batch_size, int) and isinstance(spec.seq_len, int)
+    except (TypeError, KeyError, AttributeError, ValueError):
+        ok = False
+    if not ok:
+        raise HetpartError(f"plan.json: 'model' must be a model spec (model, overrides, batch_size, seq_len, seed); "
+                           f"{REDO}")
+    if spec.model.startswith(("zoo:", "hf:")):
+        if model is not None:
+            raise HetpartError(f"--model {model}: this plan's model is {spec.model}, which hetpart builds itself; "
+                               "--model is for plans of a model file (path/to/file.py:FUNCTION): leave it out")
+        return spec
+    recorded_path, _, fn = spec.model.rpartition(":")
+    recorded = data.get("file_sha256")  # type: ignore[union-attr]
+    if model is None:
+        if not trust_model_file:
+            raise HetpartError(
+                f"plan.json's model is the file '{recorded_path}' (function {fn}); `run` builds the model's inputs "
+                "(and with --verify the reference) by importing it, and imports a model file only when you name "
+                f"it: pass --model {recorded_path}:{fn} (its sha256 is compared with the one plan.json recorded "
+                "at partition time), or --trust-model-file to import the recorded path as it is")
+        path = Path(recorded_path)
+        if not path.is_file():
+            raise HetpartError(f"plan.json's model file '{path}' is not on this machine; pass --model "
+                               f"FILE.py:{fn} with a copy of it")
+        if model_file_sha256(spec) != recorded:
+            echo(f"note: {path} changed since the plan was made (its sha256 is not plan.json's); "
+                 "--trust-model-file imports it anyway")
+        return spec
+    path_text, sep, given_fn = model.rpartition(":")
+    if not sep or not path_text or given_fn != fn:
+        raise HetpartError(f"--model {model}: the plan was partitioned from function '{fn}' "
+                           f"(plan.json: {spec.model}); pass --model FILE.py:{fn}")
+    path = Path(path_text)
+    if not path.is_file():
+        raise HetpartError(f"--model {model}: '{path}' is not a file; pass the model file the plan was "
+                           f"partitioned from (plan.json: {recorded_path})")
+    given = dataclasses.replace(spec, model=f"{path.resolve()}:{fn}")
+    if model_file_sha256(given) != recorded and not trust_model_file:
+        raise HetpartError(f"--model {model}: '{path}' is not the file the plan was partitioned from (its sha256 "
+                           f"differs from plan.json's); partition it again, or pass --trust-model-file to "
+                           "import it anyway")
+    return given
 
 
 # NOTE [symbolic dims]: the manifest writes each boundary value's shape as export traced it,

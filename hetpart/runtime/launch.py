@@ -30,7 +30,9 @@ from safetensors.torch import load_file, save_file
 from hetpart.errors import HetpartError
 from hetpart.frontend import ModelSpec, load_model
 from hetpart.frontend.hf import HFModel, OutputStructure
-from hetpart.runtime.artifacts import check_rank_files, dim_size, load_manifest, read_json, symbol_sizes
+from hetpart.runtime.artifacts import check_rank_files, dim_size, load_manifest, symbol_sizes
+from hetpart.runtime.artifacts import check_listed_files, model_spec_for_run, read_plan
+from hetpart.trust import SIGNATURE_NAME, is_signed, read_key
 
 VERIFY_ATOL = 1e-5  # fp32 outputs: max absolute difference
 VERIFY_GRAD_RTOL = 1e-5  # fp32 gradients: max difference relative to the largest reference entry
@@ -223,6 +225,7 @@ def _run_torchruns(cmds: list[list[str]], manifest: dict, log_dir: Path, opts: "
     of its own node when one fails; the ranks of other nodes would wait for it in gloo, so the first
     torchrun to fail (or the --timeout) stops every other torchrun, and the error names the rank."""
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    env["PYTHONSAFEPATH"] = "1"  # torchrun and the ranks never import from the working directory (it may be DIR)
     log_dir.mkdir(parents=True, exist_ok=True)
     launcher_logs = [log_dir / f"torchrun{i}.log" for i in range(len(cmds))]
     procs: list[subprocess.Popen] = []
@@ -322,6 +325,9 @@ class RunOptions:
     master_port: int | None = None  # the rendezvous port on 127.0.0.1 (default: a free one)
     batch_size: int | None = None  # run at this batch (default: the traced one); the batch is always dynamic
     seq_len: int | None = None  # run at this sequence length, where the plan's is dynamic (default: the traced one)
+    model: str | None = None  # a file model's FILE.py:FN (NOTE [model files] in artifacts.py)
+    trust_model_file: bool = False  # import the model file though it is not the one plan.json hashed
+    key: Path | None = None  # refuse a directory whose manifest.json.hmac is missing or wrong (hetpart/trust.py)
 
 
 def _check_options(opts: RunOptions, batch_size: int, world: int, m: int) -> None:
@@ -408,14 +414,19 @@ def _grad_rel_err(io_dir: Path, world: int, reference: dict[str, torch.Tensor]) 
 
 
 def run_pipeline(out: Path, opts: RunOptions = RunOptions(), echo: Callable[[str], None] = print) -> RunResult:
-    manifest = load_manifest(out)
-    plan = read_json(out / "plan.json")
-    spec = run_spec(ModelSpec.from_json(plan["model"]), plan, opts)
+    # Nothing of `out` runs before all of it is checked (NOTE [artifacts are code] in hetpart/trust.py).
+    key = read_key(opts.key, out) if opts.key is not None else None
+    manifest = load_manifest(out, key)
+    plan = read_plan(out, manifest)
+    check_listed_files(out, manifest)
+    for entry in manifest["ranks"]:
+        check_rank_files(out, entry)
+    spec = run_spec(model_spec_for_run(plan, opts.model, opts.trust_model_file, echo), plan, opts)
     m = opts.microbatches or plan["microbatches"]
     world = manifest["world_size"]
     _check_options(opts, spec.batch_size, world, m)
-    for entry in manifest["ranks"]:
-        check_rank_files(out, entry)
+    if key is None and is_signed(out):
+        echo(f"note: {out} is signed ({SIGNATURE_NAME}); pass --key FILE to check the signature")
     if opts.verify:
         module, inputs = reference_model(out, manifest, spec)
     else:  # only the inputs are needed: a plan traced without weights (--meta) is not built with them
@@ -423,6 +434,8 @@ def run_pipeline(out: Path, opts: RunOptions = RunOptions(), echo: Callable[[str
     structure = module.output_structure() if isinstance(module, HFModel) else None
     training = opts.mode == "training"
     log_dir = out / "logs"
+    if log_dir.is_symlink() or log_dir.is_file():  # hetpart's own output name: never write through a link
+        log_dir.unlink()
     shutil.rmtree(log_dir, ignore_errors=True)
     with tempfile.TemporaryDirectory(prefix="hetpart-run-") as io:
         io_dir = Path(io)
@@ -436,6 +449,8 @@ def run_pipeline(out: Path, opts: RunOptions = RunOptions(), echo: Callable[[str
                        "--lr", str(opts.lr), "--timeout", f"{opts.timeout_s:g}",
                        "--batch-size", str(spec.batch_size), "--seq-len", str(spec.seq_len),
                        "--device", "auto" if torch.cuda.is_available() else "cpu"]
+        if opts.key is not None:
+            worker_args += ["--key", str(opts.key.resolve())]
         cmds = _torchrun_commands(manifest, log_dir, opts.as_nodes, opts.master_port)
         where = (f"{len(cmds)} torchrun node(s) on loopback" if opts.as_nodes else "one torchrun")
         backend = manifest["backend"] if torch.cuda.is_available() else "gloo on CPU"
@@ -446,8 +461,12 @@ def run_pipeline(out: Path, opts: RunOptions = RunOptions(), echo: Callable[[str
         outputs = tuple(got[o["name"]] for o in manifest["ranks"][-1]["outputs"])
         step_s = [float(x) for x in (io_dir / "step_seconds").read_text().split()]
         measured = measurement(io_dir, world, m, plan, opts) if opts.measure else None
-        if measured is not None:
-            (out / "measured.json").write_text(json.dumps(measured, indent=2) + "\n")
+        if measured is not None:  # a new file renamed into place: a link named measured.json is replaced, not followed
+            fd, tmp = tempfile.mkstemp(prefix=".measured.json.", dir=out)
+            with os.fdopen(fd, "w") as f:
+                f.write(json.dumps(measured, indent=2) + "\n")
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, out / "measured.json")
         diff = grad_err = None
         if opts.verify:
             if training:

@@ -5,7 +5,8 @@ Rank 0 reads the inputs from DIR/inputs.safetensors, the last rank the training
 target from DIR/target.safetensors; the last rank writes the first step's
 outputs to DIR/outputs.safetensors and, in training, every rank writes its
 weights' gradients (before the optimizer step) to DIR/grads<rank>.safetensors.
-Each rank loads only its own files.
+Each rank loads only its own files, and checks them (and plan.json, and with --key the
+manifest's signature) before it executes its stage.py: NOTE [artifacts are code] in hetpart/trust.py.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from safetensors.torch import load_file, save_file
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
 from hetpart.errors import HetpartError
-from hetpart.runtime.artifacts import dim_size, load_manifest, load_stage, read_json, symbol_sizes
+from hetpart.runtime.artifacts import dim_size, load_manifest, load_stage, read_plan, symbol_sizes
+from hetpart.trust import read_key
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 
@@ -152,10 +154,13 @@ def sum_shared_grads(module: torch.nn.Module, groups: list, process_groups: list
 
 
 def run_rank(out: Path, io_dir: Path, mode: str, schedule_name: str, microbatches: int, steps: int,
-             lr: float, device: torch.device, batch_size: int | None = None, seq_len: int | None = None) -> None:
-    """Run this rank's stage; `batch_size` and `seq_len` are the run's (default: the plan's traced ones)."""
+             lr: float, device: torch.device, batch_size: int | None = None, seq_len: int | None = None,
+             key: bytes | None = None) -> None:
+    """Run this rank's stage; `batch_size` and `seq_len` are the run's (default: the plan's traced ones);
+    with `key`, only if manifest.json's signature verifies."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    manifest = load_manifest(out)
+    manifest = load_manifest(out, key)
+    model = read_plan(out, manifest)["model"]  # checked before any code of `out` runs
     if manifest["world_size"] != world:
         raise HetpartError(f"the plan has {manifest['world_size']} ranks but torchrun started {world}")
     entry = manifest["ranks"][rank]
@@ -165,7 +170,6 @@ def run_rank(out: Path, io_dir: Path, mode: str, schedule_name: str, microbatche
     print(f"rank {rank}: loaded {entry['dir']}/stage.py and {len(entry['weights'])} weight(s) on {device}", flush=True)
     training = mode == "training"
     module.requires_grad_(training)
-    model = read_json(out / "plan.json")["model"]
     sizes = symbol_sizes(manifest, (batch_size or model["batch_size"]) // microbatches, seq_len or model["seq_len"])
     static = None if training else _static_metadata(manifest, entry, sizes, device)
     boundary = Boundary(module)
@@ -249,15 +253,22 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds any send, receive or collective may wait for a peer before this rank fails")
     parser.add_argument("--device", choices=["auto", "cpu"], default="auto",
                         help="auto: the manifest's device and backend where CUDA is available, else CPU and gloo")
+    parser.add_argument("--key", type=Path, default=None,
+                        help="run only if manifest.json.hmac is the manifest's signature under this key file")
     args = parser.parse_args(argv)
-    manifest = load_manifest(args.out)
+    try:
+        key = read_key(args.key, args.out) if args.key is not None else None
+        manifest = load_manifest(args.out, key)
+    except HetpartError as err:
+        print(f"hetpart: rank {os.environ.get('RANK')}: {err}", file=sys.stderr, flush=True)
+        return 2
     use_cuda = args.device == "auto" and manifest["backend"] == "nccl" and torch.cuda.is_available()
     _exit_with_parent()
     dist.init_process_group("nccl" if use_cuda else "gloo", timeout=datetime.timedelta(seconds=args.timeout))
     try:
         device = torch.device(manifest["ranks"][dist.get_rank()]["device"] if use_cuda else "cpu")
         run_rank(args.out, args.io, args.mode, args.schedule, args.microbatches, args.steps, args.lr, device,
-                 args.batch_size, args.seq_len)
+                 args.batch_size, args.seq_len, key)
     except HetpartError as err:
         print(f"hetpart: rank {os.environ.get('RANK')}: {err}", file=sys.stderr, flush=True)
         return 2
