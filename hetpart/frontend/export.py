@@ -128,7 +128,8 @@ def _export(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], dynamic: 
         with _tracing():
             ep = ep.run_decompositions({})
     gm = ep.module()
-    gm.meta["outputs"] = model_outputs(ep.call_spec.out_spec, next(n for n in gm.graph.nodes if n.op == "output"))
+    gm.meta["outputs"] = model_outputs(ep.call_spec.out_spec, next(n for n in gm.graph.nodes if n.op == "output"),
+                                       f"{type(module).__name__}.forward")
     for node in list(gm.graph.nodes):
         if node.op == "call_module" and node.target == "_guards_fn":
             gm.graph.erase_node(node)
@@ -146,7 +147,7 @@ def _export(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], dynamic: 
 # None, an int, a shape, or a nested container) is refused at partition time: a nested one
 # would run, but its keys would be paths the user never wrote; non-tensors cannot cross a
 # pipeline. (hf: models are wrapped to return the flat tensors of their ModelOutput.)
-def model_outputs(out_spec: pytree.TreeSpec, output: fx.Node) -> dict:
+def model_outputs(out_spec: pytree.TreeSpec, output: fx.Node, forward: str = "the model") -> dict:
     """plan.json's `outputs`: {"type": "tensor" | "tuple" | "list" | "dict", "names": [...]} (NOTE [model outputs])."""
     values = list(output.args[0])
     kind = "tensor" if out_spec.is_leaf() else out_spec.type.__name__ if out_spec.type in (tuple, list, dict) else None
@@ -156,14 +157,14 @@ def model_outputs(out_spec: pytree.TreeSpec, output: fx.Node) -> dict:
         names = [f"[{i}]" for i in range(len(values))] if kind != "tensor" else [""]
     nested = kind is None or any(not out_spec.child(i).is_leaf() for i in range(out_spec.num_children))
     if nested:
-        raise HetpartError(f"the model returns a nested structure, {pytree.treespec_pprint(out_spec)} (* is a value): "
+        raise HetpartError(f"{forward} returns a nested structure, {pytree.treespec_pprint(out_spec)} (* is a value): "
                            "hetpart runs models that return a tensor or a flat tuple, list or dict of tensors; "
                            "flatten the output in forward (e.g. `return (a, *rest)`)")
     for name, value in zip(names, values):
         val = value.meta.get("val") if isinstance(value, fx.Node) else value
         if not isinstance(val, torch.Tensor):
-            where = f"output {name}" if name else "the output"
-            raise HetpartError(f"the model's {where} is {type(val).__name__} ({val!r}), not a tensor: a pipeline's last "
+            where = f"output {name}" if name else "output"
+            raise HetpartError(f"{forward}'s {where} is {type(val).__name__} ({val!r}), not a tensor: a pipeline's last "
                                "stage returns tensors only; return it as a tensor, or leave it out of the outputs")
     return {"type": kind, "names": names}
 

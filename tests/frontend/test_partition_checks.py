@@ -92,8 +92,8 @@ def test_dict_and_list_outputs_are_flattened_and_recorded(kind, names, models, t
 
 
 @pytest.mark.parametrize("kind, expect", [
-    ("nested", "the model returns a nested structure, (*, (*, *)) (* is a value)"),
-    ("none", "the model's output [1] is NoneType (None), not a tensor"),
+    ("nested", "Net.forward returns a nested structure, (*, (*, *)) (* is a value)"),
+    ("none", "Net.forward's output [1] is NoneType (None), not a tensor"),
 ])
 def test_outputs_that_are_not_flat_tensors_are_refused(kind, expect, models, tmp_path, capfd):
     assert _partition(f"{models}:sized", tmp_path, "--set", f"kind={kind}", "--batch-size", "4") == 2

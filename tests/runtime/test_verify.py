@@ -169,3 +169,9 @@ def test_one_weight_off_by_1e_3_fails_also_on_a_tiny_output(scaled, tmp_path, mo
     assert "verify: FAIL" in text, text
     assert "output 'logits'" in text and "FAIL" in text.split("output 'logits'")[1].splitlines()[0], text
     assert float(text.split("max_abs_diff=")[1].split()[0]) < 1e-12, "an absolute 1e-5 would have passed it"
+
+
+def test_negative_tolerances_are_refused_before_starting(scaled, capsys):
+    assert main(["run", str(scaled), "--verify", "--atol=-1e-5"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("hetpart: error: --atol must be >= 0 (got -1e-05)"), err
