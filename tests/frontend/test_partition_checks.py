@@ -72,6 +72,11 @@ def test_an_example_batch_other_than_batch_size_is_refused(models, tmp_path, cap
     assert "pass --batch-size 4, or give fixed() a `batch_size` parameter" in err
     assert not (tmp_path / "out").exists()
     assert _partition(f"{models}:fixed", tmp_path, "--batch-size", "4", "--microbatches", "2") == 0
+    capfd.readouterr()
+    # `run` at another batch: refused before any rank starts
+    assert main(["run", str(tmp_path / "out"), "--batch-size", "8"]) == 2
+    assert "is not --batch-size 8 (input 0: 4)" in _error(capfd)
+    assert not (tmp_path / "out" / "logs").exists()
 
 
 def test_a_function_with_a_batch_size_parameter_is_built_at_batch_size(models):
