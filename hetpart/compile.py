@@ -22,7 +22,9 @@ from hetpart.codegen import write_manifest
 from hetpart.codegen.split import stage_of_nodes
 from hetpart.devices import Cluster, load_cluster
 from hetpart.errors import HetpartError
-from hetpart.frontend import ModelSpec, checkpoint_names, export_model, load_for_tracing, sequence_axes
+from hetpart.frontend import (
+    ModelSpec, check_example_batch, checkpoint_names, export_model, load_for_tracing, sequence_axes,
+)
 from hetpart.frontend import model_file_sha256
 from hetpart.ir import info
 from hetpart.partitioner import Plan, Problem, solve, verify_plan
@@ -128,6 +130,7 @@ def analyze(spec: ModelSpec, cluster: Cluster, microbatch_size: int, *, dump_dir
     progress.update("tracing with torch.export" + (" (weights on the meta device)" if on_meta else ""))
     gm = export_model(module, tuple(x.to("meta") for x in inputs) if on_meta else inputs,
                       seq=sequence_axes(spec, inputs))
+    check_example_batch(spec, inputs)  # NOTE [file model batch]
     ctx = PassContext(device_types=cluster.device_types, batch_size=spec.batch_size, microbatch_size=microbatch_size,
                       mode=mode, profiles=profiles or {})
     pm = PassManager(default_passes(), dump_dir=dump_dir, print_after=print_ir_after, echo=echo,
@@ -183,6 +186,25 @@ def add_training_json(pj: dict, gm: fx.GraphModule, plan: Plan, spec: TrainingSp
         s["backward_us"] = round(s["compute_us"] - fwd / 1000, 3)
 
 
+def warn_batch_mixing(gm: fx.GraphModule, microbatches: int, microbatch_size: int, echo: Callable[[str], None]) -> None:
+    """A warning per op that mixes samples across the batch, which microbatches change (NOTE [batch mixing])."""
+    found = gm.meta.get("batch_mixing", [])
+    if microbatches == 1 or not found:
+        return
+    for m in found[:5]:
+        echo(f"warning: {m.describe()}")
+    more = f" (and {len(found) - 5} more op(s))" if len(found) > 5 else ""
+    echo(f"warning: the model mixes samples across the batch{more}: the pipeline runs it on microbatches of "
+         f"{microbatch_size}, which gives other results than the whole batch; pass --microbatches 1 if the batch "
+         "must stay whole (NOTE [batch mixing] in hetpart/frontend/batch_mixing.py)")
+
+
+# NOTE [1F1B stages]: torch.distributed.pipelining's Schedule1F1B needs at least as many
+# microbatches as stages (its warm-up sends one microbatch per later stage before the first
+# backward), and `hetpart run --schedule 1f1b` refuses fewer. A 1F1B plan with --microbatches M
+# below the devices' count is therefore planned with at most M stages (Problem.max_stages):
+# the best plan that runs, rather than a plan that only `run` refuses. The note says so, and
+# that more microbatches allow more stages; a GPipe plan has no such limit.
 def compile_model(spec: ModelSpec, cluster_spec: str, out: Path, opts: CompileOptions,
                   echo: Callable[[str], None] = print, progress: Progress | None = None) -> CompileResult:
     """Partition `spec` onto `cluster_spec` and write the artifacts to `out`.
@@ -215,8 +237,15 @@ def compile_model(spec: ModelSpec, cluster_spec: str, out: Path, opts: CompileOp
                 spec, cluster, microbatch_size, dump_dir=tmp / "ir", print_ir_after=opts.print_ir_after, echo=echo,
                 extra_dump_dir=opts.dump_ir, verbose=opts.verbose, progress=progress, mode=opts.mode,
                 profiles=profiles, meta=opts.meta)
+        warn_batch_mixing(gm, opts.microbatches, microbatch_size, echo)
         # 3. Lower to the torch-free problem, solve with CP-SAT, check the plan independently.
         problem = lower_to_problem(gm, cluster, training)
+        if opts.schedule == "1f1b" and opts.microbatches < min(problem.max_stages or len(problem.devices),
+                                                               len(problem.devices)):
+            problem.max_stages = opts.microbatches  # NOTE [1F1B stages]
+            echo(f"note: --schedule 1f1b runs at most as many stages as microbatches: planning at most "
+                 f"{opts.microbatches} stage(s) (--microbatches {opts.microbatches}) on the {len(problem.devices)} "
+                 "devices; more microbatches allow more stages")
         start = time.perf_counter()
         with progress.step("solving"):
             plan = solve(problem, time_limit_s=opts.time_limit_s, seed=opts.seed, gap=opts.gap,
@@ -256,6 +285,7 @@ def compile_model(spec: ModelSpec, cluster_spec: str, out: Path, opts: CompileOp
             pj["model"]["file_sha256"] = model_sha256
         # which dims `hetpart run --batch-size/--seq-len` may change (NOTE [dynamic sequence length])
         pj["dynamic"] = gm.meta.get("dynamic", {"batch": True, "seq_len": False, "why": None})
+        pj["outputs"] = gm.meta.get("outputs")  # a dict or list output's keys (NOTE [model outputs] in export.py)
         if training is not None:
             add_training_json(pj, gm, plan, training)
         # What other tools would plan, in the same cost model (issue 5).

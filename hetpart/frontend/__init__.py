@@ -2,8 +2,9 @@
 
 from hetpart.frontend.export import export_model
 from hetpart.frontend.load import (
-    ModelSpec, SequenceAxes, checkpoint_names, load_for_tracing, load_model, model_file_sha256, sequence_axes,
+    ModelSpec, SequenceAxes, check_example_batch, checkpoint_names, load_for_tracing, load_model, model_file_sha256,
+    sequence_axes,
 )
 
-__all__ = ["ModelSpec", "SequenceAxes", "checkpoint_names", "export_model", "load_for_tracing", "load_model",
-           "model_file_sha256", "sequence_axes"]
+__all__ = ["ModelSpec", "SequenceAxes", "check_example_batch", "checkpoint_names", "export_model", "load_for_tracing",
+           "load_model", "model_file_sha256", "sequence_axes"]

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 import io
 import logging
+import re
 import sys
 import traceback
 from collections.abc import Iterator
@@ -14,8 +16,10 @@ from pathlib import Path
 import torch
 import torch.fx as fx
 from torch.export import Dim
+from torch.utils import _pytree as pytree
 
 from hetpart.errors import HetpartError
+from hetpart.frontend.batch_mixing import batch_mixing
 from hetpart.frontend.fast_fake import fast_fake_kernels
 from hetpart.frontend.load import SequenceAxes
 
@@ -43,6 +47,11 @@ def export_model(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...],
     if not record["seq_len"]:
         gm = _export(module, inputs, _dynamic_shapes(module, inputs, None))
     gm.meta["dynamic"] = record
+    mixing = batch_mixing(gm)
+    if mixing:  # where in the model: a second trace, with stack traces (NOTE [batch mixing])
+        lines = _source_lines(module, inputs, _dynamic_shapes(module, inputs, seq if record["seq_len"] else None))
+        mixing = [dataclasses.replace(m, where=lines.get(m.node)) for m in mixing]
+    gm.meta["batch_mixing"] = mixing
     follow_input_devices(gm)
     gm.graph.eliminate_dead_code()
     gm.recompile()
@@ -78,10 +87,29 @@ def _dynamic_shapes(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], s
     return dynamic
 
 
-def _export(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], dynamic: tuple) -> fx.GraphModule:
+def _source_lines(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], dynamic: tuple) -> dict[str, str]:
+    """Node name -> `path/to/model.py:12 in forward (`code`)`, the model's own line that made it, from an export
+    with stack traces (the innermost frame outside torch and hetpart)."""
+    gm = _export(module, inputs, dynamic, stack_traces=True)
+    torch_dir, own = str(Path(torch.__file__).parent), str(Path(__file__).parents[1])
+    lines = {}
+    for node in gm.graph.nodes:
+        frames = [f for f in _FRAME.findall(node.meta.get("stack_trace") or "")
+                  if not f[0].startswith((torch_dir, own, "<"))]
+        if frames:
+            path, line, fn, code = frames[-1]
+            lines[node.name] = f"{path}:{line} in {fn} (`{code.strip()}`)"
+    return lines
+
+
+_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)\n(.*)')
+
+
+def _export(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], dynamic: tuple,
+            stack_traces: bool = False) -> fx.GraphModule:
     """torch.export non-strict, unlifted, without export's guard submodule; HetpartError where it fails."""
     try:
-        with _tracing():
+        with _tracing(stack_traces):
             ep = torch.export.export(module, inputs, dynamic_shapes=dynamic, strict=False)
     except Exception as err:  # torch raises many types; the user needs the first lines
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
@@ -100,12 +128,45 @@ def _export(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], dynamic: 
         with _tracing():
             ep = ep.run_decompositions({})
     gm = ep.module()
+    gm.meta["outputs"] = model_outputs(ep.call_spec.out_spec, next(n for n in gm.graph.nodes if n.op == "output"),
+                                       f"{type(module).__name__}.forward")
     for node in list(gm.graph.nodes):
         if node.op == "call_module" and node.target == "_guards_fn":
             gm.graph.erase_node(node)
     if hasattr(gm, "_guards_fn"):
         delattr(gm, "_guards_fn")
     return gm
+
+
+# NOTE [model outputs]
+# A stage graph returns a flat tuple of tensors, and the last rank's are the model's outputs,
+# flattened by torch.export's pytree (`out_spec`). A model may return a tensor, or a tuple,
+# list or dict of tensors: the dict's values (in its order) or the list's items are the flat
+# outputs, and plan.json's `outputs` records the type and the keys, so that `hetpart run`
+# rebuilds the dict or list and `--verify` names each output by its key. Anything else (a
+# None, an int, a shape, or a nested container) is refused at partition time: a nested one
+# would run, but its keys would be paths the user never wrote; non-tensors cannot cross a
+# pipeline. (hf: models are wrapped to return the flat tensors of their ModelOutput.)
+def model_outputs(out_spec: pytree.TreeSpec, output: fx.Node, forward: str = "the model") -> dict:
+    """plan.json's `outputs`: {"type": "tensor" | "tuple" | "list" | "dict", "names": [...]} (NOTE [model outputs])."""
+    values = list(output.args[0])
+    kind = "tensor" if out_spec.is_leaf() else out_spec.type.__name__ if out_spec.type in (tuple, list, dict) else None
+    if out_spec.type is dict:
+        names = [str(k) for k in out_spec.context]
+    else:
+        names = [f"[{i}]" for i in range(len(values))] if kind != "tensor" else [""]
+    nested = kind is None or any(not out_spec.child(i).is_leaf() for i in range(out_spec.num_children))
+    if nested:
+        raise HetpartError(f"{forward} returns a nested structure, {pytree.treespec_pprint(out_spec)} (* is a value): "
+                           "hetpart runs models that return a tensor or a flat tuple, list or dict of tensors; "
+                           "flatten the output in forward (e.g. `return (a, *rest)`)")
+    for name, value in zip(names, values):
+        val = value.meta.get("val") if isinstance(value, fx.Node) else value
+        if not isinstance(val, torch.Tensor):
+            where = f"output {name}" if name else "output"
+            raise HetpartError(f"{forward}'s {where} is {type(val).__name__} ({val!r}), not a tensor: a pipeline's last "
+                               "stage returns tensors only; return it as a tensor, or leave it out of the outputs")
+    return {"type": kind, "names": names}
 
 
 def _mutates(ep: torch.export.ExportedProgram) -> bool:
@@ -126,10 +187,11 @@ def _mutates(ep: torch.export.ExportedProgram) -> bool:
 # `relative_buckets += ...`, order their readers through that result and stay; graphs
 # without in-place writes, nearly every model, are kept as export made them.
 @contextlib.contextmanager
-def _tracing() -> Iterator[None]:
-    """How hetpart runs torch.export: no autograd, torch's stderr held back, no node stack traces,
-    shape-only kernels (NOTE [fast fake kernels])."""
-    with torch.no_grad(), _torch_quiet_unless_ok(), _no_stack_traces(), fast_fake_kernels():
+def _tracing(stack_traces: bool = False) -> Iterator[None]:
+    """How hetpart runs torch.export: no autograd, torch's stderr held back, no node stack traces (unless
+    asked for), shape-only kernels (NOTE [fast fake kernels])."""
+    traces = contextlib.nullcontext() if stack_traces else _no_stack_traces()
+    with torch.no_grad(), _torch_quiet_unless_ok(), traces, fast_fake_kernels():
         yield
 
 

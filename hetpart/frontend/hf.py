@@ -64,6 +64,8 @@ class OutputStructure:
         """The model's own output type (`CausalLMOutputWithPast(logits=...)`) where every key is a
         field of it; otherwise the named dict."""
         named = self.named(outputs)
+        if self.output_type in (list, tuple):  # a file model's list output (NOTE [model outputs] in export.py)
+            return self.output_type(outputs)
         if self.output_type is not None and all(k.isidentifier() for k in named):
             return self.output_type(**named)
         return named

@@ -78,9 +78,12 @@ def _load_file_model(spec: ModelSpec) -> tuple[nn.Module, tuple]:
             raise HetpartError(
                 f"--set {key}: {path}:{func_name}() has no parameter '{key}' (parameters: {', '.join(params) or 'none'})"
             )
+    kwargs: dict[str, object] = dict(spec.overrides)
+    if "batch_size" in params and "batch_size" not in kwargs:  # NOTE [file model batch]
+        kwargs["batch_size"] = spec.batch_size
     torch.manual_seed(spec.seed)
     try:
-        result = fn(**spec.overrides)
+        result = fn(**kwargs)
     except Exception as err:  # the user's own code failed: show its line, not a traceback
         from hetpart.frontend.export import model_source_line
 
@@ -90,6 +93,31 @@ def _load_file_model(spec: ModelSpec) -> tuple[nn.Module, tuple]:
             or not isinstance(result[1], tuple)):
         raise HetpartError(f"{path}:{func_name}() must return (nn.Module, tuple_of_example_inputs)")
     return result[0].eval(), result[1]
+
+
+# NOTE [file model batch]
+# The plan's costs, its microbatches and `hetpart run`'s split of the inputs all follow
+# --batch-size, but a file model's FUNCTION builds its example inputs at a batch of its own:
+# a mismatch would plan fine and crash the first rank at run time (pipelining's "Expecting 4
+# arg_mbs but got 2"). A FUNCTION with a `batch_size` parameter is called with --batch-size
+# (as an int; an explicit `--set batch_size=...` wins), so it builds its inputs at any batch,
+# `hetpart run --batch-size` too; otherwise dim 0 of every example input must be --batch-size,
+# checked after tracing (a model that cannot be traced says so first).
+def check_example_batch(spec: ModelSpec, inputs: tuple[torch.Tensor, ...], flag: str = "--batch-size") -> None:
+    """Refuse a file model whose example inputs are not at the spec's batch (NOTE [file model batch])."""
+    if spec.model.startswith(("zoo:", "hf:")):
+        return  # their inputs are built at spec.batch_size
+    batches = [(i, x.shape[0]) for i, x in enumerate(inputs) if x.dim() > 0]
+    wrong = [(i, b) for i, b in batches if b != spec.batch_size]
+    if not wrong:
+        return
+    path, _, fn = spec.model.rpartition(":")
+    found = ", ".join(f"input {i}: {b}" for i, b in wrong)
+    same = {b for _, b in batches}
+    fix = f"pass {flag} {same.pop()}" if len(same) == 1 else "give every example input the same batch (dim 0)"
+    raise HetpartError(f"{path}:{fn}() returns example inputs whose batch (dim 0) is not {flag} {spec.batch_size} "
+                       f"({found}): the plan and `hetpart run` split the inputs by {flag}; {fix}, or give {fn}() a "
+                       f"`batch_size` parameter (hetpart calls it with {flag})")
 
 
 def param_bytes(module: nn.Module) -> int:

@@ -26,16 +26,15 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
+from torch.utils import _pytree as pytree
 
 from hetpart.errors import HetpartError
-from hetpart.frontend import ModelSpec, load_model
+from hetpart.frontend import ModelSpec, check_example_batch, load_model
 from hetpart.frontend.hf import HFModel, OutputStructure
-from hetpart.runtime.artifacts import check_rank_files, dim_size, load_manifest, symbol_sizes
+from hetpart.runtime.artifacts import check_rank_files, dim_size, load_manifest, read_json, symbol_sizes
 from hetpart.runtime.artifacts import check_listed_files, model_spec_for_run, read_plan
+from hetpart.runtime.verify import TensorCheck, Tolerances, Verification, check_tensor, torch_threads
 from hetpart.trust import SIGNATURE_NAME, is_signed, read_key
-
-VERIFY_ATOL = 1e-5  # fp32 outputs: max absolute difference
-VERIFY_GRAD_RTOL = 1e-5  # fp32 gradients: max difference relative to the largest reference entry
 
 
 @dataclass
@@ -46,7 +45,8 @@ class RunResult:
     grad_rel_err: float | None = None  # training with --verify: worst weight-gradient relative error
     measured: dict | None = None  # with --measure: the contents of measured.json
     all_step_seconds: list[float] | None = None
-    structure: OutputStructure | None = None  # hf: models: how `outputs` rebuild the model's ModelOutput
+    structure: OutputStructure | None = None  # hf: models, dict and list outputs: how `outputs` rebuild them
+    verification: Verification | None = None  # with --verify: every output and gradient compared
 
     def model_outputs(self) -> object:
         """The outputs in the model's own structure (hf: models: its ModelOutput), else the tuple."""
@@ -85,6 +85,11 @@ class RunFailed(HetpartError):
     """
 
     exit_code = 1
+
+
+def rank_threads() -> int:
+    """Intra-op threads of each rank: OMP_NUM_THREADS, else 1 (NOTE [profile threads] in passes/profile.py)."""
+    return int(os.environ.get("OMP_NUM_THREADS", "1"))
 
 
 def _tail(path: Path, lines: int) -> list[str]:
@@ -224,7 +229,7 @@ def _run_torchruns(cmds: list[list[str]], manifest: dict, log_dir: Path, opts: "
     """Start every torchrun and wait for all. NOTE [one rank fails]: torchrun stops the other ranks
     of its own node when one fails; the ranks of other nodes would wait for it in gloo, so the first
     torchrun to fail (or the --timeout) stops every other torchrun, and the error names the rank."""
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    env = {**os.environ, "OMP_NUM_THREADS": str(rank_threads())}
     env["PYTHONSAFEPATH"] = "1"  # torchrun and the ranks never import from the working directory (it may be DIR)
     log_dir.mkdir(parents=True, exist_ok=True)
     launcher_logs = [log_dir / f"torchrun{i}.log" for i in range(len(cmds))]
@@ -304,7 +309,7 @@ def measurement(io_dir: Path, world: int, m: int, plan: dict, opts: "RunOptions"
         "schedule": opts.schedule,
         "microbatches": m,
         "steps_measured": len(last_steps),
-        "threads_per_rank": int(os.environ.get("OMP_NUM_THREADS", "1")),
+        "threads_per_rank": rank_threads(),
         "stages": stages,
         "step_time_us": round(statistics.median(last_steps) * 1e6, 3),
         "predicted_step_time_us": predicted,
@@ -328,6 +333,7 @@ class RunOptions:
     model: str | None = None  # a file model's FILE.py:FN (NOTE [model files] in artifacts.py)
     trust_model_file: bool = False  # import the model file though it is not the one plan.json hashed
     key: Path | None = None  # refuse a directory whose manifest.json.hmac is missing or wrong (hetpart/trust.py)
+    tolerances: Tolerances = Tolerances()  # --verify's --rtol/--atol (NOTE [verify tolerances])
 
 
 def _check_options(opts: RunOptions, batch_size: int, world: int, m: int) -> None:
@@ -347,6 +353,9 @@ def _check_options(opts: RunOptions, batch_size: int, world: int, m: int) -> Non
         raise HetpartError(f"--timeout must be positive (got {opts.timeout_s:g})")
     if opts.master_port is not None:
         _check_port_free(opts.master_port)
+    for flag, value in (("--rtol", opts.tolerances.rtol), ("--atol", opts.tolerances.atol)):
+        if not value >= 0:
+            raise HetpartError(f"{flag} must be >= 0 (got {value:g})")
 
 
 def run_spec(spec: ModelSpec, plan: dict, opts: RunOptions) -> ModelSpec:
@@ -380,37 +389,57 @@ def _target(manifest: dict, batch_size: int, seq_len: int, seed: int) -> torch.T
     return torch.randn(shape, generator=generator)
 
 
+def reference_outputs(module: torch.nn.Module, inputs: tuple) -> tuple[torch.Tensor, ...]:
+    """The unpartitioned model's outputs, flat (NOTE [model outputs] in frontend/export.py), computed with
+    a rank's thread count, so that its reductions are blocked as the ranks' are (NOTE [verify tolerances])."""
+    with torch_threads(rank_threads()), torch.no_grad():
+        return tuple(pytree.tree_leaves(module(*inputs)))
+
+
 def _reference_grads(module: torch.nn.Module, inputs: tuple, target: torch.Tensor, m: int) -> dict[str, torch.Tensor]:
-    """Gradients of the mean over microbatches of training_loss, as the schedule computes them."""
+    """Gradients of the mean over microbatches of training_loss, as the schedule computes them (and with a
+    rank's thread count, as `reference_outputs`)."""
     from hetpart.runtime.worker import training_loss
 
     module.zero_grad(set_to_none=True)
     chunks = list(zip(*(x.tensor_split(m) for x in inputs)))
-    for xs, t in zip(chunks, target.tensor_split(m)):
-        (training_loss(module(*xs), t) / m).backward()
+    with torch_threads(rank_threads()):
+        for xs, t in zip(chunks, target.tensor_split(m)):
+            (training_loss(tuple(pytree.tree_leaves(module(*xs))), t) / m).backward()
     return {name: p.grad for name, p in module.named_parameters(remove_duplicate=False) if p.grad is not None}
 
 
-def _grad_rel_err(io_dir: Path, world: int, reference: dict[str, torch.Tensor]) -> float:
-    """Largest relative error of any weight's gradient, on every rank that holds the weight.
+def _grad_checks(io_dir: Path, world: int, reference: dict[str, torch.Tensor], tol: Tolerances) -> list[TensorCheck]:
+    """Every weight's gradient on every rank that holds the weight, against the model's.
 
     A weight on several ranks must carry the full (summed) gradient on each of them
     (NOTE [replicated weights] in worker.py).
     """
-    got: list[tuple[str, torch.Tensor]] = []
+    got: list[tuple[str, int, torch.Tensor]] = []
     for rank in range(world):
         path = io_dir / f"grads{rank}.safetensors"
         if path.exists():
-            got.extend(load_file(str(path)).items())
-    missing = sorted({name for name, _ in got} - set(reference))
+            got.extend((name, rank, g) for name, g in load_file(str(path)).items())
+    missing = sorted({name for name, _, _ in got} - set(reference))
     if missing:
         raise HetpartError(f"verification: the pipeline has gradients for {missing[:5]} the model does not")
-    worst = 0.0
-    for name, g in got:
-        ref = reference[name]
-        scale = float(ref.abs().max())
-        worst = max(worst, float((g - ref).abs().max()) / scale if scale > 0 else float(g.abs().max()))
-    return worst
+    return [check_tensor(f"{name} (rank {rank})", g, reference[name], tol) for name, rank, g in got]
+
+
+def output_names(structure: OutputStructure | None, count: int) -> list[str]:
+    """How verify names each flat output: its key in the model's output (`'logits'`), else `0`, `1`, ..."""
+    if structure is not None and len(structure.keys) == count:
+        return [repr(k) for k in structure.keys]
+    return [str(i) for i in range(count)]
+
+
+def _plan_structure(plan: dict) -> OutputStructure | None:
+    """A dict or list output's structure, from plan.json's `outputs` (NOTE [model outputs] in frontend/export.py)."""
+    recorded = plan.get("outputs") or {}
+    kinds = {"dict": dict, "list": list}
+    if recorded.get("type") not in kinds:
+        return None  # a tensor or a tuple: the flat tuple is the model's own output
+    return OutputStructure(recorded["type"], tuple(recorded["names"]), kinds[recorded["type"]])
 
 
 def run_pipeline(out: Path, opts: RunOptions = RunOptions(), echo: Callable[[str], None] = print) -> RunResult:
@@ -431,7 +460,8 @@ def run_pipeline(out: Path, opts: RunOptions = RunOptions(), echo: Callable[[str
         module, inputs = reference_model(out, manifest, spec)
     else:  # only the inputs are needed: a plan traced without weights (--meta) is not built with them
         module, inputs = load_model(spec, meta=plan.get("weights") == "manifest")
-    structure = module.output_structure() if isinstance(module, HFModel) else None
+    check_example_batch(spec, inputs)  # a file model at another --batch-size: NOTE [file model batch]
+    structure = module.output_structure() if isinstance(module, HFModel) else _plan_structure(plan)
     training = opts.mode == "training"
     log_dir = out / "logs"
     if log_dir.is_symlink() or log_dir.is_file():  # hetpart's own output name: never write through a link
@@ -467,15 +497,19 @@ def run_pipeline(out: Path, opts: RunOptions = RunOptions(), echo: Callable[[str
                 f.write(json.dumps(measured, indent=2) + "\n")
             os.chmod(tmp, 0o644)
             os.replace(tmp, out / "measured.json")
-        diff = grad_err = None
+        verification = None
         if opts.verify:
+            grads: list[TensorCheck] = []
             if training:
-                grad_err = _grad_rel_err(io_dir, world, _reference_grads(module, inputs, target, m))
-            with torch.no_grad():
-                ref = module(*inputs)
-            ref_flat = ref if isinstance(ref, tuple) else (ref,)
+                grads = _grad_checks(io_dir, world, _reference_grads(module, inputs, target, m), opts.tolerances)
+            ref_flat = reference_outputs(module, inputs)
             if len(ref_flat) != len(outputs):
                 raise HetpartError(f"verification: the model returns {len(ref_flat)} outputs, the pipeline {len(outputs)}")
-            diff = max(float((a.float() - b.float()).abs().max()) if a.numel() else 0.0 for a, b in zip(outputs, ref_flat))
-    return RunResult(outputs=outputs, step_seconds=step_s[0], max_abs_diff=diff, grad_rel_err=grad_err,
-                     all_step_seconds=step_s, measured=measured, structure=structure)
+            verification = Verification(
+                [check_tensor(f"output {n}", a, b, opts.tolerances)
+                 for n, a, b in zip(output_names(structure, len(outputs)), outputs, ref_flat)],
+                grads, opts.tolerances)
+    return RunResult(outputs=outputs, step_seconds=step_s[0],
+                     max_abs_diff=verification.max_abs_diff if verification else None,
+                     grad_rel_err=verification.max_grad_rel_err if verification else None,
+                     all_step_seconds=step_s, measured=measured, structure=structure, verification=verification)
