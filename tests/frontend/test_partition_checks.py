@@ -74,7 +74,7 @@ def test_an_example_batch_other_than_batch_size_is_refused(models, tmp_path, cap
     assert _partition(f"{models}:fixed", tmp_path, "--batch-size", "4", "--microbatches", "2") == 0
     capfd.readouterr()
     # `run` at another batch: refused before any rank starts
-    assert main(["run", str(tmp_path / "out"), "--batch-size", "8"]) == 2
+    assert main(["run", str(tmp_path / "out"), "--batch-size", "8", "--trust-model-file"]) == 2
     assert "is not --batch-size 8 (input 0: 4)" in _error(capfd)
     assert not (tmp_path / "out" / "logs").exists()
 

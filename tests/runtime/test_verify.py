@@ -105,9 +105,9 @@ def test_the_reference_computes_with_a_ranks_thread_count(monkeypatch):
 
 # Under torchrun.
 
-def _verify(out: Path, capsys, expect_status: int) -> str:
+def _verify(out: Path, capsys, expect_status: int, *extra: str) -> str:
     capsys.readouterr()
-    assert main(["run", str(out), "--verify"]) == expect_status
+    assert main(["run", str(out), "--verify", *extra]) == expect_status
     return capsys.readouterr().out
 
 
@@ -142,7 +142,7 @@ def scaled(tmp_path_factory) -> Path:
 def test_a_tiny_dict_output_passes_relative_to_its_scale(scaled, capsys):
     plan = json.loads((scaled / "plan.json").read_text())
     assert plan["outputs"] == {"type": "dict", "names": ["features", "logits"]}
-    text = _verify(scaled, capsys, 0)
+    text = _verify(scaled, capsys, 0, "--trust-model-file")  # a file model: named, see the README's trust model
     assert "outputs: dict(features=64x256, logits=64x32)" in text, "rebuilt as the model's dict"
     assert "output 'logits': max_abs_diff=" in text and "note: output 'logits' is tiny" in text, text
     assert "verify: PASS" in text
@@ -165,13 +165,13 @@ def test_one_weight_off_by_1e_3_fails_also_on_a_tiny_output(scaled, tmp_path, mo
     manifest = json.loads((wrong / "manifest.json").read_text())
     manifest["ranks"][1]["files"]["weights.safetensors"] = sha256(weights)  # so the hash check passes
     (wrong / "manifest.json").write_text(json.dumps(manifest))
-    text = _verify(wrong, capsys, 1)
+    text = _verify(wrong, capsys, 1, "--trust-model-file")
     assert "verify: FAIL" in text, text
     assert "output 'logits'" in text and "FAIL" in text.split("output 'logits'")[1].splitlines()[0], text
     assert float(text.split("max_abs_diff=")[1].split()[0]) < 1e-12, "an absolute 1e-5 would have passed it"
 
 
 def test_negative_tolerances_are_refused_before_starting(scaled, capsys):
-    assert main(["run", str(scaled), "--verify", "--atol=-1e-5"]) == 2
+    assert main(["run", str(scaled), "--verify", "--trust-model-file", "--atol=-1e-5"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("hetpart: error: --atol must be >= 0 (got -1e-05)"), err
