@@ -1,0 +1,168 @@
+"""Issue 18, the write side: what --force may replace, concurrent partitions, symlinks planted in an
+artifacts directory, all-or-nothing shard-weights, signals, and launch.sh quoting.
+
+NOTE [what --force replaces] in codegen/artifacts.py, NOTE [safe writes] in fsio.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+import hetpart
+from hetpart.cli import main
+from hetpart.codegen import launch_script
+from hetpart.codegen.artifacts import MARKER
+from hetpart.frontend import ModelSpec, load_model
+from hetpart.runtime.artifacts import check_rank_files, load_manifest
+
+MLP = ["zoo:mlp", "--set", "hidden=32", "--set", "n_blocks=2", "--cluster", "preset:cpu-2", "--no-pt2",
+       "--time-limit", "5"]
+# Big enough that cpu-2's plan has two stages.
+MLP_2RANK = ["zoo:mlp", "--set", "hidden=256", "--set", "n_blocks=4", "--batch-size", "64", "--microbatches", "2",
+             "--cluster", "preset:cpu-2", "--no-pt2", "--time-limit", "5"]
+ROOT = Path(hetpart.__file__).parent.parent
+
+
+def _error(capsys) -> str:
+    err = capsys.readouterr().err
+    assert err.startswith("hetpart: error: ") and "Traceback" not in err, err
+    return err
+
+
+def _tree(root: Path) -> dict[str, bytes | None]:
+    return {str(p.relative_to(root)): p.read_bytes() if p.is_file() else None for p in sorted(root.rglob("*"))}
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory) -> Path:
+    """An artifacts directory `partition` wrote."""
+    out = tmp_path_factory.mktemp("written") / "out"
+    assert main(["partition", *MLP, "--out", str(out)]) == 0
+    return out
+
+
+@pytest.fixture
+def copy(written, tmp_path) -> Path:
+    out = tmp_path / "out"
+    shutil.copytree(written, out)
+    return out
+
+
+# --- 1. --force replaces only what hetpart wrote -----------------------------------------------
+
+def test_every_artifacts_directory_has_a_marker_listing_its_files(written):
+    marker = json.loads((written / MARKER).read_text())
+    files = {str(p.relative_to(written)) for p in written.rglob("*") if p.is_file()} - {MARKER}
+    assert marker["format_version"] == 1 and set(marker["files"]) == files
+    assert {"plan.json", "manifest.json", "launch.sh", "rank0/stage.py", "ir/graph.json"} <= files
+
+
+def test_force_refuses_the_current_directory_of_a_project(tmp_path, monkeypatch, capsys):
+    project = tmp_path / "project"
+    (project / "src").mkdir(parents=True)
+    (project / "NOTES.md").write_text("mine")
+    (project / "src" / "train.py").write_text("print('mine')")
+    before = _tree(tmp_path)
+    monkeypatch.chdir(project)
+    assert main(["partition", *MLP, "--out", ".", "--force"]) == 2
+    assert f"'{project}' has no {MARKER} marker" in _error(capsys)
+    assert _tree(tmp_path) == before
+    assert main(["partition", *MLP, "--out", "..", "--force"]) == 2  # a parent of the current directory
+    assert _tree(tmp_path) == before
+
+
+def test_force_refuses_the_folder_of_the_model_file(tmp_path, capsys):
+    (tmp_path / "models.py").write_text("def build():\n    raise AssertionError('not reached')\n")
+    assert main(["partition", f"{tmp_path}/models.py:build", "--cluster", "preset:cpu-2", "--out", str(tmp_path),
+                 "--force"]) == 2
+    assert "has no .hetpart marker" in _error(capsys)
+    assert [p.name for p in tmp_path.iterdir()] == ["models.py"]
+
+
+@pytest.mark.parametrize("planted, named", [
+    ("NOTES.md", "NOTES.md"),
+    ("ir/notes.txt", "ir/notes.txt"),
+    ("src/train.py", "src"),
+    ("rank0/extra.bin", "rank0/extra.bin"),
+])
+def test_force_refuses_a_hetpart_directory_holding_a_file_of_someone_else(copy, capsys, planted, named):
+    (copy / planted).parent.mkdir(parents=True, exist_ok=True)
+    (copy / planted).write_text("mine")
+    before = _tree(copy)
+    assert main(["partition", *MLP, "--out", str(copy), "--force"]) == 2
+    assert f"'{copy}' holds '{named}', which hetpart did not write" in _error(capsys)
+    assert _tree(copy) == before and sorted(p.name for p in copy.parent.iterdir()) == ["out"]
+
+
+def test_force_refuses_a_symlink_or_the_directory_holding_the_current_one(copy, tmp_path, monkeypatch, capsys):
+    (tmp_path / "elsewhere").write_text("precious")
+    (copy / "report.html").unlink()
+    (copy / "report.html").symlink_to(tmp_path / "elsewhere")
+    assert main(["partition", *MLP, "--out", str(copy), "--force"]) == 2
+    assert "holds 'report.html', a symbolic link" in _error(capsys)
+    (copy / "report.html").unlink()
+    monkeypatch.chdir(copy / "ir")
+    assert main(["partition", *MLP, "--out", str(copy), "--force"]) == 2
+    assert "holds the current directory" in _error(capsys)
+    assert (tmp_path / "elsewhere").read_text() == "precious" and (copy / "plan.json").exists()
+
+
+def test_force_replaces_a_hetpart_directory_with_what_run_and_shard_weights_added(copy, tmp_path):
+    (copy / "logs" / "run-id" / "attempt_0" / "0").mkdir(parents=True)
+    (copy / "logs" / "run-id" / "attempt_0" / "0" / "stdout.log").write_text("log")
+    (copy / "measured.json").write_text("{}")
+    (copy / "plan.json").write_text("old")
+    assert main(["partition", *MLP, "--out", str(copy), "--force"]) == 0
+    assert (copy / "plan.json").read_text() != "old" and not (copy / "logs").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no staging, old or lock files
+
+
+# --- 2. publishing against concurrent runs --------------------------------------------------
+
+def test_a_second_partition_to_the_same_out_fails_while_the_first_holds_the_lock(tmp_path, capsys):
+    out = tmp_path / "out"
+    fd = os.open(tmp_path / ".out.lock", os.O_RDWR | os.O_CREAT, 0o600)  # as a running partition holds it
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        assert main(["partition", *MLP, "--out", str(out)]) == 2
+        assert f"another `hetpart partition` is writing '{out}' now" in _error(capsys)
+        assert [p.name for p in tmp_path.iterdir()] == [".out.lock"]
+    finally:
+        os.close(fd)
+    assert main(["partition", *MLP, "--out", str(out)]) == 0  # a lock nobody holds is taken over
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+@pytest.mark.parametrize("theirs", [{}, {"NOTES.md": "mine"}], ids=["empty", "with-a-file"])
+def test_a_directory_created_at_out_during_the_run_survives(tmp_path, monkeypatch, capsys, theirs):
+    import hetpart.compile
+
+    out = tmp_path / "out"
+    real = hetpart.compile.write_report
+
+    def someone_else_creates_out(*args, **kwargs):
+        out.mkdir()
+        for name, text in theirs.items():
+            (out / name).write_text(text)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(hetpart.compile, "write_report", someone_else_creates_out)
+    assert main(["partition", *MLP, "--out", str(out)]) == 2
+    assert f"'{out}' was created by another program while this partition ran" in _error(capsys)
+    assert {p.name: p.read_text() for p in out.iterdir()} == theirs
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]  # our staging directory and lock are gone
+
+
