@@ -166,3 +166,93 @@ def test_a_directory_created_at_out_during_the_run_survives(tmp_path, monkeypatc
     assert [p.name for p in tmp_path.iterdir()] == ["out"]  # our staging directory and lock are gone
 
 
+# --- 3. never write through a link planted in an artifacts directory ------------------------
+
+@pytest.fixture(scope="module")
+def meta_plan(tmp_path_factory) -> tuple[Path, Path, Path]:
+    """A two-rank plan traced without weights, a checkpoint for it, and one with other values."""
+    root = tmp_path_factory.mktemp("meta")
+    out = root / "out"
+    assert main(["partition", *MLP_2RANK, "--meta", "--out", str(out)]) == 0
+    assert load_manifest(out)["world_size"] == 2
+    module, _ = load_model(ModelSpec.from_json(json.loads((out / "plan.json").read_text())["model"]))
+    state = {k: v.contiguous() for k, v in module.state_dict().items()}
+    save_file(state, str(root / "ckpt.safetensors"))
+    save_file({k: v + 1 for k, v in state.items()}, str(root / "other.safetensors"))
+    return out, root / "ckpt.safetensors", root / "other.safetensors"
+
+
+@pytest.fixture
+def meta_copy(meta_plan, tmp_path) -> Path:
+    out = tmp_path / "out"
+    shutil.copytree(meta_plan[0], out)
+    return out
+
+
+def test_shard_weights_never_writes_through_planted_links(meta_plan, meta_copy, tmp_path):
+    victims = {name: tmp_path / f"victim-{name}" for name in ("tmp", "weights", "manifest")}
+    for victim in victims.values():
+        victim.write_text("precious")
+    (meta_copy / "rank0" / ".weights.safetensors.tmp").symlink_to(victims["tmp"])  # the old fixed temp name
+    (meta_copy / "rank1" / "weights.safetensors").symlink_to(victims["weights"])
+    (meta_copy / ".manifest.json.tmp").symlink_to(victims["manifest"])
+    assert main(["shard-weights", str(meta_copy), str(meta_plan[1])]) == 0
+    assert all(v.read_text() == "precious" for v in victims.values())
+    assert not (meta_copy / "rank1" / "weights.safetensors").is_symlink()  # the link itself was replaced
+    for entry in load_manifest(meta_copy)["ranks"]:
+        check_rank_files(meta_copy, entry)  # what `run` checks
+
+
+def test_shard_weights_refuses_a_rank_dir_run_refuses(meta_plan, meta_copy, tmp_path, capsys):
+    manifest = json.loads((meta_copy / "manifest.json").read_text())
+    outside = tmp_path / "outside"
+    shutil.copytree(meta_copy / "rank1", outside)
+    manifest["ranks"][1]["dir"] = str(outside)
+    (meta_copy / "manifest.json").write_text(json.dumps(manifest))
+    before = _tree(tmp_path)
+    assert main(["shard-weights", str(meta_copy), str(meta_plan[1])]) == 2
+    assert f"ranks[1].dir '{outside}' must be a directory inside" in _error(capsys)
+    assert main(["run", str(meta_copy)]) == 2  # the same check
+    assert f"ranks[1].dir '{outside}' must be a directory inside" in _error(capsys)
+    assert _tree(tmp_path) == before
+
+
+# --- 4. shard-weights is all or nothing -------------------------------------------------------
+
+def test_a_failed_reshard_keeps_every_old_file(meta_plan, meta_copy, tmp_path, capsys):
+    out, ckpt, other = meta_copy, meta_plan[1], meta_plan[2]
+    assert main(["shard-weights", str(out), str(ckpt)]) == 0
+    before = _tree(out)
+    # The other values as two shards, rank 1's alone in the second, which is cut short after its header:
+    # every check passes, and the failure comes while rank 1 is written, after rank 0.
+    manifest = load_manifest(out)
+    rank0_keys = {k for e in json.loads((out / "rank0" / "weights.json").read_text())["tensors"]
+                  for k in e["checkpoint_keys"]}
+    full = load_file(str(other))
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    parts = {"a.safetensors": {k: v for k, v in full.items() if k in rank0_keys},
+             "b.safetensors": {k: v for k, v in full.items() if k not in rank0_keys}}
+    assert parts["b.safetensors"], "rank 1 needs tensors rank 0 does not"
+    for name, part in parts.items():
+        save_file(part, str(shards / name))
+    (shards / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {k: name for name, part in parts.items() for k in part}}))
+    with (shards / "b.safetensors").open("r+b") as f:
+        f.truncate(os.path.getsize(shards / "b.safetensors") - 16)
+    assert main(["shard-weights", str(out), str(shards)]) == 2
+    err = _error(capsys)
+    assert "rank 1: checkpoint file" in err and "is cut short" in err and "nothing was changed" in err
+    assert _tree(out) == before  # no temp left, rank 0's file and the manifest as they were
+    for entry in manifest["ranks"]:
+        check_rank_files(out, entry)  # `run` finds no rank corrupted
+
+
+def test_shard_weights_checks_every_rank_before_writing(meta_plan, meta_copy, capsys):
+    (meta_copy / "rank1" / "constants.safetensors").unlink()
+    before = _tree(meta_copy)
+    assert main(["shard-weights", str(meta_copy), str(meta_plan[1])]) == 2
+    assert "rank1/constants.safetensors: not a readable safetensors file" in _error(capsys)
+    assert _tree(meta_copy) == before and not (meta_copy / "rank0" / "weights.safetensors").exists()
+
+
