@@ -217,6 +217,35 @@ def test_shard_weights_refuses_a_rank_dir_run_refuses(meta_plan, meta_copy, tmp_
     assert _tree(tmp_path) == before
 
 
+def test_run_refuses_a_symlinked_logs_dir_and_replaces_a_measured_json_link(written, copy, tmp_path, monkeypatch,
+                                                                             capsys):
+    from hetpart.runtime import launch
+
+    (tmp_path / "victim").mkdir()
+    (tmp_path / "victim" / "keep").write_text("precious")
+    (copy / "logs").symlink_to(tmp_path / "victim")
+    assert main(["run", str(copy)]) == 2
+    assert f"'{copy / 'logs'}' is a symbolic link" in _error(capsys)
+    assert [p.name for p in (tmp_path / "victim").iterdir()] == ["keep"]
+    (copy / "logs").unlink()
+
+    def fake_torchruns(cmds, manifest, log_dir, opts):  # what the ranks leave in --io, without torchrun
+        io_dir = Path(cmds[0][cmds[0].index("--io") + 1])
+        plan_out = manifest["ranks"][-1]["outputs"]
+        save_file({o["name"]: torch.zeros(2) for o in plan_out}, str(io_dir / "outputs.safetensors"))
+        (io_dir / "step_seconds").write_text("0.01\n")
+
+    monkeypatch.setattr(launch, "_run_torchruns", fake_torchruns)
+    monkeypatch.setattr(launch, "measurement", lambda *args: {"stages": [], "step_time_us": 1.0,
+                                                             "schedule": "gpipe", "microbatches": 4,
+                                                             "predicted_step_time_us": None})
+    (tmp_path / "victim.json").write_text("precious")
+    (copy / "measured.json").symlink_to(tmp_path / "victim.json")
+    assert main(["run", str(copy), "--measure"]) == 0
+    assert (tmp_path / "victim.json").read_text() == "precious"
+    assert not (copy / "measured.json").is_symlink() and json.loads((copy / "measured.json").read_text())["stages"] == []
+
+
 # --- 4. shard-weights is all or nothing -------------------------------------------------------
 
 def test_a_failed_reshard_keeps_every_old_file(meta_plan, meta_copy, tmp_path, capsys):
@@ -254,5 +283,77 @@ def test_shard_weights_checks_every_rank_before_writing(meta_plan, meta_copy, ca
     assert main(["shard-weights", str(meta_copy), str(meta_plan[1])]) == 2
     assert "rank1/constants.safetensors: not a readable safetensors file" in _error(capsys)
     assert _tree(meta_copy) == before and not (meta_copy / "rank0" / "weights.safetensors").exists()
+
+
+# --- 5. signals ---------------------------------------------------------------------------
+
+def _python(*args: str, **kwargs) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen([sys.executable, *args], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, **kwargs)
+
+
+def _wait_for(what, timeout_s: float = 120):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = what()
+        if found:
+            return found
+        time.sleep(0.1)
+    raise AssertionError("timed out waiting")
+
+
+def test_sigterm_during_partition_leaves_nothing(tmp_path):
+    # A model file whose build blocks: the signal comes while the staging directory exists.
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "slow.py").write_text("import time\n\ndef build():\n    time.sleep(120)\n")
+    work = tmp_path / "work"
+    proc = _python("-m", "hetpart", "partition", f"{models}/slow.py:build", "--cluster", "preset:cpu-2",
+                   "--out", str(work / "new" / "dirs" / "out"))
+    try:
+        _wait_for(lambda: list((work / "new" / "dirs").glob(".out.tmp-*")) if (work / "new" / "dirs").exists()
+                  else [])
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM and "hetpart: terminated" in err, err
+    assert not work.exists(), "no staging directory, no lock, no parent folder it created"
+
+
+def _processes_on(out: Path, also: bytes = b"") -> list[int]:
+    """Pids of processes (hetpart, torchrun, ranks) whose command line names `out` (and holds `also`)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes() if proc.name.isdigit() else b""
+        except OSError:  # gone meanwhile
+            continue
+        if str(out).encode() in cmdline and also in cmdline:
+            pids.append(int(proc.name))
+    return pids
+
+
+def test_sigterm_to_run_stops_torchrun_and_every_rank(tmp_path):
+    out = tmp_path / "out"
+    assert main(["partition", *MLP_2RANK, "--out", str(out)]) == 0
+    proc = _python("-m", "hetpart", "run", str(out), "--steps", "1000000")
+    try:
+        _wait_for(lambda: len(_processes_on(out, b"hetpart.runtime.worker")) >= 2)  # both ranks started
+        proc.send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
+        _, err = proc.communicate(timeout=60)
+        left = _processes_on(out)
+        while left and time.monotonic() < signalled + 10:  # the issue's bound
+            time.sleep(0.2)
+            left = _processes_on(out)
+    finally:
+        proc.kill()
+        for pid in _processes_on(out):  # what an old hetpart would leave running
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert left == [], "torchrun and its ranks end with hetpart"
 
 
