@@ -357,3 +357,26 @@ def test_sigterm_to_run_stops_torchrun_and_every_rank(tmp_path):
     assert left == [], "torchrun and its ranks end with hetpart"
 
 
+# --- 6. launch.sh quotes every value ------------------------------------------------------------
+
+def test_launch_sh_stays_inert_with_a_hostile_machine_name(tmp_path):
+    names = ["a\nrm -rf x", "b'; touch pwned; '", "$(touch pwned)"]
+    man = {"world_size": 3, "backend": "gloo",
+           "nodes": [{"node_rank": i, "machine": name, "ranks": [i]} for i, name in enumerate(names)]}
+    script = tmp_path / "launch.sh"
+    script.write_text(launch_script(man))
+    assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "torchrun").write_text('#!/bin/sh\necho "$@" >> "$CALLS"\n')
+    (bin_dir / "torchrun").chmod(0o755)
+    (tmp_path / "x").write_text("keep")
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "CALLS": str(tmp_path / "calls")}
+    for node in range(3):
+        proc = subprocess.run(["bash", str(script), str(node), "--io", "io"], cwd=tmp_path, env=env,
+                              capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+    calls = (tmp_path / "calls").read_text().splitlines()
+    assert [c.split("--node-rank ")[1].split()[0] for c in calls] == ["0", "1", "2"]
+    assert all(c.endswith("-m hetpart.runtime.worker " + str(tmp_path) + " --io io") for c in calls), calls
+    assert (tmp_path / "x").read_text() == "keep" and not (tmp_path / "pwned").exists()

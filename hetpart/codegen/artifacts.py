@@ -21,6 +21,7 @@ import contextlib
 import hashlib
 import json
 import os
+import shlex
 import shutil
 import tempfile
 import zipfile
@@ -399,24 +400,32 @@ def manifest(stages: list[StageGraph], files: list[dict[str, str]], devices: lis
 
 
 def launch_script(man: dict) -> str:
-    """launch.sh: one torchrun command line per node (see NOTE [ranks are stages])."""
+    """launch.sh: one torchrun command line per node (see NOTE [ranks are stages]).
+
+    Every value from the manifest is shell-quoted (a machine name is any string of the cluster
+    file), and none goes into a comment, where a newline would end it.
+    """
+    q = lambda value: shlex.quote(str(value))  # noqa: E731
     nnodes = len(man["nodes"])
     cases = []
     for node in man["nodes"]:
         ranks = node["ranks"]
         cases.append(
-            f"  {node['node_rank']})  # machine {node['machine']}: stage(s) {', '.join(map(str, ranks))}\n"
-            f"    exec torchrun --nnodes {nnodes} --node-rank {node['node_rank']} --nproc-per-node {len(ranks)} \\\n"
+            f"  {q(node['node_rank'])})\n"
+            f"    MACHINE={q(node['machine'])} STAGES={q(', '.join(map(str, ranks)))}\n"
+            f"    exec torchrun --nnodes {q(nnodes)} --node-rank {q(node['node_rank'])} "
+            f"--nproc-per-node {q(len(ranks))} \\\n"
             f"      --rdzv-backend static --master-addr \"$MASTER_ADDR\" --master-port \"$MASTER_PORT\" \\\n"
             f"      -m hetpart.runtime.worker \"$DIR\" \"$@\" ;;"
         )
     body = "\n".join(cases)
     return f"""#!/usr/bin/env bash
-# torchrun command lines for this plan: {man['world_size']} rank(s) on {nnodes} node(s), backend {man['backend']}.
+# torchrun command lines for this plan, one per node: MACHINE and STAGES name the machine and the stages it runs.
 # On each machine, with this directory copied there:
 #   MASTER_ADDR=<host of node 0> MASTER_PORT=29500 ./launch.sh NODE_RANK --io IO_DIR --microbatches M [worker options]
 # NODE_RANK 0 must be able to read IO_DIR/inputs.safetensors; the last node writes IO_DIR/outputs.safetensors.
 set -euo pipefail
+WORLD_SIZE={q(man['world_size'])} NNODES={q(nnodes)} BACKEND={q(man['backend'])}
 DIR="$(cd "$(dirname "${{BASH_SOURCE[0]}}")" && pwd)"
 MASTER_ADDR="${{MASTER_ADDR:-127.0.0.1}}"
 MASTER_PORT="${{MASTER_PORT:-29500}}"
@@ -424,6 +433,6 @@ NODE_RANK="${{1:?usage: launch.sh NODE_RANK [worker options]}}"
 shift
 case "$NODE_RANK" in
 {body}
-  *) echo "launch.sh: NODE_RANK must be 0..{nnodes - 1}" >&2; exit 2 ;;
+  *) echo "launch.sh: NODE_RANK must be 0..$((NNODES - 1)) ($WORLD_SIZE rank(s), backend $BACKEND)" >&2; exit 2 ;;
 esac
 """
