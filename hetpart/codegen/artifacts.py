@@ -97,8 +97,11 @@ def check_replaceable(out: Path) -> None:
             raise ValueError(f"format_version {data.get('format_version')!r}")
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise _refuse(out, f"has a {MARKER} marker this hetpart cannot read ({err})") from None
-    cwd = Path.cwd().resolve()
-    if cwd == out or out in cwd.parents:
+    try:
+        cwd = Path.cwd().resolve()
+    except OSError:  # the current directory was removed: it is in no directory
+        cwd = None
+    if cwd is not None and (cwd == out or out in cwd.parents):
         raise _refuse(out, "holds the current directory", "run hetpart from outside it")
     folders = {str(parent) for f in listed for parent in Path(f).parents if str(parent) != "."}
     for root, dirs, files in os.walk(out):
