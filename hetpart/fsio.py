@@ -21,7 +21,9 @@ A folder hetpart fills whole (logs/) is made fresh by `fresh_dir`, which
 refuses a symlink or a file in its place; files in it are created with
 `exclusive_file` (O_EXCL | O_NOFOLLOW). Inside a staging directory of
 `partition` (`tempfile.mkdtemp`: new, mode 0700, nobody else can create names in
-it) plain writes are safe, and the codegen writes there directly.
+it) plain writes are safe, and the codegen writes there directly. `exclusive_lock`
+keeps two writers of one path apart (`partition`'s publish: NOTE [what --force
+replaces] in codegen/artifacts.py).
 """
 
 from __future__ import annotations
@@ -39,11 +41,11 @@ from typing import BinaryIO, TextIO
 from hetpart.errors import HetpartError
 
 
-def _default_mode(executable: bool) -> int:
-    """The mode a plain open() would give a new file under this process's umask (0o777 if executable)."""
+def _default_mode() -> int:
+    """The mode a plain open() gives a new file under this process's umask."""
     umask = os.umask(0)
     os.umask(umask)
-    return (0o777 if executable else 0o666) & ~umask
+    return 0o666 & ~umask
 
 
 class AtomicWrites:
@@ -58,7 +60,7 @@ class AtomicWrites:
     def __init__(self) -> None:
         self._pending: list[tuple[Path, Path]] = []  # (temp, target), in the order opened
 
-    def open(self, path: Path, executable: bool = False) -> BinaryIO:
+    def open(self, path: Path) -> BinaryIO:
         """A new binary file whose contents become `path` when the block ends without an error."""
         path = Path(path)
         try:
@@ -66,11 +68,11 @@ class AtomicWrites:
         except OSError as err:
             raise HetpartError(f"cannot write '{path}': {err.strerror} in '{path.parent}'") from None
         self._pending.append((Path(tmp), path))
-        os.fchmod(fd, _default_mode(executable))  # mkstemp's 0600 would hide it from other users
+        os.fchmod(fd, _default_mode())  # mkstemp's 0600 would hide it from other users
         return os.fdopen(fd, "wb")
 
-    def write(self, path: Path, data: str | bytes, executable: bool = False) -> None:
-        with self.open(path, executable) as f:
+    def write(self, path: Path, data: str | bytes) -> None:
+        with self.open(path) as f:
             f.write(data.encode() if isinstance(data, str) else data)
 
     def discard(self) -> None:
@@ -102,10 +104,10 @@ class AtomicWrites:
             self.discard()  # after a failure, or what a failed commit left
 
 
-def atomic_write(path: Path, data: str | bytes, executable: bool = False) -> None:
+def atomic_write(path: Path, data: str | bytes) -> None:
     """Write `path` through a fresh temp file and a rename (NOTE [safe writes])."""
     with AtomicWrites() as w:
-        w.write(path, data, executable)
+        w.write(path, data)
 
 
 def exclusive_file(path: Path) -> TextIO:

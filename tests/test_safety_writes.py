@@ -303,17 +303,20 @@ def _wait_for(what, timeout_s: float = 120):
     raise AssertionError("timed out waiting")
 
 
-def test_sigterm_during_partition_leaves_nothing(tmp_path):
+def test_sigterm_during_partition_leaves_nothing(tmp_path, capsys):
     # A model file whose build blocks: the signal comes while the staging directory exists.
     models = tmp_path / "models"
     models.mkdir()
     (models / "slow.py").write_text("import time\n\ndef build():\n    time.sleep(120)\n")
     work = tmp_path / "work"
+    out = work / "new" / "dirs" / "out"
     proc = _python("-m", "hetpart", "partition", f"{models}/slow.py:build", "--cluster", "preset:cpu-2",
-                   "--out", str(work / "new" / "dirs" / "out"))
+                   "--out", str(out))
     try:
-        _wait_for(lambda: list((work / "new" / "dirs").glob(".out.tmp-*")) if (work / "new" / "dirs").exists()
-                  else [])
+        _wait_for(lambda: list(out.parent.glob(".out.tmp-*")) if out.parent.exists() else [])
+        # Meanwhile a second partition to the same --out, in another process: it fails at once.
+        assert main(["partition", *MLP, "--out", str(out)]) == 2
+        assert f"another `hetpart partition` is writing '{out}' now" in _error(capsys)
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
     finally:
