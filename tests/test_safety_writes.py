@@ -130,6 +130,13 @@ def test_force_replaces_a_hetpart_directory_with_what_run_and_shard_weights_adde
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no staging, old or lock files
 
 
+def test_dump_ir_inside_out_is_refused(copy, capsys):
+    before = _tree(copy)
+    assert main(["partition", *MLP, "--out", str(copy), "--force", "--dump-ir", str(copy / "dumps")]) == 2
+    assert "is inside --out" in _error(capsys)
+    assert _tree(copy) == before
+
+
 # --- 2. publishing against concurrent runs --------------------------------------------------
 
 def test_a_second_partition_to_the_same_out_fails_while_the_first_holds_the_lock(tmp_path, capsys):
