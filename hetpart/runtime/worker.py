@@ -224,13 +224,15 @@ def _exit_with_parent(io_dir: Path, poll_s: float = 1.0) -> None:
     stopped) would wait for its peers until the process-group timeout; it exits instead.
     A torchrun killed while it starts its ranks may die before a rank reads its parent's pid;
     so a rank also exits once its --io directory is gone, which `hetpart run` removes as it
-    ends, however it ends (a launch.sh run's IO_DIR stays: there the parent alone counts)."""
+    ends, however it ends (a launch.sh run's IO_DIR stays: there the parent alone counts; a
+    node that has no IO_DIR when the rank starts watches its parent only)."""
     if "TORCHELASTIC_RUN_ID" not in os.environ:  # not started by torchrun (a test calling main)
         return
     parent = os.getppid()
+    watch_io = io_dir.is_dir()
 
     def watch() -> None:
-        while os.getppid() == parent and io_dir.is_dir():
+        while os.getppid() == parent and (io_dir.is_dir() or not watch_io):
             time.sleep(poll_s)
         os._exit(1)
 
