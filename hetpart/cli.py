@@ -7,7 +7,9 @@ do), exit status 2, no traceback.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
 import warnings
 from pathlib import Path
 
@@ -54,7 +56,8 @@ def _parser() -> argparse.ArgumentParser:
                       help="stop once the plan is certified within this relative gap of optimal "
                            "(e.g. 0.01 for 1%%; default 0: prove optimal or use the whole time limit)")
     part.add_argument("--seed", type=int, default=0, help="seed for weights, inputs and the solver")
-    part.add_argument("--force", action="store_true", help="replace --out if it exists")
+    part.add_argument("--force", action="store_true",
+                      help="replace --out if hetpart wrote it (its .hetpart marker lists every file in it)")
     weights = part.add_mutually_exclusive_group()
     weights.add_argument("--meta", dest="meta", action="store_const", const=True, default=None,
                          help="trace without weights (meta device): per-rank weight manifests that "
@@ -324,7 +327,30 @@ def _models(console: Console) -> int:
     return 0
 
 
+class Terminated(BaseException):
+    """SIGTERM (`kill`, `timeout`) as an exception, so that every `finally` cleans up: the staging
+    directory, the lock and created folders of `partition`, the torchruns of `run`."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: a second SIGTERM must not cut the cleanup short
+    raise Terminated()
+
+
 def main(argv: list[str] | None = None) -> int:
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminate) if in_main_thread else None
+    try:
+        return _main(argv)
+    except Terminated:
+        print("hetpart: terminated", file=sys.stderr)
+        return 128 + signal.SIGTERM
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _main(argv: list[str] | None) -> int:
     args = _parser().parse_args(argv)
     # torch's own deprecation notices (pytree LeafSpec) are not the user's to act on.
     warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)

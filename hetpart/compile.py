@@ -220,6 +220,9 @@ def compile_model(spec: ModelSpec, cluster_spec: str, out: Path, opts: CompileOp
         raise HetpartError(f"--time-limit must be positive (got {opts.time_limit_s})")
     if not 0.0 <= opts.gap < 1.0:  # before tracing: solve checks it too, but only after the model is traced
         raise HetpartError(f"--gap must be a fraction in [0, 1), e.g. --gap 0.01 for 1% (got {opts.gap})")
+    if opts.dump_ir is not None and out.resolve() in (opts.dump_ir.resolve(), *opts.dump_ir.resolve().parents):
+        raise HetpartError(f"--dump-ir {opts.dump_ir} is inside --out {out}, which this run creates or replaces; "
+                           "pass a --dump-ir DIR outside it (OUT/ir/ gets the dumps anyway)")
     sign_key = read_key(opts.sign_key, out) if opts.sign_key is not None else None
     model_sha256 = model_file_sha256(spec)  # the file as it is traced: NOTE [model files] in runtime/artifacts.py
     cluster = load_cluster(cluster_spec)

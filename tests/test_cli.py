@@ -77,8 +77,14 @@ def test_existing_output_needs_force(tmp_path, capsys):
     assert main(["partition", *MLP, "--cluster", "preset:mixed-4", "--out", str(out)]) == 2
     assert "pass --force" in capsys.readouterr().err
     assert (out / "keep").exists()
+    assert main(["partition", *MLP, "--cluster", "preset:mixed-4", "--out", str(out), "--force"]) == 2
+    assert "has no .hetpart marker" in capsys.readouterr().err and (out / "keep").exists()  # not hetpart's
+    (out / "keep").unlink()
+    out.rmdir()
+    assert main(["partition", *MLP, "--cluster", "preset:mixed-4", "--out", str(out)]) == 0
+    (out / "plan.json").write_text("old")
     assert main(["partition", *MLP, "--cluster", "preset:mixed-4", "--out", str(out), "--force"]) == 0
-    assert not (out / "keep").exists() and (out / "plan.json").exists()
+    assert (out / "plan.json").read_text() != "old"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no staging leftovers
 
 

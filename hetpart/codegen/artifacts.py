@@ -21,6 +21,7 @@ import contextlib
 import hashlib
 import json
 import os
+import shlex
 import shutil
 import tempfile
 import zipfile
@@ -37,6 +38,7 @@ from hetpart.codegen.source import stage_source
 from hetpart.codegen.split import StageGraph
 from hetpart.codegen.weights import write_weight_manifest
 from hetpart.errors import HetpartError
+from hetpart.fsio import atomic_write, exclusive_lock
 from hetpart.frontend.fast_fake import fast_fake_kernels
 from hetpart.ir import info
 from hetpart.trust import MANIFEST_FORMAT_VERSION, sha256_file, write_signature
@@ -46,7 +48,106 @@ sha256 = sha256_file
 
 
 def write_json(path: Path, data: Any) -> None:
-    path.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
+    atomic_write(path, json.dumps(data, indent=2, sort_keys=False) + "\n")  # NOTE [safe writes]
+
+
+MARKER = ".hetpart"  # in every artifacts directory: the format version and every file partition wrote
+
+# NOTE [what --force replaces]
+# `partition --force` replaces a directory only if hetpart wrote everything in it. Every
+# artifacts directory holds `.hetpart`, written last: the format version and the path of
+# every file `partition` put there. `--force` checks that the marker is there and that each
+# entry of the old directory is a listed file, a folder holding listed files, or what later
+# commands add (`run`'s logs/ and measured.json, `shard-weights`' weights.safetensors in a
+# rank folder); no symlink, no other file. Anything else (`.`, the folder of the model
+# file, a project with NOTES.md, a directory without the marker or holding the current
+# directory) is refused, naming the entry, and nothing is touched. It is checked before the
+# run and again at publish time.
+# The swap happens under an exclusive lock on `.<name>.lock` beside `--out`, taken before
+# the first check and held to the rename (NOTE [safe writes] in fsio.py), so a second
+# `partition` to the same --out fails at once instead of losing one result. A directory
+# another program creates at --out meanwhile survives: the new output is published only
+# into a directory this run just made with mkdir (rename(2) replaces an empty directory,
+# and refuses a non-empty one), and an --out that appeared during the run is an error.
+LATER_FILES = {"measured.json"}  # written by `run --measure`
+LATER_DIRS = {"logs"}  # `run`'s: its whole contents are replaced by the next run
+
+
+def _refuse(out: Path, why: str, todo: str = "remove it yourself") -> HetpartError:
+    return HetpartError(f"--force replaces only a directory that hetpart wrote, and '{out}' {why}; nothing was "
+                        f"changed: {todo}, or choose another --out")
+
+
+def check_replaceable(out: Path) -> None:
+    """An error unless every entry of `out` is one hetpart writes (NOTE [what --force replaces])."""
+    marker = out / MARKER
+    if marker.is_symlink() or not marker.is_file():
+        raise _refuse(out, f"has no {MARKER} marker (it was not written by `hetpart partition`, or by a "
+                           "version before markers)")
+    try:
+        data = json.loads(marker.read_text())
+        listed = set(data["files"])
+        if data.get("format_version") != FORMAT_VERSION:
+            raise ValueError(f"format_version {data.get('format_version')!r}")
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise _refuse(out, f"has a {MARKER} marker this hetpart cannot read ({err})") from None
+    try:
+        cwd = Path.cwd().resolve()
+    except OSError:  # the current directory was removed: it is in no directory
+        cwd = None
+    if cwd is not None and (cwd == out or out in cwd.parents):
+        raise _refuse(out, "holds the current directory", "run hetpart from outside it")
+    folders = {str(parent) for f in listed for parent in Path(f).parents if str(parent) != "."}
+    for root, dirs, files in os.walk(out):
+        rel = Path(root).relative_to(out)
+        for name in sorted(dirs + files):
+            entry = (rel / name).as_posix()
+            path = out / entry
+            if path.is_symlink():
+                raise _refuse(out, f"holds '{entry}', a symbolic link (hetpart writes none)", "remove the link")
+            if name in dirs:
+                ok = entry in folders or entry in LATER_DIRS
+            else:
+                ok = path.is_file() and (entry in listed or entry in LATER_FILES | {MARKER}
+                                         or (name == "weights.safetensors" and rel.as_posix() in folders))
+            if not ok:
+                raise _refuse(out, f"holds '{entry}', which hetpart did not write", f"move '{entry}' out of it")
+        dirs[:] = [d for d in dirs if (rel / d).as_posix() not in LATER_DIRS]
+
+
+def _check_out(out: Path, force: bool) -> bool:
+    """Whether `out` exists (then --force was given and hetpart wrote it); an error otherwise."""
+    if not out.exists():
+        return False
+    if not force:
+        raise HetpartError(f"output directory '{out}' already exists; pass --force to replace it")
+    if not out.is_dir():
+        raise HetpartError(f"output path '{out}' exists and is not a directory; choose another --out")
+    check_replaceable(out)
+    return True
+
+
+def _write_marker(tmp: Path) -> None:
+    files = sorted(p.relative_to(tmp).as_posix() for p in tmp.rglob("*") if p.is_file())
+    write_json(tmp / MARKER, {"format_version": FORMAT_VERSION, "files": files})
+
+
+def _publish_new(tmp: Path, out: Path) -> None:
+    """Rename `tmp` to `out`, which must not exist: into an empty directory made here first, as rename(2)
+    would silently replace an empty directory someone else created (NOTE [what --force replaces])."""
+    try:
+        out.mkdir()
+    except FileExistsError:
+        raise _appeared(out) from None
+    try:
+        os.rename(tmp, out)
+    except OSError:  # someone wrote into the directory just made: it is theirs now
+        raise _appeared(out) from None
+
+
+def _appeared(out: Path) -> HetpartError:
+    return HetpartError(f"'{out}' was created by another program while this partition ran; it was left as it is "
+                        "and this run's output discarded: run again with another --out")
 
 
 @contextlib.contextmanager
@@ -54,39 +155,55 @@ def staging_dir(out: Path, force: bool) -> Iterator[Path]:
     """A fresh directory beside `out`, renamed to `out` only if the block succeeds.
 
     On failure nothing is left: not the directory, nor the parent directories it created.
+    With `force`, an existing `out` is replaced only if hetpart wrote it (NOTE [what --force replaces]).
     """
     out = out.resolve()
-    if out.exists() and not force:
-        raise HetpartError(f"output directory '{out}' already exists; pass --force to replace it")
-    if out.exists() and not out.is_dir():
-        raise HetpartError(f"output path '{out}' exists and is not a directory; choose another --out")
+    existed = _check_out(out, force)
     parent = out.parent
     created = [p for p in (parent, *parent.parents) if not p.exists()]  # deepest first
     done = False
     try:
         try:
             parent.mkdir(parents=True, exist_ok=True)
-            tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=parent))
         except OSError as err:
             blocker = next((p for p in (parent, *parent.parents) if p.exists() and not p.is_dir()), None)
             why = f"'{blocker}' is a file, not a directory" if blocker else f"{err.strerror} in '{parent}'"
             raise HetpartError(f"cannot create the output directory '{out}': {why}; choose another --out") from None
-        try:
-            yield tmp
-            umask = os.umask(0)
-            os.umask(umask)
-            tmp.chmod(0o777 & ~umask)  # mkdtemp's 0700 would hide the artifacts from other users
-            if out.exists():
-                old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=parent))
-                os.replace(out, old / "x")
-                os.replace(tmp, out)
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                os.replace(tmp, out)
-            done = True
-        finally:
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
+        lock = parent / f".{out.name}.lock"
+        with contextlib.ExitStack() as held:
+            try:
+                held.enter_context(exclusive_lock(lock, f"another `hetpart partition` is writing '{out}' now (it "
+                                                        f"holds {lock}); wait for it to end or choose another --out"))
+                existed = _check_out(out, force)  # again, now that no other hetpart can change it
+                tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=parent))
+            except OSError as err:
+                raise HetpartError(f"cannot create the output directory '{out}': {err.strerror} in '{parent}'; "
+                                   "choose another --out") from None
+            try:
+                yield tmp
+                _write_marker(tmp)
+                umask = os.umask(0)
+                os.umask(umask)
+                tmp.chmod(0o777 & ~umask)  # mkdtemp's 0700 would hide the artifacts from other users
+                if not (out.exists() or out.is_symlink()):
+                    _publish_new(tmp, out)
+                elif not existed or out.is_symlink():
+                    raise _appeared(out)
+                else:
+                    check_replaceable(out)  # as it is now
+                    old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=parent))
+                    os.rename(out, old / "x")
+                    try:
+                        _publish_new(tmp, out)
+                    except HetpartError:
+                        with contextlib.suppress(OSError):
+                            os.rename(old / "x", out)
+                        raise
+                    shutil.rmtree(old, ignore_errors=True)
+                done = True
+            finally:
+                if tmp.exists():
+                    shutil.rmtree(tmp, ignore_errors=True)
     finally:
         for p in created if not done else []:
             with contextlib.suppress(OSError):  # not empty: someone else wrote there meanwhile
@@ -293,24 +410,32 @@ def write_manifest(out: Path, man: dict, sign_key: bytes | None = None) -> None:
 
 
 def launch_script(man: dict) -> str:
-    """launch.sh: one torchrun command line per node (see NOTE [ranks are stages])."""
+    """launch.sh: one torchrun command line per node (see NOTE [ranks are stages]).
+
+    Every value from the manifest is shell-quoted (a machine name is any string of the cluster
+    file), and none goes into a comment, where a newline would end it.
+    """
+    q = lambda value: shlex.quote(str(value))  # noqa: E731
     nnodes = len(man["nodes"])
     cases = []
     for node in man["nodes"]:
         ranks = node["ranks"]
         cases.append(
-            f"  {node['node_rank']})  # machine {node['machine']}: stage(s) {', '.join(map(str, ranks))}\n"
-            f"    exec torchrun --nnodes {nnodes} --node-rank {node['node_rank']} --nproc-per-node {len(ranks)} \\\n"
+            f"  {q(node['node_rank'])})\n"
+            f"    MACHINE={q(node['machine'])} STAGES={q(', '.join(map(str, ranks)))}\n"
+            f"    exec torchrun --nnodes {q(nnodes)} --node-rank {q(node['node_rank'])} "
+            f"--nproc-per-node {q(len(ranks))} \\\n"
             f"      --rdzv-backend static --master-addr \"$MASTER_ADDR\" --master-port \"$MASTER_PORT\" \\\n"
             f"      -m hetpart.runtime.worker \"$DIR\" \"$@\" ;;"
         )
     body = "\n".join(cases)
     return f"""#!/usr/bin/env bash
-# torchrun command lines for this plan: {man['world_size']} rank(s) on {nnodes} node(s), backend {man['backend']}.
+# torchrun command lines for this plan, one per node: MACHINE and STAGES name the machine and the stages it runs.
 # On each machine, with this directory copied there:
 #   MASTER_ADDR=<host of node 0> MASTER_PORT=29500 ./launch.sh NODE_RANK --io IO_DIR --microbatches M [worker options]
 # NODE_RANK 0 must be able to read IO_DIR/inputs.safetensors; the last node writes IO_DIR/outputs.safetensors.
 set -euo pipefail
+WORLD_SIZE={q(man['world_size'])} NNODES={q(nnodes)} BACKEND={q(man['backend'])}
 DIR="$(cd "$(dirname "${{BASH_SOURCE[0]}}")" && pwd)"
 MASTER_ADDR="${{MASTER_ADDR:-127.0.0.1}}"
 MASTER_PORT="${{MASTER_PORT:-29500}}"
@@ -318,6 +443,6 @@ NODE_RANK="${{1:?usage: launch.sh NODE_RANK [worker options]}}"
 shift
 case "$NODE_RANK" in
 {body}
-  *) echo "launch.sh: NODE_RANK must be 0..{nnodes - 1}" >&2; exit 2 ;;
+  *) echo "launch.sh: NODE_RANK must be 0..$((NNODES - 1)) ($WORLD_SIZE rank(s), backend $BACKEND)" >&2; exit 2 ;;
 esac
 """

@@ -24,18 +24,21 @@ parameter with no checkpoint value is an error.
 from __future__ import annotations
 
 import difflib
+import hashlib
 import json
 import math
-import os
 import struct
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import torch
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from hetpart.errors import HetpartError
+from hetpart.fsio import AtomicWrites, real_dir
 
 # torch dtype <-> the dtype names of the safetensors format.
 SAFETENSORS_DTYPES: dict[torch.dtype, str] = {
@@ -201,10 +204,11 @@ class Checkpoint:
         return torch.frombuffer(data, dtype=dtype).reshape(entry["shape"])
 
 
-def write_safetensors_streaming(path: Path, entries: list[WeightEntry],
-                                value: Callable[[WeightEntry], torch.Tensor]) -> None:
+def write_safetensors_streaming(f: BinaryIO, entries: list[WeightEntry],
+                                value: Callable[[WeightEntry], torch.Tensor]) -> str:
     """A safetensors file whose tensors are produced one at a time by `value` (the header comes first,
-    from the entries' shapes and dtypes). safetensors' own writers take every tensor at once."""
+    from the entries' shapes and dtypes), written to the open file `f`; its sha256. safetensors' own
+    writers take every tensor at once."""
     header: dict[str, object] = {"__metadata__": {"format": "pt"}}
     offset = 0
     for e in entries:
@@ -212,13 +216,20 @@ def write_safetensors_streaming(path: Path, entries: list[WeightEntry],
         offset += e.nbytes
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)  # the data starts 8-byte aligned, as safetensors writes it
-    with path.open("wb") as f:
-        f.write(struct.pack("<Q", len(raw)))
-        f.write(raw)
-        for e in entries:
-            t = value(e).contiguous()
-            if t.numel():
-                f.write(t.reshape(-1).view(torch.uint8).numpy())  # the buffer itself, no copy
+    digest = hashlib.sha256()
+    for chunk in (struct.pack("<Q", len(raw)), raw):
+        f.write(chunk)
+        digest.update(chunk)
+    for e in entries:
+        t = value(e).contiguous()
+        if tuple(t.shape) != e.shape or SAFETENSORS_DTYPES.get(t.dtype) != e.dtype:
+            raise HetpartError(f"'{e.key}' is {SAFETENSORS_DTYPES.get(t.dtype, t.dtype)} {list(t.shape)}; the "
+                               f"header says {e.dtype} {list(e.shape)}")
+        if t.numel():
+            data = t.reshape(-1).view(torch.uint8).numpy()  # the buffer itself, no copy
+            f.write(data)
+            digest.update(data)
+    return digest.hexdigest()  # the manifest's hash, without reading the file back
 
 
 @dataclass
@@ -230,6 +241,15 @@ class ShardResult:
     cast: int
 
 
+def _constant_keys(path: Path) -> set[str]:
+    """The keys of a rank's constants.safetensors (its header only)."""
+    try:
+        with safe_open(str(path), "pt") as f:
+            return set(f.keys())
+    except (OSError, SafetensorError) as err:
+        raise HetpartError(f"{path}: not a readable safetensors file ({err}); partition again") from None
+
+
 def plan_sources(out: Path, manifest: dict, ckpt: Checkpoint, allow_cast: bool
                  ) -> list[tuple[Path, list[WeightEntry], dict[str, str | None]]]:
     """For each rank: its dir, its entries and the checkpoint key of each (None: its constant).
@@ -237,8 +257,9 @@ def plan_sources(out: Path, manifest: dict, ckpt: Checkpoint, allow_cast: bool
     problems: list[str] = []
     plans = []
     for rank in manifest["ranks"]:
-        rank_dir = out / rank["dir"]
+        rank_dir = real_dir(out / rank["dir"], "the rank's weights")
         entries = read_weight_manifest(rank_dir / "weights.json")
+        constants = _constant_keys(rank_dir / "constants.safetensors")
         source: dict[str, str | None] = {}
         for e in entries:
             key = ckpt.find(e.checkpoint_keys)
@@ -248,6 +269,9 @@ def plan_sources(out: Path, manifest: dict, ckpt: Checkpoint, allow_cast: bool
                     close = difflib.get_close_matches(names[0], list(ckpt.file_of), n=2)
                     problems.append(f"rank {rank['rank']}: '{names[0]}' is not in the checkpoint"
                                     + (f" (close: {', '.join(close)})" if close else ""))
+                elif e.key not in constants:
+                    problems.append(f"rank {rank['rank']}: '{e.key}' is in neither the checkpoint nor "
+                                    f"{rank_dir / 'constants.safetensors'} (partition again)")
                 source[e.key] = None
                 continue
             shape, dtype = ckpt.shape_dtype(key)
@@ -270,16 +294,17 @@ def plan_sources(out: Path, manifest: dict, ckpt: Checkpoint, allow_cast: bool
 def shard_weights(out: Path, checkpoint: Path, *, allow_cast: bool = False,
                   echo: Callable[[str], None] = lambda _: None) -> ShardResult:
     """Fill every rank's weights.safetensors of the meta-traced plan in `out` from `checkpoint`
-    (NOTE [weight manifests]); updates manifest.json's hashes last."""
-    from hetpart.codegen.artifacts import sha256, write_json
+    (NOTE [weight manifests]); updates manifest.json's hashes last.
 
-    manifest_path = out / "manifest.json"
-    try:
-        manifest = json.loads(manifest_path.read_text())
-        ranks = manifest["ranks"]
-    except (OSError, ValueError, KeyError) as err:
-        raise HetpartError(f"{manifest_path}: not a hetpart artifacts directory ({err}); "
-                           "pass the --out of `hetpart partition`") from None
+    All or nothing: everything is checked first (the manifest as `run` checks it, every tensor,
+    every rank's folder), each rank's file is written to a temp beside its target, and only once
+    every one is complete are they renamed into place, the manifest last (NOTE [safe writes]).
+    A failure removes the temps and leaves every old file as it was.
+    """
+    from hetpart.runtime.artifacts import load_manifest  # the checks `run` makes: ranks[i].dir inside `out`
+
+    manifest = load_manifest(out)
+    ranks = manifest["ranks"]
     for rank in ranks:
         if "weights.json" not in rank["files"]:
             raise HetpartError(f"{out}: rank {rank['rank']} has its weights already (no weights.json): this plan "
@@ -287,31 +312,37 @@ def shard_weights(out: Path, checkpoint: Path, *, allow_cast: bool = False,
     ckpt = Checkpoint(checkpoint)
     result = ShardResult(len(ranks), 0, 0, 0, 0)
     plans = plan_sources(out, manifest, ckpt, allow_cast)
-    for rank, (rank_dir, entries, source) in zip(ranks, plans):
-        constants = load_file(str(rank_dir / "constants.safetensors"))
+    with AtomicWrites() as pending:
+        digests = []
+        for rank, (rank_dir, entries, source) in zip(ranks, plans):
+            constants = load_file(str(rank_dir / "constants.safetensors"))
 
-        def value(e: WeightEntry) -> torch.Tensor:
-            key = source[e.key]
-            if key is None:
-                return constants[e.key]
-            t = ckpt.tensor(key)
-            if SAFETENSORS_DTYPES.get(t.dtype) != e.dtype:
-                result.cast += 1
-                t = t.to(TORCH_DTYPES[e.dtype])
-            result.from_checkpoint += 1
-            return t
+            def value(e: WeightEntry) -> torch.Tensor:
+                key = source[e.key]
+                if key is None:
+                    return constants[e.key]
+                t = ckpt.tensor(key)
+                if SAFETENSORS_DTYPES.get(t.dtype) != e.dtype:
+                    result.cast += 1
+                    t = t.to(TORCH_DTYPES[e.dtype])
+                result.from_checkpoint += 1
+                return t
 
-        tmp = rank_dir / ".weights.safetensors.tmp"
-        try:
-            write_safetensors_streaming(tmp, entries, value)
-            os.replace(tmp, rank_dir / "weights.safetensors")
-        finally:
-            tmp.unlink(missing_ok=True)
-        rank["files"]["weights.safetensors"] = sha256(rank_dir / "weights.safetensors")
-        result.tensors += len(entries)
-        result.bytes_written += sum(e.nbytes for e in entries)
-        echo(f"rank {rank['rank']}: {len(entries)} tensor(s), {sum(e.nbytes for e in entries) / 1e6:.1f} MB")
-    tmp_manifest = out / ".manifest.json.tmp"
-    write_json(tmp_manifest, manifest)
-    os.replace(tmp_manifest, manifest_path)
+            target = rank_dir / "weights.safetensors"
+            try:
+                with pending.open(target) as f:
+                    digests.append(write_safetensors_streaming(f, entries, value))
+            except OSError as err:
+                raise HetpartError(f"rank {rank['rank']}: cannot write {target}: {err.strerror}; nothing was "
+                                   "changed (every old file is kept)") from None
+            except HetpartError as err:
+                raise HetpartError(f"rank {rank['rank']}: {err}; nothing was changed (every old file is kept)"
+                                   ) from None
+            result.tensors += len(entries)
+            result.bytes_written += sum(e.nbytes for e in entries)
+            echo(f"rank {rank['rank']}: {len(entries)} tensor(s), {sum(e.nbytes for e in entries) / 1e6:.1f} MB")
+        for rank, digest in zip(ranks, digests):
+            rank["files"]["weights.safetensors"] = digest
+        pending.write(out / "manifest.json", json.dumps(manifest, indent=2) + "\n")  # renamed last
     return result
+

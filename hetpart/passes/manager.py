@@ -17,6 +17,7 @@ from typing import ClassVar, Protocol
 import torch.fx as fx
 
 from hetpart.errors import HetpartError
+from hetpart.fsio import atomic_write
 from hetpart.ir import dump_text, has_field
 from hetpart.ir.printer import dump_dot, dump_json
 
@@ -83,10 +84,11 @@ class PassManager:
                 continue
             try:
                 where.mkdir(parents=True, exist_ok=True)
-                (where / f"{index:02d}-{name}.txt").write_text(dump_text(gm, title))
-                (where / "graph.json").write_text(dump_json(gm))  # the latest state wins
+                # `--dump-ir DIR` may hold anything already: NOTE [safe writes]
+                atomic_write(where / f"{index:02d}-{name}.txt", dump_text(gm, title))
+                atomic_write(where / "graph.json", dump_json(gm))  # the latest state wins
                 if any(has_field(n, "stage") for n in gm.graph.nodes):
-                    (where / "partition.dot").write_text(dump_dot(gm))
+                    atomic_write(where / "partition.dot", dump_dot(gm))
             except OSError as err:
                 raise HetpartError(f"cannot write IR dumps to '{where}': {err.strerror}; "
                                    "pass a writable --dump-ir DIR") from None

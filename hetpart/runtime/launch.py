@@ -8,6 +8,7 @@ the same weights and compares.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -15,7 +16,6 @@ import re
 import signal
 import socket
 import statistics
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -29,6 +29,7 @@ from safetensors.torch import load_file, save_file
 from torch.utils import _pytree as pytree
 
 from hetpart.errors import HetpartError
+from hetpart.fsio import atomic_write, exclusive_file, fresh_dir
 from hetpart.frontend import ModelSpec, check_example_batch, load_model
 from hetpart.frontend.hf import HFModel, OutputStructure
 from hetpart.runtime.artifacts import check_rank_files, dim_size, load_manifest, read_json, symbol_sizes
@@ -208,21 +209,32 @@ def _torchrun_commands(manifest: dict, log_dir: Path, as_nodes: bool, master_por
     ]
 
 
-def _stop(procs: list[subprocess.Popen], grace_s: float = 20) -> None:
-    """SIGTERM every torchrun still running (each stops its ranks), SIGKILL what is left after `grace_s`.
+def _stop(procs: list[subprocess.Popen], grace_s: float = 5) -> None:
+    """SIGTERM every torchrun still running and its process group (each stops its ranks), SIGKILL
+    what is left after `grace_s`.
 
-    A worker whose torchrun is SIGKILLed notices and exits (NOTE [orphaned ranks] in worker.py).
+    Each torchrun leads a session of its own (`_run_torchruns`), so the whole group is signalled,
+    whatever signal reached hetpart; a worker whose torchrun is SIGKILLed notices and exits within a
+    second (NOTE [orphaned ranks] in worker.py).
     """
     for p in procs:
         if p.poll() is None:
-            p.terminate()
+            _signal_group(p, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     for p in procs:
         try:
             p.wait(timeout=max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            p.kill()
+            _signal_group(p, signal.SIGKILL)
             p.wait()
+
+
+def _signal_group(p: subprocess.Popen, sig: signal.Signals) -> None:
+    try:
+        os.killpg(p.pid, sig)
+    except ProcessLookupError:  # the group is gone; the leader may still need reaping
+        with contextlib.suppress(ProcessLookupError):
+            p.send_signal(sig)
 
 
 def _run_torchruns(cmds: list[list[str]], manifest: dict, log_dir: Path, opts: "RunOptions") -> None:
@@ -239,8 +251,9 @@ def _run_torchruns(cmds: list[list[str]], manifest: dict, log_dir: Path, opts: "
     timed_out = False
     try:
         for cmd, log in zip(cmds, launcher_logs):
-            with log.open("w") as f:  # a file, not a pipe: a chatty torchrun cannot block on a full pipe
-                procs.append(subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT))
+            with exclusive_file(log) as f:  # a file, not a pipe: a chatty torchrun cannot block on a full pipe
+                procs.append(subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT,
+                                              start_new_session=True))  # its own group: `_stop` ends it all
         while any(p.poll() is None for p in procs):
             failed = next((i for i, p in enumerate(procs) if p.poll() not in (None, 0)), None)
             if failed is not None:
@@ -464,9 +477,9 @@ def run_pipeline(out: Path, opts: RunOptions = RunOptions(), echo: Callable[[str
     structure = module.output_structure() if isinstance(module, HFModel) else _plan_structure(plan)
     training = opts.mode == "training"
     log_dir = out / "logs"
-    if log_dir.is_symlink() or log_dir.is_file():  # hetpart's own output name: never write through a link
+    if log_dir.is_symlink():  # hetpart's own output name: the link itself is replaced, never followed
         log_dir.unlink()
-    shutil.rmtree(log_dir, ignore_errors=True)
+    fresh_dir(log_dir, "the run's logs")  # NOTE [safe writes]
     with tempfile.TemporaryDirectory(prefix="hetpart-run-") as io:
         io_dir = Path(io)
         names = [i["name"] for i in manifest["ranks"][0]["inputs"]]
@@ -491,12 +504,8 @@ def run_pipeline(out: Path, opts: RunOptions = RunOptions(), echo: Callable[[str
         outputs = tuple(got[o["name"]] for o in manifest["ranks"][-1]["outputs"])
         step_s = [float(x) for x in (io_dir / "step_seconds").read_text().split()]
         measured = measurement(io_dir, world, m, plan, opts) if opts.measure else None
-        if measured is not None:  # a new file renamed into place: a link named measured.json is replaced, not followed
-            fd, tmp = tempfile.mkstemp(prefix=".measured.json.", dir=out)
-            with os.fdopen(fd, "w") as f:
-                f.write(json.dumps(measured, indent=2) + "\n")
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, out / "measured.json")
+        if measured is not None:
+            atomic_write(out / "measured.json", json.dumps(measured, indent=2) + "\n")  # NOTE [safe writes]
         verification = None
         if opts.verify:
             grads: list[TensorCheck] = []

@@ -223,15 +223,20 @@ def run_rank(out: Path, io_dir: Path, mode: str, schedule_name: str, microbatche
     dist.barrier()
 
 
-def _exit_with_parent(poll_s: float = 1.0) -> None:
+def _exit_with_parent(io_dir: Path, poll_s: float = 1.0) -> None:
     """NOTE [orphaned ranks]: a rank whose torchrun died (SIGKILLed, or its machine's launcher
-    stopped) would wait for its peers until the process-group timeout; it exits instead."""
+    stopped) would wait for its peers until the process-group timeout; it exits instead.
+    A torchrun killed while it starts its ranks may die before a rank reads its parent's pid;
+    so a rank also exits once its --io directory is gone, which `hetpart run` removes as it
+    ends, however it ends (a launch.sh run's IO_DIR stays: there the parent alone counts; a
+    node that has no IO_DIR when the rank starts watches its parent only)."""
     if "TORCHELASTIC_RUN_ID" not in os.environ:  # not started by torchrun (a test calling main)
         return
     parent = os.getppid()
+    watch_io = io_dir.is_dir()
 
     def watch() -> None:
-        while os.getppid() == parent:
+        while os.getppid() == parent and (io_dir.is_dir() or not watch_io):
             time.sleep(poll_s)
         os._exit(1)
 
@@ -263,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"hetpart: rank {os.environ.get('RANK')}: {err}", file=sys.stderr, flush=True)
         return 2
     use_cuda = args.device == "auto" and manifest["backend"] == "nccl" and torch.cuda.is_available()
-    _exit_with_parent()
+    _exit_with_parent(args.io)
     dist.init_process_group("nccl" if use_cuda else "gloo", timeout=datetime.timedelta(seconds=args.timeout))
     try:
         device = torch.device(manifest["ranks"][dist.get_rank()]["device"] if use_cuda else "cpu")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -133,7 +134,9 @@ def test_streaming_writer_matches_safetensors(tmp_path):
                "d": torch.zeros(0, 3), "e": torch.tensor(True)}
     entries = [WeightEntry(k, tuple(t.shape), n, (), True) for k, t, n in
                zip(tensors, tensors.values(), ["F32", "I64", "BF16", "F32", "BOOL"])]
-    write_safetensors_streaming(tmp_path / "w.safetensors", entries, lambda e: tensors[e.key])
+    with (tmp_path / "w.safetensors").open("wb") as f:
+        digest = write_safetensors_streaming(f, entries, lambda e: tensors[e.key])
+    assert digest == hashlib.sha256((tmp_path / "w.safetensors").read_bytes()).hexdigest()
     back = load_file(str(tmp_path / "w.safetensors"))
     assert set(back) == set(tensors) and all(torch.equal(back[k], tensors[k]) for k in tensors)
 

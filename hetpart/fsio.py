@@ -1,0 +1,182 @@
+"""Writing files where someone else may have put something first: never through a link, never half.
+
+NOTE [safe writes]
+An artifacts directory is read and written again after `partition` made it
+(`shard-weights` fills weights and the manifest, `run` writes logs/ and
+measured.json), and `--dump-ir DIR` is any folder. Whatever is already there
+may be a symlink planted to make hetpart overwrite a file elsewhere. So every
+such write goes through `AtomicWrites` (or `atomic_write`, one file):
+
+- the bytes go to a fresh temp file in the target's folder, made by
+  `tempfile.mkstemp` (O_CREAT | O_EXCL | O_NOFOLLOW, a random name: it is
+  never a file or link that was there before);
+- on success the temp is renamed onto the target (`os.replace`). rename(2)
+  replaces whatever the target name is, a symlink included, and never writes
+  to a link's target; a reader sees the old file or the new one, never part;
+- on any failure, an interrupt included, every temp is removed and every old
+  file is kept. Several files written in one `AtomicWrites` are renamed only
+  once all of them are complete (all-or-nothing up to the renames).
+
+A folder hetpart fills whole (logs/) is made fresh by `fresh_dir`, which
+refuses a symlink or a file in its place; files in it are created with
+`exclusive_file` (O_EXCL | O_NOFOLLOW). Inside a staging directory of
+`partition` (`tempfile.mkdtemp`: new, mode 0700, nobody else can create names in
+it) plain writes are safe, and the codegen writes there directly. `exclusive_lock`
+keeps two writers of one path apart (`partition`'s publish: NOTE [what --force
+replaces] in codegen/artifacts.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import BinaryIO, TextIO
+
+from hetpart.errors import HetpartError
+
+
+def _default_mode() -> int:
+    """The mode a plain open() gives a new file under this process's umask."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+class AtomicWrites:
+    """Files written to fresh temps and renamed onto their targets together at the end (NOTE [safe writes]).
+
+        with AtomicWrites() as w:
+            with w.open(out / "rank0" / "weights.safetensors") as f:
+                f.write(data)
+            w.write(out / "manifest.json", text)   # renamed last: in the order opened
+    """
+
+    def __init__(self) -> None:
+        self._pending: list[tuple[Path, Path]] = []  # (temp, target), in the order opened
+
+    def open(self, path: Path) -> BinaryIO:
+        """A new binary file whose contents become `path` when the block ends without an error."""
+        path = Path(path)
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        except OSError as err:
+            raise HetpartError(f"cannot write '{path}': {err.strerror} in '{path.parent}'") from None
+        self._pending.append((Path(tmp), path))
+        os.fchmod(fd, _default_mode())  # mkstemp's 0600 would hide it from other users
+        return os.fdopen(fd, "wb")
+
+    def write(self, path: Path, data: str | bytes) -> None:
+        with self.open(path) as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+
+    def discard(self) -> None:
+        """Remove every temp; the targets stay as they were."""
+        for tmp, _ in self._pending:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+        self._pending.clear()
+
+    def commit(self) -> None:
+        """Rename every temp onto its target, in the order they were opened."""
+        for tmp, target in self._pending:
+            if target.is_dir() and not target.is_symlink():
+                raise HetpartError(f"cannot write '{target}': a directory is in its place; remove it")
+            try:
+                os.replace(tmp, target)
+            except OSError as err:
+                raise HetpartError(f"cannot write '{target}': {err.strerror}") from None
+        self._pending.clear()
+
+    def __enter__(self) -> AtomicWrites:
+        return self
+
+    def __exit__(self, kind, value, tb) -> None:
+        try:
+            if kind is None:
+                self.commit()
+        finally:
+            self.discard()  # after a failure, or what a failed commit left
+
+
+def atomic_write(path: Path, data: str | bytes) -> None:
+    """Write `path` through a fresh temp file and a rename (NOTE [safe writes])."""
+    with AtomicWrites() as w:
+        w.write(path, data)
+
+
+def exclusive_file(path: Path) -> TextIO:
+    """A new text file at `path` for writing; an error if anything (a file, a link) is there already."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)
+    except FileExistsError:
+        raise HetpartError(f"cannot create '{path}': something is already there; remove it") from None
+    except OSError as err:
+        raise HetpartError(f"cannot create '{path}': {err.strerror}") from None
+    return os.fdopen(fd, "w")
+
+
+def real_dir(path: Path, what: str) -> Path:
+    """`path` if it is a directory and not a symlink; else an error naming `what` it is for."""
+    if path.is_symlink():
+        raise HetpartError(f"'{path}' is a symbolic link; hetpart writes {what} there and never follows a link: "
+                           "remove the link")
+    if not path.is_dir():
+        raise HetpartError(f"'{path}' is not a directory; hetpart writes {what} there: remove it or partition again")
+    return path
+
+
+def fresh_dir(path: Path, what: str) -> Path:
+    """An empty directory at `path` (a previous one removed): an error if a link or a file is there."""
+    if path.is_symlink() or path.exists():
+        shutil.rmtree(real_dir(path, what))
+    try:
+        path.mkdir()
+    except OSError as err:
+        raise HetpartError(f"cannot create '{path}' for {what}: {err.strerror}") from None
+    return path
+
+
+@contextlib.contextmanager
+def exclusive_lock(path: Path, busy: str) -> Iterator[None]:
+    """Hold an exclusive flock on the file `path` for the block, then remove it; `busy`: the error
+    when another process holds it. An OSError if the file cannot be created.
+
+    The file is opened with O_NOFOLLOW (a link there is an error) and O_CREAT but not O_EXCL: a
+    lock file left by a killed run is locked by nobody and is taken over. A holder removes the file
+    before it lets go, so a process that opened it just before checks, once locked, that the name
+    still points to the file it locked, and tries again if not.
+    """
+    for _ in range(100):
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        except OSError as err:
+            if err.errno == errno.ELOOP:
+                raise HetpartError(f"the lock file '{path}' is a symbolic link; remove it") from None
+            raise  # the caller says what it could not create
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise HetpartError(busy) from None
+        held = os.fstat(fd)
+        try:
+            now = os.lstat(path)
+        except FileNotFoundError:
+            now = None
+        if now is not None and (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino):
+            break
+        os.close(fd)  # its holder removed it meanwhile: lock the new one
+    else:
+        raise HetpartError(busy)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            path.unlink()
+        os.close(fd)

@@ -1,0 +1,99 @@
+"""hetpart/fsio.py (NOTE [safe writes]): temps and renames, never through a link, all or nothing."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+
+import pytest
+
+from hetpart.errors import HetpartError
+from hetpart.fsio import AtomicWrites, atomic_write, exclusive_file, exclusive_lock, fresh_dir
+
+
+def test_a_link_at_the_target_is_replaced_and_its_target_kept(tmp_path):
+    (tmp_path / "victim").write_text("precious")
+    (tmp_path / "measured.json").symlink_to(tmp_path / "victim")
+    atomic_write(tmp_path / "measured.json", "{}")
+    assert (tmp_path / "victim").read_text() == "precious"
+    assert not (tmp_path / "measured.json").is_symlink() and (tmp_path / "measured.json").read_text() == "{}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["measured.json", "victim"]  # no temp left
+
+
+def test_new_files_get_the_mode_of_the_umask(tmp_path):
+    umask = os.umask(0o022)
+    try:
+        atomic_write(tmp_path / "plain", "x")
+    finally:
+        os.umask(umask)
+    assert (tmp_path / "plain").stat().st_mode & 0o777 == 0o644  # not mkstemp's 0600
+
+
+@pytest.mark.parametrize("failure", [HetpartError("bad tensor"), KeyboardInterrupt()])
+def test_nothing_is_renamed_unless_every_file_is_complete(tmp_path, failure):
+    (tmp_path / "a").write_text("old a")
+    with pytest.raises(type(failure)):
+        with AtomicWrites() as w:
+            w.write(tmp_path / "a", "new a")
+            with w.open(tmp_path / "b") as f:
+                f.write(b"half of b")
+                raise failure
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a"] and (tmp_path / "a").read_text() == "old a"
+
+
+def test_a_directory_in_the_targets_place_is_an_error_and_leaves_no_temp(tmp_path):
+    (tmp_path / "manifest.json").mkdir()
+    with pytest.raises(HetpartError, match="a directory is in its place"):
+        atomic_write(tmp_path / "manifest.json", "{}")
+    assert [p.name for p in tmp_path.iterdir()] == ["manifest.json"]
+
+
+def test_exclusive_file_and_fresh_dir_refuse_links(tmp_path):
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "torchrun0.log").symlink_to(tmp_path / "elsewhere" / "log")
+    with pytest.raises(HetpartError, match="something is already there"):
+        exclusive_file(tmp_path / "torchrun0.log")
+    assert not (tmp_path / "elsewhere" / "log").exists()
+    (tmp_path / "logs").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(HetpartError, match="is a symbolic link"):
+        fresh_dir(tmp_path / "logs", "the run's logs")
+    (tmp_path / "logs").unlink()
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "old.log").write_text("old")
+    assert list(fresh_dir(tmp_path / "logs", "the run's logs").iterdir()) == []
+
+
+def test_a_held_lock_is_busy_and_a_left_one_is_taken_over(tmp_path):
+    lock = tmp_path / ".out.lock"
+    with exclusive_lock(lock, "busy"):
+        with pytest.raises(HetpartError, match="busy"):
+            with exclusive_lock(lock, "busy"):
+                pass
+    assert not lock.exists()  # removed by its holder
+    lock.write_text("")  # left by a killed run: nobody holds it
+    with exclusive_lock(lock, "busy"):
+        fd = os.open(lock, os.O_RDWR)
+        with pytest.raises(BlockingIOError):
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.close(fd)
+    (tmp_path / "elsewhere").write_text("")
+    lock.symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(HetpartError, match="is a symbolic link"):
+        with exclusive_lock(lock, "busy"):
+            pass
+
+
+def test_dump_ir_dir_never_writes_through_a_planted_link(tmp_path):
+    import torch
+    import torch.fx as fx
+
+    from hetpart.passes import PassContext, PassManager
+
+    dumps = tmp_path / "dumps"
+    dumps.mkdir()
+    (tmp_path / "victim").write_text("precious")
+    (dumps / "graph.json").symlink_to(tmp_path / "victim")
+    gm = fx.symbolic_trace(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()))
+    PassManager([], extra_dump_dir=dumps).run(gm, PassContext())
+    assert (tmp_path / "victim").read_text() == "precious"
+    assert not (dumps / "graph.json").is_symlink() and (dumps / "00-export.txt").is_file()
