@@ -24,7 +24,7 @@ from safetensors.torch import load_file, save_file
 import hetpart
 from hetpart.cli import main
 from hetpart.codegen import launch_script
-from hetpart.codegen.artifacts import MARKER
+from hetpart.codegen.artifacts import FORMAT_VERSION, MARKER
 from hetpart.frontend import ModelSpec, load_model
 from hetpart.runtime.artifacts import check_rank_files, load_manifest
 
@@ -66,7 +66,7 @@ def copy(written, tmp_path) -> Path:
 def test_every_artifacts_directory_has_a_marker_listing_its_files(written):
     marker = json.loads((written / MARKER).read_text())
     files = {str(p.relative_to(written)) for p in written.rglob("*") if p.is_file()} - {MARKER}
-    assert marker["format_version"] == 1 and set(marker["files"]) == files
+    assert marker["marker_version"] == 1 and marker["format_version"] == FORMAT_VERSION and set(marker["files"]) == files
     assert {"plan.json", "manifest.json", "launch.sh", "rank0/stage.py", "ir/graph.json"} <= files
 
 
@@ -203,9 +203,14 @@ def test_shard_weights_never_writes_through_planted_links(meta_plan, meta_copy, 
     (meta_copy / "rank0" / ".weights.safetensors.tmp").symlink_to(victims["tmp"])  # the old fixed temp name
     (meta_copy / "rank1" / "weights.safetensors").symlink_to(victims["weights"])
     (meta_copy / ".manifest.json.tmp").symlink_to(victims["manifest"])
+    # Links in a rank directory are files the manifest does not list: refused, as `run` refuses them.
+    assert main(["shard-weights", str(meta_copy), str(meta_plan[1])]) == 2
+    assert all(v.read_text() == "precious" for v in victims.values())
+    (meta_copy / "rank0" / ".weights.safetensors.tmp").unlink()
+    (meta_copy / "rank1" / "weights.safetensors").unlink()
+    # A link beside the manifest is not read: the write goes to a fresh temp, never through it.
     assert main(["shard-weights", str(meta_copy), str(meta_plan[1])]) == 0
     assert all(v.read_text() == "precious" for v in victims.values())
-    assert not (meta_copy / "rank1" / "weights.safetensors").is_symlink()  # the link itself was replaced
     for entry in load_manifest(meta_copy)["ranks"]:
         check_rank_files(meta_copy, entry)  # what `run` checks
 
@@ -285,7 +290,7 @@ def test_shard_weights_checks_every_rank_before_writing(meta_plan, meta_copy, ca
     (meta_copy / "rank1" / "constants.safetensors").unlink()
     before = _tree(meta_copy)
     assert main(["shard-weights", str(meta_copy), str(meta_plan[1])]) == 2
-    assert "rank1/constants.safetensors: not a readable safetensors file" in _error(capsys)
+    assert f"rank 1: '{meta_copy / 'rank1' / 'constants.safetensors'}' is missing" in _error(capsys)
     assert _tree(meta_copy) == before and not (meta_copy / "rank0" / "weights.safetensors").exists()
 
 

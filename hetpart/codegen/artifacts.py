@@ -69,6 +69,9 @@ MARKER = ".hetpart"  # in every artifacts directory: the format version and ever
 # another program creates at --out meanwhile survives: the new output is published only
 # into a directory this run just made with mkdir (rename(2) replaces an empty directory,
 # and refuses a non-empty one), and an --out that appeared during the run is an error.
+# The marker's own format, apart from the manifest's: a later manifest format must not make
+# --force refuse the directories earlier versions wrote.
+MARKER_VERSION = 1
 LATER_FILES = {"measured.json"}  # written by `run --measure`
 LATER_DIRS = {"logs"}  # `run`'s: its whole contents are replaced by the next run
 
@@ -87,8 +90,8 @@ def check_replaceable(out: Path) -> None:
     try:
         data = json.loads(marker.read_text())
         listed = set(data["files"])
-        if data.get("format_version") != FORMAT_VERSION:
-            raise ValueError(f"format_version {data.get('format_version')!r}")
+        if data.get("marker_version") != MARKER_VERSION:
+            raise ValueError(f"marker_version {data.get('marker_version')!r}")
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise _refuse(out, f"has a {MARKER} marker this hetpart cannot read ({err})") from None
     try:
@@ -129,7 +132,7 @@ def _check_out(out: Path, force: bool) -> bool:
 
 def _write_marker(tmp: Path) -> None:
     files = sorted(p.relative_to(tmp).as_posix() for p in tmp.rglob("*") if p.is_file())
-    write_json(tmp / MARKER, {"format_version": FORMAT_VERSION, "files": files})
+    write_json(tmp / MARKER, {"marker_version": MARKER_VERSION, "format_version": FORMAT_VERSION, "files": files})
 
 
 def _publish_new(tmp: Path, out: Path) -> None:
