@@ -410,9 +410,6 @@ def solve_placement(problem: PlacementProblem, *, time_limit_s: float = 60.0, wo
         raise HetpartError(f"placement: --gap must be a fraction in [0, 1), e.g. --gap 0.01 for 1% (got {gap})")
     from hetpart.partitioner.placement_ideals import ideal_placement, placement_ideal_dp  # it imports this module
 
-    ideal = placement_ideal_dp(problem, deadline=t0 + time_limit_s / 2)
-    if ideal.devices is not None and ideal.settled(gap):
-        return ideal_placement(problem, ideal, t0)
     classes = problem.classes()
     cls_of = {i: problem.nodes[i].color for i in problem.nodes}
     names = list(classes)
@@ -420,9 +417,12 @@ def solve_placement(problem: PlacementProblem, *, time_limit_s: float = 60.0, wo
     K = problem.max_fpgas + problem.max_cpus
     slots = range(K)
     hint = placement_hint(problem)
+    hint_units = max(_scaled_loads(problem, hint, fpga, cpu, cost)) if hint is not None else None
+    ideal = placement_ideal_dp(problem, deadline=t0 + time_limit_s / 2, upper_units=hint_units)
+    if ideal.devices is not None and ideal.settled(gap):
+        return ideal_placement(problem, ideal, t0)
     hint_engine = "order-dp"
-    if ideal.devices is not None and (
-            hint is None or ideal.load_units < max(_scaled_loads(problem, hint, fpga, cpu, cost))):
+    if ideal.devices is not None and (hint is None or ideal.load_units < hint_units):
         hint, hint_engine = ideal.devices, "ideal-dp"
     t_hint = time.perf_counter()
 

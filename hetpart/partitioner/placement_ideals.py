@@ -80,11 +80,13 @@ _ON, _OFF = -1, -2  # a node's status for one device: on it whatever the ideals,
 _HOSTING_CLASSES = 4  # classes of a floating group tried together (2^4 subsets); larger groups are split
 
 
-def placement_ideal_dp(problem: PlacementProblem, *, deadline: float | None = None,
-                       limit: int = IDEAL_MAX) -> IdealPlacement:
+def placement_ideal_dp(problem: PlacementProblem, *, deadline: float | None = None, limit: int = IDEAL_MAX,
+                       upper_units: int | None = None) -> IdealPlacement:
     """NOTE [placement ideal DP]: the least max load over every placement, with its placement,
     when the class graph has at most `limit` ideals; otherwise over the ideals without its
-    floating classes, a placement and a sound bound; no bound (0) over `limit` or past `deadline`."""
+    floating classes, a placement and a sound bound; no bound (0) over `limit` or past `deadline`.
+    `upper_units`: a known placement's max load; stages above it are dropped (faster), and when
+    the DP finds no placement up to it, that placement is the plan to keep (devices None)."""
     t0 = time.perf_counter()
     classes = problem.classes()
     g = _class_graph(problem)
@@ -108,6 +110,7 @@ def placement_ideal_dp(problem: PlacementProblem, *, deadline: float | None = No
     member = _bits(ideals, len(core))
     subset = proper_subsets(member)
     index = {c: k for k, c in enumerate(core)}
+    keep = int(_INF) if upper_units is None else upper_units + 1  # stages up to upper_units
     every_succ: dict[int, list[int]] = {i: [] for i in problem.nodes}
     for u, v in problem.edges:
         every_succ[u].append(v)
@@ -115,21 +118,24 @@ def placement_ideal_dp(problem: PlacementProblem, *, deadline: float | None = No
     # --- Exact: one DP over every placement.
     if exact:
         status = {i: index[c] for c in core for i in classes[c]}
-        got = _dp(problem, member, subset, [classes[c] for c in core], status, every_succ, units, deadline)
+        got = _dp(problem, member, subset, [classes[c] for c in core], status, every_succ, units, deadline, keep)
         if got is None:
             return give_up(f"deadline during the DP over {len(ideals)} ideals: nothing proven", len(ideals))
         value, devices = got
-        return IdealPlacement(devices, value if devices else None, value if devices else 0, devices is not None,
-                              len(ideals), f"optimal: DP over all {len(ideals)} ideals of the class graph",
+        if devices is None:  # none up to upper_units, which a placement has: infeasible, or a bug
+            return give_up(f"no placement found over {len(ideals)} ideals: nothing proven", len(ideals))
+        return IdealPlacement(devices, value, value, True, len(ideals),
+                              f"optimal: DP over all {len(ideals)} ideals of the class graph",
                               time.perf_counter() - t0)
 
     # --- The restriction (floating groups joined to a class): the plan, then each group moved.
     groups = _floating_groups(problem, classes, set(floating))
     nodes, status = _join(problem, classes, groups, index)
-    got = _dp(problem, member, subset, nodes, status, every_succ, units, deadline)
+    got = _dp(problem, member, subset, nodes, status, every_succ, units, deadline, keep)
     if got is None:
         return give_up(f"deadline during the DP over {len(ideals)} ideals: nothing proven", len(ideals))
     value, devices = got
+    value = None if devices is None else value
     if devices is not None:
         devices, value = _move_floating(problem, devices, [sorted(i for c in gr for i in classes[c]) for gr in groups],
                                         units)
@@ -145,10 +151,10 @@ def placement_ideal_dp(problem: PlacementProblem, *, deadline: float | None = No
         # the base; the successors it counts are the ordered ones and those of that group (fewer
         # successors: it pays no more, NOTE [placement ideal DP]).
         k = group_of.get(u, next((group_of[v] for v in vs if v in group_of), None))
-        keep = [v for v in vs if v in status or group_of.get(v, -1) == k]
-        (base if k is None else per_group[k])[u] = keep
+        counted = [v for v in vs if v in status or group_of.get(v, -1) == k]
+        (base if k is None else per_group[k])[u] = counted
     options = [(gr, per_group[k]) for k, gr in enumerate(hosting)]
-    upper = value if value is not None else _INF
+    upper = int(min(value if value is not None else _INF, upper_units if upper_units is not None else _INF))
     got = _dp(problem, member, subset, [classes[c] for c in core], status, base, units, deadline, upper,
               [(gr, senders, classes) for gr, senders in options])
     if got is None:
@@ -310,7 +316,9 @@ def _pair_loads(problem: PlacementProblem, member: np.ndarray, subset: np.ndarra
             st = {**status, **{i: _ON for i in on}, **{i: _OFF for i in off}}
             fits = all(problem.nodes[i].on_fpga for i in on)
             options.append((_terms(member, st, group_senders, cost), sum(fpga[i] for i in on), mem_of(on), fits))
-        hosted.append(options)
+        # The ordered classes its terms read: when J \ I holds none, hosting nothing costs nothing.
+        near = sorted({status[i] for u, vs in group_senders.items() for i in (u, *vs) if status.get(i, -1) >= 0})
+        hosted.append((options, member[:, near].sum(axis=1)))
 
     seg_f = np.empty((m, m), dtype=np.int64)
     seg_c = np.empty((m, m), dtype=np.int64)
@@ -326,13 +334,15 @@ def _pair_loads(problem: PlacementProblem, member: np.ndarray, subset: np.ndarra
         if hosted:
             ri, ci = np.nonzero(load < _INF)
             extra = np.zeros(len(ri), dtype=np.int64)
-            for options in hosted:
-                least = np.full(len(ri), _INF)
+            for options, near in hosted:
+                touch = np.flatnonzero(near[ci] > near[ri + lo])
+                a, b = ri[touch], ci[touch]
+                least = np.full(len(touch), _INF)
                 for group_terms, lat, need, fits in options:
                     if fits:
-                        cost_h = group_terms.at(ri + lo, ci) + lat
-                        least = np.minimum(least, np.where(room[ri, ci] >= need, cost_h, _INF))
-                extra += least
+                        cost_h = group_terms.at(a + lo, b) + lat
+                        least = np.minimum(least, np.where(room[a, b] >= need, cost_h, _INF))
+                extra[touch] += least
             load[ri, ci] = np.where(load[ri, ci] + extra >= upper, _INF, load[ri, ci] + extra)
         seg_f[rows] = load
         cpu_load = np.where(below, comp_c[None, :] - comp_c[rows, None], _INF)
