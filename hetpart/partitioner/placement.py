@@ -408,7 +408,7 @@ def solve_placement(problem: PlacementProblem, *, time_limit_s: float = 60.0, wo
         raise HetpartError(f"placement: --time-limit must be positive, got {time_limit_s}")
     if not 0 <= gap < 1:
         raise HetpartError(f"placement: --gap must be a fraction in [0, 1), e.g. --gap 0.01 for 1% (got {gap})")
-    from hetpart.partitioner.placement_ideals import ideal_placement, placement_ideal_dp  # it imports this module
+    from hetpart.partitioner.placement_ideals import IDEAL_SHARE, ideal_placement, placement_ideal_dp  # imports us
 
     classes = problem.classes()
     cls_of = {i: problem.nodes[i].color for i in problem.nodes}
@@ -418,7 +418,7 @@ def solve_placement(problem: PlacementProblem, *, time_limit_s: float = 60.0, wo
     slots = range(K)
     hint = placement_hint(problem)
     hint_units = max(_scaled_loads(problem, hint, fpga, cpu, cost)) if hint is not None else None
-    ideal = placement_ideal_dp(problem, deadline=t0 + time_limit_s / 2, upper_units=hint_units)
+    ideal = placement_ideal_dp(problem, deadline=t0 + IDEAL_SHARE * time_limit_s, known=hint)
     if ideal.devices is not None and ideal.settled(gap):
         return ideal_placement(problem, ideal, t0)
     hint_engine = "order-dp"
@@ -562,19 +562,24 @@ def solve_placement(problem: PlacementProblem, *, time_limit_s: float = 60.0, wo
     scored = [(max(placement_loads(problem, d)), n, d) for n, d in enumerate(candidates)]
     best_load, picked, best = min(scored)
     bound = max(0.0, solver.best_objective_bound / _SCALE) if found else 0.0
+    # CP-SAT's bound is of the floored costs, so at most any placement's float load: above the
+    # checked one, its model has lost a placement (issue 17's synthetic training graph) and proves nothing.
+    unsound = bound > best_load * (1 + _ROUND_SLACK)
+    if unsound:
+        bound = 0.0
     bound_engine = "ideal-dp" if ideal.bound_units / _SCALE >= bound else "cp-sat"
     bound = max(bound, ideal.bound_units / _SCALE)
     loads = placement_loads(problem, best)
     violations = placement_violations(problem, best)
     if violations:
         raise RuntimeError("hetpart bug: the placement breaks its problem:\n  " + "\n  ".join(violations))
-    optimal = status == cp_model.OPTIMAL and gap == 0
+    optimal = status == cp_model.OPTIMAL and gap == 0 and not unsound
     return Placement(
         devices=best, loads=loads, max_load=best_load, lower_bound=min(bound, best_load),
         status="OPTIMAL" if optimal else "FEASIBLE", seconds=time.perf_counter() - t0,
         stats={"hint_seconds": t_hint - t0, "build_seconds": t_build - t_hint, "cpsat_seconds": t_solve - t_build,
                "hint_max_load": max(placement_loads(problem, hint)) if hint else math.inf,
                "classes": float(len(names)), "variables": float(len(m.proto.variables)),
-               "ideal_seconds": ideal.seconds, "ideals": float(ideal.ideals)},
+               "ideal_seconds": ideal.seconds, "ideals": float(ideal.ideals), "cpsat_bound_unsound": float(unsound)},
         plan_engine="cp-sat" if found and picked == 0 else hint_engine, bound_engine=bound_engine,
     )

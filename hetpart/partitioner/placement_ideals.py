@@ -7,6 +7,7 @@ The cost model is NOTE [placement load] (placement.py), in the solver's integer 
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -15,10 +16,13 @@ import numpy as np
 
 from hetpart.partitioner.ideals import _bits, enumerate_downsets, proper_subsets
 from hetpart.partitioner.placement import (
-    _SCALE, Placement, PlacementProblem, _class_graph, _scaled, placement_loads, placement_violations,
+    _SCALE, Placement, PlacementProblem, _class_graph, _scaled, _scaled_loads, placement_loads, placement_violations,
 )
 
 IDEAL_MAX = 6_000  # ideals the DP runs over at most: it keeps two dense matrices over their pairs
+# The share of `hetpart placement`'s time limit the DP may take (CP-SAT gets the rest): it gives up
+# at once where the ideals are too many, and where it runs, CP-SAT seldom does better.
+IDEAL_SHARE = 0.8
 _INF = np.int64(1) << np.int64(60)
 _ROW_BLOCK = 512  # rows of the pair matrices built at a time
 
@@ -42,11 +46,11 @@ _ROW_BLOCK = 512  # rows of the pair matrices built at a time
 # such as the AccumulateGrad nodes of bert_l-3 training, 14 of its 142 classes) may go on any
 # device and doubles the ideals (bert_l-3 training: 1,428 ideals without them, over 30,000 with).
 # When the class graph has too many ideals, two DPs run over those without the floating classes:
-# - The restriction (the plan): each floating group (floating classes joined by edges) goes with
-#   the ordered class it exchanges the most transfer cost with; then each group moves to the
-#   device that lowers the loads most. The authors' DP ties them by mirrored edges instead
-#   (`createArtificialForwardNodes` in their dp.cpp), also a restriction, which is why their
-#   bert_l-3 training optimum (65.303149) is above ours (65.303093).
+# - The plan: the restriction where each floating group (floating classes joined by edges) goes
+#   with the ordered class it exchanges the most transfer cost with; then each group moves to the
+#   device that lowers the loads most (the order DP's placement instead, when better). The
+#   authors' DP ties them by mirrored edges (`createArtificialForwardNodes` in their dp.cpp), also
+#   a restriction, which is why their bert_l-3 training optimum (65.303149) is above ours (65.303093).
 # - The relaxation (the bound): a device's load depends only on which nodes are on it, so it is
 #   at least the least, over the floating classes H it might host, of its load with J \ I + H on
 #   it and every other floating node elsewhere. Taking that least for each device on its own (a
@@ -70,6 +74,7 @@ class IdealPlacement:
     ideals: int  # ideals the DP ran over (0 when it did not run)
     note: str  # what it proved, or why it proved nothing
     seconds: float
+    plan_engine: str = "ideal-dp"  # "order-dp" when the known placement was kept
 
     def settled(self, gap: float) -> bool:
         """The placement is certified within `gap` (relative to it) by the bound."""
@@ -81,16 +86,18 @@ _HOSTING_CLASSES = 4  # classes of a floating group tried together (2^4 subsets)
 
 
 def placement_ideal_dp(problem: PlacementProblem, *, deadline: float | None = None, limit: int = IDEAL_MAX,
-                       upper_units: int | None = None) -> IdealPlacement:
+                       known: list[tuple[str, list[int]]] | None = None) -> IdealPlacement:
     """NOTE [placement ideal DP]: the least max load over every placement, with its placement,
     when the class graph has at most `limit` ideals; otherwise over the ideals without its
     floating classes, a placement and a sound bound; no bound (0) over `limit` or past `deadline`.
-    `upper_units`: a known placement's max load; stages above it are dropped (faster), and when
-    the DP finds no placement up to it, that placement is the plan to keep (devices None)."""
+    `known`: a placement (the order DP's); stages above its max load are dropped, and it is the
+    plan when the DP finds none better."""
     t0 = time.perf_counter()
     classes = problem.classes()
     g = _class_graph(problem)
     units = _scaled(problem)
+    fpga, cpu, _, cost = units
+    upper_units = None if known is None else max(_scaled_loads(problem, known, fpga, cpu, cost))
 
     def give_up(note: str, ideals: int = 0) -> IdealPlacement:
         return IdealPlacement(None, None, 0, False, ideals, note, time.perf_counter() - t0)
@@ -128,44 +135,59 @@ def placement_ideal_dp(problem: PlacementProblem, *, deadline: float | None = No
                               f"optimal: DP over all {len(ideals)} ideals of the class graph",
                               time.perf_counter() - t0)
 
-    # --- The restriction (floating groups joined to a class): the plan, then each group moved.
+    # --- Floating classes. Senders that touch none count the same in both DPs below: their
+    # transfers are computed once. Each other sender counts in one term of the relaxation: its own
+    # group's, else the first group it sends to; the successors it counts there are the ordered
+    # ones and those of that group (fewer successors: it pays no more, NOTE [placement ideal DP]).
     groups = _floating_groups(problem, classes, set(floating))
-    nodes, status = _join(problem, classes, groups, index)
-    got = _dp(problem, member, subset, nodes, status, every_succ, units, deadline, keep)
-    if got is None:
-        return give_up(f"deadline during the DP over {len(ideals)} ideals: nothing proven", len(ideals))
-    value, devices = got
-    value = None if devices is None else value
-    if devices is not None:
-        devices, value = _move_floating(problem, devices, [sorted(i for c in gr for i in classes[c]) for gr in groups],
-                                        units)
-
-    # --- The relaxation (each device hosts the floating classes that suit it best): the bound.
     status = {i: index[c] for c in core for i in classes[c]}
     hosting = [gr[lo:lo + _HOSTING_CLASSES] for gr in groups for lo in range(0, len(gr), _HOSTING_CLASSES)]
     group_of = {i: k for k, gr in enumerate(hosting) for c in gr for i in classes[c]}
     base: dict[int, list[int]] = {}
     per_group: list[dict[int, list[int]]] = [{} for _ in hosting]
     for u, vs in every_succ.items():
-        # Each sender counts in one term: its own group's, else the first group it sends to, else
-        # the base; the successors it counts are the ordered ones and those of that group (fewer
-        # successors: it pays no more, NOTE [placement ideal DP]).
         k = group_of.get(u, next((group_of[v] for v in vs if v in group_of), None))
         counted = [v for v in vs if v in status or group_of.get(v, -1) == k]
         (base if k is None else per_group[k])[u] = counted
-    options = [(gr, per_group[k]) for k, gr in enumerate(hosting)]
-    upper = int(min(value if value is not None else _INF, upper_units if upper_units is not None else _INF))
-    got = _dp(problem, member, subset, [classes[c] for c in core], status, base, units, deadline, upper,
-              [(gr, senders, classes) for gr, senders in options])
+    shared = _terms(member, status, base, units[3]).full(deadline)
+    if shared is None:
+        return IdealPlacement(known, upper_units, 0, False, len(ideals),
+                              f"deadline during the DP over {len(ideals)} ideals: nothing proven",
+                              time.perf_counter() - t0, "order-dp")
+
+    # --- The plan: the restriction (each group joined to the ordered class it exchanges the most
+    # transfer cost with), then each group moved.
+    nodes = [list(classes[c]) for c in core]
+    for gr, target in zip(groups, _join_targets(problem, classes, groups, core)):
+        nodes[index[target]].extend(i for c in gr for i in classes[c])
+    joined = {i: k for k, ids in enumerate(nodes) for i in ids}
+    touching = {u: vs for u, vs in every_succ.items() if u not in base}
+    got = _dp(problem, member, subset, nodes, joined, touching, units, deadline, keep, shared=shared)
+    if got is None:
+        return IdealPlacement(known, upper_units, 0, False, len(ideals),
+                              f"deadline during the DP over {len(ideals)} ideals: nothing proven",
+                              time.perf_counter() - t0, "order-dp")
+    value, devices = got
+    if devices is not None:
+        devices, value = _move_floating(problem, devices, [sorted(i for c in gr for i in classes[c]) for gr in groups],
+                                        units)
+    engine = "ideal-dp"
+    if devices is None or (upper_units is not None and upper_units <= value):
+        devices, value, engine = known, upper_units, "order-dp"
+
+    # --- The bound: the relaxation (each device hosts the floating classes that suit it best).
+    upper = int(_INF) if value is None else value
+    got = _dp(problem, member, subset, [classes[c] for c in core], status, {}, units, deadline, upper,
+              [(gr, per_group[k], classes) for k, gr in enumerate(hosting)], shared=shared)
     if got is None:
         return IdealPlacement(devices, value, 0, False, len(ideals),
                               f"deadline during the relaxed DP over {len(ideals)} ideals: no bound",
-                              time.perf_counter() - t0)
+                              time.perf_counter() - t0, engine)
     bound = min(got[0], upper)
     note = (f"bound: DP over {len(ideals)} ideals, each device hosting the {len(floating)} floating classes "
             "that suit it (NOTE [placement ideal DP])")
     return IdealPlacement(devices, value, 0 if bound >= _INF else int(bound), False, len(ideals), note,
-                          time.perf_counter() - t0)
+                          time.perf_counter() - t0, engine)
 
 
 def _ideals(g: nx.DiGraph, core: list, limit: int, deadline: float | None) -> list[int] | None:
@@ -190,22 +212,18 @@ def _floating_groups(problem: PlacementProblem, classes: dict, floating: set) ->
     return sorted(groups, key=lambda gr: min(classes[gr[0]]))
 
 
-def _join(problem: PlacementProblem, classes: dict, groups: list[list], index: dict):
-    """NOTE [placement ideal DP]'s restriction: each floating group goes with the ordered class it
-    exchanges the most transfer cost with. Returns the node ids per class index and node -> index."""
+def _join_targets(problem: PlacementProblem, classes: dict, groups: list[list], core: list) -> list:
+    """Per floating group, the ordered class it exchanges the most transfer cost with (the first if none)."""
     cls = {i: n.color for i, n in problem.nodes.items()}
     group_of = {c: k for k, gr in enumerate(groups) for c in gr}
+    rank = {c: k for k, c in enumerate(core)}
     near: list[dict] = [{} for _ in groups]
     for u, v in problem.edges:
         a, b = cls[u], cls[v]
         if (a in group_of) != (b in group_of):
             k, other = (group_of[a], b) if a in group_of else (group_of[b], a)
             near[k][other] = near[k].get(other, 0.0) + problem.cost[u]
-    nodes = [list(classes[c]) for c in index]
-    for k, gr in enumerate(groups):
-        target = max(near[k], key=lambda c: (near[k][c], -index[c])) if near[k] else next(iter(index))
-        nodes[index[target]].extend(i for c in gr for i in classes[c])
-    return nodes, {i: k for k, ids in enumerate(nodes) for i in ids}
+    return [max(n, key=lambda c: (n[c], -rank[c])) if n else core[0] for n in near]
 
 
 @dataclass
@@ -221,6 +239,16 @@ class _Terms:
     def dense(self, rows: slice) -> np.ndarray:
         return np.rint(self.lhs[rows] @ self.rhs.T + self.vec_i[rows, None] + self.vec_j[None, :]
                        + self.const).astype(np.int64)
+
+    def full(self, deadline: float | None) -> np.ndarray | None:
+        """Every pair's, int64 [I, J]; None past the deadline."""
+        m = len(self.vec_i)
+        out = np.empty((m, m), dtype=np.int64)
+        for lo in range(0, m, _ROW_BLOCK):
+            if deadline is not None and time.perf_counter() > deadline:
+                return None
+            out[lo:lo + _ROW_BLOCK] = self.dense(slice(lo, lo + _ROW_BLOCK))
+        return out
 
     def at(self, ri: np.ndarray, ci: np.ndarray) -> np.ndarray:
         dot = np.einsum("ij,ij->i", self.lhs[ri], self.rhs[ci]) if self.lhs.shape[1] else 0.0
@@ -286,11 +314,12 @@ def _terms(member: np.ndarray, status: dict[int, int], senders: dict[int, list[i
 
 def _pair_loads(problem: PlacementProblem, member: np.ndarray, subset: np.ndarray, nodes: list[list[int]],
                 status: dict[int, int], senders: dict[int, list[int]], units, deadline: float | None,
-                upper: int = int(_INF), hosting: list = ()) -> tuple[np.ndarray, np.ndarray] | None:
+                upper: int = int(_INF), hosting: list = (),
+                shared: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray] | None:
     """[I, J] int64 loads of the device running J \\ I, an accelerator's and a CPU's; _INF where
     it may not (I not below J; an accelerator: a node it cannot run, or over memory) or at
     `upper` and above. `hosting`: the relaxation's floating groups, each device hosting the
-    subset of each that costs it least (NOTE [placement ideal DP])."""
+    subset of each that costs it least (NOTE [placement ideal DP]). `shared`: more transfers, [I, J]."""
     fpga, cpu, size, cost = units
     m, _ = member.shape
     as_int = member.astype(np.int64)
@@ -329,7 +358,8 @@ def _pair_loads(problem: PlacementProblem, member: np.ndarray, subset: np.ndarra
         below = subset[rows]
         room = cap - (mem[None, :] - mem[rows, None])
         ok = below & (bad[None, :] == bad[rows, None]) & (room >= 0)
-        load = np.where(ok, comp_f[None, :] - comp_f[rows, None] + terms.dense(rows), _INF)
+        comm = terms.dense(rows) if shared is None else terms.dense(rows) + shared[rows]
+        load = np.where(ok, comp_f[None, :] - comp_f[rows, None] + comm, _INF)
         load[load >= upper] = _INF
         if hosted:
             ri, ci = np.nonzero(load < _INF)
@@ -353,58 +383,60 @@ def _pair_loads(problem: PlacementProblem, member: np.ndarray, subset: np.ndarra
 
 def _dp(problem: PlacementProblem, member: np.ndarray, subset: np.ndarray, nodes: list[list[int]],
         status: dict[int, int], senders: dict[int, list[int]], units, deadline: float | None,
-        upper: int = int(_INF), hosting: list = ()) -> tuple[int, list[tuple[str, list[int]]] | None] | None:
+        upper: int = int(_INF), hosting: list = (),
+        shared: np.ndarray | None = None) -> tuple[int, list[tuple[str, list[int]]] | None] | None:
     """NOTE [placement ideal DP]'s DP over the pair loads of `_pair_loads`: (least max load, its
     devices), or (_INF, None) when no placement is below `upper`; None past the deadline."""
-    segs = _pair_loads(problem, member, subset, nodes, status, senders, units, deadline, upper, hosting)
+    segs = _pair_loads(problem, member, subset, nodes, status, senders, units, deadline, upper, hosting, shared)
     if segs is None:
         return None
     seg = dict(zip(("fpga", "cpu"), segs))
     m = len(member)
     full = m - 1  # ideals are sorted by size: the last is every class
+    steps = {"fpga": (1, 0), "cpu": (0, 1)}
     best = {(0, 0): np.where(np.arange(m) == 0, 0, _INF)}
-    back: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
     for a in range(problem.max_fpgas + 1):
         for c in range(problem.max_cpus + 1):
             if (a, c) == (0, 0):
                 continue
             if deadline is not None and time.perf_counter() > deadline:
                 return None
-            vals, args = [], []
-            for kind, prev in (("fpga", (a - 1, c)), ("cpu", (a, c - 1))):
-                if prev not in best:
-                    vals.append(np.full(m, _INF)), args.append(np.zeros(m, dtype=np.int64))
+            got = np.full(m, _INF)
+            for kind, (da, dc) in steps.items():
+                prev = best.get((a - da, c - dc))
+                if prev is None:
                     continue
-                alive = np.flatnonzero(best[prev] < _INF)
-                got, arg = np.full(m, _INF), np.zeros(m, dtype=np.int64)
+                alive = np.flatnonzero(prev < _INF)
                 for lo in range(0, m, _ROW_BLOCK):  # blocks of columns J
                     cols = slice(lo, lo + _ROW_BLOCK)
                     if len(alive):
-                        val = np.maximum(best[prev][alive, None], seg[kind][alive, cols])
-                        at = np.argmin(val, axis=0)
-                        got[cols], arg[cols] = val[at, np.arange(val.shape[1])], alive[at]
-                vals.append(got), args.append(arg)
-            which = np.argmin(np.stack(vals), axis=0)  # 0: an accelerator, 1: a CPU
-            best[(a, c)] = np.stack(vals)[which, np.arange(m)]
-            back[(a, c)] = (np.stack(args)[which, np.arange(m)], which)
+                        val = np.maximum(prev[alive, None], seg[kind][alive, cols]).min(axis=0)
+                        got[cols] = np.minimum(got[cols], val)
+            best[(a, c)] = got
     state = min(best, key=lambda s: (best[s][full], s))
     value = int(best[state][full])
     if value >= _INF:
         return int(_INF), None
+    # Read back: a device before J whose stage into J makes best[state][J].
     runs, j = [], full
     while state != (0, 0):
-        arg, which = back[state]
-        i, kind = int(arg[j]), ("fpga", "cpu")[int(which[j])]
+        for kind, (da, dc) in steps.items():
+            prev = best.get((state[0] - da, state[1] - dc))
+            if prev is not None:
+                at = np.flatnonzero(np.maximum(prev, seg[kind][:, j]) == best[state][j])
+                if len(at):
+                    break
+        i = int(at[0])
         ids = sorted(n for k in np.flatnonzero(member[j] & ~member[i]) for n in nodes[k])
         runs.append((kind, ids))
-        state = (state[0] - (kind == "fpga"), state[1] - (kind == "cpu"))
-        j = i
+        state, j = (state[0] - da, state[1] - dc), i
     return value, runs[::-1]
 
 
 def _move_floating(problem: PlacementProblem, devices: list[tuple[str, list[int]]], groups: list[list[int]],
                    units) -> tuple[list[tuple[str, list[int]]], int]:
-    """Each floating group to the device (or a new one) that lowers the loads most, until none moves."""
+    """Each floating group to the device (or a new one) that lowers the loads most, until none moves;
+    (None, None) when no device takes some group."""
     fpga, cpu, size, cost = units
     ids = sorted(problem.nodes)
     pos = {i: k for k, i in enumerate(ids)}
@@ -436,9 +468,9 @@ def _move_floating(problem: PlacementProblem, devices: list[tuple[str, list[int]
             out.append(int(lat[kind][on].sum()) + _sender_cost(eu[cut], e_cost[cut]))
         return out
 
-    def key(at: np.ndarray):
+    def key(at: np.ndarray) -> list[float]:  # loads, largest first; [inf] when a device breaks a rule
         got = loads(at)
-        return None if got is None else sorted(got, reverse=True)
+        return [math.inf] if got is None else sorted(got, reverse=True)
 
     current = key(where)
     for _ in range(4):
@@ -451,10 +483,12 @@ def _move_floating(problem: PlacementProblem, devices: list[tuple[str, list[int]
                 trial = where.copy()
                 trial[rows] = d
                 got = key(trial)
-                if got is not None and got < current:
+                if got < current:
                     where, current, moved = trial, got, True
         if not moved:
             break
+    if current[0] == math.inf:
+        return None, None
     out = [(kinds[d], sorted(ids[k] for k in np.flatnonzero(where == d))) for d in range(len(kinds))]
     return [d for d in out if d[1]], current[0]
 
@@ -476,4 +510,4 @@ def ideal_placement(problem: PlacementProblem, ideal: IdealPlacement, t0: float)
                      lower_bound=min(ideal.bound_units / _SCALE, max(loads)),
                      status="OPTIMAL" if optimal else "FEASIBLE", seconds=time.perf_counter() - t0,
                      stats={"ideal_seconds": ideal.seconds, "ideals": float(ideal.ideals)},
-                     plan_engine="ideal-dp", bound_engine="ideal-dp")
+                     plan_engine=ideal.plan_engine, bound_engine="ideal-dp")

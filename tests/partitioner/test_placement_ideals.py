@@ -171,3 +171,20 @@ def test_known_optima(name, optimum):
     load = max(placement_loads(problem, got.devices))
     assert load == pytest.approx(optimum, abs=1e-6)
     assert load - 1e-4 <= got.bound_units / _SCALE <= load
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_known_placement_prunes_but_loses_nothing(tmp_path, seed):
+    # A known placement (every node on the CPU) prunes the stages above it; the optimum stays,
+    # the bound stays sound, and the known one is kept only when nothing better is found.
+    problem = _training_case(tmp_path, 200 + seed, forward=3, orphans=1)
+    want = _brute_force(problem)
+    on_cpu = [("cpu", sorted(problem.nodes))]
+    exact = placement_ideal_dp(problem, known=on_cpu)
+    assert exact.exact and exact.bound_units / _SCALE == pytest.approx(want, abs=1e-5)
+    g = _class_graph(problem)
+    fits = len(_ideals(g, [c for c in g if g.degree(c) > 0], 10**6, None))
+    relaxed = placement_ideal_dp(problem, limit=fits, known=on_cpu)
+    assert relaxed.bound_units / _SCALE <= want + 1e-9
+    assert relaxed.load_units <= max(placement_loads(problem, on_cpu)) * _SCALE
+    assert (relaxed.plan_engine == "order-dp") == (relaxed.devices == on_cpu)
