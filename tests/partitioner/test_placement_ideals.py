@@ -188,3 +188,20 @@ def test_known_placement_prunes_but_loses_nothing(tmp_path, seed):
     assert relaxed.bound_units / _SCALE <= want + 1e-9
     assert relaxed.load_units <= max(placement_loads(problem, on_cpu)) * _SCALE
     assert (relaxed.plan_engine == "order-dp") == (relaxed.devices == on_cpu)
+
+
+def test_cp_sat_bound_above_a_checked_placement_is_dropped(tmp_path, monkeypatch):
+    # A CP-SAT bound above the load of a placement the checker accepts proves nothing (its model
+    # has lost that placement): the answer keeps the placement, drops the bound, and says so.
+    from ortools.sat.python import cp_model
+
+    import hetpart.partitioner.placement_ideals as placement_ideals
+
+    problem = _inference_case(tmp_path, 2)
+    monkeypatch.setattr(placement_ideals, "placement_ideal_dp", lambda problem, **kw: placement_ideals.IdealPlacement(
+        None, None, 0, False, 0, "not run", 0.0))
+    monkeypatch.setattr(cp_model.CpSolver, "best_objective_bound", property(lambda self: 1e18))
+    got = solve_placement(problem, time_limit_s=10)
+    assert placement_violations(problem, got.devices) == []
+    assert got.stats["cpsat_bound_unsound"] == 1.0
+    assert (got.status, got.lower_bound) == ("FEASIBLE", 0.0)
