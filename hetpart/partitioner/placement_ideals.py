@@ -7,6 +7,7 @@ The cost model is NOTE [placement load] (placement.py), in the solver's integer 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass
@@ -92,6 +93,16 @@ def placement_ideal_dp(problem: PlacementProblem, *, deadline: float | None = No
     floating classes, a placement and a sound bound; no bound (0) over `limit` or past `deadline`.
     `known`: a placement (the order DP's); stages above its max load are dropped, and it is the
     plan when the DP finds none better."""
+    got = _search(problem, deadline, limit, known)
+    if got.devices is not None and placement_violations(problem, got.devices):
+        # Sizes compared in floats (not integers) may let a placement over memory by 1e-12 through.
+        return dataclasses.replace(got, devices=None, load_units=None, exact=False,
+                                   note=got.note + "; its placement breaks a rule, dropped")
+    return got
+
+
+def _search(problem: PlacementProblem, deadline: float | None, limit: int,
+            known: list[tuple[str, list[int]]] | None) -> IdealPlacement:
     t0 = time.perf_counter()
     classes = problem.classes()
     g = _class_graph(problem)
