@@ -180,8 +180,10 @@ def _search(problem: PlacementProblem, deadline: float | None, limit: int,
                               time.perf_counter() - t0, "order-dp")
     value, devices = got
     if devices is not None:
-        devices, value = _move_floating(problem, devices, [sorted(i for c in gr for i in classes[c]) for gr in groups],
-                                        units)
+        # Whole groups first, then their classes one by one.
+        moving = [sorted(i for c in gr for i in classes[c]) for gr in groups]
+        moving += [sorted(classes[c]) for gr in groups if len(gr) > 1 for c in gr]
+        devices, value = _move_floating(problem, devices, moving, units)
     engine = "ideal-dp"
     if devices is None or (upper_units is not None and upper_units <= value):
         devices, value, engine = known, upper_units, "order-dp"
