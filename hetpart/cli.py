@@ -119,6 +119,8 @@ def _parser() -> argparse.ArgumentParser:
     place.add_argument("input", type=Path, help="benchmark JSON (maxSizePerFPGA, maxFPGAs, maxCPUs, nodes, edges)")
     place.add_argument("--time-limit", type=float, default=60.0, help="solver time limit in seconds")
     place.add_argument("--workers", type=int, default=1, help="CP-SAT worker threads (1 is deterministic)")
+    place.add_argument("--gap", type=float, default=0.0,
+                       help="stop once the placement is proven within this fraction of optimal (default 0)")
 
     prof = sub.add_parser("profile", help="measure a model's ops on this machine into a profile table")
     prof.add_argument("model", help="zoo:NAME, hf:TYPE or path/to/file.py:FUNCTION")
@@ -284,7 +286,7 @@ def _placement(args: argparse.Namespace) -> int:
     if args.workers < 1:
         raise HetpartError(f"--workers must be at least 1 (got {args.workers})")
     problem = read_placement(args.input)
-    result = solve_placement(problem, time_limit_s=args.time_limit, workers=args.workers)
+    result = solve_placement(problem, time_limit_s=args.time_limit, workers=args.workers, gap=args.gap)
     print(json.dumps(result.to_json(problem)))
     return 0
 

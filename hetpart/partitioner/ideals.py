@@ -78,11 +78,18 @@ def enumerate_ideals(problem: Problem, limit: int = _VISIT_MAX, deadline: float 
     above `limit` or past the deadline. Breadth first, one size at a time, the ideals of a size as bool rows.
     `before`: pairs (u, w) such that an ideal holding w must hold u (NOTE [twin branches])."""
     order = problem.node_order()
-    n = len(order)
     index = {v: i for i, v in enumerate(order)}
     inputs = [[index[u] for u in problem.graph.predecessors(v)] for v in order]
     for u, w in before:
         inputs[index[w]].append(index[u])
+    return enumerate_downsets(inputs, limit, deadline)
+
+
+def enumerate_downsets(inputs: list[list[int]], limit: int = _VISIT_MAX,
+                       deadline: float | None = None) -> list[int] | None:
+    """`enumerate_ideals` over items 0..n-1, item i's inputs (the items every set holding i must hold)
+    `inputs[i]`: every such set as a bitmask, sorted by size; None above `limit` or past the deadline."""
+    n = len(inputs)
     flat = np.array([u for us in inputs for u in us], dtype=np.int64)  # every node's inputs, node by node
     ends = np.cumsum([len(us) for us in inputs])
     starts = ends - np.array([len(us) for us in inputs])
@@ -106,6 +113,18 @@ def enumerate_ideals(problem: Problem, limit: int = _VISIT_MAX, deadline: float 
         found.extend(sorted(int.from_bytes(row.tobytes(), "little") for row in packed))
         level = np.unpackbits(packed, axis=1, count=n, bitorder="little").astype(bool)
     return found
+
+
+def proper_subsets(member: np.ndarray) -> np.ndarray:
+    """[I, J] bool: set I (a row of `member`, [set, item] bool) is a proper subset of set J."""
+    # I is a subset of J when no node of I is outside J; proper when it is also smaller.
+    sizes = member.sum(1)
+    inside, outside = member.astype(np.float32), (~member).astype(np.float32).T
+    subset = np.zeros((len(member), len(member)), dtype=bool)
+    for lo in range(0, len(member), 1024):  # blocks of rows: the whole product would take GBs
+        rows = slice(lo, lo + 1024)
+        subset[rows] = (inside[rows] @ outside == 0) & (sizes[rows, None] < sizes[None, :])
+    return subset
 
 
 def _bits(masks: list[int], n: int) -> np.ndarray:
@@ -183,13 +202,7 @@ def ideal_tables(problem: Problem, limit: int = IDEAL_MAX, relaxed: bool = False
         own[i] += held_weight_bytes(problem, w)
     forbidden = {t: as_int @ np.array([t in g.nodes[v].get(FORBIDDEN_TYPES, ()) for v in order], dtype=np.int64)
                  for t in problem.device_types}
-    # I is a subset of J when no node of I is outside J; proper when it is also smaller.
-    sizes = as_int.sum(1)
-    inside, outside = member.astype(np.float32), (~member).astype(np.float32).T
-    subset = np.zeros((len(ideals), len(ideals)), dtype=bool)
-    for lo in range(0, len(ideals), 1024):  # blocks of rows: the whole product would take GBs
-        rows = slice(lo, lo + 1024)
-        subset[rows] = (inside[rows] @ outside == 0) & (sizes[rows, None] < sizes[None, :])
+    subset = proper_subsets(member)
     if relaxed:  # a stage may run nothing (a relay, NOTE [ideal DP free nodes])
         inner_index = np.arange(1, len(ideals) - 1)
         subset[inner_index, inner_index] = True

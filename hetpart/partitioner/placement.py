@@ -85,6 +85,8 @@ class Placement:
     status: str  # "OPTIMAL" or "FEASIBLE"
     seconds: float
     stats: dict[str, float] = field(default_factory=dict)
+    plan_engine: str = "cp-sat"  # what found the placement: "ideal-dp", "order-dp" (the hint) or "cp-sat"
+    bound_engine: str = "cp-sat"  # what proved lower_bound: "ideal-dp" or "cp-sat"
 
     @property
     def gap(self) -> float:
@@ -114,6 +116,8 @@ class Placement:
             "gap": round(self.gap, 6),
             "status": self.status,
             "seconds": round(self.seconds, 3),
+            "planEngine": self.plan_engine,
+            "boundEngine": self.bound_engine,
         }
 
 
@@ -390,16 +394,22 @@ def _scaled(problem: PlacementProblem) -> tuple[dict[int, int], dict[int, int], 
 
 
 def solve_placement(problem: PlacementProblem, *, time_limit_s: float = 60.0, workers: int = 1,
-                    seed: int = 0, params: dict | None = None) -> Placement:
+                    seed: int = 0, params: dict | None = None, gap: float = 0.0) -> Placement:
     """The placement with the least max load (NOTE [placement load]), or the best found in time.
 
     CP-SAT over device slots 0..maxFPGAs+maxCPUs-1 in pipeline order, with the order
     encoding y[c][s] = [slot(class c) <= s] (the paper's contiguity assumption),
-    a kind literal per slot, and the DP hint of `placement_hint`.
+    a kind literal per slot, and the DP hint of `placement_hint`. First the DP over ideals (NOTE
+    [placement ideal DP]): when its placement is within `gap` of its bound, CP-SAT does not run;
+    otherwise the better of the two DPs' placements is the hint and the ideal DP's bound a cut.
     """
     t0 = time.perf_counter()
     if not time_limit_s > 0:
         raise HetpartError(f"placement: --time-limit must be positive, got {time_limit_s}")
+    if not 0 <= gap < 1:
+        raise HetpartError(f"placement: --gap must be a fraction in [0, 1), e.g. --gap 0.01 for 1% (got {gap})")
+    from hetpart.partitioner.placement_ideals import IDEAL_SHARE, ideal_placement, placement_ideal_dp  # imports us
+
     classes = problem.classes()
     cls_of = {i: problem.nodes[i].color for i in problem.nodes}
     names = list(classes)
@@ -407,6 +417,13 @@ def solve_placement(problem: PlacementProblem, *, time_limit_s: float = 60.0, wo
     K = problem.max_fpgas + problem.max_cpus
     slots = range(K)
     hint = placement_hint(problem)
+    hint_units = max(_scaled_loads(problem, hint, fpga, cpu, cost)) if hint is not None else None
+    ideal = placement_ideal_dp(problem, deadline=t0 + IDEAL_SHARE * time_limit_s, known=hint)
+    if ideal.devices is not None and ideal.settled(gap):
+        return ideal_placement(problem, ideal, t0)
+    hint_engine = "order-dp"
+    if ideal.devices is not None and (hint is None or ideal.load_units < hint_units):
+        hint, hint_engine = ideal.devices, "ideal-dp"
     t_hint = time.perf_counter()
 
     # --- Data per class.
@@ -486,6 +503,8 @@ def solve_placement(problem: PlacementProblem, *, time_limit_s: float = 60.0, wo
         m.add(max_load >= sum(c_cpu[c] * x[c][s] for c in names)).only_enforce_if(is_cpu[s])
     # Redundant cut: every class runs somewhere, at its cheaper speed.
     m.add(max_load * K >= sum(min(c_fpga[c] if c_fpga_ok[c] else ub, c_cpu[c]) for c in names))
+    # The ideal DP's bound (NOTE [placement ideal DP]: no placement is below it).
+    m.add(max_load >= ideal.bound_units)
     m.minimize(max_load)
 
     # --- Hint: the DP's placement, in slot order.
@@ -518,6 +537,7 @@ def solve_placement(problem: PlacementProblem, *, time_limit_s: float = 60.0, wo
     solver.parameters.random_seed = seed
     # PARTITIONING-NOTES finding 3: probing is most of presolve (20 s of 25 s on bert_l-12) for no gain here.
     solver.parameters.cp_model_probing_level = 0
+    solver.parameters.relative_gap_limit = gap
     for key, value in (params or {}).items():
         setattr(solver.parameters, key, value)
     status = solver.solve(m)
@@ -540,17 +560,26 @@ def solve_placement(problem: PlacementProblem, *, time_limit_s: float = 60.0, wo
     if hint is not None:
         candidates.append(hint)
     scored = [(max(placement_loads(problem, d)), n, d) for n, d in enumerate(candidates)]
-    best_load, _, best = min(scored)
+    best_load, picked, best = min(scored)
     bound = max(0.0, solver.best_objective_bound / _SCALE) if found else 0.0
+    # CP-SAT's bound is of the floored costs, so at most any placement's float load: above the
+    # checked one, its model has lost a placement (issue 17's synthetic training graph) and proves nothing.
+    unsound = bound > best_load * (1 + _ROUND_SLACK)
+    if unsound:
+        bound = 0.0
+    bound_engine = "ideal-dp" if ideal.bound_units / _SCALE >= bound else "cp-sat"
+    bound = max(bound, ideal.bound_units / _SCALE)
     loads = placement_loads(problem, best)
     violations = placement_violations(problem, best)
     if violations:
         raise RuntimeError("hetpart bug: the placement breaks its problem:\n  " + "\n  ".join(violations))
-    optimal = status == cp_model.OPTIMAL
+    optimal = status == cp_model.OPTIMAL and gap == 0 and not unsound
     return Placement(
         devices=best, loads=loads, max_load=best_load, lower_bound=min(bound, best_load),
         status="OPTIMAL" if optimal else "FEASIBLE", seconds=time.perf_counter() - t0,
         stats={"hint_seconds": t_hint - t0, "build_seconds": t_build - t_hint, "cpsat_seconds": t_solve - t_build,
                "hint_max_load": max(placement_loads(problem, hint)) if hint else math.inf,
-               "classes": float(len(names)), "variables": float(len(m.proto.variables))},
+               "classes": float(len(names)), "variables": float(len(m.proto.variables)),
+               "ideal_seconds": ideal.seconds, "ideals": float(ideal.ideals), "cpsat_bound_unsound": float(unsound)},
+        plan_engine="cp-sat" if found and picked == 0 else hint_engine, bound_engine=bound_engine,
     )
