@@ -39,8 +39,29 @@ from hetpart.errors import HetpartError
 # (the authors' DP over ideals assumes this; backward nodes follow their class).
 # Objective: the maximum load.
 
-_SCALE = 1_000_000  # integer units per unit of the input's latencies
+_SCALE = 1_000_000  # integer units per unit of the input's latencies, at most (NOTE [int32 activities])
 _ROUND_SLACK = 1e-9  # relative tolerance when comparing float loads
+_ACTIVITY_MAX = 2**31 - 1  # the largest |activity| a linear constraint of the model may reach (NOTE [int32 activities])
+
+# NOTE [int32 activities]
+# OR-Tools 9.15's CP-SAT presolve proves wrong optima when a linear constraint can reach an
+# activity of 2**31 or more: in its "linear + amo" step (ProcessAtMostOneAndLinear; only
+# presolve_inclusion_work_limit=0 or keep_all_feasible_solutions_in_presolve avoid it) an
+# enforced `max_load >= sum(w_i x_i)` whose weights sum to 2**31 - 1 presolves right and to
+# 2**31 wrong, as if the sum were cut to 32 bits (benchmarks/ortools_presolve_int32.py: two
+# items, only ortools; the model is valid: with presolve off the same proto is solved right).
+# That was issue 17's false OPTIMAL: at _SCALE = 1e6 a CPU slot's expression, the sum of every
+# node's cpuLatency, passes 2**31 once the CPU latencies add up to 2147.5 (1,071 nodes of a
+# training graph: 79.50 "proven" where 72.86 exists). Every linear expression the model builds
+# is therefore kept below _ACTIVITY_MAX:
+# - time: the scale is min(_SCALE, _ACTIVITY_MAX / U), U = the largest load any slot can
+#   have (`_time_scale`); latencies are still rounded down, so bounds stay valid, and a
+#   coarser scale only widens the rounding (at most one unit per node and sender);
+# - memory: sizes over the gcd of the (integral) sizes when that fits, an exact rewrite;
+#   else rounded down to units of total / _ACTIVITY_MAX and the limit too: a relaxation
+#   (every placement that fits still fits), so the bound stays valid, but a solution may
+#   not fit in bytes, and `solve_placement` keeps only placements `placement_violations` accepts;
+# - the redundant work cut is max_load >= ceil(work / K), not K * max_load >= work.
 
 
 @dataclass(frozen=True)
@@ -373,17 +394,39 @@ def _scaled_loads(problem: PlacementProblem, devices: list[tuple[str, list[int]]
     return loads
 
 
-def _scaled(problem: PlacementProblem) -> tuple[dict[int, int], dict[int, int], dict[int, float], dict[int, int]]:
-    """Integer latencies and costs for the solver: floor(x * _SCALE).
+def _time_scale(problem: PlacementProblem) -> float:
+    """Integer units per unit of latency: _SCALE, or less where a slot's load could reach
+    _ACTIVITY_MAX units (NOTE [int32 activities])."""
+    most = (sum(max(n.fpga_latency, n.cpu_latency) for n in problem.nodes.values())
+            + sum(problem.cost.values()))  # no slot's load, accelerator or CPU, exceeds this
+    # (1 - 1e-6): float rounding of each floor(x * scale) cannot carry the sum past _ACTIVITY_MAX.
+    return min(float(_SCALE), _ACTIVITY_MAX * (1 - 1e-6) / most) if most > 0 else float(_SCALE)
 
-    Rounding down makes every integer load <= _SCALE x the float load, so the
-    solver's bound / _SCALE is a valid bound of the float problem.
+
+def _scaled(problem: PlacementProblem) -> tuple[dict[int, int], dict[int, int], dict[int, float], dict[int, int]]:
+    """Integer latencies and costs for the solver: floor(x * `_time_scale`).
+
+    Rounding down makes every integer load <= scale x the float load, so the
+    solver's bound / scale is a valid bound of the float problem.
     """
-    fpga = {i: math.floor(n.fpga_latency * _SCALE) for i, n in problem.nodes.items()}
-    cpu = {i: math.floor(n.cpu_latency * _SCALE) for i, n in problem.nodes.items()}
+    scale = _time_scale(problem)
+    fpga = {i: math.floor(n.fpga_latency * scale) for i, n in problem.nodes.items()}
+    cpu = {i: math.floor(n.cpu_latency * scale) for i, n in problem.nodes.items()}
     size = {i: n.size_bytes for i, n in problem.nodes.items()}
-    cost = {i: math.floor(c * _SCALE) for i, c in problem.cost.items()}
+    cost = {i: math.floor(c * scale) for i, c in problem.cost.items()}
     return fpga, cpu, size, cost
+
+
+def _memory_units(sizes: list[float], limit_bytes: float) -> tuple[list[int], int, bool]:
+    """(integer sizes, integer limit, exact) for the accelerator memory constraint, their sum
+    at most _ACTIVITY_MAX (NOTE [int32 activities]). Exact: over the gcd of integral sizes;
+    else rounded down to a coarser unit, a relaxation (exact False)."""
+    if all(float(s).is_integer() for s in sizes):
+        unit = math.gcd(*(int(s) for s in sizes)) or 1
+        if sum(int(s) for s in sizes) // unit <= _ACTIVITY_MAX:
+            return [int(s) // unit for s in sizes], math.floor(limit_bytes / unit), True
+    unit = max(1.0, sum(sizes) / _ACTIVITY_MAX)
+    return [math.floor(s / unit) for s in sizes], math.floor(limit_bytes / unit), False
 
 
 # --- The exact model.
@@ -428,6 +471,7 @@ def solve_placement(problem: PlacementProblem, *, time_limit_s: float = 60.0, wo
     used = [m.new_bool_var(f"used[{s}]") for s in slots]
     pay = {(u, s): m.new_bool_var(f"pay[{u}][{s}]") for u in sends for s in slots}
     ub = sum(max(c_fpga[c], c_cpu[c]) for c in names) + sum(cost.values())
+    assert ub <= _ACTIVITY_MAX, "hetpart bug: NOTE [int32 activities] scale too large"
     max_load = m.new_int_var(0, ub, "max_load")
 
     def le(c, s):  # [slot(c) <= s] as a literal or constant
@@ -465,12 +509,12 @@ def solve_placement(problem: PlacementProblem, *, time_limit_s: float = 60.0, wo
             m.add_implication(is_cpu[s], is_cpu[s + 1]).only_enforce_if(~used[s])
 
     # --- Constraints: memory and transfers.
+    mem_units, mem_limit, mem_exact = _memory_units([c_size[c] for c in names], problem.max_size_bytes)
     for s in slots:
         if sum(c_size.values()) > problem.max_size_bytes:
-            # An accelerator holds at most maxSizePerFPGA bytes.
-            # (Sizes rounded up and the limit down: a placement the model accepts fits in floats too.)
-            held = sum(math.ceil(c_size[c]) * x[c][s] for c in names)
-            m.add(held <= math.floor(problem.max_size_bytes)).only_enforce_if(~is_cpu[s])
+            # An accelerator holds at most maxSizePerFPGA bytes (in the units of NOTE [int32 activities]).
+            held = sum(u * x[c][s] for u, c in zip(mem_units, names))
+            m.add(held <= mem_limit).only_enforce_if(~is_cpu[s])
         for u, targets in sends.items():
             for cv in sorted(targets, key=str):
                 # u pays its cost on slot s when it is on s and a consumer is not, or the reverse.
@@ -484,8 +528,9 @@ def solve_placement(problem: PlacementProblem, *, time_limit_s: float = 60.0, wo
               + sum(cost[u] * pay[u, s] for u in sends)).only_enforce_if(~is_cpu[s])
         # A CPU's load: its nodes' cpuLatency.
         m.add(max_load >= sum(c_cpu[c] * x[c][s] for c in names)).only_enforce_if(is_cpu[s])
-    # Redundant cut: every class runs somewhere, at its cheaper speed.
-    m.add(max_load * K >= sum(min(c_fpga[c] if c_fpga_ok[c] else ub, c_cpu[c]) for c in names))
+    # Redundant cut: every class runs somewhere, at its cheaper speed, on one of K slots
+    # (a constant right-hand side, not K * max_load: NOTE [int32 activities]).
+    m.add(max_load >= -(-sum(min(c_fpga[c] if c_fpga_ok[c] else ub, c_cpu[c]) for c in names) // K))
     m.minimize(max_load)
 
     # --- Hint: the DP's placement, in slot order.
@@ -539,14 +584,23 @@ def solve_placement(problem: PlacementProblem, *, time_limit_s: float = 60.0, wo
         candidates.append(devices)
     if hint is not None:
         candidates.append(hint)
-    scored = [(max(placement_loads(problem, d)), n, d) for n, d in enumerate(candidates)]
+    # Only placements the checker accepts count: with memory relaxed (NOTE [int32 activities])
+    # the solver's may hold too many bytes; with it exact, a broken one is a bug.
+    scored = []
+    for n, d in enumerate(candidates):
+        violations = placement_violations(problem, d)
+        if violations and (mem_exact or n == len(candidates) - 1 and hint is not None):
+            raise RuntimeError("hetpart bug: the placement breaks its problem:\n  " + "\n  ".join(violations))
+        if not violations:
+            scored.append((max(placement_loads(problem, d)), n, d))
+    if not scored:
+        raise HetpartError(f"placement: no placement found for {problem.name or 'the input'} that fits in "
+                           "maxSizePerFPGA bytes within the time limit; raise --time-limit")
     best_load, _, best = min(scored)
-    bound = max(0.0, solver.best_objective_bound / _SCALE) if found else 0.0
+    bound = max(0.0, solver.best_objective_bound / _time_scale(problem)) if found else 0.0
     loads = placement_loads(problem, best)
-    violations = placement_violations(problem, best)
-    if violations:
-        raise RuntimeError("hetpart bug: the placement breaks its problem:\n  " + "\n  ".join(violations))
-    optimal = status == cp_model.OPTIMAL
+    # The solver's optimum is the problem's when its placement is one of those kept.
+    optimal = status == cp_model.OPTIMAL and scored[0][1] == 0
     return Placement(
         devices=best, loads=loads, max_load=best_load, lower_bound=min(bound, best_load),
         status="OPTIMAL" if optimal else "FEASIBLE", seconds=time.perf_counter() - t0,
