@@ -20,6 +20,7 @@ from ortools.sat.python import cp_model
 
 from hetpart.errors import HetpartError
 from hetpart.partitioner.bounds import Bounds, compute_bounds, objective_bound_ns
+from hetpart.partitioner.certificate import check_by_default, check_plan, plan_provenance
 from hetpart.partitioner.coarsen import coarsen, cut_candidates
 from hetpart.partitioner.constraints import check_constraints
 from hetpart.partitioner.dp import Segments, contiguous_plan, dp_hint, order_tables, refine_cuts
@@ -456,6 +457,7 @@ def solve(
     microbatches: int = 1,
     coarsen_above: int | None = COARSEN_ABOVE,
     gap: float = 0.0,
+    check_certificate: bool | None = None,
 ) -> Plan:
     """The plan with the least bottleneck (NOTE [stage time]), or the best found in `time_limit_s`.
 
@@ -472,6 +474,9 @@ def solve(
     Raises HetpartError when no plan fits in memory, when the groups and forbidden
     types rule out every plan (naming which and why), or
     none was found in time.
+    The plan's `certificate` names its bound's source; `check_certificate` (None: the
+    HETPART_CHECK_CERTIFICATE environment variable) re-proves an OPTIMAL or WITHIN_GAP
+    claim by another route, NOTE [checked certificates] in certificate.py.
 
         >>> import networkx as nx
         >>> from hetpart.partitioner.problem import Device, Link
@@ -483,6 +488,18 @@ def solve(
         >>> plan.stage_of, plan.bottleneck_ns, plan.solver_status
         ({'a': 0, 'b': 0, 'c': 1}, 60, 'OPTIMAL')
     """
+    plan = _solve_unchecked(problem, time_limit_s=time_limit_s, seed=seed, workers=workers, hint=hint,
+                            log_callback=log_callback, objective=objective, microbatches=microbatches,
+                            coarsen_above=coarsen_above, gap=gap)
+    if check_certificate if check_certificate is not None else check_by_default():
+        plan = check_plan(problem, plan, time_limit_s=time_limit_s, coarsen_above=coarsen_above)
+    return plan
+
+
+def _solve_unchecked(problem: Problem, *, time_limit_s: float, seed: int, workers: int, hint: Plan | None,
+                     log_callback: LogCallback | None, objective: str, microbatches: int,
+                     coarsen_above: int | None, gap: float) -> Plan:
+    """`solve` without the certificate check."""
     t0 = time.perf_counter()
     if not time_limit_s > 0:
         raise HetpartError(
@@ -571,6 +588,7 @@ def solve(
         raise RuntimeError(f"hetpart bug: invalid CP-SAT model: {mdl.model.validate()}")
     found = status in (cp_model.OPTIMAL, cp_model.FEASIBLE)
     bound = max(0, math.ceil(solver.best_objective_bound - 1e-6)) if found else 0
+    stats["solver_bound_ns"] = float(bound)
     if not found:
         if dp_plan is None:
             raise HetpartError(
@@ -645,7 +663,7 @@ def _finished_plan(stage_of: dict[str, int], device_of_stage: list[str], stages:
         status = "WITHIN_GAP"
     else:
         status = "FEASIBLE"
-    return Plan(
+    plan = Plan(
         stage_of=stage_of,
         device_of_stage=device_of_stage,
         stages=stages,
@@ -659,6 +677,7 @@ def _finished_plan(stage_of: dict[str, int], device_of_stage: list[str], stages:
         objective_ns=best,
         microbatches=microbatches,
     )
+    return dataclasses.replace(plan, certificate=plan_provenance(plan))
 
 
 def _constraints_note(problem: Problem) -> str:
@@ -748,7 +767,8 @@ def _solve_coarsened(problem: Problem, t0: float, *, time_limit_s: float, seed: 
         progress = (lambda obj, _bound: log_callback(obj, valid_lb)) if log_callback else None
         try:
             cplan = solve(coarse.problem, time_limit_s=remaining, seed=seed, workers=workers, hint=coarse_hint,
-                          log_callback=progress, objective=objective, microbatches=microbatches, coarsen_above=None)
+                          log_callback=progress, objective=objective, microbatches=microbatches, coarsen_above=None,
+                          check_certificate=False)
         except HetpartError:
             cplan = None  # the runs are too coarse to fit somewhere: keep the DP's plan
         if cplan is not None:

@@ -24,6 +24,7 @@ import numpy as np
 from ortools.sat.python import cp_model
 
 from hetpart.errors import HetpartError
+from hetpart.partitioner.problem import Certificate
 
 # NOTE [placement load]
 # (The authors' ILP `maxload`, read from msr-fiddle/dnn-partitioning, and our README.)
@@ -106,6 +107,7 @@ class Placement:
     status: str  # "OPTIMAL" or "FEASIBLE"
     seconds: float
     stats: dict[str, float] = field(default_factory=dict)
+    certificate: Certificate | None = None  # the bound's provenance and re-proof (NOTE [checked certificates])
 
     @property
     def gap(self) -> float:
@@ -135,6 +137,7 @@ class Placement:
             "gap": round(self.gap, 6),
             "status": self.status,
             "seconds": round(self.seconds, 3),
+            "certificate": self.certificate.to_json() if self.certificate else None,
         }
 
 
@@ -433,13 +436,25 @@ def _memory_units(sizes: list[float], limit_bytes: float) -> tuple[list[int], in
 
 
 def solve_placement(problem: PlacementProblem, *, time_limit_s: float = 60.0, workers: int = 1,
-                    seed: int = 0, params: dict | None = None) -> Placement:
+                    seed: int = 0, params: dict | None = None, check_certificate: bool | None = None) -> Placement:
     """The placement with the least max load (NOTE [placement load]), or the best found in time.
 
     CP-SAT over device slots 0..maxFPGAs+maxCPUs-1 in pipeline order, with the order
     encoding y[c][s] = [slot(class c) <= s] (the paper's contiguity assumption),
-    a kind literal per slot, and the DP hint of `placement_hint`.
+    a kind literal per slot, and the DP hint of `placement_hint`. `check_certificate`
+    (None: HETPART_CHECK_CERTIFICATE) re-proves an OPTIMAL claim, NOTE [checked certificates].
     """
+    from hetpart.partitioner.certificate import check_by_default, check_placement
+
+    result = _solve_placement_cpsat(problem, time_limit_s=time_limit_s, workers=workers, seed=seed, params=params)
+    if check_certificate if check_certificate is not None else check_by_default():
+        result = check_placement(problem, result, time_limit_s=time_limit_s)
+    return result
+
+
+def _solve_placement_cpsat(problem: PlacementProblem, *, time_limit_s: float, workers: int, seed: int,
+                           params: dict | None) -> Placement:
+    """`solve_placement` without the certificate check."""
     t0 = time.perf_counter()
     if not time_limit_s > 0:
         raise HetpartError(f"placement: --time-limit must be positive, got {time_limit_s}")
@@ -597,12 +612,17 @@ def solve_placement(problem: PlacementProblem, *, time_limit_s: float = 60.0, wo
         raise HetpartError(f"placement: no placement found for {problem.name or 'the input'} that fits in "
                            "maxSizePerFPGA bytes within the time limit; raise --time-limit")
     best_load, _, best = min(scored)
-    bound = max(0.0, solver.best_objective_bound / _time_scale(problem)) if found else 0.0
+    bound = max(0.0, solver.best_objective_bound / _time_scale(problem)) if found else 0.0  # rounded down: valid
     loads = placement_loads(problem, best)
     # The solver's optimum is the problem's when its placement is one of those kept.
     optimal = status == cp_model.OPTIMAL and scored[0][1] == 0
+    scale = _time_scale(problem)
+    relaxation = (f"CP-SAT's objective bound (presolve on) of the slot model: latencies and costs rounded down to "
+                  f"1/{scale:.6g} units" + ("" if mem_exact else ", memory rounded down to coarser units")
+                  + " (NOTE [int32 activities])")
     return Placement(
         devices=best, loads=loads, max_load=best_load, lower_bound=min(bound, best_load),
+        certificate=Certificate("cpsat_objective_bound" if found else "none", relaxation),
         status="OPTIMAL" if optimal else "FEASIBLE", seconds=time.perf_counter() - t0,
         stats={"hint_seconds": t_hint - t0, "build_seconds": t_build - t_hint, "cpsat_seconds": t_solve - t_build,
                "hint_max_load": max(placement_loads(problem, hint)) if hint else math.inf,

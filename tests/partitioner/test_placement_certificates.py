@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import json
 
 import pytest
 
+from hetpart.cli import main
+from hetpart.errors import HetpartError
+from hetpart.partitioner import TIME_NS, certificate, solve, verify_plan
 from hetpart.partitioner import placement as pl
 from hetpart.partitioner.placement import (
     PlacementNode,
@@ -14,6 +19,7 @@ from hetpart.partitioner.placement import (
     solve_placement,
 )
 
+from partition_cases import brute_force, random_problem, without_ideal_dp
 from placement_cases import brute_force_placement
 
 
@@ -74,3 +80,85 @@ def test_memory_over_int32_bytes_matches_brute_force():
     assert placement_violations(problem, got.devices) == []
     assert got.max_load == pytest.approx(want)
     assert got.lower_bound <= want + 1e-9
+
+
+# --- Checked certificates (NOTE [checked certificates]).
+
+
+@pytest.mark.parametrize("brute_max", [certificate.BRUTE_MAX, 0])  # brute force, then CP-SAT without presolve
+def test_check_refutes_issue_17s_claim(monkeypatch, brute_max):
+    # Back to the fixed scale of 1e6 (no int32 cap): presolve claims 429.5 OPTIMAL again.
+    monkeypatch.setattr(pl, "_ACTIVITY_MAX", 2**62)
+    monkeypatch.setattr(certificate, "BRUTE_MAX", brute_max)
+    problem = int32_case()
+    trusted = solve_placement(problem, time_limit_s=10, check_certificate=False)
+    assert trusted.status == "OPTIMAL" and trusted.lower_bound == pytest.approx(429.5)
+    assert trusted.certificate.bound_source == "cpsat_objective_bound" and trusted.certificate.verdict == "not_checked"
+    checked = solve_placement(problem, time_limit_s=10, check_certificate=True)
+    cert = checked.certificate
+    assert cert.verdict == "refuted" and cert.checked_by == ("brute_force" if brute_max else "cpsat_no_presolve")
+    assert checked.status == "FEASIBLE" and "downgraded" in cert.warning
+    assert checked.max_load == pytest.approx(371.296729) and checked.lower_bound <= checked.max_load
+    assert placement_violations(problem, checked.devices) == []
+
+
+def test_check_confirms_a_sound_claim():
+    got = solve_placement(int32_case(), time_limit_s=10, check_certificate=True)
+    assert got.status == "OPTIMAL"
+    assert got.certificate.verdict == "confirmed" and got.certificate.checked_by == "brute_force"
+    assert got.to_json(int32_case())["certificate"]["verdict"] == "confirmed"
+
+
+def test_placement_cli_warns_when_refuted(monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(pl, "_ACTIVITY_MAX", 2**62)
+    problem = int32_case()
+    data = {"maxSizePerFPGA": 1e9, "maxFPGAs": 1, "maxCPUs": 1,
+            "nodes": [{"id": i, "supportedOnFpga": 1, "cpuLatency": n.cpu_latency, "fpgaLatency": n.fpga_latency}
+                      for i, n in problem.nodes.items()],
+            "edges": [{"sourceId": u, "destId": v, "cost": problem.cost[u]} for u, v in problem.edges]}
+    path = tmp_path / "int32.json"
+    path.write_text(json.dumps(data))
+    assert main(["placement", str(path), "--check-certificate"]) == 0
+    captured = capsys.readouterr()
+    assert "hetpart: warning: brute_force found a placement" in captured.err
+    out = json.loads(captured.out)
+    assert out["status"] == "FEASIBLE" and out["certificate"]["verdict"] == "refuted"
+    assert main(["placement", str(path), "--no-check-certificate"]) == 0
+    assert json.loads(capsys.readouterr().out)["status"] == "OPTIMAL"  # the unchecked claim, as before
+
+
+def _slow_ops(seed: int):
+    """random_problem(seed) with op times of 0.03-1.2 s: stage sums pass 2**31 ns (NOTE [int32 activities])."""
+    p = random_problem(seed)
+    g = p.graph.copy()
+    for v in g.nodes:
+        g.nodes[v][TIME_NS] = {t: ns * 30_000_000 for t, ns in g.nodes[v][TIME_NS].items()}
+    return dataclasses.replace(p, graph=g)
+
+
+def test_partition_claim_from_cpsat_refuted_and_downgraded(monkeypatch):
+    # The same presolve bug in `partition`'s model: CP-SAT alone claims a bound above the optimum.
+    without_ideal_dp(monkeypatch)
+    p = _slow_ops(115)
+    optimum = brute_force(p)
+    trusted = solve(p, time_limit_s=10, check_certificate=False)
+    assert trusted.solver_status == "OPTIMAL" and trusted.lower_bound_ns > optimum
+    assert trusted.certificate.bound_source == "cpsat_objective_bound"
+    checked = solve(p, time_limit_s=10, check_certificate=True)
+    verify_plan(p, checked)
+    assert checked.certificate.verdict == "refuted" and checked.certificate.checked_by == "brute_force"
+    assert checked.solver_status == "FEASIBLE" and checked.lower_bound_ns <= optimum == checked.value_ns
+
+
+def test_partition_certificates_name_their_source_and_are_confirmed():
+    for seed in range(4):
+        p = random_problem(seed)
+        try:
+            plan = solve(p, time_limit_s=10, check_certificate=True)
+        except HetpartError:
+            continue  # no plan fits
+        assert plan.certificate.bound_source in {"cpsat_objective_bound", "ideal_dp", "sequence", "stage_sum",
+                                                 "lp_work", "single_op"}
+        if plan.solver_status in ("OPTIMAL", "WITHIN_GAP"):
+            assert plan.certificate.verdict == "confirmed"
+            assert plan.certificate.reproved_bound >= plan.lower_bound_ns
