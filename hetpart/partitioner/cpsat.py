@@ -49,6 +49,7 @@ COARSEN_ABOVE = 1_000  # nodes; above, `solve` coarsens (NOTE [coarsened solve])
 COARSE_NODES = 300  # runs of the coarse problem CP-SAT sees
 DP_SHARE = 0.5  # of the time limit, the most the DP may take (NOTE [DP deadline] in dp.py)
 IDEAL_SHARE = 0.8  # of the time limit, when the DP over ideals must be done (NOTE [ideal DP] in ideals.py)
+INT32_SAFE_NS = 2**31 - 1  # stage times the model may reach before presolve needs NOTE [int32 activities]
 
 
 @dataclass
@@ -72,6 +73,7 @@ class _Model:
     bottleneck: cp_model.IntVar
     stage_time: list[cp_model.IntVar]  # per stage, only for the latency and iteration objectives
     stats: dict[str, float] = field(default_factory=dict)
+    time_ub_ns: int = 0  # the most a stage's time can reach in the model (NOTE [int32 activities] in placement.py)
 
 
 def _build(problem: Problem, objective: str = "throughput", microbatches: int = 1,
@@ -272,7 +274,7 @@ def _build(problem: Problem, objective: str = "throughput", microbatches: int = 
     return _Model(
         model=m, order=order, num_stages=K, y=y, used=used, a=a, is_type=is_type, on_machine=on_machine,
         has_capacity=has_capacity, cross=cross, any_cross=any_cross, comm=comm, compute=compute, holds=holds,
-        bottleneck=bottleneck, stage_time=stage_time,
+        bottleneck=bottleneck, stage_time=stage_time, time_ub_ns=compute_ub + 2 * comm_ub,
     )
 
 
@@ -564,6 +566,12 @@ def _solve_unchecked(problem: Problem, *, time_limit_s: float, seed: int, worker
     solver.parameters.num_workers = workers
     # PARTITIONING-NOTES finding 3: presolve dominates on big models; probing is what costs.
     solver.parameters.cp_model_probing_level = 0
+    if mdl.time_ub_ns > INT32_SAFE_NS:
+        # NOTE [int32 activities] (placement.py): OR-Tools 9.15's presolve gets `bottleneck >= sum(...)`
+        # wrong once the sum can reach 2**31; its inclusion step is where ("linear + amo"), so it goes.
+        # (Random 2-6 node problems with ops of 0.03-1.2 s: 33 of 146 claimed bounds above the
+        # brute-force optimum with it, none of 296 without.)
+        solver.parameters.presolve_inclusion_work_limit = 0
     if gap > 0:
         solver.parameters.relative_gap_limit = gap  # NOTE [gap stop]; the callback adds the external bound
     callback = _Progress(log_callback, gap, search_free_lb) if log_callback or gap > 0 else None
@@ -578,6 +586,7 @@ def _solve_unchecked(problem: Problem, *, time_limit_s: float, seed: int, worker
         "variables": float(len(proto.variables)),
         "constraints": float(len(proto.constraints)),
         "max_stages": float(mdl.num_stages),
+        "presolve_inclusion_off": float(mdl.time_ub_ns > INT32_SAFE_NS),
     }
     if dp_plan is not None:
         stats["dp_bottleneck_ns"] = float(dp_plan.bottleneck_ns)

@@ -63,6 +63,9 @@ _ACTIVITY_MAX = 2**31 - 1  # the largest |activity| a linear constraint of the m
 #   (every placement that fits still fits), so the bound stays valid, but a solution may
 #   not fit in bytes, and `solve_placement` keeps only placements `placement_violations` accepts;
 # - the redundant work cut is max_load >= ceil(work / K), not K * max_load >= work.
+# `partition`'s model (cpsat.py) meets the same bug once a stage's time can pass 2**31 ns
+# (2.1 s); there, where that can happen, CP-SAT runs without presolve's inclusion step
+# (presolve_inclusion_work_limit = 0), which random problems show is enough (cpsat.py).
 
 
 @dataclass(frozen=True)
