@@ -458,12 +458,22 @@ def solve_placement(problem: PlacementProblem, *, time_limit_s: float = 60.0, wo
     return result
 
 
-def _solve_placement_cpsat(problem: PlacementProblem, *, time_limit_s: float, workers: int, seed: int,
-                           params: dict | None) -> Placement:
-    """`solve_placement` without the certificate check."""
+@dataclass
+class _PlacementModel:
+    """`solve_placement`'s CP-SAT model and what reading an answer needs; solvable more than once."""
+
+    model: cp_model.CpModel
+    x: dict[object, list]  # x[c][s]: class c runs on slot s
+    is_cpu: list  # is_cpu[s]: slot s is a CPU
+    classes: dict[object, list[int]]
+    hint: list[tuple[str, list[int]]] | None  # placement_hint's placement
+    mem_exact: bool  # memory in exact units (NOTE [int32 activities]); else relaxed
+    seconds: dict[str, float]  # hint_seconds, build_seconds
+
+
+def _placement_model(problem: PlacementProblem) -> _PlacementModel:
+    """The CP-SAT model of `solve_placement`, with the hint of `placement_hint`."""
     t0 = time.perf_counter()
-    if not time_limit_s > 0:
-        raise HetpartError(f"placement: --time-limit must be positive, got {time_limit_s}")
     classes = problem.classes()
     cls_of = {i: problem.nodes[i].color for i in problem.nodes}
     names = list(classes)
@@ -576,6 +586,20 @@ def _solve_placement_cpsat(problem: PlacementProblem, *, time_limit_s: float, wo
                 inside = where[u] == s
                 m.add_hint(pay[u, s], any((slot_of[cv] == s) != inside for cv in targets))
     t_build = time.perf_counter()
+    return _PlacementModel(model=m, x=x, is_cpu=is_cpu, classes=classes, hint=hint, mem_exact=mem_exact,
+                           seconds={"hint_seconds": t_hint - t0, "build_seconds": t_build - t_hint})
+
+
+def _solve_placement_cpsat(problem: PlacementProblem, *, time_limit_s: float, workers: int, seed: int,
+                           params: dict | None, mdl: _PlacementModel | None = None) -> Placement:
+    """`solve_placement` without the certificate check, on `mdl` (built here when None)."""
+    t0 = time.perf_counter()
+    if not time_limit_s > 0:
+        raise HetpartError(f"placement: --time-limit must be positive, got {time_limit_s}")
+    mdl = mdl or _placement_model(problem)
+    m, x, is_cpu, classes, hint, mem_exact = mdl.model, mdl.x, mdl.is_cpu, mdl.classes, mdl.hint, mdl.mem_exact
+    names, slots = list(classes), range(len(is_cpu))
+    t_build = time.perf_counter()
 
     # --- Solve.
     solver = cp_model.CpSolver()
@@ -623,14 +647,15 @@ def _solve_placement_cpsat(problem: PlacementProblem, *, time_limit_s: float, wo
     # The solver's optimum is the problem's when its placement is one of those kept.
     optimal = status == cp_model.OPTIMAL and scored[0][1] == 0
     scale = _time_scale(problem)
-    relaxation = (f"CP-SAT's objective bound (presolve on) of the slot model: latencies and costs rounded down to "
+    presolve = "on" if solver.parameters.cp_model_presolve else "off"
+    relaxation = (f"CP-SAT's objective bound (presolve {presolve}) of the slot model: latencies and costs rounded down to "
                   f"1/{scale:.6g} units" + ("" if mem_exact else ", memory rounded down to coarser units")
                   + " (NOTE [int32 activities])")
     return Placement(
         devices=best, loads=loads, max_load=best_load, lower_bound=min(bound, best_load),
         certificate=Certificate("cpsat_objective_bound" if found else "none", relaxation),
         status="OPTIMAL" if optimal else "FEASIBLE", seconds=time.perf_counter() - t0,
-        stats={"hint_seconds": t_hint - t0, "build_seconds": t_build - t_hint, "cpsat_seconds": t_solve - t_build,
+        stats={**mdl.seconds, "cpsat_seconds": t_solve - t_build,
                "hint_max_load": max(placement_loads(problem, hint)) if hint else math.inf,
                "classes": float(len(names)), "variables": float(len(m.proto.variables))},
     )

@@ -82,20 +82,24 @@ def random_partition(seed: int) -> Problem:
 
 
 def placement_paths(problem: PlacementProblem) -> dict[str, PathResult]:
-    """Each placement path: CP-SAT with presolve on and off, checked, and the DP hint."""
+    """Each placement path: CP-SAT with presolve on and off (one model build), checked, and the DP hint."""
     out = {}
-    for name, kwargs in (("cpsat presolve on", {}), ("cpsat presolve off", {"params": {"cp_model_presolve": False}}),
-                         ("checked", {"check_certificate": True})):
-        kwargs.setdefault("check_certificate", False)
+    mdl = pl._placement_model(problem)
+    for name, run in (
+        ("cpsat presolve on", lambda: pl._solve_placement_cpsat(problem, time_limit_s=10, workers=1, seed=0,
+                                                                params=None, mdl=mdl)),
+        ("cpsat presolve off", lambda: pl._solve_placement_cpsat(problem, time_limit_s=10, workers=1, seed=0,
+                                                                 params={"cp_model_presolve": False}, mdl=mdl)),
+        ("checked", lambda: solve_placement(problem, time_limit_s=10, check_certificate=True)),
+    ):
         try:
-            got = solve_placement(problem, time_limit_s=10, **kwargs)
+            got = run()
         except HetpartError:
             out[name] = PathResult(None, float("inf"), True)  # "no placement exists"
             continue
         assert placement_violations(problem, got.devices) == [], name
         out[name] = PathResult(got.max_load, got.lower_bound, got.status == "OPTIMAL")
-    hint = pl.placement_hint(problem)
-    out["dp hint"] = PathResult(max(pl.placement_loads(problem, hint)) if hint else None, 0.0, False)
+    out["dp hint"] = PathResult(max(pl.placement_loads(problem, mdl.hint)) if mdl.hint else None, 0.0, False)
     return out
 
 
