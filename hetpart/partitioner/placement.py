@@ -46,11 +46,14 @@ _ACTIVITY_MAX = 2**31 - 1  # the largest |activity| a linear constraint of the m
 
 # NOTE [int32 activities]
 # OR-Tools 9.15's CP-SAT presolve proves wrong optima when a linear constraint can reach an
-# activity of 2**31 or more: in its "linear + amo" step (ProcessAtMostOneAndLinear; only
-# presolve_inclusion_work_limit=0 or keep_all_feasible_solutions_in_presolve avoid it) an
-# enforced `max_load >= sum(w_i x_i)` whose weights sum to 2**31 - 1 presolves right and to
-# 2**31 wrong, as if the sum were cut to 32 bits (benchmarks/ortools_presolve_int32.py: two
-# items, only ortools; the model is valid: with presolve off the same proto is solved right).
+# activity of 2**31 or more: an enforced `max_load >= sum(w_i x_i)` whose weights sum to
+# 2**31 - 1 presolves right and to 2**31 wrong, as if the sum were cut to 32 bits
+# (benchmarks/ortools_presolve_int32.py: two items, only ortools; the model is valid: with
+# presolve off the same proto is solved right). Bisecting debug_max_num_presolve_operations,
+# the first operation that breaks it is a "linear + amo" rule (ProcessAtMostOneAndLinear); of
+# the presolve parameters tried, only presolve_inclusion_work_limit=0 and
+# keep_all_feasible_solutions_in_presolve avoid it (symmetry, SAT presolve, BVA, hints, one
+# presolve iteration, big-linear-overlap, probing: no).
 # That was issue 17's false OPTIMAL: at _SCALE = 1e6 a CPU slot's expression, the sum of every
 # node's cpuLatency, passes 2**31 once the CPU latencies add up to 2147.5 (1,071 nodes of a
 # training graph: 79.50 "proven" where 72.86 exists). Every linear expression the model builds
