@@ -56,6 +56,9 @@ def _parser() -> argparse.ArgumentParser:
                       help="stop once the plan is certified within this relative gap of optimal "
                            "(e.g. 0.01 for 1%%; default 0: prove optimal or use the whole time limit)")
     part.add_argument("--seed", type=int, default=0, help="seed for weights, inputs and the solver")
+    part.add_argument("--check-certificate", action=argparse.BooleanOptionalAction, default=None,
+                      help="re-prove an OPTIMAL / WITHIN_GAP claim by another route (brute force or CP-SAT "
+                           "without presolve) and downgrade it if refuted (default: HETPART_CHECK_CERTIFICATE)")
     part.add_argument("--force", action="store_true",
                       help="replace --out if hetpart wrote it (its .hetpart marker lists every file in it)")
     weights = part.add_mutually_exclusive_group()
@@ -121,6 +124,9 @@ def _parser() -> argparse.ArgumentParser:
     place.add_argument("--workers", type=int, default=1, help="CP-SAT worker threads (1 is deterministic)")
     place.add_argument("--gap", type=float, default=0.0,
                        help="stop once the placement is proven within this fraction of optimal (default 0)")
+    place.add_argument("--check-certificate", action=argparse.BooleanOptionalAction, default=None,
+                       help="re-prove an OPTIMAL claim by another route (brute force or CP-SAT without presolve) "
+                            "and downgrade it if refuted (default: HETPART_CHECK_CERTIFICATE)")
 
     prof = sub.add_parser("profile", help="measure a model's ops on this machine into a profile table")
     prof.add_argument("model", help="zoo:NAME, hf:TYPE or path/to/file.py:FUNCTION")
@@ -181,7 +187,7 @@ def _partition(args: argparse.Namespace, console: Console) -> int:
                           force=args.force, pt2=args.pt2, meta=args.meta, print_ir_after=frozenset(args.print_ir_after),
                           verbose=args.verbose, dump_ir=args.dump_ir, mode=args.mode, schedule=args.schedule,
                           optimizer_bytes_per_param=args.optimizer_bytes_per_param, profiles=tuple(args.profiles),
-                          sign_key=args.sign_key)
+                           sign_key=args.sign_key, check_certificate=args.check_certificate)
     result = compile_model(spec, args.cluster, args.out, opts,
                            echo=lambda text: console.print(text, markup=False, highlight=False),
                            progress=Progress.for_console(console))
@@ -286,7 +292,10 @@ def _placement(args: argparse.Namespace) -> int:
     if args.workers < 1:
         raise HetpartError(f"--workers must be at least 1 (got {args.workers})")
     problem = read_placement(args.input)
-    result = solve_placement(problem, time_limit_s=args.time_limit, workers=args.workers, gap=args.gap)
+    result = solve_placement(problem, time_limit_s=args.time_limit, workers=args.workers, gap=args.gap,
+                             check_certificate=args.check_certificate)
+    if result.certificate is not None and result.certificate.warning:
+        print(f"hetpart: warning: {result.certificate.warning}", file=sys.stderr)
     print(json.dumps(result.to_json(problem)))
     return 0
 

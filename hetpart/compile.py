@@ -55,6 +55,7 @@ class CompileOptions:
     profiles: tuple[Path, ...] = ()  # `hetpart profile` tables: measured op times per device type
     meta: bool | None = None  # trace without weights (True), with them (False), or decide by size (None)
     sign_key: Path | None = None  # a key file: sign manifest.json into manifest.json.hmac (hetpart/trust.py)
+    check_certificate: bool | None = None  # re-prove the bound (NOTE [checked certificates]); None: the env var
 
 
 @dataclass
@@ -88,6 +89,7 @@ def plan_json(spec: ModelSpec, cluster: Cluster, opts: CompileOptions, plan: Pla
         "lower_bound_us": us(plan.lower_bound_ns),
         "gap": round(plan.gap, 6),
         "solver_status": plan.solver_status,
+        "certificate": plan.certificate.to_json() if plan.certificate else None,
         "predicted_samples_per_s": round(microbatch_size / (plan.bottleneck_ns * 1e-9), 3) if plan.bottleneck_ns else None,
         "stages": [
             {
@@ -252,7 +254,10 @@ def compile_model(spec: ModelSpec, cluster_spec: str, out: Path, opts: CompileOp
         start = time.perf_counter()
         with progress.step("solving"):
             plan = solve(problem, time_limit_s=opts.time_limit_s, seed=opts.seed, gap=opts.gap,
-                         log_callback=progress.solver if progress.active else None)
+                         log_callback=progress.solver if progress.active else None,
+                         check_certificate=opts.check_certificate)
+        if plan.certificate is not None and plan.certificate.warning:
+            echo(f"hetpart: warning: {plan.certificate.warning}")
         solve_s = time.perf_counter() - start
         if opts.verbose:
             echo(f"solve: {solve_s * 1e3:.1f} ms ({plan.solver_status})")

@@ -3,7 +3,8 @@
 Data flows problem.py (the question; constraints.py: co-location and forbidden
 device types) -> dp.py (fast contiguous plan, the hint) -> coarsen.py (fewer nodes
 for big graphs) -> cpsat.py (exact model, NOTE [coarsened solve]) -> evaluate.py
-(the cost model, NOTE [stage time]) -> verify.py (independent check). Nothing here
+(the cost model, NOTE [stage time]) -> verify.py (independent check) -> certificate.py
+(the bound's source and its re-proof, NOTE [checked certificates]). Nothing here
 imports torch.
 """
 

@@ -20,6 +20,7 @@ from ortools.sat.python import cp_model
 
 from hetpart.errors import HetpartError
 from hetpart.partitioner.bounds import Bounds, compute_bounds, objective_bound_ns
+from hetpart.partitioner.certificate import check_by_default, check_plan, plan_provenance
 from hetpart.partitioner.coarsen import coarsen, cut_candidates
 from hetpart.partitioner.constraints import check_constraints
 from hetpart.partitioner.dp import Segments, contiguous_plan, dp_hint, order_tables, refine_cuts
@@ -48,6 +49,7 @@ COARSEN_ABOVE = 1_000  # nodes; above, `solve` coarsens (NOTE [coarsened solve])
 COARSE_NODES = 300  # runs of the coarse problem CP-SAT sees
 DP_SHARE = 0.5  # of the time limit, the most the DP may take (NOTE [DP deadline] in dp.py)
 IDEAL_SHARE = 0.8  # of the time limit, when the DP over ideals must be done (NOTE [ideal DP] in ideals.py)
+INT32_SAFE_NS = 2**31 - 1  # stage times the model may reach before presolve needs NOTE [int32 activities]
 
 
 @dataclass
@@ -71,6 +73,7 @@ class _Model:
     bottleneck: cp_model.IntVar
     stage_time: list[cp_model.IntVar]  # per stage, only for the latency and iteration objectives
     stats: dict[str, float] = field(default_factory=dict)
+    time_ub_ns: int = 0  # the most a stage's time can reach in the model (NOTE [int32 activities] in placement.py)
 
 
 def _build(problem: Problem, objective: str = "throughput", microbatches: int = 1,
@@ -271,7 +274,7 @@ def _build(problem: Problem, objective: str = "throughput", microbatches: int = 
     return _Model(
         model=m, order=order, num_stages=K, y=y, used=used, a=a, is_type=is_type, on_machine=on_machine,
         has_capacity=has_capacity, cross=cross, any_cross=any_cross, comm=comm, compute=compute, holds=holds,
-        bottleneck=bottleneck, stage_time=stage_time,
+        bottleneck=bottleneck, stage_time=stage_time, time_ub_ns=compute_ub + 2 * comm_ub,
     )
 
 
@@ -456,6 +459,7 @@ def solve(
     microbatches: int = 1,
     coarsen_above: int | None = COARSEN_ABOVE,
     gap: float = 0.0,
+    check_certificate: bool | None = None,
 ) -> Plan:
     """The plan with the least bottleneck (NOTE [stage time]), or the best found in `time_limit_s`.
 
@@ -472,6 +476,9 @@ def solve(
     Raises HetpartError when no plan fits in memory, when the groups and forbidden
     types rule out every plan (naming which and why), or
     none was found in time.
+    The plan's `certificate` names its bound's source; `check_certificate` (None: the
+    HETPART_CHECK_CERTIFICATE environment variable) re-proves an OPTIMAL or WITHIN_GAP
+    claim by another route, NOTE [checked certificates] in certificate.py.
 
         >>> import networkx as nx
         >>> from hetpart.partitioner.problem import Device, Link
@@ -483,6 +490,20 @@ def solve(
         >>> plan.stage_of, plan.bottleneck_ns, plan.solver_status
         ({'a': 0, 'b': 0, 'c': 1}, 60, 'OPTIMAL')
     """
+    plan = _solve_unchecked(problem, time_limit_s=time_limit_s, seed=seed, workers=workers, hint=hint,
+                            log_callback=log_callback, objective=objective, microbatches=microbatches,
+                            coarsen_above=coarsen_above, gap=gap)
+    if check_certificate if check_certificate is not None else check_by_default():
+        t_check = time.perf_counter()
+        plan = check_plan(problem, plan, time_limit_s=time_limit_s, coarsen_above=coarsen_above)
+        plan.stats["certificate_seconds"] = time.perf_counter() - t_check
+    return plan
+
+
+def _solve_unchecked(problem: Problem, *, time_limit_s: float, seed: int, workers: int, hint: Plan | None,
+                     log_callback: LogCallback | None, objective: str, microbatches: int,
+                     coarsen_above: int | None, gap: float) -> Plan:
+    """`solve` without the certificate check."""
     t0 = time.perf_counter()
     if not time_limit_s > 0:
         raise HetpartError(
@@ -547,6 +568,12 @@ def solve(
     solver.parameters.num_workers = workers
     # PARTITIONING-NOTES finding 3: presolve dominates on big models; probing is what costs.
     solver.parameters.cp_model_probing_level = 0
+    if mdl.time_ub_ns > INT32_SAFE_NS:
+        # NOTE [int32 activities] (placement.py): OR-Tools 9.15's presolve gets `bottleneck >= sum(...)`
+        # wrong once the sum can reach 2**31; its inclusion step is where ("linear + amo"), so it goes.
+        # (Random 2-6 node problems with ops of 0.03-1.2 s: 33 of 146 claimed bounds above the
+        # brute-force optimum with it, none of 296 without.)
+        solver.parameters.presolve_inclusion_work_limit = 0
     if gap > 0:
         solver.parameters.relative_gap_limit = gap  # NOTE [gap stop]; the callback adds the external bound
     callback = _Progress(log_callback, gap, search_free_lb) if log_callback or gap > 0 else None
@@ -561,6 +588,7 @@ def solve(
         "variables": float(len(proto.variables)),
         "constraints": float(len(proto.constraints)),
         "max_stages": float(mdl.num_stages),
+        "presolve_inclusion_off": float(mdl.time_ub_ns > INT32_SAFE_NS),
     }
     if dp_plan is not None:
         stats["dp_bottleneck_ns"] = float(dp_plan.bottleneck_ns)
@@ -571,6 +599,7 @@ def solve(
         raise RuntimeError(f"hetpart bug: invalid CP-SAT model: {mdl.model.validate()}")
     found = status in (cp_model.OPTIMAL, cp_model.FEASIBLE)
     bound = max(0, math.ceil(solver.best_objective_bound - 1e-6)) if found else 0
+    stats["solver_bound_ns"] = float(bound)
     if not found:
         if dp_plan is None:
             raise HetpartError(
@@ -645,7 +674,7 @@ def _finished_plan(stage_of: dict[str, int], device_of_stage: list[str], stages:
         status = "WITHIN_GAP"
     else:
         status = "FEASIBLE"
-    return Plan(
+    plan = Plan(
         stage_of=stage_of,
         device_of_stage=device_of_stage,
         stages=stages,
@@ -659,6 +688,7 @@ def _finished_plan(stage_of: dict[str, int], device_of_stage: list[str], stages:
         objective_ns=best,
         microbatches=microbatches,
     )
+    return dataclasses.replace(plan, certificate=plan_provenance(plan))
 
 
 def _constraints_note(problem: Problem) -> str:
@@ -748,7 +778,8 @@ def _solve_coarsened(problem: Problem, t0: float, *, time_limit_s: float, seed: 
         progress = (lambda obj, _bound: log_callback(obj, valid_lb)) if log_callback else None
         try:
             cplan = solve(coarse.problem, time_limit_s=remaining, seed=seed, workers=workers, hint=coarse_hint,
-                          log_callback=progress, objective=objective, microbatches=microbatches, coarsen_above=None)
+                          log_callback=progress, objective=objective, microbatches=microbatches, coarsen_above=None,
+                          check_certificate=False)
         except HetpartError:
             cplan = None  # the runs are too coarse to fit somewhere: keep the DP's plan
         if cplan is not None:

@@ -18,12 +18,17 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import networkx as nx
 import numpy as np
 from ortools.sat.python import cp_model
 
 from hetpart.errors import HetpartError
+
+if TYPE_CHECKING:
+    from hetpart.partitioner.placement_ideals import IdealPlacement
+from hetpart.partitioner.problem import Certificate
 
 # NOTE [placement load]
 # (The authors' ILP `maxload`, read from msr-fiddle/dnn-partitioning, and our README.)
@@ -39,8 +44,35 @@ from hetpart.errors import HetpartError
 # (the authors' DP over ideals assumes this; backward nodes follow their class).
 # Objective: the maximum load.
 
-_SCALE = 1_000_000  # integer units per unit of the input's latencies
+_SCALE = 1_000_000  # integer units per unit of the input's latencies, at most (NOTE [int32 activities])
 _ROUND_SLACK = 1e-9  # relative tolerance when comparing float loads
+_ACTIVITY_MAX = 2**31 - 1  # the largest |activity| a linear constraint of the model may reach (NOTE [int32 activities])
+
+# NOTE [int32 activities]
+# OR-Tools 9.15's CP-SAT presolve proves wrong optima when a linear constraint can reach an
+# activity of 2**31 or more: an enforced `max_load >= sum(w_i x_i)` whose weights sum to
+# 2**31 - 1 presolves right and to 2**31 wrong, as if the sum were cut to 32 bits
+# (benchmarks/ortools_presolve_int32.py: two items, only ortools; the model is valid: with
+# presolve off the same proto is solved right). Bisecting debug_max_num_presolve_operations,
+# the first operation that breaks it is a "linear + amo" rule (ProcessAtMostOneAndLinear); of
+# the presolve parameters tried, only presolve_inclusion_work_limit=0 and
+# keep_all_feasible_solutions_in_presolve avoid it (symmetry, SAT presolve, BVA, hints, one
+# presolve iteration, big-linear-overlap, probing: no).
+# That was issue 17's false OPTIMAL: at _SCALE = 1e6 a CPU slot's expression, the sum of every
+# node's cpuLatency, passes 2**31 once the CPU latencies add up to 2147.5 (1,071 nodes of a
+# training graph: 79.50 "proven" where 72.86 exists). Every linear expression the model builds
+# is therefore kept below _ACTIVITY_MAX:
+# - time: the scale is min(_SCALE, _ACTIVITY_MAX / U), U = the largest load any slot can
+#   have (`_time_scale`); latencies are still rounded down, so bounds stay valid, and a
+#   coarser scale only widens the rounding (at most one unit per node and sender);
+# - memory: sizes over the gcd of the (integral) sizes when that fits, an exact rewrite;
+#   else rounded down to units of total / _ACTIVITY_MAX and the limit too: a relaxation
+#   (every placement that fits still fits), so the bound stays valid, but a solution may
+#   not fit in bytes, and `solve_placement` keeps only placements `placement_violations` accepts;
+# - the redundant work cut is max_load >= ceil(work / K), not K * max_load >= work.
+# `partition`'s model (cpsat.py) meets the same bug once a stage's time can pass 2**31 ns
+# (2.1 s); there, where that can happen, CP-SAT runs without presolve's inclusion step
+# (presolve_inclusion_work_limit = 0), which random problems show is enough (cpsat.py).
 
 
 @dataclass(frozen=True)
@@ -85,6 +117,7 @@ class Placement:
     status: str  # "OPTIMAL" or "FEASIBLE"
     seconds: float
     stats: dict[str, float] = field(default_factory=dict)
+    certificate: Certificate | None = None  # the bound's provenance and re-proof (NOTE [checked certificates])
     plan_engine: str = "cp-sat"  # what found the placement: "ideal-dp", "order-dp" (the hint) or "cp-sat"
     bound_engine: str = "cp-sat"  # what proved lower_bound: "ideal-dp" or "cp-sat"
 
@@ -118,6 +151,7 @@ class Placement:
             "seconds": round(self.seconds, 3),
             "planEngine": self.plan_engine,
             "boundEngine": self.bound_engine,
+            "certificate": self.certificate.to_json() if self.certificate else None,
         }
 
 
@@ -377,39 +411,99 @@ def _scaled_loads(problem: PlacementProblem, devices: list[tuple[str, list[int]]
     return loads
 
 
-def _scaled(problem: PlacementProblem) -> tuple[dict[int, int], dict[int, int], dict[int, float], dict[int, int]]:
-    """Integer latencies and costs for the solver: floor(x * _SCALE).
+def _time_scale(problem: PlacementProblem) -> float:
+    """Integer units per unit of latency: _SCALE, or less where a slot's load could reach
+    _ACTIVITY_MAX units (NOTE [int32 activities])."""
+    most = (sum(max(n.fpga_latency, n.cpu_latency) for n in problem.nodes.values())
+            + sum(problem.cost.values()))  # no slot's load, accelerator or CPU, exceeds this
+    # (1 - 1e-6): float rounding of each floor(x * scale) cannot carry the sum past _ACTIVITY_MAX.
+    return min(float(_SCALE), _ACTIVITY_MAX * (1 - 1e-6) / most) if most > 0 else float(_SCALE)
 
-    Rounding down makes every integer load <= _SCALE x the float load, so the
-    solver's bound / _SCALE is a valid bound of the float problem.
+
+def _scaled(problem: PlacementProblem) -> tuple[dict[int, int], dict[int, int], dict[int, float], dict[int, int]]:
+    """Integer latencies and costs for the solver: floor(x * `_time_scale`).
+
+    Rounding down makes every integer load <= scale x the float load, so the
+    solver's bound / scale is a valid bound of the float problem.
     """
-    fpga = {i: math.floor(n.fpga_latency * _SCALE) for i, n in problem.nodes.items()}
-    cpu = {i: math.floor(n.cpu_latency * _SCALE) for i, n in problem.nodes.items()}
+    scale = _time_scale(problem)
+    fpga = {i: math.floor(n.fpga_latency * scale) for i, n in problem.nodes.items()}
+    cpu = {i: math.floor(n.cpu_latency * scale) for i, n in problem.nodes.items()}
     size = {i: n.size_bytes for i, n in problem.nodes.items()}
-    cost = {i: math.floor(c * _SCALE) for i, c in problem.cost.items()}
+    cost = {i: math.floor(c * scale) for i, c in problem.cost.items()}
     return fpga, cpu, size, cost
+
+
+def _memory_units(sizes: list[float], limit_bytes: float) -> tuple[list[int], int, bool]:
+    """(integer sizes, integer limit, exact) for the accelerator memory constraint, their sum
+    at most _ACTIVITY_MAX (NOTE [int32 activities]). Exact: over the gcd of integral sizes;
+    else rounded down to a coarser unit, a relaxation (exact False)."""
+    if all(float(s).is_integer() for s in sizes):
+        unit = math.gcd(*(int(s) for s in sizes)) or 1
+        if sum(int(s) for s in sizes) // unit <= _ACTIVITY_MAX:
+            return [int(s) // unit for s in sizes], math.floor(limit_bytes / unit), True
+    unit = max(1.0, sum(sizes) / _ACTIVITY_MAX)
+    return [math.floor(s / unit) for s in sizes], math.floor(limit_bytes / unit), False
 
 
 # --- The exact model.
 
 
 def solve_placement(problem: PlacementProblem, *, time_limit_s: float = 60.0, workers: int = 1,
-                    seed: int = 0, params: dict | None = None, gap: float = 0.0) -> Placement:
+                    seed: int = 0, params: dict | None = None, gap: float = 0.0,
+                    check_certificate: bool | None = None, ideal_dp: bool = True) -> Placement:
     """The placement with the least max load (NOTE [placement load]), or the best found in time.
 
-    CP-SAT over device slots 0..maxFPGAs+maxCPUs-1 in pipeline order, with the order
-    encoding y[c][s] = [slot(class c) <= s] (the paper's contiguity assumption),
-    a kind literal per slot, and the DP hint of `placement_hint`. First the DP over ideals (NOTE
-    [placement ideal DP]): when its placement is within `gap` of its bound, CP-SAT does not run;
-    otherwise the better of the two DPs' placements is the hint and the ideal DP's bound a cut.
+    First the DP over ideals (NOTE [placement ideal DP]): when its placement is within `gap` of
+    its bound, CP-SAT does not run. Otherwise CP-SAT over device slots 0..maxFPGAs+maxCPUs-1 in
+    pipeline order, with the order encoding y[c][s] = [slot(class c) <= s] (the paper's
+    contiguity assumption), a kind literal per slot, the better of the two DPs' placements as
+    its hint and the ideal DP's bound as a cut. `check_certificate` (None:
+    HETPART_CHECK_CERTIFICATE) re-proves an OPTIMAL claim by a route that uses neither,
+    NOTE [checked certificates]. `ideal_dp=False` leaves the DP over ideals out (CP-SAT alone).
     """
+    from hetpart.partitioner.certificate import check_by_default, check_placement
+    from hetpart.partitioner.placement_ideals import IDEAL_SHARE, ideal_placement, placement_ideal_dp  # imports us
+
     t0 = time.perf_counter()
     if not time_limit_s > 0:
         raise HetpartError(f"placement: --time-limit must be positive, got {time_limit_s}")
     if not 0 <= gap < 1:
         raise HetpartError(f"placement: --gap must be a fraction in [0, 1), e.g. --gap 0.01 for 1% (got {gap})")
-    from hetpart.partitioner.placement_ideals import IDEAL_SHARE, ideal_placement, placement_ideal_dp  # imports us
+    hint = placement_hint(problem)
+    ideal = placement_ideal_dp(problem, deadline=t0 + IDEAL_SHARE * time_limit_s, known=hint) if ideal_dp else None
+    if ideal is not None and ideal.devices is not None and ideal.settled(gap):
+        result = ideal_placement(problem, ideal, t0)
+    else:
+        result = _solve_placement_cpsat(problem, time_limit_s=max(0.1, time_limit_s - (time.perf_counter() - t0)),
+                                        workers=workers, seed=seed, params=params, gap=gap, ideal=ideal)
+        result.seconds = time.perf_counter() - t0
+    if check_certificate if check_certificate is not None else check_by_default():
+        t_check = time.perf_counter()
+        result = check_placement(problem, result, time_limit_s=time_limit_s)
+        result.stats["certificate_seconds"] = time.perf_counter() - t_check
+        result.seconds += result.stats["certificate_seconds"]
+    return result
 
+
+@dataclass
+class _PlacementModel:
+    """`solve_placement`'s CP-SAT model and what reading an answer needs; solvable more than once."""
+
+    model: cp_model.CpModel
+    x: dict[object, list]  # x[c][s]: class c runs on slot s
+    is_cpu: list  # is_cpu[s]: slot s is a CPU
+    classes: dict[object, list[int]]
+    hint: list[tuple[str, list[int]]] | None  # placement_hint's placement
+    mem_exact: bool  # memory in exact units (NOTE [int32 activities]); else relaxed
+    seconds: dict[str, float]  # hint_seconds, build_seconds
+    hint_engine: str = "order-dp"  # which DP's placement the hint is
+
+
+def _placement_model(problem: PlacementProblem, ideal: "IdealPlacement | None" = None) -> _PlacementModel:
+    """The CP-SAT model of `solve_placement`, with the hint of `placement_hint` (or the ideal DP's
+    placement where lower) and the ideal DP's bound as a cut."""
+    t0 = time.perf_counter()
     classes = problem.classes()
     cls_of = {i: problem.nodes[i].color for i in problem.nodes}
     names = list(classes)
@@ -417,12 +511,9 @@ def solve_placement(problem: PlacementProblem, *, time_limit_s: float = 60.0, wo
     K = problem.max_fpgas + problem.max_cpus
     slots = range(K)
     hint = placement_hint(problem)
-    hint_units = max(_scaled_loads(problem, hint, fpga, cpu, cost)) if hint is not None else None
-    ideal = placement_ideal_dp(problem, deadline=t0 + IDEAL_SHARE * time_limit_s, known=hint)
-    if ideal.devices is not None and ideal.settled(gap):
-        return ideal_placement(problem, ideal, t0)
     hint_engine = "order-dp"
-    if ideal.devices is not None and (hint is None or ideal.load_units < hint_units):
+    if ideal is not None and ideal.devices is not None and (
+            hint is None or ideal.load_units < max(_scaled_loads(problem, hint, fpga, cpu, cost))):
         hint, hint_engine = ideal.devices, "ideal-dp"
     t_hint = time.perf_counter()
 
@@ -445,6 +536,7 @@ def solve_placement(problem: PlacementProblem, *, time_limit_s: float = 60.0, wo
     used = [m.new_bool_var(f"used[{s}]") for s in slots]
     pay = {(u, s): m.new_bool_var(f"pay[{u}][{s}]") for u in sends for s in slots}
     ub = sum(max(c_fpga[c], c_cpu[c]) for c in names) + sum(cost.values())
+    assert ub <= _ACTIVITY_MAX, "hetpart bug: NOTE [int32 activities] scale too large"
     max_load = m.new_int_var(0, ub, "max_load")
 
     def le(c, s):  # [slot(c) <= s] as a literal or constant
@@ -482,12 +574,12 @@ def solve_placement(problem: PlacementProblem, *, time_limit_s: float = 60.0, wo
             m.add_implication(is_cpu[s], is_cpu[s + 1]).only_enforce_if(~used[s])
 
     # --- Constraints: memory and transfers.
+    mem_units, mem_limit, mem_exact = _memory_units([c_size[c] for c in names], problem.max_size_bytes)
     for s in slots:
         if sum(c_size.values()) > problem.max_size_bytes:
-            # An accelerator holds at most maxSizePerFPGA bytes.
-            # (Sizes rounded up and the limit down: a placement the model accepts fits in floats too.)
-            held = sum(math.ceil(c_size[c]) * x[c][s] for c in names)
-            m.add(held <= math.floor(problem.max_size_bytes)).only_enforce_if(~is_cpu[s])
+            # An accelerator holds at most maxSizePerFPGA bytes (in the units of NOTE [int32 activities]).
+            held = sum(u * x[c][s] for u, c in zip(mem_units, names))
+            m.add(held <= mem_limit).only_enforce_if(~is_cpu[s])
         for u, targets in sends.items():
             for cv in sorted(targets, key=str):
                 # u pays its cost on slot s when it is on s and a consumer is not, or the reverse.
@@ -501,10 +593,12 @@ def solve_placement(problem: PlacementProblem, *, time_limit_s: float = 60.0, wo
               + sum(cost[u] * pay[u, s] for u in sends)).only_enforce_if(~is_cpu[s])
         # A CPU's load: its nodes' cpuLatency.
         m.add(max_load >= sum(c_cpu[c] * x[c][s] for c in names)).only_enforce_if(is_cpu[s])
-    # Redundant cut: every class runs somewhere, at its cheaper speed.
-    m.add(max_load * K >= sum(min(c_fpga[c] if c_fpga_ok[c] else ub, c_cpu[c]) for c in names))
-    # The ideal DP's bound (NOTE [placement ideal DP]: no placement is below it).
-    m.add(max_load >= ideal.bound_units)
+    # Redundant cut: every class runs somewhere, at its cheaper speed, on one of K slots
+    # (a constant right-hand side, not K * max_load: NOTE [int32 activities]).
+    m.add(max_load >= -(-sum(min(c_fpga[c] if c_fpga_ok[c] else ub, c_cpu[c]) for c in names) // K))
+    if ideal is not None and ideal.bound_units > 0:
+        # The ideal DP's bound (NOTE [placement ideal DP]: no placement is below it).
+        m.add(max_load >= min(ideal.bound_units, ub))
     m.minimize(max_load)
 
     # --- Hint: the DP's placement, in slot order.
@@ -528,6 +622,23 @@ def solve_placement(problem: PlacementProblem, *, time_limit_s: float = 60.0, wo
             for s in slots:
                 inside = where[u] == s
                 m.add_hint(pay[u, s], any((slot_of[cv] == s) != inside for cv in targets))
+    t_build = time.perf_counter()
+    return _PlacementModel(model=m, x=x, is_cpu=is_cpu, classes=classes, hint=hint, mem_exact=mem_exact,
+                           seconds={"hint_seconds": t_hint - t0, "build_seconds": t_build - t_hint},
+                           hint_engine=hint_engine)
+
+
+def _solve_placement_cpsat(problem: PlacementProblem, *, time_limit_s: float, workers: int, seed: int,
+                           params: dict | None, mdl: _PlacementModel | None = None, gap: float = 0.0,
+                           ideal: "IdealPlacement | None" = None) -> Placement:
+    """`solve_placement`'s CP-SAT step, without the certificate check, on `mdl` (built here when
+    None, with `ideal`'s hint and bound)."""
+    t0 = time.perf_counter()
+    if not time_limit_s > 0:
+        raise HetpartError(f"placement: --time-limit must be positive, got {time_limit_s}")
+    mdl = mdl or _placement_model(problem, ideal)
+    m, x, is_cpu, classes, hint, mem_exact = mdl.model, mdl.x, mdl.is_cpu, mdl.classes, mdl.hint, mdl.mem_exact
+    names, slots = list(classes), range(len(is_cpu))
     t_build = time.perf_counter()
 
     # --- Solve.
@@ -559,27 +670,45 @@ def solve_placement(problem: PlacementProblem, *, time_limit_s: float = 60.0, wo
         candidates.append(devices)
     if hint is not None:
         candidates.append(hint)
-    scored = [(max(placement_loads(problem, d)), n, d) for n, d in enumerate(candidates)]
+    # Only placements the checker accepts count: with memory relaxed (NOTE [int32 activities])
+    # the solver's may hold too many bytes; with it exact, a broken one is a bug.
+    scored = []
+    for n, d in enumerate(candidates):
+        violations = placement_violations(problem, d)
+        if violations and (mem_exact or n == len(candidates) - 1 and hint is not None):
+            raise RuntimeError("hetpart bug: the placement breaks its problem:\n  " + "\n  ".join(violations))
+        if not violations:
+            scored.append((max(placement_loads(problem, d)), n, d))
+    if not scored:
+        raise HetpartError(f"placement: no placement found for {problem.name or 'the input'} that fits in "
+                           "maxSizePerFPGA bytes within the time limit; raise --time-limit")
     best_load, picked, best = min(scored)
-    bound = max(0.0, solver.best_objective_bound / _SCALE) if found else 0.0
+    scale = _time_scale(problem)
+    bound = max(0.0, solver.best_objective_bound / scale) if found else 0.0  # rounded down: valid
     # CP-SAT's bound is of the floored costs, so at most any placement's float load: above the
-    # checked one, its model has lost a placement (issue 17's synthetic training graph) and proves nothing.
+    # checked one, its model has lost a placement and proves nothing (a guard; NOTE [int32 activities]).
     unsound = bound > best_load * (1 + _ROUND_SLACK)
     if unsound:
         bound = 0.0
-    bound_engine = "ideal-dp" if ideal.bound_units / _SCALE >= bound else "cp-sat"
-    bound = max(bound, ideal.bound_units / _SCALE)
+    ideal_bound = ideal.bound_units / scale if ideal is not None else 0.0
+    bound_engine = "ideal-dp" if ideal_bound > bound else "cp-sat"
+    bound = max(bound, ideal_bound)
     loads = placement_loads(problem, best)
-    violations = placement_violations(problem, best)
-    if violations:
-        raise RuntimeError("hetpart bug: the placement breaks its problem:\n  " + "\n  ".join(violations))
-    optimal = status == cp_model.OPTIMAL and gap == 0 and not unsound
+    # The solver's optimum is the problem's when its placement is one of those kept.
+    optimal = status == cp_model.OPTIMAL and gap == 0 and scored[0][1] == 0 and not unsound
+    presolve = "on" if solver.parameters.cp_model_presolve else "off"
+    relaxation = (f"CP-SAT's objective bound (presolve {presolve}) of the slot model: latencies and costs rounded down to "
+                  f"1/{scale:.6g} units" + ("" if mem_exact else ", memory rounded down to coarser units")
+                  + " (NOTE [int32 activities])")
     return Placement(
         devices=best, loads=loads, max_load=best_load, lower_bound=min(bound, best_load),
+        certificate=(Certificate("ideal_dp", ideal.note) if bound_engine == "ideal-dp" else
+                     Certificate("cpsat_objective_bound" if found else "none", relaxation)),
         status="OPTIMAL" if optimal else "FEASIBLE", seconds=time.perf_counter() - t0,
-        stats={"hint_seconds": t_hint - t0, "build_seconds": t_build - t_hint, "cpsat_seconds": t_solve - t_build,
+        stats={**mdl.seconds, "cpsat_seconds": t_solve - t_build,
                "hint_max_load": max(placement_loads(problem, hint)) if hint else math.inf,
                "classes": float(len(names)), "variables": float(len(m.proto.variables)),
-               "ideal_seconds": ideal.seconds, "ideals": float(ideal.ideals), "cpsat_bound_unsound": float(unsound)},
-        plan_engine="cp-sat" if found and picked == 0 else hint_engine, bound_engine=bound_engine,
+               "cpsat_bound_unsound": float(unsound),
+               **({"ideal_seconds": ideal.seconds, "ideals": float(ideal.ideals)} if ideal is not None else {})},
+        plan_engine="cp-sat" if found and picked == 0 else mdl.hint_engine, bound_engine=bound_engine,
     )

@@ -16,8 +16,9 @@ import networkx as nx
 import numpy as np
 
 from hetpart.partitioner.ideals import _bits, enumerate_downsets, proper_subsets
+from hetpart.partitioner.problem import Certificate
 from hetpart.partitioner.placement import (
-    _SCALE, Placement, PlacementProblem, _class_graph, _scaled, _scaled_loads, placement_loads, placement_violations,
+    Placement, PlacementProblem, _class_graph, _scaled, _scaled_loads, _time_scale, placement_loads, placement_violations,
 )
 
 IDEAL_MAX = 6_000  # ideals the DP runs over at most: it keeps two dense matrices over their pairs
@@ -521,7 +522,8 @@ def ideal_placement(problem: PlacementProblem, ideal: IdealPlacement, t0: float)
     loads = placement_loads(problem, ideal.devices)
     optimal = ideal.exact or ideal.load_units <= ideal.bound_units
     return Placement(devices=ideal.devices, loads=loads, max_load=max(loads),
-                     lower_bound=min(ideal.bound_units / _SCALE, max(loads)),
+                     lower_bound=min(ideal.bound_units / _time_scale(problem), max(loads)),
                      status="OPTIMAL" if optimal else "FEASIBLE", seconds=time.perf_counter() - t0,
                      stats={"ideal_seconds": ideal.seconds, "ideals": float(ideal.ideals)},
-                     plan_engine=ideal.plan_engine, bound_engine="ideal-dp")
+                     plan_engine=ideal.plan_engine, bound_engine="ideal-dp",
+                     certificate=Certificate("ideal_dp", ideal.note))

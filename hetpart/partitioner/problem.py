@@ -241,6 +241,23 @@ class StageCost:
 
 
 @dataclass
+class Certificate:
+    """Where a plan's (or placement's) lower bound comes from, and whether it was re-proved
+    by an independent route (NOTE [checked certificates] in certificate.py)."""
+
+    bound_source: str  # the engine whose bound is the claimed one: "cpsat_objective_bound", "ideal_dp", ...
+    relaxation: str  # what that engine relaxes or assumes, in words
+    checked_by: str = ""  # the re-proof's route ("cpsat_no_presolve", "brute_force"); "" when not checked
+    verdict: str = "not_checked"  # "confirmed", "refuted" (status downgraded), "unconfirmed" or "not_checked"
+    reproved_bound: float | None = None  # the route's proven bound, in the claim's units
+    warning: str = ""  # why the claim was downgraded or left unconfirmed
+
+    def to_json(self) -> dict:
+        return {"bound_source": self.bound_source, "relaxation": self.relaxation, "checked_by": self.checked_by,
+                "verdict": self.verdict, "reproved_bound": self.reproved_bound, "warning": self.warning}
+
+
+@dataclass
 class Plan:
     """The answer: which stage each node is in, which device runs each stage."""
 
@@ -256,6 +273,7 @@ class Plan:
     objective: str = "throughput"  # NOTE [objectives] in evaluate.py; lower_bound_ns bounds this
     objective_ns: int | None = None  # the plan's value of `objective`; None means bottleneck_ns
     microbatches: int = 1  # M of the iteration objective
+    certificate: Certificate | None = None  # the bound's provenance and its re-proof (certificate.py)
 
     @property
     def value_ns(self) -> int:

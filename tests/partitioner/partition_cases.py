@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import random
 
 import networkx as nx
@@ -21,10 +20,9 @@ from hetpart.partitioner import (
     Device,
     Link,
     Problem,
-    evaluate,
     verify_plan,
 )
-from hetpart.partitioner.evaluate import objective_ns
+from hetpart.partitioner.certificate import brute_force, valid_plans  # noqa: F401 (the tests' brute force)
 from hetpart.partitioner.ideals import IdealResult, ideal_dp
 
 FAST_LINK = Link(bandwidth_bytes_per_us=1_000, latency_ns=0)  # 1 byte per ns
@@ -95,44 +93,6 @@ def make_problem(
 def chain(n: int, time: dict[str, int], out: int = 0, mem: int = 0) -> tuple[dict[str, dict], list[tuple[str, str]]]:
     names = [f"op{i}" for i in range(n)]
     return {v: {"time": dict(time), "out": out, "mem": mem} for v in names}, list(zip(names, names[1:]))
-
-
-def valid_plans(problem: Problem):
-    """Every valid plan that fits in memory: (stage_of, devices, stages)."""
-    g = problem.graph
-    nodes = list(g.nodes)
-    pin = {v: g.nodes[v].get(PIN) for v in nodes}
-    forbidden = {v: set(g.nodes[v].get(FORBIDDEN_TYPES, ())) for v in nodes}
-    groups: dict[str, list[str]] = {}
-    for v in nodes:
-        if g.nodes[v].get(COLOCATE):
-            groups.setdefault(g.nodes[v][COLOCATE], []).append(v)
-    max_s = min(problem.max_stages or len(problem.devices), len(problem.devices))
-    for S in range(1, max_s + 1):
-        for assign in itertools.product(range(S), repeat=len(nodes)):
-            stage_of = dict(zip(nodes, assign))
-            if any(stage_of[u] > stage_of[v] for u, v in g.edges):
-                continue
-            if any(pin[v] == PIN_FIRST and stage_of[v] != 0 for v in nodes):
-                continue
-            if any(pin[v] == PIN_LAST and stage_of[v] != S - 1 for v in nodes):
-                continue
-            if {stage_of[v] for v in nodes if pin[v] != PIN_LAST} != set(range(S)):
-                continue
-            if any(len({stage_of[v] for v in vs}) > 1 for vs in groups.values()):
-                continue
-            for devs in itertools.permutations([d.name for d in problem.devices], S):
-                types = [problem.device(d).type for d in devs]
-                if any(types[stage_of[v]] in forbidden[v] for v in nodes):
-                    continue
-                stages = evaluate(problem, stage_of, list(devs))
-                if all(s.memory_bytes <= s.capacity_bytes for s in stages):
-                    yield stage_of, list(devs), stages
-
-
-def brute_force(problem: Problem, objective: str = "throughput", microbatches: int = 1) -> int | None:
-    """The least value of `objective` (NOTE [objectives]) over every valid plan, or None when none fits."""
-    return min((objective_ns(stages, objective, microbatches) for _, _, stages in valid_plans(problem)), default=None)
 
 
 def random_problem(seed: int) -> Problem:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import json
 import random
 from pathlib import Path
@@ -17,6 +16,8 @@ from hetpart.partitioner.placement import (
     read_placement,
     solve_placement,
 )
+
+from placement_cases import brute_force_placement
 
 BENCH = Path(__file__).resolve().parents[3] / "shared" / "benchmarks" / "dnn-partitioning"
 
@@ -78,19 +79,6 @@ def test_violations_name_every_broken_rule(tmp_path):
     assert any("no device order" in v for v in placement_violations(cyc, [("fpga", [0, 2]), ("fpga", [1])]))
 
 
-def _brute_force(problem) -> float:
-    """Least max load over every assignment of nodes to devices that the checker accepts."""
-    ids = sorted(problem.nodes)
-    kinds = ["fpga"] * problem.max_fpgas + ["cpu"] * problem.max_cpus
-    best = float("inf")
-    for assign in itertools.product(range(len(kinds)), repeat=len(ids)):
-        devices = [(kind, [i for i, d in zip(ids, assign) if d == slot]) for slot, kind in enumerate(kinds)]
-        devices = [d for d in devices if d[1]]
-        if not placement_violations(problem, devices):
-            best = min(best, max(placement_loads(problem, devices)))
-    return best
-
-
 @pytest.mark.parametrize("seed", range(6))
 def test_random_dags_match_brute_force(tmp_path, seed):
     rng = random.Random(seed)
@@ -105,7 +93,7 @@ def test_random_dags_match_brute_force(tmp_path, seed):
         nodes.append(_node(i, rng.choice([1.0, 2.0, 4.0]), rng.choice([3.0, 6.0, 9.0]), size=rng.choice([1, 2]),
                            color=color, backward=training and i >= n // 2, on_fpga=rng.random() > 0.1))
     problem = read_placement(_write(tmp_path, nodes, _edges(pairs, cost), k=2, max_size=5))
-    want = _brute_force(problem)
+    want = brute_force_placement(problem)
     got = solve_placement(problem, time_limit_s=10, workers=1)
     assert placement_violations(problem, got.devices) == []
     assert got.max_load == pytest.approx(want)

@@ -14,11 +14,12 @@ from hetpart.cli import main
 from hetpart.errors import HetpartError
 from hetpart.partitioner.ideals import _bits, proper_subsets
 from hetpart.partitioner.placement import (
-    _SCALE, _class_graph, _scaled, _scaled_loads, placement_loads, placement_violations, read_placement,
+    _class_graph, _time_scale, _scaled, _scaled_loads, placement_loads, placement_violations, read_placement,
     solve_placement,
 )
 from hetpart.partitioner.placement_ideals import _ideals, _pair_loads, placement_ideal_dp
-from tests.partitioner.test_placement import _brute_force, _edges, _node, _write
+from tests.partitioner.placement_cases import brute_force_placement as _brute_force
+from tests.partitioner.test_placement import _edges, _node, _write
 
 # The shared benchmark next to the checkout (../shared from the main checkout, ../../shared from a worktree).
 BENCH = next((p / "shared" / "benchmarks" / "dnn-partitioning" for p in Path(__file__).resolve().parents
@@ -78,8 +79,8 @@ def test_exact_dp_matches_brute_force(tmp_path, seed):
     assert got.exact, got.note
     assert placement_violations(problem, got.devices) == []
     assert max(placement_loads(problem, got.devices)) == pytest.approx(want, abs=1e-5)
-    assert got.bound_units / _SCALE <= want + 1e-9
-    assert got.bound_units / _SCALE == pytest.approx(want, abs=1e-5)
+    assert got.bound_units / _time_scale(problem) <= want + 1e-9
+    assert got.bound_units / _time_scale(problem) == pytest.approx(want, abs=1e-5)
 
 
 @pytest.mark.parametrize("seed", range(8))
@@ -94,12 +95,12 @@ def test_floating_classes_bound_is_sound(tmp_path, seed):
     got = placement_ideal_dp(problem, limit=fits)
     assert not got.exact and got.ideals == fits
     want = _brute_force(problem)
-    assert got.bound_units / _SCALE <= want + 1e-9
+    assert got.bound_units / _time_scale(problem) <= want + 1e-9
     if got.devices is not None:
         assert placement_violations(problem, got.devices) == []
         assert max(placement_loads(problem, got.devices)) >= want - 1e-9
         # The whole graph's DP is exact on it.
-    assert placement_ideal_dp(problem).bound_units / _SCALE == pytest.approx(want, abs=1e-5)
+    assert placement_ideal_dp(problem).bound_units / _time_scale(problem) == pytest.approx(want, abs=1e-5)
 
 
 def test_pair_loads_are_the_cost_model(tmp_path):
@@ -170,7 +171,7 @@ def test_known_optima(name, optimum):
     assert got.exact
     load = max(placement_loads(problem, got.devices))
     assert load == pytest.approx(optimum, abs=1e-6)
-    assert load - 1e-4 <= got.bound_units / _SCALE <= load
+    assert load - 1e-4 <= got.bound_units / _time_scale(problem) <= load
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -181,12 +182,12 @@ def test_known_placement_prunes_but_loses_nothing(tmp_path, seed):
     want = _brute_force(problem)
     on_cpu = [("cpu", sorted(problem.nodes))]
     exact = placement_ideal_dp(problem, known=on_cpu)
-    assert exact.exact and exact.bound_units / _SCALE == pytest.approx(want, abs=1e-5)
+    assert exact.exact and exact.bound_units / _time_scale(problem) == pytest.approx(want, abs=1e-5)
     g = _class_graph(problem)
     fits = len(_ideals(g, [c for c in g if g.degree(c) > 0], 10**6, None))
     relaxed = placement_ideal_dp(problem, limit=fits, known=on_cpu)
-    assert relaxed.bound_units / _SCALE <= want + 1e-9
-    assert relaxed.load_units <= max(placement_loads(problem, on_cpu)) * _SCALE
+    assert relaxed.bound_units / _time_scale(problem) <= want + 1e-9
+    assert relaxed.load_units <= max(placement_loads(problem, on_cpu)) * _time_scale(problem)
     assert (relaxed.plan_engine == "order-dp") == (relaxed.devices == on_cpu)
 
 
