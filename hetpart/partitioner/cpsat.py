@@ -48,6 +48,7 @@ COARSEN_ABOVE = 1_000  # nodes; above, `solve` coarsens (NOTE [coarsened solve])
 COARSE_NODES = 300  # runs of the coarse problem CP-SAT sees
 DP_SHARE = 0.5  # of the time limit, the most the DP may take (NOTE [DP deadline] in dp.py)
 IDEAL_SHARE = 0.8  # of the time limit, when the DP over ideals must be done (NOTE [ideal DP] in ideals.py)
+BOUNDS_SHARE = 0.65  # of the time limit, when the search-free bounds must be done (NOTE [bounds deadline])
 
 
 @dataclass
@@ -73,9 +74,19 @@ class _Model:
     stats: dict[str, float] = field(default_factory=dict)
 
 
+class _PastDeadline(Exception):
+    """`_build` passed its deadline: the model is too large to build within the time limit."""
+
+
 def _build(problem: Problem, objective: str = "throughput", microbatches: int = 1,
-           bottleneck_lb_ns: int = 0) -> _Model:
+           bottleneck_lb_ns: int = 0, deadline: float | None = None) -> _Model:
+    """The CP-SAT model; raises _PastDeadline once `deadline` (a `time.perf_counter()` value) passes
+    (a cluster of many machines makes machines^2 link constraints per boundary, NOTE [bounds deadline])."""
     g = problem.graph
+
+    def check_clock() -> None:
+        if deadline is not None and time.perf_counter() > deadline:
+            raise _PastDeadline
 
     # --- Data (stable orders: nodes in `node_order`, devices in list order).
     order = problem.node_order()
@@ -165,6 +176,7 @@ def _build(problem: Problem, objective: str = "throughput", microbatches: int = 
 
     # --- Constraints: devices.
     for k in stages:
+        check_clock()
         # A used stage runs on exactly one device, an unused one on none.
         m.add(sum(a[k].values()) == used[k])
         for t in types:
@@ -212,6 +224,7 @@ def _build(problem: Problem, objective: str = "throughput", microbatches: int = 
             m.add(any_cross[k] == 0)
         nbytes = sum(out_bytes[u] * cross[u][k] for u in senders)
         for m1 in machines:
+            check_clock()
             for m2 in machines:
                 link = problem.intra_node_links[m1] if m1 == m2 else problem.network
                 if m1 == m2 and sum(d.node == m1 for d in devices) < 2:
@@ -226,6 +239,7 @@ def _build(problem: Problem, objective: str = "throughput", microbatches: int = 
 
     # --- Constraints: compute and memory per stage.
     for k in stages:
+        check_clock()
         for t in types:
             # A stage on type t computes at least the sum of its nodes' times on t.
             m.add(compute[k] >= sum(time_ns[v][t] * x(v, k) for v in order)).only_enforce_if(is_type[k][t])
@@ -509,7 +523,8 @@ def solve(
 
     dp_plan = dp_hint(problem, time_limit_s=DP_SHARE * time_limit_s)
     t_dp = time.perf_counter()
-    bounds = compute_bounds(problem, upper_ns=dp_plan.bottleneck_ns if dp_plan is not None else None)
+    bounds = compute_bounds(problem, upper_ns=dp_plan.bottleneck_ns if dp_plan is not None else None,
+                            deadline=t0 + BOUNDS_SHARE * time_limit_s)
     # The model's cut leaves out NOTE [sequence bound]: fed to CP-SAT it changed its search for the
     # worse (zoo:llama training on a100-t4-8: proven optimal in 16 s without it, 15% gap after 30 s
     # with it). The plan reports it all the same (objective_bound_ns below).
@@ -526,7 +541,19 @@ def solve(
     if certified is not None:
         return certified
     search_free_lb = objective_bound_ns(problem, bounds, objective, microbatches)
-    mdl = _build(problem, objective, microbatches, model_lb)
+    try:
+        mdl = _build(problem, objective, microbatches, model_lb, deadline=t0 + time_limit_s)
+    except _PastDeadline:
+        # No time left to search: the DP's plan with the search-free bounds (NOTE [bounds deadline]).
+        if dp_plan is None:
+            raise HetpartError(
+                f"partitioner: no plan found within {time_limit_s:g} s ({problem.graph.number_of_nodes()} nodes, "
+                f"{len(problem.devices)} devices on {len({d.node for d in problem.devices})} machines): the "
+                "CP-SAT model did not finish building; raise --time-limit or plan on fewer machines") from None
+        return _finished_plan(dp_plan.stage_of, dp_plan.device_of_stage, dp_plan.stages, search_free_lb, False,
+                              objective=objective, microbatches=microbatches, t0=t0,
+                              stats={**pre_stats, "cpsat_not_built": 1.0, "plan_from_dp": 1.0,
+                                     "dp_bottleneck_ns": float(dp_plan.bottleneck_ns)}, bounds=bounds, gap=gap)
     if hint is not None:
         _check_hint(problem, hint, mdl.num_stages)
         start = (hint.stage_of, _canonical(problem, hint.device_of_stage))
@@ -703,7 +730,8 @@ def _solve_coarsened(problem: Problem, t0: float, *, time_limit_s: float, seed: 
     value = lambda st: objective_ns(st, objective, microbatches)  # noqa: E731
     dp_plan = dp_hint(problem, time_limit_s=DP_SHARE * time_limit_s)
     t_dp = time.perf_counter()
-    bounds = compute_bounds(problem, 0, upper_ns=dp_plan.bottleneck_ns if dp_plan is not None else None)
+    bounds = compute_bounds(problem, 0, upper_ns=dp_plan.bottleneck_ns if dp_plan is not None else None,
+                            deadline=t0 + BOUNDS_SHARE * time_limit_s)
     valid_lb = objective_bound_ns(problem, bounds, objective, microbatches)
     t_bounds = time.perf_counter()
     pre_stats = {"dp_seconds": t_dp - t0, "bounds_seconds": t_bounds - t_dp}
