@@ -183,6 +183,7 @@ def _build(problem: Problem, objective: str = "throughput", microbatches: int = 
             # type[k,t]: stage k runs on a device of type t.
             m.add(is_type[k][t] == sum(a[k][d.name] for d in devices if d.type == t))
         for mc in machines:
+            check_clock()
             # machine[k,mc]: stage k runs on a device of machine mc.
             m.add(on_machine[k][mc] == sum(a[k][d.name] for d in devices if d.node == mc))
         for c in capacities:
