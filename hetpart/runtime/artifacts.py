@@ -25,13 +25,58 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def _no_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
 def read_json(path: Path) -> dict[str, Any]:
+    """A JSON object from an artifacts file; HetpartError for anything else (binary, NaN, too deep, a list)."""
     if not path.is_file():
         raise HetpartError(f"'{path}' is missing; is '{path.parent}' a directory written by `hetpart partition`?")
     try:
-        return json.loads(path.read_text())
+        data = json.loads(path.read_text(), parse_constant=_no_constant)
     except json.JSONDecodeError as err:
         raise HetpartError(f"{path}:{err.lineno}: not valid JSON ({err.msg}); re-run `hetpart partition`") from None
+    except (UnicodeDecodeError, RecursionError, ValueError, OSError) as err:
+        why = "nested too deeply" if isinstance(err, RecursionError) else str(err)
+        raise HetpartError(f"{path}: not a JSON file hetpart wrote ({why}); re-run `hetpart partition`") from None
+    if not isinstance(data, dict):
+        raise HetpartError(f"{path}: expected a JSON object, got {type(data).__name__}; re-run `hetpart partition`")
+    return data
+
+
+# The fields of plan.json that `inspect` and `run` read, with their types.
+_PLAN_FIELDS = {"model": dict, "cluster": dict, "stages": list, "bottleneck_us": (int, float),
+                "lower_bound_us": (int, float), "gap": (int, float), "solver_status": str, "microbatches": int,
+                "microbatch_size": int}
+_STAGE_FIELDS = {"index": int, "device": str, "device_type": str, "node_count": int, "flops": (int, float),
+                 "memory_bytes": int, "capacity_bytes": int, "compute_us": (int, float), "comm_in_us": (int, float),
+                 "comm_out_us": (int, float), "predicted_time_us": (int, float)}
+_SPEC_FIELDS = {"model": str, "overrides": dict, "batch_size": int, "seq_len": int, "seed": int}
+
+
+def read_plan(out: Path) -> dict[str, Any]:
+    """`out/plan.json`, its fields of the types `inspect` and `run` read (it is edited by hand at times)."""
+    path = out / "plan.json"
+    plan = read_json(path)
+
+    def check(table: Any, fields: dict[str, Any], where: str) -> None:
+        if not isinstance(table, dict):
+            raise HetpartError(f"{path}: {where} must be an object; the plan was edited or truncated: "
+                               "re-run `hetpart partition`")
+        for key, kind in fields.items():
+            if not isinstance(table.get(key), kind) or isinstance(table.get(key), bool):
+                raise HetpartError(f"{path}: {where}{key!r} is missing or not a {getattr(kind, '__name__', 'number')} "
+                                   f"(got {table.get(key)!r:.40}); the plan was edited or truncated: re-run "
+                                   "`hetpart partition`")
+
+    check(plan, _PLAN_FIELDS, "")
+    check(plan["model"], _SPEC_FIELDS, "model.")
+    if not plan["stages"]:
+        raise HetpartError(f"{path}: 'stages' is empty; re-run `hetpart partition`")
+    for k, stage in enumerate(plan["stages"]):
+        check(stage, _STAGE_FIELDS, f"stages[{k}].")
+    return plan
 
 
 def load_manifest(out: Path) -> dict[str, Any]:

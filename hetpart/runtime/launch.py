@@ -30,7 +30,7 @@ from safetensors.torch import load_file, save_file
 from hetpart.errors import HetpartError
 from hetpart.frontend import ModelSpec, load_model
 from hetpart.frontend.hf import HFModel, OutputStructure
-from hetpart.runtime.artifacts import check_rank_files, dim_size, load_manifest, read_json, symbol_sizes
+from hetpart.runtime.artifacts import check_rank_files, dim_size, load_manifest, read_plan, symbol_sizes
 
 VERIFY_ATOL = 1e-5  # fp32 outputs: max absolute difference
 VERIFY_GRAD_RTOL = 1e-5  # fp32 gradients: max difference relative to the largest reference entry
@@ -409,7 +409,7 @@ def _grad_rel_err(io_dir: Path, world: int, reference: dict[str, torch.Tensor]) 
 
 def run_pipeline(out: Path, opts: RunOptions = RunOptions(), echo: Callable[[str], None] = print) -> RunResult:
     manifest = load_manifest(out)
-    plan = read_json(out / "plan.json")
+    plan = read_plan(out)
     spec = run_spec(ModelSpec.from_json(plan["model"]), plan, opts)
     m = opts.microbatches or plan["microbatches"]
     world = manifest["world_size"]
