@@ -123,7 +123,10 @@ def _build(problem: Problem, objective: str = "throughput", microbatches: int = 
             # A co-location group's nodes share one stage: they share its literals.
             y[v] = y[members[0]]
     used = [m.new_bool_var(f"used[{k}]") for k in stages]
-    a = [{d.name: m.new_bool_var(f"a[{k},{d.name}]") for d in devices} for k in stages]
+    a = []
+    for k in stages:
+        check_clock()
+        a.append({d.name: m.new_bool_var(f"a[{k},{d.name}]") for d in devices})
     is_type = [{t: m.new_bool_var(f"type[{k},{t}]") for t in types} for k in stages]
     on_machine = [{mc: m.new_bool_var(f"machine[{k},{mc}]") for mc in machines} for k in stages]
     has_capacity = [{c: m.new_bool_var(f"capacity[{k},{c}]") for c in capacities} for k in stages]
