@@ -88,7 +88,7 @@ def _parser() -> argparse.ArgumentParser:
                            "optimizer state and the schedule's activation stash")
     part.add_argument("--schedule", default="gpipe", choices=["gpipe", "1f1b"],
                       help="training: GPipe stashes all microbatches, 1F1B stage k of S min(S-k, M)")
-    part.add_argument("--optimizer-bytes-per-param", type=_number(int, minimum=0), default=8, metavar="N",
+    part.add_argument("--optimizer-bytes-per-param", type=_number(int, minimum=0, maximum=1024), default=8, metavar="N",
                       help="training: optimizer state per parameter (default 8: Adam's two fp32 moments)")
     part.add_argument("--profile", dest="profiles", action="append", type=Path, default=[], metavar="FILE",
                       help="measured op times from `hetpart profile` for its device type (repeatable, one per type)")

@@ -19,7 +19,7 @@ from hetpart.devices.cluster import MAX_DEVICES
 from hetpart.partitioner import cpsat
 from hetpart.partitioner.bounds import compute_bounds
 from hetpart.partitioner.problem import TIME_NS, Device, Link, Problem
-from tests.test_errors import MLP, Case, _fill, _tree, artifacts  # noqa: F401 - artifacts is a fixture
+from tests.test_errors import MLP, Case, _fill, _manifest_edit, _tree, artifacts  # noqa: F401 - a fixture
 
 BAD_MODELS_PY = '''\
 import sys
@@ -197,6 +197,7 @@ CASES: dict[str, Case] = {
     "cluster-too-many-devices": _toml("too-many-devices.toml", f"the cluster has {MAX_DEVICES + 1} devices; hetpart "
                                       f"plans at most {MAX_DEVICES}"),
     "cluster-not-utf8": _toml("binary.toml", "cannot read cluster file '{tmp}/binary.toml'", "a cluster file is UTF-8"),
+    "cluster-empty": Case(["partition", "zoo:mlp", "--cluster", "", "--out", "{out}"], ["--cluster is empty"]),
     "cluster-is-a-directory": Case(["partition", "zoo:mlp", "--cluster", "{tmp}/existing", "--out", "{out}"],
                                    ["cluster file '{tmp}/existing' is a directory"]),
     # Placement JSON (NOTE [placement input ranges])
@@ -263,6 +264,8 @@ CASES: dict[str, Case] = {
     "threads-0": Case(["profile", "zoo:mlp", "--out", "{tmp}/p.json", "--threads", "0"],
                       ["profile: --threads must be >= 1 (got 0)"]),
     "repeats-0": Case(["profile", "zoo:mlp", "--out", "{tmp}/p.json", "--repeats", "0"], ["--repeats must be >= 1"]),
+    "optimizer-bytes-huge": Case(["partition", "zoo:mlp", *PARTITION, "--optimizer-bytes-per-param", "5000"],
+                                 ["--optimizer-bytes-per-param must be <= 1024 (got 5000)"]),
     "seed-negative": Case(["partition", "zoo:mlp", *PARTITION, "--seed", "-1"], ["--seed must be >= 0 (got -1)"]),
     "unknown-choice": Case(["partition", "zoo:mlp", *PARTITION, "--mode", "train"],
                            ["partition: argument --mode: invalid choice: 'train'", "see `hetpart partition --help`"]),
@@ -280,6 +283,9 @@ CASES: dict[str, Case] = {
     "manifest-nested-too-deeply": Case(["run", "{art}"], ["{art}/manifest.json: not a JSON file hetpart wrote "
                                                           "(nested too deeply)"],
                                        lambda art: (art / "manifest.json").write_text("[" * 100_000 + "]" * 100_000)),
+    "manifest-rank-field-of-another-type": Case(["run", "{art}"], ["{art}/manifest.json: ranks[0].files must be a "
+                                                                   "dict, got 'x'"],
+                                                _manifest_edit(lambda m: m["ranks"][0].update(files="x"))),
     # profile --out
     "profile-out-is-a-directory": Case(["profile", "zoo:mlp", "--out", "{tmp}/existing"],
                                        ["--out {tmp}/existing is a directory; give a file name"]),

@@ -398,6 +398,9 @@ def load_cluster(spec: str) -> Cluster:
         if name not in PRESETS:
             raise HetpartError(f"unknown cluster preset '{name}' (known: {', '.join(sorted(PRESETS))})")
         return parse_cluster(PRESETS[name], f"preset:{name}", name)
+    if not spec.strip():
+        raise HetpartError(f"--cluster is empty; give a TOML file or preset:NAME "
+                           f"(presets: {', '.join(sorted(PRESETS))})")
     path = Path(spec)
     if path.is_dir():
         raise HetpartError(f"cluster file '{spec}' is a directory; give a TOML file or preset:NAME "

@@ -149,5 +149,6 @@ def build_zoo(name: str, overrides: dict[str, str], batch_size: int, seq_len: in
         first = (str(err).strip().splitlines() or [type(err).__name__])[0]
         sets = " ".join(f"--set {k}={v}" for k, v in overrides.items())
         raise HetpartError(f"zoo:{name}{' with ' + sets if sets else ''}: building the model failed: "
-                           f"{type(err).__name__}: {first[:200]}; check the --set values") from None
+                           f"{type(err).__name__}: {first[:200]}; check the --set values, --batch-size and --seq-len"
+                           ) from None
     return module, inputs

@@ -107,9 +107,26 @@ def _check_structure(path: Path, manifest: dict[str, Any]) -> None:
             raise HetpartError(f"{path}: ranks[{k}] must be rank {k} with {', '.join(sorted(needed))}{redo}")
         if not isinstance(entry["dir"], str) or Path(entry["dir"]).is_absolute() or ".." in Path(entry["dir"]).parts:
             raise HetpartError(f"{path}: ranks[{k}].dir {entry['dir']!r} must be a directory inside {path.parent}{redo}")
-    placed = [r for node in manifest.get("nodes", []) for r in node.get("ranks", [])]
+        for key, kind in _RANK_FIELDS.items():
+            if not isinstance(entry[key], kind) or isinstance(entry[key], bool):
+                raise HetpartError(f"{path}: ranks[{k}].{key} must be a {kind.__name__}, got {entry[key]!r:.40}{redo}")
+        files, values = entry["files"], [*entry["inputs"], *entry["outputs"]]
+        if not all(isinstance(n, str) and isinstance(d, str) for n, d in files.items()) or not all(
+                isinstance(v, dict) and isinstance(v.get("name"), str) and isinstance(v.get("shape"), list)
+                for v in values):
+            raise HetpartError(f"{path}: ranks[{k}]: files must map names to sha256 strings, inputs and outputs "
+                               f"list {{name, shape, dtype}}{redo}")
+    nodes = manifest.get("nodes", [])
+    if not isinstance(nodes, list) or not all(isinstance(n, dict) and isinstance(n.get("ranks", []), list)
+                                              for n in nodes):
+        raise HetpartError(f"{path}: nodes must be a list of {{node_rank, machine, ranks}}{redo}")
+    placed = [r for node in nodes for r in node.get("ranks", [])]
     if placed != list(range(world)):
         raise HetpartError(f"{path}: the nodes hold ranks {placed}, expected 0..{world - 1} in order{redo}")
+
+
+_RANK_FIELDS = {"files": dict, "inputs": list, "outputs": list, "weights": list, "device": str, "node_rank": int,
+                "local_rank": int}
 
 
 def check_rank_files(out: Path, entry: dict[str, Any]) -> Path:
