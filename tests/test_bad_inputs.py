@@ -323,6 +323,21 @@ def test_bad_input(name, tmp_path, request, capfd):
     assert _tree(tmp_path) == before, "nothing written, nothing left behind"
 
 
+@pytest.mark.parametrize("index", ['{"weight_map": 5}', "[1]"])
+def test_shard_weights_with_an_index_of_another_shape(index, tmp_path, capfd):
+    """A checkpoint index whose weight_map is no map of names (AttributeError before)."""
+    meta = tmp_path / "meta"
+    assert main(["partition", *MLP, "--cluster", "preset:cpu-2", "--out", str(meta), "--meta", "--no-pt2"]) == 0
+    (tmp_path / "ck.safetensors.index.json").write_text(index)
+    before = _tree(tmp_path)
+    capfd.readouterr()
+    assert main(["shard-weights", str(meta), str(tmp_path / "ck.safetensors.index.json")]) == 2
+    err = capfd.readouterr().err
+    assert err.startswith(f"hetpart: error: checkpoint index {tmp_path}/ck.safetensors.index.json: unreadable")
+    assert 'expected a JSON file with a "weight_map"' in err and "Traceback" not in err, err
+    assert _tree(tmp_path) == before
+
+
 def test_catalogue_documents_every_case():
     from pathlib import Path
 
