@@ -7,11 +7,14 @@ do), exit status 2, no traceback.
 from __future__ import annotations
 
 import argparse
+import math
 import signal
 import sys
 import threading
 import warnings
+from collections.abc import Callable
 from pathlib import Path
+from typing import NoReturn
 
 from rich import box
 from rich.console import Console
@@ -28,8 +31,53 @@ def _key_value(text: str) -> tuple[str, str]:
     return key, value
 
 
+def _number(kind: type = int, *, minimum: float | None = None, positive: bool = False,
+            maximum: float | None = None) -> Callable[[str], int | float]:
+    """An argparse `type=`: `kind` (int or float) from the text, finite, >= `minimum` (or > 0 when
+    `positive`) and <= `maximum`; otherwise an error that argparse prefixes with the flag."""
+    def shown(bound: float) -> str:
+        return str(int(bound)) if kind is int else f"{bound:g}"
+
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {'an integer' if kind is int else 'a number'} "
+                                             f"(got {text!r})") from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"must be a finite number (got {text})")
+        if positive and not value > 0:
+            raise argparse.ArgumentTypeError(f"must be positive (got {text})")
+        if minimum is not None and value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {shown(minimum)} (got {text})")
+        if maximum is not None and value > maximum:
+            raise argparse.ArgumentTypeError(f"must be <= {shown(maximum)} (got {text})")
+        return value
+    return parse
+
+
+SEED_MAX = 2**31 - 1  # CP-SAT's random_seed is a 32-bit int
+PROCESSES_MAX = 1024  # --concurrent, --threads, --workers: processes or threads this machine starts
+_COUNT = _number(int, minimum=1)  # sizes and counts: batch, sequence, microbatches, steps, repeats
+_SECONDS = _number(float, positive=True)
+_SEED = _number(int, minimum=0, maximum=SEED_MAX)
+_PROCESSES = _number(int, minimum=1, maximum=PROCESSES_MAX)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse whose mistakes are HetpartErrors: one `hetpart: error:` line, status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        # "argument --timeout: must be positive (got 0)" -> "--timeout must be positive (got 0)"
+        flag, sep, rest = message.removeprefix("argument ").partition(": ")
+        if message.startswith("argument ") and sep and rest.startswith("must "):
+            message = f"{flag} {rest}"
+        command = self.prog.removeprefix("hetpart").strip()
+        raise HetpartError(f"{command + ': ' if command else ''}{message} (see `{self.prog} --help`)")
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="hetpart", description="Partition a PyTorch model across a heterogeneous cluster.")
+    p = _Parser(prog="hetpart", description="Partition a PyTorch model across a heterogeneous cluster.")
     p.add_argument("--version", action="version", version=f"hetpart {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -42,20 +90,20 @@ def _parser() -> argparse.ArgumentParser:
                            "optimizer state and the schedule's activation stash")
     part.add_argument("--schedule", default="gpipe", choices=["gpipe", "1f1b"],
                       help="training: GPipe stashes all microbatches, 1F1B stage k of S min(S-k, M)")
-    part.add_argument("--optimizer-bytes-per-param", type=int, default=8, metavar="N",
+    part.add_argument("--optimizer-bytes-per-param", type=_number(int, minimum=0, maximum=1024), default=8, metavar="N",
                       help="training: optimizer state per parameter (default 8: Adam's two fp32 moments)")
     part.add_argument("--profile", dest="profiles", action="append", type=Path, default=[], metavar="FILE",
                       help="measured op times from `hetpart profile` for its device type (repeatable, one per type)")
-    part.add_argument("--batch-size", type=int, default=8, help="traced batch size (dynamic in the artifacts)")
-    part.add_argument("--seq-len", type=int, default=64, help="sequence length of generated example inputs")
-    part.add_argument("--microbatches", type=int, default=4, help="microbatches per step; costs are per microbatch")
+    part.add_argument("--batch-size", type=_COUNT, default=8, help="traced batch size (dynamic in the artifacts)")
+    part.add_argument("--seq-len", type=_COUNT, default=64, help="sequence length of generated example inputs")
+    part.add_argument("--microbatches", type=_COUNT, default=4, help="microbatches per step; costs are per microbatch")
     part.add_argument("--set", dest="overrides", action="append", type=_key_value, default=[],
                       metavar="KEY=VALUE", help="set a model config field (repeatable)")
-    part.add_argument("--time-limit", type=float, default=30.0, help="solver time limit in seconds")
-    part.add_argument("--gap", type=float, default=0.0, metavar="FRACTION",
+    part.add_argument("--time-limit", type=_SECONDS, default=30.0, help="solver time limit in seconds")
+    part.add_argument("--gap", type=_number(float), default=0.0, metavar="FRACTION",
                       help="stop once the plan is certified within this relative gap of optimal "
                            "(e.g. 0.01 for 1%%; default 0: prove optimal or use the whole time limit)")
-    part.add_argument("--seed", type=int, default=0, help="seed for weights, inputs and the solver")
+    part.add_argument("--seed", type=_SEED, default=0, help="seed for weights, inputs and the solver")
     part.add_argument("--check-certificate", action=argparse.BooleanOptionalAction, default=None,
                       help="re-prove an OPTIMAL / WITHIN_GAP claim by another route (brute force or CP-SAT "
                            "without presolve) and downgrade it if refuted (default: HETPART_CHECK_CERTIFICATE)")
@@ -84,18 +132,19 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--mode", choices=["inference", "training"], default="inference",
                      help="training: MSE loss on the first output, SGD step on every rank")
     run.add_argument("--schedule", choices=["gpipe", "1f1b"], default="gpipe", help="pipeline schedule")
-    run.add_argument("--microbatches", type=int, default=None, help="default: the plan's")
-    run.add_argument("--batch-size", type=int, default=None,
+    run.add_argument("--microbatches", type=_COUNT, default=None, help="default: the plan's")
+    run.add_argument("--batch-size", type=_COUNT, default=None,
                      help="run (and --verify) at this batch instead of the traced one; the batch is always dynamic")
-    run.add_argument("--seq-len", type=int, default=None,
+    run.add_argument("--seq-len", type=_COUNT, default=None,
                      help="run at this sequence length, where the plan's is dynamic (plan.json `dynamic`)")
-    run.add_argument("--steps", type=int, default=1, help="pipeline steps to run")
+    run.add_argument("--steps", type=_COUNT, default=1, help="pipeline steps to run")
     run.add_argument("--measure", action="store_true",
                      help="time every stage and the step; write DIR/measured.json next to the plan's predictions")
     run.add_argument("--as-nodes", action="store_true",
                      help="start one torchrun per planned node (launch.sh's), all on loopback: a multi-node rehearsal")
-    run.add_argument("--timeout", type=float, default=600, help="seconds before the run is stopped")
-    run.add_argument("--master-port", type=int, default=None,
+    run.add_argument("--timeout", type=_number(float, positive=True, maximum=1e6), default=600,
+                     help="seconds before the run is stopped")
+    run.add_argument("--master-port", type=_number(int, minimum=1, maximum=65535), default=None,
                      help="torchrun's rendezvous port on 127.0.0.1 (default: a free one)")
     run.add_argument("--model", default=None, metavar="FILE.py:FUNCTION",
                      help="a file model's plan: the model file to import (its sha256 must be the one plan.json "
@@ -104,15 +153,16 @@ def _parser() -> argparse.ArgumentParser:
                      help="a file model's plan: import the file plan.json names (or --model's, though it differs)")
     run.add_argument("--key", type=Path, default=None, metavar="FILE",
                      help="run only a directory signed with this key (manifest.json.hmac)")
-    run.add_argument("--rtol", type=float, default=None,
+    run.add_argument("--rtol", type=_number(float), default=None,
                      help="--verify: tolerance relative to each element of the model's output (default 1e-5)")
-    run.add_argument("--atol", type=float, default=None,
+    run.add_argument("--atol", type=_number(float), default=None,
                      help="--verify: tolerance in units of each output's largest |element| (default 1e-5)")
 
     insp = sub.add_parser("inspect", help="print the plan of an artifacts directory")
     insp.add_argument("out", type=Path, help="artifacts directory")
     view = insp.add_mutually_exclusive_group()
-    view.add_argument("--stage", type=int, metavar="K", help="print stage K's stage.py with its inputs and outputs")
+    view.add_argument("--stage", type=_number(int, minimum=0), metavar="K",
+                      help="print stage K's stage.py with its inputs and outputs")
     view.add_argument("--ir", metavar="N|NAME", help="print an IR dump from DIR/ir by number or pass name")
     view.add_argument("--json", action="store_true", help="print the plan and its derived numbers as JSON")
     insp.add_argument("--key", type=Path, default=None, metavar="FILE",
@@ -120,9 +170,9 @@ def _parser() -> argparse.ArgumentParser:
 
     place = sub.add_parser("placement", help="solve a device-placement benchmark input (NeurIPS 2020 format)")
     place.add_argument("input", type=Path, help="benchmark JSON (maxSizePerFPGA, maxFPGAs, maxCPUs, nodes, edges)")
-    place.add_argument("--time-limit", type=float, default=60.0, help="solver time limit in seconds")
-    place.add_argument("--workers", type=int, default=1, help="CP-SAT worker threads (1 is deterministic)")
-    place.add_argument("--gap", type=float, default=0.0,
+    place.add_argument("--time-limit", type=_SECONDS, default=60.0, help="solver time limit in seconds")
+    place.add_argument("--workers", type=_PROCESSES, default=1, help="CP-SAT worker threads (1 is deterministic)")
+    place.add_argument("--gap", type=_number(float), default=0.0,
                        help="stop once the placement is proven within this fraction of optimal (default 0)")
     place.add_argument("--check-certificate", action=argparse.BooleanOptionalAction, default=None,
                        help="re-prove an OPTIMAL claim by another route (brute force or CP-SAT without presolve) "
@@ -133,25 +183,26 @@ def _parser() -> argparse.ArgumentParser:
     prof.add_argument("--out", required=True, type=Path, help="profile JSON to write")
     prof.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where to run the ops")
     prof.add_argument("--device-type", default="cpu", help="the catalog device type the profile stands for")
-    prof.add_argument("--batch-size", type=int, default=8, help="traced batch size")
-    prof.add_argument("--seq-len", type=int, default=64, help="sequence length of generated example inputs")
-    prof.add_argument("--microbatches", type=int, default=4,
+    prof.add_argument("--batch-size", type=_COUNT, default=8, help="traced batch size")
+    prof.add_argument("--seq-len", type=_COUNT, default=64, help="sequence length of generated example inputs")
+    prof.add_argument("--microbatches", type=_COUNT, default=4,
                       help="ops are measured at --batch-size / --microbatches samples, as partition costs them")
     prof.add_argument("--set", dest="overrides", action="append", type=_key_value, default=[],
                       metavar="KEY=VALUE", help="set a model config field (repeatable)")
-    prof.add_argument("--repeats", type=int, default=20, help="timed runs per op (the median is kept)")
-    prof.add_argument("--warmup", type=int, default=3, help="untimed runs per op before the timed ones")
-    prof.add_argument("--threads", type=int, default=None,
+    prof.add_argument("--repeats", type=_COUNT, default=20, help="timed runs per op (the median is kept)")
+    prof.add_argument("--warmup", type=_number(int, minimum=0), default=3,
+                      help="untimed runs per op before the timed ones")
+    prof.add_argument("--threads", type=_PROCESSES, default=None,
                       help="torch threads (default: what a `hetpart run` rank uses, OMP_NUM_THREADS or 1)")
     prof.add_argument("--backward", action="store_true",
                       help="also time each op's backward (used by `partition --mode training`)")
     share = prof.add_mutually_exclusive_group()
-    share.add_argument("--concurrent", type=int, default=1, metavar="N",
+    share.add_argument("--concurrent", type=_number(int, maximum=PROCESSES_MAX), default=1, metavar="N",
                        help="time the ops while N-1 sibling processes each run 1/N of the graph, as this machine's "
                             "other ranks will: N = the ranks `hetpart run` starts on it (default 1)")
     share.add_argument("--cluster", default=None, metavar="FILE|preset:NAME",
                        help="--concurrent from a cluster: the most devices of --device-type on one of its nodes")
-    prof.add_argument("--seed", type=int, default=0, help="seed for weights and inputs")
+    prof.add_argument("--seed", type=_SEED, default=0, help="seed for weights and inputs")
 
     shard = sub.add_parser("shard-weights", help="fill the per-rank weights of a plan made with --meta "
                                                  "from a checkpoint, streaming")
@@ -263,9 +314,10 @@ def _inspect(args: argparse.Namespace, console: Console) -> int:
 def _profile(args: argparse.Namespace, console: Console) -> int:
     from hetpart.devices import device_type
     from hetpart.frontend import ModelSpec
-    from hetpart.passes.profile import profile_model, ranks_sharing_a_machine
+    from hetpart.passes.profile import check_output_path, profile_model, ranks_sharing_a_machine
 
     device_type(args.device_type)  # an unknown type is an error that lists the catalog
+    check_output_path(args.out)
     spec = ModelSpec(_model_arg(args.model), dict(args.overrides), args.batch_size, args.seq_len, args.seed)
     concurrent = args.concurrent
     if args.cluster is not None:
@@ -362,12 +414,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
-    args = _parser().parse_args(argv)
     # torch's own deprecation notices (pytree LeafSpec) are not the user's to act on.
     warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
     # Tables keep their shape in pipes and logs (rich would wrap them at 80 columns).
     console = Console() if sys.stdout.isatty() else Console(width=160)
+    args = None
     try:
+        args = _parser().parse_args(argv)
         if args.command == "partition":
             return _partition(args, console)
         if args.command == "run":
@@ -389,3 +442,14 @@ def _main(argv: list[str] | None) -> int:
     except KeyboardInterrupt:
         print("hetpart: interrupted", file=sys.stderr)
         return 130
+    except BaseException as err:
+        if isinstance(err, (Exception, Terminated)):
+            raise  # a bug in hetpart (its traceback), or SIGTERM for main's cleanup
+        if isinstance(err, SystemExit) and args is None:
+            raise  # --help, --version
+        # The model's own code (its forward, as it is traced) exited: NOTE [user code exits] in frontend/load.py.
+        from hetpart.frontend.load import describe_exit, exit_location
+
+        print(f"hetpart: error: {exit_location(err)}: the model's code {describe_exit(err)}; a model must not exit "
+              "or raise BaseException while hetpart builds or traces it", file=sys.stderr)
+        return 2

@@ -125,7 +125,9 @@ class Checkpoint:
         if index is not None:
             try:
                 weight_map = json.loads(index.read_text())["weight_map"]
-            except (OSError, ValueError, KeyError) as err:
+                if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
+                    raise ValueError(f"weight_map is {type(weight_map).__name__}, not names -> file names")
+            except (OSError, ValueError, KeyError, TypeError, RecursionError) as err:
                 raise HetpartError(f"checkpoint index {index}: unreadable ({err}); expected a JSON file "
                                    'with a "weight_map" of tensor name -> shard file') from None
             for key, shard in weight_map.items():

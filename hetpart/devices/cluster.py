@@ -170,9 +170,31 @@ class _Source:
         return HetpartError(f"{where}: {message}")
 
 
+# NOTE [cluster ranges]
+# Every number of a cluster file must be finite and physically plausible: beyond these ranges
+# the cost model's integer nanoseconds overflow (1e300 GB/s, 1e-300 TFLOP/s) or a typo slipped
+# in (mem_GB = 80000 for 80). Values at or below 0 keep their own message ("must be a number > 0").
+# Names of machines and device types land in launch.sh, hostnames and file names: they are
+# NAME_PATTERN (letters, digits, '.', '_' and '-', starting with a letter or digit, at most 64),
+# so no whitespace, control character, '/' or shell metacharacter gets through.
+RANGES: dict[str, tuple[float, float, str]] = {
+    "bandwidth_GBps": (1e-3, 1e5, "GB/s"),  # 1 MB/s to 100 TB/s
+    "latency_us": (0.0, 1e6, "us"),  # up to a second
+    "mem_GB": (1e-6, 1e5, "GB"),  # 1 kB to 100 TB
+    "mem_bw_GBps": (1e-3, 1e5, "GB/s"),
+    "peak_tflops": (1e-3, 1e5, "TFLOP/s"),  # 1 GFLOP/s to 100 PFLOP/s
+    "overhead_us": (0.0, 1e6, "us"),
+    "matmul_efficiency": (1e-3, 1.0, "of peak"),
+    "memory_efficiency": (1e-3, 1.0, "of peak"),
+}
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+MAX_DEVICES = 4096  # in one cluster: the planners' tables grow with devices x stages
+
+
 def _number(src: _Source, table: dict[str, Any], key: str, what: str, start: int, *, minimum: float = 0.0,
-            strict: bool = True, default: float | None = None) -> float:
-    """table[key] as a finite number > minimum (or >= minimum when not strict)."""
+            strict: bool = True, default: float | None = None, limits: str | None = None) -> float:
+    """table[key] as a finite number > minimum (or >= minimum when not strict), within
+    RANGES[limits or key] (NOTE [cluster ranges])."""
     if key not in table:
         if default is not None:
             return default
@@ -183,7 +205,21 @@ def _number(src: _Source, table: dict[str, Any], key: str, what: str, start: int
     if not ok:
         bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
         raise src.error(f"{what}: '{key}' must be a number {bound}, got {value!r}", key, start)
+    lo, hi, unit = RANGES[limits or key]
+    if not lo <= value <= hi:
+        raise src.error(f"{what}: '{key}' = {value!r} is outside the range hetpart accepts, {lo:g} to {hi:g} {unit}; "
+                        "check the units (see the cluster file format in the README)", key, start)
     return float(value)
+
+
+def _name(src: _Source, value: Any, what: str, start: int) -> str:
+    """A machine or device type name: NAME_PATTERN (NOTE [cluster ranges])."""
+    if not isinstance(value, str) or not NAME_PATTERN.fullmatch(value):
+        shown = (repr(value) if not isinstance(value, str) or len(value) <= 64
+                 else f"{value[:40]!r}... ({len(value)} characters)")
+        raise src.error(f"{what} {shown} is not a valid name: use 1 to 64 letters, digits, '.', '_' or '-', "
+                        "starting with a letter or digit (no spaces, '/' or shell characters)", "name", start)
+    return value
 
 
 def _check_keys(src: _Source, table: dict[str, Any], allowed: set[str], what: str, start: int) -> None:
@@ -213,8 +249,9 @@ def _device_type(src: _Source, entry: Any, index: int) -> DeviceType:
     _check_keys(src, entry, {"name", "description", "peak_tflops", "mem_GB", "mem_bw_GBps", "matmul_efficiency",
                              "memory_efficiency", "overhead_us"}, what, start)
     name = entry.get("name")
-    if not isinstance(name, str) or not name:
+    if name is None:
         raise src.error(f"{what} needs a name, e.g. name = \"my-gpu\"", None, start)
+    name = _name(src, name, f"{what}: device type name", start)
     if name in CATALOG:
         raise src.error(f"device type '{name}' is already in the catalog; give your type another name", name, start)
     what = f"device type '{name}'"
@@ -222,10 +259,15 @@ def _device_type(src: _Source, entry: Any, index: int) -> DeviceType:
     if not isinstance(peaks, dict) or "fp32" not in peaks:
         raise src.error(f"{what} needs peak_tflops = {{ fp32 = ..., bf16 = ... }} with at least fp32", "peak_tflops", start)
     _check_keys(src, peaks, set(PEAK_DTYPES), f"{what} peak_tflops", start)
+    description = entry.get("description", "custom device type")
+    if not isinstance(description, str) or not description.isprintable():
+        raise src.error(f"{what}: 'description' must be a string of printable characters, got {description!r}",
+                        "description", start)
     return DeviceType(
         name=name,
-        description=str(entry.get("description", "custom device type")),
-        peak_flops_per_s={k: _number(src, peaks, k, f"{what} peak_tflops", start) * 1e12 for k in peaks},
+        description=description,
+        peak_flops_per_s={k: _number(src, peaks, k, f"{what} peak_tflops", start, limits="peak_tflops") * 1e12
+                          for k in peaks},
         mem_bw_bytes_per_s=_number(src, entry, "mem_bw_GBps", what, start) * GB,
         mem_bytes=int(_number(src, entry, "mem_GB", what, start) * GB),
         matmul_efficiency=_efficiency(src, entry, "matmul_efficiency", what, start, 0.7),
@@ -263,11 +305,45 @@ def _device(src: _Source, entry: Any, machine: str, index: int, types: dict[str,
     return ClusterDevice(name=f"{machine}/{index}", type=dtype, machine=machine, mem_bytes=mem)
 
 
+def _deepest_line(text: str) -> int:
+    """The line (1-based) where brackets outside strings and comments first nest 32 deep (an
+    approximation of TOML's grammar, only used to point at a file too deeply nested to parse)."""
+    depth, quote, line = 0, None, 1
+    chars = iter(text)
+    for ch in chars:
+        if ch == "\n":
+            line += 1
+            if quote is not None and len(quote) == 1:
+                quote = None
+        elif quote is not None:
+            if ch == "\\" and quote == '"':
+                next(chars, None)
+            elif ch == quote:
+                quote = None
+        elif ch in "\"'":
+            quote = ch
+        elif ch == "#":
+            for ch2 in chars:
+                if ch2 == "\n":
+                    line += 1
+                    break
+        elif ch in "[{":
+            depth += 1
+            if depth >= 32:
+                return line
+        elif ch in "]}":
+            depth -= 1
+    return line
+
+
 def parse_cluster(text: str, label: str, name: str) -> Cluster:
     """A Cluster from TOML text; errors name `label`, the line, and what is allowed."""
     src = _Source(label, text)
     try:
         data = tomllib.loads(text)
+    except RecursionError:  # tomllib parses nested arrays and tables recursively
+        raise HetpartError(f"{label}:{_deepest_line(text)}: arrays or tables nested too deeply to read (a cluster "
+                           "file nests at most 3 levels); see the cluster file format in the README") from None
     except tomllib.TOMLDecodeError as err:  # "... (at line 3, column 5)" or "... (at end of document)"
         at = re.search(r" \(at line (\d+), column (\d+)\)$", str(err))
         line = f"{at.group(1)}:{at.group(2)}" if at else str(len(text.splitlines()) or 1)
@@ -284,15 +360,20 @@ def parse_cluster(text: str, label: str, name: str) -> Cluster:
             raise src.error(f"device type '{t.name}' is defined twice", t.name, src.section("[[device_types]]", i))
         types[t.name] = t
     nodes = data.get("nodes")
-    if not isinstance(nodes, list) or not nodes:
+    if nodes is not None and (not isinstance(nodes, list) or not all(isinstance(n, dict) for n in nodes)):
+        raise src.error("nodes must be an array of tables, one [[nodes]] per machine (see the cluster file "
+                        "format in the README)", "nodes")
+    if not nodes:
         raise src.error("the cluster has no [[nodes]]; add at least one node with devices")
+    total = sum(len(n["devices"]) for n in nodes if isinstance(n.get("devices"), list))
+    if total > MAX_DEVICES:
+        raise src.error(f"the cluster has {total} devices; hetpart plans at most {MAX_DEVICES} (a pipeline has a "
+                        "stage per device it uses): list the machines you mean to use")
     machines = []
     seen: set[str] = set()
     for i, node in enumerate(nodes):
         start = src.section("[[nodes]]", i)
-        mname = node.get("name", f"node{i}")
-        if not isinstance(mname, str) or not mname or "/" in mname:
-            raise src.error(f"node name must be a non-empty string without '/', got {mname!r}", "name", start)
+        mname = _name(src, node.get("name", f"node{i}"), "node name", start)
         if mname in seen:
             raise src.error(f"node name '{mname}' is used twice", f'"{mname}"', start)
         seen.add(mname)
@@ -317,7 +398,13 @@ def load_cluster(spec: str) -> Cluster:
         if name not in PRESETS:
             raise HetpartError(f"unknown cluster preset '{name}' (known: {', '.join(sorted(PRESETS))})")
         return parse_cluster(PRESETS[name], f"preset:{name}", name)
+    if not spec.strip():
+        raise HetpartError(f"--cluster is empty; give a TOML file or preset:NAME "
+                           f"(presets: {', '.join(sorted(PRESETS))})")
     path = Path(spec)
+    if path.is_dir():
+        raise HetpartError(f"cluster file '{spec}' is a directory; give a TOML file or preset:NAME "
+                           f"(presets: {', '.join(sorted(PRESETS))})")
     if not path.is_file():
         raise HetpartError(
             f"cluster file '{spec}' not found; give a TOML file or preset:NAME "
@@ -326,5 +413,5 @@ def load_cluster(spec: str) -> Cluster:
     try:
         text = path.read_text()
     except (OSError, UnicodeDecodeError) as err:
-        raise HetpartError(f"cannot read cluster file '{spec}': {err}") from None
+        raise HetpartError(f"cannot read cluster file '{spec}': {err}; a cluster file is UTF-8 TOML") from None
     return parse_cluster(text, str(path), path.stem)

@@ -21,7 +21,7 @@ from torch.utils import _pytree as pytree
 from hetpart.errors import HetpartError
 from hetpart.frontend.batch_mixing import batch_mixing
 from hetpart.frontend.fast_fake import fast_fake_kernels
-from hetpart.frontend.load import SequenceAxes
+from hetpart.frontend.load import SequenceAxes, user_code
 
 
 def export_model(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...],
@@ -47,6 +47,7 @@ def export_model(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...],
     if not record["seq_len"]:
         gm = _export(module, inputs, _dynamic_shapes(module, inputs, None))
     gm.meta["dynamic"] = record
+    _check_outputs(gm)
     mixing = batch_mixing(gm)
     if mixing:  # where in the model: a second trace, with stack traces (NOTE [batch mixing])
         lines = _source_lines(module, inputs, _dynamic_shapes(module, inputs, seq if record["seq_len"] else None))
@@ -56,6 +57,18 @@ def export_model(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...],
     gm.graph.eliminate_dead_code()
     gm.recompile()
     return gm
+
+
+def _check_outputs(gm: fx.GraphModule) -> None:
+    """Every output of the traced model is a tensor (None, an int or a string cannot cross a stage)."""
+    out = next(n for n in gm.graph.nodes if n.op == "output")
+    values = out.args[0] if isinstance(out.args[0], (tuple, list)) else (out.args[0],)
+    if not values:
+        raise HetpartError("the model's forward returns nothing; return a tensor or a tuple of tensors")
+    for i, value in enumerate(values):
+        if not isinstance(value, fx.Node):
+            raise HetpartError(f"the model's forward returns {value!r} (output {i}), not a tensor; "
+                               "return a tensor or a tuple of tensors")
 
 
 # NOTE [dynamic sequence length]
@@ -109,8 +122,10 @@ def _export(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], dynamic: 
             stack_traces: bool = False) -> fx.GraphModule:
     """torch.export non-strict, unlifted, without export's guard submodule; HetpartError where it fails."""
     try:
-        with _tracing(stack_traces):
+        with user_code("the model's forward, traced,"), _tracing(stack_traces):  # NOTE [user code exits]
             ep = torch.export.export(module, inputs, dynamic_shapes=dynamic, strict=False)
+    except HetpartError:
+        raise
     except Exception as err:  # torch raises many types; the user needs the first lines
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         where = model_source_line(err)

@@ -6,11 +6,14 @@ values are passed to it as keyword arguments (strings), so it must accept them.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import inspect
 import os
+import signal
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -50,11 +53,70 @@ def model_file_sha256(spec: ModelSpec) -> str | None:
     return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
 
 
+# NOTE [user code exits]
+# A model file is the user's code, run at import and when its function builds the model: it
+# may call sys.exit() (a script's habit), raise KeyboardInterrupt or another BaseException.
+# None of those may end `hetpart partition` silently with status 0 and no output: each becomes
+# a HetpartError naming the file and line. A real Ctrl-C is told apart from a KeyboardInterrupt
+# the code raised itself by the SIGINT handler installed while it runs; the real one stays an
+# interrupt (status 130). What escapes later, from the model's forward while it is traced, the
+# CLI reports the same way (`hetpart.cli.main`).
+
+
+@contextlib.contextmanager
+def user_code(what: str) -> Iterator[None]:
+    """Run the user's code (`what`: "importing the model file", ...): SystemExit, KeyboardInterrupt it
+    raises itself and other BaseExceptions become HetpartError (NOTE [user code exits])."""
+    interrupted = []
+
+    def on_sigint(signum, frame):  # noqa: ANN001 - signal's handler signature
+        interrupted.append(signum)
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGINT, on_sigint)
+    except ValueError:  # not the main thread: signals cannot be watched here
+        previous = None
+    try:
+        yield
+    except KeyboardInterrupt as err:
+        if interrupted or previous is None:
+            raise
+        raise HetpartError(f"{exit_location(err)}: {what} raised KeyboardInterrupt; remove it from the model "
+                           "file (hetpart runs the file's code to build the model)") from None
+    except Exception:
+        raise
+    except BaseException as err:  # SystemExit, GeneratorExit, the user's own BaseException subclasses
+        raise HetpartError(f"{exit_location(err)}: {what} {describe_exit(err)}; a model file must not exit or raise "
+                           "BaseException: return (nn.Module, tuple_of_example_inputs) instead") from None
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+
+
+def describe_exit(err: BaseException) -> str:
+    """"called sys.exit(0)" for a SystemExit, "raised Boom: why" otherwise."""
+    if isinstance(err, SystemExit):
+        return f"called sys.exit({err.code!r})"
+    return f"raised {type(err).__name__}" + (f": {err}" if str(err) else "")
+
+
+def exit_location(err: BaseException) -> str:
+    """file:line of the innermost frame `err` went through (where the code exited or raised)."""
+    tb = err.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return f"{tb.tb_frame.f_code.co_filename}:{tb.tb_lineno}" if tb is not None else "the model"
+
+
 def _load_file_model(spec: ModelSpec) -> tuple[nn.Module, tuple]:
     path_text, sep, func_name = spec.model.rpartition(":")
     if not sep or not path_text or not func_name:
         raise HetpartError(f"model '{spec.model}': expected zoo:NAME, hf:MODEL_TYPE or path/to/file.py:FUNCTION")
     path = Path(path_text)
+    if path.is_dir():
+        raise HetpartError(f"model file '{path}' is a directory (model '{spec.model}'); give "
+                           "path/to/file.py:FUNCTION, zoo:NAME or hf:MODEL_TYPE")
     if not path.is_file():
         raise HetpartError(f"model file '{path}' not found (model '{spec.model}'); give an existing "
                            "path/to/file.py:FUNCTION, zoo:NAME or hf:MODEL_TYPE")
@@ -64,14 +126,20 @@ def _load_file_model(spec: ModelSpec) -> tuple[nn.Module, tuple]:
     module = importlib.util.module_from_spec(loader)
     sys.modules[mod_name] = module
     try:
-        loader.loader.exec_module(module)
+        with user_code("importing the model file"):
+            loader.loader.exec_module(module)
+    except HetpartError:
+        raise
     except Exception as err:
         raise HetpartError(f"{path}: importing the model file failed: {type(err).__name__}: {err}") from None
     fn = getattr(module, func_name, None)
     if not callable(fn):
         found = [n for n, v in vars(module).items() if inspect.isfunction(v) and not n.startswith("_")]
         raise HetpartError(f"{path}: no function '{func_name}' (functions in the file: {', '.join(found) or 'none'})")
-    params = inspect.signature(fn).parameters
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # a builtin without a signature
+        params = {}
     accepts_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     for key in spec.overrides:
         if key not in params and not accepts_any:
@@ -83,7 +151,10 @@ def _load_file_model(spec: ModelSpec) -> tuple[nn.Module, tuple]:
         kwargs["batch_size"] = spec.batch_size
     torch.manual_seed(spec.seed)
     try:
-        result = fn(**kwargs)
+        with user_code(f"{func_name}()"):
+            result = fn(**kwargs)
+    except HetpartError:
+        raise
     except Exception as err:  # the user's own code failed: show its line, not a traceback
         from hetpart.frontend.export import model_source_line
 
@@ -91,7 +162,9 @@ def _load_file_model(spec: ModelSpec) -> tuple[nn.Module, tuple]:
         raise HetpartError(f"{where}: building the model failed: {type(err).__name__}: {err}") from None
     if (not isinstance(result, tuple) or len(result) != 2 or not isinstance(result[0], nn.Module)
             or not isinstance(result[1], tuple)):
-        raise HetpartError(f"{path}:{func_name}() must return (nn.Module, tuple_of_example_inputs)")
+        got = type(result).__name__ if not isinstance(result, tuple) else (
+            f"a tuple of {len(result)}: ({', '.join(type(r).__name__ for r in result[:4])})")
+        raise HetpartError(f"{path}:{func_name}() must return (nn.Module, tuple_of_example_inputs) (got {got})")
     return result[0].eval(), result[1]
 
 

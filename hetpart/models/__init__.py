@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -93,7 +94,10 @@ def convert_override(key: str, raw: str, current: Any) -> Any:
             return raw.lower() in {"true", "1"}
         if kind in (list, tuple, dict):
             raise ValueError
-        return kind(raw)
+        value = kind(raw)
+        if kind is float and not math.isfinite(value):
+            raise ValueError
+        return value
     except ValueError:
         raise HetpartError(f"--set {key}={raw}: expected a {kind.__name__} (current value {current!r})") from None
 
@@ -107,7 +111,11 @@ def apply_overrides(config: Any, overrides: dict[str, str], what: str) -> Any:
             close = difflib.get_close_matches(key, names, n=3)
             hint = f"did you mean {', '.join(close)}? " if close else ""
             raise HetpartError(f"--set {key}: {what} has no field '{key}'; {hint}fields: {', '.join(names)}")
-        changes[key] = convert_override(key, raw, getattr(config, key))
+        current = getattr(config, key)
+        changes[key] = convert_override(key, raw, current)
+        if (isinstance(current, (int, float)) and not isinstance(current, bool) and current >= 0
+                and changes[key] < 0):
+            raise HetpartError(f"--set {key}={raw}: {what}'s {key} is a size or a count, it must be >= 0")
     return dataclasses.replace(config, **changes)
 
 
@@ -129,10 +137,18 @@ def build_zoo(name: str, overrides: dict[str, str], batch_size: int, seq_len: in
     entry = zoo_model(name)
     cfg = apply_overrides(entry.config_cls(), overrides, f"zoo:{name}")
     torch.manual_seed(seed)
-    if entry.meta_only:
-        with params_on_meta():
+    try:
+        if entry.meta_only:
+            with params_on_meta():
+                module = entry.build(cfg).eval()
+        else:
             module = entry.build(cfg).eval()
-    else:
-        module = entry.build(cfg).eval()
-    inputs = entry.example_inputs(cfg, batch_size, seq_len)
+        inputs = entry.example_inputs(cfg, batch_size, seq_len)
+    except (RuntimeError, ValueError, TypeError, OverflowError, ZeroDivisionError, AssertionError) as err:
+        # The zoo's own code is tested at its defaults: a failure here comes from the --set values.
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        sets = " ".join(f"--set {k}={v}" for k, v in overrides.items())
+        raise HetpartError(f"zoo:{name}{' with ' + sets if sets else ''}: building the model failed: "
+                           f"{type(err).__name__}: {first[:200]}; check the --set values, --batch-size and --seq-len"
+                           ) from None
     return module, inputs

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -53,6 +54,7 @@ class Bounds:
     stage_sum_ns: int = 0  # NOTE [stage-sum bound]: work and unavoidable transfers, per device multiset
     sequence_ns: int = 0  # NOTE [sequence bound]: ops and work per stage, per device sequence
     ideal_ns: int = 0  # NOTE [ideal DP] (ideals.py): exact but for memory, where the graph has few ideals
+    unfinished: tuple[str, ...] = ()  # bounds stopped by their deadline, NOTE [bounds deadline]
 
     @property
     def search_free_ns(self) -> int:
@@ -75,6 +77,7 @@ class Bounds:
             "min_devices": self.min_devices,
             "memory_feasible": self.memory_feasible,
             "lower_bound_us": us(self.lower_bound_ns),
+            **({"unfinished": list(self.unfinished)} if self.unfinished else {}),
         }
 
 
@@ -368,21 +371,31 @@ def inner_boundary_bytes(problem: Problem) -> tuple[int, int]:
     return max(base, min(before, default=base)), max(base, min(after, default=base))
 
 
-def _fewest_machines(problem: Problem, want: dict[str, int]) -> int:
-    """The fewest machines whose devices include `want[t]` devices of each type t."""
-    machines = sorted({d.node for d in problem.devices})
-    have = {m: {t: sum(d.node == m and d.type == t for d in problem.devices) for t in want} for m in machines}
+def _devices_per_machine(problem: Problem) -> dict[str, dict[str, int]]:
+    """Machine -> device type -> how many of its devices are of that type."""
+    have: dict[str, dict[str, int]] = {}
+    for d in problem.devices:
+        have.setdefault(d.node, {}).setdefault(d.type, 0)
+        have[d.node][d.type] += 1
+    return have
+
+
+def _fewest_machines(have: dict[str, dict[str, int]], want: dict[str, int]) -> int:
+    """The fewest machines (of `_devices_per_machine`) whose devices include `want[t]` devices of each type t."""
+    machines = sorted(have)
     if len(machines) > 12:
         return 1
     for size in range(1, len(machines) + 1):
         for chosen in itertools.combinations(machines, size):
-            if all(sum(have[m][t] for m in chosen) >= k for t, k in want.items()):
+            if all(sum(have[m].get(t, 0) for m in chosen) >= k for t, k in want.items()):
                 return size
     return len(machines)
 
 
-def stage_sum_bound_ns(problem: Problem, data: _LpData, lam: np.ndarray, mu: np.ndarray) -> int:
-    """NOTE [stage-sum bound], rounded down; 0 when no multiset of devices can hold the model."""
+def stage_sum_bound_ns(problem: Problem, data: _LpData, lam: np.ndarray, mu: np.ndarray,
+                       deadline: float | None = None) -> int | None:
+    """NOTE [stage-sum bound], rounded down; 0 when no multiset of devices can hold the model;
+    None when `deadline` (a `time.perf_counter()` value) passed first (NOTE [bounds deadline])."""
     types = data.types
     counts = [int(c) for c in data.count]
     max_stages = min(problem.max_stages or len(problem.devices), len(problem.devices))
@@ -394,7 +407,10 @@ def stage_sum_bound_ns(problem: Problem, data: _LpData, lam: np.ndarray, mu: np.
     time_ns = np.rint(data.time_us * 1000).astype(np.int64)  # exact: times are integer ns
     big = np.int64(1) << np.int64(62)
     best = None
+    have = _devices_per_machine(problem)
     for n in itertools.product(*(range(c + 1) for c in counts)):
+        if _past(deadline):
+            return None  # the least over part of the multisets is no bound
         S = sum(n)
         if S == 0 or S > max_stages:
             continue
@@ -405,7 +421,7 @@ def stage_sum_bound_ns(problem: Problem, data: _LpData, lam: np.ndarray, mu: np.
         if not ok.any(axis=1).all():
             continue  # some node runs on none of these types
         fastest = np.where(ok, time_ns, big).min(axis=1)
-        machines = _fewest_machines(problem, {t: n[j] for j, t in enumerate(types) if n[j]})
+        machines = _fewest_machines(have, {t: n[j] for j, t in enumerate(types) if n[j]})
         comm = 0 if S == 1 else (machines - 1) * net_ns + (S - machines) * intra_ns
         average = -(-(int(fastest.sum()) + 2 * comm) // S)
         lam_n = np.where(used, lam, 0.0)
@@ -478,6 +494,21 @@ def sequence_bound_ns(problem: Problem, lower_ns: int = 0, upper_ns: int | None 
     """NOTE [sequence bound]: the least T in [lower_ns, upper_ns] that no relaxation rules out
     (`lower_ns` when it cannot rule out that one); 0 when skipped. `lower_ns` must be a valid bound.
     `multipliers`: per-type weights (>= 0) of the weighted work checks, besides the plain one."""
+    return _sequence_bound(problem, lower_ns, upper_ns, multipliers)[0]
+
+
+class _PastDeadline(Exception):
+    """Raised inside a bound's search when its deadline has passed (NOTE [bounds deadline])."""
+
+
+def _past(deadline: float | None) -> bool:
+    return deadline is not None and time.perf_counter() > deadline
+
+
+def _sequence_bound(problem: Problem, lower_ns: int, upper_ns: int | None, multipliers: list[dict[str, float]],
+                    deadline: float | None = None) -> tuple[int, bool]:
+    """`sequence_bound_ns` and whether it finished: at `deadline` it stops with the T below which
+    every value was ruled out so far (0 before the first test ends; NOTE [bounds deadline])."""
     classes: dict[tuple[str, str], int] = {}
     for d in problem.devices:
         classes[(d.type, d.node)] = classes.get((d.type, d.node), 0) + 1
@@ -485,10 +516,10 @@ def sequence_bound_ns(problem: Problem, lower_ns: int = 0, upper_ns: int | None 
     sizes = [classes[k] for k in keys]
     max_stages = min(problem.max_stages or len(problem.devices), len(problem.devices))
     if math.prod(min(s, max_stages) + 1 for s in sizes) > SEQUENCE_MAX_STATES:
-        return 0
+        return 0, True
     count_prefix, busy, work, total_work = _cap_tables(problem)
     if busy == 0:
-        return lower_ns
+        return lower_ns, True
     # One (knapsack tables, work to run) per work check: the plain one, then the weighted ones.
     checks = [(work, total_work)]
     for lam in multipliers:
@@ -544,6 +575,8 @@ def sequence_bound_ns(problem: Problem, lower_ns: int = 0, upper_ns: int | None 
         # the time of the boundary into it) -> the most slots and work of the stages before it.
         layer = {(tuple(int(i == c) for i in range(nc)), c, 0): (0.0, (0.0,) * nw) for c in range(nc)}
         for d in range(1, max_stages):
+            if _past(deadline):
+                raise _PastDeadline
             nxt: dict[tuple, tuple[float, tuple[float, ...]]] = {}
             for (counts, c, tin), (vs, vw) in layer.items():
                 for c2 in range(nc):
@@ -572,25 +605,32 @@ def sequence_bound_ns(problem: Problem, lower_ns: int = 0, upper_ns: int | None 
         return enough(best_slots, best_work)
 
     failed = max(0, lower_ns)  # no plan has bottleneck `failed` or less once it fails the test
-    if passes(failed):
-        return failed
-    hi = upper_ns if upper_ns is not None and upper_ns > failed else 2 * failed + 1
-    step = max(1, failed)
-    for _ in range(64):
-        if passes(hi):
-            break
-        failed, hi, step = hi, hi + step, 2 * step
-    else:
-        return failed + 1  # nothing passes: no plan at all (memory or constraints say why)
-    lo = failed + 1
-    tol = max(1, hi // 2000)  # stop within 0.05% of T: `lo` is a bound all the same
-    while hi - lo >= tol:
-        mid = (lo + hi) // 2
-        if passes(mid):
-            hi = mid
+    proven = 0  # every T below it failed the test
+    try:
+        if passes(failed):
+            return failed, True
+        proven = failed + 1
+        hi = upper_ns if upper_ns is not None and upper_ns > failed else 2 * failed + 1
+        step = max(1, failed)
+        for _ in range(64):
+            if passes(hi):
+                break
+            failed, hi, step = hi, hi + step, 2 * step
+            proven = failed + 1
         else:
-            lo = mid + 1
-    return lo
+            return failed + 1, True  # nothing passes: no plan at all (memory or constraints say why)
+        lo = failed + 1
+        tol = max(1, hi // 2000)  # stop within 0.05% of T: `lo` is a bound all the same
+        while hi - lo >= tol:
+            mid = (lo + hi) // 2
+            if passes(mid):
+                hi = mid
+            else:
+                lo = mid + 1
+            proven = lo
+        return lo, True
+    except _PastDeadline:
+        return proven, False
 
 
 def _work_multipliers(data: _LpData, lam: np.ndarray) -> list[dict[str, float]]:
@@ -601,15 +641,25 @@ def _work_multipliers(data: _LpData, lam: np.ndarray) -> list[dict[str, float]]:
     return [{t: float(lam[j]) for j, t in enumerate(data.types)}, share]
 
 
-def compute_bounds(problem: Problem, solver_ns: int = 0, upper_ns: int | None = None) -> Bounds:
+def compute_bounds(problem: Problem, solver_ns: int = 0, upper_ns: int | None = None,
+                   deadline: float | None = None) -> Bounds:
     """All the search-free bounds, with the solver's proven bound `solver_ns`; `upper_ns`, the
-    bottleneck of a known plan, only narrows the search of NOTE [sequence bound]."""
+    bottleneck of a known plan, only narrows the search of NOTE [sequence bound]. The searches
+    stop at `deadline` (a `time.perf_counter()` value), NOTE [bounds deadline]."""
     need = min_devices(problem)
     allowed = min(problem.max_stages or len(problem.devices), len(problem.devices))
     lp_ns, data, lam, mu = _lp(problem)
     feasible_types = bool(data.allowed.any(axis=1).all())
-    stage_sum = stage_sum_bound_ns(problem, data, lam, mu) if feasible_types else 0
+    unfinished = []
+    stage_sum = stage_sum_bound_ns(problem, data, lam, mu, deadline) if feasible_types else 0
+    if stage_sum is None:
+        unfinished.append("stage_sum")
+        stage_sum = 0
     largest = largest_op_bound_ns(problem)
+    sequence, done = (_sequence_bound(problem, max(lp_ns, stage_sum, largest), upper_ns,
+                                      _work_multipliers(data, lam), deadline) if feasible_types else (0, True))
+    if not done:
+        unfinished.append("sequence")
     return Bounds(
         solver_ns=max(0, solver_ns),
         lp_work_ns=lp_ns,
@@ -617,9 +667,19 @@ def compute_bounds(problem: Problem, solver_ns: int = 0, upper_ns: int | None = 
         min_devices=need,
         memory_feasible=need is not None and need <= allowed,
         stage_sum_ns=stage_sum,
-        sequence_ns=(sequence_bound_ns(problem, max(lp_ns, stage_sum, largest), upper_ns,
-                                       _work_multipliers(data, lam)) if feasible_types else 0),
+        sequence_ns=sequence,
+        unfinished=tuple(unfinished),
     )
+
+
+# NOTE [bounds deadline]
+# The stage-sum bound visits every multiset of device counts (a product over the types, so
+# 2,000 devices of five types are 10^13 multisets) and the sequence bound bisects over a DP
+# whose states grow with the cluster; neither may overrun --time-limit. Both look at the
+# clock as they go: the stage-sum bound is the least over ALL multisets, so when it stops
+# early it is left out (0); the sequence bound keeps the T below which every value it tested
+# failed (a valid bound: the tests only grow with T). `Bounds.unfinished` names each one that
+# stopped, and plan.json's `bounds` lists them as "unfinished".
 
 
 def objective_bound_ns(problem: Problem, bounds: Bounds, objective: str, microbatches: int = 1,

@@ -50,6 +50,7 @@ COARSE_NODES = 300  # runs of the coarse problem CP-SAT sees
 DP_SHARE = 0.5  # of the time limit, the most the DP may take (NOTE [DP deadline] in dp.py)
 IDEAL_SHARE = 0.8  # of the time limit, when the DP over ideals must be done (NOTE [ideal DP] in ideals.py)
 INT32_SAFE_NS = 2**31 - 1  # stage times the model may reach before presolve needs NOTE [int32 activities]
+BOUNDS_SHARE = 0.65  # of the time limit, when the search-free bounds must be done (NOTE [bounds deadline])
 
 
 @dataclass
@@ -76,9 +77,19 @@ class _Model:
     time_ub_ns: int = 0  # the most a stage's time can reach in the model (NOTE [int32 activities] in placement.py)
 
 
+class _PastDeadline(Exception):
+    """`_build` passed its deadline: the model is too large to build within the time limit."""
+
+
 def _build(problem: Problem, objective: str = "throughput", microbatches: int = 1,
-           bottleneck_lb_ns: int = 0) -> _Model:
+           bottleneck_lb_ns: int = 0, deadline: float | None = None) -> _Model:
+    """The CP-SAT model; raises _PastDeadline once `deadline` (a `time.perf_counter()` value) passes
+    (a cluster of many machines makes machines^2 link constraints per boundary, NOTE [bounds deadline])."""
     g = problem.graph
+
+    def check_clock() -> None:
+        if deadline is not None and time.perf_counter() > deadline:
+            raise _PastDeadline
 
     # --- Data (stable orders: nodes in `node_order`, devices in list order).
     order = problem.node_order()
@@ -115,7 +126,10 @@ def _build(problem: Problem, objective: str = "throughput", microbatches: int = 
             # A co-location group's nodes share one stage: they share its literals.
             y[v] = y[members[0]]
     used = [m.new_bool_var(f"used[{k}]") for k in stages]
-    a = [{d.name: m.new_bool_var(f"a[{k},{d.name}]") for d in devices} for k in stages]
+    a = []
+    for k in stages:
+        check_clock()
+        a.append({d.name: m.new_bool_var(f"a[{k},{d.name}]") for d in devices})
     is_type = [{t: m.new_bool_var(f"type[{k},{t}]") for t in types} for k in stages]
     on_machine = [{mc: m.new_bool_var(f"machine[{k},{mc}]") for mc in machines} for k in stages]
     has_capacity = [{c: m.new_bool_var(f"capacity[{k},{c}]") for c in capacities} for k in stages]
@@ -168,12 +182,14 @@ def _build(problem: Problem, objective: str = "throughput", microbatches: int = 
 
     # --- Constraints: devices.
     for k in stages:
+        check_clock()
         # A used stage runs on exactly one device, an unused one on none.
         m.add(sum(a[k].values()) == used[k])
         for t in types:
             # type[k,t]: stage k runs on a device of type t.
             m.add(is_type[k][t] == sum(a[k][d.name] for d in devices if d.type == t))
         for mc in machines:
+            check_clock()
             # machine[k,mc]: stage k runs on a device of machine mc.
             m.add(on_machine[k][mc] == sum(a[k][d.name] for d in devices if d.node == mc))
         for c in capacities:
@@ -215,6 +231,7 @@ def _build(problem: Problem, objective: str = "throughput", microbatches: int = 
             m.add(any_cross[k] == 0)
         nbytes = sum(out_bytes[u] * cross[u][k] for u in senders)
         for m1 in machines:
+            check_clock()
             for m2 in machines:
                 link = problem.intra_node_links[m1] if m1 == m2 else problem.network
                 if m1 == m2 and sum(d.node == m1 for d in devices) < 2:
@@ -229,6 +246,7 @@ def _build(problem: Problem, objective: str = "throughput", microbatches: int = 
 
     # --- Constraints: compute and memory per stage.
     for k in stages:
+        check_clock()
         for t in types:
             # A stage on type t computes at least the sum of its nodes' times on t.
             m.add(compute[k] >= sum(time_ns[v][t] * x(v, k) for v in order)).only_enforce_if(is_type[k][t])
@@ -530,7 +548,8 @@ def _solve_unchecked(problem: Problem, *, time_limit_s: float, seed: int, worker
 
     dp_plan = dp_hint(problem, time_limit_s=DP_SHARE * time_limit_s)
     t_dp = time.perf_counter()
-    bounds = compute_bounds(problem, upper_ns=dp_plan.bottleneck_ns if dp_plan is not None else None)
+    bounds = compute_bounds(problem, upper_ns=dp_plan.bottleneck_ns if dp_plan is not None else None,
+                            deadline=t0 + BOUNDS_SHARE * time_limit_s)
     # The model's cut leaves out NOTE [sequence bound]: fed to CP-SAT it changed its search for the
     # worse (zoo:llama training on a100-t4-8: proven optimal in 16 s without it, 15% gap after 30 s
     # with it). The plan reports it all the same (objective_bound_ns below).
@@ -547,7 +566,19 @@ def _solve_unchecked(problem: Problem, *, time_limit_s: float, seed: int, worker
     if certified is not None:
         return certified
     search_free_lb = objective_bound_ns(problem, bounds, objective, microbatches)
-    mdl = _build(problem, objective, microbatches, model_lb)
+    try:
+        mdl = _build(problem, objective, microbatches, model_lb, deadline=t0 + time_limit_s)
+    except _PastDeadline:
+        # No time left to search: the DP's plan with the search-free bounds (NOTE [bounds deadline]).
+        if dp_plan is None:
+            raise HetpartError(
+                f"partitioner: no plan found within {time_limit_s:g} s ({problem.graph.number_of_nodes()} nodes, "
+                f"{len(problem.devices)} devices on {len({d.node for d in problem.devices})} machines): the "
+                "CP-SAT model did not finish building; raise --time-limit or plan on fewer machines") from None
+        return _finished_plan(dp_plan.stage_of, dp_plan.device_of_stage, dp_plan.stages, search_free_lb, False,
+                              objective=objective, microbatches=microbatches, t0=t0,
+                              stats={**pre_stats, "cpsat_not_built": 1.0, "plan_from_dp": 1.0,
+                                     "dp_bottleneck_ns": float(dp_plan.bottleneck_ns)}, bounds=bounds, gap=gap)
     if hint is not None:
         _check_hint(problem, hint, mdl.num_stages)
         start = (hint.stage_of, _canonical(problem, hint.device_of_stage))
@@ -733,7 +764,8 @@ def _solve_coarsened(problem: Problem, t0: float, *, time_limit_s: float, seed: 
     value = lambda st: objective_ns(st, objective, microbatches)  # noqa: E731
     dp_plan = dp_hint(problem, time_limit_s=DP_SHARE * time_limit_s)
     t_dp = time.perf_counter()
-    bounds = compute_bounds(problem, 0, upper_ns=dp_plan.bottleneck_ns if dp_plan is not None else None)
+    bounds = compute_bounds(problem, 0, upper_ns=dp_plan.bottleneck_ns if dp_plan is not None else None,
+                            deadline=t0 + BOUNDS_SHARE * time_limit_s)
     valid_lb = objective_bound_ns(problem, bounds, objective, microbatches)
     t_bounds = time.perf_counter()
     pre_stats = {"dp_seconds": t_dp - t0, "bounds_seconds": t_bounds - t_dp}

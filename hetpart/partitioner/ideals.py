@@ -560,6 +560,8 @@ class _Decider:
             # it. env[(counts, cur, kind)]: what such states with at most `counts` reached.
             env: dict[tuple, np.ndarray] = {}
             for (counts, cur, kind), vec in env_prev.items():
+                if deadline is not None and time.perf_counter() > deadline:
+                    return _TIMEOUT  # (states times classes: large on clusters of many machines)
                 for c in range(nc):
                     if counts[c] < sizes[c]:
                         key = (counts[:c] + (counts[c] + 1,) + counts[c + 1:], cur, kind)

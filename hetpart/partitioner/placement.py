@@ -155,67 +155,158 @@ class Placement:
         }
 
 
-def _field(node: dict, key: str, where: str):
-    if key not in node:
+# NOTE [placement input ranges]
+# `read_placement` trusts nothing in the file. JSON's NaN and Infinity (which Python's json
+# accepts) are refused, and so are booleans and strings where numbers belong, negative
+# latencies, costs and sizes, and numbers the solver cannot take: it counts latencies and costs
+# in integer units of 1/_SCALE (int64 in CP-SAT), and a slot's load sums the latencies and
+# costs of every node, so that total times _SCALE times the slots (the redundant cut multiplies
+# by them) must stay below 2^53 (exact in floats too). Accelerator sizes are summed the same
+# way. Slots (maxFPGAs + maxCPUs) are at most PLACEMENT_MAX_SLOTS: the model has a literal per
+# colour class and slot.
+PLACEMENT_MAX_SLOTS = 256
+_EXACT_MAX = 2.0**53
+
+
+def _refuse_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+def _count(data: dict, key: str, where: str) -> int:
+    value = data[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or value < 0 or (
+            isinstance(value, float) and not value.is_integer()) or value > PLACEMENT_MAX_SLOTS:
+        raise HetpartError(f"{where}: {key!r} must be a whole number from 0 to {PLACEMENT_MAX_SLOTS}, got {value!r}")
+    return int(value)
+
+
+def _amount(raw: dict, key: str, where: str, default: float | None = None) -> float:
+    """raw[key]: a finite number >= 0 (not a bool, not a string) below 2^53."""
+    if key not in raw and default is not None:
+        return default
+    if key not in raw:
         raise HetpartError(f"{where}: missing field {key!r}; every node needs id, supportedOnFpga, "
                            "cpuLatency, fpgaLatency (see the benchmark README)")
-    return node[key]
+    value = raw[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < _EXACT_MAX:
+        raise HetpartError(f"{where}: {key!r} must be a finite number >= 0 and below 2^53, got {value!r}")
+    return float(value)
+
+
+def _flag(raw: dict, key: str, where: str, default: bool | None = None) -> bool:
+    """raw[key]: 0, 1, true or false."""
+    if key not in raw and default is not None:
+        return default
+    if key not in raw:
+        raise HetpartError(f"{where}: missing field {key!r}; every node needs id, supportedOnFpga, "
+                           "cpuLatency, fpgaLatency (see the benchmark README)")
+    value = raw[key]
+    if value not in (0, 1) or not isinstance(value, (int, bool)):
+        raise HetpartError(f"{where}: {key!r} must be 0 or 1, got {value!r}")
+    return bool(value)
+
+
+def _node_id(raw: dict, key: str, where: str) -> int:
+    if key not in raw:
+        raise HetpartError(f"{where}: missing field {key!r} (an integer node id)")
+    value = raw[key]
+    if isinstance(value, bool) or not isinstance(value, int) or abs(value) >= 2**63:
+        raise HetpartError(f"{where}: {key!r} must be an integer node id, got {value!r}")
+    return value
 
 
 def read_placement(path: str | Path) -> PlacementProblem:
-    """Read a benchmark input file; raise HetpartError saying what is malformed and where."""
+    """Read a benchmark input file; raise HetpartError saying what is malformed and where
+    (NOTE [placement input ranges])."""
     path = Path(path)
     try:
-        data = json.loads(path.read_text())
+        text = path.read_text()
     except FileNotFoundError:
         raise HetpartError(f"{path}: no such file; pass a benchmark JSON such as "
                            "../shared/benchmarks/dnn-partitioning/LayerGraphs/bert24_training.json") from None
+    except IsADirectoryError:
+        raise HetpartError(f"{path} is a directory; pass one benchmark JSON file") from None
+    except UnicodeDecodeError as err:
+        raise HetpartError(f"{path}: not a text file ({err.reason} at byte {err.start}); pass a benchmark JSON file"
+                           ) from None
+    except OSError as err:
+        raise HetpartError(f"{path}: cannot read it ({err.strerror}); pass a readable benchmark JSON file") from None
+    try:
+        data = json.loads(text, parse_constant=_refuse_constant)
     except json.JSONDecodeError as err:
-        raise HetpartError(f"{path}: not valid JSON ({err})") from None
+        raise HetpartError(f"{path}:{err.lineno}: not valid JSON ({err.msg})") from None
+    except RecursionError:
+        raise HetpartError(f"{path}: JSON nested too deeply to read (the benchmark format nests 3 levels)"
+                           ) from None
+    except ValueError as err:  # NaN / Infinity, or an integer of thousands of digits
+        why = "a number has thousands of digits" if "digits" in str(err) else str(err)
+        raise HetpartError(f"{path}: not a valid benchmark input: {why}; numbers must be finite") from None
     if not isinstance(data, dict):
         raise HetpartError(f"{path}: expected a JSON object with maxSizePerFPGA, maxFPGAs, maxCPUs, nodes, edges")
     for key in ("maxSizePerFPGA", "maxFPGAs", "maxCPUs", "nodes", "edges"):
         if key not in data:
             raise HetpartError(f"{path}: missing top-level field {key!r}")
+    for key in ("nodes", "edges"):
+        if not isinstance(data[key], list) or not all(isinstance(x, dict) for x in data[key]):
+            raise HetpartError(f"{path}: {key!r} must be a list of JSON objects")
+    max_fpgas, max_cpus = _count(data, "maxFPGAs", str(path)), _count(data, "maxCPUs", str(path))
+    if max_fpgas + max_cpus > PLACEMENT_MAX_SLOTS:
+        raise HetpartError(f"{path}: maxFPGAs + maxCPUs = {max_fpgas + max_cpus}; at most {PLACEMENT_MAX_SLOTS} "
+                           "devices are placed")
+    max_size = _amount(data, "maxSizePerFPGA", str(path))
+    if not data["nodes"]:
+        raise HetpartError(f"{path}: 'nodes' is empty; a placement input needs at least one node")
     nodes: dict[int, PlacementNode] = {}
     for idx, raw in enumerate(data["nodes"]):
         where = f"{path}: nodes[{idx}]"
-        nid = int(_field(raw, "id", where))
+        nid = _node_id(raw, "id", where)
         if nid in nodes:
             raise HetpartError(f"{where}: node id {nid} appears twice; ids must be unique")
+        where = f"{where} (id {nid})"
+        color = raw.get("colorClass")
+        if isinstance(color, (dict, list)):
+            raise HetpartError(f"{where}: 'colorClass' must be a number, a string or null, got {color!r}")
         node = PlacementNode(
             id=nid,
-            cpu_latency=float(_field(raw, "cpuLatency", where)),
-            fpga_latency=float(_field(raw, "fpgaLatency", where)),
-            size_bytes=float(raw.get("size", 0.0)),
-            on_fpga=bool(_field(raw, "supportedOnFpga", where)),
-            backward=bool(raw.get("isBackwardNode", False)),
-            color=raw.get("colorClass", ("node", nid)),  # no class: a class of its own
+            cpu_latency=_amount(raw, "cpuLatency", where),
+            fpga_latency=_amount(raw, "fpgaLatency", where),
+            size_bytes=_amount(raw, "size", where, default=0.0),
+            on_fpga=_flag(raw, "supportedOnFpga", where),
+            backward=_flag(raw, "isBackwardNode", where, default=False),
+            color=("node", nid) if color is None else color,  # no class: a class of its own
         )
-        if min(node.cpu_latency, node.fpga_latency, node.size_bytes) < 0:
-            raise HetpartError(f"{where}: latencies and size must be non-negative")
         nodes[nid] = node
     edges: list[tuple[int, int]] = []
     cost: dict[int, float] = {i: 0.0 for i in nodes}
     seen_cost: dict[int, float] = {}
+    seen_edges: set[tuple[int, int]] = set()
     for idx, raw in enumerate(data["edges"]):
         where = f"{path}: edges[{idx}]"
-        try:
-            u, v, c = int(raw["sourceId"]), int(raw["destId"]), float(raw["cost"])
-        except (KeyError, TypeError, ValueError):
-            raise HetpartError(f"{where}: every edge needs integer sourceId, destId and a numeric cost") from None
+        u, v = _node_id(raw, "sourceId", where), _node_id(raw, "destId", where)
+        where = f"{where} ({u}->{v})"
+        c = _amount(raw, "cost", where)
         if u not in nodes or v not in nodes:
-            raise HetpartError(f"{where}: edge {u}->{v} names an unknown node id")
+            raise HetpartError(f"{where}: edge {u}->{v} names an unknown node id "
+                               f"({u if u not in nodes else v} is not in 'nodes')")
+        if u == v:
+            raise HetpartError(f"{where}: edge {u}->{v} goes from a node to itself; remove it")
         if u in seen_cost and abs(seen_cost[u] - c) > 1e-6:
             raise HetpartError(f"{where}: node {u} has two different outgoing costs ({seen_cost[u]} and {c}); "
                                "a node's output costs the same on every edge")
         seen_cost[u] = c
         cost[u] = c
-        if (u, v) not in edges:
+        if (u, v) not in seen_edges:
+            seen_edges.add((u, v))
             edges.append((u, v))
-    problem = PlacementProblem(nodes=nodes, edges=edges, cost=cost, max_fpgas=int(data["maxFPGAs"]),
-                               max_cpus=int(data["maxCPUs"]), max_size_bytes=float(data["maxSizePerFPGA"]),
-                               name=path.stem)
+    total = sum(max(n.cpu_latency, n.fpga_latency) for n in nodes.values()) + sum(cost.values())
+    if total * _SCALE * (max_fpgas + max_cpus + 1) >= _EXACT_MAX:
+        raise HetpartError(f"{path}: the latencies and costs add up to {total:g}, too large for the solver's "
+                           f"integer units (1/{_SCALE} of the input's); scale the input's times down "
+                           "(NOTE [placement input ranges])")
+    if sum(n.size_bytes for n in nodes.values()) >= _EXACT_MAX:
+        raise HetpartError(f"{path}: the nodes' sizes add up to 2^53 bytes or more; scale them down")
+    problem = PlacementProblem(nodes=nodes, edges=edges, cost=cost, max_fpgas=max_fpgas, max_cpus=max_cpus,
+                               max_size_bytes=max_size, name=path.stem)
     _validate(problem, str(path))
     return problem
 

@@ -209,7 +209,18 @@ class Profile:
                 "backward_ns": dict(sorted(self.backward_ns.items()))}
 
     def save(self, path: Path) -> None:
-        path.write_text(json.dumps(self.to_json(), indent=1) + "\n")
+        """Write the profile to `path` whole or not at all (a temporary file beside it, renamed)."""
+        check_output_path(path)
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        try:
+            tmp.write_text(json.dumps(self.to_json(), indent=1) + "\n")
+            os.replace(tmp, path)
+        except BaseException as err:
+            tmp.unlink(missing_ok=True)
+            if isinstance(err, OSError):
+                raise HetpartError(f"--out {path}: cannot write the profile ({err.strerror}); choose another --out"
+                                   ) from None
+            raise
 
     @staticmethod
     def load(path: Path) -> Profile:
@@ -217,7 +228,7 @@ class Profile:
             data = json.loads(Path(path).read_text())
         except FileNotFoundError:
             raise HetpartError(f"--profile {path}: no such file; write one with `hetpart profile MODEL --out {path}`") from None
-        except (OSError, json.JSONDecodeError) as err:
+        except (OSError, ValueError, RecursionError) as err:  # JSONDecodeError, UnicodeDecodeError are ValueErrors
             raise HetpartError(f"--profile {path}: not a profile JSON file ({err})") from None
         if not isinstance(data, dict) or data.get("format_version") != FORMAT_VERSION or not isinstance(
                 data.get("forward_ns"), dict) or not isinstance(data.get("device_type"), str):
@@ -233,9 +244,26 @@ class Profile:
         if not isinstance(concurrent, int) or concurrent < 1:
             raise HetpartError(f"--profile {path}: concurrent must be an integer >= 1 (got {concurrent!r}); "
                                "write it again with `hetpart profile`")
-        return Profile(data["device_type"], int(data.get("threads", 1)), data["forward_ns"], backward,
-                       data.get("device", "cpu"), data.get("source", ""), data.get("clock", "wall"),
-                       concurrent, int(data.get("sibling_passes", 0)), float(data.get("sibling_duty", 1.0)))
+        threads, passes, duty = data.get("threads", 1), data.get("sibling_passes", 0), data.get("sibling_duty", 1.0)
+        if (not isinstance(threads, int) or threads < 1 or not isinstance(passes, int) or passes < 0
+                or isinstance(duty, bool) or not isinstance(duty, (int, float)) or not 0 <= duty <= 1):
+            raise HetpartError(f"--profile {path}: threads (>= 1), sibling_passes (>= 0) and sibling_duty (0 to 1) "
+                               "must be numbers in range; write it again with `hetpart profile`")
+        return Profile(data["device_type"], threads, data["forward_ns"], backward,
+                       str(data.get("device", "cpu")), str(data.get("source", "")), str(data.get("clock", "wall")),
+                       concurrent, passes, float(duty))
+
+
+def check_output_path(path: Path) -> None:
+    """`profile --out`: a file that can be written, checked before minutes of profiling."""
+    if path.is_dir():
+        raise HetpartError(f"--out {path} is a directory; give a file name, e.g. --out {path / 'profile.json'}")
+    parent = path.parent
+    if not parent.is_dir():
+        what = "is a file" if parent.exists() else "does not exist"
+        raise HetpartError(f"--out {path}: its folder {parent} {what}; create the folder or choose another --out")
+    if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise HetpartError(f"--out {path}: cannot write there (permission denied); choose another --out")
 
 
 def _sync(device: torch.device) -> Callable[[], None]:

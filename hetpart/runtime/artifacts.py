@@ -31,7 +31,12 @@ REDO = "re-run `hetpart partition`"
 EDITED = f"; the manifest was edited or truncated: {REDO}"
 
 
+def _no_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
 def read_json(path: Path) -> dict[str, Any]:
+    """A JSON object from an artifacts file; HetpartError for anything else (binary, NaN, too deep, a list)."""
     if not path.is_file():
         raise HetpartError(f"'{path}' is missing; is '{path.parent}' a directory written by `hetpart partition`?")
     return _parse_json(path, path.read_bytes())
@@ -39,11 +44,45 @@ def read_json(path: Path) -> dict[str, Any]:
 
 def _parse_json(path: Path, data: bytes) -> Any:
     try:
-        return json.loads(data)
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        where = f"{path}:{err.lineno}" if isinstance(err, json.JSONDecodeError) else f"{path}"
-        why = err.msg if isinstance(err, json.JSONDecodeError) else "not UTF-8"
-        raise HetpartError(f"{where}: not valid JSON ({why}); {REDO}") from None
+        value = json.loads(data, parse_constant=_no_constant)
+    except json.JSONDecodeError as err:
+        raise HetpartError(f"{path}:{err.lineno}: not valid JSON ({err.msg}); {REDO}") from None
+    except (UnicodeDecodeError, RecursionError, ValueError) as err:
+        why = "nested too deeply" if isinstance(err, RecursionError) else (
+            "not UTF-8" if isinstance(err, UnicodeDecodeError) else str(err))
+        raise HetpartError(f"{path}: not a JSON file hetpart wrote ({why}); {REDO}") from None
+    if not isinstance(value, dict):
+        raise HetpartError(f"{path}: expected a JSON object, got {type(value).__name__}; {REDO}")
+    return value
+
+
+# The fields of plan.json that `inspect` and `run` read, with their types.
+_PLAN_FIELDS = {"model": dict, "cluster": dict, "stages": list, "bottleneck_us": (int, float),
+                "lower_bound_us": (int, float), "gap": (int, float), "solver_status": str, "microbatches": int,
+                "microbatch_size": int}
+_STAGE_FIELDS = {"index": int, "device": str, "device_type": str, "node_count": int, "flops": (int, float),
+                 "memory_bytes": int, "capacity_bytes": int, "compute_us": (int, float), "comm_in_us": (int, float),
+                 "comm_out_us": (int, float), "predicted_time_us": (int, float)}
+_SPEC_FIELDS = {"model": str, "overrides": dict, "batch_size": int, "seq_len": int, "seed": int}
+
+
+def _check_plan(path: Path, plan: dict[str, Any]) -> dict[str, Any]:
+    """`plan`, its fields of the types `inspect` and `run` read (it is edited by hand at times)."""
+    def check(table: Any, fields: dict[str, Any], where: str) -> None:
+        if not isinstance(table, dict):
+            raise HetpartError(f"{path}: {where} must be an object; the plan was edited or truncated: {REDO}")
+        for key, kind in fields.items():
+            if not isinstance(table.get(key), kind) or isinstance(table.get(key), bool):
+                raise HetpartError(f"{path}: {where}{key!r} is missing or not a {getattr(kind, '__name__', 'number')} "
+                                   f"(got {table.get(key)!r:.40}); the plan was edited or truncated: {REDO}")
+
+    check(plan, _PLAN_FIELDS, "")
+    check(plan["model"], _SPEC_FIELDS, "model.")
+    if not plan["stages"]:
+        raise HetpartError(f"{path}: 'stages' is empty; {REDO}")
+    for k, stage in enumerate(plan["stages"]):
+        check(stage, _STAGE_FIELDS, f"stages[{k}].")
+    return plan
 
 
 def load_manifest(out: Path, key: bytes | None = None) -> dict[str, Any]:
@@ -174,10 +213,7 @@ def read_listed(out: Path, manifest: dict[str, Any], relative: str) -> bytes:
 
 def read_plan(out: Path, manifest: dict[str, Any]) -> dict[str, Any]:
     """plan.json, checked against its sha256 in the manifest."""
-    plan = _parse_json(out / "plan.json", read_listed(out, manifest, "plan.json"))
-    if not isinstance(plan, dict):
-        raise HetpartError(f"{out / 'plan.json'}: not a plan (a JSON object); {REDO}")
-    return plan
+    return _check_plan(out / "plan.json", _parse_json(out / "plan.json", read_listed(out, manifest, "plan.json")))
 
 
 def check_listed_files(out: Path, manifest: dict[str, Any]) -> None:
