@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 from hetpart import __version__
-from hetpart.errors import HetpartError
+from hetpart.errors import HetpartError, Terminated
 
 
 def _key_value(text: str) -> tuple[str, str]:
@@ -388,11 +388,6 @@ def _models(console: Console) -> int:
     for m in ZOO.values():
         print(f"zoo:{m.name:<12} {m.domain:<22} {m.description}")
     return 0
-
-
-class Terminated(BaseException):
-    """SIGTERM (`kill`, `timeout`) as an exception, so that every `finally` cleans up: the staging
-    directory, the lock and created folders of `partition`, the torchruns of `run`."""
 
 
 def _terminate(signum: int, frame: object) -> None:

@@ -12,3 +12,9 @@ class HetpartError(Exception):
     """A user-facing error. `str(err)` is the whole message."""
 
     exit_code = 2
+
+
+class Terminated(BaseException):
+    """SIGTERM (`kill`, `timeout`) as an exception, raised by the CLI's handler, so that every
+    `finally` cleans up: the staging directory, the lock and created folders of `partition`, the
+    torchruns of `run`. Code that turns the user's BaseExceptions into errors lets it through."""

@@ -155,16 +155,26 @@ def _model(fn: str, *expect: str, file: str = "bad_models.py") -> Case:
     return Case(["partition", f"{{tmp}}/{file}:{fn}", *PARTITION], list(expect))
 
 
+def _rehashed_plan(art, text: str) -> None:
+    """plan.json replaced by `text`, its sha256 in the manifest updated: the edit passes the hash
+    check (hetpart/trust.py) and meets the field checks behind it (a hand-edited, re-hashed plan)."""
+    import hashlib
+
+    (art / "plan.json").write_text(text)
+    manifest = json.loads((art / "manifest.json").read_text())
+    manifest["files"]["plan.json"] = hashlib.sha256(text.encode()).hexdigest()
+    (art / "manifest.json").write_text(json.dumps(manifest))
+
+
 def _plan_edit(field: str):
-    """Drop plan.json's `field` ("stages"), or make stage 0's `field` a string."""
+    """Drop plan.json's `field` ("stages"), or make stage 0's `field` a string (re-hashed)."""
     def change(art) -> None:
-        path = art / "plan.json"
-        plan = json.loads(path.read_text())
+        plan = json.loads((art / "plan.json").read_text())
         if field in plan:
             del plan[field]
         else:
             plan["stages"][0][field] = "fast"
-        path.write_text(json.dumps(plan))
+        _rehashed_plan(art, json.dumps(plan))
     return change
 
 
@@ -225,9 +235,9 @@ CASES: dict[str, Case] = {
     "model-function-returns-none": _model("returns_none", "bad_models.py:returns_none() must return (nn.Module, "
                                           "tuple_of_example_inputs) (got NoneType)"),
     "model-function-returns-int": _model("returns_int", "(got int)"),
-    "model-forward-returns-none": _model("forward_none", "the model's forward returns None (output 0), not a tensor"),
-    "model-forward-returns-int": _model("forward_int", "the model's forward returns 3 (output 0), not a tensor"),
-    "model-forward-returns-str": _model("forward_str", "the model's forward returns 'text' (output 0), not a tensor"),
+    "model-forward-returns-none": _model("forward_none", "Returns.forward's output is NoneType (None), not a tensor"),
+    "model-forward-returns-int": _model("forward_int", "Returns.forward's output is int (3), not a tensor"),
+    "model-forward-returns-str": _model("forward_str", "Returns.forward's output is str ('text'), not a tensor"),
     "model-exits-at-import": _model("build", "{tmp}/exits_at_import.py:2: importing the model file called "
                                     "sys.exit(0)", file="exits_at_import.py"),
     "model-function-exits": _model("exits_0", "{tmp}/bad_models.py:43: exits_0() called sys.exit(0)"),
@@ -271,7 +281,7 @@ CASES: dict[str, Case] = {
                            ["partition: argument --mode: invalid choice: 'train'", "see `hetpart partition --help`"]),
     # Artifacts edited by hand (hetpart/runtime/artifacts.py: read_json, read_plan)
     "plan-json-is-a-list": Case(["inspect", "{art}"], ["{art}/plan.json: expected a JSON object, got list"],
-                                lambda art: (art / "plan.json").write_text("[]")),
+                                lambda art: _rehashed_plan(art, "[]")),
     "plan-json-without-stages": Case(["inspect", "{art}", "--json"], ["{art}/plan.json: 'stages' is missing or not a "
                                                                       "list (got None)"], _plan_edit("stages")),
     "plan-json-stage-field-of-another-type": Case(["run", "{art}"], ["{art}/plan.json: stages[0].'compute_us' is "
@@ -283,8 +293,9 @@ CASES: dict[str, Case] = {
     "manifest-nested-too-deeply": Case(["run", "{art}"], ["{art}/manifest.json: not a JSON file hetpart wrote "
                                                           "(nested too deeply)"],
                                        lambda art: (art / "manifest.json").write_text("[" * 100_000 + "]" * 100_000)),
-    "manifest-rank-field-of-another-type": Case(["run", "{art}"], ["{art}/manifest.json: ranks[0].files must be a "
-                                                                   "dict, got 'x'"],
+    "manifest-rank-field-of-another-type": Case(["run", "{art}"], ["{art}/manifest.json: ranks[0] must be rank 0 "
+                                                                   "with rank (int), stage (int), dir (str), files "
+                                                                   "(dict)"],
                                                 _manifest_edit(lambda m: m["ranks"][0].update(files="x"))),
     # profile --out
     "profile-out-is-a-directory": Case(["profile", "zoo:mlp", "--out", "{tmp}/existing"],

@@ -47,7 +47,6 @@ def export_model(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...],
     if not record["seq_len"]:
         gm = _export(module, inputs, _dynamic_shapes(module, inputs, None))
     gm.meta["dynamic"] = record
-    _check_outputs(gm)
     mixing = batch_mixing(gm)
     if mixing:  # where in the model: a second trace, with stack traces (NOTE [batch mixing])
         lines = _source_lines(module, inputs, _dynamic_shapes(module, inputs, seq if record["seq_len"] else None))
@@ -57,18 +56,6 @@ def export_model(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...],
     gm.graph.eliminate_dead_code()
     gm.recompile()
     return gm
-
-
-def _check_outputs(gm: fx.GraphModule) -> None:
-    """Every output of the traced model is a tensor (None, an int or a string cannot cross a stage)."""
-    out = next(n for n in gm.graph.nodes if n.op == "output")
-    values = out.args[0] if isinstance(out.args[0], (tuple, list)) else (out.args[0],)
-    if not values:
-        raise HetpartError("the model's forward returns nothing; return a tensor or a tuple of tensors")
-    for i, value in enumerate(values):
-        if not isinstance(value, fx.Node):
-            raise HetpartError(f"the model's forward returns {value!r} (output {i}), not a tensor; "
-                               "return a tensor or a tuple of tensors")
 
 
 # NOTE [dynamic sequence length]
@@ -165,6 +152,8 @@ def _export(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], dynamic: 
 def model_outputs(out_spec: pytree.TreeSpec, output: fx.Node, forward: str = "the model") -> dict:
     """plan.json's `outputs`: {"type": "tensor" | "tuple" | "list" | "dict", "names": [...]} (NOTE [model outputs])."""
     values = list(output.args[0])
+    if not values:
+        raise HetpartError(f"{forward} returns nothing; return a tensor or a tuple of tensors")
     kind = "tensor" if out_spec.is_leaf() else out_spec.type.__name__ if out_spec.type in (tuple, list, dict) else None
     if out_spec.type is dict:
         names = [str(k) for k in out_spec.context]

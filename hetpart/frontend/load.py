@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from hetpart.errors import HetpartError
+from hetpart.errors import HetpartError, Terminated
 from hetpart.models import build_zoo
 from hetpart.models.meta import params_on_meta
 
@@ -84,7 +84,7 @@ def user_code(what: str) -> Iterator[None]:
             raise
         raise HetpartError(f"{exit_location(err)}: {what} raised KeyboardInterrupt; remove it from the model "
                            "file (hetpart runs the file's code to build the model)") from None
-    except Exception:
+    except (Exception, Terminated):  # hetpart's own SIGTERM handler: the CLI cleans up and exits 143
         raise
     except BaseException as err:  # SystemExit, GeneratorExit, the user's own BaseException subclasses
         raise HetpartError(f"{exit_location(err)}: {what} {describe_exit(err)}; a model file must not exit or raise "

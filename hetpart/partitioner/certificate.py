@@ -13,6 +13,7 @@ import dataclasses
 import itertools
 import math
 import os
+import time
 
 from ortools.sat.python import cp_model
 
@@ -123,14 +124,18 @@ def _brute_plan(problem: Problem, objective: str, microbatches: int) -> tuple[in
 def _resolve_without_presolve(problem: Problem, plan: Plan, time_limit_s: float) -> tuple[int, tuple | None]:
     """CP-SAT on `solve`'s model with presolve off, from `plan`: (proven bound, (value, stage_of, devices)
     of its best plan re-costed by evaluate, or None)."""
-    from hetpart.partitioner.cpsat import _add_hint, _build, _canonical
+    from hetpart.partitioner.cpsat import _add_hint, _build, _canonical, _PastDeadline
 
-    mdl = _build(problem, plan.objective, plan.microbatches, 0)  # no search-free cut: independent of bounds.py
+    t0 = time.perf_counter()
+    try:  # no search-free cut: independent of bounds.py
+        mdl = _build(problem, plan.objective, plan.microbatches, 0, deadline=t0 + time_limit_s)
+    except _PastDeadline:  # too big to build in time: nothing re-proved (the claim stays unconfirmed)
+        return 0, None
     _add_hint(problem, mdl, plan.stage_of, _canonical(problem, plan.device_of_stage))
     solver = cp_model.CpSolver()
     solver.parameters.cp_model_presolve = False
     solver.parameters.num_workers = 1
-    solver.parameters.max_time_in_seconds = max(0.1, time_limit_s)
+    solver.parameters.max_time_in_seconds = max(0.1, time_limit_s - (time.perf_counter() - t0))
     status = solver.solve(mdl.model)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return 0, None
