@@ -17,8 +17,8 @@ from certificate_fuzz import (
     unsound,
 )
 
-PLACEMENT_PROBLEMS = 80
-PARTITION_PROBLEMS = 50
+PLACEMENT_PROBLEMS = 200
+PARTITION_PROBLEMS = 150
 
 
 def test_placement_paths_never_bound_above_the_brute_force_optimum():
