@@ -8,6 +8,7 @@ to do, no traceback on file descriptor 2, and the test's directory byte for byte
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 
@@ -425,3 +426,12 @@ def test_a_cpsat_model_too_large_to_build_in_time_falls_back_to_the_dp_plan(monk
     plan = cpsat.solve(p, time_limit_s=5)
     assert plan.stats["cpsat_not_built"] == 1.0 and plan.stats["plan_from_dp"] == 1.0
     assert plan.solver_status in ("FEASIBLE", "OPTIMAL") and plan.lower_bound_ns <= plan.bottleneck_ns
+
+
+def test_a_profile_that_is_a_fifo_is_refused_not_read(tmp_path, capsys):
+    # Reading a FIFO blocks until a writer comes: `partition --profile FIFO` hung (red team, issue 18).
+    os.mkfifo(tmp_path / "pipe")
+    assert main(["partition", "zoo:mlp", "--cluster", "preset:cpu-2", "--out", str(tmp_path / "out"),
+                 "--profile", str(tmp_path / "pipe"), "--no-pt2"]) == 2
+    assert f"--profile {tmp_path / 'pipe'}: not a regular file" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pipe"]

@@ -224,6 +224,8 @@ class Profile:
 
     @staticmethod
     def load(path: Path) -> Profile:
+        if Path(path).exists() and not Path(path).is_file():  # a FIFO or a device would block the read
+            raise HetpartError(f"--profile {path}: not a regular file; pass a profile JSON file")
         try:
             data = json.loads(Path(path).read_text())
         except FileNotFoundError:
