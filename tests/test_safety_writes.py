@@ -387,6 +387,36 @@ def test_a_signal_during_the_renames_lands_after_them(meta_plan, meta_copy, sign
     assert got and all(torch.equal(t, want[k]) for k, t in got.items())
 
 
+# shard-weights whose renames each touch `marker` and then pause, so that a signal from outside lands among them.
+SLOW_RENAMES = """
+import os, sys, time
+from pathlib import Path
+import hetpart.fsio
+real = os.replace
+def replace(src, dst):
+    real(src, dst)
+    Path(sys.argv[1]).touch()
+    time.sleep(0.5)
+hetpart.fsio.os.replace = replace
+from hetpart.cli import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def test_a_sigterm_from_another_process_lands_after_the_renames(meta_plan, meta_copy, tmp_path):
+    out, other, marker = meta_copy, meta_plan[2], tmp_path / "renamed"
+    assert main(["shard-weights", str(out), str(meta_plan[1])]) == 0
+    proc = _python("-c", SLOW_RENAMES, str(marker), "shard-weights", str(out), str(other))
+    try:
+        _wait_for(marker.exists)  # rank 0's weights renamed, the rest to come
+        proc.send_signal(signal.SIGTERM)  # to the process: any of its threads (torch's too) may take it
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM and "hetpart: terminated" in err, err
+    _check_as_run_does(out)
+
+
 # --- 5. signals ---------------------------------------------------------------------------
 
 def _python(*args: str, **kwargs) -> subprocess.Popen:
