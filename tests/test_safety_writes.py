@@ -294,6 +294,129 @@ def test_shard_weights_checks_every_rank_before_writing(meta_plan, meta_copy, ca
     assert _tree(meta_copy) == before and not (meta_copy / "rank0" / "weights.safetensors").exists()
 
 
+def _fail_rename(monkeypatch, n: int, then=None) -> None:
+    """The n-th os.replace from now raises EIO (as a rename error partway through a commit); with
+    `then`, it renames and calls `then` instead."""
+    real, count = os.replace, [0]
+
+    def replace(src, dst):
+        count[0] += 1
+        if count[0] == n and then is None:
+            raise OSError(5, "Input/output error")
+        real(src, dst)
+        if count[0] == n:
+            then()
+
+    monkeypatch.setattr("hetpart.fsio.os.replace", replace)
+
+
+def _check_as_run_does(out: Path, key: Path | None = None) -> None:
+    from hetpart.trust import read_key
+
+    for entry in load_manifest(out, read_key(key) if key else None)["ranks"]:
+        check_rank_files(out, entry)
+
+
+@pytest.mark.parametrize("resharding", [False, True])
+@pytest.mark.parametrize("n", [1, 2, 3])  # renames: rank 0's weights, rank 1's, the manifest
+def test_shard_weights_repairs_an_interrupted_commit(meta_plan, meta_copy, monkeypatch, capsys, resharding, n):
+    out, ckpt, other = meta_copy, meta_plan[1], meta_plan[2]
+    if resharding:
+        assert main(["shard-weights", str(out), str(ckpt)]) == 0
+    with monkeypatch.context() as patch:
+        _fail_rename(patch, n)
+        assert main(["shard-weights", str(out), str(other)]) == 2
+    assert "cannot write" in (err := _error(capsys))
+    assert f"run `hetpart shard-weights {out} {other}` again to finish them" in err
+    # Rank 0's new weights beside the old manifest (n=2) is what `run` must refuse, and what
+    # shard-weights repairs: the weights it is about to replace are not checked (NOTE [shard-weights commit]).
+    assert main(["shard-weights", str(out), str(other)]) == 0
+    _check_as_run_does(out)
+    want = load_file(str(other))
+    got = load_file(str(out / "rank0" / "weights.safetensors"))
+    assert got and all(torch.equal(t, want[k]) for k, t in got.items())
+
+
+def test_shard_weights_still_checks_what_it_reads_besides_the_weights(meta_plan, meta_copy, capsys):
+    out = meta_copy
+    assert main(["shard-weights", str(out), str(meta_plan[1])]) == 0
+    (out / "rank0" / "weights.safetensors").write_bytes(b"half")  # an output: replaced, not checked
+    with (out / "rank1" / "weights.json").open("a") as f:
+        f.write(" ")  # an input: checked
+    assert main(["shard-weights", str(out), str(meta_plan[1])]) == 2
+    assert "rank 1: " in (err := _error(capsys)) and "weights.json' does not match its sha256" in err
+
+
+@pytest.fixture
+def sign_key(tmp_path) -> Path:
+    key = tmp_path / "key"
+    key.write_text("ab" * 32 + "\n")
+    return key
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5])  # the two-line signature, 2 weights, the manifest, the signature
+def test_a_signed_directory_verifies_through_an_interrupted_commit_and_is_repaired(
+        meta_plan, meta_copy, sign_key, monkeypatch, capsys, n):
+    out, ckpt, other = meta_copy, meta_plan[1], meta_plan[2]
+    assert main(["shard-weights", str(out), str(ckpt), "--sign-key", str(sign_key)]) == 0
+    _check_as_run_does(out, sign_key)
+    with monkeypatch.context() as patch:
+        _fail_rename(patch, n)
+        assert main(["shard-weights", str(out), str(other), "--sign-key", str(sign_key)]) == 2
+    assert "--sign-key KEY` again to finish them" in _error(capsys)
+    from hetpart.trust import read_key
+
+    load_manifest(out, read_key(sign_key))  # whichever manifest is in place, its signature matches
+    assert main(["shard-weights", str(out), str(other), "--sign-key", str(sign_key)]) == 0
+    _check_as_run_does(out, sign_key)
+    assert (out / "manifest.json.hmac").read_text().count("\n") == 1  # one line again
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 128 + signal.SIGTERM), (signal.SIGINT, 130)])
+@pytest.mark.parametrize("signed", [False, True])
+def test_a_signal_during_the_renames_lands_after_them(meta_plan, meta_copy, sign_key, monkeypatch, capsys,
+                                                      sig, code, signed):
+    out, ckpt, other = meta_copy, meta_plan[1], meta_plan[2]
+    key = ["--sign-key", str(sign_key)] if signed else []
+    assert main(["shard-weights", str(out), str(ckpt), *key]) == 0
+    _fail_rename(monkeypatch, 2, then=lambda: signal.raise_signal(sig))  # as /tmp/redteam/sw/partial.py
+    assert main(["shard-weights", str(out), str(other), *key]) == code
+    _check_as_run_does(out, sign_key if signed else None)  # every rename was made
+    got = load_file(str(out / "rank1" / "weights.safetensors"))
+    want = load_file(str(other))
+    assert got and all(torch.equal(t, want[k]) for k, t in got.items())
+
+
+# shard-weights whose renames each touch `marker` and then pause, so that a signal from outside lands among them.
+SLOW_RENAMES = """
+import os, sys, time
+from pathlib import Path
+import hetpart.fsio
+real = os.replace
+def replace(src, dst):
+    real(src, dst)
+    Path(sys.argv[1]).touch()
+    time.sleep(0.5)
+hetpart.fsio.os.replace = replace
+from hetpart.cli import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def test_a_sigterm_from_another_process_lands_after_the_renames(meta_plan, meta_copy, tmp_path):
+    out, other, marker = meta_copy, meta_plan[2], tmp_path / "renamed"
+    assert main(["shard-weights", str(out), str(meta_plan[1])]) == 0
+    proc = _python("-c", SLOW_RENAMES, str(marker), "shard-weights", str(out), str(other))
+    try:
+        _wait_for(marker.exists)  # rank 0's weights renamed, the rest to come
+        proc.send_signal(signal.SIGTERM)  # to the process: any of its threads (torch's too) may take it
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM and "hetpart: terminated" in err, err
+    _check_as_run_does(out)
+
+
 # --- 5. signals ---------------------------------------------------------------------------
 
 def _python(*args: str, **kwargs) -> subprocess.Popen:

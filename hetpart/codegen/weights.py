@@ -19,16 +19,48 @@ manifest, so a tensor is read from the checkpoint (plain reads: see
 tensor, never a rank's share.
 A checkpoint value wins over a constant (trained BatchNorm statistics); a
 parameter with no checkpoint value is an error.
+
+NOTE [shard-weights commit]
+shard-weights replaces several files: every rank's weights.safetensors, then
+manifest.json (their hashes), and in a signed directory manifest.json.hmac.
+No filesystem renames several names at once, so the commit is made as close
+to atomic as it can be:
+
+- every new file is written whole to a temp first (NOTE [safe writes] in fsio.py),
+  the signature included (computed from the new manifest's bytes in memory);
+- then the renames run back to back, with SIGINT and SIGTERM held off
+  (`_signals_held`): a Ctrl-C or `kill` lands before the first rename (nothing
+  changed) or after the last (all done), never between;
+- a signed directory first gets a signature file with two lines, the current
+  manifest's signature and the new one's (`check_signature` accepts either),
+  then the weights, the manifest, and last the one-line signature: whichever
+  manifest is in place verifies at every moment;
+- the weights go before the manifest, so between those renames some ranks'
+  weights.safetensors do not match the old manifest's hashes. `run` refuses
+  that, and shard-weights repairs it: it checks everything it reads (stage.py,
+  weights.json, constants, the manifest and its signature) but not the
+  weights.safetensors files it is about to replace (`check_rank_files(...,
+  need_weights=False)`).
+
+What remains: SIGKILL, a crash or power loss, or a rename that fails (EIO, a
+read-only remount) partway through the renames leaves the mixed state above;
+running shard-weights again repairs it. A SIGKILL before the renames leaves
+temps (`.weights.safetensors.*.tmp`) that `run` and shard-weights refuse as
+unlisted files, and name for removal. The renames are not fsync'ed: after a
+power loss the filesystem decides which of them survive.
 """
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import hashlib
 import json
 import math
+import signal
 import struct
-from collections.abc import Callable, Iterable
+import threading
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -39,6 +71,7 @@ from safetensors.torch import load_file, save_file
 
 from hetpart.errors import HetpartError
 from hetpart.fsio import AtomicWrites, real_dir
+from hetpart.trust import SIGNATURE_NAME, is_signed, read_plain, signature
 
 # torch dtype <-> the dtype names of the safetensors format.
 SAFETENSORS_DTYPES: dict[torch.dtype, str] = {
@@ -293,19 +326,44 @@ def plan_sources(out: Path, manifest: dict, ckpt: Checkpoint, allow_cast: bool
     return plans
 
 
-def shard_weights(out: Path, checkpoint: Path, *, allow_cast: bool = False,
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM held off for the block, then delivered (NOTE [shard-weights commit]).
+
+    Their handlers are swapped for one that records them, rather than masked with
+    `signal.pthread_sigmask`: a mask holds only this thread, the kernel then hands a
+    `kill` to another thread (torch's), and Python still runs the handler in this one.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers can be set from the main thread only, and run only there
+        return
+    caught: list[int] = []
+    held = (signal.SIGINT, signal.SIGTERM)
+    previous = {s: signal.signal(s, lambda signum, _frame: caught.append(signum)) for s in held}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        for s in dict.fromkeys(caught):
+            signal.raise_signal(s)  # to the handler that was there: Terminated, KeyboardInterrupt, or the default
+
+
+def shard_weights(out: Path, checkpoint: Path, *, allow_cast: bool = False, sign_key: bytes | None = None,
                   echo: Callable[[str], None] = lambda _: None) -> ShardResult:
     """Fill every rank's weights.safetensors of the meta-traced plan in `out` from `checkpoint`
-    (NOTE [weight manifests]); updates manifest.json's hashes last.
+    (NOTE [weight manifests]); updates manifest.json's hashes last, and with `sign_key` signs it
+    (the caller has checked the directory and its signature: `check_before_shard`).
 
     All or nothing: everything is checked first (the manifest as `run` checks it, every tensor,
-    every rank's folder), each rank's file is written to a temp beside its target, and only once
-    every one is complete are they renamed into place, the manifest last (NOTE [safe writes]).
-    A failure removes the temps and leaves every old file as it was.
+    every rank's folder), each new file is written to a temp beside its target, and only once
+    every one is complete are they renamed into place (NOTE [shard-weights commit]). A failure
+    before the renames removes the temps and leaves every old file as it was.
     """
     from hetpart.runtime.artifacts import load_manifest  # the checks `run` makes: ranks[i].dir inside `out`
 
     manifest = load_manifest(out)
+    current = read_plain(out / "manifest.json")  # what check_before_shard checked (its signature with sign_key)
     ranks = manifest["ranks"]
     for rank in ranks:
         if "weights.json" not in rank["files"]:
@@ -314,7 +372,7 @@ def shard_weights(out: Path, checkpoint: Path, *, allow_cast: bool = False,
     ckpt = Checkpoint(checkpoint)
     result = ShardResult(len(ranks), 0, 0, 0, 0)
     plans = plan_sources(out, manifest, ckpt, allow_cast)
-    with AtomicWrites() as pending:
+    with AtomicWrites() as pending, AtomicWrites() as transition:
         digests = []
         for rank, (rank_dir, entries, source) in zip(ranks, plans):
             constants = load_file(str(rank_dir / "constants.safetensors"))
@@ -345,6 +403,19 @@ def shard_weights(out: Path, checkpoint: Path, *, allow_cast: bool = False,
             echo(f"rank {rank['rank']}: {len(entries)} tensor(s), {sum(e.nbytes for e in entries) / 1e6:.1f} MB")
         for rank, digest in zip(ranks, digests):
             rank["files"]["weights.safetensors"] = digest
-        pending.write(out / "manifest.json", json.dumps(manifest, indent=2) + "\n")  # renamed last
+        new = (json.dumps(manifest, indent=2) + "\n").encode()
+        pending.write(out / "manifest.json", new)
+        if sign_key is not None:
+            if is_signed(out):  # either manifest verifies while the renames run
+                transition.write(out / SIGNATURE_NAME, f"{signature(current, sign_key)}\n{signature(new, sign_key)}\n")
+            pending.write(out / SIGNATURE_NAME, signature(new, sign_key) + "\n")
+        with _signals_held():
+            try:
+                transition.commit()
+                pending.commit()  # the weights, the manifest, the signature: in the order written
+            except HetpartError as err:
+                again = f"hetpart shard-weights {out} {checkpoint}" + (" --sign-key KEY" if sign_key else "")
+                raise HetpartError(f"{err}; the renames were cut short: run `{again}` again to finish them "
+                                   "(NOTE [shard-weights commit])") from None
     return result
 

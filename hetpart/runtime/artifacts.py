@@ -229,8 +229,11 @@ def check_rank_files(out: Path, entry: dict[str, Any], need_weights: bool = True
     """The rank's directory, after checking it: every file in it is listed, every listed file is a
     plain file that matches its sha256 (NOTE [artifacts are code] in hetpart/trust.py).
 
-    `need_weights=False` (shard-weights) accepts a plan traced on meta whose weights are not filled yet.
+    `need_weights=False` (shard-weights) accepts a plan traced on meta whose weights are not filled yet,
+    and does not check weights.safetensors at all: it is the output shard-weights replaces, and an
+    interrupted commit may have left it stale, half-replaced or unlisted (NOTE [shard-weights commit]).
     """
+    replaced = set() if need_weights else {"weights.safetensors"}
     who = f"rank {entry['rank']}: "
     rank_dir = out / entry["dir"]
     if need_weights and "weights.safetensors" not in entry["files"]:  # traced on meta: NOTE [weight manifests]
@@ -242,14 +245,16 @@ def check_rank_files(out: Path, entry: dict[str, Any], need_weights: bool = True
     if rank_dir.is_symlink() or not _inside(out, rank_dir):
         raise _refuse(who, rank_dir, f"a symbolic link or outside '{out}'", out)
     if rank_dir.is_dir():
-        unlisted = sorted(p.name for p in rank_dir.iterdir() if p.name not in entry["files"])
+        known = entry["files"].keys() | replaced
+        unlisted = sorted(p.name for p in rank_dir.iterdir() if p.name not in known)
         if unlisted:
             raise HetpartError(f"{who}'{rank_dir / unlisted[0]}' is not listed in manifest.json"
                                + (f" (nor {len(unlisted) - 1} more)" if len(unlisted) > 1 else "")
                                + "; `run` executes only the files hetpart wrote (README.md, Trust model): "
                                f"remove it, or {REDO}")
     for name, digest in entry["files"].items():
-        check_file(out, f"{entry['dir']}/{name}", digest, who)
+        if name not in replaced:
+            check_file(out, f"{entry['dir']}/{name}", digest, who)
     return rank_dir
 
 
