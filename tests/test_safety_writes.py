@@ -392,3 +392,24 @@ def test_launch_sh_stays_inert_with_a_hostile_machine_name(tmp_path):
     assert [c.split("--node-rank ")[1].split()[0] for c in calls] == ["0", "1", "2"]
     assert all(c.endswith("-m hetpart.runtime.worker " + str(tmp_path) + " --io io") for c in calls), calls
     assert (tmp_path / "x").read_text() == "keep" and not (tmp_path / "pwned").exists()
+
+
+# --- 5. profile --out, partition --out, --dump-ir: never through a link, never over a user's file ----
+
+def test_profile_out_replaces_a_planted_link_and_never_writes_its_target(tmp_path, capsys):
+    from hetpart.passes.profile import Profile
+
+    (tmp_path / "victim").write_text("precious")
+    (tmp_path / "link").symlink_to(tmp_path / "victim")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere" / "x" / "y")
+    (tmp_path / f".link.tmp-{os.getpid()}").symlink_to(tmp_path / "victim")  # the old fixed temp name
+    prof = Profile("cpu", 1, {"aten.relu.default": 5})
+    for name in ("link", "dangling"):
+        prof.save(tmp_path / name)
+        assert not (tmp_path / name).is_symlink() and json.loads((tmp_path / name).read_text())["forward_ns"]
+    assert (tmp_path / "victim").read_text() == "precious" and not (tmp_path / "nowhere").exists()
+    (tmp_path / "adir").mkdir()
+    for out, says in [(tmp_path / "adir", "is a directory"), (tmp_path / "no" / "dir" / "p.json", "does not exist")]:
+        assert main(["profile", "zoo:mlp", "--out", str(out)]) == 2
+        assert says in _error(capsys)
+    assert not (tmp_path / "no").exists()
