@@ -413,3 +413,21 @@ def test_profile_out_replaces_a_planted_link_and_never_writes_its_target(tmp_pat
         assert main(["profile", "zoo:mlp", "--out", str(out)]) == 2
         assert says in _error(capsys)
     assert not (tmp_path / "no").exists()
+
+
+def test_partition_refuses_a_symlink_at_out_and_creates_no_folder_through_one(copy, tmp_path, capsys):
+    (tmp_path / "victim").mkdir()
+    links = {"a2link": copy, "dangling": tmp_path / "victim" / "deep" / "new", "dirlink": tmp_path / "victim",
+             "deadparent": tmp_path / "victim" / "gone"}
+    for name, target in links.items():
+        (tmp_path / name).symlink_to(target)
+    before = _tree(tmp_path)
+    for out, says in [("a2link", "is a symbolic link"), ("dangling", "is a symbolic link"),
+                      ("dirlink/deep/out", "/dirlink' is a symbolic link"),
+                      ("deadparent/out", "/deadparent' is a symbolic link")]:
+        for force in ([], ["--force"]):
+            assert main(["partition", *MLP, "--out", str(tmp_path / out), *force]) == 2
+            assert says in _error(capsys)
+            assert _tree(tmp_path) == before
+    assert main(["partition", *MLP, "--out", str(tmp_path / "dirlink" / "out")]) == 0  # only `out` is made there
+    assert (tmp_path / "victim" / "out" / MARKER).is_file()

@@ -153,6 +153,22 @@ def _appeared(out: Path) -> HetpartError:
                         "and this run's output discarded: run again with another --out")
 
 
+def _no_link(out: Path) -> Path:
+    """`out` made absolute; an error if it is a symbolic link (dangling or not) or if a folder it needs
+    would be created inside one: hetpart never writes, creates or replaces through a link."""
+    out = Path(os.path.abspath(out))
+    if out.is_symlink():
+        raise HetpartError(f"--out {out} is a symbolic link; hetpart never writes through a link: pass the directory "
+                           "it points to, or remove the link")
+    missing = out.parent
+    while not os.path.lexists(missing) and missing != missing.parent:
+        missing = missing.parent
+    if missing.is_symlink() and (missing != out.parent or not missing.is_dir()):  # a dangling one: its target
+        raise HetpartError(f"--out {out}: '{missing}' is a symbolic link, and hetpart creates no folder through a "
+                           "link: create the folders yourself, or choose another --out")
+    return out.resolve()  # the links above it that exist: only the last name matters to the checks
+
+
 @contextlib.contextmanager
 def staging_dir(out: Path, force: bool) -> Iterator[Path]:
     """A fresh directory beside `out`, renamed to `out` only if the block succeeds.
@@ -160,7 +176,7 @@ def staging_dir(out: Path, force: bool) -> Iterator[Path]:
     On failure nothing is left: not the directory, nor the parent directories it created.
     With `force`, an existing `out` is replaced only if hetpart wrote it (NOTE [what --force replaces]).
     """
-    out = out.resolve()
+    out = _no_link(out)
     existed = _check_out(out, force)
     parent = out.parent
     created = [p for p in (parent, *parent.parents) if not p.exists()]  # deepest first
