@@ -431,3 +431,27 @@ def test_partition_refuses_a_symlink_at_out_and_creates_no_folder_through_one(co
             assert _tree(tmp_path) == before
     assert main(["partition", *MLP, "--out", str(tmp_path / "dirlink" / "out")]) == 0  # only `out` is made there
     assert (tmp_path / "victim" / "out" / MARKER).is_file()
+
+
+@pytest.mark.parametrize("when", ["after-moving-the-old-aside", "after-making-the-new-out"])
+def test_a_signal_during_the_force_swap_puts_the_old_directory_back(copy, tmp_path, monkeypatch, capsys, when):
+    import hetpart.codegen.artifacts as artifacts
+
+    before = _tree(copy)
+    real = os.rename
+    staged = []
+
+    def interrupted(src, dst):  # Ctrl-C (SIGTERM's exception is a BaseException too) in the swap's window
+        if when == "after-making-the-new-out" and Path(dst) == copy and not staged:
+            staged.append(src)
+            assert copy.is_dir() and not any(copy.iterdir())  # the empty directory _publish_new made
+            raise KeyboardInterrupt
+        real(src, dst)
+        if when == "after-moving-the-old-aside" and str(dst).endswith("/x"):
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(artifacts.os, "rename", interrupted)
+    assert main(["partition", *MLP, "--out", str(copy), "--force"]) == 130
+    monkeypatch.undo()
+    assert _tree(copy) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no .out.old-*, staging or lock left

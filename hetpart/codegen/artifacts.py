@@ -69,6 +69,8 @@ MARKER = ".hetpart"  # in every artifacts directory: the format version and ever
 # another program creates at --out meanwhile survives: the new output is published only
 # into a directory this run just made with mkdir (rename(2) replaces an empty directory,
 # and refuses a non-empty one), and an --out that appeared during the run is an error.
+# The old directory is moved aside (`.<name>.old-*/x`) for the swap and put back on any
+# failure, a signal included (`_swap`); a signal after that mkdir removes the empty directory.
 # The marker's own format, apart from the manifest's: a later manifest format must not make
 # --force refuse the directories earlier versions wrote.
 MARKER_VERSION = 1
@@ -146,6 +148,29 @@ def _publish_new(tmp: Path, out: Path) -> None:
         os.rename(tmp, out)
     except OSError:  # someone wrote into the directory just made: it is theirs now
         raise _appeared(out) from None
+    except BaseException:  # a signal before the rename: the directory made here goes (if still empty)
+        with contextlib.suppress(OSError):
+            out.rmdir()
+        raise
+
+
+def _swap(tmp: Path, out: Path, parent: Path) -> None:
+    """Replace `out` by `tmp`: the old one is moved aside, and put back on any failure, a signal
+    (KeyboardInterrupt, SIGTERM's exception) included, so `out` is never left missing or empty."""
+    old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=parent))
+    try:
+        os.rename(out, old / "x")
+        _publish_new(tmp, out)
+    except BaseException:
+        if os.path.lexists(old / "x"):
+            with contextlib.suppress(OSError):
+                os.rename(old / "x", out)
+        raise
+    finally:
+        if not os.path.lexists(old / "x"):  # never remove the old artifacts that could not be put back
+            with contextlib.suppress(OSError):
+                old.rmdir()
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def _appeared(out: Path) -> HetpartError:
@@ -210,15 +235,7 @@ def staging_dir(out: Path, force: bool) -> Iterator[Path]:
                     raise _appeared(out)
                 else:
                     check_replaceable(out)  # as it is now
-                    old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=parent))
-                    os.rename(out, old / "x")
-                    try:
-                        _publish_new(tmp, out)
-                    except HetpartError:
-                        with contextlib.suppress(OSError):
-                            os.rename(old / "x", out)
-                        raise
-                    shutil.rmtree(old, ignore_errors=True)
+                    _swap(tmp, out, parent)
                 done = True
             finally:
                 if tmp.exists():
