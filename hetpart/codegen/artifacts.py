@@ -73,9 +73,51 @@ MARKER = ".hetpart"  # in every artifacts directory: the format version and ever
 # failure, a signal included (`_swap`); a signal after that mkdir removes the empty directory.
 # The marker's own format, apart from the manifest's: a later manifest format must not make
 # --force refuse the directories earlier versions wrote.
+#
+# What later commands add must be theirs too. `run` writes `logs/.hetpart-logs` when it makes
+# logs/ (listing nothing yet) and again, listing every file then in logs/, once its torchruns
+# end (success, failure, timeout, SIGTERM and Ctrl-C alike: a `finally`); logs/ may go only
+# if the marker is there and lists every file in it. A run killed with SIGKILL leaves its
+# torchrun's files unlisted: they are refused too (the safe side; the user removes logs/).
+# measured.json may go only if it is a JSON object with `stages` (a list) and `step_time_us`,
+# the shape `run --measure` writes: it has no room for a marker, and a user's own file of that
+# name is, with all but certainty, not of that shape. The same checks guard the next `run`,
+# which replaces logs/ and measured.json in the same way (hetpart/runtime/launch.py).
 MARKER_VERSION = 1
 LATER_FILES = {"measured.json"}  # written by `run --measure`
 LATER_DIRS = {"logs"}  # `run`'s: its whole contents are replaced by the next run
+LOGS_MARKER = ".hetpart-logs"  # in logs/: every file `run` (its torchruns) wrote there
+
+
+def write_logs_marker(log_dir: Path) -> None:
+    """`log_dir`/.hetpart-logs, listing every file in `log_dir` now (NOTE [what --force replaces])."""
+    files = sorted(p.relative_to(log_dir).as_posix() for p in log_dir.rglob("*")
+                   if p.is_file() and not p.is_symlink() and p.name != LOGS_MARKER)
+    write_json(log_dir / LOGS_MARKER, {"marker_version": MARKER_VERSION, "files": files})
+
+
+def foreign_log(log_dir: Path) -> str | None:
+    """The first entry of `log_dir` that `run` did not write (its path inside), or None. Without a
+    readable marker no file is `run`'s."""
+    marker = log_dir / LOGS_MARKER
+    try:
+        listed = set(json.loads(marker.read_text())["files"]) if not marker.is_symlink() else set()
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
+        listed = set()
+    for p in sorted(log_dir.rglob("*")):
+        entry = p.relative_to(log_dir).as_posix()
+        if p.is_symlink() or not p.is_dir() and entry not in listed | {LOGS_MARKER}:
+            return entry
+    return None
+
+
+def is_measured_json(path: Path) -> bool:
+    """Whether `path` holds what `run --measure` writes (NOTE [what --force replaces])."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError, RecursionError):
+        return False
+    return isinstance(data, dict) and isinstance(data.get("stages"), list) and "step_time_us" in data
 
 
 def _refuse(out: Path, why: str, todo: str = "remove it yourself") -> HetpartError:
@@ -112,8 +154,13 @@ def check_replaceable(out: Path) -> None:
                 raise _refuse(out, f"holds '{entry}', a symbolic link (hetpart writes none)", "remove the link")
             if name in dirs:
                 ok = entry in folders or entry in LATER_DIRS
+                foreign = foreign_log(path) if entry in LATER_DIRS and entry not in folders else None
+                if foreign is not None:
+                    raise _refuse(out, f"holds '{entry}/{foreign}', which hetpart did not write",
+                                  f"move '{entry}/{foreign}' out of it")
             else:
-                ok = path.is_file() and (entry in listed or entry in LATER_FILES | {MARKER}
+                ok = path.is_file() and (entry in listed or entry == MARKER
+                                         or (entry in LATER_FILES and is_measured_json(path))
                                          or (name == "weights.safetensors" and rel.as_posix() in folders))
             if not ok:
                 raise _refuse(out, f"holds '{entry}', which hetpart did not write", f"move '{entry}' out of it")
