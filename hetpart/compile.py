@@ -32,6 +32,7 @@ from hetpart.partitioner.baselines import compute_baselines
 from hetpart.passes.fx_baselines import fx_baselines
 from hetpart.passes import PassContext, PassManager, default_passes, lower_to_problem
 from hetpart.passes.lower import TrainingSpec, group_of
+from hetpart.passes.manager import check_dump_dir
 from hetpart.report.blocks import coarsen_to_blocks
 from hetpart.report.html import write_report
 from hetpart.report.progress import Progress
@@ -225,6 +226,8 @@ def compile_model(spec: ModelSpec, cluster_spec: str, out: Path, opts: CompileOp
     if opts.dump_ir is not None and out.resolve() in (opts.dump_ir.resolve(), *opts.dump_ir.resolve().parents):
         raise HetpartError(f"--dump-ir {opts.dump_ir} is inside --out {out}, which this run creates or replaces; "
                            "pass a --dump-ir DIR outside it (OUT/ir/ gets the dumps anyway)")
+    if opts.dump_ir is not None:
+        check_dump_dir(opts.dump_ir)  # NOTE [--dump-ir DIR is hetpart's]
     sign_key = read_key(opts.sign_key, out) if opts.sign_key is not None else None
     model_sha256 = model_file_sha256(spec)  # the file as it is traced: NOTE [model files] in runtime/artifacts.py
     cluster = load_cluster(cluster_spec)

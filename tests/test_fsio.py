@@ -90,10 +90,35 @@ def test_dump_ir_dir_never_writes_through_a_planted_link(tmp_path):
     from hetpart.passes import PassContext, PassManager
 
     dumps = tmp_path / "dumps"
-    dumps.mkdir()
-    (tmp_path / "victim").write_text("precious")
-    (dumps / "graph.json").symlink_to(tmp_path / "victim")
     gm = fx.symbolic_trace(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()))
+    PassManager([], extra_dump_dir=dumps).run(gm, PassContext())  # a folder of hetpart's dumps
+    (tmp_path / "victim").write_text("precious")
+    (dumps / "graph.json").unlink()
+    (dumps / "graph.json").symlink_to(tmp_path / "victim")
     PassManager([], extra_dump_dir=dumps).run(gm, PassContext())
     assert (tmp_path / "victim").read_text() == "precious"
     assert not (dumps / "graph.json").is_symlink() and (dumps / "00-export.txt").is_file()
+
+
+@pytest.mark.parametrize("theirs", ["graph.json", "00-export.txt", "partition.dot", "notes.txt"])
+def test_dump_ir_writes_only_into_a_new_empty_or_hetpart_dumps_folder(tmp_path, capsys, theirs):
+    from hetpart.cli import main
+
+    mlp = ["zoo:mlp", "--set", "hidden=32", "--set", "n_blocks=2", "--cluster", "preset:cpu-2", "--no-pt2",
+           "--time-limit", "5"]
+    dumps = tmp_path / "dumps"
+    assert main(["partition", *mlp, "--out", str(tmp_path / "a"), "--dump-ir", str(dumps)]) == 0  # new
+    assert (dumps / "graph.json").is_file() and (dumps / ".hetpart-dumps").is_file()
+    assert main(["partition", *mlp, "--out", str(tmp_path / "b"), "--dump-ir", str(dumps)]) == 0  # its own
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / theirs).write_text("precious")
+    capsys.readouterr()
+    assert main(["partition", *mlp, "--out", str(tmp_path / "c"), "--dump-ir", str(mine)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("hetpart: error: --dump-ir") and f"holds '{theirs}', which hetpart's dumps" in err, err
+    (dumps / "notes.txt").write_text("precious")  # a user's file in hetpart's dumps folder
+    assert main(["partition", *mlp, "--out", str(tmp_path / "c"), "--dump-ir", str(dumps)]) == 2
+    assert "holds 'notes.txt', which hetpart's dumps did not write" in capsys.readouterr().err
+    assert (mine / theirs).read_text() == "precious" and not (tmp_path / "c").exists()
+    assert [p.name for p in mine.iterdir()] == [theirs]

@@ -24,7 +24,7 @@ from safetensors.torch import load_file, save_file
 import hetpart
 from hetpart.cli import main
 from hetpart.codegen import launch_script
-from hetpart.codegen.artifacts import FORMAT_VERSION, MARKER
+from hetpart.codegen.artifacts import FORMAT_VERSION, MARKER, write_logs_marker
 from hetpart.frontend import ModelSpec, load_model
 from hetpart.runtime.artifacts import check_rank_files, load_manifest
 
@@ -34,6 +34,7 @@ MLP = ["zoo:mlp", "--set", "hidden=32", "--set", "n_blocks=2", "--cluster", "pre
 MLP_2RANK = ["zoo:mlp", "--set", "hidden=256", "--set", "n_blocks=4", "--batch-size", "64", "--microbatches", "2",
              "--cluster", "preset:cpu-2", "--no-pt2", "--time-limit", "5"]
 ROOT = Path(hetpart.__file__).parent.parent
+MEASURED = {"stages": [], "step_time_us": 1.0, "schedule": "gpipe", "microbatches": 4, "predicted_step_time_us": None}
 
 
 def _error(capsys) -> str:
@@ -123,7 +124,8 @@ def test_force_refuses_a_symlink_or_the_directory_holding_the_current_one(copy, 
 def test_force_replaces_a_hetpart_directory_with_what_run_and_shard_weights_added(copy, tmp_path):
     (copy / "logs" / "run-id" / "attempt_0" / "0").mkdir(parents=True)
     (copy / "logs" / "run-id" / "attempt_0" / "0" / "stdout.log").write_text("log")
-    (copy / "measured.json").write_text("{}")
+    write_logs_marker(copy / "logs")  # as `run` does once its torchruns end
+    (copy / "measured.json").write_text(json.dumps(MEASURED))
     (copy / "plan.json").write_text("old")
     assert main(["partition", *MLP, "--out", str(copy), "--force"]) == 0
     assert (copy / "plan.json").read_text() != "old" and not (copy / "logs").exists()
@@ -229,24 +231,28 @@ def test_shard_weights_refuses_a_rank_dir_run_refuses(meta_plan, meta_copy, tmp_
     assert _tree(tmp_path) == before
 
 
-def test_run_replaces_symlinked_logs_and_measured_json_and_never_writes_through_them(written, copy, tmp_path,
-                                                                                     monkeypatch):
+def _fake_torchruns(monkeypatch) -> None:
+    """`run` without torchrun: what the ranks leave in --io and in logs/, a fixed measured.json."""
     from hetpart.runtime import launch
 
-    (tmp_path / "victim").mkdir()
-    (tmp_path / "victim" / "keep").write_text("precious")
-    (copy / "logs").symlink_to(tmp_path / "victim")
-
-    def fake_torchruns(cmds, manifest, log_dir, opts):  # what the ranks leave in --io, without torchrun
+    def fake_torchruns(cmds, manifest, log_dir, opts):
         io_dir = Path(cmds[0][cmds[0].index("--io") + 1])
         plan_out = manifest["ranks"][-1]["outputs"]
         save_file({o["name"]: torch.zeros(2) for o in plan_out}, str(io_dir / "outputs.safetensors"))
         (io_dir / "step_seconds").write_text("0.01\n")
+        (log_dir / "run-id" / "attempt_0" / "0").mkdir(parents=True)
+        (log_dir / "run-id" / "attempt_0" / "0" / "stdout.log").write_text("log")
 
     monkeypatch.setattr(launch, "_run_torchruns", fake_torchruns)
-    monkeypatch.setattr(launch, "measurement", lambda *args: {"stages": [], "step_time_us": 1.0,
-                                                             "schedule": "gpipe", "microbatches": 4,
-                                                             "predicted_step_time_us": None})
+    monkeypatch.setattr(launch, "measurement", lambda *args: MEASURED)
+
+
+def test_run_replaces_symlinked_logs_and_measured_json_and_never_writes_through_them(written, copy, tmp_path,
+                                                                                     monkeypatch):
+    (tmp_path / "victim").mkdir()
+    (tmp_path / "victim" / "keep").write_text("precious")
+    (copy / "logs").symlink_to(tmp_path / "victim")
+    _fake_torchruns(monkeypatch)
     (tmp_path / "victim.json").write_text("precious")
     (copy / "measured.json").symlink_to(tmp_path / "victim.json")
     assert main(["run", str(copy), "--measure"]) == 0
@@ -515,3 +521,97 @@ def test_launch_sh_stays_inert_with_a_hostile_machine_name(tmp_path):
     assert [c.split("--node-rank ")[1].split()[0] for c in calls] == ["0", "1", "2"]
     assert all(c.endswith("-m hetpart.runtime.worker " + str(tmp_path) + " --io io") for c in calls), calls
     assert (tmp_path / "x").read_text() == "keep" and not (tmp_path / "pwned").exists()
+
+
+# --- 5. profile --out, partition --out, --dump-ir: never through a link, never over a user's file ----
+
+def test_profile_out_replaces_a_planted_link_and_never_writes_its_target(tmp_path, capsys):
+    from hetpart.passes.profile import Profile
+
+    (tmp_path / "victim").write_text("precious")
+    (tmp_path / "link").symlink_to(tmp_path / "victim")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere" / "x" / "y")
+    (tmp_path / f".link.tmp-{os.getpid()}").symlink_to(tmp_path / "victim")  # the old fixed temp name
+    prof = Profile("cpu", 1, {"aten.relu.default": 5})
+    for name in ("link", "dangling"):
+        prof.save(tmp_path / name)
+        assert not (tmp_path / name).is_symlink() and json.loads((tmp_path / name).read_text())["forward_ns"]
+    assert (tmp_path / "victim").read_text() == "precious" and not (tmp_path / "nowhere").exists()
+    (tmp_path / "adir").mkdir()
+    for out, says in [(tmp_path / "adir", "is a directory"), (tmp_path / "no" / "dir" / "p.json", "does not exist")]:
+        assert main(["profile", "zoo:mlp", "--out", str(out)]) == 2
+        assert says in _error(capsys)
+    assert not (tmp_path / "no").exists()
+
+
+def test_partition_refuses_a_symlink_at_out_and_creates_no_folder_through_one(copy, tmp_path, capsys):
+    (tmp_path / "victim").mkdir()
+    links = {"a2link": copy, "dangling": tmp_path / "victim" / "deep" / "new", "dirlink": tmp_path / "victim",
+             "deadparent": tmp_path / "victim" / "gone"}
+    for name, target in links.items():
+        (tmp_path / name).symlink_to(target)
+    before = _tree(tmp_path)
+    for out, says in [("a2link", "is a symbolic link"), ("dangling", "is a symbolic link"),
+                      ("dirlink/deep/out", "/dirlink' is a symbolic link"),
+                      ("deadparent/out", "/deadparent' is a symbolic link")]:
+        for force in ([], ["--force"]):
+            assert main(["partition", *MLP, "--out", str(tmp_path / out), *force]) == 2
+            assert says in _error(capsys)
+            assert _tree(tmp_path) == before
+    assert main(["partition", *MLP, "--out", str(tmp_path / "dirlink" / "out")]) == 0  # only `out` is made there
+    assert (tmp_path / "victim" / "out" / MARKER).is_file()
+
+
+@pytest.mark.parametrize("when", ["after-moving-the-old-aside", "after-making-the-new-out"])
+def test_a_signal_during_the_force_swap_puts_the_old_directory_back(copy, tmp_path, monkeypatch, capsys, when):
+    import hetpart.codegen.artifacts as artifacts
+
+    before = _tree(copy)
+    real = os.rename
+    staged = []
+
+    def interrupted(src, dst):  # Ctrl-C (SIGTERM's exception is a BaseException too) in the swap's window
+        if when == "after-making-the-new-out" and Path(dst) == copy and not staged:
+            staged.append(src)
+            assert copy.is_dir() and not any(copy.iterdir())  # the empty directory _publish_new made
+            raise KeyboardInterrupt
+        real(src, dst)
+        if when == "after-moving-the-old-aside" and str(dst).endswith("/x"):
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(artifacts.os, "rename", interrupted)
+    assert main(["partition", *MLP, "--out", str(copy), "--force"]) == 130
+    monkeypatch.undo()
+    assert _tree(copy) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no .out.old-*, staging or lock left
+
+
+@pytest.mark.parametrize("theirs, named", [
+    ({"logs/mynotes.txt": "precious"}, "logs/mynotes.txt"),
+    ({"logs/run-id/attempt_0/0/mine.txt": "precious"}, "logs/run-id/attempt_0/0/mine.txt"),
+    ({"measured.json": '{"my": "numbers"}'}, "measured.json"),
+    ({"measured.json": "precious"}, "measured.json"),
+])
+def test_force_and_run_replace_only_the_logs_and_measured_json_run_wrote(copy, monkeypatch, capsys, theirs, named):
+    _fake_torchruns(monkeypatch)
+    assert main(["run", str(copy), "--measure"]) == 0  # logs/ with its marker, measured.json
+    marker = json.loads((copy / "logs" / ".hetpart-logs").read_text())
+    assert marker["files"] == ["run-id/attempt_0/0/stdout.log"]
+    for name, text in theirs.items():
+        (copy / name).write_text(text)
+    before = _tree(copy)
+    assert main(["partition", *MLP, "--out", str(copy), "--force"]) == 2
+    assert f"holds '{named}', which hetpart did not write" in _error(capsys)
+    assert main(["run", str(copy), "--measure"]) == 2
+    assert named.removeprefix("logs/") in _error(capsys)
+    assert _tree(copy) == before
+
+
+def test_force_refuses_a_logs_folder_a_user_made(copy, capsys):
+    (copy / "logs").mkdir()
+    (copy / "logs" / "mynotes.txt").write_text("precious")
+    assert main(["partition", *MLP, "--out", str(copy), "--force"]) == 2
+    assert "holds 'logs/mynotes.txt', which hetpart did not write" in _error(capsys)
+    assert (copy / "logs" / "mynotes.txt").read_text() == "precious"
+    (copy / "logs" / "mynotes.txt").unlink()
+    assert main(["partition", *MLP, "--out", str(copy), "--force"]) == 0  # an empty one holds nothing of theirs

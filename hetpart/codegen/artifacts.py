@@ -69,11 +69,55 @@ MARKER = ".hetpart"  # in every artifacts directory: the format version and ever
 # another program creates at --out meanwhile survives: the new output is published only
 # into a directory this run just made with mkdir (rename(2) replaces an empty directory,
 # and refuses a non-empty one), and an --out that appeared during the run is an error.
+# The old directory is moved aside (`.<name>.old-*/x`) for the swap and put back on any
+# failure, a signal included (`_swap`); a signal after that mkdir removes the empty directory.
 # The marker's own format, apart from the manifest's: a later manifest format must not make
 # --force refuse the directories earlier versions wrote.
+#
+# What later commands add must be theirs too. `run` writes `logs/.hetpart-logs` when it makes
+# logs/ (listing nothing yet) and again, listing every file then in logs/, once its torchruns
+# end (success, failure, timeout, SIGTERM and Ctrl-C alike: a `finally`); logs/ may go only
+# if the marker is there and lists every file in it. A run killed with SIGKILL leaves its
+# torchrun's files unlisted: they are refused too (the safe side; the user removes logs/).
+# measured.json may go only if it is a JSON object with `stages` (a list) and `step_time_us`,
+# the shape `run --measure` writes: it has no room for a marker, and a user's own file of that
+# name is, with all but certainty, not of that shape. The same checks guard the next `run`,
+# which replaces logs/ and measured.json in the same way (hetpart/runtime/launch.py).
 MARKER_VERSION = 1
 LATER_FILES = {"measured.json"}  # written by `run --measure`
 LATER_DIRS = {"logs"}  # `run`'s: its whole contents are replaced by the next run
+LOGS_MARKER = ".hetpart-logs"  # in logs/: every file `run` (its torchruns) wrote there
+
+
+def write_logs_marker(log_dir: Path) -> None:
+    """`log_dir`/.hetpart-logs, listing every file in `log_dir` now (NOTE [what --force replaces])."""
+    files = sorted(p.relative_to(log_dir).as_posix() for p in log_dir.rglob("*")
+                   if p.is_file() and not p.is_symlink() and p.name != LOGS_MARKER)
+    write_json(log_dir / LOGS_MARKER, {"marker_version": MARKER_VERSION, "files": files})
+
+
+def foreign_log(log_dir: Path) -> str | None:
+    """The first entry of `log_dir` that `run` did not write (its path inside), or None. Without a
+    readable marker no file is `run`'s."""
+    marker = log_dir / LOGS_MARKER
+    try:
+        listed = set(json.loads(marker.read_text())["files"]) if not marker.is_symlink() else set()
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
+        listed = set()
+    for p in sorted(log_dir.rglob("*")):
+        entry = p.relative_to(log_dir).as_posix()
+        if p.is_symlink() or not p.is_dir() and entry not in listed | {LOGS_MARKER}:
+            return entry
+    return None
+
+
+def is_measured_json(path: Path) -> bool:
+    """Whether `path` holds what `run --measure` writes (NOTE [what --force replaces])."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError, RecursionError):
+        return False
+    return isinstance(data, dict) and isinstance(data.get("stages"), list) and "step_time_us" in data
 
 
 def _refuse(out: Path, why: str, todo: str = "remove it yourself") -> HetpartError:
@@ -110,8 +154,13 @@ def check_replaceable(out: Path) -> None:
                 raise _refuse(out, f"holds '{entry}', a symbolic link (hetpart writes none)", "remove the link")
             if name in dirs:
                 ok = entry in folders or entry in LATER_DIRS
+                foreign = foreign_log(path) if entry in LATER_DIRS and entry not in folders else None
+                if foreign is not None:
+                    raise _refuse(out, f"holds '{entry}/{foreign}', which hetpart did not write",
+                                  f"move '{entry}/{foreign}' out of it")
             else:
-                ok = path.is_file() and (entry in listed or entry in LATER_FILES | {MARKER}
+                ok = path.is_file() and (entry in listed or entry == MARKER
+                                         or (entry in LATER_FILES and is_measured_json(path))
                                          or (name == "weights.safetensors" and rel.as_posix() in folders))
             if not ok:
                 raise _refuse(out, f"holds '{entry}', which hetpart did not write", f"move '{entry}' out of it")
@@ -146,11 +195,50 @@ def _publish_new(tmp: Path, out: Path) -> None:
         os.rename(tmp, out)
     except OSError:  # someone wrote into the directory just made: it is theirs now
         raise _appeared(out) from None
+    except BaseException:  # a signal before the rename: the directory made here goes (if still empty)
+        with contextlib.suppress(OSError):
+            out.rmdir()
+        raise
+
+
+def _swap(tmp: Path, out: Path, parent: Path) -> None:
+    """Replace `out` by `tmp`: the old one is moved aside, and put back on any failure, a signal
+    (KeyboardInterrupt, SIGTERM's exception) included, so `out` is never left missing or empty."""
+    old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=parent))
+    try:
+        os.rename(out, old / "x")
+        _publish_new(tmp, out)
+    except BaseException:
+        if os.path.lexists(old / "x"):
+            with contextlib.suppress(OSError):
+                os.rename(old / "x", out)
+        raise
+    finally:
+        if not os.path.lexists(old / "x"):  # never remove the old artifacts that could not be put back
+            with contextlib.suppress(OSError):
+                old.rmdir()
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def _appeared(out: Path) -> HetpartError:
     return HetpartError(f"'{out}' was created by another program while this partition ran; it was left as it is "
                         "and this run's output discarded: run again with another --out")
+
+
+def _no_link(out: Path) -> Path:
+    """`out` made absolute; an error if it is a symbolic link (dangling or not) or if a folder it needs
+    would be created inside one: hetpart never writes, creates or replaces through a link."""
+    out = Path(os.path.abspath(out))
+    if out.is_symlink():
+        raise HetpartError(f"--out {out} is a symbolic link; hetpart never writes through a link: pass the directory "
+                           "it points to, or remove the link")
+    missing = out.parent
+    while not os.path.lexists(missing) and missing != missing.parent:
+        missing = missing.parent
+    if missing.is_symlink() and (missing != out.parent or not missing.is_dir()):  # a dangling one: its target
+        raise HetpartError(f"--out {out}: '{missing}' is a symbolic link, and hetpart creates no folder through a "
+                           "link: create the folders yourself, or choose another --out")
+    return out.resolve()  # the links above it that exist: only the last name matters to the checks
 
 
 @contextlib.contextmanager
@@ -160,7 +248,7 @@ def staging_dir(out: Path, force: bool) -> Iterator[Path]:
     On failure nothing is left: not the directory, nor the parent directories it created.
     With `force`, an existing `out` is replaced only if hetpart wrote it (NOTE [what --force replaces]).
     """
-    out = out.resolve()
+    out = _no_link(out)
     existed = _check_out(out, force)
     parent = out.parent
     created = [p for p in (parent, *parent.parents) if not p.exists()]  # deepest first
@@ -194,15 +282,7 @@ def staging_dir(out: Path, force: bool) -> Iterator[Path]:
                     raise _appeared(out)
                 else:
                     check_replaceable(out)  # as it is now
-                    old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=parent))
-                    os.rename(out, old / "x")
-                    try:
-                        _publish_new(tmp, out)
-                    except HetpartError:
-                        with contextlib.suppress(OSError):
-                            os.rename(old / "x", out)
-                        raise
-                    shutil.rmtree(old, ignore_errors=True)
+                    _swap(tmp, out, parent)
                 done = True
             finally:
                 if tmp.exists():

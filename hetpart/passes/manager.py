@@ -8,6 +8,7 @@ timing) live here, not in the passes.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -17,7 +18,7 @@ from typing import ClassVar, Protocol
 import torch.fx as fx
 
 from hetpart.errors import HetpartError
-from hetpart.fsio import atomic_write
+from hetpart.fsio import atomic_write, real_dir
 from hetpart.ir import dump_text, has_field
 from hetpart.ir.printer import dump_dot, dump_json
 
@@ -54,6 +55,50 @@ class PassTiming:
     seconds: float
 
 
+# NOTE [--dump-ir DIR is hetpart's]
+# `--dump-ir DIR` is any folder the user names, and the dumps have common names
+# (graph.json, partition.dot, 00-export.txt), so a folder of the user's own could lose
+# files. Dumps go only into a folder that is new, empty, or one hetpart's dumps made:
+# it holds `.hetpart-dumps`, which lists every dump written there, and nothing else
+# (a file hetpart did not write is refused, named, before anything runs). The marker is
+# written before each dump file, so it never misses one of them.
+DUMPS_MARKER = ".hetpart-dumps"
+
+
+def _dumps_listed(where: Path) -> set[str] | None:
+    """The dumps the marker of `where` lists; None without a readable marker."""
+    marker = where / DUMPS_MARKER
+    if marker.is_symlink():
+        return None
+    try:
+        files = json.loads(marker.read_text())["files"]
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
+        return None
+    return set(files) if isinstance(files, list) and all(isinstance(f, str) for f in files) else None
+
+
+def check_dump_dir(where: Path) -> None:
+    """An error unless `where` is new, empty or hetpart's dumps only (NOTE [--dump-ir DIR is hetpart's])."""
+    if not (where.exists() or where.is_symlink()):
+        return
+    real_dir(where, "the IR dumps")
+    entries = sorted(p.name for p in where.iterdir())
+    if not entries:
+        return
+    listed = _dumps_listed(where)
+    foreign = next((e for e in entries if e != DUMPS_MARKER and (listed is None or e not in listed)), None)
+    if listed is None or foreign is not None:
+        what = f"holds '{foreign}', which hetpart's dumps did not write" if foreign else f"has no {DUMPS_MARKER} marker"
+        raise HetpartError(f"--dump-ir {where} {what}; hetpart writes dumps only into a new or empty folder or one "
+                           "of its own dumps: choose another --dump-ir DIR")
+
+
+def _mark_dumps(where: Path, names: list[str]) -> None:
+    listed = _dumps_listed(where) or set()
+    if not set(names) <= listed:
+        atomic_write(where / DUMPS_MARKER, json.dumps({"files": sorted(listed | set(names))}, indent=1) + "\n")
+
+
 @dataclass
 class PassManager:
     """Runs `passes` in order.
@@ -82,13 +127,16 @@ class PassManager:
         for where in (self.dump_dir, self.extra_dump_dir):
             if where is None:
                 continue
+            staged = any(has_field(n, "stage") for n in gm.graph.nodes)
+            dumps = {f"{index:02d}-{name}.txt": lambda: dump_text(gm, title),
+                     "graph.json": lambda: dump_json(gm),  # the latest state wins
+                     **({"partition.dot": lambda: dump_dot(gm)} if staged else {})}
             try:
                 where.mkdir(parents=True, exist_ok=True)
-                # `--dump-ir DIR` may hold anything already: NOTE [safe writes]
-                atomic_write(where / f"{index:02d}-{name}.txt", dump_text(gm, title))
-                atomic_write(where / "graph.json", dump_json(gm))  # the latest state wins
-                if any(has_field(n, "stage") for n in gm.graph.nodes):
-                    atomic_write(where / "partition.dot", dump_dot(gm))
+                if where == self.extra_dump_dir:  # NOTE [--dump-ir DIR is hetpart's]
+                    _mark_dumps(where, list(dumps))
+                for file, text in dumps.items():
+                    atomic_write(where / file, text())  # NOTE [safe writes]: a link there is replaced
             except OSError as err:
                 raise HetpartError(f"cannot write IR dumps to '{where}': {err.strerror}; "
                                    "pass a writable --dump-ir DIR") from None
@@ -100,6 +148,8 @@ class PassManager:
         unknown = set(self.print_after) - known
         if unknown:
             raise HetpartError(f"--print-ir-after: unknown pass(es) {sorted(unknown)} (passes: {', '.join(sorted(known))})")
+        if self.extra_dump_dir is not None:
+            check_dump_dir(self.extra_dump_dir)
         self.emit(gm, 0, "export")
         for index, p in enumerate(self.passes, start=1):
             missing = [f for f in p.requires if not any(has_field(n, f) for n in gm.graph.nodes)]

@@ -121,6 +121,7 @@ import torch.fx as fx
 from safetensors.torch import load_file, save_file
 
 from hetpart.errors import HetpartError
+from hetpart.fsio import atomic_write
 from hetpart.passes.flops import has_floating
 
 FORMAT_VERSION = 1
@@ -209,18 +210,10 @@ class Profile:
                 "backward_ns": dict(sorted(self.backward_ns.items()))}
 
     def save(self, path: Path) -> None:
-        """Write the profile to `path` whole or not at all (a temporary file beside it, renamed)."""
+        """Write the profile to `path` whole or not at all; a symlink there is replaced, its target never
+        written (NOTE [safe writes] in hetpart/fsio.py)."""
         check_output_path(path)
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        try:
-            tmp.write_text(json.dumps(self.to_json(), indent=1) + "\n")
-            os.replace(tmp, path)
-        except BaseException as err:
-            tmp.unlink(missing_ok=True)
-            if isinstance(err, OSError):
-                raise HetpartError(f"--out {path}: cannot write the profile ({err.strerror}); choose another --out"
-                                   ) from None
-            raise
+        atomic_write(path, json.dumps(self.to_json(), indent=1) + "\n")
 
     @staticmethod
     def load(path: Path) -> Profile:

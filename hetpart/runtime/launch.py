@@ -28,6 +28,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch.utils import _pytree as pytree
 
+from hetpart.codegen.artifacts import foreign_log, is_measured_json, write_logs_marker
 from hetpart.errors import HetpartError
 from hetpart.fsio import atomic_write, exclusive_file, fresh_dir
 from hetpart.frontend import ModelSpec, check_example_batch, load_model
@@ -329,6 +330,19 @@ def measurement(io_dir: Path, world: int, m: int, plan: dict, opts: "RunOptions"
     }
 
 
+def _check_own_outputs(out: Path, log_dir: Path, measure: bool) -> None:
+    """An error, before anything runs, if the logs/ or measured.json this run replaces holds a file
+    hetpart did not write (NOTE [what --force replaces] in hetpart/codegen/artifacts.py)."""
+    foreign = foreign_log(log_dir) if log_dir.is_dir() and not log_dir.is_symlink() else None
+    if foreign is not None:
+        raise HetpartError(f"'{log_dir}' holds '{foreign}', which hetpart did not write; `run` replaces {log_dir} "
+                           f"with this run's logs: move '{foreign}' out of it")
+    measured = out / "measured.json"
+    if measure and measured.exists() and not measured.is_symlink() and not is_measured_json(measured):
+        raise HetpartError(f"'{measured}' is not a measured.json `run --measure` wrote, and this run would replace "
+                           "it: move it out of the artifacts directory")
+
+
 @dataclass(frozen=True)
 class RunOptions:
     mode: str = "inference"  # or "training": loss on the last stage, SGD step on every rank
@@ -477,9 +491,11 @@ def run_pipeline(out: Path, opts: RunOptions = RunOptions(), echo: Callable[[str
     structure = module.output_structure() if isinstance(module, HFModel) else _plan_structure(plan)
     training = opts.mode == "training"
     log_dir = out / "logs"
+    _check_own_outputs(out, log_dir, opts.measure)
     if log_dir.is_symlink():  # hetpart's own output name: the link itself is replaced, never followed
         log_dir.unlink()
     fresh_dir(log_dir, "the run's logs")  # NOTE [safe writes]
+    write_logs_marker(log_dir)  # listing nothing yet: NOTE [what --force replaces]
     with tempfile.TemporaryDirectory(prefix="hetpart-run-") as io:
         io_dir = Path(io)
         names = [i["name"] for i in manifest["ranks"][0]["inputs"]]
@@ -499,7 +515,10 @@ def run_pipeline(out: Path, opts: RunOptions = RunOptions(), echo: Callable[[str
         backend = manifest["backend"] if torch.cuda.is_available() else "gloo on CPU"
         echo(f"launching {where}: {world} rank(s), {backend}, {opts.mode} with {opts.schedule}, "
              f"{m} microbatch(es), {opts.steps} step(s); logs in {log_dir}")
-        _run_torchruns([c + worker_args for c in cmds], manifest, log_dir, opts)
+        try:
+            _run_torchruns([c + worker_args for c in cmds], manifest, log_dir, opts)
+        finally:
+            write_logs_marker(log_dir)  # every file torchrun wrote, which the next run or --force may remove
         got = load_file(str(io_dir / "outputs.safetensors"))
         outputs = tuple(got[o["name"]] for o in manifest["ranks"][-1]["outputs"])
         step_s = [float(x) for x in (io_dir / "step_seconds").read_text().split()]

@@ -43,8 +43,8 @@ def test_dumps_written_so_far_survive_a_failing_pass(tmp_path):
                      on_pass_start=started.append)
     with pytest.raises(HetpartError, match="pass 'fails': this model has no ops I know"):
         pm.run(_gm(), PassContext())
-    assert sorted(p.name for p in (tmp_path / "dumps").iterdir()) == ["00-export.txt", "01-renames.txt",
-                                                                       "graph.json"]
+    assert sorted(p.name for p in (tmp_path / "dumps").iterdir()) == [".hetpart-dumps", "00-export.txt",
+                                                                       "01-renames.txt", "graph.json"]
     assert started == ["pass 01 renames", "pass 02 fails"]
     assert len(lines) == 1 and lines[0].startswith("pass 01 renames: ") and lines[0].endswith(" ms")
 
