@@ -7,6 +7,7 @@ do), exit status 2, no traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import signal
 import sys
@@ -387,22 +388,31 @@ def _models(console: Console) -> int:
     return 0
 
 
+TERMINATING = (signal.SIGTERM, signal.SIGHUP)  # raised as errors.Terminated by _terminate
+
+
 def _terminate(signum: int, frame: object) -> None:
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: a second SIGTERM must not cut the cleanup short
-    raise Terminated()
+    for sig in TERMINATING:  # once: a second signal must not cut the cleanup short
+        signal.signal(sig, signal.SIG_IGN)
+    raise Terminated(signum)
 
 
 def main(argv: list[str] | None = None) -> int:
     in_main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, _terminate) if in_main_thread else None
+    previous = {}
+    if in_main_thread:
+        for sig in TERMINATING:
+            if signal.getsignal(sig) is not signal.SIG_IGN:  # under nohup SIGHUP stays ignored
+                previous[sig] = signal.signal(sig, _terminate)
     try:
         return _main(argv)
-    except Terminated:
-        print("hetpart: terminated", file=sys.stderr)
-        return 128 + signal.SIGTERM
+    except Terminated as err:
+        with contextlib.suppress(OSError):  # the terminal that hung up may be gone
+            print("hetpart: terminated" if err.signum == signal.SIGTERM else "hetpart: hangup", file=sys.stderr)
+        return 128 + err.signum
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _main(argv: list[str] | None) -> int:

@@ -15,6 +15,12 @@ class HetpartError(Exception):
 
 
 class Terminated(BaseException):
-    """SIGTERM (`kill`, `timeout`) as an exception, raised by the CLI's handler, so that every
-    `finally` cleans up: the staging directory, the lock and created folders of `partition`, the
-    torchruns of `run`. Code that turns the user's BaseExceptions into errors lets it through."""
+    """SIGTERM (`kill`, `timeout`) or SIGHUP (the terminal closed) as an exception, raised by the
+    CLI's handler, so that every `finally` cleans up: the staging directory, the lock and created
+    folders of `partition`, the torchruns of `run` (which lead sessions of their own: the default
+    SIGHUP would leave them running). Code that turns the user's BaseExceptions into errors lets
+    it through."""
+
+    def __init__(self, signum: int = 15) -> None:  # 15: SIGTERM
+        super().__init__(signum)
+        self.signum = signum

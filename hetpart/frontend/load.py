@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import importlib.util
 import inspect
 import os
 import signal
 import sys
+import types
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,13 +44,38 @@ class ModelSpec:
         return cls(data["model"], dict(data["overrides"]), data["batch_size"], data["seq_len"], data["seed"])
 
 
+# NOTE [model file bytes]
+# The sha256 that plan.json records and `run` compares must be of the code that runs. An
+# import by file name does not run the file: SourceFileLoader executes a cached
+# `__pycache__/*.pyc` whose recorded mtime and size match the source, so a planted .pyc ran
+# other code past a matching sha256. A model file is therefore read once per process
+# (`model_file_source`), its bytes hashed, and exactly those bytes compiled and executed in a
+# fresh module: no bytecode cache is read or written. The bytes are kept by resolved path
+# while the file's inode, size, mtime and ctime stay the same, so `partition`'s import and
+# hash, and `run`'s hash and import, see the same bytes even where a writer resets the mtime
+# (as the .pyc attack did; ctime cannot be set back). Left open: a file rewritten between
+# `run`'s hash and its import is read again, and the new bytes run.
+_MODEL_FILE_BYTES: dict[str, tuple[tuple[int, ...], bytes]] = {}
+
+
+def model_file_source(path: Path) -> bytes:
+    """The bytes of a model file, read once while it is unchanged (NOTE [model file bytes])."""
+    key = str(path.resolve())
+    st = os.stat(key)
+    stamp = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    if key not in _MODEL_FILE_BYTES or _MODEL_FILE_BYTES[key][0] != stamp:
+        _MODEL_FILE_BYTES[key] = (stamp, Path(key).read_bytes())
+    return _MODEL_FILE_BYTES[key][1]
+
+
 def model_file_sha256(spec: ModelSpec) -> str | None:
-    """The sha256 of a file model's file (plan.json records it: NOTE [model files] in runtime/artifacts.py);
-    None for zoo: and hf: models, or a file that does not exist."""
+    """The sha256 of a file model's file (plan.json records it: NOTE [model files] in runtime/artifacts.py),
+    of the bytes that are imported (NOTE [model file bytes]); None for zoo: and hf: models, or a file
+    that does not exist."""
     if spec.model.startswith(("zoo:", "hf:")):
         return None
     path = Path(spec.model.rpartition(":")[0])
-    return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
+    return hashlib.sha256(model_file_source(path)).hexdigest() if path.is_file() else None
 
 
 # NOTE [user code exits]
@@ -121,13 +146,13 @@ def _load_file_model(spec: ModelSpec) -> tuple[nn.Module, tuple]:
         raise HetpartError(f"model file '{path}' not found (model '{spec.model}'); give an existing "
                            "path/to/file.py:FUNCTION, zoo:NAME or hf:MODEL_TYPE")
     mod_name = f"hetpart_user_model_{abs(hash(str(path.resolve())))}"
-    loader = importlib.util.spec_from_file_location(mod_name, path)
-    assert loader is not None and loader.loader is not None
-    module = importlib.util.module_from_spec(loader)
+    module = types.ModuleType(mod_name)  # the hashed bytes, no bytecode cache: NOTE [model file bytes]
+    module.__file__ = str(path)
     sys.modules[mod_name] = module
     try:
+        source = model_file_source(path)
         with user_code("importing the model file"):
-            loader.loader.exec_module(module)
+            exec(compile(source, str(path), "exec", dont_inherit=True), module.__dict__)  # noqa: S102
     except HetpartError:
         raise
     except Exception as err:

@@ -154,6 +154,8 @@ def _check_structure(path: Path, manifest: dict[str, Any]) -> None:
                 if not (isinstance(v, dict) and isinstance(v.get("name"), str) and isinstance(v.get("shape"), list)
                         and isinstance(v.get("dtype"), str)):
                     raise HetpartError(f"{path}: ranks[{k}].{side} must be values with a name, shape and dtype{EDITED}")
+                for dim in v["shape"]:  # each readable, and cheaply so (NOTE [symbolic dims])
+                    dim_size(dim, {})
         if not all(isinstance(w, str) for w in entry["weights"]):
             raise HetpartError(f"{path}: ranks[{k}].weights must be weight names{EDITED}")
     nodes = manifest.get("nodes")
@@ -356,10 +358,19 @@ def model_spec_for_run(plan: dict[str, Any], model: str | None, trust_model_file
 # [B, L, D] at a static length), `s0*s1`, `s1 - 1`, `(s1//2)`, `Max(1, s1)`. `dim_size`
 # evaluates such a dim at a run's sizes. It walks the expression's Python syntax tree and
 # knows integers, symbols, + - * // % ** and Max/Min, nothing else: a manifest is data, and
-# sympy's parser would `eval` it.
+# sympy's parser would `eval` it. Nor may data cost time or memory: `**` only with a literal
+# exponent of 0..MAX_DIM_POWER (`s1**2`, a flattened [B, L, L]), so "9**9**9**9", which would
+# compute for ever, is refused; a dim is at most MAX_DIM_TEXT characters, every value along
+# the way at most MAX_DIM_STEP in size and the result an int in 0..MAX_DIM. `load_manifest`
+# reads every dim so (symbols unknown), so a manifest with another one is refused before
+# torchrun starts.
 _BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv,
-           ast.Mod: operator.mod, ast.Pow: operator.pow}
+           ast.Mod: operator.mod}
 _CALLS = {"Max": max, "Min": min}
+MAX_DIM = 2**40  # elements along one dim: far above any tensor's
+MAX_DIM_STEP = 2**62  # |a value| inside a dim's expression
+MAX_DIM_TEXT = 200  # characters of one dim
+MAX_DIM_POWER = 4  # the largest exponent of a `**`
 
 
 def dim_size(dim: object, sizes: dict[str, int]) -> int | None:
@@ -367,6 +378,12 @@ def dim_size(dim: object, sizes: dict[str, int]) -> int | None:
     `sizes` lacks. An expression that is not one of the forms above is an error."""
 
     def value(node: ast.AST) -> int | None:
+        result = step(node)
+        if result is not None and abs(result) > MAX_DIM_STEP:
+            raise ValueError
+        return result
+
+    def step(node: ast.AST) -> int | None:
         if isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool):
             return node.value
         if isinstance(node, ast.Name):
@@ -377,17 +394,28 @@ def dim_size(dim: object, sizes: dict[str, int]) -> int | None:
         if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
             left, right = value(node.left), value(node.right)
             return None if left is None or right is None else _BINARY[type(node.op)](left, right)
+        if (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow) and isinstance(node.right, ast.Constant)
+                and type(node.right.value) is int and 0 <= node.right.value <= MAX_DIM_POWER):
+            base = value(node.left)
+            return None if base is None else base ** node.right.value
         if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _CALLS
                 and node.args and not node.keywords):
             args = [value(a) for a in node.args]
             return None if None in args else _CALLS[node.func.id](args)
         raise ValueError
 
+    text = str(dim).strip()
     try:
-        return value(ast.parse(str(dim).strip(), mode="eval").body)
-    except (SyntaxError, ValueError, ZeroDivisionError):
-        raise HetpartError(f"manifest.json: cannot read the dimension {dim!r} (expected an integer or an expression "
-                           "of symbols s0, s1, ... with + - * //); re-run `hetpart partition`") from None
+        if len(text) > MAX_DIM_TEXT:
+            raise ValueError
+        size = value(ast.parse(text, mode="eval").body)
+        if size is not None and not 0 <= size <= MAX_DIM:
+            raise ValueError
+        return size
+    except (SyntaxError, ValueError, ZeroDivisionError, RecursionError, MemoryError):
+        shown = repr(dim) if len(repr(dim)) <= 80 else repr(dim)[:77] + "..."
+        raise HetpartError(f"manifest.json: cannot read the dimension {shown} (expected an integer in 0..2**40 or an "
+                           "expression of symbols s0, s1, ... with + - * // % Max Min); re-run `hetpart partition`") from None
 
 
 def symbol_sizes(manifest: dict[str, Any], batch_size: int, seq_len: int) -> dict[str, int]:

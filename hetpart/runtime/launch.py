@@ -244,6 +244,9 @@ def _run_torchruns(cmds: list[list[str]], manifest: dict, log_dir: Path, opts: "
     torchrun to fail (or the --timeout) stops every other torchrun, and the error names the rank."""
     env = {**os.environ, "OMP_NUM_THREADS": str(rank_threads())}
     env["PYTHONSAFEPATH"] = "1"  # torchrun and the ranks never import from the working directory (it may be DIR)
+    from hetpart.runtime.worker import LAUNCHER_PID_ENV
+
+    env[LAUNCHER_PID_ENV] = str(os.getpid())  # the ranks exit when this process is gone: NOTE [orphaned ranks]
     log_dir.mkdir(parents=True, exist_ok=True)
     launcher_logs = [log_dir / f"torchrun{i}.log" for i in range(len(cmds))]
     procs: list[subprocess.Popen] = []

@@ -20,8 +20,9 @@ import torch
 
 # NOTE [verify tolerances]
 # An output (or a weight's gradient) passes iff every element satisfies
-#     |pipeline - model| <= atol * max|model| + rtol * |model|
-# (numpy's allclose, with the absolute term in units of the tensor's own scale, max|model|).
+#     |pipeline - model| <= atol * scale + rtol * |model|
+# (numpy's allclose, with the absolute term in units of the tensor's own scale: `output_scale`,
+# the largest finite |model| element that is not an outlier far above the rest, see below).
 # - Why scaled: fp32 rounding in a sum of products is relative to the size of its terms, not
 #   of its result, so an element that cancels to near 0 carries an error of the tensor's
 #   scale; an absolute 1e-5 then fails correct plans whose outputs are large (by that
@@ -48,7 +49,23 @@ import torch
 #   than 24 bits left) there is no scale to compare relative to: such an output proves
 #   nothing. If the pipeline's is as small, the verdict is CANNOT TELL (exit 1, not PASS)
 #   when every output is so; a pipeline output that is not that small fails.
+# - Non-finite model elements (a -inf mask, a NaN) must be matched exactly: inf by the same
+#   inf, NaN by NaN. The rule above cannot judge them (rtol * inf passes any finite value),
+#   and they do not enter the scale.
+# - The scale is robust to outliers. Masked logits hold a fill of 1e9 (or finfo.min) in part
+#   of the tensor; with max|model| as the scale, atol * 1e9 = 1e4 would pass every other
+#   element however wrong (issue 17). `output_scale` sorts the nonzero finite |model| and
+#   starts at the lower quartile (the bulk of the values, so a fill of up to 3/4 of them is
+#   left out), then climbs the sorted magnitudes while each is within OUTLIER_GAP (100x) of
+#   the one before; the scale is the last one reached. A tensor with no such gap (any
+#   output of a sum of products: gaussian-like, or with outlier features that grow
+#   continuously out of the bulk) gets max|model| exactly as before, so the measurements
+#   below are unchanged; a fill 100x above everything else is left out. What is left: a fill
+#   covering more than 3/4 of the nonzero elements is the scale (then the bulk is the fill);
+#   an output whose values really are two clusters 100x apart is compared at the lower
+#   cluster's scale, which is stricter (a FAIL to look at, never a PASS by accident).
 # Integer and bool outputs must be equal.
+OUTLIER_GAP = 100.0
 VERIFY_RTOL = 1e-5
 VERIFY_ATOL = 1e-5
 
@@ -56,10 +73,10 @@ VERIFY_ATOL = 1e-5
 @dataclass(frozen=True)
 class Tolerances:
     rtol: float = VERIFY_RTOL  # of each element's |model|
-    atol: float = VERIFY_ATOL  # of the tensor's max|model| (NOTE [verify tolerances])
+    atol: float = VERIFY_ATOL  # of the tensor's scale, max|model| less outliers (NOTE [verify tolerances])
 
     def describe(self) -> str:
-        return f"|pipeline - model| <= {self.atol:g} * max|model| + {self.rtol:g} * |model| elementwise"
+        return f"|pipeline - model| <= {self.atol:g} * scale + {self.rtol:g} * |model| elementwise"
 
 
 @dataclass(frozen=True)
@@ -68,7 +85,7 @@ class TensorCheck:
 
     name: str  # `logits`, `output 0`, `lm_head.weight (rank 1)`
     max_abs_diff: float
-    scale: float  # max |model|
+    scale: float  # max |model| less outliers (`output_scale`)
     max_rel_err: float  # max_abs_diff / scale (0 where both are 0, inf where only the model's is)
     ok: bool  # every element within its tolerance
     tiny: bool = False  # 0 < scale <= atol: compared relative to its own scale
@@ -77,7 +94,25 @@ class TensorCheck:
 
     def describe(self) -> str:
         text = f"{self.name}: max_abs_diff={self.max_abs_diff:.3g} max_rel_err={self.max_rel_err:.3g}"
-        return text + (f" (max|model| {self.scale:.3g})" if self.scale else "") + (f": {self.problem}" if self.problem else "")
+        return text + (f" (scale {self.scale:.3g})" if self.scale else "") + (f": {self.problem}" if self.problem else "")
+
+
+def output_scale(ref: torch.Tensor) -> float:
+    """The tensor's scale for the absolute term: its largest finite |element| that is not an
+    outlier far above the rest (NOTE [verify tolerances]); 0 where no element is finite and nonzero.
+
+    >>> output_scale(torch.tensor([0.5, -2.0, 1.0, float("-inf")]))
+    2.0
+    >>> output_scale(torch.tensor([0.5, -2.0, 1.0, 1e9]))  # a mask fill is left out
+    2.0
+    """
+    magnitudes = ref.detach().double().abs().flatten()
+    magnitudes = magnitudes[magnitudes.isfinite() & (magnitudes > 0)].sort().values
+    if not magnitudes.numel():
+        return 0.0
+    start = (magnitudes.numel() - 1) // 4  # the lower quartile: inside the bulk
+    gaps = (magnitudes[start + 1:] > OUTLIER_GAP * magnitudes[start:-1]).nonzero()
+    return float(magnitudes[start + int(gaps[0])] if gaps.numel() else magnitudes[-1])
 
 
 def check_tensor(name: str, got: torch.Tensor, ref: torch.Tensor, tol: Tolerances) -> TensorCheck:
@@ -93,15 +128,15 @@ def check_tensor(name: str, got: torch.Tensor, ref: torch.Tensor, tol: Tolerance
     a, b = got.detach().double(), ref.detach().double()
     same = (a == b) | (a.isnan() & b.isnan())  # equal infinities and NaNs where the model has them
     diff = torch.where(same, 0.0, (a - b).abs())
-    finite = b[b.isfinite()]
-    scale = float(finite.abs().max()) if finite.numel() else 0.0
+    scale = output_scale(b)
     max_diff = float(diff.max()) if diff.numel() else 0.0
     smallest = torch.finfo(ref.dtype).tiny
     if scale < smallest:  # nothing to compare relative to (NOTE [verify tolerances])
         finite_got = a[a.isfinite()]
         small = not finite_got.numel() or float(finite_got.abs().max()) < smallest
         return TensorCheck(name, max_diff, scale, 0.0 if max_diff == 0 else float("inf"), small, unreadable=small)
-    ok = bool((same | (diff <= tol.atol * scale + tol.rtol * b.abs())).all())
+    # A non-finite model element passes only where matched exactly (`same`): rtol * inf passes anything.
+    ok = bool((same | (b.isfinite() & (diff <= tol.atol * scale + tol.rtol * b.abs()))).all())
     return TensorCheck(name, max_diff, scale, max_diff / scale, ok, tiny=scale <= tol.atol)
 
 
@@ -145,7 +180,7 @@ class Verification:
             if len(self.outputs) > 1 or not c.ok or c.tiny or c.unreadable:
                 lines.append(f"  {c.describe()}" + ("" if c.ok else "  FAIL"))
             if c.tiny:
-                lines.append(f"  note: {c.name} is tiny (max|model| {c.scale:.3g} <= atol {self.tolerances.atol:g}):"
+                lines.append(f"  note: {c.name} is tiny (scale {c.scale:.3g} <= atol {self.tolerances.atol:g}):"
                              " an absolute tolerance would pass any output this small; it is compared relative to "
                              "its own scale")
             if c.unreadable:

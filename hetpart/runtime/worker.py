@@ -223,20 +223,55 @@ def run_rank(out: Path, io_dir: Path, mode: str, schedule_name: str, microbatche
     dist.barrier()
 
 
+LAUNCHER_PID_ENV = "HETPART_LAUNCHER_PID"  # set by `hetpart run` for its ranks: NOTE [orphaned ranks]
+
+
+def _process_start(pid: int) -> str | None:
+    """The start time of process `pid` (field 22 of /proc/PID/stat), "" where /proc cannot tell
+    (alive by signal 0), None where the process is gone (a zombie, not yet reaped, is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return None if fields[0] in ("Z", "X") else fields[19]
+    except FileNotFoundError:
+        return None
+    except (OSError, IndexError):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        except OSError:  # another user's process: it exists
+            pass
+        return ""
+
+
+def _launcher(text: str) -> tuple[int, str] | None:
+    """The launcher's pid and start time from LAUNCHER_PID_ENV; None where unset (launch.sh, a test)."""
+    if not text.isdigit():
+        return None
+    start = _process_start(int(text))
+    return (int(text), start) if start is not None else (int(text), "gone")
+
+
 def _exit_with_parent(io_dir: Path, poll_s: float = 1.0) -> None:
     """NOTE [orphaned ranks]: a rank whose torchrun died (SIGKILLed, or its machine's launcher
     stopped) would wait for its peers until the process-group timeout; it exits instead.
     A torchrun killed while it starts its ranks may die before a rank reads its parent's pid;
     so a rank also exits once its --io directory is gone, which `hetpart run` removes as it
     ends, however it ends (a launch.sh run's IO_DIR stays: there the parent alone counts; a
-    node that has no IO_DIR when the rank starts watches its parent only)."""
+    node that has no IO_DIR when the rank starts watches its parent only).
+    A `hetpart run` that is SIGKILLed removes nothing and stops no torchrun (each leads a
+    session of its own, `_run_torchruns`), so it passes its pid in LAUNCHER_PID_ENV and a rank
+    also exits once that process is gone (the same pid with the same start time: a pid reused
+    meanwhile is another process). torchrun then sees its ranks fail and exits too."""
     if "TORCHELASTIC_RUN_ID" not in os.environ:  # not started by torchrun (a test calling main)
         return
     parent = os.getppid()
     watch_io = io_dir.is_dir()
+    launcher = _launcher(os.environ.get(LAUNCHER_PID_ENV, ""))
 
     def watch() -> None:
-        while os.getppid() == parent and (io_dir.is_dir() or not watch_io):
+        while (os.getppid() == parent and (io_dir.is_dir() or not watch_io)
+               and (launcher is None or _process_start(launcher[0]) == launcher[1])):
             time.sleep(poll_s)
         os._exit(1)
 

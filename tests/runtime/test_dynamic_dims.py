@@ -1,5 +1,7 @@
 """Symbolic dims in manifest.json at a run's sizes (NOTE [symbolic dims]), and the run's size checks."""
 
+import json
+
 import pytest
 
 from hetpart.errors import HetpartError
@@ -16,6 +18,33 @@ SIZES = {"s0": 3, "s1": 24}
 ])
 def test_dims_are_evaluated_at_the_run_sizes(dim, size):
     assert dim_size(dim, SIZES) == size
+
+
+def test_a_small_literal_power_is_read():
+    assert dim_size("s0*s1**2", SIZES) == 3 * 24**2
+
+
+@pytest.mark.parametrize("dim", ["9**9**9**9", "s0**s1", "2**100", "s0**5", "99999999999*99999999999",
+                                 "-s0", "9" * 30, "+".join(["1"] * 200), "(" * 5000 + "1" + ")" * 5000])
+def test_a_dim_that_would_cost_time_or_memory_or_is_out_of_range_is_refused(dim):
+    with pytest.raises(HetpartError, match="cannot read the dimension"):
+        dim_size(dim, SIZES)
+
+
+def test_a_manifest_with_a_power_tower_dim_is_refused_before_torchrun(tmp_path, capsys):
+    from hetpart.cli import main
+
+    out = tmp_path / "mlp"
+    assert main(["partition", "zoo:mlp", "--set", "hidden=64", "--set", "n_blocks=2", "--batch-size", "8",
+                 "--microbatches", "2", "--cluster", "preset:cpu-2", "--no-pt2", "--out", str(out)]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["ranks"][0]["outputs"][0]["shape"][-1] = "9**9**9**9"
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    capsys.readouterr()
+    assert main(["run", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("hetpart: error: manifest.json: cannot read the dimension '9**9**9**9'"), err
+    assert not (out / "logs").exists(), "refused before torchrun started"
 
 
 def test_a_dim_with_an_unknown_symbol_has_no_size():

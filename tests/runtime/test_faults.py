@@ -7,9 +7,14 @@ left running. Ranks are killed with the worker's test-only HETPART_TEST_CRASH_RA
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
+import signal
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -170,3 +175,41 @@ def test_a_world_size_torchrun_did_not_plan(two_ranks, tmp_path, monkeypatch, ca
         monkeypatch.setenv(key, value)
     assert worker.main([str(two_ranks), "--io", str(tmp_path), "--microbatches", "2", "--device", "cpu"]) == 2
     assert "hetpart: rank 0: the plan has 2 ranks but torchrun started 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGHUP])
+def test_every_rank_exits_when_the_launcher_is_killed_or_hung_up(tmp_path, sig):
+    """torchrun leads a session of its own: a SIGKILLed (or, before its handler, SIGHUPed) `hetpart
+    run` left it and every rank running (NOTE [orphaned ranks] in hetpart/runtime/worker.py)."""
+    out = tmp_path / "mlp"
+    assert main(["partition", "zoo:mlp", "--set", "hidden=64", "--set", "n_blocks=2", "--batch-size", "8",
+                 "--microbatches", "2", "--cluster", "preset:cpu-2", "--no-pt2", "--out", str(out)]) == 0
+    world = json.loads((out / "manifest.json").read_text())["world_size"]
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    log = tmp_path / "run.log"
+    with log.open("w") as f:
+        launcher = subprocess.Popen([sys.executable, "-m", "hetpart", "run", str(out), "--steps", "1000000"],
+                                    env=env, stdout=f, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 120
+        while len([p for p in _running_ranks(out) if p != launcher.pid]) < world + 1:  # torchrun and every rank
+            assert launcher.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.2)
+        while "step" not in "".join(p.read_text(errors="replace") for p in (out / "logs").rglob("stdout.log")):
+            assert launcher.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.2)  # the ranks past their start, stepping
+        launcher.send_signal(sig)
+        if sig == signal.SIGHUP:  # it cleans up and exits; a SIGKILLed one stays a zombie, not yet reaped
+            assert launcher.wait(timeout=60) == 128 + signal.SIGHUP, log.read_text()
+        deadline = time.monotonic() + 30  # the watchdog polls each second; torchrun then stops
+        while _running_ranks(out) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not _running_ranks(out), "ranks outlived the launcher"
+    finally:
+        for pid in _running_ranks(out):  # what this test started, if the assertion failed
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if launcher.poll() is None:
+            launcher.kill()
+        launcher.wait()

@@ -86,6 +86,31 @@ def test_integer_outputs_must_be_equal_and_nans_match_nans():
     assert not check_tensor("out", torch.tensor([1.0, 0.0, float("inf")]), ref, tol).ok
 
 
+def test_an_infinite_model_element_is_matched_only_by_the_same_infinity():
+    tol = Tolerances()
+    ref = torch.tensor([1.0, -2.0, float("inf"), float("-inf")])
+    assert check_tensor("out", ref.clone(), ref, tol).ok
+    for wrong in ([1.0, -2.0, 5.0, float("-inf")], [1.0, -2.0, float("-inf"), float("-inf")],
+                  [1.0, -2.0, float("inf"), float("nan")]):
+        assert not check_tensor("out", torch.tensor(wrong), ref, tol).ok, wrong
+    assert check_tensor("out", ref, ref, tol).scale == 2.0, "non-finite elements do not enter the scale"
+
+
+def test_a_mask_fill_does_not_widen_the_tolerance_of_the_other_elements():
+    tol = Tolerances()
+    h = torch.randn(8, 8, generator=torch.Generator().manual_seed(0))
+    for fill in (torch.full_like(h, 1e9), torch.full_like(h, -3.4e38)):  # half the logits masked
+        ref = torch.cat([h, fill], -1)
+        assert check_tensor("logits", ref.clone(), ref, tol).ok
+        assert check_tensor("logits", ref + h.abs().max() * 1e-7, ref, tol).ok, "fp32 rounding still passes"
+        wrong = torch.cat([h * 1.01 + 0.5, fill], -1)  # every unmasked logit wrong
+        check = check_tensor("logits", wrong, ref, tol)
+        assert not check.ok and check.scale == float(h.abs().max()), check
+    one = h.clone()
+    one[0, 0] = 1e9  # a single huge element
+    assert not check_tensor("logits", torch.where(one == 1e9, one, one + 0.1), one, tol).ok
+
+
 def test_the_reference_computes_with_a_ranks_thread_count(monkeypatch):
     seen = []
 
