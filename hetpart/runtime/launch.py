@@ -131,6 +131,8 @@ def _without_tracebacks(lines: list[str]) -> list[str]:
 
 # "Root Cause (first observed failure):\n[0]:\n  time : ...\n  rank : 1 (local_rank: 1)\n  exitcode : -9 ..."
 _ROOT_CAUSE = re.compile(r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.DOTALL)
+# Every failure torchrun lists: "rank : 1 (local_rank: 1)" then "exitcode : 2 (pid: ...)".
+_ANY_FAILURE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank.*?exitcode\s*:\s*(-?\d+)", re.DOTALL)
 _PORT_IN_USE = re.compile(r"EADDRINUSE|[Aa]ddress already in use")
 
 
@@ -150,6 +152,12 @@ def _failure(manifest: dict, log_dir: Path, as_nodes: bool, torchrun_log: Path, 
     found = _ROOT_CAUSE.search(text)
     if found is not None:
         rank, code = int(found.group(1)), int(found.group(2))
+        # torchrun's "first observed failure" is first by a clock of seconds: a rank that refused
+        # its input (a HetpartError, status 2) and the peer it left in a collective (status 1) fail
+        # in the same second, and the peer may be named. The refusing rank is the cause.
+        refused = sorted(int(r) for r, c in _ANY_FAILURE.findall(text) if int(c) == HetpartError.exit_code)
+        if code != HetpartError.exit_code and refused:
+            rank, code = refused[0], HetpartError.exit_code
         entry = manifest["ranks"][rank] if rank < len(manifest["ranks"]) else {}
         where = f"stage {rank} on {entry.get('planned_device', '?')}"
         err = RunFailed(

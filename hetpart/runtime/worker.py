@@ -311,6 +311,11 @@ def main(argv: list[str] | None = None) -> int:
                  args.batch_size, args.seq_len, key)
     except HetpartError as err:
         print(f"hetpart: rank {os.environ.get('RANK')}: {err}", file=sys.stderr, flush=True)
+        if "TORCHELASTIC_RUN_ID" in os.environ:
+            # Out at once, before destroy_process_group closes the sockets: a peer waiting in a
+            # collective then fails (status 1) no earlier than this rank, and torchrun, which
+            # orders failures by a clock of seconds, lists this one too (`_failure` in launch.py).
+            os._exit(HetpartError.exit_code)
         return 2
     finally:
         dist.destroy_process_group()
