@@ -26,8 +26,8 @@ manifest is the root of trust:
   holder partitioned, nor that the directory is the latest one signed (an older
   signed directory still verifies), and anyone who can check it can also sign.
 
-This module is stdlib only, so codegen (which writes) and the runtime (which
-reads) share it.
+This module imports only the stdlib, `errors` and `fsio` (its one write goes through
+`atomic_write`), so codegen (which writes) and the runtime (which reads) share it.
 """
 
 from __future__ import annotations
@@ -37,10 +37,10 @@ import hashlib
 import hmac
 import os
 import stat
-import tempfile
 from pathlib import Path
 
 from hetpart.errors import HetpartError
+from hetpart.fsio import atomic_write
 
 # manifest.json's format; 2: the top-level `files` hashes plan.json, launch.sh and ir/ (1 hashed rank files only)
 MANIFEST_FORMAT_VERSION = 2
@@ -125,15 +125,7 @@ def signature(data: bytes, key: bytes) -> str:
 
 def write_signature(out: Path, key: bytes) -> None:
     """Sign `out/manifest.json` into `out/manifest.json.hmac` (written beside it and renamed into place)."""
-    line = signature(read_plain(out / "manifest.json"), key) + "\n"
-    fd, tmp = tempfile.mkstemp(prefix=f".{SIGNATURE_NAME}.", dir=out)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(line)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, out / SIGNATURE_NAME)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
+    atomic_write(out / SIGNATURE_NAME, signature(read_plain(out / "manifest.json"), key) + "\n")
 
 
 def check_signature(out: Path, manifest_bytes: bytes, key: bytes) -> None:

@@ -7,7 +7,6 @@ values are passed to it as keyword arguments (strings), so it must accept them.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import inspect
 import os
 import signal
@@ -21,6 +20,7 @@ import torch
 from torch import nn
 
 from hetpart.errors import HetpartError, Terminated
+from hetpart.trust import sha256_bytes
 from hetpart.models import build_zoo
 from hetpart.models.meta import params_on_meta
 
@@ -75,7 +75,7 @@ def model_file_sha256(spec: ModelSpec) -> str | None:
     if spec.model.startswith(("zoo:", "hf:")):
         return None
     path = Path(spec.model.rpartition(":")[0])
-    return hashlib.sha256(model_file_source(path)).hexdigest() if path.is_file() else None
+    return sha256_bytes(model_file_source(path)) if path.is_file() else None
 
 
 # NOTE [user code exits]

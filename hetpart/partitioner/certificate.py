@@ -109,7 +109,8 @@ def valid_plans(problem: Problem):
 
 def brute_force(problem: Problem, objective: str = "throughput", microbatches: int = 1) -> int | None:
     """The least value of `objective` (NOTE [objectives]) over every valid plan, or None when none fits."""
-    return min((objective_ns(stages, objective, microbatches) for _, _, stages in valid_plans(problem)), default=None)
+    best = _brute_plan(problem, objective, microbatches)
+    return best[0] if best is not None else None
 
 
 def _brute_plan(problem: Problem, objective: str, microbatches: int) -> tuple[int, dict, list] | None:

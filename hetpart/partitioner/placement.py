@@ -180,14 +180,19 @@ def _count(data: dict, key: str, where: str) -> int:
     return int(value)
 
 
+def _field(raw: dict, key: str, where: str, default: object = None) -> object:
+    """raw[key], or `default` where it is missing and given; an error where it is missing."""
+    if key in raw:
+        return raw[key]
+    if default is not None:
+        return default
+    raise HetpartError(f"{where}: missing field {key!r}; every node needs id, supportedOnFpga, "
+                       "cpuLatency, fpgaLatency (see the benchmark README)")
+
+
 def _amount(raw: dict, key: str, where: str, default: float | None = None) -> float:
     """raw[key]: a finite number >= 0 (not a bool, not a string) below 2^53."""
-    if key not in raw and default is not None:
-        return default
-    if key not in raw:
-        raise HetpartError(f"{where}: missing field {key!r}; every node needs id, supportedOnFpga, "
-                           "cpuLatency, fpgaLatency (see the benchmark README)")
-    value = raw[key]
+    value = _field(raw, key, where, default)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < _EXACT_MAX:
         raise HetpartError(f"{where}: {key!r} must be a finite number >= 0 and below 2^53, got {value!r}")
     return float(value)
@@ -195,12 +200,7 @@ def _amount(raw: dict, key: str, where: str, default: float | None = None) -> fl
 
 def _flag(raw: dict, key: str, where: str, default: bool | None = None) -> bool:
     """raw[key]: 0, 1, true or false."""
-    if key not in raw and default is not None:
-        return default
-    if key not in raw:
-        raise HetpartError(f"{where}: missing field {key!r}; every node needs id, supportedOnFpga, "
-                           "cpuLatency, fpgaLatency (see the benchmark README)")
-    value = raw[key]
+    value = _field(raw, key, where, default)
     if value not in (0, 1) or not isinstance(value, (int, bool)):
         raise HetpartError(f"{where}: {key!r} must be 0 or 1, got {value!r}")
     return bool(value)
