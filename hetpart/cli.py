@@ -315,7 +315,9 @@ def _inspect(args: argparse.Namespace, console: Console) -> int:
 def _profile(args: argparse.Namespace, console: Console) -> int:
     from hetpart.devices import device_type
     from hetpart.frontend import ModelSpec
-    from hetpart.passes.profile import check_output_path, profile_model, ranks_sharing_a_machine
+    from hetpart.profiler.measure import profile_model
+    from hetpart.profiler.siblings import ranks_sharing_a_machine
+    from hetpart.profiler.table import check_output_path
 
     device_type(args.device_type)  # an unknown type is an error that lists the catalog
     check_output_path(args.out)

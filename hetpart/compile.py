@@ -143,7 +143,7 @@ def analyze(spec: ModelSpec, cluster: Cluster, microbatch_size: int, *, dump_dir
 
 def load_profiles(paths: tuple[Path, ...], cluster: Cluster) -> dict:
     """Device type -> Profile, from `--profile` files; a type must be in the cluster, and profiled once."""
-    from hetpart.passes.profile import Profile
+    from hetpart.profiler.table import Profile
 
     profiles: dict = {}
     for path in paths:
