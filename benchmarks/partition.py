@@ -105,7 +105,7 @@ def zoo_table(models: list[str], presets: list[str], modes: list[str], time_limi
     from hetpart.devices import load_cluster
     from hetpart.frontend import ModelSpec
     from hetpart.passes import lower_to_problem
-    from hetpart.passes.fx_baselines import fx_baselines
+    from hetpart.baselines.fx_partitioner import fx_baselines
 
     rows = ["| model | mode | cluster | nodes | plan (us) | lower bound (us) | certified gap | status | solve seconds "
             "| best tool baseline | tool / plan | dp-topo-order / plan |", "|---" * 12 + "|"]
