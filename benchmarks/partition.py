@@ -31,7 +31,7 @@ from partition_cases import transformer_problem  # noqa: E402
 
 from hetpart.partitioner import solve, verify_plan  # noqa: E402
 from hetpart.partitioner.baselines import compute_baselines  # noqa: E402
-from hetpart.partitioner.placement import read_placement, solve_placement  # noqa: E402
+from hetpart.placement import read_placement, solve_placement  # noqa: E402
 
 DEFAULT_BENCH = Path(__file__).resolve().parents[2] / "shared" / "benchmarks" / "dnn-partitioning"
 

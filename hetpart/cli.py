@@ -342,7 +342,7 @@ def _profile(args: argparse.Namespace, console: Console) -> int:
 def _placement(args: argparse.Namespace) -> int:
     import json
 
-    from hetpart.partitioner.placement import read_placement, solve_placement
+    from hetpart.placement import read_placement, solve_placement
 
     if args.workers < 1:
         raise HetpartError(f"--workers must be at least 1 (got {args.workers})")
