@@ -11,9 +11,9 @@ and times every op inside it, so an op meets the caches as a real forward
 leaves them (a weight bigger than the caches comes from memory, as it does
 in a stage), and each value is freed after its last use, as the stage's
 generated code does, so the allocator hands out the same warm memory. Timing
-one op many times in a row would keep its weights cache-hot:
-on zoo:mlp (hidden 512, microbatch 4) that read 442 us for a 4 MiB linear
-that takes twice as long inside the forward.
+one op many times in a row would keep its weights cache-hot and read it faster
+than the forward runs it (by how much: docs/benchmarks.md, "Measurements moved
+out of NOTEs").
 
 NOTE [backward timing]
 With `backward=True` (`hetpart profile --backward`) every op whose output needs a
@@ -28,9 +28,8 @@ NOTE [profile clock]
 A CPU profile with one thread (what a `hetpart run` rank uses) is timed with
 the thread's CPU time (`time.thread_time_ns`), not wall time: it counts the
 work the op does on its core and not the time other processes held that core,
-so a profile taken on a busy machine matches one taken on an idle one (on
-this shared 2-core VM, zoo:mlp's forward read 10.3 +- 0.3 ms of CPU time
-while its wall time ranged 10-19 ms). With several threads, or on CUDA
+so a profile taken on a busy machine matches one taken on an idle one (as
+measured: docs/benchmarks.md, "Measurements moved out of NOTEs"). With several threads, or on CUDA
 (synchronised), it is wall time. The profile records which (`clock`).
 
 NOTE [profile threads]

@@ -5,9 +5,8 @@ NOTE [concurrent profile]
 puts 4 one-thread ranks on this 2-core VM. Side by side they share the L3 cache
 and memory bandwidth, and where there are more ranks than cores the kernel
 switches between them mid-op, each coming back to caches the others filled: an
-op costs a rank more CPU time than it costs a process alone (on an idle VM,
-resnet's stages on cpu-2 took 1.3x the thread CPU time under torchrun that they
-take alone, docs/benchmarks.md "Cost model"). `concurrent=N` (`hetpart profile
+op costs a rank more CPU time than it costs a process alone (how much:
+docs/benchmarks.md, "Measurements moved out of NOTEs"). `concurrent=N` (`hetpart profile
 --concurrent N`, or `--cluster`: N = the ranks that will share the machine)
 starts N-1 sibling processes before timing. Sibling k runs part k of N of the
 graph (cut where the ops' times add up to equal shares, `cut`), as the other
@@ -17,10 +16,8 @@ graph, as always. A rank is not busy all the time: in a GPipe step of M
 microbatches over N stages it computes M of the M + N - 1 slots and waits
 for its neighbours in the others, so each sibling computes that share of the
 time and sleeps in between (`sibling_duty`: 0.8 for cpu-2, 0.57 for cpu-4 at
-
-
-M = 4). Busy all the time, siblings made the profile 22-28% (gpt-small) and up
-to 67% (resnet) slower than the torchrun ranks on cpu-4, on a loaded VM. The
+M = 4). Busy all the time, siblings would load the machine more than the ranks
+they stand for do, and the profile would over-predict the stages. The
 siblings are plain subprocesses (`python -c`, the graph written as a `Replay`
 with ops by name, NOTE [replay files]), started, waited for (each prints
 "ready" after its first pass) and reaped by `Siblings`; one that fails stops
