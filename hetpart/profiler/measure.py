@@ -58,6 +58,21 @@ from hetpart.profiler.siblings import Siblings, sibling_duty
 from hetpart.profiler.table import Profile, backward_key, op_key, profiled
 
 
+def check_profile_type(name: str, cluster: Any = None) -> None:
+    """`hetpart profile --device-type`: a type of the catalog, or one of `cluster`'s own types
+    (its [[device_types]] tables, where the cluster is given); otherwise an error listing both."""
+    from hetpart.devices import CATALOG
+
+    custom = sorted(set(cluster.device_types) - set(CATALOG)) if cluster is not None else []
+    if name in CATALOG or name in custom:
+        return
+    where = (f"; cluster '{cluster.name}' adds: {', '.join(custom)}" if custom else
+             f"; cluster '{cluster.name}' adds none" if cluster is not None else
+             "; a cluster's own [[device_types]] need --cluster FILE")
+    raise HetpartError(f"--device-type: unknown device type '{name}' (catalog: {', '.join(sorted(CATALOG))}{where}); "
+                       "see `hetpart devices`")
+
+
 def runtime_threads() -> int:
     """Threads per rank under `hetpart run` (NOTE [profile threads])."""
     return int(os.environ.get("OMP_NUM_THREADS", "1"))

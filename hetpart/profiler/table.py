@@ -19,7 +19,9 @@ measured together: the entry is the median of all their repeats.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import operator
 import os
 from dataclasses import dataclass, field
@@ -92,11 +94,24 @@ class Profile:
     concurrent: int = 1  # processes running the graph while it was timed (NOTE [concurrent profile])
     sibling_passes: int = 0  # passes the concurrent-1 siblings ran meanwhile, all together
     sibling_duty: float = 1.0  # the share of the time each sibling computed (`sibling_duty`)
+    speed_scale: float = 1.0  # the device it stands for runs this many times as fast as the one measured
+
+    def scaled(self, speed_scale: float) -> Profile:
+        """This profile for a device `speed_scale` times as fast as the one measured (`hetpart profile
+        --speed-scale`): every time divided by it, rounded to the nanosecond, and the factor recorded."""
+        if isinstance(speed_scale, bool) or not isinstance(speed_scale, (int, float)) or not (
+                math.isfinite(speed_scale) and speed_scale > 0):
+            raise HetpartError(f"--speed-scale {speed_scale!r}: must be a positive number (the emulated device's "
+                               "speed relative to this machine: 0.5 is half as fast, 2 twice as fast)")
+        scale = lambda table: {k: round(ns / speed_scale) for k, ns in table.items()}  # noqa: E731
+        return dataclasses.replace(self, forward_ns=scale(self.forward_ns), backward_ns=scale(self.backward_ns),
+                                   speed_scale=self.speed_scale * speed_scale)
 
     def to_json(self) -> dict:
         return {"format_version": FORMAT_VERSION, "device_type": self.device_type, "device": self.device,
                 "threads": self.threads, "clock": self.clock, "concurrent": self.concurrent,
-                "sibling_passes": self.sibling_passes, "sibling_duty": self.sibling_duty, "torch_version": torch.__version__,
+                "sibling_passes": self.sibling_passes, "sibling_duty": self.sibling_duty, "speed_scale": self.speed_scale,
+                "torch_version": torch.__version__,
                 "source": self.source,
                 "forward_ns": dict(sorted(self.forward_ns.items())),
                 "backward_ns": dict(sorted(self.backward_ns.items()))}
@@ -136,9 +151,13 @@ class Profile:
                 or isinstance(duty, bool) or not isinstance(duty, (int, float)) or not 0 <= duty <= 1):
             raise HetpartError(f"--profile {path}: threads (>= 1), sibling_passes (>= 0) and sibling_duty (0 to 1) "
                                "must be numbers in range; write it again with `hetpart profile`")
+        speed = data.get("speed_scale", 1.0)  # files written before --speed-scale: measured as they are
+        if isinstance(speed, bool) or not isinstance(speed, (int, float)) or not (math.isfinite(speed) and speed > 0):
+            raise HetpartError(f"--profile {path}: speed_scale must be a positive number (got {speed!r}); "
+                               "write it again with `hetpart profile`")
         return Profile(data["device_type"], threads, data["forward_ns"], backward,
                        str(data.get("device", "cpu")), str(data.get("source", "")), str(data.get("clock", "wall")),
-                       concurrent, passes, float(duty))
+                       concurrent, passes, float(duty), float(speed))
 
 
 def check_output_path(path: Path) -> None:
