@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SCANNED = ("hetpart", "benchmarks", "tests", "docs", "README.md")
 _DEFINITION = re.compile(r"NOTE \[([^\]\n]+)\](?::|\s*$)")
 _MENTION = re.compile(r"NOTE\s+\[([^\]]+)\]")
+_POINTER = re.compile(r"NOTE\s+\[([^\]]+)\]\)?,?\s+(?:\(|in\s+)`?((?:[\w.-]+/)*[\w.-]+\.py)`?")  # ... in FILE.py
 _LINE_JOIN = re.compile(r"[ \t]*\n[ \t]*(?:#[ \t]*)?")  # a line break inside a comment or docstring
 
 # Offenders in files owned by other engineers this wave (partitioner/, compile.py, codegen/,
@@ -42,6 +43,10 @@ ALLOW_UNDEFINED = {  # cited, never defined by the rule above -- fixed on merge
 }
 ALLOW_UNCITED = {  # defined, never cited anywhere else -- fixed on merge
     "run sizes": "runtime/launch.py",
+}
+ALLOW_WRONG_FILE = {  # (citing file, note) whose `NOTE [name] in FILE.py` points where it is not -- fixed on merge
+    ("hetpart/partitioner/certificate.py", "int32 activities"): "says placement.py; it is placement/units.py",
+    ("hetpart/partitioner/cpsat.py", "int32 activities"): "says placement.py (twice); it is placement/units.py",
 }
 # Definitions that need no citation: none today. A note is written to be cited from the code
 # it explains; one that nothing cites belongs in a docstring as plain text.
@@ -155,3 +160,19 @@ def test_every_note_is_cited():
     assert not uncited, {name: defined[name] for name in uncited}
     fixed = sorted(name for name in ALLOW_UNCITED if name in cited or name not in defined)
     assert not fixed, f"fixed: remove {fixed} from ALLOW_UNCITED"
+
+
+def test_a_note_cited_with_its_file_is_defined_in_that_file():
+    # `NOTE [name] in path/file.py` or `NOTE [name] (file.py)`: the path is the end of the definition's.
+    defined, _ = _survey()
+    wrong = {}
+    for path in _sources():
+        here = str(path.relative_to(ROOT))
+        for m in _POINTER.finditer(_LINE_JOIN.sub(" ", path.read_text())):
+            name, file = " ".join(m.group(1).split()), m.group(2)
+            where = [w.rsplit(":", 1)[0] for w in defined.get(name, [])]
+            if where and not any(w == file or w.endswith("/" + file) for w in where):
+                wrong[(here, name)] = f"says {file}, defined in {where}"
+    assert set(wrong) - set(ALLOW_WRONG_FILE) == set(), {k: v for k, v in wrong.items() if k not in ALLOW_WRONG_FILE}
+    fixed = sorted(set(ALLOW_WRONG_FILE) - set(wrong))
+    assert not fixed, f"fixed: remove {fixed} from ALLOW_WRONG_FILE"
