@@ -1,4 +1,5 @@
-"""Every `NOTE [name]` that is cited has exactly one definition, and every definition is cited.
+"""Every `NOTE [name]` that is cited has exactly one definition, every definition is cited, and a
+citation that names the note's file (`NOTE [name] in file.py`) names the one that defines it.
 
 What counts as a definition (docs/architecture.md, "Notes"): a line of Python source that
 begins with `NOTE [name]`, followed by nothing (the note's text starts on the next line) or by
