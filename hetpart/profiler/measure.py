@@ -52,6 +52,7 @@ import torch
 import torch.fx as fx
 
 from hetpart.errors import HetpartError
+from hetpart.frontend import export_model, load_model
 from hetpart.passes.flops import has_floating
 from hetpart.profiler.replay import Replay, values_freed_after
 from hetpart.profiler.siblings import Siblings, sibling_duty
@@ -230,8 +231,6 @@ def profile_model(spec: Any, microbatches: int, device_type: str, *, device: str
                   concurrent: int = 1) -> Profile:
     """`hetpart profile`: build and export `spec` (a ModelSpec) as `partition` does, then `profile_graph`
     at the microbatch size `spec.batch_size / microbatches` on the model's own example inputs."""
-    from hetpart.frontend import export_model, load_model  # the frontend sits beside passes, not below
-
     if microbatches < 1 or spec.batch_size % microbatches:
         raise HetpartError(f"--microbatches {microbatches} must be >= 1 and divide --batch-size {spec.batch_size}")
     module, inputs = load_model(spec)
