@@ -36,7 +36,7 @@ from certificate_fuzz import (  # noqa: E402
 )
 
 from hetpart.partitioner import cpsat  # noqa: E402
-from hetpart.partitioner import placement as pl  # noqa: E402
+from hetpart.placement import units as placement_units  # noqa: E402
 
 
 def run(kind: str, n: int, rows: dict) -> None:
@@ -72,7 +72,7 @@ def main() -> None:
     ap.add_argument("--without-int32-fix", action="store_true", help="take out NOTE [int32 activities]")
     args = ap.parse_args()
     if args.without_int32_fix:
-        pl._ACTIVITY_MAX = 2**62
+        placement_units.ACTIVITY_MAX = 2**62
         cpsat.INT32_SAFE_NS = 2**62
     rows: dict = defaultdict(lambda: defaultdict(int) | {"examples": []})
     t0 = time.perf_counter()

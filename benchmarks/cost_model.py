@@ -41,7 +41,9 @@ from hetpart.ir import info  # noqa: E402
 from hetpart.partitioner import evaluate  # noqa: E402
 from hetpart.passes import lower_to_problem  # noqa: E402
 from hetpart.passes.meta import run_on_meta  # noqa: E402
-from hetpart.passes.profile import Profile, op_key, profile_graph, profiled, ranks_sharing_a_machine  # noqa: E402
+from hetpart.profiler.measure import profile_graph  # noqa: E402
+from hetpart.profiler.siblings import ranks_sharing_a_machine  # noqa: E402
+from hetpart.profiler.table import Profile, op_key, profiled  # noqa: E402
 from hetpart.runtime import RunOptions, run_pipeline  # noqa: E402
 from hetpart.runtime.artifacts import load_manifest, load_stage  # noqa: E402
 
@@ -100,7 +102,7 @@ def per_op(spec: ModelSpec, profile: Profile, measured: Profile) -> tuple[int, f
 def isolated_us(out: Path, spec: ModelSpec, repeats: int) -> list[float]:
     """Each stage's forward on one microbatch, in this process, one thread: the stages run back to
     back (each on the previous one's outputs), `repeats` times, median per stage. Timed with the
-    thread's CPU time, as the profile is (NOTE [profile clock] in hetpart/passes/profile.py)."""
+    thread's CPU time, as the profile is (NOTE [profile clock] in hetpart/profiler/measure.py)."""
     stages = [load_stage(out, entry) for entry in load_manifest(out)["ranks"]]
     _, inputs = load_model(spec)
     micro = tuple(x[: spec.batch_size // MICROBATCHES] for x in inputs)

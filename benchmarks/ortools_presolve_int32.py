@@ -1,6 +1,6 @@
 """Standalone reproducer (only ortools): CP-SAT 9.15's presolve proves a wrong optimum once a
 linear constraint's activity can reach 2**31 (NOTE [int32 activities] in
-hetpart/partitioner/placement.py, issue 17).
+hetpart/placement/units.py, issue 17).
 
 Two items go to two slots; each slot is an "accelerator" (weights A, plus a small transfer
 `pay` when item 1 is on it without item 0) or a "CPU" (weights B); minimise the larger load.

@@ -31,7 +31,7 @@ from partition_cases import transformer_problem  # noqa: E402
 
 from hetpart.partitioner import solve, verify_plan  # noqa: E402
 from hetpart.partitioner.baselines import compute_baselines  # noqa: E402
-from hetpart.partitioner.placement import read_placement, solve_placement  # noqa: E402
+from hetpart.placement import read_placement, solve_placement  # noqa: E402
 
 DEFAULT_BENCH = Path(__file__).resolve().parents[2] / "shared" / "benchmarks" / "dnn-partitioning"
 
@@ -105,7 +105,7 @@ def zoo_table(models: list[str], presets: list[str], modes: list[str], time_limi
     from hetpart.devices import load_cluster
     from hetpart.frontend import ModelSpec
     from hetpart.passes import lower_to_problem
-    from hetpart.passes.fx_baselines import fx_baselines
+    from hetpart.baselines.fx_partitioner import fx_baselines
 
     rows = ["| model | mode | cluster | nodes | plan (us) | lower bound (us) | certified gap | status | solve seconds "
             "| best tool baseline | tool / plan | dp-topo-order / plan |", "|---" * 12 + "|"]

@@ -15,7 +15,7 @@ import os
 import time
 from pathlib import Path
 
-from hetpart.partitioner.placement import read_placement, solve_placement
+from hetpart.placement import read_placement, solve_placement
 
 
 def main() -> None:

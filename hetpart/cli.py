@@ -183,7 +183,11 @@ def _parser() -> argparse.ArgumentParser:
     prof.add_argument("model", help="zoo:NAME, hf:TYPE or path/to/file.py:FUNCTION")
     prof.add_argument("--out", required=True, type=Path, help="profile JSON to write")
     prof.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where to run the ops")
-    prof.add_argument("--device-type", default="cpu", help="the catalog device type the profile stands for")
+    prof.add_argument("--device-type", default="cpu", help="the device type the profile stands for: the catalog's, "
+                      "or with --cluster one the cluster file defines")
+    prof.add_argument("--speed-scale", type=_number(float, positive=True), default=1.0, metavar="X",
+                      help="stand for a device X times as fast as this machine: every time divided by X "
+                           "(0.5: half as fast), recorded in the profile (default 1)")
     prof.add_argument("--batch-size", type=_COUNT, default=8, help="traced batch size")
     prof.add_argument("--seq-len", type=_COUNT, default=64, help="sequence length of generated example inputs")
     prof.add_argument("--microbatches", type=_COUNT, default=4,
@@ -313,26 +317,29 @@ def _inspect(args: argparse.Namespace, console: Console) -> int:
 
 
 def _profile(args: argparse.Namespace, console: Console) -> int:
-    from hetpart.devices import device_type
+    from hetpart.devices import load_cluster
     from hetpart.frontend import ModelSpec
-    from hetpart.passes.profile import check_output_path, profile_model, ranks_sharing_a_machine
+    from hetpart.profiler.measure import check_profile_type, profile_model
+    from hetpart.profiler.siblings import ranks_sharing_a_machine
+    from hetpart.profiler.table import check_output_path
 
-    device_type(args.device_type)  # an unknown type is an error that lists the catalog
+    cluster = load_cluster(args.cluster) if args.cluster is not None else None
+    check_profile_type(args.device_type, cluster)  # an unknown type is an error that lists the known ones
     check_output_path(args.out)
     spec = ModelSpec(_model_arg(args.model), dict(args.overrides), args.batch_size, args.seq_len, args.seed)
     concurrent = args.concurrent
-    if args.cluster is not None:
-        from hetpart.devices import load_cluster
-
-        concurrent = ranks_sharing_a_machine(load_cluster(args.cluster), args.device_type)
+    if cluster is not None:
+        concurrent = ranks_sharing_a_machine(cluster, args.device_type)
     prof = profile_model(spec, args.microbatches, args.device_type, device=args.device, repeats=args.repeats,
                          warmup=args.warmup, threads=args.threads, backward=args.backward, concurrent=concurrent)
+    prof = prof.scaled(args.speed_scale)
     prof.save(args.out)
     total_us = sum(prof.forward_ns.values()) / 1e3
     console.print(f"profiled {len(prof.forward_ns)} distinct ops"
                   + (f" ({len(prof.backward_ns)} backwards)" if args.backward else "") + f" of {spec.model} on {args.device} "
                   f"({prof.threads} thread(s)" + (f", {prof.concurrent} processes side by side" if prof.concurrent > 1
-                                                   else "") + f") as device type '{prof.device_type}': "
+                                                   else "") + f") as device type '{prof.device_type}'"
+                  + (f" ({prof.speed_scale:g}x this machine's speed)" if prof.speed_scale != 1 else "") + ": "
                   f"{total_us:.1f} us over one of each; wrote {args.out}", markup=False, highlight=False)
     return 0
 
@@ -340,7 +347,7 @@ def _profile(args: argparse.Namespace, console: Console) -> int:
 def _placement(args: argparse.Namespace) -> int:
     import json
 
-    from hetpart.partitioner.placement import read_placement, solve_placement
+    from hetpart.placement import read_placement, solve_placement
 
     if args.workers < 1:
         raise HetpartError(f"--workers must be at least 1 (got {args.workers})")

@@ -29,7 +29,7 @@ from hetpart.frontend import model_file_sha256
 from hetpart.ir import info
 from hetpart.partitioner import Plan, Problem, solve, verify_plan
 from hetpart.partitioner.baselines import compute_baselines
-from hetpart.passes.fx_baselines import fx_baselines
+from hetpart.baselines.fx_partitioner import fx_baselines
 from hetpart.passes import PassContext, PassManager, default_passes, lower_to_problem
 from hetpart.passes.lower import TrainingSpec, group_of
 from hetpart.passes.manager import check_dump_dir
@@ -143,7 +143,7 @@ def analyze(spec: ModelSpec, cluster: Cluster, microbatch_size: int, *, dump_dir
 
 def load_profiles(paths: tuple[Path, ...], cluster: Cluster) -> dict:
     """Device type -> Profile, from `--profile` files; a type must be in the cluster, and profiled once."""
-    from hetpart.passes.profile import Profile
+    from hetpart.profiler.table import Profile
 
     profiles: dict = {}
     for path in paths:

@@ -526,7 +526,7 @@ def test_launch_sh_stays_inert_with_a_hostile_machine_name(tmp_path):
 # --- 5. profile --out, partition --out, --dump-ir: never through a link, never over a user's file ----
 
 def test_profile_out_replaces_a_planted_link_and_never_writes_its_target(tmp_path, capsys):
-    from hetpart.passes.profile import Profile
+    from hetpart.profiler.table import Profile
 
     (tmp_path / "victim").write_text("precious")
     (tmp_path / "link").symlink_to(tmp_path / "victim")

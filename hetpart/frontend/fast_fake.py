@@ -5,8 +5,9 @@ computes every op's output on fake tensors. `aten.linear` and
 `aten.scaled_dot_product_attention` are composite ops that export keeps whole in the
 graph, but their outputs are computed by running their composite kernels below the
 tracer: `linear` through the Python `matmul` decomposition (folding and reshapes on
-symbolic sizes, 12 ms a call), SDPA on meta through its math path (95 ms a call): half
-the time of exporting Llama-2-7B on meta. Their outputs are plain: linear gives
+symbolic sizes), SDPA on meta through its math path: a large share of exporting a
+large transformer on meta (docs/benchmarks.md, "Measurements moved out of NOTEs"). Their
+outputs are plain: linear gives
 `x.shape[:-1] + [out]`, SDPA on meta `q.shape[:-1] + [v.shape[-1]]`, contiguous, in the
 input's dtype and device. While `export_model` traces, `fast_fake_kernels` registers
 Python kernels for the two ops' CompositeImplicitAutograd key (the Python dispatcher,

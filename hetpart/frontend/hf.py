@@ -225,17 +225,20 @@ def example_inputs(config: Any, head: str, batch_size: int, seq_len: int,
 
 def build_hf(model_type: str, overrides: dict[str, str], batch_size: int, seq_len: int,
              seed: int = 0) -> tuple[HFModel, tuple[torch.Tensor, ...]]:
-    """The `hf:model_type` model (deterministic for `seed`) wrapped in HFModel, and its example inputs."""
+    """The `hf:model_type` model (deterministic for `seed`) wrapped in HFModel, and its example inputs.
+
+    NOTE [HF kernels]: sdpa attention exports to one aten op the cost model knows; eager is the
+    fallback for families without an sdpa kernel. Mixture-of-experts layers use `batched_mm`: the
+    default `grouped_mm` exports to transformers' own custom op, which a stage.py (torch only)
+    cannot run.
+    """
     try:
         import transformers  # noqa: F401
     except ImportError:
         raise HetpartError("hf: models need transformers; install it with `pip install 'hetpart[hf]'`") from None
     config = _config(model_type, overrides)
     head = choose_head(model_type, config)
-    # NOTE [HF kernels]: sdpa attention exports to one aten op the cost model knows; eager is the
-    # fallback for families without an sdpa kernel. Mixture-of-experts layers use `batched_mm`: the
-    # default `grouped_mm` exports to transformers' own custom op, which a stage.py (torch only)
-    # cannot run.
+    # sdpa, else eager; experts as batched_mm (NOTE [HF kernels]).
     experts = {"experts_implementation": "batched_mm"} if _has_experts(config) else {}
     torch.manual_seed(seed)
     try:

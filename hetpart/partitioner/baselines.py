@@ -13,7 +13,7 @@ the k-th device of the cluster list (the tools below take devices in rank order)
 
 A baseline that breaks memory is reported with `feasible=False`, not hidden.
 Nothing here imports torch; the torch.fx `accelerator_partitioner` baselines
-live in `hetpart/passes/fx_baselines.py`.
+live in `hetpart/baselines/fx_partitioner.py`.
 """
 
 from __future__ import annotations

@@ -192,7 +192,7 @@ def check_plan(problem: Problem, plan: Plan, *, time_limit_s: float, coarsen_abo
 def _placement_brute_force(problem) -> tuple[float, list] | None:
     """(least max load, devices) over every assignment of colour classes to the devices, in the
     order the checker accepts (`placement_violations`), or None when none is valid."""
-    from hetpart.partitioner.placement import placement_loads, placement_violations
+    from hetpart.placement.problem import placement_loads, placement_violations
 
     classes = list(problem.classes().values())
     kinds = ["fpga"] * problem.max_fpgas + ["cpu"] * problem.max_cpus
@@ -226,7 +226,8 @@ def _ordered(problem, devices: list) -> list:
 def check_placement(problem, result, *, time_limit_s: float):
     """NOTE [checked certificates] for a `solve_placement` result: the result with its certificate
     set, downgraded when the re-proof refutes it."""
-    from hetpart.partitioner.placement import _solve_placement_cpsat, placement_loads
+    from hetpart.placement.cpsat import solve_placement_cpsat as _solve_placement_cpsat
+    from hetpart.placement.problem import placement_loads
 
     cert = result.certificate or Certificate("none", "")
     if result.status != "OPTIMAL":

@@ -31,7 +31,7 @@ class PassContext:
     batch_size: int = 8  # the traced (full) batch
     microbatch_size: int = 8  # costs and memory are per microbatch
     mode: str = "inference"  # "training": the flops and op-cost passes also cost each op's backward
-    profiles: dict = field(default_factory=dict)  # device type name -> hetpart.passes.profile.Profile
+    profiles: dict = field(default_factory=dict)  # device type name -> hetpart.profiler.table.Profile
 
 
 @dataclass(frozen=True)

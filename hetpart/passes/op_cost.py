@@ -1,7 +1,7 @@
 """OpCostPass ("op-cost"): time of every op on every device type of the cluster.
 
 Roofline: `max(flops / (peak_dtype * matmul_eff), bytes / (bw * memory_eff)) + overhead`,
-or the measured time where a profile of the device type has the op (`passes/profile.py`).
+or the measured time where a profile of the device type has the op (`profiler/table.py`).
 Views cost nothing in the roofline (no kernel runs). Times are integer nanoseconds per
 microbatch. In training, `bwd_cost_ns` is each op's backward, from NOTE [backward formulas].
 """
@@ -20,7 +20,7 @@ from hetpart.ir import NodeInfo, info
 from hetpart.passes.flops import is_view
 from hetpart.passes.manager import PassContext, PassResult
 from hetpart.passes.meta import run_on_meta
-from hetpart.passes.profile import backward_key, op_key, profiled
+from hetpart.profiler.table import backward_key, op_key, profiled
 
 # FX dtype short names -> the catalog's peak-rate keys.
 PEAK_KEY = {"f32": "fp32", "f16": "fp16", "bf16": "bf16", "f64": "fp32"}

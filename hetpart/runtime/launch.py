@@ -90,7 +90,7 @@ class RunFailed(HetpartError):
 
 
 def rank_threads() -> int:
-    """Intra-op threads of each rank: OMP_NUM_THREADS, else 1 (NOTE [profile threads] in passes/profile.py)."""
+    """Intra-op threads of each rank: OMP_NUM_THREADS, else 1 (NOTE [profile threads] in profiler/measure.py)."""
     return int(os.environ.get("OMP_NUM_THREADS", "1"))
 
 

@@ -17,13 +17,16 @@ from ortools.sat.python import cp_model
 
 from hetpart.errors import HetpartError
 from hetpart.partitioner import TIME_NS, Problem, cpsat, dp_hint, solve
-from hetpart.partitioner import placement as pl
 from hetpart.partitioner.bounds import compute_bounds
 from hetpart.partitioner.ideals import ideal_dp
-from hetpart.partitioner.placement import PlacementNode, PlacementProblem, placement_violations, solve_placement
+from hetpart.placement import PlacementNode, PlacementProblem, placement_loads, placement_violations, solve_placement
+from hetpart.placement.cpsat import placement_model, solve_placement_cpsat
+from hetpart.placement.ideals import placement_ideal_dp
+from hetpart.placement.read import validate
+from hetpart.placement.units import time_scale
+from tests.placement.placement_cases import brute_force_placement
 
 from partition_cases import brute_force, random_problem
-from placement_cases import brute_force_placement
 
 SLOW_OPS = 30_000_000  # x the ns of random_problem: ops of 0.03-1.2 s, stage sums past 2**31 ns
 BIG_LATENCY = 1_000.0  # x the placement latencies: CPU sums past 2,147.5 (2**31 units at 1e6 per unit)
@@ -62,7 +65,7 @@ def random_placement(seed: int) -> PlacementProblem:
                                    max_fpgas=fpgas, max_cpus=cpus, max_size_bytes=float(rng.choice([3, 5, 100])),
                                    name=f"fuzz{seed}")
         try:
-            pl._validate(problem, problem.name)
+            validate(problem, problem.name)
         except HetpartError:
             continue
         return problem
@@ -85,11 +88,11 @@ def placement_paths(problem: PlacementProblem) -> dict[str, PathResult]:
     """Each placement path: CP-SAT with presolve on and off (one model build), checked (ideal DP,
     CP-SAT, re-proof), the DP hint and the ideal DP alone."""
     out = {}
-    mdl = pl._placement_model(problem)
+    mdl = placement_model(problem)
     for name, run in (
-        ("cpsat presolve on", lambda: pl._solve_placement_cpsat(problem, time_limit_s=10, workers=1, seed=0,
+        ("cpsat presolve on", lambda: solve_placement_cpsat(problem, time_limit_s=10, workers=1, seed=0,
                                                                 params=None, mdl=mdl)),
-        ("cpsat presolve off", lambda: pl._solve_placement_cpsat(problem, time_limit_s=10, workers=1, seed=0,
+        ("cpsat presolve off", lambda: solve_placement_cpsat(problem, time_limit_s=10, workers=1, seed=0,
                                                                  params={"cp_model_presolve": False}, mdl=mdl)),
         ("checked", lambda: solve_placement(problem, time_limit_s=10, check_certificate=True)),
     ):
@@ -100,12 +103,11 @@ def placement_paths(problem: PlacementProblem) -> dict[str, PathResult]:
             continue
         assert placement_violations(problem, got.devices) == [], name
         out[name] = PathResult(got.max_load, got.lower_bound, got.status == "OPTIMAL")
-    out["dp hint"] = PathResult(max(pl.placement_loads(problem, mdl.hint)) if mdl.hint else None, 0.0, False)
-    from hetpart.partitioner.placement_ideals import placement_ideal_dp
+    out["dp hint"] = PathResult(max(placement_loads(problem, mdl.hint)) if mdl.hint else None, 0.0, False)
 
     ideal = placement_ideal_dp(problem)  # NOTE [placement ideal DP]: exact when it ran over every placement
-    out["ideal dp"] = PathResult(max(pl.placement_loads(problem, ideal.devices)) if ideal.devices else None,
-                                 ideal.bound_units / pl._time_scale(problem), ideal.exact)
+    out["ideal dp"] = PathResult(max(placement_loads(problem, ideal.devices)) if ideal.devices else None,
+                                 ideal.bound_units / time_scale(problem), ideal.exact)
     return out
 
 
@@ -162,7 +164,7 @@ def unsound(result: PathResult, optimum: float, slack: float = 0.0) -> str:
 
 def placement_optimum(problem: PlacementProblem) -> tuple[float, float]:
     """(brute-force optimum, the rounding slack a claim may have: one integer unit per node and sender)."""
-    return brute_force_placement(problem), 2 * len(problem.nodes) / pl._time_scale(problem) + 1e-9
+    return brute_force_placement(problem), 2 * len(problem.nodes) / time_scale(problem) + 1e-9
 
 
 def partition_optimum(problem: Problem) -> float:

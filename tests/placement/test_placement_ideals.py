@@ -13,13 +13,12 @@ import pytest
 from hetpart.cli import main
 from hetpart.errors import HetpartError
 from hetpart.partitioner.ideals import _bits, proper_subsets
-from hetpart.partitioner.placement import (
-    _class_graph, _time_scale, _scaled, _scaled_loads, placement_loads, placement_violations, read_placement,
-    solve_placement,
-)
-from hetpart.partitioner.placement_ideals import _ideals, _pair_loads, placement_ideal_dp
-from tests.partitioner.placement_cases import brute_force_placement as _brute_force
-from tests.partitioner.test_placement import _edges, _node, _write
+from hetpart.placement import placement_loads, placement_violations, read_placement, solve_placement
+from hetpart.placement.ideals import _ideals, _pair_loads, placement_ideal_dp
+from hetpart.placement.problem import class_graph
+from hetpart.placement.units import scaled_costs, scaled_loads, time_scale
+from tests.placement.placement_cases import brute_force_placement as _brute_force
+from tests.placement.test_placement import _edges, _node, _write
 
 # The shared benchmark next to the checkout (../shared from the main checkout, ../../shared from a worktree).
 BENCH = next((p / "shared" / "benchmarks" / "dnn-partitioning" for p in Path(__file__).resolve().parents
@@ -79,8 +78,8 @@ def test_exact_dp_matches_brute_force(tmp_path, seed):
     assert got.exact, got.note
     assert placement_violations(problem, got.devices) == []
     assert max(placement_loads(problem, got.devices)) == pytest.approx(want, abs=1e-5)
-    assert got.bound_units / _time_scale(problem) <= want + 1e-9
-    assert got.bound_units / _time_scale(problem) == pytest.approx(want, abs=1e-5)
+    assert got.bound_units / time_scale(problem) <= want + 1e-9
+    assert got.bound_units / time_scale(problem) == pytest.approx(want, abs=1e-5)
 
 
 @pytest.mark.parametrize("seed", range(8))
@@ -88,40 +87,40 @@ def test_floating_classes_bound_is_sound(tmp_path, seed):
     # Orphan backward nodes float; a limit below the ideals with them, at those without, takes
     # the relaxation (the bound) and the restriction (the plan).
     problem = _training_case(tmp_path, 100 + seed, forward=3, orphans=2)
-    g = _class_graph(problem)
+    g = class_graph(problem)
     ordered = [c for c in g if g.degree(c) > 0]
     assert len(ordered) < g.number_of_nodes()
     fits = len(_ideals(g, ordered, 10**6, None))
     got = placement_ideal_dp(problem, limit=fits)
     assert not got.exact and got.ideals == fits
     want = _brute_force(problem)
-    assert got.bound_units / _time_scale(problem) <= want + 1e-9
+    assert got.bound_units / time_scale(problem) <= want + 1e-9
     if got.devices is not None:
         assert placement_violations(problem, got.devices) == []
         assert max(placement_loads(problem, got.devices)) >= want - 1e-9
         # The whole graph's DP is exact on it.
-    assert placement_ideal_dp(problem).bound_units / _time_scale(problem) == pytest.approx(want, abs=1e-5)
+    assert placement_ideal_dp(problem).bound_units / time_scale(problem) == pytest.approx(want, abs=1e-5)
 
 
 def test_pair_loads_are_the_cost_model(tmp_path):
-    # Every pair I < J of ideals: the accelerator running J \ I pays what `_scaled_loads` says.
+    # Every pair I < J of ideals: the accelerator running J \ I pays what `scaled_loads` says.
     problem = _training_case(tmp_path, 7, forward=6, orphans=0)
     classes = problem.classes()
-    g = _class_graph(problem)
+    g = class_graph(problem)
     core = list(g)
     member = _bits(_ideals(g, core, 10**6, None), len(core))
     subset = proper_subsets(member)
     index = {c: k for k, c in enumerate(core)}
     status = {i: index[c] for c in core for i in classes[c]}
     succ = {i: [v for u, v in problem.edges if u == i] for i in problem.nodes}
-    units = _scaled(problem)
+    units = scaled_costs(problem)
     seg_f, seg_c = _pair_loads(problem, member, subset, [classes[c] for c in core], status, succ, units, None)
     checked = 0
     for i, j in zip(*np.nonzero(subset)):
         inside = sorted(n for k in np.flatnonzero(member[j] & ~member[i]) for n in classes[core[k]])
         rest = sorted(set(problem.nodes) - set(inside))
         devices = [("fpga", inside), ("fpga", rest)] if rest else [("fpga", inside)]
-        fpga_load = _scaled_loads(problem, devices, *units[:2], units[3])[0]
+        fpga_load = scaled_loads(problem, devices, *units[:2], units[3])[0]
         fits = not any("accelerator 0" in v for v in placement_violations(problem, devices))
         assert seg_f[i, j] == (fpga_load if fits else 1 << 60)
         assert seg_c[i, j] == sum(units[1][n] for n in inside)
@@ -171,7 +170,7 @@ def test_known_optima(name, optimum):
     assert got.exact
     load = max(placement_loads(problem, got.devices))
     assert load == pytest.approx(optimum, abs=1e-6)
-    assert load - 1e-4 <= got.bound_units / _time_scale(problem) <= load
+    assert load - 1e-4 <= got.bound_units / time_scale(problem) <= load
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -182,12 +181,12 @@ def test_known_placement_prunes_but_loses_nothing(tmp_path, seed):
     want = _brute_force(problem)
     on_cpu = [("cpu", sorted(problem.nodes))]
     exact = placement_ideal_dp(problem, known=on_cpu)
-    assert exact.exact and exact.bound_units / _time_scale(problem) == pytest.approx(want, abs=1e-5)
-    g = _class_graph(problem)
+    assert exact.exact and exact.bound_units / time_scale(problem) == pytest.approx(want, abs=1e-5)
+    g = class_graph(problem)
     fits = len(_ideals(g, [c for c in g if g.degree(c) > 0], 10**6, None))
     relaxed = placement_ideal_dp(problem, limit=fits, known=on_cpu)
-    assert relaxed.bound_units / _time_scale(problem) <= want + 1e-9
-    assert relaxed.load_units <= max(placement_loads(problem, on_cpu)) * _time_scale(problem)
+    assert relaxed.bound_units / time_scale(problem) <= want + 1e-9
+    assert relaxed.load_units <= max(placement_loads(problem, on_cpu)) * time_scale(problem)
     assert (relaxed.plan_engine == "order-dp") == (relaxed.devices == on_cpu)
 
 
@@ -196,10 +195,11 @@ def test_cp_sat_bound_above_a_checked_placement_is_dropped(tmp_path, monkeypatch
     # has lost that placement): the answer keeps the placement, drops the bound, and says so.
     from ortools.sat.python import cp_model
 
-    import hetpart.partitioner.placement_ideals as placement_ideals
+    import hetpart.placement.solve as placement_solve
+    from hetpart.placement.ideals import IdealPlacement
 
     problem = _inference_case(tmp_path, 2)
-    monkeypatch.setattr(placement_ideals, "placement_ideal_dp", lambda problem, **kw: placement_ideals.IdealPlacement(
+    monkeypatch.setattr(placement_solve, "placement_ideal_dp", lambda problem, **kw: IdealPlacement(
         None, None, 0, False, 0, "not run", 0.0))
     monkeypatch.setattr(cp_model.CpSolver, "best_objective_bound", property(lambda self: 1e18))
     got = solve_placement(problem, time_limit_s=10)

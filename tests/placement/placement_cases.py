@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 
-from hetpart.partitioner.placement import PlacementProblem, placement_loads, placement_violations
+from hetpart.placement import PlacementProblem, placement_loads, placement_violations
 
 
 def brute_force_placement(problem: PlacementProblem) -> float:

@@ -55,7 +55,7 @@ def _bytes_of(node: fx.Node) -> int:
 
 
 def _annotate_sizes(gm: fx.GraphModule) -> None:
-    """Every node's `tensor_meta` as a 1-D uint8 tensor of hetpart's byte size (NOTE above)."""
+    """Every node's `tensor_meta` as a 1-D uint8 tensor of hetpart's byte size (NOTE [fx partitioner on export graphs])."""
     for node in gm.graph.nodes:
         node.meta["tensor_meta"] = _extract_tensor_metadata(torch.empty(_bytes_of(node), dtype=torch.uint8,
                                                                          device="meta"))

@@ -2,7 +2,7 @@
 
 `hetpart placement` runs this first: when it proves its plan optimal (or within the gap asked
 for), CP-SAT does not run; otherwise its plan is CP-SAT's hint and its bound a cut of the model.
-The cost model is NOTE [placement load] (placement.py), in the solver's integer units (`_scaled`).
+The cost model is NOTE [placement load] (problem.py), in the solver's integer units (`scaled_costs`).
 """
 
 from __future__ import annotations
@@ -17,9 +17,8 @@ import numpy as np
 
 from hetpart.partitioner.ideals import _bits, enumerate_downsets, proper_subsets
 from hetpart.partitioner.problem import Certificate
-from hetpart.partitioner.placement import (
-    Placement, PlacementProblem, _class_graph, _scaled, _scaled_loads, _time_scale, placement_loads, placement_violations,
-)
+from hetpart.placement.problem import Placement, PlacementProblem, class_graph, placement_loads, placement_violations
+from hetpart.placement.units import scaled_costs, scaled_loads, time_scale
 
 IDEAL_MAX = 6_000  # ideals the DP runs over at most: it keeps two dense matrices over their pairs
 # The share of `hetpart placement`'s time limit the DP may take (CP-SAT gets the rest): it gives up
@@ -31,7 +30,7 @@ _ROW_BLOCK = 512  # rows of the pair matrices built at a time
 # NOTE [placement ideal DP]
 # (The authors' DP over ideals, NeurIPS'20 section 4, in our cost model.) Every placement of
 # NOTE [placement load] is a chain of ideals {} = I_0 < I_1 < ... < I_D = V of the colour-class
-# graph (`_class_graph`: an edge for every edge into a forward node), device d taking the classes
+# graph (`class_graph`: an edge for every edge into a forward node), device d taking the classes
 # of I_d minus I_d-1: the devices in order, each a prefix union. So a DP over states (accelerators
 # used, CPUs used) and ideals, best[a, c][J] = min over I < J of max(best[a-1, c][I], fpga(I, J))
 # or max(best[a, c-1][I], cpu(I, J)), is exact over every placement. cpu(I, J) is a difference of
@@ -71,8 +70,8 @@ class IdealPlacement:
     """What the ideal DP found: a placement (None when none) and a proven bound, in solver units."""
 
     devices: list[tuple[str, list[int]]] | None  # in pipeline order, as `Placement.devices`
-    load_units: int | None  # the placement's max load in `_scaled` units
-    bound_units: int  # no placement has a smaller max load in `_scaled` units; 0 when nothing is proven
+    load_units: int | None  # the placement's max load in `scaled_costs` units
+    bound_units: int  # no placement has a smaller max load in `scaled_costs` units; 0 when nothing is proven
     exact: bool  # bound_units is the optimum: the DP ran over every placement and finished
     ideals: int  # ideals the DP ran over (0 when it did not run)
     note: str  # what it proved, or why it proved nothing
@@ -107,10 +106,10 @@ def _search(problem: PlacementProblem, deadline: float | None, limit: int,
             known: list[tuple[str, list[int]]] | None) -> IdealPlacement:
     t0 = time.perf_counter()
     classes = problem.classes()
-    g = _class_graph(problem)
-    units = _scaled(problem)
+    g = class_graph(problem)
+    units = scaled_costs(problem)
     fpga, cpu, _, cost = units
-    upper_units = None if known is None else max(_scaled_loads(problem, known, fpga, cpu, cost))
+    upper_units = None if known is None else max(scaled_loads(problem, known, fpga, cpu, cost))
 
     def give_up(note: str, ideals: int = 0) -> IdealPlacement:
         return IdealPlacement(None, None, 0, False, ideals, note, time.perf_counter() - t0)
@@ -522,7 +521,7 @@ def ideal_placement(problem: PlacementProblem, ideal: IdealPlacement, t0: float)
     loads = placement_loads(problem, ideal.devices)
     optimal = ideal.exact or ideal.load_units <= ideal.bound_units
     return Placement(devices=ideal.devices, loads=loads, max_load=max(loads),
-                     lower_bound=min(ideal.bound_units / _time_scale(problem), max(loads)),
+                     lower_bound=min(ideal.bound_units / time_scale(problem), max(loads)),
                      status="OPTIMAL" if optimal else "FEASIBLE", seconds=time.perf_counter() - t0,
                      stats={"ideal_seconds": ideal.seconds, "ideals": float(ideal.ideals)},
                      plan_engine=ideal.plan_engine, bound_engine="ideal-dp",

@@ -9,18 +9,11 @@ import json
 import pytest
 
 from hetpart.cli import main
-from hetpart.errors import HetpartError
-from hetpart.partitioner import TIME_NS, certificate, solve, verify_plan
-from hetpart.partitioner import placement as pl
-from hetpart.partitioner.placement import (
-    PlacementNode,
-    PlacementProblem,
-    placement_violations,
-    solve_placement,
-)
-
-from partition_cases import brute_force, random_problem, without_ideal_dp
-from placement_cases import brute_force_placement
+from hetpart.partitioner import certificate
+from hetpart.placement import PlacementNode, PlacementProblem, placement_violations, solve_placement
+from hetpart.placement import cpsat
+from hetpart.placement import units as placement_units
+from tests.placement.placement_cases import brute_force_placement
 
 
 def int32_case() -> PlacementProblem:
@@ -46,22 +39,22 @@ def test_int32_case_is_solved_to_its_brute_force_optimum(presolve):
 
 def test_time_scale_keeps_every_load_below_int32():
     problem = int32_case()
-    fpga, cpu, _, cost = pl._scaled(problem)
+    fpga, cpu, _, cost = placement_units.scaled_costs(problem)
     most = sum(max(fpga[i], cpu[i]) for i in problem.nodes) + sum(cost.values())
-    assert most <= pl._ACTIVITY_MAX
-    assert pl._time_scale(problem) < pl._SCALE  # this case needs the coarser scale
+    assert most <= placement_units.ACTIVITY_MAX
+    assert placement_units.time_scale(problem) < placement_units.SCALE  # this case needs the coarser scale
     small = PlacementProblem(nodes={0: PlacementNode(0, 1.0, 1.0, 0.0, True, False, 0)}, edges=[], cost={0: 0.0},
                              max_fpgas=1, max_cpus=1, max_size_bytes=1.0)
-    assert pl._time_scale(small) == pl._SCALE
+    assert placement_units.time_scale(small) == placement_units.SCALE
 
 
 def test_memory_units_exact_over_the_gcd_else_relaxed():
     sizes = [3 * 2**30, 2**31, 2**30]  # 6 GiB together: over int32 in bytes
-    units, limit, exact = pl._memory_units(sizes, 4.5 * 2**30)
+    units, limit, exact = placement_units.memory_units(sizes, 4.5 * 2**30)
     assert exact and units == [3, 2, 1] and limit == 4
     odd = [2**31 + 1, 2**31 + 2, 3.5]
-    units, limit, exact = pl._memory_units(odd, 2**32 + 3)
-    assert not exact and sum(units) <= pl._ACTIVITY_MAX
+    units, limit, exact = placement_units.memory_units(odd, 2**32 + 3)
+    assert not exact and sum(units) <= placement_units.ACTIVITY_MAX
     # A relaxation: every subset that fits in bytes fits in units.
     for r in range(4):
         for sub in itertools.combinations(range(3), r):
@@ -89,13 +82,13 @@ def test_memory_over_int32_bytes_matches_brute_force():
 def test_check_refutes_issue_17s_claim(monkeypatch, brute_max):
     # Back to the fixed scale of 1e6 (no int32 cap): presolve claims a false OPTIMAL again
     # (429.5 with the order DP's hint, 1164.1 without it; the optimum is 371.3).
-    monkeypatch.setattr(pl, "_ACTIVITY_MAX", 2**62)
+    monkeypatch.setattr(placement_units, "ACTIVITY_MAX", 2**62)
     monkeypatch.setattr(certificate, "BRUTE_MAX", brute_max)
     problem = int32_case()
     # CP-SAT's answer alone: solve_placement's ideal DP would solve the case before CP-SAT
     # starts, and its order-DP placement (371.3) would expose the claim before the check does.
-    mdl = dataclasses.replace(pl._placement_model(problem), hint=None)
-    trusted = pl._solve_placement_cpsat(problem, time_limit_s=10, workers=1, seed=0, params=None, mdl=mdl)
+    mdl = dataclasses.replace(cpsat.placement_model(problem), hint=None)
+    trusted = cpsat.solve_placement_cpsat(problem, time_limit_s=10, workers=1, seed=0, params=None, mdl=mdl)
     assert trusted.status == "OPTIMAL" and trusted.lower_bound > 400, "claimed above the optimum, 371.3"
     assert trusted.certificate.bound_source == "cpsat_objective_bound" and trusted.certificate.verdict == "not_checked"
     checked = certificate.check_placement(problem, trusted, time_limit_s=10)
@@ -109,7 +102,7 @@ def test_check_refutes_issue_17s_claim(monkeypatch, brute_max):
 def test_a_cpsat_bound_above_a_checked_placement_is_dropped(monkeypatch):
     # The same false claim with the order DP's placement beside it: CP-SAT's bound is above a
     # placement the checker accepts, so it proves nothing (stats flag it) and nothing claims OPTIMAL.
-    monkeypatch.setattr(pl, "_ACTIVITY_MAX", 2**62)
+    monkeypatch.setattr(placement_units, "ACTIVITY_MAX", 2**62)
     problem = int32_case()
     got = solve_placement(problem, time_limit_s=10, check_certificate=False, ideal_dp=False)
     assert got.status == "FEASIBLE" and got.stats["cpsat_bound_unsound"] == 1.0
@@ -124,7 +117,7 @@ def test_check_confirms_a_sound_claim():
 
 
 def test_placement_cli_is_right_without_the_int32_fix(monkeypatch, tmp_path, capsys):
-    monkeypatch.setattr(pl, "_ACTIVITY_MAX", 2**62)
+    monkeypatch.setattr(placement_units, "ACTIVITY_MAX", 2**62)
     problem = int32_case()
     data = {"maxSizePerFPGA": 1e9, "maxFPGAs": 1, "maxCPUs": 1,
             "nodes": [{"id": i, "supportedOnFpga": 1, "cpuLatency": n.cpu_latency, "fpgaLatency": n.fpga_latency}
@@ -142,54 +135,3 @@ def test_placement_cli_is_right_without_the_int32_fix(monkeypatch, tmp_path, cap
     assert main(["placement", str(path), "--no-check-certificate"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["maxLoad"] == pytest.approx(371.296729) and out["certificate"]["verdict"] == "not_checked"
-
-
-def _slow_ops(seed: int):
-    """random_problem(seed) with op times of 0.03-1.2 s: stage sums pass 2**31 ns (NOTE [int32 activities])."""
-    p = random_problem(seed)
-    g = p.graph.copy()
-    for v in g.nodes:
-        g.nodes[v][TIME_NS] = {t: ns * 30_000_000 for t, ns in g.nodes[v][TIME_NS].items()}
-    return dataclasses.replace(p, graph=g)
-
-
-def test_partition_cpsat_claim_is_sound_on_ops_of_seconds(monkeypatch):
-    # cpsat.py's side of NOTE [int32 activities]: presolve without its inclusion step.
-    without_ideal_dp(monkeypatch)
-    for seed in (94, 105, 115, 116):  # each claimed a bound above the optimum before
-        p = _slow_ops(seed)
-        plan = solve(p, time_limit_s=10, check_certificate=False)
-        assert plan.stats["presolve_inclusion_off"] == 1.0
-        assert plan.lower_bound_ns <= brute_force(p) <= plan.value_ns
-
-
-def test_partition_claim_from_cpsat_refuted_and_downgraded(monkeypatch):
-    # The same presolve bug in `partition`'s model with the workaround taken out: CP-SAT alone
-    # claims a bound above the optimum, and the check catches it.
-    from hetpart.partitioner import cpsat
-
-    monkeypatch.setattr(cpsat, "INT32_SAFE_NS", 2**62)
-    without_ideal_dp(monkeypatch)
-    p = _slow_ops(115)
-    optimum = brute_force(p)
-    trusted = solve(p, time_limit_s=10, check_certificate=False)
-    assert trusted.solver_status == "OPTIMAL" and trusted.lower_bound_ns > optimum
-    assert trusted.certificate.bound_source == "cpsat_objective_bound"
-    checked = solve(p, time_limit_s=10, check_certificate=True)
-    verify_plan(p, checked)
-    assert checked.certificate.verdict == "refuted" and checked.certificate.checked_by == "brute_force"
-    assert checked.solver_status == "FEASIBLE" and checked.lower_bound_ns <= optimum == checked.value_ns
-
-
-def test_partition_certificates_name_their_source_and_are_confirmed():
-    for seed in range(4):
-        p = random_problem(seed)
-        try:
-            plan = solve(p, time_limit_s=10, check_certificate=True)
-        except HetpartError:
-            continue  # no plan fits
-        assert plan.certificate.bound_source in {"cpsat_objective_bound", "ideal_dp", "sequence", "stage_sum",
-                                                 "lp_work", "single_op"}
-        if plan.solver_status in ("OPTIMAL", "WITHIN_GAP"):
-            assert plan.certificate.verdict == "confirmed"
-            assert plan.certificate.reproved_bound >= plan.lower_bound_ns

@@ -2,7 +2,7 @@ import dataclasses
 
 from hetpart.partitioner.verify import plan_violations
 from hetpart.passes import lower_to_problem
-from hetpart.passes.fx_baselines import _bytes_of, fx_baselines, fx_partition
+from hetpart.baselines.fx_partitioner import _bytes_of, fx_baselines, fx_partition
 
 
 def _tight(problem, gm, parts: int):
@@ -43,17 +43,9 @@ def test_not_enough_memory_is_the_partitioners_own_error(annotated, mixed4):
 
 
 def test_kl_is_skipped_on_big_graphs(annotated, mixed4, monkeypatch):
-    from hetpart.passes import fx_baselines as fxb
+    from hetpart.baselines import fx_partitioner as fxb
 
     gm = annotated("gpt-small")
     monkeypatch.setattr(fxb, "KL_MAX_NODES", len(gm.graph.nodes) - 1)
     b = fx_partition(gm, _tight(lower_to_problem(gm, mixed4), gm, 3), "fx-kl-based")
     assert b.plan is None and b.note.startswith("skipped")
-
-
-def test_lower_sets_the_layer_of_each_op_from_nn_module_stack(annotated, mixed4):
-    problem = lower_to_problem(annotated("gpt-small"), mixed4)
-    layers = {problem.graph.nodes[v].get("layer") for v in problem.graph.nodes}
-    # Two decoder blocks, the embeddings and the head; inputs and outputs have no module.
-    assert {"blocks.0", "blocks.1", "wte"} <= layers
-    assert not any(isinstance(name, str) and name.startswith("blocks.0.") for name in layers)

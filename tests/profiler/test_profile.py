@@ -14,7 +14,7 @@ from hetpart.errors import HetpartError
 from hetpart.ir import info
 from hetpart.passes.meta import run_on_meta
 from hetpart.passes.op_cost import op_time_ns
-from hetpart.passes.profile import Profile, op_key, profiled
+from hetpart.profiler.table import Profile, op_key, profiled
 
 MLP = ["zoo:mlp", "--set", "n_blocks=3", "--set", "hidden=32", "--batch-size", "8", "--seq-len", "1"]
 
@@ -73,7 +73,7 @@ def test_partition_uses_measured_times_where_the_profile_has_them(mlp_profile, t
 def test_training_uses_measured_backward_times(mlp_profile):
     from hetpart.compile import analyze
     from hetpart.devices import load_cluster
-    from hetpart.passes.profile import backward_key
+    from hetpart.profiler.table import backward_key
     from tests.conftest import SMALL
 
     prof = Profile.load(mlp_profile)
@@ -144,14 +144,15 @@ def test_siblings_run_their_part_of_the_graph_until_stopped():
     import time
 
     from hetpart.frontend import export_model, load_model
-    from hetpart.passes.profile import _Replay, _Siblings
+    from hetpart.profiler.replay import Replay
+    from hetpart.profiler.siblings import Siblings
     from tests.conftest import SMALL
 
     module, inputs = load_model(SMALL["mlp"])
     gm = export_model(module, inputs)
     weights = {n: functools.reduce(getattr, n.target.split("."), gm) for n in gm.graph.find_nodes(op="get_attr")}
     before = _children()
-    with _Siblings(_Replay.of(gm, weights, inputs), 2, threads=1, duty=0.5) as siblings:
+    with Siblings(Replay.of(gm, weights, inputs), 2, threads=1, duty=0.5) as siblings:
         started = _children() - before
         assert len(started) == 2  # each has finished one pass before this line runs
         time.sleep(1.0)
@@ -161,15 +162,15 @@ def test_siblings_run_their_part_of_the_graph_until_stopped():
 
 def test_replay_runs_the_graph_and_its_parts_cover_it(tmp_path):
     from hetpart.frontend import export_model, load_model
-    from hetpart.passes.profile import _cut, _Replay
+    from hetpart.profiler.replay import Replay, cut
     from tests.conftest import SMALL
 
     module, inputs = load_model(SMALL["mlp"])
     gm = export_model(module, inputs)
     weights = {n: functools.reduce(getattr, n.target.split("."), gm) for n in gm.graph.find_nodes(op="get_attr")}
-    replay = _Replay.of(gm, weights, inputs)
+    replay = Replay.of(gm, weights, inputs)
     replay.save(tmp_path)  # as a sibling gets it: JSON and safetensors, ops by name (NOTE [replay files])
-    replay = _Replay.load(tmp_path)
+    replay = Replay.load(tmp_path)
     assert all(not isinstance(t, torch._ops.OpOverload) for _, t, *_ in replay.steps)
     # A full pass computes what the graph does; each of 3 parts runs on the values before it.
     out = gm.graph.find_nodes(op="output")[0].args[0]
@@ -184,14 +185,14 @@ def test_replay_runs_the_graph_and_its_parts_cover_it(tmp_path):
     last = replay.steps[-1][0]
     assert last in {index[n] for n in out} and torch.equal(values[last], want[[index[n] for n in out].index(last)])
     # Parts are contiguous, cover every step once, and share the time about equally.
-    assert _cut([1] * 10, 3) == [(0, 4), (4, 7), (7, 10)]
-    assert _cut([5, 1, 1, 1, 1, 1], 2) == [(0, 1), (1, 6)]
-    assert _cut([1, 2, 3], 1) == [(0, 3)]
+    assert cut([1] * 10, 3) == [(0, 4), (4, 7), (7, 10)]
+    assert cut([5, 1, 1, 1, 1, 1], 2) == [(0, 1), (1, 6)]
+    assert cut([1, 2, 3], 1) == [(0, 3)]
 
 
 def test_concurrent_errors_and_old_profiles(mlp_profile, tmp_path, capsys):
     from hetpart.devices import load_cluster
-    from hetpart.passes.profile import ranks_sharing_a_machine, sibling_duty
+    from hetpart.profiler.siblings import ranks_sharing_a_machine, sibling_duty
 
     assert main(["profile", *MLP, "--out", str(tmp_path / "p.json"), "--concurrent", "0"]) == 2
     assert "--concurrent 0: expected 1 or more processes" in capsys.readouterr().err
@@ -214,11 +215,11 @@ def test_concurrent_errors_and_old_profiles(mlp_profile, tmp_path, capsys):
 
 def _exported_replay(module, inputs):
     from hetpart.frontend import export_model
-    from hetpart.passes.profile import _Replay
+    from hetpart.profiler.replay import Replay
 
     gm = export_model(module, inputs)
     weights = {n: functools.reduce(getattr, n.target.split("."), gm) for n in gm.graph.find_nodes(op="get_attr")}
-    return gm, _Replay.of(gm, weights, inputs)
+    return gm, Replay.of(gm, weights, inputs)
 
 
 class _Mixed(torch.nn.Module):
@@ -239,7 +240,7 @@ class _Mixed(torch.nn.Module):
 
 
 def test_replay_files_round_trip_to_the_same_outputs(tmp_path):
-    from hetpart.passes.profile import _Replay
+    from hetpart.profiler.replay import Replay
 
     torch.manual_seed(0)
     module, inputs = _Mixed(), (torch.randn(4, 6),)
@@ -248,7 +249,7 @@ def test_replay_files_round_trip_to_the_same_outputs(tmp_path):
     assert any(t is operator.getitem for _, t, *_ in replay.steps)
     replay.save(tmp_path)
     assert json.loads((tmp_path / "replay.json").read_text())  # strict JSON: -inf is a tagged string
-    back = _Replay.load(tmp_path)
+    back = Replay.load(tmp_path)
     assert [(i, t, f) for i, t, _, _, f in back.steps] == [(i, t, f) for i, t, _, _, f in replay.steps]
     assert [(a, k) for _, _, a, k, _ in back.steps] == [(a, k) for _, _, a, k, _ in replay.steps]
     assert back.inputs.keys() == replay.inputs.keys() and back.weights.keys() == replay.weights.keys()
@@ -262,34 +263,34 @@ def test_replay_files_round_trip_to_the_same_outputs(tmp_path):
 
 
 def test_replay_values_encode_by_tag_and_unknown_ones_fail_clearly(tmp_path):
-    from hetpart.passes.profile import _decode, _encode, _Replay, _Slot
+    from hetpart.profiler.replay import Replay, Slot, decode_value, encode_value
 
     t = torch.arange(6.0).reshape(2, 3).t()  # not contiguous
-    value = (_Slot(3), [1, 2.5, None, True, "s"], {"dtype": torch.bfloat16, "device": torch.device("cpu")},
+    value = (Slot(3), [1, 2.5, None, True, "s"], {"dtype": torch.bfloat16, "device": torch.device("cpu")},
              torch.strided, torch.channels_last, slice(1, None, 2), ..., float("inf"), float("-inf"), t, (t,))
     tensors = {}
-    encoded = json.loads(json.dumps(_encode(value, tensors), allow_nan=False))
+    encoded = json.loads(json.dumps(encode_value(value, tensors), allow_nan=False))
     assert len(tensors) == 1 and encoded["tuple"][0] == {"slot": 3} and encoded["tuple"][5] == {"slice": [1, None, 2]}
-    back = _decode(encoded, {key: x for key, x in tensors.values()})
+    back = decode_value(encoded, {key: x for key, x in tensors.values()})
     assert back[:9] == value[:9] and type(back[1]) is list and back[10][0] is back[9] and torch.equal(back[9], t)
-    assert math.isnan(_decode(_encode(float("nan"), {}), {}))
+    assert math.isnan(decode_value(encode_value(float("nan"), {}), {}))
     # A value the files cannot hold, or a function a sibling may not call, stops the profile before it starts.
     with pytest.raises(HetpartError, match="holds a builtins.object"):
-        _encode(object(), {})
-    replay = _Replay({}, {}, [(0, lambda: 1, (), {}, ())])
+        encode_value(object(), {})
+    replay = Replay({}, {}, [(0, lambda: 1, (), {}, ())])
     with pytest.raises(HetpartError, match="may not call"):
         replay.save(tmp_path)
     # A file that names anything else is refused, not called.
-    _Replay({}, {}, [(0, operator.add, (1, 2), {}, ())]).save(tmp_path)
-    assert _Replay.load(tmp_path).compile()() == {0: 3}
+    Replay({}, {}, [(0, operator.add, (1, 2), {}, ())]).save(tmp_path)
+    assert Replay.load(tmp_path).compile()() == {0: 3}
     data = json.loads((tmp_path / "replay.json").read_text())
     for target in (["os", "system"], ["builtins", "eval"], ["operator", "attrgetter"]):
         data["steps"][0][1] = {"fn": target}
         (tmp_path / "replay.json").write_text(json.dumps(data))
         with pytest.raises(HetpartError, match="may not call"):
-            _Replay.load(tmp_path)
+            Replay.load(tmp_path)
     data["steps"][0][2] = {"pickle": "x"}
     data["steps"][0][1] = {"fn": ["_operator", "add"]}
     (tmp_path / "replay.json").write_text(json.dumps(data))
     with pytest.raises(HetpartError, match="no value it writes"):
-        _Replay.load(tmp_path)
+        Replay.load(tmp_path)

@@ -10,14 +10,8 @@ import pytest
 
 from hetpart.cli import main
 from hetpart.errors import HetpartError
-from hetpart.partitioner.placement import (
-    placement_loads,
-    placement_violations,
-    read_placement,
-    solve_placement,
-)
-
-from placement_cases import brute_force_placement
+from hetpart.placement import placement_loads, placement_violations, read_placement, solve_placement
+from tests.placement.placement_cases import brute_force_placement
 
 BENCH = Path(__file__).resolve().parents[3] / "shared" / "benchmarks" / "dnn-partitioning"
 
