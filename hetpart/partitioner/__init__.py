@@ -2,7 +2,8 @@
 
 Data flows problem.py (the question; constraints.py: co-location and forbidden
 device types) -> solve.py (the strategy, NOTE [solve strategy]: which of the engines
-below run, in which order, with how much time; `SolveOptions` holds every knob) ->
+below run, in which order, with how much time; `SolveOptions` holds every knob;
+infeasible.py says why no plan fits) ->
 dp.py (fast contiguous plan, the hint) -> bounds.py and ideals.py (lower bounds, and
 the DP over ideals) -> coarsen.py (fewer nodes for big graphs, NOTE [coarsened solve])
 -> cpsat.py (the exact model) -> evaluate.py (the cost model, NOTE [stage time]) ->

@@ -25,10 +25,10 @@ from hetpart.partitioner.coarsen import coarsen, cut_candidates
 from hetpart.partitioner.constraints import check_constraints
 from hetpart.partitioner.cpsat import INT32_SAFE_NS, LogCallback, _check_hint, solve_model, within_gap
 from hetpart.partitioner.dp import Segments, contiguous_plan, dp_hint, order_tables, refine_cuts
-from hetpart.partitioner.evaluate import OBJECTIVES, bottleneck_ns, evaluate, objective_ns, stage_memory_bytes
-from hetpart.partitioner.evaluate import stash_microbatches
+from hetpart.partitioner.evaluate import OBJECTIVES, bottleneck_ns, evaluate, objective_ns
 from hetpart.partitioner.ideals import ideal_dp
-from hetpart.partitioner.problem import FORBIDDEN_TYPES, MEM_BYTES, WEIGHTS, Plan, Problem, StageCost
+from hetpart.partitioner.infeasible import constraints_note, infeasible_message, node_need
+from hetpart.partitioner.problem import Plan, Problem, StageCost
 from hetpart.partitioner.verify import plan_violations
 
 
@@ -295,8 +295,8 @@ def _check_solvable(problem: Problem) -> None:
     constraints contradict each other (constraints.py)."""
     problem.validate()
     largest = max(d.capacity_bytes for d in problem.devices)
-    if any(_node_need(problem, v) > largest for v in problem.graph.nodes):
-        raise HetpartError(_infeasible_message(problem))
+    if any(node_need(problem, v) > largest for v in problem.graph.nodes):
+        raise HetpartError(infeasible_message(problem))
     check_constraints(problem)
 
 
@@ -382,7 +382,7 @@ def _cpsat_search(run: _Run, hint: Plan | None, log_callback: LogCallback | None
     st.max_stages, st.presolve_inclusion_off = answer.max_stages, answer.presolve_inclusion_off
     st.solver_bound_ns = answer.bound_ns
     if answer.status == "INFEASIBLE":
-        raise HetpartError(_infeasible_message(p) + _constraints_note(p))
+        raise HetpartError(infeasible_message(p) + constraints_note(p))
     found = []
     if answer.stage_of is not None:
         found.append(_Candidate("cpsat", answer.stage_of, answer.device_of_stage))
@@ -482,7 +482,7 @@ def _coarse_search(run: _Run, hint: Plan | None, log_callback: LogCallback | Non
                 candidates.append(_Candidate("refined", ref.stage_of, ref.device_of_stage))
     if not candidates:
         if not run.bounds.memory_feasible:
-            raise HetpartError(_infeasible_message(p) + _constraints_note(p))
+            raise HetpartError(infeasible_message(p) + constraints_note(p))
         raise HetpartError(
             f"partitioner: no plan found within {o.time_limit_s:g} s ({p.graph.number_of_nodes()} nodes, "
             f"{len(p.devices)} devices, coarsened): no contiguous split of the node order fits, and the "
@@ -554,64 +554,3 @@ def _is_contiguous(order: list[str], stage_of: dict[str, int]) -> bool:
     """Whether the stages are contiguous runs of `order` (stage numbers never decrease along it)."""
     stages = [stage_of[v] for v in order]
     return all(a <= b for a, b in zip(stages, stages[1:]))
-
-
-def _node_need(problem: Problem, v: str) -> int:
-    """Memory `v` needs wherever it goes: in training, the least stash of any stage (GPipe: M; 1F1B: 1)."""
-    attrs = problem.graph.nodes[v]
-    return stage_memory_bytes(problem, attrs.get(MEM_BYTES, 0), dict.fromkeys(attrs.get(WEIGHTS, ()), 1), 0, 1)
-
-
-def _infeasible_message(problem: Problem) -> str:
-    """Why no plan fits, in the data's terms."""
-    g = problem.graph
-    weights = sorted({w for v in g.nodes for w in g.nodes[v].get(WEIGHTS, ())})
-    activations = sum(g.nodes[v].get(MEM_BYTES, 0) for v in g.nodes)
-    need = stage_memory_bytes(problem, activations, dict.fromkeys(weights, 1), 0, 1)
-    capacity = sum(d.capacity_bytes for d in problem.devices)
-    biggest_dev = max(problem.devices, key=lambda d: d.capacity_bytes)
-    biggest_node = max(g.nodes, key=lambda v: _node_need(problem, v))
-    biggest_weight = max(weights, key=lambda w: problem.weights[w], default=None)
-    if _node_need(problem, biggest_node) > biggest_dev.capacity_bytes:
-        cause = f"node {biggest_node!r} alone is larger than the largest device"
-    elif need > capacity:
-        cause = "the model needs more than all the devices' memory together"
-    else:
-        cause = "the model fits in the devices' memory together but in no split of it into stages"
-    lines = [
-        f"partitioner: no plan fits in memory: {cause}.",
-        f"  activations + weights: {need} bytes (weights counted once); total device memory: {capacity} bytes"
-        f" over {len(problem.devices)} devices"
-        + (f" (max_stages={problem.max_stages})" if problem.max_stages else ""),
-        f"  largest single node: {biggest_node!r} needs {_node_need(problem, biggest_node)} bytes; "
-        f"largest device: {biggest_dev.name!r} with {biggest_dev.capacity_bytes} bytes",
-    ]
-    if biggest_weight is not None:
-        lines.append(f"  largest weight: {biggest_weight!r} with {problem.weights[biggest_weight]} bytes")
-    t = problem.training
-    if t is not None:
-        state = sum(t.state_bytes.get(w, 0) for w in weights)
-        lines.append(
-            f"  training ({t.schedule}, {t.microbatches} microbatches): the need above counts {state} bytes of "
-            f"gradients and optimizer state and the activations of {stash_microbatches(problem, 0, 1)} "
-            f"microbatch(es) ({activations} bytes each); "
-            + ("1F1B stage k of S stashes min(S-k, M)" if t.schedule == "1f1b" else "GPipe stashes all M; "
-               "--schedule 1f1b stashes fewer")
-        )
-    lines.append(
-        "  Add devices or larger ones, allow more stages, reduce the batch size, or note that pins "
-        "(inputs first, outputs last) and weights shared across stages add memory."
-    )
-    return "\n".join(lines)
-
-
-def _constraints_note(problem: Problem) -> str:
-    """A line for the infeasibility message when co-location groups or forbidden types narrowed the choice."""
-    groups = problem.colocation_groups()
-    forbidding = [v for v in problem.graph.nodes if problem.graph.nodes[v].get(FORBIDDEN_TYPES)]
-    if not groups and not forbidding:
-        return ""
-    names = ", ".join(map(repr, list(groups)[:5]))
-    return (f"\n  The plan must also keep {len(groups)} co-location group(s) ({names}) "
-            f"in one stage each and {len(forbidding)} op(s) off the device types they forbid "
-            f"(e.g. {', '.join(map(repr, forbidding[:3]))}); relax those if the memory above looks sufficient.")
