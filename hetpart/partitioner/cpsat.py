@@ -423,10 +423,11 @@ class ModelAnswer:
 def solve_model(problem: Problem, *, objective: str, microbatches: int, bottleneck_lb_ns: int, external_lb_ns: int,
                 hint: Plan | None, fallback: Plan | None, gap: float, seed: int, workers: int, t0: float,
                 time_limit_s: float, log_callback: LogCallback | None = None,
-                int32_safe_ns: int = INT32_SAFE_NS) -> ModelAnswer:
+                int32_safe_ns: int | None = None) -> ModelAnswer:
     """Build the model (with `bottleneck_lb_ns` as a cut), start it from `hint` (checked) or else
     `fallback`, and solve it for what is left of `time_limit_s` since `t0`; stops within `gap` of
-    max(its bound, `external_lb_ns`), NOTE [gap stop]. The build stops at t0 + time_limit_s (NOTE [bounds
+    max(its bound, `external_lb_ns`), NOTE [gap stop]. `int32_safe_ns` None: INT32_SAFE_NS (read at
+    the call, so benchmarks/certificates.py --without-int32-fix can raise it). The build stops at t0 + time_limit_s (NOTE [bounds
     deadline]): then status "NOT_BUILT"."""
     t_start = time.perf_counter()
     try:
@@ -449,7 +450,7 @@ def solve_model(problem: Problem, *, objective: str, microbatches: int, bottlene
     solver.parameters.num_workers = workers
     # PARTITIONING-NOTES finding 3: presolve dominates on big models; probing is what costs.
     solver.parameters.cp_model_probing_level = 0
-    inclusion_off = mdl.time_ub_ns > int32_safe_ns
+    inclusion_off = mdl.time_ub_ns > (INT32_SAFE_NS if int32_safe_ns is None else int32_safe_ns)
     if inclusion_off:
         # NOTE [int32 activities] (placement.py): OR-Tools 9.15's presolve gets `bottleneck >= sum(...)`
         # wrong once the sum can reach 2**31; its inclusion step is where ("linear + amo"), so it goes.

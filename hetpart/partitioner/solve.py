@@ -23,7 +23,7 @@ from hetpart.partitioner.bounds import Bounds, compute_bounds, objective_bound_n
 from hetpart.partitioner.certificate import check_by_default, check_plan, plan_provenance
 from hetpart.partitioner.coarsen import coarsen, cut_candidates
 from hetpart.partitioner.constraints import check_constraints
-from hetpart.partitioner.cpsat import INT32_SAFE_NS, LogCallback, _check_hint, solve_model, within_gap
+from hetpart.partitioner.cpsat import LogCallback, _check_hint, solve_model, within_gap
 from hetpart.partitioner.dp import Segments, contiguous_plan, dp_hint, order_tables, refine_cuts
 from hetpart.partitioner.evaluate import OBJECTIVES, bottleneck_ns, evaluate, objective_ns
 from hetpart.partitioner.ideals import ideal_dp
@@ -70,7 +70,7 @@ class SolveOptions:
     inner_cut_max_nodes: int = _bounds.INNER_CUT_MAX_NODES  # above, no max-flows for the inner boundary bytes
     sequence_max_states: int = _bounds.SEQUENCE_MAX_STATES  # states of NOTE [sequence bound]
     # The CP-SAT model.
-    int32_safe_ns: int = INT32_SAFE_NS  # stage times past which presolve's inclusion goes (NOTE [int32 activities])
+    int32_safe_ns: int | None = None  # stage times past which presolve's inclusion goes; None: cpsat's default
     # One switch per step of NOTE [solve strategy].
     run_dp: bool = True
     run_bounds: bool = True
