@@ -110,7 +110,7 @@ def test_too_many_stages_leave_the_graph_to_the_solver():
     p = transformer_problem(100)
     assert ideal_dp(p, 10**12) is not None
     assert ideal_dp(p, 10**12, pairs_max=10) is None
-    plan = solve(p, time_limit_s=10, ideal_pairs_max=10)  # SolveOptions passes the limit on
+    plan = solve(p, time_limit_s=10, ideal_pairs_max=10, run_cpsat=False)  # SolveOptions passes the limit on
     assert plan.stats.ideal_seconds is not None and plan.bounds.ideal_ns == 0
 
 
