@@ -87,10 +87,11 @@ def scaling_table(sizes: list[int], time_limit_s: float, workers: int, gap: floa
         seconds = time.perf_counter() - start
         verify_plan(problem, plan)
         base = {b.name: b for b in compute_baselines(problem)}
-        dp_ms = plan.stats.get("dp_bottleneck_ns", float("nan")) / 1e6
+        stats = plan.stats.to_json()
+        dp_ms = stats.get("dp_bottleneck_ns", float("nan")) / 1e6
         rows.append(f"| {problem.graph.number_of_nodes()} | {plan.bottleneck_ns / 1e6:.2f} | {dp_ms:.2f} "
                     f"| {plan.lower_bound_ns / 1e6:.2f} | {plan.gap * 100:.2f}% | {plan.solver_status} | {seconds:.1f} "
-                    f"| {int(plan.stats.get('coarse_nodes', 0)) or '—'} "
+                    f"| {int(stats.get('coarse_nodes', 0)) or '—'} "
                     f"| {_ratio_cell(base['equal-layers'], plan.bottleneck_ns)} "
                     f"| {_ratio_cell(base['parameters'], plan.bottleneck_ns)} "
                     f"| {_ratio_cell(base['dp-topo-order'], plan.bottleneck_ns)} |")

@@ -1,14 +1,16 @@
 """The partitioner: a torch-free DAG of integer costs in, a verified pipeline plan out.
 
 Data flows problem.py (the question; constraints.py: co-location and forbidden
-device types) -> dp.py (fast contiguous plan, the hint) -> coarsen.py (fewer nodes
-for big graphs) -> cpsat.py (exact model, NOTE [coarsened solve]) -> evaluate.py
-(the cost model, NOTE [stage time]) -> verify.py (independent check) -> certificate.py
-(the bound's source and its re-proof, NOTE [checked certificates]). Nothing here
-imports torch.
+device types) -> solve.py (the strategy, NOTE [solve strategy]: which of the engines
+below run, in which order, with how much time; `SolveOptions` holds every knob;
+infeasible.py says why no plan fits) ->
+dp.py (fast contiguous plan, the hint) -> bounds.py and ideals.py (lower bounds, and
+the DP over ideals) -> coarsen.py (fewer nodes for big graphs, NOTE [coarsened solve])
+-> cpsat.py (the exact model) -> evaluate.py (the cost model, NOTE [stage time]) ->
+verify.py (independent check) -> certificate.py (the bound's source and its re-proof,
+NOTE [checked certificates]). Nothing here imports torch.
 """
 
-from hetpart.partitioner.cpsat import solve
 from hetpart.partitioner.dp import dp_hint
 from hetpart.partitioner.evaluate import bottleneck_ns, evaluate
 from hetpart.partitioner.problem import (
@@ -27,6 +29,7 @@ from hetpart.partitioner.problem import (
     Problem,
     StageCost,
 )
+from hetpart.partitioner.solve import SolveOptions, SolveStats, solve
 from hetpart.partitioner.verify import PlanError, plan_violations, verify_plan
 
 __all__ = [
@@ -44,6 +47,8 @@ __all__ = [
     "Plan",
     "PlanError",
     "Problem",
+    "SolveOptions",
+    "SolveStats",
     "StageCost",
     "bottleneck_ns",
     "dp_hint",

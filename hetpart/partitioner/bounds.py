@@ -237,7 +237,7 @@ def _floor_ns(value_us: float) -> int:
     return max(0, math.floor(value_us * 1000 * (1 - 1e-9) - 1e-6))
 
 
-def _lp(problem: Problem) -> tuple[int, _LpData, np.ndarray, np.ndarray]:
+def _lp(problem: Problem, max_items: int = LP_MAX_ITEMS) -> tuple[int, _LpData, np.ndarray, np.ndarray]:
     """(NOTE [LP work bound] in ns, the LP data, work multipliers, memory multipliers)."""
     data = _lp_data(problem)
     nt = len(data.types)
@@ -245,12 +245,12 @@ def _lp(problem: Problem) -> tuple[int, _LpData, np.ndarray, np.ndarray]:
     if not data.allowed.any(axis=1).all():
         return 0, data, *fallback  # a node no device type can run: no plan at all (constraints.py says which)
     n = len(data.mem_mb)
-    if n <= LP_MAX_ITEMS:
+    if n <= max_items:
         got = _solve_lp(data, {w: held_weight_bytes(problem, w) for w in data.shared})
         if got is None:
             return 0, data, *fallback
         return _floor_ns(got[0]), data, got[1], got[2]
-    got = _solve_lp(_runs(data, LP_MAX_ITEMS // 2), problem.weights)
+    got = _solve_lp(_runs(data, max_items // 2), problem.weights)
     lam, mu = (got[1], got[2]) if got else fallback
     return _floor_ns(lagrangian_bound_us(data, lam, mu)), data, lam, mu
 
@@ -351,7 +351,7 @@ def _closure_cut(net: _Closure, inside: str | None = None, outside: str | None =
 INNER_CUT_MAX_NODES = 1_500  # above, `inner_boundary_bytes` does not run its max-flows (one per unpinned node)
 
 
-def inner_boundary_bytes(problem: Problem) -> tuple[int, int]:
+def inner_boundary_bytes(problem: Problem, max_nodes: int = INNER_CUT_MAX_NODES) -> tuple[int, int]:
     """(after_second, before_last): the fewest bytes a boundary carries when at least two stages
     precede it, and when at least two follow it (NOTE [sequence bound]); `min_boundary_bytes` where unknown.
 
@@ -364,7 +364,7 @@ def inner_boundary_bytes(problem: Problem) -> tuple[int, int]:
     got = _closure_cut(net)
     base = 0 if got is None else got
     unpinned = [v for v in g.nodes if g.nodes[v].get(PIN) is None]
-    if len(g) > INNER_CUT_MAX_NODES or not unpinned or got is None:
+    if len(g) > max_nodes or not unpinned or got is None:
         return base, base
     before = [c for u in unpinned if (c := _closure_cut(net, inside=u)) is not None]
     after = [c for w in unpinned if (c := _closure_cut(net, outside=w)) is not None]
@@ -506,7 +506,8 @@ def _past(deadline: float | None) -> bool:
 
 
 def _sequence_bound(problem: Problem, lower_ns: int, upper_ns: int | None, multipliers: list[dict[str, float]],
-                    deadline: float | None = None) -> tuple[int, bool]:
+                    deadline: float | None = None, max_states: int = SEQUENCE_MAX_STATES,
+                    inner_cut_max_nodes: int = INNER_CUT_MAX_NODES) -> tuple[int, bool]:
     """`sequence_bound_ns` and whether it finished: at `deadline` it stops with the T below which
     every value was ruled out so far (0 before the first test ends; NOTE [bounds deadline])."""
     classes: dict[tuple[str, str], int] = {}
@@ -515,7 +516,7 @@ def _sequence_bound(problem: Problem, lower_ns: int, upper_ns: int | None, multi
     keys = sorted(classes)
     sizes = [classes[k] for k in keys]
     max_stages = min(problem.max_stages or len(problem.devices), len(problem.devices))
-    if math.prod(min(s, max_stages) + 1 for s in sizes) > SEQUENCE_MAX_STATES:
+    if math.prod(min(s, max_stages) + 1 for s in sizes) > max_states:
         return 0, True
     count_prefix, busy, work, total_work = _cap_tables(problem)
     if busy == 0:
@@ -528,7 +529,7 @@ def _sequence_bound(problem: Problem, lower_ns: int, upper_ns: int | None, multi
             checks.append((wtab, wtotal))
     nw = len(checks)
     cut = min_boundary_bytes(problem)
-    after_two, before_two = inner_boundary_bytes(problem)
+    after_two, before_two = inner_boundary_bytes(problem, inner_cut_max_nodes)
     nc = len(keys)
     links = [[(problem.intra_node_links[a[1]] if a[1] == b[1] else problem.network)
               if (a != b or classes[a] > 1) else None for b in keys] for a in keys]
@@ -642,13 +643,15 @@ def _work_multipliers(data: _LpData, lam: np.ndarray) -> list[dict[str, float]]:
 
 
 def compute_bounds(problem: Problem, solver_ns: int = 0, upper_ns: int | None = None,
-                   deadline: float | None = None) -> Bounds:
+                   deadline: float | None = None, lp_max_items: int = LP_MAX_ITEMS,
+                   inner_cut_max_nodes: int = INNER_CUT_MAX_NODES,
+                   sequence_max_states: int = SEQUENCE_MAX_STATES) -> Bounds:
     """All the search-free bounds, with the solver's proven bound `solver_ns`; `upper_ns`, the
     bottleneck of a known plan, only narrows the search of NOTE [sequence bound]. The searches
     stop at `deadline` (a `time.perf_counter()` value), NOTE [bounds deadline]."""
     need = min_devices(problem)
     allowed = min(problem.max_stages or len(problem.devices), len(problem.devices))
-    lp_ns, data, lam, mu = _lp(problem)
+    lp_ns, data, lam, mu = _lp(problem, lp_max_items)
     feasible_types = bool(data.allowed.any(axis=1).all())
     unfinished = []
     stage_sum = stage_sum_bound_ns(problem, data, lam, mu, deadline) if feasible_types else 0
@@ -657,7 +660,8 @@ def compute_bounds(problem: Problem, solver_ns: int = 0, upper_ns: int | None = 
         stage_sum = 0
     largest = largest_op_bound_ns(problem)
     sequence, done = (_sequence_bound(problem, max(lp_ns, stage_sum, largest), upper_ns,
-                                      _work_multipliers(data, lam), deadline) if feasible_types else (0, True))
+                                      _work_multipliers(data, lam), deadline, sequence_max_states,
+                                      inner_cut_max_nodes) if feasible_types else (0, True))
     if not done:
         unfinished.append("sequence")
     return Bounds(

@@ -1,6 +1,6 @@
 """Checked certificates: where a claimed lower bound comes from, and an independent re-proof of it.
 
-`partition` (cpsat.solve) and `placement` (placement.solve_placement) both claim a proven lower
+`partition` (solve.solve) and `placement` (placement.solve_placement) both claim a proven lower
 bound, and OPTIMAL or WITHIN_GAP from it. Issue 17 showed that a claim can be wrong when the
 engine behind it is (NOTE [int32 activities] in placement.py), so each result carries a
 `Certificate` (problem.py): the bound's source and relaxation, and, with --check-certificate
@@ -63,7 +63,7 @@ def plan_provenance(plan: Plan) -> Certificate:
     if b is None or plan.lower_bound_ns <= 0:
         return Certificate("none", "no bound above 0 was proven")
     if plan.objective != "throughput":
-        if plan.stats.get("solver_bound_ns", 0) >= plan.lower_bound_ns:
+        if (plan.stats.solver_bound_ns or 0) >= plan.lower_bound_ns:
             return Certificate("cpsat_objective_bound", f"CP-SAT's proven bound of the {plan.objective} objective "
                                                         "(presolve on)")
         return Certificate("work_sum", "every node on its fastest type, summed, and the bottleneck's search-free "

@@ -1,33 +1,25 @@
-"""The exact partitioner: one CP-SAT model of the whole problem, seeded by the DP.
+"""The exact model: one CP-SAT model of the whole problem, and its solve call (`solve_model`).
 
 DESIGN.md section 5 and PARTITIONING-NOTES finding 2: order encoding
 y[v,k] = [stage(v) <= k], device literals a[k,d], costs enforced under the
 literal of the stage's device type, machine or capacity. The model is built in
-sections (data, variables, constraints, objective, solve); the returned plan's
-costs come from `evaluate.py`, never from solver values.
+sections (data, variables, constraints, objective, solve); the plan built from its
+answer takes its costs from `evaluate.py`, never from solver values. Which engines
+run before it, and with how much time, is the strategy's (solve.py, NOTE [solve strategy]).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-import numpy as np
 from ortools.sat.python import cp_model
 
 from hetpart.errors import HetpartError
-from hetpart.partitioner.bounds import Bounds, compute_bounds, objective_bound_ns
-from hetpart.partitioner.certificate import check_by_default, check_plan, plan_provenance
-from hetpart.partitioner.coarsen import coarsen, cut_candidates
-from hetpart.partitioner.constraints import check_constraints
-from hetpart.partitioner.dp import Segments, contiguous_plan, dp_hint, order_tables, refine_cuts
-from hetpart.partitioner.ideals import ideal_dp
 from hetpart.partitioner.evaluate import (
-    OBJECTIVES, boundary_bytes, bottleneck_ns, evaluate, max_stage_memory_bytes, objective_ns, stage_memory_bytes,
-    stash_microbatches,
+    boundary_bytes, bottleneck_ns, evaluate, max_stage_memory_bytes, stage_memory_bytes,
 )
 from hetpart.partitioner.problem import (
     FORBIDDEN_TYPES,
@@ -40,17 +32,10 @@ from hetpart.partitioner.problem import (
     WEIGHTS,
     Plan,
     Problem,
-    StageCost,
 )
-from hetpart.partitioner.verify import plan_violations
 
 LogCallback = Callable[[int, int], None]  # (objective_ns, bound_ns) on each improving solution
-COARSEN_ABOVE = 1_000  # nodes; above, `solve` coarsens (NOTE [coarsened solve])
-COARSE_NODES = 300  # runs of the coarse problem CP-SAT sees
-DP_SHARE = 0.5  # of the time limit, the most the DP may take (NOTE [DP deadline] in dp.py)
-IDEAL_SHARE = 0.8  # of the time limit, when the DP over ideals must be done (NOTE [ideal DP] in ideals.py)
 INT32_SAFE_NS = 2**31 - 1  # stage times the model may reach before presolve needs NOTE [int32 activities]
-BOUNDS_SHARE = 0.65  # of the time limit, when the search-free bounds must be done (NOTE [bounds deadline])
 
 
 @dataclass
@@ -394,7 +379,7 @@ class _Progress(cp_model.CpSolverSolutionCallback):
         objective, bound = int(round(self.objective_value)), math.ceil(self.best_objective_bound - 1e-6)
         if self._log is not None:
             self._log(objective, bound)
-        if self._gap > 0 and _within_gap(objective, max(bound, self._external_lb), self._gap):
+        if self._gap > 0 and within_gap(objective, max(bound, self._external_lb), self._gap):
             self.stop_search()
 
 
@@ -411,183 +396,49 @@ class _Progress(cp_model.CpSolverSolutionCallback):
 # when the bound reaches the value, WITHIN_GAP when it is within g (whatever stopped the
 # search), FEASIBLE otherwise. g = 0 (the default) proves optimality as before.
 # Deterministic as before: with one worker the callback stops at the same solution.
-def _within_gap(value: int, bound: int, gap: float) -> bool:
+def within_gap(value: int, bound: int, gap: float) -> bool:
     """Whether `value` is certified within the relative `gap` of optimal by `bound` (NOTE [gap stop])."""
     return value <= 0 or value - bound <= gap * value
 
 
-def _node_need(problem: Problem, v: str) -> int:
-    """Memory `v` needs wherever it goes: in training, the least stash of any stage (GPipe: M; 1F1B: 1)."""
-    attrs = problem.graph.nodes[v]
-    return stage_memory_bytes(problem, attrs.get(MEM_BYTES, 0), dict.fromkeys(attrs.get(WEIGHTS, ()), 1), 0, 1)
 
 
-def _infeasible_message(problem: Problem) -> str:
-    """Why no plan fits, in the data's terms."""
-    g = problem.graph
-    weights = sorted({w for v in g.nodes for w in g.nodes[v].get(WEIGHTS, ())})
-    activations = sum(g.nodes[v].get(MEM_BYTES, 0) for v in g.nodes)
-    need = stage_memory_bytes(problem, activations, dict.fromkeys(weights, 1), 0, 1)
-    capacity = sum(d.capacity_bytes for d in problem.devices)
-    biggest_dev = max(problem.devices, key=lambda d: d.capacity_bytes)
-    biggest_node = max(g.nodes, key=lambda v: _node_need(problem, v))
-    biggest_weight = max(weights, key=lambda w: problem.weights[w], default=None)
-    if _node_need(problem, biggest_node) > biggest_dev.capacity_bytes:
-        cause = f"node {biggest_node!r} alone is larger than the largest device"
-    elif need > capacity:
-        cause = "the model needs more than all the devices' memory together"
-    else:
-        cause = "the model fits in the devices' memory together but in no split of it into stages"
-    lines = [
-        f"partitioner: no plan fits in memory: {cause}.",
-        f"  activations + weights: {need} bytes (weights counted once); total device memory: {capacity} bytes"
-        f" over {len(problem.devices)} devices"
-        + (f" (max_stages={problem.max_stages})" if problem.max_stages else ""),
-        f"  largest single node: {biggest_node!r} needs {_node_need(problem, biggest_node)} bytes; "
-        f"largest device: {biggest_dev.name!r} with {biggest_dev.capacity_bytes} bytes",
-    ]
-    if biggest_weight is not None:
-        lines.append(f"  largest weight: {biggest_weight!r} with {problem.weights[biggest_weight]} bytes")
-    t = problem.training
-    if t is not None:
-        state = sum(t.state_bytes.get(w, 0) for w in weights)
-        lines.append(
-            f"  training ({t.schedule}, {t.microbatches} microbatches): the need above counts {state} bytes of "
-            f"gradients and optimizer state and the activations of {stash_microbatches(problem, 0, 1)} "
-            f"microbatch(es) ({activations} bytes each); "
-            + ("1F1B stage k of S stashes min(S-k, M)" if t.schedule == "1f1b" else "GPipe stashes all M; "
-               "--schedule 1f1b stashes fewer")
-        )
-    lines.append(
-        "  Add devices or larger ones, allow more stages, reduce the batch size, or note that pins "
-        "(inputs first, outputs last) and weights shared across stages add memory."
-    )
-    return "\n".join(lines)
+@dataclass
+class ModelAnswer:
+    """What one CP-SAT solve of `_build`'s model found: the raw plan (costs come from `evaluate`) and the bound."""
+
+    status: str  # "OPTIMAL", "FEASIBLE", "UNKNOWN" (none found in time), "INFEASIBLE", "NOT_BUILT" (past its deadline)
+    stage_of: dict[str, int] | None = None  # stages renumbered 0..S-1
+    device_of_stage: list[str] | None = None
+    bound_ns: int = 0  # CP-SAT's proven bound of the objective (0 when it found nothing)
+    build_seconds: float = 0.0  # building the model and hinting it
+    cpsat_seconds: float = 0.0
+    variables: int = 0
+    constraints: int = 0
+    max_stages: int = 0  # K, the stages the model may use
+    presolve_inclusion_off: bool = False  # NOTE [int32 activities]
+    hinted: bool = False  # CP-SAT started from a complete plan (the hint, or `fallback`)
 
 
-def solve(
-    problem: Problem,
-    *,
-    time_limit_s: float = 30.0,
-    seed: int = 0,
-    workers: int = 1,
-    hint: Plan | None = None,
-    log_callback: LogCallback | None = None,
-    objective: str = "throughput",
-    microbatches: int = 1,
-    coarsen_above: int | None = COARSEN_ABOVE,
-    gap: float = 0.0,
-    check_certificate: bool | None = None,
-) -> Plan:
-    """The plan with the least bottleneck (NOTE [stage time]), or the best found in `time_limit_s`.
-
-    `objective` is one of NOTE [objectives] (evaluate.py): "throughput" (the bottleneck),
-    "latency" (sum of stage times) or "iteration" (that + (microbatches - 1) x bottleneck);
-    the plan's `objective_ns` and `lower_bound_ns` are in its terms.
-
-    Starts CP-SAT from `hint`, or from `dp_hint(problem)` when no hint is given;
-    returns a plan with 0..S-1 stages, costs recomputed by `evaluate`, and the
-    solver's proven bound. Above `coarsen_above` nodes (None: never), NOTE [coarsened solve].
-    `gap` > 0 stops as soon as the plan is certified within that relative gap of optimal
-    (status "WITHIN_GAP", NOTE [gap stop]); 0 proves optimality or runs out the time limit.
-    Honours co-location groups and forbidden device types (constraints.py).
-    Raises HetpartError when no plan fits in memory, when the groups and forbidden
-    types rule out every plan (naming which and why), or
-    none was found in time.
-    The plan's `certificate` names its bound's source; `check_certificate` (None: the
-    HETPART_CHECK_CERTIFICATE environment variable) re-proves an OPTIMAL or WITHIN_GAP
-    claim by another route, NOTE [checked certificates] in certificate.py.
-
-        >>> import networkx as nx
-        >>> from hetpart.partitioner.problem import Device, Link
-        >>> g = nx.path_graph(["a", "b", "c"], create_using=nx.DiGraph)
-        >>> nx.set_node_attributes(g, {"a": {"gpu": 30}, "b": {"gpu": 30}, "c": {"gpu": 60}}, "time_ns")
-        >>> p = Problem(graph=g, weights={}, devices=[Device("g0", "gpu", "n0", 1), Device("g1", "gpu", "n0", 1)],
-        ...             intra_node_links={"n0": Link(1000, 0)}, network=Link(1000, 0))
-        >>> plan = solve(p)
-        >>> plan.stage_of, plan.bottleneck_ns, plan.solver_status
-        ({'a': 0, 'b': 0, 'c': 1}, 60, 'OPTIMAL')
-    """
-    plan = _solve_unchecked(problem, time_limit_s=time_limit_s, seed=seed, workers=workers, hint=hint,
-                            log_callback=log_callback, objective=objective, microbatches=microbatches,
-                            coarsen_above=coarsen_above, gap=gap)
-    if check_certificate if check_certificate is not None else check_by_default():
-        t_check = time.perf_counter()
-        plan = check_plan(problem, plan, time_limit_s=time_limit_s, coarsen_above=coarsen_above)
-        plan.stats["certificate_seconds"] = time.perf_counter() - t_check
-    return plan
-
-
-def _solve_unchecked(problem: Problem, *, time_limit_s: float, seed: int, workers: int, hint: Plan | None,
-                     log_callback: LogCallback | None, objective: str, microbatches: int,
-                     coarsen_above: int | None, gap: float) -> Plan:
-    """`solve` without the certificate check."""
-    t0 = time.perf_counter()
-    if not time_limit_s > 0:
-        raise HetpartError(
-            f"partitioner: time limit must be positive, got {time_limit_s}; pass --time-limit > 0"
-        )
-    if workers < 1:
-        raise HetpartError(f"partitioner: workers must be at least 1, got {workers}")
-    if objective not in OBJECTIVES:
-        raise HetpartError(f"partitioner: unknown objective {objective!r}; use one of {', '.join(OBJECTIVES)}")
-    if microbatches < 1:
-        raise HetpartError(f"partitioner: microbatches must be at least 1, got {microbatches}")
-    if not 0.0 <= gap < 1.0:
-        raise HetpartError(
-            f"partitioner: gap must be a fraction in [0, 1), got {gap}; pass e.g. --gap 0.01 for 1%"
-        )
-    problem.validate()
-    largest = max(d.capacity_bytes for d in problem.devices)
-    if any(_node_need(problem, v) > largest for v in problem.graph.nodes):
-        raise HetpartError(_infeasible_message(problem))
-    check_constraints(problem)
-    if coarsen_above is not None and problem.graph.number_of_nodes() > coarsen_above:
-        return _solve_coarsened(problem, t0, time_limit_s=time_limit_s, seed=seed, workers=workers, hint=hint,
-                                log_callback=log_callback, objective=objective, microbatches=microbatches, gap=gap)
-
-    dp_plan = dp_hint(problem, time_limit_s=DP_SHARE * time_limit_s)
-    t_dp = time.perf_counter()
-    bounds = compute_bounds(problem, upper_ns=dp_plan.bottleneck_ns if dp_plan is not None else None,
-                            deadline=t0 + BOUNDS_SHARE * time_limit_s)
-    # The model's cut leaves out NOTE [sequence bound]: fed to CP-SAT it changed its search for the
-    # worse (zoo:llama training on a100-t4-8: proven optimal in 16 s without it, 15% gap after 30 s
-    # with it). The plan reports it all the same (objective_bound_ns below).
-    model_lb = max(bounds.lp_work_ns, bounds.largest_op_ns, bounds.stage_sum_ns)
-    value = lambda st: objective_ns(st, objective, microbatches)  # noqa: E731
-    search_free_lb = objective_bound_ns(problem, bounds, objective, microbatches)
-    pre_stats = {"dp_seconds": t_dp - t0}
-    certified = _certified_dp_plan(dp_plan, search_free_lb, gap, objective=objective, microbatches=microbatches,
-                                   t0=t0, bounds=bounds, stats=pre_stats)
-    if certified is not None:
-        return certified
-    dp_plan, bounds, certified = _ideal_pass(problem, dp_plan, bounds, t0 + IDEAL_SHARE * time_limit_s, gap=gap,
-                                             objective=objective, microbatches=microbatches, t0=t0, stats=pre_stats)
-    if certified is not None:
-        return certified
-    search_free_lb = objective_bound_ns(problem, bounds, objective, microbatches)
+def solve_model(problem: Problem, *, objective: str, microbatches: int, bottleneck_lb_ns: int, external_lb_ns: int,
+                hint: Plan | None, fallback: Plan | None, gap: float, seed: int, workers: int, t0: float,
+                time_limit_s: float, log_callback: LogCallback | None = None,
+                int32_safe_ns: int | None = None) -> ModelAnswer:
+    """Build the model (with `bottleneck_lb_ns` as a cut), start it from `hint` (checked) or else
+    `fallback`, and solve it for what is left of `time_limit_s` since `t0`; stops within `gap` of
+    max(its bound, `external_lb_ns`), NOTE [gap stop]. `int32_safe_ns` None: INT32_SAFE_NS (read at
+    the call, so benchmarks/certificates.py --without-int32-fix can raise it). The build stops at t0 + time_limit_s (NOTE [bounds
+    deadline]): then status "NOT_BUILT"."""
+    t_start = time.perf_counter()
     try:
-        mdl = _build(problem, objective, microbatches, model_lb, deadline=t0 + time_limit_s)
+        mdl = _build(problem, objective, microbatches, bottleneck_lb_ns, deadline=t0 + time_limit_s)
     except _PastDeadline:
-        # No time left to search: the DP's plan with the search-free bounds (NOTE [bounds deadline]).
-        if dp_plan is None:
-            raise HetpartError(
-                f"partitioner: no plan found within {time_limit_s:g} s ({problem.graph.number_of_nodes()} nodes, "
-                f"{len(problem.devices)} devices on {len({d.node for d in problem.devices})} machines): the "
-                "CP-SAT model did not finish building; raise --time-limit or plan on fewer machines") from None
-        return _finished_plan(dp_plan.stage_of, dp_plan.device_of_stage, dp_plan.stages, search_free_lb, False,
-                              objective=objective, microbatches=microbatches, t0=t0,
-                              stats={**pre_stats, "cpsat_not_built": 1.0, "plan_from_dp": 1.0,
-                                     "dp_bottleneck_ns": float(dp_plan.bottleneck_ns)}, bounds=bounds, gap=gap)
+        return ModelAnswer(status="NOT_BUILT", build_seconds=time.perf_counter() - t_start)
     if hint is not None:
         _check_hint(problem, hint, mdl.num_stages)
-        start = (hint.stage_of, _canonical(problem, hint.device_of_stage))
-    elif dp_plan is not None:
-        start = (dp_plan.stage_of, _canonical(problem, dp_plan.device_of_stage))
-    else:
-        start = None
+    start = hint if hint is not None else fallback
     if start is not None:
-        _add_hint(problem, mdl, *start)
+        _add_hint(problem, mdl, start.stage_of, _canonical(problem, start.device_of_stage))
     t_build = time.perf_counter()
 
     solver = cp_model.CpSolver()
@@ -599,7 +450,8 @@ def _solve_unchecked(problem: Problem, *, time_limit_s: float, seed: int, worker
     solver.parameters.num_workers = workers
     # PARTITIONING-NOTES finding 3: presolve dominates on big models; probing is what costs.
     solver.parameters.cp_model_probing_level = 0
-    if mdl.time_ub_ns > INT32_SAFE_NS:
+    inclusion_off = mdl.time_ub_ns > (INT32_SAFE_NS if int32_safe_ns is None else int32_safe_ns)
+    if inclusion_off:
         # NOTE [int32 activities] (placement.py): OR-Tools 9.15's presolve gets `bottleneck >= sum(...)`
         # wrong once the sum can reach 2**31; its inclusion step is where ("linear + amo"), so it goes.
         # (Random 2-6 node problems with ops of 0.03-1.2 s: 33 of 146 claimed bounds above the
@@ -607,259 +459,25 @@ def _solve_unchecked(problem: Problem, *, time_limit_s: float, seed: int, worker
         solver.parameters.presolve_inclusion_work_limit = 0
     if gap > 0:
         solver.parameters.relative_gap_limit = gap  # NOTE [gap stop]; the callback adds the external bound
-    callback = _Progress(log_callback, gap, search_free_lb) if log_callback or gap > 0 else None
+    callback = _Progress(log_callback, gap, external_lb_ns) if log_callback or gap > 0 else None
     status = solver.solve(mdl.model, callback)
     t_solve = time.perf_counter()
 
     proto = mdl.model.proto
-    stats = {
-        **pre_stats,
-        "build_seconds": t_build - t_dp - pre_stats.get("ideal_seconds", 0.0),  # bounds included
-        "cpsat_seconds": t_solve - t_build,
-        "variables": float(len(proto.variables)),
-        "constraints": float(len(proto.constraints)),
-        "max_stages": float(mdl.num_stages),
-        "presolve_inclusion_off": float(mdl.time_ub_ns > INT32_SAFE_NS),
-    }
-    if dp_plan is not None:
-        stats["dp_bottleneck_ns"] = float(dp_plan.bottleneck_ns)
-
-    if status == cp_model.INFEASIBLE:
-        raise HetpartError(_infeasible_message(problem) + _constraints_note(problem))
+    answer = ModelAnswer(
+        status=solver.status_name(status), build_seconds=t_build - t_start,
+        cpsat_seconds=t_solve - t_build, variables=len(proto.variables), constraints=len(proto.constraints),
+        max_stages=mdl.num_stages, presolve_inclusion_off=inclusion_off, hinted=start is not None,
+    )
     if status == cp_model.MODEL_INVALID:
         raise RuntimeError(f"hetpart bug: invalid CP-SAT model: {mdl.model.validate()}")
-    found = status in (cp_model.OPTIMAL, cp_model.FEASIBLE)
-    bound = max(0, math.ceil(solver.best_objective_bound - 1e-6)) if found else 0
-    stats["solver_bound_ns"] = float(bound)
-    if not found:
-        if dp_plan is None:
-            raise HetpartError(
-                f"partitioner: no plan found within {time_limit_s:g} s "
-                f"({len(mdl.order)} nodes, {len(problem.devices)} devices); raise --time-limit"
-            )
-        stage_of, device_of_stage, status_name = dp_plan.stage_of, dp_plan.device_of_stage, "FEASIBLE"
-    else:
-        # Read the solution; used stages are a prefix, renumber them 0..S-1 all the same.
-        raw = {v: next(k for k in range(mdl.num_stages) if solver.boolean_value(mdl.y[v][k])) for v in mdl.order}
-        used = sorted(set(raw.values()))
-        renumber = {k: i for i, k in enumerate(used)}
-        stage_of = {v: renumber[raw[v]] for v in problem.graph.nodes}
-        device_of_stage = [next(d for d, lit in mdl.a[k].items() if solver.boolean_value(lit)) for k in used]
-        # With a gap, CP-SAT's OPTIMAL may mean "within the gap limit": then only the bound says optimal.
-        status_name = "OPTIMAL" if status == cp_model.OPTIMAL and gap == 0 else "FEASIBLE"
-
-    stages = evaluate(problem, stage_of, device_of_stage)
-    if dp_plan is not None and value(dp_plan.stages) < value(stages):
-        stage_of, device_of_stage, stages = dp_plan.stage_of, dp_plan.device_of_stage, dp_plan.stages
-    bounds = dataclasses.replace(bounds, solver_ns=max(0, bound) if objective == "throughput" else 0)
-    proven = objective_bound_ns(problem, bounds, objective, microbatches, solver_ns=bound)
-    return _finished_plan(stage_of, device_of_stage, stages, proven, status_name == "OPTIMAL",
-                          objective=objective, microbatches=microbatches, t0=t0, stats=stats, bounds=bounds, gap=gap)
-
-
-def _ideal_pass(problem: Problem, dp_plan: Plan | None, bounds: Bounds, deadline: float, *, gap: float,
-                objective: str, microbatches: int, t0: float, stats: dict[str, float]
-                ) -> tuple[Plan | None, Bounds, Plan | None]:
-    """NOTE [ideal DP]: on graphs with few ideals, the optimum (memory relaxed) or a plan within
-    `gap` of it, by a DP, for the throughput objective: (the better of its plan and `dp_plan`, the
-    bounds with `ideal_ns`, the plan finished when it is certified within `gap`)."""
-    if objective != "throughput" or dp_plan is None:
-        return dp_plan, bounds, None
-    t_ideal = time.perf_counter()
-    got = ideal_dp(problem, dp_plan.bottleneck_ns, deadline=deadline, lower_ns=bounds.lower_bound_ns, gap=gap)
-    stats["ideal_seconds"] = time.perf_counter() - t_ideal
-    if got is None:
-        return dp_plan, bounds, None
-    bounds = dataclasses.replace(bounds, ideal_ns=got.bound_ns)
-    if got.plan is not None and got.plan.bottleneck_ns < dp_plan.bottleneck_ns:
-        dp_plan = dataclasses.replace(got.plan, stats={**dp_plan.stats, "from_ideal_dp": 1.0})
-    certified = _certified_dp_plan(dp_plan, objective_bound_ns(problem, bounds, objective, microbatches), gap,
-                                   objective=objective, microbatches=microbatches, t0=t0, bounds=bounds, stats=stats,
-                                   exact_bound=True)
-    return dp_plan, bounds, certified
-
-
-def _certified_dp_plan(dp_plan: Plan | None, lower_bound_ns: int, gap: float, *, objective: str, microbatches: int,
-                       t0: float, bounds: Bounds, stats: dict[str, float], exact_bound: bool = False) -> Plan | None:
-    """The DP's plan, finished, when it is already within `gap` of `lower_bound_ns` (NOTE [gap stop]:
-    the solver could only narrow the gap); else None. With `gap` 0 only when `exact_bound` (a bound
-    that is the optimum where it is reached, NOTE [ideal DP]) and the bound proves the plan optimal."""
-    if (gap <= 0 and not exact_bound) or dp_plan is None or not _within_gap(
-            objective_ns(dp_plan.stages, objective, microbatches), lower_bound_ns, gap):
-        return None
-    return _finished_plan(dp_plan.stage_of, dp_plan.device_of_stage, dp_plan.stages, lower_bound_ns, False,
-                          objective=objective, microbatches=microbatches, t0=t0,
-                          stats={**stats, "dp_bottleneck_ns": float(dp_plan.bottleneck_ns)}, bounds=bounds, gap=gap)
-
-
-def _finished_plan(stage_of: dict[str, int], device_of_stage: list[str], stages: list[StageCost], proven_ns: int,
-                   solver_optimal: bool, *, objective: str, microbatches: int, t0: float, stats: dict[str, float],
-                   bounds: Bounds, gap: float = 0.0) -> Plan:
-    """The plan `solve` returns: its objective value, and the proven bound capped by it (OPTIMAL
-    when the solver says so or the bound reaches the value; else WITHIN_GAP when `gap` > 0 and
-    the bound is within it, NOTE [gap stop]; else FEASIBLE)."""
-    best = objective_ns(stages, objective, microbatches)
-    if solver_optimal or proven_ns >= best:
-        status = "OPTIMAL"
-    elif gap > 0 and _within_gap(best, proven_ns, gap):
-        status = "WITHIN_GAP"
-    else:
-        status = "FEASIBLE"
-    plan = Plan(
-        stage_of=stage_of,
-        device_of_stage=device_of_stage,
-        stages=stages,
-        bottleneck_ns=bottleneck_ns(stages),
-        lower_bound_ns=min(proven_ns, best),
-        solver_status=status,
-        solve_seconds=time.perf_counter() - t0,
-        stats=stats,
-        bounds=bounds,
-        objective=objective,
-        objective_ns=best,
-        microbatches=microbatches,
-    )
-    return dataclasses.replace(plan, certificate=plan_provenance(plan))
-
-
-def _constraints_note(problem: Problem) -> str:
-    """A line for the infeasibility message when co-location groups or forbidden types narrowed the choice."""
-    groups = problem.colocation_groups()
-    forbidding = [v for v in problem.graph.nodes if problem.graph.nodes[v].get(FORBIDDEN_TYPES)]
-    if not groups and not forbidding:
-        return ""
-    names = ", ".join(map(repr, list(groups)[:5]))
-    return (f"\n  The plan must also keep {len(groups)} co-location group(s) ({names}) "
-            f"in one stage each and {len(forbidding)} op(s) off the device types they forbid "
-            f"(e.g. {', '.join(map(repr, forbidding[:3]))}); relax those if the memory above looks sufficient.")
-
-
-
-# NOTE [coarsened solve]
-# Above COARSEN_ABOVE nodes one CP-SAT model of the whole graph stalls in presolve
-# (PARTITIONING-NOTES finding 3), so `solve`:
-# 1. runs the DP (dp.py, NOTE [candidate cuts]: coarse cut candidates, then op-level
-#    windows around its cuts) -- the plan to beat, contiguous in the node order; and where
-#    the graph without its free nodes has few ideals (hf:llama at 7B dimensions: 1,677 nodes,
-#    7,115 ideals), NOTE [ideal DP], which may prove that plan optimal or beat it;
-# 2. coarsens the graph into about COARSE_NODES runs of the order (coarsen.py, NOTE
-#    [coarse nodes]), with the DP's cuts among the run boundaries so its plan is a
-#    coarse plan, and lets CP-SAT improve that plan on the coarse problem (it may
-#    place runs out of order, which the DP cannot) for the rest of the time limit;
-# 3. reads the coarse answer back, recosts it exactly on the original problem, and
-#    when it is contiguous in the order refines its cuts op by op (dp.refine_cuts, devices
-#    fixed); then keeps the better of that and the DP's plan: never worse than the DP.
-# Bounds: the coarse CP-SAT bound is a bound of the coarse problem only (fewer plans,
-# transfers rounded up), NOT of the original one, so a coarsened plan reports only the
-# search-free bounds of bounds.py (LP work bound, largest op, memory) and the ideal DP's,
-# which hold for every plan of the original problem; its gap is honest and usually wider than a
-# fine solve's. Deterministic for a given seed and worker count as long as the coarse
-# CP-SAT finishes (or stops) at the same point: the DP and refinement are.
-
-
-def _solve_coarsened(problem: Problem, t0: float, *, time_limit_s: float, seed: int, workers: int,
-                     hint: Plan | None, log_callback: LogCallback | None, objective: str,
-                     microbatches: int, gap: float = 0.0) -> Plan:
-    """NOTE [coarsened solve]."""
-    value = lambda st: objective_ns(st, objective, microbatches)  # noqa: E731
-    dp_plan = dp_hint(problem, time_limit_s=DP_SHARE * time_limit_s)
-    t_dp = time.perf_counter()
-    bounds = compute_bounds(problem, 0, upper_ns=dp_plan.bottleneck_ns if dp_plan is not None else None,
-                            deadline=t0 + BOUNDS_SHARE * time_limit_s)
-    valid_lb = objective_bound_ns(problem, bounds, objective, microbatches)
-    t_bounds = time.perf_counter()
-    pre_stats = {"dp_seconds": t_dp - t0, "bounds_seconds": t_bounds - t_dp}
-    certified = _certified_dp_plan(dp_plan, valid_lb, gap, objective=objective, microbatches=microbatches, t0=t0,
-                                   bounds=bounds, stats={**pre_stats, "plan_from_dp": 1.0})
-    if certified is not None:
-        return certified
-    # The graph without its free nodes may have few ideals even here (hf:llama at 7B: 7,115).
-    dp_plan, bounds, certified = _ideal_pass(problem, dp_plan, bounds, t0 + IDEAL_SHARE * time_limit_s, gap=gap,
-                                             objective=objective, microbatches=microbatches, t0=t0, stats=pre_stats)
-    if certified is not None:
-        return certified
-    valid_lb = objective_bound_ns(problem, bounds, objective, microbatches)
-    candidates: list[tuple[str, dict[str, int], list[str]]] = []
-    if dp_plan is not None:
-        source = "ideal_dp" if dp_plan.stats.get("from_ideal_dp") else "dp"
-        candidates.append((source, dp_plan.stage_of, dp_plan.device_of_stage))
-    if hint is not None:
-        _check_hint(problem, hint, len(problem.devices))
-        candidates.append(("hint", hint.stage_of, hint.device_of_stage))
-
-    tab = order_tables(problem)
-    t_eval = time.perf_counter()
-    start = min(candidates, key=lambda c: value(evaluate(problem, c[1], c[2])), default=None)
-    # Reading the coarse answer back costs a few recostings and checks of the whole graph: keep time for them.
-    reserve_s = 8 * (time.perf_counter() - t_eval) / max(1, len(candidates))
-    cuts = cut_candidates(tab, COARSE_NODES)
-    if start is not None and _is_contiguous(tab.order, start[1]):
-        cuts = np.union1d(cuts, [i for i in range(1, tab.n) if start[1][tab.order[i]] != start[1][tab.order[i - 1]]])
-    coarse = coarsen(problem, tab, cuts)
-    stats: dict[str, float] = {**pre_stats,
-                               "coarse_nodes": float(coarse.problem.graph.number_of_nodes()) if coarse else 0.0}
-    if dp_plan is not None:
-        stats["dp_bottleneck_ns"] = float(dp_plan.bottleneck_ns)
-    remaining = time_limit_s - (time.perf_counter() - t0) - reserve_s
-    if coarse is not None and remaining > 0.5:
-        coarse_hint = None
-        if start is not None and (c_stage := coarse.coarse_stage_of(start[1])) is not None:
-            st = evaluate(coarse.problem, c_stage, start[2])
-            coarse_hint = Plan(stage_of=c_stage, device_of_stage=start[2], stages=st, bottleneck_ns=bottleneck_ns(st),
-                               lower_bound_ns=0, solver_status="FEASIBLE", solve_seconds=0.0)
-        progress = (lambda obj, _bound: log_callback(obj, valid_lb)) if log_callback else None
-        try:
-            cplan = solve(coarse.problem, time_limit_s=remaining, seed=seed, workers=workers, hint=coarse_hint,
-                          log_callback=progress, objective=objective, microbatches=microbatches, coarsen_above=None,
-                          check_certificate=False)
-        except HetpartError:
-            cplan = None  # the runs are too coarse to fit somewhere: keep the DP's plan
-        if cplan is not None:
-            stats["coarse_solver_status_optimal"] = float(cplan.solver_status == "OPTIMAL")
-            stats["coarse_cpsat_seconds"] = cplan.solve_seconds
-            fine = coarse.fine_stage_of(cplan.stage_of)
-            candidates.append(("coarse", fine, cplan.device_of_stage))
-            if _is_contiguous(tab.order, fine) and objective == "throughput":
-                cut_pos = [0] + [i for i in range(1, tab.n) if fine[tab.order[i]] != fine[tab.order[i - 1]]] + [tab.n]
-                seg = Segments(cuts=cut_pos, devices=cplan.device_of_stage, dp_ns=0, exact=True, states=0)
-                refined = refine_cuts(problem, tab, seg, radius=max(16, 2 * tab.n // max(1, len(cuts))))
-                ref = contiguous_plan(problem, tab, refined.cuts, refined.devices, t0, {})
-                candidates.append(("refined", ref.stage_of, ref.device_of_stage))
-    if not candidates:
-        if not bounds.memory_feasible:
-            raise HetpartError(_infeasible_message(problem) + _constraints_note(problem))
-        raise HetpartError(
-            f"partitioner: no plan found within {time_limit_s:g} s ({problem.graph.number_of_nodes()} nodes, "
-            f"{len(problem.devices)} devices, coarsened): no contiguous split of the node order fits, and the "
-            "coarse model found none either; raise --time-limit, or add memory (the weights and activations "
-            "may fit only when split across more devices than the order allows)"
-        )
-    # Every candidate is recosted on the original problem, and one that breaks a rule is dropped.
-    scored, seen = [], set()
-    for i, (source, stage_of, device_of_stage) in enumerate(candidates):
-        key = (tuple(stage_of[v] for v in tab.order), tuple(device_of_stage))
-        if key in seen:
-            continue  # the coarse solver often hands back the DP's plan
-        seen.add(key)
-        st = evaluate(problem, stage_of, device_of_stage)
-        trial = Plan(stage_of=stage_of, device_of_stage=list(device_of_stage), stages=st,
-                     bottleneck_ns=bottleneck_ns(st), lower_bound_ns=0, solver_status="FEASIBLE", solve_seconds=0.0)
-        if not plan_violations(problem, trial):
-            scored.append((value(st), i, (source, stage_of, device_of_stage, st)))
-    if not scored:
-        raise HetpartError(
-            f"partitioner: no valid plan found within {time_limit_s:g} s ({problem.graph.number_of_nodes()} nodes, "
-            f"{len(problem.devices)} devices, coarsened); raise --time-limit"
-        )
-    _, _, (source, stage_of, device_of_stage, stages) = min(scored)
-    stats["coarsened"] = 1.0
-    stats["plan_from_" + source] = 1.0
-    return _finished_plan({v: stage_of[v] for v in problem.graph.nodes}, list(device_of_stage), stages, valid_lb,
-                          False, objective=objective, microbatches=microbatches, t0=t0, stats=stats, bounds=bounds,
-                          gap=gap)
-
-
-def _is_contiguous(order: list[str], stage_of: dict[str, int]) -> bool:
-    """Whether the stages are contiguous runs of `order` (stage numbers never decrease along it)."""
-    stages = [stage_of[v] for v in order]
-    return all(a <= b for a, b in zip(stages, stages[1:]))
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return answer
+    answer.bound_ns = max(0, math.ceil(solver.best_objective_bound - 1e-6))
+    # Read the solution; used stages are a prefix, renumber them 0..S-1 all the same.
+    raw = {v: next(k for k in range(mdl.num_stages) if solver.boolean_value(mdl.y[v][k])) for v in mdl.order}
+    used = sorted(set(raw.values()))
+    renumber = {k: i for i, k in enumerate(used)}
+    answer.stage_of = {v: renumber[raw[v]] for v in problem.graph.nodes}
+    answer.device_of_stage = [next(d for d, lit in mdl.a[k].items() if solver.boolean_value(lit)) for k in used]
+    return answer

@@ -190,7 +190,7 @@ def order_tables(problem: Problem, order: list[str] | None = None) -> OrderTable
     )
 
 
-def _classes(problem: Problem, m: int, max_stages: int) -> tuple[bool, list[list[str]]]:
+def _classes(problem: Problem, m: int, max_stages: int, budget: int = _DP_BUDGET) -> tuple[bool, list[list[str]]]:
     """Device classes for the DP over `m` cut positions, and whether they are exact.
 
     Exact classes are `Problem.device_classes()` (type, machine, capacity). When
@@ -213,7 +213,7 @@ def _classes(problem: Problem, m: int, max_stages: int) -> tuple[bool, list[list
         exact_classes = exact_classes or classes
         count_states = math.prod(min(len(c), max_stages) + 1 for c in classes)
         work = count_states * 2 * len(classes) ** 2 * m**2 // 2
-        if work <= _DP_BUDGET or level == len(keys) - 1:
+        if work <= budget or level == len(keys) - 1:
             # Exact when merging changed nothing (each type on one machine with one capacity).
             return classes == exact_classes, classes
     raise AssertionError("unreachable")
@@ -232,7 +232,7 @@ class Segments:
 
 
 def _dp_over(problem: Problem, tab: OrderTables, P: np.ndarray, upper_ns: int | None = None,
-             deadline: float | None = None, known_ns: int | None = None) -> Segments | None:
+             deadline: float | None = None, known_ns: int | None = None, budget: int = _DP_BUDGET) -> Segments | None:
     """The best contiguous plan cutting only at positions `P` (sorted, with 0 and n), devices chosen too.
 
     With `upper_ns`, only a plan whose DP value is below it (None if there is none): partial
@@ -244,7 +244,7 @@ def _dp_over(problem: Problem, tab: OrderTables, P: np.ndarray, upper_ns: int | 
     """
     n, m = tab.n, len(P)
     max_stages = min(problem.max_stages or len(problem.devices), len(problem.devices))
-    exact, classes = _classes(problem, m, max_stages)
+    exact, classes = _classes(problem, m, max_stages, budget)
     cls_dev = [[problem.device(d) for d in c] for c in classes]
     cls_type = [c[0].type for c in cls_dev]
     cls_capacity = [min(d.capacity_bytes for d in c) for c in cls_dev]
@@ -452,7 +452,8 @@ def contiguous_plan(problem: Problem, tab: OrderTables, cuts: list[int], devices
 
 
 def dp_hint(problem: Problem, *, exact_cuts: int = EXACT_CUTS, coarse_cuts: int = COARSE_CUTS,
-            time_limit_s: float | None = None) -> Plan | None:
+            time_limit_s: float | None = None, pre_cuts_above: int = PRE_CUTS_ABOVE, budget: int = _DP_BUDGET,
+            refine_budget: int = _REFINE_BUDGET) -> Plan | None:
     """The best plan whose stages are contiguous segments of `problem.node_order()`.
 
     Minimises the bottleneck of NOTE [stage time] (evaluate.py) under the memory
@@ -483,27 +484,29 @@ def dp_hint(problem: Problem, *, exact_cuts: int = EXACT_CUTS, coarse_cuts: int 
     # beat a DP whose classes had to be merged (`_classes`), and finds plans when that DP cannot.
     # Computed first: it is cheap, it is the plan to fall back on at the deadline, and its
     # bottleneck prunes the exact DP.
-    listed = list_order_segments(problem, tab, P, refine=not exact)
+    listed = list_order_segments(problem, tab, P, refine=not exact, refine_budget=refine_budget)
     known = [_cost(problem, tab, listed)] if listed is not None else []
     pre = None
     max_stages = min(problem.max_stages or len(problem.devices), len(problem.devices))
-    if exact and len(P) > PRE_CUTS_ABOVE and _classes(problem, len(P), max_stages)[0]:
+    if exact and len(P) > pre_cuts_above and _classes(problem, len(P), max_stages, budget)[0]:
         # A quick plan from half the candidate cuts, refined, to prune the exact DP (NOTE [DP deadline]).
-        rough = _dp_over(problem, tab, cut_candidates(tab, COARSE_CUTS // 2), deadline=deadline)
+        rough = _dp_over(problem, tab, cut_candidates(tab, coarse_cuts // 2), deadline=deadline, budget=budget)
         if rough is not None:
-            pre, pre_ns, _ = _refined(problem, tab, rough)
+            pre, pre_ns, _ = _refined(problem, tab, rough, refine_budget)
             known.append(pre_ns)
-    seg = _dp_over(problem, tab, P, deadline=deadline, known_ns=min(known) if exact and known else None)
+    seg = _dp_over(problem, tab, P, deadline=deadline, known_ns=min(known) if exact and known else None,
+                   budget=budget)
     if seg is None and not exact and not _past(deadline):
         # The candidates may miss the only cuts that fit in memory: try positions four times
         # denser before giving up (rare: memory that tight).
         P = np.unique(np.concatenate([P, every[:: max(1, len(every) // (4 * coarse_cuts))], [0, n]]))
-        seg = _dp_over(problem, tab, P, deadline=deadline)
+        seg = _dp_over(problem, tab, P, deadline=deadline, budget=budget)
     found: list[Segments] = []
     timed_out = _past(deadline) if seg is None else seg.timed_out
     # Exact over contiguous plans: every cut position, exact classes, not stopped (None from the
     # exact DP then means that no plan beats the list-order one).
-    dp_exact = exact and not timed_out and (seg.exact if seg is not None else _classes(problem, len(P), max_stages)[0])
+    dp_exact = exact and not timed_out and (seg.exact if seg is not None
+                                            else _classes(problem, len(P), max_stages, budget)[0])
     stats = {"dp_candidates": float(len(P)), "dp_exact": float(dp_exact),
              "dp_states": float(seg.states if seg else 0), "dp_timed_out": float(timed_out)}
     if seg is not None:
@@ -511,16 +514,16 @@ def dp_hint(problem: Problem, *, exact_cuts: int = EXACT_CUTS, coarse_cuts: int 
         if exact and seg.exact:
             found.append(seg)  # the best contiguous plan (of the stage counts done): nothing to refine
         else:
-            best, best_ns, rounds = _refined(problem, tab, seg)
+            best, best_ns, rounds = _refined(problem, tab, seg, refine_budget)
             found.append(best)
             stats["dp_refine_rounds"] = float(rounds)
             if not exact and not seg.timed_out:
                 # Pass 1 again on twice the candidates and the refined cuts, pruned by the plan so
                 # far: it may find a better device sequence (NOTE [candidate cuts] step 3).
                 P2 = np.union1d(cut_candidates(tab, 2 * coarse_cuts), best.cuts)
-                again = _dp_over(problem, tab, P2, upper_ns=best_ns, deadline=deadline)
+                again = _dp_over(problem, tab, P2, upper_ns=best_ns, deadline=deadline, budget=budget)
                 if again is not None:
-                    found.append(_refined(problem, tab, again)[0])
+                    found.append(_refined(problem, tab, again, refine_budget)[0])
     if pre is not None:
         found.append(pre)
     if listed is not None:
@@ -555,7 +558,8 @@ def _cost(problem: Problem, tab: OrderTables, seg: Segments) -> int:
     return contiguous_plan(problem, tab, seg.cuts, seg.devices, 0.0, {}).bottleneck_ns
 
 
-def list_order_segments(problem: Problem, tab: OrderTables, P: np.ndarray, refine: bool) -> Segments | None:
+def list_order_segments(problem: Problem, tab: OrderTables, P: np.ndarray, refine: bool,
+                        refine_budget: int = _REFINE_BUDGET) -> Segments | None:
     """The best contiguous plan on a prefix of the devices in list order, cutting at positions `P`
     (then, for the best prefix, refined op by op when `refine`); None when no prefix fits."""
     n = tab.n
@@ -570,13 +574,14 @@ def list_order_segments(problem: Problem, tab: OrderTables, P: np.ndarray, refin
         if seg is not None and (best is None or seg.dp_ns < best.dp_ns):
             best = seg
     if best is not None and refine:
-        best = _refined(problem, tab, best)[0]  # only the best stage count: refining is the costly part
+        best = _refined(problem, tab, best, refine_budget)[0]  # only the best stage count: refining is the costly part
     return best
 
 
-def _refined(problem: Problem, tab: OrderTables, seg: Segments) -> tuple[Segments, int, int]:
+def _refined(problem: Problem, tab: OrderTables, seg: Segments,
+             budget: int = _REFINE_BUDGET) -> tuple[Segments, int, int]:
     """`refine_cuts` until it stops improving: (plan, its bottleneck, rounds)."""
-    radius = max(16, int(math.sqrt(_REFINE_BUDGET / len(seg.devices)) / 2))
+    radius = max(16, int(math.sqrt(budget / len(seg.devices)) / 2))
     cur_ns = _cost(problem, tab, seg)
     rounds = 0
     while rounds < 4:

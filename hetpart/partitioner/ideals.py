@@ -158,7 +158,8 @@ class IdealTables:
 
 
 def ideal_tables(problem: Problem, limit: int = IDEAL_MAX, relaxed: bool = False,
-                 deadline: float | None = None) -> IdealTables | None:
+                 deadline: float | None = None, visit_max: int = _VISIT_MAX,
+                 visit_work: int = _VISIT_WORK) -> IdealTables | None:
     """NOTE [ideal DP]'s tables; None when the graph has more than `limit` usable ideals, or past the deadline.
     `relaxed`: over the ideals of the graph without its free nodes (NOTE [ideal DP free nodes]).
     Twins are ordered (NOTE [twin branches]): the ideals are those that hold every elder twin of their nodes."""
@@ -169,7 +170,7 @@ def ideal_tables(problem: Problem, limit: int = IDEAL_MAX, relaxed: bool = False
     order = problem.node_order()
     n = len(order)
     twins = [(u, w) for u, w in twin_order(original) if u in g and w in g]
-    every = enumerate_ideals(problem, min(_VISIT_MAX, _VISIT_WORK // max(1, n)), deadline, twins)
+    every = enumerate_ideals(problem, min(visit_max, visit_work // max(1, n)), deadline, twins)
     if every is None:
         return None
     index = {v: i for i, v in enumerate(order)}
@@ -384,7 +385,8 @@ def _stage_pairs(tab: IdealTables, kinds: list[tuple[str, int]], upper_ns: int,
 
 
 def ideal_dp(problem: Problem, upper_ns: int, deadline: float | None = None, limit: int = IDEAL_MAX,
-             multipliers: tuple = (), lower_ns: int = 0, gap: float = 0.0) -> IdealResult | None:
+             multipliers: tuple = (), lower_ns: int = 0, gap: float = 0.0, pairs_max: int = PAIRS_MAX,
+             visit_max: int = _VISIT_MAX, visit_work: int = _VISIT_WORK) -> IdealResult | None:
     """NOTE [ideal DP]: the least bottleneck of any plan below `upper_ns` (a known plan's; the
     bound is `upper_ns` when there is none), and the best plan found on the way, by NOTE [ideal DP
     bisection] from `lower_ns` (a valid bound); it stops once that plan is within `gap` of the
@@ -398,12 +400,13 @@ def ideal_dp(problem: Problem, upper_ns: int, deadline: float | None = None, lim
     attempts = [True, False] if any(_is_free(a) for _, a in problem.graph.nodes(data=True)) else [False]
     best: IdealResult | None = None
     for relaxed in attempts:
-        tab = ideal_tables(problem, limit, relaxed=relaxed, deadline=deadline)
+        tab = ideal_tables(problem, limit, relaxed=relaxed, deadline=deadline, visit_max=visit_max,
+                           visit_work=visit_work)
         if tab is None:
             break  # the deadline, or too many ideals: the graph itself has no fewer than without free nodes
         lower = max(lower_ns, best.bound_ns if best else 0)
         upper = best.plan.bottleneck_ns if best and best.plan else upper_ns
-        decider = _Decider(problem, tab, upper, multipliers)
+        decider = _Decider(problem, tab, upper, multipliers, pairs_max)
         if decider.pairs is None:
             break  # too many stages to keep (few devices, so long ones); the graph itself has no fewer
         got = decider.bisect(lower, deadline, gap)
@@ -449,7 +452,8 @@ def _packed(rows: np.ndarray, cols: np.ndarray, n: int) -> np.ndarray:
 class _Decider:
     """NOTE [ideal DP bisection] on the tables `tab` of `problem`, for bottlenecks below `upper_ns`."""
 
-    def __init__(self, problem: Problem, tab: IdealTables, upper_ns: int, multipliers: tuple) -> None:
+    def __init__(self, problem: Problem, tab: IdealTables, upper_ns: int, multipliers: tuple,
+                 pairs_max: int = PAIRS_MAX) -> None:
         self.problem, self.tab, self.upper_ns = problem, tab, upper_ns
         n = tab.n
         self.classes = problem.device_classes()
@@ -488,7 +492,7 @@ class _Decider:
         # Per (type, capacity): the stages it can run below the known plan (NOTE [ideal DP]); None
         # when there are more than PAIRS_MAX in all.
         self.pairs = _stage_pairs(tab, list(dict.fromkeys((d.type, d.capacity_bytes) for d in first)), upper_ns,
-                                  PAIRS_MAX)
+                                  pairs_max)
         self._capacity: dict[tuple, tuple[float, float]] = {}
 
     def capacity(self, left: np.ndarray, home: int, k: int, u: int) -> tuple[float, float]:

@@ -34,6 +34,7 @@ from hetpart.errors import HetpartError
 
 if TYPE_CHECKING:
     from hetpart.partitioner.bounds import Bounds
+    from hetpart.partitioner.solve import SolveStats
 
 # Node attributes read from `Problem.graph` (networkx style: functions name the attribute).
 TIME_NS = "time_ns"  # dict[device type, int]: compute time of the node on that type
@@ -276,7 +277,7 @@ class Plan:
     lower_bound_ns: int  # proven: no plan of this problem is faster (in terms of `objective`)
     solver_status: str  # "OPTIMAL", "WITHIN_GAP" (certified within solve's gap) or "FEASIBLE"
     solve_seconds: float
-    stats: dict[str, float] = field(default_factory=dict)
+    stats: SolveStats | dict[str, float] = field(default_factory=dict)  # solve's: SolveStats; dp_hint's: its counters
     bounds: Bounds | None = None  # the search-free and solver bounds of the bottleneck (bounds.py)
     objective: str = "throughput"  # NOTE [objectives] in evaluate.py; lower_bound_ns bounds this
     objective_ns: int | None = None  # the plan's value of `objective`; None means bottleneck_ns

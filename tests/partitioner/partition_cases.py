@@ -28,14 +28,6 @@ from hetpart.partitioner.ideals import IdealResult, ideal_dp
 FAST_LINK = Link(bandwidth_bytes_per_us=1_000, latency_ns=0)  # 1 byte per ns
 
 
-def without_ideal_dp(monkeypatch) -> None:
-    """Leave NOTE [ideal DP] out of `solve`: it solves small graphs exactly before CP-SAT or the
-    coarsened path start, which is what these tests exercise."""
-    from hetpart.partitioner import cpsat
-
-    monkeypatch.setattr(cpsat, "ideal_dp", lambda *_args, **_kwargs: None)
-
-
 def roomy(p: Problem) -> Problem:
     """`p` with memory that never binds: the ideal DP is then exact, not just a bound."""
     return dataclasses.replace(p, devices=[dataclasses.replace(d, capacity_bytes=10**12) for d in p.devices])

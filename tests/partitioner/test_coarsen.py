@@ -1,5 +1,6 @@
 """Coarsening, the DP's candidate cuts and op-level refinement, and the coarsened solve (NOTE [coarsened solve])."""
 
+import functools
 import random
 import time
 
@@ -7,19 +8,18 @@ import numpy as np
 import pytest
 
 from hetpart.errors import HetpartError
-from hetpart.partitioner import cpsat, dp_hint, evaluate, ideals, solve, verify_plan
+from hetpart import partitioner
+from hetpart.partitioner import dp_hint, evaluate, verify_plan
 from hetpart.partitioner.coarsen import coarsen, cut_candidates
 from hetpart.partitioner.dp import order_tables
 from hetpart.partitioner.evaluate import bottleneck_ns
 
 from partition_cases import (
-    brute_force, constrained_problem, random_large, random_problem, transformer_problem, without_ideal_dp,
+    brute_force, constrained_problem, random_large, random_problem, transformer_problem,
 )
 
-
-@pytest.fixture(autouse=True)
-def _no_ideal_dp(monkeypatch):
-    without_ideal_dp(monkeypatch)
+# These tests exercise the coarsened path: NOTE [ideal DP] would solve their small graphs before it.
+solve = functools.partial(partitioner.solve, run_ideal_dp=False)
 
 
 @pytest.mark.parametrize("seed", range(24))
@@ -32,7 +32,7 @@ def test_coarsened_solve_is_valid_and_its_bound_holds_against_brute_force(seed):
         return
     plan = solve(p, time_limit_s=5, coarsen_above=0)
     verify_plan(p, plan)
-    assert plan.stats["coarsened"] == 1.0
+    assert plan.stats.coarsened
     assert plan.lower_bound_ns <= want <= plan.bottleneck_ns
 
 
@@ -85,11 +85,11 @@ def test_two_thousand_node_transformer_is_planned_fast_and_deterministically():
     plan = solve(p, time_limit_s=8, seed=1)
     assert time.perf_counter() - t0 < 20  # the DP, coarsening and bounds: about 1 s past the limit, idle
     verify_plan(p, plan)
-    assert plan.stats["coarsened"] == 1.0
+    assert plan.stats.coarsened
     assert plan.bounds.lp_work_ns <= plan.lower_bound_ns <= plan.bottleneck_ns
     dp = dp_hint(p)
     assert plan.bottleneck_ns <= dp.bottleneck_ns
-    if plan.stats.get("plan_from_dp"):
+    if plan.stats.plan_from == "dp":
         assert plan.stage_of == dp.stage_of  # the DP is deterministic, and so is the plan taken from it
 
 
@@ -121,19 +121,18 @@ def test_coarsened_training_plans_respect_the_training_memory(schedule):
     p.devices = [type(d)(d.name, d.type, d.node, 20_000) for d in p.devices]
     plan = solve(p, time_limit_s=5, coarsen_above=0)
     verify_plan(p, plan)
-    assert plan.stats["coarsened"] == 1.0 and len(plan.device_of_stage) == 4
+    assert plan.stats.coarsened and len(plan.device_of_stage) == 4
     p.devices = [type(d)(d.name, d.type, d.node, 12_000) for d in p.devices]
     # GPipe: the bounds prove it (every stage stashes 3 microbatches); 1F1B: only the search fails.
     with pytest.raises(HetpartError, match="no plan fits in memory" if schedule == "gpipe" else "no plan found"):
         solve(p, time_limit_s=5, coarsen_above=0)
 
 
-def test_coarsened_solve_runs_the_ideal_dp_first(monkeypatch):
-    # NOTE [coarsened solve] step 1: where the graph has few ideals, the ideal DP proves the plan
+def test_coarsened_solve_runs_the_ideal_dp_first():
+    # NOTE [solve strategy] step 4: where the graph has few ideals, the ideal DP proves the plan
     # optimal before anything is coarsened (hf:llama at 7B dimensions: 1,677 nodes).
-    monkeypatch.setattr(cpsat, "ideal_dp", ideals.ideal_dp)
     p = transformer_problem(100)
-    plan = solve(p, time_limit_s=30, coarsen_above=0)
+    plan = solve(p, time_limit_s=30, coarsen_above=0, run_ideal_dp=True)
     verify_plan(p, plan)
     assert plan.solver_status == "OPTIMAL" and plan.bounds.ideal_ns == plan.bottleneck_ns
-    assert "ideal_seconds" in plan.stats and "coarsened" not in plan.stats
+    assert plan.stats.ideal_seconds is not None and not plan.stats.coarsened

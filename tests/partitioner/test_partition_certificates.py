@@ -5,9 +5,9 @@ from __future__ import annotations
 import dataclasses
 
 from hetpart.errors import HetpartError
-from hetpart.partitioner import TIME_NS, solve, verify_plan
+from hetpart.partitioner import TIME_NS, SolveOptions, solve, verify_plan
 
-from partition_cases import brute_force, random_problem, without_ideal_dp
+from partition_cases import brute_force, random_problem
 
 
 def _slow_ops(seed: int):
@@ -19,29 +19,25 @@ def _slow_ops(seed: int):
     return dataclasses.replace(p, graph=g)
 
 
-def test_partition_cpsat_claim_is_sound_on_ops_of_seconds(monkeypatch):
+def test_partition_cpsat_claim_is_sound_on_ops_of_seconds():
     # cpsat.py's side of NOTE [int32 activities]: presolve without its inclusion step.
-    without_ideal_dp(monkeypatch)
     for seed in (94, 105, 115, 116):  # each claimed a bound above the optimum before
         p = _slow_ops(seed)
-        plan = solve(p, time_limit_s=10, check_certificate=False)
-        assert plan.stats["presolve_inclusion_off"] == 1.0
+        plan = solve(p, time_limit_s=10, check_certificate=False, run_ideal_dp=False)
+        assert plan.stats.presolve_inclusion_off
         assert plan.lower_bound_ns <= brute_force(p) <= plan.value_ns
 
 
-def test_partition_claim_from_cpsat_refuted_and_downgraded(monkeypatch):
+def test_partition_claim_from_cpsat_refuted_and_downgraded():
     # The same presolve bug in `partition`'s model with the workaround taken out: CP-SAT alone
     # claims a bound above the optimum, and the check catches it.
-    from hetpart.partitioner import cpsat
-
-    monkeypatch.setattr(cpsat, "INT32_SAFE_NS", 2**62)
-    without_ideal_dp(monkeypatch)
+    unsafe = SolveOptions(int32_safe_ns=2**62, run_ideal_dp=False)
     p = _slow_ops(115)
     optimum = brute_force(p)
-    trusted = solve(p, time_limit_s=10, check_certificate=False)
+    trusted = solve(p, unsafe, time_limit_s=10, check_certificate=False)
     assert trusted.solver_status == "OPTIMAL" and trusted.lower_bound_ns > optimum
     assert trusted.certificate.bound_source == "cpsat_objective_bound"
-    checked = solve(p, time_limit_s=10, check_certificate=True)
+    checked = solve(p, unsafe, time_limit_s=10, check_certificate=True)
     verify_plan(p, checked)
     assert checked.certificate.verdict == "refuted" and checked.certificate.checked_by == "brute_force"
     assert checked.solver_status == "FEASIBLE" and checked.lower_bound_ns <= optimum == checked.value_ns

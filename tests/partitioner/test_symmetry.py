@@ -8,7 +8,7 @@ from hetpart.partitioner.ideals import _without_free_nodes, enumerate_ideals, id
 from hetpart.partitioner.symmetry import twin_order
 
 from partition_cases import (
-    brute_force, ideal_dp_holds, make_problem, roomy, twin_problem, valid_plans, without_ideal_dp,
+    brute_force, ideal_dp_holds, make_problem, roomy, twin_problem, valid_plans,
 )
 
 
@@ -93,13 +93,12 @@ def test_experts_are_ordered_by_their_sum_and_gate_before_up():
     assert ideal_tables(p, relaxed=True).n + 1 == len(fewer)  # the DP runs over these
 
 
-def test_the_ideal_dp_with_twins_is_exact_on_the_experts(monkeypatch):
+def test_the_ideal_dp_with_twins_is_exact_on_the_experts():
     """Against CP-SAT's proven optimum over every plan (the experts' graph is too big for brute force)."""
     p = _moe()
     got = ideal_dp(p, 10**9)
     verify_plan(p, got.plan)
-    without_ideal_dp(monkeypatch)
-    cpsat = solve(p, time_limit_s=60)
+    cpsat = solve(p, time_limit_s=60, run_ideal_dp=False)
     assert cpsat.solver_status == "OPTIMAL"
     assert got.bound_ns == got.plan.bottleneck_ns == cpsat.bottleneck_ns
 

@@ -1,0 +1,67 @@
+"""Why no plan fits, in the data's terms: the messages of `solve`'s memory errors."""
+
+from __future__ import annotations
+
+from hetpart.partitioner.evaluate import stage_memory_bytes, stash_microbatches
+from hetpart.partitioner.problem import FORBIDDEN_TYPES, MEM_BYTES, WEIGHTS, Problem
+
+
+def node_need(problem: Problem, v: str) -> int:
+    """Memory `v` needs wherever it goes: in training, the least stash of any stage (GPipe: M; 1F1B: 1)."""
+    attrs = problem.graph.nodes[v]
+    return stage_memory_bytes(problem, attrs.get(MEM_BYTES, 0), dict.fromkeys(attrs.get(WEIGHTS, ()), 1), 0, 1)
+
+
+def infeasible_message(problem: Problem) -> str:
+    """Why no plan fits, in the data's terms."""
+    g = problem.graph
+    weights = sorted({w for v in g.nodes for w in g.nodes[v].get(WEIGHTS, ())})
+    activations = sum(g.nodes[v].get(MEM_BYTES, 0) for v in g.nodes)
+    need = stage_memory_bytes(problem, activations, dict.fromkeys(weights, 1), 0, 1)
+    capacity = sum(d.capacity_bytes for d in problem.devices)
+    biggest_dev = max(problem.devices, key=lambda d: d.capacity_bytes)
+    biggest_node = max(g.nodes, key=lambda v: node_need(problem, v))
+    biggest_weight = max(weights, key=lambda w: problem.weights[w], default=None)
+    if node_need(problem, biggest_node) > biggest_dev.capacity_bytes:
+        cause = f"node {biggest_node!r} alone is larger than the largest device"
+    elif need > capacity:
+        cause = "the model needs more than all the devices' memory together"
+    else:
+        cause = "the model fits in the devices' memory together but in no split of it into stages"
+    lines = [
+        f"partitioner: no plan fits in memory: {cause}.",
+        f"  activations + weights: {need} bytes (weights counted once); total device memory: {capacity} bytes"
+        f" over {len(problem.devices)} devices"
+        + (f" (max_stages={problem.max_stages})" if problem.max_stages else ""),
+        f"  largest single node: {biggest_node!r} needs {node_need(problem, biggest_node)} bytes; "
+        f"largest device: {biggest_dev.name!r} with {biggest_dev.capacity_bytes} bytes",
+    ]
+    if biggest_weight is not None:
+        lines.append(f"  largest weight: {biggest_weight!r} with {problem.weights[biggest_weight]} bytes")
+    t = problem.training
+    if t is not None:
+        state = sum(t.state_bytes.get(w, 0) for w in weights)
+        lines.append(
+            f"  training ({t.schedule}, {t.microbatches} microbatches): the need above counts {state} bytes of "
+            f"gradients and optimizer state and the activations of {stash_microbatches(problem, 0, 1)} "
+            f"microbatch(es) ({activations} bytes each); "
+            + ("1F1B stage k of S stashes min(S-k, M)" if t.schedule == "1f1b" else "GPipe stashes all M; "
+               "--schedule 1f1b stashes fewer")
+        )
+    lines.append(
+        "  Add devices or larger ones, allow more stages, reduce the batch size, or note that pins "
+        "(inputs first, outputs last) and weights shared across stages add memory."
+    )
+    return "\n".join(lines)
+
+
+def constraints_note(problem: Problem) -> str:
+    """A line for the infeasibility message when co-location groups or forbidden types narrowed the choice."""
+    groups = problem.colocation_groups()
+    forbidding = [v for v in problem.graph.nodes if problem.graph.nodes[v].get(FORBIDDEN_TYPES)]
+    if not groups and not forbidding:
+        return ""
+    names = ", ".join(map(repr, list(groups)[:5]))
+    return (f"\n  The plan must also keep {len(groups)} co-location group(s) ({names}) "
+            f"in one stage each and {len(forbidding)} op(s) off the device types they forbid "
+            f"(e.g. {', '.join(map(repr, forbidding[:3]))}); relax those if the memory above looks sufficient.")
