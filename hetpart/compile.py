@@ -28,7 +28,7 @@ from hetpart.frontend import (
 from hetpart.frontend import model_file_sha256
 from hetpart.ir import info
 from hetpart.partitioner import Plan, Problem, solve, verify_plan
-from hetpart.partitioner.baselines import compute_baselines
+from hetpart.partitioner.baselines import baselines_json, compute_baselines
 from hetpart.passes.fx_baselines import fx_baselines
 from hetpart.passes import PassContext, PassManager, default_passes, lower_to_problem
 from hetpart.passes.lower import TrainingSpec, group_of
@@ -300,7 +300,8 @@ def compile_model(spec: ModelSpec, cluster_spec: str, out: Path, opts: CompileOp
         if training is not None:
             add_training_json(pj, gm, plan, training)
         # What other tools would plan, in the same cost model (issue 5).
-        pj["baselines"] = [b.to_json() for b in compute_baselines(problem) + fx_baselines(gm, problem)]
+        pj["baselines"] = baselines_json(problem, plan, compute_baselines(problem) + fx_baselines(gm, problem),
+                                         opts.microbatches, opts.schedule)  # NOTE [simulated ratios]
         pj["bounds"] = plan.bounds.to_json() if plan.bounds else None
         write_json(tmp / "plan.json", pj)
         planned = [PlannedDevice(d.name, d.type.name, d.machine)
