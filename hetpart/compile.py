@@ -28,7 +28,7 @@ from hetpart.frontend import (
 from hetpart.frontend import model_file_sha256
 from hetpart.ir import info
 from hetpart.partitioner import Plan, Problem, solve, verify_plan
-from hetpart.partitioner.baselines import baselines_json, compute_baselines
+from hetpart.partitioner.baselines import baselines_json, check_strategy, compute_baselines, strategy_plan
 from hetpart.passes.fx_baselines import fx_baselines
 from hetpart.passes import PassContext, PassManager, default_passes, lower_to_problem
 from hetpart.passes.lower import TrainingSpec, group_of
@@ -57,6 +57,7 @@ class CompileOptions:
     meta: bool | None = None  # trace without weights (True), with them (False), or decide by size (None)
     sign_key: Path | None = None  # a key file: sign manifest.json into manifest.json.hmac (hetpart/trust.py)
     check_certificate: bool | None = None  # re-prove the bound (NOTE [checked certificates]); None: the env var
+    strategy: str = "optimal"  # or a baseline's name: write its plan instead (NOTE [--strategy] in baselines.py)
 
 
 @dataclass
@@ -228,6 +229,7 @@ def compile_model(spec: ModelSpec, cluster_spec: str, out: Path, opts: CompileOp
                            "pass a --dump-ir DIR outside it (OUT/ir/ gets the dumps anyway)")
     if opts.dump_ir is not None:
         check_dump_dir(opts.dump_ir)  # NOTE [--dump-ir DIR is hetpart's]
+    check_strategy(opts.strategy)
     sign_key = read_key(opts.sign_key, out) if opts.sign_key is not None else None
     model_sha256 = model_file_sha256(spec)  # the file as it is traced: NOTE [model files] in runtime/artifacts.py
     cluster = load_cluster(cluster_spec)
@@ -256,9 +258,12 @@ def compile_model(spec: ModelSpec, cluster_spec: str, out: Path, opts: CompileOp
                  "devices; more microbatches allow more stages")
         start = time.perf_counter()
         with progress.step("solving"):
-            plan = solve(problem, time_limit_s=opts.time_limit_s, seed=opts.seed, gap=opts.gap,
-                         log_callback=progress.solver if progress.active else None,
-                         check_certificate=opts.check_certificate)
+            if opts.strategy != "optimal":  # NOTE [--strategy] in partitioner/baselines.py
+                plan = strategy_plan(problem, opts.strategy, lambda: fx_baselines(gm, problem))
+            else:
+                plan = solve(problem, time_limit_s=opts.time_limit_s, seed=opts.seed, gap=opts.gap,
+                             log_callback=progress.solver if progress.active else None,
+                             check_certificate=opts.check_certificate)
         if plan.certificate is not None and plan.certificate.warning:
             echo(f"hetpart: warning: {plan.certificate.warning}")
         solve_s = time.perf_counter() - start
@@ -303,6 +308,7 @@ def compile_model(spec: ModelSpec, cluster_spec: str, out: Path, opts: CompileOp
         pj["baselines"] = baselines_json(problem, plan, compute_baselines(problem) + fx_baselines(gm, problem),
                                          opts.microbatches, opts.schedule)  # NOTE [simulated ratios]
         pj["bounds"] = plan.bounds.to_json() if plan.bounds else None
+        pj["strategy"] = opts.strategy
         write_json(tmp / "plan.json", pj)
         planned = [PlannedDevice(d.name, d.type.name, d.machine)
                    for d in (next(c for c in cluster.devices if c.name == n) for n in plan.device_of_stage)]

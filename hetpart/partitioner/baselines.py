@@ -24,10 +24,12 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from hetpart.errors import HetpartError
 from hetpart.partitioner.coarsen import cut_candidates
 from hetpart.partitioner.dp import COARSE_CUTS, EXACT_CUTS, list_order_segments, order_tables
 from hetpart.partitioner.evaluate import bottleneck_ns, evaluate
@@ -306,3 +308,38 @@ def baselines_json(problem: Problem, plan: Plan, baselines: list[Baseline], micr
             entry["bottleneck_ratio"] = round(b.bottleneck_ns / plan.bottleneck_ns, 4) if plan.bottleneck_ns else None
         out.append(entry)
     return out
+
+
+# NOTE [--strategy]: `hetpart partition --strategy NAME` writes a baseline's plan instead of
+# the optimised one, through the same codegen, so any split runs, verifies and is measured
+# the same way (`hetpart run --measure`, benchmarks/measured_speedup.py). A baseline that has
+# no plan, or whose plan breaks a device's memory, is refused (exit 2): its artifacts could not
+# run where the plan says, and the error says by how much each stage is over.
+FX_STRATEGIES = ("fx-size-based",)  # torch.fx's, computed by the caller (passes/fx_baselines.py)
+STRATEGIES = ("optimal", *BASELINES, *FX_STRATEGIES)
+
+
+def check_strategy(name: str) -> None:
+    if name not in STRATEGIES:
+        raise HetpartError(f"--strategy {name}: unknown strategy (known: {', '.join(STRATEGIES)})")
+
+
+def strategy_plan(problem: Problem, name: str, fx: Callable[[], list[Baseline]]) -> Plan:
+    """The plan of baseline `name` (NOTE [--strategy]); `fx()` gives torch.fx's baselines."""
+    check_strategy(name)
+    if name in BASELINES:
+        problem.validate()
+        b = BASELINES[name](problem)
+    else:
+        b = next(x for x in fx() if x.name == name)
+    if b.plan is None:
+        why = "; ".join(b.violations) or b.note or "the method found none"
+        raise HetpartError(f"--strategy {name}: no plan for this model and cluster ({why}); pick another --strategy")
+    if not b.feasible:
+        over = [f"stage {s.index} on {s.device} needs {s.memory_bytes:,} bytes, "
+                f"{s.memory_bytes - s.capacity_bytes:,} over its capacity of {s.capacity_bytes:,}"
+                for s in b.plan.stages if s.memory_bytes > s.capacity_bytes]
+        why = "; ".join(over) or "; ".join(b.violations)
+        raise HetpartError(f"--strategy {name}: its plan does not fit the cluster ({why}); the artifacts would not "
+                           "run there: pick another --strategy, or a cluster with more memory")
+    return b.plan

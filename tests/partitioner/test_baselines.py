@@ -2,6 +2,7 @@ import itertools
 
 import pytest
 
+from hetpart.errors import HetpartError
 from hetpart.partitioner import Device, Link
 from hetpart.partitioner.baselines import (
     baselines_json,
@@ -10,6 +11,7 @@ from hetpart.partitioner.baselines import (
     equal_layers,
     equal_layers_best_order,
     simulated_step_ns,
+    strategy_plan,
     parameter_balanced,
     plan_from_stages,
 )
@@ -162,3 +164,14 @@ def test_baselines_json_ratios_are_simulated_steps():
     from hetpart.partitioner.baselines import Baseline
     [entry] = baselines_json(p, plan, [Baseline("x", other, other.bottleneck_ns, True)], 4)
     assert entry["step_ratio"] == 1.3 and entry["bottleneck_ratio"] == 1.5
+
+
+def test_a_baseline_over_memory_is_refused_with_how_much():
+    nodes, edges = chain(4, {"g": 10}, out=10)
+    for v in nodes:
+        nodes[v]["weights"] = [f"w_{v}"]
+    p = make_problem(nodes, edges, [Device("g0", "g", "m", 15), Device("g1", "g", "m", 100)],
+                     weights={f"w_op{i}": 8 for i in range(4)}, intra=Link(100_000, 0))
+    with pytest.raises(HetpartError, match=r"--strategy equal-layers: its plan does not fit .*stage 0 on g0 needs"):
+        strategy_plan(p, "equal-layers", lambda: [])
+    assert strategy_plan(p, "dp-topo-order", lambda: []).device_of_stage[0] == "g0"  # 1 weight on g0 fits
