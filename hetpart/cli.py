@@ -144,6 +144,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--steps", type=_COUNT, default=1, help="pipeline steps to run")
     run.add_argument("--measure", action="store_true",
                      help="time every stage and the step; write DIR/measured.json next to the plan's predictions")
+    run.add_argument("--emulate", action="store_true",
+                     help="rehearse on this Linux machine: each rank on a core, throttled with a cgroup CPU quota "
+                          "to its device type's speed relative to the plan's fastest (needs writable cgroups)")
     run.add_argument("--as-nodes", action="store_true",
                      help="start one torchrun per planned node (launch.sh's), all on loopback: a multi-node rehearsal")
     run.add_argument("--timeout", type=_number(float, positive=True, maximum=1e6), default=600,
@@ -260,7 +263,7 @@ def _run(args: argparse.Namespace, console: Console) -> int:
 
     opts = RunOptions(mode=args.mode, schedule=args.schedule, microbatches=args.microbatches, steps=args.steps,
                       verify=args.verify, timeout_s=args.timeout, as_nodes=args.as_nodes, master_port=args.master_port,
-                      measure=args.measure, batch_size=args.batch_size, seq_len=args.seq_len,
+                      measure=args.measure, batch_size=args.batch_size, seq_len=args.seq_len, emulate=args.emulate,
                       model=_model_arg(args.model) if args.model else None, trust_model_file=args.trust_model_file,
                       key=args.key,
                       tolerances=Tolerances(**{k: v for k, v in (("rtol", args.rtol), ("atol", args.atol))

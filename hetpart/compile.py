@@ -28,6 +28,7 @@ from hetpart.frontend import (
 from hetpart.frontend import model_file_sha256
 from hetpart.ir import info
 from hetpart.partitioner import Plan, Problem, solve, verify_plan
+from hetpart.partitioner.problem import TIME_NS
 from hetpart.partitioner.baselines import baselines_json, check_strategy, compute_baselines, strategy_plan
 from hetpart.passes.fx_baselines import fx_baselines
 from hetpart.passes import PassContext, PassManager, default_passes, lower_to_problem
@@ -79,7 +80,8 @@ def plan_json(spec: ModelSpec, cluster: Cluster, opts: CompileOptions, plan: Pla
         "model": spec.to_json(),
         "cluster": {
             "name": cluster.name,
-            "devices": [{"name": d.name, "type": d.type.name, "machine": d.machine, "mem_bytes": d.mem_bytes}
+            "devices": [{"name": d.name, "type": d.type.name, "machine": d.machine, "mem_bytes": d.mem_bytes,
+                         **({"core": d.core} if d.core is not None else {})}  # NOTE [emulated devices]
                         for d in cluster.devices],
         },
         "mode": opts.mode,
@@ -309,6 +311,10 @@ def compile_model(spec: ModelSpec, cluster_spec: str, out: Path, opts: CompileOp
                                          opts.microbatches, opts.schedule)  # NOTE [simulated ratios]
         pj["bounds"] = plan.bounds.to_json() if plan.bounds else None
         pj["strategy"] = opts.strategy
+        pj["emulation"] = {  # each type's time for the whole model, for `run --emulate` (NOTE [emulated devices])
+            "type_model_us": {t: round(sum(problem.graph.nodes[v][TIME_NS][t] for v in problem.graph) / 1000, 3)
+                              for t in sorted(cluster.device_types)},
+            "profiled_types": sorted(profiles)}
         write_json(tmp / "plan.json", pj)
         planned = [PlannedDevice(d.name, d.type.name, d.machine)
                    for d in (next(c for c in cluster.devices if c.name == n) for n in plan.device_of_stage)]
