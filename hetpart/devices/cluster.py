@@ -290,8 +290,8 @@ def _device(src: _Source, entry: Any, machine: str, index: int, types: dict[str,
     if isinstance(entry, dict):
         if set(entry) - {"type", "mem_GB", "core"} or "type" not in entry:
             raise src.error(
-                f"node '{machine}': a device is a type name or {{type = \"a100-80g\", mem_GB = 40}} (and `core = N` for "
-                f"`run --emulate`), got {entry!r}",
+                f"node '{machine}': a device is a type name or {{type = \"a100-80g\", mem_GB = 40}} (and "
+                f"`core = N` for `run --emulate`), got {entry!r}",
                 "devices", start,
             )
         if "mem_GB" in entry:

@@ -19,6 +19,10 @@ NOTE [emulated devices]
   cgroup of its own, `hetpart-emulate-<launcher pid>-rank<k>`, under the hierarchy's
   root (or under $HETPART_EMULATE_CGROUP, a cgroup delegated to you). Nothing else is
   written: in v2 the parent must already have `cpu` in cgroup.subtree_control.
+  The quota caps a rank at its device's speed; to also get that speed while other jobs
+  run on the machine, each cgroup weighs WEIGHT_FACTOR default tasks (v1 `cpu.shares`
+  10240, v2 `cpu.weight` 1000). Its use is still capped by the quota, so other jobs
+  keep the rest of the core; a load far above the core count still shows in the figures.
 - Moving the ranks: a thread of the launcher polls /proc for processes that descend
   from it and carry its `HETPART_LAUNCHER_PID` and a `RANK` in their environment (the
   torchrun workers), writes each one's pid into its rank's cgroup.procs and pins every
@@ -43,6 +47,7 @@ from hetpart.errors import HetpartError
 
 PERIOD_US = 10_000  # NOTE [emulated devices]: a 10 ms period
 MIN_QUOTA_US = 1_000  # the kernel refuses quotas under 1 ms
+WEIGHT_FACTOR = 10  # NOTE [emulated devices]: a rank's cgroup weighs 10 default tasks against other jobs
 CGROUP_ENV = "HETPART_EMULATE_CGROUP"  # a parent cgroup to create ours in (v1 cpu or v2)
 V1_ROOT = Path("/sys/fs/cgroup/cpu")
 V2_ROOT = Path("/sys/fs/cgroup")
@@ -127,8 +132,10 @@ class Hierarchy:
         if self.version == 1:
             (path / "cpu.cfs_period_us").write_text(str(PERIOD_US))
             (path / "cpu.cfs_quota_us").write_text(str(quota_us))
+            (path / "cpu.shares").write_text(str(1024 * WEIGHT_FACTOR))
         else:
             (path / "cpu.max").write_text(f"{quota_us} {PERIOD_US}")
+            (path / "cpu.weight").write_text(str(100 * WEIGHT_FACTOR))
         return path
 
 
