@@ -192,9 +192,9 @@ def best_order(problem: Problem, name: str, stage_of: dict[str, int], stages: in
     """
     names = [d.name for d in problem.devices]
 
-    def cost(devices: list[str]) -> tuple[int, int]:
-        b = baseline_of(problem, name, stage_of, devices[:stages])
-        return (0 if b.feasible else 1, b.bottleneck_ns or 0)
+    def cost(devices: list[str]) -> tuple[int, int]:  # over memory last; the verifier runs once, at the end
+        costs = evaluate(problem, stage_of, devices[:stages])
+        return (int(any(c.memory_bytes > c.capacity_bytes for c in costs)), bottleneck_ns(costs))
 
     if math.perm(len(names), stages) <= BRUTE_FORCE_ORDERS:
         best = min((list(p) for p in itertools.permutations(names, stages)), key=cost)
