@@ -143,7 +143,7 @@ def run_case(model: str, cluster: str, args: argparse.Namespace, workdir: Path) 
             measured = json.loads((out / "measured.json").read_text())
             runs[strategy].append({"load_before": round(load, 2), "load_after": round(_load(), 2),
                                    "step_us": measured["step_us"]["median"], "stages": measured["stages"],
-                                   "scale": measured["emulation"]["scale"]})
+                                   "scale": measured["emulation"]["scale"], "ranks": measured["emulation"]["ranks"]})
         print(f"  {model} on {cluster} speeds: round {r + 1}/{args.rounds} done (load {_load():.2f})", flush=True)
     return {"model": model, "cluster": cluster, "speeds": speeds, "plans": plans, "same_as": same_as, "runs": runs}
 
@@ -197,8 +197,13 @@ def report(case: dict) -> list[str]:
         med = statistics.median(f["median"] for f in fwd)
         p10, p90 = min(f["p10"] for f in fwd), max(f["p90"] for f in fwd)
         pred = s["compute_us"] / scale
+        cpu = statistics.median(r["stages"][k]["forward_cpu_us"]["median"] for r in runs["optimal"])
+        share = next(x["share"] for x in runs["optimal"][0].get("ranks", [])
+                     if x["rank"] == k) if runs["optimal"][0].get("ranks") else None
         lines.append(f"- stage {k} on {s['device']} ({s['device_type']}): predicted {pred / 1e3:.2f} ms, measured "
-                     f"{med / 1e3:.2f} ms ({p10 / 1e3:.2f}-{p90 / 1e3:.2f}), {med / pred - 1:+.0%}")
+                     f"{med / 1e3:.2f} ms ({p10 / 1e3:.2f}-{p90 / 1e3:.2f}), {med / pred - 1:+.0%}; CPU time "
+                     f"{cpu / 1e3:.2f} ms against {s['compute_us'] * (share or 1) / scale / 1e3:.2f} ms predicted at "
+                     f"its share, CPU / wall {cpu / med:.2f}" + (f" (share {share:.3f})" if share else ""))
     best = min((v for n, v in ratios.items() if n != "optimal"), default=None, key=lambda v: v[0])
     if best is not None:
         lines += ["", f"best baseline: measured {best[0]:.2f}x hetpart's step (predicted {best[1]:.2f}x)"]
