@@ -535,12 +535,12 @@ def run_pipeline(out: Path, opts: RunOptions = RunOptions(), echo: Callable[[str
                        "--mode", opts.mode, "--schedule", opts.schedule, "--steps", str(opts.steps),
                        "--lr", str(opts.lr), "--timeout", f"{opts.timeout_s:g}",
                        "--batch-size", str(spec.batch_size), "--seq-len", str(spec.seq_len),
-                       "--device", "auto" if torch.cuda.is_available() else "cpu"]
+                       "--device", "auto" if torch.cuda.is_available() and not opts.emulate else "cpu"]
         if opts.key is not None:
             worker_args += ["--key", str(opts.key.resolve())]
         cmds = _torchrun_commands(manifest, log_dir, opts.as_nodes, opts.master_port)
         where = (f"{len(cmds)} torchrun node(s) on loopback" if opts.as_nodes else "one torchrun")
-        backend = manifest["backend"] if torch.cuda.is_available() else "gloo on CPU"
+        backend = manifest["backend"] if torch.cuda.is_available() and not opts.emulate else "gloo on CPU"
         echo(f"launching {where}: {world} rank(s), {backend}, {opts.mode} with {opts.schedule}, "
              f"{m} microbatch(es), {opts.steps} step(s); logs in {log_dir}")
         try:
@@ -554,6 +554,9 @@ def run_pipeline(out: Path, opts: RunOptions = RunOptions(), echo: Callable[[str
         measured = measurement(io_dir, world, m, plan, opts) if opts.measure else None
         if measured is not None and emulation is not None:
             measured["emulation"] = emulation.to_json()
+            if measured["predicted_step_time_us"] is not None:  # the plan's step at the emulated speeds
+                measured["emulation"]["predicted_step_time_us"] = round(
+                    measured["predicted_step_time_us"] / emulation.scale, 3)
         if measured is not None:
             atomic_write(out / "measured.json", json.dumps(measured, indent=2) + "\n")  # NOTE [safe writes]
         verification = None
