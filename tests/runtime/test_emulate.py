@@ -119,3 +119,12 @@ def test_emulated_ranks_are_throttled_and_their_cgroups_removed_on_ctrl_c(tmp_pa
                     os.kill(int(pid), signal.SIGKILL)
                 time.sleep(0.5)
                 g.rmdir()
+
+
+def test_the_cluster_file_says_which_core_emulates_a_device():
+    from hetpart.devices.cluster import parse_cluster
+
+    c = parse_cluster('[[nodes]]\nname = "a"\ndevices = ["cpu", {type = "cpu", core = 1}]\n', "c.toml", "c")
+    assert [d.core for d in c.devices] == [None, 1]
+    with pytest.raises(HetpartError, match=r"'core' is a CPU core number >= 0"):
+        parse_cluster('[[nodes]]\nname = "a"\ndevices = [{type = "cpu", core = -1}]\n', "c.toml", "c")
