@@ -105,6 +105,9 @@ def _parser() -> argparse.ArgumentParser:
                       help="stop once the plan is certified within this relative gap of optimal "
                            "(e.g. 0.01 for 1%%; default 0: prove optimal or use the whole time limit)")
     part.add_argument("--seed", type=_SEED, default=0, help="seed for weights, inputs and the solver")
+    part.add_argument("--strategy", default="optimal", metavar="NAME",
+                      help="optimal (default), or write a baseline's plan instead: equal-layers, "
+                           "equal-layers-best-order, parameters, dp-topo-order, fx-size-based")
     part.add_argument("--check-certificate", action=argparse.BooleanOptionalAction, default=None,
                       help="re-prove an OPTIMAL / WITHIN_GAP claim by another route (brute force or CP-SAT "
                            "without presolve) and downgrade it if refuted (default: HETPART_CHECK_CERTIFICATE)")
@@ -141,6 +144,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--steps", type=_COUNT, default=1, help="pipeline steps to run")
     run.add_argument("--measure", action="store_true",
                      help="time every stage and the step; write DIR/measured.json next to the plan's predictions")
+    run.add_argument("--emulate", action="store_true",
+                     help="rehearse on this Linux machine: each rank on a core, throttled with a cgroup CPU quota "
+                          "to its device type's speed relative to the plan's fastest (needs writable cgroups)")
     run.add_argument("--as-nodes", action="store_true",
                      help="start one torchrun per planned node (launch.sh's), all on loopback: a multi-node rehearsal")
     run.add_argument("--timeout", type=_number(float, positive=True, maximum=1e6), default=600,
@@ -243,11 +249,14 @@ def _partition(args: argparse.Namespace, console: Console) -> int:
                           force=args.force, pt2=args.pt2, meta=args.meta, print_ir_after=frozenset(args.print_ir_after),
                           verbose=args.verbose, dump_ir=args.dump_ir, mode=args.mode, schedule=args.schedule,
                           optimizer_bytes_per_param=args.optimizer_bytes_per_param, profiles=tuple(args.profiles),
-                           sign_key=args.sign_key, check_certificate=args.check_certificate)
+                           sign_key=args.sign_key, check_certificate=args.check_certificate,
+                          strategy=args.strategy)
     result = compile_model(spec, args.cluster, args.out, opts,
                            echo=lambda text: console.print(text, markup=False, highlight=False),
                            progress=Progress.for_console(console))
     print_plan(result.plan_json, console)
+    if args.strategy != "optimal":  # NOTE [--strategy] in partitioner/baselines.py
+        console.print(f"strategy {args.strategy}: the artifacts run this baseline's plan, not the optimised one")
     console.print(f"wrote {args.out}/ (plan.json, manifest.json, rank0..rank{len(result.plan.stages) - 1}, ir/, "
                   "report.html)")
     return 0
@@ -258,7 +267,7 @@ def _run(args: argparse.Namespace, console: Console) -> int:
 
     opts = RunOptions(mode=args.mode, schedule=args.schedule, microbatches=args.microbatches, steps=args.steps,
                       verify=args.verify, timeout_s=args.timeout, as_nodes=args.as_nodes, master_port=args.master_port,
-                      measure=args.measure, batch_size=args.batch_size, seq_len=args.seq_len,
+                      measure=args.measure, batch_size=args.batch_size, seq_len=args.seq_len, emulate=args.emulate,
                       model=_model_arg(args.model) if args.model else None, trust_model_file=args.trust_model_file,
                       key=args.key,
                       tolerances=Tolerances(**{k: v for k, v in (("rtol", args.rtol), ("atol", args.atol))

@@ -28,7 +28,8 @@ from hetpart.frontend import (
 from hetpart.frontend import model_file_sha256
 from hetpart.ir import info
 from hetpart.partitioner import Plan, Problem, solve, verify_plan
-from hetpart.partitioner.baselines import compute_baselines
+from hetpart.partitioner.problem import TIME_NS
+from hetpart.partitioner.baselines import baselines_json, check_strategy, compute_baselines, strategy_plan
 from hetpart.baselines.fx_partitioner import fx_baselines
 from hetpart.passes import PassContext, PassManager, default_passes, lower_to_problem
 from hetpart.passes.lower import TrainingSpec, group_of
@@ -57,6 +58,7 @@ class CompileOptions:
     meta: bool | None = None  # trace without weights (True), with them (False), or decide by size (None)
     sign_key: Path | None = None  # a key file: sign manifest.json into manifest.json.hmac (hetpart/trust.py)
     check_certificate: bool | None = None  # re-prove the bound (NOTE [checked certificates]); None: the env var
+    strategy: str = "optimal"  # or a baseline's name: write its plan instead (NOTE [--strategy] in baselines.py)
 
 
 @dataclass
@@ -78,7 +80,8 @@ def plan_json(spec: ModelSpec, cluster: Cluster, opts: CompileOptions, plan: Pla
         "model": spec.to_json(),
         "cluster": {
             "name": cluster.name,
-            "devices": [{"name": d.name, "type": d.type.name, "machine": d.machine, "mem_bytes": d.mem_bytes}
+            "devices": [{"name": d.name, "type": d.type.name, "machine": d.machine, "mem_bytes": d.mem_bytes,
+                         **({"core": d.core} if d.core is not None else {})}  # NOTE [emulated devices]
                         for d in cluster.devices],
         },
         "mode": opts.mode,
@@ -228,6 +231,7 @@ def compile_model(spec: ModelSpec, cluster_spec: str, out: Path, opts: CompileOp
                            "pass a --dump-ir DIR outside it (OUT/ir/ gets the dumps anyway)")
     if opts.dump_ir is not None:
         check_dump_dir(opts.dump_ir)  # NOTE [--dump-ir DIR is hetpart's]
+    check_strategy(opts.strategy)
     sign_key = read_key(opts.sign_key, out) if opts.sign_key is not None else None
     model_sha256 = model_file_sha256(spec)  # the file as it is traced: NOTE [model files] in runtime/artifacts.py
     cluster = load_cluster(cluster_spec)
@@ -256,9 +260,12 @@ def compile_model(spec: ModelSpec, cluster_spec: str, out: Path, opts: CompileOp
                  "devices; more microbatches allow more stages")
         start = time.perf_counter()
         with progress.step("solving"):
-            plan = solve(problem, time_limit_s=opts.time_limit_s, seed=opts.seed, gap=opts.gap,
-                         log_callback=progress.solver if progress.active else None,
-                         check_certificate=opts.check_certificate)
+            if opts.strategy != "optimal":  # NOTE [--strategy] in partitioner/baselines.py
+                plan = strategy_plan(problem, opts.strategy, lambda: fx_baselines(gm, problem))
+            else:
+                plan = solve(problem, time_limit_s=opts.time_limit_s, seed=opts.seed, gap=opts.gap,
+                             log_callback=progress.solver if progress.active else None,
+                             check_certificate=opts.check_certificate)
         if plan.certificate is not None and plan.certificate.warning:
             echo(f"hetpart: warning: {plan.certificate.warning}")
         solve_s = time.perf_counter() - start
@@ -300,8 +307,14 @@ def compile_model(spec: ModelSpec, cluster_spec: str, out: Path, opts: CompileOp
         if training is not None:
             add_training_json(pj, gm, plan, training)
         # What other tools would plan, in the same cost model (issue 5).
-        pj["baselines"] = [b.to_json() for b in compute_baselines(problem) + fx_baselines(gm, problem)]
+        pj["baselines"] = baselines_json(problem, plan, compute_baselines(problem) + fx_baselines(gm, problem),
+                                         opts.microbatches, opts.schedule)  # NOTE [simulated ratios]
         pj["bounds"] = plan.bounds.to_json() if plan.bounds else None
+        pj["strategy"] = opts.strategy
+        pj["emulation"] = {  # each type's time for the whole model, for `run --emulate` (NOTE [emulated devices])
+            "type_model_us": {t: round(sum(problem.graph.nodes[v][TIME_NS][t] for v in problem.graph) / 1000, 3)
+                              for t in sorted(cluster.device_types)},
+            "profiled_types": sorted(profiles)}
         write_json(tmp / "plan.json", pj)
         planned = [PlannedDevice(d.name, d.type.name, d.machine)
                    for d in (next(c for c in cluster.devices if c.name == n) for n in plan.device_of_stage)]

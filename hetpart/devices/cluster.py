@@ -40,6 +40,7 @@ class ClusterDevice:
     type: DeviceType
     machine: str
     mem_bytes: int  # the type's capacity unless the cluster file overrides it
+    core: int | None = None  # `run --emulate`: the CPU core that emulates it (NOTE [emulated devices])
 
 
 @dataclass(frozen=True)
@@ -285,15 +286,21 @@ def _efficiency(src: _Source, entry: dict, key: str, what: str, start: int, defa
 
 def _device(src: _Source, entry: Any, machine: str, index: int, types: dict[str, DeviceType],
             start: int) -> ClusterDevice:
-    mem_override = None
+    mem_override, core = None, None
     if isinstance(entry, dict):
-        if set(entry) - {"type", "mem_GB"} or "type" not in entry:
+        if set(entry) - {"type", "mem_GB", "core"} or "type" not in entry:
             raise src.error(
-                f"node '{machine}': a device is a type name or {{type = \"a100-80g\", mem_GB = 40}}, got {entry!r}",
+                f"node '{machine}': a device is a type name or {{type = \"a100-80g\", mem_GB = 40}} (and "
+                f"`core = N` for `run --emulate`), got {entry!r}",
                 "devices", start,
             )
         if "mem_GB" in entry:
             mem_override = _number(src, entry, "mem_GB", f"node '{machine}' device {index}", start)
+        if "core" in entry:  # NOTE [emulated devices] in hetpart/runtime/emulate.py
+            core = entry["core"]
+            if isinstance(core, bool) or not isinstance(core, int) or core < 0:
+                raise src.error(f"node '{machine}' device {index}: 'core' is a CPU core number >= 0 (for "
+                                f"`run --emulate`), got {core!r}", "core", start)
         entry = entry["type"]
     if not isinstance(entry, str):
         raise src.error(f"node '{machine}': a device must be a type name string, got {entry!r}", "devices", start)
@@ -302,7 +309,7 @@ def _device(src: _Source, entry: Any, machine: str, index: int, types: dict[str,
                         "or define it in a [[device_types]] table)", f'"{entry}"', start)
     dtype = types[entry]
     mem = int(mem_override * GB) if mem_override is not None else dtype.mem_bytes
-    return ClusterDevice(name=f"{machine}/{index}", type=dtype, machine=machine, mem_bytes=mem)
+    return ClusterDevice(name=f"{machine}/{index}", type=dtype, machine=machine, mem_bytes=mem, core=core)
 
 
 def _deepest_line(text: str) -> int:

@@ -3,31 +3,40 @@
 Every baseline cuts `Problem.node_order()` into contiguous runs and puts run k on
 the k-th device of the cluster list (the tools below take devices in rank order):
 
-- `equal-layers`: torch.distributed.pipelining / Megatron style, the same number
-  of layers per stage. Layers are the node attribute LAYER (set by
-  `passes/lower.py` from `nn_module_stack`); without it, the same number of nodes.
+- `equal-layers`: what torch.distributed.pipelining / torchtitan users write, the
+  same number of top-level blocks per stage (NOTE [equal blocks]), on the devices
+  in cluster order; `equal-layers-best-order` is the same split on the device
+  order with the least bottleneck. Without repeated blocks, the same number of
+  layers (LAYER, set by `passes/lower.py` from `nn_module_stack`) or of nodes.
 - `parameters`: DeepSpeed's `partition_method="parameters"`, contiguous layers
   (or nodes) with balanced weight bytes, each weight counted at its first reader.
 - `dp-topo-order`: PipeDream style, the exact DP over contiguous segments of the
   order on the devices in list order (hetpart's own DP also chooses the device order).
 
 A baseline that breaks memory is reported with `feasible=False`, not hidden.
+Ratios against the plan compare simulated steps (`simulated_step_ns`, the
+plan's schedule played by simulate.py), with the bottleneck ratio beside them.
 Nothing here imports torch; the torch.fx `accelerator_partitioner` baselines
 live in `hetpart/baselines/fx_partitioner.py`.
 """
 
 from __future__ import annotations
 
+import itertools
+import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from hetpart.errors import HetpartError
 from hetpart.partitioner.coarsen import cut_candidates
 from hetpart.partitioner.dp import COARSE_CUTS, EXACT_CUTS, list_order_segments, order_tables
 from hetpart.partitioner.evaluate import bottleneck_ns, evaluate
 from hetpart.partitioner.problem import (
-    LAYER, PIN, PIN_FIRST, PIN_LAST, WEIGHTS, Plan, Problem,
+    FORWARD_NS, LAYER, PIN, PIN_FIRST, PIN_LAST, WEIGHTS, Plan, Problem,
 )
+from hetpart.partitioner.simulate import simulate
 from hetpart.partitioner.verify import plan_violations
 
 @dataclass
@@ -131,15 +140,84 @@ def _contiguous(problem: Problem, order: list[str], unit: list[int], starts: lis
     return stage_of
 
 
-def equal_layers(problem: Problem) -> Baseline:
-    """The same number of layers (or nodes) per stage, stages on the devices in list order."""
+# NOTE [equal blocks]
+# torchtitan's pipeline split, and what a torch.distributed.pipelining user writes by
+# hand, gives each stage the same number of the model's repeated blocks (a transformer's
+# `layers.i`, a ResNet's `layer2.1`: the layers whose path has a list index), the
+# embedding with the first stage and the head with the last. So: a layer before the
+# first block joins block 0, a layer after the last block joins the last block, and a
+# layer between blocks (T5's encoder norm) joins the block before it; B blocks over S
+# stages give stage k the blocks [k*B//S, (k+1)*B//S). A model without repeated blocks
+# (an MLP) gets the same number of layers, or nodes, per stage.
+
+def _equal_blocks(problem: Problem) -> tuple[dict[str, int], int, str]:
+    """stage_of of NOTE [equal blocks], the number of stages, and a note."""
+    g = problem.graph
     order = problem.node_order()
     unit, kind = _units(problem, order)
     count = unit[-1] + 1
-    stages = min(len(problem.devices), problem.max_stages or len(problem.devices), count)
-    stage_of = {v: u * stages // count for v, u in zip(order, unit)}
-    return baseline_of(problem, "equal-layers", stage_of, [d.name for d in problem.devices[:stages]],
-                       note=f"{count} {kind} over {stages} stages")
+    names: list[str | None] = [None] * count
+    for v, u in zip(order, unit):
+        names[u] = names[u] or g.nodes[v].get(LAYER)
+    is_block = [bool(n) and any(part.isdigit() for part in n.split(".")) for n in names]
+    if kind == "layers" and any(is_block):
+        block, current = [], -1
+        for u in range(count):
+            current += is_block[u]
+            block.append(max(current, 0))
+        blocks = current + 1
+    else:
+        block, blocks = list(range(count)), count
+    stages = min(len(problem.devices), problem.max_stages or len(problem.devices), blocks)
+    stage_of = {v: block[u] * stages // blocks for v, u in zip(order, unit)}
+    what = "blocks" if blocks != count else kind
+    return stage_of, stages, f"{blocks} {what} over {stages} stages"
+
+
+def equal_layers(problem: Problem) -> Baseline:
+    """NOTE [equal blocks] on the first devices in cluster order."""
+    stage_of, stages, note = _equal_blocks(problem)
+    return baseline_of(problem, "equal-layers", stage_of, [d.name for d in problem.devices[:stages]], note=note)
+
+
+BRUTE_FORCE_ORDERS = 720  # up to 6 stages every device order is tried; above, pairwise swaps
+
+
+def best_order(problem: Problem, name: str, stage_of: dict[str, int], stages: int, note: str) -> Baseline:
+    """The split `stage_of` on the device order with the least bottleneck (feasible orders first).
+
+    Devices are all of the cluster's (a split of S stages may use any S of them). Every order is
+    tried while there are at most BRUTE_FORCE_ORDERS; above, swaps of two positions (one in use)
+    are taken while one lowers the bottleneck, from the cluster order. Ties keep the earlier order.
+    """
+    names = [d.name for d in problem.devices]
+
+    def cost(devices: list[str]) -> tuple[int, int]:  # over memory last; the verifier runs once, at the end
+        costs = evaluate(problem, stage_of, devices[:stages])
+        return (int(any(c.memory_bytes > c.capacity_bytes for c in costs)), bottleneck_ns(costs))
+
+    if math.perm(len(names), stages) <= BRUTE_FORCE_ORDERS:
+        best = min((list(p) for p in itertools.permutations(names, stages)), key=cost)
+    else:
+        best, best_cost = names[:], cost(names)
+        improved = True
+        while improved:
+            improved = False
+            for i in range(stages):
+                for j in range(i + 1, len(names)):
+                    trial = best[:]
+                    trial[i], trial[j] = trial[j], trial[i]
+                    c = cost(trial)
+                    if c < best_cost:
+                        best, best_cost, improved = trial, c, True
+    how = "every device order" if math.perm(len(names), stages) <= BRUTE_FORCE_ORDERS else "swaps of two devices"
+    return baseline_of(problem, name, stage_of, best[:stages], note=f"{note}, best of {how}")
+
+
+def equal_layers_best_order(problem: Problem) -> Baseline:
+    """NOTE [equal blocks] on the device order with the least bottleneck."""
+    stage_of, stages, note = _equal_blocks(problem)
+    return best_order(problem, "equal-layers-best-order", stage_of, stages, note)
 
 
 def parameter_balanced(problem: Problem) -> Baseline:
@@ -184,7 +262,84 @@ def dp_topo_order(problem: Problem) -> Baseline:
                        note="" if exact else f"cuts at {len(P)} candidate positions, refined op by op")
 
 
+BASELINES = {"equal-layers": equal_layers, "equal-layers-best-order": equal_layers_best_order,
+             "parameters": parameter_balanced, "dp-topo-order": dp_topo_order}
+
+
 def compute_baselines(problem: Problem) -> list[Baseline]:
-    """The torch-free baselines, in a fixed order: equal-layers, parameters, dp-topo-order."""
+    """The torch-free baselines, in BASELINES' order."""
     problem.validate()
-    return [equal_layers(problem), parameter_balanced(problem), dp_topo_order(problem)]
+    return [f(problem) for f in BASELINES.values()]
+
+
+# NOTE [simulated ratios]
+# A plan's speed is its step, not its bottleneck: a split with one slow stage and idle
+# others can lose less per step than the bottleneck ratio says (fill and drain take
+# every stage's time), and a plan balanced to the edge gains less. So the ratio printed
+# beside each baseline is the ratio of simulated steps: the plan's schedule for its
+# microbatches played by simulate.py (NOTE [schedule simulation]) over the stages' costs,
+# forward and backward apart in training (FORWARD_NS), and transfers half each way as
+# the report plays them. The bottleneck ratio stays beside it.
+
+def simulated_step_ns(problem: Problem, plan: Plan, microbatches: int, schedule: str = "gpipe") -> int:
+    """The step of `plan` for `microbatches` microbatches (NOTE [simulated ratios])."""
+    stages = plan.stages
+    if problem.training is None:
+        return simulate([s.compute_ns for s in stages], [s.comm_out_ns for s in stages[:-1]], microbatches,
+                        schedule).step_ns
+    g = problem.graph
+    forward = [sum(g.nodes[v].get(FORWARD_NS, {}).get(s.device_type, 0) for v in s.nodes) for s in stages]
+    forward = [min(f, s.compute_ns) for f, s in zip(forward, stages)]
+    return simulate(forward, [s.comm_out_ns // 2 for s in stages[:-1]], microbatches, schedule,
+                    backward_ns=[s.compute_ns - f for f, s in zip(forward, stages)]).step_ns
+
+
+def baselines_json(problem: Problem, plan: Plan, baselines: list[Baseline], microbatches: int,
+                   schedule: str = "gpipe") -> list[dict]:
+    """plan.json's `baselines`: each one's bottleneck and simulated step, and both as ratios to the plan's."""
+    plan_step = simulated_step_ns(problem, plan, microbatches, schedule)
+    out = []
+    for b in baselines:
+        entry = b.to_json()
+        if b.plan is not None:
+            step = simulated_step_ns(problem, b.plan, microbatches, schedule)
+            entry["step_us"] = round(step / 1000, 3)
+            entry["step_ratio"] = round(step / plan_step, 4) if plan_step else None
+            entry["bottleneck_ratio"] = round(b.bottleneck_ns / plan.bottleneck_ns, 4) if plan.bottleneck_ns else None
+        out.append(entry)
+    return out
+
+
+# NOTE [--strategy]: `hetpart partition --strategy NAME` writes a baseline's plan instead of
+# the optimised one, through the same codegen, so any split runs, verifies and is measured
+# the same way (`hetpart run --measure`, benchmarks/measured_speedup.py). A baseline that has
+# no plan, or whose plan breaks a device's memory, is refused (exit 2): its artifacts could not
+# run where the plan says, and the error says by how much each stage is over.
+FX_STRATEGIES = ("fx-size-based",)  # torch.fx's, computed by the caller (baselines/fx_partitioner.py)
+STRATEGIES = ("optimal", *BASELINES, *FX_STRATEGIES)
+
+
+def check_strategy(name: str) -> None:
+    if name not in STRATEGIES:
+        raise HetpartError(f"--strategy {name}: unknown strategy (known: {', '.join(STRATEGIES)})")
+
+
+def strategy_plan(problem: Problem, name: str, fx: Callable[[], list[Baseline]]) -> Plan:
+    """The plan of baseline `name` (NOTE [--strategy]); `fx()` gives torch.fx's baselines."""
+    check_strategy(name)
+    if name in BASELINES:
+        problem.validate()
+        b = BASELINES[name](problem)
+    else:
+        b = next(x for x in fx() if x.name == name)
+    if b.plan is None:
+        why = "; ".join(b.violations) or b.note or "the method found none"
+        raise HetpartError(f"--strategy {name}: no plan for this model and cluster ({why}); pick another --strategy")
+    if not b.feasible:
+        over = [f"stage {s.index} on {s.device} needs {s.memory_bytes:,} bytes, "
+                f"{s.memory_bytes - s.capacity_bytes:,} over its capacity of {s.capacity_bytes:,}"
+                for s in b.plan.stages if s.memory_bytes > s.capacity_bytes]
+        why = "; ".join(over) or "; ".join(b.violations)
+        raise HetpartError(f"--strategy {name}: its plan does not fit the cluster ({why}); the artifacts would not "
+                           "run there: pick another --strategy, or a cluster with more memory")
+    return b.plan

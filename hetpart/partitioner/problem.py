@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 
 # Node attributes read from `Problem.graph` (networkx style: functions name the attribute).
 TIME_NS = "time_ns"  # dict[device type, int]: compute time of the node on that type
+FORWARD_NS = "forward_ns"  # optional, training: the forward part of TIME_NS (NOTE [simulated ratios] in baselines.py)
 MEM_BYTES = "mem_bytes"  # int: memory the node needs in its stage (activations, workspace)
 OUT_BYTES = "out_bytes"  # int: bytes of the node's output, paid on every boundary it crosses
 WEIGHTS = "weights"  # tuple[str, ...]: names of the weights the node reads (see Problem.weights)

@@ -40,7 +40,7 @@ from hetpart.devices import Cluster
 from hetpart.errors import HetpartError
 from hetpart.ir import info
 from hetpart.partitioner.problem import (
-    LAYER, MEM_BYTES, OUT_BYTES, PIN, PIN_FIRST, PIN_LAST, TIME_NS, WEIGHTS, Device, Link, Problem, Training,
+    FORWARD_NS, LAYER, MEM_BYTES, OUT_BYTES, PIN, PIN_FIRST, PIN_LAST, TIME_NS, WEIGHTS, Device, Link, Problem, Training,
 )
 from hetpart.passes.shape import DTYPE_NAMES
 
@@ -176,6 +176,9 @@ def lower_to_problem(gm: fx.GraphModule, cluster: Cluster, training: TrainingSpe
         attrs = g.nodes[name]
         for t in types:
             attrs[TIME_NS][t] += ni.cost_ns.get(t, 0) + (ni.bwd_cost_ns.get(t, 0) if training else 0)
+            if training:  # the forward part, for simulated steps (NOTE [simulated ratios] in baselines.py)
+                attrs.setdefault(FORWARD_NS, {}).setdefault(t, 0)
+                attrs[FORWARD_NS][t] += ni.cost_ns.get(t, 0)
         attrs[MEM_BYTES] += ni.act_bytes or 0
         if ni.is_tensor:
             attrs[OUT_BYTES] += (ni.out_bytes or 0) * (2 if training and ni.needs_grad else 1)

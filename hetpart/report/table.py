@@ -89,6 +89,10 @@ def baseline_lines(plan: dict[str, Any]) -> list[str]:
             continue
         ratio = b["bottleneck_us"] / plan["bottleneck_us"] if plan["bottleneck_us"] else float("nan")
         feasible = "" if b.get("feasible", True) else ", over memory capacity"
+        if b.get("step_ratio") is not None:  # NOTE [simulated ratios] in partitioner/baselines.py
+            lines.append(f"baseline {b['name']}: step {format_us(b['step_us'])} ({b['step_ratio']:.2f}x the plan's "
+                         f"simulated step, bottleneck {ratio:.2f}x{feasible}){note}")
+            continue
         lines.append(f"baseline {b['name']}: bottleneck {format_us(b['bottleneck_us'])} "
                      f"({ratio:.2f}x the plan's{feasible}){note}")
     return lines

@@ -35,6 +35,7 @@ from hetpart.frontend import ModelSpec, check_example_batch, load_model
 from hetpart.frontend.hf import HFModel, OutputStructure
 from hetpart.runtime.artifacts import check_rank_files, dim_size, load_manifest, read_json, symbol_sizes
 from hetpart.runtime.artifacts import check_listed_files, model_spec_for_run, read_plan
+from hetpart.runtime.emulate import emulated, emulation_plan, find_hierarchy
 from hetpart.runtime.verify import TensorCheck, Tolerances, Verification, check_tensor, torch_threads
 from hetpart.trust import SIGNATURE_NAME, is_signed, read_key
 
@@ -288,6 +289,14 @@ def _run_torchruns(cmds: list[list[str]], manifest: dict, log_dir: Path, opts: "
                        failed if len(cmds) > 1 else None, opts.master_port)
 
 
+def time_stats_us(seconds: list[float]) -> dict:
+    """mean, median, p10 and p90 (statistics.quantiles, inclusive) of times in seconds, in us."""
+    us = [t * 1e6 for t in seconds]
+    deciles = statistics.quantiles(us, n=10, method="inclusive") if len(us) > 1 else us * 9
+    return {"n": len(us), "mean": round(statistics.fmean(us), 3), "median": round(statistics.median(us), 3),
+            "p10": round(deciles[0], 3), "p90": round(deciles[8], 3)}
+
+
 def measurement(io_dir: Path, world: int, m: int, plan: dict, opts: "RunOptions") -> dict:
     """measured.json: each stage's forward time per microbatch and the step time, next to the plan's.
 
@@ -320,6 +329,8 @@ def measurement(io_dir: Path, world: int, m: int, plan: dict, opts: "RunOptions"
             "measured_cpu_time_us": round(statistics.median(cpu) * 1e6, 3),
             "predicted_compute_us": planned["compute_us"],
             "predicted_time_us": planned["predicted_time_us"],
+            "forward_us": time_stats_us(forwards),  # every forward of a microbatch: its spread, not only the median
+            "forward_cpu_us": time_stats_us(cpu),
         })
         if rank == world - 1:
             last_steps = data["step_s"][keep]
@@ -337,6 +348,8 @@ def measurement(io_dir: Path, world: int, m: int, plan: dict, opts: "RunOptions"
         "threads_per_rank": rank_threads(),
         "stages": stages,
         "step_time_us": round(statistics.median(last_steps) * 1e6, 3),
+        "step_us": time_stats_us(last_steps),
+        "step_times_us": [round(t * 1e6, 3) for t in last_steps],
         "predicted_step_time_us": predicted,
     }
 
@@ -365,6 +378,7 @@ class RunOptions:
     lr: float = 1e-3
     as_nodes: bool = False  # one torchrun per planned node on loopback (a multi-node rehearsal)
     measure: bool = False  # write DIR/measured.json
+    emulate: bool = False  # each rank on a core, throttled to its device's speed (NOTE [emulated devices])
     master_port: int | None = None  # the rendezvous port on 127.0.0.1 (default: a free one)
     batch_size: int | None = None  # run at this batch (default: the traced one); the batch is always dynamic
     seq_len: int | None = None  # run at this sequence length, where the plan's is dynamic (default: the traced one)
@@ -492,6 +506,9 @@ def run_pipeline(out: Path, opts: RunOptions = RunOptions(), echo: Callable[[str
     m = opts.microbatches or plan["microbatches"]
     world = manifest["world_size"]
     _check_options(opts, spec.batch_size, world, m)
+    emulation = emulation_plan(plan) if opts.emulate else None  # NOTE [emulated devices] in runtime/emulate.py
+    if emulation is not None:
+        find_hierarchy()  # a writable cgroup, before anything runs
     if key is None and is_signed(out):
         echo(f"note: {out} is signed ({SIGNATURE_NAME}); pass --key FILE to check the signature")
     if opts.verify:
@@ -518,22 +535,28 @@ def run_pipeline(out: Path, opts: RunOptions = RunOptions(), echo: Callable[[str
                        "--mode", opts.mode, "--schedule", opts.schedule, "--steps", str(opts.steps),
                        "--lr", str(opts.lr), "--timeout", f"{opts.timeout_s:g}",
                        "--batch-size", str(spec.batch_size), "--seq-len", str(spec.seq_len),
-                       "--device", "auto" if torch.cuda.is_available() else "cpu"]
+                       "--device", "auto" if torch.cuda.is_available() and not opts.emulate else "cpu"]
         if opts.key is not None:
             worker_args += ["--key", str(opts.key.resolve())]
         cmds = _torchrun_commands(manifest, log_dir, opts.as_nodes, opts.master_port)
         where = (f"{len(cmds)} torchrun node(s) on loopback" if opts.as_nodes else "one torchrun")
-        backend = manifest["backend"] if torch.cuda.is_available() else "gloo on CPU"
+        backend = manifest["backend"] if torch.cuda.is_available() and not opts.emulate else "gloo on CPU"
         echo(f"launching {where}: {world} rank(s), {backend}, {opts.mode} with {opts.schedule}, "
              f"{m} microbatch(es), {opts.steps} step(s); logs in {log_dir}")
         try:
-            _run_torchruns([c + worker_args for c in cmds], manifest, log_dir, opts)
+            with emulated(emulation, echo) if emulation is not None else contextlib.nullcontext():
+                _run_torchruns([c + worker_args for c in cmds], manifest, log_dir, opts)
         finally:
             write_logs_marker(log_dir)  # every file torchrun wrote, which the next run or --force may remove
         got = load_file(str(io_dir / "outputs.safetensors"))
         outputs = tuple(got[o["name"]] for o in manifest["ranks"][-1]["outputs"])
         step_s = [float(x) for x in (io_dir / "step_seconds").read_text().split()]
         measured = measurement(io_dir, world, m, plan, opts) if opts.measure else None
+        if measured is not None and emulation is not None:
+            measured["emulation"] = emulation.to_json()
+            if measured["predicted_step_time_us"] is not None:  # the plan's step at the emulated speeds
+                measured["emulation"]["predicted_step_time_us"] = round(
+                    measured["predicted_step_time_us"] / emulation.scale, 3)
         if measured is not None:
             atomic_write(out / "measured.json", json.dumps(measured, indent=2) + "\n")  # NOTE [safe writes]
         verification = None

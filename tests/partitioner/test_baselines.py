@@ -2,11 +2,16 @@ import itertools
 
 import pytest
 
+from hetpart.errors import HetpartError
 from hetpart.partitioner import Device, Link
 from hetpart.partitioner.baselines import (
+    baselines_json,
     compute_baselines,
     dp_topo_order,
     equal_layers,
+    equal_layers_best_order,
+    simulated_step_ns,
+    strategy_plan,
     parameter_balanced,
     plan_from_stages,
 )
@@ -95,7 +100,8 @@ def test_dp_topo_order_is_exact_for_its_class(seed):
 
 def test_compute_baselines_names_and_order():
     p = _layered_chain(["a", "a", "b", "b"], [1, 1, 1, 1])
-    assert [b.name for b in compute_baselines(p)] == ["equal-layers", "parameters", "dp-topo-order"]
+    assert [b.name for b in compute_baselines(p)] == ["equal-layers", "equal-layers-best-order", "parameters",
+                                                      "dp-topo-order"]
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -113,3 +119,59 @@ def test_balanced_split_is_optimal(seed):
     best = min(max(sum(w[a:b]) for a, b in zip((0, *cuts), (*cuts, len(w))))
                for cuts in itertools.combinations(range(1, len(w)), parts - 1))
     assert got == best
+
+
+def _gpt_like(types: list[str], speeds: dict[str, int]):
+    """embedding, 4 blocks of 2 nodes, norm + head: NOTE [equal blocks]'s shape."""
+    layers = ["wte", "wte", *[f"blocks.{i}" for i in range(4) for _ in range(2)], "ln_f", "head"]
+    nodes, edges = chain(len(layers), speeds, out=100)
+    devices = [Device(f"d{i}", t, "m0", 10**6) for i, t in enumerate(types)]
+    p = make_problem(nodes, edges, devices, intra=CHEAP)
+    for v, layer in zip(nodes, layers):
+        p.graph.nodes[v][LAYER] = layer
+    return p
+
+
+def test_equal_layers_splits_blocks_with_embedding_first_and_head_last():
+    p = _gpt_like(["g", "g"], {"g": 10})
+    b = equal_layers(p)
+    # wte + blocks 0-1 | blocks 2-3 + ln_f + head: 2 blocks each, not 4 | 2 of 6 layers
+    assert [b.plan.stage_of[f"op{i}"] for i in range(12)] == [0] * 6 + [1] * 6
+    assert "4 blocks over 2 stages" in b.note
+
+
+def test_equal_layers_best_order_puts_the_split_on_the_best_devices():
+    # Device 0 is 4x slower; equal blocks in cluster order put stage 0 on it, the best order skips it.
+    p = _gpt_like(["slow", "fast", "fast"], {"slow": 40, "fast": 10})
+    p.devices = [Device("d0", "slow", "m0", 10**6), Device("d1", "fast", "m0", 10**6),
+                 Device("d2", "fast", "m0", 10**6)]
+    p.max_stages = 2
+    cluster = equal_layers(p)
+    best = equal_layers_best_order(p)
+    assert cluster.plan.device_of_stage == ["d0", "d1"]
+    assert best.plan.device_of_stage == ["d1", "d2"] and best.bottleneck_ns < cluster.bottleneck_ns
+    assert best.plan.stage_of == cluster.plan.stage_of  # the same split
+
+
+def test_baselines_json_ratios_are_simulated_steps():
+    # Stage times 30 | 10 against a balanced 20 | 20: bottleneck 1.5x, but the step of 4 microbatches
+    # is 4*30+10 = 130 against 5*20 = 100, 1.3x (no transfers: CHEAP links, out=0).
+    nodes, edges = chain(4, {"g": 10}, out=0)
+    p = make_problem(nodes, edges, [Device(f"g{i}", "g", "m0", 10**6) for i in range(2)], intra=CHEAP)
+    plan = plan_from_stages(p, {"op0": 0, "op1": 0, "op2": 1, "op3": 1}, ["g0", "g1"])
+    other = plan_from_stages(p, {"op0": 0, "op1": 0, "op2": 0, "op3": 1}, ["g0", "g1"])
+    assert simulated_step_ns(p, plan, 4) == 100 and simulated_step_ns(p, other, 4) == 130
+    from hetpart.partitioner.baselines import Baseline
+    [entry] = baselines_json(p, plan, [Baseline("x", other, other.bottleneck_ns, True)], 4)
+    assert entry["step_ratio"] == 1.3 and entry["bottleneck_ratio"] == 1.5
+
+
+def test_a_baseline_over_memory_is_refused_with_how_much():
+    nodes, edges = chain(4, {"g": 10}, out=10)
+    for v in nodes:
+        nodes[v]["weights"] = [f"w_{v}"]
+    p = make_problem(nodes, edges, [Device("g0", "g", "m", 15), Device("g1", "g", "m", 100)],
+                     weights={f"w_op{i}": 8 for i in range(4)}, intra=Link(100_000, 0))
+    with pytest.raises(HetpartError, match=r"--strategy equal-layers: its plan does not fit .*stage 0 on g0 needs"):
+        strategy_plan(p, "equal-layers", lambda: [])
+    assert strategy_plan(p, "dp-topo-order", lambda: []).device_of_stage[0] == "g0"  # 1 weight on g0 fits

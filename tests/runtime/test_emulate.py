@@ -1,0 +1,130 @@
+"""`hetpart run --emulate` (NOTE [emulated devices] in hetpart/runtime/emulate.py) and measured.json's spreads."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hetpart.cli import main
+from hetpart.errors import HetpartError
+from hetpart.runtime.emulate import CGROUP_ENV, PERIOD_US, emulation_plan, find_hierarchy
+from hetpart.runtime.launch import time_stats_us
+from tests.runtime.test_faults import MLP, TWO_MACHINES
+
+
+def _plan(types: list[str], model_us: dict[str, float], cores: dict[str, int] | None = None) -> dict:
+    devices = [{"name": f"m/{i}", "type": t, **({"core": cores[f"m/{i}"]} if cores and f"m/{i}" in cores else {})}
+               for i, t in enumerate(types)]
+    return {"cluster": {"devices": devices},
+            "stages": [{"device": d["name"], "device_type": d["type"]} for d in devices],
+            "emulation": {"type_model_us": model_us, "profiled_types": []}}
+
+
+def test_shares_follow_the_types_speeds_round_robin_over_cores():
+    e = emulation_plan(_plan(["fast", "slow"], {"fast": 100.0, "slow": 250.0}), cores=[3, 5])
+    assert [(s.core, round(s.share, 3)) for s in e.slots] == [(3, 1.0), (5, 0.4)]
+    assert e.slots[1].quota_us == round(0.4 * PERIOD_US) and e.scale == 1.0
+    assert e.speed_source == "cost model (roofline)"
+
+
+def test_ranks_sharing_a_core_are_scaled_so_none_waits():
+    # 4 ranks on 2 cores: 1.0 + 0.5 on core 0, 0.8 + 0.4 on core 1: all scaled by 1/1.5, ratios kept.
+    e = emulation_plan(_plan(["a", "b", "c", "d"], {"a": 100.0, "b": 125.0, "c": 200.0, "d": 250.0}), cores=[0, 1])
+    assert [s.core for s in e.slots] == [0, 1, 0, 1]
+    assert abs(e.scale - 1 / 1.5) < 1e-9
+    assert [round(s.share / e.slots[0].share, 3) for s in e.slots] == [1.0, 0.8, 0.5, 0.4]
+    assert max(sum(s.share for s in e.slots if s.core == c) for c in (0, 1)) <= 1 + 1e-9
+
+
+def test_the_cluster_file_core_is_used_and_checked():
+    e = emulation_plan(_plan(["a", "a"], {"a": 1.0}, cores={"m/0": 1, "m/1": 1}), cores=[0, 1])
+    assert [s.core for s in e.slots] == [1, 1] and abs(e.scale - 0.5) < 1e-9
+    with pytest.raises(HetpartError, match="puts device m/0 on core 7"):
+        emulation_plan(_plan(["a"], {"a": 1.0}, cores={"m/0": 7}), cores=[0, 1])
+
+
+def test_a_plan_without_speeds_is_refused():
+    with pytest.raises(HetpartError, match="no device speeds"):
+        emulation_plan({"stages": [], "cluster": {"devices": []}})
+
+
+def test_no_writable_cgroup_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setenv(CGROUP_ENV, str(tmp_path))
+    with pytest.raises(HetpartError, match="--emulate needs a writable cgroup with the cpu controller"):
+        find_hierarchy()
+
+
+def test_time_stats_keep_the_spread():
+    s = time_stats_us([0.001 * i for i in range(1, 12)])  # 1..11 ms
+    assert (s["n"], s["median"], s["mean"], s["p10"], s["p90"]) == (11, 6000.0, 6000.0, 2000.0, 10000.0)
+    assert time_stats_us([0.5])["p90"] == 500000.0
+
+
+def _writable_cgroup() -> str | None:
+    try:
+        find_hierarchy()
+    except HetpartError as err:
+        return str(err)
+    return None
+
+
+def _ours(launcher_pid: int) -> list[Path]:
+    return [p for root in (Path("/sys/fs/cgroup/cpu"), Path("/sys/fs/cgroup"), Path(os.environ.get(CGROUP_ENV, "/x")))
+            if root.is_dir() for p in root.glob(f"hetpart-emulate-{launcher_pid}-rank*")]
+
+
+@pytest.mark.skipif(_writable_cgroup() is not None, reason=f"cgroups are not writable here: {_writable_cgroup()}")
+def test_emulated_ranks_are_throttled_and_their_cgroups_removed_on_ctrl_c(tmp_path):
+    """Each rank is in a cgroup of its own with its quota while it runs; a SIGINT to the launcher removes them."""
+    out = tmp_path / "mlp"
+    cluster = tmp_path / "two.toml"
+    cluster.write_text(TWO_MACHINES)  # too little memory for one stage: two ranks
+    assert main(["partition", *MLP, "--cluster", str(cluster), "--out", str(out)]) == 0
+    root = Path(__file__).resolve().parents[2]
+    log = tmp_path / "run.log"
+    with log.open("w") as f:
+        launcher = subprocess.Popen([sys.executable, "-m", "hetpart", "run", str(out), "--emulate",
+                                     "--steps", "1000000"], env={**os.environ, "PYTHONPATH": str(root)},
+                                    stdout=f, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 120
+        while "step" not in "".join(p.read_text(errors="replace") for p in (out / "logs").rglob("stdout.log")):
+            assert launcher.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.2)  # the ranks past their start, stepping
+        groups = _ours(launcher.pid)
+        assert len(groups) == 2, log.read_text()
+        for g in groups:
+            assert (g / "cgroup.procs").read_text().split(), f"no rank in {g}"  # the watcher moved it in
+            v1 = (g / "cpu.cfs_period_us").exists()
+            assert str(PERIOD_US) in ((g / "cpu.cfs_period_us") if v1 else (g / "cpu.max")).read_text()
+        launcher.send_signal(signal.SIGINT)
+        assert launcher.wait(timeout=60) == 130, log.read_text()
+        assert not _ours(launcher.pid), "cgroups outlived the run"
+        assert "emulating 2 device(s)" in log.read_text()
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+        for g in _ours(launcher.pid):  # what this test made, if an assertion failed
+            with contextlib.suppress(OSError):
+                for pid in (g / "cgroup.procs").read_text().split():
+                    os.kill(int(pid), signal.SIGKILL)
+                time.sleep(0.5)
+                g.rmdir()
+
+
+def test_the_cluster_file_says_which_core_emulates_a_device():
+    from hetpart.devices.cluster import parse_cluster
+
+    c = parse_cluster('[[nodes]]\nname = "a"\ndevices = ["cpu", {type = "cpu", core = 1}]\n', "c.toml", "c")
+    assert [d.core for d in c.devices] == [None, 1]
+    with pytest.raises(HetpartError, match=r"'core' is a CPU core number >= 0"):
+        parse_cluster('[[nodes]]\nname = "a"\ndevices = [{type = "cpu", core = -1}]\n', "c.toml", "c")
