@@ -243,7 +243,7 @@ def _partition(args: argparse.Namespace, console: Console) -> int:
     result = compile_model(spec, args.cluster, args.out, opts,
                            echo=lambda text: console.print(text, markup=False, highlight=False),
                            progress=Progress.for_console(console))
-    print_plan(result.plan_json, console)
+    print_plan(result.report, console)
     console.print(f"wrote {args.out}/ (plan.json, manifest.json, rank0..rank{len(result.plan.stages) - 1}, ir/, "
                   "report.html)")
     return 0

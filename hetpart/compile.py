@@ -29,6 +29,7 @@ from hetpart.frontend import model_file_sha256
 from hetpart.ir import info
 from hetpart.partitioner import Plan, Problem, solve, verify_plan
 from hetpart.partitioner.baselines import compute_baselines
+from hetpart.plan_report import ClusterDevice, ClusterRecord, ModelRecord, PlanReport, StageReport
 from hetpart.passes.fx_baselines import fx_baselines
 from hetpart.passes import PassContext, PassManager, default_passes, lower_to_problem
 from hetpart.passes.lower import TrainingSpec, group_of
@@ -64,53 +65,53 @@ class CompileResult:
     out: Path
     plan: Plan
     problem: Problem
-    plan_json: dict
+    plan_json: dict  # report.to_json(): plan.json's contents
+    report: PlanReport
 
 
-def plan_json(spec: ModelSpec, cluster: Cluster, opts: CompileOptions, plan: Plan, microbatch_size: int,
-              stage_flops: list[int], stage_param_bytes: list[int]) -> dict:
-    """plan.json: deterministic (no timings; those go to timings.json)."""
-    devices = {d.name: d for d in cluster.devices}
+def plan_report(spec: ModelSpec, cluster: Cluster, opts: CompileOptions, plan: Plan, microbatch_size: int, *,
+                stage_flops: list[int], stage_param_bytes: list[int], forward_ns: list[int] | None,
+                model_sha256: str | None, on_meta: bool, gm_meta: dict, baselines: list[dict]) -> PlanReport:
+    """plan.json's contents, built once (NOTE [plan.json fields]): deterministic (no timings: timings.json).
+
+    `forward_ns` (training plans): each stage's forward share of `compute_us`, which is forward + backward
+    (NOTE [training costs] in passes/lower.py); the simulator and the report play them separately.
+    """
+    machine = {d.name: d.machine for d in cluster.devices}
     us = lambda ns: round(ns / 1000, 3)  # noqa: E731
-    return {
-        "format_version": 1,
-        "hetpart_version": __version__,
-        "model": spec.to_json(),
-        "cluster": {
-            "name": cluster.name,
-            "devices": [{"name": d.name, "type": d.type.name, "machine": d.machine, "mem_bytes": d.mem_bytes}
-                        for d in cluster.devices],
-        },
-        "mode": opts.mode,
-        "schedule": opts.schedule,
-        "objective": "throughput",
-        "microbatches": opts.microbatches,
-        "microbatch_size": microbatch_size,
-        "bottleneck_us": us(plan.bottleneck_ns),
-        "lower_bound_us": us(plan.lower_bound_ns),
-        "gap": round(plan.gap, 6),
-        "solver_status": plan.solver_status,
-        "certificate": plan.certificate.to_json() if plan.certificate else None,
-        "predicted_samples_per_s": round(microbatch_size / (plan.bottleneck_ns * 1e-9), 3) if plan.bottleneck_ns else None,
-        "stages": [
-            {
-                "index": s.index,
-                "device": s.device,
-                "device_type": s.device_type,
-                "machine": devices[s.device].machine,
-                "node_count": len(s.nodes),
-                "flops": stage_flops[s.index],
-                "param_bytes": stage_param_bytes[s.index],
-                "predicted_time_us": us(s.time_ns),
-                "compute_us": us(s.compute_ns),
-                "comm_in_us": us(s.comm_in_ns),
-                "comm_out_us": us(s.comm_out_ns),
-                "memory_bytes": s.memory_bytes,
-                "capacity_bytes": s.capacity_bytes,
-            }
-            for s in plan.stages
-        ],
-    }
+    stages = []
+    for s in plan.stages:
+        fwd = forward_ns[s.index] if forward_ns is not None else None
+        stages.append(StageReport(
+            index=s.index, device=s.device, device_type=s.device_type, machine=machine[s.device],
+            slot=s.device, devices=[s.device],  # today a slot is one device, named as it (NOTE [plan.json fields])
+            node_count=len(s.nodes), flops=stage_flops[s.index], param_bytes=stage_param_bytes[s.index],
+            predicted_time_us=us(s.time_ns), compute_us=us(s.compute_ns), comm_in_us=us(s.comm_in_ns),
+            comm_out_us=us(s.comm_out_ns), memory_bytes=s.memory_bytes, capacity_bytes=s.capacity_bytes,
+            forward_us=None if fwd is None else us(fwd),
+            backward_us=None if fwd is None else round(us(s.compute_ns) - fwd / 1000, 3)))
+    return PlanReport(
+        hetpart_version=__version__,
+        model=ModelRecord(**spec.to_json(), file_sha256=model_sha256),
+        cluster=ClusterRecord(name=cluster.name, devices=[
+            ClusterDevice(name=d.name, type=d.type.name, machine=d.machine, mem_bytes=d.mem_bytes)
+            for d in cluster.devices]),
+        mode=opts.mode, schedule=opts.schedule, objective="throughput",
+        microbatches=opts.microbatches, microbatch_size=microbatch_size,
+        bottleneck_us=us(plan.bottleneck_ns), lower_bound_us=us(plan.lower_bound_ns), gap=round(plan.gap, 6),
+        solver_status=plan.solver_status,
+        certificate=plan.certificate.to_json() if plan.certificate else None,
+        predicted_samples_per_s=(round(microbatch_size / (plan.bottleneck_ns * 1e-9), 3)
+                                 if plan.bottleneck_ns else None),
+        stages=stages,
+        weights="manifest" if on_meta else "included",
+        # which dims `hetpart run --batch-size/--seq-len` may change (NOTE [dynamic sequence length])
+        dynamic=gm_meta.get("dynamic", {"batch": True, "seq_len": False, "why": None}),
+        outputs=gm_meta.get("outputs"),  # a dict or list output's keys (NOTE [model outputs] in export.py)
+        optimizer_bytes_per_param=opts.optimizer_bytes_per_param if opts.mode == "training" else None,
+        baselines=baselines,  # what other tools would plan, in the same cost model (issue 5)
+        bounds=plan.bounds.to_json() if plan.bounds else None,
+    )
 
 
 class Analysis(NamedTuple):
@@ -171,22 +172,14 @@ def check_training(opts: CompileOptions) -> TrainingSpec | None:
     return TrainingSpec(opts.schedule, opts.microbatches, opts.optimizer_bytes_per_param)
 
 
-def add_training_json(pj: dict, gm: fx.GraphModule, plan: Plan, spec: TrainingSpec) -> None:
-    """Training plans: optimizer bytes, and each stage's forward and backward share of its compute.
-
-    `compute_us` is forward + backward (NOTE [training costs] in passes/lower.py); the
-    schedule simulator and the report play `forward_us` and `backward_us` separately.
-    """
-    pj["optimizer_bytes_per_param"] = spec.optimizer_bytes_per_param
+def stage_forward_ns(gm: fx.GraphModule, plan: Plan, groups: dict[str, str]) -> list[int]:
+    """Each stage's forward time on its device type: what lowering summed into its problem nodes."""
     forward_ns = [0] * len(plan.stages)
-    groups = group_of(gm)  # what lowering summed into each problem node
     for node in gm.graph.nodes:
         if node.name in groups:
             k = plan.stage_of[groups[node.name]]
             forward_ns[k] += info(node).cost_ns.get(plan.stages[k].device_type, 0)
-    for s, fwd in zip(pj["stages"], forward_ns):
-        s["forward_us"] = round(fwd / 1000, 3)
-        s["backward_us"] = round(s["compute_us"] - fwd / 1000, 3)
+    return forward_ns
 
 
 def warn_batch_mixing(gm: fx.GraphModule, microbatches: int, microbatch_size: int, echo: Callable[[str], None]) -> None:
@@ -290,18 +283,12 @@ def compile_model(spec: ModelSpec, cluster_spec: str, out: Path, opts: CompileOp
             if node.name in where:
                 stage_flops[where[node.name]] += info(node).flops or 0
         stage_params = [sum(problem.weights[w] for w in s.weights.values()) for s in stages]
-        pj = plan_json(spec, cluster, opts, plan, microbatch_size, stage_flops, stage_params)
-        pj["weights"] = "manifest" if on_meta else "included"
-        if model_sha256 is not None:
-            pj["model"]["file_sha256"] = model_sha256
-        # which dims `hetpart run --batch-size/--seq-len` may change (NOTE [dynamic sequence length])
-        pj["dynamic"] = gm.meta.get("dynamic", {"batch": True, "seq_len": False, "why": None})
-        pj["outputs"] = gm.meta.get("outputs")  # a dict or list output's keys (NOTE [model outputs] in export.py)
-        if training is not None:
-            add_training_json(pj, gm, plan, training)
-        # What other tools would plan, in the same cost model (issue 5).
-        pj["baselines"] = [b.to_json() for b in compute_baselines(problem) + fx_baselines(gm, problem)]
-        pj["bounds"] = plan.bounds.to_json() if plan.bounds else None
+        report = plan_report(
+            spec, cluster, opts, plan, microbatch_size, stage_flops=stage_flops, stage_param_bytes=stage_params,
+            forward_ns=stage_forward_ns(gm, plan, group_of(gm)) if training is not None else None,
+            model_sha256=model_sha256, on_meta=on_meta, gm_meta=gm.meta,
+            baselines=[b.to_json() for b in compute_baselines(problem) + fx_baselines(gm, problem)])
+        pj = report.to_json()
         write_json(tmp / "plan.json", pj)
         planned = [PlannedDevice(d.name, d.type.name, d.machine)
                    for d in (next(c for c in cluster.devices if c.name == n) for n in plan.device_of_stage)]
@@ -314,6 +301,6 @@ def compile_model(spec: ModelSpec, cluster_spec: str, out: Path, opts: CompileOp
             "solve_s": round(solve_s, 4),
         })
         # 5. A page to look at: graph by stage, simulated schedule, memory per device.
-        write_report(tmp / "report.html", pj, coarsen_to_blocks(gm))
-    return CompileResult(out=out, plan=plan, problem=problem, plan_json=pj)
+        write_report(tmp / "report.html", report, coarsen_to_blocks(gm))
+    return CompileResult(out=out, plan=plan, problem=problem, plan_json=pj, report=report)
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from hetpart.errors import HetpartError
+from hetpart.plan_report import PlanReport, as_json, load_plan
 from hetpart.trust import (
     MANIFEST_FORMAT_VERSION, SIGNATURE_NAME, NotAPlainFile, check_signature, is_sha256, is_signed, read_key, read_plain,
     sha256_bytes, sha256_file,
@@ -54,35 +55,6 @@ def _parse_json(path: Path, data: bytes) -> Any:
     if not isinstance(value, dict):
         raise HetpartError(f"{path}: expected a JSON object, got {type(value).__name__}; {REDO}")
     return value
-
-
-# The fields of plan.json that `inspect` and `run` read, with their types.
-_PLAN_FIELDS = {"model": dict, "cluster": dict, "stages": list, "bottleneck_us": (int, float),
-                "lower_bound_us": (int, float), "gap": (int, float), "solver_status": str, "microbatches": int,
-                "microbatch_size": int}
-_STAGE_FIELDS = {"index": int, "device": str, "device_type": str, "node_count": int, "flops": (int, float),
-                 "memory_bytes": int, "capacity_bytes": int, "compute_us": (int, float), "comm_in_us": (int, float),
-                 "comm_out_us": (int, float), "predicted_time_us": (int, float)}
-_SPEC_FIELDS = {"model": str, "overrides": dict, "batch_size": int, "seq_len": int, "seed": int}
-
-
-def _check_plan(path: Path, plan: dict[str, Any]) -> dict[str, Any]:
-    """`plan`, its fields of the types `inspect` and `run` read (it is edited by hand at times)."""
-    def check(table: Any, fields: dict[str, Any], where: str) -> None:
-        if not isinstance(table, dict):
-            raise HetpartError(f"{path}: {where} must be an object; the plan was edited or truncated: {REDO}")
-        for key, kind in fields.items():
-            if not isinstance(table.get(key), kind) or isinstance(table.get(key), bool):
-                raise HetpartError(f"{path}: {where}{key!r} is missing or not a {getattr(kind, '__name__', 'number')} "
-                                   f"(got {table.get(key)!r:.40}); the plan was edited or truncated: {REDO}")
-
-    check(plan, _PLAN_FIELDS, "")
-    check(plan["model"], _SPEC_FIELDS, "model.")
-    if not plan["stages"]:
-        raise HetpartError(f"{path}: 'stages' is empty; {REDO}")
-    for k, stage in enumerate(plan["stages"]):
-        check(stage, _STAGE_FIELDS, f"stages[{k}].")
-    return plan
 
 
 def load_manifest(out: Path, key: bytes | None = None) -> dict[str, Any]:
@@ -213,9 +185,9 @@ def read_listed(out: Path, manifest: dict[str, Any], relative: str) -> bytes:
     return data
 
 
-def read_plan(out: Path, manifest: dict[str, Any]) -> dict[str, Any]:
-    """plan.json, checked against its sha256 in the manifest."""
-    return _check_plan(out / "plan.json", _parse_json(out / "plan.json", read_listed(out, manifest, "plan.json")))
+def read_plan(out: Path, manifest: dict[str, Any]) -> PlanReport:
+    """plan.json, checked against its sha256 in the manifest, every field's type checked (NOTE [plan.json fields])."""
+    return load_plan(out / "plan.json", _parse_json(out / "plan.json", read_listed(out, manifest, "plan.json")))
 
 
 def check_listed_files(out: Path, manifest: dict[str, Any]) -> None:
@@ -292,7 +264,7 @@ def load_stage(out: Path, entry: dict[str, Any]) -> torch.nn.Module:
     return module.Stage()
 
 
-def model_spec_for_run(plan: dict[str, Any], model: str | None, trust_model_file: bool,
+def model_spec_for_run(plan: PlanReport, model: str | None, trust_model_file: bool,
                        echo: Callable[[str], None] = print) -> ModelSpec:
     """The model `run` may build: plan.json's spec, where a file model's file is the one the user named.
 
@@ -305,22 +277,14 @@ def model_spec_for_run(plan: dict[str, Any], model: str | None, trust_model_file
     """
     from hetpart.frontend import ModelSpec, model_file_sha256
 
-    data = plan.get("model")
-    try:
-        spec = ModelSpec.from_json(data)  # type: ignore[arg-type]
-        ok = isinstance(spec.model, str) and isinstance(spec.batch_size, int) and isinstance(spec.seq_len, int)
-    except (TypeError, KeyError, AttributeError, ValueError):
-        ok = False
-    if not ok:
-        raise HetpartError(f"plan.json: 'model' must be a model spec (model, overrides, batch_size, seq_len, seed); "
-                           f"{REDO}")
+    spec = ModelSpec.from_json(as_json(plan.model))  # its fields' types checked by load_plan
     if spec.model.startswith(("zoo:", "hf:")):
         if model is not None:
             raise HetpartError(f"--model {model}: this plan's model is {spec.model}, which hetpart builds itself; "
                                "--model is for plans of a model file (path/to/file.py:FUNCTION): leave it out")
         return spec
     recorded_path, _, fn = spec.model.rpartition(":")
-    recorded = data.get("file_sha256")  # type: ignore[union-attr]
+    recorded = plan.model.file_sha256
     if model is None:
         if not trust_model_file:
             raise HetpartError(

@@ -160,7 +160,7 @@ def run_rank(out: Path, io_dir: Path, mode: str, schedule_name: str, microbatche
     with `key`, only if manifest.json's signature verifies."""
     rank, world = dist.get_rank(), dist.get_world_size()
     manifest = load_manifest(out, key)
-    model = read_plan(out, manifest)["model"]  # checked before any code of `out` runs
+    model = read_plan(out, manifest).model  # checked before any code of `out` runs
     if manifest["world_size"] != world:
         raise HetpartError(f"the plan has {manifest['world_size']} ranks but torchrun started {world}")
     entry = manifest["ranks"][rank]
@@ -170,7 +170,7 @@ def run_rank(out: Path, io_dir: Path, mode: str, schedule_name: str, microbatche
     print(f"rank {rank}: loaded {entry['dir']}/stage.py and {len(entry['weights'])} weight(s) on {device}", flush=True)
     training = mode == "training"
     module.requires_grad_(training)
-    sizes = symbol_sizes(manifest, (batch_size or model["batch_size"]) // microbatches, seq_len or model["seq_len"])
+    sizes = symbol_sizes(manifest, (batch_size or model.batch_size) // microbatches, seq_len or model.seq_len)
     static = None if training else _static_metadata(manifest, entry, sizes, device)
     boundary = Boundary(module)
     stage = PipelineStage(boundary, stage_index=rank, num_stages=world, device=device, **(static or {}))
