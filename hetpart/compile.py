@@ -59,6 +59,32 @@ class CompileOptions:
     sign_key: Path | None = None  # a key file: sign manifest.json into manifest.json.hmac (hetpart/trust.py)
     check_certificate: bool | None = None  # re-prove the bound (NOTE [checked certificates]); None: the env var
 
+    def check(self, batch_size: int | None = None, out: Path | None = None) -> None:
+        """Every option's value, and with the model's `batch_size` and the `out` directory how they fit: the one
+        place options are checked, before anything is traced (`compile_model` calls it; so may a front end)."""
+        if self.microbatches < 1 or (batch_size is not None and batch_size % self.microbatches):
+            raise HetpartError(f"--microbatches {self.microbatches} must be >= 1 and divide --batch-size {batch_size}")
+        if self.time_limit_s <= 0:
+            raise HetpartError(f"--time-limit must be positive (got {self.time_limit_s})")
+        if not 0.0 <= self.gap < 1.0:
+            raise HetpartError(f"--gap must be a fraction in [0, 1), e.g. --gap 0.01 for 1% (got {self.gap})")
+        if self.mode not in ("inference", "training"):
+            raise HetpartError(f"--mode {self.mode}: expected inference or training")
+        if self.schedule not in ("gpipe", "1f1b"):
+            raise HetpartError(f"--schedule {self.schedule}: expected gpipe or 1f1b")
+        if self.optimizer_bytes_per_param < 0:
+            raise HetpartError(f"--optimizer-bytes-per-param must be >= 0 (got {self.optimizer_bytes_per_param})")
+        if (self.dump_ir is not None and out is not None
+                and out.resolve() in (self.dump_ir.resolve(), *self.dump_ir.resolve().parents)):
+            raise HetpartError(f"--dump-ir {self.dump_ir} is inside --out {out}, which this run creates or replaces; "
+                               "pass a --dump-ir DIR outside it (OUT/ir/ gets the dumps anyway)")
+
+    def training(self) -> TrainingSpec | None:
+        """The training spec of `--mode training`; None for inference."""
+        if self.mode == "inference":
+            return None
+        return TrainingSpec(self.schedule, self.microbatches, self.optimizer_bytes_per_param)
+
 
 @dataclass
 class CompileResult:
@@ -161,25 +187,20 @@ def load_profiles(paths: tuple[Path, ...], cluster: Cluster) -> dict:
 
 def check_training(opts: CompileOptions) -> TrainingSpec | None:
     """The training spec of `--mode training`, or None for inference; checks the options."""
-    if opts.mode not in ("inference", "training"):
-        raise HetpartError(f"--mode {opts.mode}: expected inference or training")
-    if opts.schedule not in ("gpipe", "1f1b"):
-        raise HetpartError(f"--schedule {opts.schedule}: expected gpipe or 1f1b")
-    if opts.optimizer_bytes_per_param < 0:
-        raise HetpartError(f"--optimizer-bytes-per-param must be >= 0 (got {opts.optimizer_bytes_per_param})")
-    if opts.mode == "inference":
-        return None
-    return TrainingSpec(opts.schedule, opts.microbatches, opts.optimizer_bytes_per_param)
+    opts.check()
+    return opts.training()
 
 
-def stage_forward_ns(gm: fx.GraphModule, plan: Plan, groups: dict[str, str]) -> list[int]:
-    """Each stage's forward time on its device type: what lowering summed into its problem nodes."""
-    forward_ns = [0] * len(plan.stages)
+def stage_sums(gm: fx.GraphModule, plan: Plan, groups: dict[str, str]) -> tuple[list[int], list[int]]:
+    """Each stage's FLOPs and forward time on its device type, summed over the FX nodes that lowering
+    summed into its problem nodes (`groups`); a stage's time is forward + backward in training."""
+    flops, forward_ns = [0] * len(plan.stages), [0] * len(plan.stages)
     for node in gm.graph.nodes:
         if node.name in groups:
             k = plan.stage_of[groups[node.name]]
+            flops[k] += info(node).flops or 0
             forward_ns[k] += info(node).cost_ns.get(plan.stages[k].device_type, 0)
-    return forward_ns
+    return flops, forward_ns
 
 
 def warn_batch_mixing(gm: fx.GraphModule, microbatches: int, microbatch_size: int, echo: Callable[[str], None]) -> None:
@@ -208,17 +229,7 @@ def compile_model(spec: ModelSpec, cluster_spec: str, out: Path, opts: CompileOp
     `progress` shows the long steps on a terminal (`Progress.for_console`); default: quiet.
     """
     progress = progress or Progress()
-    if opts.microbatches < 1 or spec.batch_size % opts.microbatches:
-        raise HetpartError(
-            f"--microbatches {opts.microbatches} must be >= 1 and divide --batch-size {spec.batch_size}"
-        )
-    if opts.time_limit_s <= 0:
-        raise HetpartError(f"--time-limit must be positive (got {opts.time_limit_s})")
-    if not 0.0 <= opts.gap < 1.0:  # before tracing: solve checks it too, but only after the model is traced
-        raise HetpartError(f"--gap must be a fraction in [0, 1), e.g. --gap 0.01 for 1% (got {opts.gap})")
-    if opts.dump_ir is not None and out.resolve() in (opts.dump_ir.resolve(), *opts.dump_ir.resolve().parents):
-        raise HetpartError(f"--dump-ir {opts.dump_ir} is inside --out {out}, which this run creates or replaces; "
-                           "pass a --dump-ir DIR outside it (OUT/ir/ gets the dumps anyway)")
+    opts.check(spec.batch_size, out)  # before tracing
     if opts.dump_ir is not None:
         check_dump_dir(opts.dump_ir)  # NOTE [--dump-ir DIR is hetpart's]
     sign_key = read_key(opts.sign_key, out) if opts.sign_key is not None else None
@@ -226,7 +237,7 @@ def compile_model(spec: ModelSpec, cluster_spec: str, out: Path, opts: CompileOp
     cluster = load_cluster(cluster_spec)
     microbatch_size = spec.batch_size // opts.microbatches
     profiles = load_profiles(opts.profiles, cluster)
-    training = check_training(opts)
+    training = opts.training()
     for t, prof in sorted(profiles.items()):
         if training is not None and not prof.backward_ns:
             echo(f"note: the '{t}' profile has no backward times (`hetpart profile --backward`); "
@@ -240,7 +251,8 @@ def compile_model(spec: ModelSpec, cluster_spec: str, out: Path, opts: CompileOp
                 profiles=profiles, meta=opts.meta)
         warn_batch_mixing(gm, opts.microbatches, microbatch_size, echo)
         # 3. Lower to the torch-free problem, solve with CP-SAT, check the plan independently.
-        problem = lower_to_problem(gm, cluster, training)
+        groups = group_of(gm)  # FX node -> problem node, once: lowering, the split and the plan's sums read it
+        problem = lower_to_problem(gm, cluster, training, groups)
         if opts.schedule == "1f1b" and opts.microbatches < min(problem.max_stages or len(problem.devices),
                                                                len(problem.devices)):
             problem.max_stages = opts.microbatches  # NOTE [1F1B stages]
@@ -258,13 +270,14 @@ def compile_model(spec: ModelSpec, cluster_spec: str, out: Path, opts: CompileOp
         if opts.verbose:
             echo(f"solve: {solve_s * 1e3:.1f} ms ({plan.solver_status})")
         verify_plan(problem, plan)
-        where = stage_of_nodes(gm, plan.stage_of)
+        # Only the partition dump (ir/NN-partition.txt, partition.dot) and the report's blocks read a node's stage.
+        where = stage_of_nodes(gm, plan.stage_of, groups)
         for node in gm.graph.nodes:
             if node.name in where:
                 info(node).stage = where[node.name]
         pm.emit(gm, len(pm.passes) + 1, "partition")
         # 4. Cut the graph into stages and write one rank directory per stage.
-        stages = split_stages(gm, plan.stage_of, len(plan.device_of_stage))
+        stages = split_stages(gm, plan.stage_of, len(plan.device_of_stage), groups)
         # Each stage's example inputs for its .pt2 export: 2 rows (a batch of 1 would be specialized).
         # A plan traced on meta has no weights to export with: rank<k>/weights.json lists what
         # `hetpart shard-weights` fills from a checkpoint (NOTE [weight manifests]).
@@ -278,14 +291,11 @@ def compile_model(spec: ModelSpec, cluster_spec: str, out: Path, opts: CompileOp
                       f"Outputs: {', '.join(s.outputs)}\n")
             files.append(write_rank(tmp / f"rank{s.index}", s, header, examples[s.index] if pt2 else None,
                                     checkpoint_names=names if on_meta else None))
-        stage_flops = [0] * len(stages)
-        for node in gm.graph.nodes:
-            if node.name in where:
-                stage_flops[where[node.name]] += info(node).flops or 0
+        stage_flops, forward_ns = stage_sums(gm, plan, groups)
         stage_params = [sum(problem.weights[w] for w in s.weights.values()) for s in stages]
         report = plan_report(
             spec, cluster, opts, plan, microbatch_size, stage_flops=stage_flops, stage_param_bytes=stage_params,
-            forward_ns=stage_forward_ns(gm, plan, group_of(gm)) if training is not None else None,
+            forward_ns=forward_ns if training is not None else None,
             model_sha256=model_sha256, on_meta=on_meta, gm_meta=gm.meta,
             baselines=[b.to_json() for b in compute_baselines(problem) + fx_baselines(gm, problem)])
         pj = report.to_json()
