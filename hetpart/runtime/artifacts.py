@@ -137,6 +137,42 @@ def _check_structure(path: Path, manifest: dict[str, Any]) -> None:
     placed = [r for node in nodes for r in node["ranks"]]
     if placed != list(range(world)):
         raise HetpartError(f"{path}: the nodes hold ranks {placed}, expected 0..{world - 1} in order{EDITED}")
+    _check_mesh(path, manifest["mesh"] if "mesh" in manifest else None, ranks)
+
+
+def _check_mesh(path: Path, mesh: Any, ranks: list[dict[str, Any]]) -> None:
+    """The mesh (NOTE [the mesh] in codegen/artifacts.py) agrees with the ranks: every rank runs the stage
+    its entry names, the pipeline group holds one rank per stage in stage order, and each rank's groups
+    are the groups that hold it."""
+    def ints(value: Any) -> bool:
+        return (isinstance(value, list) and all(isinstance(r, int) and not isinstance(r, bool) for r in value)
+                and value == sorted(set(value)) and all(0 <= r < len(ranks) for r in value))
+
+    if not (isinstance(mesh, dict) and isinstance(mesh.get("stages"), list) and isinstance(mesh.get("groups"), list)
+            and isinstance(mesh.get("rank_groups"), list)):
+        raise HetpartError(f"{path}: needs a 'mesh' with stages, groups and rank_groups{EDITED}")
+    stages, groups = mesh["stages"], mesh["groups"]
+    if not all(ints(s) and s for s in stages) or sorted(r for s in stages for r in s) != list(range(len(ranks))):
+        raise HetpartError(f"{path}: mesh.stages must give each stage its ranks, every rank in one stage{EDITED}")
+    for k, entry in enumerate(ranks):
+        if not 0 <= entry["stage"] < len(stages) or k not in stages[entry["stage"]]:
+            raise HetpartError(f"{path}: ranks[{k}] runs stage {entry['stage']}, which mesh.stages does not give "
+                               f"rank {k}{EDITED}")
+    names = [g.get("name") if isinstance(g, dict) else None for g in groups]
+    for g in groups:
+        if not (isinstance(g, dict) and isinstance(g.get("name"), str) and g.get("kind") in ("pipeline", "weights")
+                and ints(g.get("ranks")) and g["ranks"] and names.count(g["name"]) == 1
+                and (g["kind"] != "weights" or (isinstance(g.get("weights"), list)
+                                                and all(isinstance(w, str) for w in g["weights"])))):
+            raise HetpartError(f"{path}: mesh.groups must be uniquely named pipeline or weights groups of ranks "
+                               f"(got {g!r:.60}){EDITED}")
+    pipeline = [g["ranks"] for g in groups if g["kind"] == "pipeline"]
+    if not (len(pipeline) == 1 and len(pipeline[0]) == len(stages) and all(r in s for r, s in zip(pipeline[0], stages))):
+        raise HetpartError(f"{path}: mesh.groups needs one pipeline group holding one rank of each stage, in stage "
+                           f"order{EDITED}")
+    expected = [[g["name"] for g in groups if k in g["ranks"]] for k in range(len(ranks))]
+    if mesh["rank_groups"] != expected:
+        raise HetpartError(f"{path}: mesh.rank_groups must list the groups holding each rank ({expected}){EDITED}")
 
 
 def _refuse(who: str, path: Path, reason: str, out: Path) -> HetpartError:
