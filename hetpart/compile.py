@@ -63,7 +63,8 @@ class CompileOptions:
         """Every option's value, and with the model's `batch_size` and the `out` directory how they fit: the one
         place options are checked, before anything is traced (`compile_model` calls it; so may a front end)."""
         if self.microbatches < 1 or (batch_size is not None and batch_size % self.microbatches):
-            raise HetpartError(f"--microbatches {self.microbatches} must be >= 1 and divide --batch-size {batch_size}")
+            divide = f" and divide --batch-size {batch_size}" if batch_size is not None else ""
+            raise HetpartError(f"--microbatches {self.microbatches} must be >= 1{divide}")
         if self.time_limit_s <= 0:
             raise HetpartError(f"--time-limit must be positive (got {self.time_limit_s})")
         if not 0.0 <= self.gap < 1.0:
