@@ -254,7 +254,7 @@ def _partition(args: argparse.Namespace, console: Console) -> int:
     result = compile_model(spec, args.cluster, args.out, opts,
                            echo=lambda text: console.print(text, markup=False, highlight=False),
                            progress=Progress.for_console(console))
-    print_plan(result.plan_json, console)
+    print_plan(result.report, console)
     if args.strategy != "optimal":  # NOTE [--strategy] in partitioner/baselines.py
         console.print(f"strategy {args.strategy}: the artifacts run this baseline's plan, not the optimised one")
     console.print(f"wrote {args.out}/ (plan.json, manifest.json, rank0..rank{len(result.plan.stages) - 1}, ir/, "

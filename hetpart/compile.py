@@ -30,6 +30,7 @@ from hetpart.ir import info
 from hetpart.partitioner import Plan, Problem, solve, verify_plan
 from hetpart.partitioner.problem import TIME_NS
 from hetpart.partitioner.baselines import baselines_json, check_strategy, compute_baselines, strategy_plan
+from hetpart.plan_report import ClusterDevice, ClusterRecord, ModelRecord, PlanReport, StageReport
 from hetpart.baselines.fx_partitioner import fx_baselines
 from hetpart.passes import PassContext, PassManager, default_passes, lower_to_problem
 from hetpart.passes.lower import TrainingSpec, group_of
@@ -60,60 +61,89 @@ class CompileOptions:
     check_certificate: bool | None = None  # re-prove the bound (NOTE [checked certificates]); None: the env var
     strategy: str = "optimal"  # or a baseline's name: write its plan instead (NOTE [--strategy] in baselines.py)
 
+    def check(self, batch_size: int | None = None, out: Path | None = None) -> None:
+        """Every option's value, and with the model's `batch_size` and the `out` directory how they fit: the one
+        place options are checked, before anything is traced (`compile_model` calls it; so may a front end)."""
+        if self.microbatches < 1 or (batch_size is not None and batch_size % self.microbatches):
+            divide = f" and divide --batch-size {batch_size}" if batch_size is not None else ""
+            raise HetpartError(f"--microbatches {self.microbatches} must be >= 1{divide}")
+        if self.time_limit_s <= 0:
+            raise HetpartError(f"--time-limit must be positive (got {self.time_limit_s})")
+        if not 0.0 <= self.gap < 1.0:
+            raise HetpartError(f"--gap must be a fraction in [0, 1), e.g. --gap 0.01 for 1% (got {self.gap})")
+        if self.mode not in ("inference", "training"):
+            raise HetpartError(f"--mode {self.mode}: expected inference or training")
+        if self.schedule not in ("gpipe", "1f1b"):
+            raise HetpartError(f"--schedule {self.schedule}: expected gpipe or 1f1b")
+        if self.optimizer_bytes_per_param < 0:
+            raise HetpartError(f"--optimizer-bytes-per-param must be >= 0 (got {self.optimizer_bytes_per_param})")
+        check_strategy(self.strategy)
+        if (self.dump_ir is not None and out is not None
+                and out.resolve() in (self.dump_ir.resolve(), *self.dump_ir.resolve().parents)):
+            raise HetpartError(f"--dump-ir {self.dump_ir} is inside --out {out}, which this run creates or replaces; "
+                               "pass a --dump-ir DIR outside it (OUT/ir/ gets the dumps anyway)")
+
+    def training(self) -> TrainingSpec | None:
+        """The training spec of `--mode training`; None for inference."""
+        if self.mode == "inference":
+            return None
+        return TrainingSpec(self.schedule, self.microbatches, self.optimizer_bytes_per_param)
+
 
 @dataclass
 class CompileResult:
     out: Path
     plan: Plan
     problem: Problem
-    plan_json: dict
+    plan_json: dict  # report.to_json(): plan.json's contents
+    report: PlanReport
 
 
-def plan_json(spec: ModelSpec, cluster: Cluster, opts: CompileOptions, plan: Plan, microbatch_size: int,
-              stage_flops: list[int], stage_param_bytes: list[int]) -> dict:
-    """plan.json: deterministic (no timings; those go to timings.json)."""
-    devices = {d.name: d for d in cluster.devices}
+def plan_report(spec: ModelSpec, cluster: Cluster, opts: CompileOptions, plan: Plan, microbatch_size: int, *,
+                stage_flops: list[int], stage_param_bytes: list[int], forward_ns: list[int] | None,
+                model_sha256: str | None, on_meta: bool, gm_meta: dict, baselines: list[dict]) -> PlanReport:
+    """plan.json's contents, built once (NOTE [plan.json fields]): deterministic (no timings: timings.json).
+
+    `forward_ns` (training plans): each stage's forward share of `compute_us`, which is forward + backward
+    (NOTE [training costs] in passes/lower.py); the simulator and the report play them separately.
+    """
+    machine = {d.name: d.machine for d in cluster.devices}
     us = lambda ns: round(ns / 1000, 3)  # noqa: E731
-    return {
-        "format_version": 1,
-        "hetpart_version": __version__,
-        "model": spec.to_json(),
-        "cluster": {
-            "name": cluster.name,
-            "devices": [{"name": d.name, "type": d.type.name, "machine": d.machine, "mem_bytes": d.mem_bytes,
-                         **({"core": d.core} if d.core is not None else {})}  # NOTE [emulated devices]
-                        for d in cluster.devices],
-        },
-        "mode": opts.mode,
-        "schedule": opts.schedule,
-        "objective": "throughput",
-        "microbatches": opts.microbatches,
-        "microbatch_size": microbatch_size,
-        "bottleneck_us": us(plan.bottleneck_ns),
-        "lower_bound_us": us(plan.lower_bound_ns),
-        "gap": round(plan.gap, 6),
-        "solver_status": plan.solver_status,
-        "certificate": plan.certificate.to_json() if plan.certificate else None,
-        "predicted_samples_per_s": round(microbatch_size / (plan.bottleneck_ns * 1e-9), 3) if plan.bottleneck_ns else None,
-        "stages": [
-            {
-                "index": s.index,
-                "device": s.device,
-                "device_type": s.device_type,
-                "machine": devices[s.device].machine,
-                "node_count": len(s.nodes),
-                "flops": stage_flops[s.index],
-                "param_bytes": stage_param_bytes[s.index],
-                "predicted_time_us": us(s.time_ns),
-                "compute_us": us(s.compute_ns),
-                "comm_in_us": us(s.comm_in_ns),
-                "comm_out_us": us(s.comm_out_ns),
-                "memory_bytes": s.memory_bytes,
-                "capacity_bytes": s.capacity_bytes,
-            }
-            for s in plan.stages
-        ],
-    }
+    stages = []
+    for s in plan.stages:
+        fwd = forward_ns[s.index] if forward_ns is not None else None
+        stages.append(StageReport(
+            index=s.index, device=s.device, device_type=s.device_type, machine=machine[s.device],
+            slot=s.device, devices=[s.device],  # today a slot is one device, named as it (NOTE [plan.json fields])
+            node_count=len(s.nodes), flops=stage_flops[s.index], param_bytes=stage_param_bytes[s.index],
+            predicted_time_us=us(s.time_ns), compute_us=us(s.compute_ns), comm_in_us=us(s.comm_in_ns),
+            comm_out_us=us(s.comm_out_ns), memory_bytes=s.memory_bytes, capacity_bytes=s.capacity_bytes,
+            forward_us=None if fwd is None else us(fwd),
+            backward_us=None if fwd is None else round(us(s.compute_ns) - fwd / 1000, 3)))
+    return PlanReport(
+        hetpart_version=__version__,
+        model=ModelRecord(**spec.to_json(), file_sha256=model_sha256),
+        cluster=ClusterRecord(name=cluster.name, devices=[
+            ClusterDevice(name=d.name, type=d.type.name, machine=d.machine, mem_bytes=d.mem_bytes, core=d.core)
+            for d in cluster.devices]),
+        mode=opts.mode, schedule=opts.schedule, objective="throughput",
+        microbatches=opts.microbatches, microbatch_size=microbatch_size,
+        bottleneck_us=us(plan.bottleneck_ns), lower_bound_us=us(plan.lower_bound_ns), gap=round(plan.gap, 6),
+        solver_status=plan.solver_status,
+        certificate=plan.certificate.to_json() if plan.certificate else None,
+        predicted_samples_per_s=(round(microbatch_size / (plan.bottleneck_ns * 1e-9), 3)
+                                 if plan.bottleneck_ns else None),
+        stages=stages,
+        weights="manifest" if on_meta else "included",
+        # which dims `hetpart run --batch-size/--seq-len` may change (NOTE [dynamic sequence length])
+        dynamic=gm_meta.get("dynamic", {"batch": True, "seq_len": False, "why": None}),
+        outputs=gm_meta.get("outputs"),  # a dict or list output's keys (NOTE [model outputs] in export.py)
+        optimizer_bytes_per_param=opts.optimizer_bytes_per_param if opts.mode == "training" else None,
+        baselines=baselines,  # what other tools would plan, in the same cost model (issue 5)
+        bounds=plan.bounds.to_json() if plan.bounds else None,
+        strategy=opts.strategy,
+        emulation=emulation,
+    )
 
 
 class Analysis(NamedTuple):
@@ -163,33 +193,20 @@ def load_profiles(paths: tuple[Path, ...], cluster: Cluster) -> dict:
 
 def check_training(opts: CompileOptions) -> TrainingSpec | None:
     """The training spec of `--mode training`, or None for inference; checks the options."""
-    if opts.mode not in ("inference", "training"):
-        raise HetpartError(f"--mode {opts.mode}: expected inference or training")
-    if opts.schedule not in ("gpipe", "1f1b"):
-        raise HetpartError(f"--schedule {opts.schedule}: expected gpipe or 1f1b")
-    if opts.optimizer_bytes_per_param < 0:
-        raise HetpartError(f"--optimizer-bytes-per-param must be >= 0 (got {opts.optimizer_bytes_per_param})")
-    if opts.mode == "inference":
-        return None
-    return TrainingSpec(opts.schedule, opts.microbatches, opts.optimizer_bytes_per_param)
+    opts.check()
+    return opts.training()
 
 
-def add_training_json(pj: dict, gm: fx.GraphModule, plan: Plan, spec: TrainingSpec) -> None:
-    """Training plans: optimizer bytes, and each stage's forward and backward share of its compute.
-
-    `compute_us` is forward + backward (NOTE [training costs] in passes/lower.py); the
-    schedule simulator and the report play `forward_us` and `backward_us` separately.
-    """
-    pj["optimizer_bytes_per_param"] = spec.optimizer_bytes_per_param
-    forward_ns = [0] * len(plan.stages)
-    groups = group_of(gm)  # what lowering summed into each problem node
+def stage_sums(gm: fx.GraphModule, plan: Plan, groups: dict[str, str]) -> tuple[list[int], list[int]]:
+    """Each stage's FLOPs and forward time on its device type, summed over the FX nodes that lowering
+    summed into its problem nodes (`groups`); a stage's time is forward + backward in training."""
+    flops, forward_ns = [0] * len(plan.stages), [0] * len(plan.stages)
     for node in gm.graph.nodes:
         if node.name in groups:
             k = plan.stage_of[groups[node.name]]
+            flops[k] += info(node).flops or 0
             forward_ns[k] += info(node).cost_ns.get(plan.stages[k].device_type, 0)
-    for s, fwd in zip(pj["stages"], forward_ns):
-        s["forward_us"] = round(fwd / 1000, 3)
-        s["backward_us"] = round(s["compute_us"] - fwd / 1000, 3)
+    return flops, forward_ns
 
 
 def warn_batch_mixing(gm: fx.GraphModule, microbatches: int, microbatch_size: int, echo: Callable[[str], None]) -> None:
@@ -218,26 +235,15 @@ def compile_model(spec: ModelSpec, cluster_spec: str, out: Path, opts: CompileOp
     `progress` shows the long steps on a terminal (`Progress.for_console`); default: quiet.
     """
     progress = progress or Progress()
-    if opts.microbatches < 1 or spec.batch_size % opts.microbatches:
-        raise HetpartError(
-            f"--microbatches {opts.microbatches} must be >= 1 and divide --batch-size {spec.batch_size}"
-        )
-    if opts.time_limit_s <= 0:
-        raise HetpartError(f"--time-limit must be positive (got {opts.time_limit_s})")
-    if not 0.0 <= opts.gap < 1.0:  # before tracing: solve checks it too, but only after the model is traced
-        raise HetpartError(f"--gap must be a fraction in [0, 1), e.g. --gap 0.01 for 1% (got {opts.gap})")
-    if opts.dump_ir is not None and out.resolve() in (opts.dump_ir.resolve(), *opts.dump_ir.resolve().parents):
-        raise HetpartError(f"--dump-ir {opts.dump_ir} is inside --out {out}, which this run creates or replaces; "
-                           "pass a --dump-ir DIR outside it (OUT/ir/ gets the dumps anyway)")
+    opts.check(spec.batch_size, out)  # before tracing
     if opts.dump_ir is not None:
         check_dump_dir(opts.dump_ir)  # NOTE [--dump-ir DIR is hetpart's]
-    check_strategy(opts.strategy)
     sign_key = read_key(opts.sign_key, out) if opts.sign_key is not None else None
     model_sha256 = model_file_sha256(spec)  # the file as it is traced: NOTE [model files] in runtime/artifacts.py
     cluster = load_cluster(cluster_spec)
     microbatch_size = spec.batch_size // opts.microbatches
     profiles = load_profiles(opts.profiles, cluster)
-    training = check_training(opts)
+    training = opts.training()
     for t, prof in sorted(profiles.items()):
         if training is not None and not prof.backward_ns:
             echo(f"note: the '{t}' profile has no backward times (`hetpart profile --backward`); "
@@ -251,7 +257,8 @@ def compile_model(spec: ModelSpec, cluster_spec: str, out: Path, opts: CompileOp
                 profiles=profiles, meta=opts.meta)
         warn_batch_mixing(gm, opts.microbatches, microbatch_size, echo)
         # 3. Lower to the torch-free problem, solve with CP-SAT, check the plan independently.
-        problem = lower_to_problem(gm, cluster, training)
+        groups = group_of(gm)  # FX node -> problem node, once: lowering, the split and the plan's sums read it
+        problem = lower_to_problem(gm, cluster, training, groups)
         if opts.schedule == "1f1b" and opts.microbatches < min(problem.max_stages or len(problem.devices),
                                                                len(problem.devices)):
             problem.max_stages = opts.microbatches  # NOTE [1F1B stages]
@@ -272,13 +279,14 @@ def compile_model(spec: ModelSpec, cluster_spec: str, out: Path, opts: CompileOp
         if opts.verbose:
             echo(f"solve: {solve_s * 1e3:.1f} ms ({plan.solver_status})")
         verify_plan(problem, plan)
-        where = stage_of_nodes(gm, plan.stage_of)
+        # Only the partition dump (ir/NN-partition.txt, partition.dot) and the report's blocks read a node's stage.
+        where = stage_of_nodes(gm, plan.stage_of, groups)
         for node in gm.graph.nodes:
             if node.name in where:
                 info(node).stage = where[node.name]
         pm.emit(gm, len(pm.passes) + 1, "partition")
         # 4. Cut the graph into stages and write one rank directory per stage.
-        stages = split_stages(gm, plan.stage_of, len(plan.device_of_stage))
+        stages = split_stages(gm, plan.stage_of, len(plan.device_of_stage), groups)
         # Each stage's example inputs for its .pt2 export: 2 rows (a batch of 1 would be specialized).
         # A plan traced on meta has no weights to export with: rank<k>/weights.json lists what
         # `hetpart shard-weights` fills from a checkpoint (NOTE [weight manifests]).
@@ -292,29 +300,19 @@ def compile_model(spec: ModelSpec, cluster_spec: str, out: Path, opts: CompileOp
                       f"Outputs: {', '.join(s.outputs)}\n")
             files.append(write_rank(tmp / f"rank{s.index}", s, header, examples[s.index] if pt2 else None,
                                     checkpoint_names=names if on_meta else None))
-        stage_flops = [0] * len(stages)
-        for node in gm.graph.nodes:
-            if node.name in where:
-                stage_flops[where[node.name]] += info(node).flops or 0
+        stage_flops, forward_ns = stage_sums(gm, plan, groups)
         stage_params = [sum(problem.weights[w] for w in s.weights.values()) for s in stages]
-        pj = plan_json(spec, cluster, opts, plan, microbatch_size, stage_flops, stage_params)
-        pj["weights"] = "manifest" if on_meta else "included"
-        if model_sha256 is not None:
-            pj["model"]["file_sha256"] = model_sha256
-        # which dims `hetpart run --batch-size/--seq-len` may change (NOTE [dynamic sequence length])
-        pj["dynamic"] = gm.meta.get("dynamic", {"batch": True, "seq_len": False, "why": None})
-        pj["outputs"] = gm.meta.get("outputs")  # a dict or list output's keys (NOTE [model outputs] in export.py)
-        if training is not None:
-            add_training_json(pj, gm, plan, training)
-        # What other tools would plan, in the same cost model (issue 5).
-        pj["baselines"] = baselines_json(problem, plan, compute_baselines(problem) + fx_baselines(gm, problem),
-                                         opts.microbatches, opts.schedule)  # NOTE [simulated ratios]
-        pj["bounds"] = plan.bounds.to_json() if plan.bounds else None
-        pj["strategy"] = opts.strategy
-        pj["emulation"] = {  # each type's time for the whole model, for `run --emulate` (NOTE [emulated devices])
-            "type_model_us": {t: round(sum(problem.graph.nodes[v][TIME_NS][t] for v in problem.graph) / 1000, 3)
-                              for t in sorted(cluster.device_types)},
-            "profiled_types": sorted(profiles)}
+        report = plan_report(
+            spec, cluster, opts, plan, microbatch_size, stage_flops=stage_flops, stage_param_bytes=stage_params,
+            forward_ns=forward_ns if training is not None else None,
+            model_sha256=model_sha256, on_meta=on_meta, gm_meta=gm.meta,
+            baselines=baselines_json(problem, plan, compute_baselines(problem) + fx_baselines(gm, problem),
+                                     opts.microbatches, opts.schedule),  # NOTE [simulated ratios]
+            emulation={  # each type's time for the whole model, for `run --emulate` (NOTE [emulated devices])
+                "type_model_us": {t: round(sum(problem.graph.nodes[v][TIME_NS][t] for v in problem.graph) / 1000, 3)
+                                  for t in sorted(cluster.device_types)},
+                "profiled_types": sorted(profiles)})
+        pj = report.to_json()
         write_json(tmp / "plan.json", pj)
         planned = [PlannedDevice(d.name, d.type.name, d.machine)
                    for d in (next(c for c in cluster.devices if c.name == n) for n in plan.device_of_stage)]
@@ -327,6 +325,6 @@ def compile_model(spec: ModelSpec, cluster_spec: str, out: Path, opts: CompileOp
             "solve_s": round(solve_s, 4),
         })
         # 5. A page to look at: graph by stage, simulated schedule, memory per device.
-        write_report(tmp / "report.html", pj, coarsen_to_blocks(gm))
-    return CompileResult(out=out, plan=plan, problem=problem, plan_json=pj)
+        write_report(tmp / "report.html", report, coarsen_to_blocks(gm))
+    return CompileResult(out=out, plan=plan, problem=problem, plan_json=pj, report=report)
 

@@ -449,6 +449,38 @@ def _runtime_device(dev: PlannedDevice) -> str:
     return "cpu" if dev.type == "cpu" else f"cuda:{dev.name.rpartition('/')[2]}"
 
 
+# NOTE [the mesh]: stage and rank are different things (a stage may later run on a
+# data-parallel replica set or a tensor-parallel group), so manifest.json says which ranks
+# run each stage and which process groups each rank joins, as torch.distributed.pipelining
+# takes them (`PipelineStage(group=...)`, `stage_index_to_group_rank`):
+#   "mesh": {"stages": [[0], [1], ...],            stage -> its ranks (today one: rank k runs stage k)
+#            "groups": [{"name": "pipeline", "kind": "pipeline", "ranks": [0, 1, ...]},
+#                       {"name": "weights-0", "kind": "weights", "ranks": [0, 3], "weights": ["wte.weight"]}],
+#            "rank_groups": [["pipeline", "weights-0"], ["pipeline"], ...]}   the groups of each rank
+# The pipeline group holds one rank per stage, in stage order: a stage's send and receive
+# peers are its neighbours' ranks in it. A `weights` group is the ranks that hold copies of
+# the same weights (a tied embedding and LM head, NOTE [replicated weights] in
+# runtime/worker.py): training sums those copies' gradients over it. Each rank creates every
+# group with `torch.distributed.new_group`, in this order (torch requires the same order on
+# all ranks); `load_manifest` checks the mesh against the ranks before any rank starts.
+def mesh(rank_weights: list[list[str]]) -> dict:
+    """The mesh of a plan whose rank k runs stage k and holds the weights `rank_weights[k]` (NOTE [the mesh])."""
+    world = len(rank_weights)
+    holders: dict[str, list[int]] = {}
+    for rank, names in enumerate(rank_weights):
+        for name in names:
+            holders.setdefault(name, []).append(rank)
+    shared: dict[tuple[int, ...], list[str]] = {}
+    for name, ranks in sorted(holders.items()):
+        if len(ranks) > 1:
+            shared.setdefault(tuple(ranks), []).append(name)
+    groups: list[dict[str, Any]] = [{"name": "pipeline", "kind": "pipeline", "ranks": list(range(world))}]
+    groups += [{"name": f"weights-{i}", "kind": "weights", "ranks": list(ranks), "weights": names}
+               for i, (ranks, names) in enumerate(sorted(shared.items()))]
+    return {"stages": [[k] for k in range(world)], "groups": groups,
+            "rank_groups": [[g["name"] for g in groups if r in g["ranks"]] for r in range(world)]}
+
+
 def manifest(stages: list[StageGraph], files: list[dict[str, str]], devices: list[PlannedDevice]) -> dict:
     groups = launch_groups(devices)
     node_of = {k: (n, i) for n, ranks in enumerate(groups) for i, k in enumerate(ranks)}
@@ -477,6 +509,7 @@ def manifest(stages: list[StageGraph], files: list[dict[str, str]], devices: lis
             }
             for s in stages
         ],
+        "mesh": mesh([sorted(s.weights.values()) for s in stages]),
     }
 
 

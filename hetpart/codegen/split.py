@@ -47,9 +47,9 @@ class StageGraph:
     nodes: list[str] = field(default_factory=list)  # original FX nodes computed here
 
 
-def stage_of_nodes(gm: fx.GraphModule, stage_of: dict[str, int]) -> dict[str, int]:
-    """FX node name -> stage, from a plan over problem nodes (getitems follow their op)."""
-    groups = group_of(gm)
+def stage_of_nodes(gm: fx.GraphModule, stage_of: dict[str, int], groups: dict[str, str] | None = None) -> dict[str, int]:
+    """FX node name -> stage, from a plan over problem nodes (getitems follow their op); `groups`: `group_of(gm)`."""
+    groups = group_of(gm) if groups is None else groups
     return {fx_name: stage_of[problem_name] for fx_name, problem_name in groups.items()}
 
 
@@ -160,9 +160,10 @@ class _StageBuilder:
         return new
 
 
-def split_stages(gm: fx.GraphModule, stage_of: dict[str, int], num_stages: int) -> list[StageGraph]:
-    """One GraphModule per stage; see NOTE [pass-through of skip values]."""
-    where = stage_of_nodes(gm, stage_of)
+def split_stages(gm: fx.GraphModule, stage_of: dict[str, int], num_stages: int,
+                 groups: dict[str, str] | None = None) -> list[StageGraph]:
+    """One GraphModule per stage; see NOTE [pass-through of skip values]. `groups`: `group_of(gm)`, if known."""
+    where = stage_of_nodes(gm, stage_of, groups)
     recomputed = recomputed_nodes(gm)
     nodes = list(gm.graph.nodes)
     output = next(n for n in nodes if n.op == "output")

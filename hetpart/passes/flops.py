@@ -14,11 +14,10 @@ from typing import Any, ClassVar
 
 import torch
 import torch.fx as fx
-from torch.utils.flop_counter import FlopCounterMode
 
 from hetpart.ir import info
 from hetpart.passes.manager import PassContext, PassResult
-from hetpart.passes.meta import run_on_meta
+from hetpart.passes.meta import meta_run
 from hetpart.passes.shape import tensor_bytes
 
 aten = torch.ops.aten
@@ -170,15 +169,8 @@ class FlopsPass:
     provides: ClassVar[tuple[str, ...]] = ("flops", "bytes_moved")  # and bwd_flops, bwd_bytes_moved in training
 
     def run(self, gm: fx.GraphModule, ctx: PassContext) -> PassResult:
-        counted: dict[fx.Node, int] = {}
-
-        def count(node: fx.Node, call: Callable[[], Any]) -> Any:
-            with FlopCounterMode(display=False) as counter:
-                out = call()
-            counted[node] = counter.get_total_flops()
-            return out
-
-        values = run_on_meta(gm, ctx.microbatch_size, on_node=count)
+        run = meta_run(gm, ctx.microbatch_size, ctx.meta_runs)  # the shape pass's run: NOTE [one meta run]
+        values, counted = run.values, run.counted_flops
         load = lambda a: values[a] if isinstance(a, fx.Node) else a  # noqa: E731
         for node in gm.graph.nodes:
             ni = info(node)

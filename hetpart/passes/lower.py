@@ -153,15 +153,18 @@ def _state_bytes(gm: fx.GraphModule, spec: TrainingSpec) -> dict[str, int]:
     return out
 
 
-def lower_to_problem(gm: fx.GraphModule, cluster: Cluster, training: TrainingSpec | None = None) -> Problem:
+def lower_to_problem(gm: fx.GraphModule, cluster: Cluster, training: TrainingSpec | None = None,
+                     groups: dict[str, str] | None = None) -> Problem:
     """The annotated graph as a Problem over `cluster`'s devices (see NOTE above).
+
+    `groups`: the graph's `group_of`, where the caller has it already (it is computed once per compile).
 
     With `training`, the graph must have been annotated in training mode
     (`PassContext(mode="training")`): NOTE [training costs].
     """
     if training is not None and not any(info(n).bwd_cost_ns for n in gm.graph.nodes):
         raise HetpartError("lowering for training needs backward costs: run the passes with mode='training'")
-    groups = group_of(gm)
+    groups = group_of(gm) if groups is None else groups
     recomputed = recomputed_nodes(gm)
     types = sorted(cluster.device_types)
     g = nx.DiGraph()

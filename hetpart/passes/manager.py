@@ -32,6 +32,7 @@ class PassContext:
     microbatch_size: int = 8  # costs and memory are per microbatch
     mode: str = "inference"  # "training": the flops and op-cost passes also cost each op's backward
     profiles: dict = field(default_factory=dict)  # device type name -> hetpart.profiler.table.Profile
+    meta_runs: dict = field(default_factory=dict)  # the graph's run on meta tensors, shared: NOTE [one meta run]
 
 
 @dataclass(frozen=True)
@@ -167,6 +168,8 @@ class PassManager:
             self.timings.append(PassTiming(p.name, time.perf_counter() - start))
             if self.verbose:
                 self.echo(f"pass {index:02d} {p.name}: {self.timings[-1].seconds * 1e3:.1f} ms")
+            if result.changed or result.gm is not gm:
+                ctx.meta_runs.clear()  # NOTE [one meta run]
             gm = result.gm
             self.emit(gm, index, p.name)
         return gm

@@ -1,17 +1,20 @@
 """Run a graph on meta tensors at concrete (microbatch) shapes: no memory, no time.
 
-The shape and flops passes both need concrete values for each node; this
-interpreter produces them. Ops that can take a device (factory ops, whose
-`device=` the frontend dropped: NOTE [baked devices]) create on the meta device.
+The shape, flops and op-cost passes need concrete values for each node; this
+interpreter produces them, once per graph (`meta_run`, NOTE [one meta run]).
+Ops that can take a device (factory ops, whose `device=` the frontend dropped:
+NOTE [baked devices]) create on the meta device.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.fx as fx
+from torch.utils.flop_counter import FlopCounterMode
 
 META = torch.device("meta")
 
@@ -108,3 +111,38 @@ def run_on_meta(gm: fx.GraphModule, batch_size: int, on_node=None) -> dict[fx.No
     with torch.no_grad():
         interp.run(*args)
     return values
+
+
+# NOTE [one meta run]: the shape, flops and op-cost passes all read each node's value at the
+# microbatch size. The graph runs on meta tensors once, counting each op's FLOPs with
+# `FlopCounterMode` on the way, and the run is kept in the pass context (`ctx.meta_runs`) for
+# the next pass to read. It stays valid while no pass changes the graph: the PassManager
+# drops it after a pass that reports `changed`, and a run is kept for one GraphModule and
+# microbatch size only.
+@dataclass(frozen=True)
+class MetaRun:
+    """One run of a graph on meta tensors: every node's value and the FLOPs FlopCounterMode counted per op."""
+    gm: fx.GraphModule
+    batch_size: int
+    values: dict[fx.Node, Any]
+    counted_flops: dict[fx.Node, int]
+
+
+def meta_run(gm: fx.GraphModule, batch_size: int, cache: dict | None = None) -> MetaRun:
+    """`gm` run on meta tensors at `batch_size`, FLOPs counted; the run kept in `cache` (NOTE [one meta run])."""
+    key = (id(gm), batch_size)
+    found = cache.get(key) if cache is not None else None
+    if found is not None and found.gm is gm:
+        return found
+    counted: dict[fx.Node, int] = {}
+
+    def count(node: fx.Node, call: Callable[[], Any]) -> Any:
+        with FlopCounterMode(display=False) as counter:
+            out = call()
+        counted[node] = counter.get_total_flops()
+        return out
+
+    run = MetaRun(gm, batch_size, run_on_meta(gm, batch_size, on_node=count), counted)
+    if cache is not None:
+        cache[key] = run
+    return run

@@ -19,7 +19,7 @@ from hetpart.devices.catalog import DeviceType
 from hetpart.ir import NodeInfo, info
 from hetpart.passes.flops import is_view
 from hetpart.passes.manager import PassContext, PassResult
-from hetpart.passes.meta import run_on_meta
+from hetpart.passes.meta import meta_run
 from hetpart.profiler.table import backward_key, op_key, profiled
 
 # FX dtype short names -> the catalog's peak-rate keys.
@@ -69,7 +69,7 @@ class OpCostPass:
     def run(self, gm: fx.GraphModule, ctx: PassContext) -> PassResult:
         # Measured times where a profile of the device type has the op (NOTE [profile keys]).
         profiles = {t: p for t, p in ctx.profiles.items() if t in ctx.device_types}
-        values = run_on_meta(gm, ctx.microbatch_size) if profiles else {}
+        values = meta_run(gm, ctx.microbatch_size, ctx.meta_runs).values if profiles else {}  # NOTE [one meta run]
         training = ctx.mode == "training"
         needs = {n for n in gm.graph.nodes if info(n).needs_grad}
         for node in gm.graph.nodes:

@@ -2,7 +2,7 @@
 
 Shapes are printed symbolically from export's metadata (the dynamic batch is
 `s0`); bytes are counted at the microbatch size by running the graph on meta
-tensors.
+tensors (once for this pass and the next: NOTE [one meta run] in meta.py).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch.fx as fx
 
 from hetpart.ir import info
 from hetpart.passes.manager import PassContext, PassResult
-from hetpart.passes.meta import run_on_meta
+from hetpart.passes.meta import meta_run
 
 DTYPE_NAMES = {
     torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", torch.float64: "f64",
@@ -57,7 +57,7 @@ class ShapePass:
 
     def run(self, gm: fx.GraphModule, ctx: PassContext) -> PassResult:
         renames = symbol_names(gm)
-        values = run_on_meta(gm, ctx.microbatch_size)
+        values = meta_run(gm, ctx.microbatch_size, ctx.meta_runs).values  # NOTE [one meta run]
         for node in gm.graph.nodes:
             if node.op == "output":
                 continue

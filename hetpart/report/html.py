@@ -2,7 +2,7 @@
 
 It shows the graph coarsened to blocks and coloured by stage, the schedule
 timeline from `hetpart.partitioner.simulate`, memory per device against
-capacity, the plan table and the baselines. Its inputs are plan.json and a
+capacity, the plan table and the baselines. Its inputs are plan.json (a `PlanReport`) and a
 `BlockGraph` (built from the FX graph by `blocks.py`); this module never
 imports torch.
 """
@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from hetpart.partitioner.simulate import Timeline
+from hetpart.plan_report import PlanReport
 from hetpart.report.table import (
     SCHEDULE_NAMES,
     baseline_lines,
@@ -176,26 +177,26 @@ def _gantt_svg(timeline: Timeline, labels: list[str]) -> str:
     return "\n".join(parts)
 
 
-def _memory_svg(plan: dict[str, Any]) -> str:
+def _memory_svg(plan: PlanReport) -> str:
     """Every device of the cluster: memory of its stage against its capacity (idle devices say so)."""
-    used = {s["device"]: s for s in plan["stages"]}
-    devices = plan["cluster"]["devices"]
+    used = {s.device: s for s in plan.stages}
+    devices = plan.cluster.devices
     label_w, bar_w, row_h = 230, 620, 28
     width, height = label_w + bar_w + 320, 12 + row_h * len(devices)
     parts = [f'<svg class="memory" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
              'xmlns="http://www.w3.org/2000/svg" role="img" aria-label="memory per device">']
     for i, d in enumerate(devices):
         y = 6 + i * row_h
-        s = used.get(d["name"])
-        capacity = s["capacity_bytes"] if s else d["mem_bytes"]
-        label = f"{d['name']} ({d['type']})"
+        s = used.get(d.name)
+        capacity = s.capacity_bytes if s else d.mem_bytes
+        label = f"{d.name} ({d.type})"
         parts.append(_svg_text(label_w - 8, y + 15, label, size=12, anchor="end"))
         parts.append(f'<rect x="{label_w}" y="{y}" width="{bar_w}" height="{row_h - 8}" fill="#eee" stroke="#bbb"/>')
         if s:
-            share = s["memory_bytes"] / capacity if capacity else 0.0
+            share = s.memory_bytes / capacity if capacity else 0.0
             parts.append(f'<rect x="{label_w}" y="{y}" width="{max(bar_w * min(share, 1.0), 1.5):.2f}" '
-                         f'height="{row_h - 8}" fill="{stage_colour(s["index"])}" stroke="#555" stroke-width="0.5"/>')
-            text = (f"stage {s['index']}: {format_bytes(s['memory_bytes'])} / {format_bytes(capacity)} "
+                         f'height="{row_h - 8}" fill="{stage_colour(s.index)}" stroke="#555" stroke-width="0.5"/>')
+            text = (f"stage {s.index}: {format_bytes(s.memory_bytes)} / {format_bytes(capacity)} "
                     f"({share * 100:.3g}%)")
         else:
             text = f"idle: 0 / {format_bytes(capacity)}"
@@ -204,23 +205,23 @@ def _memory_svg(plan: dict[str, Any]) -> str:
     return "\n".join(parts)
 
 
-def _plan_table(plan: dict[str, Any]) -> str:
+def _plan_table(plan: PlanReport) -> str:
     head = ["stage", "device", "type", "nodes", "GFLOP", "memory / capacity", "compute", "transfer", "time",
             "% of max"]
     rows = []
-    for s in plan["stages"]:
-        cells = [s["index"], s["device"], s["device_type"], s["node_count"], f"{s['flops'] / 1e9:.3g}",
-                 f"{format_bytes(s['memory_bytes'])} / {format_bytes(s['capacity_bytes'])}",
-                 format_us(s["compute_us"]), format_us(transfer_us(s)), format_us(s["predicted_time_us"]),
+    for s in plan.stages:
+        cells = [s.index, s.device, s.device_type, s.node_count, f"{s.flops / 1e9:.3g}",
+                 f"{format_bytes(s.memory_bytes)} / {format_bytes(s.capacity_bytes)}",
+                 format_us(s.compute_us), format_us(transfer_us(s)), format_us(s.predicted_time_us),
                  f"{share_of_bottleneck(plan, s):.0%}"]
-        swatch = f'<span class="swatch" style="background:{stage_colour(s["index"])}"></span>'
+        swatch = f'<span class="swatch" style="background:{stage_colour(s.index)}"></span>'
         rows.append("<tr>" + "".join(f"<td>{swatch if i == 0 else ''}{_e(c)}</td>" for i, c in enumerate(cells))
                     + "</tr>")
     return ("<table><thead><tr>" + "".join(f"<th>{_e(h)}</th>" for h in head) + "</tr></thead><tbody>"
             + "\n".join(rows) + "</tbody></table>")
 
 
-def _baselines(plan: dict[str, Any]) -> str:
+def _baselines(plan: PlanReport) -> str:
     lines = baseline_lines(plan)
     if not lines:
         return "<p>No baselines recorded in plan.json.</p>"
@@ -246,36 +247,36 @@ svg text { font-family: system-ui, -apple-system, 'Segoe UI', sans-serif; domina
 """
 
 
-def render_report(plan: dict[str, Any], graph: BlockGraph) -> str:
+def render_report(plan: PlanReport, graph: BlockGraph) -> str:
     """The whole page as one string (deterministic for the same inputs)."""
     timeline = simulated_step(plan)
-    labels = [f"stage {s['index']} · {s['device']} ({s['device_type']})" for s in plan["stages"]]
-    model = plan["model"]["model"]
+    labels = [f"stage {s.index} · {s.device} ({s.device_type})" for s in plan.stages]
+    model = plan.model.model
     cards = [
-        ("bottleneck per microbatch", format_us(plan["bottleneck_us"])),
-        ("predicted throughput", f"{plan.get('predicted_samples_per_s') or 0:,.0f} samples/s"),
-        ("lower bound", format_us(plan["lower_bound_us"])),
-        ("gap", f"{plan['gap']:.2%}"),
-        ("solver", plan["solver_status"]),
+        ("bottleneck per microbatch", format_us(plan.bottleneck_us)),
+        ("predicted throughput", f"{plan.predicted_samples_per_s or 0:,.0f} samples/s"),
+        ("lower bound", format_us(plan.lower_bound_us)),
+        ("gap", f"{plan.gap:.2%}"),
+        ("solver", plan.solver_status),
         (f"step of {timeline.microbatches} microbatches", format_us(timeline.step_ns / 1000)),
         ("pipeline bubble", f"{timeline.bubble_fraction:.0%}"),
     ]
-    legend = "".join(f'<span><span class="swatch" style="background:{stage_colour(s["index"])}"></span>'
-                     f'stage {s["index"]}: {_e(s["device"])} ({_e(s["device_type"])})</span>' for s in plan["stages"])
+    legend = "".join(f'<span><span class="swatch" style="background:{stage_colour(s.index)}"></span>'
+                     f'stage {s.index}: {_e(s.device)} ({_e(s.device_type)})</span>' for s in plan.stages)
     legend += f'<span><span class="swatch" style="background:{SEND_COLOUR}"></span>transfer</span>'
     return f"""<!DOCTYPE html>
 <html lang="en">
 <head>
 <meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
-<title>hetpart: {_e(model)} on {_e(plan['cluster']['name'])}</title>
+<title>hetpart: {_e(model)} on {_e(plan.cluster.name)}</title>
 <style>{_CSS}</style>
 </head>
 <body>
-<h1>{_e(model)} on {_e(plan['cluster']['name'])}</h1>
-<div class="sub">{len(plan['stages'])} stages on {len(plan['cluster']['devices'])} devices ·
-{_e(plan['mode'])} · microbatch of {plan['microbatch_size']} · {plan['microbatches']} microbatches ·
-objective {_e(plan['objective'])}</div>
+<h1>{_e(model)} on {_e(plan.cluster.name)}</h1>
+<div class="sub">{len(plan.stages)} stages on {len(plan.cluster.devices)} devices ·
+{_e(plan.mode)} · microbatch of {plan.microbatch_size} · {plan.microbatches} microbatches ·
+objective {_e(plan.objective)}</div>
 <div class="cards">{''.join(f'<div class="card"><b>{_e(v)}</b><span>{_e(k)}</span></div>' for k, v in cards)}</div>
 <p class="legend">{legend}</p>
 <h2>Graph by stage</h2>
@@ -297,5 +298,5 @@ Step {format_us(timeline.step_ns / 1000)}; bubble {timeline.bubble_fraction:.0%}
 """
 
 
-def write_report(path: Path, plan: dict[str, Any], graph: BlockGraph) -> None:
+def write_report(path: Path, plan: PlanReport, graph: BlockGraph) -> None:
     path.write_text(render_report(plan, graph), encoding="utf-8")

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from hetpart.errors import HetpartError
+from hetpart.plan_report import PlanReport, as_json
 from hetpart.report.table import share_of_bottleneck, simulated_step, transfer_us
 
 _DUMP = re.compile(r"^(\d+)-(.+)\.txt$")
@@ -53,10 +54,10 @@ def _values(title: str, values: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def stage_text(out: Path, manifest: dict[str, Any], plan: dict[str, Any], stage: int) -> str:
+def stage_text(out: Path, manifest: dict[str, Any], plan: PlanReport, stage: int) -> str:
     """A stage's device, inputs and outputs (from manifest.json), then its `stage.py`."""
     entry = _rank(manifest, stage, out)
-    cost = plan["stages"][stage]
+    cost = plan.stages[stage]
     from hetpart.runtime.artifacts import check_file
 
     source = out / entry["dir"] / "stage.py"
@@ -64,40 +65,40 @@ def stage_text(out: Path, manifest: dict[str, Any], plan: dict[str, Any], stage:
     if digest is None:
         raise HetpartError(f"manifest.json lists no sha256 for {entry['dir']}/stage.py; re-run `hetpart partition`")
     text = check_file(out, f"{entry['dir']}/stage.py", digest, f"rank {entry['rank']}: ", read=True)
-    head = [f"# rank {entry['rank']}, stage {stage} of {len(manifest['ranks'])}: planned on {cost['device']} "
-            f"({cost['device_type']}), {cost['predicted_time_us']} us per microbatch",
+    head = [f"# rank {entry['rank']}, stage {stage} of {len(manifest['ranks'])}: planned on {cost.device} "
+            f"({cost.device_type}), {cost.predicted_time_us} us per microbatch",
             f"# file: {source}"]
     head += _values("inputs", entry["inputs"]) + _values("outputs", entry["outputs"])
     head.append(f"# weights: {len(entry['weights'])}")
     return "\n".join(head) + "\n\n" + text.decode()
 
 
-def inspect_json(out: Path, manifest: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any]:
+def inspect_json(out: Path, manifest: dict[str, Any], plan: PlanReport) -> dict[str, Any]:
     """plan.json's numbers with each stage's derived columns and boundary values, for tools."""
     ranks = {e["stage"]: e for e in manifest["ranks"]}
     step = simulated_step(plan)
     stages = []
-    for s in plan["stages"]:
-        entry = ranks.get(s["index"], {})
-        stages.append({**s, "transfer_us": round(transfer_us(s), 3),
+    for s in plan.stages:
+        entry = ranks.get(s.index, {})
+        stages.append({**as_json(s), "transfer_us": round(transfer_us(s), 3),
                        "share_of_bottleneck": round(share_of_bottleneck(plan, s), 6),
                        "dir": entry.get("dir"), "inputs": entry.get("inputs", []),
                        "outputs": entry.get("outputs", [])})
     return {
         "out": str(out),
-        "model": plan["model"],
-        "cluster": plan["cluster"]["name"],
-        "microbatches": plan["microbatches"],
-        "microbatch_size": plan["microbatch_size"],
-        "bottleneck_us": plan["bottleneck_us"],
-        "predicted_samples_per_s": plan.get("predicted_samples_per_s"),
-        "lower_bound_us": plan["lower_bound_us"],
-        "gap": plan["gap"],
-        "solver_status": plan["solver_status"],
-        "dynamic": plan.get("dynamic"),
+        "model": as_json(plan.model),
+        "cluster": plan.cluster.name,
+        "microbatches": plan.microbatches,
+        "microbatch_size": plan.microbatch_size,
+        "bottleneck_us": plan.bottleneck_us,
+        "predicted_samples_per_s": plan.predicted_samples_per_s,
+        "lower_bound_us": plan.lower_bound_us,
+        "gap": plan.gap,
+        "solver_status": plan.solver_status,
+        "dynamic": plan.dynamic,
         "simulated_step": {"schedule": step.schedule, "step_us": round(step.step_ns / 1000, 3),
                            "bubble_fraction": round(step.bubble_fraction, 6)},
-        "baselines": plan.get("baselines") or [],
+        "baselines": plan.baselines,
         "stages": stages,
         "ir": [{"number": n, "name": name, "file": str(p.relative_to(out))} for n, name, p in ir_dumps(out)],
     }

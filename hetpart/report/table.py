@@ -1,14 +1,13 @@
-"""Plan tables for the terminal (rich), read from plan.json so `partition` and `inspect` agree."""
+"""Plan tables for the terminal (rich), read from plan.json (a `PlanReport`) so `partition` and `inspect` agree."""
 
 from __future__ import annotations
-
-from typing import Any
 
 from rich import box
 from rich.console import Console
 from rich.table import Table
 
 from hetpart.partitioner.simulate import Timeline, simulate
+from hetpart.plan_report import PlanReport, StageReport
 
 
 SCHEDULE_NAMES = {"gpipe": "GPipe", "1f1b": "1F1B"}
@@ -25,69 +24,69 @@ def format_us(value: float) -> str:
     return f"{value / 1000:.3g} ms" if value >= 1000 else f"{value:.3g} us"
 
 
-def transfer_us(stage: dict[str, Any]) -> float:
-    return stage["comm_in_us"] + stage["comm_out_us"]
+def transfer_us(stage: StageReport) -> float:
+    return stage.transfer_us
 
 
-def share_of_bottleneck(plan: dict[str, Any], stage: dict[str, Any]) -> float:
-    return stage["predicted_time_us"] / (plan["bottleneck_us"] or 1)
+def share_of_bottleneck(plan: PlanReport, stage: StageReport) -> float:
+    return plan.share_of_bottleneck(stage)
 
 
-def simulated_step(plan: dict[str, Any]) -> Timeline:
+def simulated_step(plan: PlanReport) -> Timeline:
     """The plan's step for its microbatches, played by `simulate` (NOTE [schedule simulation]).
 
     Forward only, unless every stage carries a `backward_us` (a training plan);
     the schedule is plan.json's `schedule` (default GPipe).
     """
-    stages = plan["stages"]
+    stages = plan.stages
     ns = lambda us: round(us * 1000)  # noqa: E731
-    if all("backward_us" in s for s in stages):
+    if all(s.backward_us is not None for s in stages):
         # A training plan's compute_us is forward + backward and its comm_out_us carries the activations
         # and their gradients (NOTE [training costs] in passes/lower.py): half each way.
-        return simulate([ns(s.get("forward_us", s["compute_us"])) for s in stages],
-                        [ns(s["comm_out_us"]) // 2 for s in stages[:-1]], plan["microbatches"],
-                        plan.get("schedule", "gpipe"), backward_ns=[ns(s["backward_us"]) for s in stages])
-    return simulate([ns(s["compute_us"]) for s in stages], [ns(s["comm_out_us"]) for s in stages[:-1]],
-                    plan["microbatches"], plan.get("schedule", "gpipe"))
+        return simulate([ns(s.compute_us if s.forward_us is None else s.forward_us) for s in stages],
+                        [ns(s.comm_out_us) // 2 for s in stages[:-1]], plan.microbatches,
+                        plan.schedule, backward_ns=[ns(s.backward_us) for s in stages])
+    return simulate([ns(s.compute_us) for s in stages], [ns(s.comm_out_us) for s in stages[:-1]],
+                    plan.microbatches, plan.schedule)
 
 
-def plan_table(plan: dict[str, Any]) -> Table:
-    training = plan.get("mode") == "training"
-    what = f"training with {SCHEDULE_NAMES.get(plan.get('schedule'), plan.get('schedule'))}, " if training else ""
-    table = Table(box=box.SIMPLE_HEAD, title=f"plan for {plan['model']['model']} on {plan['cluster']['name']} "
-                        f"({what}per microbatch of {plan['microbatch_size']})")
+def plan_table(plan: PlanReport) -> Table:
+    training = plan.training
+    what = f"training with {SCHEDULE_NAMES.get(plan.schedule, plan.schedule)}, " if training else ""
+    table = Table(box=box.SIMPLE_HEAD, title=f"plan for {plan.model.model} on {plan.cluster.name} "
+                        f"({what}per microbatch of {plan.microbatch_size})")
     for col in ("stage", "device", "type", "nodes", "GFLOP", "params", "memory / capacity", "compute", "transfer", "time",
                 "% of max"):
         table.add_column(col, justify="left" if col in ("device", "type") else "right")
-    for s in plan["stages"]:
+    for s in plan.stages:
         table.add_row(
-            str(s["index"]), s["device"], s["device_type"], str(s["node_count"]), f"{s['flops'] / 1e9:.3g}",
-            format_bytes(s.get("param_bytes", 0)),
-            f"{format_bytes(s['memory_bytes'])} / {format_bytes(s['capacity_bytes'])}",
-            format_us(s["compute_us"]), format_us(transfer_us(s)), format_us(s["predicted_time_us"]),
+            str(s.index), s.device, s.device_type, str(s.node_count), f"{s.flops / 1e9:.3g}",
+            format_bytes(s.param_bytes),
+            f"{format_bytes(s.memory_bytes)} / {format_bytes(s.capacity_bytes)}",
+            format_us(s.compute_us), format_us(transfer_us(s)), format_us(s.predicted_time_us),
             f"{share_of_bottleneck(plan, s):.0%}",
         )
     return table
 
 
-def plan_summary(plan: dict[str, Any]) -> str:
-    rate = plan.get("predicted_samples_per_s")
+def plan_summary(plan: PlanReport) -> str:
+    rate = plan.predicted_samples_per_s
     return (
-        f"bottleneck {format_us(plan['bottleneck_us'])} per microbatch  |  "
-        f"throughput {rate or 0:,.0f} samples/s  |  lower bound {format_us(plan['lower_bound_us'])}  |  "
-        f"gap {plan['gap']:.2%}  |  solver {plan['solver_status']}"
+        f"bottleneck {format_us(plan.bottleneck_us)} per microbatch  |  "
+        f"throughput {rate or 0:,.0f} samples/s  |  lower bound {format_us(plan.lower_bound_us)}  |  "
+        f"gap {plan.gap:.2%}  |  solver {plan.solver_status}"
     )
 
 
-def baseline_lines(plan: dict[str, Any]) -> list[str]:
+def baseline_lines(plan: PlanReport) -> list[str]:
     """One line per entry of plan.json's optional `baselines` ({name, bottleneck_us})."""
     lines = []
-    for b in plan.get("baselines") or []:
+    for b in plan.baselines:
         note = f" ({b['note']})" if b.get("note") else ""
         if b.get("bottleneck_us") is None:
             lines.append(f"baseline {b['name']}: no plan{note}")
             continue
-        ratio = b["bottleneck_us"] / plan["bottleneck_us"] if plan["bottleneck_us"] else float("nan")
+        ratio = b["bottleneck_us"] / plan.bottleneck_us if plan.bottleneck_us else float("nan")
         feasible = "" if b.get("feasible", True) else ", over memory capacity"
         if b.get("step_ratio") is not None:  # NOTE [simulated ratios] in partitioner/baselines.py
             lines.append(f"baseline {b['name']}: step {format_us(b['step_us'])} ({b['step_ratio']:.2f}x the plan's "
@@ -98,7 +97,7 @@ def baseline_lines(plan: dict[str, Any]) -> list[str]:
     return lines
 
 
-def print_plan(plan: dict[str, Any], console: Console | None = None) -> None:
+def print_plan(plan: PlanReport, console: Console | None = None) -> None:
     console = console or Console()
     console.print(plan_table(plan))
     console.print(plan_summary(plan))
@@ -108,7 +107,7 @@ def print_plan(plan: dict[str, Any], console: Console | None = None) -> None:
                   f"bubble {step.bubble_fraction:.0%}", markup=False, highlight=False)
     for line in baseline_lines(plan):
         console.print(line, markup=False, highlight=False)
-    dynamic = plan.get("dynamic")  # which dims `hetpart run --batch-size/--seq-len` may change
+    dynamic = plan.dynamic  # which dims `hetpart run --batch-size/--seq-len` may change
     if dynamic is not None:
         top = f" (2 to {dynamic['seq_len_max']})" if dynamic.get("seq_len_max") else ""
         seq = f"dynamic{top}" if dynamic["seq_len"] else f"static ({dynamic.get('why') or 'traced so'})"

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from hetpart.errors import HetpartError
+from hetpart.plan_report import PlanReport, as_json, load_plan
 from hetpart.trust import (
     MANIFEST_FORMAT_VERSION, SIGNATURE_NAME, NotAPlainFile, check_signature, is_sha256, is_signed, read_key, read_plain,
     sha256_bytes, sha256_file,
@@ -54,35 +55,6 @@ def _parse_json(path: Path, data: bytes) -> Any:
     if not isinstance(value, dict):
         raise HetpartError(f"{path}: expected a JSON object, got {type(value).__name__}; {REDO}")
     return value
-
-
-# The fields of plan.json that `inspect` and `run` read, with their types.
-_PLAN_FIELDS = {"model": dict, "cluster": dict, "stages": list, "bottleneck_us": (int, float),
-                "lower_bound_us": (int, float), "gap": (int, float), "solver_status": str, "microbatches": int,
-                "microbatch_size": int}
-_STAGE_FIELDS = {"index": int, "device": str, "device_type": str, "node_count": int, "flops": (int, float),
-                 "memory_bytes": int, "capacity_bytes": int, "compute_us": (int, float), "comm_in_us": (int, float),
-                 "comm_out_us": (int, float), "predicted_time_us": (int, float)}
-_SPEC_FIELDS = {"model": str, "overrides": dict, "batch_size": int, "seq_len": int, "seed": int}
-
-
-def _check_plan(path: Path, plan: dict[str, Any]) -> dict[str, Any]:
-    """`plan`, its fields of the types `inspect` and `run` read (it is edited by hand at times)."""
-    def check(table: Any, fields: dict[str, Any], where: str) -> None:
-        if not isinstance(table, dict):
-            raise HetpartError(f"{path}: {where} must be an object; the plan was edited or truncated: {REDO}")
-        for key, kind in fields.items():
-            if not isinstance(table.get(key), kind) or isinstance(table.get(key), bool):
-                raise HetpartError(f"{path}: {where}{key!r} is missing or not a {getattr(kind, '__name__', 'number')} "
-                                   f"(got {table.get(key)!r:.40}); the plan was edited or truncated: {REDO}")
-
-    check(plan, _PLAN_FIELDS, "")
-    check(plan["model"], _SPEC_FIELDS, "model.")
-    if not plan["stages"]:
-        raise HetpartError(f"{path}: 'stages' is empty; {REDO}")
-    for k, stage in enumerate(plan["stages"]):
-        check(stage, _STAGE_FIELDS, f"stages[{k}].")
-    return plan
 
 
 def load_manifest(out: Path, key: bytes | None = None) -> dict[str, Any]:
@@ -165,6 +137,42 @@ def _check_structure(path: Path, manifest: dict[str, Any]) -> None:
     placed = [r for node in nodes for r in node["ranks"]]
     if placed != list(range(world)):
         raise HetpartError(f"{path}: the nodes hold ranks {placed}, expected 0..{world - 1} in order{EDITED}")
+    _check_mesh(path, manifest["mesh"] if "mesh" in manifest else None, ranks)
+
+
+def _check_mesh(path: Path, mesh: Any, ranks: list[dict[str, Any]]) -> None:
+    """The mesh (NOTE [the mesh] in codegen/artifacts.py) agrees with the ranks: every rank runs the stage
+    its entry names, the pipeline group holds one rank per stage in stage order, and each rank's groups
+    are the groups that hold it."""
+    def ints(value: Any) -> bool:
+        return (isinstance(value, list) and all(isinstance(r, int) and not isinstance(r, bool) for r in value)
+                and value == sorted(set(value)) and all(0 <= r < len(ranks) for r in value))
+
+    if not (isinstance(mesh, dict) and isinstance(mesh.get("stages"), list) and isinstance(mesh.get("groups"), list)
+            and isinstance(mesh.get("rank_groups"), list)):
+        raise HetpartError(f"{path}: needs a 'mesh' with stages, groups and rank_groups{EDITED}")
+    stages, groups = mesh["stages"], mesh["groups"]
+    if not all(ints(s) and s for s in stages) or sorted(r for s in stages for r in s) != list(range(len(ranks))):
+        raise HetpartError(f"{path}: mesh.stages must give each stage its ranks, every rank in one stage{EDITED}")
+    for k, entry in enumerate(ranks):
+        if not 0 <= entry["stage"] < len(stages) or k not in stages[entry["stage"]]:
+            raise HetpartError(f"{path}: ranks[{k}] runs stage {entry['stage']}, which mesh.stages does not give "
+                               f"rank {k}{EDITED}")
+    names = [g.get("name") if isinstance(g, dict) else None for g in groups]
+    for g in groups:
+        if not (isinstance(g, dict) and isinstance(g.get("name"), str) and g.get("kind") in ("pipeline", "weights")
+                and ints(g.get("ranks")) and g["ranks"] and names.count(g["name"]) == 1
+                and (g["kind"] != "weights" or (isinstance(g.get("weights"), list)
+                                                and all(isinstance(w, str) for w in g["weights"])))):
+            raise HetpartError(f"{path}: mesh.groups must be uniquely named pipeline or weights groups of ranks "
+                               f"(got {g!r:.60}){EDITED}")
+    pipeline = [g["ranks"] for g in groups if g["kind"] == "pipeline"]
+    if not (len(pipeline) == 1 and len(pipeline[0]) == len(stages) and all(r in s for r, s in zip(pipeline[0], stages))):
+        raise HetpartError(f"{path}: mesh.groups needs one pipeline group holding one rank of each stage, in stage "
+                           f"order{EDITED}")
+    expected = [[g["name"] for g in groups if k in g["ranks"]] for k in range(len(ranks))]
+    if mesh["rank_groups"] != expected:
+        raise HetpartError(f"{path}: mesh.rank_groups must list the groups holding each rank ({expected}){EDITED}")
 
 
 def _refuse(who: str, path: Path, reason: str, out: Path) -> HetpartError:
@@ -213,9 +221,9 @@ def read_listed(out: Path, manifest: dict[str, Any], relative: str) -> bytes:
     return data
 
 
-def read_plan(out: Path, manifest: dict[str, Any]) -> dict[str, Any]:
-    """plan.json, checked against its sha256 in the manifest."""
-    return _check_plan(out / "plan.json", _parse_json(out / "plan.json", read_listed(out, manifest, "plan.json")))
+def read_plan(out: Path, manifest: dict[str, Any]) -> PlanReport:
+    """plan.json, checked against its sha256 in the manifest, every field's type checked (NOTE [plan.json fields])."""
+    return load_plan(out / "plan.json", _parse_json(out / "plan.json", read_listed(out, manifest, "plan.json")))
 
 
 def check_listed_files(out: Path, manifest: dict[str, Any]) -> None:
@@ -292,7 +300,7 @@ def load_stage(out: Path, entry: dict[str, Any]) -> torch.nn.Module:
     return module.Stage()
 
 
-def model_spec_for_run(plan: dict[str, Any], model: str | None, trust_model_file: bool,
+def model_spec_for_run(plan: PlanReport, model: str | None, trust_model_file: bool,
                        echo: Callable[[str], None] = print) -> ModelSpec:
     """The model `run` may build: plan.json's spec, where a file model's file is the one the user named.
 
@@ -305,22 +313,14 @@ def model_spec_for_run(plan: dict[str, Any], model: str | None, trust_model_file
     """
     from hetpart.frontend import ModelSpec, model_file_sha256
 
-    data = plan.get("model")
-    try:
-        spec = ModelSpec.from_json(data)  # type: ignore[arg-type]
-        ok = isinstance(spec.model, str) and isinstance(spec.batch_size, int) and isinstance(spec.seq_len, int)
-    except (TypeError, KeyError, AttributeError, ValueError):
-        ok = False
-    if not ok:
-        raise HetpartError(f"plan.json: 'model' must be a model spec (model, overrides, batch_size, seq_len, seed); "
-                           f"{REDO}")
+    spec = ModelSpec.from_json(as_json(plan.model))  # its fields' types checked by load_plan
     if spec.model.startswith(("zoo:", "hf:")):
         if model is not None:
             raise HetpartError(f"--model {model}: this plan's model is {spec.model}, which hetpart builds itself; "
                                "--model is for plans of a model file (path/to/file.py:FUNCTION): leave it out")
         return spec
     recorded_path, _, fn = spec.model.rpartition(":")
-    recorded = data.get("file_sha256")  # type: ignore[union-attr]
+    recorded = plan.model.file_sha256
     if model is None:
         if not trust_model_file:
             raise HetpartError(

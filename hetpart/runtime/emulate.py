@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hetpart.errors import HetpartError
+from hetpart.plan_report import PlanReport
 
 PERIOD_US = 10_000  # NOTE [emulated devices]: a 10 ms period
 MIN_QUOTA_US = 1_000  # the kernel refuses quotas under 1 ms
@@ -90,28 +91,28 @@ class Emulation:
         return lines
 
 
-def emulation_plan(plan: dict, cores: list[int] | None = None) -> Emulation:
+def emulation_plan(plan: PlanReport, cores: list[int] | None = None) -> Emulation:
     """The core and share of every rank of `plan` (plan.json), NOTE [emulated devices]."""
-    info = plan.get("emulation")
+    info = plan.emulation
     if not info or not info.get("type_model_us"):
         raise HetpartError("--emulate: this plan.json has no device speeds (`emulation`); partition it again with "
                            "this hetpart")
     model_us = info["type_model_us"]
-    used = [s["device_type"] for s in plan["stages"]]
+    used = [s.device_type for s in plan.stages]
     fastest = min(model_us[t] for t in used)
     profiled = set(info.get("profiled_types", ())) & set(used)
     source = ("profile" if profiled == set(used) else "cost model (roofline)" if not profiled
               else "profile and cost model (roofline)")
     available = sorted(os.sched_getaffinity(0)) if cores is None else cores
-    pinned = {d["name"]: d["core"] for d in plan["cluster"]["devices"] if d.get("core") is not None}
+    pinned = {d.name: d.core for d in plan.cluster.devices if d.core is not None}
     slots = []
-    for k, s in enumerate(plan["stages"]):
-        core = pinned.get(s["device"], available[k % len(available)])
+    for k, s in enumerate(plan.stages):
+        core = pinned.get(s.device, available[k % len(available)])
         if core not in available:
-            raise HetpartError(f"--emulate: the cluster file puts device {s['device']} on core {core}, but this "
+            raise HetpartError(f"--emulate: the cluster file puts device {s.device} on core {core}, but this "
                                f"process may only run on cores {', '.join(map(str, available))}; change its `core`")
-        share = fastest / model_us[s["device_type"]] if model_us[s["device_type"]] else 1.0
-        slots.append(RankSlot(k, s["device"], s["device_type"], core, share))
+        share = fastest / model_us[s.device_type] if model_us[s.device_type] else 1.0
+        slots.append(RankSlot(k, s.device, s.device_type, core, share))
     load: dict[int, float] = {}
     for s in slots:
         load[s.core] = load.get(s.core, 0.0) + s.share

@@ -31,6 +31,7 @@ from torch.utils import _pytree as pytree
 from hetpart.codegen.artifacts import foreign_log, is_measured_json, write_logs_marker
 from hetpart.errors import HetpartError
 from hetpart.fsio import atomic_write, exclusive_file, fresh_dir
+from hetpart.plan_report import PlanReport
 from hetpart.frontend import ModelSpec, check_example_batch, load_model
 from hetpart.frontend.hf import HFModel, OutputStructure
 from hetpart.runtime.artifacts import check_rank_files, dim_size, load_manifest, read_json, symbol_sizes
@@ -297,7 +298,7 @@ def time_stats_us(seconds: list[float]) -> dict:
             "p10": round(deciles[0], 3), "p90": round(deciles[8], 3)}
 
 
-def measurement(io_dir: Path, world: int, m: int, plan: dict, opts: "RunOptions") -> dict:
+def measurement(io_dir: Path, world: int, m: int, plan: PlanReport, opts: "RunOptions") -> dict:
     """measured.json: each stage's forward time per microbatch and the step time, next to the plan's.
 
     The first step warms up (and runs pipelining's shape inference); with --steps > 1
@@ -319,16 +320,16 @@ def measurement(io_dir: Path, world: int, m: int, plan: dict, opts: "RunOptions"
         data = json.loads((io_dir / f"timing{rank}.json").read_text())
         forwards = [t for step in data["forward_s"][keep] for t in step[-m:]]
         cpu = [t for step in data["forward_cpu_s"][keep] for t in step[-m:]]
-        planned = plan["stages"][rank]
+        planned = plan.stages[rank]
         stages.append({
             "index": rank,
-            "device": planned["device"],
+            "device": planned.device,
             "measured_time_us": round(statistics.median(forwards) * 1e6, 3),
             # CPU time of the rank's thread: its own compute, without waiting for a core that
             # other ranks (or other jobs) share (NOTE [measured CPU time])
             "measured_cpu_time_us": round(statistics.median(cpu) * 1e6, 3),
-            "predicted_compute_us": planned["compute_us"],
-            "predicted_time_us": planned["predicted_time_us"],
+            "predicted_compute_us": planned.compute_us,
+            "predicted_time_us": planned.predicted_time_us,
             "forward_us": time_stats_us(forwards),  # every forward of a microbatch: its spread, not only the median
             "forward_cpu_us": time_stats_us(cpu),
         })
@@ -336,8 +337,8 @@ def measurement(io_dir: Path, world: int, m: int, plan: dict, opts: "RunOptions"
             last_steps = data["step_s"][keep]
     predicted = None
     if opts.mode == "inference":
-        timeline = simulate([round(s["compute_us"] * 1000) for s in plan["stages"]],
-                            [round(s["comm_out_us"] * 1000) for s in plan["stages"][:-1]], m, opts.schedule)
+        timeline = simulate([round(s.compute_us * 1000) for s in plan.stages],
+                            [round(s.comm_out_us * 1000) for s in plan.stages[:-1]], m, opts.schedule)
         predicted = round(timeline.step_ns / 1000, 3)
     return {
         "format_version": 1,
@@ -410,7 +411,7 @@ def _check_options(opts: RunOptions, batch_size: int, world: int, m: int) -> Non
             raise HetpartError(f"{flag} must be >= 0 (got {value:g})")
 
 
-def run_spec(spec: ModelSpec, plan: dict, opts: RunOptions) -> ModelSpec:
+def run_spec(spec: ModelSpec, dynamic: dict | None, opts: RunOptions) -> ModelSpec:
     """The model spec at the run's --batch-size and --seq-len; an error where the plan's dims are static.
 
     NOTE [run sizes]: the batch is always dynamic; the sequence length is where plan.json's
@@ -418,7 +419,7 @@ def run_spec(spec: ModelSpec, plan: dict, opts: RunOptions) -> ModelSpec:
     the range it was traced for. Every symbol of the manifest's shapes is then a size of this run
     (`symbol_sizes`), which the launcher passes on to each rank.
     """
-    dynamic = plan.get("dynamic", {"batch": True, "seq_len": False, "why": "planned before dynamic sequences"})
+    dynamic = dynamic or {"batch": True, "seq_len": False, "why": "planned before dynamic sequences"}
     batch, seq = opts.batch_size or spec.batch_size, opts.seq_len or spec.seq_len
     if batch < 2:
         raise HetpartError(f"--batch-size must be at least 2 (got {batch}): the model's inputs are built at it")
@@ -485,9 +486,9 @@ def output_names(structure: OutputStructure | None, count: int) -> list[str]:
     return [str(i) for i in range(count)]
 
 
-def _plan_structure(plan: dict) -> OutputStructure | None:
+def _plan_structure(plan: PlanReport) -> OutputStructure | None:
     """A dict or list output's structure, from plan.json's `outputs` (NOTE [model outputs] in frontend/export.py)."""
-    recorded = plan.get("outputs") or {}
+    recorded = plan.outputs or {}
     kinds = {"dict": dict, "list": list}
     if recorded.get("type") not in kinds:
         return None  # a tensor or a tuple: the flat tuple is the model's own output
@@ -502,8 +503,8 @@ def run_pipeline(out: Path, opts: RunOptions = RunOptions(), echo: Callable[[str
     check_listed_files(out, manifest)
     for entry in manifest["ranks"]:
         check_rank_files(out, entry)
-    spec = run_spec(model_spec_for_run(plan, opts.model, opts.trust_model_file, echo), plan, opts)
-    m = opts.microbatches or plan["microbatches"]
+    spec = run_spec(model_spec_for_run(plan, opts.model, opts.trust_model_file, echo), plan.dynamic, opts)
+    m = opts.microbatches or plan.microbatches
     world = manifest["world_size"]
     _check_options(opts, spec.batch_size, world, m)
     emulation = emulation_plan(plan) if opts.emulate else None  # NOTE [emulated devices] in runtime/emulate.py
@@ -514,7 +515,7 @@ def run_pipeline(out: Path, opts: RunOptions = RunOptions(), echo: Callable[[str
     if opts.verify:
         module, inputs = reference_model(out, manifest, spec)
     else:  # only the inputs are needed: a plan traced without weights (--meta) is not built with them
-        module, inputs = load_model(spec, meta=plan.get("weights") == "manifest")
+        module, inputs = load_model(spec, meta=plan.weights == "manifest")
     check_example_batch(spec, inputs)  # a file model at another --batch-size: NOTE [file model batch]
     structure = module.output_structure() if isinstance(module, HFModel) else _plan_structure(plan)
     training = opts.mode == "training"

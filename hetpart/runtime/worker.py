@@ -122,17 +122,17 @@ def _weight_names(module: torch.nn.Module) -> dict[str, str]:
     return {attr: key for attr, (key, _) in table.items()}
 
 
+def mesh_groups(manifest: dict, training: bool) -> dict[str, dist.ProcessGroup]:
+    """The process groups of the manifest's mesh (NOTE [the mesh] in codegen/artifacts.py), by name: every
+    rank creates every group, in the mesh's order, as torch.distributed requires; the `weights` groups only
+    in training, where their gradients are summed."""
+    return {g["name"]: dist.new_group(g["ranks"]) for g in manifest["mesh"]["groups"]
+            if g["kind"] == "pipeline" or training}
+
+
 def shared_weight_groups(manifest: dict) -> list[tuple[tuple[int, ...], list[str]]]:
-    """Weights held by several ranks, grouped by the set of ranks holding them (in a stable order)."""
-    holders: dict[str, list[int]] = {}
-    for entry in manifest["ranks"]:
-        for name in entry["weights"]:
-            holders.setdefault(name, []).append(entry["rank"])
-    groups: dict[tuple[int, ...], list[str]] = {}
-    for name, ranks in sorted(holders.items()):
-        if len(ranks) > 1:
-            groups.setdefault(tuple(ranks), []).append(name)
-    return sorted(groups.items())
+    """The mesh's `weights` groups: (the ranks holding copies of the same weights, those weights' names)."""
+    return [(tuple(g["ranks"]), g["weights"]) for g in manifest["mesh"]["groups"] if g["kind"] == "weights"]
 
 
 def sum_shared_grads(module: torch.nn.Module, groups: list, process_groups: list) -> None:
@@ -160,7 +160,7 @@ def run_rank(out: Path, io_dir: Path, mode: str, schedule_name: str, microbatche
     with `key`, only if manifest.json's signature verifies."""
     rank, world = dist.get_rank(), dist.get_world_size()
     manifest = load_manifest(out, key)
-    model = read_plan(out, manifest)["model"]  # checked before any code of `out` runs
+    model = read_plan(out, manifest).model  # checked before any code of `out` runs
     if manifest["world_size"] != world:
         raise HetpartError(f"the plan has {manifest['world_size']} ranks but torchrun started {world}")
     entry = manifest["ranks"][rank]
@@ -170,23 +170,30 @@ def run_rank(out: Path, io_dir: Path, mode: str, schedule_name: str, microbatche
     print(f"rank {rank}: loaded {entry['dir']}/stage.py and {len(entry['weights'])} weight(s) on {device}", flush=True)
     training = mode == "training"
     module.requires_grad_(training)
-    sizes = symbol_sizes(manifest, (batch_size or model["batch_size"]) // microbatches, seq_len or model["seq_len"])
+    sizes = symbol_sizes(manifest, (batch_size or model.batch_size) // microbatches, seq_len or model.seq_len)
     static = None if training else _static_metadata(manifest, entry, sizes, device)
     boundary = Boundary(module)
-    stage = PipelineStage(boundary, stage_index=rank, num_stages=world, device=device, **(static or {}))
+    mesh = manifest["mesh"]
+    groups = mesh_groups(manifest, training)
+    pipeline = next(g for g in mesh["groups"] if g["kind"] == "pipeline")
+    first, last = entry["stage"] == 0, entry["stage"] == len(mesh["stages"]) - 1
+    stage = PipelineStage(boundary, stage_index=entry["stage"], num_stages=len(mesh["stages"]), device=device,
+                          group=groups[pipeline["name"]], **(static or {}))
+    # Each stage's peer in the pipeline group: its rank's place there (NOTE [the mesh]).
+    stage.stage_index_to_group_rank = {k: pipeline["ranks"].index(r) for k, ranks in enumerate(mesh["stages"])
+                                       for r in ranks if r in pipeline["ranks"]}
     schedule = SCHEDULES[schedule_name](stage, n_microbatches=microbatches,
                                         loss_fn=training_loss if training else None)
     params = [p for p in module.parameters() if p.requires_grad]
     shared = shared_weight_groups(manifest) if training else []
-    # Every rank creates every group, in the same order (torch.distributed requires it).
-    process_groups = [dist.new_group(list(ranks)) for ranks, _ in shared]
+    process_groups = [groups[g["name"]] for g in mesh["groups"] if g["kind"] == "weights" and training]
     optimizer = torch.optim.SGD(params, lr=lr) if training and params else None
     args: tuple = ()
-    if rank == 0:
+    if first:
         tensors = load_file(str(io_dir / "inputs.safetensors"))
         args = tuple(tensors[i["name"]].to(device) for i in entry["inputs"])
     kwargs = {}
-    if training and rank == world - 1:
+    if training and last:
         kwargs["target"] = load_file(str(io_dir / "target.safetensors"))["target"].to(device)
     step_seconds = []
     forwards_per_step, forward_cpu_per_step = [], []
@@ -203,7 +210,7 @@ def run_rank(out: Path, io_dir: Path, mode: str, schedule_name: str, microbatche
         step_seconds.append(time.perf_counter() - start)
         forwards_per_step.append(boundary.forward_seconds[seen:])
         forward_cpu_per_step.append(boundary.forward_cpu_seconds[seen:])
-        if step == 0 and rank == world - 1:
+        if step == 0 and last:
             outputs = result if isinstance(result, tuple) else (result,)
             names = [o["name"] for o in entry["outputs"]]
             save_file({n: t.detach().cpu().contiguous() for n, t in zip(names, outputs)},
@@ -216,7 +223,7 @@ def run_rank(out: Path, io_dir: Path, mode: str, schedule_name: str, microbatche
         if optimizer is not None:
             optimizer.step()
         print(f"rank {rank}: step {step} {step_seconds[-1] * 1e3:.2f} ms", flush=True)
-    if rank == world - 1:
+    if last:
         (io_dir / "step_seconds").write_text("\n".join(f"{s}" for s in step_seconds) + "\n")
     (io_dir / f"timing{rank}.json").write_text(json.dumps({"step_s": step_seconds, "forward_s": forwards_per_step,
                                                                  "forward_cpu_s": forward_cpu_per_step}))

@@ -108,7 +108,7 @@ def run_in_process(out: Path, batch: int, seq: int) -> None:
     """Run the generated stage.py files back to back at (batch, seq), against the model built at those sizes;
     each rank's static metadata (what the worker gives pipelining) has the shapes the stages make."""
     plan, manifest = read_json(out / "plan.json"), load_manifest(out)
-    spec = run_spec(ModelSpec.from_json(plan["model"]), plan, RunOptions(batch_size=batch, seq_len=seq))
+    spec = run_spec(ModelSpec.from_json(plan["model"]), plan["dynamic"], RunOptions(batch_size=batch, seq_len=seq))
     module, inputs = reference_model(out, manifest, spec)
     assert inputs[0].shape[:2] == (batch, seq)
     sizes = symbol_sizes(manifest, batch, seq)
@@ -141,7 +141,7 @@ def test_partitioned_at_16_runs_at_another_batch_and_length(spec, tmp_path):
     # each rank's .pt2 takes the other sizes too, `s0*s1` included
     sizes = symbol_sizes(manifest, 3, 24)
     values = load_model(run_spec(ModelSpec.from_json(read_json(out / "plan.json")["model"]),
-                                 read_json(out / "plan.json"), RunOptions(batch_size=3, seq_len=24)))[1]
+                                 read_json(out / "plan.json")["dynamic"], RunOptions(batch_size=3, seq_len=24)))[1]
     for entry in manifest["ranks"]:
         program = torch.export.load(str(out / entry["dir"] / "stage.pt2")).module()
         with torch.no_grad():

@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 
 from hetpart.report.blocks import coarsen_to_blocks
-from hetpart.report.html import Block, BlockEdge, BlockGraph, render_report
+from hetpart.plan_report import load_plan
+from hetpart.report import html
+from hetpart.report.html import Block, BlockEdge, BlockGraph
 from hetpart.ir import info
 from tests.ir.stages import staged
 
@@ -44,7 +46,7 @@ def test_report_renderer_never_imports_torch():
 def _plan(stages: int = 2, baselines=None) -> dict:
     devices = [{"name": f"m/{k}", "type": "gpu", "machine": "m", "mem_bytes": 1 << 30} for k in range(stages + 1)]
     plan = {
-        "model": {"model": "zoo:toy"}, "cluster": {"name": "toy", "devices": devices}, "mode": "inference",
+        "model": {"model": "zoo:toy", "overrides": {}, "batch_size": 6, "seq_len": 8, "seed": 0}, "cluster": {"name": "toy", "devices": devices}, "mode": "inference",
         "objective": "throughput", "microbatches": 3, "microbatch_size": 2, "bottleneck_us": 12.0,
         "lower_bound_us": 11.0, "gap": 0.0833, "solver_status": "FEASIBLE", "predicted_samples_per_s": 1e5,
         "stages": [{"index": k, "device": f"m/{k}", "device_type": "gpu", "machine": "m", "node_count": 3,
@@ -55,6 +57,11 @@ def _plan(stages: int = 2, baselines=None) -> dict:
     if baselines is not None:
         plan["baselines"] = baselines
     return plan
+
+
+def render_report(plan: dict, graph: BlockGraph) -> str:
+    """The page of a plan.json's contents, read as `inspect` and `run` read it."""
+    return html.render_report(load_plan(Path("plan.json"), plan), graph)
 
 
 def test_report_shows_baselines_split_blocks_and_idle_devices():

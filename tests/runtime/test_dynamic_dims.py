@@ -63,8 +63,8 @@ def test_symbols_of_the_model_inputs_are_batch_then_sequence():
 
 
 SPEC = ModelSpec("zoo:gpt-small", {}, batch_size=4, seq_len=16)
-DYNAMIC = {"dynamic": {"batch": True, "seq_len": True, "why": None, "seq_len_max": 32}}
-STATIC = {"dynamic": {"batch": True, "seq_len": False, "why": "torch.export refused: specialized it to 16"}}
+DYNAMIC = {"batch": True, "seq_len": True, "why": None, "seq_len_max": 32}  # plan.json's `dynamic`
+STATIC = {"batch": True, "seq_len": False, "why": "torch.export refused: specialized it to 16"}
 
 
 def test_run_sizes_replace_the_traced_ones_where_dynamic():
@@ -79,7 +79,7 @@ def test_seq_len_on_a_static_plan_is_an_error_that_says_why():
                                            r"\(torch.export refused: specialized it to 16\)"):
         run_spec(SPEC, STATIC, RunOptions(seq_len=24))
     with pytest.raises(HetpartError, match="static"):  # plans written before dynamic sequences
-        run_spec(SPEC, {}, RunOptions(seq_len=24))
+        run_spec(SPEC, None, RunOptions(seq_len=24))
 
 
 @pytest.mark.parametrize(("opts", "message"), [

@@ -15,17 +15,24 @@ import pytest
 
 from hetpart.cli import main
 from hetpart.errors import HetpartError
+from hetpart.plan_report import PlanReport, load_plan
 from hetpart.runtime.emulate import CGROUP_ENV, PERIOD_US, emulation_plan, find_hierarchy
 from hetpart.runtime.launch import time_stats_us
 from tests.runtime.test_faults import MLP, TWO_MACHINES
 
 
-def _plan(types: list[str], model_us: dict[str, float], cores: dict[str, int] | None = None) -> dict:
-    devices = [{"name": f"m/{i}", "type": t, **({"core": cores[f"m/{i}"]} if cores and f"m/{i}" in cores else {})}
-               for i, t in enumerate(types)]
-    return {"cluster": {"devices": devices},
-            "stages": [{"device": d["name"], "device_type": d["type"]} for d in devices],
-            "emulation": {"type_model_us": model_us, "profiled_types": []}}
+def _plan(types: list[str], model_us: dict[str, float] | None, cores: dict[str, int] | None = None) -> PlanReport:
+    """The fields of plan.json `emulation_plan` reads, through the one loader (NOTE [plan.json fields])."""
+    devices = [{"name": f"m/{i}", "type": t, "machine": "m", "mem_bytes": 1,
+                **({"core": cores[f"m/{i}"]} if cores and f"m/{i}" in cores else {})} for i, t in enumerate(types)]
+    stage = {"node_count": 1, "flops": 0, "predicted_time_us": 1.0, "compute_us": 1.0, "comm_in_us": 0.0,
+             "comm_out_us": 0.0, "memory_bytes": 1, "capacity_bytes": 1}
+    return load_plan(Path("plan.json"), {
+        "model": {"model": "zoo:mlp", "overrides": {}, "batch_size": 8, "seq_len": 0, "seed": 0},
+        "cluster": {"name": "c", "devices": devices}, "microbatches": 1, "microbatch_size": 8,
+        "bottleneck_us": 1.0, "lower_bound_us": 1.0, "gap": 0.0, "solver_status": "OPTIMAL",
+        "stages": [{"index": k, "device": d["name"], "device_type": d["type"], **stage} for k, d in enumerate(devices)],
+        "emulation": None if model_us is None else {"type_model_us": model_us, "profiled_types": []}})
 
 
 def test_shares_follow_the_types_speeds_round_robin_over_cores():
@@ -53,7 +60,7 @@ def test_the_cluster_file_core_is_used_and_checked():
 
 def test_a_plan_without_speeds_is_refused():
     with pytest.raises(HetpartError, match="no device speeds"):
-        emulation_plan({"stages": [], "cluster": {"devices": []}})
+        emulation_plan(_plan(["a"], None))
 
 
 def test_no_writable_cgroup_is_a_clear_error(tmp_path, monkeypatch):

@@ -23,6 +23,7 @@ from hetpart.cli import main
 from hetpart.errors import HetpartError
 from hetpart.frontend import ModelSpec, load_model
 from hetpart.runtime import launch
+from hetpart.plan_report import as_json
 from hetpart.runtime.artifacts import load_manifest, load_stage, read_plan
 from hetpart.trust import SIGNATURE_NAME
 
@@ -246,8 +247,8 @@ def test_an_unsigned_copy_passes_the_checks_and_the_signed_one_needs_its_key(sig
 
 def test_file_model_needs_the_user_to_name_the_file(file_plan, tmp_path, capfd, no_torchrun):
     plan = read_plan(file_plan, load_manifest(file_plan))
-    model_py = Path(plan["model"]["model"].rpartition(":")[0])
-    assert plan["model"]["file_sha256"] == hashlib.sha256(model_py.read_bytes()).hexdigest()
+    model_py = Path(plan.model.model.rpartition(":")[0])
+    assert plan.model.file_sha256 == hashlib.sha256(model_py.read_bytes()).hexdigest()
     line = _refused(["run", str(file_plan), "--verify"], capfd)
     assert f"plan.json's model is the file '{model_py}' (function build)" in line
     assert f"pass --model {model_py}:build" in line and "or --trust-model-file" in line
@@ -270,7 +271,7 @@ def test_shard_weights_checks_then_re_signs(tmp_path, keys, capfd, no_torchrun):
     out = tmp_path / "meta"
     small = ["zoo:mlp", "--set", "hidden=32", "--set", "n_blocks=2", "--cluster", "preset:cpu-2", "--no-pt2"]
     assert main(["partition", *small, "--meta", "--out", str(out), "--sign-key", str(keys["key"])]) == 0
-    spec = ModelSpec.from_json(read_plan(out, load_manifest(out))["model"])
+    spec = ModelSpec.from_json(as_json(read_plan(out, load_manifest(out)).model))
     module, _ = load_model(spec)
     save_file({k: v.contiguous() for k, v in module.state_dict().items()}, str(tmp_path / "ckpt.safetensors"))
     ckpt = str(tmp_path / "ckpt.safetensors")

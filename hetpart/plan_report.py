@@ -1,0 +1,197 @@
+"""plan.json as data: the `PlanReport` dataclass tree, written once by `partition`, read by one loader.
+
+    compile_model --builds--> PlanReport --to_json--> plan.json --load_plan--> PlanReport --> report/, runtime/
+
+This module imports only the standard library and `hetpart.errors`, so the writer (codegen,
+`compile.py`) and the readers (`run`'s workers, `inspect`, the report) share it without
+pulling in torch or each other. A field's JSON key is its name; its JSON type is in the
+field's metadata, and `load_plan` checks every field against it, so a reader never checks
+a key itself (NOTE [plan.json fields]).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hetpart.errors import HetpartError
+
+FORMAT_VERSION = 1  # the layout only grew (stages' `slot`, `devices`): readers of version 1 read it as before
+REDO = "re-run `hetpart partition`"
+NUMBER = (int, float)
+
+
+def _f(kind: Any, default: Any = dataclasses.MISSING, *, omit_none: bool = False, items: type | None = None,
+       factory: Any = dataclasses.MISSING) -> Any:
+    """A field of JSON type `kind` (a type or tuple of types); `items`: the dataclass of a list's entries or of
+    an object; `omit_none`: left out of the JSON when None. A field without a default is required."""
+    return field(default=default, default_factory=factory,
+                 metadata={"kind": kind, "items": items, "omit_none": omit_none})
+
+
+# NOTE [plan.json fields]
+# plan.json is deterministic (no timings: those are timings.json) and is edited by hand at
+# times, so every reader goes through `load_plan`, which checks each field's JSON type
+# before any code looks at it: a required field missing or of another type is an error
+# naming the field; an optional one missing takes its default (a plan of an earlier
+# version reads as it did). Booleans are never numbers. Tables that other modules own and
+# serialize (`certificate`, `bounds`, `baselines`, `dynamic`, `outputs`) stay JSON objects
+# here, checked to be objects or lists; their readers read them by key.
+# `slot` is what a stage runs on and `devices` the devices of that slot: today a slot is one
+# device, named as it (issue 16); `device` stays the slot's first device for older readers.
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelRecord:
+    """The model spec the plan was traced from (frontend.ModelSpec.to_json), and a file model's sha256."""
+    model: str = _f(str)
+    overrides: dict = _f(dict)
+    batch_size: int = _f(int)
+    seq_len: int = _f(int)
+    seed: int = _f(int)
+    file_sha256: str | None = _f((str, type(None)), None, omit_none=True)  # NOTE [model files]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterDevice:
+    name: str = _f(str)
+    type: str = _f(str)
+    machine: str = _f(str)
+    mem_bytes: int = _f(int)
+    core: int | None = _f((int, type(None)), None, omit_none=True)  # NOTE [emulated devices] in runtime/emulate.py
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterRecord:
+    name: str = _f(str)
+    devices: list[ClusterDevice] = _f(list, items=ClusterDevice)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageReport:
+    """One pipeline stage: where it runs and what it costs per microbatch (times in us, rounded to ns)."""
+    index: int = _f(int)
+    device: str = _f(str)
+    device_type: str = _f(str)
+    machine: str = _f(str, "")
+    slot: str | None = _f((str, type(None)), None)  # None in plans before slots: `device`
+    devices: list[str] = _f(list, factory=list)  # the slot's devices; empty in plans before slots: [device]
+    node_count: int = _f(int)
+    flops: float = _f(NUMBER)
+    param_bytes: int = _f(int, 0)
+    predicted_time_us: float = _f(NUMBER)
+    compute_us: float = _f(NUMBER)  # training: forward + backward (NOTE [training costs] in passes/lower.py)
+    comm_in_us: float = _f(NUMBER)
+    comm_out_us: float = _f(NUMBER)
+    memory_bytes: int = _f(int)
+    capacity_bytes: int = _f(int)
+    forward_us: float | None = _f(NUMBER + (type(None),), None, omit_none=True)  # training plans only
+    backward_us: float | None = _f(NUMBER + (type(None),), None, omit_none=True)
+
+    @property
+    def transfer_us(self) -> float:
+        return self.comm_in_us + self.comm_out_us
+
+    @property
+    def slot_devices(self) -> list[str]:
+        """The devices this stage's slot holds (a plan before slots: its one device)."""
+        return self.devices or [self.device]
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanReport:
+    """plan.json: the plan, its bound and gap, the inputs it was made from, and what other tools would plan."""
+    format_version: int = _f(int, FORMAT_VERSION)
+    hetpart_version: str = _f(str, "")
+    model: ModelRecord = _f(dict, items=ModelRecord)
+    cluster: ClusterRecord = _f(dict, items=ClusterRecord)
+    mode: str = _f(str, "inference")
+    schedule: str = _f(str, "gpipe")
+    objective: str = _f(str, "throughput")
+    microbatches: int = _f(int)
+    microbatch_size: int = _f(int)
+    bottleneck_us: float = _f(NUMBER)
+    lower_bound_us: float = _f(NUMBER)
+    gap: float = _f(NUMBER)
+    solver_status: str = _f(str)
+    certificate: dict | None = _f((dict, type(None)), None)
+    predicted_samples_per_s: float | None = _f(NUMBER + (type(None),), None)
+    stages: list[StageReport] = _f(list, items=StageReport)
+    weights: str = _f(str, "included")  # or "manifest": traced on meta, `shard-weights` fills them
+    dynamic: dict | None = _f((dict, type(None)), None)  # NOTE [dynamic sequence length]
+    outputs: dict | list | None = _f((dict, list, type(None)), None)  # NOTE [model outputs] in export.py
+    optimizer_bytes_per_param: int | None = _f((int, type(None)), None, omit_none=True)  # training plans only
+    baselines: list[dict] = _f(list, factory=list)
+    bounds: dict | None = _f((dict, type(None)), None)
+    strategy: str = _f(str, "optimal")  # or the baseline whose plan the artifacts run (NOTE [--strategy])
+    emulation: dict | None = _f((dict, type(None)), None)  # for `run --emulate` (NOTE [emulated devices])
+
+    @property
+    def training(self) -> bool:
+        return self.mode == "training"
+
+    def share_of_bottleneck(self, stage: StageReport) -> float:
+        return stage.predicted_time_us / (self.bottleneck_us or 1)
+
+    def to_json(self) -> dict[str, Any]:
+        return as_json(self)
+
+
+def as_json(obj: Any) -> Any:
+    """A record of this module (or a list of them) as plan.json writes it: keys in field order."""
+    if dataclasses.is_dataclass(obj):
+        return {f.name: as_json(getattr(obj, f.name)) for f in dataclasses.fields(obj)
+                if not (f.metadata["omit_none"] and getattr(obj, f.name) is None)}
+    if isinstance(obj, list):
+        return [as_json(x) for x in obj]
+    return obj
+
+
+def _kind_name(kind: Any) -> str:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if set(kinds) - {type(None)} == set(NUMBER):
+        return "number"
+    return " or ".join("null" if k is type(None) else k.__name__ for k in kinds)
+
+
+def _from_json(cls: type, table: Any, path: Path, where: str) -> Any:
+    if not isinstance(table, dict):
+        raise HetpartError(f"{path}: {where.rstrip('.') or 'the plan'} must be an object; the plan was edited or truncated: {REDO}")
+    values = {}
+    for f in dataclasses.fields(cls):
+        kind, items = f.metadata["kind"], f.metadata["items"]
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        if f.name not in table and not required:
+            continue
+        value = table.get(f.name)
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+            raise HetpartError(f"{path}: {where}{f.name!r} is missing or not a {_kind_name(kind)} "
+                               f"(got {value!r:.40}); the plan was edited or truncated: {REDO}")
+        if items is not None and isinstance(value, list):
+            value = [_from_json(items, v, path, f"{where}{f.name}[{k}].") for k, v in enumerate(value)]
+        elif items is not None:
+            value = _from_json(items, value, path, f"{where}{f.name}.")
+        values[f.name] = value
+    return cls(**values)
+
+
+def load_plan(path: Path, data: dict[str, Any]) -> PlanReport:
+    """The plan of plan.json's parsed `data` (`path` names it in errors); every field's type checked
+    (NOTE [plan.json fields])."""
+    plan = _from_json(PlanReport, data, path, "")
+    if not plan.stages:
+        raise HetpartError(f"{path}: 'stages' is empty; {REDO}")
+    for k, stage in enumerate(plan.stages):
+        if stage.index != k:
+            raise HetpartError(f"{path}: stages[{k}].'index' is {stage.index}, expected {k}; the plan was edited or "
+                               f"truncated: {REDO}")
+        if not all(isinstance(d, str) for d in stage.devices):
+            raise HetpartError(f"{path}: stages[{k}].'devices' must be device names; the plan was edited or "
+                               f"truncated: {REDO}")
+    return plan
+
+
+__all__ = ["ClusterDevice", "ClusterRecord", "ModelRecord", "PlanReport", "StageReport", "as_json", "load_plan"]
