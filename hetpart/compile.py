@@ -101,7 +101,8 @@ class CompileResult:
 
 def plan_report(spec: ModelSpec, cluster: Cluster, opts: CompileOptions, plan: Plan, microbatch_size: int, *,
                 stage_flops: list[int], stage_param_bytes: list[int], forward_ns: list[int] | None,
-                model_sha256: str | None, on_meta: bool, gm_meta: dict, baselines: list[dict]) -> PlanReport:
+                model_sha256: str | None, on_meta: bool, gm_meta: dict, baselines: list[dict],
+                emulation: dict | None = None) -> PlanReport:
     """plan.json's contents, built once (NOTE [plan.json fields]): deterministic (no timings: timings.json).
 
     `forward_ns` (training plans): each stage's forward share of `compute_us`, which is forward + backward

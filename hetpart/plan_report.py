@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import NoneType
 from typing import Any
 
 from hetpart.errors import HetpartError
@@ -60,7 +61,7 @@ class ClusterDevice:
     type: str = _f(str)
     machine: str = _f(str)
     mem_bytes: int = _f(int)
-    core: int | None = _f((int, type(None)), None, omit_none=True)  # NOTE [emulated devices] in runtime/emulate.py
+    core: int | None = _f((int, NoneType), None, omit_none=True)  # NOTE [emulated devices] in runtime/emulate.py
 
 
 @dataclass(frozen=True, kw_only=True)

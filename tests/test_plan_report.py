@@ -31,6 +31,7 @@ def _plan_json(stages: int = 2) -> dict:
                    for k in range(stages)],
         "weights": "included", "dynamic": {"batch": True, "seq_len": False, "why": None}, "outputs": None,
         "optimizer_bytes_per_param": 8, "baselines": [{"name": "equal-layers", "bottleneck_us": 20.0}], "bounds": None,
+        "strategy": "optimal", "emulation": {"type_model_us": {"t4": 20.0}, "profiled_types": []},
     }
 
 
@@ -45,13 +46,14 @@ def test_plan_json_reads_back_as_it_was_written():
 
 def test_optional_fields_of_older_plans_take_their_defaults_and_stay_out_of_the_json():
     data = _plan_json(1)
-    for key in ("mode", "schedule", "weights", "dynamic", "optimizer_bytes_per_param", "baselines"):
+    for key in ("mode", "schedule", "weights", "dynamic", "optimizer_bytes_per_param", "baselines", "strategy",
+                "emulation"):
         del data[key]
     for key in ("slot", "devices", "forward_us", "backward_us", "param_bytes", "machine"):
         del data["stages"][0][key]
     plan = load_plan(PATH, data)
-    assert (plan.mode, plan.schedule, plan.weights, plan.dynamic, plan.baselines) == (
-        "inference", "gpipe", "included", None, [])
+    assert (plan.mode, plan.schedule, plan.weights, plan.dynamic, plan.baselines, plan.strategy, plan.emulation) == (
+        "inference", "gpipe", "included", None, [], "optimal", None)
     stage = plan.stages[0]
     assert stage.slot is None and stage.slot_devices == ["m/0"] and stage.param_bytes == 0
     written = plan.to_json()
