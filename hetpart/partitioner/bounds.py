@@ -27,7 +27,14 @@ import numpy as np
 from ortools.graph.python import max_flow
 from ortools.linear_solver import pywraplp
 
-from hetpart.partitioner.evaluate import held_weight_bytes
+from hetpart.partitioner.costs import (
+    device_classes,
+    held_weight_bytes,
+    least_stash,
+    machine_link,
+    stage_time_ns,
+    transfer_ns,
+)
 from hetpart.partitioner.problem import MEM_BYTES, OUT_BYTES, PIN, PIN_FIRST, PIN_LAST, TIME_NS, WEIGHTS, Problem
 
 # NOTE [LP work bound]
@@ -86,15 +93,6 @@ def largest_op_bound_ns(problem: Problem) -> int:
     g = problem.graph
     return max((min((g.nodes[v][TIME_NS][t] for t in problem.allowed_types(v)), default=0) for v in g.nodes),
                default=0)
-
-
-def least_stash(problem: Problem) -> int:
-    """The fewest microbatches of activations any stage of any plan holds (NOTE [training memory]).
-
-    Inference and 1F1B (its last stage): 1; GPipe: M. Memory bounds must use this, not the largest.
-    """
-    t = problem.training
-    return t.microbatches if t is not None and t.schedule == "gpipe" else 1
 
 
 def model_bytes(problem: Problem) -> int:
@@ -402,8 +400,8 @@ def stage_sum_bound_ns(problem: Problem, data: _LpData, lam: np.ndarray, mu: np.
     need = model_bytes(problem)
     caps = {t: sorted((d.capacity_bytes for d in problem.devices if d.type == t), reverse=True) for t in types}
     cut = min_boundary_bytes(problem)
-    net_ns = problem.network.transfer_ns(cut)
-    intra_ns = min([link.transfer_ns(cut) for link in problem.intra_node_links.values()] + [net_ns])
+    net_ns = transfer_ns(problem.network, cut)
+    intra_ns = min([transfer_ns(link, cut) for link in problem.intra_node_links.values()] + [net_ns])
     time_ns = np.rint(data.time_us * 1000).astype(np.int64)  # exact: times are integer ns
     big = np.int64(1) << np.int64(62)
     best = None
@@ -509,11 +507,9 @@ def _sequence_bound(problem: Problem, lower_ns: int, upper_ns: int | None, multi
                     deadline: float | None = None) -> tuple[int, bool]:
     """`sequence_bound_ns` and whether it finished: at `deadline` it stops with the T below which
     every value was ruled out so far (0 before the first test ends; NOTE [bounds deadline])."""
-    classes: dict[tuple[str, str], int] = {}
-    for d in problem.devices:
-        classes[(d.type, d.node)] = classes.get((d.type, d.node), 0) + 1
-    keys = sorted(classes)
-    sizes = [classes[k] for k in keys]
+    # NOTE [device sequences] (costs.py): classes of one type on one machine, sorted by (type, machine).
+    classes = sorted(device_classes(problem, "type_machine"), key=lambda c: (c.type, c.machine))
+    sizes = [len(c.devices) for c in classes]
     max_stages = min(problem.max_stages or len(problem.devices), len(problem.devices))
     if math.prod(min(s, max_stages) + 1 for s in sizes) > SEQUENCE_MAX_STATES:
         return 0, True
@@ -529,9 +525,10 @@ def _sequence_bound(problem: Problem, lower_ns: int, upper_ns: int | None, multi
     nw = len(checks)
     cut = min_boundary_bytes(problem)
     after_two, before_two = inner_boundary_bytes(problem)
-    nc = len(keys)
-    links = [[(problem.intra_node_links[a[1]] if a[1] == b[1] else problem.network)
-              if (a != b or classes[a] > 1) else None for b in keys] for a in keys]
+    nc = len(classes)
+    # The link between consecutive stages on classes a and b; None: no two stages can run on them.
+    links = [[machine_link(problem, a.machine, b.machine) if (a is not b or len(a.devices) > 1) else None
+              for b in classes] for a in classes]
 
     def boundary_bytes(d: int, last: bool) -> int:
         """Bytes boundary d (after stage d, from 1) carries at least; `last`: no stage after the next."""
@@ -550,7 +547,7 @@ def _sequence_bound(problem: Problem, lower_ns: int, upper_ns: int | None, multi
         return float(wp[j] + (budget - tp[j]) * ratio[j])
 
     # Boundary times by (from class, to class, boundary after the first stage?, the next stage last?).
-    ltime = {(c, c2, d >= 2, last): links[c][c2].transfer_ns(boundary_bytes(d, last))
+    ltime = {(c, c2, d >= 2, last): transfer_ns(links[c][c2], boundary_bytes(d, last))
              for c in range(nc) for c2 in range(nc) if links[c][c2] is not None
              for d in (1, 2) for last in (False, True)}
     work_need = [total * (1 - 1e-9) - 1e-6 * (total > 0) for _, total in checks]
@@ -566,7 +563,8 @@ def _sequence_bound(problem: Problem, lower_ns: int, upper_ns: int | None, multi
         def stage(c: int, budget: int) -> tuple[float, tuple[float, ...]]:
             key = (c, budget)
             if key not in cache:
-                cache[key] = (slots(keys[c][0], budget), tuple(carries(keys[c][0], budget, i) for i in range(nw)))
+                t = classes[c].type
+                cache[key] = (slots(t, budget), tuple(carries(t, budget, i) for i in range(nw)))
             return cache[key]
 
         best_slots = max(stage(c, T)[0] for c in range(nc))
@@ -582,10 +580,11 @@ def _sequence_bound(problem: Problem, lower_ns: int, upper_ns: int | None, multi
                 for c2 in range(nc):
                     if counts[c2] >= sizes[c2] or links[c][c2] is None:
                         continue
-                    # The next stage, on c2, is the last one: boundary d is the last.
+                    # The next stage, on c2, is the last one: boundary d is the last. A stage's
+                    # compute budget is T less its boundaries (NOTE [stage time]).
                     lk = ltime[c, c2, d >= 2, True]
-                    s1, w1 = stage(c, T - tin - lk)
-                    s2, w2 = stage(c2, T - lk)
+                    s1, w1 = stage(c, T - stage_time_ns(0, tin, lk))
+                    s2, w2 = stage(c2, T - stage_time_ns(0, lk, 0))
                     best_slots = max(best_slots, vs + s1 + s2)
                     best_work = tuple(max(b, x + y + z) for b, x, y, z in zip(best_work, vw, w1, w2))
                     if enough(best_slots, best_work):
@@ -593,7 +592,7 @@ def _sequence_bound(problem: Problem, lower_ns: int, upper_ns: int | None, multi
                     if d + 1 < max_stages:
                         # Or more stages follow it.
                         lk = ltime[c, c2, d >= 2, False]
-                        s1, w1 = stage(c, T - tin - lk)
+                        s1, w1 = stage(c, T - stage_time_ns(0, tin, lk))
                         if s1 == -math.inf:
                             continue
                         key = (tuple(k + (i == c2) for i, k in enumerate(counts)), c2, lk)

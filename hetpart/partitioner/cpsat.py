@@ -25,10 +25,11 @@ from hetpart.partitioner.coarsen import coarsen, cut_candidates
 from hetpart.partitioner.constraints import check_constraints
 from hetpart.partitioner.dp import Segments, contiguous_plan, dp_hint, order_tables, refine_cuts
 from hetpart.partitioner.ideals import ideal_dp
-from hetpart.partitioner.evaluate import (
-    OBJECTIVES, boundary_bytes, bottleneck_ns, evaluate, max_stage_memory_bytes, objective_ns, stage_memory_bytes,
-    stash_microbatches,
+from hetpart.partitioner.costs import (
+    boundary_bytes, links, machine_link, max_stage_memory_bytes, node_time_ns, stage_memory_bytes, stage_time_ns,
+    stash_microbatches, transfer_ns,
 )
+from hetpart.partitioner.evaluate import OBJECTIVES, bottleneck_ns, evaluate, objective_ns
 from hetpart.partitioner.problem import (
     FORBIDDEN_TYPES,
     MEM_BYTES,
@@ -36,7 +37,6 @@ from hetpart.partitioner.problem import (
     PIN,
     PIN_FIRST,
     PIN_LAST,
-    TIME_NS,
     WEIGHTS,
     Plan,
     Problem,
@@ -101,7 +101,7 @@ def _build(problem: Problem, objective: str = "throughput", microbatches: int = 
     types = problem.device_types
     machines = sorted({d.node for d in devices})
     capacities = sorted({d.capacity_bytes for d in devices})
-    time_ns = {v: g.nodes[v][TIME_NS] for v in order}
+    time_ns = {v: {t: node_time_ns(problem, v, t) for t in types} for v in order}
     out_bytes = {v: g.nodes[v].get(OUT_BYTES, 0) for v in order}
     mem_bytes = {v: g.nodes[v].get(MEM_BYTES, 0) for v in order}
     readers: dict[str, list[str]] = {}
@@ -111,8 +111,7 @@ def _build(problem: Problem, objective: str = "throughput", microbatches: int = 
                 readers[w].append(v)
     senders = [u for u in order if out_bytes[u] > 0 and g.out_degree(u) > 0]
     total_bytes = sum(out_bytes[u] for u in senders)
-    links = [problem.network, *problem.intra_node_links.values()]
-    comm_ub = max(link.transfer_ns(total_bytes) for link in links)
+    comm_ub = max(transfer_ns(link, total_bytes) for link in links(problem))
     compute_ub = sum(max(time_ns[v].values()) for v in order)
     stash_max, held_bytes = max_stage_memory_bytes(problem)
     total_mem = stash_max * sum(mem_bytes.values()) + sum(held_bytes[w] for w in readers)
@@ -211,7 +210,7 @@ def _build(problem: Problem, objective: str = "throughput", microbatches: int = 
                 # A node never runs in a stage whose device type cannot run it.
                 m.add(x(v, k) + is_type[k][t] <= 1)
 
-    # --- Constraints: bytes over boundaries (see NOTE [stage time] in evaluate.py).
+    # --- Constraints: bytes over boundaries (see NOTE [stage time] in costs.py).
     for u in senders:
         succs = sorted(g.successors(u), key=str)
         for k in range(K - 1):
@@ -233,12 +232,12 @@ def _build(problem: Problem, objective: str = "throughput", microbatches: int = 
         for m1 in machines:
             check_clock()
             for m2 in machines:
-                link = problem.intra_node_links[m1] if m1 == m2 else problem.network
                 if m1 == m2 and sum(d.node == m1 for d in devices) < 2:
                     continue  # two stages cannot both run on this machine's only device
+                link = machine_link(problem, m1, m2)
                 # Boundary k between machines m1 and m2 takes at least latency + bytes / bandwidth
                 # when something crosses: (comm - latency) * bw >= 1000 * bytes, i.e. the
-                # integer comm is >= Link.transfer_ns(bytes) exactly (ceil).
+                # integer comm is >= costs.transfer_ns(link, bytes) exactly (ceil).
                 bw = link.bandwidth_bytes_per_us
                 m.add(bw * comm[k] - 1000 * nbytes >= bw * link.latency_ns).only_enforce_if(
                     [on_machine[k][m1], on_machine[k + 1][m2], any_cross[k]]
@@ -274,10 +273,10 @@ def _build(problem: Problem, objective: str = "throughput", microbatches: int = 
         comm_in = comm[k - 1] if k > 0 else 0
         comm_out = comm[k] if k < K - 1 else 0
         # The bottleneck is at least every stage's time.
-        m.add(bottleneck >= compute[k] + comm_in + comm_out)
+        m.add(bottleneck >= stage_time_ns(compute[k], comm_in, comm_out))
         if stage_time:
             # A stage's time is its compute plus the boundaries on both of its sides.
-            m.add(stage_time[k] >= compute[k] + comm_in + comm_out)
+            m.add(stage_time[k] >= stage_time_ns(compute[k], comm_in, comm_out))
     # Redundant cut: the bottleneck is at least any node's time on its fastest device type.
     m.add(bottleneck >= max(min(time_ns[v][t] for t in types) for v in order))
     # Redundant cut: the bottleneck is at least the search-free bound of bounds.py (valid for every plan).

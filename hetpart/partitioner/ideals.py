@@ -16,9 +16,19 @@ from dataclasses import dataclass, field
 import numpy as np
 from ortools.graph.python import max_flow
 
-from hetpart.partitioner.bounds import least_stash
-from hetpart.partitioner.dp import transfer_ns
-from hetpart.partitioner.evaluate import bottleneck_ns, evaluate, held_weight_bytes
+from hetpart.partitioner.costs import (
+    device_classes,
+    downset_cut_bytes,
+    held_weight_bytes,
+    least_stash,
+    link_kind_ns,
+    node_times_ns,
+    same_machine,
+    sequence_devices,
+    stage_time_ns,
+    transfer_ns,
+)
+from hetpart.partitioner.evaluate import bottleneck_ns, evaluate
 from hetpart.partitioner.problem import (
     COLOCATE, FORBIDDEN_TYPES, MEM_BYTES, OUT_BYTES, PIN, PIN_FIRST, PIN_LAST, TIME_NS, WEIGHTS, Plan, Problem,
 )
@@ -185,13 +195,8 @@ def ideal_tables(problem: Problem, limit: int = IDEAL_MAX, relaxed: bool = False
         return None
     member = _bits(ideals, n)
     as_int = member.astype(np.int64)
-    comp = {t: as_int @ np.array([g.nodes[v][TIME_NS][t] for v in order], dtype=np.int64) for t in problem.device_types}
-    cut = np.zeros(len(ideals), dtype=np.int64)
-    for u in order:
-        nbytes = g.nodes[u].get(OUT_BYTES, 0)
-        succ = [index[v] for v in g.successors(u)]
-        if nbytes > 0 and succ:
-            cut += nbytes * (member[:, index[u]] & ~member[:, succ].all(axis=1))
+    comp = {t: as_int @ node_times_ns(problem, order, t) for t in problem.device_types}
+    cut = downset_cut_bytes(problem, order, member)
     stash = least_stash(problem)
     own = np.array([stash * g.nodes[v].get(MEM_BYTES, 0) for v in order], dtype=np.int64)
     first_reader: dict[str, int] = {}
@@ -452,29 +457,28 @@ class _Decider:
     def __init__(self, problem: Problem, tab: IdealTables, upper_ns: int, multipliers: tuple) -> None:
         self.problem, self.tab, self.upper_ns = problem, tab, upper_ns
         n = tab.n
-        self.classes = problem.device_classes()
-        first = [problem.device(c[0]) for c in self.classes]
-        self.sizes = np.array([len(c) for c in self.classes])
+        self.classes = device_classes(problem)
+        self.sizes = np.array([len(c.devices) for c in self.classes])
         self.max_stages = min(problem.max_stages or len(problem.devices), len(problem.devices))
-        network = transfer_ns(problem.network, tab.cut_bytes)
-        intra = {mc: transfer_ns(link, tab.cut_bytes) for mc, link in problem.intra_node_links.items()}
-        # The boundary next to a stage on class c, by kind: -1 none (before the first stage), 0 the
-        # network, 1 c's machine's link (a machine with one device never has kind 1).
-        self.link = [{-1: np.zeros(n + 1, dtype=np.int64), 0: network, 1: intra.get(d.node, network)} for d in first]
+        # The boundary next to a stage on class c, by kind (NOTE [device sequences] in costs.py): -1
+        # none (before the first stage), 0 the network, 1 c's machine's link (a machine with one
+        # device never has kind 1).
+        self.link = [{kind: link_kind_ns(problem, c, kind, tab.cut_bytes) for kind in (-1, 0, 1)}
+                     for c in self.classes]
         self.intra_le_net = [bool((lk[1] <= lk[0]).all()) for lk in self.link]
-        self.machine = [d.node for d in first]
+        self.machine = [c.machine for c in self.classes]
         types = problem.device_types
-        self.cls_t = np.array([types.index(d.type) for d in first])
+        self.cls_t = np.array([types.index(c.type) for c in self.classes])
         machines = sorted(set(self.machine))
         self.n_machines = len(machines)
         self.cls_m = np.array([machines.index(mc) for mc in self.machine])
         # Every boundary carries at least the fewest bytes over any inner ideal (NOTE [stage time]).
         least = int(tab.cut_bytes[1:-1].min()) if n > 1 else 0
         links = [problem.intra_node_links[mc] for mc in machines if sum(d.node == mc for d in problem.devices) > 1]
-        self.c_net = problem.network.transfer_ns(least)
-        self.c_min = min([link.transfer_ns(least) for link in links] + [self.c_net])
+        self.c_net = transfer_ns(problem.network, least)
+        self.c_min = min([transfer_ns(link, least) for link in links] + [self.c_net])
         g = problem.graph
-        node_time = np.array([[g.nodes[v][TIME_NS][t] for t in types] for v in tab.order], dtype=np.float64)
+        node_time = np.stack([node_times_ns(problem, tab.order, t) for t in types], axis=1).astype(np.float64)
         node_allowed = np.array([[t in problem.allowed_types(v) for t in types] for v in tab.order])
         member_int = tab.member.astype(np.float64)
         totals = np.where(node_allowed, node_time, 0.0).sum(axis=0)
@@ -487,8 +491,8 @@ class _Decider:
             self.weighted.append((float(per_node.sum()) - member_int @ per_node, lam))
         # Per (type, capacity): the stages it can run below the known plan (NOTE [ideal DP]); None
         # when there are more than PAIRS_MAX in all.
-        self.pairs = _stage_pairs(tab, list(dict.fromkeys((d.type, d.capacity_bytes) for d in first)), upper_ns,
-                                  PAIRS_MAX)
+        self.pairs = _stage_pairs(tab, list(dict.fromkeys((c.type, c.capacity_bytes) for c in self.classes)),
+                                  upper_ns, PAIRS_MAX)
         self._capacity: dict[tuple, tuple[float, float]] = {}
 
     def capacity(self, left: np.ndarray, home: int, k: int, u: int) -> tuple[float, float]:
@@ -513,10 +517,9 @@ class _Decider:
         the first stage's (-1, kind out) one row; {(kind in, 'last'): bool over I}, J = V."""
         tab, n = self.tab, self.tab.n
         out = []
-        for c, name in enumerate(self.classes):
-            d = self.problem.device(name[0])
-            pi, pj = self.pairs[(d.type, d.capacity_bytes)]
-            comp, link = tab.comp[d.type], self.link[c]
+        for c, cls in enumerate(self.classes):
+            pi, pj = self.pairs[(cls.type, cls.capacity_bytes)]
+            comp, link = tab.comp[cls.type], self.link[c]
             dcomp = comp[pj] - comp[pi]
             keep = np.flatnonzero(dcomp < u)
             pi, pj, dcomp = pi[keep], pj[keep], dcomp[keep]
@@ -525,12 +528,14 @@ class _Decider:
             # Link kind 1 only where c's machine has another device.
             kinds = (0, 1) if self.sizes[self.cls_m == self.cls_m[c]].sum() > 1 else (0,)
             for kin in (-1, *kinds):
-                a, b, base_k = (pi, pj, link[kin][pi] + dcomp) if kin >= 0 else (pi[:first], pj[:first], dcomp[:first])
+                end = None if kin >= 0 else first
+                a, b, dc = pi[:end], pj[:end], dcomp[:end]
+                tin = link[kin][a]
                 last = np.zeros(n + 1, dtype=bool)
-                last[a[(b == n) & tab.final_ok[a] & (base_k < u)]] = True
+                last[a[(b == n) & tab.final_ok[a] & (stage_time_ns(dc, tin, 0) < u)]] = True
                 mats[(kin, "last")] = last
                 for kout in kinds:
-                    ok = (b < n) & (base_k + link[kout][b] < u)
+                    ok = (b < n) & (stage_time_ns(dc, tin, link[kout][b]) < u)
                     if kin < 0:
                         row = np.zeros(n + 1, dtype=bool)
                         row[b[ok]] = True
@@ -596,7 +601,7 @@ class _Decider:
                 for nxt in range(nc):
                     if counts[nxt] >= sizes[nxt]:
                         continue
-                    nsame = int(self.machine[cur] == self.machine[nxt])
+                    nsame = same_machine(self.classes, cur, nxt)
                     if nsame not in reach:
                         mat = mats[cur][(same, nsame)]
                         bits = np.bitwise_or.reduce(mat if same < 0 else mat[rows], axis=0)
@@ -625,7 +630,7 @@ class _Decider:
             before = counts[:cur] + (counts[cur] - 1,) + counts[cur + 1:]
             byte, bit = start >> 3, 7 - (start & 7)
             for prev in range(len(self.classes)):
-                if int(self.machine[prev] == self.machine[cur]) != same:
+                if same_machine(self.classes, prev, cur) != same:
                     continue
                 found = [(s, np.flatnonzero(reached[(before, s, prev)]
                                             & (mats[prev][(s, same)][:, byte] >> bit & 1).astype(bool)))
@@ -643,11 +648,10 @@ class _Decider:
         worst = 0
         for k, (start, c) in enumerate(chain):
             end = chain[k + 1][0] if k + 1 < len(chain) else self.tab.n
-            kin = -1 if k == 0 else int(self.machine[chain[k - 1][1]] == self.machine[c])
-            comp = self.tab.comp[self.problem.device(self.classes[c][0]).type]
-            t = self.link[c][kin][start] + comp[end] - comp[start]
-            if k + 1 < len(chain):
-                t += self.link[c][int(self.machine[chain[k + 1][1]] == self.machine[c])][end]
+            kin = -1 if k == 0 else same_machine(self.classes, chain[k - 1][1], c)
+            kout = -1 if k + 1 == len(chain) else same_machine(self.classes, c, chain[k + 1][1])
+            comp = self.tab.comp[self.classes[c].type]
+            t = stage_time_ns(comp[end] - comp[start], self.link[c][kin][start], self.link[c][kout][end])
             worst = max(worst, int(t))
         return worst
 
@@ -655,11 +659,7 @@ class _Decider:
         """The chain as a plan; None when it has a relay stage or breaks memory."""
         tab = self.tab
         cuts = [start for start, _ in chain] + [tab.n]
-        used = [0] * len(self.classes)
-        devices = []
-        for _, c in chain:  # a class's devices in list order
-            devices.append(self.classes[c][used[c]])
-            used[c] += 1
+        devices = sequence_devices(self.classes, [c for _, c in chain])  # a class's devices in list order
         stage_of = {}
         placed = 0  # NOTE [ideal DP free nodes]: a free node goes before the first boundary whose cut has it
         for k in range(len(devices)):

@@ -4,7 +4,7 @@ The partitioner never imports torch: it sees a DAG of integer costs, a set of
 devices and the links between them. `hetpart.passes.lower` builds a `Problem`
 from an annotated FX graph; codegen applies the `Plan` back to the graph.
 
-Cost model (see NOTE [stage time] in `evaluate.py`): a plan is an ordered chain
+Cost model (see NOTE [stage time] in `costs.py`): a plan is an ordered chain
 of stages, each on its own device. A value produced in stage s and consumed in
 stage t > s crosses every boundary s|s+1, ..., t-1|t and pays its bytes on each.
 A boundary between stages k and k+1 takes `link.latency_ns + ceil(bytes * 1000 /
@@ -65,10 +65,10 @@ class Link:
     latency_ns: int
 
     def transfer_ns(self, nbytes: int) -> int:
-        """Time to move `nbytes` over this link; nothing to move costs nothing."""
-        if nbytes <= 0:
-            return 0
-        return self.latency_ns + -(-nbytes * 1000 // self.bandwidth_bytes_per_us)
+        """Time to move `nbytes` over this link; nothing to move costs nothing (`costs.transfer_ns`)."""
+        from hetpart.partitioner.costs import transfer_ns
+
+        return transfer_ns(self, nbytes)
 
 
 SCHEDULES = ("gpipe", "1f1b")
@@ -76,7 +76,7 @@ SCHEDULES = ("gpipe", "1f1b")
 
 @dataclass(frozen=True)
 class Training:
-    """What a training plan adds to the problem (NOTE [training memory] in evaluate.py).
+    """What a training plan adds to the problem (NOTE [training memory] in costs.py).
 
     In training, a node's TIME_NS is its forward plus its backward, its OUT_BYTES
     the activation plus its gradient, and links carry two transfers per
@@ -119,11 +119,10 @@ class Problem:
             raise KeyError(name) from None
 
     def link(self, a: str, b: str) -> Link:
-        """The link between devices named `a` and `b`."""
-        da, db = self.device(a), self.device(b)
-        if da.node == db.node:
-            return self.intra_node_links[da.node]
-        return self.network
+        """The link between devices named `a` and `b` (`costs.link_between`)."""
+        from hetpart.partitioner.costs import link_between
+
+        return link_between(self, a, b)
 
     @property
     def device_types(self) -> list[str]:
@@ -245,7 +244,9 @@ class StageCost:
 
     @property
     def time_ns(self) -> int:
-        return self.compute_ns + self.comm_in_ns + self.comm_out_ns
+        from hetpart.partitioner.costs import stage_time_ns
+
+        return stage_time_ns(self.compute_ns, self.comm_in_ns, self.comm_out_ns)
 
 
 @dataclass
