@@ -3,7 +3,7 @@
 Data flows problem.py (the question; constraints.py: co-location and forbidden
 device types) -> dp.py (fast contiguous plan, the hint) -> coarsen.py (fewer nodes
 for big graphs) -> cpsat.py (exact model, NOTE [coarsened solve]) -> evaluate.py
-(the cost model, NOTE [stage time]) -> verify.py (independent check) -> certificate.py
+(a plan's costs, by costs.py's formulas: NOTE [stage time]) -> verify.py (independent check) -> certificate.py
 (the bound's source and its re-proof, NOTE [checked certificates]). Nothing here
 imports torch.
 """
@@ -25,6 +25,7 @@ from hetpart.partitioner.problem import (
     Link,
     Plan,
     Problem,
+    Slot,
     StageCost,
 )
 from hetpart.partitioner.verify import PlanError, plan_violations, verify_plan
@@ -44,6 +45,7 @@ __all__ = [
     "Plan",
     "PlanError",
     "Problem",
+    "Slot",
     "StageCost",
     "bottleneck_ns",
     "dp_hint",

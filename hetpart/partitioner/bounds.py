@@ -32,6 +32,7 @@ from hetpart.partitioner.costs import (
     held_weight_bytes,
     least_stash,
     machine_link,
+    slot_capacity_bytes,
     stage_time_ns,
     transfer_ns,
 )
@@ -167,8 +168,9 @@ def _lp_data(problem: Problem) -> _LpData:
         mem_mb=mem / 1e6,
         allowed=np.array([[t in problem.allowed_types(v) for t in types] for v in nodes], dtype=bool),
         shared={w: rs for w, rs in sorted(readers.items()) if len(rs) > 1},
-        count=np.array([sum(d.type == t for d in problem.devices) for t in types], dtype=np.float64),
-        capacity_mb=np.array([sum(d.capacity_bytes for d in problem.devices if d.type == t) for t in types]) / 1e6,
+        count=np.array([sum(s.type == t for s in problem.slots) for t in types], dtype=np.float64),
+        capacity_mb=np.array([sum(slot_capacity_bytes(problem, s) for s in problem.slots if s.type == t)
+                              for t in types]) / 1e6,
     )
 
 
@@ -372,9 +374,9 @@ def inner_boundary_bytes(problem: Problem) -> tuple[int, int]:
 def _devices_per_machine(problem: Problem) -> dict[str, dict[str, int]]:
     """Machine -> device type -> how many of its devices are of that type."""
     have: dict[str, dict[str, int]] = {}
-    for d in problem.devices:
-        have.setdefault(d.node, {}).setdefault(d.type, 0)
-        have[d.node][d.type] += 1
+    for s in problem.slots:
+        have.setdefault(s.node, {}).setdefault(s.type, 0)
+        have[s.node][s.type] += 1
     return have
 
 
@@ -398,7 +400,8 @@ def stage_sum_bound_ns(problem: Problem, data: _LpData, lam: np.ndarray, mu: np.
     counts = [int(c) for c in data.count]
     max_stages = min(problem.max_stages or len(problem.devices), len(problem.devices))
     need = model_bytes(problem)
-    caps = {t: sorted((d.capacity_bytes for d in problem.devices if d.type == t), reverse=True) for t in types}
+    caps = {t: sorted((slot_capacity_bytes(problem, s) for s in problem.slots if s.type == t), reverse=True)
+            for t in types}
     cut = min_boundary_bytes(problem)
     net_ns = transfer_ns(problem.network, cut)
     intra_ns = min([transfer_ns(link, cut) for link in problem.intra_node_links.values()] + [net_ns])

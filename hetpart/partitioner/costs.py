@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from hetpart.partitioner.problem import MEM_BYTES, OUT_BYTES, TIME_NS, Link, Problem
+from hetpart.partitioner.problem import MEM_BYTES, OUT_BYTES, TIME_NS, Link, Problem, Slot
 
 # NOTE [stage time]
 # A plan is a chain of stages 0..S-1, stage k on slot `slot_of_stage[k]` (today one device,
@@ -76,6 +76,18 @@ def stage_compute_ns(problem: Problem, nodes: Iterable[str], device_type: str) -
     return sum(node_time_ns(problem, v, device_type) for v in nodes)
 
 
+def slot_compute_ns(problem: Problem, nodes: Iterable[str], slot: Slot) -> int:
+    """A stage's compute on `slot` (NOTE [slots]): for a "device" slot, its nodes' times on the type."""
+    if slot.kind != "device":
+        raise NotImplementedError(f"slot kind {slot.kind!r} has no compute formula yet (NOTE [slots])")
+    return stage_compute_ns(problem, nodes, slot.type)
+
+
+def slot_capacity_bytes(problem: Problem, slot: Slot) -> int:
+    """The memory a stage on `slot` may use: its (one) device's capacity (NOTE [slots])."""
+    return min(problem.device(d).capacity_bytes for d in slot.devices)
+
+
 def node_times_ns(problem: Problem, order: Sequence[str], device_type: str) -> np.ndarray:
     """`node_time_ns` of each node of `order`, as a vector: the engines' tables are sums of it."""
     return np.array([node_time_ns(problem, v, device_type) for v in order], dtype=np.int64)
@@ -103,8 +115,8 @@ def machine_link(problem: Problem, machine_a: str, machine_b: str) -> Link:
 
 
 def link_between(problem: Problem, a: str, b: str) -> Link:
-    """The link of a boundary between slots (today: devices) named `a` and `b` (NOTE [stage time])."""
-    return machine_link(problem, problem.device(a).node, problem.device(b).node)
+    """The link of a boundary between the slots named `a` and `b` (NOTE [stage time], NOTE [slots])."""
+    return machine_link(problem, problem.slot(a).node, problem.slot(b).node)
 
 
 def links(problem: Problem) -> list[Link]:
@@ -240,43 +252,45 @@ def max_stage_memory_bytes(problem: Problem) -> tuple[int, dict[str, int]]:
 
 @dataclass(frozen=True)
 class DeviceClass:
-    """Devices a DP treats as one: a stage on any of them costs the same (NOTE [device sequences])."""
+    """Slots a DP treats as one: a stage on any of them costs the same (NOTE [device sequences])."""
 
-    devices: tuple[str, ...]  # in `Problem.devices` order: a plan uses a class's devices in this order
+    devices: tuple[str, ...]  # slot names in `Problem.slots` order: a plan uses a class's slots in this order
     type: str
     machine: str  # "" when the class spans machines (then every boundary is costed at the slowest link)
-    capacity_bytes: int  # the smallest of its devices'
+    capacity_bytes: int  # the smallest of its slots'
 
 
 # NOTE [device sequences]
 # The DP over an order (dp.py), the DP over ideals (ideals.py) and the sequence bound (bounds.py)
-# choose a sequence of devices, one per stage, and need not know which device of a class of
-# interchangeable ones a stage runs on: only how many of each class are used (`counts`), the class
+# choose a sequence of slots (NOTE [slots]; today devices), one per stage, and need not know which
+# slot of a class of interchangeable ones a stage runs on: only how many of each class are used (`counts`), the class
 # of the current stage (`cur`) and the link into it (`same`: -1 none, the first stage; 0 the
 # network; 1 its machine's intra-node link). That state, `SequenceState`, and its moves are here;
 # the link of a move is `same_machine`, and the time over it `link_kind_ns`. Classes are grouped
 # by `device_classes(problem, key)`: "exact" (type, machine, capacity: `Problem.device_classes`),
 # coarser keys for DPs that must shrink their state space (a class across machines has machine "",
 # and its boundaries are costed at the slowest link, a valid over-estimate).
+# (A slot's kind and device count belong in the exact key once slots of other kinds exist.)
 CLASS_KEYS = {
-    "exact": lambda d: (d.type, d.node, d.capacity_bytes),
-    "type_machine": lambda d: (d.type, d.node),
-    "type_capacity": lambda d: (d.type, d.capacity_bytes),
-    "type": lambda d: (d.type,),
+    "exact": lambda s, cap: (s.type, s.node, cap),
+    "type_machine": lambda s, cap: (s.type, s.node),
+    "type_capacity": lambda s, cap: (s.type, cap),
+    "type": lambda s, cap: (s.type,),
 }
 
 
 def device_classes(problem: Problem, key: str = "exact") -> list[DeviceClass]:
-    """The devices grouped by `CLASS_KEYS[key]`, classes and members in `Problem.devices` order."""
-    groups: dict[tuple, list] = {}
-    for d in problem.devices:
-        groups.setdefault(CLASS_KEYS[key](d), []).append(d)
+    """The slots grouped by `CLASS_KEYS[key]`, classes and members in `Problem.slots` order."""
+    groups: dict[tuple, list[tuple[Slot, int]]] = {}
+    for s in problem.slots:
+        cap = slot_capacity_bytes(problem, s)
+        groups.setdefault(CLASS_KEYS[key](s, cap), []).append((s, cap))
     out = []
     for members in groups.values():
-        machines = {d.node for d in members}
-        out.append(DeviceClass(devices=tuple(d.name for d in members), type=members[0].type,
-                               machine=members[0].node if len(machines) == 1 else "",
-                               capacity_bytes=min(d.capacity_bytes for d in members)))
+        machines = {s.node for s, _ in members}
+        out.append(DeviceClass(devices=tuple(s.name for s, _ in members), type=members[0][0].type,
+                               machine=members[0][0].node if len(machines) == 1 else "",
+                               capacity_bytes=min(cap for _, cap in members)))
     return out
 
 

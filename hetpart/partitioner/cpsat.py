@@ -26,8 +26,8 @@ from hetpart.partitioner.constraints import check_constraints
 from hetpart.partitioner.dp import Segments, contiguous_plan, dp_hint, order_tables, refine_cuts
 from hetpart.partitioner.ideals import ideal_dp
 from hetpart.partitioner.costs import (
-    boundary_bytes, links, machine_link, max_stage_memory_bytes, node_time_ns, stage_memory_bytes, stage_time_ns,
-    stash_microbatches, transfer_ns,
+    boundary_bytes, device_classes, links, machine_link, max_stage_memory_bytes, node_time_ns, slot_capacity_bytes,
+    stage_memory_bytes, stage_time_ns, stash_microbatches, transfer_ns,
 )
 from hetpart.partitioner.evaluate import OBJECTIVES, bottleneck_ns, evaluate, objective_ns
 from hetpart.partitioner.problem import (
@@ -62,7 +62,7 @@ class _Model:
     num_stages: int  # K: stages the model may use
     y: dict[str, list[cp_model.IntVar]]  # y[v][k] = [stage(v) <= k]
     used: list[cp_model.IntVar]  # stage k holds nodes
-    a: list[dict[str, cp_model.IntVar]]  # a[k][device] = stage k runs on device
+    a: list[dict[str, cp_model.IntVar]]  # a[k][slot] = stage k runs on slot (NOTE [slots])
     is_type: list[dict[str, cp_model.IntVar]]
     on_machine: list[dict[str, cp_model.IntVar]]
     has_capacity: list[dict[int, cp_model.IntVar]]
@@ -97,10 +97,11 @@ def _build(problem: Problem, objective: str = "throughput", microbatches: int = 
     free = [v for v in order if pin[v] != PIN_LAST]
     K = min(problem.max_stages or len(problem.devices), len(problem.devices), len(free))
     stages = range(K)
-    devices = problem.devices
+    slots = problem.slots
+    capacity = {s.name: slot_capacity_bytes(problem, s) for s in slots}
     types = problem.device_types
-    machines = sorted({d.node for d in devices})
-    capacities = sorted({d.capacity_bytes for d in devices})
+    machines = sorted({s.node for s in slots})
+    capacities = sorted(set(capacity.values()))
     time_ns = {v: {t: node_time_ns(problem, v, t) for t in types} for v in order}
     out_bytes = {v: g.nodes[v].get(OUT_BYTES, 0) for v in order}
     mem_bytes = {v: g.nodes[v].get(MEM_BYTES, 0) for v in order}
@@ -128,7 +129,7 @@ def _build(problem: Problem, objective: str = "throughput", microbatches: int = 
     a = []
     for k in stages:
         check_clock()
-        a.append({d.name: m.new_bool_var(f"a[{k},{d.name}]") for d in devices})
+        a.append({s.name: m.new_bool_var(f"a[{k},{s.name}]") for s in slots})
     is_type = [{t: m.new_bool_var(f"type[{k},{t}]") for t in types} for k in stages]
     on_machine = [{mc: m.new_bool_var(f"machine[{k},{mc}]") for mc in machines} for k in stages]
     has_capacity = [{c: m.new_bool_var(f"capacity[{k},{c}]") for c in capacities} for k in stages]
@@ -179,28 +180,28 @@ def _build(problem: Problem, objective: str = "throughput", microbatches: int = 
                 # stage <= k, stage k+1 is unused.
                 m.add_implication(y[p][k], ~used[k + 1])
 
-    # --- Constraints: devices.
+    # --- Constraints: slots (NOTE [slots]).
     for k in stages:
         check_clock()
-        # A used stage runs on exactly one device, an unused one on none.
+        # A used stage runs on exactly one slot, an unused one on none.
         m.add(sum(a[k].values()) == used[k])
         for t in types:
-            # type[k,t]: stage k runs on a device of type t.
-            m.add(is_type[k][t] == sum(a[k][d.name] for d in devices if d.type == t))
+            # type[k,t]: stage k runs on a slot of type t.
+            m.add(is_type[k][t] == sum(a[k][s.name] for s in slots if s.type == t))
         for mc in machines:
             check_clock()
-            # machine[k,mc]: stage k runs on a device of machine mc.
-            m.add(on_machine[k][mc] == sum(a[k][d.name] for d in devices if d.node == mc))
+            # machine[k,mc]: stage k runs on a slot of machine mc.
+            m.add(on_machine[k][mc] == sum(a[k][s.name] for s in slots if s.node == mc))
         for c in capacities:
-            # capacity[k,c]: stage k runs on a device with c bytes of memory.
-            m.add(has_capacity[k][c] == sum(a[k][d.name] for d in devices if d.capacity_bytes == c))
-    for d in devices:
-        # Each device runs at most one stage.
-        m.add_at_most_one(a[k][d.name] for k in stages)
-    for cls in problem.device_classes():
-        for first, second in zip(cls, cls[1:]):
+            # capacity[k,c]: stage k runs on a slot with c bytes of memory.
+            m.add(has_capacity[k][c] == sum(a[k][s.name] for s in slots if capacity[s.name] == c))
+    for d in problem.devices:
+        # Each device is in at most one chosen slot (so it runs at most one stage).
+        m.add_at_most_one(a[k][s.name] for k in stages for s in slots if d.name in s.devices)
+    for cls in device_classes(problem):
+        for first, second in zip(cls.devices, cls.devices[1:]):
             for k in stages:
-                # Interchangeable devices (same type, machine, capacity) are used in list
+                # Interchangeable slots (same type, machine, capacity) are used in list
                 # order: `second` runs stage k only if `first` runs an earlier stage.
                 m.add(a[k][second] <= sum(a[j][first] for j in range(k)))
 
@@ -232,8 +233,8 @@ def _build(problem: Problem, objective: str = "throughput", microbatches: int = 
         for m1 in machines:
             check_clock()
             for m2 in machines:
-                if m1 == m2 and sum(d.node == m1 for d in devices) < 2:
-                    continue  # two stages cannot both run on this machine's only device
+                if m1 == m2 and sum(s.node == m1 for s in slots) < 2:
+                    continue  # two stages cannot both run on this machine's only slot
                 link = machine_link(problem, m1, m2)
                 # Boundary k between machines m1 and m2 takes at least latency + bytes / bandwidth
                 # when something crosses: (comm - latency) * bw >= 1000 * bytes, i.e. the
@@ -258,7 +259,7 @@ def _build(problem: Problem, objective: str = "throughput", microbatches: int = 
         for num_stages, when in _stage_counts(problem, used, k):
             # A stage's weights (with gradients and optimizer state in training) and its activations
             # (times the microbatches its schedule stashes when the plan has `num_stages` stages) fit
-            # in its device's memory: NOTE [training memory], the formula of `evaluate`.
+            # in its slot's memory: NOTE [training memory], the formula of `evaluate`.
             load = stage_memory_bytes(problem, activations, held, k, num_stages)
             for c in capacities:
                 if total_mem > c:
@@ -316,12 +317,12 @@ def _stage_counts(problem: Problem, used: list[cp_model.IntVar], k: int) -> list
 
 
 def _canonical(problem: Problem, device_of_stage: list[str]) -> list[str]:
-    """The same plan with each class of interchangeable devices used in list order."""
+    """The same plan (its slot of each stage) with each class of interchangeable slots used in list order."""
     out = list(device_of_stage)
-    for cls in problem.device_classes():
-        slots = [k for k, d in enumerate(device_of_stage) if d in cls]
-        for k, d in zip(slots, cls):
-            out[k] = d
+    for cls in device_classes(problem):
+        at = [k for k, name in enumerate(device_of_stage) if name in cls.devices]
+        for k, name in zip(at, cls.devices):
+            out[k] = name
     return out
 
 
@@ -343,16 +344,17 @@ def _add_hint(problem: Problem, mdl: _Model, stage_of: dict[str, int], device_of
         for k, lit in enumerate(lits):
             m.add_hint(lit, stage_of[u] <= k < last)
     for k in range(K):
-        dev = problem.device(device_of_stage[k]) if k < S else None
-        m.add_hint(mdl.used[k], dev is not None)
+        slot = problem.slot(device_of_stage[k]) if k < S else None
+        cap = slot_capacity_bytes(problem, slot) if slot is not None else None
+        m.add_hint(mdl.used[k], slot is not None)
         for name, lit in mdl.a[k].items():
-            m.add_hint(lit, dev is not None and name == dev.name)
+            m.add_hint(lit, slot is not None and name == slot.name)
         for t, lit in mdl.is_type[k].items():
-            m.add_hint(lit, dev is not None and t == dev.type)
+            m.add_hint(lit, slot is not None and t == slot.type)
         for mc, lit in mdl.on_machine[k].items():
-            m.add_hint(lit, dev is not None and mc == dev.node)
+            m.add_hint(lit, slot is not None and mc == slot.node)
         for c, lit in mdl.has_capacity[k].items():
-            m.add_hint(lit, dev is not None and c == dev.capacity_bytes)
+            m.add_hint(lit, slot is not None and c == cap)
         m.add_hint(mdl.compute[k], costs[k].compute_ns if k < S else 0)
         for w, lits in mdl.holds.items():
             m.add_hint(lits[k], k < S and any(w in g.nodes[v].get(WEIGHTS, ()) for v in costs[k].nodes))
@@ -366,16 +368,16 @@ def _add_hint(problem: Problem, mdl: _Model, stage_of: dict[str, int], device_of
 
 def _check_hint(problem: Problem, hint: Plan, num_stages: int) -> None:
     g = problem.graph
-    S = len(hint.device_of_stage)
+    S = len(hint.slot_of_stage)
     if set(hint.stage_of) != set(g.nodes) or any(not 0 <= s < S for s in hint.stage_of.values()):
         raise HetpartError(
             "partitioner: the hint plan does not match this graph (nodes or stages differ); "
             "drop the hint or recompute it for this model"
         )
-    if S > num_stages or any(d not in {x.name for x in problem.devices} for d in hint.device_of_stage):
+    if S > num_stages or any(name not in {s.name for s in problem.slots} for name in hint.slot_of_stage):
         raise HetpartError(
-            f"partitioner: the hint plan uses {S} stages on {hint.device_of_stage}, but this "
-            f"problem allows {num_stages} stages on {[d.name for d in problem.devices]}; drop the hint"
+            f"partitioner: the hint plan uses {S} stages on {hint.slot_of_stage}, but this "
+            f"problem allows {num_stages} stages on {[s.name for s in problem.slots]}; drop the hint"
         )
 
 

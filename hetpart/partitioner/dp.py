@@ -41,6 +41,7 @@ from hetpart.partitioner.costs import (
     node_times_ns,
     order_cut_bytes,
     sequence_devices,
+    slot_capacity_bytes,
     stage_time_ns,
     stash_microbatches,
     transfer_ns,
@@ -199,7 +200,7 @@ def _classes(problem: Problem, m: int, max_stages: int) -> tuple[bool, list[Devi
 
 @dataclass
 class Segments:
-    """A contiguous plan: stage k is order[cuts[k]:cuts[k+1]] on device `devices[k]`."""
+    """A contiguous plan: stage k is order[cuts[k]:cuts[k+1]] on slot `devices[k]` (NOTE [slots])."""
 
     cuts: list[int]  # 0 = cuts[0] < ... < cuts[S] = n
     devices: list[str]
@@ -360,7 +361,7 @@ def fixed_device_dp(problem: Problem, tab: OrderTables, devices: list[str],
     choice of cuts fits in memory.
     """
     n, S = tab.n, len(devices)
-    devs = [problem.device(d) for d in devices]
+    devs = [problem.slot(d) for d in devices]  # NOTE [slots]
     G = np.zeros(1, dtype=np.int64)
     backs = []
     for k in range(S):
@@ -372,7 +373,7 @@ def fixed_device_dp(problem: Problem, tab: OrderTables, devices: list[str],
                 else np.zeros(len(J), dtype=np.int64))
         cost = stage_time_ns(tab.comp[t][J][None, :] - tab.comp[t][I][:, None], tin[:, None], tout[None, :])
         mem = tab.seg_mem(I, J, stash_microbatches(problem, k, S))
-        ok = tab.allowed(t, I, J) & (mem <= devs[k].capacity_bytes) & (G[:, None] < _INF)
+        ok = tab.allowed(t, I, J) & (mem <= slot_capacity_bytes(problem, devs[k])) & (G[:, None] < _INF)
         if k == S - 1:
             ok &= (I <= tab.final_start_max)[:, None]
         val = np.where(ok, np.maximum(cost, G[:, None]), _INF)
@@ -413,7 +414,7 @@ def contiguous_plan(problem: Problem, tab: OrderTables, cuts: list[int], devices
             stage_of[v] = k
     stage_of = {v: stage_of[v] for v in problem.graph.nodes}
     stages = evaluate(problem, stage_of, devices)
-    return Plan(stage_of=stage_of, device_of_stage=list(devices), stages=stages, bottleneck_ns=bottleneck_ns(stages),
+    return Plan(stage_of=stage_of, slot_of_stage=list(devices), stages=stages, bottleneck_ns=bottleneck_ns(stages),
                 lower_bound_ns=0, solver_status="FEASIBLE", solve_seconds=time.perf_counter() - t0, stats=stats)
 
 
@@ -525,7 +526,7 @@ def list_order_segments(problem: Problem, tab: OrderTables, P: np.ndarray, refin
     """The best contiguous plan on a prefix of the devices in list order, cutting at positions `P`
     (then, for the best prefix, refined op by op when `refine`); None when no prefix fits."""
     n = tab.n
-    names = [d.name for d in problem.devices[: min(len(problem.devices), problem.max_stages or len(problem.devices))]]
+    names = [s.name for s in problem.slots[: min(len(problem.devices), problem.max_stages or len(problem.devices))]]
     valid = valid_cuts(tab)
     inner = np.array([j for j in P if valid[j]], dtype=np.int64)
     best: Segments | None = None

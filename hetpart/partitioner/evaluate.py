@@ -11,6 +11,8 @@ from hetpart.partitioner.costs import (  # noqa: F401 (re-exported: callers impo
     held_weight_bytes,
     link_between,
     max_stage_memory_bytes,
+    slot_capacity_bytes,
+    slot_compute_ns,
     stage_activation_bytes,
     stage_compute_ns,
     stage_memory_bytes,
@@ -21,11 +23,12 @@ from hetpart.partitioner.costs import (  # noqa: F401 (re-exported: callers impo
 from hetpart.partitioner.problem import WEIGHTS, Problem, StageCost
 
 
-def evaluate(problem: Problem, stage_of: dict[str, int], device_of_stage: list[str]) -> list[StageCost]:
+def evaluate(problem: Problem, stage_of: dict[str, int], slot_of_stage: list[str]) -> list[StageCost]:
     """The cost of every stage of a plan; see NOTE [stage time].
 
-    `stage_of` must give every node a stage in 0..len(device_of_stage)-1 and
-    name devices of the problem (`verify_plan` checks this first).
+    `stage_of` must give every node a stage in 0..len(slot_of_stage)-1 and
+    `slot_of_stage` name slots of the problem (NOTE [slots]; today devices; `verify_plan`
+    checks this first).
 
         >>> import networkx as nx
         >>> from hetpart.partitioner.problem import Device, Link
@@ -41,33 +44,35 @@ def evaluate(problem: Problem, stage_of: dict[str, int], device_of_stage: list[s
         [(50, 0, 10005, 10055), (70, 10005, 0, 10075)]
     """
     g = problem.graph
-    num_stages = len(device_of_stage)
-    devices = [problem.device(name) for name in device_of_stage]
+    num_stages = len(slot_of_stage)
+    slots = [problem.slot(name) for name in slot_of_stage]
     nodes_of: list[list[str]] = [[] for _ in range(num_stages)]
     for v in g.nodes:
         nodes_of[stage_of[v]].append(v)
 
     crossing = boundary_bytes(problem, stage_of, num_stages)
     boundary_ns = [
-        transfer_ns(link_between(problem, device_of_stage[k], device_of_stage[k + 1]), crossing[k])
+        transfer_ns(link_between(problem, slot_of_stage[k], slot_of_stage[k + 1]), crossing[k])
         for k in range(num_stages - 1)
     ]
 
     stages = []
-    for k, (dev, nodes) in enumerate(zip(devices, nodes_of)):
+    for k, (slot, nodes) in enumerate(zip(slots, nodes_of)):
         weights = {w for v in nodes for w in g.nodes[v].get(WEIGHTS, ())}
         stages.append(
             StageCost(
                 index=k,
-                device=dev.name,
-                device_type=dev.type,
+                device=slot.devices[0],  # NOTE [slots]: the slot's one device
+                device_type=slot.type,
                 nodes=nodes,
-                compute_ns=stage_compute_ns(problem, nodes, dev.type),
+                compute_ns=slot_compute_ns(problem, nodes, slot),
                 comm_in_ns=boundary_ns[k - 1] if k > 0 else 0,
                 comm_out_ns=boundary_ns[k] if k < num_stages - 1 else 0,
                 memory_bytes=stage_memory_bytes(problem, stage_activation_bytes(problem, nodes),
                                                 dict.fromkeys(weights, 1), k, num_stages),
-                capacity_bytes=dev.capacity_bytes,
+                capacity_bytes=slot_capacity_bytes(problem, slot),
+                slot=slot.name,
+                devices=slot.devices,
             )
         )
     return stages

@@ -676,7 +676,7 @@ class _Decider:
         if len(set(stage_of.values())) < len(devices):
             return None  # a relay: a stage that runs nothing
         stages = evaluate(self.problem, stage_of, devices)
-        plan = Plan(stage_of=stage_of, device_of_stage=devices, stages=stages, bottleneck_ns=bottleneck_ns(stages),
+        plan = Plan(stage_of=stage_of, slot_of_stage=devices, stages=stages, bottleneck_ns=bottleneck_ns(stages),
                     lower_bound_ns=0, solver_status="FEASIBLE", solve_seconds=0.0)
         return None if plan_violations(self.problem, plan) else plan
 

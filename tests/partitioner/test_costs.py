@@ -239,3 +239,21 @@ def test_transfer_time_is_one_formula_for_ints_and_vectors():
     assert transfer_ns(link, np.array(sizes)).tolist() == [transfer_ns(link, b) for b in sizes] == [
         0, 7 + 4, 7 + 997, 7 + 1000, 7 + 41_150]
     assert dataclasses.replace(link).transfer_ns(12_345) == 7 + 41_150
+
+
+def test_stages_run_on_slots_and_device_of_stage_reads_their_one_device():
+    """NOTE [slots]: one "device" slot per device by default; plans name slots; the old spelling holds."""
+    p = _problem(3)
+    assert [s.name for s in p.slots] == [d.name for d in p.devices]
+    assert all(s.kind == "device" and s.devices == (s.name,) for s in p.slots)
+    slot = p.slot(p.devices[-1].name)
+    assert (slot.type, slot.node) == (p.devices[-1].type, p.devices[-1].node)
+    plan = dp_hint(p)
+    assert plan.device_of_stage == plan.slot_of_stage
+    assert [(s.slot, s.devices) for s in plan.stages] == [(name, (name,)) for name in plan.slot_of_stage]
+    again = dataclasses.replace(plan, device_of_stage=list(reversed(plan.slot_of_stage)))
+    assert again.slot_of_stage == list(reversed(plan.slot_of_stage))
+    with pytest.raises(KeyError):
+        p.slot("nowhere")
+    with pytest.raises(AttributeError):
+        plan.device_of_stage = []  # read-only: a plan names slots
