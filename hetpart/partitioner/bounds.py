@@ -357,7 +357,7 @@ def _sequence_bound(problem: Problem, lower_ns: int, upper_ns: int | None, multi
                     deadline: float | None = None) -> tuple[int, bool]:
     """`sequence_bound_ns` and whether it finished: at `deadline` it stops with the T below which
     every value was ruled out so far (0 before the first test ends; NOTE [bounds deadline])."""
-    # NOTE [device sequences] (costs.py): classes of one type on one machine, sorted by (type, machine).
+    # Classes of one type on one machine (NOTE [device sequences] in costs.py), by (type, machine).
     classes = sorted(device_classes(problem, "type_machine"), key=lambda c: (c.type, c.machine))
     sizes = [len(c.devices) for c in classes]
     max_stages = min(problem.max_stages or len(problem.devices), len(problem.devices))

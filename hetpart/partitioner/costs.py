@@ -22,7 +22,7 @@ import numpy as np
 from hetpart.partitioner.problem import MEM_BYTES, OUT_BYTES, TIME_NS, Link, Problem, Slot
 
 # NOTE [stage time]
-# A plan is a chain of stages 0..S-1, stage k on slot `slot_of_stage[k]` (today one device,
+# A plan is a chain of stages 0..S-1, stage k on slot `slot_of_stage[k]` (today one device, see
 # NOTE [slots] in problem.py). A stage's time (`stage_time_ns`) is its compute time
 # (`stage_compute_ns`: the sum of its nodes' times on its slot's device type) plus the transfer
 # time of the boundaries on BOTH of its sides (boundary k-1|k and boundary k|k+1): transfers are

@@ -151,22 +151,25 @@ class Problem:
     @property
     def slots(self) -> list[Slot]:
         """The slots a stage may run on (NOTE [slots]): one "device" slot per device, in device order."""
+        return self._slot_index()[0]
+
+    def slot(self, name: str) -> Slot:
+        """The slot named `name`."""
+        try:
+            return self._slot_index()[1][name]
+        except KeyError:
+            raise KeyError(name) from None
+
+    def _slot_index(self) -> tuple[list[Slot], dict[str, Slot]]:
+        # Rebuilt when `devices` is replaced or changes length, like `device`'s index.
         key = (id(self.devices), len(self.devices))
         cached = self.__dict__.get("_slots")
         if cached is None or cached[0] != key:
             slots = [Slot(name=d.name, kind="device", devices=(d.name,), type=d.type, node=d.node)
                      for d in self.devices]
-            cached = (key, slots, {s.name: s for s in reversed(slots)})
+            cached = (key, (slots, {s.name: s for s in reversed(slots)}))
             self.__dict__["_slots"] = cached
         return cached[1]
-
-    def slot(self, name: str) -> Slot:
-        """The slot named `name`."""
-        self.slots  # noqa: B018 (builds the index)
-        try:
-            return self.__dict__["_slots"][2][name]
-        except KeyError:
-            raise KeyError(name) from None
 
     def link(self, a: str, b: str) -> Link:
         """The link between devices named `a` and `b` (`costs.link_between`)."""
