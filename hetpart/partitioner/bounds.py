@@ -27,6 +27,7 @@ from hetpart.partitioner.costs import (
     held_weight_bytes,
     least_stash,
     machine_link,
+    node_time_ns,
     slot_capacity_bytes,
     stage_time_ns,
     transfer_ns,
@@ -39,7 +40,7 @@ from hetpart.partitioner.lp_bounds import (  # noqa: F401 (LP_MAX_ITEMS, lp_work
     lagrangian_bound_us,
     lp_work_bound_ns,
 )
-from hetpart.partitioner.problem import MEM_BYTES, OUT_BYTES, PIN, PIN_FIRST, PIN_LAST, TIME_NS, WEIGHTS, Problem
+from hetpart.partitioner.problem import MEM_BYTES, OUT_BYTES, PIN, PIN_FIRST, PIN_LAST, WEIGHTS, Problem
 
 @dataclass(frozen=True)
 class Bounds:
@@ -83,7 +84,7 @@ class Bounds:
 def largest_op_bound_ns(problem: Problem) -> int:
     """The slowest node on its fastest allowed device type: some stage runs it, so the bottleneck is at least that."""
     g = problem.graph
-    return max((min((g.nodes[v][TIME_NS][t] for t in problem.allowed_types(v)), default=0) for v in g.nodes),
+    return max((min((node_time_ns(problem, v, t) for t in problem.allowed_types(v)), default=0) for v in g.nodes),
                default=0)
 
 
@@ -319,16 +320,16 @@ def _cap_tables(problem: Problem, lam: dict[str, float] | None = None
     g = problem.graph
     types = problem.device_types
     allowed = {v: problem.allowed_types(v) for v in g.nodes}
-    fastest = {v: min((g.nodes[v][TIME_NS][t] for t in allowed[v]), default=0) for v in g.nodes}
+    fastest = {v: min((node_time_ns(problem, v, t) for t in allowed[v]), default=0) for v in g.nodes}
     busy = [v for v in g.nodes if fastest[v] > 0]
     if lam is not None:
-        fastest = {v: min((lam[t] * g.nodes[v][TIME_NS][t] for t in allowed[v]), default=0.0) for v in g.nodes}
-    count_prefix = {t: np.concatenate([[0], np.cumsum(sorted(g.nodes[v][TIME_NS][t] for v in busy
+        fastest = {v: min((lam[t] * node_time_ns(problem, v, t) for t in allowed[v]), default=0.0) for v in g.nodes}
+    count_prefix = {t: np.concatenate([[0], np.cumsum(sorted(node_time_ns(problem, v, t) for v in busy
                                                               if t in allowed[v]))]).astype(np.int64)
                     for t in types}
     work = {}
     for t in types:
-        items = sorted(((fastest[v], g.nodes[v][TIME_NS][t]) for v in busy if t in allowed[v]),
+        items = sorted(((fastest[v], node_time_ns(problem, v, t)) for v in busy if t in allowed[v]),
                        key=lambda it: -it[0] / it[1])
         tp = np.concatenate([[0], np.cumsum([it[1] for it in items])]).astype(np.float64)
         wp = np.concatenate([[0], np.cumsum([it[0] for it in items])]).astype(np.float64)
@@ -542,7 +543,7 @@ def objective_bound_ns(problem: Problem, bounds: Bounds, objective: str, microba
     if objective == "throughput":
         return max(bounds.lower_bound_ns, solver_ns)
     g = problem.graph
-    work = sum(min((g.nodes[v][TIME_NS][t] for t in problem.allowed_types(v)), default=0) for v in g.nodes)
+    work = sum(min((node_time_ns(problem, v, t) for t in problem.allowed_types(v)), default=0) for v in g.nodes)
     bottleneck = bounds.search_free_ns
     latency = max(work, bottleneck)
     search_free = latency if objective == "latency" else latency + (microbatches - 1) * bottleneck

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -64,6 +64,21 @@ def stage_time_ns(compute_ns: Any, comm_in_ns: Any, comm_out_ns: Any) -> Any:
         10055
     """
     return compute_ns + comm_in_ns + comm_out_ns
+
+
+def segment_time_table_ns(compute_prefix_ns: np.ndarray, comm_in_ns: np.ndarray, comm_out_ns: np.ndarray
+                          ) -> np.ndarray:
+    """`stage_time_ns` of every segment [i, j) of an order at once, for the DPs: [a, b] is the time
+    of the stage from start a to end b, given the compute prefix sums at the starts and at the ends
+    (`compute_prefix_ns` = (prefix at starts, prefix at ends)) and the boundary times into each
+    start and out of each end. Summed per axis first: one matrix, not three.
+
+        >>> segment_time_table_ns((np.array([0, 5]), np.array([9])), np.array([1, 2]), np.array([3]))
+        array([[13],
+               [ 9]])
+    """
+    at_starts, at_ends = compute_prefix_ns
+    return (comm_in_ns - at_starts)[:, None] + (at_ends + comm_out_ns)[None, :]
 
 
 def node_time_ns(problem: Problem, v: str, device_type: str) -> int:
@@ -294,9 +309,11 @@ def device_classes(problem: Problem, key: str = "exact") -> list[DeviceClass]:
     return out
 
 
-@dataclass(frozen=True, order=True)
-class SequenceState:
-    """NOTE [device sequences]: devices used per class, the link into the current stage, its class."""
+class SequenceState(NamedTuple):
+    """NOTE [device sequences]: devices used per class, the link into the current stage, its class.
+
+    A tuple (hashed and ordered as one, fast in the DPs' dicts), read by field name.
+    """
 
     counts: tuple[int, ...]
     same: int  # -1: no stage before; 0: the network; 1: the current class's machine's link

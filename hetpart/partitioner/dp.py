@@ -40,6 +40,7 @@ from hetpart.partitioner.costs import (
     next_state,
     node_times_ns,
     order_cut_bytes,
+    segment_time_table_ns,
     sequence_devices,
     slot_capacity_bytes,
     stage_time_ns,
@@ -307,8 +308,7 @@ def _dp_over(problem: Problem, tab: OrderTables, P: np.ndarray, upper_ns: int | 
                 if nkey is None:
                     continue
                 tout = boundary_ns(nkey.same, nxt)
-                cost = stage_time_ns(comp[ctype][cols][None, :] - comp[ctype][rows][:, None], tin[rows][:, None],
-                                     tout[cols][None, :])
+                cost = segment_time_table_ns((comp[ctype][rows], comp[ctype][cols]), tin[rows], tout[cols])
                 val = np.where(fits(cur)[np.ix_(rows, cols)], np.maximum(cost, G[rows][:, None]), _INF)
                 arg = np.argmin(val, axis=0)
                 got = val[arg, np.arange(len(cols))]
@@ -371,7 +371,7 @@ def fixed_device_dp(problem: Problem, tab: OrderTables, devices: list[str],
                else np.zeros(len(I), dtype=np.int64))
         tout = (transfer_ns(link_between(problem, devs[k].name, devs[k + 1].name), tab.cut_bytes[J]) if k < S - 1
                 else np.zeros(len(J), dtype=np.int64))
-        cost = stage_time_ns(tab.comp[t][J][None, :] - tab.comp[t][I][:, None], tin[:, None], tout[None, :])
+        cost = segment_time_table_ns((tab.comp[t][I], tab.comp[t][J]), tin, tout)
         mem = tab.seg_mem(I, J, stash_microbatches(problem, k, S))
         ok = tab.allowed(t, I, J) & (mem <= slot_capacity_bytes(problem, devs[k])) & (G[:, None] < _INF)
         if k == S - 1:

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 from ortools.linear_solver import pywraplp
 
-from hetpart.partitioner.costs import held_weight_bytes, least_stash, slot_capacity_bytes
-from hetpart.partitioner.problem import MEM_BYTES, TIME_NS, WEIGHTS, Problem
+from hetpart.partitioner.costs import held_weight_bytes, least_stash, node_time_ns, slot_capacity_bytes
+from hetpart.partitioner.problem import MEM_BYTES, WEIGHTS, Problem
 
 # NOTE [LP work bound]
 # Variables f[v,t] >= 0 with sum_t f[v,t] = 1: the share of node v run on device type t;
@@ -74,7 +74,7 @@ def _lp_data(problem: Problem) -> _LpData:
             mem[rs[0]] += held_weight_bytes(problem, w)
     return _LpData(
         types=types,
-        time_us=np.array([[g.nodes[v][TIME_NS][t] / 1000 for t in types] for v in nodes], dtype=np.float64),
+        time_us=np.array([[node_time_ns(problem, v, t) / 1000 for t in types] for v in nodes], dtype=np.float64),
         mem_mb=mem / 1e6,
         allowed=np.array([[t in problem.allowed_types(v) for t in types] for v in nodes], dtype=bool),
         shared={w: rs for w, rs in sorted(readers.items()) if len(rs) > 1},
