@@ -66,8 +66,8 @@ def stage_time_ns(compute_ns: Any, comm_in_ns: Any, comm_out_ns: Any) -> Any:
     return compute_ns + comm_in_ns + comm_out_ns
 
 
-def segment_time_table_ns(compute_prefix_ns: np.ndarray, comm_in_ns: np.ndarray, comm_out_ns: np.ndarray
-                          ) -> np.ndarray:
+def segment_time_table_ns(compute_prefix_ns: tuple[np.ndarray, np.ndarray], comm_in_ns: np.ndarray,
+                          comm_out_ns: np.ndarray) -> np.ndarray:
     """`stage_time_ns` of every segment [i, j) of an order at once, for the DPs: [a, b] is the time
     of the stage from start a to end b, given the compute prefix sums at the starts and at the ends
     (`compute_prefix_ns` = (prefix at starts, prefix at ends)) and the boundary times into each
