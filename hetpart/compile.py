@@ -115,7 +115,7 @@ def plan_report(spec: ModelSpec, cluster: Cluster, opts: CompileOptions, plan: P
         fwd = forward_ns[s.index] if forward_ns is not None else None
         stages.append(StageReport(
             index=s.index, device=s.device, device_type=s.device_type, machine=machine[s.device],
-            slot=s.device, devices=[s.device],  # today a slot is one device, named as it (NOTE [plan.json fields])
+            slot=s.slot, devices=list(s.devices),  # the stage's slot and its devices (NOTE [slots] in problem.py)
             node_count=len(s.nodes), flops=stage_flops[s.index], param_bytes=stage_param_bytes[s.index],
             predicted_time_us=us(s.time_ns), compute_us=us(s.compute_ns), comm_in_us=us(s.comm_in_ns),
             comm_out_us=us(s.comm_out_ns), memory_bytes=s.memory_bytes, capacity_bytes=s.capacity_bytes,

@@ -6,7 +6,8 @@ below run, in which order, with how much time; `SolveOptions` holds every knob;
 infeasible.py says why no plan fits) ->
 dp.py (fast contiguous plan, the hint) -> bounds.py and ideals.py (lower bounds, and
 the DP over ideals) -> coarsen.py (fewer nodes for big graphs, NOTE [coarsened solve])
--> cpsat.py (the exact model) -> evaluate.py (the cost model, NOTE [stage time]) ->
+-> cpsat.py (the exact model) -> evaluate.py (a plan's costs, by costs.py's formulas:
+NOTE [stage time]) ->
 verify.py (independent check) -> certificate.py (the bound's source and its re-proof,
 NOTE [checked certificates]). Nothing here imports torch.
 """
@@ -27,6 +28,7 @@ from hetpart.partitioner.problem import (
     Link,
     Plan,
     Problem,
+    Slot,
     StageCost,
 )
 from hetpart.partitioner.solve import SolveOptions, SolveStats, solve
@@ -49,6 +51,7 @@ __all__ = [
     "Problem",
     "SolveOptions",
     "SolveStats",
+    "Slot",
     "StageCost",
     "bottleneck_ns",
     "dp_hint",

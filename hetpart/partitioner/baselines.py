@@ -1,4 +1,4 @@
-"""What today's tools would plan, costed in hetpart's model (NOTE [stage time] in evaluate.py).
+"""What today's tools would plan, costed in hetpart's model (NOTE [stage time] in costs.py).
 
 Every baseline cuts `Problem.node_order()` into contiguous runs and puts run k on
 the k-th device of the cluster list (the tools below take devices in rank order):

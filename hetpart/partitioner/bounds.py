@@ -2,7 +2,7 @@
 
 Every bound here holds for every valid plan of the problem, contiguous or not:
 
-- `lp_work_bound_ns`: an LP (OR-Tools GLOP) that spreads each node's work over the
+- `lp_work_bound_ns` (lp_bounds.py): an LP (OR-Tools GLOP) that spreads each node's work over the
   device types fractionally, NOTE [LP work bound].
 - `largest_op_bound_ns`: the slowest node on its fastest device type; some stage runs it.
 - `min_devices`: the fewest devices whose memory can hold the model at all.
@@ -10,10 +10,6 @@ Every bound here holds for every valid plan of the problem, contiguous or not:
 - `sequence_bound_ns`: ops and work each stage of a device sequence can run, NOTE [sequence bound].
 - `ideal_ns` (ideals.py, filled in by `solve`): the exact optimum over chains of ideals, memory
   relaxed, on graphs with few ideals, NOTE [ideal DP].
-
-PARTITIONING-NOTES finding 6: total work / sum of device speeds is NOT a valid bound
-when the speed ratio of two device types differs from op to op (it came out above
-proven optima); the LP below is the valid form of that idea.
 """
 
 from __future__ import annotations
@@ -25,22 +21,26 @@ from dataclasses import dataclass
 
 import numpy as np
 from ortools.graph.python import max_flow
-from ortools.linear_solver import pywraplp
 
-from hetpart.partitioner.evaluate import held_weight_bytes
-from hetpart.partitioner.problem import MEM_BYTES, OUT_BYTES, PIN, PIN_FIRST, PIN_LAST, TIME_NS, WEIGHTS, Problem
-
-# NOTE [LP work bound]
-# Variables f[v,t] >= 0 with sum_t f[v,t] = 1: the share of node v run on device type t;
-# h[w,t] >= f[v,t] for every reader v of weight w: type t holds (a share of) w.
-# In any plan a device of type t runs at most T of work, so the n_t devices of type t
-# run at most n_t * T:    sum_v time[v][t] * f[v,t] <= n_t * T.
-# Their memory holds what they run:
-#     sum_v mem[v] * f[v,t] + sum_w bytes[w] * h[w,t] <= sum of the capacities of type t.
-# Any plan gives a feasible point (f = 0/1, h = 1 where a reader runs on t, T = its
-# bottleneck, transfers only add time), so the LP's least T is a lower bound.
-# It ignores transfers and the order of stages: it is weak where those dominate.
-
+from hetpart.partitioner.costs import (
+    device_classes,
+    held_weight_bytes,
+    least_stash,
+    machine_link,
+    node_time_ns,
+    slot_capacity_bytes,
+    stage_time_ns,
+    transfer_ns,
+)
+from hetpart.partitioner.lp_bounds import (  # noqa: F401 (LP_MAX_ITEMS, lp_work_bound_ns: re-exported)
+    LP_MAX_ITEMS,
+    _floor_ns,
+    _lp,
+    _LpData,
+    lagrangian_bound_us,
+    lp_work_bound_ns,
+)
+from hetpart.partitioner.problem import MEM_BYTES, OUT_BYTES, PIN, PIN_FIRST, PIN_LAST, WEIGHTS, Problem
 
 @dataclass(frozen=True)
 class Bounds:
@@ -84,17 +84,8 @@ class Bounds:
 def largest_op_bound_ns(problem: Problem) -> int:
     """The slowest node on its fastest allowed device type: some stage runs it, so the bottleneck is at least that."""
     g = problem.graph
-    return max((min((g.nodes[v][TIME_NS][t] for t in problem.allowed_types(v)), default=0) for v in g.nodes),
+    return max((min((node_time_ns(problem, v, t) for t in problem.allowed_types(v)), default=0) for v in g.nodes),
                default=0)
-
-
-def least_stash(problem: Problem) -> int:
-    """The fewest microbatches of activations any stage of any plan holds (NOTE [training memory]).
-
-    Inference and 1F1B (its last stage): 1; GPipe: M. Memory bounds must use this, not the largest.
-    """
-    t = problem.training
-    return t.microbatches if t is not None and t.schedule == "gpipe" else 1
 
 
 def model_bytes(problem: Problem) -> int:
@@ -118,149 +109,6 @@ def min_devices(problem: Problem) -> int | None:
         if total >= need:
             return k
     return None
-
-
-LP_MAX_ITEMS = 1_000  # above this many nodes the LP runs on runs of nodes, NOTE [Lagrangian LP bound]
-
-# NOTE [Lagrangian LP bound]
-# GLOP takes tens of seconds on the LP of a 20,000-node graph. Its Lagrangian dual gives
-# a bound for any multipliers: for lambda_t >= 0 (work of type t) and mu_t >= 0 (memory
-# of type t), every plan with bottleneck T has, summing the constraints of NOTE [LP work
-# bound] with these weights and dropping the weights read by several nodes,
-#     T * sum_t lambda_t n_t + sum_t mu_t cap_t
-#         >= sum_v (lambda_{t(v)} time[v][t(v)] + mu_{t(v)} mem[v])
-#         >= sum_v min over types t that v may run on of (lambda_t time[v][t] + mu_t mem[v]),
-# so T >= (that sum - sum_t mu_t cap_t) / sum_t lambda_t n_t, a valid bound whatever the
-# multipliers. Above LP_MAX_ITEMS nodes we solve the LP on contiguous runs of the node
-# order (their times and memory summed; a cheap LP whose value is NOT itself a bound)
-# only to get multipliers (its duals), then evaluate the bound above on every node, in
-# numpy. A weight read by one node is part of that node's memory (exact); a weight read
-# by several is left out of the memory rows (weaker, still valid).
-
-
-@dataclass
-class _LpData:
-    """Per node: time on each type (us), memory with its own weights (MB), allowed types; shared weights."""
-
-    types: list[str]
-    time_us: np.ndarray  # [n, types]
-    mem_mb: np.ndarray  # [n]
-    allowed: np.ndarray  # [n, types] bool
-    shared: dict[str, list[int]]  # weight read by 2+ nodes -> reader indices
-    count: np.ndarray  # devices per type
-    capacity_mb: np.ndarray  # memory per type
-
-
-def _lp_data(problem: Problem) -> _LpData:
-    g = problem.graph
-    types = problem.device_types
-    nodes = problem.node_order()
-    readers: dict[str, list[int]] = {}
-    for i, v in enumerate(nodes):
-        for w in set(g.nodes[v].get(WEIGHTS, ())):
-            readers.setdefault(w, []).append(i)
-    mem = least_stash(problem) * np.array([g.nodes[v].get(MEM_BYTES, 0) for v in nodes], dtype=np.float64)
-    for w, rs in readers.items():
-        if len(rs) == 1:
-            mem[rs[0]] += held_weight_bytes(problem, w)
-    return _LpData(
-        types=types,
-        time_us=np.array([[g.nodes[v][TIME_NS][t] / 1000 for t in types] for v in nodes], dtype=np.float64),
-        mem_mb=mem / 1e6,
-        allowed=np.array([[t in problem.allowed_types(v) for t in types] for v in nodes], dtype=bool),
-        shared={w: rs for w, rs in sorted(readers.items()) if len(rs) > 1},
-        count=np.array([sum(d.type == t for d in problem.devices) for t in types], dtype=np.float64),
-        capacity_mb=np.array([sum(d.capacity_bytes for d in problem.devices if d.type == t) for t in types]) / 1e6,
-    )
-
-
-def _solve_lp(data: _LpData, weights: dict[str, int | float]) -> tuple[float, np.ndarray, np.ndarray] | None:
-    """NOTE [LP work bound] with GLOP: (T in us, work duals, memory duals), or None when infeasible."""
-    n, nt = data.time_us.shape
-    solver = pywraplp.Solver.CreateSolver("GLOP")
-    # --- Variables (bytes in MB and times in us keep the LP well scaled).
-    f = [[solver.NumVar(0.0, 1.0 if data.allowed[i, j] else 0.0, "") for j in range(nt)] for i in range(n)]
-    h = {(w, j): solver.NumVar(0.0, 1.0, "") for w in data.shared for j in range(nt)}
-    T = solver.NumVar(0.0, solver.infinity(), "T")
-    # --- Constraints.
-    for i in range(n):
-        # Every node runs somewhere.
-        solver.Add(solver.Sum(f[i]) == 1)
-    for w, rs in data.shared.items():
-        for i in rs:
-            for j in range(nt):
-                # Type t holds weight w as much as one of its readers runs there.
-                solver.Add(h[w, j] >= f[i][j])
-    work, memory = [], []
-    for j in range(nt):
-        # The devices of type t share its work; each runs at most T.
-        work.append(solver.Add(solver.Sum([data.time_us[i, j] * f[i][j] for i in range(n)]) - data.count[j] * T <= 0))
-        # Their memory holds the nodes and weights they run.
-        memory.append(solver.Add(solver.Sum([data.mem_mb[i] * f[i][j] for i in range(n)])
-                                 + solver.Sum([weights[w] / 1e6 * h[w, j] for w in data.shared])
-                                 <= data.capacity_mb[j]))
-    # --- Objective.
-    solver.Minimize(T)
-    if solver.Solve() != pywraplp.Solver.OPTIMAL:
-        return None
-    return (T.solution_value(), np.abs([c.dual_value() for c in work]), np.abs([c.dual_value() for c in memory]))
-
-
-def _runs(data: _LpData, count: int) -> _LpData:
-    """`data` with contiguous runs of about n / count nodes summed into one item (shared weights dropped)."""
-    n = len(data.mem_mb)
-    bounds = np.linspace(0, n, count + 1).astype(np.int64)
-    return _LpData(
-        types=data.types, time_us=np.add.reduceat(data.time_us, bounds[:-1], axis=0),
-        mem_mb=np.add.reduceat(data.mem_mb, bounds[:-1]),
-        allowed=np.logical_and.reduceat(data.allowed, bounds[:-1], axis=0), shared={},
-        count=data.count, capacity_mb=data.capacity_mb,
-    )
-
-
-def lagrangian_bound_us(data: _LpData, lam: np.ndarray, mu: np.ndarray, comm_us: float = 0.0) -> float:
-    """NOTE [Lagrangian LP bound] for multipliers `lam` (work) and `mu` (memory), in us.
-
-    `comm_us`: transfer time the stages spend in all (each boundary counted on both sides),
-    wherever it falls; it adds at least the least multiplier of a type with devices times it.
-    """
-    denom = float(lam @ data.count)
-    if denom <= 0:
-        return 0.0
-    per_node = np.where(data.allowed, data.time_us * lam[None, :] + data.mem_mb[:, None] * mu[None, :], np.inf)
-    least = float(lam[data.count > 0].min()) if comm_us > 0 else 0.0
-    return max(0.0, (float(per_node.min(axis=1).sum()) + least * comm_us - float(mu @ data.capacity_mb)) / denom)
-
-
-def _floor_ns(value_us: float) -> int:
-    """Round a float bound in us down to ns, and a little more for the LP's floating-point tolerance."""
-    return max(0, math.floor(value_us * 1000 * (1 - 1e-9) - 1e-6))
-
-
-def _lp(problem: Problem, max_items: int = LP_MAX_ITEMS) -> tuple[int, _LpData, np.ndarray, np.ndarray]:
-    """(NOTE [LP work bound] in ns, the LP data, work multipliers, memory multipliers)."""
-    data = _lp_data(problem)
-    nt = len(data.types)
-    fallback = (np.ones(nt) / data.count / nt, np.zeros(nt))
-    if not data.allowed.any(axis=1).all():
-        return 0, data, *fallback  # a node no device type can run: no plan at all (constraints.py says which)
-    n = len(data.mem_mb)
-    if n <= max_items:
-        got = _solve_lp(data, {w: held_weight_bytes(problem, w) for w in data.shared})
-        if got is None:
-            return 0, data, *fallback
-        return _floor_ns(got[0]), data, got[1], got[2]
-    got = _solve_lp(_runs(data, max_items // 2), problem.weights)
-    lam, mu = (got[1], got[2]) if got else fallback
-    return _floor_ns(lagrangian_bound_us(data, lam, mu)), data, lam, mu
-
-
-def lp_work_bound_ns(problem: Problem) -> int:
-    """NOTE [LP work bound], rounded down; 0 when the LP is infeasible (then memory rules out every plan).
-
-    Above LP_MAX_ITEMS nodes, NOTE [Lagrangian LP bound] (a valid bound, at most the LP's).
-    """
-    return _lp(problem)[0]
 
 
 # NOTE [stage-sum bound]
@@ -374,9 +222,9 @@ def inner_boundary_bytes(problem: Problem, max_nodes: int = INNER_CUT_MAX_NODES)
 def _devices_per_machine(problem: Problem) -> dict[str, dict[str, int]]:
     """Machine -> device type -> how many of its devices are of that type."""
     have: dict[str, dict[str, int]] = {}
-    for d in problem.devices:
-        have.setdefault(d.node, {}).setdefault(d.type, 0)
-        have[d.node][d.type] += 1
+    for s in problem.slots:
+        have.setdefault(s.node, {}).setdefault(s.type, 0)
+        have[s.node][s.type] += 1
     return have
 
 
@@ -400,10 +248,11 @@ def stage_sum_bound_ns(problem: Problem, data: _LpData, lam: np.ndarray, mu: np.
     counts = [int(c) for c in data.count]
     max_stages = min(problem.max_stages or len(problem.devices), len(problem.devices))
     need = model_bytes(problem)
-    caps = {t: sorted((d.capacity_bytes for d in problem.devices if d.type == t), reverse=True) for t in types}
+    caps = {t: sorted((slot_capacity_bytes(problem, s) for s in problem.slots if s.type == t), reverse=True)
+            for t in types}
     cut = min_boundary_bytes(problem)
-    net_ns = problem.network.transfer_ns(cut)
-    intra_ns = min([link.transfer_ns(cut) for link in problem.intra_node_links.values()] + [net_ns])
+    net_ns = transfer_ns(problem.network, cut)
+    intra_ns = min([transfer_ns(link, cut) for link in problem.intra_node_links.values()] + [net_ns])
     time_ns = np.rint(data.time_us * 1000).astype(np.int64)  # exact: times are integer ns
     big = np.int64(1) << np.int64(62)
     best = None
@@ -471,16 +320,16 @@ def _cap_tables(problem: Problem, lam: dict[str, float] | None = None
     g = problem.graph
     types = problem.device_types
     allowed = {v: problem.allowed_types(v) for v in g.nodes}
-    fastest = {v: min((g.nodes[v][TIME_NS][t] for t in allowed[v]), default=0) for v in g.nodes}
+    fastest = {v: min((node_time_ns(problem, v, t) for t in allowed[v]), default=0) for v in g.nodes}
     busy = [v for v in g.nodes if fastest[v] > 0]
     if lam is not None:
-        fastest = {v: min((lam[t] * g.nodes[v][TIME_NS][t] for t in allowed[v]), default=0.0) for v in g.nodes}
-    count_prefix = {t: np.concatenate([[0], np.cumsum(sorted(g.nodes[v][TIME_NS][t] for v in busy
+        fastest = {v: min((lam[t] * node_time_ns(problem, v, t) for t in allowed[v]), default=0.0) for v in g.nodes}
+    count_prefix = {t: np.concatenate([[0], np.cumsum(sorted(node_time_ns(problem, v, t) for v in busy
                                                               if t in allowed[v]))]).astype(np.int64)
                     for t in types}
     work = {}
     for t in types:
-        items = sorted(((fastest[v], g.nodes[v][TIME_NS][t]) for v in busy if t in allowed[v]),
+        items = sorted(((fastest[v], node_time_ns(problem, v, t)) for v in busy if t in allowed[v]),
                        key=lambda it: -it[0] / it[1])
         tp = np.concatenate([[0], np.cumsum([it[1] for it in items])]).astype(np.float64)
         wp = np.concatenate([[0], np.cumsum([it[0] for it in items])]).astype(np.float64)
@@ -510,11 +359,9 @@ def _sequence_bound(problem: Problem, lower_ns: int, upper_ns: int | None, multi
                     inner_cut_max_nodes: int = INNER_CUT_MAX_NODES) -> tuple[int, bool]:
     """`sequence_bound_ns` and whether it finished: at `deadline` it stops with the T below which
     every value was ruled out so far (0 before the first test ends; NOTE [bounds deadline])."""
-    classes: dict[tuple[str, str], int] = {}
-    for d in problem.devices:
-        classes[(d.type, d.node)] = classes.get((d.type, d.node), 0) + 1
-    keys = sorted(classes)
-    sizes = [classes[k] for k in keys]
+    # Classes of one type on one machine (NOTE [device sequences] in costs.py), by (type, machine).
+    classes = sorted(device_classes(problem, "type_machine"), key=lambda c: (c.type, c.machine))
+    sizes = [len(c.devices) for c in classes]
     max_stages = min(problem.max_stages or len(problem.devices), len(problem.devices))
     if math.prod(min(s, max_stages) + 1 for s in sizes) > max_states:
         return 0, True
@@ -530,9 +377,10 @@ def _sequence_bound(problem: Problem, lower_ns: int, upper_ns: int | None, multi
     nw = len(checks)
     cut = min_boundary_bytes(problem)
     after_two, before_two = inner_boundary_bytes(problem, inner_cut_max_nodes)
-    nc = len(keys)
-    links = [[(problem.intra_node_links[a[1]] if a[1] == b[1] else problem.network)
-              if (a != b or classes[a] > 1) else None for b in keys] for a in keys]
+    nc = len(classes)
+    # The link between consecutive stages on classes a and b; None: no two stages can run on them.
+    links = [[machine_link(problem, a.machine, b.machine) if (a is not b or len(a.devices) > 1) else None
+              for b in classes] for a in classes]
 
     def boundary_bytes(d: int, last: bool) -> int:
         """Bytes boundary d (after stage d, from 1) carries at least; `last`: no stage after the next."""
@@ -551,7 +399,7 @@ def _sequence_bound(problem: Problem, lower_ns: int, upper_ns: int | None, multi
         return float(wp[j] + (budget - tp[j]) * ratio[j])
 
     # Boundary times by (from class, to class, boundary after the first stage?, the next stage last?).
-    ltime = {(c, c2, d >= 2, last): links[c][c2].transfer_ns(boundary_bytes(d, last))
+    ltime = {(c, c2, d >= 2, last): transfer_ns(links[c][c2], boundary_bytes(d, last))
              for c in range(nc) for c2 in range(nc) if links[c][c2] is not None
              for d in (1, 2) for last in (False, True)}
     work_need = [total * (1 - 1e-9) - 1e-6 * (total > 0) for _, total in checks]
@@ -567,7 +415,8 @@ def _sequence_bound(problem: Problem, lower_ns: int, upper_ns: int | None, multi
         def stage(c: int, budget: int) -> tuple[float, tuple[float, ...]]:
             key = (c, budget)
             if key not in cache:
-                cache[key] = (slots(keys[c][0], budget), tuple(carries(keys[c][0], budget, i) for i in range(nw)))
+                t = classes[c].type
+                cache[key] = (slots(t, budget), tuple(carries(t, budget, i) for i in range(nw)))
             return cache[key]
 
         best_slots = max(stage(c, T)[0] for c in range(nc))
@@ -583,10 +432,11 @@ def _sequence_bound(problem: Problem, lower_ns: int, upper_ns: int | None, multi
                 for c2 in range(nc):
                     if counts[c2] >= sizes[c2] or links[c][c2] is None:
                         continue
-                    # The next stage, on c2, is the last one: boundary d is the last.
+                    # The next stage, on c2, is the last one: boundary d is the last. A stage's
+                    # compute budget is T less its boundaries (NOTE [stage time]).
                     lk = ltime[c, c2, d >= 2, True]
-                    s1, w1 = stage(c, T - tin - lk)
-                    s2, w2 = stage(c2, T - lk)
+                    s1, w1 = stage(c, T - stage_time_ns(0, tin, lk))
+                    s2, w2 = stage(c2, T - stage_time_ns(0, lk, 0))
                     best_slots = max(best_slots, vs + s1 + s2)
                     best_work = tuple(max(b, x + y + z) for b, x, y, z in zip(best_work, vw, w1, w2))
                     if enough(best_slots, best_work):
@@ -594,7 +444,7 @@ def _sequence_bound(problem: Problem, lower_ns: int, upper_ns: int | None, multi
                     if d + 1 < max_stages:
                         # Or more stages follow it.
                         lk = ltime[c, c2, d >= 2, False]
-                        s1, w1 = stage(c, T - tin - lk)
+                        s1, w1 = stage(c, T - stage_time_ns(0, tin, lk))
                         if s1 == -math.inf:
                             continue
                         key = (tuple(k + (i == c2) for i, k in enumerate(counts)), c2, lk)
@@ -697,7 +547,7 @@ def objective_bound_ns(problem: Problem, bounds: Bounds, objective: str, microba
     if objective == "throughput":
         return max(bounds.lower_bound_ns, solver_ns)
     g = problem.graph
-    work = sum(min((g.nodes[v][TIME_NS][t] for t in problem.allowed_types(v)), default=0) for v in g.nodes)
+    work = sum(min((node_time_ns(problem, v, t) for t in problem.allowed_types(v)), default=0) for v in g.nodes)
     bottleneck = bounds.search_free_ns
     latency = max(work, bottleneck)
     search_free = latency if objective == "latency" else latency + (microbatches - 1) * bottleneck

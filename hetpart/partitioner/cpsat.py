@@ -18,9 +18,11 @@ from typing import Callable
 from ortools.sat.python import cp_model
 
 from hetpart.errors import HetpartError
-from hetpart.partitioner.evaluate import (
-    boundary_bytes, bottleneck_ns, evaluate, max_stage_memory_bytes, stage_memory_bytes,
+from hetpart.partitioner.costs import (
+    boundary_bytes, device_classes, links, machine_link, max_stage_memory_bytes, node_time_ns, slot_capacity_bytes,
+    stage_memory_bytes, stage_time_ns, transfer_ns,
 )
+from hetpart.partitioner.evaluate import bottleneck_ns, evaluate
 from hetpart.partitioner.problem import (
     FORBIDDEN_TYPES,
     MEM_BYTES,
@@ -28,7 +30,6 @@ from hetpart.partitioner.problem import (
     PIN,
     PIN_FIRST,
     PIN_LAST,
-    TIME_NS,
     WEIGHTS,
     Plan,
     Problem,
@@ -47,7 +48,7 @@ class _Model:
     num_stages: int  # K: stages the model may use
     y: dict[str, list[cp_model.IntVar]]  # y[v][k] = [stage(v) <= k]
     used: list[cp_model.IntVar]  # stage k holds nodes
-    a: list[dict[str, cp_model.IntVar]]  # a[k][device] = stage k runs on device
+    a: list[dict[str, cp_model.IntVar]]  # a[k][slot] = stage k runs on slot (NOTE [slots])
     is_type: list[dict[str, cp_model.IntVar]]
     on_machine: list[dict[str, cp_model.IntVar]]
     has_capacity: list[dict[int, cp_model.IntVar]]
@@ -82,11 +83,12 @@ def _build(problem: Problem, objective: str = "throughput", microbatches: int = 
     free = [v for v in order if pin[v] != PIN_LAST]
     K = min(problem.max_stages or len(problem.devices), len(problem.devices), len(free))
     stages = range(K)
-    devices = problem.devices
+    slots = problem.slots
+    capacity = {s.name: slot_capacity_bytes(problem, s) for s in slots}
     types = problem.device_types
-    machines = sorted({d.node for d in devices})
-    capacities = sorted({d.capacity_bytes for d in devices})
-    time_ns = {v: g.nodes[v][TIME_NS] for v in order}
+    machines = sorted({s.node for s in slots})
+    capacities = sorted(set(capacity.values()))
+    time_ns = {v: {t: node_time_ns(problem, v, t) for t in types} for v in order}
     out_bytes = {v: g.nodes[v].get(OUT_BYTES, 0) for v in order}
     mem_bytes = {v: g.nodes[v].get(MEM_BYTES, 0) for v in order}
     readers: dict[str, list[str]] = {}
@@ -96,8 +98,7 @@ def _build(problem: Problem, objective: str = "throughput", microbatches: int = 
                 readers[w].append(v)
     senders = [u for u in order if out_bytes[u] > 0 and g.out_degree(u) > 0]
     total_bytes = sum(out_bytes[u] for u in senders)
-    links = [problem.network, *problem.intra_node_links.values()]
-    comm_ub = max(link.transfer_ns(total_bytes) for link in links)
+    comm_ub = max(transfer_ns(link, total_bytes) for link in links(problem))
     compute_ub = sum(max(time_ns[v].values()) for v in order)
     stash_max, held_bytes = max_stage_memory_bytes(problem)
     total_mem = stash_max * sum(mem_bytes.values()) + sum(held_bytes[w] for w in readers)
@@ -114,7 +115,7 @@ def _build(problem: Problem, objective: str = "throughput", microbatches: int = 
     a = []
     for k in stages:
         check_clock()
-        a.append({d.name: m.new_bool_var(f"a[{k},{d.name}]") for d in devices})
+        a.append({s.name: m.new_bool_var(f"a[{k},{s.name}]") for s in slots})
     is_type = [{t: m.new_bool_var(f"type[{k},{t}]") for t in types} for k in stages]
     on_machine = [{mc: m.new_bool_var(f"machine[{k},{mc}]") for mc in machines} for k in stages]
     has_capacity = [{c: m.new_bool_var(f"capacity[{k},{c}]") for c in capacities} for k in stages]
@@ -165,28 +166,28 @@ def _build(problem: Problem, objective: str = "throughput", microbatches: int = 
                 # stage <= k, stage k+1 is unused.
                 m.add_implication(y[p][k], ~used[k + 1])
 
-    # --- Constraints: devices.
+    # --- Constraints: slots (NOTE [slots]).
     for k in stages:
         check_clock()
-        # A used stage runs on exactly one device, an unused one on none.
+        # A used stage runs on exactly one slot, an unused one on none.
         m.add(sum(a[k].values()) == used[k])
         for t in types:
-            # type[k,t]: stage k runs on a device of type t.
-            m.add(is_type[k][t] == sum(a[k][d.name] for d in devices if d.type == t))
+            # type[k,t]: stage k runs on a slot of type t.
+            m.add(is_type[k][t] == sum(a[k][s.name] for s in slots if s.type == t))
         for mc in machines:
             check_clock()
-            # machine[k,mc]: stage k runs on a device of machine mc.
-            m.add(on_machine[k][mc] == sum(a[k][d.name] for d in devices if d.node == mc))
+            # machine[k,mc]: stage k runs on a slot of machine mc.
+            m.add(on_machine[k][mc] == sum(a[k][s.name] for s in slots if s.node == mc))
         for c in capacities:
-            # capacity[k,c]: stage k runs on a device with c bytes of memory.
-            m.add(has_capacity[k][c] == sum(a[k][d.name] for d in devices if d.capacity_bytes == c))
-    for d in devices:
-        # Each device runs at most one stage.
-        m.add_at_most_one(a[k][d.name] for k in stages)
-    for cls in problem.device_classes():
-        for first, second in zip(cls, cls[1:]):
+            # capacity[k,c]: stage k runs on a slot with c bytes of memory.
+            m.add(has_capacity[k][c] == sum(a[k][s.name] for s in slots if capacity[s.name] == c))
+    for d in problem.devices:
+        # Each device is in at most one chosen slot (so it runs at most one stage).
+        m.add_at_most_one(a[k][s.name] for k in stages for s in slots if d.name in s.devices)
+    for cls in device_classes(problem):
+        for first, second in zip(cls.devices, cls.devices[1:]):
             for k in stages:
-                # Interchangeable devices (same type, machine, capacity) are used in list
+                # Interchangeable slots (same type, machine, capacity) are used in list
                 # order: `second` runs stage k only if `first` runs an earlier stage.
                 m.add(a[k][second] <= sum(a[j][first] for j in range(k)))
 
@@ -196,7 +197,7 @@ def _build(problem: Problem, objective: str = "throughput", microbatches: int = 
                 # A node never runs in a stage whose device type cannot run it.
                 m.add(x(v, k) + is_type[k][t] <= 1)
 
-    # --- Constraints: bytes over boundaries (see NOTE [stage time] in evaluate.py).
+    # --- Constraints: bytes over boundaries (see NOTE [stage time] in costs.py).
     for u in senders:
         succs = sorted(g.successors(u), key=str)
         for k in range(K - 1):
@@ -218,12 +219,12 @@ def _build(problem: Problem, objective: str = "throughput", microbatches: int = 
         for m1 in machines:
             check_clock()
             for m2 in machines:
-                link = problem.intra_node_links[m1] if m1 == m2 else problem.network
-                if m1 == m2 and sum(d.node == m1 for d in devices) < 2:
-                    continue  # two stages cannot both run on this machine's only device
+                if m1 == m2 and sum(s.node == m1 for s in slots) < 2:
+                    continue  # two stages cannot both run on this machine's only slot
+                link = machine_link(problem, m1, m2)
                 # Boundary k between machines m1 and m2 takes at least latency + bytes / bandwidth
                 # when something crosses: (comm - latency) * bw >= 1000 * bytes, i.e. the
-                # integer comm is >= Link.transfer_ns(bytes) exactly (ceil).
+                # integer comm is >= costs.transfer_ns(link, bytes) exactly (ceil).
                 bw = link.bandwidth_bytes_per_us
                 m.add(bw * comm[k] - 1000 * nbytes >= bw * link.latency_ns).only_enforce_if(
                     [on_machine[k][m1], on_machine[k + 1][m2], any_cross[k]]
@@ -244,7 +245,7 @@ def _build(problem: Problem, objective: str = "throughput", microbatches: int = 
         for num_stages, when in _stage_counts(problem, used, k):
             # A stage's weights (with gradients and optimizer state in training) and its activations
             # (times the microbatches its schedule stashes when the plan has `num_stages` stages) fit
-            # in its device's memory: NOTE [training memory], the formula of `evaluate`.
+            # in its slot's memory: NOTE [training memory], the formula of `evaluate`.
             load = stage_memory_bytes(problem, activations, held, k, num_stages)
             for c in capacities:
                 if total_mem > c:
@@ -259,10 +260,10 @@ def _build(problem: Problem, objective: str = "throughput", microbatches: int = 
         comm_in = comm[k - 1] if k > 0 else 0
         comm_out = comm[k] if k < K - 1 else 0
         # The bottleneck is at least every stage's time.
-        m.add(bottleneck >= compute[k] + comm_in + comm_out)
+        m.add(bottleneck >= stage_time_ns(compute[k], comm_in, comm_out))
         if stage_time:
             # A stage's time is its compute plus the boundaries on both of its sides.
-            m.add(stage_time[k] >= compute[k] + comm_in + comm_out)
+            m.add(stage_time[k] >= stage_time_ns(compute[k], comm_in, comm_out))
     # Redundant cut: the bottleneck is at least any node's time on its fastest device type.
     m.add(bottleneck >= max(min(time_ns[v][t] for t in types) for v in order))
     # Redundant cut: the bottleneck is at least the search-free bound of bounds.py (valid for every plan).
@@ -302,12 +303,12 @@ def _stage_counts(problem: Problem, used: list[cp_model.IntVar], k: int) -> list
 
 
 def _canonical(problem: Problem, device_of_stage: list[str]) -> list[str]:
-    """The same plan with each class of interchangeable devices used in list order."""
+    """The same plan (its slot of each stage) with each class of interchangeable slots used in list order."""
     out = list(device_of_stage)
-    for cls in problem.device_classes():
-        slots = [k for k, d in enumerate(device_of_stage) if d in cls]
-        for k, d in zip(slots, cls):
-            out[k] = d
+    for cls in device_classes(problem):
+        at = [k for k, name in enumerate(device_of_stage) if name in cls.devices]
+        for k, name in zip(at, cls.devices):
+            out[k] = name
     return out
 
 
@@ -329,16 +330,17 @@ def _add_hint(problem: Problem, mdl: _Model, stage_of: dict[str, int], device_of
         for k, lit in enumerate(lits):
             m.add_hint(lit, stage_of[u] <= k < last)
     for k in range(K):
-        dev = problem.device(device_of_stage[k]) if k < S else None
-        m.add_hint(mdl.used[k], dev is not None)
+        slot = problem.slot(device_of_stage[k]) if k < S else None
+        cap = slot_capacity_bytes(problem, slot) if slot is not None else None
+        m.add_hint(mdl.used[k], slot is not None)
         for name, lit in mdl.a[k].items():
-            m.add_hint(lit, dev is not None and name == dev.name)
+            m.add_hint(lit, slot is not None and name == slot.name)
         for t, lit in mdl.is_type[k].items():
-            m.add_hint(lit, dev is not None and t == dev.type)
+            m.add_hint(lit, slot is not None and t == slot.type)
         for mc, lit in mdl.on_machine[k].items():
-            m.add_hint(lit, dev is not None and mc == dev.node)
+            m.add_hint(lit, slot is not None and mc == slot.node)
         for c, lit in mdl.has_capacity[k].items():
-            m.add_hint(lit, dev is not None and c == dev.capacity_bytes)
+            m.add_hint(lit, slot is not None and c == cap)
         m.add_hint(mdl.compute[k], costs[k].compute_ns if k < S else 0)
         for w, lits in mdl.holds.items():
             m.add_hint(lits[k], k < S and any(w in g.nodes[v].get(WEIGHTS, ()) for v in costs[k].nodes))
@@ -352,16 +354,16 @@ def _add_hint(problem: Problem, mdl: _Model, stage_of: dict[str, int], device_of
 
 def _check_hint(problem: Problem, hint: Plan, num_stages: int) -> None:
     g = problem.graph
-    S = len(hint.device_of_stage)
+    S = len(hint.slot_of_stage)
     if set(hint.stage_of) != set(g.nodes) or any(not 0 <= s < S for s in hint.stage_of.values()):
         raise HetpartError(
             "partitioner: the hint plan does not match this graph (nodes or stages differ); "
             "drop the hint or recompute it for this model"
         )
-    if S > num_stages or any(d not in {x.name for x in problem.devices} for d in hint.device_of_stage):
+    if S > num_stages or any(name not in {s.name for s in problem.slots} for name in hint.slot_of_stage):
         raise HetpartError(
-            f"partitioner: the hint plan uses {S} stages on {hint.device_of_stage}, but this "
-            f"problem allows {num_stages} stages on {[d.name for d in problem.devices]}; drop the hint"
+            f"partitioner: the hint plan uses {S} stages on {hint.slot_of_stage}, but this "
+            f"problem allows {num_stages} stages on {[s.name for s in problem.slots]}; drop the hint"
         )
 
 

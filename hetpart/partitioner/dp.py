@@ -21,6 +21,7 @@ on graphs of tens of thousands of nodes.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass
@@ -28,21 +29,28 @@ from dataclasses import dataclass
 import numpy as np
 
 from hetpart.partitioner.coarsen import cut_candidates
-from hetpart.partitioner.evaluate import bottleneck_ns, evaluate, max_stage_memory_bytes, stash_microbatches
-from hetpart.partitioner.problem import (
-    FORBIDDEN_TYPES,
-    LAYER,
-    MEM_BYTES,
-    OUT_BYTES,
-    PIN,
-    PIN_FIRST,
-    PIN_LAST,
-    TIME_NS,
-    WEIGHTS,
-    Link,
-    Plan,
-    Problem,
+from hetpart.partitioner.costs import (
+    DeviceClass,
+    SequenceState,
+    device_classes,
+    first_states,
+    link_between,
+    link_kind_ns,
+    max_stage_memory_bytes,
+    next_state,
+    node_times_ns,
+    order_cut_bytes,
+    segment_time_table_ns,
+    sequence_devices,
+    slot_capacity_bytes,
+    stage_time_ns,
+    stash_microbatches,
+    transfer_ns,
 )
+from hetpart.partitioner.evaluate import bottleneck_ns, evaluate
+from hetpart.partitioner.problem import FORBIDDEN_TYPES, LAYER, MEM_BYTES, PIN, PIN_FIRST, PIN_LAST, WEIGHTS, Plan, Problem
+
+__all__ = ["order_cut_bytes", "transfer_ns"]  # (costs.py's, imported from here by older callers)
 
 _INF = np.int64(1) << np.int64(60)
 _DP_BUDGET = 300_000_000  # matrix entries the DP may touch (about a second) before it coarsens its classes
@@ -72,33 +80,10 @@ _REFINE_BUDGET = 3_000_000  # matrix entries of one refinement pass: windows of 
 # plus the matrices over candidates (COARSE_CUTS^2 entries). Co-location groups: a cut
 # never falls strictly inside a group's span of the order (`OrderTables.cuttable`);
 # forbidden device types: a segment is allowed on a type only if none of its nodes
-# forbids it (prefix counts). Training memory (NOTE [training memory] in evaluate.py):
+# forbids it (prefix counts). Training memory (NOTE [training memory] in costs.py):
 # the first pass does not know a stage's index or the stage count, so it counts the
 # largest stash any stage may hold (`max_stage_memory_bytes`: valid, maybe pessimistic);
 # refinement knows both and counts each stage's own stash.
-
-
-def order_cut_bytes(problem: Problem, order: list[str]) -> np.ndarray:
-    """Bytes over cut j of a topological order (between positions j-1 and j), j = 0..n.
-
-    A node's output crosses every cut between it and its last reader (NOTE [stage time]).
-    """
-    g = problem.graph
-    pos = {v: i for i, v in enumerate(order)}
-    diff = np.zeros(len(order) + 2, dtype=np.int64)
-    for u in order:
-        nbytes = g.nodes[u].get(OUT_BYTES, 0)
-        last = max((pos[v] for v in g.successors(u)), default=-1)
-        if nbytes > 0 and last > pos[u]:
-            diff[pos[u] + 1] += nbytes
-            diff[last + 1] -= nbytes
-    return np.cumsum(diff)[: len(order) + 1]
-
-
-def transfer_ns(link: Link, nbytes: np.ndarray) -> np.ndarray:
-    """`Link.transfer_ns` over a vector of byte counts."""
-    bw = link.bandwidth_bytes_per_us
-    return np.where(nbytes > 0, link.latency_ns + (nbytes * 1000 + bw - 1) // bw, 0).astype(np.int64)
 
 
 @dataclass
@@ -125,7 +110,7 @@ class OrderTables:
 
     def seg_mem(self, starts: np.ndarray, ends: np.ndarray, stash: int | None = None) -> np.ndarray:
         """Memory of segments [starts[a], ends[b]) as a matrix: `stash` microbatches of activations
-        (default `stash_max`) plus each weight read, once (NOTE [training memory] in evaluate.py)."""
+        (default `stash_max`) plus each weight read, once (NOTE [training memory] in costs.py)."""
         mult = self.stash_max if stash is None else stash
         out = (mult * (self.act_prefix[ends][None, :] - self.act_prefix[starts][:, None])
                + self.weight_prefix[ends][None, :] - self.weight_prefix[starts][:, None])
@@ -152,7 +137,7 @@ def order_tables(problem: Problem, order: list[str] | None = None) -> OrderTable
     order = problem.node_order() if order is None else order
     n = len(order)
     attrs = [g.nodes[v] for v in order]
-    comp = {t: np.concatenate([[0], np.cumsum([a[TIME_NS][t] for a in attrs], dtype=np.int64)]).astype(np.int64)
+    comp = {t: np.concatenate([[0], np.cumsum(node_times_ns(problem, order, t))]).astype(np.int64)
             for t in problem.device_types}
     stash_max, held = max_stage_memory_bytes(problem)
     act = np.array([a.get(MEM_BYTES, 0) for a in attrs], dtype=np.int64)
@@ -190,7 +175,8 @@ def order_tables(problem: Problem, order: list[str] | None = None) -> OrderTable
     )
 
 
-def _classes(problem: Problem, m: int, max_stages: int, budget: int = _DP_BUDGET) -> tuple[bool, list[list[str]]]:
+def _classes(problem: Problem, m: int, max_stages: int,
+             budget: int = _DP_BUDGET) -> tuple[bool, list[DeviceClass]]:
     """Device classes for the DP over `m` cut positions, and whether they are exact.
 
     Exact classes are `Problem.device_classes()` (type, machine, capacity). When
@@ -199,29 +185,24 @@ def _classes(problem: Problem, m: int, max_stages: int, budget: int = _DP_BUDGET
     slowest link at every boundary and the smallest capacity of a class, so its
     plan is valid (and re-costed exactly by `evaluate`) but may be worse.
     """
-    keys = [
-        lambda d: (d.type, d.node, d.capacity_bytes),
-        lambda d: (d.type, d.capacity_bytes),
-        lambda d: (d.type,),
-    ]
+    keys = ["exact", "type_capacity", "type"]
     exact_classes = None
     for level, key in enumerate(keys):
-        groups: dict[tuple, list[str]] = {}
-        for d in problem.devices:
-            groups.setdefault(key(d), []).append(d.name)
-        classes = list(groups.values())
-        exact_classes = exact_classes or classes
-        count_states = math.prod(min(len(c), max_stages) + 1 for c in classes)
+        classes = device_classes(problem, key)
+        exact_classes = exact_classes or [c.devices for c in classes]
+        count_states = math.prod(min(len(c.devices), max_stages) + 1 for c in classes)
         work = count_states * 2 * len(classes) ** 2 * m**2 // 2
         if work <= budget or level == len(keys) - 1:
-            # Exact when merging changed nothing (each type on one machine with one capacity).
-            return classes == exact_classes, classes
+            # Exact when merging changed nothing (each type on one machine with one capacity). A
+            # merged DP pays the slowest link at every boundary (machine "", NOTE [device sequences]).
+            exact = [c.devices for c in classes] == exact_classes
+            return exact, classes if exact else [dataclasses.replace(c, machine="") for c in classes]
     raise AssertionError("unreachable")
 
 
 @dataclass
 class Segments:
-    """A contiguous plan: stage k is order[cuts[k]:cuts[k+1]] on device `devices[k]`."""
+    """A contiguous plan: stage k is order[cuts[k]:cuts[k+1]] on slot `devices[k]` (NOTE [slots])."""
 
     cuts: list[int]  # 0 = cuts[0] < ... < cuts[S] = n
     devices: list[str]
@@ -245,11 +226,8 @@ def _dp_over(problem: Problem, tab: OrderTables, P: np.ndarray, upper_ns: int | 
     n, m = tab.n, len(P)
     max_stages = min(problem.max_stages or len(problem.devices), len(problem.devices))
     exact, classes = _classes(problem, m, max_stages, budget)
-    cls_dev = [[problem.device(d) for d in c] for c in classes]
-    cls_type = [c[0].type for c in cls_dev]
-    cls_capacity = [min(d.capacity_bytes for d in c) for c in cls_dev]
-    cls_machine = [c[0].node if exact else "" for c in cls_dev]
-    sizes = [len(c) for c in classes]
+    cls_type = [c.type for c in classes]
+    cls_capacity = [c.capacity_bytes for c in classes]
     comp = {t: c[P] for t, c in tab.comp.items()}
     seg_mem = tab.seg_mem(P, P)
     fits_cache: dict[tuple[int, str], np.ndarray] = {}
@@ -260,52 +238,47 @@ def _dp_over(problem: Problem, tab: OrderTables, P: np.ndarray, upper_ns: int | 
             fits_cache[key] = tab.allowed(cls_type[c], P, P) & (seg_mem <= cls_capacity[c])
         return fits_cache[key]
 
-    # Boundary times per link: the link between two classes depends on their machines only.
-    # Without machines in the classes (not `exact`) the DP pays the slowest link everywhere.
+    # Boundary times per link kind (NOTE [device sequences] in costs.py): the link between two
+    # classes depends on their machines only; without machines in the classes (not `exact`) the
+    # DP pays the slowest link everywhere.
     cut_bytes = tab.cut_bytes[P]
-    all_links = [problem.network, *problem.intra_node_links.values()]
-    slowest = np.max([transfer_ns(link, cut_bytes) for link in all_links], axis=0)
-    intra_ns = {mc: transfer_ns(link, cut_bytes) for mc, link in problem.intra_node_links.items()}
-    network_ns = transfer_ns(problem.network, cut_bytes) if exact else slowest
-    zeros = np.zeros(m, dtype=np.int64)
-
-    def same_machine(c1: int, c2: int) -> int:
-        return int(exact and cls_machine[c1] == cls_machine[c2])
+    link_ns: dict[tuple[int, int], np.ndarray] = {}
 
     def boundary_ns(same: int, cur: int) -> np.ndarray:
-        """Boundary times into a stage on `cur`: same is -1 (no previous stage), 0 or 1."""
-        return zeros if same < 0 else intra_ns[cls_machine[cur]] if same else network_ns
+        """Boundary times next to a stage on `cur`: same is -1 (no previous stage), 0 or 1."""
+        if (same, cur) not in link_ns:
+            link_ns[(same, cur)] = link_kind_ns(problem, classes[cur], same, cut_bytes)
+        return link_ns[(same, cur)]
 
     # Pins: stage 0 ends after the last PIN_FIRST node; non-final stages end at or
     # before the first PIN_LAST node; the final stage starts before its last unpinned node.
     final_ok = P <= tab.final_start_max
 
-    # --- DP. A state (counts, same, cur) holds G[j]: the least bottleneck of the stages
-    # before cut P[j], given that the stage starting at P[j] runs on class `cur` and that the
-    # stage before it ran on the same machine (same=1), another one (0) or none (-1).
-    # The boundary at P[j] is paid by the stage that ends there and, through `same`, by `cur`.
-    Key = tuple[tuple[int, ...], int, int]
-    states: list[tuple[Key, np.ndarray, np.ndarray, np.ndarray]] = []  # key, G, back_start, back_state
-    layer: dict[Key, int] = {}
-    for c in range(len(classes)):
+    # --- DP. A state (counts, same, cur) (NOTE [device sequences] in costs.py) holds G[j]: the
+    # least bottleneck of the stages before cut P[j], given that the stage starting at P[j] runs
+    # on class `cur` and that the stage before it ran on the same machine (same=1), another one
+    # (0) or none (-1). The boundary at P[j] is paid by the stage that ends there and, through
+    # `same`, by `cur`.
+    states: list[tuple[SequenceState, np.ndarray, np.ndarray, np.ndarray]] = []  # key, G, back_start, back_state
+    layer: dict[SequenceState, int] = {}
+    for key in first_states(classes):
         G = np.full(m, _INF, dtype=np.int64)
         G[0] = 0
-        counts = tuple(int(i == c) for i in range(len(classes)))
-        layer[(counts, -1, c)] = len(states)
-        states.append(((counts, -1, c), G, np.full(m, -1), np.full(m, -1)))
+        layer[key] = len(states)
+        states.append((key, G, np.full(m, -1), np.full(m, -1)))
 
     best_ns, best_state, best_start = (_INF if upper_ns is None else np.int64(upper_ns)), -1, -1
     if known_ns is not None and exact:
         best_ns = min(best_ns, np.int64(known_ns + 1))
     timed_out = False
     for depth in range(1, max_stages + 1):
-        next_layer: dict[Key, int] = {}
+        next_layer: dict[SequenceState, int] = {}
         for key in sorted(layer):
             if deadline is not None and time.perf_counter() > deadline:
                 timed_out = True
                 break
             sid = layer[key]
-            counts, same, cur = key
+            same, cur = key.same, key.cur
             G = states[sid][1]
             if G.min() >= best_ns:
                 continue
@@ -316,7 +289,7 @@ def _dp_over(problem: Problem, tab: OrderTables, P: np.ndarray, upper_ns: int | 
             # The stage on `cur` is the last one: segment [P[i], n).
             ok = rows[final_ok[rows] & fits(cur)[rows, m - 1]]
             if len(ok):
-                val = np.maximum(G[ok], tin[ok] + comp[ctype][m - 1] - comp[ctype][ok])
+                val = np.maximum(G[ok], stage_time_ns(comp[ctype][m - 1] - comp[ctype][ok], tin[ok], 0))
                 k = int(np.argmin(val))
                 if val[k] < best_ns:
                     best_ns, best_state, best_start = val[k], sid, int(ok[k])
@@ -332,15 +305,14 @@ def _dp_over(problem: Problem, tab: OrderTables, P: np.ndarray, upper_ns: int | 
             if len(cols) == 0:
                 continue
             for nxt in range(len(classes)):
-                if counts[nxt] >= sizes[nxt]:
+                nkey = next_state(classes, key, nxt)
+                if nkey is None:
                     continue
-                same = same_machine(cur, nxt)
-                tout = boundary_ns(same, nxt)
-                cost = (tin[rows] - comp[ctype][rows])[:, None] + (comp[ctype][cols] + tout[cols])[None, :]
+                tout = boundary_ns(nkey.same, nxt)
+                cost = segment_time_table_ns((comp[ctype][rows], comp[ctype][cols]), tin[rows], tout[cols])
                 val = np.where(fits(cur)[np.ix_(rows, cols)], np.maximum(cost, G[rows][:, None]), _INF)
                 arg = np.argmin(val, axis=0)
                 got = val[arg, np.arange(len(cols))]
-                nkey = (tuple(c + (i == nxt) for i, c in enumerate(counts)), same, nxt)
                 if nkey not in next_layer:
                     next_layer[nkey] = len(states)
                     states.append((nkey, np.full(m, _INF, dtype=np.int64), np.full(m, -1), np.full(m, -1)))
@@ -360,17 +332,13 @@ def _dp_over(problem: Problem, tab: OrderTables, P: np.ndarray, upper_ns: int | 
     segments = []  # (start index, class)
     sid, start = best_state, best_start
     while True:
-        (_, same, cur), _, back_start, back_state = states[sid]
-        segments.append((start, cur))
-        if same < 0:
+        key, _, back_start, back_state = states[sid]
+        segments.append((start, key.cur))
+        if key.same < 0:
             break
         sid, start = int(back_state[start]), int(back_start[start])
     segments.reverse()
-    used = [0] * len(classes)
-    devices = []
-    for _, c in segments:
-        devices.append(classes[c][used[c]])  # a class's devices in list order
-        used[c] += 1
+    devices = sequence_devices(classes, [c for _, c in segments])  # a class's devices in list order
     cuts = [int(P[i]) for i, _ in segments] + [n]
     return Segments(cuts=cuts, devices=devices, dp_ns=int(best_ns), exact=exact, states=len(states),
                     timed_out=timed_out)
@@ -394,19 +362,19 @@ def fixed_device_dp(problem: Problem, tab: OrderTables, devices: list[str],
     choice of cuts fits in memory.
     """
     n, S = tab.n, len(devices)
-    devs = [problem.device(d) for d in devices]
+    devs = [problem.slot(d) for d in devices]  # NOTE [slots]
     G = np.zeros(1, dtype=np.int64)
     backs = []
     for k in range(S):
         I, J = windows[k], windows[k + 1]  # noqa: E741 (starts, ends: the matrix axes)
         t = devs[k].type
-        tin = (transfer_ns(problem.link(devs[k - 1].name, devs[k].name), tab.cut_bytes[I]) if k > 0
+        tin = (transfer_ns(link_between(problem, devs[k - 1].name, devs[k].name), tab.cut_bytes[I]) if k > 0
                else np.zeros(len(I), dtype=np.int64))
-        tout = (transfer_ns(problem.link(devs[k].name, devs[k + 1].name), tab.cut_bytes[J]) if k < S - 1
+        tout = (transfer_ns(link_between(problem, devs[k].name, devs[k + 1].name), tab.cut_bytes[J]) if k < S - 1
                 else np.zeros(len(J), dtype=np.int64))
-        cost = (tin - tab.comp[t][I])[:, None] + (tab.comp[t][J] + tout)[None, :]
+        cost = segment_time_table_ns((tab.comp[t][I], tab.comp[t][J]), tin, tout)
         mem = tab.seg_mem(I, J, stash_microbatches(problem, k, S))
-        ok = tab.allowed(t, I, J) & (mem <= devs[k].capacity_bytes) & (G[:, None] < _INF)
+        ok = tab.allowed(t, I, J) & (mem <= slot_capacity_bytes(problem, devs[k])) & (G[:, None] < _INF)
         if k == S - 1:
             ok &= (I <= tab.final_start_max)[:, None]
         val = np.where(ok, np.maximum(cost, G[:, None]), _INF)
@@ -447,7 +415,7 @@ def contiguous_plan(problem: Problem, tab: OrderTables, cuts: list[int], devices
             stage_of[v] = k
     stage_of = {v: stage_of[v] for v in problem.graph.nodes}
     stages = evaluate(problem, stage_of, devices)
-    return Plan(stage_of=stage_of, device_of_stage=list(devices), stages=stages, bottleneck_ns=bottleneck_ns(stages),
+    return Plan(stage_of=stage_of, slot_of_stage=list(devices), stages=stages, bottleneck_ns=bottleneck_ns(stages),
                 lower_bound_ns=0, solver_status="FEASIBLE", solve_seconds=time.perf_counter() - t0, stats=stats)
 
 
@@ -456,7 +424,7 @@ def dp_hint(problem: Problem, *, exact_cuts: int = EXACT_CUTS, coarse_cuts: int 
             refine_budget: int = _REFINE_BUDGET) -> Plan | None:
     """The best plan whose stages are contiguous segments of `problem.node_order()`.
 
-    Minimises the bottleneck of NOTE [stage time] (evaluate.py) under the memory
+    Minimises the bottleneck of NOTE [stage time] (costs.py) under the memory
     limits, pins, co-location groups and forbidden device types; returns None when
     no such plan fits. Exact over contiguous plans up to `exact_cuts` nodes; above,
     NOTE [candidate cuts]. The plan's `lower_bound_ns` is 0: the DP proves nothing
@@ -563,7 +531,7 @@ def list_order_segments(problem: Problem, tab: OrderTables, P: np.ndarray, refin
     """The best contiguous plan on a prefix of the devices in list order, cutting at positions `P`
     (then, for the best prefix, refined op by op when `refine`); None when no prefix fits."""
     n = tab.n
-    names = [d.name for d in problem.devices[: min(len(problem.devices), problem.max_stages or len(problem.devices))]]
+    names = [s.name for s in problem.slots[: min(len(problem.devices), problem.max_stages or len(problem.devices))]]
     valid = valid_cuts(tab)
     inner = np.array([j for j in P if valid[j]], dtype=np.int64)
     best: Segments | None = None

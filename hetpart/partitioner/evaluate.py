@@ -1,125 +1,34 @@
 """What a plan costs, recomputed from scratch in plain Python (no solver).
 
-The solver, the DP and the verifier all agree with this module: it is the cost
-model's one definition.
-See NOTE [stage time] below.
+The formulas are `costs.py`'s (NOTE [stage time] there); this module applies
+them to one whole plan. The solver, the DP and the verifier all agree with it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
-from hetpart.partitioner.problem import MEM_BYTES, OUT_BYTES, TIME_NS, WEIGHTS, Problem, StageCost
-
-# NOTE [stage time]
-# A plan is a chain of stages 0..S-1, stage k on device `device_of_stage[k]`.
-# A stage's time is its compute time plus the transfer time of the boundaries
-# on BOTH of its sides (boundary k-1|k and boundary k|k+1): transfers are not
-# overlapped with compute, and a boundary occupies both stages it joins.
-# A value produced by node u in stage s and last consumed in stage t > s is
-# sent from stage to stage: it crosses every boundary s|s+1, ..., t-1|t and
-# pays its `out_bytes` on each (it passes through the stages in between).
-# A boundary costs `link.transfer_ns(bytes)` over the link between its two
-# devices: latency plus bytes / bandwidth, and nothing at all when no byte crosses.
-# A stage's memory is the `mem_bytes` of its nodes plus every weight its nodes
-# read, each weight counted once per stage (a weight read in two stages is
-# held by both); in training, see NOTE [training memory].
-
-# NOTE [training memory]
-# In inference a stage holds its weights and the activations of one
-# microbatch. In training (`Problem.training`) it also holds, per weight, its
-# gradient and the optimizer's state (`Training.state_bytes`: Adam in fp32 is
-# 4 + 8 bytes per 4-byte parameter), and the activations of every microbatch
-# it has run forward but not yet backward -- the stash:
-#   GPipe: all M microbatches run forward before the first backward, so M;
-#   1F1B: stage k of S runs S-1-k warm-up forwards, then one forward before
-#     each backward, so it keeps min(S-k, M) (stage 0 keeps the most).
-# The stash depends on S, the number of stages used: CP-SAT enforces it under
-# a literal per possible S (cpsat.py), the DP and the bounds use the largest.
-# `stage_memory_bytes` is the one formula; evaluate, the verifier and the
-# CP-SAT constraint all call it.
+from hetpart.partitioner.costs import (  # noqa: F401 (re-exported: callers import them from here)
+    boundary_bytes,
+    held_weight_bytes,
+    link_between,
+    max_stage_memory_bytes,
+    slot_capacity_bytes,
+    slot_compute_ns,
+    stage_activation_bytes,
+    stage_compute_ns,
+    stage_memory_bytes,
+    stage_time_ns,
+    stash_microbatches,
+    transfer_ns,
+)
+from hetpart.partitioner.problem import WEIGHTS, Problem, StageCost
 
 
-def stash_microbatches(problem: Problem, stage: int, num_stages: int) -> int:
-    """Microbatches of activations stage `stage` of `num_stages` holds at its peak (NOTE [training memory]).
-
-        >>> from hetpart.partitioner.problem import Training
-        >>> p = Problem(graph=None, weights={}, devices=[], intra_node_links={}, network=None,
-        ...             training=Training("1f1b", microbatches=8))
-        >>> [stash_microbatches(p, k, 4) for k in range(4)]
-        [4, 3, 2, 1]
-    """
-    t = problem.training
-    if t is None:
-        return 1
-    if t.schedule == "gpipe":
-        return t.microbatches
-    return max(1, min(num_stages - stage, t.microbatches))
-
-
-def held_weight_bytes(problem: Problem, weight: str) -> int:
-    """Bytes a stage holding `weight` needs for it: the weight, plus gradient and optimizer state in training."""
-    extra = problem.training.state_bytes.get(weight, 0) if problem.training is not None else 0
-    return problem.weights[weight] + extra
-
-
-def stage_memory_bytes(problem: Problem, activation_bytes: Any, held: Mapping[str, Any], stage: int,
-                       num_stages: int) -> Any:
-    """Memory of stage `stage` of `num_stages` (NOTE [training memory]).
-
-    `activation_bytes` is the sum of the stage's nodes' `mem_bytes` for one microbatch;
-    `held` maps each weight to 1 when the stage holds it (0 or absent otherwise).
-    Both may be CP-SAT linear expressions: the result is then one too.
-
-        >>> from hetpart.partitioner.problem import Training
-        >>> p = Problem(graph=None, weights={"w": 100}, devices=[], intra_node_links={}, network=None)
-        >>> stage_memory_bytes(p, 10, {"w": 1}, 0, 2)
-        110
-        >>> p.training = Training("gpipe", microbatches=4, state_bytes={"w": 300})
-        >>> stage_memory_bytes(p, 10, {"w": 1}, 0, 2)
-        440
-    """
-    weights = sum(held_weight_bytes(problem, w) * on for w, on in sorted(held.items()))
-    return stash_microbatches(problem, stage, num_stages) * activation_bytes + weights
-
-
-def max_stage_memory_bytes(problem: Problem) -> tuple[int, dict[str, int]]:
-    """(activation multiplier, bytes per held weight) that bound every stage's memory from above.
-
-    For solvers that do not know a stage's index and the plan's stage count when
-    they check memory (the DP): `mult * mem_bytes + sum(bytes[w])` is at least
-    `stage_memory_bytes` of any stage in any plan.
-    """
-    t = problem.training
-    mult = 1 if t is None else t.microbatches if t.schedule == "gpipe" else min(
-        t.microbatches, problem.max_stages or len(problem.devices))
-    return max(1, mult), {w: held_weight_bytes(problem, w) for w in problem.weights}
-
-
-def boundary_bytes(problem: Problem, stage_of: dict[str, int], num_stages: int) -> list[int]:
-    """Bytes crossing each boundary k (between stage k and k+1), k = 0..num_stages-2.
-
-    See NOTE [stage time]: node u's output crosses boundary k when
-    stage(u) <= k < max(stage of u's successors).
-    """
-    g = problem.graph
-    crossing = [0] * max(0, num_stages - 1)
-    for u in g.nodes:
-        nbytes = g.nodes[u].get(OUT_BYTES, 0)
-        succs = list(g.successors(u))
-        if nbytes <= 0 or not succs:
-            continue
-        for k in range(stage_of[u], max(stage_of[v] for v in succs)):
-            crossing[k] += nbytes
-    return crossing
-
-
-def evaluate(problem: Problem, stage_of: dict[str, int], device_of_stage: list[str]) -> list[StageCost]:
+def evaluate(problem: Problem, stage_of: dict[str, int], slot_of_stage: list[str]) -> list[StageCost]:
     """The cost of every stage of a plan; see NOTE [stage time].
 
-    `stage_of` must give every node a stage in 0..len(device_of_stage)-1 and
-    name devices of the problem (`verify_plan` checks this first).
+    `stage_of` must give every node a stage in 0..len(slot_of_stage)-1 and
+    `slot_of_stage` name slots of the problem (NOTE [slots]; today devices; `verify_plan`
+    checks this first).
 
         >>> import networkx as nx
         >>> from hetpart.partitioner.problem import Device, Link
@@ -135,33 +44,35 @@ def evaluate(problem: Problem, stage_of: dict[str, int], device_of_stage: list[s
         [(50, 0, 10005, 10055), (70, 10005, 0, 10075)]
     """
     g = problem.graph
-    num_stages = len(device_of_stage)
-    devices = [problem.device(name) for name in device_of_stage]
+    num_stages = len(slot_of_stage)
+    slots = [problem.slot(name) for name in slot_of_stage]
     nodes_of: list[list[str]] = [[] for _ in range(num_stages)]
     for v in g.nodes:
         nodes_of[stage_of[v]].append(v)
 
     crossing = boundary_bytes(problem, stage_of, num_stages)
     boundary_ns = [
-        problem.link(device_of_stage[k], device_of_stage[k + 1]).transfer_ns(crossing[k])
+        transfer_ns(link_between(problem, slot_of_stage[k], slot_of_stage[k + 1]), crossing[k])
         for k in range(num_stages - 1)
     ]
 
     stages = []
-    for k, (dev, nodes) in enumerate(zip(devices, nodes_of)):
+    for k, (slot, nodes) in enumerate(zip(slots, nodes_of)):
         weights = {w for v in nodes for w in g.nodes[v].get(WEIGHTS, ())}
         stages.append(
             StageCost(
                 index=k,
-                device=dev.name,
-                device_type=dev.type,
+                device=slot.devices[0],  # NOTE [slots]: the slot's one device
+                device_type=slot.type,
                 nodes=nodes,
-                compute_ns=sum(g.nodes[v][TIME_NS][dev.type] for v in nodes),
+                compute_ns=slot_compute_ns(problem, nodes, slot),
                 comm_in_ns=boundary_ns[k - 1] if k > 0 else 0,
                 comm_out_ns=boundary_ns[k] if k < num_stages - 1 else 0,
-                memory_bytes=stage_memory_bytes(problem, sum(g.nodes[v].get(MEM_BYTES, 0) for v in nodes),
+                memory_bytes=stage_memory_bytes(problem, stage_activation_bytes(problem, nodes),
                                                 dict.fromkeys(weights, 1), k, num_stages),
-                capacity_bytes=dev.capacity_bytes,
+                capacity_bytes=slot_capacity_bytes(problem, slot),
+                slot=slot.name,
+                devices=slot.devices,
             )
         )
     return stages

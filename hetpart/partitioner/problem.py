@@ -4,7 +4,7 @@ The partitioner never imports torch: it sees a DAG of integer costs, a set of
 devices and the links between them. `hetpart.passes.lower` builds a `Problem`
 from an annotated FX graph; codegen applies the `Plan` back to the graph.
 
-Cost model (see NOTE [stage time] in `evaluate.py`): a plan is an ordered chain
+Cost model (see NOTE [stage time] in `costs.py`): a plan is an ordered chain
 of stages, each on its own device. A value produced in stage s and consumed in
 stage t > s crosses every boundary s|s+1, ..., t-1|t and pays its bytes on each.
 A boundary between stages k and k+1 takes `link.latency_ns + ceil(bytes * 1000 /
@@ -61,16 +61,46 @@ class Device:
     capacity_bytes: int
 
 
+# NOTE [slots]
+# A stage runs on a slot: the devices that run it, all of one type. Today every slot is of kind
+# "device": one device, named as it is (`Problem.slots` makes one per device, in device order).
+# The next kinds: "replicas" (a data-parallel set of same-type devices, each running the stage
+# on a share of the microbatch) and "tensor-parallel" (a group inside one machine splitting each
+# op). A plan names a slot per stage (`Plan.slot_of_stage`); the chosen slots' devices must be
+# disjoint (verify.py; the CP-SAT model: "each device in at most one chosen slot").
+# `Plan.device_of_stage` and `StageCost.device` read the slot's one device: valid while every slot
+# is single-device, so code outside the partitioner (codegen, runtime, report) keeps working; a
+# multi-device kind must give them a mesh instead (the manifest: stage -> ranks, process groups).
+# Where a new kind plugs in: (1) the slot enumeration, `Problem.slots` (later devices/, with the
+# kinds the cluster allows); (2) costs.py: its compute (`slot_compute_ns`), its memory
+# (`slot_capacity_bytes`, and what `stage_memory_bytes` holds per device) and its collectives
+# (a gradient all-reduce, a TP all-reduce per op) in `stage_time_ns`; (3) the search-free bounds
+# (bounds.py), which count devices per type and must not overcount what a group of them runs.
+# Engines iterate slots and take every coefficient from costs.py, so they need no other change.
+SLOT_KINDS = ("device",)
+
+
+@dataclass(frozen=True)
+class Slot:
+    """What one stage runs on (NOTE [slots]): today one device."""
+
+    name: str  # unique; for kind "device", the device's name
+    kind: str  # one of SLOT_KINDS
+    devices: tuple[str, ...]  # the devices it occupies, all of type `type`
+    type: str  # their device type, a key of every node's `time_ns`
+    node: str  # the machine its devices sit in
+
+
 @dataclass(frozen=True)
 class Link:
     bandwidth_bytes_per_us: int  # 1 GB/s = 1_000 bytes/us
     latency_ns: int
 
     def transfer_ns(self, nbytes: int) -> int:
-        """Time to move `nbytes` over this link; nothing to move costs nothing."""
-        if nbytes <= 0:
-            return 0
-        return self.latency_ns + -(-nbytes * 1000 // self.bandwidth_bytes_per_us)
+        """Time to move `nbytes` over this link; nothing to move costs nothing (`costs.transfer_ns`)."""
+        from hetpart.partitioner.costs import transfer_ns
+
+        return transfer_ns(self, nbytes)
 
 
 SCHEDULES = ("gpipe", "1f1b")
@@ -78,7 +108,7 @@ SCHEDULES = ("gpipe", "1f1b")
 
 @dataclass(frozen=True)
 class Training:
-    """What a training plan adds to the problem (NOTE [training memory] in evaluate.py).
+    """What a training plan adds to the problem (NOTE [training memory] in costs.py).
 
     In training, a node's TIME_NS is its forward plus its backward, its OUT_BYTES
     the activation plus its gradient, and links carry two transfers per
@@ -120,12 +150,34 @@ class Problem:
         except KeyError:
             raise KeyError(name) from None
 
+    @property
+    def slots(self) -> list[Slot]:
+        """The slots a stage may run on (NOTE [slots]): one "device" slot per device, in device order."""
+        return self._slot_index()[0]
+
+    def slot(self, name: str) -> Slot:
+        """The slot named `name`."""
+        try:
+            return self._slot_index()[1][name]
+        except KeyError:
+            raise KeyError(name) from None
+
+    def _slot_index(self) -> tuple[list[Slot], dict[str, Slot]]:
+        # Rebuilt when `devices` is replaced or changes length, like `device`'s index.
+        key = (id(self.devices), len(self.devices))
+        cached = self.__dict__.get("_slots")
+        if cached is None or cached[0] != key:
+            slots = [Slot(name=d.name, kind="device", devices=(d.name,), type=d.type, node=d.node)
+                     for d in self.devices]
+            cached = (key, (slots, {s.name: s for s in reversed(slots)}))
+            self.__dict__["_slots"] = cached
+        return cached[1]
+
     def link(self, a: str, b: str) -> Link:
-        """The link between devices named `a` and `b`."""
-        da, db = self.device(a), self.device(b)
-        if da.node == db.node:
-            return self.intra_node_links[da.node]
-        return self.network
+        """The link between devices named `a` and `b` (`costs.link_between`)."""
+        from hetpart.partitioner.costs import link_between
+
+        return link_between(self, a, b)
 
     @property
     def device_types(self) -> list[str]:
@@ -236,7 +288,7 @@ class StageCost:
     """What one stage of a plan costs, recomputed from the problem (see evaluate.py)."""
 
     index: int
-    device: str
+    device: str  # the slot's one device (NOTE [slots])
     device_type: str
     nodes: list[str]
     compute_ns: int
@@ -244,10 +296,14 @@ class StageCost:
     comm_out_ns: int  # boundary with the next stage
     memory_bytes: int
     capacity_bytes: int
+    slot: str = ""  # the slot the stage runs on ("" in hand-made StageCosts: `device`'s)
+    devices: tuple[str, ...] = ()  # the slot's devices
 
     @property
     def time_ns(self) -> int:
-        return self.compute_ns + self.comm_in_ns + self.comm_out_ns
+        from hetpart.partitioner.costs import stage_time_ns
+
+        return stage_time_ns(self.compute_ns, self.comm_in_ns, self.comm_out_ns)
 
 
 @dataclass
@@ -269,10 +325,13 @@ class Certificate:
 
 @dataclass
 class Plan:
-    """The answer: which stage each node is in, which device runs each stage."""
+    """The answer: which stage each node is in, which slot runs each stage (NOTE [slots]).
+
+    `Plan(..., device_of_stage=[...])` still constructs one (each name a device's "device" slot).
+    """
 
     stage_of: dict[str, int]
-    device_of_stage: list[str]
+    slot_of_stage: list[str]
     stages: list[StageCost]
     bottleneck_ns: int
     lower_bound_ns: int  # proven: no plan of this problem is faster (in terms of `objective`)
@@ -286,6 +345,15 @@ class Plan:
     certificate: Certificate | None = None  # the bound's provenance and its re-proof (certificate.py)
 
     @property
+    def device_of_stage(self) -> list[str]:
+        """Each stage's one device: its slot's (NOTE [slots]; a "device" slot is named as its device)."""
+        for s in self.stages:
+            if s.devices and len(s.devices) != 1:
+                raise ValueError(f"stage {s.index} runs on slot {s.slot!r} of {len(s.devices)} devices; "
+                                 "read slot_of_stage and the stages' devices instead")
+        return list(self.slot_of_stage)
+
+    @property
     def value_ns(self) -> int:
         """The plan's value of its objective (the bottleneck for throughput)."""
         return self.bottleneck_ns if self.objective_ns is None else self.objective_ns
@@ -296,3 +364,17 @@ class Plan:
         if self.value_ns <= 0:
             return 0.0
         return max(0.0, (self.value_ns - self.lower_bound_ns) / self.value_ns)
+
+
+_plan_fields_init = Plan.__init__
+
+
+def _plan_init(self: Plan, *args: object, device_of_stage: list[str] | None = None, **kwargs: object) -> None:
+    # `device_of_stage=` spells `slot_of_stage=` for single-device slots (NOTE [slots]); it wins, so
+    # `dataclasses.replace(plan, device_of_stage=...)` changes the stages' slots too.
+    if device_of_stage is not None:
+        kwargs["slot_of_stage"] = list(device_of_stage)
+    _plan_fields_init(self, *args, **kwargs)
+
+
+Plan.__init__ = _plan_init  # type: ignore[method-assign]

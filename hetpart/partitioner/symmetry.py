@@ -8,7 +8,7 @@ and loses no plan's value.
 
 from __future__ import annotations
 
-from hetpart.partitioner.evaluate import held_weight_bytes
+from hetpart.partitioner.costs import held_weight_bytes
 from hetpart.partitioner.problem import (
     COLOCATE, FORBIDDEN_TYPES, MEM_BYTES, OUT_BYTES, PIN, TIME_NS, WEIGHTS, Problem,
 )

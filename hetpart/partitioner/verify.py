@@ -23,7 +23,7 @@ def plan_violations(problem: Problem, plan: Plan) -> list[str]:
     """Every rule `plan` breaks, as sentences; empty when the plan is valid."""
     g = problem.graph
     out: list[str] = []
-    num_stages = len(plan.device_of_stage)
+    num_stages = len(plan.slot_of_stage)
 
     # Structure: every node in exactly one existing stage.
     missing = sorted(str(v) for v in g.nodes if v not in plan.stage_of)
@@ -38,15 +38,16 @@ def plan_violations(problem: Problem, plan: Plan) -> list[str]:
     if bad_range:
         out.append(f"nodes with a stage outside 0..{num_stages - 1}: {bad_range}")
     if len(plan.stages) != num_stages:
-        out.append(f"plan has {len(plan.stages)} StageCost entries but {num_stages} devices in device_of_stage")
+        out.append(f"plan has {len(plan.stages)} StageCost entries but {num_stages} slots in slot_of_stage")
     structure_ok = not (missing or bad_range)
 
-    # Devices: known, each used once.
-    known = {d.name for d in problem.devices}
-    unknown = [d for d in plan.device_of_stage if d not in known]
+    # Slots: known, and the chosen slots' devices disjoint: each device runs one stage at most (NOTE [slots]).
+    known = {s.name for s in problem.slots}
+    unknown = [s for s in plan.slot_of_stage if s not in known]
     if unknown:
-        out.append(f"unknown devices {unknown} (known: {sorted(known)})")
-    twice = sorted({d for d in plan.device_of_stage if plan.device_of_stage.count(d) > 1})
+        out.append(f"unknown slots {unknown} (known: {sorted(known)})")
+    held = [d for s in plan.slot_of_stage if s in known for d in problem.slot(s).devices]
+    twice = sorted({d for d in held if held.count(d) > 1})
     if twice:
         out.append(f"devices used by more than one stage: {twice}")
     if num_stages == 0:
@@ -83,11 +84,10 @@ def plan_violations(problem: Problem, plan: Plan) -> list[str]:
     if structure_ok and not unknown and num_stages > 0:
         # No node runs on a device type it forbids.
         for v in g.nodes:
-            dev_type = problem.device(plan.device_of_stage[plan.stage_of[v]]).type
-            if dev_type in g.nodes[v].get(FORBIDDEN_TYPES, ()):
-                out.append(f"node {v!r} runs on {plan.device_of_stage[plan.stage_of[v]]!r} of type {dev_type!r}, "
-                           "which it forbids")
-        fresh = evaluate(problem, plan.stage_of, plan.device_of_stage)
+            slot = problem.slot(plan.slot_of_stage[plan.stage_of[v]])
+            if slot.type in g.nodes[v].get(FORBIDDEN_TYPES, ()):
+                out.append(f"node {v!r} runs on {slot.name!r} of type {slot.type!r}, which it forbids")
+        fresh = evaluate(problem, plan.stage_of, plan.slot_of_stage)
         for s in fresh:
             if s.memory_bytes > s.capacity_bytes:
                 why = "" if problem.training is None else (

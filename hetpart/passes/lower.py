@@ -56,7 +56,7 @@ from hetpart.passes.shape import DTYPE_NAMES
 # - memory: each trainable weight adds its gradient and the optimizer's state
 #   (`Training.state_bytes`: bytes of the weight + parameters x
 #   optimizer_bytes_per_param), and the schedule decides the activation stash
-#   (NOTE [training memory] in partitioner/evaluate.py).
+#   (NOTE [training memory] in partitioner/costs.py).
 
 
 @dataclass(frozen=True)

@@ -124,7 +124,7 @@ def test_user_hint_with_swapped_interchangeable_devices():
     nodes, edges = chain(4, {"g": 10}, out=100)
     p = make_problem(nodes, edges, [Device("g0", "g", "m0", 1000), Device("g1", "g", "m0", 1000)], intra=CHEAP)
     hint = solve(p, time_limit_s=5)
-    hint.device_of_stage = ["g1", "g0"]
+    hint.slot_of_stage = ["g1", "g0"]
     plan = solve(p, time_limit_s=5, hint=hint)
     assert plan.bottleneck_ns == 21 and plan.solver_status == "OPTIMAL"
 

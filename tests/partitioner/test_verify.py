@@ -82,7 +82,7 @@ def test_rejects_unknown_device():
     p = _chain_problem()
     plan = solve(p, time_limit_s=5)
     bad = _broken(plan, device_of_stage=["tpu9"] + plan.device_of_stage[1:])
-    assert "unknown devices ['tpu9']" in _violations(p, bad)
+    assert "unknown slots ['tpu9']" in _violations(p, bad)
 
 
 @pytest.mark.parametrize("seed", range(10))
