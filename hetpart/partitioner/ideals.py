@@ -231,7 +231,7 @@ class _Decider:
         for lam in [np.ones(len(types)), np.where(totals > 0, 1.0 / np.maximum(totals, 1.0), 0.0), *multipliers]:
             lam = np.asarray(lam, dtype=np.float64)
             # Work of the nodes outside each ideal, each at its cheapest weighted type: a lower bound
-            # of what the devices after it run, weighted (NOTE [Lagrangian LP bound] in bounds.py).
+            # of what the devices after it run, weighted (NOTE [Lagrangian LP bound] in lp_bounds.py).
             per_node = np.min(np.where(node_allowed, node_time * lam[None, :], np.inf), axis=1)
             self.weighted.append((float(per_node.sum()) - member_int @ per_node, lam))
         # Per (type, capacity): the stages it can run below the known plan (NOTE [ideal DP]); None

@@ -3,7 +3,7 @@
 Given per-stage compute times, per-boundary transfer times and M microbatches,
 `simulate` plays GPipe or 1F1B (forward only for inference; forward and
 backward for training) under the cost model of NOTE [stage time] in
-`evaluate.py` and returns every event and the step time. The report draws its
+`costs.py` and returns every event and the step time. The report draws its
 Gantt chart from this; tests check the schedules against closed forms.
 
     >>> t = simulate([10, 10, 10], [0, 0], microbatches=4)
