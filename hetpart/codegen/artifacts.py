@@ -8,7 +8,7 @@
       rank<k>/weights.json      (plans traced on meta) what shard-weights fills, and
       rank<k>/constants.safetensors   the buffers and constants that have values already
       ir/                       numbered pass dumps and graph.json
-      timings.json              run-specific numbers (pass and solver seconds)
+      timings.json              run-specific numbers: seconds per step (hetpart/timings.py)
 
 Everything but timings.json is deterministic for the same inputs. The directory
 is built beside the target and renamed into place, so an interrupted run leaves
@@ -41,6 +41,7 @@ from hetpart.errors import HetpartError
 from hetpart.fsio import atomic_write, exclusive_lock
 from hetpart.frontend.fast_fake import fast_fake_kernels
 from hetpart.ir import info
+from hetpart.timings import StepTimes
 from hetpart.trust import MANIFEST_FORMAT_VERSION, sha256_file, write_signature
 
 FORMAT_VERSION = MANIFEST_FORMAT_VERSION
@@ -317,8 +318,23 @@ def stage_examples(stages: list[StageGraph], inputs: tuple[torch.Tensor, ...]) -
     return examples
 
 
+PT2_WEIGHTS = "hetpart_weights.json"  # in a .pt2's extra files: NOTE [weightless .pt2]
+
+
+# NOTE [weightless .pt2]
+# A stage's weights are in its weights.safetensors; torch.export.save would store them a
+# second time in stage.pt2 (a 4-layer Llama's output was twice its weights). So the program
+# is saved with every state_dict entry (all of a stage's weights and buffers: split.py
+# registers each get_attr as one) swapped for a meta tensor of the same shape, dtype and
+# Parameter-ness: torch 2.13's pt2 archive writes a tensor without storage as an empty record
+# (`_get_raw_tensor_bytes`), and `torch.export.load` gives it back on the meta device. The
+# archive's extra file `hetpart_weights.json` maps each state_dict key to its key in
+# weights.safetensors; `hetpart.runtime.pt2.load_pt2` checks both files against the
+# manifest and assigns the real tensors (`load_state_dict(assign=True)`). A bare
+# `torch.export.load(...).module()` runs on meta: shapes only, no values.
 def write_pt2(path: Path, stage: StageGraph, example: tuple[torch.Tensor, ...]) -> None:
-    """The stage as a torch.export program with the model's dynamic dims (batch down to 1, sequence).
+    """The stage as a torch.export program with the model's dynamic dims (batch down to 1, sequence),
+    without its weights (NOTE [weightless .pt2]).
 
     See NOTE [stage dims] and NOTE [deterministic .pt2].
     """
@@ -327,10 +343,23 @@ def write_pt2(path: Path, stage: StageGraph, example: tuple[torch.Tensor, ...]) 
         ep = torch.export.export(stage.gm, example, dynamic_shapes=dynamic, strict=False)
     for node in ep.graph.nodes:
         node.meta.pop("from_node", None)  # provenance: holds ids of in-memory graphs
+    unknown = sorted(set(ep.state_dict) - set(stage.weights))
+    if unknown:  # a tensor the stage holds but weights.safetensors would not: it has no other home
+        raise HetpartError(f"internal: stage {stage.index}'s program holds '{unknown[0]}', which is not one of "
+                           "its weights (NOTE [weightless .pt2])")
+    ep._state_dict = {key: _on_meta(t) for key, t in ep.state_dict.items()}
+    keys = {key: stage.weights[key] for key in sorted(ep.state_dict)}
     raw = path.with_name(f".{path.stem}.raw.pt2")
-    torch.export.save(ep, str(raw))
+    torch.export.save(ep, str(raw), extra_files={PT2_WEIGHTS: json.dumps(
+        {"file": "weights.safetensors", "keys": keys}, indent=1, sort_keys=True)})
     _rezip_deterministically(raw, path)
     raw.unlink()
+
+
+def _on_meta(t: torch.Tensor) -> torch.Tensor:
+    """`t`'s shape, dtype and kind (Parameter or buffer) without its values."""
+    meta = t.detach().to("meta")
+    return torch.nn.Parameter(meta, requires_grad=t.requires_grad) if isinstance(t, torch.nn.Parameter) else meta
 
 
 def pt2_dynamic_shapes(stage: StageGraph) -> tuple[dict | None, ...]:
@@ -397,28 +426,37 @@ def _rezip_deterministically(src: Path, dst: Path) -> None:
 
 def write_rank(rank_dir: Path, stage: StageGraph, header: str,
                example: tuple[torch.Tensor, ...] | None = None,
-               checkpoint_names: dict[str, list[str]] | None = None) -> dict[str, str]:
+               checkpoint_names: dict[str, list[str]] | None = None,
+               times: StepTimes | None = None) -> dict[str, str]:
     """stage.py, weights.safetensors and (given example inputs) stage.pt2 for one rank; {file: sha256}.
 
     With `checkpoint_names` (a plan traced on meta), weights.json and constants.safetensors
     stand in for weights.safetensors until `hetpart shard-weights` (NOTE [weight manifests]).
+    `times` gets one `write/rank<k>/<file>` step per file (its hash included).
     """
+    times = times or StepTimes()
     rank_dir.mkdir(parents=True)
-    params = {name for name, _ in stage.gm.named_parameters()}
-    (rank_dir / "stage.py").write_text(stage_source(stage, header, params))
+    step = lambda name: times.step(f"write/{rank_dir.name}/{name}")  # noqa: E731
+    digests: dict[str, str] = {}
+    with step("stage.py"):
+        params = {name for name, _ in stage.gm.named_parameters()}
+        (rank_dir / "stage.py").write_text(stage_source(stage, header, params))
+        digests["stage.py"] = sha256(rank_dir / "stage.py")
     tensors: dict[str, torch.Tensor] = {}
     for attr, fqn in stage.weights.items():
         tensors[fqn] = getattr(stage.gm, attr).detach().contiguous()
-    written = ["stage.py"]
     if checkpoint_names is not None:
-        written += write_weight_manifest(rank_dir, tensors, checkpoint_names)
+        with step("weights.json"):
+            digests.update((f, sha256(rank_dir / f)) for f in write_weight_manifest(rank_dir, tensors, checkpoint_names))
     else:
-        save_file(tensors, str(rank_dir / "weights.safetensors"), metadata={"format": "pt"})
-        written.append("weights.safetensors")
+        with step("weights.safetensors"):
+            save_file(tensors, str(rank_dir / "weights.safetensors"), metadata={"format": "pt"})
+            digests["weights.safetensors"] = sha256(rank_dir / "weights.safetensors")
     if example is not None:
-        write_pt2(rank_dir / "stage.pt2", stage, example)
-        written.append("stage.pt2")
-    return {f: sha256(rank_dir / f) for f in written}
+        with step("stage.pt2"):
+            write_pt2(rank_dir / "stage.pt2", stage, example)
+            digests["stage.pt2"] = sha256(rank_dir / "stage.pt2")
+    return digests
 
 
 @dataclass(frozen=True)
