@@ -19,6 +19,7 @@ from hetpart.codegen import (
     PlannedDevice, launch_script, manifest, split_stages, stage_examples, staging_dir, write_json, write_rank,
 )
 from hetpart.codegen import write_manifest
+from hetpart.codegen.artifacts import write_pt2_files
 from hetpart.codegen.split import stage_of_nodes
 from hetpart.devices import Cluster, load_cluster
 from hetpart.errors import HetpartError
@@ -294,8 +295,12 @@ def compile_model(spec: ModelSpec, cluster_spec: str, out: Path, opts: CompileOp
             header = (f"hetpart {__version__}: stage {s.index} of {len(stages)} for {spec.model}, "
                       f"planned on {dev.device} ({dev.device_type}).\n\nInputs: {', '.join(s.inputs)}\n"
                       f"Outputs: {', '.join(s.outputs)}\n")
-            files.append(write_rank(tmp / f"rank{s.index}", s, header, examples[s.index] if pt2 else None,
+            files.append(write_rank(tmp / f"rank{s.index}", s, header,
                                     checkpoint_names=names if on_meta else None, times=times))
+        if pt2:  # NOTE [parallel .pt2 writes]
+            jobs = [(tmp / f"rank{s.index}" / "stage.pt2", s, examples[s.index]) for s in stages]
+            for s, digest in zip(stages, write_pt2_files(jobs, times).values()):
+                files[s.index]["stage.pt2"] = digest
         stage_flops = [0] * len(stages)
         for node in gm.graph.nodes:
             if node.name in where:

@@ -21,9 +21,13 @@ import contextlib
 import hashlib
 import json
 import os
+import select
 import shlex
+import signal
 import shutil
 import tempfile
+import time
+import traceback
 import zipfile
 from dataclasses import dataclass
 from collections.abc import Iterator
@@ -457,6 +461,88 @@ def write_rank(rank_dir: Path, stage: StageGraph, header: str,
             write_pt2(rank_dir / "stage.pt2", stage, example)
             digests["stage.pt2"] = sha256(rank_dir / "stage.pt2")
     return digests
+
+
+# NOTE [parallel .pt2 writes]
+# Exporting a stage again for its .pt2 is most of what `partition` spends writing (torch.export
+# retraces the stage: seconds per stage of an HF model, the weights no longer count: NOTE
+# [weightless .pt2]). The stages are independent, so `write_pt2_files` exports them in forked
+# children, up to one per CPU this process may use: a child starts with the parent's memory
+# (the stage's GraphModule and example inputs, no copy and no pickle), writes its one file,
+# sends its seconds (or its error's text) up a pipe and leaves with os._exit. One CPU, or no
+# os.fork (Windows), writes them in this process, one after another. The files are the same
+# bytes either way (NOTE [deterministic .pt2]). A parent that is interrupted kills its children
+# and waits for them before the staging directory goes.
+def write_pt2_files(jobs: list[tuple[Path, StageGraph, tuple[torch.Tensor, ...]]],
+                    times: StepTimes | None = None, workers: int | None = None) -> dict[Path, str]:
+    """Each job's stage.pt2 (NOTE [parallel .pt2 writes]); {path: sha256}. `times` gets a `pt2/<rank>` step
+    per file (its export and save, in its child) and `write/stage.pt2 (all ranks)`, the wall time of them all."""
+    times = times or StepTimes()
+    if workers is None:
+        workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    workers = max(1, min(workers, len(jobs)))
+    with times.step("write/stage.pt2 (all ranks)"):
+        if workers == 1 or not hasattr(os, "fork"):
+            for path, stage, example in jobs:
+                with times.step(f"pt2/{path.parent.name}"):
+                    write_pt2(path, stage, example)
+        else:
+            for path, seconds in _write_forked(jobs, workers).items():
+                times.add(f"pt2/{path.parent.name}", seconds)
+    return {path: sha256(path) for path, _, _ in jobs}
+
+
+def _write_forked(jobs: list[tuple[Path, StageGraph, tuple[torch.Tensor, ...]]], workers: int) -> dict[Path, float]:
+    """write_pt2 of each job in a forked child, `workers` at a time; {path: seconds}. Waits only for its own
+    children (by pid: a caller's other subprocesses are left alone)."""
+    running: dict[int, tuple[Path, int]] = {}  # read end of its pipe -> (path, pid) of each child
+    seconds: dict[Path, float] = {}
+    pending = list(jobs)
+    try:
+        while pending or running:
+            while pending and len(running) < workers:
+                path, stage, example = pending.pop(0)
+                read_fd, write_fd = os.pipe()
+                pid = os.fork()
+                if pid == 0:  # the child: one file, one message, and out without the parent's cleanup
+                    code, message = 1, "error no message"
+                    try:
+                        os.close(read_fd)
+                        start = time.perf_counter()
+                        write_pt2(path, stage, example)
+                        code, message = 0, f"ok {time.perf_counter() - start}"
+                    except HetpartError as err:
+                        message = f"hetpart {err}"
+                    except BaseException as err:  # noqa: BLE001 (the parent raises it)
+                        message = "error " + "".join(traceback.format_exception(err))[-4000:]
+                    finally:
+                        with contextlib.suppress(BaseException):
+                            os.write(write_fd, message.encode())
+                        os._exit(code)
+                os.close(write_fd)
+                running[read_fd] = (path, pid)
+            ready, _, _ = select.select(list(running), [], [])
+            read_fd = ready[0]
+            path, pid = running.pop(read_fd)
+            with os.fdopen(read_fd, "rb") as pipe:  # to EOF: the child wrote its message and exited
+                message = pipe.read().decode(errors="replace")
+            os.waitpid(pid, 0)
+            kind, _, rest = message.partition(" ")
+            if kind == "ok":
+                seconds[path] = float(rest)
+            elif kind == "hetpart":
+                raise HetpartError(rest)
+            else:
+                raise RuntimeError(f"writing {path} failed in a child process:\n{rest or 'no message (killed?)'}")
+    finally:
+        for read_fd, (_, pid) in running.items():  # an error or an interrupt: no child outlives the call
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(OSError):
+                os.waitpid(pid, 0)
+            with contextlib.suppress(OSError):
+                os.close(read_fd)
+    return seconds
 
 
 @dataclass(frozen=True)

@@ -97,7 +97,7 @@ def test_a_pt2_with_pickled_sample_inputs_is_refused(tmp_path):
 def test_timings_name_every_step(resnet_out):
     steps = json.loads((resnet_out / "timings.json").read_text())["steps_s"]
     expected = {"trace/build", "trace/export", "pass/shape", "pass/op-cost", "lower", "solve", "split",
-                "write/rank0/stage.py", "write/rank0/weights.safetensors", "write/rank1/stage.pt2",
+                "write/rank0/stage.py", "write/rank0/weights.safetensors", "pt2/rank1", "write/stage.pt2 (all ranks)",
                 "write/manifest.json", "write/report.html"}
     assert expected <= set(steps)
     assert all(s >= 0 for s in steps.values())
@@ -105,3 +105,46 @@ def test_timings_name_every_step(resnet_out):
     writes = sum(s for name, s in steps.items() if name.startswith("write/"))
     assert timings["write_s"] == pytest.approx(writes, abs=1e-3)
     assert timings["total_s"] >= timings["write_s"]
+
+
+@pytest.fixture(scope="module")
+def mlp_stages():
+    from hetpart.codegen import split_stages, stage_examples
+    from hetpart.compile import analyze
+    from hetpart.devices import load_cluster
+    from hetpart.passes import lower_to_problem
+    from tests.codegen.test_split import contiguous_plan
+
+    spec = ModelSpec("zoo:mlp", {"hidden": "16", "n_blocks": "3"}, batch_size=4)
+    cluster = load_cluster("preset:cpu-2")
+    gm, _, inputs, _, _ = analyze(spec, cluster, 2, echo=lambda _: None)
+    stages = split_stages(gm, contiguous_plan(lower_to_problem(gm, cluster), 3), 3)
+    return stages, stage_examples(stages, tuple(x[:2] for x in inputs))
+
+
+def test_forked_pt2_writes_give_the_serial_bytes(mlp_stages, tmp_path):
+    from hetpart.codegen.artifacts import write_pt2_files
+    from hetpart.timings import StepTimes
+
+    stages, examples = mlp_stages
+    digests = {}
+    for workers in (1, 3):
+        jobs = []
+        for s in stages:
+            (tmp_path / f"w{workers}" / f"rank{s.index}").mkdir(parents=True)
+            jobs.append((tmp_path / f"w{workers}" / f"rank{s.index}" / "stage.pt2", s, examples[s.index]))
+        times = StepTimes()
+        digests[workers] = list(write_pt2_files(jobs, times, workers=workers).values())
+        assert {f"pt2/rank{s.index}" for s in stages} <= set(times.seconds)
+        assert "write/stage.pt2 (all ranks)" in times.seconds
+    assert digests[1] == digests[3] and len(set(digests[1])) == len(stages)
+
+
+def test_a_failing_forked_write_raises_in_the_parent(mlp_stages, tmp_path):
+    from hetpart.codegen.artifacts import write_pt2_files
+
+    stages, examples = mlp_stages
+    jobs = [(tmp_path / f"rank{s.index}.pt2", s, examples[s.index]) for s in stages]
+    jobs[1] = (tmp_path / "missing-dir" / "rank1.pt2", stages[1], examples[1])  # its folder does not exist
+    with pytest.raises(RuntimeError, match="failed in a child process"):
+        write_pt2_files(jobs, workers=2)
