@@ -47,7 +47,8 @@ def load_pt2(out: Path, entry: dict[str, Any]) -> torch.nn.Module:
     rank_dir = check_rank_files(out, entry)
     path = rank_dir / "stage.pt2"
     if "stage.pt2" not in entry["files"]:
-        raise HetpartError(f"rank {entry['rank']}: {out} has no stage.pt2 (partitioned with --no-pt2); {REDO}")
+        raise HetpartError(f"rank {entry['rank']}: {out} has no stage.pt2 (partitioned with --no-pt2, or with "
+                           f"--meta); {REDO} without --no-pt2, or load rank<k>/stage.py")
     check_no_pickle(path)
     extra = {PT2_WEIGHTS: ""}
     program = torch.export.load(str(path), extra_files=extra)  # checked: no pickle in it

@@ -148,3 +148,15 @@ def test_a_failing_forked_write_raises_in_the_parent(mlp_stages, tmp_path):
     jobs[1] = (tmp_path / "missing-dir" / "rank1.pt2", stages[1], examples[1])  # its folder does not exist
     with pytest.raises(RuntimeError, match="failed in a child process"):
         write_pt2_files(jobs, workers=2)
+
+
+def test_load_pt2_of_a_plan_without_pt2_says_so(resnet_out, tmp_path):
+    import shutil
+
+    out = tmp_path / "copy"
+    shutil.copytree(resnet_out, out)
+    (out / "rank0" / "stage.pt2").unlink()
+    entry = load_manifest(out)["ranks"][0]
+    del entry["files"]["stage.pt2"]  # as `partition --no-pt2` lists it
+    with pytest.raises(HetpartError, match="--no-pt2"):
+        load_pt2(out, entry)
