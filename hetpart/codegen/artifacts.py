@@ -467,9 +467,10 @@ def write_rank(rank_dir: Path, stage: StageGraph, header: str,
 # Exporting a stage again for its .pt2 is most of what `partition` spends writing (torch.export
 # retraces the stage: seconds per stage of an HF model, the weights no longer count: NOTE
 # [weightless .pt2]). The stages are independent, so `write_pt2_files` exports them in forked
-# children, up to one per CPU this process may use: a child starts with the parent's memory
+# children, up to one per idle CPU (`idle_cpus`: on 2 CPUs at load 9, forking was slower than one
+# process, benchmarks/pt2_write.py): a child starts with the parent's memory
 # (the stage's GraphModule and example inputs, no copy and no pickle), writes its one file,
-# sends its seconds (or its error's text) up a pipe and leaves with os._exit. One CPU, or no
+# sends its seconds (or its error's text) up a pipe and leaves with os._exit. One idle CPU, or no
 # os.fork (Windows), writes them in this process, one after another. The files are the same
 # bytes either way (NOTE [deterministic .pt2]). A parent that is interrupted kills its children
 # and waits for them before the staging directory goes.
@@ -478,9 +479,7 @@ def write_pt2_files(jobs: list[tuple[Path, StageGraph, tuple[torch.Tensor, ...]]
     """Each job's stage.pt2 (NOTE [parallel .pt2 writes]); {path: sha256}. `times` gets a `pt2/<rank>` step
     per file (its export and save, in its child) and `write/stage.pt2 (all ranks)`, the wall time of them all."""
     times = times or StepTimes()
-    if workers is None:
-        workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    workers = max(1, min(workers, len(jobs)))
+    workers = max(1, min(idle_cpus() if workers is None else workers, len(jobs)))
     with times.step("write/stage.pt2 (all ranks)"):
         if workers == 1 or not hasattr(os, "fork"):
             for path, stage, example in jobs:
@@ -490,6 +489,17 @@ def write_pt2_files(jobs: list[tuple[Path, StageGraph, tuple[torch.Tensor, ...]]
             for path, seconds in _write_forked(jobs, workers).items():
                 times.add(f"pt2/{path.parent.name}", seconds)
     return {path: sha256(path) for path, _, _ in jobs}
+
+
+def idle_cpus() -> int:
+    """The CPUs this process may use that the others leave idle: its affinity less the load average
+    (beyond this process's own 1). On a machine that is busy already, forking only adds to the queue."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    try:
+        others = max(os.getloadavg()[0] - 1.0, 0.0)
+    except OSError:  # no load average on this platform
+        others = 0.0
+    return max(1, round(cpus - others))
 
 
 def _write_forked(jobs: list[tuple[Path, StageGraph, tuple[torch.Tensor, ...]]], workers: int) -> dict[Path, float]:
