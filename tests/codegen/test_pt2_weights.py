@@ -119,14 +119,40 @@ def mlp_stages():
     cluster = load_cluster("preset:cpu-2")
     gm, _, inputs, _, _ = analyze(spec, cluster, 2, echo=lambda _: None)
     stages = split_stages(gm, contiguous_plan(lower_to_problem(gm, cluster), 3), 3)
-    return stages, stage_examples(stages, tuple(x[:2] for x in inputs))
+    return stages, stage_examples(stages, tuple(x[:2] for x in inputs)), tuple(x[:2] for x in inputs)
+
+
+def _real_run(stages, inputs):
+    values, seen = inputs, []
+    with torch.no_grad():
+        for stage in stages:
+            seen.append(values)
+            values = tuple(stage.gm(*values))
+    return seen
+
+
+def test_examples_come_from_a_meta_run_with_the_real_shapes(mlp_stages, monkeypatch):
+    from hetpart.codegen import stage_examples
+
+    stages, examples, inputs = mlp_stages
+    real = _real_run(stages, inputs)
+    assert [[(v.shape, v.dtype) for v in e] for e in examples] == [[(v.shape, v.dtype) for v in r] for r in real]
+    assert all(not v.any() for e in examples[1:] for v in e), "zeros of the meta run's shapes (NOTE [meta examples])"
+
+    def no_meta(*args, **kwargs):
+        raise NotImplementedError("no meta kernel")
+
+    monkeypatch.setattr(torch.func, "functional_call", no_meta)  # a stage that cannot run on meta
+    fallback = stage_examples(stages, inputs)
+    for got, want in zip(fallback, real):
+        torch.testing.assert_close(got, want)  # the real values, as before
 
 
 def test_forked_pt2_writes_give_the_serial_bytes(mlp_stages, tmp_path):
     from hetpart.codegen.artifacts import write_pt2_files
     from hetpart.timings import StepTimes
 
-    stages, examples = mlp_stages
+    stages, examples, _ = mlp_stages
     digests = {}
     for workers in (1, 3):
         jobs = []
@@ -143,7 +169,7 @@ def test_forked_pt2_writes_give_the_serial_bytes(mlp_stages, tmp_path):
 def test_a_failing_forked_write_raises_in_the_parent(mlp_stages, tmp_path):
     from hetpart.codegen.artifacts import write_pt2_files
 
-    stages, examples = mlp_stages
+    stages, examples, _ = mlp_stages
     jobs = [(tmp_path / f"rank{s.index}.pt2", s, examples[s.index]) for s in stages]
     jobs[1] = (tmp_path / "missing-dir" / "rank1.pt2", stages[1], examples[1])  # its folder does not exist
     with pytest.raises(RuntimeError, match="failed in a child process"):
