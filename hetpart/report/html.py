@@ -37,11 +37,15 @@ SEND_COLOUR = "#9e9e9e"
 # - Memory bars were linear in the share of capacity, so a stage using 0.002-3% of an 80 GiB
 #   device drew a 1-pixel bar: the axis is logarithmic from MEM_LOG_FLOOR to 100%, with
 #   labelled ticks, and the exact use is written beside each bar.
+# - HF block names (`model.encoder.embed_tokens`) overflowed their boxes: the prefix every
+#   block shares (`model.`) is dropped from the labels, a long label is drawn smaller and then
+#   keeps its ends (`decoder.…dropout`); the box's tooltip has the full name.
 # - The graph view's boxes: NOTE [report blocks] in blocks.py.
 BWD_HATCH = ('<pattern id="bwd-hatch" patternUnits="userSpaceOnUse" width="6" height="6" '
              'patternTransform="rotate(45)"><rect width="6" height="6" fill="none"/>'
              '<line x1="0" y1="0" x2="0" y2="6" stroke="#222" stroke-width="2" stroke-opacity="0.55"/></pattern>')
-MEM_LOG_FLOOR = 1e-5  # 0.001% of capacity: the left end of the memory axis
+MEM_LOG_FLOOR = 1e-5  # 0.001% of capacity: the left end of the memory axis, lower if a stage uses less
+BOX_LABEL_CHARS = 20  # what a graph box's 150 px hold at 13 px (bold); longer ones drop to 10 px, then lose their middle
 
 
 def stage_colour(stage: int) -> str:
@@ -97,6 +101,7 @@ def _graph_svg(graph: BlockGraph) -> str:
              '<defs><marker id="arrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" markerHeight="7" '
              'orient="auto-start-reverse"><path d="M 0 0 L 10 5 L 0 10 z" fill="#555"/></marker></defs>']
     order = {b.name: i for i, b in enumerate(graph.blocks)}
+    labels = _box_labels([b.name for b in graph.blocks])
     for e in graph.edges:
         if e.src not in pos or e.dst not in pos:
             continue
@@ -129,7 +134,8 @@ def _graph_svg(graph: BlockGraph) -> str:
         outline = "none" if total else "#fff"
         parts.append(f'<rect x="{x}" y="{y}" width="{box_w}" height="{box_h}" rx="5" fill="{outline}" '
                      'stroke="#444" stroke-width="1"/>')
-        parts.append(_svg_text(x + box_w / 2, y + 22, b.name, size=13, anchor="middle", weight="600"))
+        label, size = labels[b.name]
+        parts.append(_svg_text(x + box_w / 2, y + 22, label, size=size, anchor="middle", weight="600"))
         stages = "+".join(str(k) for k in sorted(b.nodes_by_stage)) or "-"
         count = f"{total} node{'s' if total != 1 else ''}"
         parts.append(_svg_text(x + box_w / 2, y + 41, f"{count} · stage {stages}", size=11, anchor="middle",
@@ -137,6 +143,27 @@ def _graph_svg(graph: BlockGraph) -> str:
         parts.append("</g>")
     parts.append("</svg>")
     return "\n".join(parts)
+
+
+def _box_labels(names: list[str]) -> dict[str, tuple[str, int]]:
+    """name -> (label, font size) for the graph's boxes (NOTE [report legibility])."""
+    modules = [n for n in names if n not in ("inputs", "output")]
+    prefix = ""  # the longest dotted prefix of every module block (HF's wrapper `model`), if any
+    for part in (modules[0].split(".")[:-1] if modules else []):
+        candidate = f"{prefix}{part}."
+        if not all(n.startswith(candidate) or n == candidate[:-1] for n in modules) or any(
+                n[len(candidate):].isdigit() for n in modules):  # `blocks.3` keeps its name, not `3`
+            break
+        prefix = candidate
+    labels = {}
+    for name in names:
+        label = name[len(prefix):] if prefix and name.startswith(prefix) else name
+        size = 13 if len(label) <= BOX_LABEL_CHARS else 10
+        room = BOX_LABEL_CHARS * 13 // 10
+        if len(label) > room:
+            label = label[: room // 2 - 1] + "…" + label[-(room - room // 2):]
+        labels[name] = (label, size)
+    return labels
 
 
 def _nice_step(span: float, ticks: int = 8) -> float:
@@ -214,12 +241,14 @@ def _memory_svg(plan: dict[str, Any]) -> str:
     width, height = label_w + bar_w + 320, top + 12 + row_h * len(devices)
     parts = [f'<svg class="memory" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
              'xmlns="http://www.w3.org/2000/svg" role="img" aria-label="memory per device (log scale)">']
-    decades = round(-math.log10(MEM_LOG_FLOOR))
+    shares = [s["memory_bytes"] / s["capacity_bytes"] for s in plan["stages"] if s["capacity_bytes"] and s["memory_bytes"]]
+    floor = min([MEM_LOG_FLOOR] + [10 ** math.floor(math.log10(x)) for x in shares if x < 1])  # every bar shows
+    decades = round(-math.log10(floor))
     for k in range(decades + 1):  # ticks at 0.001%, 0.01%, ..., 100%
         x = label_w + bar_w * k / decades
         parts.append(f'<line x1="{x:.1f}" y1="{top - 4}" x2="{x:.1f}" y2="{height - 6}" stroke="#ccc" '
                      'stroke-width="0.5"/>')
-        parts.append(_svg_text(x, top - 12, f"{100 * MEM_LOG_FLOOR * 10**k:g}%", size=10, anchor="middle",
+        parts.append(_svg_text(x, top - 12, f"{100 * floor * 10**k:g}%", size=10, anchor="middle",
                                fill="#555"))
     for i, d in enumerate(devices):
         y = top + i * row_h
@@ -230,7 +259,7 @@ def _memory_svg(plan: dict[str, Any]) -> str:
         parts.append(f'<rect x="{label_w}" y="{y}" width="{bar_w}" height="{row_h - 8}" fill="#eee" stroke="#bbb"/>')
         if s:
             share = s["memory_bytes"] / capacity if capacity else 0.0
-            parts.append(f'<rect class="used" x="{label_w}" y="{y}" width="{memory_bar_px(share, bar_w):.2f}" '
+            parts.append(f'<rect class="used" x="{label_w}" y="{y}" width="{memory_bar_px(share, bar_w, floor):.2f}" '
                          f'height="{row_h - 8}" fill="{stage_colour(s["index"])}" stroke="#555" stroke-width="0.5"/>')
             text = (f"stage {s['index']}: {format_bytes(s['memory_bytes'])} / {format_bytes(capacity)} "
                     f"({share * 100:.3g}%)")
@@ -241,11 +270,12 @@ def _memory_svg(plan: dict[str, Any]) -> str:
     return "\n".join(parts)
 
 
-def memory_bar_px(share: float, bar_w: float) -> float:
-    """Width of a bar for `share` of capacity on the log axis (NOTE [report legibility]); 0 for nothing used."""
+def memory_bar_px(share: float, bar_w: float, floor: float = MEM_LOG_FLOOR) -> float:
+    """Width of a bar for `share` of capacity on the log axis from `floor` to 100% (NOTE [report
+    legibility]); 0 for nothing used."""
     if share <= 0:
         return 0.0
-    position = (math.log10(min(share, 1.0)) - math.log10(MEM_LOG_FLOOR)) / -math.log10(MEM_LOG_FLOOR)
+    position = (math.log10(min(share, 1.0)) - math.log10(floor)) / -math.log10(floor)
     return bar_w * min(max(position, 0.0), 1.0) or 1.5  # below the floor: a sliver, still there
 
 

@@ -17,7 +17,7 @@ from hetpart.compile import CompileOptions, compile_model
 from hetpart.frontend import ModelSpec
 from hetpart.ir import info
 from hetpart.report.blocks import coarsen_to_blocks
-from hetpart.report.html import BlockGraph, memory_bar_px, render_report
+from hetpart.report.html import Block, BlockGraph, memory_bar_px, render_report
 from tests.report.test_report import CHROMIUM, _chromium, _console_errors, _plan
 
 
@@ -72,6 +72,12 @@ def test_memory_bars_are_visible_at_tiny_shares_and_ordered():
     assert memory_bar_px(0.0, 600) == 0.0 and 0 < memory_bar_px(1e-9, 600) < 3
     page = render_report(_plan(), BlockGraph())
     assert "0.001%" in page and "100%" in page  # the log axis is labelled
+    plan = _plan()
+    plan["stages"][0]["memory_bytes"] = 3000  # 0.0003% of 1 GiB: the axis starts lower, the bar still shows
+    tiny = render_report(plan, BlockGraph())
+    assert ">0.0001%</text>" in tiny and ">0.0001%</text>" not in page
+    widths = [float(w) for w in re.findall(r'<rect class="used" x="[^"]*" y="[^"]*" width="([^"]*)"', tiny)]
+    assert len(widths) == 2 and min(widths) > 30
 
 
 def test_backwards_are_hatched_and_the_timeline_has_a_legend():
@@ -110,3 +116,17 @@ def test_hf_reports_render_stage_groups_in_chromium(family, tmp_path):
     layers = [b for b in boxes if re.search(r"\.\d+$", b)]
     assert len(layers) >= 2, f"not one box per layer: {boxes}"  # 2 layers (t5: 2 encoder + 2 decoder)
     assert Path(shot).stat().st_size > 20_000
+
+
+def test_box_labels_drop_the_shared_wrapper_and_fit_their_box():
+    from hetpart.report.html import BOX_LABEL_CHARS, _box_labels
+
+    t5 = _box_labels(["inputs", "model.encoder.embed_tokens", "model.encoder.block.0", "model.decoder.final_layer_norm",
+                      "model", "model.lm_head", "output"])
+    assert t5["model.encoder.block.0"] == ("encoder.block.0", 13) and t5["model"] == ("model", 13)
+    assert t5["model.decoder.final_layer_norm"][1] < 13  # long: drawn smaller
+    assert _box_labels(["inputs", "blocks.0", "blocks.1", "output"])["blocks.0"] == ("blocks.0", 13)  # not "0"
+    long = _box_labels(["x.a_module_name_far_too_long_for_any_box"])["x.a_module_name_far_too_long_for_any_box"][0]
+    assert "…" in long and len(long) <= BOX_LABEL_CHARS * 13 // 10
+    page = render_report(_plan(), BlockGraph([Block("model.encoder.block.0", {0: 3}), Block("model.lm_head", {1: 2})]))
+    assert ">encoder.block.0</text>" in page and "<title>model.encoder.block.0 —" in page  # the full name on hover
