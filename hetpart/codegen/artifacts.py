@@ -315,23 +315,23 @@ def stage_examples(stages: list[StageGraph], inputs: tuple[torch.Tensor, ...]) -
     """Each stage's inputs when the model runs on `inputs`, contiguous as the runtime sends them.
 
     NOTE [meta examples]: export reads only the examples' shapes and dtypes (it traces with
-    fake tensors), so the stages run on the meta device, weights and all (no arithmetic: a
-    Llama's 6 s of forward became milliseconds), and each example is zeros of the shape that
-    came out. A stage that cannot run on meta (an op without a meta kernel, a factory op that
-    names a device) makes them all run for real, as before.
+    fake tensors), so the stages run on fake tensors, weights and all (no arithmetic: a
+    Llama's 6 s of forward became a fraction of a second; factory ops such as RoPE's `arange`
+    stay on the device they name, which the meta device would not allow), and each example
+    is zeros of the shape that came out. A stage that cannot run on fake tensors (an op
+    without a fake kernel) makes them all run for real, as before.
     """
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
     try:
-        values = tuple(x.to("meta") for x in inputs)
         shapes = []
-        with torch.no_grad():
+        with torch.no_grad(), fast_fake_kernels(), FakeTensorMode(allow_non_fake_inputs=True) as mode:
+            values = tuple(mode.from_tensor(x) for x in inputs)
             for stage in stages:
-                shapes.append(values)
-                state = {name: t.to("meta") for name, t in (*stage.gm.named_parameters(), *stage.gm.named_buffers())}
-                values = tuple(torch.func.functional_call(stage.gm, state, values))
-        if any(isinstance(v, torch.Tensor) and not v.is_meta for stage_values in shapes for v in stage_values):
-            raise RuntimeError("a value left the meta device")
-        return [tuple(torch.zeros(v.shape, dtype=v.dtype) if isinstance(v, torch.Tensor) else v for v in stage_values)
-                for stage_values in shapes]
+                shapes.append([(v.shape, v.dtype) if isinstance(v, torch.Tensor) else v for v in values])
+                values = tuple(stage.gm(*values))
+        return [tuple(torch.zeros(v[0], dtype=v[1]) if isinstance(v, tuple) and isinstance(v[0], torch.Size) else v
+                      for v in stage_values) for stage_values in shapes]
     except Exception:  # noqa: BLE001 (NOTE [meta examples]: the real run is the fallback)
         pass
     examples = []
