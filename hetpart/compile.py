@@ -274,7 +274,8 @@ def compile_model(spec: ModelSpec, cluster_spec: str, out: Path, opts: CompileOp
         times.add("solve", solve_s, quiet=True)  # echoed below with the solver's status
         if opts.verbose:
             echo(f"solve: {solve_s * 1e3:.1f} ms ({plan.solver_status})")
-        verify_plan(problem, plan)
+        with times.step("verify"):
+            verify_plan(problem, plan)
         where = stage_of_nodes(gm, plan.stage_of)
         for node in gm.graph.nodes:
             if node.name in where:
@@ -316,7 +317,8 @@ def compile_model(spec: ModelSpec, cluster_spec: str, out: Path, opts: CompileOp
         if training is not None:
             add_training_json(pj, gm, plan, training)
         # What other tools would plan, in the same cost model (issue 5).
-        pj["baselines"] = [b.to_json() for b in compute_baselines(problem) + fx_baselines(gm, problem)]
+        with times.step("baselines"):
+            pj["baselines"] = [b.to_json() for b in compute_baselines(problem) + fx_baselines(gm, problem)]
         pj["bounds"] = plan.bounds.to_json() if plan.bounds else None
         write_json(tmp / "plan.json", pj)
         planned = [PlannedDevice(d.name, d.type.name, d.machine)

@@ -5,9 +5,10 @@
         gm = export_model(...)
     times.to_json()  # {"steps_s": {"export": 1.23, ...}, "total_s": ..., "write_s": ...}
 
-Steps are named `trace/build`, `trace/export`, `pass/<name>`, `lower`, `solve`, `split`,
-`write/<file>` (one per file written: `write/rank0/stage.pt2`), `report`. A step that runs
-twice adds up. Stdlib only: any layer may time itself.
+Steps are named `trace/build`, `trace/export`, `pass/<name>`, `lower`, `solve`, `verify`, `split`,
+`examples`, `baselines`, `pt2/<rank>` (a stage.pt2 export, in its writer),
+`write/<file>` (one per file written: `write/rank0/weights.safetensors`, `write/report.html`;
+`write/stage.pt2 (all ranks)` is the wall time of every rank's .pt2). A step that runs twice adds up. Stdlib only: any layer may time itself.
 """
 
 from __future__ import annotations

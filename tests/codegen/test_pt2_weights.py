@@ -96,7 +96,8 @@ def test_a_pt2_with_pickled_sample_inputs_is_refused(tmp_path):
 
 def test_timings_name_every_step(resnet_out):
     steps = json.loads((resnet_out / "timings.json").read_text())["steps_s"]
-    expected = {"trace/build", "trace/export", "pass/shape", "pass/op-cost", "lower", "solve", "split",
+    expected = {"trace/build", "trace/export", "pass/shape", "pass/op-cost", "lower", "solve", "verify", "split",
+                "examples", "baselines",
                 "write/rank0/stage.py", "write/rank0/weights.safetensors", "pt2/rank1", "write/stage.pt2 (all ranks)",
                 "write/manifest.json", "write/report.html"}
     assert expected <= set(steps)
