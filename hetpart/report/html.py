@@ -45,7 +45,8 @@ BWD_HATCH = ('<pattern id="bwd-hatch" patternUnits="userSpaceOnUse" width="6" he
              'patternTransform="rotate(45)"><rect width="6" height="6" fill="none"/>'
              '<line x1="0" y1="0" x2="0" y2="6" stroke="#222" stroke-width="2" stroke-opacity="0.55"/></pattern>')
 MEM_LOG_FLOOR = 1e-5  # 0.001% of capacity: the left end of the memory axis, lower if a stage uses less
-BOX_LABEL_CHARS = 20  # what a graph box's 150 px hold at 13 px (bold); longer ones drop to 10 px, then lose their middle
+BOX_LABEL_CHARS = 18  # what a graph box's 150 px hold at 13 px (bold); longer labels drop to 10 px,
+BOX_LABEL_CHARS_SMALL = 26  # which hold this many; longer still lose their middle
 
 
 def stage_colour(stage: int) -> str:
@@ -159,7 +160,7 @@ def _box_labels(names: list[str]) -> dict[str, tuple[str, int]]:
     for name in names:
         label = name[len(prefix):] if prefix and name.startswith(prefix) else name
         size = 13 if len(label) <= BOX_LABEL_CHARS else 10
-        room = BOX_LABEL_CHARS * 13 // 10
+        room = BOX_LABEL_CHARS_SMALL
         if len(label) > room:
             label = label[: room // 2 - 1] + "…" + label[-(room - room // 2):]
         labels[name] = (label, size)
@@ -363,7 +364,8 @@ both stages it joins.
 Step {format_us(timeline.step_ns / 1000)}; bubble {timeline.bubble_fraction:.0%}.</div>
 <div class="scroll">{_gantt_svg(timeline, labels)}</div>
 <h2>Memory per device</h2>
-<div class="sub">Share of each device's capacity on a log scale (0.001% to 100%); the bytes are beside each bar.</div>
+<div class="sub">Share of each device's capacity on a log scale (from 0.001%, or lower if a stage uses less, to
+100%); the bytes are beside each bar.</div>
 <div class="scroll">{_memory_svg(plan)}</div>
 <h2>Plan</h2>
 {_plan_table(plan)}

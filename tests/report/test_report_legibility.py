@@ -119,7 +119,7 @@ def test_hf_reports_render_stage_groups_in_chromium(family, tmp_path):
 
 
 def test_box_labels_drop_the_shared_wrapper_and_fit_their_box():
-    from hetpart.report.html import BOX_LABEL_CHARS, _box_labels
+    from hetpart.report.html import BOX_LABEL_CHARS_SMALL, _box_labels
 
     t5 = _box_labels(["inputs", "model.encoder.embed_tokens", "model.encoder.block.0", "model.decoder.final_layer_norm",
                       "model", "model.lm_head", "output"])
@@ -127,6 +127,6 @@ def test_box_labels_drop_the_shared_wrapper_and_fit_their_box():
     assert t5["model.decoder.final_layer_norm"][1] < 13  # long: drawn smaller
     assert _box_labels(["inputs", "blocks.0", "blocks.1", "output"])["blocks.0"] == ("blocks.0", 13)  # not "0"
     long = _box_labels(["x.a_module_name_far_too_long_for_any_box"])["x.a_module_name_far_too_long_for_any_box"][0]
-    assert "…" in long and len(long) <= BOX_LABEL_CHARS * 13 // 10
+    assert "…" in long and len(long) <= BOX_LABEL_CHARS_SMALL
     page = render_report(_plan(), BlockGraph([Block("model.encoder.block.0", {0: 3}), Block("model.lm_head", {1: 2})]))
     assert ">encoder.block.0</text>" in page and "<title>model.encoder.block.0 —" in page  # the full name on hover
