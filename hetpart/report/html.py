@@ -10,6 +10,7 @@ imports torch.
 from __future__ import annotations
 
 import html
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,23 @@ from hetpart.report.table import (
 PALETTE = ["#8dd3c7", "#ffffb3", "#bebada", "#fb8072", "#80b1d3", "#fdb462",
            "#b3de69", "#fccde5", "#d9d9d9", "#bc80bd", "#ccebc5", "#ffed6f"]
 SEND_COLOUR = "#9e9e9e"
+# NOTE [report legibility]: what a new user could not read in the first report, and the fix.
+# - Backward passes were the forward's colour at 75% opacity, which no one tells apart on a
+#   pale palette: they are hatched (BWD_HATCH over the stage's colour), labelled B<m> against
+#   F<m>, and the timeline has a legend.
+# - Memory bars were linear in the share of capacity, so a stage using 0.002-3% of an 80 GiB
+#   device drew a 1-pixel bar: the axis is logarithmic from MEM_LOG_FLOOR to 100%, with
+#   labelled ticks, and the exact use is written beside each bar.
+# - HF block names (`model.encoder.embed_tokens`) overflowed their boxes: the prefix every
+#   block shares (`model.`) is dropped from the labels, a long label is drawn smaller and then
+#   keeps its ends (`decoder.…dropout`); the box's tooltip has the full name.
+# - The graph view's boxes: NOTE [report blocks] in blocks.py.
+BWD_HATCH = ('<pattern id="bwd-hatch" patternUnits="userSpaceOnUse" width="6" height="6" '
+             'patternTransform="rotate(45)"><rect width="6" height="6" fill="none"/>'
+             '<line x1="0" y1="0" x2="0" y2="6" stroke="#222" stroke-width="2" stroke-opacity="0.55"/></pattern>')
+MEM_LOG_FLOOR = 1e-5  # 0.001% of capacity: the left end of the memory axis, lower if a stage uses less
+BOX_LABEL_CHARS = 18  # what a graph box's 150 px hold at 13 px (bold); longer labels drop to 10 px,
+BOX_LABEL_CHARS_SMALL = 26  # which hold this many; longer still lose their middle
 
 
 def stage_colour(stage: int) -> str:
@@ -85,6 +103,7 @@ def _graph_svg(graph: BlockGraph) -> str:
              '<defs><marker id="arrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" markerHeight="7" '
              'orient="auto-start-reverse"><path d="M 0 0 L 10 5 L 0 10 z" fill="#555"/></marker></defs>']
     order = {b.name: i for i, b in enumerate(graph.blocks)}
+    labels = _box_labels([b.name for b in graph.blocks])
     for e in graph.edges:
         if e.src not in pos or e.dst not in pos:
             continue
@@ -117,7 +136,8 @@ def _graph_svg(graph: BlockGraph) -> str:
         outline = "none" if total else "#fff"
         parts.append(f'<rect x="{x}" y="{y}" width="{box_w}" height="{box_h}" rx="5" fill="{outline}" '
                      'stroke="#444" stroke-width="1"/>')
-        parts.append(_svg_text(x + box_w / 2, y + 22, b.name, size=13, anchor="middle", weight="600"))
+        label, size = labels[b.name]
+        parts.append(_svg_text(x + box_w / 2, y + 22, label, size=size, anchor="middle", weight="600"))
         stages = "+".join(str(k) for k in sorted(b.nodes_by_stage)) or "-"
         count = f"{total} node{'s' if total != 1 else ''}"
         parts.append(_svg_text(x + box_w / 2, y + 41, f"{count} · stage {stages}", size=11, anchor="middle",
@@ -125,6 +145,27 @@ def _graph_svg(graph: BlockGraph) -> str:
         parts.append("</g>")
     parts.append("</svg>")
     return "\n".join(parts)
+
+
+def _box_labels(names: list[str]) -> dict[str, tuple[str, int]]:
+    """name -> (label, font size) for the graph's boxes (NOTE [report legibility])."""
+    modules = [n for n in names if n not in ("inputs", "output")]
+    prefix = ""  # the longest dotted prefix of every module block (HF's wrapper `model`), if any
+    for part in (modules[0].split(".")[:-1] if modules else []):
+        candidate = f"{prefix}{part}."
+        if not all(n.startswith(candidate) or n == candidate[:-1] for n in modules) or any(
+                n[len(candidate):].isdigit() for n in modules):  # `blocks.3` keeps its name, not `3`
+            break
+        prefix = candidate
+    labels = {}
+    for name in names:
+        label = name[len(prefix):] if prefix and name.startswith(prefix) else name
+        size = 13 if len(label) <= BOX_LABEL_CHARS else 10
+        room = BOX_LABEL_CHARS_SMALL
+        if len(label) > room:
+            label = label[: room // 2 - 1] + "…" + label[-(room - room // 2):]
+        labels[name] = (label, size)
+    return labels
 
 
 def _nice_step(span: float, ticks: int = 8) -> float:
@@ -142,9 +183,11 @@ def _gantt_svg(timeline: Timeline, labels: list[str]) -> str:
     span_ns = max(timeline.step_ns, 1)
     plot_w = width - label_w - 20
     x_of = lambda ns: label_w + plot_w * ns / span_ns  # noqa: E731
-    height = top + row_h * timeline.num_stages + 34
+    kinds = {e.kind for e in timeline.events if e.duration_ns}
+    height = top + row_h * timeline.num_stages + 34 + 26
     parts = [f'<svg class="gantt" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
-             'xmlns="http://www.w3.org/2000/svg" role="img" aria-label="schedule timeline">']
+             'xmlns="http://www.w3.org/2000/svg" role="img" aria-label="schedule timeline">',
+             f'<defs>{BWD_HATCH}</defs>']
     for k in range(timeline.num_stages):
         y = top + k * row_h
         parts.append(f'<rect x="{label_w}" y="{y}" width="{plot_w}" height="{row_h - 6}" fill="#f4f4f4"/>')
@@ -160,11 +203,15 @@ def _gantt_svg(timeline: Timeline, labels: list[str]) -> str:
         for k in rows:
             y = top + k * row_h
             fill = SEND_COLOUR if e.kind == "send" else stage_colour(e.stage)
-            opacity = "0.75" if e.kind == "bwd" else "1"
-            parts.append(f'<rect x="{x:.2f}" y="{y + 2}" width="{w:.2f}" height="{row_h - 10}" fill="{fill}" '
-                         f'fill-opacity="{opacity}" stroke="#333" stroke-width="0.5"><title>{_e(tip)}</title></rect>')
+            parts.append(f'<rect class="{e.kind}" x="{x:.2f}" y="{y + 2}" width="{w:.2f}" height="{row_h - 10}" '
+                         f'fill="{fill}" stroke="#333" stroke-width="0.5"><title>{_e(tip)}</title></rect>')
+            if e.kind == "bwd":  # hatched over the stage's colour: NOTE [report legibility]
+                parts.append(f'<rect x="{x:.2f}" y="{y + 2}" width="{w:.2f}" height="{row_h - 10}" '
+                             f'fill="url(#bwd-hatch)" pointer-events="none"/>')
             if e.kind != "send" and w > 14:
-                parts.append(_svg_text(x + w / 2, y + row_h / 2 + 1, str(e.microbatch), size=11, anchor="middle"))
+                label = f"{'B' if e.kind == 'bwd' else 'F'}{e.microbatch}" if "bwd" in kinds else str(e.microbatch)
+                parts.append(_svg_text(x + w / 2, y + row_h / 2 + 1, label, size=11, anchor="middle",
+                                       weight="700" if e.kind == "bwd" else "normal"))
     axis_y = top + timeline.num_stages * row_h
     step_us = _nice_step(span_ns / 1000)
     tick = 0.0
@@ -173,6 +220,17 @@ def _gantt_svg(timeline: Timeline, labels: list[str]) -> str:
         parts.append(f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{axis_y}" stroke="#ccc" stroke-width="0.5"/>')
         parts.append(_svg_text(x, axis_y + 14, format_us(tick), size=10, anchor="middle", fill="#555"))
         tick += step_us
+    legend = [("fwd", "forward"), ("bwd", "backward"), ("send", "transfer")]
+    x = label_w
+    for kind, text in (k for k in legend if k[0] in kinds):
+        y = axis_y + 26
+        fill = SEND_COLOUR if kind == "send" else "#cfcfcf"
+        parts.append(f'<rect class="legend-{kind}" x="{x}" y="{y}" width="26" height="14" fill="{fill}" '
+                     'stroke="#333" stroke-width="0.5"/>')
+        if kind == "bwd":
+            parts.append(f'<rect x="{x}" y="{y}" width="26" height="14" fill="url(#bwd-hatch)"/>')
+        parts.append(_svg_text(x + 32, y + 8, text, size=11, fill="#333"))
+        x += 32 + 9 * len(text) + 24
     parts.append("</svg>")
     return "\n".join(parts)
 
@@ -181,12 +239,21 @@ def _memory_svg(plan: PlanReport) -> str:
     """Every device of the cluster: memory of its stage against its capacity (idle devices say so)."""
     used = {s.device: s for s in plan.stages}
     devices = plan.cluster.devices
-    label_w, bar_w, row_h = 230, 620, 28
-    width, height = label_w + bar_w + 320, 12 + row_h * len(devices)
+    label_w, bar_w, row_h, top = 230, 620, 28, 22
+    width, height = label_w + bar_w + 320, top + 12 + row_h * len(devices)
     parts = [f'<svg class="memory" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
-             'xmlns="http://www.w3.org/2000/svg" role="img" aria-label="memory per device">']
+             'xmlns="http://www.w3.org/2000/svg" role="img" aria-label="memory per device (log scale)">']
+    shares = [s.memory_bytes / s.capacity_bytes for s in plan.stages if s.capacity_bytes and s.memory_bytes]
+    floor = min([MEM_LOG_FLOOR] + [10 ** math.floor(math.log10(x)) for x in shares if x < 1])  # every bar shows
+    decades = round(-math.log10(floor))
+    for k in range(decades + 1):  # ticks at 0.001%, 0.01%, ..., 100%
+        x = label_w + bar_w * k / decades
+        parts.append(f'<line x1="{x:.1f}" y1="{top - 4}" x2="{x:.1f}" y2="{height - 6}" stroke="#ccc" '
+                     'stroke-width="0.5"/>')
+        parts.append(_svg_text(x, top - 12, f"{100 * floor * 10**k:g}%", size=10, anchor="middle",
+                               fill="#555"))
     for i, d in enumerate(devices):
-        y = 6 + i * row_h
+        y = top + i * row_h
         s = used.get(d.name)
         capacity = s.capacity_bytes if s else d.mem_bytes
         label = f"{d.name} ({d.type})"
@@ -194,7 +261,7 @@ def _memory_svg(plan: PlanReport) -> str:
         parts.append(f'<rect x="{label_w}" y="{y}" width="{bar_w}" height="{row_h - 8}" fill="#eee" stroke="#bbb"/>')
         if s:
             share = s.memory_bytes / capacity if capacity else 0.0
-            parts.append(f'<rect x="{label_w}" y="{y}" width="{max(bar_w * min(share, 1.0), 1.5):.2f}" '
+            parts.append(f'<rect class="used" x="{label_w}" y="{y}" width="{memory_bar_px(share, bar_w, floor):.2f}" '
                          f'height="{row_h - 8}" fill="{stage_colour(s.index)}" stroke="#555" stroke-width="0.5"/>')
             text = (f"stage {s.index}: {format_bytes(s.memory_bytes)} / {format_bytes(capacity)} "
                     f"({share * 100:.3g}%)")
@@ -203,6 +270,15 @@ def _memory_svg(plan: PlanReport) -> str:
         parts.append(_svg_text(label_w + bar_w + 8, y + 15, text, size=11, fill="#333"))
     parts.append("</svg>")
     return "\n".join(parts)
+
+
+def memory_bar_px(share: float, bar_w: float, floor: float = MEM_LOG_FLOOR) -> float:
+    """Width of a bar for `share` of capacity on the log axis from `floor` to 100% (NOTE [report
+    legibility]); 0 for nothing used."""
+    if share <= 0:
+        return 0.0
+    position = (math.log10(min(share, 1.0)) - math.log10(floor)) / -math.log10(floor)
+    return bar_w * min(max(position, 0.0), 1.0) or 1.5  # below the floor: a sliver, still there
 
 
 def _plan_table(plan: PlanReport) -> str:
@@ -280,14 +356,17 @@ objective {_e(plan.objective)}</div>
 <div class="cards">{''.join(f'<div class="card"><b>{_e(v)}</b><span>{_e(k)}</span></div>' for k, v in cards)}</div>
 <p class="legend">{legend}</p>
 <h2>Graph by stage</h2>
-<div class="sub">Nodes grouped by top-level module; a block split between stages is striped.</div>
+<div class="sub">Nodes grouped by repeated layer (<code>layers.3</code>) or top-level module; a block split
+between stages is striped.</div>
 <div class="scroll">{_graph_svg(graph)}</div>
 <h2>Schedule ({SCHEDULE_NAMES[timeline.schedule]}, simulated)</h2>
-<div class="sub">Each microbatch's forward (and backward, lighter) per stage; a transfer (grey) occupies both
-stages it joins.
+<div class="sub">Each microbatch's forward (F) and backward (B, hatched) per stage; a transfer (grey) occupies
+both stages it joins.
 Step {format_us(timeline.step_ns / 1000)}; bubble {timeline.bubble_fraction:.0%}.</div>
 <div class="scroll">{_gantt_svg(timeline, labels)}</div>
 <h2>Memory per device</h2>
+<div class="sub">Share of each device's capacity on a log scale (from 0.001%, or lower if a stage uses less, to
+100%); the bytes are beside each bar.</div>
 <div class="scroll">{_memory_svg(plan)}</div>
 <h2>Plan</h2>
 {_plan_table(plan)}

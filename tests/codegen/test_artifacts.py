@@ -14,16 +14,18 @@ ROOT = Path(__file__).resolve().parents[2]
 
 LOAD_AND_RUN = """
 import json, sys, torch
+from pathlib import Path
 from hetpart.runtime.artifacts import dim_size, symbol_sizes
+from hetpart.runtime.pt2 import load_pt2
 out, rank, batch, seq = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 manifest = json.load(open(f"{out}/manifest.json"))
 entry = manifest["ranks"][rank]
-ep = torch.export.load(f"{out}/rank{rank}/stage.pt2")
+program = load_pt2(Path(out), entry)  # the program, with weights.safetensors' tensors
 args = []
 for i in entry["inputs"]:
     shape = [dim_size(d, symbol_sizes(manifest, batch, seq)) for d in i["shape"]]
     args.append(torch.randint(0, 64, shape) if i["dtype"] == "i64" else torch.randn(shape))
-outs = ep.module()(*args)
+outs = program(*args)
 print(json.dumps([list(o.shape) for o in outs]))
 """
 

@@ -16,6 +16,7 @@ from hetpart.passes import PassContext, PassManager, default_passes, lower_to_pr
 from hetpart.runtime.artifacts import load_manifest, load_stage, read_json, symbol_sizes
 from hetpart.runtime.launch import RunOptions, reference_model, run_spec
 from hetpart.runtime.worker import _static_metadata
+from hetpart.runtime.pt2 import load_pt2
 
 GPT_SMALL = ModelSpec("zoo:gpt-small", {"n_layer": "2", "n_embd": "32", "n_head": "4", "vocab_size": "64",
                                         "block_size": "32"}, batch_size=4, seq_len=16)
@@ -143,7 +144,7 @@ def test_partitioned_at_16_runs_at_another_batch_and_length(spec, tmp_path):
     values = load_model(run_spec(ModelSpec.from_json(read_json(out / "plan.json")["model"]),
                                  read_json(out / "plan.json")["dynamic"], RunOptions(batch_size=3, seq_len=24)))[1]
     for entry in manifest["ranks"]:
-        program = torch.export.load(str(out / entry["dir"] / "stage.pt2")).module()
+        program = load_pt2(out, entry)
         with torch.no_grad():
             values = program(*values)
         expected = _static_metadata(manifest, entry, sizes, torch.device("cpu"))["output_args"]
