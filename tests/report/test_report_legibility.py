@@ -16,6 +16,7 @@ from torch import nn
 from hetpart.compile import CompileOptions, compile_model
 from hetpart.frontend import ModelSpec
 from hetpart.ir import info
+from hetpart.plan_report import load_plan
 from hetpart.report.blocks import coarsen_to_blocks
 from hetpart.report.html import Block, BlockGraph, memory_bar_px, render_report
 from tests.report.test_report import CHROMIUM, _chromium, _console_errors, _plan
@@ -70,11 +71,11 @@ def test_memory_bars_are_visible_at_tiny_shares_and_ordered():
     assert widths[0] > 30  # 0.002% of capacity: a twentieth of the bar, not a pixel
     assert widths == sorted(widths) and widths[-1] == 600
     assert memory_bar_px(0.0, 600) == 0.0 and 0 < memory_bar_px(1e-9, 600) < 3
-    page = render_report(_plan(), BlockGraph())
+    page = render_report(load_plan(Path("plan.json"), _plan()), BlockGraph())
     assert "0.001%" in page and "100%" in page  # the log axis is labelled
     plan = _plan()
     plan["stages"][0]["memory_bytes"] = 3000  # 0.0003% of 1 GiB: the axis starts lower, the bar still shows
-    tiny = render_report(plan, BlockGraph())
+    tiny = render_report(load_plan(Path("plan.json"), plan), BlockGraph())
     assert ">0.0001%</text>" in tiny and ">0.0001%</text>" not in page
     widths = [float(w) for w in re.findall(r'<rect class="used" x="[^"]*" y="[^"]*" width="([^"]*)"', tiny)]
     assert len(widths) == 2 and min(widths) > 30
@@ -84,13 +85,13 @@ def test_backwards_are_hatched_and_the_timeline_has_a_legend():
     plan = _plan(stages=2)
     for s in plan["stages"]:
         s["backward_us"] = 2 * s["compute_us"]
-    training = render_report(plan, BlockGraph())
+    training = render_report(load_plan(Path("plan.json"), plan), BlockGraph())
     bwd = plan["microbatches"] * 2
     assert training.count('fill="url(#bwd-hatch)" pointer-events="none"') == bwd
     assert training.count('<rect class="bwd"') == bwd and training.count('<rect class="fwd"') == bwd
     assert ">B0<" in training and ">F0<" in training
     assert all(f'class="legend-{k}"' in training for k in ("fwd", "bwd", "send"))
-    inference = render_report(_plan(stages=2), BlockGraph())
+    inference = render_report(load_plan(Path("plan.json"), _plan(stages=2)), BlockGraph())
     assert "url(#bwd-hatch)" not in inference and 'class="legend-bwd"' not in inference
 
 
@@ -128,5 +129,6 @@ def test_box_labels_drop_the_shared_wrapper_and_fit_their_box():
     assert _box_labels(["inputs", "blocks.0", "blocks.1", "output"])["blocks.0"] == ("blocks.0", 13)  # not "0"
     long = _box_labels(["x.a_module_name_far_too_long_for_any_box"])["x.a_module_name_far_too_long_for_any_box"][0]
     assert "…" in long and len(long) <= BOX_LABEL_CHARS_SMALL
-    page = render_report(_plan(), BlockGraph([Block("model.encoder.block.0", {0: 3}), Block("model.lm_head", {1: 2})]))
+    blocks = BlockGraph([Block("model.encoder.block.0", {0: 3}), Block("model.lm_head", {1: 2})])
+    page = render_report(load_plan(Path("plan.json"), _plan()), blocks)
     assert ">encoder.block.0</text>" in page and "<title>model.encoder.block.0 —" in page  # the full name on hover
