@@ -126,6 +126,9 @@ def _parser() -> argparse.ArgumentParser:
     part.add_argument("--verbose", action="store_true", help="print each pass's and the solver's time")
     part.add_argument("--sign-key", type=Path, default=None, metavar="FILE",
                       help="sign manifest.json with this secret key (HMAC-SHA256) into manifest.json.hmac")
+    part.add_argument("--align", default="ops", choices=["ops", "layers"],
+                      help="layers: cut only between top-level blocks (what `hetpart export` formats for "
+                           "torchtitan, Megatron, DeepSpeed and accelerate take); default ops: anywhere")
 
     run = sub.add_parser("run", help="run the artifacts under torchrun (one CPU process per stage)")
     run.add_argument("out", type=Path, help="artifacts directory")
@@ -215,6 +218,16 @@ def _parser() -> argparse.ArgumentParser:
     shard.add_argument("--sign-key", type=Path, default=None, metavar="FILE",
                        help="check the directory's signature with this key, and sign the updated manifest.json")
 
+    exp = sub.add_parser("export", help="write a plan as torchtitan, Megatron-LM, DeepSpeed or accelerate config, "
+                                        "or a torch.distributed.pipelining schedule CSV")
+    exp.add_argument("out", type=Path, help="artifacts directory")
+    exp.add_argument("--format", required=True, choices=["torchtitan", "megatron", "deepspeed", "accelerate",
+                                                         "schedule-csv"], help="the framework's config to write")
+    exp.add_argument("--out", dest="file", type=Path, default=None, metavar="FILE",
+                     help="write it here (torchtitan: and its schedule CSV as FILE.schedule.csv); default: stdout")
+    exp.add_argument("--key", type=Path, default=None, metavar="FILE",
+                     help="read only a directory signed with this key (manifest.json.hmac)")
+
     sub.add_parser("devices", help="list the device catalog")
     sub.add_parser("models", help="list the model zoo")
     return p
@@ -240,6 +253,7 @@ def _partition(args: argparse.Namespace, console: Console) -> int:
                           verbose=args.verbose, dump_ir=args.dump_ir, mode=args.mode, schedule=args.schedule,
                           optimizer_bytes_per_param=args.optimizer_bytes_per_param, profiles=tuple(args.profiles),
                            sign_key=args.sign_key, check_certificate=args.check_certificate)
+    opts.align = args.align
     result = compile_model(spec, args.cluster, args.out, opts,
                            echo=lambda text: console.print(text, markup=False, highlight=False),
                            progress=Progress.for_console(console))
@@ -366,6 +380,20 @@ def _shard_weights(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def _export(args: argparse.Namespace) -> int:
+    from hetpart.export import export_plan
+
+    result = export_plan(args.out, args.format, args.file, args.key)
+    for note in result.notes:
+        print(note, file=sys.stderr)
+    if args.file is None:
+        print(result.text, end="")
+    else:
+        wrote = [str(args.file)] + [str(args.file.with_suffix(s)) for s in result.extra_files]
+        print(f"wrote {', '.join(wrote)}", file=sys.stderr)
+    return 0
+
+
 def _devices(console: Console) -> int:
     from hetpart.devices import CATALOG
 
@@ -435,6 +463,8 @@ def _main(argv: list[str] | None) -> int:
             return _placement(args)
         if args.command == "shard-weights":
             return _shard_weights(args, console)
+        if args.command == "export":
+            return _export(args)
         if args.command == "devices":
             return _devices(console)
         return _models(console)

@@ -22,6 +22,7 @@ from hetpart.codegen import write_manifest
 from hetpart.codegen.split import stage_of_nodes
 from hetpart.devices import Cluster, load_cluster
 from hetpart.errors import HetpartError
+from hetpart.export.layers import align_to_layers, round_to_layers
 from hetpart.frontend import (
     ModelSpec, check_example_batch, checkpoint_names, export_model, load_for_tracing, sequence_axes,
 )
@@ -57,6 +58,7 @@ class CompileOptions:
     meta: bool | None = None  # trace without weights (True), with them (False), or decide by size (None)
     sign_key: Path | None = None  # a key file: sign manifest.json into manifest.json.hmac (hetpart/trust.py)
     check_certificate: bool | None = None  # re-prove the bound (NOTE [checked certificates]); None: the env var
+    align: str = "ops"  # or "layers": cut only between top-level blocks (hetpart/export/layers.py)
 
 
 @dataclass
@@ -248,6 +250,8 @@ def compile_model(spec: ModelSpec, cluster_spec: str, out: Path, opts: CompileOp
         warn_batch_mixing(gm, opts.microbatches, microbatch_size, echo)
         # 3. Lower to the torch-free problem, solve with CP-SAT, check the plan independently.
         problem = lower_to_problem(gm, cluster, training)
+        if opts.align == "layers":
+            align_to_layers(problem)  # every layer one co-location group
         if opts.schedule == "1f1b" and opts.microbatches < min(problem.max_stages or len(problem.devices),
                                                                len(problem.devices)):
             problem.max_stages = opts.microbatches  # NOTE [1F1B stages]
@@ -302,6 +306,9 @@ def compile_model(spec: ModelSpec, cluster_spec: str, out: Path, opts: CompileOp
         # What other tools would plan, in the same cost model (issue 5).
         pj["baselines"] = [b.to_json() for b in compute_baselines(problem) + fx_baselines(gm, problem)]
         pj["bounds"] = plan.bounds.to_json() if plan.bounds else None
+        pj["align"] = opts.align
+        layers = round_to_layers(problem, plan)  # what `hetpart export` writes for layer-level frameworks
+        pj["layers"] = layers.to_json() if layers is not None else None
         write_json(tmp / "plan.json", pj)
         planned = [PlannedDevice(d.name, d.type.name, d.machine)
                    for d in (next(c for c in cluster.devices if c.name == n) for n in plan.device_of_stage)]

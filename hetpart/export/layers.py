@@ -1,0 +1,159 @@
+"""A plan in whole layers: what frameworks that split a model by module can take.
+
+torchtitan, Megatron-LM, DeepSpeed and accelerate place whole modules on pipeline
+stages; hetpart's plans cut between ops. This module (torch-free: it sees the
+partitioner's Problem and Plan) rounds an op-level plan to whole layers and costs
+the rounding, and restricts a problem to layer-aligned cuts (`partition --align layers`).
+A layer is the LAYER attribute lowering gives each node: its module's path up to the
+first list index (`blocks.3`, `model.layers.0`, `wte`; passes/lower.py `layer_of`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import networkx as nx
+
+from hetpart.errors import HetpartError
+from hetpart.partitioner.evaluate import bottleneck_ns, evaluate
+from hetpart.partitioner.problem import COLOCATE, LAYER, PIN, PIN_LAST, TIME_NS, WEIGHTS, Plan, Problem
+
+LAYER_GROUP = "layer:"  # COLOCATE prefix of the groups `align_to_layers` makes
+
+
+def layer_order(problem: Problem) -> list[str]:
+    """The problem's layers in the order their first node runs (`Problem.node_order`)."""
+    seen: dict[str, None] = {}
+    for v in problem.node_order():
+        layer = problem.graph.nodes[v].get(LAYER)
+        if layer is not None:
+            seen.setdefault(layer, None)
+    return list(seen)
+
+
+def align_to_layers(problem: Problem) -> int:
+    """Make every layer one co-location group, so that any plan cuts only between layers.
+
+    Returns the number of layers; a problem without LAYER attributes (a model without
+    submodules) is an error, since nothing could be aligned. A node already in a
+    co-location group keeps it (tied weights): its layer then joins that group's stage anyway.
+    """
+    layers = layer_order(problem)
+    if not layers:
+        raise HetpartError("--align layers: the model has no submodules to align to (every op is at its top level); "
+                           "plan with the default --align ops")
+    for _, attrs in problem.graph.nodes(data=True):
+        if attrs.get(LAYER) is not None and attrs.get(COLOCATE) is None:
+            attrs[COLOCATE] = LAYER_GROUP + attrs[LAYER]
+    return len(layers)
+
+
+@dataclass(frozen=True)
+class LayerPlan:
+    """An op-level plan rounded to whole layers, and what the rounding costs (plan.json `layers`)."""
+
+    names: list[str]  # the model's layers, in execution order
+    stage_of_layer: list[int]  # index into `devices`: the rounded plan's stage of each layer
+    devices: list[str]  # the device of each rounded stage (a subset of the plan's, in order)
+    split_by_plan: list[str]  # layers the op-level plan cuts inside (empty: the plan is layer-aligned)
+    bottleneck_us: float  # the op-level plan's
+    rounded_bottleneck_us: float  # the rounded plan's, in the same cost model
+    rounded_stage_us: list[float]  # each rounded stage's time
+    over_memory_stages: list[int]  # rounded stages over their device's capacity
+    modules_outside_layers: list[str] = field(default_factory=list)  # of weights read at the top level (in `names`)
+
+    @property
+    def aligned(self) -> bool:
+        return not self.split_by_plan
+
+    def layers_of_stage(self) -> list[list[str]]:
+        out: list[list[str]] = [[] for _ in self.devices]
+        for name, k in zip(self.names, self.stage_of_layer):
+            out[k].append(name)
+        return out
+
+    def to_json(self) -> dict:
+        return {"names": self.names, "stage_of_layer": self.stage_of_layer, "devices": self.devices,
+                "aligned": self.aligned, "split_by_plan": self.split_by_plan, "bottleneck_us": self.bottleneck_us,
+                "rounded_bottleneck_us": self.rounded_bottleneck_us, "rounded_stage_us": self.rounded_stage_us,
+                "over_memory_stages": self.over_memory_stages, "modules_outside_layers": self.modules_outside_layers}
+
+    @classmethod
+    def from_json(cls, data: dict) -> LayerPlan:
+        return cls(names=list(data["names"]), stage_of_layer=[int(k) for k in data["stage_of_layer"]],
+                   devices=list(data["devices"]), split_by_plan=list(data["split_by_plan"]),
+                   bottleneck_us=float(data["bottleneck_us"]), rounded_bottleneck_us=float(data["rounded_bottleneck_us"]),
+                   rounded_stage_us=[float(t) for t in data["rounded_stage_us"]],
+                   over_memory_stages=[int(k) for k in data["over_memory_stages"]],
+                   modules_outside_layers=list(data.get("modules_outside_layers", [])))
+
+
+# NOTE [rounding to layers]
+# A layer goes to the stage that holds most of its compute (on that stage's device
+# type; ties to the earlier stage), made non-decreasing along the layer order, so the
+# layers keep the plan's devices and roughly its balance. Ops outside every layer (the
+# inputs, top-level adds and reshapes) go as early as their inputs allow, the outputs
+# to the last stage; one pass in topological order then lifts any node below one of
+# its inputs (a module called twice can force that: its layer is then reported split).
+# Stages left without a layer are dropped (their device stays idle). The rounded plan
+# is costed by `evaluate`, the cost model's one definition, so its bottleneck compares
+# with the op-level plan's; the best layer-aligned plan (`partition --align layers`) is
+# at most the rounded one whenever the rounded plan fits in memory.
+def round_to_layers(problem: Problem, plan: Plan) -> LayerPlan | None:
+    """The plan rounded to whole layers (NOTE [rounding to layers]); None without LAYER attributes."""
+    g = problem.graph
+    names = layer_order(problem)
+    if not names:
+        return None
+    types = [problem.device(d).type for d in plan.device_of_stage]
+    share: dict[str, dict[int, int]] = {name: {} for name in names}
+    for v, attrs in g.nodes(data=True):
+        if attrs.get(LAYER) is not None:
+            k = plan.stage_of[v]
+            share[attrs[LAYER]][k] = share[attrs[LAYER]].get(k, 0) + attrs[TIME_NS][types[k]]
+    stage_of_layer: list[int] = []
+    for name in names:
+        by_stage = share[name]
+        best = min(by_stage, key=lambda k: (-by_stage[k], k))
+        stage_of_layer.append(max(best, stage_of_layer[-1]) if stage_of_layer else best)
+    target = dict(zip(names, stage_of_layer))
+    split_by_plan = [name for name in names if len(share[name]) > 1]
+    last = max(stage_of_layer)
+    stage_of: dict[str, int] = {}
+    for v in nx.topological_sort(g):
+        attrs = g.nodes[v]
+        below = max((stage_of[u] for u in g.predecessors(v)), default=0)
+        if attrs.get(PIN) == PIN_LAST:
+            stage_of[v] = max(last, below)
+        elif attrs.get(LAYER) is not None:
+            stage_of[v] = max(target[attrs[LAYER]], below)
+        else:
+            stage_of[v] = below
+    used = sorted({stage_of[v] for v, a in g.nodes(data=True) if a.get(LAYER) is not None})
+    renumber = {k: i for i, k in enumerate(used)}
+    # Placeholders of a dropped first stage move to the first kept one; nothing else can be outside `used`.
+    stage_of = {v: renumber.get(k, 0 if k < used[0] else len(used) - 1) for v, k in stage_of.items()}
+    devices = [plan.device_of_stage[k] for k in used]
+    stages = evaluate(problem, stage_of, devices)
+    # The layers again, now with the modules of weights read outside every layer (GPT's position
+    # embedding, looked up at the top level): a framework must place those modules too.
+    order: dict[str, int] = {}
+    extra: list[str] = []
+    for v in problem.node_order():
+        attrs = g.nodes[v]
+        if attrs.get(LAYER) is not None:
+            order[attrs[LAYER]] = max(order.get(attrs[LAYER], 0), stage_of[v])
+        for w in attrs.get(WEIGHTS, ()):
+            if not any(w.startswith(name + ".") for name in names):
+                module = w.rpartition(".")[0] or w
+                if module not in order:
+                    order[module] = stage_of[v]
+                    extra.append(module)
+    return LayerPlan(
+        names=list(order), stage_of_layer=list(order.values()), devices=devices,
+        split_by_plan=split_by_plan, bottleneck_us=round(plan.bottleneck_ns / 1000, 3),
+        rounded_bottleneck_us=round(bottleneck_ns(stages) / 1000, 3),
+        rounded_stage_us=[round(s.time_ns / 1000, 3) for s in stages],
+        over_memory_stages=[s.index for s in stages if s.memory_bytes > s.capacity_bytes],
+        modules_outside_layers=extra,
+    )
