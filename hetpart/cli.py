@@ -218,6 +218,10 @@ def _parser() -> argparse.ArgumentParser:
     shard.add_argument("--sign-key", type=Path, default=None, metavar="FILE",
                        help="check the directory's signature with this key, and sign the updated manifest.json")
 
+    chk = sub.add_parser("check", help="validate a cluster file (or preset:NAME) and print its devices, machines "
+                                       "and links")
+    chk.add_argument("cluster", help="a cluster TOML file or preset:NAME")
+
     exp = sub.add_parser("export", help="write a plan as torchtitan, Megatron-LM, DeepSpeed or accelerate config, "
                                         "or a torch.distributed.pipelining schedule CSV")
     exp.add_argument("out", type=Path, help="artifacts directory")
@@ -241,7 +245,27 @@ def _model_arg(model: str) -> str:
     return model
 
 
+# NOTE [arguments before torch]
+# Importing torch takes 5 to 20 s on a busy machine, and a mistyped preset, device type or zoo name
+# should not wait for it. `_check_before_torch` checks what needs no torch first: the cluster
+# (hetpart.devices is torch-free) and a zoo name (hetpart.names); the commands that take them
+# call it before their first import of torch. tests/export/test_fast_cli.py checks that such an
+# error leaves torch unimported.
+def _check_before_torch(model: str, cluster: str | None) -> None:
+    from hetpart.devices import load_cluster
+    from hetpart.errors import did_you_mean
+    from hetpart.names import ZOO_NAMES
+
+    name = model.removeprefix("zoo:")
+    if model.startswith("zoo:") and name not in ZOO_NAMES:
+        raise HetpartError(f"unknown model 'zoo:{name}' (known: {', '.join(sorted(ZOO_NAMES))})"
+                           f"{did_you_mean(name, ZOO_NAMES, 'zoo:')}; see `hetpart models`")
+    if cluster is not None:
+        load_cluster(cluster)
+
+
 def _partition(args: argparse.Namespace, console: Console) -> int:
+    _check_before_torch(args.model, args.cluster)  # NOTE [arguments before torch]
     from hetpart.compile import CompileOptions, compile_model
     from hetpart.frontend import ModelSpec
     from hetpart.report import print_plan
@@ -327,6 +351,7 @@ def _inspect(args: argparse.Namespace, console: Console) -> int:
 
 
 def _profile(args: argparse.Namespace, console: Console) -> int:
+    _check_before_torch(args.model, args.cluster)  # NOTE [arguments before torch]
     from hetpart.devices import device_type
     from hetpart.frontend import ModelSpec
     from hetpart.passes.profile import check_output_path, profile_model, ranks_sharing_a_machine
@@ -377,6 +402,40 @@ def _shard_weights(args: argparse.Namespace, console: Console) -> int:
     console.print(f"wrote weights.safetensors for {result.ranks} rank(s): {result.tensors} tensor(s), "
                   f"{result.bytes_written / 1e6:.1f} MB, {result.from_checkpoint} from {args.checkpoint}"
                   + (f" ({result.cast} converted)" if result.cast else ""))
+    return 0
+
+
+def _check(args: argparse.Namespace, console: Console) -> int:
+    """The cluster as hetpart reads it: every device, every machine's link, the network, totals."""
+    from hetpart.devices import load_cluster
+
+    cluster = load_cluster(args.cluster)  # torch-free: NOTE [arguments before torch]
+    gib = 1 << 30
+    table = Table(box=box.SIMPLE_HEAD, title=f"cluster {cluster.name}: devices")
+    for col in ("device", "type", "memory GiB", "fp32 TFLOP/s", "fp16/bf16 TFLOP/s", "memory GB/s"):
+        table.add_column(col, justify="left" if col in ("device", "type") else "right")
+    for d in cluster.devices:
+        half = max(d.type.flops_per_s("fp16"), d.type.flops_per_s("bf16"))
+        table.add_row(d.name, d.type.name, f"{d.mem_bytes / gib:.4g}", f"{d.type.flops_per_s('fp32') / 1e12:g}",
+                      f"{half / 1e12:g}", f"{d.type.mem_bw_bytes_per_s / 1e9:g}")
+    console.print(table)
+    links = Table(box=box.SIMPLE_HEAD, title="links")
+    for col in ("between", "devices", "bandwidth GB/s", "latency us"):
+        links.add_column(col, justify="left" if col in ("between", "devices") else "right")
+    for m in cluster.machines:
+        links.add_row(f"inside machine {m.name}", str(len(m.devices)), f"{m.link.bandwidth_bytes_per_s / 1e9:g}",
+                      f"{m.link.latency_s * 1e6:g}")
+    links.add_row("machines (network)", "", f"{cluster.network.bandwidth_bytes_per_s / 1e9:g}",
+                  f"{cluster.network.latency_s * 1e6:g}")
+    console.print(links)
+    kinds = {}
+    for d in cluster.devices:
+        kinds[d.type.name] = kinds.get(d.type.name, 0) + 1
+    fp32 = sum(d.type.flops_per_s("fp32") for d in cluster.devices) / 1e12
+    console.print(f"{len(cluster.devices)} device(s) on {len(cluster.machines)} machine(s): "
+                  + ", ".join(f"{n} x {t}" for t, n in kinds.items())
+                  + f"; {sum(d.mem_bytes for d in cluster.devices) / gib:.4g} GiB of memory, {fp32:g} TFLOP/s fp32 "
+                  "(datasheet peaks; `hetpart devices` lists the catalog)", markup=False, highlight=False)
     return 0
 
 
@@ -465,6 +524,8 @@ def _main(argv: list[str] | None) -> int:
             return _shard_weights(args, console)
         if args.command == "export":
             return _export(args)
+        if args.command == "check":
+            return _check(args, console)
         if args.command == "devices":
             return _devices(console)
         return _models(console)
