@@ -23,6 +23,7 @@ from hetpart.codegen.split import stage_of_nodes
 from hetpart.devices import Cluster, load_cluster
 from hetpart.errors import HetpartError
 from hetpart.export.layers import align_to_layers, round_to_layers
+from hetpart.export.modules import annotate_modules
 from hetpart.frontend import (
     ModelSpec, check_example_batch, checkpoint_names, export_model, load_for_tracing, sequence_axes,
 )
@@ -250,6 +251,7 @@ def compile_model(spec: ModelSpec, cluster_spec: str, out: Path, opts: CompileOp
         warn_batch_mixing(gm, opts.microbatches, microbatch_size, echo)
         # 3. Lower to the torch-free problem, solve with CP-SAT, check the plan independently.
         problem = lower_to_problem(gm, cluster, training)
+        annotate_modules(gm, problem)  # which module each node is in, for --align layers and `hetpart export`
         if opts.align == "layers":
             align_to_layers(problem)  # every layer one co-location group
         if opts.schedule == "1f1b" and opts.microbatches < min(problem.max_stages or len(problem.devices),

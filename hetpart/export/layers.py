@@ -4,8 +4,9 @@ torchtitan, Megatron-LM, DeepSpeed and accelerate place whole modules on pipelin
 stages; hetpart's plans cut between ops. This module (torch-free: it sees the
 partitioner's Problem and Plan) rounds an op-level plan to whole layers and costs
 the rounding, and restricts a problem to layer-aligned cuts (`partition --align layers`).
-A layer is the LAYER attribute lowering gives each node: its module's path up to the
-first list index (`blocks.3`, `model.layers.0`, `wte`; passes/lower.py `layer_of`).
+A layer is a node's MODULE attribute: a block of the model's repeated stack or a module
+beside it (`blocks.3`, `model.transformer.h.0`, `wte`, `model.lm_head`), set by
+`hetpart.export.modules.annotate_modules` (NOTE [export modules]); the partitioner ignores it.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ import networkx as nx
 
 from hetpart.errors import HetpartError
 from hetpart.partitioner.evaluate import bottleneck_ns, evaluate
-from hetpart.partitioner.problem import COLOCATE, LAYER, PIN, PIN_LAST, TIME_NS, WEIGHTS, Plan, Problem
+from hetpart.partitioner.problem import COLOCATE, PIN, PIN_LAST, TIME_NS, WEIGHTS, Plan, Problem
 
+MODULE = "module"  # optional str: the node's module, as frameworks place them (NOTE [export modules])
 LAYER_GROUP = "layer:"  # COLOCATE prefix of the groups `align_to_layers` makes
 
 
@@ -25,7 +27,7 @@ def layer_order(problem: Problem) -> list[str]:
     """The problem's layers in the order their first node runs (`Problem.node_order`)."""
     seen: dict[str, None] = {}
     for v in problem.node_order():
-        layer = problem.graph.nodes[v].get(LAYER)
+        layer = problem.graph.nodes[v].get(MODULE)
         if layer is not None:
             seen.setdefault(layer, None)
     return list(seen)
@@ -34,7 +36,7 @@ def layer_order(problem: Problem) -> list[str]:
 def align_to_layers(problem: Problem) -> int:
     """Make every layer one co-location group, so that any plan cuts only between layers.
 
-    Returns the number of layers; a problem without LAYER attributes (a model without
+    Returns the number of layers; a problem without MODULE attributes (a model without
     submodules) is an error, since nothing could be aligned. A node already in a
     co-location group keeps it (tied weights): its layer then joins that group's stage anyway.
     """
@@ -43,8 +45,8 @@ def align_to_layers(problem: Problem) -> int:
         raise HetpartError("--align layers: the model has no submodules to align to (every op is at its top level); "
                            "plan with the default --align ops")
     for _, attrs in problem.graph.nodes(data=True):
-        if attrs.get(LAYER) is not None and attrs.get(COLOCATE) is None:
-            attrs[COLOCATE] = LAYER_GROUP + attrs[LAYER]
+        if attrs.get(MODULE) is not None and attrs.get(COLOCATE) is None:
+            attrs[COLOCATE] = LAYER_GROUP + attrs[MODULE]
     return len(layers)
 
 
@@ -100,7 +102,7 @@ class LayerPlan:
 # with the op-level plan's; the best layer-aligned plan (`partition --align layers`) is
 # at most the rounded one whenever the rounded plan fits in memory.
 def round_to_layers(problem: Problem, plan: Plan) -> LayerPlan | None:
-    """The plan rounded to whole layers (NOTE [rounding to layers]); None without LAYER attributes."""
+    """The plan rounded to whole layers (NOTE [rounding to layers]); None without MODULE attributes."""
     g = problem.graph
     names = layer_order(problem)
     if not names:
@@ -108,9 +110,9 @@ def round_to_layers(problem: Problem, plan: Plan) -> LayerPlan | None:
     types = [problem.device(d).type for d in plan.device_of_stage]
     share: dict[str, dict[int, int]] = {name: {} for name in names}
     for v, attrs in g.nodes(data=True):
-        if attrs.get(LAYER) is not None:
+        if attrs.get(MODULE) is not None:
             k = plan.stage_of[v]
-            share[attrs[LAYER]][k] = share[attrs[LAYER]].get(k, 0) + attrs[TIME_NS][types[k]]
+            share[attrs[MODULE]][k] = share[attrs[MODULE]].get(k, 0) + attrs[TIME_NS][types[k]]
     stage_of_layer: list[int] = []
     for name in names:
         by_stage = share[name]
@@ -125,11 +127,11 @@ def round_to_layers(problem: Problem, plan: Plan) -> LayerPlan | None:
         below = max((stage_of[u] for u in g.predecessors(v)), default=0)
         if attrs.get(PIN) == PIN_LAST:
             stage_of[v] = max(last, below)
-        elif attrs.get(LAYER) is not None:
-            stage_of[v] = max(target[attrs[LAYER]], below)
+        elif attrs.get(MODULE) is not None:
+            stage_of[v] = max(target[attrs[MODULE]], below)
         else:
             stage_of[v] = below
-    used = sorted({stage_of[v] for v, a in g.nodes(data=True) if a.get(LAYER) is not None})
+    used = sorted({stage_of[v] for v, a in g.nodes(data=True) if a.get(MODULE) is not None})
     renumber = {k: i for i, k in enumerate(used)}
     # Placeholders of a dropped first stage move to the first kept one; nothing else can be outside `used`.
     stage_of = {v: renumber.get(k, 0 if k < used[0] else len(used) - 1) for v, k in stage_of.items()}
@@ -141,8 +143,8 @@ def round_to_layers(problem: Problem, plan: Plan) -> LayerPlan | None:
     extra: list[str] = []
     for v in problem.node_order():
         attrs = g.nodes[v]
-        if attrs.get(LAYER) is not None:
-            order[attrs[LAYER]] = max(order.get(attrs[LAYER], 0), stage_of[v])
+        if attrs.get(MODULE) is not None:
+            order[attrs[MODULE]] = max(order.get(attrs[MODULE], 0), stage_of[v])
         for w in attrs.get(WEIGHTS, ()):
             if not any(w.startswith(name + ".") for name in names):
                 module = w.rpartition(".")[0] or w

@@ -6,9 +6,9 @@ import networkx as nx
 import pytest
 
 from hetpart.errors import HetpartError
-from hetpart.export.layers import LayerPlan, align_to_layers, layer_order, round_to_layers
+from hetpart.export.layers import MODULE, LayerPlan, align_to_layers, layer_order, round_to_layers
 from hetpart.partitioner import Device, Link, Problem, solve, verify_plan
-from hetpart.partitioner.problem import LAYER, MEM_BYTES, OUT_BYTES, PIN, PIN_FIRST, PIN_LAST, TIME_NS, WEIGHTS
+from hetpart.partitioner.problem import MEM_BYTES, OUT_BYTES, PIN, PIN_FIRST, PIN_LAST, TIME_NS, WEIGHTS
 
 LINK = Link(bandwidth_bytes_per_us=1_000_000, latency_ns=0)
 
@@ -27,7 +27,7 @@ def layered(layer_costs: list[list[int]], devices: int = 2, extra_weight: bool =
     for i, costs in enumerate(layer_costs):
         for j, cost in enumerate(costs):
             name = f"l{i}_{j}"
-            add(name, cost, **{LAYER: f"blocks.{i}", WEIGHTS: (f"blocks.{i}.w",)})
+            add(name, cost, **{MODULE: f"blocks.{i}", WEIGHTS: (f"blocks.{i}.w",)})
             g.add_edge(prev, name)
             prev = name
         weights[f"blocks.{i}.w"] = 4
@@ -64,7 +64,7 @@ def test_align_layers_plans_whole_layers_within_the_rounding_loss():
     plan = solve(aligned, time_limit_s=5)
     verify_plan(aligned, plan)
     for layer in layer_order(aligned):  # no layer is cut
-        stages = {plan.stage_of[v] for v, a in aligned.graph.nodes(data=True) if a.get(LAYER) == layer}
+        stages = {plan.stage_of[v] for v, a in aligned.graph.nodes(data=True) if a.get(MODULE) == layer}
         assert len(stages) == 1, layer
     # The best whole-layer plan is no better than op by op, and no worse than the rounding.
     assert op_plan.bottleneck_ns <= plan.bottleneck_ns <= rounded.rounded_bottleneck_us * 1000
@@ -83,7 +83,7 @@ def test_rounded_plan_names_modules_of_top_level_weights_and_round_trips():
 def test_align_without_layers_is_an_error():
     p = layered([[10]])
     for _, a in p.graph.nodes(data=True):
-        a.pop(LAYER, None)
+        a.pop(MODULE, None)
     assert round_to_layers(p, solve(p, time_limit_s=5)) is None
     with pytest.raises(HetpartError, match="no submodules"):
         align_to_layers(p)
