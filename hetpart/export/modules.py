@@ -14,9 +14,10 @@ from hetpart.passes.lower import group_of
 # NOTE [export modules]
 # torch.export records each op's module stack (`nn_module_stack`, outermost first). A block is a
 # module whose path ends in a list index (`h.0`). A node's module is the outermost module on its
-# stack that is not an ancestor of a block: `model` and `model.transformer` contain the blocks,
-# so an op in `model.transformer.wte` belongs to `model.transformer.wte`, one in
-# `model.transformer.h.0.attn` to `model.transformer.h.0`, and an op directly in
+# stack that is a block or not an ancestor of one: `model` and `model.transformer` contain the
+# blocks, so an op in `model.transformer.wte` belongs to `model.transformer.wte`, one in
+# `model.transformer.h.0.attn` to `model.transformer.h.0` (and one in T5's
+# `model.encoder.block.0.layer.1` to `model.encoder.block.0`, the outer list), and an op directly in
 # `model.transformer` (an add, a reshape between modules) to none: it is glue the framework's
 # own forward runs. This is finer than lowering's LAYER (the baselines' unit), which names every
 # non-block module of an HF model `model`, one module spanning the whole pipeline.
@@ -40,6 +41,6 @@ def annotate_modules(gm: fx.GraphModule, problem: Problem) -> None:
         name = groups.get(node.name)
         if name is None or name not in g or MODULE in g.nodes[name]:
             continue
-        module = next((p for p in stacks[node.name] if p not in ancestors), None)
+        module = next((p for p in stacks[node.name] if p in blocks or p not in ancestors), None)
         if module is not None:
             g.nodes[name][MODULE] = module

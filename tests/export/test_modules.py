@@ -25,15 +25,26 @@ def test_nested_model_skips_the_modules_that_hold_the_blocks(annotated, mixed4):
     gm = annotated("gpt-small")
     saved = {n: n.meta.get("nn_module_stack") for n in gm.graph.nodes}
 
-    def nest(path: str) -> str:
-        return f"model.{path}" if path == "lm_head" else f"model.transformer.{path}"
+    def nest(path: str) -> list[str]:
+        """blocks.0.attn.qkv -> the HF-style paths of its stack entry, T5-like lists in lists:
+        model.transformer.blocks.0.layer.0 (the inner list's module), then ...layer.0.attn.qkv."""
+        if path == "lm_head":
+            return ["model.lm_head"]
+        out = []
+        if ".attn" in path or ".mlp" in path:
+            inner = "layer.0" if ".attn" in path else "layer.1"
+            block, _, rest = path.partition(".attn" if ".attn" in path else ".mlp")
+            if rest == "":  # the attn/mlp module itself: its list entry comes first
+                out.append(f"model.transformer.{block}.{inner}")
+            path = f"{block}.{inner}" + path[len(block):]
+        return out + [f"model.transformer.{path}"]
 
     try:
         for node, stack in saved.items():
             if stack:
-                outer = [("o0", ("model", "HF")), ("o1", ("model.transformer", "T"))]
-                node.meta["nn_module_stack"] = dict(
-                    outer + [(f"n{i}", (nest(path), kind)) for i, (path, kind) in enumerate(stack.values()) if path])
+                entries = [("model", "HF"), ("model.transformer", "T")]
+                entries += [(p, kind) for path, kind in stack.values() if path for p in nest(path)]
+                node.meta["nn_module_stack"] = {f"e{i}": entry for i, entry in enumerate(entries)}
         names = modules_of(gm, mixed4)
     finally:
         for node, stack in saved.items():
@@ -41,3 +52,4 @@ def test_nested_model_skips_the_modules_that_hold_the_blocks(annotated, mixed4):
     assert "model" not in names and "model.transformer" not in names
     assert names[0] == "model.transformer.wte" and names[-1] == "model.lm_head"
     assert "model.transformer.blocks.1" in names and "model.transformer.blocks" not in names
+    assert not any(".layer." in n for n in names)  # the outer list's blocks, not the inner's
