@@ -252,8 +252,9 @@ def compile_model(spec: ModelSpec, cluster_spec: str, out: Path, opts: CompileOp
         # 3. Lower to the torch-free problem, solve with CP-SAT, check the plan independently.
         problem = lower_to_problem(gm, cluster, training)
         annotate_modules(gm, problem)  # which module each node is in, for --align layers and `hetpart export`
-        if opts.align == "layers":
-            align_to_layers(problem)  # every layer one co-location group
+        if opts.align == "layers" and (free := align_to_layers(problem)):  # every module one co-location group
+            echo(f"note: --align layers: {len(free)} module(s) run at several places with others between "
+                 f"({', '.join(free[:4])}{', ...' if len(free) > 4 else ''}); their calls are placed one by one")
         if opts.schedule == "1f1b" and opts.microbatches < min(problem.max_stages or len(problem.devices),
                                                                len(problem.devices)):
             problem.max_stages = opts.microbatches  # NOTE [1F1B stages]

@@ -45,6 +45,14 @@ def layer_plan(pj: dict, fmt: str) -> LayerPlan:
 
 def rounding_note(lp: LayerPlan) -> str:
     """What rounding an op-level plan to whole layers costs, in the plan's own cost model."""
+    if lp.shared:
+        shared = (f"; {', '.join(lp.shared[:4])} run(s) at several places with other modules between, listed at "
+                  "the stage of the first call")
+        return _rounding_note(lp) + shared
+    return _rounding_note(lp)
+
+
+def _rounding_note(lp: LayerPlan) -> str:
     if lp.aligned:
         return (f"note: the plan cuts only between layers; its predicted bottleneck, {lp.rounded_bottleneck_us:g} us "
                 "per microbatch, carries over")

@@ -33,21 +33,63 @@ def layer_order(problem: Problem) -> list[str]:
     return list(seen)
 
 
-def align_to_layers(problem: Problem) -> int:
-    """Make every layer one co-location group, so that any plan cuts only between layers.
+def _closure(g: nx.DiGraph, members: set[str]) -> set[str]:
+    """The members and every node on a path between two of them (NOTE [co-location closure] in
+    partitioner/constraints.py), by one search down and one up from all members at once."""
+    def reach(step) -> set[str]:
+        seen, todo = set(members), list(members)
+        while todo:
+            for w in step(todo.pop()):
+                if w not in seen:
+                    seen.add(w)
+                    todo.append(w)
+        return seen
 
-    Returns the number of layers; a problem without MODULE attributes (a model without
-    submodules) is an error, since nothing could be aligned. A node already in a
-    co-location group keeps it (tied weights): its layer then joins that group's stage anyway.
+    return reach(g.successors) & reach(g.predecessors)
+
+
+def _members(problem: Problem) -> dict[str, set[str]]:
+    members: dict[str, set[str]] = {name: set() for name in layer_order(problem)}
+    for v, attrs in problem.graph.nodes(data=True):
+        if attrs.get(MODULE) is not None:
+            members[attrs[MODULE]].add(v)
+    return members
+
+
+def _interleaved(g: nx.DiGraph, name: str, members: set[str]) -> bool:
+    """Whether module `name` runs at several places with other modules between (NOTE [aligned modules])."""
+    return any(g.nodes[v].get(MODULE) not in (None, name) for v in _closure(g, members))
+
+
+def align_to_layers(problem: Problem) -> list[str]:
+    """Make every module one co-location group, so that any plan cuts only between modules; returns
+    the modules left free (NOTE [aligned modules]). A problem without MODULE attributes (a model
+    without submodules) is an error, since nothing could be aligned. A node already in a
+    co-location group keeps it (tied weights): its module then joins that group's stage anyway.
     """
-    layers = layer_order(problem)
-    if not layers:
+    g = problem.graph
+    names = layer_order(problem)
+    if not names:
         raise HetpartError("--align layers: the model has no submodules to align to (every op is at its top level); "
                            "plan with the default --align ops")
-    for _, attrs in problem.graph.nodes(data=True):
-        if attrs.get(MODULE) is not None and attrs.get(COLOCATE) is None:
-            attrs[COLOCATE] = LAYER_GROUP + attrs[MODULE]
-    return len(layers)
+    members = _members(problem)
+    free = []
+    for name in names:
+        if _interleaved(g, name, members[name]):
+            free.append(name)  # called at two places with other modules between: NOTE [aligned modules]
+            continue
+        for v in members[name]:
+            if g.nodes[v].get(COLOCATE) is None:
+                g.nodes[v][COLOCATE] = LAYER_GROUP + name
+    return free
+
+
+# NOTE [aligned modules]
+# Nodes sharing a stage drag along every node on a path between them (NOTE [co-location closure]).
+# A module called at two places with other modules in between (T5's `encoder.dropout`, after the
+# embedding and after the last block) would pull all of those into one stage, so it is left free:
+# its calls go where the plan puts them, and `partition` says which modules these are. Rounding
+# treats such a module's calls as glue too (it is listed at the stage of its first call).
 
 
 @dataclass(frozen=True)
@@ -63,6 +105,7 @@ class LayerPlan:
     rounded_stage_us: list[float]  # each rounded stage's time
     over_memory_stages: list[int]  # rounded stages over their device's capacity
     modules_outside_layers: list[str] = field(default_factory=list)  # of weights read at the top level (in `names`)
+    shared: list[str] = field(default_factory=list)  # run at several places, placed call by call (NOTE [aligned modules])
 
     @property
     def aligned(self) -> bool:
@@ -78,7 +121,8 @@ class LayerPlan:
         return {"names": self.names, "stage_of_layer": self.stage_of_layer, "devices": self.devices,
                 "aligned": self.aligned, "split_by_plan": self.split_by_plan, "bottleneck_us": self.bottleneck_us,
                 "rounded_bottleneck_us": self.rounded_bottleneck_us, "rounded_stage_us": self.rounded_stage_us,
-                "over_memory_stages": self.over_memory_stages, "modules_outside_layers": self.modules_outside_layers}
+                "over_memory_stages": self.over_memory_stages, "modules_outside_layers": self.modules_outside_layers,
+                "shared": self.shared}
 
     @classmethod
     def from_json(cls, data: dict) -> LayerPlan:
@@ -87,16 +131,18 @@ class LayerPlan:
                    bottleneck_us=float(data["bottleneck_us"]), rounded_bottleneck_us=float(data["rounded_bottleneck_us"]),
                    rounded_stage_us=[float(t) for t in data["rounded_stage_us"]],
                    over_memory_stages=[int(k) for k in data["over_memory_stages"]],
-                   modules_outside_layers=list(data.get("modules_outside_layers", [])))
+                   modules_outside_layers=list(data.get("modules_outside_layers", [])),
+                   shared=list(data.get("shared", [])))
 
 
 # NOTE [rounding to layers]
 # A layer goes to the stage that holds most of its compute (on that stage's device
-# type; ties to the earlier stage), made non-decreasing along the layer order, so the
-# layers keep the plan's devices and roughly its balance. Ops outside every layer (the
+# type; ties to the earlier stage), so the layers keep the plan's devices and roughly its
+# balance, and a layer-aligned plan is reproduced exactly. Ops outside every layer (the
 # inputs, top-level adds and reshapes) go as early as their inputs allow, the outputs
 # to the last stage; one pass in topological order then lifts any node below one of
-# its inputs (a module called twice can force that: its layer is then reported split).
+# its inputs (so edges never go backwards; independent branches, T5's encoder and
+# decoder embedding, keep their own stages).
 # Stages left without a layer are dropped (their device stays idle). The rounded plan
 # is costed by `evaluate`, the cost model's one definition, so its bottleneck compares
 # with the op-level plan's; the best layer-aligned plan (`partition --align layers`) is
@@ -113,11 +159,15 @@ def round_to_layers(problem: Problem, plan: Plan) -> LayerPlan | None:
         if attrs.get(MODULE) is not None:
             k = plan.stage_of[v]
             share[attrs[MODULE]][k] = share[attrs[MODULE]].get(k, 0) + attrs[TIME_NS][types[k]]
+    members = _members(problem)
+    free = {name for name in names if len(share[name]) > 1 and _interleaved(g, name, members[name])}
+    if len(free) == len(names):
+        free = set()
+    names = [name for name in names if name not in free]
     stage_of_layer: list[int] = []
     for name in names:
         by_stage = share[name]
-        best = min(by_stage, key=lambda k: (-by_stage[k], k))
-        stage_of_layer.append(max(best, stage_of_layer[-1]) if stage_of_layer else best)
+        stage_of_layer.append(min(by_stage, key=lambda k: (-by_stage[k], k)))
     target = dict(zip(names, stage_of_layer))
     split_by_plan = [name for name in names if len(share[name]) > 1]
     last = max(stage_of_layer)
@@ -127,11 +177,11 @@ def round_to_layers(problem: Problem, plan: Plan) -> LayerPlan | None:
         below = max((stage_of[u] for u in g.predecessors(v)), default=0)
         if attrs.get(PIN) == PIN_LAST:
             stage_of[v] = max(last, below)
-        elif attrs.get(MODULE) is not None:
+        elif attrs.get(MODULE) in target:
             stage_of[v] = max(target[attrs[MODULE]], below)
         else:
             stage_of[v] = below
-    used = sorted({stage_of[v] for v, a in g.nodes(data=True) if a.get(MODULE) is not None})
+    used = sorted({stage_of[v] for v, a in g.nodes(data=True) if a.get(MODULE) in target})
     renumber = {k: i for i, k in enumerate(used)}
     # Placeholders of a dropped first stage move to the first kept one; nothing else can be outside `used`.
     stage_of = {v: renumber.get(k, 0 if k < used[0] else len(used) - 1) for v, k in stage_of.items()}
@@ -143,8 +193,10 @@ def round_to_layers(problem: Problem, plan: Plan) -> LayerPlan | None:
     extra: list[str] = []
     for v in problem.node_order():
         attrs = g.nodes[v]
-        if attrs.get(MODULE) is not None:
+        if attrs.get(MODULE) in target:
             order[attrs[MODULE]] = max(order.get(attrs[MODULE], 0), stage_of[v])
+        elif attrs.get(MODULE) is not None:
+            order.setdefault(attrs[MODULE], stage_of[v])  # a module left free: where it first runs
         for w in attrs.get(WEIGHTS, ()):
             if not any(w.startswith(name + ".") for name in names):
                 module = w.rpartition(".")[0] or w
@@ -157,5 +209,5 @@ def round_to_layers(problem: Problem, plan: Plan) -> LayerPlan | None:
         rounded_bottleneck_us=round(bottleneck_ns(stages) / 1000, 3),
         rounded_stage_us=[round(s.time_ns / 1000, 3) for s in stages],
         over_memory_stages=[s.index for s in stages if s.memory_bytes > s.capacity_bytes],
-        modules_outside_layers=extra,
+        modules_outside_layers=extra, shared=sorted(free),
     )

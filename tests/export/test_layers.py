@@ -60,7 +60,7 @@ def test_align_layers_plans_whole_layers_within_the_rounding_loss():
     op_plan = solve(p, time_limit_s=5)
     rounded = round_to_layers(p, op_plan)
     aligned = layered([[10, 10, 10], [5, 5, 30], [10, 10, 10], [1, 1, 1]], devices=3)
-    assert align_to_layers(aligned) == 4
+    assert align_to_layers(aligned) == []  # every module kept whole
     plan = solve(aligned, time_limit_s=5)
     verify_plan(aligned, plan)
     for layer in layer_order(aligned):  # no layer is cut
@@ -87,3 +87,40 @@ def test_align_without_layers_is_an_error():
     assert round_to_layers(p, solve(p, time_limit_s=5)) is None
     with pytest.raises(HetpartError, match="no submodules"):
         align_to_layers(p)
+
+
+def test_a_module_called_twice_around_others_is_left_free():
+    # blocks.0 -> blocks.1 -> blocks.0 again (a shared module, as T5's dropout): keeping blocks.0
+    # whole would pull blocks.1 into its stage.
+    p = layered([[10, 10], [10, 10], [10]])
+    for v in ("l2_0",):
+        p.graph.nodes[v][MODULE] = "blocks.0"
+    assert align_to_layers(p) == ["blocks.0"]
+    assert all(a.get("colocate") is None for v, a in p.graph.nodes(data=True) if a.get(MODULE) == "blocks.0")
+    assert p.graph.nodes["l1_0"]["colocate"] == "layer:blocks.1"
+
+
+def test_rounding_keeps_independent_branches_on_their_own_stages():
+    """An encoder and a decoder embedding side by side (T5): the embedding comes first in the
+    topological order but runs on the later stage; rounding must not drag the encoder after it."""
+    g = nx.DiGraph()
+
+    def add(name: str, cost: int, module: str | None = None, **attrs) -> None:
+        g.add_node(name, **{TIME_NS: {"g": cost}, MEM_BYTES: 0, OUT_BYTES: 8, WEIGHTS: (), PIN: None} | attrs
+                   | ({MODULE: module} if module else {}))
+
+    add("x", 0, **{PIN: PIN_FIRST})
+    add("d0", 1, "dec.emb")
+    add("e0_0", 30, "enc.block.0")
+    add("e1_0", 30, "enc.block.1")
+    add("j", 50, "dec.block.0")
+    add("out", 0, **{PIN: PIN_LAST})
+    g.add_edges_from([("x", "d0"), ("x", "e0_0"), ("e0_0", "e1_0"), ("e1_0", "j"), ("d0", "j"), ("j", "out")])
+    p = Problem(graph=g, weights={}, devices=[Device(f"d{i}", "g", "m", 1 << 30) for i in range(2)],
+                intra_node_links={"m": LINK}, network=LINK)
+    assert layer_order(p)[0] == "dec.emb"
+    plan = solve(p, time_limit_s=5)
+    lp = round_to_layers(p, plan)
+    assert lp.aligned and lp.rounded_bottleneck_us == pytest.approx(plan.bottleneck_ns / 1000)
+    stage = dict(zip(lp.names, lp.stage_of_layer))
+    assert stage["enc.block.0"] == stage["enc.block.1"] == 0 and stage["dec.emb"] == stage["dec.block.0"] == 1
