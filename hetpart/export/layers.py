@@ -23,10 +23,10 @@ MODULE = "module"  # optional str: the node's module, as frameworks place them (
 LAYER_GROUP = "layer:"  # COLOCATE prefix of the groups `align_to_layers` makes
 
 
-def layer_order(problem: Problem) -> list[str]:
-    """The problem's layers in the order their first node runs (`Problem.node_order`)."""
+def layer_order(problem: Problem, order: list[str] | None = None) -> list[str]:
+    """The problem's layers in the order their first node runs (`order`, default `Problem.node_order`)."""
     seen: dict[str, None] = {}
-    for v in problem.node_order():
+    for v in problem.node_order() if order is None else order:
         layer = problem.graph.nodes[v].get(MODULE)
         if layer is not None:
             seen.setdefault(layer, None)
@@ -49,11 +49,17 @@ def _closure(g: nx.DiGraph, members: set[str]) -> set[str]:
 
 
 def _members(problem: Problem) -> dict[str, set[str]]:
-    members: dict[str, set[str]] = {name: set() for name in layer_order(problem)}
+    members: dict[str, set[str]] = {}
     for v, attrs in problem.graph.nodes(data=True):
         if attrs.get(MODULE) is not None:
-            members[attrs[MODULE]].add(v)
+            members.setdefault(attrs[MODULE], set()).add(v)
     return members
+
+
+def _under(weight: str, modules: set[str]) -> bool:
+    """Whether `weight` (`blocks.0.attn.qkv.weight`) belongs to one of `modules` (`blocks.0`)."""
+    parts = weight.split(".")
+    return any(".".join(parts[:i]) in modules for i in range(1, len(parts)))
 
 
 def _interleaved(g: nx.DiGraph, name: str, members: set[str]) -> bool:
@@ -150,7 +156,8 @@ class LayerPlan:
 def round_to_layers(problem: Problem, plan: Plan) -> LayerPlan | None:
     """The plan rounded to whole layers (NOTE [rounding to layers]); None without MODULE attributes."""
     g = problem.graph
-    names = layer_order(problem)
+    node_order = problem.node_order()
+    names = layer_order(problem, node_order)
     if not names:
         return None
     types = [problem.device(d).type for d in plan.device_of_stage]
@@ -159,8 +166,9 @@ def round_to_layers(problem: Problem, plan: Plan) -> LayerPlan | None:
         if attrs.get(MODULE) is not None:
             k = plan.stage_of[v]
             share[attrs[MODULE]][k] = share[attrs[MODULE]].get(k, 0) + attrs[TIME_NS][types[k]]
-    members = _members(problem)
-    free = {name for name in names if len(share[name]) > 1 and _interleaved(g, name, members[name])}
+    split = [name for name in names if len(share[name]) > 1]
+    members = _members(problem) if split else {}
+    free = {name for name in split if _interleaved(g, name, members[name])}
     if len(free) == len(names):
         free = set()
     names = [name for name in names if name not in free]
@@ -191,14 +199,15 @@ def round_to_layers(problem: Problem, plan: Plan) -> LayerPlan | None:
     # embedding, looked up at the top level): a framework must place those modules too.
     order: dict[str, int] = {}
     extra: list[str] = []
-    for v in problem.node_order():
+    known = set(names) | free
+    for v in node_order:
         attrs = g.nodes[v]
         if attrs.get(MODULE) in target:
             order[attrs[MODULE]] = max(order.get(attrs[MODULE], 0), stage_of[v])
         elif attrs.get(MODULE) is not None:
             order.setdefault(attrs[MODULE], stage_of[v])  # a module left free: where it first runs
         for w in attrs.get(WEIGHTS, ()):
-            if not any(w.startswith(name + ".") for name in names):
+            if not _under(w, known):
                 module = w.rpartition(".")[0] or w
                 if module not in order:
                     order[module] = stage_of[v]
