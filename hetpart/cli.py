@@ -129,6 +129,9 @@ def _parser() -> argparse.ArgumentParser:
     part.add_argument("--verbose", action="store_true", help="print each pass's and the solver's time")
     part.add_argument("--sign-key", type=Path, default=None, metavar="FILE",
                       help="sign manifest.json with this secret key (HMAC-SHA256) into manifest.json.hmac")
+    part.add_argument("--align", default="ops", choices=["ops", "layers"],
+                      help="layers: cut only between top-level blocks (what `hetpart export` formats for "
+                           "torchtitan, Megatron, DeepSpeed and accelerate take); default ops: anywhere")
 
     run = sub.add_parser("run", help="run the artifacts under torchrun (one CPU process per stage)")
     run.add_argument("out", type=Path, help="artifacts directory")
@@ -225,6 +228,20 @@ def _parser() -> argparse.ArgumentParser:
     shard.add_argument("--sign-key", type=Path, default=None, metavar="FILE",
                        help="check the directory's signature with this key, and sign the updated manifest.json")
 
+    chk = sub.add_parser("check", help="validate a cluster file (or preset:NAME) and print its devices, machines "
+                                       "and links")
+    chk.add_argument("cluster", help="a cluster TOML file or preset:NAME")
+
+    exp = sub.add_parser("export", help="write a plan as torchtitan, Megatron-LM, DeepSpeed or accelerate config, "
+                                        "or a torch.distributed.pipelining schedule CSV")
+    exp.add_argument("out", type=Path, help="artifacts directory")
+    exp.add_argument("--format", required=True, choices=["torchtitan", "megatron", "deepspeed", "accelerate",
+                                                         "schedule-csv"], help="the framework's config to write")
+    exp.add_argument("--out", dest="file", type=Path, default=None, metavar="FILE",
+                     help="write it here (torchtitan: and its schedule CSV as FILE.schedule.csv); default: stdout")
+    exp.add_argument("--key", type=Path, default=None, metavar="FILE",
+                     help="read only a directory signed with this key (manifest.json.hmac)")
+
     sub.add_parser("devices", help="list the device catalog")
     sub.add_parser("models", help="list the model zoo")
     return p
@@ -238,7 +255,27 @@ def _model_arg(model: str) -> str:
     return model
 
 
+# NOTE [arguments before torch]
+# Importing torch takes 5 to 20 s on a busy machine, and a mistyped preset, device type or zoo name
+# should not wait for it. `_check_before_torch` checks what needs no torch first: the cluster
+# (hetpart.devices is torch-free) and a zoo name (hetpart.names); the commands that take them
+# call it before their first import of torch. tests/export/test_fast_cli.py checks that such an
+# error leaves torch unimported.
+def _check_before_torch(model: str, cluster: str | None) -> None:
+    from hetpart.devices import load_cluster
+    from hetpart.errors import did_you_mean
+    from hetpart.names import ZOO_NAMES
+
+    name = model.removeprefix("zoo:")
+    if model.startswith("zoo:") and name not in ZOO_NAMES:
+        raise HetpartError(f"unknown model 'zoo:{name}' (known: {', '.join(sorted(ZOO_NAMES))})"
+                           f"{did_you_mean(name, ZOO_NAMES, 'zoo:')}; see `hetpart models`")
+    if cluster is not None:
+        load_cluster(cluster)
+
+
 def _partition(args: argparse.Namespace, console: Console) -> int:
+    _check_before_torch(args.model, args.cluster)  # NOTE [arguments before torch]
     from hetpart.compile import CompileOptions, compile_model
     from hetpart.frontend import ModelSpec
     from hetpart.report import print_plan
@@ -249,8 +286,8 @@ def _partition(args: argparse.Namespace, console: Console) -> int:
                           force=args.force, pt2=args.pt2, meta=args.meta, print_ir_after=frozenset(args.print_ir_after),
                           verbose=args.verbose, dump_ir=args.dump_ir, mode=args.mode, schedule=args.schedule,
                           optimizer_bytes_per_param=args.optimizer_bytes_per_param, profiles=tuple(args.profiles),
-                           sign_key=args.sign_key, check_certificate=args.check_certificate,
-                          strategy=args.strategy)
+                          sign_key=args.sign_key, check_certificate=args.check_certificate,
+                          strategy=args.strategy, align=args.align)
     result = compile_model(spec, args.cluster, args.out, opts,
                            echo=lambda text: console.print(text, markup=False, highlight=False),
                            progress=Progress.for_console(console))
@@ -326,6 +363,7 @@ def _inspect(args: argparse.Namespace, console: Console) -> int:
 
 
 def _profile(args: argparse.Namespace, console: Console) -> int:
+    _check_before_torch(args.model, args.cluster)  # NOTE [arguments before torch]
     from hetpart.devices import load_cluster
     from hetpart.frontend import ModelSpec
     from hetpart.profiler.measure import check_profile_type, profile_model
@@ -379,6 +417,28 @@ def _shard_weights(args: argparse.Namespace, console: Console) -> int:
     console.print(f"wrote weights.safetensors for {result.ranks} rank(s): {result.tensors} tensor(s), "
                   f"{result.bytes_written / 1e6:.1f} MB, {result.from_checkpoint} from {args.checkpoint}"
                   + (f" ({result.cast} converted)" if result.cast else ""))
+    return 0
+
+
+def _check(args: argparse.Namespace, console: Console) -> int:
+    from hetpart.devices import load_cluster
+    from hetpart.devices.show import print_cluster
+
+    print_cluster(load_cluster(args.cluster), console)  # torch-free: NOTE [arguments before torch]
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from hetpart.export import export_plan
+
+    result = export_plan(args.out, args.format, args.file, args.key)
+    for note in result.notes:
+        print(note, file=sys.stderr)
+    if args.file is None:
+        print(result.text, end="")
+    else:
+        wrote = [str(args.file)] + [str(args.file.with_suffix(s)) for s in result.extra_files]
+        print(f"wrote {', '.join(wrote)}", file=sys.stderr)
     return 0
 
 
@@ -451,6 +511,10 @@ def _main(argv: list[str] | None) -> int:
             return _placement(args)
         if args.command == "shard-weights":
             return _shard_weights(args, console)
+        if args.command == "export":
+            return _export(args)
+        if args.command == "check":
+            return _check(args, console)
         if args.command == "devices":
             return _devices(console)
         return _models(console)

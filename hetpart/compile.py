@@ -23,6 +23,8 @@ from hetpart.codegen.artifacts import write_pt2_files
 from hetpart.codegen.split import stage_of_nodes
 from hetpart.devices import Cluster, load_cluster
 from hetpart.errors import HetpartError
+from hetpart.export.layers import align_to_layers, round_to_layers
+from hetpart.export.modules import annotate_modules
 from hetpart.frontend import (
     ModelSpec, check_example_batch, checkpoint_names, export_model, load_for_tracing, sequence_axes,
 )
@@ -62,6 +64,7 @@ class CompileOptions:
     sign_key: Path | None = None  # a key file: sign manifest.json into manifest.json.hmac (hetpart/trust.py)
     check_certificate: bool | None = None  # re-prove the bound (NOTE [checked certificates]); None: the env var
     strategy: str = "optimal"  # or a baseline's name: write its plan instead (NOTE [--strategy] in baselines.py)
+    align: str = "ops"  # or "layers": cut only between top-level blocks (hetpart/export/layers.py)
 
     def check(self, batch_size: int | None = None, out: Path | None = None) -> None:
         """Every option's value, and with the model's `batch_size` and the `out` directory how they fit: the one
@@ -80,6 +83,8 @@ class CompileOptions:
         if self.optimizer_bytes_per_param < 0:
             raise HetpartError(f"--optimizer-bytes-per-param must be >= 0 (got {self.optimizer_bytes_per_param})")
         check_strategy(self.strategy)
+        if self.align not in ("ops", "layers"):
+            raise HetpartError(f"--align {self.align}: expected ops or layers")
         if (self.dump_ir is not None and out is not None
                 and out.resolve() in (self.dump_ir.resolve(), *self.dump_ir.resolve().parents)):
             raise HetpartError(f"--dump-ir {self.dump_ir} is inside --out {out}, which this run creates or replaces; "
@@ -104,7 +109,7 @@ class CompileResult:
 def plan_report(spec: ModelSpec, cluster: Cluster, opts: CompileOptions, plan: Plan, microbatch_size: int, *,
                 stage_flops: list[int], stage_param_bytes: list[int], forward_ns: list[int] | None,
                 model_sha256: str | None, on_meta: bool, gm_meta: dict, baselines: list[dict],
-                emulation: dict | None = None) -> PlanReport:
+                emulation: dict | None = None, layers: dict | None = None) -> PlanReport:
     """plan.json's contents, built once (NOTE [plan.json fields]): deterministic (no timings: timings.json).
 
     `forward_ns` (training plans): each stage's forward share of `compute_us`, which is forward + backward
@@ -146,6 +151,8 @@ def plan_report(spec: ModelSpec, cluster: Cluster, opts: CompileOptions, plan: P
         bounds=plan.bounds.to_json() if plan.bounds else None,
         strategy=opts.strategy,
         emulation=emulation,
+        align=opts.align,
+        layers=layers,
     )
 
 
@@ -269,6 +276,10 @@ def compile_model(spec: ModelSpec, cluster_spec: str, out: Path, opts: CompileOp
         groups = group_of(gm)  # FX node -> problem node, once: lowering, the split and the plan's sums read it
         with times.step("lower"):
             problem = lower_to_problem(gm, cluster, training, groups)
+        annotate_modules(gm, problem)  # which module each node is in, for --align layers and `hetpart export`
+        if opts.align == "layers" and (free := align_to_layers(problem)):  # every module one co-location group
+            echo(f"note: --align layers: {len(free)} module(s) run at several places with others between "
+                 f"({', '.join(free[:4])}{', ...' if len(free) > 4 else ''}); their calls are placed one by one")
         if opts.schedule == "1f1b" and opts.microbatches < min(problem.max_stages or len(problem.devices),
                                                                len(problem.devices)):
             problem.max_stages = opts.microbatches  # NOTE [1F1B stages]
@@ -323,6 +334,7 @@ def compile_model(spec: ModelSpec, cluster_spec: str, out: Path, opts: CompileOp
         with times.step("baselines"):  # what other tools would plan, in the same cost model
             baselines = baselines_json(problem, plan, compute_baselines(problem) + fx_baselines(gm, problem),
                                        opts.microbatches, opts.schedule)  # NOTE [simulated ratios]
+        layers = round_to_layers(problem, plan)  # what `hetpart export` writes for layer-level frameworks
         report = plan_report(
             spec, cluster, opts, plan, microbatch_size, stage_flops=stage_flops, stage_param_bytes=stage_params,
             forward_ns=forward_ns if training is not None else None,
@@ -330,7 +342,8 @@ def compile_model(spec: ModelSpec, cluster_spec: str, out: Path, opts: CompileOp
             emulation={  # each type's time for the whole model, for `run --emulate` (NOTE [emulated devices])
                 "type_model_us": {t: round(sum(problem.graph.nodes[v][TIME_NS][t] for v in problem.graph) / 1000, 3)
                                   for t in sorted(cluster.device_types)},
-                "profiled_types": sorted(profiles)})
+                "profiled_types": sorted(profiles)},
+            layers=layers.to_json() if layers is not None else None)
         pj = report.to_json()
         write_json(tmp / "plan.json", pj)
         planned = [PlannedDevice(d.name, d.type.name, d.machine)

@@ -7,6 +7,8 @@ with status 2. Anything else escaping is a bug in hetpart.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 
 class HetpartError(Exception):
     """A user-facing error. `str(err)` is the whole message."""
@@ -24,3 +26,16 @@ class Terminated(BaseException):
     def __init__(self, signum: int = 15) -> None:  # 15: SIGTERM
         super().__init__(signum)
         self.signum = signum
+
+
+def did_you_mean(word: str, known: Iterable[str], prefix: str = "") -> str:
+    """`; did you mean X?` for the close matches of `word` among `known` (difflib), each shown with
+    `prefix` (`preset:`, `zoo:`); "" when nothing is close.
+
+        >>> did_you_mean("mixed4", ["mixed-4", "cpu-2"], "preset:")
+        '; did you mean preset:mixed-4?'
+    """
+    import difflib
+
+    close = difflib.get_close_matches(word, list(known), n=3)
+    return f"; did you mean {' or '.join(prefix + c for c in close)}?" if close else ""

@@ -128,6 +128,8 @@ class PlanReport:
     bounds: dict | None = _f((dict, type(None)), None)
     strategy: str = _f(str, "optimal")  # or the baseline whose plan the artifacts run (NOTE [--strategy])
     emulation: dict | None = _f((dict, type(None)), None)  # for `run --emulate` (NOTE [emulated devices])
+    align: str = _f(str, "ops")  # "layers": planned with cuts only between modules (`--align layers`)
+    layers: dict | None = _f((dict, type(None)), None)  # the plan rounded to whole modules, for `hetpart export`
 
     @property
     def training(self) -> bool:

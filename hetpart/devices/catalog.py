@@ -66,12 +66,23 @@ CATALOG: dict[str, DeviceType] = {
 
 
 def device_type(name: str) -> DeviceType:
-    from hetpart.errors import HetpartError
+    from hetpart.errors import HetpartError, did_you_mean
 
     try:
         return CATALOG[name]
     except KeyError:
         raise HetpartError(
-            f"unknown device type '{name}' (known: {', '.join(sorted(CATALOG))}); "
+            f"unknown device type '{name}' (known: {', '.join(sorted(CATALOG))}){did_you_mean(name, CATALOG)}; "
             "see `hetpart devices`"
         ) from None
+
+
+def catalog_markdown() -> str:
+    """The catalog as the README's list, between its `device types` markers (tests/export/test_cluster_files.py
+    keeps them equal; regenerate with `python -c "from hetpart.devices.catalog import catalog_markdown as c; print(c())"`)."""
+    lines = []
+    for t in CATALOG.values():
+        half = max(t.flops_per_s("fp16"), t.flops_per_s("bf16"))
+        lines.append(f"- `{t.name}`: {t.description}; {t.mem_bytes / GiB:g} GiB, {t.flops_per_s('fp32') / TFLOPS:g} "
+                     f"TFLOP/s fp32, {half / TFLOPS:g} fp16/bf16, {t.mem_bw_bytes_per_s / GB:g} GB/s")
+    return "\n".join(lines)

@@ -7,7 +7,7 @@ Loaded from TOML or a preset name:
     latency_us = 10
     [[nodes]]
     name = "a"
-    devices = ["a100-80g", "a100-80g"]               # or {type = "a100-80g", mem_GB = 40}
+    devices = ["a100-80g", "a100-80g"]               # or {type = "a100-80g", mem_GiB = 40}
     link = { bandwidth_GBps = 300, latency_us = 2 }  # inside the machine
 
     >>> c = load_cluster("preset:mixed-4")
@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hetpart.devices.catalog import CATALOG, GB, DeviceType
-from hetpart.errors import HetpartError
+from hetpart.devices.catalog import CATALOG, GB, GiB, DeviceType
+from hetpart.errors import HetpartError, did_you_mean
 
 
 @dataclass(frozen=True)
@@ -181,7 +181,9 @@ class _Source:
 RANGES: dict[str, tuple[float, float, str]] = {
     "bandwidth_GBps": (1e-3, 1e5, "GB/s"),  # 1 MB/s to 100 TB/s
     "latency_us": (0.0, 1e6, "us"),  # up to a second
-    "mem_GB": (1e-6, 1e5, "GB"),  # 1 kB to 100 TB
+    "mem_GB": (1e-6, 1e5, "GB (10^9 bytes)"),  # 1 kB to 100 TB
+    "mem_GiB": (1e-6, 1e5, "GiB (2^30 bytes)"),
+    "mem": (1e3, 1e14, "bytes"),
     "mem_bw_GBps": (1e-3, 1e5, "GB/s"),
     "peak_tflops": (1e-3, 1e5, "TFLOP/s"),  # 1 GFLOP/s to 100 PFLOP/s
     "overhead_us": (0.0, 1e6, "us"),
@@ -247,7 +249,7 @@ def _device_type(src: _Source, entry: Any, index: int) -> DeviceType:
     what = f"[[device_types]] #{index + 1}"
     if not isinstance(entry, dict):
         raise src.error(f"{what} must be a table", None, start)
-    _check_keys(src, entry, {"name", "description", "peak_tflops", "mem_GB", "mem_bw_GBps", "matmul_efficiency",
+    _check_keys(src, entry, {"name", "description", "peak_tflops", *MEM_KEYS, "mem_bw_GBps", "matmul_efficiency",
                              "memory_efficiency", "overhead_us"}, what, start)
     name = entry.get("name")
     if name is None:
@@ -270,11 +272,19 @@ def _device_type(src: _Source, entry: Any, index: int) -> DeviceType:
         peak_flops_per_s={k: _number(src, peaks, k, f"{what} peak_tflops", start, limits="peak_tflops") * 1e12
                           for k in peaks},
         mem_bw_bytes_per_s=_number(src, entry, "mem_bw_GBps", what, start) * GB,
-        mem_bytes=int(_number(src, entry, "mem_GB", what, start) * GB),
+        mem_bytes=_device_type_mem(src, entry, what, start),
         matmul_efficiency=_efficiency(src, entry, "matmul_efficiency", what, start, 0.7),
         memory_efficiency=_efficiency(src, entry, "memory_efficiency", what, start, 0.8),
         overhead_ns=round(_number(src, entry, "overhead_us", what, start, strict=False, default=4.0) * 1000),
     )
+
+
+def _device_type_mem(src: _Source, entry: dict, what: str, start: int) -> int:
+    mem = _mem_bytes(src, entry, what, start)
+    if mem is None:
+        raise src.error(f"{what} needs its memory: mem_GiB = 80 (2^30 bytes), mem_GB = 80 (10^9 bytes) or "
+                        "mem = \"80 GiB\"", None, start)
+    return mem
 
 
 def _efficiency(src: _Source, entry: dict, key: str, what: str, start: int, default: float) -> float:
@@ -284,18 +294,54 @@ def _efficiency(src: _Source, entry: dict, key: str, what: str, start: int, defa
     return value
 
 
+# NOTE [memory units]
+# The catalog and every table hetpart prints (`hetpart devices`, the plan table) count memory
+# in GiB (2^30 bytes); a cluster file says which unit it means: `mem_GiB = 80`, `mem_GB = 85.9`
+# (10^9 bytes, as disk makers count) or `mem = "80 GiB"` with a unit (B, kB, MB, GB, TB
+# powers of 1000; KiB, MiB, GiB, TiB powers of 1024). One of them per table; errors name the unit.
+MEM_KEYS = ("mem", "mem_GB", "mem_GiB")
+MEM_UNITS = {"B": 1, "kB": 1e3, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12,
+             "KiB": 1 << 10, "MiB": 1 << 20, "GiB": GiB, "TiB": 1 << 40}
+MEM_TEXT = re.compile(r"\s*([0-9]+(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]+)\s*")
+
+
+def _mem_bytes(src: _Source, table: dict[str, Any], what: str, start: int) -> int | None:
+    """The memory `table` gives (NOTE [memory units]) in bytes, None when it gives none."""
+    given = [k for k in MEM_KEYS if k in table]
+    if len(given) > 1:
+        raise src.error(f"{what}: give its memory once, as one of mem_GiB (2^30 bytes), mem_GB (10^9 bytes) or "
+                        f"mem = \"80 GiB\"; got {' and '.join(given)}", given[1], start)
+    if not given:
+        return None
+    key = given[0]
+    if key == "mem_GB":
+        return int(_number(src, table, key, what, start) * GB)
+    if key == "mem_GiB":
+        return int(_number(src, table, key, what, start) * GiB)
+    text = table[key]
+    m = MEM_TEXT.fullmatch(text) if isinstance(text, str) else None
+    if m is None or m.group(2) not in MEM_UNITS:
+        raise src.error(f"{what}: 'mem' must be a size with a unit, like \"80 GiB\" (2^30 bytes) or \"40 GB\" (10^9 "
+                        f"bytes; units: {', '.join(MEM_UNITS)}), got {text!r}", key, start)
+    nbytes = float(m.group(1)) * MEM_UNITS[m.group(2)]
+    lo, hi, _ = RANGES["mem"]
+    if not lo <= nbytes <= hi:
+        raise src.error(f"{what}: 'mem' = {text!r} is outside the range hetpart accepts, 1 kB to 100 TB; check the "
+                        "unit (see the cluster file format in the README)", key, start)
+    return int(nbytes)
+
+
 def _device(src: _Source, entry: Any, machine: str, index: int, types: dict[str, DeviceType],
             start: int) -> ClusterDevice:
     mem_override, core = None, None
     if isinstance(entry, dict):
-        if set(entry) - {"type", "mem_GB", "core"} or "type" not in entry:
+        if set(entry) - {"type", "core", *MEM_KEYS} or "type" not in entry:
             raise src.error(
-                f"node '{machine}': a device is a type name or {{type = \"a100-80g\", mem_GB = 40}} (and "
-                f"`core = N` for `run --emulate`), got {entry!r}",
+                f"node '{machine}': a device is a type name or {{type = \"a100-80g\", mem_GiB = 40}} (or mem_GB = 40 "
+                f"for 10^9 bytes, or mem = \"40 GiB\"; and `core = N` for `run --emulate`), got {entry!r}",
                 "devices", start,
             )
-        if "mem_GB" in entry:
-            mem_override = _number(src, entry, "mem_GB", f"node '{machine}' device {index}", start)
+        mem_override = _mem_bytes(src, entry, f"node '{machine}' device {index}", start)
         if "core" in entry:  # NOTE [emulated devices] in hetpart/runtime/emulate.py
             core = entry["core"]
             if isinstance(core, bool) or not isinstance(core, int) or core < 0:
@@ -306,9 +352,9 @@ def _device(src: _Source, entry: Any, machine: str, index: int, types: dict[str,
         raise src.error(f"node '{machine}': a device must be a type name string, got {entry!r}", "devices", start)
     if entry not in types:
         raise src.error(f"unknown device type '{entry}' (known: {', '.join(sorted(types))}; "
-                        "or define it in a [[device_types]] table)", f'"{entry}"', start)
+                        f"or define it in a [[device_types]] table){did_you_mean(entry, types)}", f'"{entry}"', start)
     dtype = types[entry]
-    mem = int(mem_override * GB) if mem_override is not None else dtype.mem_bytes
+    mem = mem_override if mem_override is not None else dtype.mem_bytes
     return ClusterDevice(name=f"{machine}/{index}", type=dtype, machine=machine, mem_bytes=mem, core=core)
 
 
@@ -403,7 +449,8 @@ def load_cluster(spec: str) -> Cluster:
     if spec.startswith("preset:"):
         name = spec.removeprefix("preset:")
         if name not in PRESETS:
-            raise HetpartError(f"unknown cluster preset '{name}' (known: {', '.join(sorted(PRESETS))})")
+            raise HetpartError(f"unknown cluster preset '{name}' (known: {', '.join(sorted(PRESETS))})"
+                               f"{did_you_mean(name, PRESETS, 'preset:')}")
         return parse_cluster(PRESETS[name], f"preset:{name}", name)
     if not spec.strip():
         raise HetpartError(f"--cluster is empty; give a TOML file or preset:NAME "

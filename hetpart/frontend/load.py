@@ -134,6 +134,28 @@ def exit_location(err: BaseException) -> str:
     return f"{tb.tb_frame.f_code.co_filename}:{tb.tb_lineno}" if tb is not None else "the model"
 
 
+# NOTE [model file folder]
+# A model file may import a module beside it (`from blocks import Block`), as a script run from
+# its folder can: while hetpart runs the file's code (its import and FUNCTION's call, at partition
+# and at run alike) the file's folder is first on sys.path, and bytecode is not written there. Only
+# the model file itself is read as hashed bytes (NOTE [model file bytes]); what it imports is
+# imported by Python as usual and is not hashed (README, "Trust model").
+@contextlib.contextmanager
+def model_folder_on_path(path: Path) -> Iterator[None]:
+    """`path`'s folder first on sys.path, and no .pyc written, while the block runs (NOTE [model file folder])."""
+    folder = str(path.resolve().parent)
+    added = folder not in sys.path
+    if added:
+        sys.path.insert(0, folder)
+    no_bytecode, sys.dont_write_bytecode = sys.dont_write_bytecode, True
+    try:
+        yield
+    finally:
+        sys.dont_write_bytecode = no_bytecode
+        if added and folder in sys.path:
+            sys.path.remove(folder)
+
+
 def _load_file_model(spec: ModelSpec) -> tuple[nn.Module, tuple]:
     path_text, sep, func_name = spec.model.rpartition(":")
     if not sep or not path_text or not func_name:
@@ -151,7 +173,7 @@ def _load_file_model(spec: ModelSpec) -> tuple[nn.Module, tuple]:
     sys.modules[mod_name] = module
     try:
         source = model_file_source(path)
-        with user_code("importing the model file"):
+        with user_code("importing the model file"), model_folder_on_path(path):
             exec(compile(source, str(path), "exec", dont_inherit=True), module.__dict__)  # noqa: S102
     except HetpartError:
         raise
@@ -176,7 +198,7 @@ def _load_file_model(spec: ModelSpec) -> tuple[nn.Module, tuple]:
         kwargs["batch_size"] = spec.batch_size
     torch.manual_seed(spec.seed)
     try:
-        with user_code(f"{func_name}()"):
+        with user_code(f"{func_name}()"), model_folder_on_path(path):
             result = fn(**kwargs)
     except HetpartError:
         raise

@@ -1,0 +1,54 @@
+"""`hetpart export DIR --format F`: an artifacts directory's plan as another framework's config.
+
+`layers.py` rounds a plan to whole layers (torch-free, also used by `partition`);
+`formats.py` writes each framework's config from plan.json.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hetpart.errors import HetpartError
+from hetpart.export.formats import (
+    FORMATS, Exported, export_accelerate, export_deepspeed, export_megatron, export_schedule_csv, export_torchtitan,
+)
+
+__all__ = ["FORMATS", "Exported", "export_plan", "export_text"]
+
+
+def export_text(pj: dict, fmt: str, out_file: Path | None = None) -> Exported:
+    """The config of format `fmt` for plan.json `pj`; `out_file`: where it will be written (torchtitan
+    names its schedule CSV beside it)."""
+    if fmt == "torchtitan":
+        csv_path = None if out_file is None else str(out_file.resolve().with_suffix(".schedule.csv"))
+        return export_torchtitan(pj, csv_path)
+    if fmt == "megatron":
+        return export_megatron(pj)
+    if fmt == "deepspeed":
+        return export_deepspeed(pj)
+    if fmt == "accelerate":
+        return export_accelerate(pj)
+    if fmt == "schedule-csv":
+        return export_schedule_csv(pj)
+    raise HetpartError(f"--format {fmt}: expected one of {', '.join(FORMATS)}")
+
+
+def export_plan(out: Path, fmt: str, out_file: Path | None = None, key: Path | None = None) -> Exported:
+    """Read `out`'s plan.json through the artifacts' checks (manifest, sha256, `key`'s signature),
+    and write the config to `out_file` (and its companions) if given. Nothing is written on an error."""
+    from hetpart.fsio import AtomicWrites
+    from hetpart.runtime.artifacts import load_manifest, read_plan
+    from hetpart.trust import read_key
+
+    manifest = load_manifest(out, read_key(key, out) if key is not None else None)
+    pj = read_plan(out, manifest).to_json()  # checked by the one loader (NOTE [plan.json fields])
+    result = export_text(pj, fmt, out_file)
+    if out_file is not None:
+        if out_file.is_dir():
+            raise HetpartError(f"--out {out_file} is a directory; give a file name")
+        targets = {out_file: result.text} | {out_file.with_suffix(suffix): text
+                                             for suffix, text in result.extra_files.items()}
+        with AtomicWrites() as w:
+            for path, text in targets.items():
+                w.write(path, text)
+    return result

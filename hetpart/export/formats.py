@@ -1,0 +1,283 @@
+"""A plan as the config each framework takes: torchtitan, Megatron-LM, DeepSpeed, accelerate,
+and torch.distributed.pipelining's schedule CSV.
+
+Every writer reads plan.json (a dict) only: the layer-level ones its `layers` section
+(hetpart/export/layers.py), so torch is never imported. The schemas each follows are
+cited at the writer; none of these libraries but accelerate installs here, so
+tests/export/ checks the others' formats against the same sources.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+
+from hetpart.errors import HetpartError
+from hetpart.export.layers import LayerPlan
+
+FORMATS = ("torchtitan", "megatron", "deepspeed", "accelerate", "schedule-csv")
+
+
+@dataclass
+class Exported:
+    """What `hetpart export` writes: the config text, files beside it, and notes for the user."""
+
+    text: str
+    extra_files: dict[str, str] = field(default_factory=dict)  # suffix of --out's name -> text (torchtitan's CSV)
+    notes: list[str] = field(default_factory=list)
+
+
+def layer_plan(pj: dict, fmt: str) -> LayerPlan:
+    """plan.json's layer-rounded plan, or an error that says why a layer-level format cannot be written."""
+    data = pj.get("layers")
+    if "layers" not in pj:
+        raise HetpartError(f"--format {fmt}: plan.json has no `layers` section (written by an older hetpart); "
+                           "re-run `hetpart partition`")
+    if data is None:
+        raise HetpartError(f"--format {fmt} places whole modules, but plan.json has no layer-rounded plan: the model "
+                           "has no submodules (every op is at its top level; use --format schedule-csv), or the plan "
+                           "was written by an older hetpart (re-run `hetpart partition`)")
+    return LayerPlan.from_json(data)
+
+
+def rounding_note(lp: LayerPlan) -> str:
+    """What rounding an op-level plan to whole layers costs, in the plan's own cost model."""
+    if lp.shared:
+        shared = (f"; {', '.join(lp.shared[:4])} run(s) at several places with other modules between, listed at "
+                  "the stage of the first call")
+        return _rounding_note(lp) + shared
+    return _rounding_note(lp)
+
+
+def _rounding_note(lp: LayerPlan) -> str:
+    if lp.aligned:
+        return (f"note: the plan cuts only between layers; its predicted bottleneck, {lp.rounded_bottleneck_us:g} us "
+                "per microbatch, carries over")
+    loss = (lp.rounded_bottleneck_us / lp.bottleneck_us - 1) * 100 if lp.bottleneck_us else 0.0
+    shown = ", ".join(lp.split_by_plan[:6]) + (", ..." if len(lp.split_by_plan) > 6 else "")
+    memory = (f"; rounded stage(s) {', '.join(map(str, lp.over_memory_stages))} exceed their device's memory"
+              if lp.over_memory_stages else "")
+    return (f"note: the plan cuts inside {len(lp.split_by_plan)} layer(s) ({shown}); rounded to whole layers its "
+            f"predicted bottleneck is {lp.rounded_bottleneck_us:g} us per microbatch against {lp.bottleneck_us:g} us "
+            f"op by op ({loss:+.1f}%){memory}; `hetpart partition --align layers` plans with whole layers")
+
+
+def _header(pj: dict, fmt: str, lp: LayerPlan | None, comment: str = "#") -> list[str]:
+    model = pj["model"]["model"]
+    lines = [f"{comment} hetpart export --format {fmt}: {model} on {pj['cluster']['name']}, "
+             f"{pj['mode']}, microbatch of {pj['microbatch_size']}"]
+    types = {d["name"]: d["type"] for d in pj["cluster"]["devices"]}
+    if lp is not None:
+        for k, (device, layers) in enumerate(zip(lp.devices, lp.layers_of_stage())):
+            lines.append(f"{comment} stage {k} -> rank {k}: {device} ({types[device]}), {lp.rounded_stage_us[k]:g} us: "
+                         + ", ".join(layers))
+    return lines
+
+
+# --- torch.distributed.pipelining's schedule CSV -------------------------------------------------
+
+def schedule_rows(num_stages: int, microbatches: int, schedule: str) -> list[list[str]]:
+    """Rank k's actions (it runs stage k), as torch's `_Action` strings: `2F0` is stage 2's forward of
+    microbatch 0, `2B0` its full backward.
+
+    GPipe runs every forward, then every backward; 1F1B warms up with S-1-k forwards, then
+    alternates one forward and one backward, then drains the backwards: the orders of torch's
+    `ScheduleGPipe` and `Schedule1F1B` (`_get_pipeline_order` in torch/distributed/pipelining/schedules.py).
+    """
+    rows = []
+    for k in range(num_stages):
+        if schedule == "gpipe":
+            actions = [f"{k}F{i}" for i in range(microbatches)] + [f"{k}B{i}" for i in range(microbatches)]
+        else:
+            warm = min(num_stages - 1 - k, microbatches)
+            actions = [f"{k}F{i}" for i in range(warm)]
+            forward, backward = warm, 0
+            while forward < microbatches:
+                actions += [f"{k}F{forward}", f"{k}B{backward}"]
+                forward, backward = forward + 1, backward + 1
+            actions += [f"{k}B{i}" for i in range(backward, microbatches)]
+        rows.append(actions)
+    return rows
+
+
+def schedule_csv(num_stages: int, microbatches: int, schedule: str) -> str:
+    """The CSV `PipelineScheduleMulti._load_csv` reads (format "compute_only"): one row per rank, one
+    action per cell, as `_dump_csv` writes it (torch/distributed/pipelining/schedules.py)."""
+    buf = io.StringIO()
+    csv.writer(buf, lineterminator="\n").writerows(schedule_rows(num_stages, microbatches, schedule))
+    return buf.getvalue()
+
+
+def _stage_map_notes(pj: dict) -> list[str]:
+    return [f"note: stage {s['index']} -> rank {s['index']}: {s['device']} ({s['device_type']}, machine "
+            f"{s['machine']})" for s in pj["stages"]]
+
+
+def export_schedule_csv(pj: dict) -> Exported:
+    """hetpart's own stages (rank k runs stage k: NOTE [ranks are stages]) and the plan's schedule and M.
+    The runtime's validator expects a backward for every forward, so the CSV is a training step's
+    order even for an inference plan."""
+    notes = _stage_map_notes(pj)
+    if pj["mode"] != "training":
+        notes.append("note: an inference plan: the CSV holds the training step's order (torch's schedule "
+                     "runtime runs a backward for every forward)")
+    return Exported(schedule_csv(len(pj["stages"]), pj["microbatches"], pj["schedule"]), notes=notes)
+
+
+# --- torchtitan ---------------------------------------------------------------------------------
+
+def _toml_list(items: list) -> str:
+    return json.dumps(items)  # a JSON array of strings is a TOML array
+
+
+def export_torchtitan(pj: dict, csv_path: str | None) -> Exported:
+    """torchtitan's `[parallelism]` table (torchtitan/config/job_config.py, class Parallelism):
+    `module_fqns_per_model_part: list[list[str]]`, one list of module FQNs per model part, and
+    `pipeline_parallel_schedule_csv`, a path whose schedule needs `pipeline_parallel_schedule` to
+    be PipelineScheduleSingle, PipelineScheduleMulti or _PipelineScheduleRuntime. Without a CSV
+    path (no --out), the plan's schedule by name ("GPipe" or "1F1B", torch's get_schedule_class)."""
+    lp = layer_plan(pj, "torchtitan")
+    parts = lp.layers_of_stage()
+    lines = _header(pj, "torchtitan", lp) + [
+        "# FQNs are the traced model's module names: they apply to a torchtitan model with the same ones",
+        "[parallelism]",
+        f"pipeline_parallel_degree = {len(parts)}",
+        f"pipeline_parallel_microbatch_size = {pj['microbatch_size']}",
+    ]
+    extra = {}
+    if csv_path is not None:
+        lines += ['pipeline_parallel_schedule = "PipelineScheduleMulti"',
+                  f"pipeline_parallel_schedule_csv = {json.dumps(csv_path)}"]
+        extra[".schedule.csv"] = schedule_csv(len(parts), pj["microbatches"], pj["schedule"])
+    else:
+        lines.append(f"pipeline_parallel_schedule = {json.dumps({'gpipe': 'GPipe', '1f1b': '1F1B'}[pj['schedule']])}")
+    lines.append("module_fqns_per_model_part = [")
+    lines += [f"    {_toml_list(p)}," for p in parts]
+    lines.append("]")
+    notes = [rounding_note(lp)]
+    if csv_path is None:
+        notes.append("note: pass --out FILE to also write FILE's schedule CSV (pipeline_parallel_schedule_csv)")
+    return Exported("\n".join(lines) + "\n", extra, notes)
+
+
+# --- Megatron-LM --------------------------------------------------------------------------------
+
+BLOCK = re.compile(r"(.+)\.(\d+)")
+
+
+def decoder_blocks(names: list[str], fmt: str) -> tuple[int, int]:
+    """The [first, last] index in `names` of the model's one stack of repeated blocks (`blocks.N`,
+    `model.layers.N`): what Megatron calls decoder layers. Layers before it are the embedding,
+    after it the loss (final norm and head)."""
+    prefixes = Counter(m.group(1) for name in names if (m := BLOCK.fullmatch(name)))
+    if not prefixes:
+        raise HetpartError(f"--format {fmt}: the model has no stack of repeated blocks (layers named like "
+                           f"`blocks.0`; it has {', '.join(names[:5])}); Megatron's layout counts decoder layers")
+    stacks = [p for p, count in prefixes.most_common() if count > 1]
+    if len(stacks) > 1:
+        raise HetpartError(f"--format {fmt}: the model has {len(stacks)} stacks of blocks ({', '.join(f'`{p}.N`' for p in stacks[:3])}); "
+                           "Megatron's layout describes one stack of decoder layers between embedding and loss")
+    prefix = prefixes.most_common(1)[0][0]
+    index = [i for i, name in enumerate(names) if (m := BLOCK.fullmatch(name)) and m.group(1) == prefix]
+    inside = names[index[0]:index[-1] + 1]
+    strangers = [name for name in inside if not ((m := BLOCK.fullmatch(name)) and m.group(1) == prefix)]
+    if strangers:
+        raise HetpartError(f"--format {fmt}: layers {', '.join(strangers[:4])} run between the `{prefix}.N` blocks; "
+                           "Megatron's layout describes one stack of decoder layers between embedding and loss")
+    return index[0], index[-1]
+
+
+def megatron_layout(lp: LayerPlan) -> str:
+    """`--pipeline-model-parallel-layout` (megatron/core/transformer/pipeline_parallel_layer_layout.py):
+    stages split by `|`, `E` embedding, `t` a decoder layer, `L` the loss, `x*N` repeats, commas
+    cosmetic; the first layer must be E and the last L, each exactly once."""
+    first, last = decoder_blocks(lp.names, "megatron")
+    stages = []
+    for k in range(len(lp.devices)):
+        count = sum(1 for i in range(first, last + 1) if lp.stage_of_layer[i] == k)
+        cell = "t" if count == 1 else f"t*{count}" if count else ""
+        if k == 0:
+            cell = "E" + cell
+        if k == len(lp.devices) - 1:
+            cell = cell + ("," if cell else "") + "L"
+        stages.append(cell)
+    return "|".join(stages)
+
+
+def export_megatron(pj: dict) -> Exported:
+    lp = layer_plan(pj, "megatron")
+    first, last = decoder_blocks(lp.names, "megatron")
+    counts = [sum(1 for i in range(first, last + 1) if lp.stage_of_layer[i] == k) for k in range(len(lp.devices))]
+    notes = [rounding_note(lp)]
+    pre, post = lp.names[:first], lp.names[last + 1:]
+    if {lp.stage_of_layer[i] for i in range(first)} - {0} or {lp.stage_of_layer[i] for i in
+                                                             range(last + 1, len(lp.names))} - {len(counts) - 1}:
+        notes.append(f"note: the plan puts embedding or head layers ({', '.join(pre + post)}) on inner stages; "
+                     "Megatron keeps E on the first stage and L on the last")
+    lines = _header(pj, "megatron", lp) + [
+        f"# embedding (E): {', '.join(pre) or 'none'}; decoder layers (t): {lp.names[first]} .. {lp.names[last]}; "
+        f"loss (L): {', '.join(post) or 'none'}",
+        f"--pipeline-model-parallel-size {len(counts)} --num-layers {sum(counts)} "
+        f"--pipeline-model-parallel-layout \"{megatron_layout(lp)}\"",
+    ]
+    inner = counts[1:-1]
+    if len(counts) > 2 and len(set(inner)) == 1 and inner[0] > 0:
+        lines.append(f"# or, the same split: --decoder-first-pipeline-num-layers {counts[0]} "
+                     f"--decoder-last-pipeline-num-layers {counts[-1]}")
+    return Exported("\n".join(lines) + "\n", notes=notes)
+
+
+# --- DeepSpeed ----------------------------------------------------------------------------------
+
+def deepspeed_parts(lp: LayerPlan) -> tuple[list[str], list[int]]:
+    """The layers in stage order and `PipelineModule.parts` (deepspeed/runtime/pipe/module.py,
+    `_partition_layers` and `stage_owner`): S+1 boundaries, stage s owns layers parts[s] <= i < parts[s+1]."""
+    layers = [name for k in range(len(lp.devices)) for name, s in zip(lp.names, lp.stage_of_layer) if s == k]
+    parts = [0]
+    for k in range(len(lp.devices)):
+        parts.append(parts[-1] + sum(1 for s in lp.stage_of_layer if s == k))
+    return layers, parts
+
+
+def export_deepspeed(pj: dict) -> Exported:
+    lp = layer_plan(pj, "deepspeed")
+    layers, parts = deepspeed_parts(lp)
+    data = {
+        "format": "deepspeed.pipe.PipelineModule parts",
+        "num_stages": len(lp.devices),
+        "parts": parts,
+        "layers": layers,
+        "stage_devices": lp.devices,
+        "predicted_stage_us": lp.rounded_stage_us,
+    }
+    notes = [rounding_note(lp), "note: DeepSpeed's partition_method takes no list: set `self.parts` in a "
+             "PipelineModule subclass's _partition_layers (README, `hetpart export`)"]
+    return Exported(json.dumps(data, indent=1) + "\n", notes=notes)
+
+
+# --- accelerate ---------------------------------------------------------------------------------
+
+def accelerate_device_map(pj: dict, lp: LayerPlan) -> dict[str, int | str]:
+    """accelerate's `device_map` (module FQN -> a CUDA ordinal or "cpu"; `dispatch_model`): the plan's
+    layers on its devices, chosen by speed as well as memory. A GPU's ordinal is its index among its
+    machine's non-CPU devices; accelerate runs in one process, so the plan must use one machine."""
+    devices = {d["name"]: d for d in pj["cluster"]["devices"]}
+    machines = sorted({devices[d]["machine"] for d in lp.devices})
+    if len(machines) > 1:
+        raise HetpartError(f"--format accelerate: the plan spans machines {', '.join(machines)}, and accelerate "
+                           "places a model on one machine's devices; partition for a one-machine cluster, or "
+                           "export --format torchtitan, megatron or deepspeed")
+    ordinal: dict[str, int | str] = {}
+    for d in pj["cluster"]["devices"]:
+        if d["machine"] == machines[0]:
+            ordinal[d["name"]] = "cpu" if d["type"] == "cpu" else sum(1 for v in ordinal.values() if v != "cpu")
+    return {name: ordinal[lp.devices[k]] for name, k in zip(lp.names, lp.stage_of_layer)}
+
+
+def export_accelerate(pj: dict) -> Exported:
+    lp = layer_plan(pj, "accelerate")
+    return Exported(json.dumps(accelerate_device_map(pj, lp), indent=1) + "\n", notes=[rounding_note(lp)])
