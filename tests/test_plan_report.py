@@ -32,6 +32,7 @@ def _plan_json(stages: int = 2) -> dict:
         "weights": "included", "dynamic": {"batch": True, "seq_len": False, "why": None}, "outputs": None,
         "optimizer_bytes_per_param": 8, "baselines": [{"name": "equal-layers", "bottleneck_us": 20.0}], "bounds": None,
         "strategy": "optimal", "emulation": {"type_model_us": {"t4": 20.0}, "profiled_types": []},
+        "align": "ops", "layers": None,
     }
 
 
@@ -47,7 +48,7 @@ def test_plan_json_reads_back_as_it_was_written():
 def test_optional_fields_of_older_plans_take_their_defaults_and_stay_out_of_the_json():
     data = _plan_json(1)
     for key in ("mode", "schedule", "weights", "dynamic", "optimizer_bytes_per_param", "baselines", "strategy",
-                "emulation"):
+                "emulation", "align", "layers"):
         del data[key]
     for key in ("slot", "devices", "forward_us", "backward_us", "param_bytes", "machine"):
         del data["stages"][0][key]

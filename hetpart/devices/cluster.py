@@ -338,7 +338,7 @@ def _device(src: _Source, entry: Any, machine: str, index: int, types: dict[str,
         if set(entry) - {"type", "core", *MEM_KEYS} or "type" not in entry:
             raise src.error(
                 f"node '{machine}': a device is a type name or {{type = \"a100-80g\", mem_GiB = 40}} (or mem_GB = 40 "
-                f"for 10^9 bytes, or mem = \"40 GiB\"; and `core = N` for `run --emulate`), got {entry!r}",
+                f"for 10^9 bytes, or mem = \"40 GiB\") and `core = N` for `run --emulate`, got {entry!r}",
                 "devices", start,
             )
         mem_override = _mem_bytes(src, entry, f"node '{machine}' device {index}", start)
