@@ -1,5 +1,10 @@
 """Issue 17's fuzz, seeded and small: every solver path against a brute force (certificate_fuzz.py).
-benchmarks/certificates.py runs the same problems by the thousand."""
+benchmarks/certificates.py runs the same problems by the thousand.
+
+The counts are sized to the suite's time budget: 60 placement and 50 partition problems hold every
+family the generators promise (asserted below), and the 50 partition problems still catch the
+int32 bug of NOTE [int32 activities] (`benchmarks/certificates.py --placement 60 --partition 50
+--without-int32-fix`: 5 bounds above the optimum). The seeds past them run in the benchmark."""
 
 from __future__ import annotations
 
@@ -17,8 +22,8 @@ from certificate_fuzz import (
     unsound,
 )
 
-PLACEMENT_PROBLEMS = 200
-PARTITION_PROBLEMS = 150
+PLACEMENT_PROBLEMS = 60
+PARTITION_PROBLEMS = 50
 
 
 def test_placement_paths_never_bound_above_the_brute_force_optimum():

@@ -12,21 +12,31 @@ def two_rank_out(tmp_path_factory):
     out = tmp_path_factory.mktemp("run") / "out"
     args = ["partition", "zoo:gpt-small", "--set", "n_layer=2", "--set", "n_embd=64", "--set", "vocab_size=128",
             "--set", "block_size=16", "--cluster", "preset:cpu-2", "--out", str(out), "--batch-size", "4",
-            "--seq-len", "16", "--microbatches", "2"]
+            "--seq-len", "16", "--microbatches", "2", "--no-pt2"]  # the ranks run stage.py, never stage.pt2
     assert main(args) == 0
     return out
 
 
-def test_two_ranks_verify(two_rank_out, capsys):
+def test_two_ranks_verify_and_measure(two_rank_out, capsys):
+    # One torchrun for both: --verify compares the first step's outputs, --measure times the second.
     plan = json.loads((two_rank_out / "plan.json").read_text())
     assert len(plan["stages"]) == 2, "the cpu-2 plan should use both devices"
     capsys.readouterr()
-    assert main(["run", str(two_rank_out), "--verify"]) == 0
+    assert main(["run", str(two_rank_out), "--verify", "--measure", "--steps", "2"]) == 0
     out = capsys.readouterr().out
     diff = float(out.split("max_abs_diff=")[1].split()[0])
     assert diff <= 1e-5
     assert "verify: PASS" in out
     assert list((two_rank_out / "logs").rglob("*.log")), "per-rank logs are kept"
+    measured = json.loads((two_rank_out / "measured.json").read_text())
+    assert [s["index"] for s in measured["stages"]] == [s["index"] for s in plan["stages"]]
+    assert all(s["measured_time_us"] > 0 for s in measured["stages"])
+    # one intra-op thread per rank: its CPU time is within its wall time
+    assert all(0 < s["measured_cpu_time_us"] <= s["measured_time_us"] * 1.05 + 50 for s in measured["stages"])
+    assert measured["steps_measured"] == 1  # the first (warm-up) step is left out
+    assert measured["step_time_us"] > max(s["measured_time_us"] for s in measured["stages"])
+    assert measured["predicted_step_time_us"] > 0
+    assert "measured vs predicted" in out
 
 
 def test_tampered_weights_are_refused(two_rank_out, tmp_path, capsys):
@@ -68,7 +78,7 @@ def test_training_through_a_long_skip_with_strided_gradients(tmp_path, capsys):
     # back through the skip is a strided slice of the concat's gradient.
     out = tmp_path / "mlp"
     assert main(["partition", "zoo:mlp", "--set", "hidden=256", "--set", "n_blocks=4", "--cluster", "preset:cpu-2",
-                 "--out", str(out), "--batch-size", "64", "--microbatches", "2"]) == 0
+                 "--out", str(out), "--batch-size", "64", "--microbatches", "2", "--no-pt2"]) == 0
     plan = json.loads((out / "plan.json").read_text())
     assert len(plan["stages"]) == 2, "big enough that splitting pays"
     manifest = json.loads((out / "manifest.json").read_text())
@@ -83,7 +93,7 @@ def test_two_torchrun_nodes_on_loopback(tmp_path, capsys):
     out = tmp_path / "out"
     assert main(["partition", "zoo:gpt-small", "--set", "n_layer=2", "--set", "n_embd=64", "--set", "vocab_size=128",
                  "--set", "block_size=16", "--cluster", "preset:mixed-4", "--out", str(out), "--batch-size", "8",
-                 "--seq-len", "16"]) == 0
+                 "--seq-len", "16", "--no-pt2"]) == 0
     manifest = json.loads((out / "manifest.json").read_text())
     assert len(manifest["nodes"]) >= 2, manifest["nodes"]
     assert [r for n in manifest["nodes"] for r in n["ranks"]] == list(range(manifest["world_size"]))
@@ -96,18 +106,9 @@ def test_two_torchrun_nodes_on_loopback(tmp_path, capsys):
     assert len(list((out / "logs").glob("node*"))) == len(manifest["nodes"])
 
 
-def test_measure_writes_measured_json_next_to_predictions(two_rank_out, capsys):
-    assert main(["run", str(two_rank_out), "--measure", "--steps", "2"]) == 0
-    measured = json.loads((two_rank_out / "measured.json").read_text())
-    plan = json.loads((two_rank_out / "plan.json").read_text())
-    assert [s["index"] for s in measured["stages"]] == [s["index"] for s in plan["stages"]]
-    assert all(s["measured_time_us"] > 0 for s in measured["stages"])
-    # one intra-op thread per rank: its CPU time is within its wall time
-    assert all(0 < s["measured_cpu_time_us"] <= s["measured_time_us"] * 1.05 + 50 for s in measured["stages"])
-    assert measured["steps_measured"] == 1  # the first (warm-up) step is left out
-    assert measured["step_time_us"] > max(s["measured_time_us"] for s in measured["stages"])
-    assert measured["predicted_step_time_us"] > 0
-    assert "measured vs predicted" in capsys.readouterr().out
+# 16x16 images and 16 channels: the skips and the 4-stage plan of the default sizes, at 1/16 of their compute.
+SMALL_IMAGES = {"resnet": ["--set", "image_size=16", "--set", "base_width=16"],
+                "unet": ["--set", "image_size=16", "--set", "base_channels=16"]}
 
 
 @pytest.mark.parametrize("model", ["resnet", "unet"])
@@ -115,8 +116,8 @@ def test_training_1f1b_through_skip_connections(model, tmp_path, capsys):
     # ResNet's residual blocks and the UNet's down-to-up skips (which the plan passes
     # through middle stages); 1F1B runs their backwards interleaved with forwards.
     out = tmp_path / model
-    assert main(["partition", f"zoo:{model}", "--cluster", "preset:cpu-4", "--out", str(out), "--batch-size", "8",
-                 "--microbatches", "4", "--no-pt2"]) == 0
+    assert main(["partition", f"zoo:{model}", *SMALL_IMAGES[model], "--cluster", "preset:cpu-4", "--out", str(out),
+                 "--batch-size", "8", "--microbatches", "4", "--no-pt2"]) == 0
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["world_size"] >= 3
     passed_through = any(set(i["name"] for i in r["inputs"]) & set(o["name"] for o in r["outputs"])
