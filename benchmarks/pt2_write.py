@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from hetpart.codegen import split_stages, stage_examples
-from hetpart.codegen.artifacts import _rezip_deterministically, pt2_dynamic_shapes, write_pt2, write_pt2_files
+from hetpart.codegen.pt2 import _rezip_deterministically, pt2_dynamic_shapes, write_pt2, write_pt2_files
 from hetpart.compile import analyze
 from hetpart.devices import load_cluster
 from hetpart.frontend import ModelSpec

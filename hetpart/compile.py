@@ -19,7 +19,7 @@ from hetpart.codegen import (
     PlannedDevice, launch_script, manifest, split_stages, stage_examples, staging_dir, write_json, write_rank,
 )
 from hetpart.codegen import write_manifest
-from hetpart.codegen.artifacts import write_pt2_files
+from hetpart.codegen.pt2 import write_pt2_files
 from hetpart.codegen.split import stage_of_nodes
 from hetpart.devices import Cluster, load_cluster
 from hetpart.errors import HetpartError

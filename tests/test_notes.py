@@ -34,21 +34,11 @@ _MENTION = re.compile(r"NOTE\s+\[([^\]]+)\]")
 _POINTER = re.compile(r"NOTE\s+\[([^\]]+)\]\)?,?\s+(?:\(|in\s+)`?((?:[\w.-]+/)*[\w.-]+\.py)`?")  # ... in FILE.py
 _LINE_JOIN = re.compile(r"[ \t]*\n[ \t]*(?:#[ \t]*)?")  # a line break inside a comment or docstring
 
-# Offenders in files owned by other engineers this wave (partitioner/, compile.py, codegen/,
-# runtime/, report/, and passes/ shape/flops/op_cost/meta/manager/lower.py): fixed on merge.
-# The test fails once one is fixed, so that the entry is removed with it.
-ALLOW_UNDEFINED = {  # cited, never defined by the rule above -- fixed on merge
-    "one rank fails": "runtime/launch.py: written mid-line in a docstring's first line",
-    "orphaned ranks": "runtime/worker.py: written on `_exit_with_parent`'s docstring's first line",
-    "replicated weights": "runtime/worker.py: written on `sum_shared_grads`'s docstring's first line",
-}
-ALLOW_UNCITED = {  # defined, never cited anywhere else -- fixed on merge
-    "run sizes": "runtime/launch.py",
-}
-ALLOW_WRONG_FILE = {  # (citing file, note) whose `NOTE [name] in FILE.py` points where it is not -- fixed on merge
-    ("hetpart/partitioner/certificate.py", "int32 activities"): "says placement.py; it is placement/units.py",
-    ("hetpart/partitioner/cpsat.py", "int32 activities"): "says placement.py (twice); it is placement/units.py",
-}
+# Known offenders, each with why (none today). The test fails once one is fixed, so that the
+# entry is removed with it.
+ALLOW_UNDEFINED: dict[str, str] = {}  # cited, never defined by the rule above
+ALLOW_UNCITED: dict[str, str] = {}  # defined, never cited anywhere else
+ALLOW_WRONG_FILE: dict[tuple[str, str], str] = {}  # (citing file, note) whose `NOTE [name] in FILE.py` points elsewhere
 # Definitions that need no citation: none today. A note is written to be cited from the code
 # it explains; one that nothing cites belongs in a docstring as plain text.
 STANDALONE: dict[str, str] = {}

@@ -2,7 +2,7 @@
 
 `partition` (solve.solve) and `placement` (placement.solve_placement) both claim a proven lower
 bound, and OPTIMAL or WITHIN_GAP from it. Issue 17 showed that a claim can be wrong when the
-engine behind it is (NOTE [int32 activities] in placement.py), so each result carries a
+engine behind it is (NOTE [int32 activities] in placement/units.py), so each result carries a
 `Certificate` (problem.py): the bound's source and relaxation, and, with --check-certificate
 (or HETPART_CHECK_CERTIFICATE=1), the verdict of a second route.
 """

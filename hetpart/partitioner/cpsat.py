@@ -60,7 +60,7 @@ class _Model:
     bottleneck: cp_model.IntVar
     stage_time: list[cp_model.IntVar]  # per stage, only for the latency and iteration objectives
     stats: dict[str, float] = field(default_factory=dict)
-    time_ub_ns: int = 0  # the most a stage's time can reach in the model (NOTE [int32 activities] in placement.py)
+    time_ub_ns: int = 0  # the most a stage's time can reach in the model (NOTE [int32 activities] in placement/units.py)
 
 
 class _PastDeadline(Exception):
@@ -454,7 +454,7 @@ def solve_model(problem: Problem, *, objective: str, microbatches: int, bottlene
     solver.parameters.cp_model_probing_level = 0
     inclusion_off = mdl.time_ub_ns > (INT32_SAFE_NS if int32_safe_ns is None else int32_safe_ns)
     if inclusion_off:
-        # NOTE [int32 activities] (placement.py): OR-Tools 9.15's presolve gets `bottleneck >= sum(...)`
+        # NOTE [int32 activities] (placement/units.py): OR-Tools 9.15's presolve gets `bottleneck >= sum(...)`
         # wrong once the sum can reach 2**31; its inclusion step is where ("linear + amo"), so it goes.
         # (Random 2-6 node problems with ops of 0.03-1.2 s: 33 of 146 claimed bounds above the
         # brute-force optimum with it, none of 296 without.)

@@ -249,7 +249,9 @@ def _signal_group(p: subprocess.Popen, sig: signal.Signals) -> None:
 
 
 def _run_torchruns(cmds: list[list[str]], manifest: dict, log_dir: Path, opts: "RunOptions") -> None:
-    """Start every torchrun and wait for all. NOTE [one rank fails]: torchrun stops the other ranks
+    """Start every torchrun and wait for all; a failure stops them all.
+
+    NOTE [one rank fails]: torchrun stops the other ranks
     of its own node when one fails; the ranks of other nodes would wait for it in gloo, so the first
     torchrun to fail (or the --timeout) stops every other torchrun, and the error names the rank."""
     env = {**os.environ, "OMP_NUM_THREADS": str(rank_threads())}
@@ -269,6 +271,7 @@ def _run_torchruns(cmds: list[list[str]], manifest: dict, log_dir: Path, opts: "
                 procs.append(subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT,
                                               start_new_session=True))  # its own group: `_stop` ends it all
         while any(p.poll() is None for p in procs):
+            # The first torchrun to fail stops the rest (NOTE [one rank fails]).
             failed = next((i for i, p in enumerate(procs) if p.poll() not in (None, 0)), None)
             if failed is not None:
                 break

@@ -1,6 +1,6 @@
 """A rank's `stage.pt2` as a module, its weights from the rank's weights.safetensors.
 
-The .pt2 holds the program and no weights (NOTE [weightless .pt2] in hetpart/codegen/artifacts.py).
+The .pt2 holds the program and no weights (NOTE [weightless .pt2] in hetpart/codegen/pt2.py).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file
 from torch.export.pt2_archive.constants import TENSOR_CONSTANT_FILENAME_PREFIX, WEIGHT_FILENAME_PREFIX
 
-from hetpart.codegen.artifacts import PT2_WEIGHTS
+from hetpart.codegen.pt2 import PT2_WEIGHTS
 from hetpart.errors import HetpartError
 from hetpart.runtime.artifacts import REDO, check_rank_files
 

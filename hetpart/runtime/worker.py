@@ -136,7 +136,9 @@ def shared_weight_groups(manifest: dict) -> list[tuple[tuple[int, ...], list[str
 
 
 def sum_shared_grads(module: torch.nn.Module, groups: list, process_groups: list) -> None:
-    """NOTE [replicated weights]: a weight read by several stages (a tied embedding and LM
+    """Sum the gradients of every weight that several ranks hold, over its mesh group.
+
+    NOTE [replicated weights]: a weight read by several stages (a tied embedding and LM
     head) is a copy on each of their ranks; each copy gets the gradient of its own uses,
     so the copies' gradients are summed before the optimizer step and they stay equal."""
     names = _weight_names(module)
@@ -260,7 +262,9 @@ def _launcher(text: str) -> tuple[int, str] | None:
 
 
 def _exit_with_parent(io_dir: Path, poll_s: float = 1.0) -> None:
-    """NOTE [orphaned ranks]: a rank whose torchrun died (SIGKILLed, or its machine's launcher
+    """Exit once this rank's torchrun or its --io directory is gone.
+
+    NOTE [orphaned ranks]: a rank whose torchrun died (SIGKILLed, or its machine's launcher
     stopped) would wait for its peers until the process-group timeout; it exits instead.
     A torchrun killed while it starts its ranks may die before a rank reads its parent's pid;
     so a rank also exits once its --io directory is gone, which `hetpart run` removes as it

@@ -151,7 +151,7 @@ def test_examples_come_from_a_fake_run_with_the_real_shapes(mlp_stages, monkeypa
 
 
 def test_forked_pt2_writes_give_the_serial_bytes(mlp_stages, tmp_path):
-    from hetpart.codegen.artifacts import write_pt2_files
+    from hetpart.codegen.pt2 import write_pt2_files
     from hetpart.timings import StepTimes
 
     stages, examples, _ = mlp_stages
@@ -169,7 +169,7 @@ def test_forked_pt2_writes_give_the_serial_bytes(mlp_stages, tmp_path):
 
 
 def test_a_failing_forked_write_raises_in_the_parent(mlp_stages, tmp_path):
-    from hetpart.codegen.artifacts import write_pt2_files
+    from hetpart.codegen.pt2 import write_pt2_files
 
     stages, examples, _ = mlp_stages
     jobs = [(tmp_path / f"rank{s.index}.pt2", s, examples[s.index]) for s in stages]

@@ -3,8 +3,9 @@ benchmarks/certificates.py runs the same problems by the thousand.
 
 The counts are sized to the suite's time budget: 60 placement and 50 partition problems hold every
 family the generators promise (asserted below), and the 50 partition problems still catch the
-int32 bug of NOTE [int32 activities] (`benchmarks/certificates.py --placement 60 --partition 50
---without-int32-fix`: 5 bounds above the optimum). The seeds past them run in the benchmark."""
+int32 bug (NOTE [int32 activities]): with the fix taken out, `benchmarks/certificates.py --placement 60
+--partition 50 --without-int32-fix` finds 5 bounds above the optimum. The seeds past them run in the
+benchmark."""
 
 from __future__ import annotations
 
