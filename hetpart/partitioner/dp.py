@@ -61,8 +61,8 @@ _REFINE_BUDGET = 3_000_000  # matrix entries of one refinement pass: windows of 
 
 # NOTE [candidate cuts]
 # The DP's cost is (number of allowed cut positions)^2 per state, so on a graph of
-# n nodes it cannot try every position once n is more than a few hundred (86 s and
-# 3 GB of matrices at 2,000 nodes). Above EXACT_CUTS nodes it runs in two passes:
+# n nodes it cannot try every position once n is more than a few hundred (the figures:
+# docs/benchmarks.md, "Measurements moved out of NOTEs"). Above EXACT_CUTS nodes it runs in two passes:
 # 1. Coarse: only COARSE_CUTS candidate positions (`coarsen.cut_candidates`: one per
 #    equal-work chunk of the order, the one with the fewest bytes crossing, module
 #    boundaries on ties); the DP chooses the stage count, the device sequence and
@@ -510,7 +510,7 @@ def _past(deadline: float | None) -> bool:
 
 # NOTE [DP deadline]
 # The DP's work grows with the number of device-count states (up to 625 x 16 on 16 devices of
-# 4 types) times the cut positions squared: 40 s at 326 nodes on spot-16. `dp_hint(...,
+# 4 types) times the cut positions squared: tens of seconds on a few hundred nodes. `dp_hint(...,
 # time_limit_s=...)` keeps it within a limit: the list-order plan (`list_order_segments`,
 # devices in list order) comes first; the DP over device classes goes by stage count
 # (depth) and, at the deadline, stops and keeps the best plan of the depths it finished
@@ -518,7 +518,7 @@ def _past(deadline: float | None) -> bool:
 # The exact DP is pruned by the best bottleneck known before it starts (the list-order plan;
 # above PRE_CUTS_ABOVE positions also a DP over COARSE_CUTS // 2 candidate cuts, refined)
 # when its classes are exact (its values are then `evaluate`'s): it keeps the same optimum
-# and skips most partial plans (moe on spot-16: 14 s of CPU without, 5 s with).
+# and skips most partial plans (docs/benchmarks.md, "Measurements moved out of NOTEs").
 
 
 def _cost(problem: Problem, tab: OrderTables, seg: Segments) -> int:

@@ -63,7 +63,7 @@ PAIRS_MAX = 30_000_000  # stages (I, J) below the known plan kept, over all devi
 # 10,019 (four experts a layer), zoo:unet from 28,348 to 7,318, zoo:t5 from 4,642 to 2,060.
 # Each device type keeps the pairs (I, J) whose compute is below the known plan's bottleneck
 # (at most PAIRS_MAX in all: with few devices, stages are long and nearly every pair is one;
-# zoo:moe on mixed-4 has 40M and is left to CP-SAT, which certifies it in 2-3 s; on spot-16 14M),
+# graphs with more, such as zoo:moe on mixed-4, are left to CP-SAT),
 # and NOTE [ideal DP bisection] finds the least bottleneck by deciding, for one bottleneck at a
 # time, whether a chain of stages below it exists.
 
@@ -77,9 +77,8 @@ PAIRS_MAX = 30_000_000  # stages (I, J) below the known plan kept, over all devi
 # idle: no less than 0); the first stage pays the boundary into it instead, the last one none
 # out; and a machine other than cur's that is used at all costs a network boundary (its
 # devices' share, less 2 x (network - c) weighted by the least multiplier, no less than 0).
-# NOTE [ideal DP dominance]: see `_Decider.chain_below`. Both together took zoo:llama on spot-16
-# (4,307 ideals, 625 device-count states) from 83 s to 13 s, in the DP over values that NOTE
-# [ideal DP bisection] replaced. The boundary after a stage runs over its machine's link or the
+# NOTE [ideal DP dominance]: see `_Decider.chain_below`; what both together saved is in
+# docs/benchmarks.md ("Measurements moved out of NOTEs"). The boundary after a stage runs over its machine's link or the
 # network whatever the next class is, so the ideals after it are found once per link, not once
 # per next class.
 
@@ -171,9 +170,8 @@ def ideal_dp(problem: Problem, upper_ns: int, deadline: float | None = None, lim
 # DP of dp.py keeps a value. The pairs (I, J) a class can run below U, for each link into the
 # stage (none: the first stage; cur's machine's; the network) and out of it, are bit matrices,
 # and a state's next ideals are the OR of the rows of the ideals it reached: 8 pairs a byte and
-# no arithmetic per pair (zoo:t5 on spot-16, 4,467 ideals: about 1 s a decision, where the DP
-# over values took 13 s told to beat the optimum itself and 35 s told to beat the order DP's
-# plan). Bisection between `lo` (no chain below it) and `hi` (a chain's value) finds the
+# no arithmetic per pair (a decision is far cheaper than the DP over values it replaced:
+# docs/benchmarks.md, "Measurements moved out of NOTEs"). Bisection between `lo` (no chain below it) and `hi` (a chain's value) finds the
 # optimum in about log2(hi - lo) decisions; each that finds nothing proves its U, so at the
 # deadline the bound is the last U proven. It stops once the best plan found is within the gap
 # asked for, and with a gap the decisions aim there: U = hi less the gap, which settles the
