@@ -2,7 +2,6 @@
 
 import functools
 import random
-import time
 
 import numpy as np
 import pytest
@@ -78,12 +77,11 @@ def test_two_pass_dp_is_valid_never_worse_than_its_coarse_pass_and_close_to_the_
     assert two.bottleneck_ns <= 1.05 * exact.bottleneck_ns
 
 
-def test_two_thousand_node_transformer_is_planned_fast_and_deterministically():
+def test_two_thousand_node_transformer_is_planned_deterministically():
+    # Its time against the 8 s limit is a row of benchmarks/solve_speed.py, not an assert here.
     p = transformer_problem(2000)
-    t0 = time.perf_counter()
     # 8 s: the DP may take half (NOTE [DP deadline]), and it needs 2-3 s here on a loaded machine.
     plan = solve(p, time_limit_s=8, seed=1)
-    assert time.perf_counter() - t0 < 20  # the DP, coarsening and bounds: about 1 s past the limit, idle
     verify_plan(p, plan)
     assert plan.stats.coarsened
     assert plan.bounds.lp_work_ns <= plan.lower_bound_ns <= plan.bottleneck_ns
