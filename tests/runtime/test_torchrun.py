@@ -11,22 +11,26 @@ from hetpart.cli import main
 def two_rank_out(tmp_path_factory):
     out = tmp_path_factory.mktemp("run") / "out"
     args = ["partition", "zoo:gpt-small", "--set", "n_layer=2", "--set", "n_embd=64", "--set", "vocab_size=128",
-            "--set", "block_size=16", "--cluster", "preset:cpu-2", "--out", str(out), "--batch-size", "4",
+            "--set", "block_size=32", "--cluster", "preset:cpu-2", "--out", str(out), "--batch-size", "4",
             "--seq-len", "16", "--microbatches", "2", "--no-pt2"]  # the ranks run stage.py, never stage.pt2
     assert main(args) == 0
     return out
 
 
-def test_two_ranks_verify_and_measure(two_rank_out, capsys):
-    # One torchrun for both: --verify compares the first step's outputs, --measure times the second.
+def test_two_ranks_verify_and_measure_at_another_batch_and_sequence_length(two_rank_out, capsys):
+    # One torchrun for three: --verify compares the first step's outputs, --measure times the second,
+    # and both run at batch 6 and length 24 of a plan partitioned at 4 and 16 (its dynamic dims).
     plan = json.loads((two_rank_out / "plan.json").read_text())
     assert len(plan["stages"]) == 2, "the cpu-2 plan should use both devices"
+    assert plan["dynamic"]["seq_len"]
     capsys.readouterr()
-    assert main(["run", str(two_rank_out), "--verify", "--measure", "--steps", "2"]) == 0
+    assert main(["run", str(two_rank_out), "--verify", "--measure", "--steps", "2", "--batch-size", "6",
+                 "--seq-len", "24"]) == 0
     out = capsys.readouterr().out
     diff = float(out.split("max_abs_diff=")[1].split()[0])
     assert diff <= 1e-5
     assert "verify: PASS" in out
+    assert "outputs: 6x24x128" in out
     assert list((two_rank_out / "logs").rglob("*.log")), "per-rank logs are kept"
     measured = json.loads((two_rank_out / "measured.json").read_text())
     assert [s["index"] for s in measured["stages"]] == [s["index"] for s in plan["stages"]]
@@ -54,6 +58,9 @@ def test_tampered_weights_are_refused(two_rank_out, tmp_path, capsys):
 def test_microbatches_must_divide_batch(two_rank_out, capsys):
     assert main(["run", str(two_rank_out), "--microbatches", "3"]) == 2
     assert "must be >= 1 and divide the batch size 4" in capsys.readouterr().err
+    # --batch-size resizes the run: the batch must still split into the microbatches
+    assert main(["run", str(two_rank_out), "--batch-size", "5"]) == 2
+    assert "--microbatches 2 must be >= 1 and divide the batch size 5" in capsys.readouterr().err
 
 
 def test_training_1f1b_through_tied_weights_verifies_gradients(two_rank_out, capsys):
