@@ -11,22 +11,26 @@ from hetpart.cli import main
 def two_rank_out(tmp_path_factory):
     out = tmp_path_factory.mktemp("run") / "out"
     args = ["partition", "zoo:gpt-small", "--set", "n_layer=2", "--set", "n_embd=64", "--set", "vocab_size=128",
-            "--set", "block_size=16", "--cluster", "preset:cpu-2", "--out", str(out), "--batch-size", "4",
+            "--set", "block_size=32", "--cluster", "preset:cpu-2", "--out", str(out), "--batch-size", "4",
             "--seq-len", "16", "--microbatches", "2", "--no-pt2"]  # the ranks run stage.py, never stage.pt2
     assert main(args) == 0
     return out
 
 
-def test_two_ranks_verify_and_measure(two_rank_out, capsys):
-    # One torchrun for both: --verify compares the first step's outputs, --measure times the second.
+def test_two_ranks_verify_and_measure_at_another_batch_and_sequence_length(two_rank_out, capsys):
+    # One torchrun for three: --verify compares the first step's outputs, --measure times the second,
+    # and both run at batch 6 and length 24 of a plan partitioned at 4 and 16 (its dynamic dims).
     plan = json.loads((two_rank_out / "plan.json").read_text())
     assert len(plan["stages"]) == 2, "the cpu-2 plan should use both devices"
+    assert plan["dynamic"]["seq_len"]
     capsys.readouterr()
-    assert main(["run", str(two_rank_out), "--verify", "--measure", "--steps", "2"]) == 0
+    assert main(["run", str(two_rank_out), "--verify", "--measure", "--steps", "2", "--batch-size", "6",
+                 "--seq-len", "24"]) == 0
     out = capsys.readouterr().out
     diff = float(out.split("max_abs_diff=")[1].split()[0])
     assert diff <= 1e-5
     assert "verify: PASS" in out
+    assert "outputs: 6x24x128" in out
     assert list((two_rank_out / "logs").rglob("*.log")), "per-rank logs are kept"
     measured = json.loads((two_rank_out / "measured.json").read_text())
     assert [s["index"] for s in measured["stages"]] == [s["index"] for s in plan["stages"]]
@@ -54,6 +58,9 @@ def test_tampered_weights_are_refused(two_rank_out, tmp_path, capsys):
 def test_microbatches_must_divide_batch(two_rank_out, capsys):
     assert main(["run", str(two_rank_out), "--microbatches", "3"]) == 2
     assert "must be >= 1 and divide the batch size 4" in capsys.readouterr().err
+    # --batch-size resizes the run: the batch must still split into the microbatches
+    assert main(["run", str(two_rank_out), "--batch-size", "5"]) == 2
+    assert "--microbatches 2 must be >= 1 and divide the batch size 5" in capsys.readouterr().err
 
 
 def test_training_1f1b_through_tied_weights_verifies_gradients(two_rank_out, capsys):
@@ -106,9 +113,22 @@ def test_two_torchrun_nodes_on_loopback(tmp_path, capsys):
     assert len(list((out / "logs").glob("node*"))) == len(manifest["nodes"])
 
 
-# 16x16 images and 16 channels: the skips and the 4-stage plan of the default sizes, at 1/16 of their compute.
+# 16x16 images and 16 channels: the skips of the default sizes, at 1/16 of their compute.
 SMALL_IMAGES = {"resnet": ["--set", "image_size=16", "--set", "base_width=16"],
                 "unet": ["--set", "image_size=16", "--set", "base_channels=16"]}
+# ResNet runs on three CPUs, not preset:cpu-4: its residual blocks still cross cuts, and each rank
+# fewer is one torch import fewer on a 2-core machine. The UNet keeps cpu-4: on three CPUs its plan
+# takes the solver 10 s longer than a rank saves.
+THREE_CPUS = """
+[network]
+bandwidth_GBps = 1
+latency_us = 50
+
+[[nodes]]
+name = "local"
+devices = ["cpu", "cpu", "cpu"]
+link = { bandwidth_GBps = 2, latency_us = 20 }
+"""
 
 
 @pytest.mark.parametrize("model", ["resnet", "unet"])
@@ -116,7 +136,11 @@ def test_training_1f1b_through_skip_connections(model, tmp_path, capsys):
     # ResNet's residual blocks and the UNet's down-to-up skips (which the plan passes
     # through middle stages); 1F1B runs their backwards interleaved with forwards.
     out = tmp_path / model
-    assert main(["partition", f"zoo:{model}", *SMALL_IMAGES[model], "--cluster", "preset:cpu-4", "--out", str(out),
+    cluster = "preset:cpu-4"
+    if model == "resnet":
+        cluster = str(tmp_path / "cpu-3.toml")
+        (tmp_path / "cpu-3.toml").write_text(THREE_CPUS)
+    assert main(["partition", f"zoo:{model}", *SMALL_IMAGES[model], "--cluster", cluster, "--out", str(out),
                  "--batch-size", "8", "--microbatches", "4", "--no-pt2"]) == 0
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["world_size"] >= 3
