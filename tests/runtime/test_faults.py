@@ -74,13 +74,11 @@ def _error(capsys) -> str:
 
 def test_a_killed_rank_stops_the_run_and_is_named(two_ranks, monkeypatch, capsys):
     monkeypatch.setenv("HETPART_TEST_CRASH_RANK", "1")
-    start = time.monotonic()
     assert main(["run", str(two_ranks), "--timeout", "300"]) == 1
-    elapsed_s = time.monotonic() - start
     err = _error(capsys)
     assert "rank 1 (stage 1 on local/1) was killed by SIGKILL" in err, err
     assert "rank 1: loaded rank1/stage.py" in err, "the tail of the dead rank's own log"
-    assert elapsed_s < 120, "stopped by the failure, not by --timeout"
+    assert "(--timeout)" not in err, "stopped by the failure, not by --timeout"
     assert _running_ranks(two_ranks) == []
 
 
@@ -93,13 +91,11 @@ def test_a_killed_rank_on_one_node_stops_the_other_node(tmp_path, monkeypatch, c
     assert [n["ranks"] for n in json.loads((out / "manifest.json").read_text())["nodes"]] == [[0], [1]]
     capsys.readouterr()
     monkeypatch.setenv("HETPART_TEST_CRASH_RANK", "0")
-    start = time.monotonic()
     assert main(["run", str(out), "--as-nodes", "--timeout", "300"]) == 1
-    elapsed_s = time.monotonic() - start
     err = _error(capsys)
     assert "rank 0 (stage 0 on " in err and "was killed by SIGKILL" in err, err
     assert "node0" in err, "the dead rank's log is under its node's log directory"
-    assert elapsed_s < 120
+    assert "(--timeout)" not in err, "the launcher stopped the other node, not --timeout"
     assert _running_ranks(out) == []
 
 
@@ -141,10 +137,9 @@ def test_a_master_port_in_use_is_refused_before_starting(two_ranks, taken_port, 
 def test_a_port_taken_after_the_check_fails_fast(two_ranks, taken_port, monkeypatch, capsys):
     # Another process can take the port between the check and torchrun's bind.
     monkeypatch.setattr(launch, "_check_port_free", lambda port: None)
-    start = time.monotonic()
     assert main(["run", str(two_ranks), "--master-port", str(taken_port), "--timeout", "300"]) == 1
-    assert time.monotonic() - start < 60
     err = _error(capsys)
+    assert "(--timeout)" not in err, "the bind failure ends the run, not --timeout"
     assert f"could not listen on port {taken_port} of 127.0.0.1: address already in use" in err
     assert _running_ranks(two_ranks) == []
 
