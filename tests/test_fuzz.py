@@ -5,7 +5,7 @@ and the stages run back to back equal the original model, output for output, at 
 traced batch and at another one. A cluster too small for the model must be refused
 with the partitioner's memory explanation, never with anything else.
 
-Profiles (HYPOTHESIS_PROFILE): "hetpart" (default) runs 100 examples, derandomized so
+Profiles (HYPOTHESIS_PROFILE): "hetpart" (default) runs 60 examples, derandomized so
 the suite is reproducible (sized to the suite's time budget: torch.export takes 4/5 of each
 example); "long" runs 1,000 random ones (README, "Fuzzing"):
 
@@ -34,7 +34,7 @@ from tests.fuzz_strategies import BATCH, NetSpec, build, cluster_tomls, contiguo
 # No example database (nothing written to the checkout); no "explain" phase (minutes per failure).
 _COMMON = dict(deadline=None, database=None, phases=[p for p in Phase if p is not Phase.explain],
                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-settings.register_profile("hetpart", max_examples=100, derandomize=True, **_COMMON)
+settings.register_profile("hetpart", max_examples=60, derandomize=True, **_COMMON)
 settings.register_profile("long", max_examples=1000, print_blob=True, **_COMMON)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "hetpart"))
 
