@@ -102,7 +102,7 @@ def scaling_table(sizes: list[int], time_limit_s: float, workers: int, gap: floa
 def zoo_table(models: list[str], presets: list[str], modes: list[str], time_limit_s: float,
               workers: int, gap: float = 0.01) -> list[str]:
     """Zoo models x cluster presets x modes: the plan, its certified gap, and the best baseline."""
-    from hetpart.compile import CompileOptions, analyze, check_training
+    from hetpart.compile import CompileOptions, analyze
     from hetpart.devices import load_cluster
     from hetpart.frontend import ModelSpec
     from hetpart.passes import lower_to_problem
@@ -117,7 +117,8 @@ def zoo_table(models: list[str], presets: list[str], modes: list[str], time_limi
                 cluster = load_cluster(f"preset:{preset}")
                 spec = ModelSpec(f"zoo:{model}")
                 opts = CompileOptions(mode=mode, schedule="1f1b")
-                training = check_training(opts)
+                opts.check()
+                training = opts.training()
                 an = analyze(spec, cluster, spec.batch_size // opts.microbatches, echo=lambda _: None, mode=mode,
                              meta=False)
                 problem = lower_to_problem(an.gm, cluster, training)

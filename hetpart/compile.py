@@ -204,12 +204,6 @@ def load_profiles(paths: tuple[Path, ...], cluster: Cluster) -> dict:
     return profiles
 
 
-def check_training(opts: CompileOptions) -> TrainingSpec | None:
-    """The training spec of `--mode training`, or None for inference; checks the options."""
-    opts.check()
-    return opts.training()
-
-
 def stage_sums(gm: fx.GraphModule, plan: Plan, groups: dict[str, str]) -> tuple[list[int], list[int]]:
     """Each stage's FLOPs and forward time on its device type, summed over the FX nodes that lowering
     summed into its problem nodes (`groups`); a stage's time is forward + backward in training."""

@@ -52,7 +52,7 @@ class ModelRecord:
     batch_size: int = _f(int)
     seq_len: int = _f(int)
     seed: int = _f(int)
-    file_sha256: str | None = _f((str, type(None)), None, omit_none=True)  # NOTE [model files]
+    file_sha256: str | None = _f((str, NoneType), None, omit_none=True)  # NOTE [model files]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,7 +77,7 @@ class StageReport:
     device: str = _f(str)
     device_type: str = _f(str)
     machine: str = _f(str, "")
-    slot: str | None = _f((str, type(None)), None)  # None in plans before slots: `device`
+    slot: str | None = _f((str, NoneType), None)  # None in plans before slots: `device`
     devices: list[str] = _f(list, factory=list)  # the slot's devices; empty in plans before slots: [device]
     node_count: int = _f(int)
     flops: float = _f(NUMBER)
@@ -88,8 +88,8 @@ class StageReport:
     comm_out_us: float = _f(NUMBER)
     memory_bytes: int = _f(int)
     capacity_bytes: int = _f(int)
-    forward_us: float | None = _f(NUMBER + (type(None),), None, omit_none=True)  # training plans only
-    backward_us: float | None = _f(NUMBER + (type(None),), None, omit_none=True)
+    forward_us: float | None = _f(NUMBER + (NoneType,), None, omit_none=True)  # training plans only
+    backward_us: float | None = _f(NUMBER + (NoneType,), None, omit_none=True)
 
     @property
     def transfer_us(self) -> float:
@@ -117,19 +117,19 @@ class PlanReport:
     lower_bound_us: float = _f(NUMBER)
     gap: float = _f(NUMBER)
     solver_status: str = _f(str)
-    certificate: dict | None = _f((dict, type(None)), None)
-    predicted_samples_per_s: float | None = _f(NUMBER + (type(None),), None)
+    certificate: dict | None = _f((dict, NoneType), None)
+    predicted_samples_per_s: float | None = _f(NUMBER + (NoneType,), None)
     stages: list[StageReport] = _f(list, items=StageReport)
     weights: str = _f(str, "included")  # or "manifest": traced on meta, `shard-weights` fills them
-    dynamic: dict | None = _f((dict, type(None)), None)  # NOTE [dynamic sequence length]
-    outputs: dict | list | None = _f((dict, list, type(None)), None)  # NOTE [model outputs] in export.py
-    optimizer_bytes_per_param: int | None = _f((int, type(None)), None, omit_none=True)  # training plans only
+    dynamic: dict | None = _f((dict, NoneType), None)  # NOTE [dynamic sequence length]
+    outputs: dict | list | None = _f((dict, list, NoneType), None)  # NOTE [model outputs] in export.py
+    optimizer_bytes_per_param: int | None = _f((int, NoneType), None, omit_none=True)  # training plans only
     baselines: list[dict] = _f(list, factory=list)
-    bounds: dict | None = _f((dict, type(None)), None)
+    bounds: dict | None = _f((dict, NoneType), None)
     strategy: str = _f(str, "optimal")  # or the baseline whose plan the artifacts run (NOTE [--strategy])
-    emulation: dict | None = _f((dict, type(None)), None)  # for `run --emulate` (NOTE [emulated devices])
+    emulation: dict | None = _f((dict, NoneType), None)  # for `run --emulate` (NOTE [emulated devices])
     align: str = _f(str, "ops")  # "layers": planned with cuts only between modules (`--align layers`)
-    layers: dict | None = _f((dict, type(None)), None)  # the plan rounded to whole modules, for `hetpart export`
+    layers: dict | None = _f((dict, NoneType), None)  # the plan rounded to whole modules, for `hetpart export`
 
     @property
     def training(self) -> bool:
@@ -154,9 +154,9 @@ def as_json(obj: Any) -> Any:
 
 def _kind_name(kind: Any) -> str:
     kinds = kind if isinstance(kind, tuple) else (kind,)
-    if set(kinds) - {type(None)} == set(NUMBER):
+    if set(kinds) - {NoneType} == set(NUMBER):
         return "number"
-    return " or ".join("null" if k is type(None) else k.__name__ for k in kinds)
+    return " or ".join("null" if k is NoneType else k.__name__ for k in kinds)
 
 
 def _from_json(cls: type, table: Any, path: Path, where: str) -> Any:
