@@ -9,7 +9,8 @@ the DP over ideals) -> coarsen.py (fewer nodes for big graphs, NOTE [coarsened s
 -> cpsat.py (the exact model) -> evaluate.py (a plan's costs, by costs.py's formulas:
 NOTE [stage time]) ->
 verify.py (independent check) -> certificate.py (the bound's source and its re-proof,
-NOTE [checked certificates]). Nothing here imports torch.
+NOTE [checked certificates]). pipelines.py: data-parallel pipelines of different shapes, each
+a plan of the above on its devices (NOTE [pipelines plan]). Nothing here imports torch.
 """
 
 from hetpart.partitioner.dp import dp_hint

@@ -123,6 +123,23 @@ def transfer_ns(link: Link, nbytes: Any) -> Any:
     return link.latency_ns + -(-nbytes * 1000 // bw)
 
 
+def allreduce_ns(link: Link, nbytes: int, ranks: int, buckets: int = 1) -> int:
+    """A ring all-reduce of `nbytes` among `ranks` over `link` (NOTE [gradient sync] in pipelines.py):
+    each rank sends and receives 2(r-1)/r of the bytes, in 2(r-1) steps that each pay the latency,
+    once per bucket; one rank, or nothing to move, costs nothing.
+
+        >>> allreduce_ns(Link(bandwidth_bytes_per_us=1000, latency_ns=10), 4000, 4)  # 6000 bytes, 6 steps
+        6060
+        >>> allreduce_ns(Link(1000, 10), 4000, 1), allreduce_ns(Link(1000, 10), 0, 4)
+        (0, 0)
+    """
+    if ranks <= 1 or nbytes <= 0:
+        return 0
+    bw = link.bandwidth_bytes_per_us
+    moved = -(-2 * (ranks - 1) * nbytes // ranks)
+    return 2 * (ranks - 1) * link.latency_ns * max(1, buckets) + -(-moved * 1000 // bw)
+
+
 def machine_link(problem: Problem, machine_a: str, machine_b: str) -> Link:
     """The link between a slot on `machine_a` and one on `machine_b`: the machine's intra-node
     link when they are the same machine, else the network."""
