@@ -193,6 +193,20 @@ def test_pipelines_must_run_microbatches_of_one_size():
                               {"rank": 1, "stage": 0, "pipeline": 1, "microbatches": 2, "batch_rows": [2, 4]}])
 
 
+def test_run_refuses_a_schedule_or_batch_split_the_pipelines_cannot_run():
+    from hetpart.runtime.launch import RunOptions, _check_options
+
+    ranks = _ranks([(2, 4, 2), (3, 2, 2)])
+    man = {"mesh": mesh([[]] * 5, [4, 2], [2, 3]), "ranks": ranks}
+    _check_options(RunOptions(schedule="gpipe"), 12, 5, 6, man)
+    _check_options(RunOptions(schedule="1f1b"), 12, 5, 6, {"mesh": mesh([[]] * 5, [3, 3], [2, 3]),
+                                                           "ranks": _ranks([(2, 3, 2), (3, 3, 2)])})
+    with pytest.raises(HetpartError, match="pipeline 1 has 3 stages and 2 microbatch"):
+        _check_options(RunOptions(schedule="1f1b"), 12, 5, 6, man)
+    with pytest.raises(HetpartError, match=r"split the batch into 6 microbatches \(4 \+ 2\)"):
+        _check_options(RunOptions(), 12, 5, 3, man)
+
+
 # plan.json's pipelines (NOTE [plan.json fields])
 
 def _stage(k: int, device: str, pipeline: int | None = None) -> StageReport:

@@ -36,6 +36,11 @@ def test_two_pipelines_train_two_steps_equal_to_the_model_and_a_broken_sync_fail
     grouped = {w: g["ranks"] for g in man["mesh"]["groups"] if g["kind"] == "weights" for w in g["weights"]}
     assert grouped == holders and all(len({man["ranks"][r]["pipeline"] for r in rs}) == 2 for rs in holders.values())
     assert "--nproc-per-node 3" in (out / "launch.sh").read_text()
+    assert main(["inspect", str(out), "--stage", "2"]) == 0  # --stage K names rank K
+    assert capsys.readouterr().out.startswith("# rank 2, stage 1 of pipeline 1: planned on local/2")
+    assert main(["run", str(out), "--microbatches", "6"]) == 2  # the split is the plan's: refused before torchrun
+    assert f"this plan's 2 pipelines split the batch into 12 microbatches ({shares[0]} + {shares[1]})" in (
+        capsys.readouterr().err)
 
     assert main(["run", str(out), "--mode", "training", "--steps", "2", "--verify"]) == 0
     ran = capsys.readouterr().out
