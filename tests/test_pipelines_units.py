@@ -331,3 +331,35 @@ def test_partition_refuses_bad_pipelines_with_exit_2(tmp_path, capsys, extra, me
     err = capsys.readouterr().err
     assert code == 2 and err.startswith("hetpart: error: ") and message in err and "Traceback" not in err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_compiled_pipelines_group_every_holder_of_a_weight_and_share_identical_rank_files(tmp_path):
+    """compile_model with two pipelines cut alike: the manifest's weights groups are the partitioner's
+    `weight_holders` (an independent route: the plan's stages, not the split graphs), and the second
+    pipeline's weights files are hard links to the first's (NOTE [shared rank files])."""
+    import os
+
+    from hetpart.compile import CompileOptions, compile_model
+    from hetpart.frontend import ModelSpec
+    from hetpart.partitioner.pipelines import weight_holders
+
+    out = tmp_path / "out"
+    opts = CompileOptions(microbatches=4, pt2=False, mode="training", time_limit_s=5,
+                          pipelines=(("local/0", "local/1"), ("local/2", "local/3")), pipeline_microbatches=(2, 2))
+    result = compile_model(ModelSpec("zoo:mlp", {"hidden": "256", "n_blocks": "4"}, 8, 16, 0), "preset:cpu-6", out,
+                           opts, echo=lambda _: None)
+    man = json.loads((out / "manifest.json").read_text())
+    device_rank = {r["planned_device"]: r["rank"] for r in man["ranks"]}
+    holders = weight_holders(result.problem, result.pipelines.pipelines)
+    grouped = {w: g["ranks"] for g in man["mesh"]["groups"] if g["kind"] == "weights" for w in g["weights"]}
+    assert grouped == {w: sorted(device_rank[d] for d in devs) for w, devs in holders.items() if len(devs) > 1}
+    assert len({r["pipeline"] for r in man["ranks"]}) == 2
+    cuts = [[len(s["stages"])] for s in man["mesh"]["pipelines"]]
+    assert cuts[0] == cuts[1]
+    for a, b in zip(man["mesh"]["pipelines"][0]["stages"], man["mesh"]["pipelines"][1]["stages"]):
+        first, second = (out / f"rank{a[0]}" / "weights.safetensors"), (out / f"rank{b[0]}" / "weights.safetensors")
+        assert os.stat(first).st_ino == os.stat(second).st_ino and os.stat(first).st_nlink == 2
+    plan = json.loads((out / "plan.json").read_text())
+    assert plan["devices_idle"] == {"local/4": "in no pipeline", "local/5": "in no pipeline"}
+    assert plan["grad_sync_us"] > 0 and plan["iteration_us"] == pytest.approx(
+        max(q["time_us"] for q in plan["pipelines"]) + plan["grad_sync_us"], abs=2e-3)

@@ -162,7 +162,8 @@ def _failure(manifest: dict, log_dir: Path, as_nodes: bool, torchrun_log: Path, 
         if code != HetpartError.exit_code and refused:
             rank, code = refused[0], HetpartError.exit_code
         entry = manifest["ranks"][rank] if rank < len(manifest["ranks"]) else {}
-        where = f"stage {rank} on {entry.get('planned_device', '?')}"
+        of = f" of pipeline {entry['pipeline']}" if "pipeline" in entry else ""  # several pipelines (issue 19)
+        where = f"stage {entry.get('stage', rank)}{of} on {entry.get('planned_device', '?')}"
         err = RunFailed(
             f"rank {rank} ({where}) {_exit_words(code)} during the run; every other rank was stopped.\n"
             f"{_rank_tail(log_dir, manifest, as_nodes, rank)}\n"
