@@ -363,3 +363,22 @@ def test_compiled_pipelines_group_every_holder_of_a_weight_and_share_identical_r
     assert plan["devices_idle"] == {"local/4": "in no pipeline", "local/5": "in no pipeline"}
     assert plan["grad_sync_us"] > 0 and plan["iteration_us"] == pytest.approx(
         max(q["time_us"] for q in plan["pipelines"]) + plan["grad_sync_us"], abs=2e-3)
+
+
+def test_inference_metadata_of_a_pipelines_last_stage_is_its_own_outputs_not_the_next_pipelines_inputs():
+    import torch
+
+    from hetpart.runtime.worker import _static_metadata
+
+    def value(name: str, shape: list) -> dict:
+        return {"name": name, "shape": shape, "dtype": "f32"}
+
+    ranks = _ranks([(2, 2, 2), (1, 2, 2)])
+    boundaries = [(["s0", 8], ["s0", 4]), (["s0", 4], ["s0", 3]), (["s0", 8], ["s0", 3])]
+    for r, (ins, outs) in enumerate(boundaries):
+        ranks[r].update(inputs=[value(f"x{r}", ins)], outputs=[value(f"y{r}", outs)])
+    man = {"mesh": mesh([[]] * 3, [2, 2], [2, 1]), "ranks": ranks}
+    cpu = torch.device("cpu")
+    shapes = {r: [tuple(t.shape) for t in _static_metadata(man, ranks[r], {"s0": 2}, cpu)["output_args"]]
+              for r in range(3)}
+    assert shapes == {0: [(2, 4)], 1: [(2, 3)], 2: [(2, 3)]}  # rank 1 ends pipeline 0: rank 2's inputs are not its
