@@ -361,6 +361,8 @@ def test_compiled_pipelines_group_every_holder_of_a_weight_and_share_identical_r
         assert os.stat(first).st_ino == os.stat(second).st_ino and os.stat(first).st_nlink == 2
     plan = json.loads((out / "plan.json").read_text())
     assert plan["devices_idle"] == {"local/4": "in no pipeline", "local/5": "in no pipeline"}
+    page = (out / "report.html").read_text()  # the slowest pipeline's schedule, stages named p.k
+    assert "2 data-parallel pipelines" in page and '></span>1.0</td>' in page
     assert plan["grad_sync_us"] > 0 and plan["iteration_us"] == pytest.approx(
         max(q["time_us"] for q in plan["pipelines"]) + plan["grad_sync_us"], abs=2e-3)
 

@@ -104,8 +104,9 @@ def inspect_json(out: Path, manifest: dict[str, Any], plan: PlanReport) -> dict[
         "gap": plan.gap,
         "solver_status": plan.solver_status,
         "dynamic": plan.dynamic,
-        "simulated_step": {"schedule": step.schedule, "step_us": round(step.step_ns / 1000, 3),
-                           "bubble_fraction": round(step.bubble_fraction, 6)},
+        "simulated_step": None if plan.pipelines else {  # several pipelines: no one schedule (iteration_us)
+            "schedule": step.schedule, "step_us": round(step.step_ns / 1000, 3),
+            "bubble_fraction": round(step.bubble_fraction, 6)},
         "baselines": plan.baselines,
         "stages": stages,
         **({"pipelines": as_json(plan.pipelines), "iteration_us": plan.iteration_us,
