@@ -112,6 +112,9 @@ def compile_pipelines(spec: ModelSpec, cluster: Cluster, opts: CompileOptions, o
     times.add("solve", solve_s, quiet=True)
     if opts.verbose:
         echo(f"solve: {solve_s * 1e3:.1f} ms ({pp.solver_status}, {len(pp.pipelines)} pipelines)")
+    for p in pp.pipelines:
+        if p.plan.certificate is not None and p.plan.certificate.warning:
+            echo(f"hetpart: warning: pipeline {p.index}: {p.plan.certificate.warning}")
     violations = pipelines_violations(problem, pp, opts.microbatches)
     if violations:
         raise HetpartError(f"internal error: the pipelines plan breaks {len(violations)} rule(s): "
