@@ -132,6 +132,15 @@ def _parser() -> argparse.ArgumentParser:
     part.add_argument("--align", default="ops", choices=["ops", "layers"],
                       help="layers: cut only between top-level blocks (what `hetpart export` formats for "
                            "torchtitan, Megatron, DeepSpeed and accelerate take); default ops: anywhere")
+    part.add_argument("--pipelines", default=None, metavar="DEV,DEV;DEV,...",
+                      help="data-parallel pipelines on these device groups (';' between pipelines, ',' between "
+                           "devices), each planned on its own devices and fed its share of the batch")
+    part.add_argument("--pipeline-microbatches", default=None, metavar="M,M,...",
+                      help="with --pipelines: each pipeline's microbatches, adding up to --microbatches "
+                           "(default: in proportion to each pipeline's speed)")
+    part.add_argument("--parallel", default="pipeline", choices=["pipeline", "data"],
+                      help="pipeline (default): one pipeline over the cluster; data: search data-parallel "
+                           "pipelines of different shapes")
 
     run = sub.add_parser("run", help="run the artifacts under torchrun (one CPU process per stage)")
     run.add_argument("out", type=Path, help="artifacts directory")
@@ -276,6 +285,7 @@ def _check_before_torch(model: str, cluster: str | None) -> None:
 
 def _partition(args: argparse.Namespace, console: Console) -> int:
     _check_before_torch(args.model, args.cluster)  # NOTE [arguments before torch]
+    pipelines = _pipelines_before_torch(args)
     from hetpart.compile import CompileOptions, compile_model
     from hetpart.frontend import ModelSpec
     from hetpart.report import print_plan
@@ -287,16 +297,28 @@ def _partition(args: argparse.Namespace, console: Console) -> int:
                           verbose=args.verbose, dump_ir=args.dump_ir, mode=args.mode, schedule=args.schedule,
                           optimizer_bytes_per_param=args.optimizer_bytes_per_param, profiles=tuple(args.profiles),
                           sign_key=args.sign_key, check_certificate=args.check_certificate,
-                          strategy=args.strategy, align=args.align)
+                          strategy=args.strategy, align=args.align, **pipelines)
     result = compile_model(spec, args.cluster, args.out, opts,
                            echo=lambda text: console.print(text, markup=False, highlight=False),
                            progress=Progress.for_console(console))
     print_plan(result.report, console)
     if args.strategy != "optimal":  # NOTE [--strategy] in partitioner/baselines.py
         console.print(f"strategy {args.strategy}: the artifacts run this baseline's plan, not the optimised one")
-    console.print(f"wrote {args.out}/ (plan.json, manifest.json, rank0..rank{len(result.plan.stages) - 1}, ir/, "
+    console.print(f"wrote {args.out}/ (plan.json, manifest.json, rank0..rank{len(result.report.stages) - 1}, ir/, "
                   "report.html)")
     return 0
+
+
+def _pipelines_before_torch(args: argparse.Namespace) -> dict:
+    """CompileOptions' `pipelines`, `pipeline_microbatches` and `parallel`, checked before torch (issue 19)."""
+    from hetpart.devices import load_cluster
+    from hetpart.pipeline_groups import check_pipeline_options, parse_pipeline_microbatches, parse_pipelines
+
+    groups = (parse_pipelines(args.pipelines, [d.name for d in load_cluster(args.cluster).devices])
+              if args.pipelines is not None else None)
+    counts = parse_pipeline_microbatches(args.pipeline_microbatches) if args.pipeline_microbatches else None
+    check_pipeline_options(groups, counts, args.microbatches, args.parallel)
+    return {"pipelines": groups, "pipeline_microbatches": counts, "parallel": args.parallel}
 
 
 def _run(args: argparse.Namespace, console: Console) -> int:

@@ -32,6 +32,8 @@ from hetpart.frontend import model_file_sha256
 from hetpart.ir import info
 from hetpart.partitioner import Plan, Problem, solve, verify_plan
 from hetpart.partitioner.problem import TIME_NS
+from hetpart.partitioner.pipelines import PipelinesPlan
+from hetpart.pipeline_groups import check_groups, check_pipeline_options
 from hetpart.partitioner.baselines import baselines_json, check_strategy, compute_baselines, strategy_plan
 from hetpart.plan_report import ClusterDevice, ClusterRecord, ModelRecord, PlanReport, StageReport
 from hetpart.baselines.fx_partitioner import fx_baselines
@@ -65,6 +67,11 @@ class CompileOptions:
     check_certificate: bool | None = None  # re-prove the bound (NOTE [checked certificates]); None: the env var
     strategy: str = "optimal"  # or a baseline's name: write its plan instead (NOTE [--strategy] in baselines.py)
     align: str = "ops"  # or "layers": cut only between top-level blocks (hetpart/export/layers.py)
+    # Data-parallel pipelines (issue 19, hetpart/compile_pipelines.py): each one's devices (`--pipelines`), its
+    # microbatches (default: by speed, NOTE [batch split]), or "data": search them (`--parallel data`).
+    pipelines: tuple[tuple[str, ...], ...] | None = None
+    pipeline_microbatches: tuple[int, ...] | None = None
+    parallel: str = "pipeline"
 
     def check(self, batch_size: int | None = None, out: Path | None = None) -> None:
         """Every option's value, and with the model's `batch_size` and the `out` directory how they fit: the one
@@ -85,6 +92,10 @@ class CompileOptions:
         check_strategy(self.strategy)
         if self.align not in ("ops", "layers"):
             raise HetpartError(f"--align {self.align}: expected ops or layers")
+        check_pipeline_options(self.pipelines, self.pipeline_microbatches, self.microbatches, self.parallel)
+        if (self.pipelines is not None or self.parallel == "data") and self.strategy != "optimal":
+            raise HetpartError(f"--strategy {self.strategy} writes a baseline's single pipeline; leave it out with "
+                               "--pipelines or --parallel data")
         if (self.dump_ir is not None and out is not None
                 and out.resolve() in (self.dump_ir.resolve(), *self.dump_ir.resolve().parents)):
             raise HetpartError(f"--dump-ir {self.dump_ir} is inside --out {out}, which this run creates or replaces; "
@@ -104,6 +115,7 @@ class CompileResult:
     problem: Problem
     plan_json: dict  # report.to_json(): plan.json's contents
     report: PlanReport
+    pipelines: PipelinesPlan | None = None  # several data-parallel pipelines (`plan`: pipeline 0's)
 
 
 def plan_report(spec: ModelSpec, cluster: Cluster, opts: CompileOptions, plan: Plan, microbatch_size: int, *,
@@ -248,6 +260,8 @@ def compile_model(spec: ModelSpec, cluster_spec: str, out: Path, opts: CompileOp
     sign_key = read_key(opts.sign_key, out) if opts.sign_key is not None else None
     model_sha256 = model_file_sha256(spec)  # the file as it is traced: NOTE [model files] in runtime/artifacts.py
     cluster = load_cluster(cluster_spec)
+    if opts.pipelines is not None:  # before tracing: every device of --pipelines is the cluster's, once
+        check_groups(opts.pipelines, [d.name for d in cluster.devices])
     microbatch_size = spec.batch_size // opts.microbatches
     profiles = load_profiles(opts.profiles, cluster)
     training = opts.training()
@@ -274,6 +288,13 @@ def compile_model(spec: ModelSpec, cluster_spec: str, out: Path, opts: CompileOp
         if opts.align == "layers" and (free := align_to_layers(problem)):  # every module one co-location group
             echo(f"note: --align layers: {len(free)} module(s) run at several places with others between "
                  f"({', '.join(free[:4])}{', ...' if len(free) > 4 else ''}); their calls are placed one by one")
+        if opts.pipelines is not None or opts.parallel == "data":  # several data-parallel pipelines (issue 19)
+            from hetpart.compile_pipelines import compile_pipelines
+
+            return compile_pipelines(
+                spec, cluster, opts, out, tmp, gm=gm, pm=pm, problem=problem, groups=groups, inputs=inputs,
+                on_meta=on_meta, checkpoint_names=names, profiles=profiles, model_sha256=model_sha256,
+                sign_key=sign_key, times=times, echo=echo, progress=progress)
         if opts.schedule == "1f1b" and opts.microbatches < min(problem.max_stages or len(problem.devices),
                                                                len(problem.devices)):
             problem.max_stages = opts.microbatches  # NOTE [1F1B stages]

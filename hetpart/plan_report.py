@@ -42,6 +42,15 @@ def _f(kind: Any, default: Any = dataclasses.MISSING, *, omit_none: bool = False
 # here, checked to be objects or lists; their readers read them by key.
 # `slot` is what a stage runs on and `devices` the devices of that slot: today a slot is one
 # device, named as it (issue 16); `device` stays the slot's first device for older readers.
+# A plan of several data-parallel pipelines (issue 19, NOTE [pipelines plan]) adds `pipelines`,
+# each with its share of the batch and its own stages (`index` counts within the pipeline,
+# `pipeline` names it), and the step's numbers: `iteration_us`, `grad_sync_us` (not overlapped)
+# and `grad_sync_overlapped_us`, `devices_used`, `devices_idle` (device -> why no stage runs on
+# it). Its top-level `stages` are every pipeline's in rank order (pipeline 0's, then 1's, ...),
+# the records of `pipelines` again, so a reader that goes by rank (`run --measure`, `--emulate`)
+# needs nothing else; `microbatches` is the global batch's, `bottleneck_us` the slowest
+# pipeline's, and `lower_bound_us` and `gap` are of the iteration time. A plan of one pipeline
+# leaves all of these out and reads exactly as before.
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -90,6 +99,7 @@ class StageReport:
     capacity_bytes: int = _f(int)
     forward_us: float | None = _f(NUMBER + (NoneType,), None, omit_none=True)  # training plans only
     backward_us: float | None = _f(NUMBER + (NoneType,), None, omit_none=True)
+    pipeline: int | None = _f((int, NoneType), None, omit_none=True)  # its pipeline, in a plan of several
 
     @property
     def transfer_us(self) -> float:
@@ -99,6 +109,19 @@ class StageReport:
     def slot_devices(self) -> list[str]:
         """The devices this stage's slot holds (a plan before slots: its one device)."""
         return self.devices or [self.device]
+
+
+@dataclass(frozen=True, kw_only=True)
+class PipelineReport:
+    """One of several data-parallel pipelines (NOTE [plan.json fields]): its devices, share and stages."""
+    index: int = _f(int)
+    microbatches: int = _f(int)  # its share of the global batch
+    devices: list[str] = _f(list)  # the device group it was planned on
+    time_us: float = _f(NUMBER)  # its stages' time for its microbatches (NOTE [pipelines plan])
+    bottleneck_us: float = _f(NUMBER)
+    lower_bound_us: float = _f(NUMBER)
+    solver_status: str = _f(str)
+    stages: list[StageReport] = _f(list, items=StageReport)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -130,6 +153,13 @@ class PlanReport:
     emulation: dict | None = _f((dict, NoneType), None)  # for `run --emulate` (NOTE [emulated devices])
     align: str = _f(str, "ops")  # "layers": planned with cuts only between modules (`--align layers`)
     layers: dict | None = _f((dict, NoneType), None)  # the plan rounded to whole modules, for `hetpart export`
+    # Several data-parallel pipelines (issue 19); all left out for one pipeline (NOTE [plan.json fields]).
+    pipelines: list[PipelineReport] | None = _f((list, NoneType), None, omit_none=True, items=PipelineReport)
+    iteration_us: float | None = _f(NUMBER + (NoneType,), None, omit_none=True)  # slowest pipeline + grad sync
+    grad_sync_us: float | None = _f(NUMBER + (NoneType,), None, omit_none=True)  # NOTE [gradient sync]
+    grad_sync_overlapped_us: float | None = _f(NUMBER + (NoneType,), None, omit_none=True)
+    devices_used: list[str] | None = _f((list, NoneType), None, omit_none=True)
+    devices_idle: dict | None = _f((dict, NoneType), None, omit_none=True)  # device -> why no stage runs on it
 
     @property
     def training(self) -> bool:
@@ -175,7 +205,7 @@ def _from_json(cls: type, table: Any, path: Path, where: str) -> Any:
                                f"(got {value!r:.40}); the plan was edited or truncated: {REDO}")
         if items is not None and isinstance(value, list):
             value = [_from_json(items, v, path, f"{where}{f.name}[{k}].") for k, v in enumerate(value)]
-        elif items is not None:
+        elif items is not None and value is not None:
             value = _from_json(items, value, path, f"{where}{f.name}.")
         values[f.name] = value
     return cls(**values)
@@ -188,13 +218,35 @@ def load_plan(path: Path, data: dict[str, Any]) -> PlanReport:
     if not plan.stages:
         raise HetpartError(f"{path}: 'stages' is empty; {REDO}")
     for k, stage in enumerate(plan.stages):
-        if stage.index != k:
+        if stage.index != k and plan.pipelines is None:
             raise HetpartError(f"{path}: stages[{k}].'index' is {stage.index}, expected {k}; the plan was edited or "
                                f"truncated: {REDO}")
         if not all(isinstance(d, str) for d in stage.devices):
             raise HetpartError(f"{path}: stages[{k}].'devices' must be device names; the plan was edited or "
                                f"truncated: {REDO}")
+    if plan.pipelines is not None:
+        _check_pipelines(path, plan)
     return plan
 
 
-__all__ = ["ClusterDevice", "ClusterRecord", "ModelRecord", "PlanReport", "StageReport", "as_json", "load_plan"]
+def _check_pipelines(path: Path, plan: PlanReport) -> None:
+    """A plan of several pipelines: each numbered in order with its stages numbered within it, the top-level
+    stages theirs in rank order, the shares adding up to the batch (NOTE [plan.json fields])."""
+    edited = f"the plan was edited or truncated: {REDO}"
+    pipelines = plan.pipelines or []
+    for p, pipe in enumerate(pipelines):
+        if pipe.index != p or not pipe.stages or pipe.microbatches < 1:
+            raise HetpartError(f"{path}: pipelines[{p}] must be pipeline {p} with stages and >= 1 microbatch; {edited}")
+        for k, stage in enumerate(pipe.stages):
+            if stage.index != k or stage.pipeline != p:
+                raise HetpartError(f"{path}: pipelines[{p}].stages[{k}] must be stage {k} of pipeline {p}; {edited}")
+    if plan.stages != [s for pipe in pipelines for s in pipe.stages]:
+        raise HetpartError(f"{path}: 'stages' must be the pipelines' stages in rank order; {edited}")
+    if sum(pipe.microbatches for pipe in pipelines) != plan.microbatches:
+        raise HetpartError(f"{path}: the pipelines' microbatches add up to "
+                           f"{sum(pipe.microbatches for pipe in pipelines)}, 'microbatches' is {plan.microbatches}; "
+                           f"{edited}")
+
+
+__all__ = ["ClusterDevice", "ClusterRecord", "ModelRecord", "PipelineReport", "PlanReport", "StageReport", "as_json",
+           "load_plan"]

@@ -381,8 +381,19 @@ def _runtime_device(dev: PlannedDevice) -> str:
 # runtime/worker.py): training sums those copies' gradients over it. Each rank creates every
 # group with `torch.distributed.new_group`, in this order (torch requires the same order on
 # all ranks); `load_manifest` checks the mesh against the ranks before any rank starts.
-def mesh(rank_weights: list[list[str]]) -> dict:
-    """The mesh of a plan whose rank k runs stage k and holds the weights `rank_weights[k]` (NOTE [the mesh])."""
+# Several data-parallel pipelines (issue 19) number their ranks pipeline-major (pipeline 0's
+# stages, then pipeline 1's, ...); the mesh then has no top-level "stages" but one entry per
+# pipeline, and one "pipeline" group each:
+#   "pipelines": [{"index": 0, "group": "pipeline-0", "stages": [[0], [1]], "microbatches": 2,
+#                  "microbatch_offset": 0}, {"index": 1, "group": "pipeline-1", "stages": [[2], [3], [4]], ...}]
+# and each rank entry says its "pipeline", that pipeline's "microbatches" and its "batch_rows"
+# [start, stop) of the traced batch (at another --batch-size, the same microbatches of it).
+# A "weights" group is then every rank holding a copy of the weight, across pipelines and within
+# one: training sums the scaled gradients over it (NOTE [pipelines gradients] in runtime/worker.py).
+def mesh(rank_weights: list[list[str]], shares: list[int] | None = None, stage_counts: list[int] | None = None) -> dict:
+    """The mesh of a plan whose rank k holds the weights `rank_weights[k]` (NOTE [the mesh]): one pipeline
+    (rank k runs stage k), or with `shares` and `stage_counts` several, each with that many microbatches and
+    stages, ranks numbered pipeline-major."""
     world = len(rank_weights)
     holders: dict[str, list[int]] = {}
     for rank, names in enumerate(rank_weights):
@@ -392,17 +403,43 @@ def mesh(rank_weights: list[list[str]]) -> dict:
     for name, ranks in sorted(holders.items()):
         if len(ranks) > 1:
             shared.setdefault(tuple(ranks), []).append(name)
-    groups: list[dict[str, Any]] = [{"name": "pipeline", "kind": "pipeline", "ranks": list(range(world))}]
-    groups += [{"name": f"weights-{i}", "kind": "weights", "ranks": list(ranks), "weights": names}
-               for i, (ranks, names) in enumerate(sorted(shared.items()))]
-    return {"stages": [[k] for k in range(world)], "groups": groups,
+    weight_groups = [{"name": f"weights-{i}", "kind": "weights", "ranks": list(ranks), "weights": names}
+                     for i, (ranks, names) in enumerate(sorted(shared.items()))]
+    if shares is None or stage_counts is None:
+        groups: list[dict[str, Any]] = [{"name": "pipeline", "kind": "pipeline", "ranks": list(range(world))}]
+        groups += weight_groups
+        return {"stages": [[k] for k in range(world)], "groups": groups,
+                "rank_groups": [[g["name"] for g in groups if r in g["ranks"]] for r in range(world)]}
+    pipelines, first_rank, offset = [], 0, 0
+    for p, (m, count) in enumerate(zip(shares, stage_counts)):
+        ranks = list(range(first_rank, first_rank + count))
+        pipelines.append({"index": p, "group": f"pipeline-{p}", "stages": [[r] for r in ranks], "microbatches": m,
+                          "microbatch_offset": offset})
+        first_rank, offset = first_rank + count, offset + m
+    groups = [{"name": q["group"], "kind": "pipeline", "ranks": [r for s in q["stages"] for r in s]}
+              for q in pipelines] + weight_groups
+    return {"pipelines": pipelines, "groups": groups,
             "rank_groups": [[g["name"] for g in groups if r in g["ranks"]] for r in range(world)]}
 
 
-def manifest(stages: list[StageGraph], files: list[dict[str, str]], devices: list[PlannedDevice]) -> dict:
+def manifest(stages: list[StageGraph], files: list[dict[str, str]], devices: list[PlannedDevice],
+             shares: list[int] | None = None, microbatch_size: int = 0) -> dict:
+    """manifest.json of `stages` in rank order (NOTE [the mesh]). With `shares` (several pipelines: each one's
+    microbatches of `microbatch_size` rows), a pipeline starts at each stage 0."""
     groups = launch_groups(devices)
     node_of = {k: (n, i) for n, ranks in enumerate(groups) for i, k in enumerate(ranks)}
     all_gpu = all(d.type != "cpu" for d in devices)
+    if shares is not None:
+        starts = [k for k, s in enumerate(stages) if s.index == 0] + [len(stages)]
+        counts = [b - a for a, b in zip(starts, starts[1:])]
+        man = manifest(stages, files, devices)
+        man["mesh"] = mesh([sorted(s.weights.values()) for s in stages], list(shares), counts)
+        for q in man["mesh"]["pipelines"]:
+            start = q["microbatch_offset"] * microbatch_size
+            rows = [start, start + q["microbatches"] * microbatch_size]
+            for r in (r for stage in q["stages"] for r in stage):
+                man["ranks"][r].update(pipeline=q["index"], microbatches=q["microbatches"], batch_rows=rows)
+        return man
     return {
         "format_version": FORMAT_VERSION,
         "files": {},  # plan.json, launch.sh, ir/: filled by write_manifest
@@ -412,20 +449,20 @@ def manifest(stages: list[StageGraph], files: list[dict[str, str]], devices: lis
                   for n, ranks in enumerate(groups)],
         "ranks": [
             {
-                "rank": s.index,
+                "rank": k,
                 "stage": s.index,
-                "device": _runtime_device(devices[s.index]) if all_gpu else "cpu",
-                "planned_device": devices[s.index].name,
-                "machine": devices[s.index].machine,
-                "node_rank": node_of[s.index][0],
-                "local_rank": node_of[s.index][1],
-                "dir": f"rank{s.index}",
-                "files": files[s.index],
+                "device": _runtime_device(devices[k]) if all_gpu else "cpu",
+                "planned_device": devices[k].name,
+                "machine": devices[k].machine,
+                "node_rank": node_of[k][0],
+                "local_rank": node_of[k][1],
+                "dir": f"rank{k}",
+                "files": files[k],
                 "inputs": _boundary(s)[0],
                 "outputs": _boundary(s)[1],
                 "weights": sorted(s.weights.values()),
             }
-            for s in stages
+            for k, s in enumerate(stages)
         ],
         "mesh": mesh([sorted(s.weights.values()) for s in stages]),
     }

@@ -140,6 +140,16 @@ PRESETS: dict[str, str] = {
         devices = ["cpu", "cpu", "cpu", "cpu"]
         link = { bandwidth_GBps = 2, latency_us = 20 }
     """,
+    # Six CPU processes on this machine: room for data-parallel pipelines of different lengths (issue 19).
+    "cpu-6": """
+        [network]
+        bandwidth_GBps = 1
+        latency_us = 50
+        [[nodes]]
+        name = "local"
+        devices = ["cpu", "cpu", "cpu", "cpu", "cpu", "cpu"]
+        link = { bandwidth_GBps = 2, latency_us = 20 }
+    """,
 }
 
 

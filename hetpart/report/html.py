@@ -9,6 +9,8 @@ imports torch.
 
 from __future__ import annotations
 
+import dataclasses
+
 import html
 import math
 from dataclasses import dataclass, field
@@ -286,7 +288,7 @@ def _plan_table(plan: PlanReport) -> str:
             "% of max"]
     rows = []
     for s in plan.stages:
-        cells = [s.index, s.device, s.device_type, s.node_count, f"{s.flops / 1e9:.3g}",
+        cells = [s.index if s.pipeline is None else f"{s.pipeline}.{s.index}", s.device, s.device_type, s.node_count, f"{s.flops / 1e9:.3g}",
                  f"{format_bytes(s.memory_bytes)} / {format_bytes(s.capacity_bytes)}",
                  format_us(s.compute_us), format_us(transfer_us(s)), format_us(s.predicted_time_us),
                  f"{share_of_bottleneck(plan, s):.0%}"]
@@ -323,10 +325,22 @@ svg text { font-family: system-ui, -apple-system, 'Segoe UI', sans-serif; domina
 """
 
 
+def slowest_pipeline(plan: PlanReport) -> tuple[PlanReport, str]:
+    """The plan whose schedule the page plays, and a note: itself, or of several pipelines the slowest
+    (issue 19), as a plan of its own stages and microbatches."""
+    if not plan.pipelines:
+        return plan, ""
+    q = max(plan.pipelines, key=lambda q: q.time_us)
+    note = (f" · {len(plan.pipelines)} data-parallel pipelines (stage p.k: stage k of pipeline p); the schedule is "
+            f"pipeline {q.index}'s, the slowest, for its {q.microbatches} microbatches")
+    return dataclasses.replace(plan, stages=q.stages, microbatches=q.microbatches, pipelines=None), note
+
+
 def render_report(plan: PlanReport, graph: BlockGraph) -> str:
     """The whole page as one string (deterministic for the same inputs)."""
-    timeline = simulated_step(plan)
-    labels = [f"stage {s.index} · {s.device} ({s.device_type})" for s in plan.stages]
+    shown, several = slowest_pipeline(plan)
+    timeline = simulated_step(shown)
+    labels = [f"stage {s.index} · {s.device} ({s.device_type})" for s in shown.stages]
     model = plan.model.model
     cards = [
         ("bottleneck per microbatch", format_us(plan.bottleneck_us)),
@@ -352,7 +366,7 @@ def render_report(plan: PlanReport, graph: BlockGraph) -> str:
 <h1>{_e(model)} on {_e(plan.cluster.name)}</h1>
 <div class="sub">{len(plan.stages)} stages on {len(plan.cluster.devices)} devices ·
 {_e(plan.mode)} · microbatch of {plan.microbatch_size} · {plan.microbatches} microbatches ·
-objective {_e(plan.objective)}</div>
+objective {_e(plan.objective)}{_e(several)}</div>
 <div class="cards">{''.join(f'<div class="card"><b>{_e(v)}</b><span>{_e(k)}</span></div>' for k, v in cards)}</div>
 <p class="legend">{legend}</p>
 <h2>Graph by stage</h2>

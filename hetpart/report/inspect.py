@@ -41,6 +41,12 @@ def ir_dump(out: Path, key: str, manifest: dict[str, Any]) -> str:
 
 
 def _rank(manifest: dict[str, Any], stage: int, out: Path) -> dict[str, Any]:
+    ranks = manifest["ranks"]
+    if any("pipeline" in e for e in ranks):  # several pipelines (issue 19): stage numbers repeat, K is the rank
+        if 0 <= stage < len(ranks):
+            return ranks[stage]
+        raise HetpartError(f"--stage {stage}: '{out}' has ranks 0..{len(ranks) - 1}; in a plan of several "
+                           "pipelines --stage K names rank K (pipeline 0's stages, then pipeline 1's, ...)")
     for entry in manifest["ranks"]:
         if entry["stage"] == stage:
             return entry
@@ -65,7 +71,9 @@ def stage_text(out: Path, manifest: dict[str, Any], plan: PlanReport, stage: int
     if digest is None:
         raise HetpartError(f"manifest.json lists no sha256 for {entry['dir']}/stage.py; re-run `hetpart partition`")
     text = check_file(out, f"{entry['dir']}/stage.py", digest, f"rank {entry['rank']}: ", read=True)
-    head = [f"# rank {entry['rank']}, stage {stage} of {len(manifest['ranks'])}: planned on {cost.device} "
+    where = (f"stage {entry['stage']} of pipeline {entry['pipeline']}" if "pipeline" in entry
+             else f"stage {stage} of {len(manifest['ranks'])}")
+    head = [f"# rank {entry['rank']}, {where}: planned on {cost.device} "
             f"({cost.device_type}), {cost.predicted_time_us} us per microbatch",
             f"# file: {source}"]
     head += _values("inputs", entry["inputs"]) + _values("outputs", entry["outputs"])
@@ -75,11 +83,11 @@ def stage_text(out: Path, manifest: dict[str, Any], plan: PlanReport, stage: int
 
 def inspect_json(out: Path, manifest: dict[str, Any], plan: PlanReport) -> dict[str, Any]:
     """plan.json's numbers with each stage's derived columns and boundary values, for tools."""
-    ranks = {e["stage"]: e for e in manifest["ranks"]}
+    ranks = manifest["ranks"]  # rank k runs plan.stages[k] (NOTE [plan.json fields])
     step = simulated_step(plan)
     stages = []
-    for s in plan.stages:
-        entry = ranks.get(s.index, {})
+    for k, s in enumerate(plan.stages):
+        entry = ranks[k] if k < len(ranks) else {}
         stages.append({**as_json(s), "transfer_us": round(transfer_us(s), 3),
                        "share_of_bottleneck": round(share_of_bottleneck(plan, s), 6),
                        "dir": entry.get("dir"), "inputs": entry.get("inputs", []),
@@ -96,10 +104,13 @@ def inspect_json(out: Path, manifest: dict[str, Any], plan: PlanReport) -> dict[
         "gap": plan.gap,
         "solver_status": plan.solver_status,
         "dynamic": plan.dynamic,
-        "simulated_step": {"schedule": step.schedule, "step_us": round(step.step_ns / 1000, 3),
-                           "bubble_fraction": round(step.bubble_fraction, 6)},
+        "simulated_step": None if plan.pipelines else {  # several pipelines: no one schedule (iteration_us)
+            "schedule": step.schedule, "step_us": round(step.step_ns / 1000, 3),
+            "bubble_fraction": round(step.bubble_fraction, 6)},
         "baselines": plan.baselines,
         "stages": stages,
+        **({"pipelines": as_json(plan.pipelines), "iteration_us": plan.iteration_us,
+            "devices_idle": plan.devices_idle} if plan.pipelines else {}),
         "ir": [{"number": n, "name": name, "file": str(p.relative_to(out))} for n, name, p in ir_dumps(out)],
     }
 

@@ -97,8 +97,50 @@ def baseline_lines(plan: PlanReport) -> list[str]:
     return lines
 
 
+def pipelines_table(plan: PlanReport) -> Table:
+    """Several data-parallel pipelines side by side: a row per stage index, three columns per pipeline."""
+    pipelines = plan.pipelines or []
+    what = f"training with {SCHEDULE_NAMES.get(plan.schedule, plan.schedule)}, " if plan.training else ""
+    table = Table(box=box.SIMPLE_HEAD, title=f"plan for {plan.model.model} on {plan.cluster.name}: {len(pipelines)} "
+                        f"data-parallel pipelines ({what}per microbatch of {plan.microbatch_size})")
+    table.add_column("stage", justify="right")
+    for q in pipelines:
+        table.add_column(f"pipeline {q.index} ({q.microbatches} mb)", justify="left")
+        table.add_column("time", justify="right")
+        table.add_column("memory / capacity", justify="right")
+    for k in range(max(len(q.stages) for q in pipelines)):
+        row = [str(k)]
+        for q in pipelines:
+            s = q.stages[k] if k < len(q.stages) else None
+            row += ([f"{s.device} ({s.device_type})", f"{format_us(s.predicted_time_us)} "
+                     f"{s.predicted_time_us / (q.bottleneck_us or 1):.0%}",
+                     f"{format_bytes(s.memory_bytes)} / {format_bytes(s.capacity_bytes)}"] if s else ["", "", ""])
+        table.add_row(*row)
+    return table
+
+
+def pipelines_lines(plan: PlanReport) -> list[str]:
+    """Each pipeline's share and time, the step (slowest pipeline + gradient sync), and why a device is idle."""
+    lines = [f"pipeline {q.index}: {len(q.stages)} stage(s), {q.microbatches} microbatch(es) of the "
+             f"{plan.microbatches}, bottleneck {format_us(q.bottleneck_us)}, its share takes {format_us(q.time_us)} "
+             f"(solver {q.solver_status})" for q in plan.pipelines or []]
+    slowest = max(q.time_us for q in plan.pipelines or [])
+    sync = (f" + gradient sync {format_us(plan.grad_sync_us or 0)} ({format_us(plan.grad_sync_overlapped_us or 0)} "
+            "left if overlapped with the backward)") if plan.training else ""
+    lines.append(f"iteration {format_us(plan.iteration_us or 0)} = slowest pipeline {format_us(slowest)}{sync}")
+    lines.append(f"throughput {plan.predicted_samples_per_s or 0:,.0f} samples/s  |  lower bound "
+                 f"{format_us(plan.lower_bound_us)}  |  gap {plan.gap:.2%}  |  solver {plan.solver_status}")
+    lines += [f"idle: {device}: {why}" for device, why in (plan.devices_idle or {}).items()]
+    return lines
+
+
 def print_plan(plan: PlanReport, console: Console | None = None) -> None:
     console = console or Console()
+    if plan.pipelines:  # several data-parallel pipelines (issue 19)
+        console.print(pipelines_table(plan))
+        for line in pipelines_lines(plan):
+            console.print(line, markup=False, highlight=False)
+        return
     console.print(plan_table(plan))
     console.print(plan_summary(plan))
     step = simulated_step(plan)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+from dataclasses import dataclass
 import json
 import operator
 import sys
@@ -140,24 +141,54 @@ def _check_structure(path: Path, manifest: dict[str, Any]) -> None:
     _check_mesh(path, manifest["mesh"] if "mesh" in manifest else None, ranks)
 
 
+@dataclass(frozen=True)
+class MeshPipeline:
+    """One pipeline of the mesh (NOTE [the mesh] in codegen/artifacts.py): its group, stages and batch share."""
+
+    index: int
+    group: str  # the name of its "pipeline" group
+    stages: list[list[int]]  # stage -> its ranks
+    microbatches: int | None  # its share of the batch; None in a plan of one pipeline (the run's --microbatches)
+    microbatch_offset: int  # the first of the global batch's microbatches it runs
+
+
+def mesh_pipelines(manifest: dict[str, Any]) -> list[MeshPipeline]:
+    """The pipelines of a checked manifest's mesh: one, or each of several (issue 19)."""
+    mesh = manifest["mesh"]
+    if "pipelines" not in mesh:
+        group = next(g["name"] for g in mesh["groups"] if g["kind"] == "pipeline")
+        return [MeshPipeline(0, group, mesh["stages"], None, 0)]
+    return [MeshPipeline(q["index"], q["group"], q["stages"], q["microbatches"], q["microbatch_offset"])
+            for q in mesh["pipelines"]]
+
+
+def rank_pipeline(manifest: dict[str, Any], rank: int) -> MeshPipeline:
+    """The pipeline that `rank` of a checked manifest runs a stage of."""
+    return mesh_pipelines(manifest)[manifest["ranks"][rank].get("pipeline", 0)]
+
+
 def _check_mesh(path: Path, mesh: Any, ranks: list[dict[str, Any]]) -> None:
     """The mesh (NOTE [the mesh] in codegen/artifacts.py) agrees with the ranks: every rank runs the stage
-    its entry names, the pipeline group holds one rank per stage in stage order, and each rank's groups
-    are the groups that hold it."""
+    its entry names, each pipeline group holds one rank per stage of its pipeline in stage order, and each
+    rank's groups are the groups that hold it."""
     def ints(value: Any) -> bool:
         return (isinstance(value, list) and all(isinstance(r, int) and not isinstance(r, bool) for r in value)
                 and value == sorted(set(value)) and all(0 <= r < len(ranks) for r in value))
 
-    if not (isinstance(mesh, dict) and isinstance(mesh.get("stages"), list) and isinstance(mesh.get("groups"), list)
-            and isinstance(mesh.get("rank_groups"), list)):
+    several = isinstance(mesh, dict) and "pipelines" in mesh
+    if not (isinstance(mesh, dict) and isinstance(mesh.get("pipelines" if several else "stages"), list)
+            and isinstance(mesh.get("groups"), list) and isinstance(mesh.get("rank_groups"), list)):
         raise HetpartError(f"{path}: needs a 'mesh' with stages, groups and rank_groups{EDITED}")
-    stages, groups = mesh["stages"], mesh["groups"]
-    if not all(ints(s) and s for s in stages) or sorted(r for s in stages for r in s) != list(range(len(ranks))):
+    pipelines = _mesh_pipelines(path, mesh, ranks) if several else [("pipeline", mesh["stages"])]
+    every = [s for _, stages in pipelines for s in stages]
+    if not all(ints(s) and s for s in every) or sorted(r for s in every for r in s) != list(range(len(ranks))):
         raise HetpartError(f"{path}: mesh.stages must give each stage its ranks, every rank in one stage{EDITED}")
     for k, entry in enumerate(ranks):
+        stages = pipelines[entry.get("pipeline", 0) if several else 0][1]
         if not 0 <= entry["stage"] < len(stages) or k not in stages[entry["stage"]]:
             raise HetpartError(f"{path}: ranks[{k}] runs stage {entry['stage']}, which mesh.stages does not give "
                                f"rank {k}{EDITED}")
+    groups = mesh["groups"]
     names = [g.get("name") if isinstance(g, dict) else None for g in groups]
     for g in groups:
         if not (isinstance(g, dict) and isinstance(g.get("name"), str) and g.get("kind") in ("pipeline", "weights")
@@ -166,13 +197,48 @@ def _check_mesh(path: Path, mesh: Any, ranks: list[dict[str, Any]]) -> None:
                                                 and all(isinstance(w, str) for w in g["weights"])))):
             raise HetpartError(f"{path}: mesh.groups must be uniquely named pipeline or weights groups of ranks "
                                f"(got {g!r:.60}){EDITED}")
-    pipeline = [g["ranks"] for g in groups if g["kind"] == "pipeline"]
-    if not (len(pipeline) == 1 and len(pipeline[0]) == len(stages) and all(r in s for r, s in zip(pipeline[0], stages))):
-        raise HetpartError(f"{path}: mesh.groups needs one pipeline group holding one rank of each stage, in stage "
+    pipeline = {g["name"]: g["ranks"] for g in groups if g["kind"] == "pipeline"}
+    if len(pipeline) != len(pipelines) or not all(
+            name in pipeline and len(pipeline[name]) == len(stages)
+            and all(r in s for r, s in zip(pipeline[name], stages)) for name, stages in pipelines):
+        raise HetpartError(f"{path}: mesh.groups needs one pipeline group "
+                           f"{'per pipeline ' if several else ''}holding one rank of each stage, in stage "
                            f"order{EDITED}")
     expected = [[g["name"] for g in groups if k in g["ranks"]] for k in range(len(ranks))]
     if mesh["rank_groups"] != expected:
         raise HetpartError(f"{path}: mesh.rank_groups must list the groups holding each rank ({expected}){EDITED}")
+
+
+def _mesh_pipelines(path: Path, mesh: dict[str, Any], ranks: list[dict[str, Any]]) -> list[tuple[str, list]]:
+    """(group name, stages) of each pipeline of a mesh of several, after checking each entry and its ranks'
+    pipeline, microbatches and batch rows (NOTE [the mesh] in codegen/artifacts.py)."""
+    out, offset = [], 0
+    for p, q in enumerate(mesh["pipelines"]):
+        if not (isinstance(q, dict) and q.get("index") == p and isinstance(q.get("group"), str)
+                and isinstance(q.get("stages"), list) and q["stages"]
+                and isinstance(q.get("microbatches"), int) and q["microbatches"] >= 1
+                and q.get("microbatch_offset") == offset):
+            raise HetpartError(f"{path}: mesh.pipelines[{p}] must be pipeline {p} with its group, stages, "
+                               f"microbatches (>= 1) and microbatch_offset {offset}{EDITED}")
+        offset += q["microbatches"]
+        out.append((q["group"], q["stages"]))
+    for k, entry in enumerate(ranks):
+        p = entry.get("pipeline")
+        if not (isinstance(p, int) and 0 <= p < len(out)):
+            raise HetpartError(f"{path}: ranks[{k}] needs its 'pipeline', one of mesh.pipelines{EDITED}")
+        q = mesh["pipelines"][p]
+        size = entry.get("batch_rows", [0, 0])
+        if (entry.get("microbatches") != q["microbatches"] or not isinstance(size, list) or len(size) != 2
+                or not all(isinstance(r, int) for r in size) or size[1] - size[0] <= 0
+                or (size[1] - size[0]) % q["microbatches"]
+                or size[0] != q["microbatch_offset"] * (size[1] - size[0]) // q["microbatches"]):
+            raise HetpartError(f"{path}: ranks[{k}] must carry its pipeline's microbatches ({q['microbatches']}) "
+                               "and batch_rows [start, stop) of whole microbatches at its offset"
+                               f" {q['microbatch_offset']}{EDITED}")
+    if len({(e["batch_rows"][1] - e["batch_rows"][0]) // e["microbatches"] for e in ranks}) != 1:
+        raise HetpartError(f"{path}: the ranks' batch_rows give microbatches of different sizes; every pipeline "
+                           f"runs microbatches of one size{EDITED}")
+    return out
 
 
 def _refuse(who: str, path: Path, reason: str, out: Path) -> HetpartError:

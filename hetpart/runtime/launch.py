@@ -35,9 +35,10 @@ from hetpart.plan_report import PlanReport
 from hetpart.frontend import ModelSpec, check_example_batch, load_model
 from hetpart.frontend.hf import HFModel, OutputStructure
 from hetpart.runtime.artifacts import check_rank_files, dim_size, load_manifest, read_json, symbol_sizes
-from hetpart.runtime.artifacts import check_listed_files, model_spec_for_run, read_plan
+from hetpart.runtime.artifacts import check_listed_files, mesh_pipelines, model_spec_for_run, read_plan
 from hetpart.runtime.emulate import emulated, emulation_plan, find_hierarchy
-from hetpart.runtime.verify import TensorCheck, Tolerances, Verification, check_tensor, torch_threads
+from hetpart.runtime.verify import Tolerances, Verification, check_tensor, reference_training, torch_threads
+from hetpart.runtime.verify import training_checks
 from hetpart.trust import SIGNATURE_NAME, is_signed, read_key
 
 
@@ -161,7 +162,8 @@ def _failure(manifest: dict, log_dir: Path, as_nodes: bool, torchrun_log: Path, 
         if code != HetpartError.exit_code and refused:
             rank, code = refused[0], HetpartError.exit_code
         entry = manifest["ranks"][rank] if rank < len(manifest["ranks"]) else {}
-        where = f"stage {rank} on {entry.get('planned_device', '?')}"
+        of = f" of pipeline {entry['pipeline']}" if "pipeline" in entry else ""  # several pipelines (issue 19)
+        where = f"stage {entry.get('stage', rank)}{of} on {entry.get('planned_device', '?')}"
         err = RunFailed(
             f"rank {rank} ({where}) {_exit_words(code)} during the run; every other rank was stopped.\n"
             f"{_rank_tail(log_dir, manifest, as_nodes, rank)}\n"
@@ -339,10 +341,12 @@ def measurement(io_dir: Path, world: int, m: int, plan: PlanReport, opts: "RunOp
         if rank == world - 1:
             last_steps = data["step_s"][keep]
     predicted = None
-    if opts.mode == "inference":
-        timeline = simulate([round(s.compute_us * 1000) for s in plan.stages],
-                            [round(s.comm_out_us * 1000) for s in plan.stages[:-1]], m, opts.schedule)
-        predicted = round(timeline.step_ns / 1000, 3)
+    if opts.mode == "inference":  # the slowest pipeline's step (one pipeline: the plan's stages, all m)
+        predicted = max(round(simulate([round(s.compute_us * 1000) for s in stages],
+                                       [round(s.comm_out_us * 1000) for s in stages[:-1]], share,
+                                       opts.schedule).step_ns / 1000, 3)
+                        for stages, share in ([(q.stages, q.microbatches) for q in plan.pipelines] if plan.pipelines
+                                              else [(plan.stages, m)]))
     return {
         "format_version": 1,
         "mode": opts.mode,
@@ -392,7 +396,7 @@ class RunOptions:
     tolerances: Tolerances = Tolerances()  # --verify's --rtol/--atol (NOTE [verify tolerances])
 
 
-def _check_options(opts: RunOptions, batch_size: int, world: int, m: int) -> None:
+def _check_options(opts: RunOptions, batch_size: int, world: int, m: int, manifest: dict | None = None) -> None:
     if opts.mode not in ("inference", "training"):
         raise HetpartError(f"--mode {opts.mode}: expected inference or training")
     if opts.schedule not in ("gpipe", "1f1b"):
@@ -400,7 +404,20 @@ def _check_options(opts: RunOptions, batch_size: int, world: int, m: int) -> Non
     if m < 1 or batch_size % m:
         raise HetpartError(f"--microbatches {m} must be >= 1 and divide the batch size {batch_size}; "
                            "pass a --batch-size that --microbatches divides, or other --microbatches")
-    if opts.schedule == "1f1b" and m < world:
+    pipelines = mesh_pipelines(manifest) if manifest is not None else []
+    if len(pipelines) > 1:  # several data-parallel pipelines: the batch split is the plan's (NOTE [the mesh])
+        planned = sum(q.microbatches or 0 for q in pipelines)
+        if m != planned:
+            raise HetpartError(f"--microbatches {m}: this plan's {len(pipelines)} pipelines split the batch into "
+                               f"{planned} microbatches ({' + '.join(str(q.microbatches) for q in pipelines)}); "
+                               f"leave --microbatches out, or partition again with --microbatches {m}")
+        short = [q for q in pipelines if opts.schedule == "1f1b" and (q.microbatches or 0) < len(q.stages)]
+        if short:
+            raise HetpartError(f"--schedule 1f1b needs at least as many microbatches as stages in each pipeline; "
+                               f"pipeline {short[0].index} has {len(short[0].stages)} stages and "
+                               f"{short[0].microbatches} microbatch(es): run with --schedule gpipe, or partition "
+                               "again with a --pipeline-microbatches that gives it more")
+    elif opts.schedule == "1f1b" and m < world:
         raise HetpartError(f"--schedule 1f1b needs at least as many microbatches as stages ({world}); "
                            f"got --microbatches {m}")
     if opts.steps < 1:
@@ -452,34 +469,18 @@ def reference_outputs(module: torch.nn.Module, inputs: tuple) -> tuple[torch.Ten
         return tuple(pytree.tree_leaves(module(*inputs)))
 
 
-def _reference_grads(module: torch.nn.Module, inputs: tuple, target: torch.Tensor, m: int) -> dict[str, torch.Tensor]:
-    """Gradients of the mean over microbatches of training_loss, as the schedule computes them (and with a
-    rank's thread count, as `reference_outputs`)."""
-    from hetpart.runtime.worker import training_loss
+def _outputs(io_dir: Path, manifest: dict) -> tuple[torch.Tensor, ...]:
+    """The first step's outputs: the last rank's, or every pipeline's last rank's concatenated in batch order."""
+    from hetpart.runtime.worker import outputs_file
 
-    module.zero_grad(set_to_none=True)
-    chunks = list(zip(*(x.tensor_split(m) for x in inputs)))
-    with torch_threads(rank_threads()):
-        for xs, t in zip(chunks, target.tensor_split(m)):
-            (training_loss(tuple(pytree.tree_leaves(module(*xs))), t) / m).backward()
-    return {name: p.grad for name, p in module.named_parameters(remove_duplicate=False) if p.grad is not None}
-
-
-def _grad_checks(io_dir: Path, world: int, reference: dict[str, torch.Tensor], tol: Tolerances) -> list[TensorCheck]:
-    """Every weight's gradient on every rank that holds the weight, against the model's.
-
-    A weight on several ranks must carry the full (summed) gradient on each of them
-    (NOTE [replicated weights] in worker.py).
-    """
-    got: list[tuple[str, int, torch.Tensor]] = []
-    for rank in range(world):
-        path = io_dir / f"grads{rank}.safetensors"
-        if path.exists():
-            got.extend((name, rank, g) for name, g in load_file(str(path)).items())
-    missing = sorted({name for name, _, _ in got} - set(reference))
-    if missing:
-        raise HetpartError(f"verification: the pipeline has gradients for {missing[:5]} the model does not")
-    return [check_tensor(f"{name} (rank {rank})", g, reference[name], tol) for name, rank, g in got]
+    pipelines = mesh_pipelines(manifest)
+    several = len(pipelines) > 1
+    parts = []
+    for q in pipelines:
+        last = manifest["ranks"][q.stages[-1][0]]
+        got = load_file(str(io_dir / outputs_file(q.index if several else None)))
+        parts.append([got[o["name"]] for o in last["outputs"]])
+    return tuple(torch.cat(column) if several else column[0] for column in zip(*parts))
 
 
 def output_names(structure: OutputStructure | None, count: int) -> list[str]:
@@ -509,7 +510,7 @@ def run_pipeline(out: Path, opts: RunOptions = RunOptions(), echo: Callable[[str
     spec = run_spec(model_spec_for_run(plan, opts.model, opts.trust_model_file, echo), plan.dynamic, opts)
     m = opts.microbatches or plan.microbatches
     world = manifest["world_size"]
-    _check_options(opts, spec.batch_size, world, m)
+    _check_options(opts, spec.batch_size, world, m, manifest)
     emulation = emulation_plan(plan) if opts.emulate else None  # NOTE [emulated devices] in runtime/emulate.py
     if emulation is not None:
         find_hierarchy()  # a writable cgroup, before anything runs
@@ -542,8 +543,14 @@ def run_pipeline(out: Path, opts: RunOptions = RunOptions(), echo: Callable[[str
                        "--device", "auto" if torch.cuda.is_available() and not opts.emulate else "cpu"]
         if opts.key is not None:
             worker_args += ["--key", str(opts.key.resolve())]
+        if opts.verify and training:
+            worker_args += ["--dump-weights"]  # the weights after the last step, for --verify
         cmds = _torchrun_commands(manifest, log_dir, opts.as_nodes, opts.master_port)
         where = (f"{len(cmds)} torchrun node(s) on loopback" if opts.as_nodes else "one torchrun")
+        pipelines = mesh_pipelines(manifest)
+        if len(pipelines) > 1:  # several data-parallel pipelines (issue 19)
+            where += (f" of {len(pipelines)} pipelines ({' + '.join(str(len(q.stages)) for q in pipelines)} stages, "
+                      f"{' + '.join(str(q.microbatches) for q in pipelines)} microbatches)")
         backend = manifest["backend"] if torch.cuda.is_available() and not opts.emulate else "gloo on CPU"
         echo(f"launching {where}: {world} rank(s), {backend}, {opts.mode} with {opts.schedule}, "
              f"{m} microbatch(es), {opts.steps} step(s); logs in {log_dir}")
@@ -552,8 +559,7 @@ def run_pipeline(out: Path, opts: RunOptions = RunOptions(), echo: Callable[[str
                 _run_torchruns([c + worker_args for c in cmds], manifest, log_dir, opts)
         finally:
             write_logs_marker(log_dir)  # every file torchrun wrote, which the next run or --force may remove
-        got = load_file(str(io_dir / "outputs.safetensors"))
-        outputs = tuple(got[o["name"]] for o in manifest["ranks"][-1]["outputs"])
+        outputs = _outputs(io_dir, manifest)
         step_s = [float(x) for x in (io_dir / "step_seconds").read_text().split()]
         measured = measurement(io_dir, world, m, plan, opts) if opts.measure else None
         if measured is not None and emulation is not None:
@@ -565,16 +571,16 @@ def run_pipeline(out: Path, opts: RunOptions = RunOptions(), echo: Callable[[str
             atomic_write(out / "measured.json", json.dumps(measured, indent=2) + "\n")  # NOTE [safe writes]
         verification = None
         if opts.verify:
-            grads: list[TensorCheck] = []
-            if training:
-                grads = _grad_checks(io_dir, world, _reference_grads(module, inputs, target, m), opts.tolerances)
-            ref_flat = reference_outputs(module, inputs)
+            ref_flat = reference_outputs(module, inputs)  # before the reference trains
             if len(ref_flat) != len(outputs):
                 raise HetpartError(f"verification: the model returns {len(ref_flat)} outputs, the pipeline {len(outputs)}")
+            checks = training_checks(io_dir, manifest, reference_training(
+                module, inputs, target, m, opts.steps, opts.lr, rank_threads()), opts.tolerances) if training else None
             verification = Verification(
                 [check_tensor(f"output {n}", a, b, opts.tolerances)
                  for n, a, b in zip(output_names(structure, len(outputs)), outputs, ref_flat)],
-                grads, opts.tolerances)
+                checks.grads if checks else [], opts.tolerances, losses=checks.losses if checks else [],
+                weights=checks.weights if checks else [])
     return RunResult(outputs=outputs, step_seconds=step_s[0],
                      max_abs_diff=verification.max_abs_diff if verification else None,
                      grad_rel_err=verification.max_grad_rel_err if verification else None,

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -64,6 +65,15 @@ import torch
 #   covering more than 3/4 of the nonzero elements is the scale (then the bulk is the fill);
 #   an output whose values really are two clusters 100x apart is compared at the lower
 #   cluster's scale, which is stricter (a FAIL to look at, never a PASS by accident).
+# - Gradients, the weights after the steps and the losses are compared at max|model| (no
+#   outlier step: they hold no mask fills). A gradient is a sum over microbatches (and over
+#   pipelines and tied copies, NOTE [pipelines gradients] in worker.py) that the pipeline adds
+#   in another order than the model, so it rounds relative to its terms; and a block of it may
+#   cancel to noise: the key bias of attention gets no gradient in exact arithmetic (softmax
+#   ignores it), ~1e-9 in fp32, a third of `qkv.bias`. The outlier step would take that
+#   block's 1e-9 for the scale and fail sums that agree to 6e-8 of a 0.45 gradient (measured
+#   on two pipelines of a 4-layer GPT, 12 microbatches); at max|model| they pass, and a
+#   gradient scaled or summed wrongly is still off by a fraction of max|model|.
 # Integer and bool outputs must be equal.
 OUTLIER_GAP = 100.0
 VERIFY_RTOL = 1e-5
@@ -97,7 +107,7 @@ class TensorCheck:
         return text + (f" (scale {self.scale:.3g})" if self.scale else "") + (f": {self.problem}" if self.problem else "")
 
 
-def output_scale(ref: torch.Tensor) -> float:
+def output_scale(ref: torch.Tensor, robust: bool = True) -> float:
     """The tensor's scale for the absolute term: its largest finite |element| that is not an
     outlier far above the rest (NOTE [verify tolerances]); 0 where no element is finite and nonzero.
 
@@ -106,6 +116,10 @@ def output_scale(ref: torch.Tensor) -> float:
     >>> output_scale(torch.tensor([0.5, -2.0, 1.0, 1e9]))  # a mask fill is left out
     2.0
     """
+    if not robust:  # gradients, weights, losses: max|model| (NOTE [verify tolerances]); no sort needed
+        finite = ref.detach().abs().flatten()
+        finite = finite[finite.isfinite()]
+        return float(finite.max()) if finite.numel() else 0.0
     magnitudes = ref.detach().double().abs().flatten()
     magnitudes = magnitudes[magnitudes.isfinite() & (magnitudes > 0)].sort().values
     if not magnitudes.numel():
@@ -115,8 +129,8 @@ def output_scale(ref: torch.Tensor) -> float:
     return float(magnitudes[start + int(gaps[0])] if gaps.numel() else magnitudes[-1])
 
 
-def check_tensor(name: str, got: torch.Tensor, ref: torch.Tensor, tol: Tolerances) -> TensorCheck:
-    """`got` against `ref` by NOTE [verify tolerances]."""
+def check_tensor(name: str, got: torch.Tensor, ref: torch.Tensor, tol: Tolerances, robust: bool = True) -> TensorCheck:
+    """`got` against `ref` by NOTE [verify tolerances] (`robust`: the scale leaves outliers out, for outputs)."""
     if got.shape != ref.shape:
         return TensorCheck(name, float("inf"), 0.0, float("inf"), False,
                            problem=f"shape {list(got.shape)}, the model's {list(ref.shape)}")
@@ -128,7 +142,7 @@ def check_tensor(name: str, got: torch.Tensor, ref: torch.Tensor, tol: Tolerance
     a, b = got.detach().double(), ref.detach().double()
     same = (a == b) | (a.isnan() & b.isnan())  # equal infinities and NaNs where the model has them
     diff = torch.where(same, 0.0, (a - b).abs())
-    scale = output_scale(b)
+    scale = output_scale(b, robust)
     max_diff = float(diff.max()) if diff.numel() else 0.0
     smallest = torch.finfo(ref.dtype).tiny
     if scale < smallest:  # nothing to compare relative to (NOTE [verify tolerances])
@@ -142,16 +156,19 @@ def check_tensor(name: str, got: torch.Tensor, ref: torch.Tensor, tol: Tolerance
 
 @dataclass(frozen=True)
 class Verification:
-    """Every output (and in training every weight's gradient on every rank) compared."""
+    """Every output (and in training every weight's gradient on every rank, the losses and the weights after
+    the last step) compared."""
 
     outputs: list[TensorCheck]
     grads: list[TensorCheck]
     tolerances: Tolerances
+    losses: list[TensorCheck] = field(default_factory=list)  # training: each step's and each microbatch's loss
+    weights: list[TensorCheck] = field(default_factory=list)  # training: every copy of every weight after the steps
 
     @property
     def verdict(self) -> str:
         """PASS, FAIL, or CANNOT TELL where every output (or every gradient) is below the smallest normal float."""
-        if not all(c.ok for c in self.outputs + self.grads):
+        if not all(c.ok for c in self.outputs + self.grads + self.losses + self.weights):
             return "FAIL"
         for group in (self.outputs, self.grads):
             if group and all(c.unreadable for c in group):
@@ -176,6 +193,13 @@ class Verification:
         lines = [f"max_abs_diff={self.max_abs_diff:.3g} max_rel_err={self.max_rel_err:.3g}"]
         if self.grads:
             lines.append(f"max_grad_rel_err={self.max_grad_rel_err:.3g}")
+        if self.losses or self.weights:
+            lines.append(f"max_loss_rel_err={max((c.max_rel_err for c in self.losses), default=0.0):.3g} "
+                         f"max_weight_rel_err={max((c.max_rel_err for c in self.weights), default=0.0):.3g} "
+                         "(after the last step)")
+        for c in self.losses:
+            if not c.ok:
+                lines.append(f"  {c.describe()}  FAIL")
         for c in self.outputs:
             if len(self.outputs) > 1 or not c.ok or c.tiny or c.unreadable:
                 lines.append(f"  {c.describe()}" + ("" if c.ok else "  FAIL"))
@@ -186,11 +210,12 @@ class Verification:
             if c.unreadable:
                 lines.append(f"  note: {c.name} is identically 0 (or below the smallest normal float) in the "
                              "model and the pipeline: it cannot tell a right plan from a wrong one")
-        failed = [c for c in self.grads if not c.ok]
-        for c in sorted(failed, key=lambda c: -c.max_rel_err)[:5]:
-            lines.append(f"  gradient of {c.describe()}  FAIL")
-        if len(failed) > 5:
-            lines.append(f"  ... and {len(failed) - 5} more gradient(s) outside the tolerance")
+        for what, checks in (("gradient", self.grads), ("weight after the last step", self.weights)):
+            failed = [c for c in checks if not c.ok]
+            for c in sorted(failed, key=lambda c: -c.max_rel_err)[:5]:
+                lines.append(f"  {what} of {c.describe()}  FAIL")
+            if len(failed) > 5:
+                lines.append(f"  ... and {len(failed) - 5} more {what}(s) outside the tolerance")
         verdict = self.verdict
         why = ("; the model's outputs are all 0: equal outputs prove nothing here; verify with inputs or weights "
                "that give non-zero outputs") if verdict == "CANNOT TELL" else ""
@@ -208,3 +233,81 @@ def torch_threads(count: int) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
+
+
+@dataclass(frozen=True)
+class ReferenceTraining:
+    """The unpartitioned model's training on the global batch, as `run --mode training` steps it."""
+
+    grads: dict[str, torch.Tensor]  # every weight's gradient in the first step, by each of its names
+    losses: torch.Tensor  # [steps, microbatches]: each microbatch's training_loss, each step
+    weights: dict[str, torch.Tensor]  # every weight after the last step, by each of its names
+
+
+def reference_training(module: torch.nn.Module, inputs: tuple, target: torch.Tensor, microbatches: int, steps: int,
+                       lr: float, threads: int) -> ReferenceTraining:
+    """`steps` SGD steps of the model on the global batch, at a rank's `threads`: each step's loss is the
+    mean of its `microbatches` microbatch losses (NOTE [pipelines gradients] in worker.py). Trains `module`."""
+    from torch.utils import _pytree as pytree
+
+    from hetpart.runtime.worker import training_loss
+
+    optimizer = torch.optim.SGD(module.parameters(), lr=lr)
+    grads: dict[str, torch.Tensor] = {}
+    losses = []
+    chunks = list(zip(*(x.tensor_split(microbatches) for x in inputs)))
+    with torch_threads(threads):
+        for step in range(steps):
+            optimizer.zero_grad(set_to_none=True)
+            step_losses = []
+            for xs, t in zip(chunks, target.tensor_split(microbatches)):
+                loss = training_loss(tuple(pytree.tree_leaves(module(*xs))), t)
+                (loss / microbatches).backward()
+                step_losses.append(loss.detach())
+            losses.append(torch.stack(step_losses))
+            if step == 0:
+                grads = {name: p.grad.clone() for name, p in module.named_parameters(remove_duplicate=False)
+                         if p.grad is not None}
+            optimizer.step()
+    weights = {name: p.detach().clone() for name, p in module.named_parameters(remove_duplicate=False)}
+    return ReferenceTraining(grads, torch.stack(losses).float(), weights)
+
+
+@dataclass(frozen=True)
+class TrainingChecks:
+    grads: list[TensorCheck]
+    losses: list[TensorCheck]
+    weights: list[TensorCheck]
+
+
+def training_checks(io_dir: Path, manifest: dict, reference: ReferenceTraining, tol: Tolerances) -> TrainingChecks:
+    """What the ranks wrote (worker.py) against `reference`: every weight's first-step gradient and its value after
+    the last step on every rank that holds it (each copy must carry the whole gradient: NOTE [replicated
+    weights], NOTE [pipelines gradients] in worker.py), and the loss of every microbatch and step, the
+    pipelines' concatenated in batch order."""
+    from safetensors.torch import load_file
+
+    from hetpart.errors import HetpartError
+    from hetpart.runtime.artifacts import mesh_pipelines
+
+    def per_rank(prefix: str, ref: dict[str, torch.Tensor], what: str) -> list[TensorCheck]:
+        got = []
+        for rank in range(manifest["world_size"]):
+            path = io_dir / f"{prefix}{rank}.safetensors"
+            if path.exists():
+                got.extend((name, rank, t) for name, t in load_file(str(path)).items())
+        missing = sorted({name for name, _, _ in got} - set(ref))
+        if missing:
+            raise HetpartError(f"verification: the pipeline has {what} for {missing[:5]} the model does not")
+        return [check_tensor(f"{name} (rank {rank})", t, ref[name], tol, robust=False) for name, rank, t in got]
+
+    last_ranks = [q.stages[-1][0] for q in mesh_pipelines(manifest)]
+    losses = torch.cat([load_file(str(io_dir / f"losses{r}.safetensors"))["losses"] for r in last_ranks], dim=1)
+    dumped = any((io_dir / f"weights{r}.safetensors").exists() for r in range(manifest["world_size"]))
+    with torch_threads(1):  # hundreds of small comparisons: on a busy machine a thread pool waits more than it adds
+        return TrainingChecks(
+            grads=per_rank("grads", reference.grads, "gradients"),
+            losses=[check_tensor("loss of each step", losses.mean(dim=1), reference.losses.mean(dim=1), tol,
+                                 robust=False),
+                    check_tensor("loss of each microbatch and step", losses, reference.losses, tol, robust=False)],
+            weights=per_rank("weights", reference.weights, "weights") if dumped else [])

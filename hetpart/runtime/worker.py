@@ -4,7 +4,11 @@ Run by `hetpart run` as `torchrun ... -m hetpart.runtime.worker OUT --io DIR ...
 Rank 0 reads the inputs from DIR/inputs.safetensors, the last rank the training
 target from DIR/target.safetensors; the last rank writes the first step's
 outputs to DIR/outputs.safetensors and, in training, every rank writes its
-weights' gradients (before the optimizer step) to DIR/grads<rank>.safetensors.
+weights' gradients (before the optimizer step) to DIR/grads<rank>.safetensors,
+the last its microbatches' losses of every step to DIR/losses<rank>.safetensors and,
+with --dump-weights, every rank its weights after the last step to DIR/weights<rank>.safetensors.
+With several data-parallel pipelines (issue 19) each pipeline's first and last ranks do this
+on the pipeline's rows of the batch, and its last writes DIR/outputs.pipeline<p>.safetensors.
 Each rank loads only its own files, and checks them (and plan.json, and with --key the
 manifest's signature) before it executes its stage.py: NOTE [artifacts are code] in hetpart/trust.py.
 """
@@ -28,7 +32,7 @@ from safetensors.torch import load_file, save_file
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
 from hetpart.errors import HetpartError
-from hetpart.runtime.artifacts import dim_size, load_manifest, load_stage, read_plan, symbol_sizes
+from hetpart.runtime.artifacts import dim_size, load_manifest, load_stage, rank_pipeline, read_plan, symbol_sizes
 from hetpart.trust import read_key
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
@@ -36,6 +40,9 @@ SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 # NOTE [test-only crash hook]: HETPART_TEST_CRASH_RANK=K makes rank K SIGKILL itself after its
 # first forward, so tests/runtime/test_faults.py can kill a rank mid-run deterministically.
 # Tests only; unset, it costs one dictionary lookup per forward.
+# HETPART_TEST_BREAK_GRAD_SYNC=scale|sync breaks NOTE [pipelines gradients] on purpose (each
+# pipeline's own mean instead of the global batch's; no all-reduce), so tests/runtime/
+# test_pipelines_run.py can check that `--verify` then fails. Tests only.
 
 
 def training_loss(output: torch.Tensor | tuple[torch.Tensor, ...], target: torch.Tensor) -> torch.Tensor:
@@ -110,8 +117,9 @@ def _static_metadata(manifest: dict, entry: dict, sizes: dict[str, int], device:
             out.append(torch.zeros(dims, dtype=dtypes[v["dtype"]], device=device))
         return tuple(out)
 
-    ranks = manifest["ranks"]
-    sent = ranks[entry["rank"] + 1]["inputs"] if entry["rank"] + 1 < len(ranks) else entry["outputs"]
+    ranks, stages = manifest["ranks"], rank_pipeline(manifest, entry["rank"]).stages
+    nxt = entry["stage"] + 1  # the next stage of this rank's pipeline
+    sent = ranks[stages[nxt][0]]["inputs"] if nxt < len(stages) else entry["outputs"]
     inputs, outputs = zeros(entry["inputs"]), zeros(sent)  # what a rank sends is what the next receives
     return None if inputs is None or outputs is None else {"input_args": inputs, "output_args": outputs}
 
@@ -141,6 +149,8 @@ def sum_shared_grads(module: torch.nn.Module, groups: list, process_groups: list
     NOTE [replicated weights]: a weight read by several stages (a tied embedding and LM
     head) is a copy on each of their ranks; each copy gets the gradient of its own uses,
     so the copies' gradients are summed before the optimizer step and they stay equal."""
+    if not groups:
+        return
     names = _weight_names(module)
     by_name = {names[attr]: p for attr, p in module.named_parameters() if attr in names}
     for (ranks, weights), pg in zip(groups, process_groups):
@@ -155,11 +165,37 @@ def sum_shared_grads(module: torch.nn.Module, groups: list, process_groups: list
             dist.all_reduce(p.grad, group=pg)
 
 
+# NOTE [pipelines gradients]
+# `training_loss` is a mean over one microbatch's elements. The global batch's loss is the
+# mean over all of its elements, and with microbatches of one size that is the mean of the M
+# microbatch losses, L = (1/M) sum_i L_i, whichever pipeline ran microbatch i. So every schedule
+# runs with `scale_grads=False` (its stages sum their microbatches' gradients; pipelining's
+# default would divide by the pipeline's own count m_p), each rank divides its sums by the
+# global M, and the mesh's "weights" groups all-reduce (sum) over every rank holding a copy of
+# a weight: the copies of one pipeline (a tied embedding and LM head) hold the gradients of
+# their own uses, the pipelines those of disjoint microbatches, so the sum is dL/dw on every
+# copy. One pipeline is the case M = m_p: what pipelining's scaling did before. The optimizer
+# then steps every copy alike, and `run --verify` compares the loss, every copy's gradient and
+# the weights after the last step with the unpartitioned model on the global batch.
+def sync_gradients(module: torch.nn.Module, groups: list, process_groups: list, microbatches: int,
+                   pipeline_microbatches: int) -> None:
+    """NOTE [pipelines gradients]: this rank's summed gradients divided by the global `microbatches`, then
+    summed over the weights groups (`pipeline_microbatches`: its pipeline's share, for the test hook)."""
+    broken = os.environ.get("HETPART_TEST_BREAK_GRAD_SYNC")  # NOTE [test-only crash hook]
+    divisor = pipeline_microbatches if broken == "scale" else microbatches
+    for p in module.parameters():
+        if p.grad is not None:
+            p.grad.div_(divisor)
+    if broken != "sync":
+        sum_shared_grads(module, groups, process_groups)
+
+
 def run_rank(out: Path, io_dir: Path, mode: str, schedule_name: str, microbatches: int, steps: int,
              lr: float, device: torch.device, batch_size: int | None = None, seq_len: int | None = None,
-             key: bytes | None = None) -> None:
+             key: bytes | None = None, dump_weights: bool = False) -> None:
     """Run this rank's stage; `batch_size` and `seq_len` are the run's (default: the plan's traced ones);
-    with `key`, only if manifest.json's signature verifies."""
+    with `key`, only if manifest.json's signature verifies. `microbatches` is the global batch's; a
+    rank of one of several pipelines runs its pipeline's share of them (NOTE [the mesh])."""
     rank, world = dist.get_rank(), dist.get_world_size()
     manifest = load_manifest(out, key)
     model = read_plan(out, manifest).model  # checked before any code of `out` runs
@@ -177,26 +213,33 @@ def run_rank(out: Path, io_dir: Path, mode: str, schedule_name: str, microbatche
     boundary = Boundary(module)
     mesh = manifest["mesh"]
     groups = mesh_groups(manifest, training)
-    pipeline = next(g for g in mesh["groups"] if g["kind"] == "pipeline")
-    first, last = entry["stage"] == 0, entry["stage"] == len(mesh["stages"]) - 1
-    stage = PipelineStage(boundary, stage_index=entry["stage"], num_stages=len(mesh["stages"]), device=device,
+    pipe = rank_pipeline(manifest, rank)
+    pipeline = next(g for g in mesh["groups"] if g["name"] == pipe.group)
+    share = pipe.microbatches or microbatches  # this pipeline's microbatches of the global batch
+    first, last = entry["stage"] == 0, entry["stage"] == len(pipe.stages) - 1
+    stage = PipelineStage(boundary, stage_index=entry["stage"], num_stages=len(pipe.stages), device=device,
                           group=groups[pipeline["name"]], **(static or {}))
     # Each stage's peer in the pipeline group: its rank's place there (NOTE [the mesh]).
-    stage.stage_index_to_group_rank = {k: pipeline["ranks"].index(r) for k, ranks in enumerate(mesh["stages"])
+    stage.stage_index_to_group_rank = {k: pipeline["ranks"].index(r) for k, ranks in enumerate(pipe.stages)
                                        for r in ranks if r in pipeline["ranks"]}
-    schedule = SCHEDULES[schedule_name](stage, n_microbatches=microbatches,
-                                        loss_fn=training_loss if training else None)
+    schedule = SCHEDULES[schedule_name](stage, n_microbatches=share, loss_fn=training_loss if training else None,
+                                        scale_grads=False)  # NOTE [pipelines gradients]
     params = [p for p in module.parameters() if p.requires_grad]
     shared = shared_weight_groups(manifest) if training else []
     process_groups = [groups[g["name"]] for g in mesh["groups"] if g["kind"] == "weights" and training]
     optimizer = torch.optim.SGD(params, lr=lr) if training and params else None
     args: tuple = ()
+    rows = slice(None)  # this pipeline's rows of the global batch: its microbatches, in order
+    if pipe.microbatches is not None:
+        size = (batch_size or model.batch_size) // microbatches
+        rows = slice(pipe.microbatch_offset * size, (pipe.microbatch_offset + share) * size)
     if first:
         tensors = load_file(str(io_dir / "inputs.safetensors"))
-        args = tuple(tensors[i["name"]].to(device) for i in entry["inputs"])
+        args = tuple(tensors[i["name"]][rows].to(device) for i in entry["inputs"])
     kwargs = {}
     if training and last:
-        kwargs["target"] = load_file(str(io_dir / "target.safetensors"))["target"].to(device)
+        kwargs["target"] = load_file(str(io_dir / "target.safetensors"))["target"][rows].to(device)
+    losses: list[list[torch.Tensor]] = []
     step_seconds = []
     forwards_per_step, forward_cpu_per_step = [], []
     for step in range(steps):
@@ -205,10 +248,13 @@ def run_rank(out: Path, io_dir: Path, mode: str, schedule_name: str, microbatche
             optimizer.zero_grad(set_to_none=True)
         dist.barrier()
         start = time.perf_counter()
+        if training and last:
+            losses.append([])
+            kwargs["losses"] = losses[-1]
         with torch.no_grad() if not training else contextlib.nullcontext():
             result = schedule.step(*args, **kwargs)
         if training:
-            sum_shared_grads(module, shared, process_groups)
+            sync_gradients(module, shared, process_groups, microbatches, share)  # NOTE [pipelines gradients]
         step_seconds.append(time.perf_counter() - start)
         forwards_per_step.append(boundary.forward_seconds[seen:])
         forward_cpu_per_step.append(boundary.forward_cpu_seconds[seen:])
@@ -216,7 +262,7 @@ def run_rank(out: Path, io_dir: Path, mode: str, schedule_name: str, microbatche
             outputs = result if isinstance(result, tuple) else (result,)
             names = [o["name"] for o in entry["outputs"]]
             save_file({n: t.detach().cpu().contiguous() for n, t in zip(names, outputs)},
-                      str(io_dir / "outputs.safetensors"))
+                      str(io_dir / outputs_file(pipe.index if pipe.microbatches is not None else None)))
         if step == 0 and training:
             names = _weight_names(module)
             grads = {names[attr]: p.grad.detach().cpu().contiguous()
@@ -225,11 +271,23 @@ def run_rank(out: Path, io_dir: Path, mode: str, schedule_name: str, microbatche
         if optimizer is not None:
             optimizer.step()
         print(f"rank {rank}: step {step} {step_seconds[-1] * 1e3:.2f} ms", flush=True)
-    if last:
+    if losses:
+        save_file({"losses": torch.stack([torch.stack(step).detach().float().cpu() for step in losses])},
+                  str(io_dir / f"losses{rank}.safetensors"))  # [steps, this pipeline's microbatches]
+    if dump_weights and training:
+        names = _weight_names(module)
+        save_file({names[attr]: p.detach().cpu().contiguous() for attr, p in module.named_parameters()
+                   if attr in names}, str(io_dir / f"weights{rank}.safetensors"))
+    if rank == world - 1:
         (io_dir / "step_seconds").write_text("\n".join(f"{s}" for s in step_seconds) + "\n")
     (io_dir / f"timing{rank}.json").write_text(json.dumps({"step_s": step_seconds, "forward_s": forwards_per_step,
                                                                  "forward_cpu_s": forward_cpu_per_step}))
     dist.barrier()
+
+
+def outputs_file(pipeline: int | None) -> str:
+    """The file a pipeline's last rank writes its first step's outputs to: the one pipeline's, or pipeline p's."""
+    return "outputs.safetensors" if pipeline is None else f"outputs.pipeline{pipeline}.safetensors"
 
 
 LAUNCHER_PID_ENV = "HETPART_LAUNCHER_PID"  # set by `hetpart run` for its ranks: NOTE [orphaned ranks]
@@ -306,6 +364,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="auto: the manifest's device and backend where CUDA is available, else CPU and gloo")
     parser.add_argument("--key", type=Path, default=None,
                         help="run only if manifest.json.hmac is the manifest's signature under this key file")
+    parser.add_argument("--dump-weights", action="store_true",
+                        help="training: write every rank's weights after the last step (for --verify)")
     args = parser.parse_args(argv)
     try:
         key = read_key(args.key, args.out) if args.key is not None else None
@@ -319,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         device = torch.device(manifest["ranks"][dist.get_rank()]["device"] if use_cuda else "cpu")
         run_rank(args.out, args.io, args.mode, args.schedule, args.microbatches, args.steps, args.lr, device,
-                 args.batch_size, args.seq_len, key)
+                 args.batch_size, args.seq_len, key, args.dump_weights)
     except HetpartError as err:
         print(f"hetpart: rank {os.environ.get('RANK')}: {err}", file=sys.stderr, flush=True)
         if "TORCHELASTIC_RUN_ID" in os.environ:

@@ -1,0 +1,205 @@
+"""Several data-parallel pipelines (issue 19): steps 3-5 of `compile_model` for `--pipelines` and `--parallel data`.
+
+    Problem --fixed_pipelines | plan_pipelines--> PipelinesPlan --split each pipeline's plan-->
+        rank dirs numbered pipeline-major --> plan.json (pipelines), manifest.json (mesh of several), launch.sh
+
+`compile_model` traces, annotates and lowers as always, then calls `compile_pipelines` inside its
+staging directory instead of its single-pipeline solve and writes. Each pipeline is an ordinary
+`Plan` of the whole graph on its own devices (NOTE [pipelines plan] in partitioner/pipelines.py),
+so each is split and written exactly as one pipeline is; only the numbering of the ranks, the
+mesh (NOTE [the mesh] in codegen/artifacts.py) and plan.json's `pipelines` (NOTE [plan.json
+fields]) are new.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from hetpart import __version__
+from hetpart.codegen import PlannedDevice, launch_script, manifest, split_stages, stage_examples, write_json, write_rank
+from hetpart.codegen import write_manifest
+from hetpart.codegen.pt2 import write_pt2_files
+from hetpart.codegen.split import stage_of_nodes
+from hetpart.errors import HetpartError
+from hetpart.ir import info
+from hetpart.partitioner.pipelines import PipelinesPlan, fixed_pipelines, pipelines_violations
+from hetpart.partitioner.problem import TIME_NS
+from hetpart.pipeline_groups import split_microbatches
+from hetpart.plan_report import PipelineReport, PlanReport
+from hetpart.report.blocks import coarsen_to_blocks
+from hetpart.report.html import write_report
+
+if TYPE_CHECKING:
+    import torch.fx as fx
+
+    from hetpart.compile import CompileOptions, CompileResult
+    from hetpart.devices import Cluster
+    from hetpart.frontend import ModelSpec
+    from hetpart.partitioner import Problem
+    from hetpart.passes import PassManager
+    from hetpart.report.progress import Progress
+    from hetpart.timings import StepTimes
+
+
+def plan_data_parallel(problem: Problem, opts: CompileOptions) -> PipelinesPlan:
+    """The pipelines of `--pipelines` (their microbatches given, or split by speed: NOTE [batch split]), or
+    of `--parallel data`'s search."""
+    fields = {"seed": opts.seed, "gap": opts.gap, "check_certificate": opts.check_certificate}
+    if opts.parallel == "data":
+        from hetpart.partitioner.pipeline_search import plan_pipelines  # the search (issue 19): may not exist yet
+        from hetpart.partitioner.solve import SolveOptions
+
+        return plan_pipelines(problem, opts.microbatches, SolveOptions(time_limit_s=opts.time_limit_s, **fields))
+    groups = [list(g) for g in opts.pipelines or ()]
+    shares = list(opts.pipeline_microbatches) if opts.pipeline_microbatches is not None else None
+    solves = len(groups) * (1 if shares is not None else 2)  # the time limit is shared by every solve
+    fields["time_limit_s"] = opts.time_limit_s / solves
+    if shares is None:  # NOTE [batch split]: each group's speed at an equal share, then the split by it
+        equal = [max(1, opts.microbatches // len(groups))] * len(groups)
+        probe = fixed_pipelines(problem, groups, equal, **fields)
+        shares = split_microbatches(opts.microbatches, [p.plan.bottleneck_ns for p in probe.pipelines])
+        if shares == equal:
+            return probe
+    return fixed_pipelines(problem, groups, shares, **fields)
+
+
+def link_duplicates(root: Path, files: list[dict[str, str]]) -> int:
+    """Hard-link every rank file whose sha256 an earlier rank's file of the same name has, so that a
+    stage two pipelines share (same cut, same weights) is stored once; the number of files linked.
+
+    NOTE [shared rank files]: issue 23 asks that no weight be stored twice in one directory. Two
+    pipelines cut alike (the same stage on devices of the same type) write byte-identical
+    stage.py, weights.safetensors and stage.pt2; a hard link keeps one copy on disk while every
+    rank keeps its own directory, files and sha256 (each is still a regular file inside the
+    directory, as `run`'s checks require; `shard-weights` replaces weights.safetensors by a
+    rename, which unlinks rather than writes through). Stages cut differently hold different
+    sets of weights and keep their own files: sharing those would need one weight store read
+    by tensor name, which `run`'s per-rank checks and `shard-weights` do not read.
+    """
+    first: dict[tuple[str, str], Path] = {}
+    linked = 0
+    for rank, table in enumerate(files):
+        for name, digest in sorted(table.items()):
+            path = root / f"rank{rank}" / name
+            if (name, digest) in first:
+                path.unlink()
+                os.link(first[(name, digest)], path)
+                linked += 1
+            else:
+                first[(name, digest)] = path
+    return linked
+
+
+def compile_pipelines(spec: ModelSpec, cluster: Cluster, opts: CompileOptions, out: Path, tmp: Path, *,
+                      gm: fx.GraphModule, pm: PassManager, problem: Problem, groups: dict[str, str], inputs: tuple,
+                      on_meta: bool, checkpoint_names: dict[str, list[str]], profiles: dict, model_sha256: str | None,
+                      sign_key: bytes | None, times: StepTimes, echo: Callable[[str], None],
+                      progress: Progress) -> CompileResult:
+    """Plan the data-parallel pipelines and write their artifacts into `tmp` (compile_model's staging dir)."""
+    from hetpart.compile import CompileResult, plan_report, stage_sums
+
+    microbatch_size = spec.batch_size // opts.microbatches
+    # 3. Plan every pipeline on its devices and check the whole independently of the solver.
+    start = time.perf_counter()
+    with progress.step("solving"):
+        pp = plan_data_parallel(problem, opts)
+    solve_s = time.perf_counter() - start
+    times.add("solve", solve_s, quiet=True)
+    if opts.verbose:
+        echo(f"solve: {solve_s * 1e3:.1f} ms ({pp.solver_status}, {len(pp.pipelines)} pipelines)")
+    for p in pp.pipelines:
+        if p.plan.certificate is not None and p.plan.certificate.warning:
+            echo(f"hetpart: warning: pipeline {p.index}: {p.plan.certificate.warning}")
+    violations = pipelines_violations(problem, pp, opts.microbatches)
+    if violations:
+        raise HetpartError(f"internal error: the pipelines plan breaks {len(violations)} rule(s): "
+                           f"{'; '.join(violations[:3])}")
+    where = stage_of_nodes(gm, pp.pipelines[0].plan.stage_of, groups)  # the partition dump shows pipeline 0
+    for node in gm.graph.nodes:
+        if node.name in where:
+            info(node).stage = where[node.name]
+    pm.emit(gm, len(pm.passes) + 1, "partition")
+    # 4. Split the graph by each pipeline's plan; ranks are numbered pipeline-major (NOTE [the mesh]).
+    with times.step("split"):
+        split = [split_stages(gm, p.plan.stage_of, len(p.plan.device_of_stage), groups) for p in pp.pipelines]
+    pt2 = opts.pt2 and not on_meta
+    with times.step("examples"):
+        examples = [e for stages in split for e in stage_examples(stages, tuple(x[:2] for x in inputs))] if pt2 else []
+    stages = [s for pipeline in split for s in pipeline]
+    of_pipeline = [p for p, pipeline in enumerate(split) for _ in pipeline]
+    files = []
+    for rank, s in enumerate(stages):
+        p = of_pipeline[rank]
+        dev = pp.pipelines[p].plan.stages[s.index]
+        which = f" of pipeline {p} ({len(split)} pipelines)" if len(split) > 1 else ""
+        header = (f"hetpart {__version__}: stage {s.index} of {len(split[p])}{which} for {spec.model}, "
+                  f"planned on {dev.device} ({dev.device_type}).\n\nInputs: {', '.join(s.inputs)}\n"
+                  f"Outputs: {', '.join(s.outputs)}\n")
+        files.append(write_rank(tmp / f"rank{rank}", s, header, checkpoint_names=checkpoint_names if on_meta else None,
+                                times=times))
+    if pt2:  # NOTE [parallel .pt2 writes]
+        jobs = [(tmp / f"rank{rank}" / "stage.pt2", s, examples[rank]) for rank, s in enumerate(stages)]
+        for rank, digest in enumerate(write_pt2_files(jobs, times).values()):
+            files[rank]["stage.pt2"] = digest
+    link_duplicates(tmp, files)  # NOTE [shared rank files]
+    report = _report(spec, cluster, opts, pp, problem, gm, groups, split, microbatch_size, on_meta=on_meta,
+                     model_sha256=model_sha256, profiles=profiles, plan_report=plan_report, stage_sums=stage_sums)
+    pj = report.to_json()
+    write_json(tmp / "plan.json", pj)
+    planned = [PlannedDevice(d.name, d.type.name, d.machine)
+               for d in (next(c for c in cluster.devices if c.name == st.device)
+                         for p in pp.pipelines for st in p.plan.stages)]
+    several = len(pp.pipelines) > 1
+    man = manifest(stages, files, planned, [p.microbatches for p in pp.pipelines] if several else None,
+                   microbatch_size)
+    (tmp / "launch.sh").write_text(launch_script(man))
+    (tmp / "launch.sh").chmod(0o755)
+    with times.step("write/manifest.json"):
+        write_manifest(tmp, man, sign_key)
+    # 5. The page: graph by stage (pipeline 0's), memory per device.
+    with times.step("write/report.html"):
+        write_report(tmp / "report.html", report, coarsen_to_blocks(gm))
+    write_json(tmp / "timings.json", {"passes": {t.name: round(t.seconds, 4) for t in pm.timings},
+                                      "solve_s": round(solve_s, 4), **times.to_json()})
+    return CompileResult(out=out, plan=pp.pipelines[0].plan, problem=problem, plan_json=pj, report=report,
+                         pipelines=pp)
+
+
+def _report(spec: ModelSpec, cluster: Cluster, opts: CompileOptions, pp: PipelinesPlan, problem: Problem,
+            gm: fx.GraphModule, groups: dict[str, str], split: list, microbatch_size: int, *, on_meta: bool,
+            model_sha256: str | None, profiles: dict, plan_report: Callable, stage_sums: Callable) -> PlanReport:
+    """plan.json of the pipelines (NOTE [plan.json fields]): each pipeline's stages as `plan_report` writes one
+    plan's, and the step's numbers; a single pipeline reads as any one-pipeline plan."""
+    us = lambda ns: round(ns / 1000, 3)  # noqa: E731
+    emulation = {"type_model_us": {t: round(sum(problem.graph.nodes[v][TIME_NS][t] for v in problem.graph) / 1000, 3)
+                                   for t in sorted(cluster.device_types)},
+                 "profiled_types": sorted(profiles)}  # NOTE [emulated devices]
+    reports = []
+    for p, stages in zip(pp.pipelines, split):
+        flops, forward_ns = stage_sums(gm, p.plan, groups)
+        params = [sum(problem.weights[w] for w in s.weights.values()) for s in stages]
+        reports.append(plan_report(spec, cluster, opts, p.plan, microbatch_size, stage_flops=flops,
+                                   stage_param_bytes=params, forward_ns=forward_ns if opts.mode == "training" else None,
+                                   model_sha256=model_sha256, on_meta=on_meta, gm_meta=gm.meta, baselines=[],
+                                   emulation=emulation))
+    if len(pp.pipelines) == 1:
+        return reports[0]
+    pipelines = [PipelineReport(index=p.index, microbatches=p.microbatches, devices=list(p.devices),
+                                time_us=us(p.time_ns), bottleneck_us=us(p.plan.bottleneck_ns),
+                                lower_bound_us=us(p.plan.lower_bound_ns), solver_status=p.plan.solver_status,
+                                stages=[dataclasses.replace(s, pipeline=p.index) for s in r.stages])
+                 for p, r in zip(pp.pipelines, reports)]
+    used = [s.device for q in pipelines for s in q.stages]
+    return dataclasses.replace(
+        reports[0], stages=[s for q in pipelines for s in q.stages], pipelines=pipelines,
+        bottleneck_us=max(q.bottleneck_us for q in pipelines), lower_bound_us=us(pp.lower_bound_ns),
+        gap=round(pp.gap, 6), solver_status=pp.solver_status, certificate=None, bounds=None,
+        predicted_samples_per_s=round(spec.batch_size / (pp.iteration_ns * 1e-9), 3) if pp.iteration_ns else None,
+        iteration_us=us(pp.iteration_ns), grad_sync_us=us(pp.grad_sync_ns),
+        grad_sync_overlapped_us=us(pp.grad_sync_overlapped_ns), devices_used=used,
+        devices_idle=dict(sorted(pp.devices_idle.items())))

@@ -1,0 +1,386 @@
+"""Data-parallel pipelines (issue 19) without torchrun: arguments, the batch split, the mesh, plan.json, the sync.
+
+The end-to-end run is tests/runtime/test_pipelines_run.py.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from hetpart.cli import main
+from hetpart.codegen.artifacts import mesh
+from hetpart.errors import HetpartError
+from hetpart.pipeline_groups import check_pipeline_options, parse_pipeline_microbatches, parse_pipelines
+from hetpart.pipeline_groups import split_microbatches
+from hetpart.plan_report import PipelineReport, PlanReport, StageReport, as_json, load_plan
+from hetpart.runtime.artifacts import _check_mesh, mesh_pipelines, rank_pipeline
+
+DEVICES = [f"local/{i}" for i in range(6)]
+PATH = Path("art/manifest.json")
+
+
+# --pipelines and --pipeline-microbatches
+
+def test_pipelines_parse_into_device_groups():
+    assert parse_pipelines(" local/0, local/1 ;local/2,local/3,local/4", DEVICES) == (
+        ("local/0", "local/1"), ("local/2", "local/3", "local/4"))
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("local/0,local/1;local/7", "unknown device 'local/7' in pipeline 1 (the cluster's devices: local/0, local/1"),
+    ("local/0,lcal/1", "did you mean local/1"),
+    ("local/0,local/1;local/1,local/2", "device 'local/1' is in pipelines 0 and 1"),
+    ("local/0,local/0", "device 'local/0' is in pipeline 0;"),
+    ("local/0;;local/1", "pipeline 1 has an empty device name"),
+    ("local/0,", "pipeline 0 has an empty device name"),
+])
+def test_bad_pipelines_are_refused(text, message):
+    with pytest.raises(HetpartError) as err:
+        parse_pipelines(text, DEVICES)
+    assert message in str(err.value)
+
+
+@pytest.mark.parametrize("text", ["4,0", "4,x", "4,,2", "-1", "2.5"])
+def test_bad_pipeline_microbatches_are_refused(text):
+    with pytest.raises(HetpartError, match="is not a count >= 1"):
+        parse_pipeline_microbatches(text)
+
+
+@pytest.mark.parametrize(("groups", "counts", "microbatches", "parallel", "message"), [
+    ((("a",), ("b",)), (3, 2), 6, "pipeline", "adds up to 5, but --microbatches is 6"),
+    ((("a",), ("b",)), (6,), 6, "pipeline", "gives 1 count(s) for 2 pipeline(s)"),
+    (None, (3, 3), 6, "pipeline", "pass --pipelines too"),
+    ((("a",), ("b",), ("c",)), None, 2, "pipeline", "gives 3 pipelines but --microbatches is 2"),
+    ((("a",), ("b",)), None, 6, "data", "pass one of the two"),
+    (None, None, 6, "tensor", "--parallel tensor: expected pipeline or data"),
+])
+def test_pipeline_options_must_fit_together(groups, counts, microbatches, parallel, message):
+    with pytest.raises(HetpartError) as err:
+        check_pipeline_options(groups, counts, microbatches, parallel)
+    assert message in str(err.value)
+
+
+def test_parallel_data_is_refused_until_the_search_exists():
+    import importlib.util
+
+    if importlib.util.find_spec("hetpart.partitioner.pipeline_search") is not None:
+        check_pipeline_options(None, None, 6, "data")  # the search is there: nothing to refuse
+        return
+    with pytest.raises(HetpartError, match="hetpart.partitioner.pipeline_search"):
+        check_pipeline_options(None, None, 6, "data")
+
+
+# The batch split: NOTE [batch split]
+
+def test_the_batch_is_split_by_speed_by_largest_remainder():
+    assert split_microbatches(6, [200, 130]) == [2, 4]  # quotas 2.36, 3.64
+    assert split_microbatches(12, [219, 188]) == [6, 6]  # 5.54, 6.46
+    assert split_microbatches(4, [100, 100, 100]) == [2, 1, 1]  # a tie goes to the earlier pipeline
+    assert split_microbatches(3, [1, 1000, 1000]) == [1, 1, 1]  # every pipeline gets one
+    with pytest.raises(HetpartError, match="cannot feed 3 pipeline"):
+        split_microbatches(2, [1, 1, 1])
+
+
+def test_the_split_is_the_closest_to_the_quotas_by_brute_force():
+    rng = random.Random(19)
+    for _ in range(300):
+        n = rng.randint(1, 4)
+        total = rng.randint(n, 9)
+        bottlenecks = [rng.choice([rng.randint(1, 5), rng.randint(1, 500)]) for _ in range(n)]
+        got = split_microbatches(total, bottlenecks)
+        speeds = [1 / b for b in bottlenecks]
+        quota = [total * s / sum(speeds) for s in speeds]
+        distance = lambda shares: sum(abs(a - q) for a, q in zip(shares, quota))  # noqa: E731
+        best = min(distance(c) for c in itertools.product(range(1, total + 1), repeat=n) if sum(c) == total)
+        assert sum(got) == total and min(got) >= 1
+        assert distance(got) <= best + 1e-9, (total, bottlenecks, got)
+
+
+# The mesh of several pipelines (NOTE [the mesh])
+
+def _ranks(pipelines: list[tuple[int, int, int]]) -> list[dict]:
+    """Rank entries of pipelines given as (stages, microbatches, microbatch size)."""
+    out, offset = [], 0
+    for p, (stages, m, size) in enumerate(pipelines):
+        for k in range(stages):
+            out.append({"rank": len(out), "stage": k, "pipeline": p, "microbatches": m,
+                        "batch_rows": [offset * size, (offset + m) * size]})
+        offset += m
+    return out
+
+
+def _manifest(m: dict, ranks: list[dict]) -> dict:
+    return {"mesh": m, "ranks": ranks}
+
+
+def test_two_pipelines_number_ranks_pipeline_major_and_share_weight_groups_across_them():
+    # pipeline 0: ranks 0-1 (wte tied into its last stage); pipeline 1: ranks 2-4
+    weights = [["wte", "h0"], ["h1", "wte"], ["wte"], ["h0"], ["h1", "wte"]]
+    m = mesh(weights, [4, 2], [2, 3])
+    assert "stages" not in m
+    assert m["pipelines"] == [
+        {"index": 0, "group": "pipeline-0", "stages": [[0], [1]], "microbatches": 4, "microbatch_offset": 0},
+        {"index": 1, "group": "pipeline-1", "stages": [[2], [3], [4]], "microbatches": 2, "microbatch_offset": 4}]
+    pipeline_groups = [g for g in m["groups"] if g["kind"] == "pipeline"]
+    assert pipeline_groups == [{"name": "pipeline-0", "kind": "pipeline", "ranks": [0, 1]},
+                               {"name": "pipeline-1", "kind": "pipeline", "ranks": [2, 3, 4]}]
+    # every rank holding a weight, within and across pipelines, read back from `weights` independently
+    held = {w: sorted(r for r, names in enumerate(weights) if w in names) for w in ("wte", "h0", "h1")}
+    groups = {tuple(g["ranks"]): g["weights"] for g in m["groups"] if g["kind"] == "weights"}
+    assert groups == {tuple(held["wte"]): ["wte"], tuple(held["h0"]): ["h0"], tuple(held["h1"]): ["h1"]}
+    ranks = _ranks([(2, 4, 2), (3, 2, 2)])
+    _check_mesh(PATH, m, ranks)
+    got = mesh_pipelines(_manifest(m, ranks))
+    assert [(q.group, q.microbatches, q.microbatch_offset) for q in got] == [("pipeline-0", 4, 0), ("pipeline-1", 2, 4)]
+    assert rank_pipeline(_manifest(m, ranks), 3).index == 1
+
+
+def test_one_pipeline_keeps_todays_mesh():
+    weights = [["wte"], ["h"], ["wte"]]
+    assert mesh(weights) == {
+        "stages": [[0], [1], [2]],
+        "groups": [{"name": "pipeline", "kind": "pipeline", "ranks": [0, 1, 2]},
+                   {"name": "weights-0", "kind": "weights", "ranks": [0, 2], "weights": ["wte"]}],
+        "rank_groups": [["pipeline", "weights-0"], ["pipeline"], ["pipeline", "weights-0"]]}
+    ranks = [{"rank": k, "stage": k} for k in range(3)]
+    assert [(q.group, q.stages, q.microbatches) for q in mesh_pipelines(_manifest(mesh(weights), ranks))] == [
+        ("pipeline", [[0], [1], [2]], None)]
+
+
+def _set(path: str, value):
+    def how(m: dict, ranks: list[dict]) -> None:
+        *head, last = path.split(".")
+        target = {"mesh": m, "ranks": ranks}
+        for key in head:
+            target = target[int(key)] if isinstance(target, list) else target[key]
+        if isinstance(target, list):
+            target[int(last)] = value
+        else:
+            target[last] = value
+    return how
+
+
+@pytest.mark.parametrize(("how", "message"), [
+    (_set("mesh.pipelines.1.microbatch_offset", 3), "mesh.pipelines[1] must be pipeline 1"),
+    (_set("mesh.pipelines.0.microbatches", 0), "mesh.pipelines[0] must be pipeline 0"),
+    (_set("mesh.pipelines.1.stages", [[2], [4], [3]]), "ranks[3] runs stage 1, which mesh.stages does not give"),
+    (_set("mesh.groups.1.ranks", [2, 3]), "one pipeline group per pipeline"),
+    (_set("ranks.3.pipeline", 0), "ranks[3] must carry its pipeline's microbatches (4)"),
+    (_set("ranks.4.pipeline", 2), "ranks[4] needs its 'pipeline'"),
+    (_set("ranks.2.microbatches", 4), "ranks[2] must carry its pipeline's microbatches (2)"),
+    (_set("ranks.2.batch_rows", [0, 4]), "batch_rows [start, stop) of whole microbatches at its offset 4"),
+    (_set("ranks.0.batch_rows", [0, 4]), "microbatches of different sizes"),  # 4 microbatches of 1 row, the rest 2
+])
+def test_an_edited_mesh_of_pipelines_is_refused(how, message):
+    m, ranks = mesh([["w"], ["w"], ["w"], [], ["w"]], [4, 2], [2, 3]), _ranks([(2, 4, 2), (3, 2, 2)])
+    m, ranks = copy.deepcopy(m), copy.deepcopy(ranks)
+    how(m, ranks)
+    with pytest.raises(HetpartError, match="the manifest was edited or truncated") as err:
+        _check_mesh(PATH, m, ranks)
+    assert message in str(err.value)
+
+
+def test_pipelines_must_run_microbatches_of_one_size():
+    m = mesh([["w"], ["w"]], [2, 2], [1, 1])
+    with pytest.raises(HetpartError, match="microbatches of different sizes"):
+        _check_mesh(PATH, m, [{"rank": 0, "stage": 0, "pipeline": 0, "microbatches": 2, "batch_rows": [0, 4]},
+                              {"rank": 1, "stage": 0, "pipeline": 1, "microbatches": 2, "batch_rows": [2, 4]}])
+
+
+def test_run_refuses_a_schedule_or_batch_split_the_pipelines_cannot_run():
+    from hetpart.runtime.launch import RunOptions, _check_options
+
+    ranks = _ranks([(2, 4, 2), (3, 2, 2)])
+    man = {"mesh": mesh([[]] * 5, [4, 2], [2, 3]), "ranks": ranks}
+    _check_options(RunOptions(schedule="gpipe"), 12, 5, 6, man)
+    _check_options(RunOptions(schedule="1f1b"), 12, 5, 6, {"mesh": mesh([[]] * 5, [3, 3], [2, 3]),
+                                                           "ranks": _ranks([(2, 3, 2), (3, 3, 2)])})
+    with pytest.raises(HetpartError, match="pipeline 1 has 3 stages and 2 microbatch"):
+        _check_options(RunOptions(schedule="1f1b"), 12, 5, 6, man)
+    with pytest.raises(HetpartError, match=r"split the batch into 6 microbatches \(4 \+ 2\)"):
+        _check_options(RunOptions(), 12, 5, 3, man)
+
+
+# plan.json's pipelines (NOTE [plan.json fields])
+
+def _stage(k: int, device: str, pipeline: int | None = None) -> StageReport:
+    return StageReport(index=k, device=device, device_type="cpu", node_count=3, flops=1.0, predicted_time_us=10.0,
+                       compute_us=8.0, comm_in_us=1.0, comm_out_us=1.0, memory_bytes=10, capacity_bytes=100,
+                       pipeline=pipeline)
+
+
+def _plan(**fields) -> dict:
+    stages = [[_stage(0, "local/0", 0), _stage(1, "local/1", 0)], [_stage(0, "local/2", 1)]]
+    pipelines = [PipelineReport(index=p, microbatches=m, devices=[s.device for s in st], time_us=50.0,
+                                bottleneck_us=10.0, lower_bound_us=40.0, solver_status="OPTIMAL", stages=st)
+                 for p, (m, st) in enumerate(zip([4, 2], stages))]
+    base = {"model": {"model": "zoo:mlp", "overrides": {}, "batch_size": 12, "seq_len": 8, "seed": 0},
+            "cluster": {"name": "cpu-6", "devices": []}, "microbatches": 6, "microbatch_size": 2,
+            "bottleneck_us": 10.0, "lower_bound_us": 40.0, "gap": 0.2, "solver_status": "FIXED",
+            "stages": [as_json(s) for st in stages for s in st], "pipelines": [as_json(q) for q in pipelines],
+            "iteration_us": 60.0, "grad_sync_us": 10.0, "grad_sync_overlapped_us": 5.0,
+            "devices_used": ["local/0", "local/1", "local/2"], "devices_idle": {"local/3": "in no pipeline"}}
+    base.update(fields)
+    return base
+
+
+def test_a_plan_of_pipelines_reads_back_typed():
+    plan = load_plan(Path("plan.json"), json.loads(json.dumps(_plan())))
+    assert [(q.index, q.microbatches, [s.device for s in q.stages]) for q in plan.pipelines] == [
+        (0, 4, ["local/0", "local/1"]), (1, 2, ["local/2"])]
+    assert [s.pipeline for s in plan.stages] == [0, 0, 1]
+    assert plan.devices_idle == {"local/3": "in no pipeline"}
+    assert as_json(plan) == _plan() | {"format_version": 1, "hetpart_version": ""} | {
+        k: as_json(plan)[k] for k in as_json(plan) if k not in _plan()}
+
+
+def test_a_plan_of_one_pipeline_writes_none_of_the_new_fields():
+    one = PlanReport(**{**load_plan(Path("plan.json"), _plan()).__dict__, "pipelines": None, "iteration_us": None,
+                        "grad_sync_us": None, "grad_sync_overlapped_us": None, "devices_used": None,
+                        "devices_idle": None, "stages": [_stage(0, "local/0")]})
+    written = as_json(one)
+    assert not {"pipelines", "iteration_us", "grad_sync_us", "grad_sync_overlapped_us", "devices_used",
+                "devices_idle"} & set(written)
+    assert "pipeline" not in written["stages"][0]
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (lambda p: p["stages"].reverse(), "'stages' must be the pipelines' stages in rank order"),
+    (lambda p: p.update(microbatches=5), "the pipelines' microbatches add up to 6, 'microbatches' is 5"),
+    (lambda p: p["pipelines"][1].update(index=0), "pipelines[1] must be pipeline 1"),
+    (lambda p: p["pipelines"][0]["stages"][1].update(pipeline=1),
+     "pipelines[0].stages[1] must be stage 1 of pipeline 0"),
+    (lambda p: p["pipelines"][0].update(microbatches="4"), "'microbatches' is missing or not a int"),
+])
+def test_an_edited_plan_of_pipelines_is_refused(edit, message):
+    data = json.loads(json.dumps(_plan()))
+    edit(data)
+    with pytest.raises(HetpartError, match="re-run `hetpart partition`") as err:
+        load_plan(Path("plan.json"), data)
+    assert message in str(err.value)
+
+
+# Shared rank files: NOTE [shared rank files]
+
+def test_identical_rank_files_are_stored_once(tmp_path):
+    import os
+
+    from hetpart.compile_pipelines import link_duplicates
+    from hetpart.trust import sha256_file
+
+    for rank, (stage, weights) in enumerate([("a", "W"), ("b", "X"), ("c", "W")]):
+        (tmp_path / f"rank{rank}").mkdir()
+        (tmp_path / f"rank{rank}" / "stage.py").write_text(stage)
+        (tmp_path / f"rank{rank}" / "weights.safetensors").write_text(weights)
+    files = [{n: sha256_file(tmp_path / f"rank{r}" / n) for n in ("stage.py", "weights.safetensors")} for r in range(3)]
+    assert link_duplicates(tmp_path, files) == 1
+    same = [os.stat(tmp_path / f"rank{r}" / "weights.safetensors").st_ino for r in range(3)]
+    assert same[0] == same[2] != same[1]
+    assert (tmp_path / "rank2" / "weights.safetensors").read_text() == "W"
+    assert len({os.stat(tmp_path / f"rank{r}" / "stage.py").st_ino for r in range(3)}) == 3
+
+
+# The gradients (NOTE [pipelines gradients]): divided by the global batch's microbatches; the hook that breaks it
+
+def test_each_rank_divides_its_summed_gradients_by_the_global_microbatches(monkeypatch):
+    import torch
+
+    from hetpart.runtime.worker import sync_gradients
+
+    layer = torch.nn.Linear(2, 1)
+    for hook, divisor in ((None, 12), ("scale", 4)):
+        if hook:
+            monkeypatch.setenv("HETPART_TEST_BREAK_GRAD_SYNC", hook)
+        layer.weight.grad = torch.full_like(layer.weight, 12.0)
+        sync_gradients(layer, [], [], microbatches=12, pipeline_microbatches=4)
+        assert torch.equal(layer.weight.grad, torch.full_like(layer.weight, 12.0 / divisor))
+
+
+def test_gradients_are_compared_at_their_largest_element_not_a_cancelled_block():
+    import torch
+
+    from hetpart.runtime.verify import Tolerances, check_tensor
+
+    # qkv.bias's gradient: the key third cancels to fp32 noise (NOTE [verify tolerances])
+    ref = torch.cat([torch.full((4,), 0.03), torch.full((4,), 2e-9), torch.full((4,), 0.45)])
+    rounded = ref + torch.cat([torch.zeros(4), torch.full((4,), 6e-8), torch.zeros(4)])
+    assert not check_tensor("g", rounded, ref, Tolerances()).ok  # the outputs' robust scale: 2e-9
+    assert check_tensor("g", rounded, ref, Tolerances(), robust=False).ok
+    assert not check_tensor("g", ref * torch.tensor([1.0] * 8 + [0.5] * 4), ref, Tolerances(), robust=False).ok
+
+
+# The CLI's mistakes: exit 2 before tracing, nothing on disk (docs/errors.md, "Data-parallel pipelines")
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--pipelines", "local/0,local/1;local/9"], "unknown device 'local/9' in pipeline 1"),
+    (["--pipelines", "local/0;local/0"], "device 'local/0' is in pipelines 0 and 1"),
+    (["--pipelines", "local/0;local/1", "--pipeline-microbatches", "3,2"], "adds up to 5, but --microbatches is 4"),
+    (["--pipeline-microbatches", "2,2"], "pass --pipelines too"),
+    (["--pipelines", "local/0;local/1", "--parallel", "data"], "pass one of the two"),
+    (["--pipelines", "local/0;local/1", "--strategy", "parameters"], "--strategy parameters writes a baseline"),
+])
+def test_partition_refuses_bad_pipelines_with_exit_2(tmp_path, capsys, extra, message):
+    out = tmp_path / "out"
+    code = main(["partition", "zoo:mlp", "--cluster", "preset:cpu-6", "--out", str(out), *extra])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("hetpart: error: ") and message in err and "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_compiled_pipelines_group_every_holder_of_a_weight_and_share_identical_rank_files(tmp_path):
+    """compile_model with two pipelines cut alike: the manifest's weights groups are the partitioner's
+    `weight_holders` (an independent route: the plan's stages, not the split graphs), and the second
+    pipeline's weights files are hard links to the first's (NOTE [shared rank files])."""
+    import os
+
+    from hetpart.compile import CompileOptions, compile_model
+    from hetpart.frontend import ModelSpec
+    from hetpart.partitioner.pipelines import weight_holders
+
+    out = tmp_path / "out"
+    opts = CompileOptions(microbatches=4, pt2=False, mode="training", time_limit_s=5,
+                          pipelines=(("local/0", "local/1"), ("local/2", "local/3")), pipeline_microbatches=(2, 2))
+    result = compile_model(ModelSpec("zoo:mlp", {"hidden": "256", "n_blocks": "4"}, 8, 16, 0), "preset:cpu-6", out,
+                           opts, echo=lambda _: None)
+    man = json.loads((out / "manifest.json").read_text())
+    device_rank = {r["planned_device"]: r["rank"] for r in man["ranks"]}
+    holders = weight_holders(result.problem, result.pipelines.pipelines)
+    grouped = {w: g["ranks"] for g in man["mesh"]["groups"] if g["kind"] == "weights" for w in g["weights"]}
+    assert grouped == {w: sorted(device_rank[d] for d in devs) for w, devs in holders.items() if len(devs) > 1}
+    assert len({r["pipeline"] for r in man["ranks"]}) == 2
+    cuts = [[len(s["stages"])] for s in man["mesh"]["pipelines"]]
+    assert cuts[0] == cuts[1]
+    for a, b in zip(man["mesh"]["pipelines"][0]["stages"], man["mesh"]["pipelines"][1]["stages"]):
+        first, second = (out / f"rank{a[0]}" / "weights.safetensors"), (out / f"rank{b[0]}" / "weights.safetensors")
+        assert os.stat(first).st_ino == os.stat(second).st_ino and os.stat(first).st_nlink == 2
+    plan = json.loads((out / "plan.json").read_text())
+    assert plan["devices_idle"] == {"local/4": "in no pipeline", "local/5": "in no pipeline"}
+    page = (out / "report.html").read_text()  # the slowest pipeline's schedule, stages named p.k
+    assert "2 data-parallel pipelines" in page and '></span>1.0</td>' in page
+    assert plan["grad_sync_us"] > 0 and plan["iteration_us"] == pytest.approx(
+        max(q["time_us"] for q in plan["pipelines"]) + plan["grad_sync_us"], abs=2e-3)
+
+
+def test_inference_metadata_of_a_pipelines_last_stage_is_its_own_outputs_not_the_next_pipelines_inputs():
+    import torch
+
+    from hetpart.runtime.worker import _static_metadata
+
+    def value(name: str, shape: list) -> dict:
+        return {"name": name, "shape": shape, "dtype": "f32"}
+
+    ranks = _ranks([(2, 2, 2), (1, 2, 2)])
+    boundaries = [(["s0", 8], ["s0", 4]), (["s0", 4], ["s0", 3]), (["s0", 8], ["s0", 3])]
+    for r, (ins, outs) in enumerate(boundaries):
+        ranks[r].update(inputs=[value(f"x{r}", ins)], outputs=[value(f"y{r}", outs)])
+    man = {"mesh": mesh([[]] * 3, [2, 2], [2, 1]), "ranks": ranks}
+    cpu = torch.device("cpu")
+    shapes = {r: [tuple(t.shape) for t in _static_metadata(man, ranks[r], {"s0": 2}, cpu)["output_args"]]
+              for r in range(3)}
+    assert shapes == {0: [(2, 4)], 1: [(2, 3)], 2: [(2, 3)]}  # rank 1 ends pipeline 0: rank 2's inputs are not its
