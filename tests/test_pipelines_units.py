@@ -365,6 +365,11 @@ def test_compiled_pipelines_group_every_holder_of_a_weight_and_share_identical_r
     assert "2 data-parallel pipelines" in page and '></span>1.0</td>' in page
     assert plan["grad_sync_us"] > 0 and plan["iteration_us"] == pytest.approx(
         max(q["time_us"] for q in plan["pipelines"]) + plan["grad_sync_us"], abs=2e-3)
+    from hetpart.export import FORMATS, export_plan  # no export format describes several pipelines: refused
+    for fmt in FORMATS:
+        with pytest.raises(HetpartError, match="2 data-parallel pipelines"):
+            export_plan(out, fmt, tmp_path / f"cfg.{fmt}")
+        assert not (tmp_path / f"cfg.{fmt}").exists()
 
 
 def test_inference_metadata_of_a_pipelines_last_stage_is_its_own_outputs_not_the_next_pipelines_inputs():
