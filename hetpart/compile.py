@@ -16,7 +16,7 @@ import torch.fx as fx
 
 from hetpart import __version__
 from hetpart.codegen import (
-    PlannedDevice, launch_script, manifest, split_stages, stage_examples, staging_dir, write_json, write_rank,
+    PlannedDevice, launch_script, manifest, split_stages, staging_dir, write_json, write_rank,
 )
 from hetpart.codegen import write_manifest
 from hetpart.codegen.pt2 import write_pt2_files
@@ -305,12 +305,9 @@ def compile_model(spec: ModelSpec, cluster_spec: str, out: Path, opts: CompileOp
         # 4. Cut the graph into stages and write one rank directory per stage.
         with times.step("split"):
             stages = split_stages(gm, plan.stage_of, len(plan.device_of_stage), groups)
-        # Each stage's example inputs for its .pt2 export: 2 rows (a batch of 1 would be specialized).
         # A plan traced on meta has no weights to export with: rank<k>/weights.json lists what
         # `hetpart shard-weights` fills from a checkpoint (NOTE [weight manifests]).
         pt2 = opts.pt2 and not on_meta
-        with times.step("examples"):
-            examples = stage_examples(stages, tuple(x[:2] for x in inputs)) if pt2 else []
         files = []
         for s in stages:
             dev = plan.stages[s.index]
@@ -319,9 +316,9 @@ def compile_model(spec: ModelSpec, cluster_spec: str, out: Path, opts: CompileOp
                       f"Outputs: {', '.join(s.outputs)}\n")
             files.append(write_rank(tmp / f"rank{s.index}", s, header,
                                     checkpoint_names=names if on_meta else None, times=times))
-        if pt2:  # NOTE [parallel .pt2 writes]
-            jobs = [(tmp / f"rank{s.index}" / "stage.pt2", s, examples[s.index]) for s in stages]
-            for s, digest in zip(stages, write_pt2_files(jobs, times).values()):
+        if pt2:  # NOTE [stage programs], NOTE [parallel .pt2 writes]
+            jobs = [(tmp / f"rank{s.index}" / "stage.pt2", s) for s in stages]
+            for s, digest in zip(stages, write_pt2_files(jobs, tuple(x[:2] for x in inputs), times).values()):
                 files[s.index]["stage.pt2"] = digest
         stage_flops, forward_ns = stage_sums(gm, plan, groups)
         stage_params = [sum(problem.weights[w] for w in s.weights.values()) for s in stages]

@@ -97,10 +97,11 @@ def test_a_pt2_with_pickled_sample_inputs_is_refused(tmp_path):
 def test_timings_name_every_step(resnet_out):
     steps = json.loads((resnet_out / "timings.json").read_text())["steps_s"]
     expected = {"trace/build", "trace/export", "pass/shape", "pass/op-cost", "lower", "solve", "verify", "split",
-                "examples", "baselines",
+                "baselines",
                 "write/rank0/stage.py", "write/rank0/weights.safetensors", "pt2/rank1", "write/stage.pt2 (all ranks)",
                 "write/manifest.json", "write/report.html"}
     assert expected <= set(steps)
+    assert "examples" not in steps, "a stage was exported again: its program was not built from its graph"
     assert all(s >= 0 for s in steps.values())
     timings = json.loads((resnet_out / "timings.json").read_text())
     writes = sum(s for name, s in steps.items() if name.startswith("write/"))
@@ -150,32 +151,40 @@ def test_examples_come_from_a_fake_run_with_the_real_shapes(mlp_stages, monkeypa
         torch.testing.assert_close(got, want)  # the real values, as before
 
 
-def test_forked_pt2_writes_give_the_serial_bytes(mlp_stages, tmp_path):
-    from hetpart.codegen.pt2 import write_pt2_files
+def test_forked_pt2_writes_give_the_serial_bytes(mlp_stages, tmp_path, monkeypatch):
+    # Stages whose graph cannot be a program as it is are exported again from examples (NOTE [stage programs]),
+    # forked or not: the same bytes either way.
+    from hetpart.codegen import pt2
     from hetpart.timings import StepTimes
 
-    stages, examples, _ = mlp_stages
+    stages, _, inputs = mlp_stages
+
+    def refuse(stage):
+        raise ValueError("no program from this graph")
+
+    monkeypatch.setattr(pt2, "stage_program", refuse)
     digests = {}
     for workers in (1, 3):
         jobs = []
         for s in stages:
             (tmp_path / f"w{workers}" / f"rank{s.index}").mkdir(parents=True)
-            jobs.append((tmp_path / f"w{workers}" / f"rank{s.index}" / "stage.pt2", s, examples[s.index]))
+            jobs.append((tmp_path / f"w{workers}" / f"rank{s.index}" / "stage.pt2", s))
         times = StepTimes()
-        digests[workers] = list(write_pt2_files(jobs, times, workers=workers).values())
-        assert {f"pt2/rank{s.index}" for s in stages} <= set(times.seconds)
+        digests[workers] = list(pt2.write_pt2_files(jobs, inputs, times, workers=workers).values())
+        assert {f"pt2/rank{s.index}" for s in stages} | {"examples"} <= set(times.seconds)
         assert "write/stage.pt2 (all ranks)" in times.seconds
     assert digests[1] == digests[3] and len(set(digests[1])) == len(stages)
 
 
-def test_a_failing_forked_write_raises_in_the_parent(mlp_stages, tmp_path):
-    from hetpart.codegen.pt2 import write_pt2_files
+def test_a_failing_forked_write_raises_in_the_parent(mlp_stages, tmp_path, monkeypatch):
+    from hetpart.codegen import pt2
 
-    stages, examples, _ = mlp_stages
-    jobs = [(tmp_path / f"rank{s.index}.pt2", s, examples[s.index]) for s in stages]
-    jobs[1] = (tmp_path / "missing-dir" / "rank1.pt2", stages[1], examples[1])  # its folder does not exist
+    stages, _, inputs = mlp_stages
+    monkeypatch.setattr(pt2, "stage_program", lambda stage: 1 / 0)  # every stage exported again, forked
+    jobs = [(tmp_path / f"rank{s.index}.pt2", s) for s in stages]
+    jobs[1] = (tmp_path / "missing-dir" / "rank1.pt2", stages[1])  # its folder does not exist
     with pytest.raises(RuntimeError, match="failed in a child process"):
-        write_pt2_files(jobs, workers=2)
+        pt2.write_pt2_files(jobs, inputs, workers=2)
 
 
 def test_load_pt2_of_a_plan_without_pt2_says_so(resnet_out, tmp_path):
