@@ -21,6 +21,7 @@ from hetpart.codegen import (
 from hetpart.codegen import write_manifest
 from hetpart.codegen.pt2 import write_pt2_files
 from hetpart.codegen.split import stage_of_nodes
+from hetpart.codegen.split import shared_weights_file, store_weights_once
 from hetpart.devices import Cluster, load_cluster
 from hetpart.errors import HetpartError
 from hetpart.export.layers import align_to_layers, round_to_layers
@@ -308,6 +309,8 @@ def compile_model(spec: ModelSpec, cluster_spec: str, out: Path, opts: CompileOp
         # A plan traced on meta has no weights to export with: rank<k>/weights.json lists what
         # `hetpart shard-weights` fills from a checkpoint (NOTE [weight manifests]).
         pt2 = opts.pt2 and not on_meta
+        if not on_meta:
+            store_weights_once(stages)  # NOTE [weights stored once]
         files = []
         for s in stages:
             dev = plan.stages[s.index]
@@ -316,6 +319,7 @@ def compile_model(spec: ModelSpec, cluster_spec: str, out: Path, opts: CompileOp
                       f"Outputs: {', '.join(s.outputs)}\n")
             files.append(write_rank(tmp / f"rank{s.index}", s, header,
                                     checkpoint_names=names if on_meta else None, times=times))
+            files[-1].update({shared_weights_file(k): files[k]["weights.safetensors"] for k in set(s.stored_in.values())})
         if pt2:  # NOTE [stage programs], NOTE [parallel .pt2 writes]
             jobs = [(tmp / f"rank{s.index}" / "stage.pt2", s) for s in stages]
             for s, digest in zip(stages, write_pt2_files(jobs, tuple(x[:2] for x in inputs), times).values()):

@@ -324,7 +324,8 @@ def write_rank(rank_dir: Path, stage: StageGraph, header: str,
         digests["stage.py"] = sha256(rank_dir / "stage.py")
     tensors: dict[str, torch.Tensor] = {}
     for attr, fqn in stage.weights.items():
-        tensors[fqn] = getattr(stage.gm, attr).detach().contiguous()
+        if fqn not in stage.stored_in:  # stored by an earlier rank: NOTE [weights stored once]
+            tensors[fqn] = getattr(stage.gm, attr).detach().contiguous()
     if checkpoint_names is not None:
         with step("weights.json"):
             digests.update((f, sha256(rank_dir / f)) for f in write_weight_manifest(rank_dir, tensors, checkpoint_names))

@@ -22,7 +22,7 @@ import torch
 import torch.fx as fx
 from torch.utils._sympy.value_ranges import ValueRanges
 
-from hetpart.codegen.split import StageGraph
+from hetpart.codegen.split import StageGraph, shared_weights_file
 from hetpart.errors import HetpartError
 from hetpart.frontend.fast_fake import fast_fake_kernels
 from hetpart.timings import StepTimes
@@ -71,7 +71,8 @@ PT2_WEIGHTS = "hetpart_weights.json"  # in a .pt2's extra files: NOTE [weightles
 # Parameter-ness: torch 2.13's pt2 archive writes a tensor without storage as an empty record
 # (`_get_raw_tensor_bytes`), and `torch.export.load` gives it back on the meta device. The
 # archive's extra file `hetpart_weights.json` maps each state_dict key to its key in
-# weights.safetensors; `hetpart.runtime.pt2.load_pt2` checks both files against the
+# weights.safetensors (and names the earlier rank's file of a weight stored there: NOTE
+# [weights stored once]); `hetpart.runtime.pt2.load_pt2` checks both files against the
 # manifest and assigns the real tensors (`load_state_dict(assign=True)`). A bare
 # `torch.export.load(...).module()` runs on meta: shapes only, no values.
 def write_pt2(path: Path, stage: StageGraph, example: tuple[torch.Tensor, ...] | None = None) -> None:
@@ -92,9 +93,11 @@ def save_pt2(path: Path, stage: StageGraph, ep: torch.export.ExportedProgram) ->
                            "its weights (NOTE [weightless .pt2])")
     ep._state_dict = {key: _on_meta(t) for key, t in ep.state_dict.items()}
     keys = {key: stage.weights[key] for key in sorted(ep.state_dict)}
+    where = {"file": "weights.safetensors", "keys": keys}
+    if stage.stored_in:  # NOTE [weights stored once]: their file, relative to the rank's directory
+        where["elsewhere"] = {fqn: shared_weights_file(k) for fqn, k in stage.stored_in.items()}
     raw = path.with_name(f".{path.stem}.raw.pt2")
-    torch.export.save(ep, str(raw), extra_files={PT2_WEIGHTS: json.dumps(
-        {"file": "weights.safetensors", "keys": keys}, indent=1, sort_keys=True)})
+    torch.export.save(ep, str(raw), extra_files={PT2_WEIGHTS: json.dumps(where, indent=1, sort_keys=True)})
     _rezip_deterministically(raw, path)
     raw.unlink()
 

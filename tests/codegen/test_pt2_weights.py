@@ -27,21 +27,21 @@ def resnet_out(tmp_path_factory) -> Path:
     return out
 
 
-def _safetensors_bytes(path: Path) -> dict[str, int]:
-    """Bytes of tensor data per key in a safetensors file (from its header)."""
-    with path.open("rb") as f:
-        (size,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(size))
+def safetensors_tensors(path: Path) -> dict[str, bytes]:
+    """Key -> raw bytes of every tensor in a safetensors file, read from its header and offsets."""
+    data = path.read_bytes()
+    (size,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + size])
     header.pop("__metadata__", None)
-    return {key: t["data_offsets"][1] - t["data_offsets"][0] for key, t in header.items()}
+    return {key: data[8 + size + t["data_offsets"][0]:8 + size + t["data_offsets"][1]] for key, t in header.items()}
 
 
-def _pt2_tensor_bytes(path: Path) -> int:
-    """Bytes of tensor records (weights and constants) in a .pt2 archive."""
+def pt2_tensors(path: Path) -> dict[str, bytes]:
+    """Record name -> bytes of every tensor record (weights and constants) in a .pt2 archive."""
     with zipfile.ZipFile(path) as z:
-        return sum(i.file_size for i in z.infolist()
-                   if "/data/weights/" in i.filename or "/data/constants/" in i.filename
-                   if not i.filename.endswith(".json"))
+        return {i.filename: z.read(i.filename) for i in z.infolist()
+                if ("/data/weights/" in i.filename or "/data/constants/" in i.filename)
+                and not i.filename.endswith(".json")}
 
 
 def test_no_weight_is_stored_twice(resnet_out):
@@ -49,13 +49,13 @@ def test_no_weight_is_stored_twice(resnet_out):
     model_bytes = sum(t.nbytes for t in module.state_dict().values())
     ranks = sorted(resnet_out.glob("rank*"))
     assert len(ranks) >= 2 and all((r / "stage.pt2").is_file() for r in ranks)
-    stored = [(key, n) for r in ranks for key, n in _safetensors_bytes(r / "weights.safetensors").items()]
+    stored = [(key, len(raw)) for r in ranks for key, raw in safetensors_tensors(r / "weights.safetensors").items()]
     keys = [key for key, _ in stored]
     assert len(keys) == len(set(keys)), "a weight is in two ranks' weights.safetensors"
     assert {name for name, _ in module.named_parameters()} <= set(keys)
     state = module.state_dict()
     assert sum(n for _, n in stored) == sum(state[key].nbytes for key in keys) <= model_bytes
-    in_pt2 = sum(_pt2_tensor_bytes(r / "stage.pt2") for r in ranks)
+    in_pt2 = sum(len(raw) for r in ranks for raw in pt2_tensors(r / "stage.pt2").values())
     assert in_pt2 == 0, "stage.pt2 repeats bytes that weights.safetensors holds"
 
 
@@ -73,15 +73,20 @@ def test_pt2_runs_equal_to_stage_py(resnet_out, batch):
     torch.testing.assert_close(from_pt2, from_py, rtol=0, atol=0)
 
 
-def test_load_pt2_checks_the_weights_hash(resnet_out, tmp_path):
+def corrupted_copy(out: Path, tmp_path: Path, relative: str) -> Path:
+    """A copy of the directory `out` whose file `relative` has its last byte flipped."""
     import shutil
 
-    out = tmp_path / "copy"
-    shutil.copytree(resnet_out, out)
-    weights = out / "rank1" / "weights.safetensors"
-    data = bytearray(weights.read_bytes())
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    data = bytearray((copy / relative).read_bytes())
     data[-1] ^= 0xFF
-    weights.write_bytes(bytes(data))
+    (copy / relative).write_bytes(bytes(data))
+    return copy
+
+
+def test_load_pt2_checks_the_weights_hash(resnet_out, tmp_path):
+    out = corrupted_copy(resnet_out, tmp_path, "rank1/weights.safetensors")
     entry = load_manifest(out)["ranks"][1]
     with pytest.raises(HetpartError, match="weights.safetensors"):
         load_pt2(out, entry)
