@@ -346,6 +346,7 @@ def compile_model(spec: ModelSpec, cluster_spec: str, out: Path, opts: CompileOp
         man = manifest(stages, files, planned)
         (tmp / "launch.sh").write_text(launch_script(man))
         (tmp / "launch.sh").chmod(0o755)
+        times.add("write/ir/ (dumps)", pm.dump_s)  # each pass's dumps and the partition's, as they were written
         with times.step("write/manifest.json"):
             write_manifest(tmp, man, sign_key)  # last of what `run` reads: it hashes all of it
         # 5. A page to look at: graph by stage, simulated schedule, memory per device.

@@ -104,7 +104,7 @@ def test_timings_name_every_step(resnet_out):
     expected = {"trace/build", "trace/export", "pass/shape", "pass/op-cost", "lower", "solve", "verify", "split",
                 "baselines",
                 "write/rank0/stage.py", "write/rank0/weights.safetensors", "pt2/rank1", "write/stage.pt2 (all ranks)",
-                "write/manifest.json", "write/report.html"}
+                "write/manifest.json", "write/report.html", "write/ir/ (dumps)"}
     assert expected <= set(steps)
     assert "examples" not in steps, "a stage was exported again: its program was not built from its graph"
     assert all(s >= 0 for s in steps.values())
