@@ -309,8 +309,7 @@ def compile_model(spec: ModelSpec, cluster_spec: str, out: Path, opts: CompileOp
         # A plan traced on meta has no weights to export with: rank<k>/weights.json lists what
         # `hetpart shard-weights` fills from a checkpoint (NOTE [weight manifests]).
         pt2 = opts.pt2 and not on_meta
-        if not on_meta:
-            store_weights_once(stages)  # NOTE [weights stored once]
+        store_weights_once(stages)  # NOTE [weights stored once]
         files = []
         for s in stages:
             dev = plan.stages[s.index]
@@ -319,7 +318,8 @@ def compile_model(spec: ModelSpec, cluster_spec: str, out: Path, opts: CompileOp
                       f"Outputs: {', '.join(s.outputs)}\n")
             files.append(write_rank(tmp / f"rank{s.index}", s, header,
                                     checkpoint_names=names if on_meta else None, times=times))
-            files[-1].update({shared_weights_file(k): files[k]["weights.safetensors"] for k in set(s.stored_in.values())})
+            files[-1].update({shared_weights_file(k): files[k]["weights.safetensors"] for k in set(s.stored_in.values())
+                              if not on_meta})  # on meta: shard-weights lists them, with the files it writes
         if pt2:  # NOTE [stage programs], NOTE [parallel .pt2 writes]
             jobs = [(tmp / f"rank{s.index}" / "stage.pt2", s) for s in stages]
             for s, digest in zip(stages, write_pt2_files(jobs, tuple(x[:2] for x in inputs), times).values()):

@@ -42,6 +42,19 @@ def _tensor_bytes_by_file(out: Path) -> dict[str, list[str]]:
     return found
 
 
+def tensor_copies(out: Path, module: torch.nn.Module) -> dict[str, list[str]]:
+    """Each weight of `module` whose bytes are in more or fewer than one file of `out` -> where they are.
+    Constant-filled tensors (LayerNorm's ones, zero biases) are equal by value, not copies: left out."""
+    found = _tensor_bytes_by_file(out)
+    copies = {}
+    for key, t in module.state_dict().items():
+        if t.numel() > 1 and not (t == t.flatten()[0]).all():
+            where = found.get(hashlib.sha256(t.detach().contiguous().numpy().tobytes()).hexdigest(), [])
+            if len(where) != 1:
+                copies[key] = where
+    return copies
+
+
 def test_no_tensor_bytes_appear_in_two_files(tied_out):
     module, _ = load_model(ModelSpec.from_json(json.loads((tied_out / "plan.json").read_text())["model"]))
     tied = module.lm_head.weight
@@ -49,16 +62,8 @@ def test_no_tensor_bytes_appear_in_two_files(tied_out):
     manifest = load_manifest(tied_out)
     holders = [e["rank"] for e in manifest["ranks"] if "lm_head.weight" in e["weights"]]
     assert len(holders) >= 2, "the plan should put the embedding and the LM head on different ranks"
-    found = _tensor_bytes_by_file(tied_out)
-    # Constant-filled tensors (LayerNorm's ones, zero biases) are equal by value, not copies: left out.
-    state = {k: t for k, t in module.state_dict().items() if t.numel() > 1 and not (t == t.flatten()[0]).all()}
-    copies = {}
-    for key, t in state.items():
-        where = found.get(hashlib.sha256(t.detach().contiguous().numpy().tobytes()).hexdigest(), [])
-        if len(where) != 1:
-            copies[key] = where
-    assert not copies, f"a weight's bytes in more or fewer than one file: {copies}"
-    assert found[hashlib.sha256(tied.detach().numpy().tobytes()).hexdigest()] == [
+    assert tensor_copies(tied_out, module) == {}
+    assert _tensor_bytes_by_file(tied_out)[hashlib.sha256(tied.detach().numpy().tobytes()).hexdigest()] == [
         f"rank{holders[0]}/weights.safetensors:lm_head.weight"]
 
 

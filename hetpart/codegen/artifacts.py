@@ -33,7 +33,7 @@ from safetensors.torch import save_file
 
 from hetpart.codegen.pt2 import write_pt2
 from hetpart.codegen.source import stage_source
-from hetpart.codegen.split import StageGraph
+from hetpart.codegen.split import StageGraph, shared_weights_file
 from hetpart.codegen.weights import write_weight_manifest
 from hetpart.errors import HetpartError
 from hetpart.fsio import atomic_write, exclusive_lock
@@ -328,7 +328,9 @@ def write_rank(rank_dir: Path, stage: StageGraph, header: str,
             tensors[fqn] = getattr(stage.gm, attr).detach().contiguous()
     if checkpoint_names is not None:
         with step("weights.json"):
-            digests.update((f, sha256(rank_dir / f)) for f in write_weight_manifest(rank_dir, tensors, checkpoint_names))
+            shared = {fqn: shared_weights_file(k) for fqn, k in stage.stored_in.items()}  # NOTE [weights stored once]
+            digests.update((f, sha256(rank_dir / f))
+                           for f in write_weight_manifest(rank_dir, tensors, checkpoint_names, shared))
     else:
         with step("weights.safetensors"):
             save_file(tensors, str(rank_dir / "weights.safetensors"), metadata={"format": "pt"})

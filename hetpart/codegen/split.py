@@ -58,8 +58,9 @@ class StageGraph:
 # .pt2]), and its manifest entry lists the file, `../rank<k>/weights.safetensors`, with the same
 # sha256 as rank k's entry, so `run` checks the bytes it loads (`check_rank_files`), and
 # `load_manifest` refuses a reference to any other file or with another hash. In memory nothing
-# changes: each rank holds its own copy and training sums their gradients, as before. Plans traced
-# on meta (weight manifests, filled by shard-weights) still store such a weight in each rank.
+# changes: each rank holds its own copy and training sums their gradients, as before. A plan traced
+# on meta (NOTE [weight manifests]) leaves the weight out of the later rank's weights.json and
+# records the file in its `shared`; shard-weights lists that file, with the hash of what it wrote.
 def store_weights_once(stages: list[StageGraph]) -> None:
     """Set each stage's `stored_in`: the weights an earlier stage reads too, and the first such stage."""
     first: dict[str, int] = {}

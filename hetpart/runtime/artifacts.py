@@ -265,7 +265,7 @@ def check_rank_files(out: Path, entry: dict[str, Any], need_weights: bool = True
     and does not check weights.safetensors at all: it is the output shard-weights replaces, and an
     interrupted commit may have left it stale, half-replaced or unlisted (NOTE [shard-weights commit]).
     """
-    replaced = set() if need_weights else {"weights.safetensors"}
+    replaced = set() if need_weights else {"weights.safetensors", *filter(_shared, entry["files"])}
     who = f"rank {entry['rank']}: "
     rank_dir = out / entry["dir"]
     if need_weights and "weights.safetensors" not in entry["files"]:  # traced on meta: NOTE [weight manifests]
