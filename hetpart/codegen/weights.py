@@ -283,6 +283,15 @@ def write_safetensors_streaming(f: BinaryIO, entries: list[WeightEntry],
     return digest.hexdigest()  # the manifest's hash, without reading the file back
 
 
+def write_weights(path: Path, tensors: dict[str, torch.Tensor]) -> str:
+    """`tensors` as the safetensors file `path`, by key, hashed as it is written; its sha256. No copy of the
+    tensors (safetensors' save_file makes one in memory) and no second read of the file to hash it."""
+    entries = [WeightEntry(key, tuple(t.shape), _dtype_name(t), (), required=False)
+               for key, t in sorted(tensors.items())]
+    with path.open("wb") as f:
+        return write_safetensors_streaming(f, entries, lambda e: tensors[e.key])
+
+
 @dataclass
 class ShardResult:
     ranks: int
