@@ -114,17 +114,19 @@ def _reexport(stage: StageGraph, example: tuple[torch.Tensor, ...]) -> torch.exp
 # NOTE [stage programs]
 # A stage's graph is already a torch.export graph: split.py copies the model's exported ATen
 # nodes, each with its fake-tensor `val` in the model's symbols (`s0` the batch, `s1` the
-# sequence). So its program is built from it, not traced again (a re-export took 2-3 s per
-# stage of swin_t, more than the whole model's split, and repeated every shape computation):
-# the graph in export's lifted form (a placeholder per weight, `p_<attr>` for a parameter,
-# `b_<attr>` for a buffer, then the stage's inputs), its signature, and the range of each
-# symbol its values use, from the model's shape env (a symbol that is dim 0 of an input, the
-# batch, goes down to 1 as in NOTE [stage dims]). `ExportedProgram` checks it (the signature
-# against the placeholders, every op with TrainingIRVerifier, the IR the model was exported
-# in), `torch.export.save` writes it as any other. Nodes keep only their `val` (and unbacked
-# bindings): export's module stacks, provenance (object ids) and stack traces nobody reads,
-# and without them the archive is a third smaller and saves faster. A graph that this refuses
-# is exported again from example inputs (`write_pt2_files`), as before.
+# sequence). So its program is built from it, not traced again (a re-export retraced every op
+# and redid the shape arithmetic of the model's own trace; the figures are in docs/benchmarks.md,
+# "Partition of swin_t under a quarter writing"): the graph in export's lifted form (a
+# placeholder per weight, `p_<attr>` for a parameter, `b_<attr>` for a buffer, then the stage's
+# inputs), its signature, and the range of each symbol its values use, from the model's shape
+# env (a symbol that is dim 0 of an input, the batch, goes down to 1 as in NOTE [stage dims]).
+# Relations between symbols that the model's trace guarded are not derived again: the program's
+# input check tests each symbol's range, as stage.py's callers do. `ExportedProgram` checks the
+# rest (the signature against the placeholders, every op with TrainingIRVerifier, the IR the
+# model was exported in), and `torch.export.save` writes it as any other. Nodes keep only their
+# `val` (and unbacked bindings), not export's module stacks, provenance (object ids) and stack
+# traces, which nobody reads: the archive is a third smaller and saves faster. A graph that
+# this refuses is exported again from example inputs (`write_pt2_files`), as before.
 _KEPT_META = ("val", "unbacked_bindings")
 
 
