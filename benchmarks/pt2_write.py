@@ -1,13 +1,15 @@
-"""Writing stage.pt2: with the weights inside (before issue 23) against weightless (now), serial and forked.
+"""Writing stage.pt2: with the weights inside (before issue 23), weightless re-exports (serial and forked), and
+programs built from the split graph (now: NOTE [stage programs]).
 
     .venv/bin/python benchmarks/pt2_write.py                  # zoo:llama, 4 layers of dim 1024
     .venv/bin/python benchmarks/pt2_write.py --model resnet   # zoo:resnet, 4 stages of 3 blocks, width 64
 
 Traces, plans (preset:mixed-4) and splits the model once, then writes every rank's stage.pt2
-three ways in the same process, `--repeat` times in turn so they share the machine's load:
+four ways in the same process, `--repeat` times in turn so they share the machine's load:
 `with-weights` (torch.export.save of the stage as exported: what hetpart wrote before NOTE
-[weightless .pt2]), `weightless` (write_pt2, one rank after another) and `forked`
-(write_pt2_files with one child per CPU, whatever the load: NOTE [parallel .pt2 writes]). Prints seconds (best of the repeats) and bytes,
+[weightless .pt2]), `weightless` (write_pt2 from example inputs, one rank after another), `forked`
+(the same with one child per CPU, whatever the load: NOTE [parallel .pt2 writes]) and `from-graph`
+(write_pt2 without examples: the program built from the stage's graph, NOTE [stage programs]). Prints seconds (best of the repeats) and bytes,
 with the load average.
 """
 
@@ -22,13 +24,14 @@ from pathlib import Path
 import torch
 
 from hetpart.codegen import split_stages, stage_examples
-from hetpart.codegen.pt2 import _rezip_deterministically, pt2_dynamic_shapes, write_pt2, write_pt2_files
+from hetpart.codegen.pt2 import _reexport_files, _rezip_deterministically, pt2_dynamic_shapes, write_pt2
 from hetpart.compile import analyze
 from hetpart.devices import load_cluster
 from hetpart.frontend import ModelSpec
 from hetpart.frontend.fast_fake import fast_fake_kernels
 from hetpart.partitioner import solve
 from hetpart.passes import lower_to_problem
+from hetpart.timings import StepTimes
 
 MODELS = {
     "llama": ModelSpec("zoo:llama", {"dim": "1024", "ffn_hidden": "2816", "n_layers": "4", "n_heads": "16",
@@ -65,7 +68,7 @@ def main() -> None:
     size: dict[str, int] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.repeat):
-            for way in ("with-weights", "weightless", "forked"):
+            for way in ("with-weights", "weightless", "forked", "from-graph"):
                 root = Path(tmp) / f"{way}-{r}"
                 jobs = []
                 for s in stages:
@@ -73,7 +76,10 @@ def main() -> None:
                     jobs.append((root / f"rank{s.index}" / "stage.pt2", s, examples[s.index]))
                 start = time.perf_counter()
                 if way == "forked":
-                    write_pt2_files(jobs, workers=len(os.sched_getaffinity(0)))  # forked whatever the load
+                    _reexport_files(jobs, StepTimes(), workers=len(os.sched_getaffinity(0)))  # whatever the load
+                elif way == "from-graph":
+                    for path, s, _ in jobs:
+                        write_pt2(path, s)
                 else:
                     for path, s, example in jobs:
                         (with_weights if way == "with-weights" else write_pt2)(path, s, example)

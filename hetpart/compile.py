@@ -16,11 +16,12 @@ import torch.fx as fx
 
 from hetpart import __version__
 from hetpart.codegen import (
-    PlannedDevice, launch_script, manifest, split_stages, stage_examples, staging_dir, write_json, write_rank,
+    PlannedDevice, launch_script, manifest, split_stages, staging_dir, write_json, write_rank,
 )
 from hetpart.codegen import write_manifest
 from hetpart.codegen.pt2 import write_pt2_files
 from hetpart.codegen.split import stage_of_nodes
+from hetpart.codegen.split import shared_weights_file, store_weights_once
 from hetpart.devices import Cluster, load_cluster
 from hetpart.errors import HetpartError
 from hetpart.export.layers import align_to_layers, round_to_layers
@@ -326,12 +327,10 @@ def compile_model(spec: ModelSpec, cluster_spec: str, out: Path, opts: CompileOp
         # 4. Cut the graph into stages and write one rank directory per stage.
         with times.step("split"):
             stages = split_stages(gm, plan.stage_of, len(plan.device_of_stage), groups)
-        # Each stage's example inputs for its .pt2 export: 2 rows (a batch of 1 would be specialized).
         # A plan traced on meta has no weights to export with: rank<k>/weights.json lists what
         # `hetpart shard-weights` fills from a checkpoint (NOTE [weight manifests]).
         pt2 = opts.pt2 and not on_meta
-        with times.step("examples"):
-            examples = stage_examples(stages, tuple(x[:2] for x in inputs)) if pt2 else []
+        store_weights_once(stages)  # NOTE [weights stored once]
         files = []
         for s in stages:
             dev = plan.stages[s.index]
@@ -340,9 +339,11 @@ def compile_model(spec: ModelSpec, cluster_spec: str, out: Path, opts: CompileOp
                       f"Outputs: {', '.join(s.outputs)}\n")
             files.append(write_rank(tmp / f"rank{s.index}", s, header,
                                     checkpoint_names=names if on_meta else None, times=times))
-        if pt2:  # NOTE [parallel .pt2 writes]
-            jobs = [(tmp / f"rank{s.index}" / "stage.pt2", s, examples[s.index]) for s in stages]
-            for s, digest in zip(stages, write_pt2_files(jobs, times).values()):
+            files[-1].update({shared_weights_file(k): files[k]["weights.safetensors"] for k in set(s.stored_in.values())
+                              if not on_meta})  # on meta: shard-weights lists them, with the files it writes
+        if pt2:  # NOTE [stage programs], NOTE [parallel .pt2 writes]
+            jobs = [(tmp / f"rank{s.index}" / "stage.pt2", s) for s in stages]
+            for s, digest in zip(stages, write_pt2_files(jobs, tuple(x[:2] for x in inputs), times).values()):
                 files[s.index]["stage.pt2"] = digest
         stage_flops, forward_ns = stage_sums(gm, plan, groups)
         stage_params = [sum(problem.weights[w] for w in s.weights.values()) for s in stages]
@@ -366,6 +367,7 @@ def compile_model(spec: ModelSpec, cluster_spec: str, out: Path, opts: CompileOp
         man = manifest(stages, files, planned)
         (tmp / "launch.sh").write_text(launch_script(man))
         (tmp / "launch.sh").chmod(0o755)
+        times.add("write/ir/ (dumps)", pm.dump_s)  # each pass's dumps and the partition's, as they were written
         with times.step("write/manifest.json"):
             write_manifest(tmp, man, sign_key)  # last of what `run` reads: it hashes all of it
         # 5. A page to look at: graph by stage, simulated schedule, memory per device.

@@ -14,17 +14,16 @@ fields]) are new.
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hetpart import __version__
-from hetpart.codegen import PlannedDevice, launch_script, manifest, split_stages, stage_examples, write_json, write_rank
+from hetpart.codegen import PlannedDevice, launch_script, manifest, split_stages, write_json, write_rank
 from hetpart.codegen import write_manifest
 from hetpart.codegen.pt2 import write_pt2_files
-from hetpart.codegen.split import stage_of_nodes
+from hetpart.codegen.split import shared_weights_file, stage_of_nodes, store_weights_once
 from hetpart.errors import HetpartError
 from hetpart.ir import info
 from hetpart.partitioner.pipelines import PipelinesPlan, fixed_pipelines, pipelines_violations
@@ -68,33 +67,6 @@ def plan_data_parallel(problem: Problem, opts: CompileOptions) -> PipelinesPlan:
     return fixed_pipelines(problem, groups, shares, **fields)
 
 
-def link_duplicates(root: Path, files: list[dict[str, str]]) -> int:
-    """Hard-link every rank file whose sha256 an earlier rank's file of the same name has, so that a
-    stage two pipelines share (same cut, same weights) is stored once; the number of files linked.
-
-    NOTE [shared rank files]: issue 23 asks that no weight be stored twice in one directory. Two
-    pipelines cut alike (the same stage on devices of the same type) write byte-identical
-    stage.py, weights.safetensors and stage.pt2; a hard link keeps one copy on disk while every
-    rank keeps its own directory, files and sha256 (each is still a regular file inside the
-    directory, as `run`'s checks require; `shard-weights` replaces weights.safetensors by a
-    rename, which unlinks rather than writes through). Stages cut differently hold different
-    sets of weights and keep their own files: sharing those would need one weight store read
-    by tensor name, which `run`'s per-rank checks and `shard-weights` do not read.
-    """
-    first: dict[tuple[str, str], Path] = {}
-    linked = 0
-    for rank, table in enumerate(files):
-        for name, digest in sorted(table.items()):
-            path = root / f"rank{rank}" / name
-            if (name, digest) in first:
-                path.unlink()
-                os.link(first[(name, digest)], path)
-                linked += 1
-            else:
-                first[(name, digest)] = path
-    return linked
-
-
 def compile_pipelines(spec: ModelSpec, cluster: Cluster, opts: CompileOptions, out: Path, tmp: Path, *,
                       gm: fx.GraphModule, pm: PassManager, problem: Problem, groups: dict[str, str], inputs: tuple,
                       on_meta: bool, checkpoint_names: dict[str, list[str]], profiles: dict, model_sha256: str | None,
@@ -128,10 +100,9 @@ def compile_pipelines(spec: ModelSpec, cluster: Cluster, opts: CompileOptions, o
     with times.step("split"):
         split = [split_stages(gm, p.plan.stage_of, len(p.plan.device_of_stage), groups) for p in pp.pipelines]
     pt2 = opts.pt2 and not on_meta
-    with times.step("examples"):
-        examples = [e for stages in split for e in stage_examples(stages, tuple(x[:2] for x in inputs))] if pt2 else []
     stages = [s for pipeline in split for s in pipeline]
     of_pipeline = [p for p, pipeline in enumerate(split) for _ in pipeline]
+    store_weights_once(stages, list(range(len(stages))))  # NOTE [weights stored once]: across pipelines too
     files = []
     for rank, s in enumerate(stages):
         p = of_pipeline[rank]
@@ -142,11 +113,15 @@ def compile_pipelines(spec: ModelSpec, cluster: Cluster, opts: CompileOptions, o
                   f"Outputs: {', '.join(s.outputs)}\n")
         files.append(write_rank(tmp / f"rank{rank}", s, header, checkpoint_names=checkpoint_names if on_meta else None,
                                 times=times))
-    if pt2:  # NOTE [parallel .pt2 writes]
-        jobs = [(tmp / f"rank{rank}" / "stage.pt2", s, examples[rank]) for rank, s in enumerate(stages)]
-        for rank, digest in enumerate(write_pt2_files(jobs, times).values()):
-            files[rank]["stage.pt2"] = digest
-    link_duplicates(tmp, files)  # NOTE [shared rank files]
+        files[-1].update({shared_weights_file(k): files[k]["weights.safetensors"] for k in set(s.stored_in.values())
+                          if not on_meta})  # on meta: shard-weights lists them, with the files it writes
+    if pt2:  # NOTE [stage programs], NOTE [parallel .pt2 writes]: per pipeline (a re-export runs its stages in order)
+        first = 0
+        for pipeline in split:
+            jobs = [(tmp / f"rank{first + s.index}" / "stage.pt2", s) for s in pipeline]
+            for s, digest in zip(pipeline, write_pt2_files(jobs, tuple(x[:2] for x in inputs), times).values()):
+                files[first + s.index]["stage.pt2"] = digest
+            first += len(pipeline)
     report = _report(spec, cluster, opts, pp, problem, gm, groups, split, microbatch_size, on_meta=on_meta,
                      model_sha256=model_sha256, profiles=profiles, plan_report=plan_report, stage_sums=stage_sums)
     pj = report.to_json()

@@ -6,8 +6,10 @@
     times.to_json()  # {"steps_s": {"export": 1.23, ...}, "total_s": ..., "write_s": ...}
 
 Steps are named `trace/build`, `trace/export`, `pass/<name>`, `lower`, `solve`, `verify`, `split`,
-`examples`, `baselines`, `pt2/<rank>` (a stage.pt2 export, in its writer),
-`write/<file>` (one per file written: `write/rank0/weights.safetensors`, `write/report.html`;
+`baselines`, `pt2/<rank>` (a stage.pt2's program built and saved; `examples` where a stage is exported
+again: NOTE [stage programs] in codegen/pt2.py),
+`write/<file>` (one per file written: `write/rank0/weights.safetensors`, `write/report.html`; `write/ir/ (dumps)`
+all of ir/, written as the passes end;
 `write/stage.pt2 (all ranks)` is the wall time of every rank's .pt2). A step that runs twice adds up. Stdlib only: any layer may time itself.
 """
 

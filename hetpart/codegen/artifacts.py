@@ -29,12 +29,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
 
 from hetpart.codegen.pt2 import write_pt2
 from hetpart.codegen.source import stage_source
-from hetpart.codegen.split import StageGraph
-from hetpart.codegen.weights import write_weight_manifest
+from hetpart.codegen.split import StageGraph, shared_weights_file
+from hetpart.codegen.weights import write_weight_manifest, write_weights
 from hetpart.errors import HetpartError
 from hetpart.fsio import atomic_write, exclusive_lock
 from hetpart.ir import info
@@ -324,14 +323,16 @@ def write_rank(rank_dir: Path, stage: StageGraph, header: str,
         digests["stage.py"] = sha256(rank_dir / "stage.py")
     tensors: dict[str, torch.Tensor] = {}
     for attr, fqn in stage.weights.items():
-        tensors[fqn] = getattr(stage.gm, attr).detach().contiguous()
+        if fqn not in stage.stored_in:  # stored by an earlier rank: NOTE [weights stored once]
+            tensors[fqn] = getattr(stage.gm, attr).detach().contiguous()
     if checkpoint_names is not None:
         with step("weights.json"):
-            digests.update((f, sha256(rank_dir / f)) for f in write_weight_manifest(rank_dir, tensors, checkpoint_names))
+            shared = {fqn: shared_weights_file(k) for fqn, k in stage.stored_in.items()}  # NOTE [weights stored once]
+            digests.update((f, sha256(rank_dir / f))
+                           for f in write_weight_manifest(rank_dir, tensors, checkpoint_names, shared))
     else:
         with step("weights.safetensors"):
-            save_file(tensors, str(rank_dir / "weights.safetensors"), metadata={"format": "pt"})
-            digests["weights.safetensors"] = sha256(rank_dir / "weights.safetensors")
+            digests["weights.safetensors"] = write_weights(rank_dir / "weights.safetensors", tensors)
     if example is not None:
         with step("stage.pt2"):
             write_pt2(rank_dir / "stage.pt2", stage, example)

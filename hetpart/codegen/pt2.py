@@ -1,7 +1,8 @@
-"""The `.pt2` half of a rank's files: each stage exported again with `torch.export`, saved
-without its weights (NOTE [weightless .pt2]) and byte-for-byte deterministic (NOTE
-[deterministic .pt2]), the stages written in parallel (NOTE [parallel .pt2 writes]); and the
-example inputs those exports trace with (NOTE [meta examples])."""
+"""The `.pt2` half of a rank's files: each stage's program built from its split graph (NOTE
+[stage programs]), saved without its weights (NOTE [weightless .pt2]) and byte-for-byte
+deterministic (NOTE [deterministic .pt2]); a stage that cannot be built so is exported again
+with `torch.export` from example inputs (NOTE [meta examples]), in parallel where CPUs are
+idle (NOTE [parallel .pt2 writes])."""
 
 from __future__ import annotations
 
@@ -18,8 +19,10 @@ from pathlib import Path
 
 import sympy
 import torch
+import torch.fx as fx
+from torch.utils._sympy.value_ranges import ValueRanges
 
-from hetpart.codegen.split import StageGraph
+from hetpart.codegen.split import StageGraph, shared_weights_file
 from hetpart.errors import HetpartError
 from hetpart.frontend.fast_fake import fast_fake_kernels
 from hetpart.timings import StepTimes
@@ -68,31 +71,128 @@ PT2_WEIGHTS = "hetpart_weights.json"  # in a .pt2's extra files: NOTE [weightles
 # Parameter-ness: torch 2.13's pt2 archive writes a tensor without storage as an empty record
 # (`_get_raw_tensor_bytes`), and `torch.export.load` gives it back on the meta device. The
 # archive's extra file `hetpart_weights.json` maps each state_dict key to its key in
-# weights.safetensors; `hetpart.runtime.pt2.load_pt2` checks both files against the
+# weights.safetensors (and names the earlier rank's file of a weight stored there: NOTE
+# [weights stored once]); `hetpart.runtime.pt2.load_pt2` checks both files against the
 # manifest and assigns the real tensors (`load_state_dict(assign=True)`). A bare
 # `torch.export.load(...).module()` runs on meta: shapes only, no values.
-def write_pt2(path: Path, stage: StageGraph, example: tuple[torch.Tensor, ...]) -> None:
+def write_pt2(path: Path, stage: StageGraph, example: tuple[torch.Tensor, ...] | None = None) -> None:
     """The stage as a torch.export program with the model's dynamic dims (batch down to 1, sequence),
-    without its weights (NOTE [weightless .pt2]).
+    without its weights (NOTE [weightless .pt2]): built from the stage's graph (NOTE [stage programs]),
+    or, given `example` inputs, exported again from them (NOTE [stage dims]).
 
-    See NOTE [stage dims] and NOTE [deterministic .pt2].
+    See NOTE [deterministic .pt2].
     """
-    dynamic = pt2_dynamic_shapes(stage)
-    with fast_fake_kernels():  # NOTE [fast fake kernels]
-        ep = torch.export.export(stage.gm, example, dynamic_shapes=dynamic, strict=False)
-    for node in ep.graph.nodes:
-        node.meta.pop("from_node", None)  # provenance: holds ids of in-memory graphs
+    save_pt2(path, stage, stage_program(stage) if example is None else _reexport(stage, example))
+
+
+def save_pt2(path: Path, stage: StageGraph, ep: torch.export.ExportedProgram) -> None:
+    """`ep`, the stage's program, as `path` without its weights (NOTE [weightless .pt2], [deterministic .pt2])."""
     unknown = sorted(set(ep.state_dict) - set(stage.weights))
     if unknown:  # a tensor the stage holds but weights.safetensors would not: it has no other home
         raise HetpartError(f"internal: stage {stage.index}'s program holds '{unknown[0]}', which is not one of "
                            "its weights (NOTE [weightless .pt2])")
     ep._state_dict = {key: _on_meta(t) for key, t in ep.state_dict.items()}
     keys = {key: stage.weights[key] for key in sorted(ep.state_dict)}
+    where = {"file": "weights.safetensors", "keys": keys}
+    if stage.stored_in:  # NOTE [weights stored once]: their file, relative to the rank's directory
+        where["elsewhere"] = {fqn: shared_weights_file(k) for fqn, k in stage.stored_in.items()}
     raw = path.with_name(f".{path.stem}.raw.pt2")
-    torch.export.save(ep, str(raw), extra_files={PT2_WEIGHTS: json.dumps(
-        {"file": "weights.safetensors", "keys": keys}, indent=1, sort_keys=True)})
+    torch.export.save(ep, str(raw), extra_files={PT2_WEIGHTS: json.dumps(where, indent=1, sort_keys=True)})
     _rezip_deterministically(raw, path)
     raw.unlink()
+
+
+def _reexport(stage: StageGraph, example: tuple[torch.Tensor, ...]) -> torch.export.ExportedProgram:
+    """The stage traced again by torch.export from example inputs (the way before NOTE [stage programs])."""
+    with fast_fake_kernels():  # NOTE [fast fake kernels]
+        ep = torch.export.export(stage.gm, example, dynamic_shapes=pt2_dynamic_shapes(stage), strict=False)
+    for node in ep.graph.nodes:
+        node.meta.pop("from_node", None)  # provenance: holds ids of in-memory graphs
+    return ep
+
+
+# NOTE [stage programs]
+# A stage's graph is already a torch.export graph: split.py copies the model's exported ATen
+# nodes, each with its fake-tensor `val` in the model's symbols (`s0` the batch, `s1` the
+# sequence). So its program is built from it, not traced again (a re-export retraced every op
+# and redid the shape arithmetic of the model's own trace; the figures are in docs/benchmarks.md,
+# "Partition of swin_t under a quarter writing"): the graph in export's lifted form (a
+# placeholder per weight, `p_<attr>` for a parameter, `b_<attr>` for a buffer, then the stage's
+# inputs), its signature, and the range of each symbol its values use, from the model's shape
+# env (a symbol that is dim 0 of an input, the batch, goes down to 1 as in NOTE [stage dims]).
+# Relations between symbols that the model's trace guarded are not derived again: the program's
+# input check tests each symbol's range, as stage.py's callers do. `ExportedProgram` checks the
+# rest (the signature against the placeholders, every op with TrainingIRVerifier, the IR the
+# model was exported in), and `torch.export.save` writes it as any other. Nodes keep only their
+# `val` (and unbacked bindings), not export's module stacks, provenance (object ids) and stack
+# traces, which nobody reads: the archive is a third smaller and saves faster. A graph that
+# this refuses is exported again from example inputs (`write_pt2_files`), as before.
+_KEPT_META = ("val", "unbacked_bindings")
+
+
+def stage_program(stage: StageGraph) -> torch.export.ExportedProgram:
+    """The stage's graph as an ExportedProgram, without tracing it again (NOTE [stage programs])."""
+    from torch._export.verifier import TrainingIRVerifier
+    from torch._guards import detect_fake_mode
+    from torch.export.exported_program import ModuleCallEntry, ModuleCallSignature
+    from torch.export.graph_signature import (
+        ExportGraphSignature, InputKind, InputSpec, OutputKind, OutputSpec, TensorArgument,
+    )
+    from torch.utils import _pytree as pytree
+
+    gm = stage.gm
+    params = {name for name, _ in gm.named_parameters()}
+    fake_mode = detect_fake_mode([n.meta["val"] for n in gm.graph.nodes
+                                  if isinstance(n.meta.get("val"), torch.Tensor)])
+    if fake_mode is None:
+        raise HetpartError(f"internal: stage {stage.index}'s graph has no fake values to build its program from")
+    # Weights: parameters, then buffers, each a placeholder (export's lifted form).
+    attrs = [a for a in stage.weights if a in params] + [a for a in stage.weights if a not in params]
+    graph, env, inputs, weight_of = fx.Graph(), {}, [], {}
+    for attr in attrs:
+        kind, prefix = (InputKind.PARAMETER, "p_") if attr in params else (InputKind.BUFFER, "b_")
+        weight_of[attr] = node = graph.placeholder(prefix + attr)
+        node.meta["val"] = fake_mode.from_tensor(getattr(gm, attr), static_shapes=True)
+        inputs.append(InputSpec(kind, TensorArgument(node.name), target=attr,
+                                persistent=None if attr in params else True))
+    users = []
+    for old in gm.graph.nodes:
+        if old.op == "placeholder":
+            new = graph.placeholder(old.name)
+            new.meta["val"] = old.meta["val"]
+            users.append(new)
+            inputs.append(InputSpec(InputKind.USER_INPUT, TensorArgument(new.name), target=None))
+        elif old.op == "get_attr":
+            new = weight_of[old.target]
+        elif old.op == "output":
+            new = graph.output(tuple(env[a] for a in old.args[0]))
+        else:
+            new = graph.node_copy(old, lambda a: env[a])
+            new.meta = {k: v for k, v in old.meta.items() if k in _KEPT_META}
+        env[old] = new
+    returned = graph.find_nodes(op="output")[0].args[0]
+    outputs = [OutputSpec(OutputKind.USER_OUTPUT, TensorArgument(n.name), target=None) for n in returned]
+    # The range of every symbol the values use; the batch (dim 0 of an input) down to 1.
+    batch = {u.meta["val"].shape[0].node.expr for u in users
+             if u.meta["val"].dim() and isinstance(u.meta["val"].shape[0], torch.SymInt)}
+    symbols = {sym for n in graph.nodes if isinstance(n.meta.get("val"), torch.Tensor)
+               for d in n.meta["val"].shape if isinstance(d, torch.SymInt) for sym in d.node.expr.free_symbols}
+    ranges = {}
+    for sym in sorted(symbols, key=str):
+        bounds = fake_mode.shape_env.var_to_range[sym]
+        ranges[sym] = ValueRanges(1, bounds.upper) if sym in batch else bounds
+    root = torch.nn.Module()
+    for attr in attrs:
+        if attr in params:
+            root.register_parameter(attr, getattr(gm, attr))
+        else:
+            root.register_buffer(attr, getattr(gm, attr))
+    signature = ModuleCallSignature(
+        inputs=[], outputs=[], in_spec=pytree.tree_structure((tuple(range(len(users))), {})),
+        out_spec=pytree.tree_structure(tuple(range(len(outputs)))), forward_arg_names=[u.name for u in users])
+    return torch.export.ExportedProgram(
+        root, graph, ExportGraphSignature(inputs, outputs), {a: getattr(gm, a) for a in attrs}, ranges,
+        [ModuleCallEntry("", signature)], verifiers=[TrainingIRVerifier])
 
 
 def _on_meta(t: torch.Tensor) -> torch.Tensor:
@@ -164,9 +264,9 @@ def _rezip_deterministically(src: Path, dst: Path) -> None:
 
 
 # NOTE [parallel .pt2 writes]
-# Exporting a stage again for its .pt2 is most of what `partition` spends writing (torch.export
-# retraces the stage: seconds per stage of an HF model, the weights no longer count: NOTE
-# [weightless .pt2]). The stages are independent, so `write_pt2_files` exports them in forked
+# Exporting a stage again, for the stages whose program cannot be built from the graph (NOTE
+# [stage programs]; before it, every stage), is slow: torch.export retraces the stage, seconds per
+# stage of an HF model. The stages are independent, so `write_pt2_files` exports them in forked
 # children, up to one per idle CPU (`idle_cpus`: on 2 CPUs at load 9, forking was slower than one
 # process, benchmarks/pt2_write.py): a child starts with the parent's memory
 # (the stage's GraphModule and example inputs, no copy and no pickle), writes its one file,
@@ -174,21 +274,42 @@ def _rezip_deterministically(src: Path, dst: Path) -> None:
 # os.fork (Windows), writes them in this process, one after another. The files are the same
 # bytes either way (NOTE [deterministic .pt2]). A parent that is interrupted kills its children
 # and waits for them before the staging directory goes.
-def write_pt2_files(jobs: list[tuple[Path, StageGraph, tuple[torch.Tensor, ...]]],
+def write_pt2_files(jobs: list[tuple[Path, StageGraph]], inputs: tuple[torch.Tensor, ...],
                     times: StepTimes | None = None, workers: int | None = None) -> dict[Path, str]:
-    """Each job's stage.pt2 (NOTE [parallel .pt2 writes]); {path: sha256}. `times` gets a `pt2/<rank>` step
-    per file (its export and save, in its child) and `write/stage.pt2 (all ranks)`, the wall time of them all."""
+    """Each job's stage.pt2, the jobs being every stage in order and `inputs` the model's example inputs
+    (2 rows); {path: sha256}. Each program is built from its stage's graph (NOTE [stage programs]); a stage
+    whose graph that refuses is exported again from example inputs, in forked children where CPUs are idle
+    (NOTE [parallel .pt2 writes]). `times` gets a `pt2/<rank>` step per file, `examples` where a stage is
+    exported again, and `write/stage.pt2 (all ranks)`, the wall time of them all."""
     times = times or StepTimes()
-    workers = max(1, min(idle_cpus() if workers is None else workers, len(jobs)))
+    again: list[tuple[Path, StageGraph]] = []
     with times.step("write/stage.pt2 (all ranks)"):
-        if workers == 1 or not hasattr(os, "fork"):
-            for path, stage, example in jobs:
-                with times.step(f"pt2/{path.parent.name}"):
-                    write_pt2(path, stage, example)
-        else:
-            for path, seconds in _write_forked(jobs, workers).items():
-                times.add(f"pt2/{path.parent.name}", seconds)
-    return {path: sha256(path) for path, _, _ in jobs}
+        for path, stage in jobs:
+            with times.step(f"pt2/{path.parent.name}"):
+                try:
+                    program = stage_program(stage)
+                except Exception:  # noqa: BLE001 (NOTE [stage programs]: exported again below)
+                    again.append((path, stage))
+                    continue
+                save_pt2(path, stage, program)
+        if again:
+            with times.step("examples"):
+                examples = stage_examples([stage for _, stage in jobs], inputs)
+            _reexport_files([(path, stage, examples[stage.index]) for path, stage in again], times, workers)
+    return {path: sha256(path) for path, _ in jobs}
+
+
+def _reexport_files(jobs: list[tuple[Path, StageGraph, tuple[torch.Tensor, ...]]], times: StepTimes,
+                    workers: int | None) -> None:
+    """write_pt2 of each job from its example inputs, forked onto idle CPUs (NOTE [parallel .pt2 writes])."""
+    workers = max(1, min(idle_cpus() if workers is None else workers, len(jobs)))
+    if workers == 1 or not hasattr(os, "fork"):
+        for path, stage, example in jobs:
+            with times.step(f"pt2/{path.parent.name}"):
+                write_pt2(path, stage, example)
+    else:
+        for path, seconds in _write_forked(jobs, workers).items():
+            times.add(f"pt2/{path.parent.name}", seconds)
 
 
 def idle_cpus() -> int:

@@ -11,7 +11,7 @@ import textwrap
 
 import torch
 
-from hetpart.codegen.split import StageGraph
+from hetpart.codegen.split import StageGraph, shared_weights_file
 
 # Names FX's codegen may reference, and how a standalone file defines them.
 _PRELUDE = {
@@ -46,12 +46,14 @@ def stage_source(stage: StageGraph, header: str, param_attrs: set[str]) -> str:
         f"    {attr!r}: ({fqn!r}, {'True' if attr in param_attrs else 'False'}),"
         for attr, fqn in stage.weights.items()
     )
+    shared = "".join(f"    {fqn!r}: {shared_weights_file(k)!r},\n" for fqn, k in sorted(stage.stored_in.items()))
     return f'''"""{header}"""
 
 import math
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file
 
 {prelude}
@@ -59,6 +61,9 @@ from safetensors.torch import load_file
 WEIGHTS = {{
 {weights}
 }}
+# key -> the weights.safetensors of an earlier rank that holds its one copy (relative to this file's folder)
+SHARED = {{
+{shared}}}
 INPUTS = {stage.inputs!r}
 OUTPUTS = {stage.outputs!r}
 
@@ -67,6 +72,9 @@ class Stage(torch.nn.Module):
     def __init__(self, weights_path: str | Path | None = None) -> None:
         super().__init__()
         tensors = load_file(str(weights_path or Path(__file__).with_name("weights.safetensors"))) if WEIGHTS else {{}}
+        for key, file in SHARED.items():  # only this tensor of that file
+            with safe_open(str(Path(__file__).parent / file), "pt") as f:
+                tensors[key] = f.get_tensor(key)
         for attr, (key, is_param) in WEIGHTS.items():
             if is_param:
                 self.register_parameter(attr, torch.nn.Parameter(tensors[key]))

@@ -45,6 +45,39 @@ class StageGraph:
     outputs: list[str]  # value names, in order (last stage: the model's outputs)
     weights: dict[str, str] = field(default_factory=dict)  # attribute in the stage -> weight FQN
     nodes: list[str] = field(default_factory=list)  # original FX nodes computed here
+    # weight FQN -> the earlier rank whose weights.safetensors holds its one copy (NOTE [weights stored once])
+    stored_in: dict[str, int] = field(default_factory=dict)
+
+
+# NOTE [weights stored once]
+# A weight that several stages read (a tied embedding and LM head: NOTE [replicated weights]
+# in runtime/worker.py) has its bytes in one file of the output directory: the weights.safetensors
+# of the first stage that reads it. A later stage lists it in `stored_in`; its weights.safetensors
+# leaves it out, its stage.py loads it from that file (`SHARED` in codegen/source.py: only that
+# tensor, through safetensors' safe_open), its stage.pt2 names that file for it (NOTE [weightless
+# .pt2]), and its manifest entry lists the file, `../rank<k>/weights.safetensors`, with the same
+# sha256 as rank k's entry, so `run` checks the bytes it loads (`check_rank_files`), and
+# `load_manifest` refuses a reference to any other file or with another hash. In memory nothing
+# changes: each rank holds its own copy and training sums their gradients, as before. A plan traced
+# on meta (NOTE [weight manifests]) leaves the weight out of the later rank's weights.json and
+# records the file in its `shared`; shard-weights lists that file, with the hash of what it wrote.
+# Several data-parallel pipelines (issue 19) hold the same weights in different stages: their ranks,
+# numbered pipeline-major, go through the same rule, so a weight's bytes are in the first rank's file
+# that reads it, whichever pipeline that rank is in (`stored_in` names ranks, which are the stages'
+# indices when there is one pipeline).
+def store_weights_once(stages: list[StageGraph], ranks: list[int] | None = None) -> None:
+    """Set each stage's `stored_in`: the weights an earlier stage reads too, and the first such stage's
+    rank (`ranks[k]` of stage k in `stages`; default: its index, one pipeline)."""
+    first: dict[str, int] = {}
+    for k, stage in enumerate(stages):
+        stage.stored_in = {fqn: first[fqn] for fqn in sorted(set(stage.weights.values())) if fqn in first}
+        for fqn in stage.weights.values():
+            first.setdefault(fqn, stage.index if ranks is None else ranks[k])
+
+
+def shared_weights_file(stage_index: int) -> str:
+    """The weights.safetensors of stage `stage_index`, relative to another rank's directory."""
+    return f"../rank{stage_index}/weights.safetensors"
 
 
 def stage_of_nodes(gm: fx.GraphModule, stage_of: dict[str, int], groups: dict[str, str] | None = None) -> dict[str, int]:
@@ -241,4 +274,4 @@ def run_stages(stages: list[StageGraph], *inputs: torch.Tensor) -> tuple[torch.T
     return values
 
 
-__all__ = ["StageGraph", "run_stages", "split_stages", "stage_of_nodes"]
+__all__ = ["StageGraph", "run_stages", "shared_weights_file", "split_stages", "stage_of_nodes", "store_weights_once"]

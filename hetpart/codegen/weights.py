@@ -114,8 +114,11 @@ def _dtype_name(t: torch.Tensor) -> str:
 
 
 def write_weight_manifest(rank_dir: Path, tensors: dict[str, torch.Tensor],
-                          checkpoint_names: dict[str, list[str]]) -> list[str]:
-    """weights.json and constants.safetensors for a rank whose parameters are meta tensors; the files written."""
+                          checkpoint_names: dict[str, list[str]], shared: dict[str, str] | None = None) -> list[str]:
+    """weights.json and constants.safetensors for a rank whose parameters are meta tensors; the files written.
+
+    `shared`: weight -> the earlier rank's weights.safetensors that will hold it (NOTE [weights stored once]),
+    recorded as weights.json's `shared`, so that shard-weights lists that file, with its hash, for this rank."""
     entries, constants = [], {}
     for key in sorted(tensors):
         t = tensors[key]
@@ -125,8 +128,21 @@ def write_weight_manifest(rank_dir: Path, tensors: dict[str, torch.Tensor],
                                    required=t.is_meta))
     save_file(constants, str(rank_dir / "constants.safetensors"), metadata={"format": "pt"})
     (rank_dir / "weights.json").write_text(json.dumps(
-        {"format_version": MANIFEST_VERSION, "tensors": [e.to_json() for e in entries]}, indent=1) + "\n")
+        {"format_version": MANIFEST_VERSION, "tensors": [e.to_json() for e in entries],
+         **({"shared": dict(sorted(shared.items()))} if shared else {})}, indent=1) + "\n")
     return ["weights.json", "constants.safetensors"]
+
+
+def read_shared_files(path: Path) -> set[str]:
+    """The earlier ranks' weights.safetensors (`../rank<j>/weights.safetensors`) whose weights the rank of the
+    weight manifest `path` reads (NOTE [weights stored once])."""
+    try:
+        shared = json.loads(path.read_text()).get("shared", {})
+        if not (isinstance(shared, dict) and all(isinstance(f, str) for f in shared.values())):
+            raise ValueError("'shared' is not weight -> file")
+        return set(shared.values())
+    except (OSError, ValueError, AttributeError) as err:
+        raise HetpartError(f"{path}: not a readable weight manifest ({err}); partition again") from None
 
 
 def read_weight_manifest(path: Path) -> list[WeightEntry]:
@@ -267,6 +283,15 @@ def write_safetensors_streaming(f: BinaryIO, entries: list[WeightEntry],
     return digest.hexdigest()  # the manifest's hash, without reading the file back
 
 
+def write_weights(path: Path, tensors: dict[str, torch.Tensor]) -> str:
+    """`tensors` as the safetensors file `path`, by key, hashed as it is written; its sha256. No copy of the
+    tensors (safetensors' save_file makes one in memory) and no second read of the file to hash it."""
+    entries = [WeightEntry(key, tuple(t.shape), _dtype_name(t), (), required=False)
+               for key, t in sorted(tensors.items())]
+    with path.open("wb") as f:
+        return write_safetensors_streaming(f, entries, lambda e: tensors[e.key])
+
+
 @dataclass
 class ShardResult:
     ranks: int
@@ -403,6 +428,14 @@ def shard_weights(out: Path, checkpoint: Path, *, allow_cast: bool = False, sign
             echo(f"rank {rank['rank']}: {len(entries)} tensor(s), {sum(e.nbytes for e in entries) / 1e6:.1f} MB")
         for rank, digest in zip(ranks, digests):
             rank["files"]["weights.safetensors"] = digest
+        by_dir = {rank["dir"]: digest for rank, digest in zip(ranks, digests)}
+        for rank, (rank_dir, _, _) in zip(ranks, plans):  # NOTE [weights stored once]: the one copy, by hash
+            for file in sorted(read_shared_files(rank_dir / "weights.json")):
+                parts = file.split("/")
+                if len(parts) != 3 or parts[1] not in by_dir:
+                    raise HetpartError(f"{rank_dir / 'weights.json'}: shared file {file!r} is no rank's "
+                                       "weights.safetensors; partition again")
+                rank["files"][file] = by_dir[parts[1]]
         new = (json.dumps(manifest, indent=2) + "\n").encode()
         pending.write(out / "manifest.json", new)
         if sign_key is not None:

@@ -121,9 +121,17 @@ class PassManager:
     extra_dump_dir: Path | None = None
     verbose: bool = False
     on_pass_start: Callable[[str], None] | None = None
+    dump_s: float = 0.0  # seconds spent writing the dumps (timings.json's `write/ir/ (dumps)`)
 
     def emit(self, gm: fx.GraphModule, index: int, name: str) -> None:
         """Dump and/or print the IR as it stands after step `index` (`name`)."""
+        start = time.perf_counter()
+        try:
+            self._emit(gm, index, name)
+        finally:
+            self.dump_s += time.perf_counter() - start
+
+    def _emit(self, gm: fx.GraphModule, index: int, name: str) -> None:
         title = f"IR after {index:02d} {name}"
         for where in (self.dump_dir, self.extra_dump_dir):
             if where is None:

@@ -121,7 +121,8 @@ def _check_structure(path: Path, manifest: dict[str, Any]) -> None:
             raise HetpartError(f"{path}: ranks[{k}] must be rank {k} with {fields}{EDITED}")
         if Path(entry["dir"]).is_absolute() or ".." in Path(entry["dir"]).parts or not Path(entry["dir"]).parts:
             raise HetpartError(f"{path}: ranks[{k}].dir {entry['dir']!r} must be a directory inside {path.parent}{EDITED}")
-        _check_files(path, f"ranks[{k}].", entry["files"], plain=True)
+        _check_files(path, f"ranks[{k}].", {n: d for n, d in entry["files"].items() if not _shared(n)},
+                     plain=True)  # and another rank's weights it reads (NOTE [weights stored once]), below
         for side in ("inputs", "outputs"):
             for v in entry[side]:
                 if not (isinstance(v, dict) and isinstance(v.get("name"), str) and isinstance(v.get("shape"), list)
@@ -139,6 +140,27 @@ def _check_structure(path: Path, manifest: dict[str, Any]) -> None:
     if placed != list(range(world)):
         raise HetpartError(f"{path}: the nodes hold ranks {placed}, expected 0..{world - 1} in order{EDITED}")
     _check_mesh(path, manifest["mesh"] if "mesh" in manifest else None, ranks)
+    _check_shared_files(path, ranks)
+
+
+def _shared(name: str) -> bool:
+    """A rank's file entry that names another rank's weights.safetensors (NOTE [weights stored once])."""
+    return name.startswith("../") and name.endswith("/weights.safetensors")
+
+
+def _check_shared_files(path: Path, ranks: list[dict[str, Any]]) -> None:
+    """A rank's files that are not in its directory are an earlier rank's weights.safetensors, with that
+    rank's sha256: the one copy of a weight both read (NOTE [weights stored once] in codegen/split.py)."""
+    by_dir = {entry["dir"]: entry for entry in ranks}
+    for k, entry in enumerate(ranks):
+        for name, digest in entry["files"].items():
+            if not _shared(name):
+                continue
+            parts = name.split("/")
+            other = by_dir.get(parts[1]) if len(parts) == 3 else None
+            if other is None or other["rank"] >= k or other["files"].get("weights.safetensors") != digest:
+                raise HetpartError(f"{path}: ranks[{k}].files: {name!r} must be an earlier rank's weights.safetensors "
+                                   f"(../rank<j>/weights.safetensors) with the sha256 that rank lists{EDITED}")
 
 
 @dataclass(frozen=True)
@@ -309,7 +331,7 @@ def check_rank_files(out: Path, entry: dict[str, Any], need_weights: bool = True
     and does not check weights.safetensors at all: it is the output shard-weights replaces, and an
     interrupted commit may have left it stale, half-replaced or unlisted (NOTE [shard-weights commit]).
     """
-    replaced = set() if need_weights else {"weights.safetensors"}
+    replaced = set() if need_weights else {"weights.safetensors", *filter(_shared, entry["files"])}
     who = f"rank {entry['rank']}: "
     rank_dir = out / entry["dir"]
     if need_weights and "weights.safetensors" not in entry["files"]:  # traced on meta: NOTE [weight manifests]

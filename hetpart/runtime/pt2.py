@@ -1,4 +1,5 @@
-"""A rank's `stage.pt2` as a module, its weights from the rank's weights.safetensors.
+"""A rank's `stage.pt2` as a module, its weights from the rank's weights.safetensors (and an earlier
+rank's, for a weight stored there: NOTE [weights stored once] in hetpart/codegen/split.py).
 
 The .pt2 holds the program and no weights (NOTE [weightless .pt2] in hetpart/codegen/pt2.py).
 """
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file
 from torch.export.pt2_archive.constants import TENSOR_CONSTANT_FILENAME_PREFIX, WEIGHT_FILENAME_PREFIX
 
@@ -53,11 +55,18 @@ def load_pt2(out: Path, entry: dict[str, Any]) -> torch.nn.Module:
     extra = {PT2_WEIGHTS: ""}
     program = torch.export.load(str(path), extra_files=extra)  # checked: no pickle in it
     try:
-        keys = json.loads(extra[PT2_WEIGHTS])["keys"]
-    except (ValueError, KeyError, TypeError):
+        where = json.loads(extra[PT2_WEIGHTS])
+        keys, elsewhere = where["keys"], where.get("elsewhere", {})
+    except (ValueError, KeyError, TypeError, AttributeError):
         raise HetpartError(f"{path}: no readable {PT2_WEIGHTS} (written before weightless .pt2 files?); "
                            f"{REDO}") from None
     weights = load_file(str(rank_dir / "weights.safetensors"))
+    for fqn, file in sorted(elsewhere.items()):  # NOTE [weights stored once]: only files the manifest hashes
+        if file not in entry["files"]:
+            raise HetpartError(f"{path}: reads '{fqn}' from {file}, which manifest.json does not list for rank "
+                               f"{entry['rank']}; {REDO}")
+        with safe_open(str(rank_dir / file), "pt") as f:
+            weights[fqn] = f.get_tensor(fqn)
     missing = sorted(fqn for fqn in keys.values() if fqn not in weights)
     if missing:
         raise HetpartError(f"{rank_dir / 'weights.safetensors'}: no '{missing[0]}', which stage.pt2 reads; {REDO}")

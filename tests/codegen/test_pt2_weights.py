@@ -27,21 +27,21 @@ def resnet_out(tmp_path_factory) -> Path:
     return out
 
 
-def _safetensors_bytes(path: Path) -> dict[str, int]:
-    """Bytes of tensor data per key in a safetensors file (from its header)."""
-    with path.open("rb") as f:
-        (size,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(size))
+def safetensors_tensors(path: Path) -> dict[str, bytes]:
+    """Key -> raw bytes of every tensor in a safetensors file, read from its header and offsets."""
+    data = path.read_bytes()
+    (size,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + size])
     header.pop("__metadata__", None)
-    return {key: t["data_offsets"][1] - t["data_offsets"][0] for key, t in header.items()}
+    return {key: data[8 + size + t["data_offsets"][0]:8 + size + t["data_offsets"][1]] for key, t in header.items()}
 
 
-def _pt2_tensor_bytes(path: Path) -> int:
-    """Bytes of tensor records (weights and constants) in a .pt2 archive."""
+def pt2_tensors(path: Path) -> dict[str, bytes]:
+    """Record name -> bytes of every tensor record (weights and constants) in a .pt2 archive."""
     with zipfile.ZipFile(path) as z:
-        return sum(i.file_size for i in z.infolist()
-                   if "/data/weights/" in i.filename or "/data/constants/" in i.filename
-                   if not i.filename.endswith(".json"))
+        return {i.filename: z.read(i.filename) for i in z.infolist()
+                if ("/data/weights/" in i.filename or "/data/constants/" in i.filename)
+                and not i.filename.endswith(".json")}
 
 
 def test_no_weight_is_stored_twice(resnet_out):
@@ -49,13 +49,13 @@ def test_no_weight_is_stored_twice(resnet_out):
     model_bytes = sum(t.nbytes for t in module.state_dict().values())
     ranks = sorted(resnet_out.glob("rank*"))
     assert len(ranks) >= 2 and all((r / "stage.pt2").is_file() for r in ranks)
-    stored = [(key, n) for r in ranks for key, n in _safetensors_bytes(r / "weights.safetensors").items()]
+    stored = [(key, len(raw)) for r in ranks for key, raw in safetensors_tensors(r / "weights.safetensors").items()]
     keys = [key for key, _ in stored]
     assert len(keys) == len(set(keys)), "a weight is in two ranks' weights.safetensors"
     assert {name for name, _ in module.named_parameters()} <= set(keys)
     state = module.state_dict()
     assert sum(n for _, n in stored) == sum(state[key].nbytes for key in keys) <= model_bytes
-    in_pt2 = sum(_pt2_tensor_bytes(r / "stage.pt2") for r in ranks)
+    in_pt2 = sum(len(raw) for r in ranks for raw in pt2_tensors(r / "stage.pt2").values())
     assert in_pt2 == 0, "stage.pt2 repeats bytes that weights.safetensors holds"
 
 
@@ -73,15 +73,20 @@ def test_pt2_runs_equal_to_stage_py(resnet_out, batch):
     torch.testing.assert_close(from_pt2, from_py, rtol=0, atol=0)
 
 
-def test_load_pt2_checks_the_weights_hash(resnet_out, tmp_path):
+def corrupted_copy(out: Path, tmp_path: Path, relative: str) -> Path:
+    """A copy of the directory `out` whose file `relative` has its last byte flipped."""
     import shutil
 
-    out = tmp_path / "copy"
-    shutil.copytree(resnet_out, out)
-    weights = out / "rank1" / "weights.safetensors"
-    data = bytearray(weights.read_bytes())
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    data = bytearray((copy / relative).read_bytes())
     data[-1] ^= 0xFF
-    weights.write_bytes(bytes(data))
+    (copy / relative).write_bytes(bytes(data))
+    return copy
+
+
+def test_load_pt2_checks_the_weights_hash(resnet_out, tmp_path):
+    out = corrupted_copy(resnet_out, tmp_path, "rank1/weights.safetensors")
     entry = load_manifest(out)["ranks"][1]
     with pytest.raises(HetpartError, match="weights.safetensors"):
         load_pt2(out, entry)
@@ -97,10 +102,11 @@ def test_a_pt2_with_pickled_sample_inputs_is_refused(tmp_path):
 def test_timings_name_every_step(resnet_out):
     steps = json.loads((resnet_out / "timings.json").read_text())["steps_s"]
     expected = {"trace/build", "trace/export", "pass/shape", "pass/op-cost", "lower", "solve", "verify", "split",
-                "examples", "baselines",
+                "baselines",
                 "write/rank0/stage.py", "write/rank0/weights.safetensors", "pt2/rank1", "write/stage.pt2 (all ranks)",
-                "write/manifest.json", "write/report.html"}
+                "write/manifest.json", "write/report.html", "write/ir/ (dumps)"}
     assert expected <= set(steps)
+    assert "examples" not in steps, "a stage was exported again: its program was not built from its graph"
     assert all(s >= 0 for s in steps.values())
     timings = json.loads((resnet_out / "timings.json").read_text())
     writes = sum(s for name, s in steps.items() if name.startswith("write/"))
@@ -150,32 +156,40 @@ def test_examples_come_from_a_fake_run_with_the_real_shapes(mlp_stages, monkeypa
         torch.testing.assert_close(got, want)  # the real values, as before
 
 
-def test_forked_pt2_writes_give_the_serial_bytes(mlp_stages, tmp_path):
-    from hetpart.codegen.pt2 import write_pt2_files
+def test_forked_pt2_writes_give_the_serial_bytes(mlp_stages, tmp_path, monkeypatch):
+    # Stages whose graph cannot be a program as it is are exported again from examples (NOTE [stage programs]),
+    # forked or not: the same bytes either way.
+    from hetpart.codegen import pt2
     from hetpart.timings import StepTimes
 
-    stages, examples, _ = mlp_stages
+    stages, _, inputs = mlp_stages
+
+    def refuse(stage):
+        raise ValueError("no program from this graph")
+
+    monkeypatch.setattr(pt2, "stage_program", refuse)
     digests = {}
     for workers in (1, 3):
         jobs = []
         for s in stages:
             (tmp_path / f"w{workers}" / f"rank{s.index}").mkdir(parents=True)
-            jobs.append((tmp_path / f"w{workers}" / f"rank{s.index}" / "stage.pt2", s, examples[s.index]))
+            jobs.append((tmp_path / f"w{workers}" / f"rank{s.index}" / "stage.pt2", s))
         times = StepTimes()
-        digests[workers] = list(write_pt2_files(jobs, times, workers=workers).values())
-        assert {f"pt2/rank{s.index}" for s in stages} <= set(times.seconds)
+        digests[workers] = list(pt2.write_pt2_files(jobs, inputs, times, workers=workers).values())
+        assert {f"pt2/rank{s.index}" for s in stages} | {"examples"} <= set(times.seconds)
         assert "write/stage.pt2 (all ranks)" in times.seconds
     assert digests[1] == digests[3] and len(set(digests[1])) == len(stages)
 
 
-def test_a_failing_forked_write_raises_in_the_parent(mlp_stages, tmp_path):
-    from hetpart.codegen.pt2 import write_pt2_files
+def test_a_failing_forked_write_raises_in_the_parent(mlp_stages, tmp_path, monkeypatch):
+    from hetpart.codegen import pt2
 
-    stages, examples, _ = mlp_stages
-    jobs = [(tmp_path / f"rank{s.index}.pt2", s, examples[s.index]) for s in stages]
-    jobs[1] = (tmp_path / "missing-dir" / "rank1.pt2", stages[1], examples[1])  # its folder does not exist
+    stages, _, inputs = mlp_stages
+    monkeypatch.setattr(pt2, "stage_program", lambda stage: 1 / 0)  # every stage exported again, forked
+    jobs = [(tmp_path / f"rank{s.index}.pt2", s) for s in stages]
+    jobs[1] = (tmp_path / "missing-dir" / "rank1.pt2", stages[1])  # its folder does not exist
     with pytest.raises(RuntimeError, match="failed in a child process"):
-        write_pt2_files(jobs, workers=2)
+        pt2.write_pt2_files(jobs, inputs, workers=2)
 
 
 def test_load_pt2_of_a_plan_without_pt2_says_so(resnet_out, tmp_path):

@@ -57,12 +57,14 @@ def test_meta_plan_has_manifests_not_weights(gpt_meta, capsys):
     for entry in manifest["ranks"]:
         rank_dir = gpt_meta / entry["dir"]
         assert not (rank_dir / "weights.safetensors").exists() and not (rank_dir / "stage.pt2").exists()
-        tensors = json.loads((rank_dir / "weights.json").read_text())["tensors"]
-        assert {t["key"] for t in tensors} == set(entry["weights"])
+        manifest_json = json.loads((rank_dir / "weights.json").read_text())
+        tensors, shared = manifest_json["tensors"], manifest_json.get("shared", {})
+        assert {t["key"] for t in tensors} | set(shared) == set(entry["weights"])
+        assert not {t["key"] for t in tensors} & set(shared)
         total += sum(WeightEntry.from_json(t).nbytes for t in tensors if t["required"])
-    # every parameter of the model is in some rank's manifest (the tied head once per rank that reads it)
+    # every parameter of the model is in one rank's manifest (the tied head once: NOTE [weights stored once])
     module, _ = load_model(ModelSpec.from_json(plan["model"]))
-    assert total >= sum(p.numel() * 4 for p in module.parameters())
+    assert total == sum(p.numel() * 4 for p in module.parameters())
     assert main(["run", str(gpt_meta)]) == 2
     assert "shard-weights" in capsys.readouterr().err
 
@@ -86,6 +88,11 @@ def test_shard_weights_from_sharded_index_runs_like_the_original(gpt_meta, tmp_p
     assert "wrote weights.safetensors for" in capsys.readouterr().out
     got, expected = run_stages(out)
     assert len(got) == len(expected) and all(torch.equal(a, b) for a, b in zip(got, expected))
+    from tests.test_artifacts_speed_weights import tensor_copies
+
+    assert tensor_copies(out, module) == {}, "the tied head is filled once (NOTE [weights stored once])"
+    ranks = load_manifest(out)["ranks"]
+    assert ranks[-1]["files"]["../rank0/weights.safetensors"] == ranks[0]["files"]["weights.safetensors"]
 
 
 def test_hf_checkpoint_names_and_non_persistent_buffers(tmp_path):
