@@ -31,16 +31,12 @@ def test_partition_refuses_a_strategy_over_memory_and_leaves_nothing(tmp_path, c
     assert "over its capacity of" in err and "Traceback" not in err and not out.exists()
 
 
-def test_baseline_strategy_runs_and_verifies_under_torchrun(tmp_path, capsys):
-    out = tmp_path / "out"
-    args = ["partition", "zoo:gpt-small", "--set", "n_layer=2", "--set", "n_embd=64", "--set", "vocab_size=128",
-            "--set", "block_size=16", "--cluster", "preset:cpu-2", "--out", str(out), "--batch-size", "4",
-            "--seq-len", "16", "--microbatches", "2", "--strategy", "equal-layers", "--no-pt2"]
-    assert main(args) == 0
-    plan = json.loads((out / "plan.json").read_text())
+def test_baseline_strategy_runs_and_verifies_under_torchrun(equal_layers_run):
+    # One launch with tests/runtime/test_torchrun.py's verify-and-measure test (NOTE [shared launches]
+    # in tests/shared_runs.py): gpt-small's equal-layers plan on cpu-2, run with --verify at batch 6.
+    plan = json.loads((equal_layers_run.out / "plan.json").read_text())
     assert plan["strategy"] == "equal-layers" and plan["solver_status"] == "BASELINE"
     equal = next(b for b in plan["baselines"] if b["name"] == "equal-layers")
     assert equal["step_ratio"] == 1.0 and "2 blocks over 2 stages" in equal["note"]  # the plan is that baseline
-    capsys.readouterr()
-    assert main(["run", str(out), "--verify"]) == 0
-    assert "verify: PASS" in capsys.readouterr().out
+    assert "solver BASELINE" in equal_layers_run.partition_text
+    assert "verify: PASS" in equal_layers_run.run_text

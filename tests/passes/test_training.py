@@ -90,14 +90,14 @@ def test_sdpa_backward_is_five_matmuls_of_the_forwards_two(cluster):
     assert not info(idx).needs_grad and not info(idx).bwd_flops
 
 
-def test_zoo_model_partitioned_for_training_runs_1f1b_and_verifies(tmp_path, capsys):
+def test_zoo_model_partitioned_for_training_runs_1f1b_and_verifies(training_1f1b_run, capsys):
+    # gpt-small partitioned with --mode training --schedule 1f1b on cpu-2, and its 1F1B training step
+    # with --verify: one launch with tests/runtime/test_torchrun.py's tied-weights test (NOTE [shared
+    # launches] in tests/shared_runs.py).
     from hetpart.cli import main
 
-    out = tmp_path / "out"
-    assert main(["partition", "zoo:mlp", "--set", "n_blocks=3", "--set", "hidden=32", "--cluster", "preset:cpu-2",
-                 "--out", str(out), "--batch-size", "8", "--seq-len", "1", "--microbatches", "4", "--mode", "training",
-                 "--schedule", "1f1b", "--no-pt2", "--time-limit", "10"]) == 0
-    table = capsys.readouterr().out
+    out = training_1f1b_run.out
+    table = training_1f1b_run.partition_text
     assert "training with 1F1B" in table and "(1F1B, simulated)" in table
     plan = json.loads((out / "plan.json").read_text())
     assert plan["mode"] == "training" and plan["schedule"] == "1f1b" and plan["optimizer_bytes_per_param"] == 8
@@ -105,6 +105,5 @@ def test_zoo_model_partitioned_for_training_runs_1f1b_and_verifies(tmp_path, cap
         assert s["backward_us"] > 0 and abs(s["forward_us"] + s["backward_us"] - s["compute_us"]) < 0.01
     assert main(["inspect", str(out)]) == 0
     assert "training with 1F1B" in capsys.readouterr().out
-    assert main(["run", str(out), "--mode", "training", "--schedule", "1f1b", "--verify"]) == 0
-    assert "verify: PASS" in capsys.readouterr().out
+    assert "verify: PASS" in training_1f1b_run.run_text
 

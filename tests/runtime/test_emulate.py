@@ -88,6 +88,14 @@ def _ours(launcher_pid: int) -> list[Path]:
             if root.is_dir() for p in root.glob(f"hetpart-emulate-{launcher_pid}-rank*")]
 
 
+def _populated(groups: list[Path], count: int) -> bool:
+    """`count` cgroups, each holding a process (False while one is being made or removed)."""
+    try:
+        return len(groups) == count and all((g / "cgroup.procs").read_text().split() for g in groups)
+    except OSError:
+        return False
+
+
 @pytest.mark.skipif(_writable_cgroup() is not None, reason=f"cgroups are not writable here: {_writable_cgroup()}")
 def test_emulated_ranks_are_throttled_and_their_cgroups_removed_on_ctrl_c(tmp_path):
     """Each rank is in a cgroup of its own with its quota while it runs; a SIGINT to the launcher removes them."""
@@ -103,10 +111,11 @@ def test_emulated_ranks_are_throttled_and_their_cgroups_removed_on_ctrl_c(tmp_pa
                                     stdout=f, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 120
-        while "step" not in "".join(p.read_text(errors="replace") for p in (out / "logs").rglob("stdout.log")):
+        # The launcher's mover places each rank in its cgroup as soon as torchrun starts it, before the
+        # rank imports torch: no need to wait for a step (the Ctrl-C cleans up the same either way).
+        while not _populated(groups := _ours(launcher.pid), 2):
             assert launcher.poll() is None and time.monotonic() < deadline, log.read_text()
-            time.sleep(0.2)  # the ranks past their start, stepping
-        groups = _ours(launcher.pid)
+            time.sleep(0.1)
         assert len(groups) == 2, log.read_text()
         for g in groups:
             assert (g / "cgroup.procs").read_text().split(), f"no rank in {g}"  # the watcher moved it in

@@ -172,39 +172,52 @@ def test_a_world_size_torchrun_did_not_plan(two_ranks, tmp_path, monkeypatch, ca
     assert "hetpart: rank 0: the plan has 2 ranks but torchrun started 1" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGHUP])
-def test_every_rank_exits_when_the_launcher_is_killed_or_hung_up(tmp_path, sig):
+def test_every_rank_exits_when_the_launcher_is_killed_or_hung_up(tmp_path):
     """torchrun leads a session of its own: a SIGKILLed (or, before its handler, SIGHUPed) `hetpart
-    run` left it and every rank running (NOTE [orphaned ranks] in hetpart/runtime/worker.py)."""
-    out = tmp_path / "mlp"
+    run` left it and every rank running (NOTE [orphaned ranks] in hetpart/runtime/worker.py).
+
+    Both signals in one test, each to its own launcher on its own copy of one plan, started together:
+    each launch is one process at a time (launcher, torchrun, one rank), so on 2 cores the two
+    start-ups overlap instead of following each other."""
+    plan = tmp_path / "mlp"
     assert main(["partition", "zoo:mlp", "--set", "hidden=64", "--set", "n_blocks=2", "--batch-size", "8",
-                 "--microbatches", "2", "--cluster", "preset:cpu-2", "--no-pt2", "--out", str(out)]) == 0
-    world = json.loads((out / "manifest.json").read_text())["world_size"]
+                 "--microbatches", "2", "--cluster", "preset:cpu-2", "--no-pt2", "--out", str(plan)]) == 0
+    world = json.loads((plan / "manifest.json").read_text())["world_size"]
+    outs = {sig: tmp_path / f"out-{sig.name}" for sig in (signal.SIGKILL, signal.SIGHUP)}
     root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": str(root)}
-    log = tmp_path / "run.log"
-    with log.open("w") as f:
-        launcher = subprocess.Popen([sys.executable, "-m", "hetpart", "run", str(out), "--steps", "1000000"],
-                                    env=env, stdout=f, stderr=subprocess.STDOUT)
+    launchers: dict[signal.Signals, subprocess.Popen] = {}
     try:
+        for sig, out in outs.items():
+            shutil.copytree(plan, out)
+            with (tmp_path / f"run-{sig.name}.log").open("w") as f:
+                launchers[sig] = subprocess.Popen([sys.executable, "-m", "hetpart", "run", str(out), "--steps",
+                                                   "1000000"], env=env, stdout=f, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 120
-        while len([p for p in _running_ranks(out) if p != launcher.pid]) < world + 1:  # torchrun and every rank
-            assert launcher.poll() is None and time.monotonic() < deadline, log.read_text()
-            time.sleep(0.2)
-        while "step" not in "".join(p.read_text(errors="replace") for p in (out / "logs").rglob("stdout.log")):
-            assert launcher.poll() is None and time.monotonic() < deadline, log.read_text()
-            time.sleep(0.2)  # the ranks past their start, stepping
-        launcher.send_signal(sig)
-        if sig == signal.SIGHUP:  # it cleans up and exits; a SIGKILLed one stays a zombie, not yet reaped
-            assert launcher.wait(timeout=60) == 128 + signal.SIGHUP, log.read_text()
+        for sig, out in outs.items():
+            launcher, log = launchers[sig], tmp_path / f"run-{sig.name}.log"
+            while len([p for p in _running_ranks(out) if p != launcher.pid]) < world + 1:  # torchrun, every rank
+                assert launcher.poll() is None and time.monotonic() < deadline, log.read_text()
+                time.sleep(0.2)
+            while "step" not in "".join(p.read_text(errors="replace") for p in (out / "logs").rglob("stdout.log")):
+                assert launcher.poll() is None and time.monotonic() < deadline, log.read_text()
+                time.sleep(0.2)  # the ranks past their start, stepping
+        for sig, launcher in launchers.items():
+            launcher.send_signal(sig)
+        # a SIGHUPed launcher cleans up and exits; a SIGKILLed one stays a zombie, not yet reaped
+        assert launchers[signal.SIGHUP].wait(timeout=60) == 128 + signal.SIGHUP, \
+            (tmp_path / "run-SIGHUP.log").read_text()
         deadline = time.monotonic() + 30  # the watchdog polls each second; torchrun then stops
-        while _running_ranks(out) and time.monotonic() < deadline:
+        while any(_running_ranks(out) for out in outs.values()) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert not _running_ranks(out), "ranks outlived the launcher"
+        for sig, out in outs.items():
+            assert not _running_ranks(out), f"ranks outlived the launcher ({sig.name})"
     finally:
-        for pid in _running_ranks(out):  # what this test started, if the assertion failed
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        if launcher.poll() is None:
-            launcher.kill()
-        launcher.wait()
+        for out in outs.values():
+            for pid in _running_ranks(out):  # what this test started, if the assertion failed
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        for launcher in launchers.values():
+            if launcher.poll() is None:
+                launcher.kill()
+            launcher.wait()

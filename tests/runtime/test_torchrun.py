@@ -5,34 +5,37 @@ import json
 import pytest
 
 from hetpart.cli import main
+from tests.shared_runs import GPT_CPU2
 
 
 @pytest.fixture(scope="module")
 def two_rank_out(tmp_path_factory):
     out = tmp_path_factory.mktemp("run") / "out"
-    args = ["partition", "zoo:gpt-small", "--set", "n_layer=2", "--set", "n_embd=64", "--set", "vocab_size=128",
-            "--set", "block_size=32", "--cluster", "preset:cpu-2", "--out", str(out), "--batch-size", "4",
-            "--seq-len", "16", "--microbatches", "2", "--no-pt2"]  # the ranks run stage.py, never stage.pt2
-    assert main(args) == 0
+    assert main(["partition", *GPT_CPU2, "--out", str(out)]) == 0
     return out
 
 
-def test_two_ranks_verify_and_measure_at_another_batch_and_sequence_length(two_rank_out, capsys):
+def test_two_ranks_verify_and_measure_at_another_batch_and_sequence_length(two_rank_out, equal_layers_run):
     # One torchrun for three: --verify compares the first step's outputs, --measure times the second,
     # and both run at batch 6 and length 24 of a plan partitioned at 4 and 16 (its dynamic dims).
-    plan = json.loads((two_rank_out / "plan.json").read_text())
+    # The run is tests/test_strategy.py's too (NOTE [shared launches] in tests/shared_runs.py): the
+    # equal-layers plan of this config, whose stage files are the solver's plan's, byte for byte.
+    run = equal_layers_run.out
+    plan = json.loads((run / "plan.json").read_text())
     assert len(plan["stages"]) == 2, "the cpu-2 plan should use both devices"
     assert plan["dynamic"]["seq_len"]
-    capsys.readouterr()
-    assert main(["run", str(two_rank_out), "--verify", "--measure", "--steps", "2", "--batch-size", "6",
-                 "--seq-len", "24"]) == 0
-    out = capsys.readouterr().out
+    solver_plan = json.loads((two_rank_out / "plan.json").read_text())
+    assert solver_plan["solver_status"] == "OPTIMAL" and len(solver_plan["stages"]) == 2
+    for rank in ("rank0", "rank1"):
+        for name in ("stage.py", "weights.safetensors"):
+            assert (run / rank / name).read_bytes() == (two_rank_out / rank / name).read_bytes(), (rank, name)
+    out = equal_layers_run.run_text
     diff = float(out.split("max_abs_diff=")[1].split()[0])
     assert diff <= 1e-5
     assert "verify: PASS" in out
     assert "outputs: 6x24x128" in out
-    assert list((two_rank_out / "logs").rglob("*.log")), "per-rank logs are kept"
-    measured = json.loads((two_rank_out / "measured.json").read_text())
+    assert list((run / "logs").rglob("*.log")), "per-rank logs are kept"
+    measured = json.loads((run / "measured.json").read_text())
     assert [s["index"] for s in measured["stages"]] == [s["index"] for s in plan["stages"]]
     assert all(s["measured_time_us"] > 0 for s in measured["stages"])
     # one intra-op thread per rank: its CPU time is within its wall time
@@ -63,14 +66,14 @@ def test_microbatches_must_divide_batch(two_rank_out, capsys):
     assert "--microbatches 2 must be >= 1 and divide the batch size 5" in capsys.readouterr().err
 
 
-def test_training_1f1b_through_tied_weights_verifies_gradients(two_rank_out, capsys):
+def test_training_1f1b_through_tied_weights_verifies_gradients(training_1f1b_run):
     # gpt-small ties the LM head to the embedding: the weight lives on both ranks and
-    # its gradient is the sum of both parts.
-    manifest = json.loads((two_rank_out / "manifest.json").read_text())
+    # its gradient is the sum of both parts. The run is tests/passes/test_training.py's too
+    # (NOTE [shared launches] in tests/shared_runs.py).
+    manifest = json.loads((training_1f1b_run.out / "manifest.json").read_text())
+    assert len(manifest["ranks"]) == 2
     assert all("lm_head.weight" in r["weights"] for r in manifest["ranks"])
-    capsys.readouterr()
-    assert main(["run", str(two_rank_out), "--verify", "--mode", "training", "--schedule", "1f1b"]) == 0
-    out = capsys.readouterr().out
+    out = training_1f1b_run.run_text
     assert float(out.split("max_grad_rel_err=")[1].split()[0]) <= 1e-5
     assert "verify: PASS" in out
 
@@ -113,9 +116,11 @@ def test_two_torchrun_nodes_on_loopback(tmp_path, capsys):
     assert len(list((out / "logs").glob("node*"))) == len(manifest["nodes"])
 
 
-# 16x16 images and 16 channels: the skips of the default sizes, at 1/16 of their compute.
+# 16x16 images and 16 channels: the skips of the default sizes, at 1/16 of their compute. The UNet has
+# two resolutions, not three: its 4-stage plan still passes skips (and the timestep embedding) through
+# both middle stages, and the solver proves it in a tenth of the time (0.7 s, not 7 s, at load 4).
 SMALL_IMAGES = {"resnet": ["--set", "image_size=16", "--set", "base_width=16"],
-                "unet": ["--set", "image_size=16", "--set", "base_channels=16"]}
+                "unet": ["--set", "image_size=16", "--set", "base_channels=16", "--set", "n_levels=2"]}
 # ResNet runs on three CPUs, not preset:cpu-4: its residual blocks still cross cuts, and each rank
 # fewer is one torch import fewer on a 2-core machine. The UNet keeps cpu-4: on three CPUs its plan
 # takes the solver 10 s longer than a rank saves.
