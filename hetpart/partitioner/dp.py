@@ -452,7 +452,7 @@ def dp_hint(problem: Problem, *, exact_cuts: int = EXACT_CUTS, coarse_cuts: int 
     # beat a DP whose classes had to be merged (`_classes`), and finds plans when that DP cannot.
     # Computed first: it is cheap, it is the plan to fall back on at the deadline, and its
     # bottleneck prunes the exact DP.
-    listed = list_order_segments(problem, tab, P, refine=not exact, refine_budget=refine_budget)
+    listed = list_order_segments(problem, tab, P, refine=not exact, refine_budget=refine_budget, deadline=deadline)
     known = [_cost(problem, tab, listed)] if listed is not None else []
     pre = None
     max_stages = min(problem.max_stages or len(problem.devices), len(problem.devices))
@@ -512,7 +512,8 @@ def _past(deadline: float | None) -> bool:
 # The DP's work grows with the number of device-count states (up to 625 x 16 on 16 devices of
 # 4 types) times the cut positions squared: tens of seconds on a few hundred nodes. `dp_hint(...,
 # time_limit_s=...)` keeps it within a limit: the list-order plan (`list_order_segments`,
-# devices in list order) comes first; the DP over device classes goes by stage count
+# devices in list order, prefixes of them tried by length until the deadline once one fits)
+# comes first; the DP over device classes goes by stage count
 # (depth) and, at the deadline, stops and keeps the best plan of the depths it finished
 # (a valid plan, costed by `evaluate`; `stats["dp_timed_out"]`); the further passes are skipped.
 # The exact DP is pruned by the best bottleneck known before it starts (the list-order plan;
@@ -527,9 +528,10 @@ def _cost(problem: Problem, tab: OrderTables, seg: Segments) -> int:
 
 
 def list_order_segments(problem: Problem, tab: OrderTables, P: np.ndarray, refine: bool,
-                        refine_budget: int = _REFINE_BUDGET) -> Segments | None:
+                        refine_budget: int = _REFINE_BUDGET, deadline: float | None = None) -> Segments | None:
     """The best contiguous plan on a prefix of the devices in list order, cutting at positions `P`
-    (then, for the best prefix, refined op by op when `refine`); None when no prefix fits."""
+    (then, for the best prefix, refined op by op when `refine`); None when no prefix fits. Past
+    `deadline`, once some prefix fits, the longer prefixes are not tried (NOTE [DP deadline])."""
     n = tab.n
     names = [s.name for s in problem.slots[: min(len(problem.devices), problem.max_stages or len(problem.devices))]]
     valid = valid_cuts(tab)
@@ -541,7 +543,9 @@ def list_order_segments(problem: Problem, tab: OrderTables, P: np.ndarray, refin
         seg = fixed_device_dp(problem, tab, names[:S], [np.array([0]), *[inner] * (S - 1), np.array([n])])
         if seg is not None and (best is None or seg.dp_ns < best.dp_ns):
             best = seg
-    if best is not None and refine:
+        if best is not None and _past(deadline):
+            break  # each prefix costs stages x positions^2: a thousand devices took 34 s on 194 nodes
+    if best is not None and refine and not _past(deadline):
         best = _refined(problem, tab, best, refine_budget)[0]  # only the best stage count: refining is the costly part
     return best
 
