@@ -1,5 +1,6 @@
 """The device-order search of `equal-layers-best-order` costs each order as `evaluate` does
-(baselines._order_cost: only the devices change from order to order)."""
+(baselines._OrderCost: only the devices change from order to order), and a swap of two
+positions as the whole order costs."""
 
 import dataclasses
 import random
@@ -8,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from hetpart.partitioner.baselines import _order_cost
+from hetpart.partitioner.baselines import _OrderCost
 from hetpart.partitioner.evaluate import bottleneck_ns, evaluate
 
 sys.path.insert(0, str(Path(__file__).parent / "partitioner"))  # test_costs imports its neighbour partition_cases
@@ -31,8 +32,37 @@ def test_an_order_costs_what_evaluate_says(seed):
         cap = sorted(s.memory_bytes for s in evaluate(p, stage_of, names[:S]))[S // 2]
         p.devices = [dataclasses.replace(d, capacity_bytes=cap + rng.choice([0, 1]) * rng.randint(0, 5))
                      for d in p.devices]
-        cost = _order_cost(p, stage_of, S)
+        cost = _OrderCost(p, stage_of, S)
         for _ in range(5):
             devices = rng.sample(names, len(names))
             st = evaluate(p, stage_of, devices[:S])
             assert cost(devices) == (int(any(s.memory_bytes > s.capacity_bytes for s in st)), bottleneck_ns(st))
+            slowest, over = cost.stages(devices)
+            for i in range(S):
+                for j in range(i + 1, len(names)):
+                    trial = devices[:]
+                    trial[i], trial[j] = trial[j], trial[i]
+                    assert cost.swapped(devices, slowest, over, i, j) == cost(trial), (i, j)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_swap_costs_what_the_whole_order_costs_on_many_stages(seed):
+    from partition_cases import random_large
+
+    # 12 stages on 14 devices over 7 machines: most swaps leave the slowest stage alone.
+    p = random_large(seed, 60, num_devices=14)
+    order = p.node_order()
+    stage_of = {v: i * 12 // len(order) for i, v in enumerate(order)}
+    cost = _OrderCost(p, stage_of, 12)
+    rng = random.Random(seed)
+    names = [d.name for d in p.devices]
+    for _ in range(3):
+        devices = rng.sample(names, len(names))
+        slowest, over = cost.stages(devices)
+        for i in range(12):
+            for j in range(i + 1, len(names)):
+                trial = devices[:]
+                trial[i], trial[j] = trial[j], trial[i]
+                st = evaluate(p, stage_of, trial[:12])
+                assert cost.swapped(devices, slowest, over, i, j) == cost(trial) == (
+                    int(any(s.memory_bytes > s.capacity_bytes for s in st)), bottleneck_ns(st))
