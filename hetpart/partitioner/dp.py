@@ -366,20 +366,7 @@ def fixed_device_dp(problem: Problem, tab: OrderTables, devices: list[str],
     G = np.zeros(1, dtype=np.int64)
     backs = []
     for k in range(S):
-        I, J = windows[k], windows[k + 1]  # noqa: E741 (starts, ends: the matrix axes)
-        t = devs[k].type
-        tin = (transfer_ns(link_between(problem, devs[k - 1].name, devs[k].name), tab.cut_bytes[I]) if k > 0
-               else np.zeros(len(I), dtype=np.int64))
-        tout = (transfer_ns(link_between(problem, devs[k].name, devs[k + 1].name), tab.cut_bytes[J]) if k < S - 1
-                else np.zeros(len(J), dtype=np.int64))
-        cost = segment_time_table_ns((tab.comp[t][I], tab.comp[t][J]), tin, tout)
-        mem = tab.seg_mem(I, J, stash_microbatches(problem, k, S))
-        ok = tab.allowed(t, I, J) & (mem <= slot_capacity_bytes(problem, devs[k])) & (G[:, None] < _INF)
-        if k == S - 1:
-            ok &= (I <= tab.final_start_max)[:, None]
-        val = np.where(ok, np.maximum(cost, G[:, None]), _INF)
-        arg = np.argmin(val, axis=0)
-        G = val[arg, np.arange(len(J))]
+        G, arg = _fixed_step(problem, tab, devs, k, S, windows[k], windows[k + 1], G)
         backs.append(arg)
     if G[0] >= _INF:
         return None
@@ -388,6 +375,26 @@ def fixed_device_dp(problem: Problem, tab: OrderTables, devices: list[str],
         j = int(backs[k][j])
         cuts.append(int(windows[k][j]))
     return Segments(cuts=cuts[::-1], devices=list(devices), dp_ns=int(G[0]), exact=True, states=S)
+
+
+def _fixed_step(problem: Problem, tab: OrderTables, devs: list, k: int, S: int, I: np.ndarray,  # noqa: E741
+                J: np.ndarray, G: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Stage k of S of `fixed_device_dp` on slots `devs`, starting in `I` and ending in `J` (the
+    matrix axes) after the best bottlenecks `G` up to each start: each end's best bottleneck, and
+    the start it came from."""
+    t = devs[k].type
+    tin = (transfer_ns(link_between(problem, devs[k - 1].name, devs[k].name), tab.cut_bytes[I]) if k > 0
+           else np.zeros(len(I), dtype=np.int64))
+    tout = (transfer_ns(link_between(problem, devs[k].name, devs[k + 1].name), tab.cut_bytes[J]) if k < S - 1
+            else np.zeros(len(J), dtype=np.int64))
+    cost = segment_time_table_ns((tab.comp[t][I], tab.comp[t][J]), tin, tout)
+    mem = tab.seg_mem(I, J, stash_microbatches(problem, k, S))
+    ok = tab.allowed(t, I, J) & (mem <= slot_capacity_bytes(problem, devs[k])) & (G[:, None] < _INF)
+    if k == S - 1:
+        ok &= (I <= tab.final_start_max)[:, None]
+    val = np.where(ok, np.maximum(cost, G[:, None]), _INF)
+    arg = np.argmin(val, axis=0)
+    return val[arg, np.arange(len(J))], arg
 
 
 def refine_cuts(problem: Problem, tab: OrderTables, seg: Segments, radius: int) -> Segments:
@@ -564,23 +571,6 @@ def _prefix_chain(problem: Problem, tab: OrderTables, names: list[str], inner: n
     positions^2 each: 29 s of llama-7b's baselines on a thousand devices)."""
     n = tab.n
     devs = [problem.slot(d) for d in names]
-
-    def stage(k: int, I: np.ndarray, J: np.ndarray, G: np.ndarray, last: bool) -> tuple[np.ndarray, np.ndarray]:  # noqa: E741
-        """`fixed_device_dp`'s step k: each end's best bottleneck and the start it came from."""
-        t = devs[k].type
-        tin = (transfer_ns(link_between(problem, devs[k - 1].name, devs[k].name), tab.cut_bytes[I]) if k > 0
-               else np.zeros(len(I), dtype=np.int64))
-        tout = (np.zeros(len(J), dtype=np.int64) if last
-                else transfer_ns(link_between(problem, devs[k].name, devs[k + 1].name), tab.cut_bytes[J]))
-        cost = segment_time_table_ns((tab.comp[t][I], tab.comp[t][J]), tin, tout)
-        mem = tab.seg_mem(I, J, stash_microbatches(problem, k, k + 1))  # the same for every stage count here
-        ok = tab.allowed(t, I, J) & (mem <= slot_capacity_bytes(problem, devs[k])) & (G[:, None] < _INF)
-        if last:
-            ok &= (I <= tab.final_start_max)[:, None]
-        val = np.where(ok, np.maximum(cost, G[:, None]), _INF)
-        arg = np.argmin(val, axis=0)
-        return val[arg, np.arange(len(J))], arg
-
     best: Segments | None = None
     G = np.zeros(1, dtype=np.int64)
     backs: list[np.ndarray] = []  # the middle stages' back pointers
@@ -589,7 +579,7 @@ def _prefix_chain(problem: Problem, tab: OrderTables, names: list[str], inner: n
             break
         k = S - 1
         I = np.array([0]) if k == 0 else inner  # noqa: E741
-        end, arg = stage(k, I, np.array([n]), G, last=True)
+        end, arg = _fixed_step(problem, tab, devs, k, S, I, np.array([n]), G)  # the last stage
         if end[0] < _INF and (best is None or int(end[0]) < best.dp_ns):
             j = int(arg[0])
             cuts = [n, int(I[j])]
@@ -601,7 +591,7 @@ def _prefix_chain(problem: Problem, tab: OrderTables, names: list[str], inner: n
         if best is not None and _past(deadline):
             break  # NOTE [DP deadline]
         if S < len(names):
-            G, arg = stage(k, I, inner, G, last=False)
+            G, arg = _fixed_step(problem, tab, devs, k, len(names), I, inner, G)  # a middle one
             backs.append(arg)
     return best
 
