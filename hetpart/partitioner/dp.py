@@ -379,9 +379,7 @@ def fixed_device_dp(problem: Problem, tab: OrderTables, devices: list[str],
 
 def _fixed_step(problem: Problem, tab: OrderTables, devs: list, k: int, S: int, I: np.ndarray,  # noqa: E741
                 J: np.ndarray, G: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Stage k of S of `fixed_device_dp` on slots `devs`, starting in `I` and ending in `J` (the
-    matrix axes) after the best bottlenecks `G` up to each start: each end's best bottleneck, and
-    the start it came from."""
+    """Stage k of S on slots `devs` from starts `I` to ends `J` after bottlenecks `G`: each end's best, and its start."""
     t = devs[k].type
     tin = (transfer_ns(link_between(problem, devs[k - 1].name, devs[k].name), tab.cut_bytes[I]) if k > 0
            else np.zeros(len(I), dtype=np.int64))
@@ -543,20 +541,16 @@ def list_order_segments(problem: Problem, tab: OrderTables, P: np.ndarray, refin
     names = [s.name for s in problem.slots[: min(len(problem.devices), problem.max_stages or len(problem.devices))]]
     valid = valid_cuts(tab)
     inner = np.array([j for j in P if valid[j]], dtype=np.int64)
-    best: Segments | None = None
-    if problem.training is None or problem.training.schedule != "1f1b":
-        best = _prefix_chain(problem, tab, names, inner, deadline)  # the same plans, one pass
-        if best is not None and refine and not _past(deadline):
-            best = _refined(problem, tab, best, refine_budget)[0]
-        return best
-    for S in range(1, len(names) + 1):
+    one_pass = problem.training is None or problem.training.schedule != "1f1b"  # a 1F1B stash depends on S
+    best = _prefix_chain(problem, tab, names, inner, deadline) if one_pass else None  # the same plans
+    for S in () if one_pass else range(1, len(names) + 1):
         if len(inner) < S - 1:
             break
         seg = fixed_device_dp(problem, tab, names[:S], [np.array([0]), *[inner] * (S - 1), np.array([n])])
         if seg is not None and (best is None or seg.dp_ns < best.dp_ns):
             best = seg
-        if best is not None and _past(deadline):
-            break  # each prefix costs stages x positions^2: a thousand devices took 34 s on 194 nodes
+        if best is not None and _past(deadline):  # NOTE [DP deadline]
+            break
     if best is not None and refine and not _past(deadline):
         best = _refined(problem, tab, best, refine_budget)[0]  # only the best stage count: refining is the costly part
     return best
@@ -564,29 +558,22 @@ def list_order_segments(problem: Problem, tab: OrderTables, P: np.ndarray, refin
 
 def _prefix_chain(problem: Problem, tab: OrderTables, names: list[str], inner: np.ndarray,
                   deadline: float | None) -> Segments | None:
-    """`list_order_segments`' best prefix without refinement, where a stage's stash does not depend
-    on the stage count (inference, GPipe): then `fixed_device_dp`'s table after stage k as a middle
-    stage is the same for every prefix longer than k + 1, so one pass computes it once per k and
-    closes each prefix with its last stage (the same plans; a loop over prefixes costs stages x
-    positions^2 each: 29 s of llama-7b's baselines on a thousand devices)."""
-    n = tab.n
+    """`list_order_segments`' best prefix, unrefined, where a stash does not depend on the stage count
+    (inference, GPipe): stage k's table as a middle stage is then the same for every longer prefix, so
+    one pass builds it once and closes each prefix with its last stage (the same plans, S times faster)."""
     devs = [problem.slot(d) for d in names]
-    best: Segments | None = None
-    G = np.zeros(1, dtype=np.int64)
-    backs: list[np.ndarray] = []  # the middle stages' back pointers
-    for S in range(1, len(names) + 1):
-        if len(inner) < S - 1:
-            break
+    best, G, backs = None, np.zeros(1, dtype=np.int64), []  # backs: the middle stages' back pointers
+    for S in range(1, min(len(names), len(inner) + 1) + 1):
         k = S - 1
         I = np.array([0]) if k == 0 else inner  # noqa: E741
-        end, arg = _fixed_step(problem, tab, devs, k, S, I, np.array([n]), G)  # the last stage
+        end, arg = _fixed_step(problem, tab, devs, k, S, I, np.array([tab.n]), G)  # the last stage
         if end[0] < _INF and (best is None or int(end[0]) < best.dp_ns):
             j = int(arg[0])
-            cuts = [n, int(I[j])]
+            cuts = [tab.n, int(I[j])]
             for kk in range(k - 1, 0, -1):
                 j = int(backs[kk][j])
                 cuts.append(int(inner[j]))
-            cuts = [0] + cuts[::-1] if k > 0 else [0, n]
+            cuts = [0] + cuts[::-1] if k > 0 else [0, tab.n]
             best = Segments(cuts=cuts, devices=list(names[:S]), dp_ns=int(end[0]), exact=True, states=S)
         if best is not None and _past(deadline):
             break  # NOTE [DP deadline]
