@@ -333,8 +333,9 @@ def _certified(run: _Run, exact_bound: bool = False) -> Plan | None:
     if (gap <= 0 and not exact_bound) or plan is None or not within_gap(run.value(plan.stages), lower, gap):
         return None
     run.stats.plan_from = run.best_source
-    run.search = (f"no search needed: the bounds certify the {_SOURCE_WORDS[run.best_source]}"
-                  + (" within the gap" if gap > 0 and not exact_bound else ""))
+    proof = "the DP over ideals proves" if exact_bound else "the search-free bounds prove"
+    run.search = (f"no search needed: {proof} the {_SOURCE_WORDS[run.best_source]} "
+                  + ("optimal" if lower >= run.value(plan.stages) else f"within the gap ({gap:g})"))
     return _finished(run, plan.stage_of, plan.device_of_stage, plan.stages, lower, solver_optimal=False)
 
 
