@@ -30,6 +30,7 @@ from hetpart.frontend import (
     ModelSpec, check_example_batch, checkpoint_names, export_model, load_for_tracing, sequence_axes,
 )
 from hetpart.frontend import model_file_sha256
+from hetpart.frontend.fits import check_fits_cluster
 from hetpart.ir import info
 from hetpart.partitioner import Plan, Problem, solve, verify_plan
 from hetpart.partitioner.problem import TIME_NS
@@ -181,13 +182,17 @@ def analyze(spec: ModelSpec, cluster: Cluster, microbatch_size: int, *, dump_dir
             print_ir_after: frozenset[str] = frozenset(), echo: Callable[[str], None] = print,
             extra_dump_dir: Path | None = None, verbose: bool = False,
             progress: Progress | None = None, mode: str = "inference", meta: bool | None = False,
-            profiles: dict | None = None, times: StepTimes | None = None) -> Analysis:
-    """Trace the model and run the analysis passes (steps 1 and 2)."""
+            profiles: dict | None = None, times: StepTimes | None = None,
+            optimizer_bytes_per_param: int | None = None) -> Analysis:
+    """Trace the model and run the analysis passes (steps 1 and 2); with `optimizer_bytes_per_param`,
+    first refuse a model whose weights the cluster cannot hold (NOTE [refused before the trace])."""
     progress = progress or Progress()
     times = times or StepTimes()
     progress.update("building the model")
     with times.step("trace/build"):
         module, inputs, on_meta = load_for_tracing(spec, meta)
+    if optimizer_bytes_per_param is not None:
+        check_fits_cluster(module, cluster, spec.model, mode == "training", optimizer_bytes_per_param)
     progress.update("tracing with torch.export" + (" (weights on the meta device)" if on_meta else ""))
     with times.step("trace/export"):
         gm = export_model(module, tuple(x.to("meta") for x in inputs) if on_meta else inputs,
@@ -277,7 +282,7 @@ def compile_model(spec: ModelSpec, cluster_spec: str, out: Path, opts: CompileOp
             gm, pm, inputs, on_meta, names = analyze(
                 spec, cluster, microbatch_size, dump_dir=tmp / "ir", print_ir_after=opts.print_ir_after, echo=echo,
                 extra_dump_dir=opts.dump_ir, verbose=opts.verbose, progress=progress, mode=opts.mode,
-                profiles=profiles, meta=opts.meta, times=times)
+                profiles=profiles, meta=opts.meta, times=times, optimizer_bytes_per_param=opts.optimizer_bytes_per_param)
         for t in pm.timings:
             times.add(f"pass/{t.name}", t.seconds, quiet=True)  # the pass manager echoes its own
         warn_batch_mixing(gm, opts.microbatches, microbatch_size, echo)

@@ -6,4 +6,4 @@ torch; this tuple lists the same names without it, in the same order
 """
 
 ZOO_NAMES = ("mlp", "glm", "resnet", "vit", "unet", "lstm", "gpt-small", "llama", "moe", "bert", "t5", "hgnn",
-             "llama-7b", "llama-70b")
+             "llama-7b", "llama-70b", "llama-405b")

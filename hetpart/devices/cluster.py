@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 import re
 import tomllib
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -68,6 +69,23 @@ class Cluster:
         if a.machine == b.machine:
             return next(m.link for m in self.machines if m.name == a.machine)
         return self.network
+
+
+def _hetero(machines_per_type: int) -> str:
+    """A preset of 8-GPU machines, `machines_per_type` of each kind: H100-80G and A100-80G and
+    A100-40G on NVLink, L4 on PCIe; 200 Gb/s Ethernet between machines (`count`: repeated machines)."""
+    kinds = [("h", "h100-80g", 450, 2), ("a", "a100-80g", 300, 2), ("s", "a100-40g", 300, 2), ("l", "l4-24g", 25, 5)]
+    nodes = "".join(f"""
+        [[nodes]]
+        name = "{name}"
+        count = {machines_per_type}
+        devices = [{", ".join([f'"{t}"'] * 8)}]
+        link = {{ bandwidth_GBps = {bw}, latency_us = {lat} }}""" for name, t, bw, lat in kinds)
+    return f"""
+        [network]
+        bandwidth_GBps = 25
+        latency_us = 10{nodes}
+    """
 
 
 PRESETS: dict[str, str] = {
@@ -121,6 +139,10 @@ PRESETS: dict[str, str] = {
         devices = ["t4-16g", "t4-16g", "t4-16g", "t4-16g"]
         link = { bandwidth_GBps = 16, latency_us = 5 }
     """,
+    # Mixed fleets of 8-GPU machines at scale (issue 19): a quarter each of the machines.
+    "hetero-64": _hetero(2),
+    "hetero-256": _hetero(8),
+    "hetero-1024": _hetero(32),
     # Two CPU processes on this machine, talking over loopback (for measuring here).
     "cpu-2": """
         [network]
@@ -399,6 +421,22 @@ def _deepest_line(text: str) -> int:
     return line
 
 
+# NOTE [repeated machines]
+# A fleet of 128 identical 8-GPU machines is one table, not 128: `count = N` in a [[nodes]] table
+# makes N machines of its devices and link, named <name>-0 .. <name>-(N-1) (so their devices are
+# <name>-0/0, ...). N is a whole number from 1 to MAX_DEVICES; the cluster's total, counts
+# included, stays within MAX_DEVICES, and no machine may take another node's name.
+def _count(src: _Source, node: Any, start: int) -> int:
+    """A [[nodes]] table's `count` (NOTE [repeated machines]); 1 when absent or not a table."""
+    if not isinstance(node, dict) or "count" not in node:
+        return 1
+    value = node["count"]
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_DEVICES:
+        raise src.error(f"node '{node.get('name', '?')}': 'count' is how many such machines there are, a whole number "
+                        f"from 1 to {MAX_DEVICES}, got {value!r}", "count", start)
+    return value
+
+
 def parse_cluster(text: str, label: str, name: str) -> Cluster:
     """A Cluster from TOML text; errors name `label`, the line, and what is allowed."""
     src = _Source(label, text)
@@ -428,7 +466,8 @@ def parse_cluster(text: str, label: str, name: str) -> Cluster:
                         "format in the README)", "nodes")
     if not nodes:
         raise src.error("the cluster has no [[nodes]]; add at least one node with devices")
-    total = sum(len(n["devices"]) for n in nodes if isinstance(n.get("devices"), list))
+    counts = [_count(src, node, src.section("[[nodes]]", i)) for i, node in enumerate(nodes)]
+    total = sum(len(n["devices"]) * k for n, k in zip(nodes, counts) if isinstance(n.get("devices"), list))
     if total > MAX_DEVICES:
         raise src.error(f"the cluster has {total} devices; hetpart plans at most {MAX_DEVICES} (a pipeline has a "
                         "stage per device it uses): list the machines you mean to use")
@@ -440,15 +479,28 @@ def parse_cluster(text: str, label: str, name: str) -> Cluster:
         if mname in seen:
             raise src.error(f"node name '{mname}' is used twice", f'"{mname}"', start)
         seen.add(mname)
-        _check_keys(src, node, {"name", "devices", "link"}, f"node '{mname}'", start)
+        _check_keys(src, node, {"name", "count", "devices", "link"}, f"node '{mname}'", start)
         devices = node.get("devices")
         if not isinstance(devices, list) or not devices:
             raise src.error(f"node '{mname}' has no devices; list them as devices = [\"a100-80g\", ...]",
                             "devices", start)
         link = _link(src, node.get("link", {"bandwidth_GBps": 300, "latency_us": 2}), f"node '{mname}' link", start)
-        machines.append(
-            Machine(mname, tuple(_device(src, d, mname, j, types, start) for j, d in enumerate(devices)), link)
-        )
+        first = Machine(mname, tuple(_device(src, d, mname, j, types, start) for j, d in enumerate(devices)), link)
+        if "count" not in node:
+            machines.append(first)
+            continue
+        # `count` machines named <name>-0, <name>-1, ... (NOTE [repeated machines]).
+        if len(f"{mname}-{counts[i] - 1}") > 64:
+            raise src.error(f"node '{mname}' with count = {counts[i]}: its machines' names <name>-<index> would be "
+                            "longer than 64 characters; shorten the name", f'"{mname}"', start)
+        for r in range(counts[i]):
+            rname = f"{mname}-{r}"
+            machines.append(Machine(rname, tuple(ClusterDevice(f"{rname}/{j}", d.type, rname, d.mem_bytes, d.core)
+                                                 for j, d in enumerate(first.devices)), link))
+    twice = [n for n, k in Counter(m.name for m in machines).items() if k > 1]
+    if twice:
+        raise src.error(f"machine name '{twice[0]}' is used twice: a node with `count` names its machines "
+                        "<name>-0, <name>-1, ...; rename one of them", f'"{twice[0].rsplit("-", 1)[0]}"')
     network = _link(src, data.get("network", {"bandwidth_GBps": 12.5, "latency_us": 10}), "[network]",
                     src.section("[network]", 0))
     return Cluster(name=name, machines=tuple(machines), network=network)

@@ -2,7 +2,7 @@
 
 Each entry has a config dataclass (overridable with `--set KEY=VALUE`), a
 builder and an example-input factory. The small defaults are for tests; named
-large configs (`zoo:llama-7b`, `zoo:llama-70b`) are for benchmarks and are
+large configs (`zoo:llama-7b`, `zoo:llama-70b`, `zoo:llama-405b`) are for benchmarks and are
 `meta_only`: `build_zoo` builds them on the meta device, so they cost no weight
 memory.
 
@@ -70,6 +70,8 @@ ZOO: dict[str, ZooModel] = {
                  llama.Llama7BConfig, llama.build, llama.example_inputs, meta_only=True),
         ZooModel("llama-70b", "language (decoder)", "zoo:llama at Llama-2-70B dimensions, GQA (meta only)",
                  llama.Llama70BConfig, llama.build, llama.example_inputs, meta_only=True),
+        ZooModel("llama-405b", "language (decoder)", "zoo:llama at Llama-3.1-405B dimensions, GQA (meta only)",
+                 llama.Llama405BConfig, llama.build, llama.example_inputs, meta_only=True),
     ]
 }
 

@@ -4,7 +4,7 @@ Pre-RMSNorm blocks, causal attention with rotary position embeddings whose
 cos/sin tables are computed in the forward from the positions (no buffers), and
 `n_kv_heads` < `n_heads` key/value heads shared by groups of query heads (GQA),
 a SwiGLU MLP and an untied LM head. `zoo:llama-7b` and `zoo:llama-70b` carry the
-Llama-2 dimensions; they are meta-only (see `ZooModel.meta_only`).
+Llama-2 dimensions, `zoo:llama-405b` Llama-3.1-405B's; they are meta-only (see `ZooModel.meta_only`).
 """
 
 from __future__ import annotations
@@ -54,6 +54,21 @@ class Llama70BConfig(LlamaConfig):
     n_kv_heads: int = 8
     ffn_hidden: int = 28672
     max_seq_len: int = 4096
+
+
+@dataclass
+class Llama405BConfig(LlamaConfig):
+    """Llama-3.1-405B's shape: 126 layers, 16384 wide, 128 query heads sharing 8 key/value heads,
+    a 53248-wide SwiGLU and a 128,256-token vocabulary."""
+
+    vocab_size: int = 128256
+    dim: int = 16384
+    n_layers: int = 126
+    n_heads: int = 128
+    n_kv_heads: int = 8
+    ffn_hidden: int = 53248
+    max_seq_len: int = 4096
+    rope_theta: float = 500000.0
 
 
 class RMSNorm(nn.Module):

@@ -40,7 +40,11 @@ from hetpart.partitioner.lp_bounds import (  # noqa: F401 (LP_MAX_ITEMS, lp_work
     lagrangian_bound_us,
     lp_work_bound_ns,
 )
-from hetpart.partitioner.problem import MEM_BYTES, OUT_BYTES, PIN, PIN_FIRST, PIN_LAST, WEIGHTS, Problem
+from hetpart.partitioner.problem import MEM_BYTES, OUT_BYTES, PIN, PIN_FIRST, PIN_LAST, WEIGHTS, Link, Problem
+from hetpart.partitioner.type_bounds import (
+    STAGE_SUM_MAX_MULTISETS, TYPES_MAX, TypeFleet, devices_per_machine, fewest_machines, saturated_caps,
+    type_classes, multisets, stage_sum_by_types_ns,
+)
 
 @dataclass(frozen=True)
 class Bounds:
@@ -55,6 +59,9 @@ class Bounds:
     sequence_ns: int = 0  # NOTE [sequence bound]: ops and work per stage, per device sequence
     ideal_ns: int = 0  # NOTE [ideal DP] (ideals.py): exact but for memory, where the graph has few ideals
     unfinished: tuple[str, ...] = ()  # bounds stopped by their deadline, NOTE [bounds deadline]
+    skipped: tuple[str, ...] = ()  # bounds not run: the cluster is too large for them (NOTE [bounds deadline])
+    by_types: tuple[str, ...] = ()  # bounds run per device type, weaker (NOTE [stage-sum bound by types], [sequence bound by types])
+    search: str = ""  # what searched beyond these bounds, in words (NOTE [what ran] in solve.py)
 
     @property
     def search_free_ns(self) -> int:
@@ -78,7 +85,20 @@ class Bounds:
             "memory_feasible": self.memory_feasible,
             "lower_bound_us": us(self.lower_bound_ns),
             **({"unfinished": list(self.unfinished)} if self.unfinished else {}),
+            **({"skipped": list(self.skipped)} if self.skipped else {}),
+            **({"by_types": list(self.by_types)} if self.by_types else {}),
+            **({"search": self.search} if self.search else {}),
         }
+
+
+def left_out(bounds_json: dict) -> str:
+    """The bounds a plan went without, and why, in words, from plan.json's `bounds` ("" when none;
+    NOTE [bounds deadline])."""
+    why = [f"{name} left out (not finished by its deadline)" for name in bounds_json.get("unfinished", ())]
+    why += [f"{name} left out (too large a cluster for it)" for name in bounds_json.get("skipped", ())]
+    why += [f"{name} run per device type (weaker)" for name in bounds_json.get("by_types", ())
+            if name not in bounds_json.get("unfinished", ())]
+    return "; ".join(why)
 
 
 def largest_op_bound_ns(problem: Problem) -> int:
@@ -219,31 +239,11 @@ def inner_boundary_bytes(problem: Problem, max_nodes: int = INNER_CUT_MAX_NODES)
     return max(base, min(before, default=base)), max(base, min(after, default=base))
 
 
-def _devices_per_machine(problem: Problem) -> dict[str, dict[str, int]]:
-    """Machine -> device type -> how many of its devices are of that type."""
-    have: dict[str, dict[str, int]] = {}
-    for s in problem.slots:
-        have.setdefault(s.node, {}).setdefault(s.type, 0)
-        have[s.node][s.type] += 1
-    return have
-
-
-def _fewest_machines(have: dict[str, dict[str, int]], want: dict[str, int]) -> int:
-    """The fewest machines (of `_devices_per_machine`) whose devices include `want[t]` devices of each type t."""
-    machines = sorted(have)
-    if len(machines) > 12:
-        return 1
-    for size in range(1, len(machines) + 1):
-        for chosen in itertools.combinations(machines, size):
-            if all(sum(have[m].get(t, 0) for m in chosen) >= k for t, k in want.items()):
-                return size
-    return len(machines)
-
-
 def stage_sum_bound_ns(problem: Problem, data: _LpData, lam: np.ndarray, mu: np.ndarray,
-                       deadline: float | None = None) -> int | None:
+                       deadline: float | None = None, max_multisets: int = STAGE_SUM_MAX_MULTISETS) -> int | None:
     """NOTE [stage-sum bound], rounded down; 0 when no multiset of devices can hold the model;
-    None when `deadline` (a `time.perf_counter()` value) passed first (NOTE [bounds deadline])."""
+    None when `deadline` (a `time.perf_counter()` value) passed first (NOTE [bounds deadline]).
+    Above `max_multisets` multisets, NOTE [stage-sum bound by types] (type_bounds.py) instead."""
     types = data.types
     counts = [int(c) for c in data.count]
     max_stages = min(problem.max_stages or len(problem.devices), len(problem.devices))
@@ -253,10 +253,16 @@ def stage_sum_bound_ns(problem: Problem, data: _LpData, lam: np.ndarray, mu: np.
     cut = min_boundary_bytes(problem)
     net_ns = transfer_ns(problem.network, cut)
     intra_ns = min([transfer_ns(link, cut) for link in problem.intra_node_links.values()] + [net_ns])
+    have = devices_per_machine(problem)
+    if multisets(counts) > max_multisets:
+        fleet = TypeFleet(capacities_bytes=[np.array(caps[t], dtype=np.int64) for t in types], max_stages=max_stages,
+                          machine_size=max(sum(k.values()) for k in have.values()),
+                          pure_machines=all(len(k) == 1 for k in have.values()))
+        return stage_sum_by_types_ns(fleet, data.time_us, data.mem_mb, data.allowed, lam, mu, need, net_ns, intra_ns,
+                                     deadline)
     time_ns = np.rint(data.time_us * 1000).astype(np.int64)  # exact: times are integer ns
     big = np.int64(1) << np.int64(62)
     best = None
-    have = _devices_per_machine(problem)
     for n in itertools.product(*(range(c + 1) for c in counts)):
         if _past(deadline):
             return None  # the least over part of the multisets is no bound
@@ -270,7 +276,7 @@ def stage_sum_bound_ns(problem: Problem, data: _LpData, lam: np.ndarray, mu: np.
         if not ok.any(axis=1).all():
             continue  # some node runs on none of these types
         fastest = np.where(ok, time_ns, big).min(axis=1)
-        machines = _fewest_machines(have, {t: n[j] for j, t in enumerate(types) if n[j]})
+        machines = fewest_machines(have, {t: n[j] for j, t in enumerate(types) if n[j]})
         comm = 0 if S == 1 else (machines - 1) * net_ns + (S - machines) * intra_ns
         average = -(-(int(fastest.sum()) + 2 * comm) // S)
         lam_n = np.where(used, lam, 0.0)
@@ -309,7 +315,9 @@ def stage_sum_bound_ns(problem: Problem, data: _LpData, lam: np.ndarray, mu: np.
 # the last class and the link into it) finds the most slots and the most work any sequence
 # offers; if either falls short, no plan has bottleneck T. Both only grow with T, so bisection
 # gives the least T that passes: a bound for every plan (contiguous or not; memory and the
-# order of ops ignored). Skipped (0) when the device-count states exceed SEQUENCE_MAX_STATES.
+# order of ops ignored). Above SEQUENCE_MAX_STATES device-count states it runs on device types
+# instead (NOTE [sequence bound by types] in type_bounds.py), and is skipped (0) only when even
+# those are too many.
 SEQUENCE_MAX_STATES = 20_000
 
 
@@ -343,7 +351,14 @@ def sequence_bound_ns(problem: Problem, lower_ns: int = 0, upper_ns: int | None 
     """NOTE [sequence bound]: the least T in [lower_ns, upper_ns] that no relaxation rules out
     (`lower_ns` when it cannot rule out that one); 0 when skipped. `lower_ns` must be a valid bound.
     `multipliers`: per-type weights (>= 0) of the weighted work checks, besides the plain one."""
-    return _sequence_bound(problem, lower_ns, upper_ns, multipliers)[0]
+    return _sequence_bound(problem, lower_ns, upper_ns, multipliers).value_ns
+
+
+@dataclass(frozen=True)
+class _SequenceResult:
+    value_ns: int
+    finished: bool  # False: stopped by the deadline (NOTE [bounds deadline])
+    how: str  # "exact", "by_types" (NOTE [sequence bound by types]) or "skipped" (too many states)
 
 
 class _PastDeadline(Exception):
@@ -356,18 +371,28 @@ def _past(deadline: float | None) -> bool:
 
 def _sequence_bound(problem: Problem, lower_ns: int, upper_ns: int | None, multipliers: list[dict[str, float]],
                     deadline: float | None = None, max_states: int = SEQUENCE_MAX_STATES,
-                    inner_cut_max_nodes: int = INNER_CUT_MAX_NODES) -> tuple[int, bool]:
-    """`sequence_bound_ns` and whether it finished: at `deadline` it stops with the T below which
-    every value was ruled out so far (0 before the first test ends; NOTE [bounds deadline])."""
-    # Classes of one type on one machine (NOTE [device sequences] in costs.py), by (type, machine).
+                    inner_cut_max_nodes: int = INNER_CUT_MAX_NODES) -> _SequenceResult:
+    """`sequence_bound_ns`, whether it finished and how it ran: at `deadline` it stops with the T
+    below which every value was ruled out so far (0 before the first test ends; NOTE [bounds deadline])."""
+    # Classes of one type on one machine (NOTE [device sequences] in costs.py), by (type, machine);
+    # where their states are too many, classes of one type (NOTE [sequence bound by types]).
     classes = sorted(device_classes(problem, "type_machine"), key=lambda c: (c.type, c.machine))
     sizes = [len(c.devices) for c in classes]
     max_stages = min(problem.max_stages or len(problem.devices), len(problem.devices))
-    if math.prod(min(s, max_stages) + 1 for s in sizes) > max_states:
-        return 0, True
+    links: list[list[Link | None]] = [[machine_link(problem, a.machine, b.machine) if (a is not b or len(a.devices) > 1)
+                                       else None for b in classes] for a in classes]
+    caps = [min(s, max_stages) for s in sizes]  # devices a state counts per class
+    how = "exact"
+    if math.prod(c + 1 for c in caps) > max_states:
+        classes, links = type_classes(problem)
+        sizes = [len(c.devices) for c in classes]
+        caps = saturated_caps([min(s, max_stages) for s in sizes], max_states)
+        if caps is None:
+            return _SequenceResult(0, True, "skipped")
+        how = "by_types"
     count_prefix, busy, work, total_work = _cap_tables(problem)
     if busy == 0:
-        return lower_ns, True
+        return _SequenceResult(lower_ns, True, how)
     # One (knapsack tables, work to run) per work check: the plain one, then the weighted ones.
     checks = [(work, total_work)]
     for lam in multipliers:
@@ -378,9 +403,8 @@ def _sequence_bound(problem: Problem, lower_ns: int, upper_ns: int | None, multi
     cut = min_boundary_bytes(problem)
     after_two, before_two = inner_boundary_bytes(problem, inner_cut_max_nodes)
     nc = len(classes)
-    # The link between consecutive stages on classes a and b; None: no two stages can run on them.
-    links = [[machine_link(problem, a.machine, b.machine) if (a is not b or len(a.devices) > 1) else None
-              for b in classes] for a in classes]
+    # A class whose count saturates at its cap below its size may take any number of stages more.
+    limit = [sizes[c] if caps[c] >= min(sizes[c], max_stages) else math.inf for c in range(nc)]
 
     def boundary_bytes(d: int, last: bool) -> int:
         """Bytes boundary d (after stage d, from 1) carries at least; `last`: no stage after the next."""
@@ -430,7 +454,7 @@ def _sequence_bound(problem: Problem, lower_ns: int, upper_ns: int | None, multi
             nxt: dict[tuple, tuple[float, tuple[float, ...]]] = {}
             for (counts, c, tin), (vs, vw) in layer.items():
                 for c2 in range(nc):
-                    if counts[c2] >= sizes[c2] or links[c][c2] is None:
+                    if counts[c2] >= limit[c2] or links[c][c2] is None:
                         continue
                     # The next stage, on c2, is the last one: boundary d is the last. A stage's
                     # compute budget is T less its boundaries (NOTE [stage time]).
@@ -447,7 +471,7 @@ def _sequence_bound(problem: Problem, lower_ns: int, upper_ns: int | None, multi
                         s1, w1 = stage(c, T - stage_time_ns(0, tin, lk))
                         if s1 == -math.inf:
                             continue
-                        key = (tuple(k + (i == c2) for i, k in enumerate(counts)), c2, lk)
+                        key = (tuple(min(k + (i == c2), caps[i]) for i, k in enumerate(counts)), c2, lk)
                         old = nxt.get(key)
                         got = (vs + s1, tuple(x + y for x, y in zip(vw, w1)))
                         nxt[key] = got if old is None else (max(old[0], got[0]),
@@ -459,7 +483,7 @@ def _sequence_bound(problem: Problem, lower_ns: int, upper_ns: int | None, multi
     proven = 0  # every T below it failed the test
     try:
         if passes(failed):
-            return failed, True
+            return _SequenceResult(failed, True, how)
         proven = failed + 1
         hi = upper_ns if upper_ns is not None and upper_ns > failed else 2 * failed + 1
         step = max(1, failed)
@@ -469,7 +493,7 @@ def _sequence_bound(problem: Problem, lower_ns: int, upper_ns: int | None, multi
             failed, hi, step = hi, hi + step, 2 * step
             proven = failed + 1
         else:
-            return failed + 1, True  # nothing passes: no plan at all (memory or constraints say why)
+            return _SequenceResult(failed + 1, True, how)  # nothing passes: no plan at all (memory or constraints say why)
         lo = failed + 1
         tol = max(1, hi // 2000)  # stop within 0.05% of T: `lo` is a bound all the same
         while hi - lo >= tol:
@@ -479,9 +503,9 @@ def _sequence_bound(problem: Problem, lower_ns: int, upper_ns: int | None, multi
             else:
                 lo = mid + 1
             proven = lo
-        return lo, True
+        return _SequenceResult(lo, True, how)
     except _PastDeadline:
-        return proven, False
+        return _SequenceResult(proven, False, how)
 
 
 def _work_multipliers(data: _LpData, lam: np.ndarray) -> list[dict[str, float]]:
@@ -495,7 +519,8 @@ def _work_multipliers(data: _LpData, lam: np.ndarray) -> list[dict[str, float]]:
 def compute_bounds(problem: Problem, solver_ns: int = 0, upper_ns: int | None = None,
                    deadline: float | None = None, lp_max_items: int = LP_MAX_ITEMS,
                    inner_cut_max_nodes: int = INNER_CUT_MAX_NODES,
-                   sequence_max_states: int = SEQUENCE_MAX_STATES) -> Bounds:
+                   sequence_max_states: int = SEQUENCE_MAX_STATES,
+                   stage_sum_max_multisets: int = STAGE_SUM_MAX_MULTISETS) -> Bounds:
     """All the search-free bounds, with the solver's proven bound `solver_ns`; `upper_ns`, the
     bottleneck of a known plan, only narrows the search of NOTE [sequence bound]. The searches
     stop at `deadline` (a `time.perf_counter()` value), NOTE [bounds deadline]."""
@@ -503,17 +528,23 @@ def compute_bounds(problem: Problem, solver_ns: int = 0, upper_ns: int | None = 
     allowed = min(problem.max_stages or len(problem.devices), len(problem.devices))
     lp_ns, data, lam, mu = _lp(problem, lp_max_items)
     feasible_types = bool(data.allowed.any(axis=1).all())
-    unfinished = []
-    stage_sum = stage_sum_bound_ns(problem, data, lam, mu, deadline) if feasible_types else 0
+    unfinished, skipped, by_types = [], [], []
+    stage_sum = (stage_sum_bound_ns(problem, data, lam, mu, deadline, stage_sum_max_multisets)
+                 if feasible_types else 0)
+    if multisets([int(c) for c in data.count]) > stage_sum_max_multisets:
+        (skipped if len(data.types) > TYPES_MAX else by_types).append("stage_sum")
     if stage_sum is None:
-        unfinished.append("stage_sum")
+        if "stage_sum" not in skipped:
+            unfinished.append("stage_sum")
         stage_sum = 0
     largest = largest_op_bound_ns(problem)
-    sequence, done = (_sequence_bound(problem, max(lp_ns, stage_sum, largest), upper_ns,
-                                      _work_multipliers(data, lam), deadline, sequence_max_states,
-                                      inner_cut_max_nodes) if feasible_types else (0, True))
-    if not done:
+    seq = (_sequence_bound(problem, max(lp_ns, stage_sum, largest), upper_ns, _work_multipliers(data, lam), deadline,
+                           sequence_max_states, inner_cut_max_nodes)
+           if feasible_types else _SequenceResult(0, True, "exact"))
+    if not seq.finished:
         unfinished.append("sequence")
+    if seq.how != "exact":
+        (skipped if seq.how == "skipped" else by_types).append("sequence")
     return Bounds(
         solver_ns=max(0, solver_ns),
         lp_work_ns=lp_ns,
@@ -521,19 +552,27 @@ def compute_bounds(problem: Problem, solver_ns: int = 0, upper_ns: int | None = 
         min_devices=need,
         memory_feasible=need is not None and need <= allowed,
         stage_sum_ns=stage_sum,
-        sequence_ns=sequence,
+        sequence_ns=seq.value_ns,
         unfinished=tuple(unfinished),
+        skipped=tuple(skipped),
+        by_types=tuple(by_types),
     )
 
 
 # NOTE [bounds deadline]
 # The stage-sum bound visits every multiset of device counts (a product over the types, so
 # 2,000 devices of five types are 10^13 multisets) and the sequence bound bisects over a DP
-# whose states grow with the cluster; neither may overrun --time-limit. Both look at the
-# clock as they go: the stage-sum bound is the least over ALL multisets, so when it stops
+# whose states grow with the cluster; neither may overrun --time-limit. Above
+# STAGE_SUM_MAX_MULTISETS multisets and SEQUENCE_MAX_STATES states they run per device type
+# (NOTE [stage-sum bound by types], NOTE [sequence bound by types]: weaker, in time that grows
+# with the types, not the devices; `Bounds.by_types` names them), and both look at the clock as
+# they go: the stage-sum bound is the least over ALL multisets (or type sets), so when it stops
 # early it is left out (0); the sequence bound keeps the T below which every value it tested
 # failed (a valid bound: the tests only grow with T). `Bounds.unfinished` names each one that
-# stopped, and plan.json's `bounds` lists them as "unfinished".
+# stopped, `Bounds.skipped` each one the cluster is too large for even by types (more than
+# TYPES_MAX types; more than SEQUENCE_MAX_STATES states at one device of each type); plan.json's
+# `bounds` lists them as "unfinished", "skipped" and "by_types", and `partition` prints which
+# bounds the plan went without (`left_out`).
 
 
 def objective_bound_ns(problem: Problem, bounds: Bounds, objective: str, microbatches: int = 1,

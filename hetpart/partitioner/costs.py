@@ -235,6 +235,11 @@ def least_stash(problem: Problem) -> int:
     return t.microbatches if t is not None and t.schedule == "gpipe" else 1
 
 
+def training_state_bytes(param_bytes: int, params: int, optimizer_bytes_per_param: int) -> int:
+    """A trainable weight's gradient (its own size) and optimizer state, in bytes (`Training.state_bytes`)."""
+    return param_bytes + params * optimizer_bytes_per_param
+
+
 def held_weight_bytes(problem: Problem, weight: str) -> int:
     """Bytes a stage holding `weight` needs for it: the weight, plus gradient and optimizer state in training."""
     extra = problem.training.state_bytes.get(weight, 0) if problem.training is not None else 0

@@ -366,20 +366,7 @@ def fixed_device_dp(problem: Problem, tab: OrderTables, devices: list[str],
     G = np.zeros(1, dtype=np.int64)
     backs = []
     for k in range(S):
-        I, J = windows[k], windows[k + 1]  # noqa: E741 (starts, ends: the matrix axes)
-        t = devs[k].type
-        tin = (transfer_ns(link_between(problem, devs[k - 1].name, devs[k].name), tab.cut_bytes[I]) if k > 0
-               else np.zeros(len(I), dtype=np.int64))
-        tout = (transfer_ns(link_between(problem, devs[k].name, devs[k + 1].name), tab.cut_bytes[J]) if k < S - 1
-                else np.zeros(len(J), dtype=np.int64))
-        cost = segment_time_table_ns((tab.comp[t][I], tab.comp[t][J]), tin, tout)
-        mem = tab.seg_mem(I, J, stash_microbatches(problem, k, S))
-        ok = tab.allowed(t, I, J) & (mem <= slot_capacity_bytes(problem, devs[k])) & (G[:, None] < _INF)
-        if k == S - 1:
-            ok &= (I <= tab.final_start_max)[:, None]
-        val = np.where(ok, np.maximum(cost, G[:, None]), _INF)
-        arg = np.argmin(val, axis=0)
-        G = val[arg, np.arange(len(J))]
+        G, arg = _fixed_step(problem, tab, devs, k, S, windows[k], windows[k + 1], G)
         backs.append(arg)
     if G[0] >= _INF:
         return None
@@ -388,6 +375,24 @@ def fixed_device_dp(problem: Problem, tab: OrderTables, devices: list[str],
         j = int(backs[k][j])
         cuts.append(int(windows[k][j]))
     return Segments(cuts=cuts[::-1], devices=list(devices), dp_ns=int(G[0]), exact=True, states=S)
+
+
+def _fixed_step(problem: Problem, tab: OrderTables, devs: list, k: int, S: int, I: np.ndarray,  # noqa: E741
+                J: np.ndarray, G: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Stage k of S on slots `devs` from starts `I` to ends `J` after bottlenecks `G`: each end's best, and its start."""
+    t = devs[k].type
+    tin = (transfer_ns(link_between(problem, devs[k - 1].name, devs[k].name), tab.cut_bytes[I]) if k > 0
+           else np.zeros(len(I), dtype=np.int64))
+    tout = (transfer_ns(link_between(problem, devs[k].name, devs[k + 1].name), tab.cut_bytes[J]) if k < S - 1
+            else np.zeros(len(J), dtype=np.int64))
+    cost = segment_time_table_ns((tab.comp[t][I], tab.comp[t][J]), tin, tout)
+    mem = tab.seg_mem(I, J, stash_microbatches(problem, k, S))
+    ok = tab.allowed(t, I, J) & (mem <= slot_capacity_bytes(problem, devs[k])) & (G[:, None] < _INF)
+    if k == S - 1:
+        ok &= (I <= tab.final_start_max)[:, None]
+    val = np.where(ok, np.maximum(cost, G[:, None]), _INF)
+    arg = np.argmin(val, axis=0)
+    return val[arg, np.arange(len(J))], arg
 
 
 def refine_cuts(problem: Problem, tab: OrderTables, seg: Segments, radius: int) -> Segments:
@@ -452,7 +457,7 @@ def dp_hint(problem: Problem, *, exact_cuts: int = EXACT_CUTS, coarse_cuts: int 
     # beat a DP whose classes had to be merged (`_classes`), and finds plans when that DP cannot.
     # Computed first: it is cheap, it is the plan to fall back on at the deadline, and its
     # bottleneck prunes the exact DP.
-    listed = list_order_segments(problem, tab, P, refine=not exact, refine_budget=refine_budget)
+    listed = list_order_segments(problem, tab, P, refine=not exact, refine_budget=refine_budget, deadline=deadline)
     known = [_cost(problem, tab, listed)] if listed is not None else []
     pre = None
     max_stages = min(problem.max_stages or len(problem.devices), len(problem.devices))
@@ -512,7 +517,8 @@ def _past(deadline: float | None) -> bool:
 # The DP's work grows with the number of device-count states (up to 625 x 16 on 16 devices of
 # 4 types) times the cut positions squared: tens of seconds on a few hundred nodes. `dp_hint(...,
 # time_limit_s=...)` keeps it within a limit: the list-order plan (`list_order_segments`,
-# devices in list order) comes first; the DP over device classes goes by stage count
+# devices in list order, prefixes of them tried by length until the deadline once one fits)
+# comes first; the DP over device classes goes by stage count
 # (depth) and, at the deadline, stops and keeps the best plan of the depths it finished
 # (a valid plan, costed by `evaluate`; `stats["dp_timed_out"]`); the further passes are skipped.
 # The exact DP is pruned by the best bottleneck known before it starts (the list-order plan;
@@ -527,22 +533,53 @@ def _cost(problem: Problem, tab: OrderTables, seg: Segments) -> int:
 
 
 def list_order_segments(problem: Problem, tab: OrderTables, P: np.ndarray, refine: bool,
-                        refine_budget: int = _REFINE_BUDGET) -> Segments | None:
+                        refine_budget: int = _REFINE_BUDGET, deadline: float | None = None) -> Segments | None:
     """The best contiguous plan on a prefix of the devices in list order, cutting at positions `P`
-    (then, for the best prefix, refined op by op when `refine`); None when no prefix fits."""
+    (then, for the best prefix, refined op by op when `refine`); None when no prefix fits. Past
+    `deadline`, once some prefix fits, the longer prefixes are not tried (NOTE [DP deadline])."""
     n = tab.n
     names = [s.name for s in problem.slots[: min(len(problem.devices), problem.max_stages or len(problem.devices))]]
     valid = valid_cuts(tab)
     inner = np.array([j for j in P if valid[j]], dtype=np.int64)
-    best: Segments | None = None
-    for S in range(1, len(names) + 1):
+    one_pass = problem.training is None or problem.training.schedule != "1f1b"  # a 1F1B stash depends on S
+    best = _prefix_chain(problem, tab, names, inner, deadline) if one_pass else None  # the same plans
+    for S in () if one_pass else range(1, len(names) + 1):
         if len(inner) < S - 1:
             break
         seg = fixed_device_dp(problem, tab, names[:S], [np.array([0]), *[inner] * (S - 1), np.array([n])])
         if seg is not None and (best is None or seg.dp_ns < best.dp_ns):
             best = seg
-    if best is not None and refine:
+        if best is not None and _past(deadline):  # NOTE [DP deadline]
+            break
+    if best is not None and refine and not _past(deadline):
         best = _refined(problem, tab, best, refine_budget)[0]  # only the best stage count: refining is the costly part
+    return best
+
+
+def _prefix_chain(problem: Problem, tab: OrderTables, names: list[str], inner: np.ndarray,
+                  deadline: float | None) -> Segments | None:
+    """`list_order_segments`' best prefix, unrefined, where a stash does not depend on the stage count
+    (inference, GPipe): stage k's table as a middle stage is then the same for every longer prefix, so
+    one pass builds it once and closes each prefix with its last stage (the same plans, S times faster)."""
+    devs = [problem.slot(d) for d in names]
+    best, G, backs = None, np.zeros(1, dtype=np.int64), []  # backs: the middle stages' back pointers
+    for S in range(1, min(len(names), len(inner) + 1) + 1):
+        k = S - 1
+        I = np.array([0]) if k == 0 else inner  # noqa: E741
+        end, arg = _fixed_step(problem, tab, devs, k, S, I, np.array([tab.n]), G)  # the last stage
+        if end[0] < _INF and (best is None or int(end[0]) < best.dp_ns):
+            j = int(arg[0])
+            cuts = [tab.n, int(I[j])]
+            for kk in range(k - 1, 0, -1):
+                j = int(backs[kk][j])
+                cuts.append(int(inner[j]))
+            cuts = [0] + cuts[::-1] if k > 0 else [0, tab.n]
+            best = Segments(cuts=cuts, devices=list(names[:S]), dp_ns=int(end[0]), exact=True, states=S)
+        if best is not None and _past(deadline):
+            break  # NOTE [DP deadline]
+        if S < len(names):
+            G, arg = _fixed_step(problem, tab, devs, k, len(names), I, inner, G)  # a middle one
+            backs.append(arg)
     return best
 
 

@@ -69,6 +69,7 @@ class SolveOptions:
     lp_max_items: int = _bounds.LP_MAX_ITEMS  # above, the LP runs on runs of nodes (NOTE [Lagrangian LP bound])
     inner_cut_max_nodes: int = _bounds.INNER_CUT_MAX_NODES  # above, no max-flows for the inner boundary bytes
     sequence_max_states: int = _bounds.SEQUENCE_MAX_STATES  # states of NOTE [sequence bound]
+    stage_sum_max_multisets: int = _bounds.STAGE_SUM_MAX_MULTISETS  # above, NOTE [stage-sum bound by types]
     # The CP-SAT model.
     int32_safe_ns: int | None = None  # stage times past which presolve's inclusion goes; None: cpsat's default
     # One switch per step of NOTE [solve strategy].
@@ -269,6 +270,7 @@ class _Run:
     stats: SolveStats = field(default_factory=SolveStats)
     best: Plan | None = None  # the plan to beat (the DP's, or the ideal DP's when better)
     best_source: str = "dp"
+    search: str = ""  # what searched beyond the bounds, in words (NOTE [what ran])
     bounds: Bounds = field(default_factory=lambda: Bounds(solver_ns=0, lp_work_ns=0, largest_op_ns=0,
                                                           min_devices=None, memory_feasible=True))
 
@@ -317,7 +319,8 @@ def _bounds_step(run: _Run) -> None:
     t = time.perf_counter()
     run.bounds = compute_bounds(run.problem, upper_ns=run.best.bottleneck_ns if run.best is not None else None,
                                 deadline=run.deadline(o.bounds_share), lp_max_items=o.lp_max_items,
-                                inner_cut_max_nodes=o.inner_cut_max_nodes, sequence_max_states=o.sequence_max_states)
+                                inner_cut_max_nodes=o.inner_cut_max_nodes, sequence_max_states=o.sequence_max_states,
+                                stage_sum_max_multisets=o.stage_sum_max_multisets)
     run.stats.bounds_seconds = time.perf_counter() - t
 
 
@@ -330,6 +333,9 @@ def _certified(run: _Run, exact_bound: bool = False) -> Plan | None:
     if (gap <= 0 and not exact_bound) or plan is None or not within_gap(run.value(plan.stages), lower, gap):
         return None
     run.stats.plan_from = run.best_source
+    proof = "the DP over ideals proves" if exact_bound else "the search-free bounds prove"
+    run.search = (f"no search needed: {proof} the {_SOURCE_WORDS[run.best_source]} "
+                  + ("optimal" if lower >= run.value(plan.stages) else f"within the gap ({gap:g})"))
     return _finished(run, plan.stage_of, plan.device_of_stage, plan.stages, lower, solver_optimal=False)
 
 
@@ -357,6 +363,7 @@ def _cpsat_search(run: _Run, hint: Plan | None, log_callback: LogCallback | None
     """Step 5 on the problem itself: CP-SAT from the hint or the plan to beat, for the rest of the limit."""
     p, o = run.problem, run.opts
     if not o.run_cpsat:
+        run.search = "CP-SAT did not run (switched off)"
         return _Found(_none_found_unless(run, _starts(run, hint)))
     b = run.bounds
     # The model's cut leaves out NOTE [sequence bound]: fed to CP-SAT it changed its search for the
@@ -372,6 +379,7 @@ def _cpsat_search(run: _Run, hint: Plan | None, log_callback: LogCallback | None
     if answer.status == "NOT_BUILT":
         # No time left to search: the plan to beat with the search-free bounds (NOTE [bounds deadline]).
         st.cpsat_not_built = True
+        run.search = f"CP-SAT did not run: its model was not built within --time-limit {o.time_limit_s:g} s"
         if run.best is None:
             raise HetpartError(
                 f"partitioner: no plan found within {o.time_limit_s:g} s ({p.graph.number_of_nodes()} nodes, "
@@ -383,6 +391,7 @@ def _cpsat_search(run: _Run, hint: Plan | None, log_callback: LogCallback | None
     st.solver_bound_ns = answer.bound_ns
     if answer.status == "INFEASIBLE":
         raise HetpartError(infeasible_message(p) + constraints_note(p))
+    run.search = f"CP-SAT ran ({answer.status})"
     found = []
     if answer.stage_of is not None:
         found.append(_Candidate("cpsat", answer.stage_of, answer.device_of_stage))
@@ -454,6 +463,8 @@ def _coarse_search(run: _Run, hint: Plan | None, log_callback: LogCallback | Non
     run.stats.coarsened = True
     run.stats.coarse_nodes = coarse.problem.graph.number_of_nodes() if coarse else 0
     remaining = o.time_limit_s - (time.perf_counter() - run.t0) - reserve_s
+    run.search = ("the coarse CP-SAT did not run: " + ("no coarse problem" if coarse is None else
+                  f"no time left of --time-limit {o.time_limit_s:g} s after the DP, the bounds and the DP over ideals"))
     if coarse is not None and remaining > 0.5:
         coarse_hint = None
         if start is not None and (c_stage := coarse.coarse_stage_of(start.stage_of)) is not None:
@@ -469,7 +480,10 @@ def _coarse_search(run: _Run, hint: Plan | None, log_callback: LogCallback | Non
             cplan = _solve_unchecked(coarse.problem, coarse_opts, coarse_hint, progress)
         except HetpartError:
             cplan = None  # the runs are too coarse to fit somewhere: keep the plan to beat
+            run.search = "the coarse problem has no plan (its runs are too coarse to fit)"
         if cplan is not None:
+            run.search = (f"CP-SAT ran on a coarse problem of {run.stats.coarse_nodes} nodes ({cplan.solver_status}; "
+                          "its bound holds for it only)")
             run.stats.coarse_solver_optimal = cplan.solver_status == "OPTIMAL"
             run.stats.coarse_cpsat_seconds = cplan.solve_seconds
             fine = coarse.fine_stage_of(cplan.stage_of)
@@ -514,6 +528,7 @@ def _pick(run: _Run, found: _Found) -> Plan:
         )
     _, _, best, stages = min(scored, key=lambda s: s[:2])
     run.stats.plan_from = best.source
+    run.search += f"; kept the {_SOURCE_WORDS[best.source]}"
     if run.opts.objective == "throughput":
         run.bounds = dataclasses.replace(run.bounds, solver_ns=found.solver_bound_ns)
     return _finished(run, {v: best.stage_of[v] for v in p.graph.nodes}, list(best.device_of_stage), stages,
@@ -542,12 +557,22 @@ def _finished(run: _Run, stage_of: dict[str, int], device_of_stage: list[str], s
         solver_status=status,
         solve_seconds=time.perf_counter() - run.t0,
         stats=run.stats,
-        bounds=run.bounds,
+        bounds=dataclasses.replace(run.bounds, search=run.search),
         objective=o.objective,
         objective_ns=best,
         microbatches=o.microbatches,
     )
     return dataclasses.replace(plan, certificate=plan_provenance(plan))
+
+
+# NOTE [what ran]
+# "solver FEASIBLE" alone does not say whether a search ran: a large problem's coarse CP-SAT may
+# get no time at all after the DP and the bounds, and its plan is then the DP's. Each step that
+# ends the solve says what searched in `_Run.search`, which lands in the plan's `Bounds.search`
+# (plan.json's `bounds.search`) and in the line `partition` prints after the status: the bounds
+# certified the plan, CP-SAT ran for how long (on the problem or a coarse one), or did not, and why.
+_SOURCE_WORDS = {"dp": "DP's plan", "ideal_dp": "plan of the DP over ideals", "hint": "hint",
+                 "cpsat": "CP-SAT's plan", "coarse": "coarse plan", "refined": "refined coarse plan"}
 
 
 def _is_contiguous(order: list[str], stage_of: dict[str, int]) -> bool:

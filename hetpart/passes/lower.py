@@ -42,6 +42,7 @@ from hetpart.ir import info
 from hetpart.partitioner.problem import (
     FORWARD_NS, LAYER, MEM_BYTES, OUT_BYTES, PIN, PIN_FIRST, PIN_LAST, TIME_NS, WEIGHTS, Device, Link, Problem, Training,
 )
+from hetpart.partitioner.costs import training_state_bytes
 from hetpart.passes.shape import DTYPE_NAMES
 
 # NOTE [training costs]
@@ -149,7 +150,7 @@ def _state_bytes(gm: fx.GraphModule, spec: TrainingSpec) -> dict[str, int]:
         ni = info(n)
         if ni.needs_grad and ni.param_bytes:
             params = ni.param_bytes // _ITEM_BYTES.get(ni.dtype or "f32", 4)
-            out[n.target] = ni.param_bytes + params * spec.optimizer_bytes_per_param
+            out[n.target] = training_state_bytes(ni.param_bytes, params, spec.optimizer_bytes_per_param)
     return out
 
 

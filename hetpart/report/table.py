@@ -6,6 +6,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from hetpart.partitioner.bounds import left_out
 from hetpart.partitioner.simulate import Timeline, simulate
 from hetpart.plan_report import PlanReport, StageReport
 
@@ -78,6 +79,15 @@ def plan_summary(plan: PlanReport) -> str:
     )
 
 
+def search_lines(plan: PlanReport) -> list[str]:
+    """What searched for the plan, and the bounds it went without (plan.json's `bounds`)."""
+    bounds = plan.bounds or {}
+    lines = [f"search: {bounds['search']}"] if bounds.get("search") else []
+    if missing := left_out(bounds):
+        lines.append(f"bounds: {missing}")
+    return lines
+
+
 def baseline_lines(plan: PlanReport) -> list[str]:
     """One line per entry of plan.json's optional `baselines` ({name, bottleneck_us})."""
     lines = []
@@ -147,6 +157,8 @@ def print_plan(plan: PlanReport, console: Console | None = None) -> None:
     console.print(f"step of {step.microbatches} microbatches ({SCHEDULE_NAMES[step.schedule]}, simulated): "
                   f"{format_us(step.step_ns / 1000)}, "
                   f"bubble {step.bubble_fraction:.0%}", markup=False, highlight=False)
+    for line in search_lines(plan):  # NOTE [what ran] in partitioner/solve.py
+        console.print(line, markup=False, highlight=False)
     for line in baseline_lines(plan):
         console.print(line, markup=False, highlight=False)
     dynamic = plan.dynamic  # which dims `hetpart run --batch-size/--seq-len` may change

@@ -210,8 +210,9 @@ def test_dp_stops_at_its_deadline_with_the_list_order_plan():
     assert cut.stats["dp_timed_out"] == 1.0 and cut.stats["dp_exact"] == 0.0
     tab = order_tables(p)
     listed = list_order_segments(p, tab, np.arange(tab.n + 1), refine=False)
-    assert cut.device_of_stage == listed.devices
-    assert full.bottleneck_ns <= cut.bottleneck_ns
+    # Past its deadline the list order tries no longer prefix once one fits (here the first device).
+    assert cut.device_of_stage == listed.devices[:len(cut.device_of_stage)] == [p.devices[0].name]
+    assert full.bottleneck_ns <= listed.dp_ns <= cut.bottleneck_ns
 
 
 def test_dp_plan_within_the_gap_skips_cpsat():

@@ -1,0 +1,89 @@
+"""Big models on big clusters: `hetpart partition` end to end, wall time, peak RSS and where the time goes.
+
+    .venv/bin/python benchmarks/scale.py                                   # 7b, 70b, 405b x hetero-64/256/1024
+    .venv/bin/python benchmarks/scale.py --models llama-70b --presets hetero-64 --time-limit 60
+    .venv/bin/python benchmarks/scale.py --mode inference --out /tmp/scale
+
+Each (model, preset) is one `hetpart partition zoo:MODEL --meta --set dtype=bfloat16 --seq-len 2048
+--mode training --cluster preset:PRESET --time-limit T --no-pt2` under `/usr/bin/time -v` (issue 19's
+setting): its wall time and peak RSS, the steps of its timings.json (trace = build + export, the
+passes, solve, baselines, writing), the plan's stages, gap, status, which bounds it went without and
+what searched (plan.json's `bounds`), or the one-line error of a model the cluster cannot hold (NOTE
+[refused before the trace]). Targets (issue 19): <= 2 minutes and <= 4 GB RSS each. Prints a table;
+the machine's load average before and after goes with it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+HETPART = ROOT / ".venv" / "bin" / "hetpart"
+
+
+def run_one(model: str, preset: str, args: argparse.Namespace) -> dict:
+    out = Path(args.out) / f"{model}-{preset}"
+    cmd = ["/usr/bin/time", "-v", str(HETPART), "partition", f"zoo:{model}", "--meta", "--set", "dtype=bfloat16",
+           "--seq-len", str(args.seq_len), "--mode", args.mode, "--cluster", f"preset:{preset}",
+           "--time-limit", str(args.time_limit), "--no-pt2", "--out", str(out), "--force"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
+    wall = time.perf_counter() - start
+    rss = re.search(r"Maximum resident set size \(kbytes\): (\d+)", proc.stderr)
+    row = {"model": model, "preset": preset, "rc": proc.returncode, "wall_s": wall,
+           "rss_gb": int(rss.group(1)) / 1e6 if rss else None}
+    if proc.returncode != 0:
+        row["error"] = next((ln for ln in proc.stderr.splitlines() if ln.startswith("hetpart: error:")),
+                            proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "?")
+        return row
+    steps = json.loads((out / "timings.json").read_text())["steps_s"]
+    plan = json.loads((out / "plan.json").read_text())
+    bounds = plan.get("bounds") or {}
+    row.update(
+        trace_s=steps.get("trace/build", 0) + steps.get("trace/export", 0),
+        passes_s=sum(v for k, v in steps.items() if k.startswith("pass/")),
+        solve_s=steps.get("solve", 0), baselines_s=steps.get("baselines", 0),
+        write_s=sum(v for k, v in steps.items() if k.startswith("write/") or k in ("split", "examples")),
+        stages=len(plan["stages"]), devices=len(plan["cluster"]["devices"]), gap=plan["gap"],
+        status=plan["solver_status"], bottleneck_ms=plan["bottleneck_us"] / 1000,
+        left_out=",".join(bounds.get("unfinished", []) + bounds.get("skipped", [])) or "-",
+        search=bounds.get("search", ""),
+    )
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", nargs="+", default=["llama-7b", "llama-70b", "llama-405b"])
+    ap.add_argument("--presets", nargs="+", default=["hetero-64", "hetero-256", "hetero-1024"])
+    ap.add_argument("--mode", default="training", choices=["training", "inference"])
+    ap.add_argument("--time-limit", type=float, default=60)
+    ap.add_argument("--seq-len", type=int, default=2048)
+    ap.add_argument("--out", default="/tmp/hetpart-scale")
+    args = ap.parse_args()
+    print(f"load before: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f}", flush=True)
+    print("| model | preset | wall s | RSS GB | trace s | passes s | solve s | baselines s | write s | stages/devices "
+          "| bottleneck ms | gap | status | bounds left out | search |", flush=True)
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
+    for model in args.models:
+        for preset in args.presets:
+            r = run_one(model, preset, args)
+            head = f"| {model} | {preset} | {r['wall_s']:.1f} | {r['rss_gb'] or 0:.2f} |"
+            if r["rc"] != 0:
+                print(f"{head} refused or failed (exit {r['rc']}): {r['error'][:160]} |", flush=True)
+                continue
+            print(f"{head} {r['trace_s']:.1f} | {r['passes_s']:.1f} | {r['solve_s']:.1f} | {r['baselines_s']:.1f} | "
+                  f"{r['write_s']:.1f} | {r['stages']}/{r['devices']} | {r['bottleneck_ms']:.1f} | {r['gap']:.1%} | "
+                  f"{r['status']} | {r['left_out']} | {r['search']} |", flush=True)
+    print(f"load after: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
