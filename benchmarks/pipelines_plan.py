@@ -85,12 +85,14 @@ def cluster(machines: dict[str, int], per_machine: int = 8) -> list[Device]:
 # name -> (layers, weight bytes per block, time per block on an H100 in ns): a 70B- and a 405B-shaped
 # model (80 blocks of hidden 8192; 126 blocks of hidden 16384), weights bf16, Adam state 6x the weights.
 MODELS = {"70b-like": (80, 1_700_000_000, 20_000_000), "405b-like": (126, 6_400_000_000, 75_000_000)}
+GLOBAL_MICROBATCHES = 1024  # one global batch of 1,024 sequences, microbatch 1, at every size
 SIZES = {64: {"h100": 3, "a100": 3, "l40s": 2}, 256: {"h100": 11, "a100": 11, "l40s": 10},
          1024: {"h100": 43, "a100": 43, "l40s": 42}}
 
 
 def run_case(model: str, size: int, time_limit_s: float) -> dict:
     """One row: plan_pipelines and the baselines on `model` over the `size`-GPU cluster."""
+    from hetpart.errors import HetpartError
     from hetpart.partitioner.pipeline_baselines import pipeline_baselines
     from hetpart.partitioner.pipeline_search import plan_pipelines
     from hetpart.partitioner.pipelines import pipelines_violations
@@ -98,10 +100,14 @@ def run_case(model: str, size: int, time_limit_s: float) -> dict:
     layers, block_bytes, block_ns = MODELS[model]
     hidden = 2048 * (8192 if layers == 80 else 16384) * 2
     devices = cluster(SIZES[size])
-    M = 2 * size
+    M = GLOBAL_MICROBATCHES
     problem = transformer(layers, block_bytes, block_ns, hidden, devices, M)
     t0 = time.perf_counter()
-    plan = plan_pipelines(problem, M, time_limit_s=time_limit_s, gap=0.01, run_cpsat=False, run_ideal_dp=False)
+    try:
+        plan = plan_pipelines(problem, M, time_limit_s=time_limit_s, gap=0.01, run_cpsat=False, run_ideal_dp=False)
+    except HetpartError as e:
+        return {"model": model, "devices": size, "M": M, "refused": str(e).splitlines()[0],
+                "wall_s": time.perf_counter() - t0}
     wall = time.perf_counter() - t0
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # MiB
     assert not pipelines_violations(problem, plan, M)
@@ -139,6 +145,9 @@ def main() -> None:
             out = subprocess.run([sys.executable, __file__, "--case", f"{model}:{size}", "--time-limit",
                                   str(args.time_limit)], capture_output=True, text=True, check=True)
             r = json.loads(out.stdout.strip().splitlines()[-1])
+            if "refused" in r:
+                print(f"| {model} | {size} | {r['M']} | {r['wall_s']:.1f} | refused: {r['refused']} |", flush=True)
+                continue
             b = r["baselines"]
             fmt = lambda x: "-" if x is None else f"{x:.2f}"  # noqa: E731
             speedups.append(r["speedup"])

@@ -20,7 +20,6 @@ from hetpart.partitioner.pipelines import (
 )
 from hetpart.partitioner.problem import Plan, Problem
 from hetpart.partitioner.solve import SolveOptions, solve
-from hetpart.partitioner.verify import plan_violations
 
 # NOTE [pipeline baselines]
 # - megatron: Megatron-LM's uniform 3D layout without tensor parallelism: dp pipelines of pp
@@ -116,8 +115,8 @@ def _layout_baseline(problem: Problem, M: int, name: str, speed_aware: bool, dea
                 plan = Plan(stage_of=stage_of, device_of_stage=devs, stages=stages,
                             bottleneck_ns=max(s.time_ns for s in stages), lower_bound_ns=0, solver_status="BASELINE",
                             solve_seconds=0.0, objective="iteration", microbatches=1)
-                cache[key] = (plan, not plan_violations(sub, plan))
-            plan, fits = cache[key]
+                cache[key] = (plan, all(st.memory_bytes <= st.capacity_bytes for st in stages))  # checked at the end
+            plan, fits = cache[key]  # (a plan on the first devices of this signature: renamed when recosted)
             if not fits:
                 break  # the later pipelines of this pp (further down the cluster order) are not tried either
             pipes.append((devs, plan))
@@ -137,7 +136,7 @@ def _layout_baseline(problem: Problem, M: int, name: str, speed_aware: bool, dea
         out = []
         for j, ((devs, plan), m) in enumerate(zip(chosen, shares)):
             stages = evaluate(sub_problem(problem, devs, m), plan.stage_of, devs)
-            p = dataclasses.replace(plan, stages=stages, microbatches=m,
+            p = dataclasses.replace(plan, device_of_stage=list(devs), stages=stages, microbatches=m,
                                     objective_ns=pipeline_time_ns(dataclasses.replace(plan, stages=stages), m))
             out.append(Pipeline(index=j, devices=tuple(devs), microbatches=m, plan=p, time_ns=p.objective_ns))
         got = cost_pipelines(problem, out, solver_status="BASELINE",

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 
 from hetpart.errors import HetpartError
-from hetpart.partitioner.pipeline_bounds import need_bytes, pipelines_lower_bound
+from hetpart.partitioner.pipeline_bounds import need_bytes, pipelines_lower_bound, sync_floor_ns
 from hetpart.partitioner.pipeline_outer import Candidate, _patterns, realize, solve_outer, sync_estimates
 from hetpart.partitioner.pipelines import PipelinesPlan, cost_pipelines, pipelines_violations, sub_problem
 from hetpart.partitioner.problem import Plan, Problem
@@ -40,6 +40,12 @@ from hetpart.partitioner.solve import SolveOptions, solve
 # in turn) until the search's share of the time limit is spent.
 
 _MAX_SHAPES = 400  # shapes enumerated at most (ranked; the rest are not tried)
+_EVERYTHING_FIRST = 128  # devices up to which the one-pipeline shape is solved first
+# A shape's solve gets at most this share of the limit (or _SHAPE_LIMIT_S): the DP finds the same plan
+# of 24 devices and 800 nodes in 1 s as in 5 s, and the outer program wants many shapes.
+_SHAPE_SHARE = 0.02
+_SHAPE_LIMIT_S = 1.0
+_CALIBRATE_DEVICES = 32  # the first shape solved has at most this many devices (when one has)
 _MAX_PATTERNS = 2_000  # piece patterns per machine kind at most
 
 
@@ -163,11 +169,13 @@ def _support_rate(problem: Problem, devices: tuple[str, ...], supports) -> tuple
 
 
 def _solve_shape(problem: Problem, devices: tuple[str, ...], m: int, opts: SolveOptions, limit_s: float) -> Plan | None:
-    """The shape's plan for `m` microbatches, or None when no plan fits its memory or it found none in time."""
+    """The shape's plan for `m` microbatches, or None when no plan fits its memory or it found none in time.
+    Without its own search-free bounds and certificate: NOTE [pipelines bound] bounds the whole plan."""
     sub = sub_problem(problem, devices, m)
     try:
         return solve(sub, dataclasses.replace(opts, time_limit_s=max(0.05, limit_s), objective="iteration",
-                                              microbatches=m))
+                                              microbatches=m, run_bounds=False, run_ideal_dp=False,
+                                              check_certificate=False))
     except HetpartError:
         return None
 
@@ -204,34 +212,50 @@ def plan_pipelines(problem: Problem, microbatches: int, options: SolveOptions | 
         devs = shape_devices(problem, kinds, s)
         fill, b = _support_rate(problem, devs, supports)
         share = max(1, microbatches * len(devs) // max(1, usable))
-        per_device = (share / (fill + (share - 1) * b)) / len(devs) if math.isfinite(fill + b) else 0.0
+        # Microbatches per device per ns if every pipeline were like this one, its sync at its floor.
+        sync = sync_floor_ns(problem, len(devs), max(2, usable // len(devs))) if len(devs) < usable else 0
+        per_device = (share / (fill + (share - 1) * b + sync)) / len(devs) if math.isfinite(fill + b) else 0.0
         main = s.piece_kind if s.piece_kind >= 0 else max(range(len(kinds)), key=lambda j: s.machines[j])
         ranked.setdefault(main, []).append((-per_device, s))
     # Best first within each kind, the kinds in turn.
     queues = [[s for _, s in sorted(v, key=lambda e: (e[0], e[1].machines, e[1].piece))] for _, v in sorted(ranked.items())]
     order = [s for turn in itertools.zip_longest(*queues) for s in turn if s is not None]
     everything = Shape(machines=tuple(len(k.machines) for k in kinds))
-    if everything in order:  # one pipeline on every device first: the plan is never worse than today's
+    # One pipeline on every device first, so the plan is never worse than today's -- up to
+    # _EVERYTHING_FIRST devices: above, `solve` on all of them overruns its share of the limit
+    # (31 s for a 4.4 s share on 1,024 devices, 30 s for 5 s on 256), and a single pipeline is far behind anyway.
+    # The first shape solved times `solve` for the others (seconds per device): a small one.
+    small = next((s for s in order if len(shape_devices(problem, kinds, s)) <= _CALIBRATE_DEVICES), None)
+    if small is not None:
+        order.remove(small)
+        order.insert(0, small)
+    if everything in order and len(problem.devices) <= _EVERYTHING_FIRST:
         order.remove(everything)
         order.insert(0, everything)
     # --- Solve the shapes in turn (NOTE [pipeline shapes]) until the search's share is spent.
     cands: list[Candidate] = []
     tried = 0
+    slowest = 0.0  # the most seconds per devices^1.5 a shape's solve took so far
     search_end = deadline(0.6)
     for s in order:
         left = search_end - time.perf_counter()
         if left <= 0:
             break
         devs = shape_devices(problem, kinds, s)
+        if slowest and len(devs) ** 1.5 * slowest > left:
+            continue  # `solve` would likely overrun what is left (about devices^1.5: 0.7 s on 24, 22 s on 256)
         share = max(1, microbatches * len(devs) // max(1, usable))
         sched = problem.training.schedule if problem.training is not None else None
+        t_shape = time.perf_counter()
         # 1F1B: a plan of S stages runs any m >= S; GPipe: any m up to the m it was solved for (the stash).
         m_ref = min(microbatches, max(share, len(devs))) if sched == "1f1b" else microbatches
-        plan = _solve_shape(problem, devs, m_ref, opts, left / min(6, len(order) - tried))
+        per_shape = min(left / min(6, len(order) - tried), max(_SHAPE_LIMIT_S, limit * _SHAPE_SHARE))
+        plan = _solve_shape(problem, devs, m_ref, opts, per_shape)
         if plan is None and sched == "gpipe" and share < microbatches:
             m_ref = share
-            plan = _solve_shape(problem, devs, m_ref, opts, (search_end - time.perf_counter()) / min(6, len(order) - tried))
+            plan = _solve_shape(problem, devs, m_ref, opts, per_shape)
         tried += 1
+        slowest = max(slowest, (time.perf_counter() - t_shape) / len(devs) ** 1.5)
         if plan is None:
             continue
         S = len(plan.stages)
@@ -249,7 +273,7 @@ def plan_pipelines(problem: Problem, microbatches: int, options: SolveOptions | 
     kmax = max(1, min(microbatches, sum(len(k.machines) * max(1, pieces.get(j, 0)) for j, k in enumerate(kinds))))
     sync_estimates(problem, cands, kmax)
     unit = max(1, bound.bound_ns // 10_000)
-    answer = solve_outer(kinds, cands, microbatches, kmax, deadline(0.95) - time.perf_counter(), seed=opts.seed,
+    answer = solve_outer(kinds, cands, microbatches, kmax, max(1.0, deadline(0.95) - time.perf_counter()), seed=opts.seed,
                          workers=opts.workers, unit_ns=unit)
     if answer is None:
         raise HetpartError(f"partitioner: the outer program found no mix of the {len(cands)} solved pipeline shapes "

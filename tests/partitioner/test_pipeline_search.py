@@ -15,6 +15,7 @@ import random
 import networkx as nx
 import pytest
 
+from hetpart.errors import HetpartError
 from hetpart.partitioner import MEM_BYTES, OUT_BYTES, PIN, PIN_FIRST, PIN_LAST, TIME_NS, WEIGHTS, Device, Link
 from hetpart.partitioner.certificate import valid_plans
 from hetpart.partitioner.pipeline_baselines import pipeline_baselines
@@ -198,3 +199,12 @@ def test_baselines_are_valid_and_shaped_as_named():
     ours = plan_pipelines(single, M, time_limit_s=20)
     theirs = {b.name: b for b in pipeline_baselines(single, M, time_limit_s=10)}["one-pipeline"].plan
     assert ours.iteration_ns <= theirs.iteration_ns
+
+
+def test_refusals_say_what_to_do():
+    p, M = small_problem(0)
+    tiny = dataclasses.replace(p, devices=[dataclasses.replace(d, capacity_bytes=10) for d in p.devices])
+    with pytest.raises(HetpartError, match="holds the model .* add devices with more memory"):
+        plan_pipelines(tiny, M, time_limit_s=5)
+    with pytest.raises(HetpartError, match="at least 1 microbatch"):
+        plan_pipelines(p, 0, time_limit_s=5)
