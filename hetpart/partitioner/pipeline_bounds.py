@@ -299,6 +299,9 @@ def pipelines_lower_bound(problem: Problem, microbatches: int, deadline: float |
     if one is None or free is None:
         return PipelinesBound(0, 0, "the pipelines bound did not finish before the deadline", time.perf_counter() - t0,
                               ["pipelines"])
+    if not math.isfinite(free):
+        return PipelinesBound(0, 0, "no set of pipelines holds the model in memory: no plan, no bound",
+                              time.perf_counter() - t0)
     best = one
     if microbatches >= 2:
         best = min(one, free)  # any k, no sync charged: valid on its own
@@ -331,5 +334,5 @@ def pipelines_lower_bound(problem: Problem, microbatches: int, deadline: float |
             + ("; the gradient-sync floor (past the deadline)" if unfinished else ""))
     note = (f"every partition of the {len(problem.devices)} devices into pipelines, every stage plan and "
             f"microbatch split (NOTE [pipelines bound]); left out: {left}")
-    one_ns = int(max(0.0, math.floor(one * (1 - 1e-9))))
+    one_ns = int(max(0.0, math.floor(one * (1 - 1e-9)))) if math.isfinite(one) else 0
     return PipelinesBound(bound, one_ns, note, time.perf_counter() - t0, unfinished)

@@ -123,8 +123,9 @@ class OuterAnswer:
 
 
 def solve_outer(kinds, cands: list[Candidate], M: int, kmax: int, time_limit_s: float, seed: int = 0,
-                workers: int = 1, unit_ns: int = 1) -> OuterAnswer | None:
-    """NOTE [outer program] in `unit_ns` units; None when no mix runs the batch (or none found in time)."""
+                workers: int = 1, unit_ns: int = 1, hint: OuterAnswer | None = None) -> OuterAnswer | None:
+    """NOTE [outer program] in `unit_ns` units, started from `hint` (copies and microbatches per candidate);
+    None when no mix runs the batch (or none found in time)."""
     up = lambda ns: -(-int(ns) // unit_ns)  # noqa: E731 (round up: the model never underestimates)
     m = cp_model.CpModel()
     horizon = max(up(c.sum_ns + (c.hi - 1) * c.bottleneck_ns) for c in cands)
@@ -173,6 +174,13 @@ def solve_outer(kinds, cands: list[Candidate], M: int, kmax: int, time_limit_s: 
         m.add(sum(whole) + sum(w[j, p] for p in range(len(patterns[j]))) <= len(kind.machines))
     # --- Objective.
     m.minimize(T + Y)
+    if hint is not None:
+        for i, c in enumerate(cands):
+            n, total = hint.copies[i], hint.microbatches[i]
+            m.add_hint(x[i], n)
+            m.add_hint(t[i], total)
+            m.add_hint(q[i], max(c.lo, min(c.hi, -(-total // n) if n else c.lo)))
+        m.add_hint(k, max(1, sum(hint.copies)))
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = max(0.1, time_limit_s)
     solver.parameters.num_workers = workers
@@ -232,3 +240,71 @@ def renamed(problem: Problem, c: Candidate, devices: tuple[str, ...], m: int, in
     plan = dataclasses.replace(c.plan, device_of_stage=slots, stages=stages, microbatches=m, objective_ns=value,
                                lower_bound_ns=0, solver_status="FEASIBLE", certificate=None)
     return Pipeline(index=index, devices=devices, microbatches=m, plan=plan, time_ns=value)
+
+
+def _split(cands: list[Candidate], chosen: list[int], M: int) -> tuple[int, list[int]] | None:
+    """The least pipeline time T (ns) at which the pipelines `chosen` (candidate per pipeline) run M
+    microbatches, each between its lo and hi, and their microbatches at T; None when they cannot."""
+    def room(T: int) -> list[int]:
+        out = []
+        for i in chosen:
+            c = cands[i]
+            most = (T - (c.sum_ns - c.bottleneck_ns)) // max(1, c.bottleneck_ns)
+            out.append(min(c.hi, most) if most >= c.lo else 0)
+        return out
+
+    if sum(cands[i].lo for i in chosen) > M or sum(cands[i].hi for i in chosen) < M:
+        return None
+    lo, hi = 0, max(cands[i].sum_ns + (cands[i].hi - 1) * cands[i].bottleneck_ns for i in chosen)
+    if sum(room(hi)) < M:
+        return None
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if sum(room(mid)) >= M else (mid + 1, hi)
+    got = room(lo)
+    extra = sum(got) - M
+    for j in sorted(range(len(chosen)), key=lambda j: got[j]):  # take back the surplus from the smallest shares
+        take = min(extra, got[j] - (cands[chosen[j]].lo if got[j] else 0))
+        got[j] -= take
+        extra -= take
+    if any(g and g < cands[i].lo for g, i in zip(got, chosen)):
+        return None
+    return lo, got
+
+
+def greedy_outer(kinds, cands: list[Candidate], M: int, kmax: int) -> OuterAnswer | None:
+    """A quick answer to NOTE [outer program] that CP-SAT starts from (and that stands when CP-SAT finds
+    nothing better in time): whole-machine pipelines taken by their rate per device while machines last,
+    then the best prefix of them with the microbatches split for the least step."""
+    whole = [i for i, c in enumerate(cands) if c.piece_kind < 0]
+    if not whole:
+        return None
+    free = [len(k.machines) for k in kinds]
+    rate = sorted(whole, key=lambda i: cands[i].bottleneck_ns * len(cands[i].devices))
+    picked: list[int] = []
+    for i in rate:
+        need = cands[i].shape.machines  # type: ignore[attr-defined]
+        while len(picked) < min(kmax, M) and all(f >= n for f, n in zip(free, need)):
+            free = [f - n for f, n in zip(free, need)]
+            picked.append(i)
+    best = None
+    for j in range(1, len(picked) + 1):
+        got = _split(cands, picked[:j], M)
+        if got is None:
+            continue
+        T, shares = got
+        used = [i for i, s in zip(picked[:j], shares) if s]
+        k = len(used)
+        step = T + max(cands[i].sync_ns[min(k, len(cands[i].sync_ns) - 1)] for i in used)
+        if best is None or step < best[0]:
+            best = (step, picked[:j], shares)
+    if best is None:
+        return None
+    step, chosen, shares = best
+    copies, micro = [0] * len(cands), [0] * len(cands)
+    for i, s in zip(chosen, shares):
+        if s:
+            copies[i] += 1
+            micro[i] += s
+    return OuterAnswer(copies=copies, microbatches=micro, patterns={}, piece_index={j: [] for j in range(len(kinds))},
+                       step_units=step, unit_ns=1, optimal=False)

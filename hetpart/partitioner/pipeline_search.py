@@ -20,7 +20,9 @@ from dataclasses import dataclass
 
 from hetpart.errors import HetpartError
 from hetpart.partitioner.pipeline_bounds import need_bytes, pipelines_lower_bound, sync_floor_ns
-from hetpart.partitioner.pipeline_outer import Candidate, _patterns, realize, solve_outer, sync_estimates
+from hetpart.partitioner.pipeline_outer import (
+    Candidate, _patterns, greedy_outer, realize, solve_outer, sync_estimates,
+)
 from hetpart.partitioner.pipelines import PipelinesPlan, cost_pipelines, pipelines_violations, sub_problem
 from hetpart.partitioner.problem import Plan, Problem
 from hetpart.partitioner.solve import SolveOptions, solve
@@ -273,13 +275,16 @@ def plan_pipelines(problem: Problem, microbatches: int, options: SolveOptions | 
     kmax = max(1, min(microbatches, sum(len(k.machines) * max(1, pieces.get(j, 0)) for j, k in enumerate(kinds))))
     sync_estimates(problem, cands, kmax)
     unit = max(1, bound.bound_ns // 10_000)
+    quick = greedy_outer(kinds, cands, microbatches, kmax)
     answer = solve_outer(kinds, cands, microbatches, kmax, max(1.0, deadline(0.95) - time.perf_counter()), seed=opts.seed,
-                         workers=opts.workers, unit_ns=unit)
-    if answer is None:
+                         workers=opts.workers, unit_ns=unit, hint=quick)
+    tried_answers = [(a, cost_pipelines(problem, realize(problem, kinds, cands, a, shape_devices, _class_devices),
+                                        solver_status="FEASIBLE")) for a in (answer, quick) if a is not None]
+    if not tried_answers:
         raise HetpartError(f"partitioner: the outer program found no mix of the {len(cands)} solved pipeline shapes "
                            f"that runs {microbatches} microbatches within {limit:g} s: raise --time-limit")
-    pipes = realize(problem, kinds, cands, answer, shape_devices, _class_devices)
-    best = cost_pipelines(problem, pipes, solver_status="FEASIBLE")
+    # CP-SAT's answer unless the quick one is truly better (CP-SAT ran out of time before reaching it).
+    answer, best = min(tried_answers, key=lambda ab: ab[1].iteration_ns)
     exhausted = answer.optimal
     violations = pipelines_violations(problem, best, microbatches)
     if violations:
@@ -290,7 +295,7 @@ def plan_pipelines(problem: Problem, microbatches: int, options: SolveOptions | 
               "WITHIN_GAP" if opts.gap > 0 and best.iteration_ns - lower <= opts.gap * best.iteration_ns else "FEASIBLE")
     stats = {"seconds": time.perf_counter() - t0, "bound_seconds": bound.seconds, "shapes": float(len(shapes)),
              "shapes_tried": float(tried), "shapes_solved": float(len(cands)), "outer_optimal": float(exhausted),
-             "outer_step_ns": float(answer.step_units * unit), "kmax": float(kmax)}
+             "outer_step_ns": float(answer.step_units * answer.unit_ns), "kmax": float(kmax)}
     note = bound.note + ("" if exhausted else "; the outer program did not finish: a better mix of these shapes "
                          "may exist") + ("" if tried == len(shapes) else f"; {len(shapes) - tried} of "
                                          f"{len(shapes)} shapes not tried (time limit)")
