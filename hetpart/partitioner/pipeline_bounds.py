@@ -42,12 +42,15 @@ from hetpart.partitioner.problem import MEM_BYTES, TIME_NS, WEIGHTS, Problem
 #     device would give a pipeline of slow ones the fast fill of (a);
 # (e) m_i - 1 <= (T - F_A) / L_A, L_A the slowest node on its fastest type in A (it is in a stage);
 # (f) the pipeline holds the whole model: its devices' memory is at least every weight read with
-#     its training state plus one microbatch of activations (the stash is at least one).
+#     its training state plus one microbatch of activations (the stash is at least one);
+# (g) under GPipe every stage keeps all m_i microbatches' activations, so (f) holds with m_i of them;
+# (h) under 1F1B a pipeline has at most as many stages as microbatches (sub_problem), so m_i >= n_i.
 # Summing over the pipelines of each support A (p_A of them, y_{A,c} devices of kind c = (type,
 # capacity)) gives an LP: sum_A y_{A,c} <= N_c; y_{A,t} >= p_A (a support has a device of each of
-# its types); memory sum_c cap_c y_{A,c} >= need p_A; microbatches z_A bounded by (c), (d), (e)
-# summed; sum_A p_A <= M; sum_A z_A >= M. If it is infeasible at T, no plan has max_i T_i <= T;
-# it is monotone in T, so bisection gives the least feasible T (to 0.05%, rounded down).
+# its types); memory sum_c cap_c y_{A,c} >= need p_A (+ (g)); microbatches z_A bounded by (c), (d),
+# (e) summed, and z_A >= sum_c y_{A,c} under 1F1B (h); sum_A p_A <= M; sum_A z_A = M. If it is
+# infeasible at T, no plan has max_i T_i <= T; it only loosens as T grows, so bisection gives the
+# least feasible T (to 0.05%, rounded down).
 # Gradient sync (training, k >= 2; NOTE [gradient sync]): every weight read is held in every
 # pipeline, so each all-reduce has r >= k ranks and moves at least 2(k-1)/k of its bytes per rank
 # over a link no faster than the fastest, with 2(k-1) latencies at least once. The smallest
@@ -59,7 +62,7 @@ from hetpart.partitioner.problem import MEM_BYTES, TIME_NS, WEIGHTS, Problem
 # sigma(g' - 1, k_lo)); each part adds "sum p_A in the k range" and "every pipeline has >= g
 # devices" to the LP. The bound is the least over the parts of their LP's T plus their sigma;
 # k = 1 has no sync. Left out (the bound stays valid, only weaker): transfers between stages,
-# memory per stage (only per pipeline), the 1F1B rule S_i <= m_i, ZeRO and bucket latencies
+# memory per stage (only per pipeline), ZeRO and bucket latencies
 # beyond the first.
 
 _EXACT_SIZES = 32  # n_s cells of one size up to here, then geometric (ratio 1.25)
@@ -169,6 +172,11 @@ class _Lp:
             kinds[(d.type, d.capacity_bytes)] = kinds.get((d.type, d.capacity_bytes), 0) + 1
         self.kinds, self.supports, self.M = kinds, supports, microbatches
         self.need, self.k_range, self.min_size = need_bytes(problem), k_range, min_size
+        t = problem.training
+        self.schedule = t.schedule if t is not None else None
+        # (g) GPipe stashes every microbatch a pipeline runs: m_i times its activations besides the model.
+        g = problem.graph
+        self.act = sum(g.nodes[v].get(MEM_BYTES, 0) for v in g.nodes) if self.schedule == "gpipe" else 0
 
     def max_microbatches(self, T: float) -> float:
         """The LP's most microbatches within step T (pipelines only, no sync); -1 when infeasible."""
@@ -190,7 +198,11 @@ class _Lp:
                 # A support has a device of each of its types in every pipeline.
                 s.Add(s.Sum([y[a.types, c] for c in self.kinds if c[0] == t]) >= p[a.types])
             # Every pipeline holds the model (f), and has at least min_size devices.
-            s.Add(s.Sum([c[1] * scale * y[a.types, c] for c in self.kinds if c[0] in a.types]) >= p[a.types])
+            s.Add(s.Sum([c[1] * scale * y[a.types, c] for c in self.kinds if c[0] in a.types])
+                  >= p[a.types] + self.act * scale * (z[a.types] - p[a.types]))
+            if self.schedule == "1f1b":
+                # (h) 1F1B runs at least as many microbatches as stages, one per device used.
+                s.Add(z[a.types] >= s.Sum(ya))
             s.Add(s.Sum(ya) >= self.min_size * p[a.types])
             lam_y = s.Sum([a.lam[c[0]] * y[a.types, c] for c in self.kinds if c[0] in a.types])
             # (c): microbatches at most the fill-free share of T at the pipelines' rate.
@@ -209,6 +221,7 @@ class _Lp:
         lo, hi = self.k_range
         s.Add(s.Sum(list(p.values())) <= min(self.M, hi - 1) if hi is not None else s.Sum(list(p.values())) <= self.M)
         s.Add(s.Sum(list(p.values())) >= lo)
+        s.Add(s.Sum(list(z.values())) <= self.M)  # the batch, exactly (with the test below)
         # --- Objective.
         s.Maximize(s.Sum(list(z.values())))
         if s.Solve() != pywraplp.Solver.OPTIMAL:
@@ -330,7 +343,7 @@ def pipelines_lower_bound(problem: Problem, microbatches: int, deadline: float |
             if not unfinished:
                 best = exact
     bound = int(max(0.0, math.floor(best * (1 - 1e-9))))
-    left = ("transfers between stages, memory per stage, 1F1B's stages <= microbatches, bucket latencies"
+    left = ("transfers between stages, memory per stage, bucket latencies"
             + ("; the gradient-sync floor (past the deadline)" if unfinished else ""))
     note = (f"every partition of the {len(problem.devices)} devices into pipelines, every stage plan and "
             f"microbatch split (NOTE [pipelines bound]); left out: {left}")

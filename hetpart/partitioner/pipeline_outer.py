@@ -30,6 +30,10 @@ from hetpart.partitioner.problem import Link, Plan, Problem
 # rounded up. So the true step (`cost_pipelines`, which the search then checks with
 # `pipelines_violations`) is never above the model's Z, and differs from it by the bucket
 # latencies and the rounding; Z's optimum is the best mix of these shapes up to those.
+# A greedy answer (`greedy_outer`: whole-machine pipelines by rate per device while machines
+# last, the best prefix of them, the microbatches split for the least step) hints the model; of
+# the two answers the one with the lower true step is kept, so a model that runs out of time on a
+# loaded machine leaves the greedy plan, not its first poor solution.
 
 _MAX_PATTERNS = 2_000  # piece patterns per machine kind at most
 

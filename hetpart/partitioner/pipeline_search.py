@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 
 from hetpart.errors import HetpartError
-from hetpart.partitioner.pipeline_bounds import need_bytes, pipelines_lower_bound, sync_floor_ns
+from hetpart.partitioner.pipeline_bounds import _supports, need_bytes, pipelines_lower_bound, sync_floor_ns
 from hetpart.partitioner.pipeline_outer import (
     Candidate, _patterns, greedy_outer, realize, solve_outer, sync_estimates,
 )
@@ -188,7 +188,8 @@ def plan_pipelines(problem: Problem, microbatches: int, options: SolveOptions | 
     NOTE [pipelines bound]'s bound over every plan (NOTE [pipeline shapes], NOTE [outer program]).
 
     `options`/`overrides` as `solve` takes them: the time limit covers the whole search (the
-    bound, every shape's solve, the outer program); `gap` > 0 stops once certified within it.
+    bound, every shape's solve, the outer program); with `gap` > 0 a plan certified within it is
+    "WITHIN_GAP" (the search does not stop early for it).
     Raises HetpartError when no shape holds the model or none was solved in time.
     """
     t0 = time.perf_counter()
@@ -205,8 +206,6 @@ def plan_pipelines(problem: Problem, microbatches: int, options: SolveOptions | 
         raise HetpartError(
             f"partitioner: no set of the {len(problem.devices)} devices holds the model ({need_bytes(problem)} bytes "
             "of weights, training state and one microbatch of activations): add devices with more memory")
-    from hetpart.partitioner.pipeline_bounds import _supports
-
     supports = _supports(problem)
     usable = sum(len(k.machines) * sum(k.counts) for k in kinds)
     ranked: dict[int, list[tuple[float, Shape]]] = {}
@@ -222,15 +221,15 @@ def plan_pipelines(problem: Problem, microbatches: int, options: SolveOptions | 
     # Best first within each kind, the kinds in turn.
     queues = [[s for _, s in sorted(v, key=lambda e: (e[0], e[1].machines, e[1].piece))] for _, v in sorted(ranked.items())]
     order = [s for turn in itertools.zip_longest(*queues) for s in turn if s is not None]
-    everything = Shape(machines=tuple(len(k.machines) for k in kinds))
-    # One pipeline on every device first, so the plan is never worse than today's -- up to
-    # _EVERYTHING_FIRST devices: above, `solve` on all of them overruns its share of the limit
-    # (31 s for a 4.4 s share on 1,024 devices, 30 s for 5 s on 256), and a single pipeline is far behind anyway.
-    # The first shape solved times `solve` for the others (seconds per device): a small one.
+    # The first shape solved times `solve` for the others (seconds per devices^1.5): a small one.
     small = next((s for s in order if len(shape_devices(problem, kinds, s)) <= _CALIBRATE_DEVICES), None)
     if small is not None:
         order.remove(small)
         order.insert(0, small)
+    # One pipeline on every device before it, so the plan is never worse than today's -- up to
+    # _EVERYTHING_FIRST devices: above, `solve` on all of them overruns its share of the limit (31 s
+    # for a 4.4 s share on 1,024 devices, 30 s for 5 s on 256), and one pipeline is far behind anyway.
+    everything = Shape(machines=tuple(len(k.machines) for k in kinds))
     if everything in order and len(problem.devices) <= _EVERYTHING_FIRST:
         order.remove(everything)
         order.insert(0, everything)
