@@ -160,7 +160,9 @@ def main() -> None:
                   f"| {r['speedup']:.2f}x ({r['best_baseline']}) | {r['baselines_wall_s']:.0f} |", flush=True)
             if r["idle"]:
                 print(f"|  | idle: {'; '.join(r['idle'])} |")
-    print(f"geomean speedup over the best baseline: {math.prod(speedups) ** (1 / len(speedups)):.2f}x")
+    if speedups:
+        print(f"geomean speedup over the best baseline: {math.prod(speedups) ** (1 / len(speedups)):.2f}x "
+              f"({len(speedups)} rows)")
     print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 

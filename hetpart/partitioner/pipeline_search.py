@@ -37,16 +37,22 @@ from hetpart.partitioner.solve import SolveOptions, solve
 # several pipelines may share a machine (patterns, NOTE [outer program]); a pipeline of whole
 # machines plus part of another is not a shape (the bound still covers such plans, so the gap
 # shows what that leaves out). Shapes tried: every memory-feasible piece, and every count vector
-# of whole machines that holds the model with at most one machine more than it needs; ranked by
+# of whole machines that holds the model with about one machine (or _SLACK) more than it needs;
+# longer ones at doubling sizes and all machines; ranked by
 # NOTE [pipelines bound]'s rate and fill of their support, and solved in that order (kinds taken
 # in turn) until the search's share of the time limit is spent.
 
 _MAX_SHAPES = 400  # shapes enumerated at most (ranked; the rest are not tried)
+_ROOMY = 1.15  # shapes with less memory than this times the model are solved after the others
+_SLACK = 1.3  # NOTE [pipeline shapes]: how much more memory than the model a short shape may have
 _EVERYTHING_FIRST = 128  # devices up to which the one-pipeline shape is solved first
 # A shape's solve gets at most this share of the limit (or _SHAPE_LIMIT_S): the DP finds the same plan
 # of 24 devices and 800 nodes in 1 s as in 5 s, and the outer program wants many shapes.
 _SHAPE_SHARE = 0.02
 _SHAPE_LIMIT_S = 1.0
+# ... or this many seconds per devices^1.5, when more: the DP needs 12 s to find any plan of 88
+# devices and 1,262 nodes that fits (none in 1.2 s), 0.7 s for 24 devices and 800 nodes.
+_SHAPE_S_PER_DEVICE = 0.012
 _CALIBRATE_DEVICES = 32  # the first shape solved has at most this many devices (when one has)
 _MAX_PATTERNS = 2_000  # piece patterns per machine kind at most
 
@@ -128,12 +134,13 @@ def enumerate_shapes(problem: Problem, kinds: list[MachineKind]) -> list[Shape]:
     most = [len(k.machines) for k in kinds]
     # The most machines one kind needs alone, plus one, bounds how many machines a vector has.
     alone = [math.ceil(need / c) for c, n in zip(full, most) if c and math.ceil(need / c) <= n]
-    longest = min(sum(most), (max(alone) if alone else sum(most)) + 1)
+    longest = min(sum(most), math.ceil((max(alone) if alone else sum(most)) * _SLACK) + 1)
     found: list[Shape] = []
     for vec in _vectors(most, longest):
         caps = sorted(full[j] for j in range(len(vec)) for _ in range(vec[j]))
-        # Memory-feasible, with at most one machine more than it needs (without its two smallest, too little).
-        if sum(caps) >= need and (len(caps) <= 2 or sum(caps[2:]) < need):
+        # Memory-feasible, with about one machine more than it needs: without its two smallest, less
+        # than _SLACK times the model (per-stage memory -- the 1F1B stash, whole ops -- wants some room).
+        if sum(caps) >= need and (len(caps) <= 2 or sum(caps[2:]) < _SLACK * need):
             found.append(Shape(machines=vec))
             if len(found) >= _MAX_SHAPES:
                 break
@@ -208,7 +215,7 @@ def plan_pipelines(problem: Problem, microbatches: int, options: SolveOptions | 
             "of weights, training state and one microbatch of activations): add devices with more memory")
     supports = _supports(problem)
     usable = sum(len(k.machines) * sum(k.counts) for k in kinds)
-    ranked: dict[int, list[tuple[float, Shape]]] = {}
+    ranked: dict[int, list[tuple[tuple[bool, float], Shape]]] = {}
     for s in shapes:
         devs = shape_devices(problem, kinds, s)
         fill, b = _support_rate(problem, devs, supports)
@@ -217,7 +224,10 @@ def plan_pipelines(problem: Problem, microbatches: int, options: SolveOptions | 
         sync = sync_floor_ns(problem, len(devs), max(2, usable // len(devs))) if len(devs) < usable else 0
         per_device = (share / (fill + (share - 1) * b + sync)) / len(devs) if math.isfinite(fill + b) else 0.0
         main = s.piece_kind if s.piece_kind >= 0 else max(range(len(kinds)), key=lambda j: s.machines[j])
-        ranked.setdefault(main, []).append((-per_device, s))
+        # Shapes with little memory to spare go last: per-stage memory (the 1F1B stash, whole ops) often
+        # leaves them no plan (the 405B-shaped model's 72-GPU shapes, 4% over the model, have none).
+        tight = sum(problem.device(d).capacity_bytes for d in devs) < _ROOMY * need_bytes(problem)
+        ranked.setdefault(main, []).append(((tight, -per_device), s))
     # Best first within each kind, the kinds in turn.
     queues = [[s for _, s in sorted(v, key=lambda e: (e[0], e[1].machines, e[1].piece))] for _, v in sorted(ranked.items())]
     order = [s for turn in itertools.zip_longest(*queues) for s in turn if s is not None]
@@ -250,7 +260,8 @@ def plan_pipelines(problem: Problem, microbatches: int, options: SolveOptions | 
         t_shape = time.perf_counter()
         # 1F1B: a plan of S stages runs any m >= S; GPipe: any m up to the m it was solved for (the stash).
         m_ref = min(microbatches, max(share, len(devs))) if sched == "1f1b" else microbatches
-        per_shape = min(left / min(6, len(order) - tried), max(_SHAPE_LIMIT_S, limit * _SHAPE_SHARE))
+        per_shape = min(left / min(6, len(order) - tried),
+                        max(_SHAPE_LIMIT_S, limit * _SHAPE_SHARE, _SHAPE_S_PER_DEVICE * len(devs) ** 1.5))
         plan = _solve_shape(problem, devs, m_ref, opts, per_shape)
         if plan is None and sched == "gpipe" and share < microbatches:
             m_ref = share
