@@ -91,7 +91,7 @@ SIZES = {64: {"h100": 3, "a100": 3, "l40s": 2}, 256: {"h100": 11, "a100": 11, "l
          1024: {"h100": 43, "a100": 43, "l40s": 42}}
 
 
-def run_case(model: str, size: int, time_limit_s: float, baseline_limit_s: float) -> dict:
+def run_case(model: str, size: int, time_limit_s: float, baseline_limit_s: float, single_up_to: int) -> dict:
     """One row: plan_pipelines and the baselines on `model` over the `size`-GPU cluster."""
     from hetpart.errors import HetpartError
     from hetpart.partitioner.pipeline_baselines import pipeline_baselines
@@ -113,7 +113,7 @@ def run_case(model: str, size: int, time_limit_s: float, baseline_limit_s: float
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # MiB
     assert not pipelines_violations(problem, plan, M)
     t1 = time.perf_counter()
-    base = pipeline_baselines(problem, M, time_limit_s=baseline_limit_s, options=None)
+    base = pipeline_baselines(problem, M, time_limit_s=baseline_limit_s, options=None, single=size <= single_up_to)
     base_wall = time.perf_counter() - t1
     best = min((b for b in base if b.plan is not None), key=lambda b: b.plan.iteration_ns)
     used = len(problem.devices) - len(plan.devices_idle)
@@ -131,11 +131,13 @@ def main() -> None:
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--time-limit", type=float, default=110.0)
     ap.add_argument("--baseline-limit", type=float, default=60.0, help="seconds for the three baselines together")
+    ap.add_argument("--single-up-to", type=int, default=1024,
+                    help="the one-pipeline baseline only up to this many GPUs (its solve overruns at scale)")
     ap.add_argument("--case", help=argparse.SUPPRESS)  # model:size, run in a fresh process (its own RSS)
     args = ap.parse_args()
     if args.case:
         model, size = args.case.split(":")
-        print(json.dumps(run_case(model, int(size), args.time_limit, args.baseline_limit)))
+        print(json.dumps(run_case(model, int(size), args.time_limit, args.baseline_limit, args.single_up_to)))
         return
     print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print("| model | GPUs | M | wall s | RSS MiB | used | pipelines | iteration s | bound s | gap | sync s "
@@ -145,7 +147,8 @@ def main() -> None:
     for model in args.models.split(","):
         for size in map(int, args.sizes.split(",")):
             out = subprocess.run([sys.executable, __file__, "--case", f"{model}:{size}", "--time-limit",
-                                  str(args.time_limit), "--baseline-limit", str(args.baseline_limit)],
+                                  str(args.time_limit), "--baseline-limit", str(args.baseline_limit),
+                                  "--single-up-to", str(args.single_up_to)],
                                  capture_output=True, text=True, check=True)
             r = json.loads(out.stdout.strip().splitlines()[-1])
             if "refused" in r:
