@@ -185,7 +185,8 @@ class _Lp:
         usable = [a for a in self.supports if T >= a.fill_ns and T >= a.largest_op_ns]
         # --- Variables: pipelines p, devices y per kind, microbatches z, per usable support.
         p = {a.types: s.NumVar(0.0, inf, f"p{a.types}") for a in usable}
-        y = {(a.types, c): s.NumVar(0.0, float(n), f"y{a.types}{c[0]}") for a in usable for c, n in self.kinds.items() if c[0] in a.types}
+        y = {(a.types, c): s.NumVar(0.0, float(n), f"y{a.types}{c[0]}")
+             for a in usable for c, n in self.kinds.items() if c[0] in a.types}
         z = {a.types: s.NumVar(0.0, inf, f"z{a.types}") for a in usable}
         scale = 1.0 / max(1.0, self.need)
         # --- Constraints.

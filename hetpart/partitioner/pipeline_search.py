@@ -88,7 +88,8 @@ def machine_kinds(problem: Problem) -> tuple[list[MachineKind], dict[str, int]]:
         groups.setdefault((tuple(sorted(c.items())), link), []).append(m)
     kinds, of = [], {}
     for i, ((classes, _), ms) in enumerate(sorted(groups.items(), key=lambda kv: sorted(kv[1])[0])):
-        kinds.append(MachineKind(f"k{i}", tuple(c for c, _ in classes), tuple(n for _, n in classes), tuple(sorted(ms))))
+        kinds.append(MachineKind(f"k{i}", tuple(c for c, _ in classes), tuple(n for _, n in classes),
+                                 tuple(sorted(ms))))
         of.update({m: i for m in ms})
     return kinds, of
 
@@ -229,7 +230,8 @@ def plan_pipelines(problem: Problem, microbatches: int, options: SolveOptions | 
         tight = sum(problem.device(d).capacity_bytes for d in devs) < _ROOMY * need_bytes(problem)
         ranked.setdefault(main, []).append(((tight, -per_device), s))
     # Best first within each kind, the kinds in turn.
-    queues = [[s for _, s in sorted(v, key=lambda e: (e[0], e[1].machines, e[1].piece))] for _, v in sorted(ranked.items())]
+    queues = [[s for _, s in sorted(v, key=lambda e: (e[0], e[1].machines, e[1].piece))]
+              for _, v in sorted(ranked.items())]
     order = [s for turn in itertools.zip_longest(*queues) for s in turn if s is not None]
     # The first shape solved times `solve` for the others (seconds per devices^1.5): a small one.
     small = next((s for s in order if len(shape_devices(problem, kinds, s)) <= _CALIBRATE_DEVICES), None)
@@ -286,8 +288,8 @@ def plan_pipelines(problem: Problem, microbatches: int, options: SolveOptions | 
     sync_estimates(problem, cands, kmax)
     unit = max(1, bound.bound_ns // 10_000)
     quick = greedy_outer(kinds, cands, microbatches, kmax)
-    answer = solve_outer(kinds, cands, microbatches, kmax, max(1.0, deadline(0.95) - time.perf_counter()), seed=opts.seed,
-                         workers=opts.workers, unit_ns=unit, hint=quick)
+    answer = solve_outer(kinds, cands, microbatches, kmax, max(1.0, deadline(0.95) - time.perf_counter()),
+                         seed=opts.seed, workers=opts.workers, unit_ns=unit, hint=quick)
     tried_answers = [(a, cost_pipelines(problem, realize(problem, kinds, cands, a, shape_devices, _class_devices),
                                         solver_status="FEASIBLE")) for a in (answer, quick) if a is not None]
     if not tried_answers:
@@ -301,8 +303,8 @@ def plan_pipelines(problem: Problem, microbatches: int, options: SolveOptions | 
         raise HetpartError("partitioner: internal error, the pipelines plan breaks its rules:\n  "
                            + "\n  ".join(violations))
     lower = min(bound.bound_ns, best.iteration_ns)
-    status = ("OPTIMAL" if lower >= best.iteration_ns else
-              "WITHIN_GAP" if opts.gap > 0 and best.iteration_ns - lower <= opts.gap * best.iteration_ns else "FEASIBLE")
+    within = opts.gap > 0 and best.iteration_ns - lower <= opts.gap * best.iteration_ns
+    status = "OPTIMAL" if lower >= best.iteration_ns else "WITHIN_GAP" if within else "FEASIBLE"
     stats = {"seconds": time.perf_counter() - t0, "bound_seconds": bound.seconds, "shapes": float(len(shapes)),
              "shapes_tried": float(tried), "shapes_solved": float(len(cands)), "outer_optimal": float(exhausted),
              "outer_step_ns": float(answer.step_units * answer.unit_ns), "kmax": float(kmax)}
