@@ -1,0 +1,180 @@
+"""What today's 3D planners would give on the same cluster, in hetpart's cost model (issue 19).
+
+Printed beside a `plan_pipelines` answer; each is a `PipelinesPlan` costed by `cost_pipelines`
+and checked by `pipelines_violations`, so the ratios compare like with like (NOTE [pipeline
+baselines]). Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+
+from hetpart.errors import HetpartError
+from hetpart.partitioner.baselines import _equal_blocks
+from hetpart.partitioner.costs import node_time_ns
+from hetpart.partitioner.evaluate import evaluate
+from hetpart.partitioner.pipelines import (
+    Pipeline, PipelinesPlan, cost_pipelines, pipeline_time_ns, pipelines_violations, sub_problem,
+)
+from hetpart.partitioner.problem import Plan, Problem
+from hetpart.partitioner.solve import SolveOptions, solve
+
+# NOTE [pipeline baselines]
+# - megatron: Megatron-LM's uniform 3D layout without tensor parallelism: dp pipelines of pp
+#   stages on consecutive devices in cluster order, the same number of blocks per stage (NOTE
+#   [equal blocks] in baselines.py), the batch split equally (the first M mod dp pipelines one
+#   microbatch more). The best over every (pp, dp) with pp x dp <= the devices whose plans fit
+#   in memory: all pairs are ranked by their slowest pipeline, the best TOP_EXACT recosted with
+#   their gradient sync.
+# - metis: Metis-style heterogeneity-aware splits on the same (pp, dp) layouts: each stage gets
+#   blocks in proportion to its device's speed (1 / the model's time on its type) and each
+#   pipeline microbatches in proportion to its speed (1 / its bottleneck), largest remainders
+#   first; the best pair as above.
+# - one-pipeline: today's `solve` on every device, for the iteration objective of all M
+#   microbatches (NOTE [objectives]): `--parallel pipeline`.
+# A pipeline's plan is costed once per distinct device signature (types, capacities, machine
+# boundaries), so a 1,024-device cluster costs a few hundred evaluations, not D log D.
+
+TOP_EXACT = 8  # (pp, dp) pairs recosted exactly, with sync
+
+
+@dataclass
+class PipelinesBaseline:
+    """One baseline: its plan (None when it has none for this problem) and what it is."""
+
+    name: str
+    plan: PipelinesPlan | None
+    note: str
+
+
+def _signature(problem: Problem, devices: list[str]) -> tuple:
+    ds = [problem.device(d) for d in devices]
+    same = tuple(a.node == b.node for a, b in zip(ds, ds[1:]))
+    links = tuple(problem.intra_node_links.get(d.node) for d in ds)
+    return tuple((d.type, d.capacity_bytes) for d in ds), same, links
+
+
+def _blocks_of(problem: Problem) -> tuple[list[str], list[int], int]:
+    """(node order, each node's block index, blocks): NOTE [equal blocks]'s blocks, one stage each."""
+    many = dataclasses.replace(problem, max_stages=None)
+    order = problem.node_order()
+    probe = dataclasses.replace(many, devices=list(problem.devices) * (1 + problem.graph.number_of_nodes()
+                                                                       // max(1, len(problem.devices))))
+    stage_of, blocks, _ = _equal_blocks(probe) if len(probe.devices) else ({}, 0, "")
+    return order, [stage_of[v] for v in order], blocks
+
+
+def _stage_of(order: list[str], block: list[int], sizes: list[int]) -> dict[str, int]:
+    """Consecutive runs of `sizes[k]` blocks per stage."""
+    stage_at: list[int] = []
+    for k, n in enumerate(sizes):
+        stage_at += [k] * n
+    return {v: stage_at[b] for v, b in zip(order, block)}
+
+
+def _proportional(total: int, weights: list[float], least: int = 1) -> list[int] | None:
+    """`total` split in proportion to `weights`, each at least `least`, largest remainders first."""
+    if total < least * len(weights) or not weights:
+        return None
+    spare = total - least * len(weights)
+    raw = [spare * w / sum(weights) for w in weights]
+    out = [least + int(r) for r in raw]
+    for i in sorted(range(len(raw)), key=lambda i: int(raw[i]) - raw[i])[: total - sum(out)]:
+        out[i] += 1
+    return out
+
+
+def _layout_baseline(problem: Problem, M: int, name: str, speed_aware: bool, deadline: float) -> PipelinesPlan | None:
+    """NOTE [pipeline baselines]'s megatron (speed_aware False) or metis: the best (pp, dp) found by `deadline`."""
+    order, block, blocks = _blocks_of(problem)
+    names = [d.name for d in problem.devices]
+    D = len(names)
+    one_f1b = problem.training is not None and problem.training.schedule == "1f1b"
+    type_time = {t: sum(node_time_ns(problem, v, t) for v in problem.graph.nodes) for t in problem.device_types}
+    cache: dict[tuple, tuple[Plan, bool] | None] = {}
+    ranked = []
+    for pp in range(1, min(D, blocks) + 1):
+        if time.perf_counter() > deadline:
+            break
+        pipes: list[tuple[list[str], Plan]] = []
+        for j in range(D // pp):
+            devs = names[j * pp:(j + 1) * pp]
+            if speed_aware:
+                sizes = _proportional(blocks, [1.0 / max(1, type_time[problem.device(d).type]) for d in devs])
+            else:
+                sizes = [blocks * (k + 1) // pp - blocks * k // pp for k in range(pp)]
+            if sizes is None:
+                break
+            key = (_signature(problem, devs), tuple(sizes))
+            if key not in cache:
+                sub = sub_problem(problem, devs, max(M, pp))
+                stage_of = _stage_of(order, block, sizes)
+                stages = evaluate(sub, stage_of, devs)
+                plan = Plan(stage_of=stage_of, device_of_stage=devs, stages=stages,
+                            bottleneck_ns=max(s.time_ns for s in stages), lower_bound_ns=0, solver_status="BASELINE",
+                            solve_seconds=0.0, objective="iteration", microbatches=1)
+                cache[key] = (plan, all(st.memory_bytes <= st.capacity_bytes for st in stages))  # checked at the end
+            plan, fits = cache[key]  # (a plan on the first devices of this signature: renamed when recosted)
+            if not fits:
+                break  # the later pipelines of this pp (further down the cluster order) are not tried either
+            pipes.append((devs, plan))
+        for dp in range(1, min(len(pipes), M) + 1):
+            chosen = pipes[:dp]
+            if speed_aware:
+                shares = _proportional(M, [1.0 / max(1, p.bottleneck_ns) for _, p in chosen])
+            else:
+                shares = [M // dp + (j < M % dp) for j in range(dp)]
+            if shares is None or (one_f1b and min(shares) < pp):
+                continue
+            worst = max(sum(s.time_ns for s in p.stages) + (m - 1) * p.bottleneck_ns
+                        for (_, p), m in zip(chosen, shares))
+            ranked.append((worst, pp, dp, shares, chosen))
+    best = None
+    for worst, pp, dp, shares, chosen in sorted(ranked, key=lambda r: r[:3])[:TOP_EXACT]:
+        out = []
+        for j, ((devs, plan), m) in enumerate(zip(chosen, shares)):
+            stages = evaluate(sub_problem(problem, devs, m), plan.stage_of, devs)
+            p = dataclasses.replace(plan, device_of_stage=list(devs), stages=stages, microbatches=m,
+                                    objective_ns=pipeline_time_ns(dataclasses.replace(plan, stages=stages), m))
+            out.append(Pipeline(index=j, devices=tuple(devs), microbatches=m, plan=p, time_ns=p.objective_ns))
+        got = cost_pipelines(problem, out, solver_status="BASELINE",
+                             bound_note=f"{name}: pp={pp}, dp={dp} (NOTE [pipeline baselines])")
+        if not pipelines_violations(problem, got, M) and (best is None or got.iteration_ns < best.iteration_ns):
+            best = got
+    return best
+
+
+def single_pipeline(problem: Problem, M: int, options: SolveOptions | None = None, **overrides) -> PipelinesPlan:
+    """Today's plan: one pipeline on every device, solved for the iteration objective of M microbatches."""
+    devs = [d.name for d in problem.devices]
+    sub = sub_problem(problem, devs, M)
+    opts = dataclasses.replace(options or SolveOptions(), **overrides) if overrides else options or SolveOptions()
+    plan = solve(sub, dataclasses.replace(opts, objective="iteration", microbatches=M))
+    pipe = Pipeline(index=0, devices=tuple(devs), microbatches=M, plan=plan, time_ns=pipeline_time_ns(plan, M))
+    return cost_pipelines(problem, [pipe], solver_status=plan.solver_status, lower_bound_ns=plan.lower_bound_ns,
+                          bound_note="one pipeline on every device (NOTE [pipeline baselines])")
+
+
+def pipeline_baselines(problem: Problem, microbatches: int, time_limit_s: float = 30.0,
+                       options: SolveOptions | None = None, single: bool = True) -> list[PipelinesBaseline]:
+    """NOTE [pipeline baselines], each within its share of `time_limit_s` (megatron and metis a quarter
+    each, one-pipeline the half; `single` False leaves one-pipeline out: `solve` on a thousand devices
+    overruns its limit by minutes); a baseline with no valid plan has `plan` None and says why."""
+    t0 = time.perf_counter()
+    out = []
+    for name, aware, share in (("megatron", False, 0.25), ("metis", True, 0.5)):
+        got = _layout_baseline(problem, microbatches, name, aware, t0 + share * time_limit_s)
+        out.append(PipelinesBaseline(name, got, got.bound_note if got else
+                                     "no (pp, dp) layout fits in memory with equal batch shares"))
+    if not single:
+        out.append(PipelinesBaseline("one-pipeline", None, "not run (single=False)"))
+        return out
+    try:
+        left = max(0.5, time_limit_s - (time.perf_counter() - t0))
+        single = single_pipeline(problem, microbatches, options, time_limit_s=left)
+        out.append(PipelinesBaseline("one-pipeline", single, single.bound_note))
+    except HetpartError as e:
+        out.append(PipelinesBaseline("one-pipeline", None, str(e).splitlines()[0]))
+    return out

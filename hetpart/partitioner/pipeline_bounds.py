@@ -1,0 +1,352 @@
+"""A lower bound on the step time of every plan of data-parallel pipelines (NOTE [pipelines bound]).
+
+The plan space is that of NOTE [pipelines plan]: any partition of any subset of the devices into
+pipelines, any single-pipeline plan on each, any integer split of the microbatches. The bound is
+a small LP (OR-Tools GLOP) over pipeline *supports* (the set of device types a pipeline's stages
+run on), bisected on the step time; nothing here enumerates pipelines, so it costs the same on
+8 devices and on 8,000. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+from ortools.linear_solver import pywraplp
+
+from hetpart.partitioner.costs import held_weight_bytes
+from hetpart.partitioner.lp_bounds import _LpData, _solve_lp
+from hetpart.partitioner.problem import MEM_BYTES, TIME_NS, WEIGHTS, Problem
+
+# NOTE [pipelines bound]
+# Take any plan: pipelines i = 1..k over disjoint devices, pipeline i running m_i >= 1
+# microbatches (sum m_i = M) on the n_i devices its stages use, whose types form its support A_i.
+# Its time is T_i = sum_i + (m_i - 1) b_i (NOTE [pipelines plan]: sum_i its stage times, b_i the
+# slowest), and the step is max_i T_i + sync. For one pipeline of support A:
+# (a) sum_i >= F_A, every node on its fastest type in A (stage times hold their compute);
+# (b) b_i >= Lambda_A / (lambda . n_i) for any lambda >= 0 over the types: the stages on type t
+#     run lambda-weighted work sum_t lambda_t W_t <= b_i lambda . n_i, and that work is at least
+#     Lambda_A = sum_v min over t in A of lambda_t time[v, t] (NOTE [Lagrangian LP bound]'s
+#     argument; lambda = the duals of the LP work bound on A's types, though any lambda is valid);
+# (c) so T >= T_i gives m_i - 1 <= (T - F_A) lambda . n_i / Lambda_A: a pipeline's microbatches
+#     are at most linear in its devices. That is the fill and drain: a pipeline of S stages
+#     pays F_A once, then one bottleneck per microbatch, and b_i >= F_A / S at best;
+# (d) a fast type t1 in a slow pipeline: with A' = A - {t1}, every node not on t1 costs at
+#     least its time on A', and moving node v to t1 saves at most rho = max_v (min_A' time[v] -
+#     time[v, t1]) / time[v, t1] per unit of t1's time, of which the pipeline has n_t1 b_i:
+#     sum_i >= F_A' - rho n_t1 b_i, so m_i - 1 <= (T - F_A') / b_i + rho n_t1, with 1/b_i
+#     bounded by (b) when T >= F_A' and by 1/T (b_i <= T_i) when not. Without (d) one fast
+#     device would give a pipeline of slow ones the fast fill of (a);
+# (e) m_i - 1 <= (T - F_A) / L_A, L_A the slowest node on its fastest type in A (it is in a stage);
+# (f) the pipeline holds the whole model: its devices' memory is at least every weight read with
+#     its training state plus one microbatch of activations (the stash is at least one);
+# (g) under GPipe every stage keeps all m_i microbatches' activations, so (f) holds with m_i of them;
+# (h) under 1F1B a pipeline has at most as many stages as microbatches (sub_problem), so m_i >= n_i.
+# Summing over the pipelines of each support A (p_A of them, y_{A,c} devices of kind c = (type,
+# capacity)) gives an LP: sum_A y_{A,c} <= N_c; y_{A,t} >= p_A (a support has a device of each of
+# its types); memory sum_c cap_c y_{A,c} >= need p_A (+ (g)); microbatches z_A bounded by (c), (d),
+# (e) summed, and z_A >= sum_c y_{A,c} under 1F1B (h); sum_A p_A <= M; sum_A z_A = M. If it is
+# infeasible at T, no plan has max_i T_i <= T; it only loosens as T grows, so bisection gives the
+# least feasible T (to 0.05%, rounded down).
+# Gradient sync (training, k >= 2; NOTE [gradient sync]): every weight read is held in every
+# pipeline, so each all-reduce has r >= k ranks and moves at least 2(k-1)/k of its bytes per rank
+# over a link no faster than the fastest, with 2(k-1) latencies at least once. The smallest
+# pipeline, of n_s devices, has a stage holding at least W / n_s of the W weight bytes (and some
+# stage holds the largest weight), so sync >= sigma(n_s, k); with more pipelines than the largest
+# machine has devices, a ring crosses machines and its link is no faster than the network. The
+# plans are split by k (1; 2-3; 4-15; 16-63; 64 and more; and at one more than the largest
+# machine's devices) and by n_s (every value up to 32, then geometric cells [g, g'), charged
+# sigma(g' - 1, k_lo)); each part adds "sum p_A in the k range" and "every pipeline has >= g
+# devices" to the LP. The bound is the least over the parts of their LP's T plus their sigma;
+# k = 1 has no sync. Left out (the bound stays valid, only weaker): transfers between stages,
+# memory per stage (only per pipeline), ZeRO and bucket latencies
+# beyond the first.
+
+_EXACT_SIZES = 32  # n_s cells of one size up to here, then geometric (ratio 1.25)
+
+
+@dataclass
+class PipelinesBound:
+    """NOTE [pipelines bound]: the bound, what it left out, and how long it took."""
+
+    bound_ns: int  # no plan's iteration_ns is below it
+    one_pipeline_ns: int  # the bound over plans of one pipeline only
+    note: str
+    seconds: float
+    unfinished: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Support:
+    """A set of device types a pipeline's stages run on, and its constants of NOTE [pipelines bound]."""
+
+    types: tuple[str, ...]
+    fill_ns: float  # F_A
+    largest_op_ns: float  # L_A
+    lam: dict[str, float]  # lambda over its types
+    work: float  # Lambda_A
+    fast: list[tuple[str, float, float]]  # (t1, F_A', rho) of (d)
+
+
+def need_bytes(problem: Problem) -> int:
+    """Memory every pipeline needs at least (NOTE [pipelines bound] (f)): each weight read, with its
+    training state, and one microbatch of every node's activations."""
+    g = problem.graph
+    read = {w for v in g.nodes for w in g.nodes[v].get(WEIGHTS, ())}
+    return sum(held_weight_bytes(problem, w) for w in read) + sum(g.nodes[v].get(MEM_BYTES, 0) for v in g.nodes)
+
+
+def _node_classes(problem: Problem) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
+    """(types, time [class, type] ns, allowed [class, type], count [class]): nodes with equal times and types."""
+    types = problem.device_types
+    g = problem.graph
+    groups: dict[tuple, int] = {}
+    for v in g.nodes:
+        allowed = set(problem.allowed_types(v))
+        key = tuple((g.nodes[v][TIME_NS][t], t in allowed) for t in types)
+        groups[key] = groups.get(key, 0) + 1
+    keys = sorted(groups)
+    time_ns = np.array([[float(x[0]) for x in k] for k in keys], dtype=np.float64).reshape(len(keys), len(types))
+    allowed = np.array([[x[1] for x in k] for k in keys], dtype=bool).reshape(len(keys), len(types))
+    return types, time_ns, allowed, np.array([groups[k] for k in keys], dtype=np.float64)
+
+
+def _supports(problem: Problem) -> list[_Support]:
+    """Every support whose types can run every node, with F_A, L_A, lambda, Lambda_A and (d)'s terms."""
+    types, time_ns, allowed, count = _node_classes(problem)
+    per_type = {t: sum(1 for d in problem.devices if d.type == t) for t in types}
+    out = []
+    for r in range(1, len(types) + 1):
+        for combo in itertools.combinations(range(len(types)), r):
+            cols = list(combo)
+            ok = allowed[:, cols]
+            if not ok.any(axis=1).all():
+                continue
+            t_a = np.where(ok, time_ns[:, cols], np.inf)
+            best = t_a.min(axis=1)
+            data = _LpData(types=[types[j] for j in cols], time_us=t_a.clip(max=1e18) * count[:, None] / 1000,
+                           mem_mb=np.zeros(len(count)), allowed=ok, shared={},
+                           count=np.array([per_type[types[j]] for j in cols], dtype=np.float64),
+                           capacity_mb=np.full(len(cols), 1e30))
+            # Any lambda >= 0 gives a valid (b); keep the one with the best ratio for all of A's devices:
+            # the LP's duals (degenerate ones can be poor) or each type's inverse total time.
+            got = _solve_lp(data, {})
+            totals = np.where(ok, time_ns[:, cols], 0.0).T @ count
+            tries = [np.where(totals > 0, 1.0 / np.maximum(totals, 1e-300), 0.0)]
+            if got is not None and got[1].sum() > 0:
+                tries.append(np.maximum(got[1], 0.0))
+
+            def lagrange(lam: np.ndarray) -> float:
+                return float((np.where(ok, time_ns[:, cols] * lam[None, :], np.inf).min(axis=1) * count).sum())
+
+            lam = max(tries, key=lambda lam: lagrange(lam) / max(1e-300, float(lam @ data.count)))
+            work = lagrange(lam)
+            fast = []
+            for i, j in enumerate(cols):
+                rest = [c for c in cols if c != j]
+                if not rest or not allowed[:, rest].any(axis=1).all():
+                    continue
+                rest_best = np.where(allowed[:, rest], time_ns[:, rest], np.inf).min(axis=1)
+                on_t1 = allowed[:, j] & (time_ns[:, j] > 0)
+                saves = np.where(on_t1, (rest_best - time_ns[:, j]) / np.where(on_t1, time_ns[:, j], 1.0), 0.0)
+                free = allowed[:, j] & (time_ns[:, j] == 0) & (rest_best > 0)
+                rho = math.inf if free.any() else max(0.0, float(saves.max(initial=0.0)))
+                if math.isfinite(rho):
+                    fast.append((types[j], float((rest_best * count).sum()), rho))
+            out.append(_Support(types=tuple(types[j] for j in cols), fill_ns=float((best * count).sum()),
+                                largest_op_ns=float(best.max(initial=0.0)),
+                                lam={types[j]: float(lam[i]) for i, j in enumerate(cols)}, work=work, fast=fast))
+    return out
+
+
+class _Lp:
+    """The LP of NOTE [pipelines bound] for one part (k range, least pipeline size), at any T."""
+
+    def __init__(self, problem: Problem, supports: list[_Support], microbatches: int, k_range: tuple[int, int | None],
+                 min_size: int) -> None:
+        kinds: dict[tuple[str, int], int] = {}
+        for d in problem.devices:
+            kinds[(d.type, d.capacity_bytes)] = kinds.get((d.type, d.capacity_bytes), 0) + 1
+        self.kinds, self.supports, self.M = kinds, supports, microbatches
+        self.need, self.k_range, self.min_size = need_bytes(problem), k_range, min_size
+        t = problem.training
+        self.schedule = t.schedule if t is not None else None
+        # (g) GPipe stashes every microbatch a pipeline runs: m_i times its activations besides the model.
+        g = problem.graph
+        self.act = sum(g.nodes[v].get(MEM_BYTES, 0) for v in g.nodes) if self.schedule == "gpipe" else 0
+
+    def max_microbatches(self, T: float) -> float:
+        """The LP's most microbatches within step T (pipelines only, no sync); -1 when infeasible."""
+        s = pywraplp.Solver.CreateSolver("GLOP")
+        inf = s.infinity()
+        usable = [a for a in self.supports if T >= a.fill_ns and T >= a.largest_op_ns]
+        # --- Variables: pipelines p, devices y per kind, microbatches z, per usable support.
+        p = {a.types: s.NumVar(0.0, inf, f"p{a.types}") for a in usable}
+        y = {(a.types, c): s.NumVar(0.0, float(n), f"y{a.types}{c[0]}")
+             for a in usable for c, n in self.kinds.items() if c[0] in a.types}
+        z = {a.types: s.NumVar(0.0, inf, f"z{a.types}") for a in usable}
+        scale = 1.0 / max(1.0, self.need)
+        # --- Constraints.
+        for c, n in self.kinds.items():
+            # Each device is in one pipeline at most.
+            s.Add(s.Sum([y[a.types, c] for a in usable if c[0] in a.types]) <= n)
+        for a in usable:
+            ya = [y[a.types, c] for c in self.kinds if c[0] in a.types]
+            for t in a.types:
+                # A support has a device of each of its types in every pipeline.
+                s.Add(s.Sum([y[a.types, c] for c in self.kinds if c[0] == t]) >= p[a.types])
+            # Every pipeline holds the model (f), and has at least min_size devices.
+            s.Add(s.Sum([c[1] * scale * y[a.types, c] for c in self.kinds if c[0] in a.types])
+                  >= p[a.types] + self.act * scale * (z[a.types] - p[a.types]))
+            if self.schedule == "1f1b":
+                # (h) 1F1B runs at least as many microbatches as stages, one per device used.
+                s.Add(z[a.types] >= s.Sum(ya))
+            s.Add(s.Sum(ya) >= self.min_size * p[a.types])
+            lam_y = s.Sum([a.lam[c[0]] * y[a.types, c] for c in self.kinds if c[0] in a.types])
+            # (c): microbatches at most the fill-free share of T at the pipelines' rate.
+            if a.work > 0:
+                s.Add(z[a.types] <= p[a.types] + (T - a.fill_ns) / a.work * lam_y)
+            # (e): one bottleneck per microbatch, at least the slowest node.
+            if a.largest_op_ns > 0:
+                s.Add(z[a.types] <= p[a.types] * (1.0 + (T - a.fill_ns) / a.largest_op_ns))
+            # (d): a few fast devices among slow ones.
+            for t1, fill_rest, rho in a.fast:
+                y1 = s.Sum([y[a.types, c] for c in self.kinds if c[0] == t1])
+                if T >= fill_rest and a.work > 0:
+                    s.Add(z[a.types] <= p[a.types] + (T - fill_rest) / a.work * lam_y + rho * y1)
+                elif T < fill_rest:
+                    s.Add(z[a.types] <= p[a.types] * (1.0 + (T - fill_rest) / T) + rho * y1)
+        lo, hi = self.k_range
+        s.Add(s.Sum(list(p.values())) <= min(self.M, hi - 1) if hi is not None else s.Sum(list(p.values())) <= self.M)
+        s.Add(s.Sum(list(p.values())) >= lo)
+        s.Add(s.Sum(list(z.values())) <= self.M)  # the batch, exactly (with the test below)
+        # --- Objective.
+        s.Maximize(s.Sum(list(z.values())))
+        if s.Solve() != pywraplp.Solver.OPTIMAL:
+            return -1.0
+        return s.Objective().Value()
+
+    def feasible(self, T: float) -> bool:
+        # Near-feasible counts as feasible: a float LP may only make the bound lower, never unsound.
+        return self.max_microbatches(T) >= self.M * (1 - 1e-7) - 1e-6
+
+
+def _least_T(lp: _Lp, lo: float, hi: float, deadline: float | None) -> float | None:
+    """The least T the LP allows, rounded down (NOTE [pipelines bound]); None past the deadline."""
+    if lp.feasible(lo):
+        return lo
+    while not lp.feasible(hi):
+        if _past(deadline) or hi > 1e18:
+            return None if hi <= 1e18 else math.inf
+        lo, hi = hi, 2 * hi
+    while hi - lo > max(1.0, 5e-4 * lo):
+        if _past(deadline):
+            return None
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if lp.feasible(mid) else (mid, hi)
+    return lo
+
+
+def _past(deadline: float | None) -> bool:
+    return deadline is not None and time.perf_counter() > deadline
+
+
+def sync_floor_ns(problem: Problem, smallest_pipeline: int, pipelines: int) -> int:
+    """NOTE [pipelines bound]'s sigma: the least gradient sync of a plan of `pipelines` >= 2 pipelines
+    whose smallest uses `smallest_pipeline` devices."""
+    if problem.training is None or pipelines < 2:
+        return 0
+    g = problem.graph
+    read = {w for v in g.nodes for w in g.nodes[v].get(WEIGHTS, ())}
+    sizes = [problem.weights[w] for w in read]
+    if not sizes or max(sizes) <= 0:
+        return 0
+    links = [problem.network, *problem.intra_node_links.values()]
+    lat = min(link.latency_ns for link in links)
+    bw = max(link.bandwidth_bytes_per_us for link in links)
+    if pipelines > _largest_machine(problem):
+        # More holders than any machine has devices: the ring crosses machines, so takes a link no
+        # faster than the network (`_ring_link`: the slowest it crosses).
+        bw = problem.network.bandwidth_bytes_per_us
+    held = max(sum(sizes) / max(1, smallest_pipeline), max(sizes))
+    return int(2 * (pipelines - 1) * lat + math.floor(2 * (pipelines - 1) / pipelines * held * 1000 / bw))
+
+
+def _largest_machine(problem: Problem) -> int:
+    per: dict[str, int] = {}
+    for d in problem.devices:
+        per[d.node] = per.get(d.node, 0) + 1
+    return max(per.values(), default=1)
+
+
+def _k_ranges(problem: Problem) -> list[tuple[int, int | None]]:
+    """NOTE [pipelines bound]'s parts by pipeline count: split where the sync floor changes its terms."""
+    cuts = sorted({2, 4, 16, 64, _largest_machine(problem) + 1})
+    return [(a, b) for a, b in zip(cuts, cuts[1:])] + [(cuts[-1], None)]
+
+
+def _size_cells(devices: int) -> list[int]:
+    """The starts of NOTE [pipelines bound]'s n_s cells, and devices + 1 to close the last one."""
+    cells = list(range(1, min(devices, _EXACT_SIZES) + 1))
+    while cells[-1] < devices:
+        cells.append(min(devices, max(cells[-1] + 1, int(cells[-1] * 1.25))))
+    return cells + [devices + 1]
+
+
+def pipelines_lower_bound(problem: Problem, microbatches: int, deadline: float | None = None,
+                          upper_ns: int | None = None) -> PipelinesBound:
+    """NOTE [pipelines bound] for `microbatches` microbatches; `upper_ns` (a known plan's step) only
+    prunes parts that cannot go below it; past `deadline` (a perf_counter value) the sync parts
+    left are charged no sync (still a bound) and `unfinished` says so."""
+    t0 = time.perf_counter()
+    supports = _supports(problem)
+    if not supports:
+        return PipelinesBound(0, 0, "no set of device types runs every node: no plan, no bound", 0.0)
+    lo = min(a.fill_ns for a in supports)
+    hi = max(2.0 * lo, 1.0)
+    one = _least_T(_Lp(problem, supports, microbatches, (1, 2), 1), lo, hi, deadline)
+    free = _least_T(_Lp(problem, supports, microbatches, (1, None), 1), lo, hi, deadline)
+    unfinished = []
+    if one is None or free is None:
+        return PipelinesBound(0, 0, "the pipelines bound did not finish before the deadline", time.perf_counter() - t0,
+                              ["pipelines"])
+    if not math.isfinite(free):
+        return PipelinesBound(0, 0, "no set of pipelines holds the model in memory: no plan, no bound",
+                              time.perf_counter() - t0)
+    best = one
+    if microbatches >= 2:
+        best = min(one, free)  # any k, no sync charged: valid on its own
+        if problem.training is not None:
+            cells = _size_cells(len(problem.devices))
+            parts = []
+            for k_lo, k_hi in _k_ranges(problem):
+                if k_lo > microbatches:
+                    continue
+                for g_lo, g_next in zip(cells, cells[1:]):
+                    parts.append(((k_lo, k_hi), g_lo, sync_floor_ns(problem, g_next - 1, k_lo)))
+            exact = one
+            for k_range, g_lo, sigma in parts:
+                if _past(deadline):
+                    unfinished.append("sync")
+                    break
+                lp = _Lp(problem, supports, microbatches, k_range, g_lo)
+                cap = min(exact, upper_ns if upper_ns is not None else math.inf) - sigma
+                if cap <= lo or not lp.feasible(cap):
+                    continue  # this part cannot go below the best so far
+                got = _least_T(lp, max(lo, free), cap, deadline)
+                if got is None:
+                    unfinished.append("sync")
+                    break
+                exact = min(exact, got + sigma)
+            if not unfinished:
+                best = exact
+    bound = int(max(0.0, math.floor(best * (1 - 1e-9))))
+    left = ("transfers between stages, memory per stage, bucket latencies"
+            + ("; the gradient-sync floor (past the deadline)" if unfinished else ""))
+    note = (f"every partition of the {len(problem.devices)} devices into pipelines, every stage plan and "
+            f"microbatch split (NOTE [pipelines bound]); left out: {left}")
+    one_ns = int(max(0.0, math.floor(one * (1 - 1e-9)))) if math.isfinite(one) else 0
+    return PipelinesBound(bound, one_ns, note, time.perf_counter() - t0, unfinished)

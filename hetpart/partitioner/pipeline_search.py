@@ -1,0 +1,352 @@
+"""The search for data-parallel pipelines of different shapes (issue 19): `plan_pipelines`.
+
+Devices of one class (type and capacity, on a machine of one kind: machines with the same
+devices and link are interchangeable) need not be told apart, so the search works on pipeline
+*shapes* -- a number of whole machines of each kind, or a piece of one machine -- not on device
+sets (NOTE [pipeline shapes]). Each shape is solved once by `solve` on a canonical device set
+(cached; the shapes whose memory cannot hold the model are never tried), and an outer CP-SAT
+program picks how many pipelines of each shape run, and their microbatches, for the least step
+time (NOTE [outer program]). The bound is NOTE [pipelines bound] (pipeline_bounds.py), over
+every plan, not only these shapes. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import time
+from dataclasses import dataclass
+
+from hetpart.errors import HetpartError
+from hetpart.partitioner.pipeline_bounds import _supports, need_bytes, pipelines_lower_bound, sync_floor_ns
+from hetpart.partitioner.pipeline_outer import (
+    Candidate, _patterns, greedy_outer, realize, solve_outer, sync_estimates,
+)
+from hetpart.partitioner.pipelines import PipelinesPlan, cost_pipelines, pipelines_violations, sub_problem
+from hetpart.partitioner.problem import Plan, Problem
+from hetpart.partitioner.solve import SolveOptions, solve
+
+# NOTE [pipeline shapes]
+# A machine kind is the multiset of (type, capacity) of a machine's devices with its
+# intra-node link: two machines of one kind are interchangeable. A shape is either whole
+# machines (a count per kind, at least one machine) or a piece of one machine (a count per
+# device class of one kind, less than the whole machine). Mapping a shape's canonical
+# devices to real ones machine by machine, class by class, changes no cost (same types,
+# capacities and links, same machine boundaries), so each shape is solved once. Pieces of
+# several pipelines may share a machine (patterns, NOTE [outer program]); a pipeline of whole
+# machines plus part of another is not a shape (the bound still covers such plans, so the gap
+# shows what that leaves out). Shapes tried: every memory-feasible piece, and every count vector
+# of whole machines that holds the model with about one machine (or _SLACK) more than it needs;
+# longer ones at doubling sizes and all machines; ranked by
+# NOTE [pipelines bound]'s rate and fill of their support, and solved in that order (kinds taken
+# in turn) until the search's share of the time limit is spent.
+
+_MAX_SHAPES = 400  # shapes enumerated at most (ranked; the rest are not tried)
+_ROOMY = 1.15  # shapes with less memory than this times the model are solved after the others
+_SLACK = 1.3  # NOTE [pipeline shapes]: how much more memory than the model a short shape may have
+_EVERYTHING_FIRST = 128  # devices up to which the one-pipeline shape is solved first
+# A shape's solve gets at most this share of the limit (or _SHAPE_LIMIT_S): the DP finds the same plan
+# of 24 devices and 800 nodes in 1 s as in 5 s, and the outer program wants many shapes.
+_SHAPE_SHARE = 0.02
+_SHAPE_LIMIT_S = 1.0
+# ... or this many seconds per devices^1.5, when more: the DP needs 12 s to find any plan of 88
+# devices and 1,262 nodes that fits (none in 1.2 s), 0.7 s for 24 devices and 800 nodes.
+_SHAPE_S_PER_DEVICE = 0.012
+_CALIBRATE_DEVICES = 32  # the first shape solved has at most this many devices (when one has)
+_MAX_PATTERNS = 2_000  # piece patterns per machine kind at most
+
+
+@dataclass(frozen=True)
+class MachineKind:
+    """Machines with the same devices and link (NOTE [pipeline shapes])."""
+
+    name: str
+    classes: tuple[tuple[str, int], ...]  # (type, capacity) per device class
+    counts: tuple[int, ...]  # devices per class on one machine
+    machines: tuple[str, ...]  # the machines of this kind, sorted
+
+
+@dataclass(frozen=True)
+class Shape:
+    """Whole machines per kind, or a piece (devices per class) of one machine of `piece_kind`."""
+
+    machines: tuple[int, ...] = ()  # per kind, in kind order; () for a piece
+    piece_kind: int = -1
+    piece: tuple[int, ...] = ()
+
+
+def machine_kinds(problem: Problem) -> tuple[list[MachineKind], dict[str, int]]:
+    """The kinds and each machine's kind index."""
+    per: dict[str, dict[tuple[str, int], int]] = {}
+    for d in problem.devices:
+        c = per.setdefault(d.node, {})
+        c[(d.type, d.capacity_bytes)] = c.get((d.type, d.capacity_bytes), 0) + 1
+    groups: dict[tuple, list[str]] = {}
+    for m, c in per.items():
+        link = problem.intra_node_links.get(m)
+        groups.setdefault((tuple(sorted(c.items())), link), []).append(m)
+    kinds, of = [], {}
+    for i, ((classes, _), ms) in enumerate(sorted(groups.items(), key=lambda kv: sorted(kv[1])[0])):
+        kinds.append(MachineKind(f"k{i}", tuple(c for c, _ in classes), tuple(n for _, n in classes),
+                                 tuple(sorted(ms))))
+        of.update({m: i for m in ms})
+    return kinds, of
+
+
+def _class_devices(problem: Problem, kind: MachineKind, machine: str) -> list[list[str]]:
+    """The machine's devices per class of its kind, in problem order."""
+    out: list[list[str]] = [[] for _ in kind.classes]
+    for d in problem.devices:
+        if d.node == machine:
+            out[kind.classes.index((d.type, d.capacity_bytes))].append(d.name)
+    return out
+
+
+def shape_devices(problem: Problem, kinds: list[MachineKind], shape: Shape,
+                  machines: dict[int, list[str]] | None = None) -> tuple[str, ...]:
+    """The shape's devices on `machines` (kind -> machine names to use; default the first of each kind)."""
+    out: list[str] = []
+    if shape.piece_kind >= 0:
+        k = kinds[shape.piece_kind]
+        m = (machines or {}).get(shape.piece_kind, [k.machines[0]])[0]
+        for devs, n in zip(_class_devices(problem, k, m), shape.piece):
+            out += devs[:n]
+        return tuple(out)
+    for i, n in enumerate(shape.machines):
+        for m in (machines or {}).get(i, list(kinds[i].machines))[:n]:
+            out += [d for devs in _class_devices(problem, kinds[i], m) for d in devs]
+    return tuple(out)
+
+
+def _capacity(kind: MachineKind, per_class: tuple[int, ...]) -> int:
+    return sum(cap * n for (_, cap), n in zip(kind.classes, per_class))
+
+
+def enumerate_shapes(problem: Problem, kinds: list[MachineKind]) -> list[Shape]:
+    """NOTE [pipeline shapes]: the memory-feasible pieces and whole-machine vectors."""
+    need = need_bytes(problem)
+    shapes: list[Shape] = []
+    for i, k in enumerate(kinds):
+        for piece in itertools.product(*(range(n + 1) for n in k.counts)):
+            if 0 < sum(piece) < sum(k.counts) and _capacity(k, piece) >= need:
+                shapes.append(Shape(piece_kind=i, piece=piece))
+    full = [_capacity(k, k.counts) for k in kinds]
+    most = [len(k.machines) for k in kinds]
+    # The most machines one kind needs alone, plus one, bounds how many machines a vector has.
+    alone = [math.ceil(need / c) for c, n in zip(full, most) if c and math.ceil(need / c) <= n]
+    longest = min(sum(most), math.ceil((max(alone) if alone else sum(most)) * _SLACK) + 1)
+    found: list[Shape] = []
+    for vec in _vectors(most, longest):
+        caps = sorted(full[j] for j in range(len(vec)) for _ in range(vec[j]))
+        # Memory-feasible, with about one machine more than it needs: without its two smallest, less
+        # than _SLACK times the model (per-stage memory -- the 1F1B stash, whole ops -- wants some room).
+        if sum(caps) >= need and (len(caps) <= 2 or sum(caps[2:]) < _SLACK * need):
+            found.append(Shape(machines=vec))
+            if len(found) >= _MAX_SHAPES:
+                break
+    # Longer pipelines (less gradient sync per device, the same bubble when the batch grows with the
+    # cluster): one kind alone or all kinds in proportion, at doubling machine counts, and all machines.
+    longer = {tuple(most)}
+    for t in itertools.takewhile(lambda t: t < sum(most), (longest * 2**i for i in range(1, 30))):
+        longer.add(tuple(round(t * n / sum(most)) for n in most))
+        for j, n in enumerate(most):
+            if t <= n:
+                longer.add(tuple(t if i == j else 0 for i in range(len(most))))
+    for vec in sorted(longer, key=lambda v: (sum(v), v)):
+        cap = sum(c * n for c, n in zip(full, vec))
+        if sum(vec) > longest and cap >= need and Shape(machines=vec) not in found:
+            found.append(Shape(machines=vec))
+    return shapes + found
+
+
+def _vectors(most: list[int], longest: int):
+    """Every vector of machine counts (each at most `most[j]`) with 1..longest machines, fewest first."""
+    for total in range(1, longest + 1):
+        for vec in itertools.product(*(range(min(n, total) + 1) for n in most)):
+            if sum(vec) == total:
+                yield tuple(vec)
+
+
+def _support_rate(problem: Problem, devices: tuple[str, ...], supports) -> tuple[float, float]:
+    """(fill ns, bottleneck ns) NOTE [pipelines bound] gives a pipeline on `devices`: the ranking's measure."""
+    types = tuple(sorted({problem.device(d).type for d in devices}))
+    a = next((s for s in supports if s.types == types), None)
+    if a is None:
+        return math.inf, math.inf
+    lam_n = sum(a.lam.get(problem.device(d).type, 0.0) for d in devices)
+    return a.fill_ns, max(a.largest_op_ns, a.work / lam_n if lam_n > 0 else math.inf)
+
+
+def _solve_shape(problem: Problem, devices: tuple[str, ...], m: int, opts: SolveOptions, limit_s: float) -> Plan | None:
+    """The shape's plan for `m` microbatches, or None when no plan fits its memory or it found none in time.
+    Without its own search-free bounds and certificate: NOTE [pipelines bound] bounds the whole plan."""
+    sub = sub_problem(problem, devices, m)
+    try:
+        return solve(sub, dataclasses.replace(opts, time_limit_s=max(0.05, limit_s), objective="iteration",
+                                              microbatches=m, run_bounds=False, run_ideal_dp=False,
+                                              check_certificate=False))
+    except HetpartError:
+        return None
+
+
+def plan_pipelines(problem: Problem, microbatches: int, options: SolveOptions | None = None,
+                   **overrides: object) -> PipelinesPlan:
+    """The best data-parallel pipelines over disjoint devices found within `time_limit_s`, with
+    NOTE [pipelines bound]'s bound over every plan (NOTE [pipeline shapes], NOTE [outer program]).
+
+    `options`/`overrides` as `solve` takes them: the time limit covers the whole search (the
+    bound, every shape's solve, the outer program); with `gap` > 0 a plan certified within it is
+    "WITHIN_GAP" (the search does not stop early for it).
+    Raises HetpartError when no shape holds the model or none was solved in time.
+    """
+    t0 = time.perf_counter()
+    opts = dataclasses.replace(options or SolveOptions(), **overrides) if overrides else options or SolveOptions()
+    if microbatches < 1:
+        raise HetpartError(f"partitioner: the batch needs at least 1 microbatch, got {microbatches}")
+    problem.validate()
+    limit = opts.time_limit_s
+    deadline = lambda share: t0 + share * limit  # noqa: E731
+    bound = pipelines_lower_bound(problem, microbatches, deadline=deadline(0.15))
+    kinds, _ = machine_kinds(problem)
+    shapes = enumerate_shapes(problem, kinds)
+    if not shapes:
+        raise HetpartError(
+            f"partitioner: no set of the {len(problem.devices)} devices holds the model ({need_bytes(problem)} bytes "
+            "of weights, training state and one microbatch of activations): add devices with more memory")
+    supports = _supports(problem)
+    usable = sum(len(k.machines) * sum(k.counts) for k in kinds)
+    ranked: dict[int, list[tuple[tuple[bool, float], Shape]]] = {}
+    for s in shapes:
+        devs = shape_devices(problem, kinds, s)
+        fill, b = _support_rate(problem, devs, supports)
+        share = max(1, microbatches * len(devs) // max(1, usable))
+        # Microbatches per device per ns if every pipeline were like this one, its sync at its floor.
+        sync = sync_floor_ns(problem, len(devs), max(2, usable // len(devs))) if len(devs) < usable else 0
+        per_device = (share / (fill + (share - 1) * b + sync)) / len(devs) if math.isfinite(fill + b) else 0.0
+        main = s.piece_kind if s.piece_kind >= 0 else max(range(len(kinds)), key=lambda j: s.machines[j])
+        # Shapes with little memory to spare go last: per-stage memory (the 1F1B stash, whole ops) often
+        # leaves them no plan (the 405B-shaped model's 72-GPU shapes, 4% over the model, have none).
+        tight = sum(problem.device(d).capacity_bytes for d in devs) < _ROOMY * need_bytes(problem)
+        ranked.setdefault(main, []).append(((tight, -per_device), s))
+    # Best first within each kind, the kinds in turn.
+    queues = [[s for _, s in sorted(v, key=lambda e: (e[0], e[1].machines, e[1].piece))]
+              for _, v in sorted(ranked.items())]
+    order = [s for turn in itertools.zip_longest(*queues) for s in turn if s is not None]
+    # The first shape solved times `solve` for the others (seconds per devices^1.5): a small one.
+    small = next((s for s in order if len(shape_devices(problem, kinds, s)) <= _CALIBRATE_DEVICES), None)
+    if small is not None:
+        order.remove(small)
+        order.insert(0, small)
+    # One pipeline on every device before it, so the plan is never worse than today's -- up to
+    # _EVERYTHING_FIRST devices: above, `solve` on all of them overruns its share of the limit (31 s
+    # for a 4.4 s share on 1,024 devices, 30 s for 5 s on 256), and one pipeline is far behind anyway.
+    everything = Shape(machines=tuple(len(k.machines) for k in kinds))
+    if everything in order and len(problem.devices) <= _EVERYTHING_FIRST:
+        order.remove(everything)
+        order.insert(0, everything)
+    # --- Solve the shapes in turn (NOTE [pipeline shapes]) until the search's share is spent.
+    cands: list[Candidate] = []
+    tried = 0
+    slowest = 0.0  # the most seconds per devices^1.5 a shape's solve took so far
+    search_end = deadline(0.6)
+    for s in order:
+        left = search_end - time.perf_counter()
+        if left <= 0:
+            break
+        devs = shape_devices(problem, kinds, s)
+        if slowest and len(devs) ** 1.5 * slowest > left:
+            continue  # `solve` would likely overrun what is left (about devices^1.5: 0.7 s on 24, 22 s on 256)
+        share = max(1, microbatches * len(devs) // max(1, usable))
+        sched = problem.training.schedule if problem.training is not None else None
+        t_shape = time.perf_counter()
+        # 1F1B: a plan of S stages runs any m >= S; GPipe: any m up to the m it was solved for (the stash).
+        m_ref = min(microbatches, max(share, len(devs))) if sched == "1f1b" else microbatches
+        per_shape = min(left / min(6, len(order) - tried),
+                        max(_SHAPE_LIMIT_S, limit * _SHAPE_SHARE, _SHAPE_S_PER_DEVICE * len(devs) ** 1.5))
+        plan = _solve_shape(problem, devs, m_ref, opts, per_shape)
+        if plan is None and sched == "gpipe" and share < microbatches:
+            m_ref = share
+            plan = _solve_shape(problem, devs, m_ref, opts, per_shape)
+        tried += 1
+        slowest = max(slowest, (time.perf_counter() - t_shape) / len(devs) ** 1.5)
+        if plan is None:
+            continue
+        S = len(plan.stages)
+        lo = S if sched == "1f1b" else 1
+        hi = m_ref if sched == "gpipe" else microbatches
+        if lo > hi:
+            continue
+        cands.append(Candidate(s, devs, plan, m_ref, lo, hi, sum(st.time_ns for st in plan.stages), plan.bottleneck_ns))
+    if not cands:
+        raise HetpartError(
+            f"partitioner: no pipeline shape was solved within {limit:g} s ({len(shapes)} shapes hold the model, "
+            f"{tried} tried): raise --time-limit")
+    # --- The outer program (NOTE [outer program]).
+    pieces = {j: max((p for p in _patterns_per_kind(kinds, cands).get(j, [])), default=0) for j in range(len(kinds))}
+    kmax = max(1, min(microbatches, sum(len(k.machines) * max(1, pieces.get(j, 0)) for j, k in enumerate(kinds))))
+    sync_estimates(problem, cands, kmax)
+    unit = max(1, bound.bound_ns // 10_000)
+    quick = greedy_outer(kinds, cands, microbatches, kmax)
+    answer = solve_outer(kinds, cands, microbatches, kmax, max(1.0, deadline(0.95) - time.perf_counter()),
+                         seed=opts.seed, workers=opts.workers, unit_ns=unit, hint=quick)
+    tried_answers = [(a, cost_pipelines(problem, realize(problem, kinds, cands, a, shape_devices, _class_devices),
+                                        solver_status="FEASIBLE")) for a in (answer, quick) if a is not None]
+    if not tried_answers:
+        raise HetpartError(f"partitioner: the outer program found no mix of the {len(cands)} solved pipeline shapes "
+                           f"that runs {microbatches} microbatches within {limit:g} s: raise --time-limit")
+    # CP-SAT's answer unless the quick one is truly better (CP-SAT ran out of time before reaching it).
+    answer, best = min(tried_answers, key=lambda ab: ab[1].iteration_ns)
+    exhausted = answer.optimal
+    violations = pipelines_violations(problem, best, microbatches)
+    if violations:
+        raise HetpartError("partitioner: internal error, the pipelines plan breaks its rules:\n  "
+                           + "\n  ".join(violations))
+    lower = min(bound.bound_ns, best.iteration_ns)
+    within = opts.gap > 0 and best.iteration_ns - lower <= opts.gap * best.iteration_ns
+    status = "OPTIMAL" if lower >= best.iteration_ns else "WITHIN_GAP" if within else "FEASIBLE"
+    stats = {"seconds": time.perf_counter() - t0, "bound_seconds": bound.seconds, "shapes": float(len(shapes)),
+             "shapes_tried": float(tried), "shapes_solved": float(len(cands)), "outer_optimal": float(exhausted),
+             "outer_step_ns": float(answer.step_units * answer.unit_ns), "kmax": float(kmax)}
+    note = bound.note + ("" if exhausted else "; the outer program did not finish: a better mix of these shapes "
+                         "may exist") + ("" if tried == len(shapes) else f"; {len(shapes) - tried} of "
+                                         f"{len(shapes)} shapes not tried (time limit)")
+    out = dataclasses.replace(best, lower_bound_ns=lower, solver_status=status, bound_note=note, stats=stats)
+    out.devices_idle = _idle_reasons(problem, kinds, shapes, cands, out)
+    return out
+
+
+def _idle_reasons(problem: Problem, kinds: list[MachineKind], shapes: list[Shape], cands: list[Candidate],
+                  plan: PipelinesPlan) -> dict[str, str]:
+    """Each idle device, and why (NOTE [pipeline shapes]): memory, too slow to help, or not tried."""
+    _, kind_of = machine_kinds(problem)
+    in_shape = {j for s in shapes for j in ([s.piece_kind] if s.piece_kind >= 0 else
+                                            [i for i, n in enumerate(s.machines) if n])}
+    solved = {j for c in cands for j in ([c.shape.piece_kind] if c.shape.piece_kind >= 0 else
+                                         [i for i, n in enumerate(c.shape.machines) if n])}
+    planned = {d for p in plan.pipelines for d in p.devices}
+    out = {}
+    for d, why in plan.devices_idle.items():
+        j = kind_of[problem.device(d).node]
+        if d in planned:
+            out[d] = ("too slow to help: its pipeline's best plan leaves it out (a stage on it would not "
+                      "make that pipeline faster)")
+        elif j not in in_shape:
+            out[d] = "memory: no pipeline containing it can hold the model"
+        elif j not in solved:
+            out[d] = "not planned: no pipeline shape with it was solved within the time limit"
+        elif plan.microbatches <= len(plan.pipelines):
+            out[d] = "microbatches: every pipeline already runs one microbatch; a larger batch would use it"
+        else:
+            out[d] = ("too slow to help: no pipeline with it lowers the step time (it would be slower than the "
+                      "step, or its gradient sync would cost more than it saves)")
+    return out
+
+
+def _patterns_per_kind(kinds: list[MachineKind], cands: list[Candidate]) -> dict[int, list[int]]:
+    """Kind -> the piece counts of its patterns (how many pipelines one machine of it can host)."""
+    out = {}
+    for j, kind in enumerate(kinds):
+        pieces = [c.shape.piece for c in cands if c.shape.piece_kind == j]
+        out[j] = [sum(p) for p in _patterns(kind.counts, pieces)]
+    return out

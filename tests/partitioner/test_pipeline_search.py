@@ -1,0 +1,210 @@
+"""plan_pipelines, its bound and its baselines (issue 19), against brute force on small problems.
+
+The brute force enumerates every partition of every subset of the devices into pipelines, every
+valid single-pipeline plan on each (certificate.valid_plans on sub_problem) and every split of the
+microbatches, costing each combination with pipelines.cost_pipelines: the exact optimum of the
+plan space NOTE [pipelines bound] claims to bound.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import random
+
+import networkx as nx
+import pytest
+
+from hetpart.errors import HetpartError
+from hetpart.partitioner import MEM_BYTES, OUT_BYTES, PIN, PIN_FIRST, PIN_LAST, TIME_NS, WEIGHTS, Device, Link
+from hetpart.partitioner.certificate import valid_plans
+from hetpart.partitioner.pipeline_baselines import pipeline_baselines
+from hetpart.partitioner.pipeline_bounds import pipelines_lower_bound, sync_floor_ns
+from hetpart.partitioner.pipeline_search import plan_pipelines
+from hetpart.partitioner.pipelines import Pipeline, cost_pipelines, grad_sync_ns, pipelines_violations, sub_problem
+from hetpart.partitioner.problem import LAYER, Plan, Problem, Training
+
+SPEED = {"fast": 1.0, "mid": 0.5, "slow": 0.2}
+
+
+def small_problem(seed: int) -> tuple[Problem, int]:
+    """A chain of 3-4 ops with a weight each, on 4-5 devices of 2-3 types over 2-3 machines, training
+    (1F1B or GPipe) or inference, and 2-4 microbatches; memory such that one device rarely holds it all."""
+    rng = random.Random(seed)
+    n = rng.choice([3, 4])
+    types = rng.sample(sorted(SPEED), rng.choice([2, 3]))
+    g = nx.DiGraph()
+    weights = {}
+    for i in range(n):
+        base = rng.randint(20, 100)
+        weights[f"w{i}"] = rng.randint(50, 400)
+        g.add_node(f"v{i}", **{TIME_NS: {t: int(base / SPEED[t] * rng.uniform(0.9, 1.1)) for t in SPEED},
+                              MEM_BYTES: rng.randint(0, 30), OUT_BYTES: rng.randint(0, 200) if i < n - 1 else 0,
+                              WEIGHTS: (f"w{i}",), PIN: PIN_FIRST if i == 0 else PIN_LAST if i == n - 1 else None,
+                              LAYER: f"blocks.{i}"})
+        if i:
+            g.add_edge(f"v{i - 1}", f"v{i}")
+    total = sum(weights.values())
+    devices = []
+    for j in range(rng.choice([4, 5])):
+        t = types[j % len(types)] if j < len(types) else rng.choice(types)
+        devices.append(Device(f"d{j}", t, f"m{j % rng.choice([2, 3])}", int(total * rng.uniform(0.9, 2.5)) + 100))
+    training = None
+    if rng.random() < 0.7:
+        training = Training(rng.choice(["1f1b", "gpipe"]), 1, {w: b // 2 for w, b in weights.items()})
+    machines = sorted({d.node for d in devices})
+    p = Problem(graph=g, weights=weights, devices=devices,
+                intra_node_links={m: Link(rng.choice([100, 400]), rng.randint(0, 20)) for m in machines},
+                network=Link(rng.choice([10, 50]), rng.randint(10, 60)), training=training)
+    return p, rng.choice([2, 3, 4])
+
+
+def _partitions(items: list[str]):
+    """Every set partition of `items` into non-empty groups."""
+    if not items:
+        yield []
+        return
+    first, rest = items[0], items[1:]
+    for part in _partitions(rest):
+        for i in range(len(part)):
+            yield part[:i] + [[first, *part[i]]] + part[i + 1:]
+        yield [[first], *part]
+
+
+def _compositions(total: int, parts: int):
+    if parts == 1:
+        yield (total,)
+        return
+    for first in range(1, total - parts + 2):
+        for rest in _compositions(total - first, parts - 1):
+            yield (first, *rest)
+
+
+def brute_pipelines(problem: Problem, M: int) -> int | None:
+    """The least iteration_ns over every plan of NOTE [pipelines plan], or None when none fits."""
+    names = [d.name for d in problem.devices]
+    best = None
+    per_group: dict[tuple[str, ...], dict[int, list[tuple[Plan, int]]]] = {}
+
+    def plans(group: tuple[str, ...], m: int) -> list[tuple[Plan, int]]:
+        got = per_group.setdefault(group, {})
+        if m not in got:
+            sub = sub_problem(problem, group, m)
+            got[m] = []
+            for stage_of, devs, stages in valid_plans(sub):
+                plan = Plan(stage_of=stage_of, device_of_stage=devs, stages=stages,
+                            bottleneck_ns=max(s.time_ns for s in stages), lower_bound_ns=0, solver_status="FEASIBLE",
+                            solve_seconds=0.0)
+                got[m].append((plan, sum(s.time_ns for s in stages) + (m - 1) * plan.bottleneck_ns))
+        return got[m]
+
+    for r in range(1, len(names) + 1):
+        for subset in itertools.combinations(names, r):
+            for part in _partitions(list(subset)):
+                if len(part) > M:
+                    continue
+                groups = [tuple(g) for g in part]
+                for split in _compositions(M, len(groups)):
+                    options = [plans(g, m) for g, m in zip(groups, split)]
+                    if not all(options):
+                        continue
+                    for combo in itertools.product(*options):
+                        pipes = [Pipeline(i, g, m, plan, t) for i, (g, m, (plan, t)) in
+                                 enumerate(zip(groups, split, combo))]
+                        value = max(t for _, t in combo) + grad_sync_ns(problem, pipes)[0]
+                        best = value if best is None else min(best, value)
+    return best
+
+
+CASES = [s for s in range(40) if s % 3 == 0][:8]
+
+
+@pytest.mark.parametrize("seed", CASES)
+def test_bound_and_plan_against_brute_force(seed):
+    p, M = small_problem(seed)
+    opt = brute_pipelines(p, M)
+    bound = pipelines_lower_bound(p, M)
+    assert opt is not None
+    assert bound.bound_ns <= opt, (bound, opt)
+    plan = plan_pipelines(p, M, time_limit_s=20)
+    assert not pipelines_violations(p, plan, M)
+    assert plan.iteration_ns >= opt
+    assert plan.lower_bound_ns <= opt
+    again = cost_pipelines(p, plan.pipelines, solver_status="x")
+    assert again.iteration_ns == plan.iteration_ns  # the returned step is the true one
+    if plan.solver_status == "OPTIMAL":
+        assert plan.iteration_ns == opt
+    assert set(plan.devices_idle) == {d.name for d in p.devices} - {
+        d for q in plan.pipelines for s in q.plan.stages for d in s.devices}
+
+
+def test_copies_of_one_machine():
+    """Four identical machines of two devices, a model only two devices hold: four pipelines of one
+    machine each. By hand: {a,b}|{c} is not a plan (a stage of only PIN_LAST nodes), so each runs
+    {a}|{b,c}, 40 + 110 ns, three microbatches: 150 + 2 x 110 = 370."""
+    g = nx.path_graph(["a", "b", "c"], create_using=nx.DiGraph)
+    nx.set_node_attributes(g, {"a": {"gpu": 40}, "b": {"gpu": 60}, "c": {"gpu": 50}}, TIME_NS)
+    nx.set_node_attributes(g, {"a": ("wa",), "b": ("wb",), "c": ("wc",)}, WEIGHTS)
+    nx.set_node_attributes(g, {"a": PIN_FIRST, "b": None, "c": PIN_LAST}, PIN)
+    devices = [Device(f"g{i}", "gpu", f"n{i // 2}", 200) for i in range(8)]
+    p = Problem(graph=g, weights={"wa": 100, "wb": 100, "wc": 100}, devices=devices,
+                intra_node_links={f"n{i}": Link(1000, 0) for i in range(4)}, network=Link(1000, 0))
+    plan = plan_pipelines(p, 12, time_limit_s=20)
+    assert not pipelines_violations(p, plan, 12)
+    assert [(len(q.plan.stages), q.microbatches) for q in plan.pipelines] == [(2, 3)] * 4
+    assert plan.iteration_ns == 370
+    assert 0 < plan.lower_bound_ns <= 370
+
+
+def test_sync_floor_counts_the_smallest_pipeline():
+    p, _ = small_problem(1)
+    p = dataclasses.replace(p, training=Training("1f1b", 1, {}))
+    # More holders or a smaller pipeline can only raise the floor; one pipeline has none.
+    assert sync_floor_ns(p, 2, 1) == 0
+    assert sync_floor_ns(p, 1, 2) >= sync_floor_ns(p, 3, 2) > 0
+    assert sync_floor_ns(p, 2, 3) >= sync_floor_ns(p, 2, 2)
+
+
+def test_slow_device_is_idle_with_its_reason():
+    """A device 1,000 times slower than the rest: no pipeline wants it, and the plan says why."""
+    g = nx.path_graph(["a", "b"], create_using=nx.DiGraph)
+    nx.set_node_attributes(g, {"a": {"gpu": 50, "cpu": 50_000}, "b": {"gpu": 50, "cpu": 50_000}}, TIME_NS)
+    nx.set_node_attributes(g, {"a": PIN_FIRST, "b": PIN_LAST}, PIN)
+    devices = [Device("g0", "gpu", "n0", 10**6), Device("g1", "gpu", "n0", 10**6), Device("c0", "cpu", "n1", 10**9)]
+    p = Problem(graph=g, weights={}, devices=devices, intra_node_links={"n0": Link(1000, 0)}, network=Link(1000, 0))
+    plan = plan_pipelines(p, 4, time_limit_s=20)
+    assert not pipelines_violations(p, plan, 4)
+    assert "c0" in plan.devices_idle and plan.devices_idle["c0"].startswith("too slow to help")
+    assert all(d not in plan.devices_idle for d in ("g0", "g1"))
+
+
+def test_baselines_are_valid_and_shaped_as_named():
+    p, M = small_problem(3)
+    got = {b.name: b for b in pipeline_baselines(p, M, time_limit_s=10)}
+    assert set(got) == {"megatron", "metis", "one-pipeline"}
+    for b in got.values():
+        if b.plan is not None:
+            assert not pipelines_violations(p, b.plan, M), b.name
+    mega = got["megatron"].plan
+    if mega is not None:
+        shares = [q.microbatches for q in mega.pipelines]
+        assert max(shares) - min(shares) <= 1
+        assert len({len(q.plan.stages) for q in mega.pipelines}) == 1
+    one = got["one-pipeline"].plan
+    assert one is not None and len(one.pipelines) == 1
+    # The search's plan is never worse than the best single pipeline on all devices when that is
+    # itself a shape it tries (one machine holds every device here).
+    single = dataclasses.replace(p, devices=[dataclasses.replace(d, node="m0") for d in p.devices],
+                                 intra_node_links={"m0": p.intra_node_links[p.devices[0].node]})
+    ours = plan_pipelines(single, M, time_limit_s=20)
+    theirs = {b.name: b for b in pipeline_baselines(single, M, time_limit_s=10)}["one-pipeline"].plan
+    assert ours.iteration_ns <= theirs.iteration_ns
+
+
+def test_refusals_say_what_to_do():
+    p, M = small_problem(0)
+    tiny = dataclasses.replace(p, devices=[dataclasses.replace(d, capacity_bytes=10) for d in p.devices])
+    with pytest.raises(HetpartError, match="holds the model .* add devices with more memory"):
+        plan_pipelines(tiny, M, time_limit_s=5)
+    with pytest.raises(HetpartError, match="at least 1 microbatch"):
+        plan_pipelines(p, 0, time_limit_s=5)
