@@ -162,7 +162,7 @@ def _report(spec: ModelSpec, cluster: Cluster, opts: CompileOptions, pp: Pipelin
                                    stage_param_bytes=params, forward_ns=forward_ns if opts.mode == "training" else None,
                                    model_sha256=model_sha256, on_meta=on_meta, gm_meta=gm.meta, baselines=[],
                                    emulation=emulation))
-    if len(pp.pipelines) == 1:
+    if len(pp.pipelines) == 1 and opts.parallel != "data":  # the search's answer keeps its step, bound and gap
         return reports[0]
     pipelines = [PipelineReport(index=p.index, microbatches=p.microbatches, devices=list(p.devices),
                                 time_us=us(p.time_ns), bottleneck_us=us(p.plan.bottleneck_ns),

@@ -11,7 +11,6 @@ imports torch (NOTE [arguments before torch] in cli.py).
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from collections.abc import Sequence
 
@@ -69,10 +68,6 @@ def check_pipeline_options(groups: Sequence[Sequence[str]] | None, counts: Seque
     if parallel == "data" and groups is not None:
         raise HetpartError("--parallel data searches the pipelines' device groups and --pipelines gives them: "
                            "pass one of the two")
-    if parallel == "data" and importlib.util.find_spec("hetpart.partitioner.pipeline_search") is None:
-        raise HetpartError("--parallel data needs the search over data-parallel pipelines "
-                           "(hetpart.partitioner.pipeline_search), which this hetpart does not have yet; give the "
-                           "pipelines' devices yourself with --pipelines \"DEV,DEV;DEV,...\"")
     if counts is not None and groups is None:
         raise HetpartError("--pipeline-microbatches splits the batch over the pipelines of --pipelines; "
                            "pass --pipelines too (or leave the split out)")

@@ -66,14 +66,24 @@ def test_pipeline_options_must_fit_together(groups, counts, microbatches, parall
     assert message in str(err.value)
 
 
-def test_parallel_data_is_refused_until_the_search_exists():
-    import importlib.util
+def test_parallel_data_searches_the_pipelines_and_writes_their_step_bound_and_gap(tmp_path):
+    """`--parallel data`: plan_pipelines' answer, even of one pipeline, is written in the pipelines' form with the
+    search's bound (NOTE [pipelines bound]) below its step, and passes the independent check."""
+    from hetpart.compile import CompileOptions, compile_model
+    from hetpart.frontend import ModelSpec
+    from hetpart.partitioner.pipelines import pipelines_violations
 
-    if importlib.util.find_spec("hetpart.partitioner.pipeline_search") is not None:
-        check_pipeline_options(None, None, 6, "data")  # the search is there: nothing to refuse
-        return
-    with pytest.raises(HetpartError, match="hetpart.partitioner.pipeline_search"):
-        check_pipeline_options(None, None, 6, "data")
+    check_pipeline_options(None, None, 6, "data")  # the search is there: nothing to refuse
+    out = tmp_path / "out"
+    opts = CompileOptions(microbatches=8, pt2=False, mode="training", time_limit_s=4, parallel="data")
+    result = compile_model(ModelSpec("zoo:mlp", {"hidden": "64", "n_blocks": "4"}, 16, 16, 0), "preset:cpu-6", out,
+                           opts, echo=lambda _: None)
+    assert pipelines_violations(result.problem, result.pipelines, 8) == []
+    plan = json.loads((out / "plan.json").read_text())
+    assert len(plan["pipelines"]) == len(result.pipelines.pipelines) >= 1
+    assert 0 < plan["lower_bound_us"] <= plan["iteration_us"]
+    assert plan["gap"] == pytest.approx(1 - plan["lower_bound_us"] / plan["iteration_us"], abs=1e-5)
+    assert sum(q["microbatches"] for q in plan["pipelines"]) == 8
 
 
 # The batch split: NOTE [batch split]

@@ -112,7 +112,7 @@ def pipelines_table(plan: PlanReport) -> Table:
     pipelines = plan.pipelines or []
     what = f"training with {SCHEDULE_NAMES.get(plan.schedule, plan.schedule)}, " if plan.training else ""
     table = Table(box=box.SIMPLE_HEAD, title=f"plan for {plan.model.model} on {plan.cluster.name}: {len(pipelines)} "
-                        f"data-parallel pipelines ({what}per microbatch of {plan.microbatch_size})")
+                        f"data-parallel pipeline{'s' if len(pipelines) != 1 else ''} ({what}per microbatch of {plan.microbatch_size})")
     table.add_column("stage", justify="right")
     for q in pipelines:
         table.add_column(f"pipeline {q.index} ({q.microbatches} mb)", justify="left")
