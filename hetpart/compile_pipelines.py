@@ -45,15 +45,19 @@ if TYPE_CHECKING:
     from hetpart.timings import StepTimes
 
 
-def plan_data_parallel(problem: Problem, opts: CompileOptions) -> PipelinesPlan:
+def plan_data_parallel(problem: Problem, opts: CompileOptions) -> tuple[PipelinesPlan, list[dict]]:
     """The pipelines of `--pipelines` (their microbatches given, or split by speed: NOTE [batch split]), or
-    of `--parallel data`'s search."""
+    of `--parallel data`'s search; and the baselines beside the search's plan, as plan.json records them."""
     fields = {"seed": opts.seed, "gap": opts.gap, "check_certificate": opts.check_certificate}
-    if opts.parallel == "data":
-        from hetpart.partitioner.pipeline_search import plan_pipelines  # the search (issue 19): may not exist yet
+    if opts.parallel == "data":  # the search, and the baselines beside it (NOTE [baselines as candidates])
+        from hetpart.partitioner.pipeline_search import plan_with_baselines
         from hetpart.partitioner.solve import SolveOptions
 
-        return plan_pipelines(problem, opts.microbatches, SolveOptions(time_limit_s=opts.time_limit_s, **fields))
+        pp, baselines = plan_with_baselines(problem, opts.microbatches,
+                                            SolveOptions(time_limit_s=opts.time_limit_s, **fields),
+                                            baseline_limit_s=opts.time_limit_s / 2)
+        return pp, [{"name": b.name, "iteration_us": None if b.plan is None else round(b.plan.iteration_ns / 1000, 3),
+                     "note": b.note} for b in baselines]
     groups = [list(g) for g in opts.pipelines or ()]
     shares = list(opts.pipeline_microbatches) if opts.pipeline_microbatches is not None else None
     solves = len(groups) * (1 if shares is not None else 2)  # the time limit is shared by every solve
@@ -63,8 +67,8 @@ def plan_data_parallel(problem: Problem, opts: CompileOptions) -> PipelinesPlan:
         probe = fixed_pipelines(problem, groups, equal, **fields)
         shares = split_microbatches(opts.microbatches, [p.plan.bottleneck_ns for p in probe.pipelines])
         if shares == equal:
-            return probe
-    return fixed_pipelines(problem, groups, shares, **fields)
+            return probe, []
+    return fixed_pipelines(problem, groups, shares, **fields), []
 
 
 def compile_pipelines(spec: ModelSpec, cluster: Cluster, opts: CompileOptions, out: Path, tmp: Path, *,
@@ -79,7 +83,7 @@ def compile_pipelines(spec: ModelSpec, cluster: Cluster, opts: CompileOptions, o
     # 3. Plan every pipeline on its devices and check the whole independently of the solver.
     start = time.perf_counter()
     with progress.step("solving"):
-        pp = plan_data_parallel(problem, opts)
+        pp, baselines = plan_data_parallel(problem, opts)
     solve_s = time.perf_counter() - start
     times.add("solve", solve_s, quiet=True)
     if opts.verbose:
@@ -124,6 +128,7 @@ def compile_pipelines(spec: ModelSpec, cluster: Cluster, opts: CompileOptions, o
             first += len(pipeline)
     report = _report(spec, cluster, opts, pp, problem, gm, groups, split, microbatch_size, on_meta=on_meta,
                      model_sha256=model_sha256, profiles=profiles, plan_report=plan_report, stage_sums=stage_sums)
+    report = dataclasses.replace(report, baselines=baselines)  # beside the search's plan (NOTE [pipeline baselines])
     pj = report.to_json()
     write_json(tmp / "plan.json", pj)
     planned = [PlannedDevice(d.name, d.type.name, d.machine)

@@ -84,6 +84,9 @@ def test_parallel_data_searches_the_pipelines_and_writes_their_step_bound_and_ga
     assert 0 < plan["lower_bound_us"] <= plan["iteration_us"]
     assert plan["gap"] == pytest.approx(1 - plan["lower_bound_us"] / plan["iteration_us"], abs=1e-5)
     assert sum(q["microbatches"] for q in plan["pipelines"]) == 8
+    # The baselines beside it, in the same cost model, none faster (NOTE [baselines as candidates]).
+    assert {b["name"] for b in plan["baselines"]} == {"megatron", "metis", "one-pipeline"}
+    assert all(b["iteration_us"] is None or b["iteration_us"] >= plan["iteration_us"] for b in plan["baselines"])
 
 
 # The batch split: NOTE [batch split]

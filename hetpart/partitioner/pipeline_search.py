@@ -350,3 +350,34 @@ def _patterns_per_kind(kinds: list[MachineKind], cands: list[Candidate]) -> dict
         pieces = [c.shape.piece for c in cands if c.shape.piece_kind == j]
         out[j] = [sum(p) for p in _patterns(kind.counts, pieces)]
     return out
+
+
+# NOTE [baselines as candidates]
+# The baselines printed beside a `--parallel data` plan (NOTE [pipeline baselines]) are plans of the same
+# space, costed by the same `cost_pipelines` and checked by `pipelines_violations`; when one is faster
+# than the search's answer (the search ran out of time on big shapes: the 405B-shaped rows of
+# docs/benchmarks.md), it is the plan, as `solve` keeps the best of its candidates. The search's bound
+# holds for every plan of the space, so it stays the bound, and the status is recomputed against it.
+def plan_with_baselines(problem: Problem, microbatches: int, options: SolveOptions | None = None, *,
+                        baseline_limit_s: float, single_up_to: int = 128) -> tuple[PipelinesPlan, list]:
+    """`plan_pipelines`' answer, or the fastest baseline when it beats it (NOTE [baselines as candidates]),
+    and the baselines (`pipeline_baselines`, within `baseline_limit_s`; the one-pipeline baseline only up to
+    `single_up_to` devices, where `solve` on all of them keeps its limit)."""
+    from hetpart.partitioner.pipeline_baselines import pipeline_baselines
+
+    opts = options or SolveOptions()
+    plan = plan_pipelines(problem, microbatches, opts)
+    baselines = pipeline_baselines(problem, microbatches, time_limit_s=baseline_limit_s, options=opts,
+                                   single=len(problem.devices) <= single_up_to)
+    valid = [b for b in baselines if b.plan is not None and not pipelines_violations(problem, b.plan, microbatches)]
+    best = min(valid, key=lambda b: b.plan.iteration_ns, default=None)
+    if best is None or best.plan.iteration_ns >= plan.iteration_ns:
+        return plan, baselines
+    lower = min(plan.lower_bound_ns, best.plan.iteration_ns)
+    within = opts.gap > 0 and best.plan.iteration_ns - lower <= opts.gap * best.plan.iteration_ns
+    status = "OPTIMAL" if lower >= best.plan.iteration_ns else "WITHIN_GAP" if within else "FEASIBLE"
+    taken = dataclasses.replace(
+        best.plan, lower_bound_ns=lower, solver_status=status, stats={**plan.stats, f"plan_from_{best.name}": 1.0},
+        bound_note=f"{plan.bound_note}; the plan is the {best.name} baseline's, faster than the search's "
+                   f"{plan.iteration_ns} ns (NOTE [baselines as candidates])")
+    return taken, baselines

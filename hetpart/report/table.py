@@ -93,8 +93,12 @@ def baseline_lines(plan: PlanReport) -> list[str]:
     lines = []
     for b in plan.baselines:
         note = f" ({b['note']})" if b.get("note") else ""
-        if b.get("bottleneck_us") is None:
+        if b.get("bottleneck_us", b.get("iteration_us")) is None:
             lines.append(f"baseline {b['name']}: no plan{note}")
+            continue
+        if "iteration_us" in b:  # beside data-parallel pipelines: their step (NOTE [pipeline baselines])
+            ratio = b["iteration_us"] / plan.iteration_us if plan.iteration_us else float("nan")
+            lines.append(f"baseline {b['name']}: iteration {format_us(b['iteration_us'])} ({ratio:.2f}x the plan's)")
             continue
         ratio = b["bottleneck_us"] / plan.bottleneck_us if plan.bottleneck_us else float("nan")
         feasible = "" if b.get("feasible", True) else ", over memory capacity"
@@ -141,7 +145,7 @@ def pipelines_lines(plan: PlanReport) -> list[str]:
     lines.append(f"throughput {plan.predicted_samples_per_s or 0:,.0f} samples/s  |  lower bound "
                  f"{format_us(plan.lower_bound_us)}  |  gap {plan.gap:.2%}  |  solver {plan.solver_status}")
     lines += [f"idle: {device}: {why}" for device, why in (plan.devices_idle or {}).items()]
-    return lines
+    return lines + baseline_lines(plan)
 
 
 def print_plan(plan: PlanReport, console: Console | None = None) -> None:

@@ -208,3 +208,31 @@ def test_refusals_say_what_to_do():
         plan_pipelines(tiny, M, time_limit_s=5)
     with pytest.raises(HetpartError, match="at least 1 microbatch"):
         plan_pipelines(p, 0, time_limit_s=5)
+
+
+def test_a_baseline_faster_than_the_search_is_the_plan(monkeypatch):
+    """NOTE [baselines as candidates]: with the search's answer made slow on purpose (one pipeline on one
+    device), the fastest valid baseline is returned instead, with the search's bound kept and the status
+    recomputed against it; with the search left alone its answer is kept when no baseline beats it."""
+    import hetpart.partitioner.pipeline_search as search
+    from hetpart.partitioner.pipelines import fixed_pipelines
+
+    p, M = small_problem(3)
+    honest, baselines = search.plan_with_baselines(p, M, baseline_limit_s=10)
+    assert honest.iteration_ns <= min(b.plan.iteration_ns for b in baselines if b.plan is not None)
+    assert {b.name for b in baselines} == {"megatron", "metis", "one-pipeline"}
+    real = search.plan_pipelines
+
+    def slow(problem, microbatches, options=None, **overrides):
+        bound = real(problem, microbatches, options, **overrides).lower_bound_ns
+        everything = [d.name for d in problem.devices]
+        return dataclasses.replace(fixed_pipelines(problem, [everything[:1]], [microbatches]), lower_bound_ns=bound)
+
+    monkeypatch.setattr(search, "plan_pipelines", slow)
+    plan, baselines = search.plan_with_baselines(p, M, baseline_limit_s=10)
+    fastest = min((b for b in baselines if b.plan is not None), key=lambda b: b.plan.iteration_ns)
+    assert plan.iteration_ns == fastest.plan.iteration_ns < slow(p, M).iteration_ns
+    assert not pipelines_violations(p, plan, M)
+    assert plan.lower_bound_ns == min(honest.lower_bound_ns, plan.iteration_ns) > 0
+    assert plan.solver_status == ("OPTIMAL" if plan.lower_bound_ns >= plan.iteration_ns else "FEASIBLE")
+    assert f"plan_from_{fastest.name}" in plan.stats and fastest.name in plan.bound_note
