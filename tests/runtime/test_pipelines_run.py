@@ -1,4 +1,4 @@
-"""Two data-parallel pipelines of 1 and 2 stages under one torchrun (issue 19): train 2 steps, verify, break the sync.
+"""Two data-parallel pipelines of 1 and 2 stages under one torchrun (issue 19): train 2 steps, infer, verify, break the sync.
 
 The one torchrun-based test of the data-parallel pipelines; the fast ones are tests/test_pipelines_units.py.
 """
@@ -46,6 +46,10 @@ def test_two_pipelines_train_two_steps_equal_to_the_model_and_a_broken_sync_fail
     ran = capsys.readouterr().out
     assert "of 2 pipelines (1 + 2 stages" in ran and "verify: PASS" in ran
     assert "max_weight_rel_err=" in ran and "max_loss_rel_err=" in ran
+    # Inference on the same artifacts: each pipeline's rows of the batch, put back in order, equal the model's.
+    assert main(["run", str(out), "--mode", "inference", "--verify"]) == 0
+    ran = capsys.readouterr().out
+    assert "verify: PASS" in ran and "outputs: 24x16x256" in ran
 
     # Each pipeline's own mean instead of the global batch's (NOTE [pipelines gradients]): --verify must fail.
     monkeypatch.setenv("HETPART_TEST_BREAK_GRAD_SYNC", "scale")
