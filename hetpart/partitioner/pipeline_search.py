@@ -356,8 +356,9 @@ def _patterns_per_kind(kinds: list[MachineKind], cands: list[Candidate]) -> dict
 # The baselines printed beside a `--parallel data` plan (NOTE [pipeline baselines]) are plans of the same
 # space, costed by the same `cost_pipelines` and checked by `pipelines_violations`; when one is faster
 # than the search's answer (the search ran out of time on big shapes: the 405B-shaped rows of
-# docs/benchmarks.md), it is the plan, as `solve` keeps the best of its candidates. The search's bound
-# holds for every plan of the space, so it stays the bound, and the status is recomputed against it.
+# docs/benchmarks.md), or when the search found none in time, it is the plan, as `solve` keeps the best
+# of its candidates. The search's bound holds for every plan of the space, so it stays the bound (computed
+# on its own when the search failed), and the status is recomputed against it.
 def plan_with_baselines(problem: Problem, microbatches: int, options: SolveOptions | None = None, *,
                         baseline_limit_s: float, single_up_to: int = 128) -> tuple[PipelinesPlan, list]:
     """`plan_pipelines`' answer, or the fastest baseline when it beats it (NOTE [baselines as candidates]),
@@ -366,18 +367,31 @@ def plan_with_baselines(problem: Problem, microbatches: int, options: SolveOptio
     from hetpart.partitioner.pipeline_baselines import pipeline_baselines
 
     opts = options or SolveOptions()
-    plan = plan_pipelines(problem, microbatches, opts)
+    try:
+        plan: PipelinesPlan | None = plan_pipelines(problem, microbatches, opts)
+        failed = ""
+    except HetpartError as e:  # no shape solved in time: a baseline may still have a plan
+        plan, failed = None, str(e).splitlines()[0]
     baselines = pipeline_baselines(problem, microbatches, time_limit_s=baseline_limit_s, options=opts,
                                    single=len(problem.devices) <= single_up_to)
     valid = [b for b in baselines if b.plan is not None and not pipelines_violations(problem, b.plan, microbatches)]
     best = min(valid, key=lambda b: b.plan.iteration_ns, default=None)
-    if best is None or best.plan.iteration_ns >= plan.iteration_ns:
+    if plan is None and best is None:
+        raise HetpartError(f"{failed}; and none of the baselines ({', '.join(b.name for b in baselines)}) has a plan")
+    if plan is not None and (best is None or best.plan.iteration_ns >= plan.iteration_ns):
         return plan, baselines
-    lower = min(plan.lower_bound_ns, best.plan.iteration_ns)
+    if plan is None:  # the bound holds for every plan: compute it on its own
+        bound = pipelines_lower_bound(problem, microbatches, deadline=time.perf_counter() + 0.15 * opts.time_limit_s)
+        search_bound, stats = bound.bound_ns, {}
+        why = f"{bound.note}; the plan is the {best.name} baseline's: the search found none ({failed})"
+    else:
+        search_bound, stats = plan.lower_bound_ns, dict(plan.stats)
+        why = (f"{plan.bound_note}; the plan is the {best.name} baseline's, faster than the search's "
+               f"{plan.iteration_ns} ns")
+    lower = min(search_bound, best.plan.iteration_ns)
     within = opts.gap > 0 and best.plan.iteration_ns - lower <= opts.gap * best.plan.iteration_ns
     status = "OPTIMAL" if lower >= best.plan.iteration_ns else "WITHIN_GAP" if within else "FEASIBLE"
-    taken = dataclasses.replace(
-        best.plan, lower_bound_ns=lower, solver_status=status, stats={**plan.stats, f"plan_from_{best.name}": 1.0},
-        bound_note=f"{plan.bound_note}; the plan is the {best.name} baseline's, faster than the search's "
-                   f"{plan.iteration_ns} ns (NOTE [baselines as candidates])")
+    taken = dataclasses.replace(best.plan, lower_bound_ns=lower, solver_status=status,
+                                stats={**stats, f"plan_from_{best.name}": 1.0},
+                                bound_note=f"{why} (NOTE [baselines as candidates])")
     return taken, baselines

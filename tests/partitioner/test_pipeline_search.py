@@ -236,3 +236,32 @@ def test_a_baseline_faster_than_the_search_is_the_plan(monkeypatch):
     assert plan.lower_bound_ns == min(honest.lower_bound_ns, plan.iteration_ns) > 0
     assert plan.solver_status == ("OPTIMAL" if plan.lower_bound_ns >= plan.iteration_ns else "FEASIBLE")
     assert f"plan_from_{fastest.name}" in plan.stats and fastest.name in plan.bound_note
+
+
+def test_a_search_that_finds_nothing_falls_back_to_the_best_baseline(monkeypatch):
+    """NOTE [baselines as candidates]: when no shape is solved in time, the fastest baseline is the plan, with
+    the bound computed on its own (valid: at most the brute-force optimum); with no baseline either, a refusal."""
+    import hetpart.partitioner.pipeline_search as search
+
+    p, M = small_problem(3)
+
+    def nothing(problem, microbatches, options=None, **overrides):
+        raise HetpartError("partitioner: no pipeline shape was solved within 1 s: raise --time-limit")
+
+    monkeypatch.setattr(search, "plan_pipelines", nothing)
+    plan, baselines = search.plan_with_baselines(p, M, baseline_limit_s=10)
+    fastest = min((b for b in baselines if b.plan is not None), key=lambda b: b.plan.iteration_ns)
+    assert plan.iteration_ns == fastest.plan.iteration_ns and not pipelines_violations(p, plan, M)
+    assert 0 < plan.lower_bound_ns <= brute_pipelines(p, M) <= plan.iteration_ns
+    assert "the search found none" in plan.bound_note
+    monkeypatch.setattr(search, "plan_pipelines", nothing)
+    monkeypatch.setattr("hetpart.partitioner.pipeline_baselines.pipeline_baselines",
+                        lambda *a, **k: [search_baseline("megatron")])
+    with pytest.raises(HetpartError, match="no pipeline shape was solved.*none of the baselines"):
+        search.plan_with_baselines(p, M, baseline_limit_s=10)
+
+
+def search_baseline(name: str):
+    from hetpart.partitioner.pipeline_baselines import PipelinesBaseline
+
+    return PipelinesBaseline(name, None, "no (pp, dp) layout fits")
