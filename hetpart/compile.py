@@ -234,6 +234,72 @@ def stage_sums(gm: fx.GraphModule, plan: Plan, groups: dict[str, str]) -> tuple[
     return flops, forward_ns
 
 
+def emulation_record(problem: Problem, cluster: Cluster, profiles: dict) -> dict:
+    """plan.json's `emulation`: each type's time for the whole model, for `run --emulate` (NOTE [emulated
+    devices]), and the types a profile measured."""
+    return {"type_model_us": {t: round(sum(problem.graph.nodes[v][TIME_NS][t] for v in problem.graph) / 1000, 3)
+                              for t in sorted(cluster.device_types)},
+            "profiled_types": sorted(profiles)}
+
+
+def mark_stages(gm: fx.GraphModule, pm: PassManager, stage_of: dict[str, int], groups: dict[str, str]) -> None:
+    """Write each FX node's stage and emit the partition dump (ir/NN-partition.txt, partition.dot): only the
+    dump and the report's blocks read a node's stage."""
+    where = stage_of_nodes(gm, stage_of, groups)
+    for node in gm.graph.nodes:
+        if node.name in where:
+            info(node).stage = where[node.name]
+    pm.emit(gm, len(pm.passes) + 1, "partition")
+
+
+def write_rank_dirs(tmp: Path, split: list[list], plans: list[Plan], model: str, inputs: tuple, *, pt2: bool,
+                    checkpoint_names: dict[str, list[str]] | None, times: StepTimes) -> list[dict[str, str]]:
+    """One rank directory per stage of every pipeline (`split[p]`: pipeline p's stages, planned by `plans[p]`),
+    ranks numbered pipeline-major (NOTE [the mesh]); each rank's files with their sha256. A plan traced on meta
+    (`checkpoint_names` given) has no weights to export with: rank<k>/weights.json lists what `hetpart
+    shard-weights` fills from a checkpoint (NOTE [weight manifests])."""
+    stages = [s for pipeline in split for s in pipeline]
+    of_pipeline = [p for p, pipeline in enumerate(split) for _ in pipeline]
+    store_weights_once(stages, list(range(len(stages))))  # NOTE [weights stored once]: across pipelines too
+    files: list[dict[str, str]] = []
+    for rank, s in enumerate(stages):
+        p = of_pipeline[rank]
+        dev = plans[p].stages[s.index]
+        which = f" of pipeline {p} ({len(split)} pipelines)" if len(split) > 1 else ""
+        header = (f"hetpart {__version__}: stage {s.index} of {len(split[p])}{which} for {model}, "
+                  f"planned on {dev.device} ({dev.device_type}).\n\nInputs: {', '.join(s.inputs)}\n"
+                  f"Outputs: {', '.join(s.outputs)}\n")
+        files.append(write_rank(tmp / f"rank{rank}", s, header, checkpoint_names=checkpoint_names, times=times))
+        files[-1].update({shared_weights_file(k): files[k]["weights.safetensors"] for k in set(s.stored_in.values())
+                          if checkpoint_names is None})  # on meta: shard-weights lists them, with the files it writes
+    if pt2:  # NOTE [stage programs], NOTE [parallel .pt2 writes]: per pipeline (a re-export runs its stages in order)
+        first = 0
+        for pipeline in split:
+            jobs = [(tmp / f"rank{first + s.index}" / "stage.pt2", s) for s in pipeline]
+            for s, digest in zip(pipeline, write_pt2_files(jobs, tuple(x[:2] for x in inputs), times).values()):
+                files[first + s.index]["stage.pt2"] = digest
+            first += len(pipeline)
+    return files
+
+
+def finish_artifacts(tmp: Path, man: dict, report: PlanReport, gm: fx.GraphModule, pm: PassManager, solve_s: float,
+                     times: StepTimes, sign_key: bytes | None) -> None:
+    """launch.sh, manifest.json (last of what `run` reads: it hashes all of it), report.html and timings.json."""
+    (tmp / "launch.sh").write_text(launch_script(man))
+    (tmp / "launch.sh").chmod(0o755)
+    times.add("write/ir/ (dumps)", pm.dump_s)  # each pass's dumps and the partition's, as they were written
+    with times.step("write/manifest.json"):
+        write_manifest(tmp, man, sign_key)
+    # A page to look at: graph by stage, simulated schedule, memory per device.
+    with times.step("write/report.html"):
+        write_report(tmp / "report.html", report, coarsen_to_blocks(gm))
+    write_json(tmp / "timings.json", {
+        "passes": {t.name: round(t.seconds, 4) for t in pm.timings},
+        "solve_s": round(solve_s, 4),
+        **times.to_json(),
+    })
+
+
 def warn_batch_mixing(gm: fx.GraphModule, microbatches: int, microbatch_size: int, echo: Callable[[str], None]) -> None:
     """A warning per op that mixes samples across the batch, which microbatches change (NOTE [batch mixing])."""
     found = gm.meta.get("batch_mixing", [])
@@ -323,33 +389,12 @@ def compile_model(spec: ModelSpec, cluster_spec: str, out: Path, opts: CompileOp
             echo(f"solve: {solve_s * 1e3:.1f} ms ({plan.solver_status})")
         with times.step("verify"):
             verify_plan(problem, plan)
-        # Only the partition dump (ir/NN-partition.txt, partition.dot) and the report's blocks read a node's stage.
-        where = stage_of_nodes(gm, plan.stage_of, groups)
-        for node in gm.graph.nodes:
-            if node.name in where:
-                info(node).stage = where[node.name]
-        pm.emit(gm, len(pm.passes) + 1, "partition")
+        mark_stages(gm, pm, plan.stage_of, groups)
         # 4. Cut the graph into stages and write one rank directory per stage.
         with times.step("split"):
             stages = split_stages(gm, plan.stage_of, len(plan.device_of_stage), groups)
-        # A plan traced on meta has no weights to export with: rank<k>/weights.json lists what
-        # `hetpart shard-weights` fills from a checkpoint (NOTE [weight manifests]).
-        pt2 = opts.pt2 and not on_meta
-        store_weights_once(stages)  # NOTE [weights stored once]
-        files = []
-        for s in stages:
-            dev = plan.stages[s.index]
-            header = (f"hetpart {__version__}: stage {s.index} of {len(stages)} for {spec.model}, "
-                      f"planned on {dev.device} ({dev.device_type}).\n\nInputs: {', '.join(s.inputs)}\n"
-                      f"Outputs: {', '.join(s.outputs)}\n")
-            files.append(write_rank(tmp / f"rank{s.index}", s, header,
-                                    checkpoint_names=names if on_meta else None, times=times))
-            files[-1].update({shared_weights_file(k): files[k]["weights.safetensors"] for k in set(s.stored_in.values())
-                              if not on_meta})  # on meta: shard-weights lists them, with the files it writes
-        if pt2:  # NOTE [stage programs], NOTE [parallel .pt2 writes]
-            jobs = [(tmp / f"rank{s.index}" / "stage.pt2", s) for s in stages]
-            for s, digest in zip(stages, write_pt2_files(jobs, tuple(x[:2] for x in inputs), times).values()):
-                files[s.index]["stage.pt2"] = digest
+        files = write_rank_dirs(tmp, [stages], [plan], spec.model, inputs, pt2=opts.pt2 and not on_meta,
+                                checkpoint_names=names if on_meta else None, times=times)
         stage_flops, forward_ns = stage_sums(gm, plan, groups)
         stage_params = [sum(problem.weights[w] for w in s.weights.values()) for s in stages]
         with times.step("baselines"):  # what other tools would plan, in the same cost model
@@ -360,28 +405,13 @@ def compile_model(spec: ModelSpec, cluster_spec: str, out: Path, opts: CompileOp
             spec, cluster, opts, plan, microbatch_size, stage_flops=stage_flops, stage_param_bytes=stage_params,
             forward_ns=forward_ns if training is not None else None,
             model_sha256=model_sha256, on_meta=on_meta, gm_meta=gm.meta, baselines=baselines,
-            emulation={  # each type's time for the whole model, for `run --emulate` (NOTE [emulated devices])
-                "type_model_us": {t: round(sum(problem.graph.nodes[v][TIME_NS][t] for v in problem.graph) / 1000, 3)
-                                  for t in sorted(cluster.device_types)},
-                "profiled_types": sorted(profiles)},
+            emulation=emulation_record(problem, cluster, profiles),
             layers=layers.to_json() if layers is not None else None)
         pj = report.to_json()
         write_json(tmp / "plan.json", pj)
         planned = [PlannedDevice(d.name, d.type.name, d.machine)
                    for d in (next(c for c in cluster.devices if c.name == n) for n in plan.device_of_stage)]
         man = manifest(stages, files, planned)
-        (tmp / "launch.sh").write_text(launch_script(man))
-        (tmp / "launch.sh").chmod(0o755)
-        times.add("write/ir/ (dumps)", pm.dump_s)  # each pass's dumps and the partition's, as they were written
-        with times.step("write/manifest.json"):
-            write_manifest(tmp, man, sign_key)  # last of what `run` reads: it hashes all of it
-        # 5. A page to look at: graph by stage, simulated schedule, memory per device.
-        with times.step("write/report.html"):
-            write_report(tmp / "report.html", report, coarsen_to_blocks(gm))
-        write_json(tmp / "timings.json", {
-            "passes": {t.name: round(t.seconds, 4) for t in pm.timings},
-            "solve_s": round(solve_s, 4),
-            **times.to_json(),
-        })
+        finish_artifacts(tmp, man, report, gm, pm, solve_s, times, sign_key)  # 5. and the page
     return CompileResult(out=out, plan=plan, problem=problem, plan_json=pj, report=report)
 

@@ -19,19 +19,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hetpart import __version__
-from hetpart.codegen import PlannedDevice, launch_script, manifest, split_stages, write_json, write_rank
-from hetpart.codegen import write_manifest
-from hetpart.codegen.pt2 import write_pt2_files
-from hetpart.codegen.split import shared_weights_file, stage_of_nodes, store_weights_once
+from hetpart.codegen import PlannedDevice, manifest, split_stages, write_json
 from hetpart.errors import HetpartError
-from hetpart.ir import info
 from hetpart.partitioner.pipelines import PipelinesPlan, fixed_pipelines, pipelines_violations
-from hetpart.partitioner.problem import TIME_NS
 from hetpart.pipeline_groups import split_microbatches
 from hetpart.plan_report import PipelineReport, PlanReport
-from hetpart.report.blocks import coarsen_to_blocks
-from hetpart.report.html import write_report
 
 if TYPE_CHECKING:
     import torch.fx as fx
@@ -77,7 +69,7 @@ def compile_pipelines(spec: ModelSpec, cluster: Cluster, opts: CompileOptions, o
                       sign_key: bytes | None, times: StepTimes, echo: Callable[[str], None],
                       progress: Progress) -> CompileResult:
     """Plan the data-parallel pipelines and write their artifacts into `tmp` (compile_model's staging dir)."""
-    from hetpart.compile import CompileResult, plan_report, stage_sums
+    from hetpart.compile import CompileResult, finish_artifacts, mark_stages, plan_report, write_rank_dirs
 
     microbatch_size = spec.batch_size // opts.microbatches
     # 3. Plan every pipeline on its devices and check the whole independently of the solver.
@@ -95,39 +87,16 @@ def compile_pipelines(spec: ModelSpec, cluster: Cluster, opts: CompileOptions, o
     if violations:
         raise HetpartError(f"internal error: the pipelines plan breaks {len(violations)} rule(s): "
                            f"{'; '.join(violations[:3])}")
-    where = stage_of_nodes(gm, pp.pipelines[0].plan.stage_of, groups)  # the partition dump shows pipeline 0
-    for node in gm.graph.nodes:
-        if node.name in where:
-            info(node).stage = where[node.name]
-    pm.emit(gm, len(pm.passes) + 1, "partition")
+    mark_stages(gm, pm, pp.pipelines[0].plan.stage_of, groups)  # the partition dump shows pipeline 0
     # 4. Split the graph by each pipeline's plan; ranks are numbered pipeline-major (NOTE [the mesh]).
     with times.step("split"):
         split = [split_stages(gm, p.plan.stage_of, len(p.plan.device_of_stage), groups) for p in pp.pipelines]
-    pt2 = opts.pt2 and not on_meta
     stages = [s for pipeline in split for s in pipeline]
-    of_pipeline = [p for p, pipeline in enumerate(split) for _ in pipeline]
-    store_weights_once(stages, list(range(len(stages))))  # NOTE [weights stored once]: across pipelines too
-    files = []
-    for rank, s in enumerate(stages):
-        p = of_pipeline[rank]
-        dev = pp.pipelines[p].plan.stages[s.index]
-        which = f" of pipeline {p} ({len(split)} pipelines)" if len(split) > 1 else ""
-        header = (f"hetpart {__version__}: stage {s.index} of {len(split[p])}{which} for {spec.model}, "
-                  f"planned on {dev.device} ({dev.device_type}).\n\nInputs: {', '.join(s.inputs)}\n"
-                  f"Outputs: {', '.join(s.outputs)}\n")
-        files.append(write_rank(tmp / f"rank{rank}", s, header, checkpoint_names=checkpoint_names if on_meta else None,
-                                times=times))
-        files[-1].update({shared_weights_file(k): files[k]["weights.safetensors"] for k in set(s.stored_in.values())
-                          if not on_meta})  # on meta: shard-weights lists them, with the files it writes
-    if pt2:  # NOTE [stage programs], NOTE [parallel .pt2 writes]: per pipeline (a re-export runs its stages in order)
-        first = 0
-        for pipeline in split:
-            jobs = [(tmp / f"rank{first + s.index}" / "stage.pt2", s) for s in pipeline]
-            for s, digest in zip(pipeline, write_pt2_files(jobs, tuple(x[:2] for x in inputs), times).values()):
-                files[first + s.index]["stage.pt2"] = digest
-            first += len(pipeline)
+    files = write_rank_dirs(tmp, split, [p.plan for p in pp.pipelines], spec.model, inputs,
+                            pt2=opts.pt2 and not on_meta, checkpoint_names=checkpoint_names if on_meta else None,
+                            times=times)
     report = _report(spec, cluster, opts, pp, problem, gm, groups, split, microbatch_size, on_meta=on_meta,
-                     model_sha256=model_sha256, profiles=profiles, plan_report=plan_report, stage_sums=stage_sums)
+                     model_sha256=model_sha256, profiles=profiles, plan_report=plan_report)
     report = dataclasses.replace(report, baselines=baselines)  # beside the search's plan (NOTE [pipeline baselines])
     pj = report.to_json()
     write_json(tmp / "plan.json", pj)
@@ -137,28 +106,20 @@ def compile_pipelines(spec: ModelSpec, cluster: Cluster, opts: CompileOptions, o
     several = len(pp.pipelines) > 1
     man = manifest(stages, files, planned, [p.microbatches for p in pp.pipelines] if several else None,
                    microbatch_size)
-    (tmp / "launch.sh").write_text(launch_script(man))
-    (tmp / "launch.sh").chmod(0o755)
-    with times.step("write/manifest.json"):
-        write_manifest(tmp, man, sign_key)
-    # 5. The page: graph by stage (pipeline 0's), memory per device.
-    with times.step("write/report.html"):
-        write_report(tmp / "report.html", report, coarsen_to_blocks(gm))
-    write_json(tmp / "timings.json", {"passes": {t.name: round(t.seconds, 4) for t in pm.timings},
-                                      "solve_s": round(solve_s, 4), **times.to_json()})
+    finish_artifacts(tmp, man, report, gm, pm, solve_s, times, sign_key)  # 5. and the page (pipeline 0's graph)
     return CompileResult(out=out, plan=pp.pipelines[0].plan, problem=problem, plan_json=pj, report=report,
                          pipelines=pp)
 
 
 def _report(spec: ModelSpec, cluster: Cluster, opts: CompileOptions, pp: PipelinesPlan, problem: Problem,
             gm: fx.GraphModule, groups: dict[str, str], split: list, microbatch_size: int, *, on_meta: bool,
-            model_sha256: str | None, profiles: dict, plan_report: Callable, stage_sums: Callable) -> PlanReport:
+            model_sha256: str | None, profiles: dict, plan_report: Callable) -> PlanReport:
     """plan.json of the pipelines (NOTE [plan.json fields]): each pipeline's stages as `plan_report` writes one
     plan's, and the step's numbers; a single pipeline reads as any one-pipeline plan."""
+    from hetpart.compile import emulation_record, stage_sums
+
     us = lambda ns: round(ns / 1000, 3)  # noqa: E731
-    emulation = {"type_model_us": {t: round(sum(problem.graph.nodes[v][TIME_NS][t] for v in problem.graph) / 1000, 3)
-                                   for t in sorted(cluster.device_types)},
-                 "profiled_types": sorted(profiles)}  # NOTE [emulated devices]
+    emulation = emulation_record(problem, cluster, profiles)
     reports = []
     for p, stages in zip(pp.pipelines, split):
         flops, forward_ns = stage_sums(gm, p.plan, groups)
