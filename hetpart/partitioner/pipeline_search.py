@@ -190,6 +190,14 @@ def _solve_shape(problem: Problem, devices: tuple[str, ...], m: int, opts: Solve
         return None
 
 
+def _certified(iteration_ns: int, bound_ns: int, gap: float) -> tuple[int, str]:
+    """(the bound, at most the plan's step, and the status it proves): OPTIMAL at the bound, WITHIN_GAP
+    within a positive `gap` of it, FEASIBLE otherwise."""
+    lower = min(bound_ns, iteration_ns)
+    within = gap > 0 and iteration_ns - lower <= gap * iteration_ns
+    return lower, "OPTIMAL" if lower >= iteration_ns else "WITHIN_GAP" if within else "FEASIBLE"
+
+
 def plan_pipelines(problem: Problem, microbatches: int, options: SolveOptions | None = None,
                    **overrides: object) -> PipelinesPlan:
     """The best data-parallel pipelines over disjoint devices found within `time_limit_s`, with
@@ -302,9 +310,7 @@ def plan_pipelines(problem: Problem, microbatches: int, options: SolveOptions | 
     if violations:
         raise HetpartError("partitioner: internal error, the pipelines plan breaks its rules:\n  "
                            + "\n  ".join(violations))
-    lower = min(bound.bound_ns, best.iteration_ns)
-    within = opts.gap > 0 and best.iteration_ns - lower <= opts.gap * best.iteration_ns
-    status = "OPTIMAL" if lower >= best.iteration_ns else "WITHIN_GAP" if within else "FEASIBLE"
+    lower, status = _certified(best.iteration_ns, bound.bound_ns, opts.gap)
     stats = {"seconds": time.perf_counter() - t0, "bound_seconds": bound.seconds, "shapes": float(len(shapes)),
              "shapes_tried": float(tried), "shapes_solved": float(len(cands)), "outer_optimal": float(exhausted),
              "outer_step_ns": float(answer.step_units * answer.unit_ns), "kmax": float(kmax)}
@@ -388,9 +394,7 @@ def plan_with_baselines(problem: Problem, microbatches: int, options: SolveOptio
         search_bound, stats = plan.lower_bound_ns, dict(plan.stats)
         why = (f"{plan.bound_note}; the plan is the {best.name} baseline's, faster than the search's "
                f"{plan.iteration_ns} ns")
-    lower = min(search_bound, best.plan.iteration_ns)
-    within = opts.gap > 0 and best.plan.iteration_ns - lower <= opts.gap * best.plan.iteration_ns
-    status = "OPTIMAL" if lower >= best.plan.iteration_ns else "WITHIN_GAP" if within else "FEASIBLE"
+    lower, status = _certified(best.plan.iteration_ns, search_bound, opts.gap)
     taken = dataclasses.replace(best.plan, lower_bound_ns=lower, solver_status=status,
                                 stats={**stats, f"plan_from_{best.name}": 1.0},
                                 bound_note=f"{why} (NOTE [baselines as candidates])")

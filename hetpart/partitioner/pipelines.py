@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from hetpart.errors import HetpartError
 from hetpart.partitioner.costs import allreduce_ns
 from hetpart.partitioner.evaluate import objective_ns
-from hetpart.partitioner.problem import WEIGHTS, Link, Plan, Problem
+from hetpart.partitioner.problem import WEIGHTS, Link, Plan, Problem, StageCost
 from hetpart.partitioner.verify import plan_violations
 
 # NOTE [pipelines plan]
@@ -88,9 +88,10 @@ class PipelinesPlan:
             return 0.0
         return max(0.0, (self.iteration_ns - self.lower_bound_ns) / self.iteration_ns)
 
-    def stage_devices(self) -> list[list[tuple[str, ...]]]:
-        """Each pipeline's stages' devices, in stage order."""
-        return [[tuple(s.devices) or (s.device,) for s in p.plan.stages] for p in self.pipelines]
+
+def _devices_of(stage: StageCost) -> tuple[str, ...]:
+    """The devices a stage runs on: its slot's (a hand-made StageCost names only its `device`)."""
+    return tuple(stage.devices) or (stage.device,)
 
 
 def sub_problem(problem: Problem, devices: Sequence[str], microbatches: int) -> Problem:
@@ -136,7 +137,7 @@ def weight_holders(problem: Problem, pipelines: Sequence[Pipeline]) -> dict[str,
     for p in pipelines:
         for s in p.plan.stages:
             held = sorted({w for v in s.nodes for w in g.nodes[v].get(WEIGHTS, ())})
-            for d in tuple(s.devices) or (s.device,):
+            for d in _devices_of(s):
                 for w in held:
                     holders.setdefault(w, []).append(d)
     return holders
@@ -160,7 +161,7 @@ def grad_sync_ns(problem: Problem, pipelines: Sequence[Pipeline]) -> tuple[int, 
     for p in pipelines:
         before = 0
         for s in p.plan.stages:
-            for d in tuple(s.devices) or (s.device,):
+            for d in _devices_of(s):
                 hidden[d] = before
             before += s.time_ns
     total = max(per_device.values(), default=0)
@@ -172,7 +173,7 @@ def cost_pipelines(problem: Problem, pipelines: list[Pipeline], *, lower_bound_n
                    bound_note: str = "", stats: dict[str, float] | None = None) -> PipelinesPlan:
     """The `PipelinesPlan` of `pipelines` with its step time, sync and idle devices (NOTE [pipelines plan])."""
     sync, overlapped = grad_sync_ns(problem, pipelines)
-    used = {d for p in pipelines for s in p.plan.stages for d in (tuple(s.devices) or (s.device,))}
+    used = {d for p in pipelines for s in p.plan.stages for d in (_devices_of(s))}
     planned = {d for p in pipelines for d in p.devices}
     idle = {d.name: ("in a pipeline whose plan leaves it out: a stage on it would not make that pipeline faster"
                      if d.name in planned else "in no pipeline")
