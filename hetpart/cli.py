@@ -177,6 +177,13 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--atol", type=_number(float), default=None,
                      help="--verify: tolerance in units of each output's largest |element| (default 1e-5)")
 
+    run.add_argument("--checkpoint-dir", type=Path, default=None, metavar="CK",
+                     help="training: write each rank's weights and optimizer state here (safetensors, hashed)")
+    run.add_argument("--checkpoint-every", type=_COUNT, default=None, metavar="K", help="a checkpoint every K steps")
+    run.add_argument("--keep-checkpoints", type=_COUNT, default=None, metavar="N",
+                     help="remove this run's older complete checkpoints beyond the newest N (default: keep all)")
+    run.add_argument("--resume", type=Path, default=None, metavar="CK",
+                     help="training: start from the newest complete checkpoint in CK (or a CK/step-<N> folder)")
     insp = sub.add_parser("inspect", help="print the plan of an artifacts directory")
     insp.add_argument("out", type=Path, help="artifacts directory")
     view = insp.add_mutually_exclusive_group()
@@ -328,7 +335,8 @@ def _run(args: argparse.Namespace, console: Console) -> int:
                       verify=args.verify, timeout_s=args.timeout, as_nodes=args.as_nodes, master_port=args.master_port,
                       measure=args.measure, batch_size=args.batch_size, seq_len=args.seq_len, emulate=args.emulate,
                       model=_model_arg(args.model) if args.model else None, trust_model_file=args.trust_model_file,
-                      key=args.key,
+                      key=args.key, checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
+                      keep_checkpoints=args.keep_checkpoints, resume=args.resume,
                       tolerances=Tolerances(**{k: v for k, v in (("rtol", args.rtol), ("atol", args.atol))
                                                if v is not None}))
     result = run_pipeline(args.out, opts, echo=console.print)
