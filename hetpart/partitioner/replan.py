@@ -1,0 +1,236 @@
+"""Re-planning for a changed device set: as fast as the best plan (within a slack), moving the fewest bytes.
+
+NOTE [lexicographic re-plan]
+When devices are lost or added (spot capacity), the old ranks hold the weights and optimizer state
+(the run's checkpoint holds all of them). A new plan is chosen in three steps:
+1. the best plan of the new device set: the from-scratch plan `solve` gives, bottleneck B
+   (its own bound and gap say how far from optimal it is);
+2. among plans with bottleneck <= floor(B * (1 + slack)), the fewest bytes moved between machines;
+3. among those, the fewest bytes moved within machines.
+Steps 2 and 3 are two solves of the CP-SAT model of cpsat.py (`_build`, without the rule that uses
+interchangeable devices in list order, since here which of them runs a stage matters), the
+bottleneck capped, the plan of step 1 as its hint, with two more sets of literals per weight w
+held by stage k (`holds[w][k]`):
+    inter[w,k] >= holds[w][k] - [k's machine has a surviving holder of w]
+    intra[w,k] >= holds[w][k] + [k's machine has one] - 1 - [k's device is one]
+Step 2 minimises sum bytes(w) * inter, step 3 fixes it and minimises sum bytes(w) * intra.
+What moves (`moves`, recomputed from the plan, never from solver values): for each stage and each
+weight it holds, nothing if its device held it; else from a holder on its machine (within); else from
+a holder on another machine (between); else (every holder lost) from the checkpoint, read over the
+network (between machines too, and the same bytes whichever plan is chosen). The bytes of a weight
+are its value plus its optimizer state (`state_to_move_bytes`): the gradient is recomputed. Each
+link's predicted time is costs.transfer_ns of its bytes (one transfer per link); links run in
+parallel, so the whole move takes the slowest link's time.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from ortools.sat.python import cp_model
+
+from hetpart.errors import HetpartError
+from hetpart.partitioner.costs import held_weight_bytes, machine_link, transfer_ns
+from hetpart.partitioner.evaluate import bottleneck_ns, evaluate
+from hetpart.partitioner.problem import WEIGHTS, Plan, Problem
+
+CHECKPOINT = "checkpoint"  # the source of a weight whose every holder is gone
+
+
+def state_to_move_bytes(problem: Problem, weight: str) -> int:
+    """Bytes that move with a weight: its value and, in training, its optimizer state (its gradient is
+    recomputed): `held_weight_bytes` less the gradient, which is the weight's own size."""
+    held = held_weight_bytes(problem, weight)
+    grad = problem.weights[weight] if problem.training is not None and weight in problem.training.state_bytes else 0
+    return held - grad
+
+
+@dataclass(frozen=True)
+class Move:
+    weight: str
+    nbytes: int
+    source: str  # a surviving device that held it, or CHECKPOINT
+    target: str  # the new plan's device
+
+
+@dataclass(frozen=True)
+class Moves:
+    """What a plan moves from where the old ranks (or the checkpoint) hold it (NOTE [lexicographic re-plan])."""
+
+    moves: list[Move]
+    between_bytes: int  # between machines, from surviving holders
+    within_bytes: int  # inside a machine, between devices
+    checkpoint_bytes: int  # read from the checkpoint (every holder lost)
+    link_bytes: dict[str, int]  # "a -> b" (machines, or "checkpoint -> b") -> bytes
+    link_time_ns: dict[str, int]  # costs.transfer_ns of each link's bytes
+
+    @property
+    def time_ns(self) -> int:
+        """The move's predicted time: links in parallel, so the slowest link's."""
+        return max(self.link_time_ns.values(), default=0)
+
+    def to_json(self) -> dict:
+        return {"between_machines_bytes": self.between_bytes, "within_machines_bytes": self.within_bytes,
+                "from_checkpoint_bytes": self.checkpoint_bytes,
+                "links": [{"link": k, "bytes": self.link_bytes[k], "time_us": round(self.link_time_ns[k] / 1000, 3)}
+                          for k in sorted(self.link_bytes)],
+                "predicted_time_us": round(self.time_ns / 1000, 3)}
+
+
+def stage_weights(problem: Problem, stage_of: Mapping[str, int]) -> dict[int, set[str]]:
+    """Stage -> the weights its nodes read (a stage holds each weight once)."""
+    held: dict[int, set[str]] = {}
+    for v, k in stage_of.items():
+        held.setdefault(k, set()).update(problem.graph.nodes[v].get(WEIGHTS, ()))
+    return held
+
+
+def moves(problem: Problem, stage_of: Mapping[str, int], device_of_stage: list[str],
+          holders: Mapping[str, tuple[str, ...]]) -> Moves:
+    """The bytes a plan moves, by NOTE [lexicographic re-plan]; `holders`: weight -> old devices holding a copy
+    (devices not in `problem` are lost)."""
+    machine = {d.name: d.node for d in problem.devices}
+    out, between, within, ckpt = [], 0, 0, 0
+    link_bytes: dict[str, int] = {}
+    links = {}
+    for k, weights in sorted(stage_weights(problem, stage_of).items()):
+        target = device_of_stage[k]
+        for w in sorted(weights):
+            alive = [d for d in holders.get(w, ()) if d in machine]
+            if target in alive:
+                continue
+            nbytes = state_to_move_bytes(problem, w)
+            local = [d for d in alive if machine[d] == machine[target]]
+            source = (local or alive or [CHECKPOINT])[0]
+            if local:
+                within += nbytes
+            elif alive:
+                between += nbytes
+            else:
+                ckpt += nbytes
+            src_machine = machine.get(source, CHECKPOINT)
+            key = f"{src_machine} -> {machine[target]}"
+            link_bytes[key] = link_bytes.get(key, 0) + nbytes
+            links[key] = problem.network if source == CHECKPOINT else machine_link(problem, src_machine,
+                                                                                    machine[target])
+            out.append(Move(w, nbytes, source, target))
+    return Moves(out, between, within, ckpt, link_bytes, {k: transfer_ns(links[k], b) for k, b in link_bytes.items()})
+
+
+@dataclass
+class Replan:
+    """The chosen plan, the from-scratch plan, and what each moves."""
+
+    plan: Plan
+    scratch: Plan
+    moves: Moves
+    scratch_moves: Moves
+    slack: float
+    limit_ns: int  # the bottleneck the chosen plan may reach: floor(B * (1 + slack))
+    status: list[str] = field(default_factory=list)  # CP-SAT's status of steps 2 and 3
+    seconds: float = 0.0
+
+    def to_json(self) -> dict:
+        """plan.json's `replan` record."""
+        us = lambda ns: round(ns / 1000, 3)  # noqa: E731
+        return {"slack": self.slack, "bottleneck_limit_us": us(self.limit_ns),
+                "chosen": {"bottleneck_us": us(self.plan.bottleneck_ns), "devices": self.plan.device_of_stage,
+                           **self.moves.to_json()},
+                "from_scratch": {"bottleneck_us": us(self.scratch.bottleneck_ns),
+                                 "devices": self.scratch.device_of_stage, "gap": round(self.scratch.gap, 6),
+                                 **self.scratch_moves.to_json()},
+                "solver_status": self.status, "replan_s": round(self.seconds, 3)}
+
+
+def _solve(model: cp_model.CpModel, time_limit_s: float, seed: int) -> tuple[cp_model.CpSolver, int]:
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = max(0.1, time_limit_s)
+    solver.parameters.random_seed = seed
+    solver.parameters.num_workers = 1
+    solver.parameters.cp_model_probing_level = 0
+    return solver, solver.solve(model)
+
+
+def lexicographic_plan(problem: Problem, scratch: Plan, holders: Mapping[str, tuple[str, ...]], *,
+                       slack: float = 0.02, time_limit_s: float = 30.0, seed: int = 0) -> Replan:
+    """NOTE [lexicographic re-plan]: within `slack` of `scratch` (the from-scratch plan), the fewest bytes moved
+    between machines, then within them. Falls back to `scratch` where CP-SAT finds nothing better in time."""
+    from hetpart.partitioner.cpsat import _add_hint, _build
+
+    if not 0 <= slack < 1:
+        raise HetpartError(f"--slack must be a fraction in [0, 1), e.g. 0.02 for 2% (got {slack})")
+    start = time.perf_counter()
+    limit = math.floor(scratch.bottleneck_ns * (1 + slack))
+    mdl = _build(problem, "throughput", break_symmetry=False)
+    m = mdl.model
+    # The plan is at most `slack` slower than the from-scratch plan.
+    m.add(mdl.bottleneck <= limit)
+    machine = {d.name: d.node for d in problem.devices}
+    between, within = [], []
+    for w, holds in sorted(mdl.holds.items()):
+        alive = [d for d in holders.get(w, ()) if d in machine]
+        if not alive:
+            continue  # read from the checkpoint whatever the plan: a constant
+        nbytes = state_to_move_bytes(problem, w)
+        where = sorted({machine[d] for d in alive})
+        for k in range(mdl.num_stages):
+            on_holder = sum(mdl.a[k][d] for d in alive)  # stage k runs on a device that held w
+            on_machine = sum(mdl.on_machine[k][mc] for mc in where)  # ... on a machine where one did
+            inter, intra = m.new_bool_var(f"between[{w},{k}]"), m.new_bool_var(f"within[{w},{k}]")
+            # Stage k holds w on a machine where no surviving device held it: w moves between machines.
+            m.add(inter >= holds[k] - on_machine)
+            # Stage k holds w on a machine where one did, but not on such a device: w moves inside it.
+            m.add(intra >= holds[k] + on_machine - 1 - on_holder)
+            between.append(nbytes * inter)
+            within.append(nbytes * intra)
+    _add_hint(problem, mdl, scratch.stage_of, scratch.device_of_stage)
+    status = []
+    best = (scratch.stage_of, scratch.device_of_stage)
+    for objective, fix in ((sum(between), None), (sum(within), sum(between))):
+        m.minimize(objective)
+        solver, code = _solve(m, time_limit_s / 2, seed)
+        status.append(solver.status_name(code))
+        if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            break
+        raw = {v: next(k for k in range(mdl.num_stages) if solver.boolean_value(mdl.y[v][k])) for v in mdl.order}
+        used = sorted(set(raw.values()))
+        stage_of = {v: used.index(raw[v]) for v in problem.graph.nodes}
+        devices = [next(d for d, lit in mdl.a[k].items() if solver.boolean_value(lit)) for k in used]
+        best = (stage_of, devices)
+        if fix is None:
+            # Step 3 keeps step 2's bytes between machines (its optimum when OPTIMAL).
+            m.add(sum(between) <= round(solver.objective_value))
+            m.clear_hints()
+            for v in mdl.order:
+                for k in range(mdl.num_stages):
+                    m.add_hint(mdl.y[v][k], solver.boolean_value(mdl.y[v][k]))
+            for k in range(mdl.num_stages):
+                for d, lit in mdl.a[k].items():
+                    m.add_hint(lit, solver.boolean_value(lit))
+    plan = chosen_plan(problem, scratch, *best)
+    if plan.bottleneck_ns > limit:  # cannot happen: the model caps it; the plan's costs come from evaluate
+        raise RuntimeError(f"hetpart bug: re-plan bottleneck {plan.bottleneck_ns} ns above the limit {limit} ns")
+    return Replan(plan, scratch, moves(problem, plan.stage_of, plan.device_of_stage, holders),
+                  moves(problem, scratch.stage_of, scratch.device_of_stage, holders), slack, limit, status,
+                  time.perf_counter() - start)
+
+
+def chosen_plan(problem: Problem, scratch: Plan, stage_of: dict[str, int], devices: list[str]) -> Plan:
+    """The Plan of a re-plan's choice, its costs from `evaluate`; its bound is the from-scratch plan's (a bound
+    of every plan of the problem)."""
+    stages = evaluate(problem, stage_of, devices)
+    return Plan(stage_of=stage_of, device_of_stage=devices, stages=stages, bottleneck_ns=bottleneck_ns(stages),
+                lower_bound_ns=scratch.lower_bound_ns, solver_status="FEASIBLE", solve_seconds=0.0,
+                bounds=scratch.bounds, certificate=None)
+
+
+def holders_of(ranks: list[dict]) -> dict[str, tuple[str, ...]]:
+    """weight -> the planned devices of the old ranks holding it, from an old manifest's `ranks`."""
+    out: dict[str, list[str]] = {}
+    for entry in ranks:
+        for w in entry["weights"]:
+            out.setdefault(w, []).append(entry["planned_device"])
+    return {w: tuple(ds) for w, ds in out.items()}

@@ -1,0 +1,71 @@
+"""NOTE [lexicographic re-plan]: the re-plan's choice against a brute force over every plan of small problems."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from partition_cases import make_problem, random_problem, valid_plans
+from hetpart.partitioner import solve
+from hetpart.partitioner.evaluate import bottleneck_ns
+from hetpart.partitioner.problem import Device, Link
+from hetpart.partitioner.replan import CHECKPOINT, lexicographic_plan, moves
+
+
+def _holders(problem, seed: int) -> dict[str, tuple[str, ...]]:
+    """Each weight on a random set of devices, some of them lost ("gone/0")."""
+    rng = random.Random(seed)
+    names = [d.name for d in problem.devices] + ["gone/0"]
+    return {w: tuple(rng.sample(names, rng.randint(1, 2))) for w in problem.weights}
+
+
+def _brute(problem, holders, slack: float):
+    plans = list(valid_plans(problem))
+    if not plans:
+        return None
+    best = min(bottleneck_ns(stages) for _, _, stages in plans)
+    limit = math.floor(best * (1 + slack))
+    keys = []
+    for stage_of, devs, stages in plans:
+        if bottleneck_ns(stages) <= limit:
+            mv = moves(problem, stage_of, devs, holders)
+            keys.append((mv.between_bytes, mv.within_bytes))
+    return best, min(keys)
+
+
+@pytest.mark.parametrize("seed", range(16))
+@pytest.mark.parametrize("slack", [0.0, 0.3])
+def test_lexicographic_choice_matches_brute_force(seed, slack):
+    problem = random_problem(seed)
+    problem.devices.append(Device("d3", "a", "m1", problem.devices[0].capacity_bytes))  # a twin on another machine
+    problem.intra_node_links["m1"] = problem.intra_node_links["m0"]
+    holders = _holders(problem, seed)
+    want = _brute(problem, holders, slack)
+    if want is None:
+        pytest.skip("no plan fits")
+    scratch = solve(problem, time_limit_s=10)
+    assert scratch.bottleneck_ns == want[0]
+    got = lexicographic_plan(problem, scratch, holders, slack=slack, time_limit_s=10)
+    assert got.status == ["OPTIMAL", "OPTIMAL"]
+    assert got.plan.bottleneck_ns <= math.floor(want[0] * (1 + slack))
+    assert (got.moves.between_bytes, got.moves.within_bytes) == want[1]
+    scratch_key = (got.scratch_moves.between_bytes, got.scratch_moves.within_bytes)
+    assert (got.moves.between_bytes, got.moves.within_bytes) <= scratch_key
+
+
+def test_moves_by_hand():
+    # Two weights: w0 held by d0 (survives), w1 only by a lost device; the plan puts both on d1 (machine m0,
+    # like d0): w0 moves within m0, w1 comes from the checkpoint over the network.
+    net, intra = Link(1000, 10_000), Link(100_000, 1_000)
+    p = make_problem({"x": {"time": {"a": 1}, "weights": ["w0", "w1"]}}, [],
+                     [Device("d0", "a", "m0", 100), Device("d1", "a", "m0", 100)],
+                     weights={"w0": 4000, "w1": 2000}, intra=intra, network=net)
+    mv = moves(p, {"x": 0}, ["d1"], {"w0": ("d0",), "w1": ("lost",)})
+    assert (mv.between_bytes, mv.within_bytes, mv.checkpoint_bytes) == (0, 4000, 2000)
+    assert [(m.weight, m.source) for m in mv.moves] == [("w0", "d0"), ("w1", CHECKPOINT)]
+    # costs.transfer_ns: latency + ceil(bytes * 1000 / bandwidth)
+    assert mv.link_time_ns == {"m0 -> m0": 1_000 + 40, f"{CHECKPOINT} -> m0": 10_000 + 2_000}
+    assert mv.time_ns == 12_000
+    assert moves(p, {"x": 0}, ["d0"], {"w0": ("d0",), "w1": ("d1",)}).within_bytes == 2000
