@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ortools.sat.python import cp_model
 
@@ -222,9 +222,13 @@ def chosen_plan(problem: Problem, scratch: Plan, stage_of: dict[str, int], devic
     """The Plan of a re-plan's choice, its costs from `evaluate`; its bound is the from-scratch plan's (a bound
     of every plan of the problem)."""
     stages = evaluate(problem, stage_of, devices)
+    search = (f"re-planned (NOTE [lexicographic re-plan]): the fewest bytes moved within the slack of the "
+              f"from-scratch plan, bottleneck {scratch.bottleneck_ns / 1000:.1f} us; its search: "
+              f"{scratch.bounds.search or 'none'}") if scratch.bounds is not None else ""
     return Plan(stage_of=stage_of, device_of_stage=devices, stages=stages, bottleneck_ns=bottleneck_ns(stages),
                 lower_bound_ns=scratch.lower_bound_ns, solver_status="FEASIBLE", solve_seconds=0.0,
-                bounds=scratch.bounds, certificate=None)
+                bounds=replace(scratch.bounds, search=search) if scratch.bounds is not None else None,
+                certificate=None)
 
 
 def holders_of(ranks: list[dict]) -> dict[str, tuple[str, ...]]:

@@ -396,6 +396,16 @@ class CheckpointRun:
 
 # --- The launcher's side (`run_pipeline` in launch.py).
 
+@dataclass(frozen=True)
+class CheckpointFlags:
+    """`hetpart run`'s checkpoint flags (RunOptions.checkpoints)."""
+
+    dir: Path | None = None  # --checkpoint-dir
+    every: int | None = None  # --checkpoint-every
+    keep: int | None = None  # --keep-checkpoints
+    resume: Path | None = None  # --resume: a --checkpoint-dir (its newest complete checkpoint) or a step-<N> folder
+
+
 def model_record(plan_model: dict[str, Any]) -> dict[str, Any]:
     """What must be equal for a run to continue a checkpoint: the model, its overrides, seed and file (the
     traced sizes may differ: the data position has the run's)."""
@@ -430,6 +440,31 @@ def prepare_run(manifest: dict[str, Any], plan_model: dict[str, Any], data: dict
     token = f"{os.getpid()}-{os.urandom(4).hex()}"
     return CheckpointRun(save_dir=checkpoint_dir.resolve() if checkpoint_dir else None, every=every or 0, keep=keep,
                          token=token, data=data, model=model, resume=path, first_step=first)
+
+
+def run_checkpoints(manifest: dict[str, Any], plan_model: dict[str, Any], spec: Any, microbatches: int, opts: Any,
+                    echo: Any) -> CheckpointRun | None:
+    """`run_pipeline`'s hook: the ranks' CheckpointRun from the RunOptions `opts` (None without checkpoint flags)."""
+    flags = opts.checkpoints
+    run = prepare_run(manifest, plan_model, {"batch_size": spec.batch_size, "seq_len": spec.seq_len,
+                                             "seed": spec.seed, "microbatches": microbatches}, opts.steps,
+                      mode=opts.mode, checkpoint_dir=flags.dir, every=flags.every, keep=flags.keep,
+                      resume=flags.resume)
+    if run is not None and run.resume is not None:
+        echo(f"resuming from {run.resume} (after step {run.first_step}; every file's sha256 checked)")
+    return run
+
+
+def with_resume_commands(err: HetpartError, out: Path, run: CheckpointRun | None, opts: Any) -> HetpartError:
+    """A failed run's error, with the resume commands where a rank died and checkpoints were on."""
+    if run is None or getattr(err, "dead_device", None) is None:
+        return err
+    flags = [f"--schedule {opts.schedule} "] + [f"{flag} {value} " for flag, value in (
+        ("--microbatches", opts.microbatches), ("--batch-size", opts.batch_size), ("--seq-len", opts.seq_len))
+        if value is not None]
+    new = type(err)(str(err) + resume_commands(out, run, err.dead_device, opts.steps, flags))
+    new.exit_code = err.exit_code
+    return new
 
 
 def resume_commands(out: Path, run: CheckpointRun, dead_device: str | None, steps: int, flags: list[str]) -> str:

@@ -36,7 +36,7 @@ from hetpart.frontend import ModelSpec, check_example_batch, load_model
 from hetpart.frontend.hf import HFModel, OutputStructure
 from hetpart.runtime.artifacts import check_rank_files, dim_size, load_manifest, read_json, symbol_sizes
 from hetpart.runtime.artifacts import check_listed_files, mesh_pipelines, model_spec_for_run, read_plan
-from hetpart.runtime.checkpoint import prepare_run, resume_commands
+from hetpart.runtime.checkpoint import CheckpointFlags, run_checkpoints, with_resume_commands
 from hetpart.runtime.emulate import emulated, emulation_plan, find_hierarchy
 from hetpart.runtime.verify import Tolerances, Verification, check_tensor, reference_training, torch_threads
 from hetpart.runtime.verify import training_checks
@@ -398,10 +398,7 @@ class RunOptions:
     trust_model_file: bool = False  # import the model file though it is not the one plan.json hashed
     key: Path | None = None  # refuse a directory whose manifest.json.hmac is missing or wrong (hetpart/trust.py)
     tolerances: Tolerances = Tolerances()  # --verify's --rtol/--atol (NOTE [verify tolerances])
-    checkpoint_dir: Path | None = None  # training: write checkpoints here (NOTE [checkpoint layout] in checkpoint.py)
-    checkpoint_every: int | None = None  # every this many steps
-    keep_checkpoints: int | None = None  # remove older complete checkpoints beyond this many
-    resume: Path | None = None  # start from this checkpoint (a --checkpoint-dir or one of its step-<N> folders)
+    checkpoints: CheckpointFlags = CheckpointFlags()  # training: save and resume (NOTE [checkpoint layout])
 
 
 def _check_options(opts: RunOptions, batch_size: int, world: int, m: int, manifest: dict | None = None) -> None:
@@ -507,16 +504,6 @@ def _plan_structure(plan: PlanReport) -> OutputStructure | None:
     return OutputStructure(recorded["type"], tuple(recorded["names"]), kinds[recorded["type"]])
 
 
-def _resume_flags(opts: RunOptions) -> list[str]:
-    """The flags of this run that a resumed one repeats (its schedule, microbatches, sizes), each with a space."""
-    flags = [f"--schedule {opts.schedule} "]
-    for flag, value in (("--microbatches", opts.microbatches), ("--batch-size", opts.batch_size),
-                        ("--seq-len", opts.seq_len)):
-        if value is not None:
-            flags.append(f"{flag} {value} ")
-    return flags
-
-
 def run_pipeline(out: Path, opts: RunOptions = RunOptions(), echo: Callable[[str], None] = print) -> RunResult:
     # Nothing of `out` runs before all of it is checked (NOTE [artifacts are code] in hetpart/trust.py).
     key = read_key(opts.key, out) if opts.key is not None else None
@@ -530,13 +517,8 @@ def run_pipeline(out: Path, opts: RunOptions = RunOptions(), echo: Callable[[str
     world = manifest["world_size"]
     _check_options(opts, spec.batch_size, world, m, manifest)
     emulation = emulation_plan(plan) if opts.emulate else None  # NOTE [emulated devices] in runtime/emulate.py
-    ckpt = prepare_run(manifest, as_json(plan.model), {"batch_size": spec.batch_size, "seq_len": spec.seq_len,
-                       "seed": spec.seed, "microbatches": m}, opts.steps, mode=opts.mode,
-                       checkpoint_dir=opts.checkpoint_dir, every=opts.checkpoint_every, keep=opts.keep_checkpoints,
-                       resume=opts.resume)  # NOTE [checkpoint layout]
+    ckpt = run_checkpoints(manifest, as_json(plan.model), spec, m, opts, echo)  # NOTE [checkpoint layout]
     first_step = ckpt.first_step if ckpt is not None else 0
-    if ckpt is not None and ckpt.resume is not None:
-        echo(f"resuming from {ckpt.resume} (after step {first_step}; every file's sha256 checked)")
     if emulation is not None:
         find_hierarchy()  # a writable cgroup, before anything runs
     if key is None and is_signed(out):
@@ -570,8 +552,7 @@ def run_pipeline(out: Path, opts: RunOptions = RunOptions(), echo: Callable[[str
             worker_args += ["--key", str(opts.key.resolve())]
         if opts.verify and training:
             worker_args += ["--dump-weights"]  # the weights after the last step, for --verify
-        if ckpt is not None:
-            worker_args += ["--checkpoint", ckpt.to_json()]
+        worker_args += ["--checkpoint", ckpt.to_json()] if ckpt is not None else []
         cmds = _torchrun_commands(manifest, log_dir, opts.as_nodes, opts.master_port)
         where = (f"{len(cmds)} torchrun node(s) on loopback" if opts.as_nodes else "one torchrun")
         pipelines = mesh_pipelines(manifest)
@@ -585,10 +566,7 @@ def run_pipeline(out: Path, opts: RunOptions = RunOptions(), echo: Callable[[str
             with emulated(emulation, echo) if emulation is not None else contextlib.nullcontext():
                 _run_torchruns([c + worker_args for c in cmds], manifest, log_dir, opts)
         except RunFailed as err:  # a rank died: the last checkpoint and how to resume (NOTE [checkpoint layout])
-            if ckpt is None or err.dead_device is None:
-                raise
-            raise RunFailed(str(err) + resume_commands(out, ckpt, err.dead_device, opts.steps,
-                                                        _resume_flags(opts))) from None
+            raise with_resume_commands(err, out, ckpt, opts) from None
         finally:
             write_logs_marker(log_dir)  # every file torchrun wrote, which the next run or --force may remove
         outputs = _outputs(io_dir, manifest)

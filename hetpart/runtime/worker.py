@@ -39,7 +39,8 @@ from hetpart.trust import read_key
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 
 # NOTE [test-only crash hook]: HETPART_TEST_CRASH_RANK=K makes rank K SIGKILL itself after its
-# first forward, so tests/runtime/test_faults.py can kill a rank mid-run deterministically.
+# first forward, so tests/runtime/test_faults.py can kill a rank mid-run deterministically
+# (with HETPART_TEST_CRASH_AFTER=N, after its N-th: tests/runtime/test_spot.py, after a checkpoint).
 # Tests only; unset, it costs one dictionary lookup per forward.
 # HETPART_TEST_BREAK_GRAD_SYNC=scale|sync breaks NOTE [pipelines gradients] on purpose (each
 # pipeline's own mean instead of the global batch's; no all-reduce), so tests/runtime/
@@ -88,7 +89,8 @@ class Boundary(torch.nn.Module):
         outputs = tuple(o.contiguous() for o in self.stage(*args))
         self.forward_seconds.append(time.perf_counter() - start)
         self.forward_cpu_seconds.append(time.thread_time() - cpu_start)
-        if os.environ.get("HETPART_TEST_CRASH_RANK") == os.environ.get("RANK"):  # NOTE [test-only crash hook]
+        if (os.environ.get("HETPART_TEST_CRASH_RANK") == os.environ.get("RANK")  # NOTE [test-only crash hook]
+                and len(self.forward_seconds) >= int(os.environ.get("HETPART_TEST_CRASH_AFTER", "1"))):
             os.kill(os.getpid(), signal.SIGKILL)
         return outputs
 
