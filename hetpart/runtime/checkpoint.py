@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -451,7 +452,8 @@ def run_checkpoints(manifest: dict[str, Any], plan_model: dict[str, Any], spec: 
                       mode=opts.mode, checkpoint_dir=flags.dir, every=flags.every, keep=flags.keep,
                       resume=flags.resume)
     if run is not None and run.resume is not None:
-        echo(f"resuming from {run.resume} (after step {run.first_step}; every file's sha256 checked)")
+        echo(f"resuming from {_shown(run.resume, quote=False)} (after step {run.first_step}; every file's sha256 "
+             "checked)")
     return run
 
 
@@ -467,6 +469,15 @@ def with_resume_commands(err: HetpartError, out: Path, run: CheckpointRun | None
     return new
 
 
+def _shown(path: Path, quote: bool = True) -> str:
+    """A path to print: relative to the working directory where it is inside it; `quote`d for a shell command."""
+    try:
+        path = path.resolve().relative_to(Path.cwd().resolve())
+    except ValueError:
+        pass
+    return shlex.quote(str(path)) if quote else str(path)
+
+
 def resume_commands(out: Path, run: CheckpointRun, dead_device: str | None, steps: int, flags: list[str]) -> str:
     """What `hetpart run` prints when a rank died: the last complete checkpoint and the commands that re-plan
     onto the devices still alive and resume from it (`flags`: the run's own, repeated)."""
@@ -478,11 +489,12 @@ def resume_commands(out: Path, run: CheckpointRun, dead_device: str | None, step
     last = read_checkpoint(found[-1], check_tensors=False)
     left = run.first_step + steps - last.step
     new = out.with_name(out.name + "-replan")
-    lose = f" --lose {dead_device}" if dead_device else ""
+    lose = f" --lose {shlex.quote(dead_device)}" if dead_device else ""
     run_flags = " ".join(flags)
-    more = (f"hetpart replan {out}{lose} --out {new} && hetpart run {new} --mode training {run_flags}"
-            f"--resume {last.path} --steps {left} --checkpoint-every {run.every} --checkpoint-dir {run.save_dir}")
+    more = (f"hetpart replan {_shown(out)}{lose} --out {_shown(new)} && hetpart run {_shown(new)} --mode training "
+            f"{run_flags}--resume {_shown(last.path)} --steps {left} --checkpoint-every {run.every} "
+            f"--checkpoint-dir {_shown(run.save_dir)}")
     if left <= 0:
         return f"\nthe last checkpoint, {last.path}, is of the run's last step {last.step}: nothing left to train"
-    return (f"\nthe last complete checkpoint is {last.path} (step {last.step}); to re-plan onto the devices still "
+    return (f"\nthe last complete checkpoint is {_shown(last.path)} (step {last.step}); to re-plan onto the devices still "
             f"alive and train the {left} step(s) left:\n  {more}")
