@@ -154,16 +154,117 @@ def _solve(model: cp_model.CpModel, time_limit_s: float, seed: int) -> tuple[cp_
     return solver, solver.solve(model)
 
 
+# NOTE [large re-plan]: past `RELABEL_ABOVE` nodes (a Llama's thousands of ops over dozens of devices) the
+# CP-SAT model of steps 2 and 3 finds nothing in seconds (measured: UNKNOWN at 1 s a step on zoo:llama-7b,
+# hetero-64), so the re-plan keeps the from-scratch plan's cuts and device types and only relabels it:
+# machines of one kind (the same intra-machine link and the same devices: types and capacities) swap
+# whole, and inside a machine devices of one type and capacity swap. Each stage keeps its compute, memory
+# and links, so every cost is the from-scratch plan's exactly. Among these relabelings: the one with the
+# fewest bytes between machines, then within (every permutation of a kind's machines up to
+# `PERMUTE_MACHINES`, else machines matched by their bytes between only; devices matched per machine by
+# networkx's max_weight_matching, exact on integer bytes). Status "RELABELED": the cuts are not re-chosen.
+RELABEL_ABOVE = 400
+PERMUTE_MACHINES = 6
+
+
 def lexicographic_plan(problem: Problem, scratch: Plan, holders: Mapping[str, tuple[str, ...]], *,
                        slack: float = 0.02, time_limit_s: float = 30.0, seed: int = 0) -> Replan:
     """NOTE [lexicographic re-plan]: within `slack` of `scratch` (the from-scratch plan), the fewest bytes moved
-    between machines, then within them. Falls back to `scratch` where CP-SAT finds nothing better in time."""
-    from hetpart.partitioner.cpsat import _add_hint, _build
-
+    between machines, then within them. Falls back to `scratch` where CP-SAT finds nothing better in time;
+    a large problem is relabeled only (NOTE [large re-plan])."""
     if not 0 <= slack < 1:
         raise HetpartError(f"--slack must be a fraction in [0, 1), e.g. 0.02 for 2% (got {slack})")
     start = time.perf_counter()
     limit = math.floor(scratch.bottleneck_ns * (1 + slack))
+    if problem.graph.number_of_nodes() > RELABEL_ABOVE:
+        best, status = (scratch.stage_of, relabel(problem, scratch, holders)), ["RELABELED"]
+    else:
+        best, status = _solve_lexicographic(problem, scratch, holders, limit, time_limit_s, seed)
+    plan = chosen_plan(problem, scratch, *best)
+    if plan.bottleneck_ns > limit:  # cannot happen: the model caps it, a relabeling keeps every cost
+        raise RuntimeError(f"hetpart bug: re-plan bottleneck {plan.bottleneck_ns} ns above the limit {limit} ns")
+    return Replan(plan, scratch, moves(problem, plan.stage_of, plan.device_of_stage, holders),
+                  moves(problem, scratch.stage_of, scratch.device_of_stage, holders), slack, limit, status,
+                  time.perf_counter() - start)
+
+
+def relabel(problem: Problem, scratch: Plan, holders: Mapping[str, tuple[str, ...]]) -> list[str]:
+    """NOTE [large re-plan]: the from-scratch plan's stages on other devices of the same kind, the fewest bytes
+    moved between machines, then within; each stage's new device."""
+    import itertools
+
+    import networkx as nx
+
+    dev = {d.name: d for d in problem.devices}
+    held = stage_weights(problem, scratch.stage_of)
+    nbytes = {w: state_to_move_bytes(problem, w) for w in problem.weights}
+    on: dict[str, list[int]] = {}
+    for k, d in enumerate(scratch.device_of_stage):
+        on.setdefault(dev[d].node, []).append(k)
+    members: dict[str, list[str]] = {}
+    for d in problem.devices:
+        members.setdefault(d.node, []).append(d.name)
+
+    def kind(mc: str) -> tuple:
+        return (problem.intra_node_links.get(mc), sorted((dev[d].type, dev[d].capacity_bytes) for d in members[mc]))
+
+    def place(plan_mc: str, real_mc: str) -> tuple[int, int, dict[int, str]]:
+        """Bytes between and within machines, and each stage's device, with plan_mc's stages on real_mc."""
+        there = {w for w in nbytes if any(dev.get(h) is not None and dev[h].node == real_mc
+                                          for h in holders.get(w, ()))}
+        between = sum(nbytes[w] for k in on.get(plan_mc, []) for w in held.get(k, ()) if w not in there and
+                      any(h in dev for h in holders.get(w, ())))
+        within, where = 0, {}
+        groups: dict[tuple, list[int]] = {}
+        for k in on.get(plan_mc, []):
+            d = dev[scratch.device_of_stage[k]]
+            groups.setdefault((d.type, d.capacity_bytes), []).append(k)
+        for key, stages in groups.items():
+            devices = [d for d in members[real_mc] if (dev[d].type, dev[d].capacity_bytes) == key]
+            cost = {(k, d): sum(nbytes[w] for w in held.get(k, ()) if w in there and d not in holders.get(w, ()))
+                    for k in stages for d in devices}
+            top = max(cost.values(), default=0) + 1
+            g = nx.Graph()
+            g.add_weighted_edges_from((("s", k), ("d", d), top - c) for (k, d), c in cost.items())
+            for a, b in nx.max_weight_matching(g, maxcardinality=True):
+                k, d = (a[1], b[1]) if a[0] == "s" else (b[1], a[1])
+                where[k] = d
+                within += cost[(k, d)]
+        return between, within, where
+
+    kinds: dict[tuple, list[str]] = {}
+    for mc in members:
+        kinds.setdefault(repr(kind(mc)), []).append(mc)
+    devices = list(scratch.device_of_stage)
+    for machines in kinds.values():
+        used = [mc for mc in machines if mc in on]
+        if not used:
+            continue
+        table = {(a, b): place(a, b) for a in used for b in machines}
+        if len(machines) <= PERMUTE_MACHINES:
+            options = itertools.permutations(machines, len(used))
+        else:  # machines matched by their bytes between only (NOTE [large re-plan])
+            g = nx.Graph()
+            top = max(v[0] for v in table.values()) + 1
+            g.add_weighted_edges_from((("p", a), ("r", b), top - table[(a, b)][0]) for a in used for b in machines)
+            mate = {}
+            for x, y in nx.max_weight_matching(g, maxcardinality=True):
+                p, r = (x[1], y[1]) if x[0] == "p" else (y[1], x[1])
+                mate[p] = r
+            options = [tuple(mate[a] for a in used)]
+        best = min(options, key=lambda targets: (sum(table[(a, b)][0] for a, b in zip(used, targets)),
+                                                 sum(table[(a, b)][1] for a, b in zip(used, targets))))
+        for a, b in zip(used, best):
+            for k, d in table[(a, b)][2].items():
+                devices[k] = d
+    return devices
+
+
+def _solve_lexicographic(problem: Problem, scratch: Plan, holders: Mapping[str, tuple[str, ...]], limit: int,
+                         time_limit_s: float, seed: int) -> tuple[tuple[dict[str, int], list[str]], list[str]]:
+    """Steps 2 and 3 of NOTE [lexicographic re-plan]: ((stage_of, devices), CP-SAT's status of each)."""
+    from hetpart.partitioner.cpsat import _add_hint, _build
+
     mdl = _build(problem, "throughput", break_symmetry=False)
     m = mdl.model
     # The plan is at most `slack` slower than the from-scratch plan.
@@ -210,12 +311,7 @@ def lexicographic_plan(problem: Problem, scratch: Plan, holders: Mapping[str, tu
             for k in range(mdl.num_stages):
                 for d, lit in mdl.a[k].items():
                     m.add_hint(lit, solver.boolean_value(lit))
-    plan = chosen_plan(problem, scratch, *best)
-    if plan.bottleneck_ns > limit:  # cannot happen: the model caps it; the plan's costs come from evaluate
-        raise RuntimeError(f"hetpart bug: re-plan bottleneck {plan.bottleneck_ns} ns above the limit {limit} ns")
-    return Replan(plan, scratch, moves(problem, plan.stage_of, plan.device_of_stage, holders),
-                  moves(problem, scratch.stage_of, scratch.device_of_stage, holders), slack, limit, status,
-                  time.perf_counter() - start)
+    return best, status
 
 
 def chosen_plan(problem: Problem, scratch: Plan, stage_of: dict[str, int], devices: list[str]) -> Plan:

@@ -69,3 +69,41 @@ def test_moves_by_hand():
     assert mv.link_time_ns == {"m0 -> m0": 1_000 + 40, f"{CHECKPOINT} -> m0": 10_000 + 2_000}
     assert mv.time_ns == 12_000
     assert moves(p, {"x": 0}, ["d0"], {"w0": ("d0",), "w1": ("d1",)}).within_bytes == 2000
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_a_large_problems_relabeling_keeps_every_cost_and_moves_least(seed, monkeypatch):
+    # NOTE [large re-plan], forced on a small problem: 3 machines of one kind, 2 devices each.
+    import itertools
+
+    from hetpart.partitioner import replan
+    from hetpart.partitioner.evaluate import evaluate
+
+    problem = random_problem(seed)
+    cap = 1000  # roomy: every plan fits
+    for d in list(problem.devices):
+        problem.devices.remove(d)
+    problem.devices.extend(Device(f"m{i}/{j}", "a", f"m{i}", cap) for i in range(3) for j in range(2))
+    problem.intra_node_links = {f"m{i}": Link(1000, 5) for i in range(3)}
+    problem.network = Link(100, 50)
+    holders = {w: tuple(random.Random(seed + i).sample([d.name for d in problem.devices] + ["gone/0"], 2))
+               for i, w in enumerate(sorted(problem.weights))}
+    scratch = solve(problem, time_limit_s=10)
+    monkeypatch.setattr(replan, "RELABEL_ABOVE", 0)
+    got = lexicographic_plan(problem, scratch, holders)
+    assert got.status == ["RELABELED"]
+    key = lambda s: (s.compute_ns, s.comm_in_ns, s.comm_out_ns, s.memory_bytes)  # noqa: E731
+    assert [key(s) for s in got.plan.stages] == [key(s) for s in scratch.stages]
+    # Brute force over every relabeling (stages that shared a machine share one, the others do not; every
+    # machine here is of one kind): the chosen one moves the least of them, and each keeps every cost.
+    machine = {d.name: d.node for d in problem.devices}
+    old = scratch.device_of_stage
+    options = []
+    for devs in itertools.permutations([d.name for d in problem.devices], len(scratch.stages)):
+        if all((machine[devs[i]] == machine[devs[j]]) == (machine[old[i]] == machine[old[j]])
+               for i in range(len(old)) for j in range(len(old))):
+            stages = evaluate(problem, scratch.stage_of, list(devs))
+            assert [key(s) for s in stages] == [key(s) for s in scratch.stages]
+            mv = moves(problem, scratch.stage_of, list(devs), holders)
+            options.append((mv.between_bytes, mv.within_bytes))
+    assert (got.moves.between_bytes, got.moves.within_bytes) == min(options)
