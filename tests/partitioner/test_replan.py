@@ -35,10 +35,12 @@ def _brute(problem, holders, slack: float):
     return best, min(keys)
 
 
-@pytest.mark.parametrize("seed", range(16))
+@pytest.mark.parametrize("seed", range(24))
 @pytest.mark.parametrize("slack", [0.0, 0.3])
 def test_lexicographic_choice_matches_brute_force(seed, slack):
     problem = random_problem(seed)
+    if problem.graph.number_of_nodes() > 5:
+        pytest.skip("the brute force over 6 nodes on 4 devices takes seconds")
     problem.devices.append(Device("d3", "a", "m1", problem.devices[0].capacity_bytes))  # a twin on another machine
     problem.intra_node_links["m1"] = problem.intra_node_links["m0"]
     holders = _holders(problem, seed)
