@@ -81,6 +81,7 @@ def replay(path: Path, args: argparse.Namespace) -> dict:
     plan_json = json.loads((path / "plan.json").read_text())
     manifest = json.loads((path / "manifest.json").read_text())
     holders = holders_of(manifest["ranks"])
+    old_devices = [r["planned_device"] for r in manifest["ranks"]]
     samples_per_step = plan_json["microbatch_size"] * plan_json["microbatches"]
     m = plan_json["microbatches"]
     alive = {mc.name for mc in full.machines}
@@ -99,7 +100,7 @@ def replay(path: Path, args: argparse.Namespace) -> dict:
         scratch = solve(problem, time_limit_s=args.time_limit, seed=args.seed)
         scratch_s = time.perf_counter() - start
         result = lexicographic_plan(problem, scratch, holders, slack=args.slack, time_limit_s=args.time_limit,
-                                    seed=args.seed)
+                                    seed=args.seed, old_devices=old_devices)
         replan_s = time.perf_counter() - start
         reshard = resharding_bytes(problem, scratch)
         reshard_ns = max(transfer_ns(problem.network, reshard // max(1, len(alive))), 0)  # every machine reads its own
@@ -123,6 +124,7 @@ def replay(path: Path, args: argparse.Namespace) -> dict:
         })
         holders = {w: tuple(result.plan.device_of_stage[k] for k, ws in
                             stage_weights(problem, result.plan.stage_of).items() if w in ws) for w in stored.weights}
+        old_devices = result.plan.device_of_stage
         prev_t = t
         print(json.dumps(rows[-1]), flush=True)
     return {"model": plan_json["model"]["model"], "rows": rows, "trace_h": round(prev_t / 3600, 2),

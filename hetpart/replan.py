@@ -155,7 +155,8 @@ def replan(old: Path, out: Path, *, cluster: str | None = None, lose: tuple[str,
     problem = retarget(stored, target)
     scratch = solve(problem, time_limit_s=time_limit_s, seed=seed)
     result = lexicographic_plan(problem, scratch, holders_of(manifest["ranks"]), slack=slack,
-                                time_limit_s=time_limit_s, seed=seed)
+                                time_limit_s=time_limit_s, seed=seed,
+                                old_devices=[e["planned_device"] for e in manifest["ranks"]])
     plan_s = time.perf_counter() - start
     lost = sorted({d.name for d in old_cluster.devices} - {d.name for d in target.devices})
     for line in describe(result, plan_s, lost):

@@ -163,12 +163,22 @@ def _solve(model: cp_model.CpModel, time_limit_s: float, seed: int) -> tuple[cp_
 # fewest bytes between machines, then within (every permutation of a kind's machines up to
 # `PERMUTE_MACHINES`, else machines matched by their bytes between only; devices matched per machine by
 # networkx's max_weight_matching, exact on integer bytes). Status "RELABELED": the cuts are not re-chosen.
+# Given the old plan's devices (`old_devices`), a second candidate keeps their order (the devices still
+# alive, every one a stage) and chooses the cuts for the bytes: a DP over about `KEPT_ORDER_CUTS`
+# candidate cut positions (coarsen.py's, plus the from-scratch plan's) whose stages each stay within the
+# bottleneck cap (dp.py's tables and costs.py's formulas) and whose bytes between machines (then within,
+# as a fraction below one byte: ties only) are the fewest; a weight two nodes of a stage read counts
+# twice there (an over-count), and the plan it gives is re-costed and its moves recounted exactly.
+# The better of the two candidates by (bytes between, within) is kept: status "KEPT_ORDER" when it is
+# this one.
 RELABEL_ABOVE = 400
 PERMUTE_MACHINES = 6
+KEPT_ORDER_CUTS = 256
 
 
 def lexicographic_plan(problem: Problem, scratch: Plan, holders: Mapping[str, tuple[str, ...]], *,
-                       slack: float = 0.02, time_limit_s: float = 30.0, seed: int = 0) -> Replan:
+                       slack: float = 0.02, time_limit_s: float = 30.0, seed: int = 0,
+                       old_devices: list[str] | None = None) -> Replan:
     """NOTE [lexicographic re-plan]: within `slack` of `scratch` (the from-scratch plan), the fewest bytes moved
     between machines, then within them. Falls back to `scratch` where CP-SAT finds nothing better in time;
     a large problem is relabeled only (NOTE [large re-plan])."""
@@ -178,6 +188,11 @@ def lexicographic_plan(problem: Problem, scratch: Plan, holders: Mapping[str, tu
     limit = math.floor(scratch.bottleneck_ns * (1 + slack))
     if problem.graph.number_of_nodes() > RELABEL_ABOVE:
         best, status = (scratch.stage_of, relabel(problem, scratch, holders)), ["RELABELED"]
+        kept = _kept_order(problem, scratch, holders, old_devices, limit) if old_devices else None
+        if kept is not None:
+            key = lambda c: (lambda mv: (mv.between_bytes, mv.within_bytes))(moves(problem, *c, holders))  # noqa: E731
+            if key(kept) < key(best):
+                best, status = kept, ["KEPT_ORDER"]
     else:
         best, status = _solve_lexicographic(problem, scratch, holders, limit, time_limit_s, seed)
     plan = chosen_plan(problem, scratch, *best)
@@ -258,6 +273,76 @@ def relabel(problem: Problem, scratch: Plan, holders: Mapping[str, tuple[str, ..
             for k, d in table[(a, b)][2].items():
                 devices[k] = d
     return devices
+
+
+def _kept_order(problem: Problem, scratch: Plan, holders: Mapping[str, tuple[str, ...]], old_devices: list[str],
+                limit: int) -> tuple[dict[str, int], list[str]] | None:
+    """NOTE [large re-plan]'s second candidate: the old devices still alive in their order, cuts for the bytes."""
+    import numpy as np
+
+    from hetpart.partitioner.coarsen import cut_candidates
+    from hetpart.partitioner.costs import segment_time_table_ns, slot_capacity_bytes, stash_microbatches
+    from hetpart.partitioner.dp import order_tables, valid_cuts
+
+    dev = {d.name: d for d in problem.devices}
+    devices = [d for d in old_devices if d in dev]
+    if not devices:
+        return None
+    tab = order_tables(problem)
+    n, S = tab.n, len(devices)
+    at = {v: i for i, v in enumerate(tab.order)}
+    own = {at[v] for v, k in scratch.stage_of.items() if at[v] > 0 and scratch.stage_of[tab.order[at[v] - 1]] != k}
+    valid = valid_cuts(tab)
+    P = np.array(sorted({0, n} | {int(c) for c in cut_candidates(tab, KEPT_ORDER_CUTS) if valid[c]}
+                        | {c for c in own if valid[c]}), dtype=np.int64)
+    nbytes = {w: state_to_move_bytes(problem, w) for w in problem.weights}
+    alive = {w: [h for h in holders.get(w, ()) if h in dev] for w in problem.weights}
+    total_within = sum(nbytes.values()) + 1
+    G = np.where(P == 0, 0.0, np.inf)
+    backs = []
+    for k, d in enumerate(devices):
+        # Bytes each node's weights move to d: between machines, plus within as a fraction (NOTE [large re-plan]).
+        cost = np.zeros(n + 1)
+        for i, v in enumerate(tab.order):
+            c = 0.0
+            for w in problem.graph.nodes[v].get(WEIGHTS, ()):
+                hs = alive[w]
+                if not hs or d in hs:
+                    continue
+                c += nbytes[w] / total_within if any(dev[h].node == dev[d].node for h in hs) else nbytes[w]
+            cost[i + 1] = c
+        prefix = np.cumsum(cost)
+        slot = problem.slot(d)
+        tin = _transfer(problem, devices[k - 1], d, tab.cut_bytes[P]) if k > 0 else np.zeros(len(P), np.int64)
+        tout = _transfer(problem, d, devices[k + 1], tab.cut_bytes[P]) if k < S - 1 else np.zeros(len(P), np.int64)
+        time_ns = segment_time_table_ns((tab.comp[slot.type][P], tab.comp[slot.type][P]), tin, tout)
+        mem = tab.seg_mem(P, P, stash_microbatches(problem, k, S))
+        ok = tab.allowed(slot.type, P, P) & (mem <= slot_capacity_bytes(problem, slot)) & (time_ns <= limit)
+        ok &= np.isfinite(G)[:, None]
+        if k == S - 1:
+            ok &= (P <= tab.final_start_max)[:, None] & (P == n)[None, :]
+        val = np.where(ok, G[:, None] + (prefix[P][None, :] - prefix[P][:, None]), np.inf)
+        arg = np.argmin(val, axis=0)
+        G = val[arg, np.arange(len(P))]
+        backs.append(arg)
+    end = int(np.searchsorted(P, n))
+    if not np.isfinite(G[end]):
+        return None
+    cuts, j = [n], end
+    for k in range(S - 1, -1, -1):
+        j = int(backs[k][j])
+        cuts.append(int(P[j]))
+    cuts = cuts[::-1]
+    stage_of = {v: k for k in range(S) for v in tab.order[cuts[k]:cuts[k + 1]]}
+    plan = chosen_plan(problem, scratch, stage_of, devices)
+    return (stage_of, devices) if plan.bottleneck_ns <= limit else None
+
+
+def _transfer(problem: Problem, a: str, b: str, nbytes) -> object:
+    """costs.transfer_ns over the link between devices `a` and `b`, for an array of bytes."""
+    from hetpart.partitioner.costs import link_between
+
+    return transfer_ns(link_between(problem, a, b), nbytes)
 
 
 def _solve_lexicographic(problem: Problem, scratch: Plan, holders: Mapping[str, tuple[str, ...]], limit: int,

@@ -109,3 +109,45 @@ def test_a_large_problems_relabeling_keeps_every_cost_and_moves_least(seed, monk
             mv = moves(problem, scratch.stage_of, list(devs), holders)
             options.append((mv.between_bytes, mv.within_bytes))
     assert (got.moves.between_bytes, got.moves.within_bytes) == min(options)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_the_kept_order_candidate_is_the_fewest_bytes_over_its_cuts(seed, monkeypatch):
+    # NOTE [large re-plan]'s second candidate on a chain whose every node reads a weight of its own: against
+    # every contiguous split of the node order over the old devices in their order, within the cap.
+    import itertools
+
+    from hetpart.partitioner import replan
+    from hetpart.partitioner.evaluate import evaluate
+    from hetpart.partitioner.problem import PIN_FIRST
+
+    rng = random.Random(seed)
+    n = 6
+    names = [f"v{i}" for i in range(n)]
+    nodes = {v: {"time": {"a": rng.randint(5_000, 40_000)}, "out": rng.choice([10, 100, 1000]),
+                 "weights": [f"w{i}"]} for i, v in enumerate(names)}
+    nodes["v0"]["pin"] = PIN_FIRST
+    devices = [Device(f"m{i}/{j}", "a", f"m{i}", 10**6) for i in range(2) for j in range(2)]
+    problem = make_problem(nodes, list(zip(names, names[1:])), devices,
+                           weights={f"w{i}": rng.randint(1, 50) for i in range(n)},
+                           intra=Link(100_000, 5), network=Link(10_000, 50))
+    old = [d.name for d in devices] + ["gone/0"]
+    rng.shuffle(old)
+    holders = {f"w{i}": (old[min(i * len(old) // n, len(old) - 1)],) for i in range(n)}
+    scratch = solve(problem, time_limit_s=10)
+    slack = 0.9
+    limit = math.floor(scratch.bottleneck_ns * (1 + slack))
+    got = replan._kept_order(problem, scratch, holders, old, limit)
+    alive = [d for d in old if d != "gone/0"]
+    want = None
+    for cuts in itertools.combinations(range(1, n), len(alive) - 1):
+        bounds = [0, *cuts, n]
+        stage_of = {v: k for k in range(len(alive)) for v in names[bounds[k]:bounds[k + 1]]}
+        if bottleneck_ns(evaluate(problem, stage_of, alive)) <= limit:
+            mv = moves(problem, stage_of, alive, holders)
+            want = min(want or (mv.between_bytes, mv.within_bytes), (mv.between_bytes, mv.within_bytes))
+    assert want is not None  # some split of the old order is within the cap here
+    assert got is not None and got[1] == alive
+    mv = moves(problem, got[0], got[1], holders)
+    assert (mv.between_bytes, mv.within_bytes) == want
+    assert bottleneck_ns(evaluate(problem, got[0], got[1])) <= limit
