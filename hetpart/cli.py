@@ -177,6 +177,26 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--atol", type=_number(float), default=None,
                      help="--verify: tolerance in units of each output's largest |element| (default 1e-5)")
 
+    run.add_argument("--checkpoint-dir", type=Path, default=None, metavar="CK",
+                     help="training: write each rank's weights and optimizer state here (safetensors, hashed)")
+    run.add_argument("--checkpoint-every", type=_COUNT, default=None, metavar="K", help="a checkpoint every K steps")
+    run.add_argument("--keep-checkpoints", type=_COUNT, default=None, metavar="N",
+                     help="remove this run's older complete checkpoints beyond the newest N (default: keep all)")
+    run.add_argument("--resume", type=Path, default=None, metavar="CK",
+                     help="training: start from the newest complete checkpoint in CK (or a CK/step-<N> folder)")
+    rep = sub.add_parser("replan", help="re-plan an artifacts directory for a changed device set, moving the "
+                         "fewest bytes (no re-trace for the plan)")
+    rep.add_argument("old", type=Path, help="the artifacts directory of the old plan")
+    rep.add_argument("--out", type=Path, required=True, help="the new artifacts directory")
+    rep.add_argument("--cluster", default=None, help="the new device set: TOML file or preset:NAME")
+    rep.add_argument("--lose", action="append", default=[], metavar="DEVICE", help="a device of the old cluster gone")
+    rep.add_argument("--add", action="append", default=[], metavar="TYPE@MACHINE",
+                     help="a device added to a machine of the old cluster")
+    rep.add_argument("--slack", type=_number(float, minimum=0, maximum=0.99), default=0.02,
+                     help="bottleneck allowed above the from-scratch plan's, as a fraction (default 0.02)")
+    rep.add_argument("--time-limit", type=_number(float, positive=True), default=30.0, help="seconds per solve")
+    rep.add_argument("--seed", type=_SEED, default=0, help="the solver's seed")
+    rep.add_argument("--force", action="store_true", help="replace --out if hetpart wrote it")
     insp = sub.add_parser("inspect", help="print the plan of an artifacts directory")
     insp.add_argument("out", type=Path, help="artifacts directory")
     view = insp.add_mutually_exclusive_group()
@@ -323,12 +343,14 @@ def _pipelines_before_torch(args: argparse.Namespace) -> dict:
 
 def _run(args: argparse.Namespace, console: Console) -> int:
     from hetpart.runtime import RunOptions, Tolerances, run_pipeline
+    from hetpart.runtime.checkpoint import CheckpointFlags
 
     opts = RunOptions(mode=args.mode, schedule=args.schedule, microbatches=args.microbatches, steps=args.steps,
                       verify=args.verify, timeout_s=args.timeout, as_nodes=args.as_nodes, master_port=args.master_port,
                       measure=args.measure, batch_size=args.batch_size, seq_len=args.seq_len, emulate=args.emulate,
                       model=_model_arg(args.model) if args.model else None, trust_model_file=args.trust_model_file,
-                      key=args.key,
+                      key=args.key, checkpoints=CheckpointFlags(args.checkpoint_dir, args.checkpoint_every,
+                                                                args.keep_checkpoints, args.resume),
                       tolerances=Tolerances(**{k: v for k, v in (("rtol", args.rtol), ("atol", args.atol))
                                                if v is not None}))
     result = run_pipeline(args.out, opts, echo=console.print)
@@ -340,6 +362,19 @@ def _run(args: argparse.Namespace, console: Console) -> int:
     for line in result.verification.report():
         print(line)
     return 0 if result.verification.verdict == "PASS" else 1
+
+
+def _replan(args: argparse.Namespace, console: Console) -> int:
+    from hetpart.replan import replan
+    from hetpart.report import print_plan
+
+    result = replan(args.old, args.out, cluster=args.cluster, lose=tuple(args.lose), add=tuple(args.add),
+                    slack=args.slack, time_limit_s=args.time_limit, seed=args.seed, force=args.force,
+                    echo=lambda text: console.print(text, markup=False, highlight=False))
+    print_plan(result.report, console)
+    console.print(f"wrote {args.out}/ (plan.json with `replan`: the bytes to move per link, beside the from-scratch "
+                  "plan's)")
+    return 0
 
 
 def _print_measured(measured: dict, console: Console) -> None:
@@ -527,6 +562,8 @@ def _main(argv: list[str] | None) -> int:
             return _run(args, console)
         if args.command == "inspect":
             return _inspect(args, console)
+        if args.command == "replan":
+            return _replan(args, console)
         if args.command == "profile":
             return _profile(args, console)
         if args.command == "placement":

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 from pathlib import Path
 
 import torch.fx as fx
@@ -19,6 +19,7 @@ from hetpart.codegen import (
     PlannedDevice, launch_script, manifest, split_stages, staging_dir, write_json, write_rank,
 )
 from hetpart.codegen import write_manifest
+from hetpart.codegen.analysis import write_analysis
 from hetpart.codegen.pt2 import write_pt2_files
 from hetpart.codegen.split import stage_of_nodes
 from hetpart.codegen.split import shared_weights_file, store_weights_once
@@ -74,6 +75,7 @@ class CompileOptions:
     pipelines: tuple[tuple[str, ...], ...] | None = None
     pipeline_microbatches: tuple[int, ...] | None = None
     parallel: str = "pipeline"
+    replan: Any = None  # `hetpart replan`: a ReplanChoice whose plan replaces the solve (hetpart/replan.py)
 
     def check(self, batch_size: int | None = None, out: Path | None = None) -> None:
         """Every option's value, and with the model's `batch_size` and the `out` directory how they fit: the one
@@ -167,6 +169,7 @@ def plan_report(spec: ModelSpec, cluster: Cluster, opts: CompileOptions, plan: P
         emulation=emulation,
         align=opts.align,
         layers=layers,
+        replan=opts.replan.record if opts.replan is not None else None,
     )
 
 
@@ -319,7 +322,7 @@ def warn_batch_mixing(gm: fx.GraphModule, microbatches: int, microbatch_size: in
 # below the devices' count is therefore planned with at most M stages (Problem.max_stages):
 # the best plan that runs, rather than a plan that only `run` refuses. The note says so, and
 # that more microbatches allow more stages; a GPipe plan has no such limit.
-def compile_model(spec: ModelSpec, cluster_spec: str, out: Path, opts: CompileOptions,
+def compile_model(spec: ModelSpec, cluster_spec: str | Cluster, out: Path, opts: CompileOptions,
                   echo: Callable[[str], None] = print, progress: Progress | None = None) -> CompileResult:
     """Partition `spec` onto `cluster_spec` and write the artifacts to `out`.
 
@@ -331,7 +334,7 @@ def compile_model(spec: ModelSpec, cluster_spec: str, out: Path, opts: CompileOp
         check_dump_dir(opts.dump_ir)  # NOTE [--dump-ir DIR is hetpart's]
     sign_key = read_key(opts.sign_key, out) if opts.sign_key is not None else None
     model_sha256 = model_file_sha256(spec)  # the file as it is traced: NOTE [model files] in runtime/artifacts.py
-    cluster = load_cluster(cluster_spec)
+    cluster = load_cluster(cluster_spec) if isinstance(cluster_spec, str) else cluster_spec
     if opts.pipelines is not None:  # before tracing: every device of --pipelines is the cluster's, once
         check_groups(opts.pipelines, [d.name for d in cluster.devices])
     microbatch_size = spec.batch_size // opts.microbatches
@@ -373,9 +376,12 @@ def compile_model(spec: ModelSpec, cluster_spec: str, out: Path, opts: CompileOp
             echo(f"note: --schedule 1f1b runs at most as many stages as microbatches: planning at most "
                  f"{opts.microbatches} stage(s) (--microbatches {opts.microbatches}) on the {len(problem.devices)} "
                  "devices; more microbatches allow more stages")
+        write_analysis(tmp, problem, cluster)  # what `hetpart replan` plans from without a trace
         start = time.perf_counter()
         with progress.step("solving"):
-            if opts.strategy != "optimal":  # NOTE [--strategy] in partitioner/baselines.py
+            if opts.replan is not None:  # NOTE [re-plan from the stored analysis] in hetpart/replan.py
+                plan = opts.replan.plan_for(problem)
+            elif opts.strategy != "optimal":  # NOTE [--strategy] in partitioner/baselines.py
                 plan = strategy_plan(problem, opts.strategy, lambda: fx_baselines(gm, problem))
             else:
                 plan = solve(problem, time_limit_s=opts.time_limit_s, seed=opts.seed, gap=opts.gap,

@@ -153,6 +153,7 @@ class PlanReport:
     emulation: dict | None = _f((dict, NoneType), None)  # for `run --emulate` (NOTE [emulated devices])
     align: str = _f(str, "ops")  # "layers": planned with cuts only between modules (`--align layers`)
     layers: dict | None = _f((dict, NoneType), None)  # the plan rounded to whole modules, for `hetpart export`
+    replan: dict | None = _f((dict, NoneType), None, omit_none=True)  # `hetpart replan`: bytes moved (hetpart/replan.py)
     # Several data-parallel pipelines (issue 19); all left out for one pipeline (NOTE [plan.json fields]).
     pipelines: list[PipelineReport] | None = _f((list, NoneType), None, omit_none=True, items=PipelineReport)
     iteration_us: float | None = _f(NUMBER + (NoneType,), None, omit_none=True)  # slowest pipeline + grad sync

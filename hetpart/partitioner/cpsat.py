@@ -68,9 +68,10 @@ class _PastDeadline(Exception):
 
 
 def _build(problem: Problem, objective: str = "throughput", microbatches: int = 1,
-           bottleneck_lb_ns: int = 0, deadline: float | None = None) -> _Model:
+           bottleneck_lb_ns: int = 0, deadline: float | None = None, break_symmetry: bool = True) -> _Model:
     """The CP-SAT model; raises _PastDeadline once `deadline` (a `time.perf_counter()` value) passes
-    (a cluster of many machines makes machines^2 link constraints per boundary, NOTE [bounds deadline])."""
+    (a cluster of many machines makes machines^2 link constraints per boundary, NOTE [bounds deadline]).
+    `break_symmetry=False` leaves interchangeable devices free (NOTE [lexicographic re-plan] in replan.py)."""
     g = problem.graph
 
     def check_clock() -> None:
@@ -184,7 +185,7 @@ def _build(problem: Problem, objective: str = "throughput", microbatches: int = 
     for d in problem.devices:
         # Each device is in at most one chosen slot (so it runs at most one stage).
         m.add_at_most_one(a[k][s.name] for k in stages for s in slots if d.name in s.devices)
-    for cls in device_classes(problem):
+    for cls in device_classes(problem) if break_symmetry else []:
         for first, second in zip(cls.devices, cls.devices[1:]):
             for k in stages:
                 # Interchangeable slots (same type, machine, capacity) are used in list

@@ -31,11 +31,12 @@ from torch.utils import _pytree as pytree
 from hetpart.codegen.artifacts import foreign_log, is_measured_json, write_logs_marker
 from hetpart.errors import HetpartError
 from hetpart.fsio import atomic_write, exclusive_file, fresh_dir
-from hetpart.plan_report import PlanReport
+from hetpart.plan_report import PlanReport, as_json
 from hetpart.frontend import ModelSpec, check_example_batch, load_model
 from hetpart.frontend.hf import HFModel, OutputStructure
 from hetpart.runtime.artifacts import check_rank_files, dim_size, load_manifest, read_json, symbol_sizes
 from hetpart.runtime.artifacts import check_listed_files, mesh_pipelines, model_spec_for_run, read_plan
+from hetpart.runtime.checkpoint import CheckpointFlags, run_checkpoints, with_resume_commands
 from hetpart.runtime.emulate import emulated, emulation_plan, find_hierarchy
 from hetpart.runtime.verify import Tolerances, Verification, check_tensor, reference_training, torch_threads
 from hetpart.runtime.verify import training_checks
@@ -90,6 +91,7 @@ class RunFailed(HetpartError):
     """
 
     exit_code = 1
+    dead_device: str | None = None  # the planned device of a rank that died (not one that refused its input)
 
 
 def rank_threads() -> int:
@@ -171,6 +173,8 @@ def _failure(manifest: dict, log_dir: Path, as_nodes: bool, torchrun_log: Path, 
         )
         if code == HetpartError.exit_code:  # the rank reported a HetpartError of its own
             err.exit_code = HetpartError.exit_code
+        else:  # a rank that died: its device, for the resume commands (NOTE [checkpoint layout])
+            err.dead_device = entry.get("planned_device")
         return err
     if _PORT_IN_USE.search(text):
         port = f"port {master_port}" if master_port is not None else "the rendezvous port"
@@ -394,6 +398,7 @@ class RunOptions:
     trust_model_file: bool = False  # import the model file though it is not the one plan.json hashed
     key: Path | None = None  # refuse a directory whose manifest.json.hmac is missing or wrong (hetpart/trust.py)
     tolerances: Tolerances = Tolerances()  # --verify's --rtol/--atol (NOTE [verify tolerances])
+    checkpoints: CheckpointFlags = CheckpointFlags()  # training: save and resume (NOTE [checkpoint layout])
 
 
 def _check_options(opts: RunOptions, batch_size: int, world: int, m: int, manifest: dict | None = None) -> None:
@@ -512,6 +517,8 @@ def run_pipeline(out: Path, opts: RunOptions = RunOptions(), echo: Callable[[str
     world = manifest["world_size"]
     _check_options(opts, spec.batch_size, world, m, manifest)
     emulation = emulation_plan(plan) if opts.emulate else None  # NOTE [emulated devices] in runtime/emulate.py
+    ckpt = run_checkpoints(manifest, as_json(plan.model), spec, m, opts, echo)  # NOTE [checkpoint layout]
+    first_step = ckpt.first_step if ckpt is not None else 0
     if emulation is not None:
         find_hierarchy()  # a writable cgroup, before anything runs
     if key is None and is_signed(out):
@@ -545,6 +552,7 @@ def run_pipeline(out: Path, opts: RunOptions = RunOptions(), echo: Callable[[str
             worker_args += ["--key", str(opts.key.resolve())]
         if opts.verify and training:
             worker_args += ["--dump-weights"]  # the weights after the last step, for --verify
+        worker_args += ["--checkpoint", ckpt.to_json()] if ckpt is not None else []
         cmds = _torchrun_commands(manifest, log_dir, opts.as_nodes, opts.master_port)
         where = (f"{len(cmds)} torchrun node(s) on loopback" if opts.as_nodes else "one torchrun")
         pipelines = mesh_pipelines(manifest)
@@ -557,6 +565,8 @@ def run_pipeline(out: Path, opts: RunOptions = RunOptions(), echo: Callable[[str
         try:
             with emulated(emulation, echo) if emulation is not None else contextlib.nullcontext():
                 _run_torchruns([c + worker_args for c in cmds], manifest, log_dir, opts)
+        except RunFailed as err:  # a rank died: the last checkpoint and how to resume (NOTE [checkpoint layout])
+            raise with_resume_commands(err, out, ckpt, opts) from None
         finally:
             write_logs_marker(log_dir)  # every file torchrun wrote, which the next run or --force may remove
         outputs = _outputs(io_dir, manifest)
@@ -571,11 +581,13 @@ def run_pipeline(out: Path, opts: RunOptions = RunOptions(), echo: Callable[[str
             atomic_write(out / "measured.json", json.dumps(measured, indent=2) + "\n")  # NOTE [safe writes]
         verification = None
         if opts.verify:
-            ref_flat = reference_outputs(module, inputs)  # before the reference trains
+            ref_flat: list = []  # the outputs of the run's first step: before the reference trains, or resumed
+            take = lambda: ref_flat.extend(reference_outputs(module, inputs))  # noqa: E731 (NOTE [checkpoint layout])
+            reference = reference_training(module, inputs, target, m, first_step + opts.steps, opts.lr,
+                                           rank_threads(), first_step, take) if training else take()
             if len(ref_flat) != len(outputs):
                 raise HetpartError(f"verification: the model returns {len(ref_flat)} outputs, the pipeline {len(outputs)}")
-            checks = training_checks(io_dir, manifest, reference_training(
-                module, inputs, target, m, opts.steps, opts.lr, rank_threads()), opts.tolerances) if training else None
+            checks = training_checks(io_dir, manifest, reference, opts.tolerances) if training else None
             verification = Verification(
                 [check_tensor(f"output {n}", a, b, opts.tolerances)
                  for n, a, b in zip(output_names(structure, len(outputs)), outputs, ref_flat)],

@@ -13,7 +13,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -245,9 +245,13 @@ class ReferenceTraining:
 
 
 def reference_training(module: torch.nn.Module, inputs: tuple, target: torch.Tensor, microbatches: int, steps: int,
-                       lr: float, threads: int) -> ReferenceTraining:
+                       lr: float, threads: int, first_step: int = 0,
+                       at_first_step: Callable[[], None] | None = None) -> ReferenceTraining:
     """`steps` SGD steps of the model on the global batch, at a rank's `threads`: each step's loss is the
-    mean of its `microbatches` microbatch losses (NOTE [pipelines gradients] in worker.py). Trains `module`."""
+    mean of its `microbatches` microbatch losses (NOTE [pipelines gradients] in worker.py). Trains `module`.
+    A run resumed after `first_step` steps (NOTE [checkpoint layout] in checkpoint.py) is checked against steps
+    `first_step`.. only: the gradients of that step, the losses from it on, the weights after the last;
+    `at_first_step` runs before that step (the launcher takes the outputs there)."""
     from torch.utils import _pytree as pytree
 
     from hetpart.runtime.worker import training_loss
@@ -258,6 +262,8 @@ def reference_training(module: torch.nn.Module, inputs: tuple, target: torch.Ten
     chunks = list(zip(*(x.tensor_split(microbatches) for x in inputs)))
     with torch_threads(threads):
         for step in range(steps):
+            if step == first_step and at_first_step is not None:
+                at_first_step()
             optimizer.zero_grad(set_to_none=True)
             step_losses = []
             for xs, t in zip(chunks, target.tensor_split(microbatches)):
@@ -265,12 +271,12 @@ def reference_training(module: torch.nn.Module, inputs: tuple, target: torch.Ten
                 (loss / microbatches).backward()
                 step_losses.append(loss.detach())
             losses.append(torch.stack(step_losses))
-            if step == 0:
+            if step == first_step:
                 grads = {name: p.grad.clone() for name, p in module.named_parameters(remove_duplicate=False)
                          if p.grad is not None}
             optimizer.step()
     weights = {name: p.detach().clone() for name, p in module.named_parameters(remove_duplicate=False)}
-    return ReferenceTraining(grads, torch.stack(losses).float(), weights)
+    return ReferenceTraining(grads, torch.stack(losses[first_step:]).float(), weights)
 
 
 @dataclass(frozen=True)

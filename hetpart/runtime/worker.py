@@ -32,13 +32,15 @@ from safetensors.torch import load_file, save_file
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
 from hetpart.errors import HetpartError
+from hetpart.runtime.checkpoint import CheckpointRun
 from hetpart.runtime.artifacts import dim_size, load_manifest, load_stage, rank_pipeline, read_plan, symbol_sizes
 from hetpart.trust import read_key
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 
 # NOTE [test-only crash hook]: HETPART_TEST_CRASH_RANK=K makes rank K SIGKILL itself after its
-# first forward, so tests/runtime/test_faults.py can kill a rank mid-run deterministically.
+# first forward, so tests/runtime/test_faults.py can kill a rank mid-run deterministically
+# (with HETPART_TEST_CRASH_AFTER=N, after its N-th: tests/runtime/test_spot.py, after a checkpoint).
 # Tests only; unset, it costs one dictionary lookup per forward.
 # HETPART_TEST_BREAK_GRAD_SYNC=scale|sync breaks NOTE [pipelines gradients] on purpose (each
 # pipeline's own mean instead of the global batch's; no all-reduce), so tests/runtime/
@@ -87,7 +89,8 @@ class Boundary(torch.nn.Module):
         outputs = tuple(o.contiguous() for o in self.stage(*args))
         self.forward_seconds.append(time.perf_counter() - start)
         self.forward_cpu_seconds.append(time.thread_time() - cpu_start)
-        if os.environ.get("HETPART_TEST_CRASH_RANK") == os.environ.get("RANK"):  # NOTE [test-only crash hook]
+        if (os.environ.get("HETPART_TEST_CRASH_RANK") == os.environ.get("RANK")  # NOTE [test-only crash hook]
+                and len(self.forward_seconds) >= int(os.environ.get("HETPART_TEST_CRASH_AFTER", "1"))):
             os.kill(os.getpid(), signal.SIGKILL)
         return outputs
 
@@ -192,8 +195,8 @@ def sync_gradients(module: torch.nn.Module, groups: list, process_groups: list, 
 
 def run_rank(out: Path, io_dir: Path, mode: str, schedule_name: str, microbatches: int, steps: int,
              lr: float, device: torch.device, batch_size: int | None = None, seq_len: int | None = None,
-             key: bytes | None = None, dump_weights: bool = False) -> None:
-    """Run this rank's stage; `batch_size` and `seq_len` are the run's (default: the plan's traced ones);
+             key: bytes | None = None, dump_weights: bool = False, checkpoint: CheckpointRun | None = None) -> None:
+    """Run this rank's stage; `checkpoint`: save and resume hooks (NOTE [checkpoint layout]); `batch_size` and `seq_len` are the run's (default: the plan's traced ones);
     with `key`, only if manifest.json's signature verifies. `microbatches` is the global batch's; a
     rank of one of several pipelines runs its pipeline's share of them (NOTE [the mesh])."""
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -228,6 +231,8 @@ def run_rank(out: Path, io_dir: Path, mode: str, schedule_name: str, microbatche
     shared = shared_weight_groups(manifest) if training else []
     process_groups = [groups[g["name"]] for g in mesh["groups"] if g["kind"] == "weights" and training]
     optimizer = torch.optim.SGD(params, lr=lr) if training and params else None
+    checkpoint = checkpoint or CheckpointRun()
+    checkpoint.before_loop(entry, module, optimizer, _weight_names(module), params)  # --resume
     args: tuple = ()
     rows = slice(None)  # this pipeline's rows of the global batch: its microbatches, in order
     if pipe.microbatches is not None:
@@ -270,6 +275,7 @@ def run_rank(out: Path, io_dir: Path, mode: str, schedule_name: str, microbatche
             save_file(grads, str(io_dir / f"grads{rank}.safetensors"))
         if optimizer is not None:
             optimizer.step()
+        checkpoint.after_step(step, entry, module, optimizer, _weight_names(module), params)  # --checkpoint-every
         print(f"rank {rank}: step {step} {step_seconds[-1] * 1e3:.2f} ms", flush=True)
     if losses:
         save_file({"losses": torch.stack([torch.stack(step).detach().float().cpu() for step in losses])},
@@ -366,6 +372,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="run only if manifest.json.hmac is the manifest's signature under this key file")
     parser.add_argument("--dump-weights", action="store_true",
                         help="training: write every rank's weights after the last step (for --verify)")
+    parser.add_argument("--checkpoint", default=None, help="checkpoint and resume settings (JSON, from the launcher)")
     args = parser.parse_args(argv)
     try:
         key = read_key(args.key, args.out) if args.key is not None else None
@@ -379,7 +386,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         device = torch.device(manifest["ranks"][dist.get_rank()]["device"] if use_cuda else "cpu")
         run_rank(args.out, args.io, args.mode, args.schedule, args.microbatches, args.steps, args.lr, device,
-                 args.batch_size, args.seq_len, key, args.dump_weights)
+                 args.batch_size, args.seq_len, key, args.dump_weights,
+                 CheckpointRun.from_json(args.checkpoint) if args.checkpoint else None)
     except HetpartError as err:
         print(f"hetpart: rank {os.environ.get('RANK')}: {err}", file=sys.stderr, flush=True)
         if "TORCHELASTIC_RUN_ID" in os.environ:

@@ -1,0 +1,171 @@
+"""`hetpart replan OLD_DIR --cluster NEW | --lose DEVICE ... | --add TYPE@MACHINE ... --out NEW_DIR`.
+
+NOTE [re-plan from the stored analysis]
+`partition` writes ir/analysis.json (`write_analysis` in codegen/analysis.py): the lowered, torch-free Problem it solved (every
+node's time per device type of its cluster, bytes, weights) and the cluster it planned for. The manifest
+hashes it like every file of ir/, and `replan` reads it only through the manifest (`read_listed`). From
+it `replan` plans without tracing: the problem moved onto the new device set (`retarget`: its devices
+and links; the device types must be ones it costed), the from-scratch plan (`solve`) and the
+lexicographic one (NOTE [lexicographic re-plan] in partitioner/replan.py), with the bytes each moves.
+What it does not keep is the FX graph the stages' code is cut from: writing NEW_DIR's rank modules
+traces the model again (`compile_model` with the chosen plan in place of its solve, `ReplanChoice`),
+which checks that the graph lowers to the same nodes and edges as the stored problem (the model is
+unchanged) and applies the plan to it. A device is the same device in both clusters when it has the
+same name (machine/index): `--lose` and `--add` keep every other device's name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hetpart.codegen.analysis import ANALYSIS, ANALYSIS_VERSION, cluster_from_json
+from hetpart.devices import Cluster, load_cluster
+from hetpart.devices.catalog import CATALOG
+from hetpart.devices.cluster import ClusterDevice, Machine
+from hetpart.errors import HetpartError
+from hetpart.partitioner import Plan, Problem, solve
+from hetpart.partitioner.problem_json import costed_types, problem_from_json
+from hetpart.partitioner.replan import Replan, chosen_plan, holders_of, lexicographic_plan
+
+def new_cluster(old: Cluster, spec: str | None, lose: tuple[str, ...], add: tuple[str, ...]) -> Cluster:
+    """The device set to re-plan for: `--cluster`, or the old cluster less `lose` plus `add` (TYPE@MACHINE)."""
+    if spec is not None:
+        if lose or add:
+            raise HetpartError("--cluster gives the whole new device set; leave out --lose and --add with it")
+        return load_cluster(spec)
+    if not lose and not add:
+        raise HetpartError("say what changed: --cluster NEW_CLUSTER, or --lose DEVICE ... and/or --add TYPE@MACHINE")
+    names = [d.name for d in old.devices]
+    for name in lose:
+        if name not in names:
+            raise HetpartError(f"--lose {name}: the old cluster has no such device (its devices: {', '.join(names)})")
+    machines = {m.name: list(m.devices) for m in old.machines}
+    for item in add:
+        type_name, _, machine = item.partition("@")
+        if machine not in machines:
+            raise HetpartError(f"--add {item}: expected TYPE@MACHINE with a machine of the old cluster "
+                               f"({', '.join(machines)}); for a new machine pass --cluster FILE")
+        dtype = old.device_types.get(type_name) or CATALOG.get(type_name)
+        if dtype is None:
+            raise HetpartError(f"--add {item}: unknown device type '{type_name}' (see `hetpart devices`)")
+        taken = [int(d.name.rsplit("/", 1)[1]) for d in machines[machine] if d.name.rsplit("/", 1)[1].isdigit()]
+        machines[machine].append(ClusterDevice(f"{machine}/{max(taken, default=-1) + 1}", dtype, machine,
+                                               dtype.mem_bytes))
+    kept = tuple(Machine(m.name, tuple(d for d in machines[m.name] if d.name not in lose), m.link)
+                 for m in old.machines)
+    kept = tuple(m for m in kept if m.devices)
+    if not kept:
+        raise HetpartError("--lose removes every device: nothing is left to plan for")
+    return Cluster(f"{old.name}-replan", kept, old.network)
+
+
+def retarget(stored: Problem, cluster: Cluster) -> Problem:
+    """The stored problem on `cluster`'s devices and links (NOTE [re-plan from the stored analysis])."""
+    from hetpart.partitioner.problem import Device
+    from hetpart.passes.lower import _link
+
+    missing = sorted({d.type.name for d in cluster.devices} - costed_types(stored))
+    if missing:
+        raise HetpartError(f"device type(s) {', '.join(missing)} of the new cluster were not costed when the old "
+                           f"plan was made (costed: {', '.join(sorted(costed_types(stored)))}); plan from scratch "
+                           "with `hetpart partition ... --cluster NEW`")
+    directions = 2 if stored.training is not None else 1
+    problem = dataclasses.replace(
+        stored, devices=[Device(d.name, d.type.name, d.machine, d.mem_bytes) for d in cluster.devices],
+        intra_node_links={m.name: _link(m.link, directions) for m in cluster.machines},
+        network=_link(cluster.network, directions), max_stages=stored.max_stages)
+    problem.__dict__.pop("_device_index", None)
+    problem.__dict__.pop("_slots", None)
+    return problem
+
+
+@dataclass
+class ReplanChoice:
+    """The re-plan's choice, for `compile_model` to apply in place of its solve (NOTE [re-plan from the
+    stored analysis]); `record` goes to plan.json's `replan`."""
+
+    stored: Problem
+    result: Replan
+    record: dict[str, Any]
+
+    def plan_for(self, problem: Problem) -> Plan:
+        """The chosen plan on the freshly traced `problem`, which must be the stored one's graph."""
+        fresh, old = problem.graph, self.stored.graph
+        if set(fresh.nodes) != set(old.nodes) or set(fresh.edges) != set(old.edges) or \
+                problem.weights != self.stored.weights:
+            raise HetpartError("the model traces to another graph than when the old plan was made (its nodes, edges "
+                               "or weights differ): the model changed; partition it from scratch")
+        return chosen_plan(problem, self.result.scratch, self.result.plan.stage_of, self.result.plan.device_of_stage)
+
+
+def _size(nbytes: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(nbytes) < 1024 or unit == "GiB":
+            return f"{nbytes:.3g} {unit}" if unit != "B" else f"{int(nbytes)} B"
+        nbytes /= 1024
+    return f"{nbytes:.3g} GiB"
+
+
+def describe(result: Replan, plan_s: float, lost: list[str]) -> list[str]:
+    """What `hetpart replan` prints: both plans, the bytes each moves and the predicted move time."""
+    lines = [f"re-planned in {plan_s:.2f} s from the stored analysis (no trace)"
+             + (f"; lost: {', '.join(lost)}" if lost else "")]
+    rows = [("from scratch", result.scratch, result.scratch_moves), ("chosen", result.plan, result.moves)]
+    lines.append(f"  {'plan':<13} {'bottleneck':>11} {'stages':>6}  {'between machines':>16} "
+                 f"{'within machines':>15} {'from checkpoint':>15} {'move time':>10}  devices")
+    for name, plan, mv in rows:
+        lines.append(f"  {name:<13} {plan.bottleneck_ns / 1000:>8.1f} us {len(plan.stages):>6}  "
+                     f"{_size(mv.between_bytes):>16} {_size(mv.within_bytes):>15} {_size(mv.checkpoint_bytes):>15} "
+                     f"{mv.time_ns / 1e6:>7.3f} ms  {' '.join(plan.device_of_stage)}")
+    for key in sorted(result.moves.link_bytes):
+        lines.append(f"  chosen plan's link {key}: {_size(result.moves.link_bytes[key])}, "
+                     f"{result.moves.link_time_ns[key] / 1e6:.3f} ms (costs.transfer_ns)")
+    lines.append(f"  slack {result.slack:.0%}: bottleneck limit {result.limit_ns / 1000:.1f} us "
+                 f"(from scratch {result.scratch.bottleneck_ns / 1000:.1f} us, gap {result.scratch.gap:.2%}); "
+                 f"CP-SAT {' / '.join(result.status)}")
+    return lines
+
+
+def replan(old: Path, out: Path, *, cluster: str | None = None, lose: tuple[str, ...] = (),
+           add: tuple[str, ...] = (), slack: float = 0.02, time_limit_s: float = 30.0, seed: int = 0,
+           force: bool = False, echo: Callable[[str], None] = print) -> Any:
+    """Re-plan OLD_DIR for the new device set and write NEW_DIR; the CompileResult."""
+    from hetpart.compile import CompileOptions, compile_model
+    from hetpart.runtime.artifacts import check_listed_files, load_manifest, model_spec_for_run, read_listed, read_plan
+
+    manifest = load_manifest(old)
+    plan = read_plan(old, manifest)
+    check_listed_files(old, manifest)
+    if len({e.get("pipeline", 0) for e in manifest["ranks"]}) > 1:
+        raise HetpartError(f"{old} holds several data-parallel pipelines; `hetpart replan` re-plans one pipeline")
+    if ANALYSIS not in manifest["files"]:
+        raise HetpartError(f"{old} has no {ANALYSIS} (partitioned by an earlier hetpart); partition again to re-plan")
+    data = json.loads(read_listed(old, manifest, ANALYSIS))
+    if data.get("version") != ANALYSIS_VERSION:
+        raise HetpartError(f"{old}/{ANALYSIS}: version {data.get('version')}, this hetpart reads {ANALYSIS_VERSION}")
+    stored, old_cluster = problem_from_json(data["problem"]), cluster_from_json(data["cluster"])
+    target = new_cluster(old_cluster, cluster, lose, add)
+    start = time.perf_counter()
+    problem = retarget(stored, target)
+    scratch = solve(problem, time_limit_s=time_limit_s, seed=seed)
+    result = lexicographic_plan(problem, scratch, holders_of(manifest["ranks"]), slack=slack,
+                                time_limit_s=time_limit_s, seed=seed,
+                                old_devices=[e["planned_device"] for e in manifest["ranks"]])
+    plan_s = time.perf_counter() - start
+    lost = sorted({d.name for d in old_cluster.devices} - {d.name for d in target.devices})
+    for line in describe(result, plan_s, lost):
+        echo(line)
+    record = {**result.to_json(), "from": str(old), "lost": lost, "replan_s": round(plan_s, 3)}
+    choice = ReplanChoice(stored, result, record)
+    opts = CompileOptions(microbatches=plan.microbatches, seed=seed, force=force, mode=plan.mode,
+                          schedule=plan.schedule, optimizer_bytes_per_param=plan.optimizer_bytes_per_param or 8,
+                          pt2=any("stage.pt2" in e["files"] for e in manifest["ranks"]),
+                          meta=plan.weights == "manifest", align=plan.align, replan=choice)
+    spec = model_spec_for_run(plan, None, False, echo)
+    return compile_model(spec, target, out, opts, echo=echo)

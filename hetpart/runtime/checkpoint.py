@@ -1,0 +1,500 @@
+"""Per-rank training checkpoints: `hetpart run --checkpoint-every K --checkpoint-dir CK` and `--resume CK`.
+
+NOTE [checkpoint layout]
+A checkpoint of step N is the folder CK/step-<N, 6 digits>/ holding
+    rank<k>.safetensors  rank k's weights ("weight/<fqn>") and optimizer state tensors
+                         ("optimizer/<fqn>/<key>", e.g. SGD's momentum_buffer): no pickle
+    rank<k>.json         rank k's part of the manifest (its file's sha256, weights, device,
+                         the optimizer's param_groups and its non-tensor state, as JSON)
+    checkpoint.json      the manifest: format, step, data position, the plan's model, and every
+                         rank's part; written last
+Each rank writes its two files into CK/.step-<N>.<token>.partial/ (a fresh temp, fsync, rename:
+`_write_durable`), all ranks meet at a barrier, then rank 0 writes checkpoint.json there and renames
+the folder to step-<N> (then fsyncs CK). A checkpoint is complete iff its folder has that name and
+checkpoint.json: a crash at any point leaves at most a `.partial` folder, never taken as a checkpoint
+(and left in place: it may be inspected; hetpart never deletes what it did not list).
+The data position is the step: `run --mode training` trains every step on the same example batch
+(built from the plan's model spec and seed at the run's --batch-size and --seq-len), so a resumed run
+must use the same batch, length and seed (`check_resume`), and continues at step N + 1.
+`--keep-checkpoints N` removes older complete checkpoints (only the files their checkpoint.json lists,
+then the folder if it is empty). Resume (`--resume CK` or CK/step-<N>) checks every file's sha256
+before anything runs (`read_checkpoint`); each new rank then reads only the tensors it holds, lazily
+with safetensors' `safe_open`, from the old rank on its own device where there was one, else on its
+machine, else the first that held it (`weight_sources`), and checks the hash of each file it opens.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hetpart.errors import HetpartError
+from hetpart.fsio import AtomicWrites, real_dir
+from hetpart.trust import NotAPlainFile, sha256_bytes, sha256_file
+
+FORMAT = "hetpart-checkpoint"
+FORMAT_VERSION = 1
+MANIFEST = "checkpoint.json"
+STEP_DIR = re.compile(r"step-(\d{6,})")
+
+
+def step_dir_name(step: int) -> str:
+    """The folder of the checkpoint after `step` steps (NOTE [checkpoint layout])."""
+    return f"step-{step:06d}"
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A complete checkpoint, read back and every file's hash checked."""
+
+    path: Path  # CK/step-<N>
+    step: int  # steps trained before it was written
+    data: dict[str, Any]  # the data position: batch_size, seq_len, seed, microbatches, samples_seen
+    model: dict[str, Any]  # plan.json's model record of the run that wrote it
+    ranks: list[dict[str, Any]]  # each old rank's part (rank<k>.json)
+
+    def holders(self) -> dict[str, list[dict[str, Any]]]:
+        """weight FQN -> the old ranks' parts that hold it, in rank order."""
+        out: dict[str, list[dict[str, Any]]] = {}
+        for part in self.ranks:
+            for name in part["weights"]:
+                out.setdefault(name, []).append(part)
+        return out
+
+
+# --- Writing (the ranks).
+
+def _write_durable(path: Path, data: bytes) -> str:
+    """Write `path` through a fresh temp, fsync and rename (NOTE [safe writes] in fsio.py); its sha256."""
+    with AtomicWrites() as w:
+        with w.open(path) as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    return sha256_bytes(data)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def rank_state(module: torch.nn.Module, optimizer: torch.optim.Optimizer | None, names: dict[str, str],
+               params: list[torch.nn.Parameter]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """This rank's tensors (weights by FQN, optimizer state tensors) and the optimizer's JSON part:
+    its real state_dict, each parameter index replaced by the weight's FQN."""
+    state = module.state_dict()
+    tensors = {f"weight/{names[attr]}": t.detach().cpu().contiguous() for attr, t in state.items() if attr in names}
+    fqn_of = {id(p): names[attr] for attr, p in module.named_parameters() if attr in names}
+    index_fqn = [fqn_of.get(id(p)) for p in params]
+    opt: dict[str, Any] = {"type": None, "param_groups": [], "state": {}}
+    if optimizer is not None:
+        sd = optimizer.state_dict()
+        opt["type"] = type(optimizer).__name__
+        for group in sd["param_groups"]:
+            opt["param_groups"].append({**{k: v for k, v in group.items() if k != "params"},
+                                        "params": [index_fqn[i] for i in group["params"]]})
+        for index, entries in sd["state"].items():
+            fqn = index_fqn[index]
+            for key, value in entries.items():
+                if isinstance(value, torch.Tensor):
+                    tensors[f"optimizer/{fqn}/{key}"] = value.detach().cpu().contiguous()
+                else:
+                    opt["state"].setdefault(fqn, {})[key] = value  # None or a number: JSON
+    return tensors, opt
+
+
+def save_rank(ck: Path, step: int, token: str, rank: int, entry: dict[str, Any], tensors: dict[str, torch.Tensor],
+              optimizer: dict[str, Any]) -> None:
+    """Rank `rank`'s two files of the checkpoint of `step`, in the partial folder (NOTE [checkpoint layout])."""
+    from safetensors.torch import save
+
+    partial = ck / f".{step_dir_name(step)}.{token}.partial"
+    partial.mkdir(exist_ok=True)
+    data = save(tensors)
+    digest = _write_durable(partial / f"rank{rank}.safetensors", data)
+    part = {"rank": rank, "file": f"rank{rank}.safetensors", "sha256": digest, "bytes": len(data),
+            "device": entry.get("planned_device"), "machine": entry.get("machine"),
+            "weights": sorted(k.split("/", 1)[1] for k in tensors if k.startswith("weight/")),
+            "optimizer": optimizer}
+    _write_durable(partial / f"rank{rank}.json", json.dumps(part, indent=1, sort_keys=True).encode())
+
+
+def finish_checkpoint(ck: Path, step: int, token: str, world: int, data: dict[str, Any], model: dict[str, Any],
+                      keep: int | None) -> Path:
+    """Rank 0, after every rank saved: checkpoint.json, then the rename that makes it complete; prune to `keep`."""
+    partial = ck / f".{step_dir_name(step)}.{token}.partial"
+    ranks = [json.loads((partial / f"rank{r}.json").read_text()) for r in range(world)]
+    manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, "step": step, "data": data, "model": model,
+                "files": {f"rank{r}.json": sha256_file(partial / f"rank{r}.json") for r in range(world)},
+                "ranks": ranks}
+    _write_durable(partial / MANIFEST, (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode())
+    _fsync_dir(partial)
+    final = ck / step_dir_name(step)
+    os.rename(partial, final)  # refuses a non-empty folder already there (checked before the run too)
+    _fsync_dir(ck)
+    if keep is not None:
+        prune(ck, keep)
+    return final
+
+
+def prune(ck: Path, keep: int) -> list[Path]:
+    """Remove all but the `keep` newest complete checkpoints hetpart wrote in `ck`: the files each one's
+    checkpoint.json lists and the manifest, then its folder if nothing else is left in it."""
+    removed = []
+    for path in complete_checkpoints(ck)[:-keep] if keep > 0 else []:
+        try:
+            manifest = json.loads((path / MANIFEST).read_text())
+        except (OSError, ValueError):
+            continue
+        if manifest.get("format") != FORMAT:
+            continue
+        for part in manifest.get("ranks", []):
+            for name in (part.get("file"), f"rank{part.get('rank')}.json"):
+                if isinstance(name, str) and "/" not in name:
+                    (path / name).unlink(missing_ok=True)
+        (path / MANIFEST).unlink(missing_ok=True)
+        if not any(path.iterdir()):
+            path.rmdir()
+        removed.append(path)
+    return removed
+
+
+# --- Reading (the launcher and the ranks).
+
+def complete_checkpoints(ck: Path) -> list[Path]:
+    """The complete checkpoints in `ck` (step-<N> folders with a checkpoint.json), oldest first."""
+    if not ck.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in ck.iterdir()
+             if (m := STEP_DIR.fullmatch(p.name)) and p.is_dir() and not p.is_symlink() and (p / MANIFEST).is_file()]
+    return [p for _, p in sorted(found)]
+
+
+def find_checkpoint(path: Path) -> Path:
+    """`--resume PATH`: a checkpoint folder, or a checkpoint dir whose newest complete checkpoint is taken."""
+    if (path / MANIFEST).is_file():
+        return path
+    if not path.is_dir():
+        raise HetpartError(f"--resume {path}: no such directory; pass the --checkpoint-dir of a training run "
+                           "(or one of its step-<N> folders)")
+    found = complete_checkpoints(path)
+    if not found:
+        raise HetpartError(f"--resume {path}: no complete checkpoint there (a step-<N> folder with {MANIFEST}); "
+                           "a .partial folder is a checkpoint a run did not finish writing")
+    return found[-1]
+
+
+def _tampered(path: Path, what: str) -> HetpartError:
+    return HetpartError(f"checkpoint '{path.parent}': {what}; it was changed or truncated after hetpart wrote it: "
+                        "resume from another checkpoint (the --checkpoint-dir's other step-<N> folders)")
+
+
+def check_file_hash(path: Path, digest: str) -> None:
+    """An error unless `path` is a plain file whose sha256 is `digest`."""
+    try:
+        got = sha256_file(path)
+    except NotAPlainFile as err:
+        raise _tampered(path, f"'{path.name}' is {err.reason}") from None
+    if got != digest:
+        raise _tampered(path, f"'{path.name}' has sha256 {got[:12]}..., {MANIFEST} says {digest[:12]}...")
+
+
+def read_checkpoint(path: Path, check_tensors: bool = True) -> Checkpoint:
+    """The checkpoint at `path` (a step-<N> folder), its manifest and every listed file's sha256 checked."""
+    try:
+        manifest = json.loads((path / MANIFEST).read_text())
+    except (OSError, ValueError) as err:
+        raise _tampered(path / MANIFEST, f"{MANIFEST} cannot be read ({err})") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise HetpartError(f"'{path / MANIFEST}' is not a hetpart checkpoint manifest")
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise HetpartError(f"'{path / MANIFEST}': checkpoint format {manifest.get('format_version')}, this hetpart "
+                           f"reads {FORMAT_VERSION}")
+    for name, digest in manifest["files"].items():
+        check_file_hash(path / name, digest)
+    ranks = manifest["ranks"]
+    for part in ranks:
+        if part != json.loads((path / f"rank{part['rank']}.json").read_text()):
+            raise _tampered(path / f"rank{part['rank']}.json", f"rank {part['rank']}'s part differs from {MANIFEST}")
+        if check_tensors:
+            check_file_hash(path / part["file"], part["sha256"])
+    return Checkpoint(path, int(manifest["step"]), manifest["data"], manifest["model"], ranks)
+
+
+def weight_sources(ckpt: Checkpoint, entry: dict[str, Any], weights: list[str]) -> dict[str, dict[str, Any]]:
+    """Which old rank's file each of a new rank's `weights` is read from: the old rank on the new rank's
+    planned device, else one on its machine, else the first that held it (NOTE [checkpoint layout])."""
+    holders = ckpt.holders()
+    missing = [w for w in weights if w not in holders]
+    if missing:
+        raise HetpartError(f"checkpoint '{ckpt.path}' holds no weight {missing[:3]} that rank {entry['rank']} needs: "
+                           "is it a checkpoint of this model?")
+
+    def rank_of(part: dict[str, Any]) -> tuple[int, int]:
+        return (part["device"] != entry.get("planned_device"), part["machine"] != entry.get("machine"))
+
+    return {w: min(holders[w], key=rank_of) for w in weights}
+
+
+def check_resume(ckpt: Checkpoint, model: dict[str, Any], data: dict[str, Any]) -> None:
+    """An error unless this run continues `ckpt`: the same model (spec and seed), and the same batch and length."""
+    if ckpt.model != model:
+        raise HetpartError(f"--resume {ckpt.path}: it is a checkpoint of {ckpt.model.get('model')} "
+                           f"{ckpt.model.get('overrides')} (seed {ckpt.model.get('seed')}), the plan is of "
+                           f"{model.get('model')} {model.get('overrides')} (seed {model.get('seed')}): resume with a "
+                           "plan of the same model (`hetpart replan` of the run that wrote it)")
+    for key in ("batch_size", "seq_len", "seed"):
+        if ckpt.data.get(key) != data.get(key):
+            flag = "--" + key.replace("_", "-")
+            raise HetpartError(f"--resume {ckpt.path}: the checkpoint's data position is at {key} "
+                               f"{ckpt.data.get(key)}, this run's is {data.get(key)}: run with {flag} "
+                               f"{ckpt.data.get(key)} to continue it (NOTE [checkpoint layout])")
+
+
+def load_rank(ckpt: Checkpoint, entry: dict[str, Any], module: torch.nn.Module,
+              optimizer: torch.optim.Optimizer | None, names: dict[str, str],
+              params: list[torch.nn.Parameter]) -> None:
+    """Give this rank's module and optimizer their tensors from `ckpt`, read lazily (`safe_open`) from the
+    files `weight_sources` picks, each file's hash checked first."""
+    from safetensors import safe_open
+
+    state = module.state_dict()
+    fqn_attr = {names[attr]: attr for attr in state if attr in names}
+    sources = weight_sources(ckpt, entry, sorted(fqn_attr))
+    by_file: dict[str, list[str]] = {}
+    for fqn, part in sources.items():
+        by_file.setdefault(part["file"], []).append(fqn)
+    loaded: dict[str, torch.Tensor] = {}
+    opt_tensors: dict[str, dict[str, torch.Tensor]] = {}
+    for file, fqns in sorted(by_file.items()):
+        part = next(p for p in ckpt.ranks if p["file"] == file)
+        check_file_hash(ckpt.path / file, part["sha256"])
+        with safe_open(str(ckpt.path / file), framework="pt") as f:
+            keys = set(f.keys())
+            for fqn in fqns:
+                loaded[fqn] = f.get_tensor(f"weight/{fqn}")
+                for key in keys:
+                    if key.startswith(f"optimizer/{fqn}/"):
+                        opt_tensors.setdefault(fqn, {})[key.rsplit("/", 1)[1]] = f.get_tensor(key)
+    with torch.no_grad():
+        for fqn, tensor in loaded.items():
+            target = state[fqn_attr[fqn]]
+            if target.shape != tensor.shape:
+                raise HetpartError(f"checkpoint '{ckpt.path}': weight {fqn} is {list(tensor.shape)}, rank "
+                                   f"{entry['rank']}'s is {list(target.shape)}: a checkpoint of another model")
+            target.copy_(tensor)
+    if optimizer is not None:
+        optimizer.load_state_dict(_optimizer_state(ckpt, sources, opt_tensors, module, names, params, optimizer))
+
+
+def _optimizer_state(ckpt: Checkpoint, sources: dict[str, dict[str, Any]], tensors: dict[str, dict[str, torch.Tensor]],
+                     module: torch.nn.Module, names: dict[str, str], params: list[torch.nn.Parameter],
+                     optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """This rank's optimizer state_dict rebuilt from the old ranks' parts: one param group with the
+    checkpoint's hyperparameters (every old rank's must agree), each parameter's state by its FQN."""
+    kinds = {p["optimizer"]["type"] for p in ckpt.ranks if p["optimizer"]["type"] is not None}
+    if kinds and kinds != {type(optimizer).__name__}:
+        raise HetpartError(f"checkpoint '{ckpt.path}' holds {sorted(kinds)} state, this run steps "
+                           f"{type(optimizer).__name__}")
+    hyper = {json.dumps({k: v for k, v in g.items() if k != "params"}, sort_keys=True)
+             for p in ckpt.ranks for g in p["optimizer"]["param_groups"]}
+    if len(hyper) > 1:
+        raise HetpartError(f"checkpoint '{ckpt.path}': its ranks' optimizers have different hyperparameters "
+                           f"({sorted(hyper)}); hetpart resumes one param group")
+    group = json.loads(hyper.pop()) if hyper else dict(optimizer.state_dict()["param_groups"][0])
+    group.pop("params", None)
+    fqn_of = {id(p): names[attr] for attr, p in module.named_parameters() if attr in names}
+    state: dict[int, dict[str, Any]] = {}
+    for index, p in enumerate(params):
+        fqn = fqn_of.get(id(p))
+        entries = {**sources[fqn]["optimizer"]["state"].get(fqn, {}), **tensors.get(fqn, {})} if fqn in sources else {}
+        if entries:
+            state[index] = entries
+    return {"state": state, "param_groups": [{**group, "params": list(range(len(params)))}]}
+
+
+def check_checkpoint_dir(ck: Path, first_step: int, steps: int, every: int) -> list[int]:
+    """Before a run: `ck` is a real folder (created if missing) and holds no checkpoint this run would write;
+    the steps it will write."""
+    planned = [s for s in range(first_step + 1, first_step + steps + 1) if s % every == 0]
+    if ck.exists() or ck.is_symlink():
+        real_dir(ck, "checkpoints")
+    else:
+        try:
+            ck.mkdir(parents=True)
+        except OSError as err:
+            raise HetpartError(f"--checkpoint-dir {ck}: cannot create it ({err.strerror})") from None
+    taken = [s for s in planned if (ck / step_dir_name(s)).exists()]
+    if taken:
+        raise HetpartError(f"--checkpoint-dir {ck} already holds {step_dir_name(taken[0])}, which this run would "
+                           "write: pass another --checkpoint-dir (hetpart never replaces a checkpoint)")
+    return planned
+
+
+# --- The worker's hooks (`run_rank` in worker.py).
+
+@dataclass(frozen=True)
+class CheckpointRun:
+    """What one rank saves and resumes from; passed by the launcher as the worker's --checkpoint JSON."""
+
+    save_dir: Path | None = None  # --checkpoint-dir
+    every: int = 0  # --checkpoint-every (0: never)
+    keep: int | None = None  # --keep-checkpoints
+    token: str = ""  # this run's partial folders' name part (NOTE [checkpoint layout])
+    data: dict | None = None  # batch_size, seq_len, seed, microbatches: the data position without the step
+    model: dict | None = None  # plan.json's model record
+    resume: Path | None = None  # a checkpoint folder to start from
+    first_step: int = 0  # the steps trained before this run (the resumed checkpoint's step)
+
+    def to_json(self) -> str:
+        return json.dumps({**self.__dict__, "save_dir": str(self.save_dir) if self.save_dir else None,
+                           "resume": str(self.resume) if self.resume else None})
+
+    @staticmethod
+    def from_json(text: str) -> CheckpointRun:
+        raw = json.loads(text)
+        return CheckpointRun(**{**raw, "save_dir": Path(raw["save_dir"]) if raw["save_dir"] else None,
+                                "resume": Path(raw["resume"]) if raw["resume"] else None})
+
+    def before_loop(self, entry: dict[str, Any], module: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
+                    names: dict[str, str], params: list[torch.nn.Parameter]) -> None:
+        """With --resume: load this rank's weights and optimizer state from the checkpoint."""
+        if self.resume is not None:
+            load_rank(read_checkpoint(self.resume, check_tensors=False), entry, module, optimizer, names, params)
+            print(f"rank {entry['rank']}: resumed from {self.resume} (step {self.first_step})", flush=True)
+
+    def after_step(self, step: int, entry: dict[str, Any], module: torch.nn.Module,
+                   optimizer: torch.optim.Optimizer | None, names: dict[str, str],
+                   params: list[torch.nn.Parameter]) -> None:
+        """After the optimizer step of this run's `step` (0-based): every rank saves where the global step is a
+        multiple of `every`; rank 0 completes the checkpoint once all have (NOTE [checkpoint layout])."""
+        import torch.distributed as dist
+
+        done = self.first_step + step + 1
+        if self.save_dir is None or not self.every or done % self.every:
+            return
+        tensors, opt = rank_state(module, optimizer, names, params)
+        save_rank(self.save_dir, done, self.token, entry["rank"], entry, tensors, opt)
+        dist.barrier()
+        if dist.get_rank() == 0:
+            data = {**(self.data or {}), "samples_seen": done * (self.data or {}).get("batch_size", 0)}
+            final = finish_checkpoint(self.save_dir, done, self.token, dist.get_world_size(), data, self.model or {},
+                                      self.keep)
+            print(f"rank 0: checkpoint of step {done} in {final}", flush=True)
+        dist.barrier()
+
+
+# --- The launcher's side (`run_pipeline` in launch.py).
+
+@dataclass(frozen=True)
+class CheckpointFlags:
+    """`hetpart run`'s checkpoint flags (RunOptions.checkpoints)."""
+
+    dir: Path | None = None  # --checkpoint-dir
+    every: int | None = None  # --checkpoint-every
+    keep: int | None = None  # --keep-checkpoints
+    resume: Path | None = None  # --resume: a --checkpoint-dir (its newest complete checkpoint) or a step-<N> folder
+
+
+def model_record(plan_model: dict[str, Any]) -> dict[str, Any]:
+    """What must be equal for a run to continue a checkpoint: the model, its overrides, seed and file (the
+    traced sizes may differ: the data position has the run's)."""
+    return {k: v for k, v in plan_model.items() if k not in ("batch_size", "seq_len")}
+
+
+def prepare_run(manifest: dict[str, Any], plan_model: dict[str, Any], data: dict[str, Any], steps: int, *,
+                mode: str, checkpoint_dir: Path | None, every: int | None, keep: int | None,
+                resume: Path | None) -> CheckpointRun | None:
+    """The ranks' CheckpointRun, every flag and file checked before anything runs; None without checkpoint flags."""
+    if checkpoint_dir is None and resume is None and every is None and keep is None:
+        return None
+    if mode != "training":
+        raise HetpartError("--checkpoint-dir, --checkpoint-every and --resume need --mode training "
+                           "(an inference run has no state to save)")
+    if (checkpoint_dir is None) != (every is None):
+        raise HetpartError("--checkpoint-every K and --checkpoint-dir CK go together: pass both (or neither)")
+    if keep is not None and checkpoint_dir is None:
+        raise HetpartError("--keep-checkpoints needs --checkpoint-dir and --checkpoint-every")
+    if every is not None and every < 1 or keep is not None and keep < 1:
+        raise HetpartError("--checkpoint-every and --keep-checkpoints must be >= 1")
+    model = model_record(plan_model)
+    first, path = 0, None
+    if resume is not None:
+        ckpt = read_checkpoint(find_checkpoint(resume))
+        check_resume(ckpt, model, data)
+        for entry in manifest["ranks"]:
+            weight_sources(ckpt, entry, entry["weights"])  # every weight is in it
+        first, path = ckpt.step, ckpt.path.resolve()
+    if checkpoint_dir is not None:
+        check_checkpoint_dir(checkpoint_dir, first, steps, every)
+    token = f"{os.getpid()}-{os.urandom(4).hex()}"
+    return CheckpointRun(save_dir=checkpoint_dir.resolve() if checkpoint_dir else None, every=every or 0, keep=keep,
+                         token=token, data=data, model=model, resume=path, first_step=first)
+
+
+def run_checkpoints(manifest: dict[str, Any], plan_model: dict[str, Any], spec: Any, microbatches: int, opts: Any,
+                    echo: Any) -> CheckpointRun | None:
+    """`run_pipeline`'s hook: the ranks' CheckpointRun from the RunOptions `opts` (None without checkpoint flags)."""
+    flags = opts.checkpoints
+    run = prepare_run(manifest, plan_model, {"batch_size": spec.batch_size, "seq_len": spec.seq_len,
+                                             "seed": spec.seed, "microbatches": microbatches}, opts.steps,
+                      mode=opts.mode, checkpoint_dir=flags.dir, every=flags.every, keep=flags.keep,
+                      resume=flags.resume)
+    if run is not None and run.resume is not None:
+        echo(f"resuming from {_shown(run.resume, quote=False)} (after step {run.first_step}; every file's sha256 "
+             "checked)")
+    return run
+
+
+def with_resume_commands(err: HetpartError, out: Path, run: CheckpointRun | None, opts: Any) -> HetpartError:
+    """A failed run's error, with the resume commands where a rank died and checkpoints were on."""
+    if run is None or getattr(err, "dead_device", None) is None:
+        return err
+    flags = [f"--schedule {opts.schedule} "] + [f"{flag} {value} " for flag, value in (
+        ("--microbatches", opts.microbatches), ("--batch-size", opts.batch_size), ("--seq-len", opts.seq_len))
+        if value is not None]
+    new = type(err)(str(err) + resume_commands(out, run, err.dead_device, opts.steps, flags))
+    new.exit_code = err.exit_code
+    return new
+
+
+def _shown(path: Path, quote: bool = True) -> str:
+    """A path to print: relative to the working directory where it is inside it; `quote`d for a shell command."""
+    try:
+        path = path.resolve().relative_to(Path.cwd().resolve())
+    except ValueError:
+        pass
+    return shlex.quote(str(path)) if quote else str(path)
+
+
+def resume_commands(out: Path, run: CheckpointRun, dead_device: str | None, steps: int, flags: list[str]) -> str:
+    """What `hetpart run` prints when a rank died: the last complete checkpoint and the commands that re-plan
+    onto the devices still alive and resume from it (`flags`: the run's own, repeated)."""
+    if run.save_dir is None:
+        return ""
+    found = complete_checkpoints(run.save_dir)
+    if not found:
+        return f"\nno checkpoint was complete before the failure (--checkpoint-dir {run.save_dir}): nothing to resume"
+    last = read_checkpoint(found[-1], check_tensors=False)
+    left = run.first_step + steps - last.step
+    new = out.with_name(out.name + "-replan")
+    lose = f" --lose {shlex.quote(dead_device)}" if dead_device else ""
+    run_flags = " ".join(flags)
+    more = (f"hetpart replan {_shown(out)}{lose} --out {_shown(new)} && hetpart run {_shown(new)} --mode training "
+            f"{run_flags}--resume {_shown(last.path)} --steps {left} --checkpoint-every {run.every} "
+            f"--checkpoint-dir {_shown(run.save_dir)}")
+    if left <= 0:
+        return f"\nthe last checkpoint, {last.path}, is of the run's last step {last.step}: nothing left to train"
+    return (f"\nthe last complete checkpoint is {_shown(last.path)} (step {last.step}); to re-plan onto the devices still "
+            f"alive and train the {left} step(s) left:\n  {more}")

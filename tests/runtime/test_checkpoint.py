@@ -1,0 +1,144 @@
+"""NOTE [checkpoint layout] without torchrun: what a checkpoint holds, when it counts as complete, what
+resume refuses, and the reference of a resumed run (N previous steps + M more)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from hetpart.errors import HetpartError
+from hetpart.runtime.checkpoint import (
+    complete_checkpoints, check_checkpoint_dir, check_resume, find_checkpoint, finish_checkpoint, load_rank,
+    prepare_run, prune, rank_state, read_checkpoint, save_rank, weight_sources,
+)
+from hetpart.runtime.verify import reference_training
+
+NAMES = {"fc1.weight": "fc1.weight", "fc1.bias": "fc1.bias", "fc2.weight": "fc2.weight", "fc2.bias": "fc2.bias"}
+MODEL = {"model": "zoo:mlp", "overrides": {}, "seed": 0}
+DATA = {"batch_size": 8, "seq_len": 1, "seed": 0, "microbatches": 2}
+
+
+def _net(seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+
+
+class _Named(torch.nn.Module):
+    def __init__(self, seed: int) -> None:
+        super().__init__()
+        net = _net(seed)
+        self.fc1, self.fc2 = net[0], net[2]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.tanh(self.fc1(x)))
+
+
+def _trained(steps: int = 2) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    module = _Named(0)
+    opt = torch.optim.SGD(module.parameters(), lr=0.1, momentum=0.9)  # momentum: real optimizer state tensors
+    x = torch.randn(8, 4, generator=torch.Generator().manual_seed(1))
+    for _ in range(steps):
+        opt.zero_grad()
+        module(x).square().mean().backward()
+        opt.step()
+    return module, opt
+
+
+def _write(ck: Path, step: int, module, opt, entry=None) -> Path:
+    params = list(module.parameters())
+    tensors, state = rank_state(module, opt, NAMES, params)
+    entry = entry or {"planned_device": "local/0", "machine": "local"}
+    save_rank(ck, step, "t", 0, entry, tensors, state)
+    return finish_checkpoint(ck, step, "t", 1, {**DATA, "samples_seen": step * 8}, MODEL, keep=None)
+
+
+def test_a_checkpoint_round_trips_weights_and_the_optimizers_state(tmp_path):
+    module, opt = _trained()
+    path = _write(tmp_path, 2, module, opt)
+    assert path == tmp_path / "step-000002" and complete_checkpoints(tmp_path) == [path]
+    manifest = json.loads((path / "checkpoint.json").read_text())
+    assert manifest["step"] == 2 and manifest["data"]["samples_seen"] == 16
+    assert "optimizer/fc1.weight/momentum_buffer" in open(path / "rank0.safetensors", "rb").read(4096).decode("latin1")
+    fresh = _Named(5)
+    fresh_opt = torch.optim.SGD(fresh.parameters(), lr=0.5)
+    load_rank(read_checkpoint(path), {"rank": 0, "planned_device": "local/0", "machine": "local"}, fresh, fresh_opt,
+              NAMES, list(fresh.parameters()))
+    for a, b in zip(module.state_dict().values(), fresh.state_dict().values()):
+        assert torch.equal(a, b)
+    want, got = opt.state_dict(), fresh_opt.state_dict()
+    assert got["param_groups"][0]["lr"] == 0.1 and got["param_groups"][0]["momentum"] == 0.9
+    for i in want["state"]:
+        assert torch.equal(want["state"][i]["momentum_buffer"], got["state"][i]["momentum_buffer"])
+
+
+def test_a_tampered_checkpoint_is_refused(tmp_path):
+    path = _write(tmp_path, 1, *_trained(1))
+    data = bytearray((path / "rank0.safetensors").read_bytes())
+    data[-2] ^= 0xFF
+    (path / "rank0.safetensors").write_bytes(bytes(data))
+    with pytest.raises(HetpartError, match=r"'rank0.safetensors' has sha256 .* resume from another checkpoint"):
+        read_checkpoint(path)
+    path = _write(tmp_path, 2, *_trained(1))
+    part = json.loads((path / "rank0.json").read_text())
+    part["weights"].append("extra")
+    (path / "rank0.json").write_text(json.dumps(part))
+    with pytest.raises(HetpartError, match="'rank0.json' has sha256"):
+        read_checkpoint(path)
+
+
+def test_a_partial_checkpoint_never_counts_and_pruning_keeps_foreign_files(tmp_path):
+    module, opt = _trained(1)
+    for step in (1, 2, 3):
+        _write(tmp_path, step, module, opt)
+    (tmp_path / ".step-000004.x.partial").mkdir()  # a run killed while it wrote step 4
+    (tmp_path / "step-000005").mkdir()  # a folder without checkpoint.json
+    (tmp_path / "step-000001" / "notes.txt").write_text("mine")  # the user's file in an old checkpoint
+    assert find_checkpoint(tmp_path) == tmp_path / "step-000003"
+    assert prune(tmp_path, keep=1) == [tmp_path / "step-000001", tmp_path / "step-000002"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".step-000004.x.partial", "step-000001", "step-000003",
+                                                          "step-000005"]
+    assert [p.name for p in (tmp_path / "step-000001").iterdir()] == ["notes.txt"]
+    with pytest.raises(HetpartError, match="already holds step-000003"):
+        check_checkpoint_dir(tmp_path, 2, 2, 1)
+    (tmp_path / "link").symlink_to(tmp_path / "step-000003")
+    with pytest.raises(HetpartError, match="symbolic link"):
+        check_checkpoint_dir(tmp_path / "link", 0, 1, 1)
+
+
+def test_resume_refuses_another_model_or_batch_and_reads_weights_from_the_nearest_holder(tmp_path):
+    ckpt = read_checkpoint(_write(tmp_path, 1, *_trained(1)))
+    with pytest.raises(HetpartError, match="checkpoint of zoo:mlp"):
+        check_resume(ckpt, {**MODEL, "seed": 1}, DATA)
+    with pytest.raises(HetpartError, match="run with --batch-size 8"):
+        check_resume(ckpt, MODEL, {**DATA, "batch_size": 16})
+    with pytest.raises(HetpartError, match="holds no weight"):
+        weight_sources(ckpt, {"rank": 0}, ["head.weight"])
+    parts = [{"rank": 0, "device": "a/0", "machine": "a", "weights": ["w"], "file": "0"},
+             {"rank": 1, "device": "b/0", "machine": "b", "weights": ["w"], "file": "1"},
+             {"rank": 2, "device": "b/1", "machine": "b", "weights": ["w"], "file": "2"}]
+    fake = type(ckpt)(tmp_path, 1, DATA, MODEL, parts)
+    assert weight_sources(fake, {"rank": 0, "planned_device": "b/1", "machine": "b"}, ["w"])["w"]["rank"] == 2
+    assert weight_sources(fake, {"rank": 0, "planned_device": "b/7", "machine": "b"}, ["w"])["w"]["rank"] == 1
+    assert weight_sources(fake, {"rank": 0, "planned_device": "c/0", "machine": "c"}, ["w"])["w"]["rank"] == 0
+    with pytest.raises(HetpartError, match="need --mode training"):
+        prepare_run({"ranks": []}, MODEL, DATA, 1, mode="inference", checkpoint_dir=tmp_path, every=1, keep=None,
+                    resume=None)
+    with pytest.raises(HetpartError, match="go together"):
+        prepare_run({"ranks": []}, MODEL, DATA, 1, mode="training", checkpoint_dir=tmp_path, every=None, keep=None,
+                    resume=None)
+
+
+def test_the_reference_of_a_resumed_run_is_the_same_training_checked_from_its_first_step():
+    x = torch.randn(8, 4, generator=torch.Generator().manual_seed(2))
+    target = torch.randn(8, 3, generator=torch.Generator().manual_seed(3))
+    whole = reference_training(_Named(0), (x,), target, 2, 4, 0.1, 1)
+    seen = []
+    resumed = reference_training(_Named(0), (x,), target, 2, 4, 0.1, 1, first_step=2,
+                                 at_first_step=lambda: seen.append(True))
+    assert seen == [True] and resumed.losses.shape == (2, 2)
+    assert torch.equal(resumed.losses, whole.losses[2:])
+    assert all(torch.equal(resumed.weights[k], whole.weights[k]) for k in whole.weights)
+    assert not torch.equal(resumed.grads["fc1.weight"], whole.grads["fc1.weight"])  # step 2's, not step 0's
