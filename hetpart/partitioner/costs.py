@@ -266,6 +266,16 @@ def stage_memory_bytes(problem: Problem, activation_bytes: Any, held: Mapping[st
     return stash_microbatches(problem, stage, num_stages) * activation_bytes + weights
 
 
+def tp_shard_bytes(nbytes: int, degree: int) -> int:
+    """Bytes of one rank's part of a tensor split in `degree` (NOTE [tensor-parallel costs] in passes/tp_lower.py):
+    a weight, its training state or an activation; rounded up.
+
+        >>> tp_shard_bytes(1000, 3)
+        334
+    """
+    return -(-nbytes // max(1, degree))
+
+
 def stage_activation_bytes(problem: Problem, nodes: Iterable[str]) -> int:
     """The `mem_bytes` of a stage's nodes for one microbatch (the `activation_bytes` of `stage_memory_bytes`)."""
     g = problem.graph

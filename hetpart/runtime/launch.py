@@ -35,6 +35,7 @@ from hetpart.plan_report import PlanReport
 from hetpart.frontend import ModelSpec, check_example_batch, load_model
 from hetpart.frontend.hf import HFModel, OutputStructure
 from hetpart.runtime.artifacts import check_rank_files, dim_size, load_manifest, read_json, symbol_sizes
+from hetpart.runtime.tp import whole_weights
 from hetpart.runtime.artifacts import check_listed_files, mesh_pipelines, model_spec_for_run, read_plan
 from hetpart.runtime.emulate import emulated, emulation_plan, find_hierarchy
 from hetpart.runtime.verify import Tolerances, Verification, check_tensor, reference_training, torch_threads
@@ -68,8 +69,9 @@ def reference_model(out: Path, manifest: dict, spec: ModelSpec) -> tuple[torch.n
     """The unpartitioned model with the artifacts' weights, and the example inputs."""
     module, inputs = load_model(spec)
     shipped: dict[str, torch.Tensor] = {}
-    for entry in manifest["ranks"]:
-        shipped.update(load_file(str(check_rank_files(out, entry) / "weights.safetensors")))
+    loaded = [load_file(str(check_rank_files(out, entry) / "weights.safetensors")) for entry in manifest["ranks"]]
+    for tensors in whole_weights(loaded, manifest):  # a TP stage's split weights, put together
+        shipped.update(tensors)
     state = module.state_dict(keep_vars=True)
     alias: dict[int, str] = {}
     for key, tensor in state.items():  # tied weights ship under one of their names
@@ -417,8 +419,8 @@ def _check_options(opts: RunOptions, batch_size: int, world: int, m: int, manife
                                f"pipeline {short[0].index} has {len(short[0].stages)} stages and "
                                f"{short[0].microbatches} microbatch(es): run with --schedule gpipe, or partition "
                                "again with a --pipeline-microbatches that gives it more")
-    elif opts.schedule == "1f1b" and m < world:
-        raise HetpartError(f"--schedule 1f1b needs at least as many microbatches as stages ({world}); "
+    elif opts.schedule == "1f1b" and m < (stages := len(pipelines[0].stages) if pipelines else world):
+        raise HetpartError(f"--schedule 1f1b needs at least as many microbatches as stages ({stages}); "
                            f"got --microbatches {m}")
     if opts.steps < 1:
         raise HetpartError(f"--steps must be >= 1 (got {opts.steps})")
