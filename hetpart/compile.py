@@ -43,7 +43,7 @@ from hetpart.passes import PassContext, PassManager, default_passes, lower_to_pr
 from hetpart.passes.lower import TrainingSpec, group_of
 from hetpart.passes.manager import check_dump_dir
 from hetpart.passes.tensor_parallel import TensorParallelPass
-from hetpart.tensor_parallel import check_tp_options, tp_lowering
+from hetpart.tensor_parallel import check_tp_options, choose_tp, tp_degrees, tp_lowering
 from hetpart.report.blocks import coarsen_to_blocks
 from hetpart.report.html import write_report
 from hetpart.report.progress import Progress
@@ -77,12 +77,13 @@ class CompileOptions:
     pipeline_microbatches: tuple[int, ...] | None = None
     parallel: str = "pipeline"
     tensor_parallel: int = 1  # every stage on a TP group of this many devices (NOTE [tensor-parallel stages])
+    max_tensor_parallel: int = 1  # > 1: the solve chooses the degree, up to this (NOTE [tensor-parallel degree choice])
 
     def check(self, batch_size: int | None = None, out: Path | None = None) -> None:
         """Every option's value, and with the model's `batch_size` and the `out` directory how they fit: the one
         place options are checked, before anything is traced (`compile_model` calls it; so may a front end)."""
         check_tp_options(self.tensor_parallel, self.pipelines is not None or self.parallel == "data",
-                         self.strategy)
+                         self.strategy, self.max_tensor_parallel)
         if self.microbatches < 1 or (batch_size is not None and batch_size % self.microbatches):
             divide = f" and divide --batch-size {batch_size}" if batch_size is not None else ""
             raise HetpartError(f"--microbatches {self.microbatches} must be >= 1{divide}")
@@ -189,7 +190,7 @@ def analyze(spec: ModelSpec, cluster: Cluster, microbatch_size: int, *, dump_dir
             extra_dump_dir: Path | None = None, verbose: bool = False,
             progress: Progress | None = None, mode: str = "inference", meta: bool | None = False,
             profiles: dict | None = None, times: StepTimes | None = None,
-            optimizer_bytes_per_param: int | None = None, tensor_parallel: int = 1) -> Analysis:
+            optimizer_bytes_per_param: int | None = None, tp_degrees: tuple[int, ...] = ()) -> Analysis:
     """Trace the model and run the analysis passes (steps 1 and 2); with `optimizer_bytes_per_param`,
     first refuse a model whose weights the cluster cannot hold (NOTE [refused before the trace])."""
     progress = progress or Progress()
@@ -206,7 +207,7 @@ def analyze(spec: ModelSpec, cluster: Cluster, microbatch_size: int, *, dump_dir
     check_example_batch(spec, inputs)  # NOTE [file model batch]
     ctx = PassContext(device_types=cluster.device_types, batch_size=spec.batch_size, microbatch_size=microbatch_size,
                       mode=mode, profiles=profiles or {})
-    passes = default_passes() + ([TensorParallelPass((tensor_parallel,))] if tensor_parallel > 1 else [])
+    passes = default_passes() + ([TensorParallelPass(tp_degrees)] if tp_degrees else [])
     pm = PassManager(passes, dump_dir=dump_dir, print_after=print_ir_after, echo=echo,
                      extra_dump_dir=extra_dump_dir, verbose=verbose, on_pass_start=progress.update)
     return Analysis(pm.run(gm, ctx), pm, inputs, on_meta, checkpoint_names(module))
@@ -359,7 +360,7 @@ def compile_model(spec: ModelSpec, cluster_spec: str, out: Path, opts: CompileOp
                 spec, cluster, microbatch_size, dump_dir=tmp / "ir", print_ir_after=opts.print_ir_after, echo=echo,
                 extra_dump_dir=opts.dump_ir, verbose=opts.verbose, progress=progress, mode=opts.mode,
                 profiles=profiles, meta=opts.meta, times=times, optimizer_bytes_per_param=opts.optimizer_bytes_per_param,
-                tensor_parallel=opts.tensor_parallel)
+                tp_degrees=tp_degrees(opts.tensor_parallel, opts.max_tensor_parallel))
         for t in pm.timings:
             times.add(f"pass/{t.name}", t.seconds, quiet=True)  # the pass manager echoes its own
         warn_batch_mixing(gm, opts.microbatches, microbatch_size, echo)
@@ -392,6 +393,11 @@ def compile_model(spec: ModelSpec, cluster_spec: str, out: Path, opts: CompileOp
         with progress.step("solving"):
             if opts.strategy != "optimal":  # NOTE [--strategy] in partitioner/baselines.py
                 plan = strategy_plan(problem, opts.strategy, lambda: fx_baselines(gm, problem))
+            elif opts.max_tensor_parallel > 1:  # NOTE [tensor-parallel degree choice]
+                tp, plan = choose_tp(gm, problem, cluster, opts.max_tensor_parallel, groups, training is not None, echo,
+                                     lambda p: solve(p, time_limit_s=opts.time_limit_s, seed=opts.seed, gap=opts.gap,
+                                                     check_certificate=opts.check_certificate))
+                problem = tp.problem if tp is not None else problem
             else:
                 plan = solve(problem, time_limit_s=opts.time_limit_s, seed=opts.seed, gap=opts.gap,
                              log_callback=progress.solver if progress.active else None,

@@ -17,16 +17,23 @@ from hetpart.codegen.tp import tp_manifest, tp_stage_graphs
 from hetpart.devices import Cluster
 from hetpart.errors import HetpartError
 from hetpart.partitioner.problem import FORWARD_NS, Plan, Problem
+from hetpart.partitioner.tp_choice import choose_degree
 from hetpart.passes.tensor_parallel import TP_META, ShardingPlan, describe
 from hetpart.passes.tp_lower import TPGroup, lower_tensor_parallel
 
 TP_DEGREES = (1, 2, 4, 8)
 
 
-def check_tp_options(degree: int, data_parallel: bool, strategy: str) -> None:
-    """`--tensor-parallel T`: one of TP_DEGREES, and not with data-parallel pipelines or a baseline's strategy."""
-    if degree not in TP_DEGREES:
-        raise HetpartError(f"--tensor-parallel {degree}: expected one of {', '.join(map(str, TP_DEGREES))}")
+def check_tp_options(degree: int, data_parallel: bool, strategy: str, max_degree: int = 1) -> None:
+    """`--tensor-parallel T` and `--max-tensor-parallel N`: each one of TP_DEGREES, not both, and not with
+    data-parallel pipelines or a baseline's strategy."""
+    for flag, value in (("--tensor-parallel", degree), ("--max-tensor-parallel", max_degree)):
+        if value not in TP_DEGREES:
+            raise HetpartError(f"{flag} {value}: expected one of {', '.join(map(str, TP_DEGREES))}")
+    if degree > 1 and max_degree > 1:
+        raise HetpartError(f"--tensor-parallel {degree} forces the degree, --max-tensor-parallel {max_degree} lets "
+                           "the solve choose it: pass one of them")
+    degree = max(degree, max_degree)
     if degree > 1 and data_parallel:
         raise HetpartError(f"--tensor-parallel {degree} with --pipelines or --parallel data is not supported yet; "
                            "leave one of them out")
@@ -57,6 +64,37 @@ class TPCompile:
 
     def manifest(self, man: dict, ranks: list[StageGraph]) -> dict:
         return tp_manifest(man, ranks, self.sharding)
+
+
+def tp_degrees(forced: int, max_degree: int) -> tuple[int, ...]:
+    """The degrees > 1 the sharding pass analyses: the forced one, or every one up to the cap."""
+    return (forced,) if forced > 1 else tuple(t for t in TP_DEGREES if 1 < t <= max_degree)
+
+
+def choose_tp(gm: fx.GraphModule, problem: Problem, cluster: Cluster, max_degree: int, groups: dict[str, str],
+              training: bool, echo: Callable[[str], None],
+              solve: Callable[[Problem], Plan]) -> tuple[TPCompile | None, Plan]:
+    """NOTE [tensor-parallel degree choice]: each degree up to `max_degree` solved, the best plan kept (None: TP 1)."""
+    problems: dict[int, Problem] = {1: problem}
+    lowered: dict[int, TPCompile] = {}
+    skipped = []
+    for t in tp_degrees(1, max_degree):
+        sharding = gm.meta[TP_META][t]
+        try:
+            if not sharding.regions:
+                raise HetpartError("nothing to split")
+            tp_problem, slots = lower_tensor_parallel(problem, gm, cluster, sharding, groups, training)
+        except HetpartError as err:
+            skipped.append(f"{t} ({str(err).split(';')[0]})")
+            continue
+        lowered[t] = TPCompile(tp_problem, sharding, slots)
+        problems[t] = tp_problem
+    choice = choose_degree(problems, solve)
+    us = lambda ns: "no plan fits" if ns is None else f"{ns / 1000:,.1f} us"  # noqa: E731
+    echo("tensor parallel: " + "; ".join(f"degree {r.degree}: {us(r.value_ns)} (bound {us(r.bound_ns)})"
+                                         for r in choice.results)
+         + (f"; skipped: {', '.join(skipped)}" if skipped else "") + f"; chose degree {choice.degree}")
+    return lowered.get(choice.degree), choice.plan
 
 
 def tp_lowering(gm: fx.GraphModule, problem: Problem, cluster: Cluster, degree: int, groups: dict[str, str],
