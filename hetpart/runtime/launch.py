@@ -327,10 +327,11 @@ def measurement(io_dir: Path, world: int, m: int, plan: PlanReport, opts: "RunOp
         data = json.loads((io_dir / f"timing{rank}.json").read_text())
         forwards = [t for step in data["forward_s"][keep] for t in step[-m:]]
         cpu = [t for step in data["forward_cpu_s"][keep] for t in step[-m:]]
-        planned = plan.stages[rank]
+        per_stage = world // len(plan.stages) if not plan.pipelines else 1  # a TP stage's ranks: rank // T
+        planned = plan.stages[rank // per_stage]
         stages.append({
             "index": rank,
-            "device": planned.device,
+            "device": planned.devices[rank % per_stage] if per_stage > 1 else planned.device,
             "measured_time_us": round(statistics.median(forwards) * 1e6, 3),
             # CPU time of the rank's thread: its own compute, without waiting for a core that
             # other ranks (or other jobs) share (NOTE [measured CPU time])
