@@ -43,7 +43,7 @@ from hetpart.passes import PassContext, PassManager, default_passes, lower_to_pr
 from hetpart.passes.lower import TrainingSpec, group_of
 from hetpart.passes.manager import check_dump_dir
 from hetpart.passes.tensor_parallel import TensorParallelPass
-from hetpart.tensor_parallel import check_tp_options, choose_tp, tp_degrees, tp_lowering
+from hetpart.tensor_parallel import check_tp_options, choose_tp, tp_degrees, tp_lowering, tp_on_meta
 from hetpart.report.blocks import coarsen_to_blocks
 from hetpart.report.html import write_report
 from hetpart.report.progress import Progress
@@ -380,6 +380,8 @@ def compile_model(spec: ModelSpec, cluster_spec: str, out: Path, opts: CompileOp
                 on_meta=on_meta, checkpoint_names=names, profiles=profiles, model_sha256=model_sha256,
                 sign_key=sign_key, times=times, echo=echo, progress=progress)
         tp = None
+        if opts.tensor_parallel > 1 and on_meta:
+            raise tp_on_meta(opts.tensor_parallel)
         if opts.tensor_parallel > 1:  # every slot a TP group: NOTE [tensor-parallel costs]
             tp = tp_lowering(gm, problem, cluster, opts.tensor_parallel, groups, training is not None, echo)
             problem = tp.problem
@@ -410,6 +412,8 @@ def compile_model(spec: ModelSpec, cluster_spec: str, out: Path, opts: CompileOp
             echo(f"solve: {solve_s * 1e3:.1f} ms ({plan.solver_status})")
         with times.step("verify"):
             verify_plan(problem, plan)
+        if tp is not None and on_meta:  # NOTE [weight manifests]: shard-weights fills whole tensors only
+            raise tp_on_meta(tp.sharding.degree)
         mark_stages(gm, pm, plan.stage_of, groups)
         # 4. Cut the graph into stages and write one rank directory per stage.
         with times.step("split"):

@@ -66,6 +66,14 @@ class TPCompile:
         return tp_manifest(man, ranks, self.sharding)
 
 
+def tp_on_meta(degree: int) -> HetpartError:
+    """The refusal of a TP plan of a model traced on meta (NOTE [weight manifests] fills whole tensors only)."""
+    return HetpartError(f"a tensor-parallel plan (degree {degree}) of a model traced on meta has no weights to "
+                        "split, and shard-weights does not split checkpoints yet: pass --no-meta if the model fits "
+                        "this machine, or plan without TP (benchmarks/tensor_parallel.py compares the degrees "
+                        "without writing artifacts)")
+
+
 def tp_degrees(forced: int, max_degree: int) -> tuple[int, ...]:
     """The degrees > 1 the sharding pass analyses: the forced one, or every one up to the cap."""
     return (forced,) if forced > 1 else tuple(t for t in TP_DEGREES if 1 < t <= max_degree)
