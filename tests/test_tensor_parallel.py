@@ -156,3 +156,23 @@ def test_a_tp_plan_traced_on_meta_is_refused_and_nothing_is_written(tmp_path, ca
     assert not out.exists() and list(tmp_path.iterdir()) == []
     with pytest.raises(HetpartError, match="pass one of them"):
         check_tp_options(2, False, "optimal", max_degree=4)
+
+
+def test_max_tensor_parallel_solves_each_degree_and_keeps_the_best(tmp_path, capsys):
+    import json
+
+    from hetpart.cli import main
+
+    out = tmp_path / "out"
+    sets = [x for k, v in GPT.items() for x in ("--set", f"{k}={v}")]
+    assert main(["partition", "zoo:gpt-small", *sets, "--cluster", "preset:cpu-4", "--batch-size", "4", "--seq-len",
+                 "16", "--microbatches", "2", "--no-pt2", "--max-tensor-parallel", "2", "--out", str(out)]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("tensor parallel: "))
+    values = {int(part.split()[1].rstrip(":")): float(part.split()[2].replace(",", ""))
+              for part in line.split("; ") if part.startswith(("tensor parallel: degree", "degree"))
+              for part in [part.removeprefix("tensor parallel: ")]}
+    chosen = int(line.rsplit("chose degree ", 1)[1])
+    assert set(values) == {1, 2} and values[chosen] == min(values.values())
+    plan = json.loads((out / "plan.json").read_text())
+    assert abs(plan["bottleneck_us"] - values[chosen]) < 0.1
+    assert all(len(s["devices"]) == chosen for s in plan["stages"])
