@@ -69,7 +69,8 @@ def main() -> None:
             note = _memory_check(plan, base, problem) if mixed else ""
             label = f"{t} on NVLink, 1 elsewhere{note}" if mixed else str(t)
             print(f"| {label} | {len(slots)} | {objective} | {plan.value_ns / 1e6:,.1f} | "
-                  f"{plan.lower_bound_ns / 1e6:,.1f} | {plan.gap:.1%} | {len(plan.stages)} | {plan.solver_status} | {time.perf_counter() - start:.0f} |",
+                  f"{plan.lower_bound_ns / 1e6:,.1f} | {plan.gap:.1%} | {len(plan.stages)} | {plan.solver_status} | "
+                  f"{time.perf_counter() - start:.0f} |",
                   flush=True)
 
 

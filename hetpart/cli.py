@@ -312,7 +312,7 @@ def _partition(args: argparse.Namespace, console: Console) -> int:
     print_plan(result.report, console)
     if args.strategy != "optimal":  # NOTE [--strategy] in partitioner/baselines.py
         console.print(f"strategy {args.strategy}: the artifacts run this baseline's plan, not the optimised one")
-    ranks = sum(len(s.devices) or 1 for s in result.report.stages)  # a TP stage: its group's (NOTE [tensor-parallel stages])
+    ranks = sum(len(s.devices) or 1 for s in result.report.stages)  # NOTE [tensor-parallel stages]: a group's
     console.print(f"wrote {args.out}/ (plan.json, manifest.json, rank0..rank{ranks - 1}, ir/, "
                   "report.html)")
     return 0

@@ -359,7 +359,8 @@ def compile_model(spec: ModelSpec, cluster_spec: str, out: Path, opts: CompileOp
             gm, pm, inputs, on_meta, names = analyze(
                 spec, cluster, microbatch_size, dump_dir=tmp / "ir", print_ir_after=opts.print_ir_after, echo=echo,
                 extra_dump_dir=opts.dump_ir, verbose=opts.verbose, progress=progress, mode=opts.mode,
-                profiles=profiles, meta=opts.meta, times=times, optimizer_bytes_per_param=opts.optimizer_bytes_per_param,
+                profiles=profiles, meta=opts.meta, times=times,
+                optimizer_bytes_per_param=opts.optimizer_bytes_per_param,
                 tp_degrees=tp_degrees(opts.tensor_parallel, opts.max_tensor_parallel))
         for t in pm.timings:
             times.add(f"pass/{t.name}", t.seconds, quiet=True)  # the pass manager echoes its own

@@ -91,10 +91,10 @@ def attach_group(module: torch.nn.Module, manifest: dict[str, Any], entry: dict[
 
 
 def gather_shards(tensors: dict[str, torch.Tensor], manifest: dict[str, Any], entry: dict[str, Any],
-                  groups: dict[str, dist.ProcessGroup]) -> dict[str, torch.Tensor]:
+                  groups: dict[str, dist.ProcessGroup], device: torch.device) -> dict[str, torch.Tensor]:
     """`tensors` (weight FQN -> this rank's value or gradient) with each split weight's parts gathered from
     the TP group into the whole tensor, for --verify against the unpartitioned model. Every TP rank of the
-    stage calls it with the same names (it runs collectives)."""
+    stage calls it with the same names (it runs collectives, on `device`: nccl gathers GPU tensors only)."""
     from hetpart.codegen.tp import unshard_tensor
     from hetpart.passes.tensor_parallel import WeightShard
 
@@ -105,11 +105,11 @@ def gather_shards(tensors: dict[str, torch.Tensor], manifest: dict[str, Any], en
     for name in sorted(stage_tp["weights"]):
         if name not in tensors:
             continue
-        part = tensors[name].contiguous()
+        part = tensors[name].to(device).contiguous()
         parts = [torch.empty_like(part) for _ in stage_tp["ranks"]]
         dist.all_gather(parts, part, group=groups[stage_tp["group"]])
         spec = stage_tp["weights"][name]
-        out[name] = unshard_tensor(parts, WeightShard(spec["dim"], spec["chunks"]))
+        out[name] = unshard_tensor(parts, WeightShard(spec["dim"], spec["chunks"])).to(tensors[name].device)
     return out
 
 

@@ -272,7 +272,7 @@ def run_rank(out: Path, io_dir: Path, mode: str, schedule_name: str, microbatche
             names = _weight_names(module)
             grads = {names[attr]: p.grad.detach().cpu().contiguous()
                      for attr, p in module.named_parameters() if p.grad is not None}
-            grads = tp.gather_shards(grads, manifest, entry, groups)  # whole, for --verify
+            grads = tp.gather_shards(grads, manifest, entry, groups, device)  # whole, for --verify
             save_file(grads, str(io_dir / f"grads{rank}.safetensors"))
         if optimizer is not None:
             optimizer.step()
@@ -283,7 +283,7 @@ def run_rank(out: Path, io_dir: Path, mode: str, schedule_name: str, microbatche
     if dump_weights and training:
         names = _weight_names(module)
         dumped = {names[attr]: p.detach().cpu().contiguous() for attr, p in module.named_parameters() if attr in names}
-        save_file(tp.gather_shards(dumped, manifest, entry, groups), str(io_dir / f"weights{rank}.safetensors"))
+        save_file(tp.gather_shards(dumped, manifest, entry, groups, device), str(io_dir / f"weights{rank}.safetensors"))
     if rank == world - 1:
         (io_dir / "step_seconds").write_text("\n".join(f"{s}" for s in step_seconds) + "\n")
     (io_dir / f"timing{rank}.json").write_text(json.dumps({"step_s": step_seconds, "forward_s": forwards_per_step,
