@@ -61,15 +61,26 @@ def test_llama_gqa_attention_and_swiglu_are_split():
     """zoo:llama (hf:llama, the same shape through transformers, runs in tests/runtime/test_tp_run.py)."""
     gm, prefix = _graph("zoo:llama", LLAMA), "layers"
     plan = analyse(gm, 2)
-    assert len(plan.regions) == 4
+    assert len(plan.regions) == 5  # attention and MLP per layer, and the untied LM head (vocab-parallel)
     columns = sorted(c for cs in plan.copy_before.values() for c in cs)
-    assert len(columns) == 10  # q, k, v and gate, up per layer
-    assert sorted(len(cs) for cs in plan.copy_before.values()) == [2, 2, 3, 3]  # one f per shared input
+    assert len(columns) == 11  # q, k, v and gate, up per layer, the LM head
+    assert sorted(len(cs) for cs in plan.copy_before.values()) == [1, 2, 2, 3, 3]  # one f per shared input
+    assert plan.weights["output.weight"] == WeightShard(0) and list(plan.gather_before_output.values()) == [2]
+    # The gathered LM head pays its ring all-gather on top of its shard's time.
+    from hetpart.ir import info
+    from hetpart.partitioner.costs import allgather_ns
+    from hetpart.passes.tp_lower import _link
+
+    cluster, groups = load_cluster("preset:cpu-4"), group_of(gm)
+    tp, _ = lower_tensor_parallel(lower_to_problem(gm, cluster, None, groups), gm, cluster, plan, groups, False)
+    (head,) = [n for n in gm.graph.nodes if n.name in plan.gather_before_output]
+    gather_ns = allgather_ns(_link(cluster.machines[0].link), info(head).out_bytes, 2)
+    assert gather_ns > 0 and tp.graph.nodes[groups[head.name]][TIME_NS]["cpu/tp2"] >= gather_ns
     split = sorted(w for w in plan.weights if w.startswith(prefix + ".0."))
     assert len(split) == 7 and all(plan.weights[w].chunks == 1 for w in split)
     # 2 key/value heads shared by 4 query heads: at 4 ways the kv heads do not divide, attention stays whole.
     at_4 = analyse(gm, 4)
-    assert len(at_4.regions) == 2 and all("attn" not in w and "attention" not in w for w in at_4.weights)
+    assert len(at_4.regions) == 3 and all("attn" not in w and "attention" not in w for w in at_4.weights)
 
 
 def test_a_split_value_reaching_an_op_without_a_rule_keeps_its_linears_replicated():
@@ -82,7 +93,8 @@ def test_a_split_value_reaching_an_op_without_a_rule_keeps_its_linears_replicate
         def forward(self, x):
             y = self.b(torch.relu(self.a(x)))  # a pair
             z = self.c(y)
-            return self.d(torch.sort(z, dim=-1).values) + z.sum(-1, keepdim=True)  # sort has no rule
+            out = self.d(torch.sort(z, dim=-1).values)  # sort has no rule
+            return torch.softmax(out, dim=-1) + z.sum(-1, keepdim=True)  # nor softmax along the split dim
 
     gm = torch.export.export(M(), (torch.randn(2, 8),)).module()
     plan = analyse(gm, 2)

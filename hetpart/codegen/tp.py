@@ -8,7 +8,8 @@ weight's full tensor), the others whole. Its forward is the stage's with
 - each size argument the sharding divides (a head count in a view) divided by t;
 - `tp_copy(x)` (Megatron's f) on each replicated input of column linears, once per input;
 - each row linear's bias taken out, its output summed by `tp_all_reduce` (Megatron's g) over
-  the stage's TP group, and the bias added once after it.
+  the stage's TP group, and the bias added once after it;
+- a split model output (a vocab-parallel LM head) gathered whole by `tp_all_gather`.
 Both are defined in stage.py itself (`TP_SOURCE`), as autograd functions over
 torch.distributed.all_reduce on `TP_GROUP`, which `hetpart run` sets to the stage's gloo/nccl
 group: explicit collectives in readable code rather than DTensor placements, so the all-reduces
@@ -70,8 +71,29 @@ class _AllReduceTP(torch.autograd.Function):
         return grad
 
 
+class _AllGatherTP(torch.autograd.Function):
+    """A split model output made whole: forward gathers every rank's part along `dim`; backward keeps this
+    rank's part of the (equal on every rank) gradient."""
+
+    @staticmethod
+    def forward(ctx, x, dim):
+        ctx.dim = dim
+        parts = [torch.empty_like(x) for _ in range(torch.distributed.get_world_size(TP_GROUP))]
+        torch.distributed.all_gather(parts, x.contiguous(), group=TP_GROUP)
+        return torch.cat(parts, dim=dim)
+
+    @staticmethod
+    def backward(ctx, grad):
+        size = torch.distributed.get_world_size(TP_GROUP)
+        return grad.chunk(size, dim=ctx.dim)[torch.distributed.get_rank(TP_GROUP)].contiguous(), None
+
+
 def tp_copy(x):
     return _CopyToTP.apply(x)
+
+
+def tp_all_gather(x, dim):
+    return _AllGatherTP.apply(x, dim)
 
 
 def tp_all_reduce(x):
@@ -80,10 +102,10 @@ def tp_all_reduce(x):
 
 _namespace: dict = {"torch": torch}
 exec(compile(TP_SOURCE, "<hetpart tensor-parallel block>", "exec"), _namespace)  # the same code as stage.py's
-copy, all_reduce = _namespace["tp_copy"], _namespace["tp_all_reduce"]
-for _fn, _name in ((copy, "copy"), (all_reduce, "all_reduce")):
+copy, all_reduce, all_gather = _namespace["tp_copy"], _namespace["tp_all_reduce"], _namespace["tp_all_gather"]
+for _fn, _name in ((copy, "copy"), (all_reduce, "all_reduce"), (all_gather, "all_gather")):
     _fn.__module__, _fn.__name__, _fn.__qualname__ = "tp", _name, _name
-TP_FUNCTIONS = {"tp_copy": copy, "tp_all_reduce": all_reduce}  # FX's global name -> function
+TP_FUNCTIONS = {"tp_copy": copy, "tp_all_reduce": all_reduce, "tp_all_gather": all_gather}  # FX's name -> function
 
 
 def shard_tensor(tensor: torch.Tensor, shard: WeightShard, rank: int, degree: int) -> torch.Tensor:
@@ -162,6 +184,15 @@ def shard_stage(stage: StageGraph, plan: ShardingPlan, rank: int) -> StageGraph:
                 final = graph.call_function(aten.add.Tensor, (reduced, bias))
             final.meta = dict(node.meta)
         node.replace_all_uses_with(final, delete_user_cb=lambda user: user is not reduced)
+    # A split model output (a vocab-parallel LM head) gathered whole before it leaves.
+    output = next(n for n in graph.nodes if n.op == "output")
+    for name, split_dim in plan.gather_before_output.items():
+        if name not in nodes:
+            continue
+        with graph.inserting_before(output):
+            gathered = graph.call_function(all_gather, (nodes[name], split_dim))
+        gathered.meta = dict(nodes[name].meta)
+        output.replace_input_with(nodes[name], gathered)
     graph.lint()
     gm = fx.GraphModule(root, graph, class_name=f"Stage{stage.index}")
     return StageGraph(stage.index, gm, list(stage.inputs), list(stage.outputs), dict(stage.weights),

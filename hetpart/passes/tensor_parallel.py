@@ -15,15 +15,17 @@ torch.distributed.tensor.parallel's ColwiseParallel / RowwiseParallel pairs woul
 - a *row* linear reads a value split on its last (contraction) dim: its weight is split on
   dim 1 and its output is a partial sum, all-reduced over the group (Megatron's g: sum
   forward, identity backward), then its bias is added once.
+- a split value that is a model output (an untied LM head: vocab-parallel) is all-gathered on its
+  split dim before it leaves (`gather_before_output`; backward: each rank's part of the gradient).
 - each replicated x that column linears read passes through Megatron's f (identity forward,
   all-reduce of its gradient backward), once per x: one all-reduce per attention and per MLP
   each way, as in Megatron.
-A split value that reaches anything else (an op without a rule, the graph's output, a
+A split value that reaches anything else (an op without a rule, a
 sym_size of the split dim, a weight someone else reads, a size not divisible by t) makes
 every column linear it came from replicated again, and the analysis reruns until no such
 conflict is left: ops with no rule stay replicated. Every node of one region (the ops
 between its column and row linears) must run in one stage: lowering co-locates them.
-Vocab-parallel embeddings and LM heads and MoE experts are not split yet (they stay replicated).
+Vocab-parallel embeddings (and so a tied LM head) and MoE experts are not split yet (they stay replicated).
 """
 
 from __future__ import annotations
@@ -69,6 +71,7 @@ class ShardingPlan:
     arg_edits: dict[str, tuple[tuple[int, int], ...]] = field(default_factory=dict)  # node -> (arg, item) / t
     reduce_after: tuple[str, ...] = ()  # row linears: their partial output all-reduced (g)
     copy_before: dict[str, tuple[str, ...]] = field(default_factory=dict)  # replicated x -> its column linears (f)
+    gather_before_output: dict[str, int] = field(default_factory=dict)  # split model output -> dim all-gathered
     regions: list[tuple[str, ...]] = field(default_factory=list)  # the FX nodes of each region, to co-locate
 
     def region_of(self) -> dict[str, int]:
@@ -166,10 +169,11 @@ def _propagate(gm: fx.GraphModule, t: int, candidates: set[str]) -> ShardingPlan
         return isinstance(size, int) and size % t == 0 and size >= t
 
     for node in gm.graph.nodes:
-        if node.op == "output":
-            leaked = [a for a in node.all_input_nodes if a in dim]
-            if leaked:
-                raise conflict(node, *leaked)
+        if node.op == "output":  # a split output (a vocab-parallel LM head) is all-gathered on its split dim
+            for a in node.all_input_nodes:
+                if a in dim:
+                    plan.gather_before_output[a.name] = dim[a]
+                    union(node.name, a.name)
             continue
         if node.op != "call_function":
             continue
@@ -364,8 +368,9 @@ def describe(plan: ShardingPlan) -> list[str]:
     column_of = {c: x for x, cs in plan.copy_before.items() for c in cs}
     for nodes in plan.regions:
         cols = [n for n in nodes if n in column_of]
-        rows = [n for n in nodes if n in plan.reduce_after]
-        lines.append(f"region: column {', '.join(cols)} -> row {', '.join(rows)} ({len(nodes)} ops split)")
+        rows = [f"row {n}" for n in nodes if n in plan.reduce_after]
+        rows += [f"gathered output {n}" for n in nodes if n in plan.gather_before_output]
+        lines.append(f"region: column {', '.join(cols)} -> {', '.join(rows)} ({len(nodes)} ops)")
     return lines
 
 

@@ -12,7 +12,8 @@ is `<type>/tp<t>` (`tp_type`), costed as follows, each term from the one formula
   Other ops run whole, replicated on every rank.
 - collectives, over the machine's link with `costs.allreduce_ns` (ring, t ranks): each row
   linear's output all-reduced forward (g); in training each column-linear input's gradient
-  all-reduced backward (f), charged to its first column linear.
+  all-reduced backward (f), charged to its first column linear; a split model output's
+  all-gather (`costs.allgather_ns`), whose whole copy also adds to memory.
 - memory per rank (`costs.tp_shard_bytes`): a split weight, its gradient and optimizer state,
   and the activations of split values divided by t; everything else whole.
 - boundaries: charged once per boundary over the link between the two groups' machines (each
@@ -32,7 +33,7 @@ import torch.fx as fx
 from hetpart.devices import Cluster
 from hetpart.errors import HetpartError
 from hetpart.ir import info
-from hetpart.partitioner.costs import allreduce_ns, tp_shard_bytes
+from hetpart.partitioner.costs import allgather_ns, allreduce_ns, tp_shard_bytes
 from hetpart.partitioner.problem import (
     COLOCATE, FORWARD_NS, MEM_BYTES, TIME_NS, Device, Link, Problem, Training,
 )
@@ -133,13 +134,17 @@ def lower_tensor_parallel(problem: Problem, gm: fx.GraphModule, cluster: Cluster
                                          ni.out_bytes or 0, False)
             if node.name in rows:  # g: the partial output all-reduced forward
                 fwd += allreduce_ns(links[m], ni.out_bytes or 0, t)
+            if node.name in plan.gather_before_output:  # a split model output made whole
+                fwd += allgather_ns(links[m], ni.out_bytes or 0, t)
             if training and node.name in first_column:  # f: the input's gradient all-reduced backward
                 bwd += allreduce_ns(links[m], info(by_name[first_column[node.name]]).out_bytes or 0, t)
             g.nodes[v][TIME_NS][key] += fwd + bwd
             if training:
                 g.nodes[v][FORWARD_NS][key] += fwd
-        if node.name in plan.sharded:
+        if node.name in plan.sharded and node.name not in plan.gather_before_output:  # (gathered: whole, and its part)
             g.nodes[v][MEM_BYTES] -= (ni.act_bytes or 0) - tp_shard_bytes(ni.act_bytes or 0, t)
+        elif node.name in plan.gather_before_output:
+            g.nodes[v][MEM_BYTES] += tp_shard_bytes(ni.act_bytes or 0, t)
     _colocate_regions(g, plan, groups)
     weights = {w: tp_shard_bytes(b, t) if w in plan.weights else b for w, b in problem.weights.items()}
     train = problem.training

@@ -84,7 +84,7 @@ def test_hf_llama_with_a_wrong_shard_gradient_fails_verify_on_exactly_the_split_
     out = tmp_path / "hf"
     _partition(out, HF_LLAMA, "preset:cpu-2")
     split = set(json.loads((out / "manifest.json").read_text())["mesh"]["tensor_parallel"][0]["weights"])
-    assert len(split) == 14  # q, k, v, o, gate, up, down of 2 layers
+    assert len(split) == 15  # q, k, v, o, gate, up, down of 2 layers, and the LM head (vocab-parallel)
     monkeypatch.setenv("HETPART_TEST_BREAK_TP", "shard")
     assert main(["run", str(out), "--mode", "training", "--schedule", "1f1b", "--verify"]) == 1
     broken = capsys.readouterr().out
