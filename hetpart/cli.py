@@ -141,6 +141,12 @@ def _parser() -> argparse.ArgumentParser:
     part.add_argument("--parallel", default="pipeline", choices=["pipeline", "data"],
                       help="pipeline (default): one pipeline over the cluster; data: search data-parallel "
                            "pipelines of different shapes")
+    part.add_argument("--tensor-parallel", type=int, default=1, metavar="T",
+                      help="run every stage tensor-parallel on T devices of one type in one machine (Megatron-style "
+                           "sharding found on the graph; default 1: off)")
+    part.add_argument("--max-tensor-parallel", type=int, default=1, metavar="N",
+                      help="let the solve choose each plan's tensor-parallel degree, up to N (1, 2, 4, 8: each solved, "
+                           "the best kept, its bound the least of theirs); default 1: off")
 
     run = sub.add_parser("run", help="run the artifacts under torchrun (one CPU process per stage)")
     run.add_argument("out", type=Path, help="artifacts directory")
@@ -317,14 +323,17 @@ def _partition(args: argparse.Namespace, console: Console) -> int:
                           verbose=args.verbose, dump_ir=args.dump_ir, mode=args.mode, schedule=args.schedule,
                           optimizer_bytes_per_param=args.optimizer_bytes_per_param, profiles=tuple(args.profiles),
                           sign_key=args.sign_key, check_certificate=args.check_certificate,
-                          strategy=args.strategy, align=args.align, **pipelines)
+                          strategy=args.strategy, align=args.align, tensor_parallel=args.tensor_parallel,
+                          max_tensor_parallel=args.max_tensor_parallel,
+                          **pipelines)
     result = compile_model(spec, args.cluster, args.out, opts,
                            echo=lambda text: console.print(text, markup=False, highlight=False),
                            progress=Progress.for_console(console))
     print_plan(result.report, console)
     if args.strategy != "optimal":  # NOTE [--strategy] in partitioner/baselines.py
         console.print(f"strategy {args.strategy}: the artifacts run this baseline's plan, not the optimised one")
-    console.print(f"wrote {args.out}/ (plan.json, manifest.json, rank0..rank{len(result.report.stages) - 1}, ir/, "
+    ranks = sum(len(s.devices) or 1 for s in result.report.stages)  # NOTE [tensor-parallel stages]: a group's
+    console.print(f"wrote {args.out}/ (plan.json, manifest.json, rank0..rank{ranks - 1}, ir/, "
                   "report.html)")
     return 0
 

@@ -43,6 +43,8 @@ from hetpart.baselines.fx_partitioner import fx_baselines
 from hetpart.passes import PassContext, PassManager, default_passes, lower_to_problem
 from hetpart.passes.lower import TrainingSpec, group_of
 from hetpart.passes.manager import check_dump_dir
+from hetpart.passes.tensor_parallel import TensorParallelPass
+from hetpart.tensor_parallel import check_tp_options, choose_tp, tp_degrees, tp_lowering, tp_on_meta
 from hetpart.report.blocks import coarsen_to_blocks
 from hetpart.report.html import write_report
 from hetpart.report.progress import Progress
@@ -76,10 +78,14 @@ class CompileOptions:
     pipeline_microbatches: tuple[int, ...] | None = None
     parallel: str = "pipeline"
     replan: Any = None  # `hetpart replan`: a ReplanChoice whose plan replaces the solve (hetpart/replan.py)
+    tensor_parallel: int = 1  # every stage on a TP group of this many devices (NOTE [tensor-parallel stages])
+    max_tensor_parallel: int = 1  # > 1: the solve chooses the degree, up to this (NOTE [tensor-parallel degree choice])
 
     def check(self, batch_size: int | None = None, out: Path | None = None) -> None:
         """Every option's value, and with the model's `batch_size` and the `out` directory how they fit: the one
         place options are checked, before anything is traced (`compile_model` calls it; so may a front end)."""
+        check_tp_options(self.tensor_parallel, self.pipelines is not None or self.parallel == "data",
+                         self.strategy, self.max_tensor_parallel)
         if self.microbatches < 1 or (batch_size is not None and batch_size % self.microbatches):
             divide = f" and divide --batch-size {batch_size}" if batch_size is not None else ""
             raise HetpartError(f"--microbatches {self.microbatches} must be >= 1{divide}")
@@ -132,6 +138,7 @@ def plan_report(spec: ModelSpec, cluster: Cluster, opts: CompileOptions, plan: P
     (NOTE [training costs] in passes/lower.py); the simulator and the report play them separately.
     """
     machine = {d.name: d.machine for d in cluster.devices}
+    machine.update({s.device: machine[s.devices[0]] for s in plan.stages if s.device not in machine})  # a TP group
     us = lambda ns: round(ns / 1000, 3)  # noqa: E731
     stages = []
     for s in plan.stages:
@@ -186,7 +193,7 @@ def analyze(spec: ModelSpec, cluster: Cluster, microbatch_size: int, *, dump_dir
             extra_dump_dir: Path | None = None, verbose: bool = False,
             progress: Progress | None = None, mode: str = "inference", meta: bool | None = False,
             profiles: dict | None = None, times: StepTimes | None = None,
-            optimizer_bytes_per_param: int | None = None) -> Analysis:
+            optimizer_bytes_per_param: int | None = None, tp_degrees: tuple[int, ...] = ()) -> Analysis:
     """Trace the model and run the analysis passes (steps 1 and 2); with `optimizer_bytes_per_param`,
     first refuse a model whose weights the cluster cannot hold (NOTE [refused before the trace])."""
     progress = progress or Progress()
@@ -203,7 +210,8 @@ def analyze(spec: ModelSpec, cluster: Cluster, microbatch_size: int, *, dump_dir
     check_example_batch(spec, inputs)  # NOTE [file model batch]
     ctx = PassContext(device_types=cluster.device_types, batch_size=spec.batch_size, microbatch_size=microbatch_size,
                       mode=mode, profiles=profiles or {})
-    pm = PassManager(default_passes(), dump_dir=dump_dir, print_after=print_ir_after, echo=echo,
+    passes = default_passes() + ([TensorParallelPass(tp_degrees)] if tp_degrees else [])
+    pm = PassManager(passes, dump_dir=dump_dir, print_after=print_ir_after, echo=echo,
                      extra_dump_dir=extra_dump_dir, verbose=verbose, on_pass_start=progress.update)
     return Analysis(pm.run(gm, ctx), pm, inputs, on_meta, checkpoint_names(module))
 
@@ -256,7 +264,8 @@ def mark_stages(gm: fx.GraphModule, pm: PassManager, stage_of: dict[str, int], g
 
 
 def write_rank_dirs(tmp: Path, split: list[list], plans: list[Plan], model: str, inputs: tuple, *, pt2: bool,
-                    checkpoint_names: dict[str, list[str]] | None, times: StepTimes) -> list[dict[str, str]]:
+                    checkpoint_names: dict[str, list[str]] | None, times: StepTimes,
+                    own_weights: set[str] = frozenset()) -> list[dict[str, str]]:
     """One rank directory per stage of every pipeline (`split[p]`: pipeline p's stages, planned by `plans[p]`),
     ranks numbered pipeline-major (NOTE [the mesh]); each rank's files with their sha256. A plan traced on meta
     (`checkpoint_names` given) has no weights to export with: rank<k>/weights.json lists what `hetpart
@@ -264,12 +273,14 @@ def write_rank_dirs(tmp: Path, split: list[list], plans: list[Plan], model: str,
     stages = [s for pipeline in split for s in pipeline]
     of_pipeline = [p for p, pipeline in enumerate(split) for _ in pipeline]
     store_weights_once(stages, list(range(len(stages))))  # NOTE [weights stored once]: across pipelines too
+    for s in stages:  # a TP rank's parts of split weights are its own (NOTE [tensor-parallel stages])
+        s.stored_in = {fqn: k for fqn, k in s.stored_in.items() if fqn not in own_weights}
     files: list[dict[str, str]] = []
     for rank, s in enumerate(stages):
         p = of_pipeline[rank]
         dev = plans[p].stages[s.index]
         which = f" of pipeline {p} ({len(split)} pipelines)" if len(split) > 1 else ""
-        header = (f"hetpart {__version__}: stage {s.index} of {len(split[p])}{which} for {model}, "
+        header = (f"hetpart {__version__}: stage {s.index} of {len({x.index for x in split[p]})}{which} for {model}, "
                   f"planned on {dev.device} ({dev.device_type}).\n\nInputs: {', '.join(s.inputs)}\n"
                   f"Outputs: {', '.join(s.outputs)}\n")
         files.append(write_rank(tmp / f"rank{rank}", s, header, checkpoint_names=checkpoint_names, times=times))
@@ -351,7 +362,9 @@ def compile_model(spec: ModelSpec, cluster_spec: str | Cluster, out: Path, opts:
             gm, pm, inputs, on_meta, names = analyze(
                 spec, cluster, microbatch_size, dump_dir=tmp / "ir", print_ir_after=opts.print_ir_after, echo=echo,
                 extra_dump_dir=opts.dump_ir, verbose=opts.verbose, progress=progress, mode=opts.mode,
-                profiles=profiles, meta=opts.meta, times=times, optimizer_bytes_per_param=opts.optimizer_bytes_per_param)
+                profiles=profiles, meta=opts.meta, times=times,
+                optimizer_bytes_per_param=opts.optimizer_bytes_per_param,
+                tp_degrees=tp_degrees(opts.tensor_parallel, opts.max_tensor_parallel))
         for t in pm.timings:
             times.add(f"pass/{t.name}", t.seconds, quiet=True)  # the pass manager echoes its own
         warn_batch_mixing(gm, opts.microbatches, microbatch_size, echo)
@@ -370,6 +383,12 @@ def compile_model(spec: ModelSpec, cluster_spec: str | Cluster, out: Path, opts:
                 spec, cluster, opts, out, tmp, gm=gm, pm=pm, problem=problem, groups=groups, inputs=inputs,
                 on_meta=on_meta, checkpoint_names=names, profiles=profiles, model_sha256=model_sha256,
                 sign_key=sign_key, times=times, echo=echo, progress=progress)
+        tp = None
+        if opts.tensor_parallel > 1 and on_meta:
+            raise tp_on_meta(opts.tensor_parallel)
+        if opts.tensor_parallel > 1:  # every slot a TP group: NOTE [tensor-parallel costs]
+            tp = tp_lowering(gm, problem, cluster, opts.tensor_parallel, groups, training is not None, echo)
+            problem = tp.problem
         if opts.schedule == "1f1b" and opts.microbatches < min(problem.max_stages or len(problem.devices),
                                                                len(problem.devices)):
             problem.max_stages = opts.microbatches  # NOTE [1F1B stages]
@@ -383,6 +402,11 @@ def compile_model(spec: ModelSpec, cluster_spec: str | Cluster, out: Path, opts:
                 plan = opts.replan.plan_for(problem)
             elif opts.strategy != "optimal":  # NOTE [--strategy] in partitioner/baselines.py
                 plan = strategy_plan(problem, opts.strategy, lambda: fx_baselines(gm, problem))
+            elif opts.max_tensor_parallel > 1:  # NOTE [tensor-parallel degree choice]
+                tp, plan = choose_tp(gm, problem, cluster, opts.max_tensor_parallel, groups, training is not None, echo,
+                                     lambda p: solve(p, time_limit_s=opts.time_limit_s, seed=opts.seed, gap=opts.gap,
+                                                     check_certificate=opts.check_certificate))
+                problem = tp.problem if tp is not None else problem
             else:
                 plan = solve(problem, time_limit_s=opts.time_limit_s, seed=opts.seed, gap=opts.gap,
                              log_callback=progress.solver if progress.active else None,
@@ -395,29 +419,37 @@ def compile_model(spec: ModelSpec, cluster_spec: str | Cluster, out: Path, opts:
             echo(f"solve: {solve_s * 1e3:.1f} ms ({plan.solver_status})")
         with times.step("verify"):
             verify_plan(problem, plan)
+        if tp is not None and on_meta:  # NOTE [weight manifests]: shard-weights fills whole tensors only
+            raise tp_on_meta(tp.sharding.degree)
         mark_stages(gm, pm, plan.stage_of, groups)
         # 4. Cut the graph into stages and write one rank directory per stage.
         with times.step("split"):
-            stages = split_stages(gm, plan.stage_of, len(plan.device_of_stage), groups)
-        files = write_rank_dirs(tmp, [stages], [plan], spec.model, inputs, pt2=opts.pt2 and not on_meta,
-                                checkpoint_names=names if on_meta else None, times=times)
+            stages = split_stages(gm, plan.stage_of, len(plan.slot_of_stage), groups)
+        ranks = tp.rank_graphs(stages) if tp is not None else stages  # NOTE [tensor-parallel stages]
+        files = write_rank_dirs(tmp, [ranks], [plan], spec.model, inputs, pt2=opts.pt2 and not on_meta and tp is None,
+                                checkpoint_names=names if on_meta else None, times=times,
+                                own_weights=set(tp.sharding.weights) if tp is not None else set())
         stage_flops, forward_ns = stage_sums(gm, plan, groups)
+        shown = plan  # plan.json's: a TP stage lists its group's devices (NOTE [tensor-parallel stages])
+        if tp is not None:
+            shown, forward_ns = tp.with_groups(plan)
         stage_params = [sum(problem.weights[w] for w in s.weights.values()) for s in stages]
         with times.step("baselines"):  # what other tools would plan, in the same cost model
             baselines = baselines_json(problem, plan, compute_baselines(problem) + fx_baselines(gm, problem),
                                        opts.microbatches, opts.schedule)  # NOTE [simulated ratios]
         layers = round_to_layers(problem, plan)  # what `hetpart export` writes for layer-level frameworks
         report = plan_report(
-            spec, cluster, opts, plan, microbatch_size, stage_flops=stage_flops, stage_param_bytes=stage_params,
+            spec, cluster, opts, shown, microbatch_size, stage_flops=stage_flops, stage_param_bytes=stage_params,
             forward_ns=forward_ns if training is not None else None,
             model_sha256=model_sha256, on_meta=on_meta, gm_meta=gm.meta, baselines=baselines,
             emulation=emulation_record(problem, cluster, profiles),
             layers=layers.to_json() if layers is not None else None)
         pj = report.to_json()
         write_json(tmp / "plan.json", pj)
+        rank_devices = plan.device_of_stage if tp is None else [n for s in shown.stages for n in s.devices]
         planned = [PlannedDevice(d.name, d.type.name, d.machine)
-                   for d in (next(c for c in cluster.devices if c.name == n) for n in plan.device_of_stage)]
-        man = manifest(stages, files, planned)
+                   for d in (next(c for c in cluster.devices if c.name == n) for n in rank_devices)]
+        man = manifest(ranks, files, planned) if tp is None else tp.manifest(manifest(ranks, files, planned), ranks)
         finish_artifacts(tmp, man, report, gm, pm, solve_s, times, sign_key)  # 5. and the page
     return CompileResult(out=out, plan=plan, problem=problem, plan_json=pj, report=report)
 

@@ -12,6 +12,7 @@ import textwrap
 import torch
 
 from hetpart.codegen.split import StageGraph, shared_weights_file
+from hetpart.codegen.tp import TP_FUNCTIONS, TP_SOURCE
 
 # Names FX's codegen may reference, and how a standalone file defines them.
 _PRELUDE = {
@@ -40,8 +41,9 @@ def stage_source(stage: StageGraph, header: str, param_attrs: set[str]) -> str:
     code = stage.gm.graph.python_code(root_module="self")
     body = code.src.strip("\n")
     used = [n for n in sorted(code.globals) if n in body.replace("def forward", "")]
-    lines = [_global_line(n, code.globals[n]) for n in used]
+    lines = [_global_line(n, code.globals[n]) for n in used if n not in TP_FUNCTIONS]
     prelude = "".join(f"{line}\n" for line in lines if line)
+    prelude += TP_SOURCE if set(used) & set(TP_FUNCTIONS) else ""  # NOTE [tensor-parallel stages]
     weights = "\n".join(
         f"    {attr!r}: ({fqn!r}, {'True' if attr in param_attrs else 'False'}),"
         for attr, fqn in stage.weights.items()

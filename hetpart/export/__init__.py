@@ -47,6 +47,9 @@ def export_plan(out: Path, fmt: str, out_file: Path | None = None, key: Path | N
 
     manifest = load_manifest(out, read_key(key, out) if key is not None else None)
     pj = read_plan(out, manifest).to_json()  # checked by the one loader (NOTE [plan.json fields])
+    if "tensor_parallel" in manifest["mesh"]:  # NOTE [tensor-parallel stages]
+        raise HetpartError(f"{out}: a tensor-parallel plan (each stage on a TP group) cannot be exported yet; "
+                           "partition without --tensor-parallel to export")
     result = export_text(pj, fmt, out_file)
     if out_file is not None:
         if out_file.is_dir():

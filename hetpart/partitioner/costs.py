@@ -140,6 +140,19 @@ def allreduce_ns(link: Link, nbytes: int, ranks: int, buckets: int = 1) -> int:
     return 2 * (ranks - 1) * link.latency_ns * max(1, buckets) + -(-moved * 1000 // bw)
 
 
+def allgather_ns(link: Link, nbytes: int, ranks: int) -> int:
+    """A ring all-gather of a tensor of `nbytes` (whole) among `ranks` over `link`: each rank sends and receives
+    (r-1)/r of the bytes in r-1 steps that each pay the latency; one rank, or nothing, costs nothing.
+
+        >>> allgather_ns(Link(bandwidth_bytes_per_us=1000, latency_ns=10), 4000, 4)  # 3000 bytes, 3 steps
+        3030
+    """
+    if ranks <= 1 or nbytes <= 0:
+        return 0
+    moved = -(-(ranks - 1) * nbytes // ranks)
+    return (ranks - 1) * link.latency_ns + -(-moved * 1000 // link.bandwidth_bytes_per_us)
+
+
 def machine_link(problem: Problem, machine_a: str, machine_b: str) -> Link:
     """The link between a slot on `machine_a` and one on `machine_b`: the machine's intra-node
     link when they are the same machine, else the network."""
@@ -264,6 +277,16 @@ def stage_memory_bytes(problem: Problem, activation_bytes: Any, held: Mapping[st
     """
     weights = sum(held_weight_bytes(problem, w) * on for w, on in sorted(held.items()))
     return stash_microbatches(problem, stage, num_stages) * activation_bytes + weights
+
+
+def tp_shard_bytes(nbytes: int, degree: int) -> int:
+    """Bytes of one rank's part of a tensor split in `degree` (NOTE [tensor-parallel costs] in passes/tp_lower.py):
+    a weight, its training state or an activation; rounded up.
+
+        >>> tp_shard_bytes(1000, 3)
+        334
+    """
+    return -(-nbytes // max(1, degree))
 
 
 def stage_activation_bytes(problem: Problem, nodes: Iterable[str]) -> int:

@@ -77,6 +77,10 @@ class Device:
 # (a gradient all-reduce, a TP all-reduce per op) in `stage_time_ns`; (3) the search-free bounds
 # (bounds.py), which count devices per type and must not overcount what a group of them runs.
 # Engines iterate slots and take every coefficient from costs.py, so they need no other change.
+# Tensor parallelism (issue 20) does not add a kind yet: with one degree per plan, lowering makes each
+# TP group one device of its own type key `<type>/tp<t>` with per-rank costs (NOTE [tensor-parallel
+# costs] in passes/tp_lower.py), so every engine, bound and the verifier apply to it exactly; degrees
+# mixed in one plan would need a "tp" kind whose memory terms differ per slot.
 SLOT_KINDS = ("device",)
 
 

@@ -72,7 +72,7 @@ def stage_text(out: Path, manifest: dict[str, Any], plan: PlanReport, stage: int
         raise HetpartError(f"manifest.json lists no sha256 for {entry['dir']}/stage.py; re-run `hetpart partition`")
     text = check_file(out, f"{entry['dir']}/stage.py", digest, f"rank {entry['rank']}: ", read=True)
     where = (f"stage {entry['stage']} of pipeline {entry['pipeline']}" if "pipeline" in entry
-             else f"stage {stage} of {len(manifest['ranks'])}")
+             else f"stage {stage} of {len(plan.stages)}")
     head = [f"# rank {entry['rank']}, {where}: planned on {cost.device} "
             f"({cost.device_type}), {cost.predicted_time_us} us per microbatch",
             f"# file: {source}"]
@@ -87,7 +87,8 @@ def inspect_json(out: Path, manifest: dict[str, Any], plan: PlanReport) -> dict[
     step = simulated_step(plan)
     stages = []
     for k, s in enumerate(plan.stages):
-        entry = ranks[k] if k < len(ranks) else {}
+        entry = next((e for e in ranks if e["stage"] == k and "pipeline" not in e),  # a TP stage: its TP rank 0
+                     ranks[k] if k < len(ranks) else {})
         stages.append({**as_json(s), "transfer_us": round(transfer_us(s), 3),
                        "share_of_bottleneck": round(share_of_bottleneck(plan, s), 6),
                        "dir": entry.get("dir"), "inputs": entry.get("inputs", []),

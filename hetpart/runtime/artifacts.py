@@ -185,8 +185,13 @@ def mesh_pipelines(manifest: dict[str, Any]) -> list[MeshPipeline]:
 
 
 def rank_pipeline(manifest: dict[str, Any], rank: int) -> MeshPipeline:
-    """The pipeline that `rank` of a checked manifest runs a stage of."""
-    return mesh_pipelines(manifest)[manifest["ranks"][rank].get("pipeline", 0)]
+    """The pipeline that `rank` of a checked manifest runs a stage of (a TP rank: its lane's group)."""
+    pipe = mesh_pipelines(manifest)[manifest["ranks"][rank].get("pipeline", 0)]
+    if "tensor_parallel" in manifest["mesh"]:  # NOTE [tensor-parallel stages]
+        from hetpart.runtime.tp import lane_group
+
+        pipe = dataclasses.replace(pipe, group=lane_group(manifest, rank))
+    return pipe
 
 
 def _check_mesh(path: Path, mesh: Any, ranks: list[dict[str, Any]]) -> None:
@@ -197,6 +202,10 @@ def _check_mesh(path: Path, mesh: Any, ranks: list[dict[str, Any]]) -> None:
         return (isinstance(value, list) and all(isinstance(r, int) and not isinstance(r, bool) for r in value)
                 and value == sorted(set(value)) and all(0 <= r < len(ranks) for r in value))
 
+    if isinstance(mesh, dict) and "tensor_parallel" in mesh:  # NOTE [tensor-parallel stages]
+        from hetpart.runtime.tp import check_tp_mesh
+
+        return check_tp_mesh(path, mesh, ranks)
     several = isinstance(mesh, dict) and "pipelines" in mesh
     if not (isinstance(mesh, dict) and isinstance(mesh.get("pipelines" if several else "stages"), list)
             and isinstance(mesh.get("groups"), list) and isinstance(mesh.get("rank_groups"), list)):

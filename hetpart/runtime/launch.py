@@ -34,7 +34,8 @@ from hetpart.fsio import atomic_write, exclusive_file, fresh_dir
 from hetpart.plan_report import PlanReport, as_json
 from hetpart.frontend import ModelSpec, check_example_batch, load_model
 from hetpart.frontend.hf import HFModel, OutputStructure
-from hetpart.runtime.artifacts import check_rank_files, dim_size, load_manifest, read_json, symbol_sizes
+from hetpart.runtime.artifacts import check_rank_files, dim_size, load_manifest, symbol_sizes
+from hetpart.runtime.tp import whole_weights
 from hetpart.runtime.artifacts import check_listed_files, mesh_pipelines, model_spec_for_run, read_plan
 from hetpart.runtime.checkpoint import CheckpointFlags, run_checkpoints, with_resume_commands
 from hetpart.runtime.emulate import emulated, emulation_plan, find_hierarchy
@@ -69,8 +70,9 @@ def reference_model(out: Path, manifest: dict, spec: ModelSpec) -> tuple[torch.n
     """The unpartitioned model with the artifacts' weights, and the example inputs."""
     module, inputs = load_model(spec)
     shipped: dict[str, torch.Tensor] = {}
-    for entry in manifest["ranks"]:
-        shipped.update(load_file(str(check_rank_files(out, entry) / "weights.safetensors")))
+    loaded = [load_file(str(check_rank_files(out, entry) / "weights.safetensors")) for entry in manifest["ranks"]]
+    for tensors in whole_weights(loaded, manifest):  # a TP stage's split weights, put together
+        shipped.update(tensors)
     state = module.state_dict(keep_vars=True)
     alias: dict[int, str] = {}
     for key, tensor in state.items():  # tied weights ship under one of their names
@@ -329,10 +331,11 @@ def measurement(io_dir: Path, world: int, m: int, plan: PlanReport, opts: "RunOp
         data = json.loads((io_dir / f"timing{rank}.json").read_text())
         forwards = [t for step in data["forward_s"][keep] for t in step[-m:]]
         cpu = [t for step in data["forward_cpu_s"][keep] for t in step[-m:]]
-        planned = plan.stages[rank]
+        per_stage = world // len(plan.stages) if not plan.pipelines else 1  # a TP stage's ranks: rank // T
+        planned = plan.stages[rank // per_stage]
         stages.append({
             "index": rank,
-            "device": planned.device,
+            "device": planned.devices[rank % per_stage] if per_stage > 1 else planned.device,
             "measured_time_us": round(statistics.median(forwards) * 1e6, 3),
             # CPU time of the rank's thread: its own compute, without waiting for a core that
             # other ranks (or other jobs) share (NOTE [measured CPU time])
@@ -422,8 +425,8 @@ def _check_options(opts: RunOptions, batch_size: int, world: int, m: int, manife
                                f"pipeline {short[0].index} has {len(short[0].stages)} stages and "
                                f"{short[0].microbatches} microbatch(es): run with --schedule gpipe, or partition "
                                "again with a --pipeline-microbatches that gives it more")
-    elif opts.schedule == "1f1b" and m < world:
-        raise HetpartError(f"--schedule 1f1b needs at least as many microbatches as stages ({world}); "
+    elif opts.schedule == "1f1b" and m < (stages := len(pipelines[0].stages) if pipelines else world):
+        raise HetpartError(f"--schedule 1f1b needs at least as many microbatches as stages ({stages}); "
                            f"got --microbatches {m}")
     if opts.steps < 1:
         raise HetpartError(f"--steps must be >= 1 (got {opts.steps})")

@@ -33,6 +33,7 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGP
 
 from hetpart.errors import HetpartError
 from hetpart.runtime.checkpoint import CheckpointRun
+from hetpart.runtime import tp
 from hetpart.runtime.artifacts import dim_size, load_manifest, load_stage, rank_pipeline, read_plan, symbol_sizes
 from hetpart.trust import read_key
 
@@ -45,6 +46,8 @@ SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 # HETPART_TEST_BREAK_GRAD_SYNC=scale|sync breaks NOTE [pipelines gradients] on purpose (each
 # pipeline's own mean instead of the global batch's; no all-reduce), so tests/runtime/
 # test_pipelines_run.py can check that `--verify` then fails. Tests only.
+# HETPART_TEST_BREAK_TP=shard|copy breaks a tensor-parallel stage (runtime/tp.py `break_for_test`:
+# TP rank 1 doubles its shards' gradients; codegen/tp.py's TP_SOURCE: f's backward all-reduce is left out).
 
 
 def training_loss(output: torch.Tensor | tuple[torch.Tensor, ...], target: torch.Tensor) -> torch.Tensor:
@@ -138,7 +141,7 @@ def mesh_groups(manifest: dict, training: bool) -> dict[str, dist.ProcessGroup]:
     rank creates every group, in the mesh's order, as torch.distributed requires; the `weights` groups only
     in training, where their gradients are summed."""
     return {g["name"]: dist.new_group(g["ranks"]) for g in manifest["mesh"]["groups"]
-            if g["kind"] == "pipeline" or training}
+            if g["kind"] in ("pipeline", "tp") or training}
 
 
 def shared_weight_groups(manifest: dict) -> list[tuple[tuple[int, ...], list[str]]]:
@@ -216,6 +219,7 @@ def run_rank(out: Path, io_dir: Path, mode: str, schedule_name: str, microbatche
     boundary = Boundary(module)
     mesh = manifest["mesh"]
     groups = mesh_groups(manifest, training)
+    tp.attach_group(module, manifest, entry, groups)  # NOTE [tensor-parallel stages]
     pipe = rank_pipeline(manifest, rank)
     pipeline = next(g for g in mesh["groups"] if g["name"] == pipe.group)
     share = pipe.microbatches or microbatches  # this pipeline's microbatches of the global batch
@@ -260,10 +264,11 @@ def run_rank(out: Path, io_dir: Path, mode: str, schedule_name: str, microbatche
             result = schedule.step(*args, **kwargs)
         if training:
             sync_gradients(module, shared, process_groups, microbatches, share)  # NOTE [pipelines gradients]
+            tp.break_for_test(module, manifest, entry, _weight_names(module))  # NOTE [test-only crash hook]
         step_seconds.append(time.perf_counter() - start)
         forwards_per_step.append(boundary.forward_seconds[seen:])
         forward_cpu_per_step.append(boundary.forward_cpu_seconds[seen:])
-        if step == 0 and last:
+        if step == 0 and last and tp.tp_rank(entry) == 0:  # a TP stage's ranks have equal outputs
             outputs = result if isinstance(result, tuple) else (result,)
             names = [o["name"] for o in entry["outputs"]]
             save_file({n: t.detach().cpu().contiguous() for n, t in zip(names, outputs)},
@@ -272,6 +277,7 @@ def run_rank(out: Path, io_dir: Path, mode: str, schedule_name: str, microbatche
             names = _weight_names(module)
             grads = {names[attr]: p.grad.detach().cpu().contiguous()
                      for attr, p in module.named_parameters() if p.grad is not None}
+            grads = tp.gather_shards(grads, manifest, entry, groups, device)  # whole, for --verify
             save_file(grads, str(io_dir / f"grads{rank}.safetensors"))
         if optimizer is not None:
             optimizer.step()
@@ -282,8 +288,8 @@ def run_rank(out: Path, io_dir: Path, mode: str, schedule_name: str, microbatche
                   str(io_dir / f"losses{rank}.safetensors"))  # [steps, this pipeline's microbatches]
     if dump_weights and training:
         names = _weight_names(module)
-        save_file({names[attr]: p.detach().cpu().contiguous() for attr, p in module.named_parameters()
-                   if attr in names}, str(io_dir / f"weights{rank}.safetensors"))
+        dumped = {names[attr]: p.detach().cpu().contiguous() for attr, p in module.named_parameters() if attr in names}
+        save_file(tp.gather_shards(dumped, manifest, entry, groups, device), str(io_dir / f"weights{rank}.safetensors"))
     if rank == world - 1:
         (io_dir / "step_seconds").write_text("\n".join(f"{s}" for s in step_seconds) + "\n")
     (io_dir / f"timing{rank}.json").write_text(json.dumps({"step_s": step_seconds, "forward_s": forwards_per_step,

@@ -1,0 +1,147 @@
+"""A tensor-parallel rank at run time: its TP group, its lane of the pipeline, gathered shards for --verify.
+
+NOTE [tensor-parallel stages] in codegen/tp.py says what each rank runs; the manifest's
+`mesh.tensor_parallel` records each stage's TP group (ranks, degree, each split weight's dim
+and parts), which `check_tp_mesh` checks before any rank starts.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from hetpart.errors import HetpartError
+
+EDITED = "; the manifest was edited or is damaged: partition again"
+
+
+def is_tp(manifest: dict[str, Any]) -> bool:
+    """Whether the plan runs tensor-parallel stages."""
+    return "tensor_parallel" in manifest["mesh"]
+
+
+def check_tp_mesh(path: Path, mesh: dict[str, Any], ranks: list[dict[str, Any]]) -> None:
+    """A TP mesh (NOTE [tensor-parallel stages]): stage k's ranks are its TP group, one pipeline group per TP
+    index holding that index of every stage, a TP entry per stage with its weights' split dims, and each rank's
+    `tp` place. Raises naming the first disagreement."""
+    stages, groups, tp = mesh.get("stages"), mesh.get("groups"), mesh.get("tensor_parallel")
+    if not (isinstance(stages, list) and isinstance(groups, list) and isinstance(tp, list) and stages
+            and all(isinstance(s, list) and s for s in stages)):
+        raise HetpartError(f"{path}: a tensor-parallel mesh needs stages, groups and tensor_parallel{EDITED}")
+    degree = len(stages[0])
+    if sorted(r for s in stages for r in s) != list(range(len(ranks))) or any(len(s) != degree for s in stages):
+        raise HetpartError(f"{path}: mesh.stages must give each stage {degree} ranks, every rank once{EDITED}")
+    by_name = {g.get("name"): g for g in groups if isinstance(g, dict)}
+    if len(by_name) != len(groups) or any(g.get("kind") not in ("pipeline", "tp", "weights") for g in groups):
+        raise HetpartError(f"{path}: mesh.groups must be uniquely named pipeline, tp or weights groups{EDITED}")
+    for j in range(degree):
+        lane = by_name.get(f"pipeline-tp{j}")
+        if lane is None or lane.get("kind") != "pipeline" or lane.get("ranks") != [s[j] for s in stages]:
+            raise HetpartError(f"{path}: mesh.groups needs pipeline-tp{j} holding TP rank {j} of every stage{EDITED}")
+    if len(tp) != len(stages):
+        raise HetpartError(f"{path}: mesh.tensor_parallel needs one entry per stage{EDITED}")
+    for k, (entry, s) in enumerate(zip(tp, stages)):
+        group = by_name.get(entry.get("group")) if isinstance(entry, dict) else None
+        weights = entry.get("weights") if isinstance(entry, dict) else None
+        if (group is None or group.get("kind") != "tp" or group.get("ranks") != s or entry.get("ranks") != s
+                or entry.get("stage") != k or entry.get("degree") != degree or not isinstance(weights, dict)
+                or not all(isinstance(w, dict) and isinstance(w.get("dim"), int) and w["dim"] >= 0
+                           and isinstance(w.get("chunks"), int) and w["chunks"] >= 1 for w in weights.values())):
+            raise HetpartError(f"{path}: mesh.tensor_parallel[{k}] must be stage {k}'s TP group (its ranks {s}, "
+                               f"degree {degree}, a tp group) with each split weight's dim and chunks{EDITED}")
+        for r in s:
+            place = ranks[r].get("tp")
+            if place != {"rank": s.index(r), "degree": degree, "group": entry["group"]} or ranks[r]["stage"] != k:
+                raise HetpartError(f"{path}: ranks[{r}].tp must be TP rank {s.index(r)} of {degree} in "
+                                   f"{entry['group']}, running stage {k}{EDITED}")
+            unknown = sorted(set(weights) - set(ranks[r]["weights"]))
+            if unknown:
+                raise HetpartError(f"{path}: mesh.tensor_parallel[{k}] splits {unknown[:3]}, which rank {r} does "
+                                   f"not hold{EDITED}")
+    expected = [[g["name"] for g in groups if r in g.get("ranks", [])] for r in range(len(ranks))]
+    if mesh.get("rank_groups") != expected:
+        raise HetpartError(f"{path}: mesh.rank_groups must list the groups holding each rank ({expected}){EDITED}")
+
+
+def lane_group(manifest: dict[str, Any], rank: int) -> str:
+    """The pipeline group of `rank`'s TP index (its lane): the peers it sends to and receives from."""
+    return f"pipeline-tp{manifest['ranks'][rank]['tp']['rank']}"
+
+
+def tp_rank(entry: dict[str, Any]) -> int:
+    """This rank's place in its TP group (0 outside tensor parallelism)."""
+    return entry.get("tp", {}).get("rank", 0)
+
+
+def _stage_tp(manifest: dict[str, Any], entry: dict[str, Any]) -> dict[str, Any] | None:
+    return manifest["mesh"]["tensor_parallel"][entry["stage"]] if is_tp(manifest) else None
+
+
+def attach_group(module: torch.nn.Module, manifest: dict[str, Any], entry: dict[str, Any],
+                 groups: dict[str, dist.ProcessGroup]) -> None:
+    """Point the stage.py's collectives (`TP_GROUP`) at this stage's TP process group."""
+    stage_tp = _stage_tp(manifest, entry)
+    if stage_tp is not None:
+        sys.modules[type(module).__module__].TP_GROUP = groups[stage_tp["group"]]
+
+
+def gather_shards(tensors: dict[str, torch.Tensor], manifest: dict[str, Any], entry: dict[str, Any],
+                  groups: dict[str, dist.ProcessGroup], device: torch.device) -> dict[str, torch.Tensor]:
+    """`tensors` (weight FQN -> this rank's value or gradient) with each split weight's parts gathered from
+    the TP group into the whole tensor, for --verify against the unpartitioned model. Every TP rank of the
+    stage calls it with the same names (it runs collectives, on `device`: nccl gathers GPU tensors only)."""
+    from hetpart.codegen.tp import unshard_tensor
+    from hetpart.passes.tensor_parallel import WeightShard
+
+    stage_tp = _stage_tp(manifest, entry)
+    if stage_tp is None:
+        return tensors
+    out = dict(tensors)
+    for name in sorted(stage_tp["weights"]):
+        if name not in tensors:
+            continue
+        part = tensors[name].to(device).contiguous()
+        parts = [torch.empty_like(part) for _ in stage_tp["ranks"]]
+        dist.all_gather(parts, part, group=groups[stage_tp["group"]])
+        spec = stage_tp["weights"][name]
+        out[name] = unshard_tensor(parts, WeightShard(spec["dim"], spec["chunks"])).to(tensors[name].device)
+    return out
+
+
+def whole_weights(loaded: list[dict[str, torch.Tensor]], manifest: dict[str, Any]) -> list[dict[str, torch.Tensor]]:
+    """Each rank's weights.safetensors (`loaded[r]`) with every split weight whole again: its TP group's parts
+    put together (NOTE [tensor-parallel stages]); the reference model of --verify loads them."""
+    if not is_tp(manifest):
+        return loaded
+    from hetpart.codegen.tp import unshard_tensor
+    from hetpart.passes.tensor_parallel import WeightShard
+
+    out = [dict(t) for t in loaded]
+    for stage_tp in manifest["mesh"]["tensor_parallel"]:
+        for name, spec in stage_tp["weights"].items():
+            parts = [loaded[r][name] for r in stage_tp["ranks"] if name in loaded[r]]
+            if len(parts) == len(stage_tp["ranks"]):
+                for r in stage_tp["ranks"]:
+                    out[r][name] = unshard_tensor(parts, WeightShard(spec["dim"], spec["chunks"]))
+    return out
+
+
+def break_for_test(module: torch.nn.Module, manifest: dict[str, Any], entry: dict[str, Any],
+                   names: dict[str, str]) -> None:
+    """HETPART_TEST_BREAK_TP=shard (tests only, NOTE [test-only crash hook] in worker.py): TP rank 1 doubles its
+    split weights' gradients, so that `--verify` must fail on exactly those shards."""
+    stage_tp = _stage_tp(manifest, entry)
+    if os.environ.get("HETPART_TEST_BREAK_TP") != "shard" or stage_tp is None or tp_rank(entry) != 1:
+        return
+    for attr, p in module.named_parameters():
+        if names.get(attr) in stage_tp["weights"] and p.grad is not None:
+            p.grad.mul_(2)
+
+
+__all__ = ["attach_group", "break_for_test", "check_tp_mesh", "gather_shards", "is_tp", "lane_group", "tp_rank",
+           "whole_weights"]

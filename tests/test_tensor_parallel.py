@@ -1,0 +1,190 @@
+"""Tensor-parallel stages (issue 20) without torchrun: the sharding found on the graph, the shards, the TP costs.
+
+The torchrun runs (outputs, gradients and weights against the model; a broken shard failing) are
+tests/runtime/test_tp_run.py.
+"""
+
+import networkx as nx
+import pytest
+import torch
+
+from hetpart.codegen.tp import shard_tensor, unshard_tensor
+from hetpart.compile import analyze
+from hetpart.devices import load_cluster
+from hetpart.frontend import ModelSpec
+from hetpart.partitioner import solve
+from hetpart.partitioner.costs import allreduce_ns, tp_shard_bytes
+from hetpart.partitioner.problem import COLOCATE, TIME_NS
+from hetpart.passes import lower_to_problem
+from hetpart.passes.lower import TrainingSpec, group_of
+from hetpart.passes.tensor_parallel import WeightShard, analyse
+from hetpart.passes.tp_lower import lower_tensor_parallel, tp_groups
+from hetpart.tensor_parallel import check_tp_options
+from hetpart.errors import HetpartError
+
+GPT = {"n_layer": "2", "n_embd": "64", "vocab_size": "128", "block_size": "32"}
+LLAMA = {"n_layers": "2", "dim": "64", "vocab_size": "128", "ffn_hidden": "96", "n_heads": "4", "n_kv_heads": "2"}
+
+
+def _graph(model: str, sets: dict, mode: str = "inference"):
+    return analyze(ModelSpec(model, dict(sets), 4, 16), load_cluster("preset:cpu-4"), 2, echo=lambda s: None,
+                   mode=mode).gm
+
+
+@pytest.fixture(scope="module")
+def gpt():
+    return _graph("zoo:gpt-small", GPT, mode="training")
+
+
+def test_gpt_attention_by_heads_and_mlp_pairs_with_the_fused_qkv_split_by_parts(gpt):
+    plan = analyse(gpt, 2)
+    assert len(plan.regions) == 4  # attention and MLP of each of the 2 blocks
+    for b in range(2):
+        assert plan.weights[f"blocks.{b}.attn.qkv.weight"] == WeightShard(0, chunks=3)  # rows of q, k and v
+        assert plan.weights[f"blocks.{b}.attn.qkv.bias"] == WeightShard(0, chunks=3)
+        assert plan.weights[f"blocks.{b}.attn.proj.weight"] == WeightShard(1)
+        assert plan.weights[f"blocks.{b}.mlp.fc.weight"] == WeightShard(0)
+        assert plan.weights[f"blocks.{b}.mlp.proj.weight"] == WeightShard(1)
+        assert f"blocks.{b}.attn.proj.bias" not in plan.weights  # added once, after the all-reduce
+    # The tied embedding / LM head (read twice) and the layer norms stay replicated.
+    assert not any(w.startswith(("wte", "wpe", "lm_head", "ln_f")) or ".ln_" in w for w in plan.weights)
+    assert len(plan.reduce_after) == 4 and len(plan.copy_before) == 4  # one g and one f per region
+    heads = {n for n, edits in plan.arg_edits.items() if edits == ((1, 2),)}
+    assert len(heads) == 8  # q, k, v views and the merge of the heads, per block
+    at_4 = analyse(gpt, 4)
+    assert len(at_4.regions) == 4 and at_4.weights == plan.weights
+    at_8 = analyse(gpt, 8)  # 8 heads, 64 wide: attention splits 8 ways, the MLP's 256 too
+    assert len(at_8.regions) == 4
+
+
+def test_llama_gqa_attention_and_swiglu_are_split():
+    """zoo:llama (hf:llama, the same shape through transformers, runs in tests/runtime/test_tp_run.py)."""
+    gm, prefix = _graph("zoo:llama", LLAMA), "layers"
+    plan = analyse(gm, 2)
+    assert len(plan.regions) == 5  # attention and MLP per layer, and the untied LM head (vocab-parallel)
+    columns = sorted(c for cs in plan.copy_before.values() for c in cs)
+    assert len(columns) == 11  # q, k, v and gate, up per layer, the LM head
+    assert sorted(len(cs) for cs in plan.copy_before.values()) == [1, 2, 2, 3, 3]  # one f per shared input
+    assert plan.weights["output.weight"] == WeightShard(0) and list(plan.gather_before_output.values()) == [2]
+    # The gathered LM head pays its ring all-gather on top of its shard's time.
+    from hetpart.ir import info
+    from hetpart.partitioner.costs import allgather_ns
+    from hetpart.passes.tp_lower import _link
+
+    cluster, groups = load_cluster("preset:cpu-4"), group_of(gm)
+    tp, _ = lower_tensor_parallel(lower_to_problem(gm, cluster, None, groups), gm, cluster, plan, groups, False)
+    (head,) = [n for n in gm.graph.nodes if n.name in plan.gather_before_output]
+    gather_ns = allgather_ns(_link(cluster.machines[0].link), info(head).out_bytes, 2)
+    assert gather_ns > 0 and tp.graph.nodes[groups[head.name]][TIME_NS]["cpu/tp2"] >= gather_ns
+    split = sorted(w for w in plan.weights if w.startswith(prefix + ".0."))
+    assert len(split) == 7 and all(plan.weights[w].chunks == 1 for w in split)
+    # 2 key/value heads shared by 4 query heads: at 4 ways the kv heads do not divide, attention stays whole.
+    at_4 = analyse(gm, 4)
+    assert len(at_4.regions) == 3 and all("attn" not in w and "attention" not in w for w in at_4.weights)
+
+
+def test_a_split_value_reaching_an_op_without_a_rule_keeps_its_linears_replicated():
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(8, 16), torch.nn.Linear(16, 8)
+            self.c, self.d = torch.nn.Linear(8, 16), torch.nn.Linear(16, 8)
+
+        def forward(self, x):
+            y = self.b(torch.relu(self.a(x)))  # a pair
+            z = self.c(y)
+            out = self.d(torch.sort(z, dim=-1).values)  # sort has no rule
+            return torch.softmax(out, dim=-1) + z.sum(-1, keepdim=True)  # nor softmax along the split dim
+
+    gm = torch.export.export(M(), (torch.randn(2, 8),)).module()
+    plan = analyse(gm, 2)
+    assert sorted(plan.weights) == ["a.bias", "a.weight", "b.weight"]
+    assert len(plan.regions) == 1
+
+
+def test_shards_put_back_together_are_the_tensor():
+    w = torch.randn(12, 6)
+    for shard in (WeightShard(0), WeightShard(0, chunks=3), WeightShard(1)):
+        for t in (1, 2, 3) if shard.chunks == 1 else (1, 2):
+            parts = [shard_tensor(w, shard, r, t) for r in range(t)]
+            assert all(p.numel() == w.numel() // t for p in parts)
+            assert torch.equal(unshard_tensor(parts, shard), w)
+    # chunks: rank 0 of 2 holds the first half of each of q, k, v
+    assert shard_tensor(torch.arange(12), WeightShard(0, 3), 0, 2).tolist() == [0, 1, 4, 5, 8, 9]
+
+
+def test_tp_costs_shard_time_collectives_memory_and_regions_in_one_stage(gpt):
+    cluster = load_cluster("preset:cpu-4")
+    training = TrainingSpec("1f1b", 2, 8)
+    groups = group_of(gpt)
+    problem = lower_to_problem(gpt, cluster, training, groups)
+    plan = analyse(gpt, 2)
+    tp, slots = lower_tensor_parallel(problem, gpt, cluster, plan, groups, training=True)
+    assert [s.devices for s in slots] == [("local/0", "local/1"), ("local/2", "local/3")]
+    assert [d.type for d in tp.devices] == ["cpu/tp2", "cpu/tp2"]
+    # Split weights, their gradients and optimizer state are halved; replicated ones whole.
+    for w, b in problem.weights.items():
+        assert tp.weights[w] == (tp_shard_bytes(b, 2) if w in plan.weights else b)
+        assert tp.training.state_bytes.get(w) == (tp_shard_bytes(problem.training.state_bytes[w], 2)
+                                                  if w in plan.weights else problem.training.state_bytes.get(w))
+    # A row linear pays its forward all-reduce on top of its shard's time; an op outside every region is unchanged.
+    link = cluster.machines[0].link
+    from hetpart.passes.tp_lower import _link
+    from hetpart.ir import info
+    nodes = {n.name: n for n in gpt.graph.nodes}
+    row = plan.reduce_after[0]
+    reduce_ns = allreduce_ns(_link(link), info(nodes[row]).out_bytes, 2)
+    assert reduce_ns > 0 and tp.graph.nodes[groups[row]][TIME_NS]["cpu/tp2"] >= reduce_ns
+    ln = next(n for n in gpt.graph.nodes if n.target is torch.ops.aten.layer_norm.default)
+    assert tp.graph.nodes[groups[ln.name]][TIME_NS]["cpu/tp2"] == problem.graph.nodes[groups[ln.name]][TIME_NS]["cpu"]
+    # Every region is one co-location group, so the solve never cuts through one.
+    for nodes_ in plan.regions:
+        names = {tp.graph.nodes[groups[n]].get(COLOCATE) for n in nodes_ if n in groups}
+        assert len(names) == 1 and None not in names
+    result = solve(tp, time_limit_s=10)
+    for nodes_ in plan.regions:
+        assert len({result.stage_of[groups[n]] for n in nodes_ if n in groups}) == 1
+    assert nx.is_directed_acyclic_graph(tp.graph)
+
+
+def test_bad_tensor_parallel_options_are_refused():
+    with pytest.raises(HetpartError, match="expected one of 1, 2, 4, 8"):
+        check_tp_options(3, False, "optimal")
+    with pytest.raises(HetpartError, match="--pipelines or --parallel data is not supported"):
+        check_tp_options(2, True, "optimal")
+    with pytest.raises(HetpartError, match="no machine with 4 devices of one type"):
+        tp_groups(load_cluster("preset:cpu-2"), 4)
+
+
+def test_a_tp_plan_traced_on_meta_is_refused_and_nothing_is_written(tmp_path, capsys):
+    from hetpart.cli import main
+
+    out = tmp_path / "out"
+    sets = [x for k, v in GPT.items() for x in ("--set", f"{k}={v}")]
+    assert main(["partition", "zoo:gpt-small", *sets, "--cluster", "preset:cpu-4", "--batch-size", "4", "--seq-len",
+                 "16", "--microbatches", "2", "--meta", "--tensor-parallel", "2", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "shard-weights does not split checkpoints yet" in err and "Traceback" not in err
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+    with pytest.raises(HetpartError, match="pass one of them"):
+        check_tp_options(2, False, "optimal", max_degree=4)
+
+
+def test_max_tensor_parallel_solves_each_degree_and_keeps_the_best(tmp_path, capsys):
+    import json
+
+    from hetpart.cli import main
+
+    out = tmp_path / "out"
+    sets = [x for k, v in GPT.items() for x in ("--set", f"{k}={v}")]
+    assert main(["partition", "zoo:gpt-small", *sets, "--cluster", "preset:cpu-4", "--batch-size", "4", "--seq-len",
+                 "16", "--microbatches", "2", "--no-pt2", "--max-tensor-parallel", "2", "--out", str(out)]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("tensor parallel: "))
+    values = {int(part.split()[1].rstrip(":")): float(part.split()[2].replace(",", ""))
+              for part in line.split("; ") if part.startswith(("tensor parallel: degree", "degree"))
+              for part in [part.removeprefix("tensor parallel: ")]}
+    chosen = int(line.rsplit("chose degree ", 1)[1])
+    assert set(values) == {1, 2} and values[chosen] == min(values.values())
+    plan = json.loads((out / "plan.json").read_text())
+    assert abs(plan["bottleneck_us"] - values[chosen]) < 0.1
+    assert all(len(s["devices"]) == chosen for s in plan["stages"])
