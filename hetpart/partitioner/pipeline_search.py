@@ -20,11 +20,12 @@ from dataclasses import dataclass
 
 from hetpart.errors import HetpartError
 from hetpart.partitioner.pipeline_bounds import _supports, need_bytes, pipelines_lower_bound, sync_floor_ns
+from hetpart.partitioner.pipeline_layers import LayerProblem, layer_problem, solve_on_layers
 from hetpart.partitioner.pipeline_outer import (
     Candidate, _patterns, greedy_outer, realize, solve_outer, sync_estimates,
 )
 from hetpart.partitioner.pipelines import PipelinesPlan, cost_pipelines, pipelines_violations, sub_problem
-from hetpart.partitioner.problem import Plan, Problem
+from hetpart.partitioner.problem import MEM_BYTES, Plan, Problem
 from hetpart.partitioner.solve import SolveOptions, solve
 
 # NOTE [pipeline shapes]
@@ -37,7 +38,10 @@ from hetpart.partitioner.solve import SolveOptions, solve
 # several pipelines may share a machine (patterns, NOTE [outer program]); a pipeline of whole
 # machines plus part of another is not a shape (the bound still covers such plans, so the gap
 # shows what that leaves out). Shapes tried: every memory-feasible piece, and every count vector
-# of whole machines that holds the model with about one machine (or _SLACK) more than it needs;
+# of whole machines that holds the model with about one machine (or _SLACK) more than it needs --
+# under 1F1B what it needs is estimated with the stash (`stash_need_bytes`: stage k of S keeps
+# S - k microbatches, which on llama-70b doubles the memory a 24-stage pipeline needs; shapes
+# within _LOOSE of the estimate are tried, the DP says which fit);
 # longer ones at doubling sizes and all machines; ranked by
 # NOTE [pipelines bound]'s rate and fill of their support, and solved in that order (kinds taken
 # in turn) until the search's share of the time limit is spent.
@@ -45,6 +49,7 @@ from hetpart.partitioner.solve import SolveOptions, solve
 _MAX_SHAPES = 400  # shapes enumerated at most (ranked; the rest are not tried)
 _ROOMY = 1.15  # shapes with less memory than this times the model are solved after the others
 _SLACK = 1.3  # NOTE [pipeline shapes]: how much more memory than the model a short shape may have
+_LOOSE = 0.85  # ... and how much less than the stash estimate (the DP decides: 0.9 of it fitted on llama-70b)
 _EVERYTHING_FIRST = 128  # devices up to which the one-pipeline shape is solved first
 # A shape's solve gets at most this share of the limit (or _SHAPE_LIMIT_S): the DP finds the same plan
 # of 24 devices and 800 nodes in 1 s as in 5 s, and the outer program wants many shapes.
@@ -133,15 +138,20 @@ def enumerate_shapes(problem: Problem, kinds: list[MachineKind]) -> list[Shape]:
                 shapes.append(Shape(piece_kind=i, piece=piece))
     full = [_capacity(k, k.counts) for k in kinds]
     most = [len(k.machines) for k in kinds]
+    per_machine = [sum(k.counts) for k in kinds]
+    act = sum(problem.graph.nodes[v].get(MEM_BYTES, 0) for v in problem.graph.nodes)
+    want = lambda vec: stash_need_bytes(problem, need, act, sum(n * d for n, d in zip(vec, per_machine)))  # noqa: E731
     # The most machines one kind needs alone, plus one, bounds how many machines a vector has.
-    alone = [math.ceil(need / c) for c, n in zip(full, most) if c and math.ceil(need / c) <= n]
+    alone = [next((c for c in range(1, n + 1) if c * cap >= want([c if i == j else 0 for i in range(len(most))])),
+                  None) for j, (cap, n) in enumerate(zip(full, most))]
+    alone = [c for c in alone if c is not None]
     longest = min(sum(most), math.ceil((max(alone) if alone else sum(most)) * _SLACK) + 1)
     found: list[Shape] = []
     for vec in _vectors(most, longest):
         caps = sorted(full[j] for j in range(len(vec)) for _ in range(vec[j]))
-        # Memory-feasible, with about one machine more than it needs: without its two smallest, less
-        # than _SLACK times the model (per-stage memory -- the 1F1B stash, whole ops -- wants some room).
-        if sum(caps) >= need and (len(caps) <= 2 or sum(caps[2:]) < _SLACK * need):
+        # Memory-feasible (NOTE [pipeline shapes]: the stash estimate), with about one machine more than
+        # it needs: without its two smallest, less than _SLACK times that (whole ops want some room).
+        if sum(caps) >= _LOOSE * want(vec) and (len(caps) <= 2 or sum(caps[2:]) < _SLACK * want(vec)):
             found.append(Shape(machines=vec))
             if len(found) >= _MAX_SHAPES:
                 break
@@ -155,9 +165,20 @@ def enumerate_shapes(problem: Problem, kinds: list[MachineKind]) -> list[Shape]:
                 longer.add(tuple(t if i == j else 0 for i in range(len(most))))
     for vec in sorted(longer, key=lambda v: (sum(v), v)):
         cap = sum(c * n for c, n in zip(full, vec))
-        if sum(vec) > longest and cap >= need and Shape(machines=vec) not in found:
+        if sum(vec) > longest and cap >= min(need, _LOOSE * want(vec)) and Shape(machines=vec) not in found:
             found.append(Shape(machines=vec))
     return shapes + found
+
+
+def stash_need_bytes(problem: Problem, need: int, act_bytes: int, devices: int) -> float:
+    """NOTE [pipeline shapes]'s estimate (not a bound) of the memory a pipeline of `devices` stages needs:
+    `need` (one microbatch of activations) plus, under 1F1B, stage k of S stashing S - k microbatches,
+    (S + 1) / 2 on average when the activations spread evenly over the stages."""
+    t = problem.training
+    if t is None or t.schedule != "1f1b":
+        return float(need)
+    stages = min(devices, t.microbatches if problem.max_stages is None else min(t.microbatches, problem.max_stages))
+    return need + act_bytes * (stages - 1) / 2
 
 
 def _vectors(most: list[int], longest: int):
@@ -178,9 +199,13 @@ def _support_rate(problem: Problem, devices: tuple[str, ...], supports) -> tuple
     return a.fill_ns, max(a.largest_op_ns, a.work / lam_n if lam_n > 0 else math.inf)
 
 
-def _solve_shape(problem: Problem, devices: tuple[str, ...], m: int, opts: SolveOptions, limit_s: float) -> Plan | None:
-    """The shape's plan for `m` microbatches, or None when no plan fits its memory or it found none in time.
+def _solve_shape(problem: Problem, devices: tuple[str, ...], m: int, opts: SolveOptions, limit_s: float,
+                 layers: LayerProblem | None = None) -> Plan | None:
+    """The shape's plan for `m` microbatches, or None when no plan fits its memory or it found none in time:
+    on the layer-level problem when there is one (NOTE [shapes on layers]), else by `solve` on the ops.
     Without its own search-free bounds and certificate: NOTE [pipelines bound] bounds the whole plan."""
+    if layers is not None:
+        return solve_on_layers(problem, layers, devices, m, opts, limit_s)
     sub = sub_problem(problem, devices, m)
     try:
         return solve(sub, dataclasses.replace(opts, time_limit_s=max(0.05, limit_s), objective="iteration",
@@ -216,6 +241,7 @@ def plan_pipelines(problem: Problem, microbatches: int, options: SolveOptions | 
     limit = opts.time_limit_s
     deadline = lambda share: t0 + share * limit  # noqa: E731
     bound = pipelines_lower_bound(problem, microbatches, deadline=deadline(0.15))
+    layers = layer_problem(problem) if opts.run_coarsening else None  # NOTE [shapes on layers]
     kinds, _ = machine_kinds(problem)
     shapes = enumerate_shapes(problem, kinds)
     if not shapes:
@@ -272,10 +298,10 @@ def plan_pipelines(problem: Problem, microbatches: int, options: SolveOptions | 
         m_ref = min(microbatches, max(share, len(devs))) if sched == "1f1b" else microbatches
         per_shape = min(left / min(6, len(order) - tried),
                         max(_SHAPE_LIMIT_S, limit * _SHAPE_SHARE, _SHAPE_S_PER_DEVICE * len(devs) ** 1.5))
-        plan = _solve_shape(problem, devs, m_ref, opts, per_shape)
+        plan = _solve_shape(problem, devs, m_ref, opts, per_shape, layers)
         if plan is None and sched == "gpipe" and share < microbatches:
             m_ref = share
-            plan = _solve_shape(problem, devs, m_ref, opts, per_shape)
+            plan = _solve_shape(problem, devs, m_ref, opts, per_shape, layers)
         tried += 1
         slowest = max(slowest, (time.perf_counter() - t_shape) / len(devs) ** 1.5)
         if plan is None:
