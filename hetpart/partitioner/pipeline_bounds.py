@@ -254,9 +254,10 @@ def _past(deadline: float | None) -> bool:
     return deadline is not None and time.perf_counter() > deadline
 
 
-def sync_floor_ns(problem: Problem, smallest_pipeline: int, pipelines: int) -> int:
+def sync_floor_ns(problem: Problem, smallest_pipeline: int, pipelines: int, crosses_machines: bool = False) -> int:
     """NOTE [pipelines bound]'s sigma: the least gradient sync of a plan of `pipelines` >= 2 pipelines
-    whose smallest uses `smallest_pipeline` devices."""
+    whose smallest uses `smallest_pipeline` devices (`crosses_machines`: where every ring is known to span
+    two machines, so runs over the network at best)."""
     if problem.training is None or pipelines < 2:
         return 0
     g = problem.graph
@@ -267,7 +268,7 @@ def sync_floor_ns(problem: Problem, smallest_pipeline: int, pipelines: int) -> i
     links = [problem.network, *problem.intra_node_links.values()]
     lat = min(link.latency_ns for link in links)
     bw = max(link.bandwidth_bytes_per_us for link in links)
-    if pipelines > _largest_machine(problem):
+    if crosses_machines or pipelines > _largest_machine(problem):
         # More holders than any machine has devices: the ring crosses machines, so takes a link no
         # faster than the network (`_ring_link`: the slowest it crosses).
         bw = problem.network.bandwidth_bytes_per_us
