@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hetpart.errors import HetpartError
-from hetpart.partitioner.coarsen import Coarse, coarsen, cut_candidates
+from hetpart.partitioner.coarsen import Coarse, coarsen
 from hetpart.partitioner.dp import OrderTables, Segments, _refined, contiguous_plan, order_tables
 from hetpart.partitioner.evaluate import bottleneck_ns, evaluate
 from hetpart.partitioner.pipelines import pipeline_time_ns, sub_problem
@@ -44,6 +44,7 @@ from hetpart.partitioner.verify import plan_violations
 # by the search (machines of a kind are interchangeable: one solve per type-count vector).
 
 _MIN_SAVING = 4  # coarsen only when the layer problem has at most 1/_MIN_SAVING of the nodes
+_MIN_LAYERS = 8  # ... and at least this many layer boundaries (fewer would cap the stage count too low)
 _REFINE_BUDGET = 3_000_000  # matrix entries of one refinement pass (dp.py's default)
 
 
@@ -56,18 +57,16 @@ class LayerProblem:
     layers: int  # nodes of the coarse problem
 
 
-def layer_problem(problem: Problem, per_layer: int = 1) -> LayerProblem | None:
+def layer_problem(problem: Problem) -> LayerProblem | None:
     """NOTE [shapes on layers]'s coarse problem: one node per run between LAYER boundaries that may be cut
-    (and the pin positions); None when the graph has no layers to speak of (fewer than _MIN_SAVING times
-    fewer runs than nodes) or the runs cannot separate the pins."""
+    (and the pin positions); None when the graph has no layers to speak of (fewer than _MIN_LAYERS
+    boundaries, or fewer than _MIN_SAVING times fewer runs than nodes) or the runs cannot separate the pins."""
     tab = order_tables(problem)
     n = tab.n
-    cuts = {0, n} | {j for j in range(1, n) if tab.layer_start[j] and tab.cuttable[j]}
-    cuts |= {j for j in (tab.first_end_min, tab.inner_end_max) if 0 < j < n and tab.cuttable[j]}
-    if len(cuts) - 1 < 2 or (len(cuts) - 1) * _MIN_SAVING > n:
+    boundaries = {j for j in range(1, n) if tab.layer_start[j] and tab.cuttable[j]}
+    cuts = {0, n} | boundaries | {j for j in (tab.first_end_min, tab.inner_end_max) if 0 < j < n and tab.cuttable[j]}
+    if len(boundaries) < _MIN_LAYERS or (len(cuts) - 1) * _MIN_SAVING > n:
         return None
-    if per_layer > 1:  # and equal-work chunks between them (coarsen.cut_candidates)
-        cuts |= {int(j) for j in cut_candidates(tab, per_layer * (len(cuts) - 1))}
     coarse = coarsen(problem, tab, np.array(sorted(cuts), dtype=np.int64))
     if coarse is None:
         return None

@@ -362,7 +362,8 @@ def _plan_and_facts(problem: Problem, microbatches: int, options: SolveOptions |
     lower, status = _certified(best.iteration_ns, bound.bound_ns, opts.gap)
     stats = {"seconds": time.perf_counter() - t0, "bound_seconds": bound.seconds, "shapes": float(len(shapes)),
              "shapes_tried": float(tried), "shapes_solved": float(len(cands)), "outer_optimal": float(exhausted),
-             "outer_step_ns": float(answer.step_units * answer.unit_ns), "kmax": float(kmax)}
+             "outer_step_ns": float(answer.step_units * answer.unit_ns), "kmax": float(kmax),
+             "layer_nodes": float(layers.layers if layers is not None else 0)}  # NOTE [shapes on layers]
     note = bound.note + ("" if exhausted else "; the outer program did not finish: a better mix of these shapes "
                          "may exist") + ("" if tried == len(shapes) else f"; {len(shapes) - tried} of "
                                          f"{len(shapes)} shapes not tried (time limit)")
