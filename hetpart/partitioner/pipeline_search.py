@@ -335,6 +335,11 @@ def _plan_and_facts(problem: Problem, microbatches: int, options: SolveOptions |
             least = min(fewest(o) for o in cands if j in _kinds_of(o.shape))
             facts.best.setdefault(j, (c.lo, c.bottleneck_ns, len(c.devices), least))
     facts.solved = set(facts.best)
+    if not cands and tried == len(shapes):  # every shape tried: memory per stage, not time
+        raise HetpartError(
+            f"partitioner: none of the {len(shapes)} pipeline shapes whose memory holds the model in total has a "
+            "plan whose every stage fits (weights, training state and the activations it stashes): add memory, "
+            "or stash fewer microbatches")
     if not cands:
         raise HetpartError(
             f"partitioner: no pipeline shape was solved within {limit:g} s ({len(shapes)} shapes hold the model, "

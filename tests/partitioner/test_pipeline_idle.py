@@ -76,8 +76,9 @@ def test_gpipe_refusal_names_1f1b_when_it_fits():
     p = Problem(graph=g, weights={"wa": 1, "wb": 1, "wc": 1},
                 devices=[Device(f"g{i}", "gpu", "n0", 250) for i in range(3)],
                 intra_node_links={"n0": Link(1000, 0)}, network=Link(1000, 0), training=Training("gpipe", 4, {}))
-    with pytest.raises(HetpartError, match=r"with --schedule 1f1b .* a plan of \d stages fits: pass --schedule 1f1b"):
+    with pytest.raises(HetpartError, match=r"with --schedule 1f1b .* a plan of \d stages fits: pass --schedule 1f1b") as e:
         plan_with_baselines(p, 4, SolveOptions(time_limit_s=10), baseline_limit_s=5)
+    assert "has a plan whose every stage fits" in str(e.value)  # every shape tried: memory, not time
     # When 1F1B does not fit either, the refusal does not suggest it.
     small = Problem(graph=g, weights=p.weights, devices=[Device(f"g{i}", "gpu", "n0", 150) for i in range(3)],
                     intra_node_links=p.intra_node_links, network=p.network, training=p.training)
