@@ -49,6 +49,7 @@ def idle_reasons(problem: Problem, plan: PipelinesPlan, microbatches: int, facts
     """NOTE [idle reasons] for every device no stage of `plan` runs on; `facts` None (no search): the reasons
     that need no shapes (memory per op, left out of its pipeline, microbatches of one-device pipelines)."""
     used = {d for p in plan.pipelines for s in p.plan.stages for d in _devices_of(s)}
+    busy_machines = {problem.device(d).node for d in used}
     planned = {d for p in plan.pipelines for d in p.devices}
     smallest_op = min((node_need(problem, v) for v in problem.graph.nodes), default=0)
     training = problem.training
@@ -87,8 +88,7 @@ def idle_reasons(problem: Problem, plan: PipelinesPlan, microbatches: int, facts
                 out[d] = (f"microbatches: a pipeline with it runs at least {lo}, and the batch's {microbatches} "
                           "are taken by the pipelines' fewest; a larger batch would use it")
             else:
-                apart = not any(problem.device(u).node == dev.node for u in used)
-                out[d] = _link_or_slow(problem, plan, devices, bottleneck, pipes, rate, apart)
+                out[d] = _link_or_slow(problem, plan, devices, bottleneck, pipes, rate, dev.node not in busy_machines)
     return out
 
 
