@@ -350,8 +350,13 @@ def _plan_and_facts(problem: Problem, microbatches: int, options: SolveOptions |
     sync_estimates(problem, cands, kmax)
     unit = max(1, bound.bound_ns // 10_000)
     quick = greedy_outer(kinds, cands, microbatches, kmax)
-    answer = solve_outer(kinds, cands, microbatches, kmax, max(1.0, deadline(0.95) - time.perf_counter()),
-                         seed=opts.seed, workers=opts.workers, unit_ns=unit, hint=quick)
+    try:
+        answer = solve_outer(kinds, cands, microbatches, kmax, max(1.0, deadline(0.95) - time.perf_counter()),
+                             seed=opts.seed, workers=opts.workers, unit_ns=unit, hint=quick)
+    except HetpartError:  # proven: no mix runs the batch (the greedy answer would be one)
+        if quick is None:
+            raise
+        answer = None
     tried_answers = [(a, cost_pipelines(problem, realize(problem, kinds, cands, a, shape_devices, _class_devices),
                                         solver_status="FEASIBLE")) for a in (answer, quick) if a is not None]
     if not tried_answers:
