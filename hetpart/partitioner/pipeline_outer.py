@@ -195,7 +195,7 @@ def solve_outer(kinds, cands: list[Candidate], M: int, kmax: int, time_limit_s: 
         raise HetpartError(
             f"partitioner: no mix of the {len(cands)} solved pipeline shapes runs the {M} microbatches: each "
             f"shape's plan runs at most {max(c.hi for c in cands)} (the stash of its microbatches fills its "
-            "memory) and the machines do not hold enough of them; use fewer microbatches, or --schedule 1f1b")
+            "memory) and the machines do not hold enough of them; use fewer microbatches, or add memory")
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None
     return OuterAnswer(
