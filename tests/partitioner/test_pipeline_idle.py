@@ -85,3 +85,17 @@ def test_gpipe_refusal_names_1f1b_when_it_fits():
     with pytest.raises(HetpartError) as refused:
         plan_with_baselines(small, 4, SolveOptions(time_limit_s=10), baseline_limit_s=5)
     assert "1f1b" not in str(refused.value)
+
+
+def test_a_batch_no_mix_of_shapes_can_run_is_refused_for_memory():
+    """NOTE [outer program]: two machines, one shape of one machine whose plan holds the stash of at most 2
+    microbatches: 4 fit, 5 are proven impossible (not 'raise --time-limit')."""
+    from hetpart.partitioner.pipeline_outer import Candidate, solve_outer
+    from hetpart.partitioner.pipeline_search import MachineKind, Shape
+
+    kinds = [MachineKind("k0", (("gpu", 200),), (2,), ("n0", "n1"))]
+    shape = Candidate(Shape(machines=(1,)), ("g0", "g1"), None, 2, 1, 2, 300, 100, [0, 0, 10, 10])
+    got = solve_outer(kinds, [shape], 4, 2, 5.0)
+    assert got is not None and got.copies == [2] and got.microbatches == [4]
+    with pytest.raises(HetpartError, match="no mix of the 1 solved pipeline shapes runs the 5 microbatches"):
+        solve_outer(kinds, [shape], 5, 2, 5.0)
