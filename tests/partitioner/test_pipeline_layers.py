@@ -66,3 +66,20 @@ def test_search_on_layers_keeps_the_real_problems_bound():
     for plan in (on_layers, on_ops):
         assert not pipelines_violations(p, plan, M)
         assert plan.lower_bound_ns == min(bound, plan.iteration_ns) > 0
+
+
+def test_the_stash_estimate_grows_with_the_stages_under_1f1b_only():
+    """NOTE [pipeline shapes]: stage k of S keeps S - k microbatches, (S + 1) / 2 on average: the estimate adds
+    (S - 1) / 2 microbatches of activations to the model's need, S capped by the batch; GPipe and inference
+    add nothing (their stash is not the shape's)."""
+    from hetpart.partitioner.pipeline_search import stash_need_bytes
+
+    p = layered()
+    one_f1b = Problem(graph=p.graph, weights=p.weights, devices=p.devices, intra_node_links=p.intra_node_links,
+                      network=p.network, training=Training("1f1b", 5, {}))
+    assert stash_need_bytes(one_f1b, 1000, 100, 1) == 1000
+    assert stash_need_bytes(one_f1b, 1000, 100, 3) == 1100
+    assert stash_need_bytes(one_f1b, 1000, 100, 9) == 1200  # 5 stages at most: 5 microbatches
+    gpipe = Problem(graph=p.graph, weights=p.weights, devices=p.devices, intra_node_links=p.intra_node_links,
+                    network=p.network, training=Training("gpipe", 5, {}))
+    assert stash_need_bytes(gpipe, 1000, 100, 9) == 1000
