@@ -3,6 +3,12 @@
     .venv/bin/python benchmarks/scale.py                                   # 7b, 70b, 405b x hetero-64/256/1024
     .venv/bin/python benchmarks/scale.py --models llama-70b --presets hetero-64 --time-limit 60
     .venv/bin/python benchmarks/scale.py --mode inference --out /tmp/scale
+    .venv/bin/python benchmarks/scale.py --parallel data --time-limit 50   # issue 19's done-when table
+
+With `--parallel data` (the search of data-parallel pipelines, issue 19) the global batch is one
+microbatch of one sequence per GPU unless `--microbatches-per-gpu` says otherwise, and each row adds the
+pipelines, the devices used, the step, its bound and gap, the best baseline (plan.json's
+`baselines`) and the plan's speedup over it; the geomean of the speedups closes the table.
 
 Each (model, preset) is one `hetpart partition zoo:MODEL --meta --set dtype=bfloat16 --seq-len 2048
 --mode training --cluster preset:PRESET --time-limit T --no-pt2` under `/usr/bin/time -v` (issue 19's
@@ -17,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import subprocess
@@ -32,6 +39,10 @@ def run_one(model: str, preset: str, args: argparse.Namespace) -> dict:
     cmd = ["/usr/bin/time", "-v", str(HETPART), "partition", f"zoo:{model}", "--meta", "--set", "dtype=bfloat16",
            "--seq-len", str(args.seq_len), "--mode", args.mode, "--cluster", f"preset:{preset}",
            "--time-limit", str(args.time_limit), "--no-pt2", "--out", str(out), "--force"]
+    if args.parallel == "data":
+        m = _microbatches(model, preset, args)
+        schedule = args.schedule.get(model, "1f1b")
+        cmd += ["--parallel", "data", "--batch-size", str(m), "--microbatches", str(m), "--schedule", schedule]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     start = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
@@ -56,6 +67,15 @@ def run_one(model: str, preset: str, args: argparse.Namespace) -> dict:
         left_out=",".join(bounds.get("unfinished", []) + bounds.get("skipped", [])) or "-",
         search=bounds.get("search", ""),
     )
+    if args.parallel == "data":
+        base = [b for b in plan.get("baselines", []) if b.get("iteration_us")]
+        best = min(base, key=lambda b: b["iteration_us"], default=None)
+        idle = sorted({why.split(":")[0] for why in (plan.get("devices_idle") or {}).values()})
+        row.update(pipelines=len(plan.get("pipelines") or [1]), used=len(plan.get("devices_used") or []),
+                   iteration_s=plan["iteration_us"] / 1e6, bound_s=plan["lower_bound_us"] / 1e6,
+                   best=f"{best['name']} {best['iteration_us'] / 1e6:.2f}" if best else "none has a plan",
+                   speedup=best["iteration_us"] / plan["iteration_us"] if best else None, idle=", ".join(idle) or "-",
+                   taken=bool(best) and abs(best["iteration_us"] - plan["iteration_us"]) < 1e-3)
     return row
 
 
@@ -67,7 +87,16 @@ def main() -> None:
     ap.add_argument("--time-limit", type=float, default=60)
     ap.add_argument("--seq-len", type=int, default=2048)
     ap.add_argument("--out", default="/tmp/hetpart-scale")
+    ap.add_argument("--parallel", default="pipeline", choices=["pipeline", "data"])
+    ap.add_argument("--microbatches-per-gpu", type=int, default=1, help="--parallel data: the global batch per GPU")
+    ap.add_argument("--schedule", type=lambda t: dict(x.split("=") for x in t.split(",")),
+                    default={"llama-405b": "gpipe"}, help="--parallel data: MODEL=SCHEDULE,... (default 1f1b)")
+    ap.add_argument("--batch", type=lambda t: dict(x.split("=") for x in t.split(",")), default={"llama-405b": "8"},
+                    help="--parallel data: MODEL=MICROBATCHES,... (default one per GPU; the 405B-shaped model's "
+                         "stash leaves room for a few: NOTE [pipeline shapes])")
     args = ap.parse_args()
+    if args.parallel == "data":
+        return data_table(args)
     print(f"load before: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f}", flush=True)
     print("| model | preset | wall s | RSS GB | trace s | passes s | solve s | baselines s | write s | stages/devices "
           "| bottleneck ms | gap | status | bounds left out | search |", flush=True)
@@ -83,6 +112,39 @@ def main() -> None:
                   f"{r['write_s']:.1f} | {r['stages']}/{r['devices']} | {r['bottleneck_ms']:.1f} | {r['gap']:.1%} | "
                   f"{r['status']} | {r['left_out']} | {r['search']} |", flush=True)
     print(f"load after: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f}", flush=True)
+
+
+def _microbatches(model: str, preset: str, args: argparse.Namespace) -> int:
+    """The global batch of a `--parallel data` row, in microbatches of one sequence."""
+    return int(args.batch.get(model, args.microbatches_per_gpu * int(preset.rpartition("-")[2])))
+
+
+def data_table(args: argparse.Namespace) -> None:
+    """Issue 19's done-when table: `--parallel data` on every model x preset, and the geomean speedup."""
+    load = lambda: " ".join(f"{x:.2f}" for x in os.getloadavg())  # noqa: E731
+    print(f"load before: {load()}", flush=True)
+    print("| model | preset | M | wall s | RSS GB | trace s | solve s | pipelines | used | iteration s | bound s | gap "
+          "| best baseline s | speedup | idle reasons |", flush=True)
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
+    speedups = []
+    for model in args.models:
+        for preset in args.presets:
+            r = run_one(model, preset, args)
+            m = _microbatches(model, preset, args)
+            head = f"| {model} | {preset} | {m} | {r['wall_s']:.1f} | {r['rss_gb'] or 0:.2f} |"
+            if r["rc"] != 0:
+                print(f"{head} refused or failed (exit {r['rc']}): {r['error'][:300]} |", flush=True)
+                continue
+            if r["speedup"] is not None:
+                speedups.append(r["speedup"])
+            speed = f"{r['speedup']:.2f}x" if r["speedup"] is not None else "-"
+            print(f"{head} {r['trace_s']:.1f} | {r['solve_s']:.1f} | {r['pipelines']} | {r['used']}/{r['devices']} "
+                  f"| {r['iteration_s']:.2f} | {r['bound_s']:.2f} | {r['gap']:.1%} | {r['best']} | {speed}"
+                  f"{' (the baseline is the plan)' if r['taken'] else ''} | {r['idle']} |", flush=True)
+    if speedups:
+        print(f"geomean speedup over the best baseline: {math.prod(speedups) ** (1 / len(speedups)):.2f}x "
+              f"({len(speedups)} rows with a baseline)")
+    print(f"load after: {load()}", flush=True)
 
 
 if __name__ == "__main__":

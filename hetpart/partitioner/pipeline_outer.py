@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from ortools.sat.python import cp_model
 
+from hetpart.errors import HetpartError
 from hetpart.partitioner.evaluate import evaluate
 from hetpart.partitioner.pipelines import Pipeline, grad_sync_ns, pipeline_time_ns, sub_problem, weight_holders
 from hetpart.partitioner.problem import Link, Plan, Problem
@@ -129,7 +130,7 @@ class OuterAnswer:
 def solve_outer(kinds, cands: list[Candidate], M: int, kmax: int, time_limit_s: float, seed: int = 0,
                 workers: int = 1, unit_ns: int = 1, hint: OuterAnswer | None = None) -> OuterAnswer | None:
     """NOTE [outer program] in `unit_ns` units, started from `hint` (copies and microbatches per candidate);
-    None when no mix runs the batch (or none found in time)."""
+    None when none was found in time; HetpartError when CP-SAT proves that no mix runs the batch."""
     up = lambda ns: -(-int(ns) // unit_ns)  # noqa: E731 (round up: the model never underestimates)
     m = cp_model.CpModel()
     horizon = max(up(c.sum_ns + (c.hi - 1) * c.bottleneck_ns) for c in cands)
@@ -190,6 +191,11 @@ def solve_outer(kinds, cands: list[Candidate], M: int, kmax: int, time_limit_s: 
     solver.parameters.num_workers = workers
     solver.parameters.random_seed = seed
     status = solver.solve(m)
+    if status == cp_model.INFEASIBLE:
+        raise HetpartError(
+            f"partitioner: no mix of the {len(cands)} solved pipeline shapes runs the {M} microbatches: each "
+            f"shape's plan runs at most {max(c.hi for c in cands)} (the stash of its microbatches fills its "
+            "memory) and the machines do not hold enough of them; use fewer microbatches, or add memory")
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None
     return OuterAnswer(

@@ -20,11 +20,13 @@ from dataclasses import dataclass
 
 from hetpart.errors import HetpartError
 from hetpart.partitioner.pipeline_bounds import _supports, need_bytes, pipelines_lower_bound, sync_floor_ns
+from hetpart.partitioner.pipeline_idle import ShapeFacts, idle_reasons
+from hetpart.partitioner.pipeline_layers import LayerProblem, layer_problem, solve_on_layers
 from hetpart.partitioner.pipeline_outer import (
     Candidate, _patterns, greedy_outer, realize, solve_outer, sync_estimates,
 )
 from hetpart.partitioner.pipelines import PipelinesPlan, cost_pipelines, pipelines_violations, sub_problem
-from hetpart.partitioner.problem import Plan, Problem
+from hetpart.partitioner.problem import MEM_BYTES, Plan, Problem
 from hetpart.partitioner.solve import SolveOptions, solve
 
 # NOTE [pipeline shapes]
@@ -37,14 +39,18 @@ from hetpart.partitioner.solve import SolveOptions, solve
 # several pipelines may share a machine (patterns, NOTE [outer program]); a pipeline of whole
 # machines plus part of another is not a shape (the bound still covers such plans, so the gap
 # shows what that leaves out). Shapes tried: every memory-feasible piece, and every count vector
-# of whole machines that holds the model with about one machine (or _SLACK) more than it needs;
+# of whole machines that holds the model with about one machine (or _SLACK) more than it needs --
+# under 1F1B what it needs is estimated with the stash (`stash_need_bytes`: stage k of S keeps
+# S - k microbatches, which on llama-70b doubles the memory a 24-stage pipeline needs; shapes
+# within _LOOSE of the estimate are tried, the DP says which fit);
 # longer ones at doubling sizes and all machines; ranked by
 # NOTE [pipelines bound]'s rate and fill of their support, and solved in that order (kinds taken
 # in turn) until the search's share of the time limit is spent.
 
 _MAX_SHAPES = 400  # shapes enumerated at most (ranked; the rest are not tried)
-_ROOMY = 1.15  # shapes with less memory than this times the model are solved after the others
+_ROOMY = 1.0  # shapes with less memory than this times `stash_need_bytes` are solved after the others
 _SLACK = 1.3  # NOTE [pipeline shapes]: how much more memory than the model a short shape may have
+_LOOSE = 0.85  # ... and how much less than the stash estimate (the DP decides: 0.9 of it fitted on llama-70b)
 _EVERYTHING_FIRST = 128  # devices up to which the one-pipeline shape is solved first
 # A shape's solve gets at most this share of the limit (or _SHAPE_LIMIT_S): the DP finds the same plan
 # of 24 devices and 800 nodes in 1 s as in 5 s, and the outer program wants many shapes.
@@ -133,15 +139,20 @@ def enumerate_shapes(problem: Problem, kinds: list[MachineKind]) -> list[Shape]:
                 shapes.append(Shape(piece_kind=i, piece=piece))
     full = [_capacity(k, k.counts) for k in kinds]
     most = [len(k.machines) for k in kinds]
+    per_machine = [sum(k.counts) for k in kinds]
+    act = sum(problem.graph.nodes[v].get(MEM_BYTES, 0) for v in problem.graph.nodes)
+    want = lambda vec: stash_need_bytes(problem, need, act, sum(n * d for n, d in zip(vec, per_machine)))  # noqa: E731
     # The most machines one kind needs alone, plus one, bounds how many machines a vector has.
-    alone = [math.ceil(need / c) for c, n in zip(full, most) if c and math.ceil(need / c) <= n]
+    alone = [next((c for c in range(1, n + 1) if c * cap >= want([c if i == j else 0 for i in range(len(most))])),
+                  None) for j, (cap, n) in enumerate(zip(full, most))]
+    alone = [c for c in alone if c is not None]
     longest = min(sum(most), math.ceil((max(alone) if alone else sum(most)) * _SLACK) + 1)
     found: list[Shape] = []
     for vec in _vectors(most, longest):
         caps = sorted(full[j] for j in range(len(vec)) for _ in range(vec[j]))
-        # Memory-feasible, with about one machine more than it needs: without its two smallest, less
-        # than _SLACK times the model (per-stage memory -- the 1F1B stash, whole ops -- wants some room).
-        if sum(caps) >= need and (len(caps) <= 2 or sum(caps[2:]) < _SLACK * need):
+        # Memory-feasible (NOTE [pipeline shapes]: the stash estimate), with about one machine more than
+        # it needs: without its two smallest, less than _SLACK times that (whole ops want some room).
+        if sum(caps) >= _LOOSE * want(vec) and (len(caps) <= 2 or sum(caps[2:]) < _SLACK * want(vec)):
             found.append(Shape(machines=vec))
             if len(found) >= _MAX_SHAPES:
                 break
@@ -155,9 +166,20 @@ def enumerate_shapes(problem: Problem, kinds: list[MachineKind]) -> list[Shape]:
                 longer.add(tuple(t if i == j else 0 for i in range(len(most))))
     for vec in sorted(longer, key=lambda v: (sum(v), v)):
         cap = sum(c * n for c, n in zip(full, vec))
-        if sum(vec) > longest and cap >= need and Shape(machines=vec) not in found:
+        if sum(vec) > longest and cap >= min(need, _LOOSE * want(vec)) and Shape(machines=vec) not in found:
             found.append(Shape(machines=vec))
     return shapes + found
+
+
+def stash_need_bytes(problem: Problem, need: int, act_bytes: int, devices: int) -> float:
+    """NOTE [pipeline shapes]'s estimate (not a bound) of the memory a pipeline of `devices` stages needs:
+    `need` (one microbatch of activations) plus, under 1F1B, stage k of S stashing S - k microbatches,
+    (S + 1) / 2 on average when the activations spread evenly over the stages."""
+    t = problem.training
+    if t is None or t.schedule != "1f1b":
+        return float(need)
+    stages = min(devices, t.microbatches if problem.max_stages is None else min(t.microbatches, problem.max_stages))
+    return need + act_bytes * (stages - 1) / 2
 
 
 def _vectors(most: list[int], longest: int):
@@ -178,9 +200,13 @@ def _support_rate(problem: Problem, devices: tuple[str, ...], supports) -> tuple
     return a.fill_ns, max(a.largest_op_ns, a.work / lam_n if lam_n > 0 else math.inf)
 
 
-def _solve_shape(problem: Problem, devices: tuple[str, ...], m: int, opts: SolveOptions, limit_s: float) -> Plan | None:
-    """The shape's plan for `m` microbatches, or None when no plan fits its memory or it found none in time.
+def _solve_shape(problem: Problem, devices: tuple[str, ...], m: int, opts: SolveOptions, limit_s: float,
+                 layers: LayerProblem | None = None) -> Plan | None:
+    """The shape's plan for `m` microbatches, or None when no plan fits its memory or it found none in time:
+    on the layer-level problem when there is one (NOTE [shapes on layers]), else by `solve` on the ops.
     Without its own search-free bounds and certificate: NOTE [pipelines bound] bounds the whole plan."""
+    if layers is not None:
+        return solve_on_layers(problem, layers, devices, m, opts, limit_s)
     sub = sub_problem(problem, devices, m)
     try:
         return solve(sub, dataclasses.replace(opts, time_limit_s=max(0.05, limit_s), objective="iteration",
@@ -208,6 +234,12 @@ def plan_pipelines(problem: Problem, microbatches: int, options: SolveOptions | 
     "WITHIN_GAP" (the search does not stop early for it).
     Raises HetpartError when no shape holds the model or none was solved in time.
     """
+    return _plan_and_facts(problem, microbatches, options, **overrides)[0]
+
+
+def _plan_and_facts(problem: Problem, microbatches: int, options: SolveOptions | None = None,
+                    **overrides: object) -> tuple[PipelinesPlan, ShapeFacts]:
+    """`plan_pipelines`, and what it learnt about the machine kinds' shapes (NOTE [idle reasons])."""
     t0 = time.perf_counter()
     opts = dataclasses.replace(options or SolveOptions(), **overrides) if overrides else options or SolveOptions()
     if microbatches < 1:
@@ -216,13 +248,15 @@ def plan_pipelines(problem: Problem, microbatches: int, options: SolveOptions | 
     limit = opts.time_limit_s
     deadline = lambda share: t0 + share * limit  # noqa: E731
     bound = pipelines_lower_bound(problem, microbatches, deadline=deadline(0.15))
-    kinds, _ = machine_kinds(problem)
+    layers = layer_problem(problem) if opts.run_coarsening else None  # NOTE [shapes on layers]
+    kinds, kind_of = machine_kinds(problem)
     shapes = enumerate_shapes(problem, kinds)
     if not shapes:
         raise HetpartError(
             f"partitioner: no set of the {len(problem.devices)} devices holds the model ({need_bytes(problem)} bytes "
             "of weights, training state and one microbatch of activations): add devices with more memory")
     supports = _supports(problem)
+    need, act = need_bytes(problem), sum(problem.graph.nodes[v].get(MEM_BYTES, 0) for v in problem.graph.nodes)
     usable = sum(len(k.machines) * sum(k.counts) for k in kinds)
     ranked: dict[int, list[tuple[tuple[bool, float], Shape]]] = {}
     for s in shapes:
@@ -235,12 +269,19 @@ def plan_pipelines(problem: Problem, microbatches: int, options: SolveOptions | 
         main = s.piece_kind if s.piece_kind >= 0 else max(range(len(kinds)), key=lambda j: s.machines[j])
         # Shapes with little memory to spare go last: per-stage memory (the 1F1B stash, whole ops) often
         # leaves them no plan (the 405B-shaped model's 72-GPU shapes, 4% over the model, have none).
-        tight = sum(problem.device(d).capacity_bytes for d in devs) < _ROOMY * need_bytes(problem)
+        tight = sum(problem.device(d).capacity_bytes for d in devs) < _ROOMY * stash_need_bytes(
+            problem, need, act, len(devs))
         ranked.setdefault(main, []).append(((tight, -per_device), s))
     # Best first within each kind, the kinds in turn.
     queues = [[s for _, s in sorted(v, key=lambda e: (e[0], e[1].machines, e[1].piece))]
               for _, v in sorted(ranked.items())]
     order = [s for turn in itertools.zip_longest(*queues) for s in turn if s is not None]
+    # The two shortest shapes of one kind's machines alone first: pipelines that need no other kind's
+    # machines, so the outer program can run copies of every kind side by side (on llama-70b over
+    # hetero-256 the H100-led mixes took every H100 machine and left the A100 ones idle).
+    pure = [s for j in range(len(kinds)) for s in sorted(
+        (s for s in order if s.piece_kind < 0 and _kinds_of(s) == {j}), key=lambda s: s.machines[j])[:2]]
+    order = pure + [s for s in order if s not in pure]
     # The first shape solved times `solve` for the others (seconds per devices^1.5): a small one.
     small = next((s for s in order if len(shape_devices(problem, kinds, s)) <= _CALIBRATE_DEVICES), None)
     if small is not None:
@@ -256,6 +297,7 @@ def plan_pipelines(problem: Problem, microbatches: int, options: SolveOptions | 
     # --- Solve the shapes in turn (NOTE [pipeline shapes]) until the search's share is spent.
     cands: list[Candidate] = []
     tried = 0
+    facts = ShapeFacts(kind_of_machine=kind_of, in_shape={j for s in shapes for j in _kinds_of(s)})
     slowest = 0.0  # the most seconds per devices^1.5 a shape's solve took so far
     search_end = deadline(0.6)
     for s in order:
@@ -272,11 +314,12 @@ def plan_pipelines(problem: Problem, microbatches: int, options: SolveOptions | 
         m_ref = min(microbatches, max(share, len(devs))) if sched == "1f1b" else microbatches
         per_shape = min(left / min(6, len(order) - tried),
                         max(_SHAPE_LIMIT_S, limit * _SHAPE_SHARE, _SHAPE_S_PER_DEVICE * len(devs) ** 1.5))
-        plan = _solve_shape(problem, devs, m_ref, opts, per_shape)
+        plan = _solve_shape(problem, devs, m_ref, opts, per_shape, layers)
         if plan is None and sched == "gpipe" and share < microbatches:
             m_ref = share
-            plan = _solve_shape(problem, devs, m_ref, opts, per_shape)
+            plan = _solve_shape(problem, devs, m_ref, opts, per_shape, layers)
         tried += 1
+        facts.tried |= _kinds_of(s)
         slowest = max(slowest, (time.perf_counter() - t_shape) / len(devs) ** 1.5)
         if plan is None:
             continue
@@ -286,6 +329,17 @@ def plan_pipelines(problem: Problem, microbatches: int, options: SolveOptions | 
         if lo > hi:
             continue
         cands.append(Candidate(s, devs, plan, m_ref, lo, hi, sum(st.time_ns for st in plan.stages), plan.bottleneck_ns))
+    fewest = lambda c: c.sum_ns + (c.lo - 1) * c.bottleneck_ns  # noqa: E731 (its time at its fewest microbatches)
+    for c in sorted(cands, key=lambda c: c.bottleneck_ns * len(c.devices)):  # NOTE [idle reasons]
+        for j in _kinds_of(c.shape):
+            least = min(fewest(o) for o in cands if j in _kinds_of(o.shape))
+            facts.best.setdefault(j, (c.lo, c.bottleneck_ns, len(c.devices), least))
+    facts.solved = set(facts.best)
+    if not cands and tried == len(shapes):  # every shape tried: memory per stage, not time
+        raise HetpartError(
+            f"partitioner: none of the {len(shapes)} pipeline shapes whose memory holds the model in total has a "
+            "plan whose every stage fits (weights, training state and the activations it stashes): add memory, "
+            "or stash fewer microbatches")
     if not cands:
         raise HetpartError(
             f"partitioner: no pipeline shape was solved within {limit:g} s ({len(shapes)} shapes hold the model, "
@@ -296,8 +350,13 @@ def plan_pipelines(problem: Problem, microbatches: int, options: SolveOptions | 
     sync_estimates(problem, cands, kmax)
     unit = max(1, bound.bound_ns // 10_000)
     quick = greedy_outer(kinds, cands, microbatches, kmax)
-    answer = solve_outer(kinds, cands, microbatches, kmax, max(1.0, deadline(0.95) - time.perf_counter()),
-                         seed=opts.seed, workers=opts.workers, unit_ns=unit, hint=quick)
+    try:
+        answer = solve_outer(kinds, cands, microbatches, kmax, max(1.0, deadline(0.95) - time.perf_counter()),
+                             seed=opts.seed, workers=opts.workers, unit_ns=unit, hint=quick)
+    except HetpartError:  # proven: no mix runs the batch (the greedy answer would be one)
+        if quick is None:
+            raise
+        answer = None
     tried_answers = [(a, cost_pipelines(problem, realize(problem, kinds, cands, a, shape_devices, _class_devices),
                                         solver_status="FEASIBLE")) for a in (answer, quick) if a is not None]
     if not tried_answers:
@@ -313,40 +372,19 @@ def plan_pipelines(problem: Problem, microbatches: int, options: SolveOptions | 
     lower, status = _certified(best.iteration_ns, bound.bound_ns, opts.gap)
     stats = {"seconds": time.perf_counter() - t0, "bound_seconds": bound.seconds, "shapes": float(len(shapes)),
              "shapes_tried": float(tried), "shapes_solved": float(len(cands)), "outer_optimal": float(exhausted),
-             "outer_step_ns": float(answer.step_units * answer.unit_ns), "kmax": float(kmax)}
+             "outer_step_ns": float(answer.step_units * answer.unit_ns), "kmax": float(kmax),
+             "layer_nodes": float(layers.layers if layers is not None else 0)}  # NOTE [shapes on layers]
     note = bound.note + ("" if exhausted else "; the outer program did not finish: a better mix of these shapes "
                          "may exist") + ("" if tried == len(shapes) else f"; {len(shapes) - tried} of "
                                          f"{len(shapes)} shapes not tried (time limit)")
     out = dataclasses.replace(best, lower_bound_ns=lower, solver_status=status, bound_note=note, stats=stats)
-    out.devices_idle = _idle_reasons(problem, kinds, shapes, cands, out)
-    return out
+    out.devices_idle = idle_reasons(problem, out, microbatches, facts)
+    return out, facts
 
 
-def _idle_reasons(problem: Problem, kinds: list[MachineKind], shapes: list[Shape], cands: list[Candidate],
-                  plan: PipelinesPlan) -> dict[str, str]:
-    """Each idle device, and why (NOTE [pipeline shapes]): memory, too slow to help, or not tried."""
-    _, kind_of = machine_kinds(problem)
-    in_shape = {j for s in shapes for j in ([s.piece_kind] if s.piece_kind >= 0 else
-                                            [i for i, n in enumerate(s.machines) if n])}
-    solved = {j for c in cands for j in ([c.shape.piece_kind] if c.shape.piece_kind >= 0 else
-                                         [i for i, n in enumerate(c.shape.machines) if n])}
-    planned = {d for p in plan.pipelines for d in p.devices}
-    out = {}
-    for d, why in plan.devices_idle.items():
-        j = kind_of[problem.device(d).node]
-        if d in planned:
-            out[d] = ("too slow to help: its pipeline's best plan leaves it out (a stage on it would not "
-                      "make that pipeline faster)")
-        elif j not in in_shape:
-            out[d] = "memory: no pipeline containing it can hold the model"
-        elif j not in solved:
-            out[d] = "not planned: no pipeline shape with it was solved within the time limit"
-        elif plan.microbatches <= len(plan.pipelines):
-            out[d] = "microbatches: every pipeline already runs one microbatch; a larger batch would use it"
-        else:
-            out[d] = ("too slow to help: no pipeline with it lowers the step time (it would be slower than the "
-                      "step, or its gradient sync would cost more than it saves)")
-    return out
+def _kinds_of(shape: Shape) -> set[int]:
+    """The machine kinds a shape has devices of."""
+    return {shape.piece_kind} if shape.piece_kind >= 0 else {i for i, n in enumerate(shape.machines) if n}
 
 
 def _patterns_per_kind(kinds: list[MachineKind], cands: list[Candidate]) -> dict[int, list[int]]:
@@ -374,16 +412,17 @@ def plan_with_baselines(problem: Problem, microbatches: int, options: SolveOptio
 
     opts = options or SolveOptions()
     try:
-        plan: PipelinesPlan | None = plan_pipelines(problem, microbatches, opts)
+        plan, facts = _plan_and_facts(problem, microbatches, opts)
         failed = ""
     except HetpartError as e:  # no shape solved in time: a baseline may still have a plan
-        plan, failed = None, str(e).splitlines()[0]
+        plan, facts, failed = None, None, str(e).splitlines()[0]
     baselines = pipeline_baselines(problem, microbatches, time_limit_s=baseline_limit_s, options=opts,
                                    single=len(problem.devices) <= single_up_to)
     valid = [b for b in baselines if b.plan is not None and not pipelines_violations(problem, b.plan, microbatches)]
     best = min(valid, key=lambda b: b.plan.iteration_ns, default=None)
     if plan is None and best is None:
-        raise HetpartError(f"{failed}; and none of the baselines ({', '.join(b.name for b in baselines)}) has a plan")
+        raise HetpartError(f"{failed}; and none of the baselines ({', '.join(b.name for b in baselines)}) has a plan"
+                           + _one_f1b_hint(problem, microbatches, opts))
     if plan is not None and (best is None or best.plan.iteration_ns >= plan.iteration_ns):
         return plan, baselines
     if plan is None:  # the bound holds for every plan: compute it on its own
@@ -398,4 +437,23 @@ def plan_with_baselines(problem: Problem, microbatches: int, options: SolveOptio
     taken = dataclasses.replace(best.plan, lower_bound_ns=lower, solver_status=status,
                                 stats={**stats, f"plan_from_{best.name}": 1.0},
                                 bound_note=f"{why} (NOTE [baselines as candidates])")
+    taken.devices_idle = idle_reasons(problem, taken, microbatches, facts)
     return taken, baselines
+
+
+def _one_f1b_hint(problem: Problem, microbatches: int, opts: SolveOptions) -> str:
+    """Under GPipe, what to say when 1F1B would fit: every stage of a GPipe pipeline stashes all its
+    microbatches, a 1F1B stage at most as many as the stages from it to the end (NOTE [training memory]).
+    Tried on every device in one pipeline (NOTE [shapes on layers]), within a tenth of the time limit."""
+    t = problem.training
+    if t is None or t.schedule != "gpipe":
+        return ""
+    one_f1b = dataclasses.replace(problem, training=dataclasses.replace(t, schedule="1f1b"))
+    devices = tuple(d.name for d in problem.devices)
+    layers = layer_problem(one_f1b) if opts.run_coarsening else None
+    plan = _solve_shape(one_f1b, devices, microbatches, opts, max(1.0, 0.1 * opts.time_limit_s), layers)
+    if plan is None:
+        return ""
+    return (f". GPipe keeps all {microbatches} microbatches' activations on every stage; with --schedule 1f1b "
+            f"(a stage keeps at most as many as the stages from it on) a plan of {len(plan.stages)} stages fits: "
+            "pass --schedule 1f1b")

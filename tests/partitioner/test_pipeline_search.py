@@ -221,17 +221,19 @@ def test_a_baseline_faster_than_the_search_is_the_plan(monkeypatch):
     honest, baselines = search.plan_with_baselines(p, M, baseline_limit_s=10)
     assert honest.iteration_ns <= min(b.plan.iteration_ns for b in baselines if b.plan is not None)
     assert {b.name for b in baselines} == {"megatron", "metis", "one-pipeline"}
-    real = search.plan_pipelines
+    real = search._plan_and_facts
 
     def slow(problem, microbatches, options=None, **overrides):
-        bound = real(problem, microbatches, options, **overrides).lower_bound_ns
+        bound = real(problem, microbatches, options, **overrides)[0].lower_bound_ns
         everything = [d.name for d in problem.devices]
         return dataclasses.replace(fixed_pipelines(problem, [everything[:1]], [microbatches]), lower_bound_ns=bound)
 
-    monkeypatch.setattr(search, "plan_pipelines", slow)
+    monkeypatch.setattr(search, "_plan_and_facts", lambda *a, **k: (slow(*a, **k), None))
     plan, baselines = search.plan_with_baselines(p, M, baseline_limit_s=10)
     fastest = min((b for b in baselines if b.plan is not None), key=lambda b: b.plan.iteration_ns)
     assert plan.iteration_ns == fastest.plan.iteration_ns < slow(p, M).iteration_ns
+    assert set(plan.devices_idle) == {d.name for d in p.devices} - {
+        d for q in plan.pipelines for st in q.plan.stages for d in st.devices}
     assert not pipelines_violations(p, plan, M)
     assert plan.lower_bound_ns == min(honest.lower_bound_ns, plan.iteration_ns) > 0
     assert plan.solver_status == ("OPTIMAL" if plan.lower_bound_ns >= plan.iteration_ns else "FEASIBLE")
@@ -248,13 +250,13 @@ def test_a_search_that_finds_nothing_falls_back_to_the_best_baseline(monkeypatch
     def nothing(problem, microbatches, options=None, **overrides):
         raise HetpartError("partitioner: no pipeline shape was solved within 1 s: raise --time-limit")
 
-    monkeypatch.setattr(search, "plan_pipelines", nothing)
+    monkeypatch.setattr(search, "_plan_and_facts", nothing)
     plan, baselines = search.plan_with_baselines(p, M, baseline_limit_s=10)
     fastest = min((b for b in baselines if b.plan is not None), key=lambda b: b.plan.iteration_ns)
     assert plan.iteration_ns == fastest.plan.iteration_ns and not pipelines_violations(p, plan, M)
     assert 0 < plan.lower_bound_ns <= brute_pipelines(p, M) <= plan.iteration_ns
     assert "the search found none" in plan.bound_note
-    monkeypatch.setattr(search, "plan_pipelines", nothing)
+    monkeypatch.setattr(search, "_plan_and_facts", nothing)
     monkeypatch.setattr("hetpart.partitioner.pipeline_baselines.pipeline_baselines",
                         lambda *a, **k: [search_baseline("megatron")])
     with pytest.raises(HetpartError, match="no pipeline shape was solved.*none of the baselines"):

@@ -1,0 +1,101 @@
+"""NOTE [idle reasons]: every reason a device of a `--parallel data` plan is idle, one small problem each, and
+the GPipe refusal that names 1F1B when 1F1B fits."""
+
+from __future__ import annotations
+
+import networkx as nx
+import pytest
+
+from hetpart.errors import HetpartError
+from hetpart.partitioner import MEM_BYTES, OUT_BYTES, PIN, PIN_FIRST, PIN_LAST, TIME_NS, WEIGHTS, Device, Link
+from hetpart.partitioner.pipeline_search import plan_pipelines, plan_with_baselines
+from hetpart.partitioner.pipelines import pipelines_violations
+from hetpart.partitioner.problem import Problem, Training
+from hetpart.partitioner.solve import SolveOptions
+
+
+def _chain(out_bytes: int = 0, mem_bytes: int = 0) -> nx.DiGraph:
+    """a -> b -> c, 40/60/50 ns, a weight of 100 bytes each (test_copies_of_one_machine's model)."""
+    g = nx.path_graph(["a", "b", "c"], create_using=nx.DiGraph)
+    nx.set_node_attributes(g, {"a": {"gpu": 40}, "b": {"gpu": 60}, "c": {"gpu": 50}}, TIME_NS)
+    nx.set_node_attributes(g, {"a": ("wa",), "b": ("wb",), "c": ("wc",)}, WEIGHTS)
+    nx.set_node_attributes(g, {"a": PIN_FIRST, "b": None, "c": PIN_LAST}, PIN)
+    nx.set_node_attributes(g, {"a": out_bytes, "b": out_bytes, "c": 0}, OUT_BYTES)
+    nx.set_node_attributes(g, dict.fromkeys(g, mem_bytes), MEM_BYTES)
+    return g
+
+
+def _machines(count: int, network: Link, g: nx.DiGraph, extra: list[Device] = ()) -> Problem:
+    """`count` machines of two 200-byte GPUs (each pipeline needs both: the weights are 300 bytes), 1F1B."""
+    devices = [Device(f"g{i}", "gpu", f"n{i // 2}", 200) for i in range(2 * count)] + list(extra)
+    return Problem(graph=g, weights={"wa": 100, "wb": 100, "wc": 100}, devices=devices,
+                   intra_node_links={d.node: Link(1000, 0) for d in devices}, network=network,
+                   training=Training("1f1b", 1, {}))
+
+
+def _reasons(plan) -> set[str]:
+    return {why.split(":")[0] for why in plan.devices_idle.values()}
+
+
+def test_memory_microbatches_and_every_idle_device_explained():
+    """Four machines, 3 microbatches: one 2-stage 1F1B pipeline takes 2 of them, so no second pipeline fits
+    the batch (microbatches); a 50-byte device holds no op with its 100-byte weight (memory)."""
+    tiny = Device("t0", "gpu", "n9", 50)
+    p = _machines(4, Link(1000, 0), _chain(), [tiny])
+    plan = plan_pipelines(p, 3, time_limit_s=10)
+    assert not pipelines_violations(p, plan, 3)
+    assert len(plan.pipelines) == 1
+    used = {d for q in plan.pipelines for s in q.plan.stages for d in s.devices}
+    assert set(plan.devices_idle) == {d.name for d in p.devices} - used
+    assert plan.devices_idle["t0"].startswith("memory: ")
+    assert {why for d, why in plan.devices_idle.items() if d != "t0" and d not in plan.pipelines[0].devices} \
+        and all(why.startswith("microbatches: ") for d, why in plan.devices_idle.items()
+                if d != "t0" and d not in plan.pipelines[0].devices)
+    # With a batch large enough for two pipelines, they are both used and nothing says "microbatches".
+    assert "microbatches" not in _reasons(plan_pipelines(p, 8, time_limit_s=10))
+
+
+def test_link_when_the_sync_costs_more_than_a_pipeline_saves():
+    """Two machines, a network of one byte per microsecond: the second machine's pipeline would halve the
+    pipelines' time (hundreds of ns), but all-reducing 150 bytes over that network costs 150 us."""
+    p = _machines(2, Link(1, 1000), _chain(out_bytes=1000))
+    plan = plan_pipelines(p, 4, time_limit_s=10)
+    assert not pipelines_violations(p, plan, 4)
+    assert len(plan.pipelines) == 1 and len(plan.devices_idle) == 2
+    assert _reasons(plan) == {"link"}, plan.devices_idle
+    # The same cluster for inference (no gradient sync): both machines run a pipeline.
+    inference = Problem(graph=p.graph, weights=p.weights, devices=p.devices, intra_node_links=p.intra_node_links,
+                        network=p.network)
+    assert not plan_pipelines(inference, 4, time_limit_s=10).devices_idle
+
+
+def test_gpipe_refusal_names_1f1b_when_it_fits():
+    """Activations of 100 bytes per op and microbatch, 250-byte devices, 4 microbatches: GPipe stashes all
+    four on every stage (400 bytes), 1F1B's first stage of two keeps two (200): the refusal says so."""
+    g = _chain(mem_bytes=100)
+    p = Problem(graph=g, weights={"wa": 1, "wb": 1, "wc": 1},
+                devices=[Device(f"g{i}", "gpu", "n0", 250) for i in range(3)],
+                intra_node_links={"n0": Link(1000, 0)}, network=Link(1000, 0), training=Training("gpipe", 4, {}))
+    with pytest.raises(HetpartError, match=r"with --schedule 1f1b .* a plan of \d stages fits: pass --schedule 1f1b") as e:
+        plan_with_baselines(p, 4, SolveOptions(time_limit_s=10), baseline_limit_s=5)
+    assert "has a plan whose every stage fits" in str(e.value)  # every shape tried: memory, not time
+    # When 1F1B does not fit either, the refusal does not suggest it.
+    small = Problem(graph=g, weights=p.weights, devices=[Device(f"g{i}", "gpu", "n0", 150) for i in range(3)],
+                    intra_node_links=p.intra_node_links, network=p.network, training=p.training)
+    with pytest.raises(HetpartError) as refused:
+        plan_with_baselines(small, 4, SolveOptions(time_limit_s=10), baseline_limit_s=5)
+    assert "1f1b" not in str(refused.value)
+
+
+def test_a_batch_no_mix_of_shapes_can_run_is_refused_for_memory():
+    """NOTE [outer program]: two machines, one shape of one machine whose plan holds the stash of at most 2
+    microbatches: 4 fit, 5 are proven impossible (not 'raise --time-limit')."""
+    from hetpart.partitioner.pipeline_outer import Candidate, solve_outer
+    from hetpart.partitioner.pipeline_search import MachineKind, Shape
+
+    kinds = [MachineKind("k0", (("gpu", 200),), (2,), ("n0", "n1"))]
+    shape = Candidate(Shape(machines=(1,)), ("g0", "g1"), None, 2, 1, 2, 300, 100, [0, 0, 10, 10])
+    got = solve_outer(kinds, [shape], 4, 2, 5.0)
+    assert got is not None and got.copies == [2] and got.microbatches == [4]
+    with pytest.raises(HetpartError, match="no mix of the 1 solved pipeline shapes runs the 5 microbatches"):
+        solve_outer(kinds, [shape], 5, 2, 5.0)

@@ -1,0 +1,85 @@
+"""NOTE [shapes on layers]: pipeline shapes solved on the layer-level problem give plans of the real problem,
+and the search's bound stays the real problem's (never the coarse one's)."""
+
+from __future__ import annotations
+
+import networkx as nx
+
+from hetpart.partitioner import MEM_BYTES, OUT_BYTES, PIN, PIN_FIRST, PIN_LAST, TIME_NS, WEIGHTS, Device, Link
+from hetpart.partitioner.pipeline_bounds import pipelines_lower_bound
+from hetpart.partitioner.pipeline_layers import layer_problem, solve_on_layers
+from hetpart.partitioner.pipeline_search import plan_pipelines
+from hetpart.partitioner.pipelines import pipeline_time_ns, pipelines_violations, sub_problem
+from hetpart.partitioner.problem import LAYER, Problem, Training
+from hetpart.partitioner.solve import SolveOptions
+from hetpart.partitioner.verify import plan_violations
+
+
+def layered(layers: int = 12, ops: int = 6) -> Problem:
+    """embed -> `layers` blocks of `ops` ops (a weight on every other op) -> head, on three machines of two
+    devices (fast and slow), 1F1B training."""
+    g = nx.DiGraph()
+    weights: dict[str, int] = {}
+    prev = None
+    names = ["embed"] + [f"b{i}.op{j}" for i in range(layers) for j in range(ops)] + ["head"]
+    for k, v in enumerate(names):
+        layer = v.split(".")[0]
+        w = (f"{v}.w",) if k % 2 == 0 else ()
+        weights.update({x: 400 for x in w})
+        g.add_node(v, **{TIME_NS: {"fast": 100 + 7 * (k % 5), "slow": 300 + 11 * (k % 3)}, MEM_BYTES: 20,
+                         OUT_BYTES: 64 if v != "head" else 0, WEIGHTS: w, LAYER: layer,
+                         PIN: PIN_FIRST if v == "embed" else PIN_LAST if v == "head" else None})
+        if prev is not None:
+            g.add_edge(prev, v)
+        prev = v
+    devices = [Device(f"{t}{m}/{i}", t, f"{t}{m}", 16_000) for t, m in (("fast", 0), ("fast", 1), ("slow", 0))
+               for i in range(2)]
+    return Problem(graph=g, weights=weights, devices=devices,
+                   intra_node_links={d.node: Link(1000, 100) for d in devices}, network=Link(100, 1000),
+                   training=Training("1f1b", 1, {w: 2 * b for w, b in weights.items()}))
+
+
+def test_layer_problem_has_one_node_per_layer_and_its_plans_are_real_plans():
+    p = layered()
+    layers = layer_problem(p)
+    assert layers is not None and layers.layers == 12 + 2  # the blocks, embed and head
+    devices = tuple(d.name for d in p.devices[:4])
+    plan = solve_on_layers(p, layers, devices, 4, SolveOptions(), 5)
+    sub = sub_problem(p, devices, 4)
+    assert plan is not None and not plan_violations(sub, plan)
+    assert plan.objective_ns == pipeline_time_ns(plan, 4)
+    assert set(plan.stage_of) == set(p.graph.nodes)
+    # A graph without layers has no layer problem: the search solves its shapes op by op.
+    flat = Problem(graph=nx.relabel_nodes(p.graph, {v: v for v in p.graph}), weights=p.weights, devices=p.devices,
+                   intra_node_links=p.intra_node_links, network=p.network, training=p.training)
+    nx.set_node_attributes(flat.graph, dict.fromkeys(flat.graph, None), LAYER)
+    assert layer_problem(flat) is None
+
+
+def test_search_on_layers_keeps_the_real_problems_bound():
+    p = layered()
+    M = 8
+    bound = pipelines_lower_bound(p, M).bound_ns
+    on_layers = plan_pipelines(p, M, time_limit_s=10)
+    on_ops = plan_pipelines(p, M, time_limit_s=10, run_coarsening=False)
+    assert on_layers.stats["layer_nodes"] == 14 and on_ops.stats["layer_nodes"] == 0
+    for plan in (on_layers, on_ops):
+        assert not pipelines_violations(p, plan, M)
+        assert plan.lower_bound_ns == min(bound, plan.iteration_ns) > 0
+
+
+def test_the_stash_estimate_grows_with_the_stages_under_1f1b_only():
+    """NOTE [pipeline shapes]: stage k of S keeps S - k microbatches, (S + 1) / 2 on average: the estimate adds
+    (S - 1) / 2 microbatches of activations to the model's need, S capped by the batch; GPipe and inference
+    add nothing (their stash is not the shape's)."""
+    from hetpart.partitioner.pipeline_search import stash_need_bytes
+
+    p = layered()
+    one_f1b = Problem(graph=p.graph, weights=p.weights, devices=p.devices, intra_node_links=p.intra_node_links,
+                      network=p.network, training=Training("1f1b", 5, {}))
+    assert stash_need_bytes(one_f1b, 1000, 100, 1) == 1000
+    assert stash_need_bytes(one_f1b, 1000, 100, 3) == 1100
+    assert stash_need_bytes(one_f1b, 1000, 100, 9) == 1200  # 5 stages at most: 5 microbatches
+    gpipe = Problem(graph=p.graph, weights=p.weights, devices=p.devices, intra_node_links=p.intra_node_links,
+                    network=p.network, training=Training("gpipe", 5, {}))
+    assert stash_need_bytes(gpipe, 1000, 100, 9) == 1000
