@@ -188,3 +188,19 @@ def test_max_tensor_parallel_solves_each_degree_and_keeps_the_best(tmp_path, cap
     plan = json.loads((out / "plan.json").read_text())
     assert abs(plan["bottleneck_us"] - values[chosen]) < 0.1
     assert all(len(s["devices"]) == chosen for s in plan["stages"])
+
+
+def test_replan_and_checkpoints_refuse_a_tp_plan(tmp_path, capsys):
+    from hetpart.cli import main
+
+    out = tmp_path / "out"
+    sets = [x for k, v in GPT.items() for x in ("--set", f"{k}={v}")]
+    assert main(["partition", "zoo:gpt-small", *sets, "--cluster", "preset:cpu-4", "--batch-size", "4", "--seq-len",
+                 "16", "--microbatches", "2", "--mode", "training", "--no-pt2", "--tensor-parallel", "2",
+                 "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["replan", str(out), "--lose", "local/3", "--out", str(tmp_path / "new")]) == 2
+    assert "tensor-parallel stages" in capsys.readouterr().err and not (tmp_path / "new").exists()
+    assert main(["run", str(out), "--mode", "training", "--steps", "2", "--checkpoint-every", "1",
+                 "--checkpoint-dir", str(tmp_path / "ck")]) == 2
+    assert "do not handle tensor-parallel" in capsys.readouterr().err and not (tmp_path / "ck").exists()

@@ -190,17 +190,26 @@ def lexicographic_plan(problem: Problem, scratch: Plan, holders: Mapping[str, tu
         best, status = (scratch.stage_of, relabel(problem, scratch, holders)), ["RELABELED"]
         kept = _kept_order(problem, scratch, holders, old_devices, limit) if old_devices else None
         if kept is not None:
-            key = lambda c: (lambda mv: (mv.between_bytes, mv.within_bytes))(moves(problem, *c, holders))  # noqa: E731
-            if key(kept) < key(best):
+            if _moved(problem, kept, holders) < _moved(problem, best, holders):
                 best, status = kept, ["KEPT_ORDER"]
     else:
         best, status = _solve_lexicographic(problem, scratch, holders, limit, time_limit_s, seed)
+    fallback = (scratch.stage_of, scratch.device_of_stage)
+    if _moved(problem, fallback, holders) < _moved(problem, best, holders):  # a step stopped early (time, invalid)
+        best, status = fallback, status + ["KEPT_SCRATCH"]
     plan = chosen_plan(problem, scratch, *best)
     if plan.bottleneck_ns > limit:  # cannot happen: the model caps it, a relabeling keeps every cost
         raise RuntimeError(f"hetpart bug: re-plan bottleneck {plan.bottleneck_ns} ns above the limit {limit} ns")
     return Replan(plan, scratch, moves(problem, plan.stage_of, plan.device_of_stage, holders),
                   moves(problem, scratch.stage_of, scratch.device_of_stage, holders), slack, limit, status,
                   time.perf_counter() - start)
+
+
+def _moved(problem: Problem, plan: tuple[dict[str, int], list[str]],
+           holders: Mapping[str, tuple[str, ...]]) -> tuple[int, int]:
+    """A candidate's (bytes between machines, bytes within): the order of NOTE [lexicographic re-plan]."""
+    mv = moves(problem, *plan, holders)
+    return mv.between_bytes, mv.within_bytes
 
 
 def relabel(problem: Problem, scratch: Plan, holders: Mapping[str, tuple[str, ...]]) -> list[str]:
