@@ -22,6 +22,7 @@ from hetpart.codegen import write_manifest
 from hetpart.codegen.pt2 import write_pt2_files
 from hetpart.codegen.split import stage_of_nodes
 from hetpart.codegen.split import shared_weights_file, store_weights_once
+from hetpart.codegen.virtual import virtual_manifest, virtual_report, virtual_summary
 from hetpart.devices import Cluster, load_cluster
 from hetpart.errors import HetpartError
 from hetpart.export.layers import align_to_layers, round_to_layers
@@ -35,6 +36,8 @@ from hetpart.ir import info
 from hetpart.partitioner import Plan, Problem, solve, verify_plan
 from hetpart.partitioner.problem import TIME_NS
 from hetpart.partitioner.pipelines import PipelinesPlan
+from hetpart.partitioner.simulate import VIRTUAL_SCHEDULES
+from hetpart.partitioner.virtual import check_virtual_options, plan_virtual
 from hetpart.pipeline_groups import check_groups, check_pipeline_options
 from hetpart.partitioner.baselines import baselines_json, check_strategy, compute_baselines, strategy_plan
 from hetpart.plan_report import ClusterDevice, ClusterRecord, ModelRecord, PlanReport, StageReport
@@ -61,7 +64,8 @@ class CompileOptions:
     dump_ir: Path | None = None  # also write the IR dumps here (besides OUT/ir/), as each pass ends
     pt2: bool = True  # also write rank<k>/stage.pt2 (torch.export.save, dynamic batch)
     mode: str = "inference"  # or "training": forward + backward costs, gradients, optimizer state, stash
-    schedule: str = "gpipe"  # training: "gpipe" or "1f1b" (decides the activation stash)
+    schedule: str = "gpipe"  # training: "gpipe" or "1f1b" (decides the activation stash); or an interleaved one:
+    virtual_stages: int | None = None  # its stages per device (default 2; NOTE [virtual stages plan])
     optimizer_bytes_per_param: int = 8  # training: optimizer state per parameter (Adam in fp32: 8)
     profiles: tuple[Path, ...] = ()  # `hetpart profile` tables: measured op times per device type
     meta: bool | None = None  # trace without weights (True), with them (False), or decide by size (None)
@@ -87,8 +91,8 @@ class CompileOptions:
             raise HetpartError(f"--gap must be a fraction in [0, 1), e.g. --gap 0.01 for 1% (got {self.gap})")
         if self.mode not in ("inference", "training"):
             raise HetpartError(f"--mode {self.mode}: expected inference or training")
-        if self.schedule not in ("gpipe", "1f1b"):
-            raise HetpartError(f"--schedule {self.schedule}: expected gpipe or 1f1b")
+        check_virtual_options(self.schedule, self.virtual_stages, self.microbatches,
+                              self.pipelines is not None or self.parallel == "data", self.strategy)
         if self.optimizer_bytes_per_param < 0:
             raise HetpartError(f"--optimizer-bytes-per-param must be >= 0 (got {self.optimizer_bytes_per_param})")
         check_strategy(self.strategy)
@@ -374,8 +378,12 @@ def compile_model(spec: ModelSpec, cluster_spec: str, out: Path, opts: CompileOp
                  f"{opts.microbatches} stage(s) (--microbatches {opts.microbatches}) on the {len(problem.devices)} "
                  "devices; more microbatches allow more stages")
         start = time.perf_counter()
+        vplan, real_problem = None, problem
         with progress.step("solving"):
-            if opts.strategy != "optimal":  # NOTE [--strategy] in partitioner/baselines.py
+            if opts.schedule in VIRTUAL_SCHEDULES:  # v stages per device: NOTE [virtual stages plan]
+                vplan = plan_virtual(problem, opts.virtual_stages or 2)
+                problem, plan = vplan.problem, vplan.plan
+            elif opts.strategy != "optimal":  # NOTE [--strategy] in partitioner/baselines.py
                 plan = strategy_plan(problem, opts.strategy, lambda: fx_baselines(gm, problem))
             else:
                 plan = solve(problem, time_limit_s=opts.time_limit_s, seed=opts.seed, gap=opts.gap,
@@ -389,6 +397,9 @@ def compile_model(spec: ModelSpec, cluster_spec: str, out: Path, opts: CompileOp
             echo(f"solve: {solve_s * 1e3:.1f} ms ({plan.solver_status})")
         with times.step("verify"):
             verify_plan(problem, plan)
+        if vplan is not None:
+            echo(virtual_summary(vplan))
+            plan, problem = vplan.on_devices(), real_problem  # the real devices, for what is written
         mark_stages(gm, pm, plan.stage_of, groups)
         # 4. Cut the graph into stages and write one rank directory per stage.
         with times.step("split"):
@@ -398,20 +409,24 @@ def compile_model(spec: ModelSpec, cluster_spec: str, out: Path, opts: CompileOp
         stage_flops, forward_ns = stage_sums(gm, plan, groups)
         stage_params = [sum(problem.weights[w] for w in s.weights.values()) for s in stages]
         with times.step("baselines"):  # what other tools would plan, in the same cost model
-            baselines = baselines_json(problem, plan, compute_baselines(problem) + fx_baselines(gm, problem),
-                                       opts.microbatches, opts.schedule)  # NOTE [simulated ratios]
-        layers = round_to_layers(problem, plan)  # what `hetpart export` writes for layer-level frameworks
+            baselines = [] if vplan is not None else baselines_json(  # (none of one stage per device interleaves)
+                problem, plan, compute_baselines(problem) + fx_baselines(gm, problem), opts.microbatches,
+                opts.schedule)  # NOTE [simulated ratios]
+        layers = None if vplan is not None else round_to_layers(problem, plan)  # what `hetpart export` writes
         report = plan_report(
             spec, cluster, opts, plan, microbatch_size, stage_flops=stage_flops, stage_param_bytes=stage_params,
             forward_ns=forward_ns if training is not None else None,
             model_sha256=model_sha256, on_meta=on_meta, gm_meta=gm.meta, baselines=baselines,
             emulation=emulation_record(problem, cluster, profiles),
             layers=layers.to_json() if layers is not None else None)
+        if vplan is not None:
+            report = virtual_report(report, vplan, microbatch_size)
         pj = report.to_json()
         write_json(tmp / "plan.json", pj)
         planned = [PlannedDevice(d.name, d.type.name, d.machine)
                    for d in (next(c for c in cluster.devices if c.name == n) for n in plan.device_of_stage)]
-        man = manifest(stages, files, planned)
+        man = manifest(stages, files, planned) if vplan is None else virtual_manifest(stages, files, planned,
+                                                                                     len(vplan.devices))
         finish_artifacts(tmp, man, report, gm, pm, solve_s, times, sign_key)  # 5. and the page
     return CompileResult(out=out, plan=plan, problem=problem, plan_json=pj, report=report)
 

@@ -153,7 +153,8 @@ def _check(name: str, values: list[int], length: int) -> None:
 
 
 def simulate(compute_ns: list[int], transfer_ns: list[int], microbatches: int, schedule: str = "gpipe",
-             backward_ns: list[int] | None = None, grad_transfer_ns: list[int] | None = None) -> Timeline:
+             backward_ns: list[int] | None = None, grad_transfer_ns: list[int] | None = None,
+             ranks: int | None = None) -> Timeline:
     """Play `schedule` for `microbatches` microbatches; see NOTE [schedule simulation].
 
     compute_ns[k]: forward time of stage k; transfer_ns[k]: time of boundary k
@@ -161,10 +162,19 @@ def simulate(compute_ns: list[int], transfer_ns: list[int], microbatches: int, s
     (forward and backward of every microbatch); gradients cross boundary k in
     `grad_transfer_ns[k]` (default: `transfer_ns[k]`, same bytes as the activations).
     Without it, only forwards run (inference): GPipe and 1F1B are then the same.
+    A virtual-stage schedule (NOTE [virtual-stage schedules]) runs the stages on `ranks` ranks
+    (default: one each), its backwards split by NOTE [backward split].
     """
     num_stages = len(compute_ns)
+    if schedule in VIRTUAL_SCHEDULES:
+        from hetpart.partitioner.costs import backward_split_ns  # (costs.py imports this module)
+
+        split = None if backward_ns is None else [backward_split_ns(b) for b in backward_ns]
+        return simulate_ranks(compute_ns, transfer_ns, microbatches, schedule, ranks or num_stages,
+                              None if split is None else [i for i, _ in split],
+                              None if split is None else [w for _, w in split], grad_transfer_ns)
     if schedule not in SCHEDULES:
-        raise HetpartError(f"simulate: unknown schedule '{schedule}' (known: {', '.join(SCHEDULES)})")
+        raise HetpartError(f"simulate: unknown schedule '{schedule}' (known: {', '.join(SCHEDULES + VIRTUAL_SCHEDULES)})")
     if microbatches < 1:
         raise HetpartError(f"simulate: microbatches must be >= 1, got {microbatches}")
     _check("compute_ns", compute_ns, num_stages)
