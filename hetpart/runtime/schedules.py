@@ -48,18 +48,21 @@ def check_schedule(schedule: str, manifest: dict[str, Any], microbatches: int) -
                                f"--microbatches {rounds * world}")
 
 
-class NoViewOutputs(torch.nn.Module):
-    """Copies every output that is a view (a value passed through, `view_as` of an input) into a tensor of its own.
+class OwnOutputs(torch.nn.Module):
+    """Returns a copy of every output, so that no output is a tensor the stage's own graph saved or a view.
 
-    Zero bubble's input-gradient step (torch's `stage_backward_input`) detaches the stage's outputs in place to
-    free their graph, which torch refuses for views; the other schedules keep the views (no copy)."""
+    Zero bubble's input-gradient step (torch's `stage_backward_input`) detaches the stage's outputs in place
+    to free their graph; an output that the stage's autograd graph also saved (a value it passes on and
+    uses itself, `gelu(linear)` sending `linear` on) is then gone when the weight-gradient step runs, and a
+    view (a value passed through) cannot be detached in place at all. One copy per output and microbatch;
+    the other schedules do not need it."""
 
     def __init__(self, inner: torch.nn.Module) -> None:
         super().__init__()
         self.inner = inner
 
     def forward(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:  # noqa: D102
-        return tuple(o.clone() if o._base is not None else o for o in self.inner(*args))
+        return tuple(o.clone() for o in self.inner(*args))
 
 
 class RankStages(torch.nn.Module):
@@ -109,7 +112,7 @@ def build_rank(out: Path, manifest: dict[str, Any], entry: dict[str, Any], devic
         boundaries.append(boundary)
         nxt = e["stage"] + 1
         shapes = None if training else static(e, every[nxt]["inputs"] if nxt < num_stages else e["outputs"])
-        runs = NoViewOutputs(boundary) if schedule_name == "interleaved-zb" else boundary
+        runs = OwnOutputs(boundary) if schedule_name == "interleaved-zb" else boundary
         stage = PipelineStage(runs, stage_index=e["stage"], num_stages=num_stages, device=device, group=group,
                               **(shapes or {}))
         stage.stage_index_to_group_rank = {k: k % world for k in range(num_stages)}  # NOTE [the mesh]
