@@ -381,6 +381,10 @@ def compile_model(spec: ModelSpec, cluster_spec: str, out: Path, opts: CompileOp
         vplan, real_problem = None, problem
         with progress.step("solving"):
             if opts.schedule in VIRTUAL_SCHEDULES:  # v stages per device: NOTE [virtual stages plan]
+                if on_meta:  # shard-weights fills one stage per rank
+                    raise HetpartError(f"--schedule {opts.schedule}: virtual stages of a model traced without "
+                                       "weights (--meta, or a model too big for this machine) are not written yet: "
+                                       "partition it with --schedule gpipe or 1f1b")
                 vplan = plan_virtual(problem, opts.virtual_stages or 2)
                 problem, plan = vplan.problem, vplan.plan
             elif opts.strategy != "optimal":  # NOTE [--strategy] in partitioner/baselines.py

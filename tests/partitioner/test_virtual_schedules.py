@@ -12,7 +12,7 @@ from hetpart.partitioner.evaluate import bottleneck_ns, evaluate
 from hetpart.partitioner.problem import PIN, PIN_FIRST, PIN_LAST, Device, Link, Training
 from hetpart.partitioner.simulate import rank_orders, simulate, simulate_ranks, stage_stash
 from hetpart.partitioner.verify import verify_plan
-from hetpart.partitioner.virtual import plan_virtual, virtual_lower_bound_ns
+from hetpart.partitioner.virtual import check_virtual_options, plan_virtual, virtual_lower_bound_ns
 from tests.partitioner.partition_cases import chain, make_problem
 
 CASES = [(d, v, m) for d in range(1, 5) for v in range(1, 4) for m in range(1, 9) if m % max(1, m // d) == 0]
@@ -157,3 +157,16 @@ def test_a_chain_plan_is_the_brute_force_optimum_when_memory_is_roomy():
     p = make_problem(nodes, edges, [Device("x/0", "a", "x", 10**9), Device("x/1", "a", "x", 10**9)])
     got = plan_virtual(p, 2)
     assert got.plan.bottleneck_ns == _brute_optimum(p, ["x/0", "x/1"], 2)
+
+
+@pytest.mark.parametrize("schedule, v, several, strategy, message", [
+    ("gpipe", 2, False, "optimal", "pass --schedule interleaved-1f1b or interleaved-zb with it"),
+    ("interleaved-1f1b", 1, False, "optimal", "runs 2 or more stages per device"),
+    ("interleaved-zb", None, True, "optimal", "leave out --pipelines and --parallel data"),
+    ("interleaved-zb", 2, False, "equal-layers", "--strategy equal-layers writes a baseline's plan"),
+    ("zbv", None, False, "optimal", "expected one of gpipe, 1f1b, interleaved-1f1b, interleaved-zb"),
+])
+def test_partition_options_refused_before_tracing(schedule, v, several, strategy, message):
+    with pytest.raises(HetpartError, match=message.replace("-", "\\-")):
+        check_virtual_options(schedule, v, 4, several, strategy)
+    check_virtual_options("interleaved-1f1b", None, 4, False, "optimal")  # the default V = 2
