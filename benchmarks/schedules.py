@@ -93,17 +93,21 @@ def main() -> int:
                       flush=True)
     print(f"\n{MODEL[0]} ({' '.join(MODEL[1:])}), {args.mode}, {args.microbatches} microbatches, preset:cpu-4, "
           f"profile --cluster preset:cpu-4 --backward; {args.rounds} rounds of {args.steps} steps\n")
-    print("| schedule | stages | simulated step ms | measured step ms (median of rounds) | rounds ms | error | load |")
-    print("|---|---|---|---|---|---|---|")
+    print(f"| schedule | stages | simulated step ms | measured step ms (median of rounds) | rounds ms | error | "
+          f"simulated / {args.schedules[0]} | measured / {args.schedules[0]} (median of rounds) | load |")
+    print("|---|---|---|---|---|---|---|---|---|")
     rows = []
+    base = args.schedules[0]
     for schedule in args.schedules:
+        sim_ratio = predicted_ms[schedule] / predicted_ms[base]
+        ratio = statistics.median(a / b for (a, _), (b, _) in zip(runs[schedule], runs[base]))  # same round
         measured = statistics.median(s for s, _ in runs[schedule]) * 1e3
         error = abs(measured - predicted_ms[schedule]) / measured
         print(f"| {schedule} | {stage_counts[schedule]} | {predicted_ms[schedule]:.1f} | {measured:.1f} | "
-              f"{' / '.join(f'{s * 1e3:.0f}' for s, _ in runs[schedule])} | {error:.0%} | "
+              f"{' / '.join(f'{s * 1e3:.0f}' for s, _ in runs[schedule])} | {error:.0%} | {sim_ratio:.2f} | {ratio:.2f} | "
               f"{' / '.join(f'{ld:.1f}' for _, ld in runs[schedule])} |")
         rows.append({"schedule": schedule, "simulated_ms": predicted_ms[schedule], "measured_ms": measured,
-                     "error": error, "runs": runs[schedule]})
+                     "error": error, "runs": runs[schedule], "simulated_ratio": sim_ratio, "measured_ratio": ratio})
     if args.json is not None:
         args.json.write_text(json.dumps(rows, indent=2) + "\n")
     return 0
