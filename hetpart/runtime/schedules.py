@@ -80,9 +80,9 @@ class RankStages(torch.nn.Module):
 
 @dataclass
 class RankRun:
-    """What a rank of a virtual-stage plan runs: its stages' modules, their wrappers, and the schedule."""
+    """What a rank runs: its stage's module (several stages: their `RankStages`), the wrappers, the schedule."""
 
-    module: RankStages
+    module: torch.nn.Module
     boundaries: list[torch.nn.Module]  # one `Boundary` per stage; they share the first's timing lists
     schedule: Any
     first: bool  # runs stage 0: feeds the inputs
@@ -91,12 +91,31 @@ class RankRun:
 
 
 def build_rank(out: Path, manifest: dict[str, Any], entry: dict[str, Any], device: torch.device, schedule_name: str,
-               microbatches: int, training: bool, group: Any, wrap: Callable[[torch.nn.Module], torch.nn.Module],
-               loss_fn: Callable | None, weight_names: Callable[[torch.nn.Module], dict[str, str]],
-               static: Callable[[dict[str, Any], list[dict]], dict | None]) -> RankRun:
-    """Load every stage of this rank, wrap each (`wrap`: the worker's `Boundary`) in a PipelineStage and build the
-    multi-stage schedule (NOTE [virtual-stage manifest]); `static(entry, next_inputs)` gives a stage's inference
-    shapes (NOTE [static stage metadata] in worker.py), `weight_names` a loaded stage's attribute -> FQN."""
+               microbatches: int, training: bool, group: Any, group_ranks: list[int], pipeline_stages: list[list[int]],
+               wrap: Callable[[torch.nn.Module], torch.nn.Module], loss_fn: Callable | None,
+               weight_names: Callable[[torch.nn.Module], dict[str, str]],
+               static: Callable[[dict[str, Any], list[dict] | None], dict | None]) -> RankRun:
+    """Load this rank's stage (`entry`), wrap it (`wrap`: the worker's `Boundary`) in a PipelineStage of its
+    pipeline (`group`, of `group_ranks`; `pipeline_stages`: stage -> ranks) and build the schedule; with a
+    multi-stage schedule, every stage of the rank (NOTE [virtual-stage manifest]). `static(entry, sent)` gives
+    a stage's inference shapes (NOTE [static stage metadata] in worker.py; `sent` None: what the next rank
+    receives), `weight_names` a loaded stage's attribute -> FQN."""
+    if schedule_name not in MULTI_STAGE:
+        module = load_stage(out, entry).to(device)
+        print(f"rank {entry['rank']}: loaded {entry['dir']}/stage.py and {len(entry['weights'])} weight(s) on "
+              f"{device}", flush=True)
+        module.requires_grad_(training)
+        shapes = None if training else static(entry, None)
+        boundary = wrap(module)
+        stage = PipelineStage(boundary, stage_index=entry["stage"], num_stages=len(pipeline_stages), device=device,
+                              group=group, **(shapes or {}))
+        # Each stage's peer in the pipeline group: its rank's place there (NOTE [the mesh]).
+        stage.stage_index_to_group_rank = {k: group_ranks.index(r) for k, ranks in enumerate(pipeline_stages)
+                                           for r in ranks if r in group_ranks}
+        schedule = SCHEDULES[schedule_name](stage, n_microbatches=microbatches, loss_fn=loss_fn,
+                                            scale_grads=False)  # NOTE [pipelines gradients]
+        return RankRun(module=module, boundaries=[boundary], schedule=schedule, first=entry["stage"] == 0,
+                       last=entry["stage"] == len(pipeline_stages) - 1, output_entry=entry)
     every = stage_entries(manifest)
     world, num_stages = manifest["world_size"], len(every)
     mine = rank_stage_entries(entry)

@@ -29,11 +29,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from safetensors.torch import load_file, save_file
-from torch.distributed.pipelining import PipelineStage
 
 from hetpart.errors import HetpartError
-from hetpart.runtime.artifacts import dim_size, load_manifest, load_stage, rank_pipeline, read_plan, symbol_sizes
-from hetpart.runtime.schedules import MULTI_STAGE, SCHEDULES, build_rank
+from hetpart.runtime.artifacts import dim_size, load_manifest, rank_pipeline, read_plan, symbol_sizes
+from hetpart.runtime.schedules import SCHEDULES, build_rank
 from hetpart.trust import read_key
 
 # NOTE [test-only crash hook]: HETPART_TEST_CRASH_RANK=K makes rank K SIGKILL itself after its
@@ -220,28 +219,12 @@ def run_rank(out: Path, io_dir: Path, mode: str, schedule_name: str, microbatche
     pipe = rank_pipeline(manifest, rank)
     pipeline = next(g for g in mesh["groups"] if g["name"] == pipe.group)
     share = pipe.microbatches or microbatches  # this pipeline's microbatches of the global batch
-    output_entry = entry
-    if schedule_name in MULTI_STAGE:  # several stages per rank: NOTE [virtual-stage manifest]
-        built = build_rank(out, manifest, entry, device, schedule_name, share, training, groups[pipeline["name"]],
-                           Boundary, training_loss if training else None, _weight_names,
-                           lambda e, sent: _static_metadata(manifest, e, sizes, device, sent))
-        module, boundary, schedule = built.module, built.boundaries[0], built.schedule
-        first, last, output_entry = built.first, built.last, built.output_entry
-    else:
-        module = load_stage(out, entry).to(device)
-        print(f"rank {rank}: loaded {entry['dir']}/stage.py and {len(entry['weights'])} weight(s) on {device}",
-              flush=True)
-        module.requires_grad_(training)
-        static = None if training else _static_metadata(manifest, entry, sizes, device)
-        boundary = Boundary(module)
-        first, last = entry["stage"] == 0, entry["stage"] == len(pipe.stages) - 1
-        stage = PipelineStage(boundary, stage_index=entry["stage"], num_stages=len(pipe.stages), device=device,
-                              group=groups[pipeline["name"]], **(static or {}))
-        # Each stage's peer in the pipeline group: its rank's place there (NOTE [the mesh]).
-        stage.stage_index_to_group_rank = {k: pipeline["ranks"].index(r) for k, ranks in enumerate(pipe.stages)
-                                           for r in ranks if r in pipeline["ranks"]}
-        schedule = SCHEDULES[schedule_name](stage, n_microbatches=share, loss_fn=training_loss if training else None,
-                                            scale_grads=False)  # NOTE [pipelines gradients]
+    # This rank's stage(s) in PipelineStages and the schedule (several stages per rank: NOTE [virtual-stage manifest]).
+    built = build_rank(out, manifest, entry, device, schedule_name, share, training, groups[pipeline["name"]],
+                       pipeline["ranks"], pipe.stages, Boundary, training_loss if training else None, _weight_names,
+                       lambda e, sent: _static_metadata(manifest, e, sizes, device, sent))
+    module, boundary, schedule = built.module, built.boundaries[0], built.schedule
+    first, last, output_entry = built.first, built.last, built.output_entry
     params = [p for p in module.parameters() if p.requires_grad]
     shared = shared_weight_groups(manifest) if training else []
     process_groups = [groups[g["name"]] for g in mesh["groups"] if g["kind"] == "weights" and training]
