@@ -16,7 +16,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from hetpart.errors import HetpartError
-from hetpart.partitioner.dp import contiguous_plan, fixed_device_dp, order_tables, valid_cuts
+from hetpart.partitioner.coarsen import cut_candidates
+from hetpart.partitioner.dp import (
+    COARSE_CUTS, EXACT_CUTS, contiguous_plan, fixed_device_dp, order_tables, refine_cuts, valid_cuts,
+)
 from hetpart.partitioner.problem import TIME_NS, Device, Plan, Problem
 from hetpart.partitioner.simulate import VIRTUAL_SCHEDULES
 
@@ -117,8 +120,14 @@ def plan_virtual(problem: Problem, virtual_stages: int, devices: list[str] | Non
         raise HetpartError(f"--virtual-stages {virtual_stages}: the model has {len(cuts) + 1} places to cut at most, "
                            f"fewer than the {num_stages} stages of {virtual_stages} per device on {len(devices)} "
                            "devices: pass a smaller --virtual-stages")
+    exact = len(cuts) <= EXACT_CUTS  # above, NOTE [candidate cuts]: candidates first, then windows around them
+    if not exact:
+        coarse = cut_candidates(tab, max(COARSE_CUTS, 4 * num_stages))
+        cuts = coarse[valid_cuts(tab)[coarse]]
     windows = [np.array([0])] + [cuts] * (num_stages - 1) + [np.array([tab.n])]
     seg = fixed_device_dp(vp, tab, sequence, windows)
+    if seg is not None and not exact:
+        seg = refine_cuts(vp, tab, seg, radius=max(1, tab.n // (2 * len(cuts))))
     if seg is None:
         raise HetpartError(f"--virtual-stages {virtual_stages}: no plan of {num_stages} stages fits in memory when "
                            f"each device's {virtual_stages} stages get 1/{virtual_stages} of it each "
