@@ -89,8 +89,11 @@ def _parser() -> argparse.ArgumentParser:
     part.add_argument("--mode", default="inference", choices=["inference", "training"],
                       help="what the plan is for; training costs forward + backward and holds gradients, "
                            "optimizer state and the schedule's activation stash")
-    part.add_argument("--schedule", default="gpipe", choices=["gpipe", "1f1b"],
-                      help="training: GPipe stashes all microbatches, 1F1B stage k of S min(S-k, M)")
+    part.add_argument("--schedule", default="gpipe", choices=["gpipe", "1f1b", "interleaved-1f1b", "interleaved-zb"],
+                      help="training: GPipe stashes all microbatches, 1F1B stage k of S min(S-k, M); the interleaved "
+                           "ones plan --virtual-stages per device (README: Schedules)")
+    part.add_argument("--virtual-stages", type=_COUNT, default=None, metavar="V",
+                      help="with an interleaved --schedule: stages per device, V*D in all (default 2)")
     part.add_argument("--optimizer-bytes-per-param", type=_number(int, minimum=0, maximum=1024), default=8, metavar="N",
                       help="training: optimizer state per parameter (default 8: Adam's two fp32 moments)")
     part.add_argument("--profile", dest="profiles", action="append", type=Path, default=[], metavar="FILE",
@@ -153,7 +156,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--verify", action="store_true", help="compare outputs (and gradients) with the unpartitioned model")
     run.add_argument("--mode", choices=["inference", "training"], default="inference",
                      help="training: MSE loss on the first output, SGD step on every rank")
-    run.add_argument("--schedule", choices=["gpipe", "1f1b"], default="gpipe", help="pipeline schedule")
+    run.add_argument("--schedule", choices=["gpipe", "1f1b", "interleaved-1f1b", "interleaved-zb"], default=None,
+                     help="pipeline schedule (default: the plan's interleaved one, else gpipe)")
     run.add_argument("--microbatches", type=_COUNT, default=None, help="default: the plan's")
     run.add_argument("--batch-size", type=_COUNT, default=None,
                      help="run (and --verify) at this batch instead of the traced one; the batch is always dynamic")
@@ -321,6 +325,7 @@ def _partition(args: argparse.Namespace, console: Console) -> int:
     opts = CompileOptions(microbatches=args.microbatches, time_limit_s=args.time_limit, gap=args.gap, seed=args.seed,
                           force=args.force, pt2=args.pt2, meta=args.meta, print_ir_after=frozenset(args.print_ir_after),
                           verbose=args.verbose, dump_ir=args.dump_ir, mode=args.mode, schedule=args.schedule,
+                          virtual_stages=args.virtual_stages,
                           optimizer_bytes_per_param=args.optimizer_bytes_per_param, profiles=tuple(args.profiles),
                           sign_key=args.sign_key, check_certificate=args.check_certificate,
                           strategy=args.strategy, align=args.align, tensor_parallel=args.tensor_parallel,

@@ -23,6 +23,7 @@ from hetpart.codegen.analysis import write_analysis
 from hetpart.codegen.pt2 import write_pt2_files
 from hetpart.codegen.split import stage_of_nodes
 from hetpart.codegen.split import shared_weights_file, store_weights_once
+from hetpart.codegen.virtual import virtual_manifest, virtual_report, virtual_summary
 from hetpart.devices import Cluster, load_cluster
 from hetpart.errors import HetpartError
 from hetpart.export.layers import align_to_layers, round_to_layers
@@ -36,6 +37,8 @@ from hetpart.ir import info
 from hetpart.partitioner import Plan, Problem, solve, verify_plan
 from hetpart.partitioner.problem import TIME_NS
 from hetpart.partitioner.pipelines import PipelinesPlan
+from hetpart.partitioner.simulate import VIRTUAL_SCHEDULES
+from hetpart.partitioner.virtual import check_virtual_options, plan_virtual
 from hetpart.pipeline_groups import check_groups, check_pipeline_options
 from hetpart.partitioner.baselines import baselines_json, check_strategy, compute_baselines, strategy_plan
 from hetpart.plan_report import ClusterDevice, ClusterRecord, ModelRecord, PlanReport, StageReport
@@ -64,7 +67,8 @@ class CompileOptions:
     dump_ir: Path | None = None  # also write the IR dumps here (besides OUT/ir/), as each pass ends
     pt2: bool = True  # also write rank<k>/stage.pt2 (torch.export.save, dynamic batch)
     mode: str = "inference"  # or "training": forward + backward costs, gradients, optimizer state, stash
-    schedule: str = "gpipe"  # training: "gpipe" or "1f1b" (decides the activation stash)
+    schedule: str = "gpipe"  # training: "gpipe" or "1f1b" (decides the activation stash); or an interleaved one:
+    virtual_stages: int | None = None  # its stages per device (default 2; NOTE [virtual stages plan])
     optimizer_bytes_per_param: int = 8  # training: optimizer state per parameter (Adam in fp32: 8)
     profiles: tuple[Path, ...] = ()  # `hetpart profile` tables: measured op times per device type
     meta: bool | None = None  # trace without weights (True), with them (False), or decide by size (None)
@@ -95,8 +99,11 @@ class CompileOptions:
             raise HetpartError(f"--gap must be a fraction in [0, 1), e.g. --gap 0.01 for 1% (got {self.gap})")
         if self.mode not in ("inference", "training"):
             raise HetpartError(f"--mode {self.mode}: expected inference or training")
-        if self.schedule not in ("gpipe", "1f1b"):
-            raise HetpartError(f"--schedule {self.schedule}: expected gpipe or 1f1b")
+        check_virtual_options(self.schedule, self.virtual_stages, self.microbatches,
+                              self.pipelines is not None or self.parallel == "data", self.strategy)
+        if self.schedule in VIRTUAL_SCHEDULES and (self.tensor_parallel > 1 or self.max_tensor_parallel > 1):
+            raise HetpartError(f"--schedule {self.schedule} with tensor-parallel stages is not planned yet: drop "
+                               "--tensor-parallel/--max-tensor-parallel, or use --schedule gpipe or 1f1b")
         if self.optimizer_bytes_per_param < 0:
             raise HetpartError(f"--optimizer-bytes-per-param must be >= 0 (got {self.optimizer_bytes_per_param})")
         check_strategy(self.strategy)
@@ -397,9 +404,17 @@ def compile_model(spec: ModelSpec, cluster_spec: str | Cluster, out: Path, opts:
                  "devices; more microbatches allow more stages")
         write_analysis(tmp, problem, cluster)  # what `hetpart replan` plans from without a trace
         start = time.perf_counter()
+        vplan, real_problem = None, problem
         with progress.step("solving"):
             if opts.replan is not None:  # NOTE [re-plan from the stored analysis] in hetpart/replan.py
                 plan = opts.replan.plan_for(problem)
+            elif opts.schedule in VIRTUAL_SCHEDULES:  # v stages per device: NOTE [virtual stages plan]
+                if on_meta:  # shard-weights fills one stage per rank
+                    raise HetpartError(f"--schedule {opts.schedule}: virtual stages of a model traced without "
+                                       "weights (--meta, or a model too big for this machine) are not written yet: "
+                                       "partition it with --schedule gpipe or 1f1b")
+                vplan = plan_virtual(problem, opts.virtual_stages or 2)
+                problem, plan = vplan.problem, vplan.plan
             elif opts.strategy != "optimal":  # NOTE [--strategy] in partitioner/baselines.py
                 plan = strategy_plan(problem, opts.strategy, lambda: fx_baselines(gm, problem))
             elif opts.max_tensor_parallel > 1:  # NOTE [tensor-parallel degree choice]
@@ -421,6 +436,9 @@ def compile_model(spec: ModelSpec, cluster_spec: str | Cluster, out: Path, opts:
             verify_plan(problem, plan)
         if tp is not None and on_meta:  # NOTE [weight manifests]: shard-weights fills whole tensors only
             raise tp_on_meta(tp.sharding.degree)
+        if vplan is not None:
+            echo(virtual_summary(vplan))
+            plan, problem = vplan.on_devices(), real_problem  # the real devices, for what is written
         mark_stages(gm, pm, plan.stage_of, groups)
         # 4. Cut the graph into stages and write one rank directory per stage.
         with times.step("split"):
@@ -435,21 +453,29 @@ def compile_model(spec: ModelSpec, cluster_spec: str | Cluster, out: Path, opts:
             shown, forward_ns = tp.with_groups(plan)
         stage_params = [sum(problem.weights[w] for w in s.weights.values()) for s in stages]
         with times.step("baselines"):  # what other tools would plan, in the same cost model
-            baselines = baselines_json(problem, plan, compute_baselines(problem) + fx_baselines(gm, problem),
-                                       opts.microbatches, opts.schedule)  # NOTE [simulated ratios]
-        layers = round_to_layers(problem, plan)  # what `hetpart export` writes for layer-level frameworks
+            baselines = [] if vplan is not None else baselines_json(  # (none of one stage per device interleaves)
+                problem, plan, compute_baselines(problem) + fx_baselines(gm, problem), opts.microbatches,
+                opts.schedule)  # NOTE [simulated ratios]
+        layers = None if vplan is not None else round_to_layers(problem, plan)  # what `hetpart export` writes
         report = plan_report(
             spec, cluster, opts, shown, microbatch_size, stage_flops=stage_flops, stage_param_bytes=stage_params,
             forward_ns=forward_ns if training is not None else None,
             model_sha256=model_sha256, on_meta=on_meta, gm_meta=gm.meta, baselines=baselines,
             emulation=emulation_record(problem, cluster, profiles),
             layers=layers.to_json() if layers is not None else None)
+        if vplan is not None:
+            report = virtual_report(report, vplan, microbatch_size)
         pj = report.to_json()
         write_json(tmp / "plan.json", pj)
         rank_devices = plan.device_of_stage if tp is None else [n for s in shown.stages for n in s.devices]
         planned = [PlannedDevice(d.name, d.type.name, d.machine)
                    for d in (next(c for c in cluster.devices if c.name == n) for n in rank_devices)]
-        man = manifest(ranks, files, planned) if tp is None else tp.manifest(manifest(ranks, files, planned), ranks)
+        if tp is not None:
+            man = tp.manifest(manifest(ranks, files, planned), ranks)
+        elif vplan is not None:
+            man = virtual_manifest(stages, files, planned, len(vplan.devices))
+        else:
+            man = manifest(stages, files, planned)
         finish_artifacts(tmp, man, report, gm, pm, solve_s, times, sign_key)  # 5. and the page
     return CompileResult(out=out, plan=plan, problem=problem, plan_json=pj, report=report)
 

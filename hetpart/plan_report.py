@@ -154,6 +154,9 @@ class PlanReport:
     align: str = _f(str, "ops")  # "layers": planned with cuts only between modules (`--align layers`)
     layers: dict | None = _f((dict, NoneType), None)  # the plan rounded to whole modules, for `hetpart export`
     replan: dict | None = _f((dict, NoneType), None, omit_none=True)  # `hetpart replan`: bytes moved (hetpart/replan.py)
+    # Virtual stages (issue 23): each device runs this many stages, stage k on the k mod D-th (NOTE [virtual stages
+    # plan] in partitioner/virtual.py); left out of a plan without them.
+    virtual_stages: int | None = _f((int, NoneType), None, omit_none=True)
     # Several data-parallel pipelines (issue 19); all left out for one pipeline (NOTE [plan.json fields]).
     pipelines: list[PipelineReport] | None = _f((list, NoneType), None, omit_none=True, items=PipelineReport)
     iteration_us: float | None = _f(NUMBER + (NoneType,), None, omit_none=True)  # slowest pipeline + grad sync

@@ -144,6 +144,9 @@ def replan(old: Path, out: Path, *, cluster: str | None = None, lose: tuple[str,
     check_listed_files(old, manifest)
     if len({e.get("pipeline", 0) for e in manifest["ranks"]}) > 1:
         raise HetpartError(f"{old} holds several data-parallel pipelines; `hetpart replan` re-plans one pipeline")
+    if plan.virtual_stages is not None:
+        raise HetpartError(f"{old} runs {plan.virtual_stages} virtual stages per device; `hetpart replan` re-plans a "
+                           "pipeline of one stage per device: partition from scratch for the new cluster")
     if "tensor_parallel" in manifest["mesh"]:
         raise HetpartError(f"{old} has tensor-parallel stages; `hetpart replan` re-plans a pipeline of one device per "
                            "stage: partition from scratch for the new cluster")

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from hetpart.errors import HetpartError
 from hetpart.export.layers import LayerPlan
+from hetpart.partitioner.simulate import VIRTUAL_SCHEDULES, rank_orders
 
 FORMATS = ("torchtitan", "megatron", "deepspeed", "accelerate", "schedule-csv")
 
@@ -34,6 +35,10 @@ class Exported:
 def layer_plan(pj: dict, fmt: str) -> LayerPlan:
     """plan.json's layer-rounded plan, or an error that says why a layer-level format cannot be written."""
     data = pj.get("layers")
+    if pj.get("virtual_stages"):  # NOTE [virtual stages plan]: no layer rounding of them yet
+        raise HetpartError(f"--format {fmt}: this plan has {pj['virtual_stages']} virtual stages per device, which "
+                           "hetpart does not round to whole modules yet; use --format schedule-csv, or partition "
+                           "without an interleaved --schedule")
     if "layers" not in pj:
         raise HetpartError(f"--format {fmt}: plan.json has no `layers` section (written by an older hetpart); "
                            "re-run `hetpart partition`")
@@ -80,14 +85,19 @@ def _header(pj: dict, fmt: str, lp: LayerPlan | None, comment: str = "#") -> lis
 
 # --- torch.distributed.pipelining's schedule CSV -------------------------------------------------
 
-def schedule_rows(num_stages: int, microbatches: int, schedule: str) -> list[list[str]]:
+def schedule_rows(num_stages: int, microbatches: int, schedule: str, ranks: int | None = None) -> list[list[str]]:
     """Rank k's actions (it runs stage k), as torch's `_Action` strings: `2F0` is stage 2's forward of
-    microbatch 0, `2B0` its full backward.
+    microbatch 0, `2B0` its full backward. An interleaved schedule's stages run on `ranks` ranks, stage k
+    on rank k mod ranks, in `simulate.rank_orders`'s order (NOTE [virtual-stage schedules]; zero bubble's
+    `2I0`, `2W0` are its input and weight gradients).
 
     GPipe runs every forward, then every backward; 1F1B warms up with S-1-k forwards, then
     alternates one forward and one backward, then drains the backwards: the orders of torch's
     `ScheduleGPipe` and `Schedule1F1B` (`_get_pipeline_order` in torch/distributed/pipelining/schedules.py).
     """
+    if schedule in VIRTUAL_SCHEDULES:
+        v = num_stages // (ranks or num_stages)
+        return [[str(a) for a in order] for order in rank_orders(schedule, num_stages // v, v, microbatches)]
     rows = []
     for k in range(num_stages):
         if schedule == "gpipe":
@@ -104,16 +114,17 @@ def schedule_rows(num_stages: int, microbatches: int, schedule: str) -> list[lis
     return rows
 
 
-def schedule_csv(num_stages: int, microbatches: int, schedule: str) -> str:
+def schedule_csv(num_stages: int, microbatches: int, schedule: str, ranks: int | None = None) -> str:
     """The CSV `PipelineScheduleMulti._load_csv` reads (format "compute_only"): one row per rank, one
     action per cell, as `_dump_csv` writes it (torch/distributed/pipelining/schedules.py)."""
     buf = io.StringIO()
-    csv.writer(buf, lineterminator="\n").writerows(schedule_rows(num_stages, microbatches, schedule))
+    csv.writer(buf, lineterminator="\n").writerows(schedule_rows(num_stages, microbatches, schedule, ranks))
     return buf.getvalue()
 
 
 def _stage_map_notes(pj: dict) -> list[str]:
-    return [f"note: stage {s['index']} -> rank {s['index']}: {s['device']} ({s['device_type']}, machine "
+    ranks = len(pj["stages"]) // (pj.get("virtual_stages") or 1)  # stage k on rank k mod ranks
+    return [f"note: stage {s['index']} -> rank {s['index'] % ranks}: {s['device']} ({s['device_type']}, machine "
             f"{s['machine']})" for s in pj["stages"]]
 
 
@@ -125,7 +136,8 @@ def export_schedule_csv(pj: dict) -> Exported:
     if pj["mode"] != "training":
         notes.append("note: an inference plan: the CSV holds the training step's order (torch's schedule "
                      "runtime runs a backward for every forward)")
-    return Exported(schedule_csv(len(pj["stages"]), pj["microbatches"], pj["schedule"]), notes=notes)
+    ranks = len(pj["stages"]) // (pj.get("virtual_stages") or 1)
+    return Exported(schedule_csv(len(pj["stages"]), pj["microbatches"], pj["schedule"], ranks), notes=notes)
 
 
 # --- torchtitan ---------------------------------------------------------------------------------

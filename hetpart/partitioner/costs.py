@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from hetpart.partitioner.problem import MEM_BYTES, OUT_BYTES, TIME_NS, Link, Problem, Slot
+from hetpart.partitioner.simulate import VIRTUAL_SCHEDULES, stage_stash
 
 # NOTE [stage time]
 # A plan is a chain of stages 0..S-1, stage k on slot `slot_of_stage[k]` (today one device, see
@@ -45,7 +46,10 @@ from hetpart.partitioner.problem import MEM_BYTES, OUT_BYTES, TIME_NS, Link, Pro
 # it has run forward but not yet backward -- the stash:
 #   GPipe: all M microbatches run forward before the first backward, so M;
 #   1F1B: stage k of S runs S-1-k warm-up forwards, then one forward before
-#     each backward, so it keeps min(S-k, M) (stage 0 keeps the most).
+#     each backward, so it keeps min(S-k, M) (stage 0 keeps the most);
+#   interleaved 1F1B and zero bubble (S = v*D stages, `Training.virtual_stages` = v): the most
+#     forwards of stage k not yet backward (zero bubble: not yet weight-gradient) along its
+#     rank's order, `simulate.stage_stash` (NOTE [virtual-stage schedules]); at most M.
 # The stash depends on S, the number of stages used: CP-SAT enforces it under
 # a literal per possible S (cpsat.py), the DP and the bounds use the largest
 # (`max_stage_memory_bytes`) or the least (`least_stash`) as their relaxation needs.
@@ -79,6 +83,22 @@ def segment_time_table_ns(compute_prefix_ns: tuple[np.ndarray, np.ndarray], comm
     """
     at_starts, at_ends = compute_prefix_ns
     return (comm_in_ns - at_starts)[:, None] + (at_ends + comm_out_ns)[None, :]
+
+
+# NOTE [backward split]: zero-bubble schedules run a stage's backward as two actions, the input
+# gradient (sent to the previous stage at once) and the weight gradient (deferred into the
+# bubbles). For a matmul y = x W each is one matmul of the forward's size, so the split is half
+# and half; ops without weights (norms, activations) have only an input gradient, so the input
+# half is a lower estimate where they dominate. `backward_split_ns` is the one rule the simulator,
+# the report and the benchmark use.
+def backward_split_ns(backward_ns: int) -> tuple[int, int]:
+    """(input gradient, weight gradient) of a stage whose full backward takes `backward_ns` (NOTE [backward split]).
+
+        >>> backward_split_ns(7)
+        (4, 3)
+    """
+    weight = backward_ns // 2
+    return backward_ns - weight, weight
 
 
 def node_time_ns(problem: Problem, v: str, device_type: str) -> int:
@@ -236,6 +256,11 @@ def stash_microbatches(problem: Problem, stage: int, num_stages: int) -> int:
         return 1
     if t.schedule == "gpipe":
         return t.microbatches
+    if t.schedule in VIRTUAL_SCHEDULES:
+        if num_stages % t.virtual_stages:  # not a virtual-stage plan's stage count: the most any stage holds
+            return t.microbatches
+        return max(1, stage_stash(t.schedule, num_stages // t.virtual_stages, t.virtual_stages,
+                                  t.microbatches)[stage])
     return max(1, min(num_stages - stage, t.microbatches))
 
 
@@ -303,7 +328,7 @@ def max_stage_memory_bytes(problem: Problem) -> tuple[int, dict[str, int]]:
     `stage_memory_bytes` of any stage in any plan.
     """
     t = problem.training
-    mult = 1 if t is None else t.microbatches if t.schedule == "gpipe" else min(
+    mult = 1 if t is None else t.microbatches if t.schedule in ("gpipe", *VIRTUAL_SCHEDULES) else min(
         t.microbatches, problem.max_stages or len(problem.devices))
     return max(1, mult), {w: held_weight_bytes(problem, w) for w in problem.weights}
 

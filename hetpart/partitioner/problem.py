@@ -107,7 +107,7 @@ class Link:
         return transfer_ns(self, nbytes)
 
 
-SCHEDULES = ("gpipe", "1f1b")
+SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "interleaved-zb")  # the last two: NOTE [virtual-stage schedules]
 
 
 @dataclass(frozen=True)
@@ -122,6 +122,7 @@ class Training:
     schedule: str  # "gpipe" or "1f1b": how many microbatches' activations a stage keeps
     microbatches: int  # M
     state_bytes: dict[str, int] = field(default_factory=dict)  # weight -> gradient + optimizer state bytes
+    virtual_stages: int = 1  # stages per device of an interleaved schedule (NOTE [virtual stages plan] in virtual.py)
 
 
 @dataclass

@@ -46,7 +46,7 @@ from hetpart.errors import HetpartError
 # reached them (ties: gradients first, then lower stage, then microbatch).
 # This is deterministic, and tests check every S <= 6, M <= 8 for deadlocks.
 
-Kind = Literal["fwd", "bwd", "send"]
+Kind = Literal["fwd", "bwd", "bwd_input", "bwd_weight", "send"]
 Schedule = Literal["gpipe", "1f1b"]
 SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b")
 
@@ -153,7 +153,8 @@ def _check(name: str, values: list[int], length: int) -> None:
 
 
 def simulate(compute_ns: list[int], transfer_ns: list[int], microbatches: int, schedule: str = "gpipe",
-             backward_ns: list[int] | None = None, grad_transfer_ns: list[int] | None = None) -> Timeline:
+             backward_ns: list[int] | None = None, grad_transfer_ns: list[int] | None = None,
+             ranks: int | None = None) -> Timeline:
     """Play `schedule` for `microbatches` microbatches; see NOTE [schedule simulation].
 
     compute_ns[k]: forward time of stage k; transfer_ns[k]: time of boundary k
@@ -161,10 +162,19 @@ def simulate(compute_ns: list[int], transfer_ns: list[int], microbatches: int, s
     (forward and backward of every microbatch); gradients cross boundary k in
     `grad_transfer_ns[k]` (default: `transfer_ns[k]`, same bytes as the activations).
     Without it, only forwards run (inference): GPipe and 1F1B are then the same.
+    A virtual-stage schedule (NOTE [virtual-stage schedules]) runs the stages on `ranks` ranks
+    (default: one each), its backwards split by NOTE [backward split].
     """
     num_stages = len(compute_ns)
+    if schedule in VIRTUAL_SCHEDULES:
+        from hetpart.partitioner.costs import backward_split_ns  # (costs.py imports this module)
+
+        split = None if backward_ns is None else [backward_split_ns(b) for b in backward_ns]
+        return simulate_ranks(compute_ns, transfer_ns, microbatches, schedule, ranks or num_stages,
+                              None if split is None else [i for i, _ in split],
+                              None if split is None else [w for _, w in split], grad_transfer_ns)
     if schedule not in SCHEDULES:
-        raise HetpartError(f"simulate: unknown schedule '{schedule}' (known: {', '.join(SCHEDULES)})")
+        raise HetpartError(f"simulate: unknown schedule '{schedule}' (known: {', '.join(SCHEDULES + VIRTUAL_SCHEDULES)})")
     if microbatches < 1:
         raise HetpartError(f"simulate: microbatches must be >= 1, got {microbatches}")
     _check("compute_ns", compute_ns, num_stages)
@@ -214,3 +224,185 @@ def simulate(compute_ns: list[int], transfer_ns: list[int], microbatches: int, s
     events.sort(key=lambda e: (e.start_ns, e.stage, e.end_ns, e.kind, e.microbatch))
     step = max((e.end_ns for e in events), default=0)
     return Timeline(schedule, num_stages, microbatches, events, step)
+
+
+# --- Schedules with several stages per rank (virtual stages, issue 23).
+
+# NOTE [virtual-stage schedules]
+# Interleaved 1F1B (Narayanan et al. 2021) and interleaved zero bubble (ZB1P, Qi et al. 2024) run
+# S = v*D stages on D ranks, stage k on rank k mod D, so each rank holds v non-adjacent stages.
+# `rank_orders` gives each rank's compute actions in the order torch.distributed.pipelining's
+# `ScheduleInterleaved1F1B` / `ScheduleInterleavedZeroBubble` run them (their `pipeline_order`
+# with the idle slots dropped: tests compare the two for small D, v, M): with R = max(1, M // D)
+# rounds of P = M / R microbatches, rank r runs W_r = min((v-1)P + f(D-1-r), vM) warm-up forwards
+# (f = 2 for 1F1B, 1 for zero bubble), then alternates one forward and one backward, then drains
+# the backwards; forward number i runs local stage (i // P) mod v, backward number i local stage
+# v-1-((i-W_r) // P) mod v. Zero bubble splits each backward into the input gradient "I" (sent
+# to the previous stage at once) and the weight gradient "W" (local, deferred): after its first
+# r steady-state backwards, rank r runs one W after each I, in the I's order, and the rest last.
+# `simulate_ranks` plays those orders with each RANK as the resource (a rank does one thing at a
+# time) and, as in NOTE [stage time], transfers not overlapped with compute: a value sent from
+# rank a to rank b costs its transfer time on a right after the op that made it (the send) and on
+# b before the op that needs it, once both are there (the receive, which waits for the sender's
+# op). Sends are not a rendezvous here (torch posts them asynchronously in these schedules), so
+# the per-rank orders, which respect every dependency, cannot deadlock. Two stages of one rank
+# (never adjacent when D >= 2) pass nothing to each other.
+VIRTUAL_SCHEDULES: tuple[str, ...] = ("interleaved-1f1b", "interleaved-zb")
+
+
+@dataclass(frozen=True)
+class Action:
+    """One compute action of a rank: F (forward), B (full backward), I (input grad) or W (weight grad)."""
+
+    stage: int
+    kind: Literal["F", "B", "I", "W"]
+    microbatch: int
+
+    def __str__(self) -> str:
+        return f"{self.stage}{self.kind}{self.microbatch}"  # torch's `_Action` spelling: "2F0"
+
+
+def _rank_order(schedule: str, rank: int, ranks: int, local: int, m: int) -> list[Action]:
+    rounds = max(1, m // ranks)
+    per_round = m // rounds
+    zb = schedule == "interleaved-zb"
+    warmup = min((local - 1) * per_round + (1 if zb else 2) * (ranks - 1 - rank), m * local)
+    total = m * local
+    fwd_mb: dict[int, int] = {}
+    bwd_mb: dict[int, int] = {}
+    w_mb: dict[int, int] = {}
+    bwd_stages: list[int] = []
+    out: list[Action] = []
+
+    def take(counter: dict[int, int], stage: int) -> int:
+        counter[stage] = counter.get(stage, 0) + 1
+        return counter[stage] - 1
+
+    def fwd_stage(i: int) -> int:
+        return (i // per_round) % local * ranks + rank
+
+    def bwd_stage(i: int) -> int:
+        return (local - 1 - ((i - warmup) // per_round) % local) * ranks + rank
+
+    def weight() -> None:
+        s = bwd_stages[sum(w_mb.values())]
+        out.append(Action(s, "W", take(w_mb, s)))
+
+    for i in range(warmup + total):  # warm-up forwards, steady state (one F, one B), cool-down backwards
+        if i < total:
+            s = fwd_stage(i)
+            out.append(Action(s, "F", take(fwd_mb, s)))
+        if i >= warmup:
+            s = bwd_stage(i)
+            out.append(Action(s, "I" if zb else "B", take(bwd_mb, s)))
+            bwd_stages.append(s)
+            if zb and i - warmup >= rank:
+                weight()
+    while zb and sum(w_mb.values()) < len(bwd_stages):
+        weight()
+    return out
+
+
+def rank_orders(schedule: str, ranks: int, virtual_stages: int, microbatches: int,
+                training: bool = True) -> list[list[Action]]:
+    """Each rank's compute actions under `schedule` (NOTE [virtual-stage schedules]); inference: forwards only.
+
+        >>> [" ".join(map(str, o)) for o in rank_orders("interleaved-1f1b", 2, 2, 2)]
+        ['0F0 0F1 2F0 2F1 2B0 2B1 0B0 0B1', '1F0 1F1 3F0 3B0 3F1 3B1 1B0 1B1']
+    """
+    if schedule not in VIRTUAL_SCHEDULES:
+        raise HetpartError(f"simulate: unknown schedule '{schedule}' (known: {', '.join(VIRTUAL_SCHEDULES)})")
+    if ranks < 1 or virtual_stages < 1 or microbatches < 1:
+        raise HetpartError(f"simulate: ranks, virtual stages and microbatches must be >= 1, got "
+                           f"{ranks}, {virtual_stages}, {microbatches}")
+    if microbatches % max(1, microbatches // ranks):
+        raise HetpartError(f"{schedule} needs microbatches that are a multiple of their rounds "
+                           f"(max(1, M // ranks) = {max(1, microbatches // ranks)}), got {microbatches}")
+    orders = [_rank_order(schedule, r, ranks, virtual_stages, microbatches) for r in range(ranks)]
+    if not training:
+        orders = [[a for a in o if a.kind == "F"] for o in orders]
+    return orders
+
+
+def stage_stash(schedule: str, ranks: int, virtual_stages: int, microbatches: int) -> list[int]:
+    """Per stage, the most microbatches whose activations it holds at once: forwards whose backward (zero
+    bubble: weight gradient) has not run yet, along its rank's order (NOTE [virtual-stage schedules]).
+
+        >>> stage_stash("interleaved-1f1b", 2, 2, 4)
+        [4, 3, 2, 1]
+    """
+    held = [0] * (ranks * virtual_stages)
+    most = [0] * (ranks * virtual_stages)
+    for order in rank_orders(schedule, ranks, virtual_stages, microbatches):
+        for a in order:
+            held[a.stage] += 1 if a.kind == "F" else -1 if a.kind in "BW" else 0
+            most[a.stage] = max(most[a.stage], held[a.stage])
+    return most
+
+
+def simulate_ranks(forward_ns: list[int], transfer_ns: list[int], microbatches: int, schedule: str, ranks: int,
+                   input_grad_ns: list[int] | None = None, weight_grad_ns: list[int] | None = None,
+                   grad_transfer_ns: list[int] | None = None) -> Timeline:
+    """Play a virtual-stage `schedule` of S = len(forward_ns) stages on `ranks` ranks (stage k on rank k mod
+    ranks) for `microbatches`; see NOTE [virtual-stage schedules]. Training when `input_grad_ns` is given:
+    a full backward ("B", 1F1B) costs input_grad_ns + weight_grad_ns, zero bubble runs them apart.
+    Events' `stage` is the stage; `peer` of a send is the receiving stage. Inference: forwards only.
+
+        >>> simulate_ranks([10] * 4, [0] * 3, 2, "interleaved-1f1b", 2).step_ns  # rank 0: 0F0 0F1 2F0 2F1
+        50
+    """
+    num_stages = len(forward_ns)
+    if ranks < 1 or num_stages % ranks:
+        raise HetpartError(f"simulate: {num_stages} stages do not split into {ranks} ranks of equal count")
+    _check("forward_ns", forward_ns, num_stages)
+    _check("transfer_ns", transfer_ns, max(0, num_stages - 1))
+    training = input_grad_ns is not None
+    wgrad = weight_grad_ns if weight_grad_ns is not None else [0] * num_stages
+    grad_ns = grad_transfer_ns if grad_transfer_ns is not None else transfer_ns
+    if input_grad_ns is not None:
+        _check("input_grad_ns", input_grad_ns, num_stages)
+        _check("weight_grad_ns", wgrad, num_stages)
+    _check("grad_transfer_ns", grad_ns, max(0, num_stages - 1))
+    orders = rank_orders(schedule, ranks, num_stages // ranks, microbatches, training)
+    cost = {"F": forward_ns, "I": input_grad_ns, "W": wgrad}
+    free = [0] * ranks
+    done: dict[tuple[int, str, int], int] = {}  # (stage, F|G, microbatch) -> when its output was sent
+    events: list[Event] = []
+    heads = [0] * ranks
+    while any(h < len(o) for h, o in zip(heads, orders)):
+        progressed = False
+        for r in range(ranks):
+            while heads[r] < len(orders[r]):
+                a = orders[r][heads[r]]
+                grad = a.kind in "BI"
+                src = (a.stage - 1, "F", a.microbatch) if a.kind == "F" else (a.stage + 1, "G", a.microbatch)
+                needs = a.kind in "FBI" and 0 <= src[0] < num_stages
+                if a.kind in "BI" and src[0] == num_stages:  # the last stage's backward needs its own forward
+                    needs, src = True, (a.stage, "F", a.microbatch)
+                if needs and src not in done:
+                    break  # wait for the producer (another rank's, or this rank's later position: never)
+                start = free[r]
+                if needs and src[0] != a.stage and src[0] % ranks != r:  # a receive from another rank
+                    xfer = grad_ns[a.stage] if grad else transfer_ns[a.stage - 1]
+                    start = max(start, done[src])
+                    events.append(Event(src[0], a.microbatch, "send", start, start + xfer, a.stage))
+                    start += xfer
+                if a.kind == "B":
+                    length = input_grad_ns[a.stage] + wgrad[a.stage]  # type: ignore[index]
+                else:
+                    length = cost[a.kind][a.stage]  # type: ignore[index]
+                kind = {"F": "fwd", "B": "bwd", "I": "bwd_input", "W": "bwd_weight"}[a.kind]
+                events.append(Event(a.stage, a.microbatch, kind, start, start + length))  # type: ignore[arg-type]
+                end = start + length
+                out_stage = a.stage + 1 if a.kind == "F" else a.stage - 1
+                if a.kind in "FBI" and 0 <= out_stage < num_stages and out_stage % ranks != r:
+                    end += transfer_ns[a.stage] if a.kind == "F" else grad_ns[out_stage]  # the send
+                if a.kind != "W":
+                    done[(a.stage, "F" if a.kind == "F" else "G", a.microbatch)] = start + length
+                free[r] = end
+                heads[r] += 1
+                progressed = True
+        if not progressed:
+            raise AssertionError(f"simulate_ranks: {schedule} deadlocked at {[o[h:h + 1] for h, o in zip(heads, orders)]}")
+    events.sort(key=lambda e: (e.start_ns, e.stage, e.end_ns, e.kind, e.microbatch))
+    return Timeline(schedule, num_stages, microbatches, events, max(free, default=0))

@@ -211,7 +211,8 @@ def _gantt_svg(timeline: Timeline, labels: list[str]) -> str:
                 parts.append(f'<rect x="{x:.2f}" y="{y + 2}" width="{w:.2f}" height="{row_h - 10}" '
                              f'fill="url(#bwd-hatch)" pointer-events="none"/>')
             if e.kind != "send" and w > 14:
-                label = f"{'B' if e.kind == 'bwd' else 'F'}{e.microbatch}" if "bwd" in kinds else str(e.microbatch)
+                letter = {"bwd": "B", "bwd_input": "I", "bwd_weight": "W"}.get(e.kind, "F")  # I, W: zero bubble
+                label = f"{letter}{e.microbatch}" if kinds - {"fwd", "send"} else str(e.microbatch)
                 parts.append(_svg_text(x + w / 2, y + row_h / 2 + 1, label, size=11, anchor="middle",
                                        weight="700" if e.kind == "bwd" else "normal"))
     axis_y = top + timeline.num_stages * row_h

@@ -11,7 +11,8 @@ from hetpart.partitioner.simulate import Timeline, simulate
 from hetpart.plan_report import PlanReport, StageReport
 
 
-SCHEDULE_NAMES = {"gpipe": "GPipe", "1f1b": "1F1B"}
+SCHEDULE_NAMES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "interleaved 1F1B",
+                  "interleaved-zb": "interleaved zero bubble"}
 
 
 def format_bytes(n: float) -> str:
@@ -41,14 +42,15 @@ def simulated_step(plan: PlanReport) -> Timeline:
     """
     stages = plan.stages
     ns = lambda us: round(us * 1000)  # noqa: E731
+    ranks = len(stages) // (plan.virtual_stages or 1)  # several stages per rank: NOTE [virtual-stage schedules]
     if all(s.backward_us is not None for s in stages):
         # A training plan's compute_us is forward + backward and its comm_out_us carries the activations
         # and their gradients (NOTE [training costs] in passes/lower.py): half each way.
         return simulate([ns(s.compute_us if s.forward_us is None else s.forward_us) for s in stages],
                         [ns(s.comm_out_us) // 2 for s in stages[:-1]], plan.microbatches,
-                        plan.schedule, backward_ns=[ns(s.backward_us) for s in stages])
+                        plan.schedule, backward_ns=[ns(s.backward_us) for s in stages], ranks=ranks)
     return simulate([ns(s.compute_us) for s in stages], [ns(s.comm_out_us) for s in stages[:-1]],
-                    plan.microbatches, plan.schedule)
+                    plan.microbatches, plan.schedule, ranks=ranks)
 
 
 def plan_table(plan: PlanReport) -> Table:

@@ -20,6 +20,7 @@ import torch
 
 from hetpart.errors import HetpartError
 from hetpart.plan_report import PlanReport, as_json, load_plan
+from hetpart.runtime.stages import check_virtual_mesh, stage_entries, virtual_stages
 from hetpart.trust import (
     MANIFEST_FORMAT_VERSION, SIGNATURE_NAME, NotAPlainFile, check_signature, is_sha256, is_signed, read_key, read_plain,
     sha256_bytes, sha256_file,
@@ -114,24 +115,26 @@ def _check_structure(path: Path, manifest: dict[str, Any]) -> None:
         raise HetpartError(f"{path}: files lists no sha256 for plan.json{EDITED}")
     needed = {"rank": int, "stage": int, "dir": str, "files": dict, "inputs": list, "outputs": list,
               "weights": list, "device": str, "node_rank": int, "local_rank": int}
-    for k, entry in enumerate(ranks):
+    for where, k, entry in [(f"ranks[{k}]", k, e) for k, e in enumerate(ranks)] + [
+            (f"ranks[{k}].virtual_stages[{i}]", k, e) for k, r in enumerate(ranks) if isinstance(r, dict)
+            for i, e in enumerate(r.get("virtual_stages") or [])]:  # NOTE [virtual-stage manifest]
         if (not isinstance(entry, dict) or entry.get("rank") != k
                 or not all(isinstance(entry.get(f), t) for f, t in needed.items())):
             fields = ", ".join(f"{f} ({t.__name__})" for f, t in needed.items())
-            raise HetpartError(f"{path}: ranks[{k}] must be rank {k} with {fields}{EDITED}")
+            raise HetpartError(f"{path}: {where} must be rank {k} with {fields}{EDITED}")
         if Path(entry["dir"]).is_absolute() or ".." in Path(entry["dir"]).parts or not Path(entry["dir"]).parts:
-            raise HetpartError(f"{path}: ranks[{k}].dir {entry['dir']!r} must be a directory inside {path.parent}{EDITED}")
-        _check_files(path, f"ranks[{k}].", {n: d for n, d in entry["files"].items() if not _shared(n)},
+            raise HetpartError(f"{path}: {where}.dir {entry['dir']!r} must be a directory inside {path.parent}{EDITED}")
+        _check_files(path, f"{where}.", {n: d for n, d in entry["files"].items() if not _shared(n)},
                      plain=True)  # and another rank's weights it reads (NOTE [weights stored once]), below
         for side in ("inputs", "outputs"):
             for v in entry[side]:
                 if not (isinstance(v, dict) and isinstance(v.get("name"), str) and isinstance(v.get("shape"), list)
                         and isinstance(v.get("dtype"), str)):
-                    raise HetpartError(f"{path}: ranks[{k}].{side} must be values with a name, shape and dtype{EDITED}")
+                    raise HetpartError(f"{path}: {where}.{side} must be values with a name, shape and dtype{EDITED}")
                 for dim in v["shape"]:  # each readable, and cheaply so (NOTE [symbolic dims])
                     dim_size(dim, {})
         if not all(isinstance(w, str) for w in entry["weights"]):
-            raise HetpartError(f"{path}: ranks[{k}].weights must be weight names{EDITED}")
+            raise HetpartError(f"{path}: {where}.weights must be weight names{EDITED}")
     nodes = manifest.get("nodes")
     if not isinstance(nodes, list) or not all(isinstance(n, dict) and isinstance(n.get("ranks"), list)
                                               and isinstance(n.get("node_rank"), int) for n in nodes):
@@ -139,8 +142,11 @@ def _check_structure(path: Path, manifest: dict[str, Any]) -> None:
     placed = [r for node in nodes for r in node["ranks"]]
     if placed != list(range(world)):
         raise HetpartError(f"{path}: the nodes hold ranks {placed}, expected 0..{world - 1} in order{EDITED}")
-    _check_mesh(path, manifest["mesh"] if "mesh" in manifest else None, ranks)
-    _check_shared_files(path, ranks)
+    if virtual_stages(manifest) > 1:  # NOTE [virtual-stage manifest]
+        check_virtual_mesh(path, manifest)
+    else:
+        _check_mesh(path, manifest["mesh"] if "mesh" in manifest else None, ranks)
+    _check_shared_files(path, stage_entries(manifest))
 
 
 def _shared(name: str) -> bool:
@@ -150,15 +156,16 @@ def _shared(name: str) -> bool:
 
 def _check_shared_files(path: Path, ranks: list[dict[str, Any]]) -> None:
     """A rank's files that are not in its directory are an earlier rank's weights.safetensors, with that
-    rank's sha256: the one copy of a weight both read (NOTE [weights stored once] in codegen/split.py)."""
-    by_dir = {entry["dir"]: entry for entry in ranks}
+    rank's sha256: the one copy of a weight both read (NOTE [weights stored once] in codegen/split.py).
+    `ranks`: every stage's entry in directory order (`stage_entries`: a rank's, or a virtual stage's)."""
+    by_dir = {entry["dir"]: (j, entry) for j, entry in enumerate(ranks)}
     for k, entry in enumerate(ranks):
         for name, digest in entry["files"].items():
             if not _shared(name):
                 continue
             parts = name.split("/")
-            other = by_dir.get(parts[1]) if len(parts) == 3 else None
-            if other is None or other["rank"] >= k or other["files"].get("weights.safetensors") != digest:
+            j, other = by_dir.get(parts[1], (k, None)) if len(parts) == 3 else (k, None)
+            if other is None or j >= k or other["files"].get("weights.safetensors") != digest:
                 raise HetpartError(f"{path}: ranks[{k}].files: {name!r} must be an earlier rank's weights.safetensors "
                                    f"(../rank<j>/weights.safetensors) with the sha256 that rank lists{EDITED}")
 
@@ -389,7 +396,7 @@ def load_stage(out: Path, entry: dict[str, Any]) -> torch.nn.Module:
     path = rank_dir / "stage.py"
     source = check_file(out, f"{entry['dir']}/stage.py", entry["files"]["stage.py"], f"rank {entry['rank']}: ",
                         read=True)
-    name = f"hetpart_stage_{entry['rank']}"
+    name = f"hetpart_stage_{entry['rank']}" + (f"_{entry['stage']}" if entry["stage"] != entry["rank"] else "")
     module = types.ModuleType(name)
     module.__file__ = str(path)
     sys.modules[name] = module

@@ -447,8 +447,9 @@ def run_checkpoints(manifest: dict[str, Any], plan_model: dict[str, Any], spec: 
                     echo: Any) -> CheckpointRun | None:
     """`run_pipeline`'s hook: the ranks' CheckpointRun from the RunOptions `opts` (None without checkpoint flags)."""
     flags = opts.checkpoints
-    if (flags.dir or flags.resume) and "tensor_parallel" in manifest["mesh"]:  # a rank holds shards, not weights
-        raise HetpartError("--checkpoint-dir and --resume do not handle tensor-parallel stages yet: run without them")
+    if (flags.dir or flags.resume) and ("tensor_parallel" in manifest["mesh"] or "virtual_stages" in manifest["mesh"]):
+        raise HetpartError("--checkpoint-dir and --resume do not handle tensor-parallel or virtual stages yet (a "
+                           "rank holds shards, or several stages): run without them")
     run = prepare_run(manifest, plan_model, {"batch_size": spec.batch_size, "seq_len": spec.seq_len,
                                              "seed": spec.seed, "microbatches": microbatches}, opts.steps,
                       mode=opts.mode, checkpoint_dir=flags.dir, every=flags.every, keep=flags.keep,

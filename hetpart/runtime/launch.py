@@ -39,6 +39,8 @@ from hetpart.runtime.tp import whole_weights
 from hetpart.runtime.artifacts import check_listed_files, mesh_pipelines, model_spec_for_run, read_plan
 from hetpart.runtime.checkpoint import CheckpointFlags, run_checkpoints, with_resume_commands
 from hetpart.runtime.emulate import emulated, emulation_plan, find_hierarchy
+from hetpart.runtime.schedules import MULTI_STAGE, SCHEDULES, check_schedule
+from hetpart.runtime.stages import stage_entries
 from hetpart.runtime.verify import Tolerances, Verification, check_tensor, reference_training, torch_threads
 from hetpart.runtime.verify import training_checks
 from hetpart.trust import SIGNATURE_NAME, is_signed, read_key
@@ -70,7 +72,8 @@ def reference_model(out: Path, manifest: dict, spec: ModelSpec) -> tuple[torch.n
     """The unpartitioned model with the artifacts' weights, and the example inputs."""
     module, inputs = load_model(spec)
     shipped: dict[str, torch.Tensor] = {}
-    loaded = [load_file(str(check_rank_files(out, entry) / "weights.safetensors")) for entry in manifest["ranks"]]
+    loaded = [load_file(str(check_rank_files(out, entry) / "weights.safetensors"))
+              for entry in stage_entries(manifest)]  # NOTE [virtual-stage manifest]
     for tensors in whole_weights(loaded, manifest):  # a TP stage's split weights, put together
         shipped.update(tensors)
     state = module.state_dict(keep_vars=True)
@@ -385,7 +388,7 @@ def _check_own_outputs(out: Path, log_dir: Path, measure: bool) -> None:
 @dataclass(frozen=True)
 class RunOptions:
     mode: str = "inference"  # or "training": loss on the last stage, SGD step on every rank
-    schedule: str = "gpipe"  # or "1f1b"
+    schedule: str | None = "gpipe"  # or "1f1b", "interleaved-1f1b", "interleaved-zb"; None: the plan's (schedules.py)
     microbatches: int | None = None  # default: the plan's
     steps: int = 1
     verify: bool = False
@@ -407,8 +410,14 @@ class RunOptions:
 def _check_options(opts: RunOptions, batch_size: int, world: int, m: int, manifest: dict | None = None) -> None:
     if opts.mode not in ("inference", "training"):
         raise HetpartError(f"--mode {opts.mode}: expected inference or training")
-    if opts.schedule not in ("gpipe", "1f1b"):
-        raise HetpartError(f"--schedule {opts.schedule}: expected gpipe or 1f1b")
+    if manifest is not None:
+        check_schedule(opts.schedule, manifest, m)  # and what a virtual-stage plan runs: runtime/schedules.py
+        if (opts.measure or opts.emulate) and opts.schedule in MULTI_STAGE:
+            raise HetpartError(f"--{'measure' if opts.measure else 'emulate'} takes one stage per rank; with "
+                               f"--schedule {opts.schedule} leave it out (the step time is printed anyway; "
+                               "benchmarks/schedules.py compares it with the simulator)")
+    elif opts.schedule not in SCHEDULES:
+        raise HetpartError(f"--schedule {opts.schedule}: expected one of {', '.join(SCHEDULES)}")
     if m < 1 or batch_size % m:
         raise HetpartError(f"--microbatches {m} must be >= 1 and divide the batch size {batch_size}; "
                            "pass a --batch-size that --microbatches divides, or other --microbatches")
@@ -464,7 +473,7 @@ def run_spec(spec: ModelSpec, dynamic: dict | None, opts: RunOptions) -> ModelSp
 
 def _target(manifest: dict, batch_size: int, seq_len: int, seed: int) -> torch.Tensor:
     """The training target: random, shaped like the model's first output at the full batch."""
-    first = manifest["ranks"][-1]["outputs"][0]
+    first = stage_entries(manifest)[-1]["outputs"][0]  # the last stage's
     shape = [dim_size(d, symbol_sizes(manifest, batch_size, seq_len)) for d in first["shape"]]
     generator = torch.Generator().manual_seed(seed + 1)
     return torch.randn(shape, generator=generator)
@@ -485,7 +494,7 @@ def _outputs(io_dir: Path, manifest: dict) -> tuple[torch.Tensor, ...]:
     several = len(pipelines) > 1
     parts = []
     for q in pipelines:
-        last = manifest["ranks"][q.stages[-1][0]]
+        last = manifest["ranks"][q.stages[-1][0]] if several else stage_entries(manifest)[-1]
         got = load_file(str(io_dir / outputs_file(q.index if several else None)))
         parts.append([got[o["name"]] for o in last["outputs"]])
     return tuple(torch.cat(column) if several else column[0] for column in zip(*parts))
@@ -513,8 +522,10 @@ def run_pipeline(out: Path, opts: RunOptions = RunOptions(), echo: Callable[[str
     manifest = load_manifest(out, key)
     plan = read_plan(out, manifest)
     check_listed_files(out, manifest)
-    for entry in manifest["ranks"]:
+    for entry in stage_entries(manifest):  # every stage's, a rank's virtual ones too
         check_rank_files(out, entry)
+    if opts.schedule is None:  # the plan's interleaved schedule, else GPipe (runtime/schedules.py)
+        opts = dataclasses.replace(opts, schedule=plan.schedule if plan.schedule in MULTI_STAGE else "gpipe")
     spec = run_spec(model_spec_for_run(plan, opts.model, opts.trust_model_file, echo), plan.dynamic, opts)
     m = opts.microbatches or plan.microbatches
     world = manifest["world_size"]

@@ -29,15 +29,13 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from safetensors.torch import load_file, save_file
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
 from hetpart.errors import HetpartError
 from hetpart.runtime.checkpoint import CheckpointRun
 from hetpart.runtime import tp
-from hetpart.runtime.artifacts import dim_size, load_manifest, load_stage, rank_pipeline, read_plan, symbol_sizes
+from hetpart.runtime.artifacts import dim_size, load_manifest, rank_pipeline, read_plan, symbol_sizes
+from hetpart.runtime.schedules import SCHEDULES, build_rank
 from hetpart.trust import read_key
-
-SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 
 # NOTE [test-only crash hook]: HETPART_TEST_CRASH_RANK=K makes rank K SIGKILL itself after its
 # first forward, so tests/runtime/test_faults.py can kill a rank mid-run deterministically
@@ -45,7 +43,8 @@ SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 # Tests only; unset, it costs one dictionary lookup per forward.
 # HETPART_TEST_BREAK_GRAD_SYNC=scale|sync breaks NOTE [pipelines gradients] on purpose (each
 # pipeline's own mean instead of the global batch's; no all-reduce), so tests/runtime/
-# test_pipelines_run.py can check that `--verify` then fails. Tests only.
+# test_pipelines_run.py can check that `--verify` then fails. Tests only. =virtual counts the gradient of
+# the last of a rank's virtual stages twice (NOTE [virtual-stage manifest]), for tests/runtime/test_schedules.py.
 # HETPART_TEST_BREAK_TP=shard|copy breaks a tensor-parallel stage (runtime/tp.py `break_for_test`:
 # TP rank 1 doubles its shards' gradients; codegen/tp.py's TP_SOURCE: f's backward all-reduce is left out).
 
@@ -98,7 +97,8 @@ class Boundary(torch.nn.Module):
         return outputs
 
 
-def _static_metadata(manifest: dict, entry: dict, sizes: dict[str, int], device: torch.device) -> dict | None:
+def _static_metadata(manifest: dict, entry: dict, sizes: dict[str, int], device: torch.device,
+                     sent: list[dict] | None = None) -> dict | None:
     """`input_args`/`output_args` for PipelineStage: zeros shaped like this rank's boundary values.
 
     NOTE [static stage metadata]: without them, pipelining infers each stage's output shapes by
@@ -108,7 +108,8 @@ def _static_metadata(manifest: dict, entry: dict, sizes: dict[str, int], device:
     of this run (the batch symbols the microbatch size, the sequence symbol the run's length:
     `symbol_sizes`), and every dim is evaluated at them (`16*s0`, `s0*s1`: NOTE [symbolic dims]).
     A dim naming a symbol `sizes` lacks leaves the stage to inference (None). Inference mode
-    only: training also needs gradient metadata.
+    only: training also needs gradient metadata. `sent`: what the stage sends, where the manifest's
+    next rank does not run the next stage (virtual stages: NOTE [virtual-stage manifest]).
     """
     from hetpart.passes.shape import DTYPE_NAMES
 
@@ -123,15 +124,18 @@ def _static_metadata(manifest: dict, entry: dict, sizes: dict[str, int], device:
             out.append(torch.zeros(dims, dtype=dtypes[v["dtype"]], device=device))
         return tuple(out)
 
-    ranks, stages = manifest["ranks"], rank_pipeline(manifest, entry["rank"]).stages
-    nxt = entry["stage"] + 1  # the next stage of this rank's pipeline
-    sent = ranks[stages[nxt][0]]["inputs"] if nxt < len(stages) else entry["outputs"]
+    if sent is None:
+        ranks, stages = manifest["ranks"], rank_pipeline(manifest, entry["rank"]).stages
+        nxt = entry["stage"] + 1  # the next stage of this rank's pipeline
+        sent = ranks[stages[nxt][0]]["inputs"] if nxt < len(stages) else entry["outputs"]
     inputs, outputs = zeros(entry["inputs"]), zeros(sent)  # what a rank sends is what the next receives
     return None if inputs is None or outputs is None else {"input_args": inputs, "output_args": outputs}
 
 
 def _weight_names(module: torch.nn.Module) -> dict[str, str]:
-    """Stage attribute -> weight FQN, from the generated stage.py's WEIGHTS table."""
+    """Stage attribute -> weight FQN, from the generated stage.py's WEIGHTS table (a rank's several stages: theirs)."""
+    if hasattr(module, "weight_names"):  # runtime/schedules.py's RankStages
+        return module.weight_names()
     table = sys.modules[type(module).__module__].WEIGHTS
     return {attr: key for attr, (key, _) in table.items()}
 
@@ -189,6 +193,10 @@ def sync_gradients(module: torch.nn.Module, groups: list, process_groups: list, 
     summed over the weights groups (`pipeline_microbatches`: its pipeline's share, for the test hook)."""
     broken = os.environ.get("HETPART_TEST_BREAK_GRAD_SYNC")  # NOTE [test-only crash hook]
     divisor = pipeline_microbatches if broken == "scale" else microbatches
+    if broken == "virtual" and hasattr(module, "stages"):  # runtime/schedules.py's RankStages
+        for p in module.stages[-1].parameters():
+            if p.grad is not None:
+                p.grad.mul_(2)
     for p in module.parameters():
         if p.grad is not None:
             p.grad.div_(divisor)
@@ -210,27 +218,20 @@ def run_rank(out: Path, io_dir: Path, mode: str, schedule_name: str, microbatche
     entry = manifest["ranks"][rank]
     if device.type != "cpu":  # stage code creates tensors (arange, masks) on the default device: NOTE [baked devices]
         torch.set_default_device(device)
-    module = load_stage(out, entry).to(device)
-    print(f"rank {rank}: loaded {entry['dir']}/stage.py and {len(entry['weights'])} weight(s) on {device}", flush=True)
     training = mode == "training"
-    module.requires_grad_(training)
     sizes = symbol_sizes(manifest, (batch_size or model.batch_size) // microbatches, seq_len or model.seq_len)
-    static = None if training else _static_metadata(manifest, entry, sizes, device)
-    boundary = Boundary(module)
     mesh = manifest["mesh"]
     groups = mesh_groups(manifest, training)
-    tp.attach_group(module, manifest, entry, groups)  # NOTE [tensor-parallel stages]
     pipe = rank_pipeline(manifest, rank)
     pipeline = next(g for g in mesh["groups"] if g["name"] == pipe.group)
     share = pipe.microbatches or microbatches  # this pipeline's microbatches of the global batch
-    first, last = entry["stage"] == 0, entry["stage"] == len(pipe.stages) - 1
-    stage = PipelineStage(boundary, stage_index=entry["stage"], num_stages=len(pipe.stages), device=device,
-                          group=groups[pipeline["name"]], **(static or {}))
-    # Each stage's peer in the pipeline group: its rank's place there (NOTE [the mesh]).
-    stage.stage_index_to_group_rank = {k: pipeline["ranks"].index(r) for k, ranks in enumerate(pipe.stages)
-                                       for r in ranks if r in pipeline["ranks"]}
-    schedule = SCHEDULES[schedule_name](stage, n_microbatches=share, loss_fn=training_loss if training else None,
-                                        scale_grads=False)  # NOTE [pipelines gradients]
+    # This rank's stage(s) in PipelineStages and the schedule (several stages per rank: NOTE [virtual-stage manifest]).
+    built = build_rank(out, manifest, entry, device, schedule_name, share, training, groups[pipeline["name"]],
+                       pipeline["ranks"], pipe.stages, Boundary, training_loss if training else None, _weight_names,
+                       lambda e, sent: _static_metadata(manifest, e, sizes, device, sent))
+    module, boundary, schedule = built.module, built.boundaries[0], built.schedule
+    tp.attach_group(module, manifest, entry, groups)  # NOTE [tensor-parallel stages]
+    first, last, output_entry = built.first, built.last, built.output_entry
     params = [p for p in module.parameters() if p.requires_grad]
     shared = shared_weight_groups(manifest) if training else []
     process_groups = [groups[g["name"]] for g in mesh["groups"] if g["kind"] == "weights" and training]
@@ -270,7 +271,7 @@ def run_rank(out: Path, io_dir: Path, mode: str, schedule_name: str, microbatche
         forward_cpu_per_step.append(boundary.forward_cpu_seconds[seen:])
         if step == 0 and last and tp.tp_rank(entry) == 0:  # a TP stage's ranks have equal outputs
             outputs = result if isinstance(result, tuple) else (result,)
-            names = [o["name"] for o in entry["outputs"]]
+            names = [o["name"] for o in output_entry["outputs"]]
             save_file({n: t.detach().cpu().contiguous() for n, t in zip(names, outputs)},
                       str(io_dir / outputs_file(pipe.index if pipe.microbatches is not None else None)))
         if step == 0 and training:

@@ -1,0 +1,117 @@
+"""Measured vs simulated step time of the pipeline schedules on preset:cpu-4 with a profile (issue 23).
+
+    .venv/bin/python benchmarks/schedules.py                         # gpt-small, training, 3 rounds
+    .venv/bin/python benchmarks/schedules.py --mode inference --rounds 2 --steps 4
+
+1. profile the model once as `hetpart profile --cluster preset:cpu-4 --backward` does (the ops timed
+   while 3 sibling processes run the rest of the graph, as cpu-4's other ranks will);
+2. `hetpart partition --profile` once per schedule: 1f1b (one stage per device, the reference) and
+   the virtual-stage ones, interleaved-1f1b and interleaved-zb (--virtual-stages 2: 8 stages on 4);
+3. interleaved runs, A B C A B C ... (--rounds of each), of `hetpart run --steps N`, the first step of
+   each run left out; a schedule's measured step is the median over its rounds of each run's median;
+4. prints each schedule's simulated step (`simulated_step` of plan.json: the report's and partition's
+   figure, NOTE [virtual-stage schedules] in partitioner/simulate.py), the measured one, the error
+   |measured - simulated| / measured, and the load average at each run.
+
+The 4 ranks share this machine's cores (2 here) with whatever else runs: the profile's concurrency
+assumes the ranks only; a load above the core count slows every measured figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from hetpart.plan_report import load_plan  # noqa: E402
+from hetpart.report.table import simulated_step  # noqa: E402
+
+MODEL = ["zoo:gpt-small", "--set", "n_layer=8", "--batch-size", "16", "--seq-len", "64"]
+SCHEDULES = ["1f1b", "interleaved-1f1b", "interleaved-zb"]
+
+
+def _hetpart(*args: str, timeout_s: float = 1200) -> str:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-m", "hetpart", *args], env=env, capture_output=True, text=True,
+                          timeout=timeout_s)
+    if done.returncode != 0:
+        raise RuntimeError(f"hetpart {' '.join(args)} failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
+    return done.stdout
+
+
+def _run_steps_s(out: Path, mode: str, schedule: str, steps: int) -> list[float]:
+    """Each step's seconds of one `hetpart run` (rank D-1's, as `run` prints), in a fresh process."""
+    code = ("import json, sys; from pathlib import Path; from hetpart.runtime import RunOptions, run_pipeline; "
+            f"r = run_pipeline(Path({str(out)!r}), RunOptions(mode={mode!r}, schedule={schedule!r}, steps={steps}), "
+            "echo=lambda s: None); print(json.dumps(r.all_step_seconds))")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=1200)
+    if done.returncode != 0:
+        raise RuntimeError(f"run {out} ({schedule}) failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--mode", choices=["training", "inference"], default="training")
+    parser.add_argument("--microbatches", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=5, help="steps per run (the first is left out)")
+    parser.add_argument("--schedules", nargs="+", default=SCHEDULES, choices=SCHEDULES)
+    parser.add_argument("--json", type=Path, default=None, help="also write every run here")
+    args = parser.parse_args()
+    model = [*MODEL, "--microbatches", str(args.microbatches)]
+    with tempfile.TemporaryDirectory(prefix="hetpart-schedules-") as tmp:
+        work = Path(tmp)
+        profile = work / "cpu.json"
+        print(f"profiling ({os.getloadavg()[0]:.1f} load) ...", flush=True)
+        _hetpart("profile", *model, "--cluster", "preset:cpu-4", "--backward", "--out", str(profile))
+        plans, predicted_ms, stage_counts = {}, {}, {}
+        for schedule in args.schedules:
+            out = work / schedule
+            _hetpart("partition", *model, "--cluster", "preset:cpu-4", "--mode", args.mode, "--schedule", schedule,
+                     "--profile", str(profile), "--out", str(out), "--no-pt2")
+            plans[schedule] = out
+            plan = load_plan(out / "plan.json", json.loads((out / "plan.json").read_text()))
+            predicted_ms[schedule] = simulated_step(plan).step_ns / 1e6
+            stage_counts[schedule] = len(plan.stages)
+        runs: dict[str, list[tuple[float, float]]] = {s: [] for s in args.schedules}  # (median step s, load)
+        for r in range(args.rounds):
+            for schedule, out in plans.items():  # interleaved: A B C, A B C, ...
+                load = os.getloadavg()[0]
+                steps = _run_steps_s(out, args.mode, schedule, args.steps)[1:]
+                runs[schedule].append((statistics.median(steps), load))
+                print(f"  round {r}: {schedule}: {statistics.median(steps) * 1e3:.1f} ms (load {load:.1f})",
+                      flush=True)
+    print(f"\n{MODEL[0]} ({' '.join(MODEL[1:])}), {args.mode}, {args.microbatches} microbatches, preset:cpu-4, "
+          f"profile --cluster preset:cpu-4 --backward; {args.rounds} rounds of {args.steps} steps\n")
+    print(f"| schedule | stages | simulated step ms | measured step ms (median of rounds) | rounds ms | error | "
+          f"simulated / {args.schedules[0]} | measured / {args.schedules[0]} (median of rounds) | load |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    rows = []
+    base = args.schedules[0]
+    for schedule in args.schedules:
+        sim_ratio = predicted_ms[schedule] / predicted_ms[base]
+        ratio = statistics.median(a / b for (a, _), (b, _) in zip(runs[schedule], runs[base]))  # same round
+        measured = statistics.median(s for s, _ in runs[schedule]) * 1e3
+        error = abs(measured - predicted_ms[schedule]) / measured
+        print(f"| {schedule} | {stage_counts[schedule]} | {predicted_ms[schedule]:.1f} | {measured:.1f} | "
+              f"{' / '.join(f'{s * 1e3:.0f}' for s, _ in runs[schedule])} | {error:.0%} | {sim_ratio:.2f} | {ratio:.2f} | "
+              f"{' / '.join(f'{ld:.1f}' for _, ld in runs[schedule])} |")
+        rows.append({"schedule": schedule, "simulated_ms": predicted_ms[schedule], "measured_ms": measured,
+                     "error": error, "runs": runs[schedule], "simulated_ratio": sim_ratio, "measured_ratio": ratio})
+    if args.json is not None:
+        args.json.write_text(json.dumps(rows, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

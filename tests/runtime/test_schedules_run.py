@@ -1,0 +1,76 @@
+"""Virtual stages under torchrun (issue 23): one plan of 4 stages on 2 CPU ranks, trained with interleaved 1F1B
+and verified, then with interleaved zero bubble and a gradient broken on purpose, which --verify must catch.
+
+Both launches share one partition (NOTE [shared launches]); the manifest checks need no launch.
+"""
+
+import json
+import shutil
+
+import pytest
+
+from hetpart.cli import main
+from tests.shared_runs import GPT_CPU2, cli_output
+
+PLAN = [*GPT_CPU2, "--mode", "training", "--schedule", "interleaved-1f1b", "--virtual-stages", "2"]
+
+
+@pytest.fixture(scope="module")
+def planned(tmp_path_factory):
+    """The one partition both tests read (the second only copies it), and what it printed."""
+    out = tmp_path_factory.mktemp("virtual") / "out"
+    return out, cli_output(["partition", *PLAN, "--out", str(out)])
+
+
+def test_interleaved_schedules_train_like_the_model_and_a_broken_gradient_fails(planned, tmp_path, capsys,
+                                                                              monkeypatch):
+    src, printed = planned
+    out = tmp_path / "out"
+    shutil.copytree(src, out)
+    assert "virtual stages: 4 stages on 2 devices (2 each" in printed and "local/0: stages [0, 2]" in printed
+    plan = json.loads((out / "plan.json").read_text())
+    assert plan["virtual_stages"] == 2 and [s["device"] for s in plan["stages"]] == ["local/0", "local/1"] * 2
+    man = json.loads((out / "manifest.json").read_text())
+    assert man["world_size"] == 2 and man["mesh"]["stages"] == [[0], [1], [0], [1]]
+    assert [[e["stage"], [v["stage"] for v in e["virtual_stages"]]] for e in man["ranks"]] == [[0, [2]], [1, [3]]]
+    # the tied embedding and LM head: stage 0 (rank 0) and stage 3 (rank 1), summed over a weights group
+    assert [g["ranks"] for g in man["mesh"]["groups"] if g["kind"] == "weights"] == [[0, 1]]
+
+    assert main(["run", str(out), "--mode", "training", "--verify"]) == 0  # the plan's schedule
+    ran = capsys.readouterr().out
+    assert "training with interleaved-1f1b" in ran and "verify: PASS" in ran and "max_weight_rel_err=" in ran
+
+    # The gradient of each rank's second stage counted twice (NOTE [test-only crash hook]): only those fail.
+    monkeypatch.setenv("HETPART_TEST_BREAK_GRAD_SYNC", "virtual")
+    assert main(["run", str(out), "--mode", "training", "--verify", "--schedule", "interleaved-zb"]) == 1
+    broken = capsys.readouterr().out
+    assert "training with interleaved-zb" in broken and "verify: FAIL" in broken
+    assert "max_abs_diff=0 " in broken or "max_abs_diff=" in broken.split("FAIL")[0]  # outputs are still right
+    later = {w for e in man["ranks"] for v in e["virtual_stages"] for w in v["weights"]}
+    first = {w for e in man["ranks"] for w in e["weights"]} - later
+    failed = {line.split(" of ", 1)[1].split(" (rank")[0] for line in broken.splitlines()
+              if line.startswith("  gradient of ") and line.endswith("FAIL")}
+    assert failed and failed <= later and not failed & first, (failed, later)
+
+
+def test_virtual_stage_manifests_are_checked_before_anything_runs(planned, tmp_path, capsys):
+    out = planned[0]
+    assert main(["run", str(out), "--schedule", "gpipe"]) == 2  # one stage per rank: refused, with what to do
+    assert "run with --schedule interleaved-1f1b or interleaved-zb" in capsys.readouterr().err
+    assert main(["run", str(out), "--schedule", "interleaved-1f1b", "--microbatches", "5", "--batch-size", "10"]) == 2
+    assert "multiple of" in capsys.readouterr().err  # torch's rounds rule, before torchrun starts
+
+    edited = tmp_path / "edited"
+    shutil.copytree(out, edited)
+    man = json.loads((edited / "manifest.json").read_text())
+    man["mesh"]["stages"] = [[0], [1], [1], [0]]  # stage 2 moved to rank 1
+    (edited / "manifest.json").write_text(json.dumps(man))
+    assert main(["run", str(edited)]) == 2
+    assert "mesh.stages must give stage k of 4 to rank k mod 2" in capsys.readouterr().err
+
+    tampered = tmp_path / "tampered"
+    shutil.copytree(out, tampered)
+    with open(tampered / "rank3" / "stage.py", "a") as f:  # a virtual stage's code, run by rank 1
+        f.write("\n# edited\n")
+    assert main(["run", str(tampered)]) == 2
+    assert "rank3/stage.py' does not match its sha256" in capsys.readouterr().err
