@@ -256,7 +256,7 @@ CASES: dict[str, Case] = {
                                           "check the --set values"]),
     "set-float-nan": Case(["partition", "zoo:llama", "--set", "norm_eps=nan", *PARTITION],
                           ["--set norm_eps=nan: expected a float"]),
-    # CLI numbers (one argparse type, hetpart.cli._number)
+    # CLI numbers (one argparse type, hetpart.cli_args._number)
     "timeout-nan": Case(["run", "{art}", "--timeout", "nan"], ["run: --timeout must be a finite number (got nan)"]),
     "timeout-huge": Case(["run", "{art}", "--timeout", "1e300"], ["--timeout must be <= 1e+06 (got 1e300)"]),
     "time-limit-inf": Case(["partition", "zoo:mlp", *PARTITION, "--time-limit", "inf"],

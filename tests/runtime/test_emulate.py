@@ -17,7 +17,7 @@ from hetpart.cli import main
 from hetpart.errors import HetpartError
 from hetpart.plan_report import PlanReport, load_plan
 from hetpart.runtime.emulate import CGROUP_ENV, PERIOD_US, emulation_plan, find_hierarchy
-from hetpart.runtime.launch import time_stats_us
+from hetpart.runtime.measured import time_stats_us
 from tests.runtime.test_faults import MLP, TWO_MACHINES
 
 

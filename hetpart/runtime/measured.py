@@ -1,0 +1,78 @@
+"""measured.json of `hetpart run --measure`: each stage's measured forward and the step, beside the plan's."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+from hetpart.plan_report import PlanReport
+
+
+def time_stats_us(seconds: list[float]) -> dict:
+    """mean, median, p10 and p90 (statistics.quantiles, inclusive) of times in seconds, in us."""
+    us = [t * 1e6 for t in seconds]
+    deciles = statistics.quantiles(us, n=10, method="inclusive") if len(us) > 1 else us * 9
+    return {"n": len(us), "mean": round(statistics.fmean(us), 3), "median": round(statistics.median(us), 3),
+            "p10": round(deciles[0], 3), "p90": round(deciles[8], 3)}
+
+
+def measurement(io_dir: Path, world: int, m: int, plan: PlanReport, opts: Any, threads: int) -> dict:
+    """measured.json: each stage's forward time per microbatch and the step time, next to the plan's.
+
+    The first step warms up (and runs pipelining's shape inference); with --steps > 1
+    it is left out (`opts`: the run's RunOptions; `threads`: each rank's intra-op threads). A stage's measured time is the median wall time of its forward on
+    one microbatch (compute only: transfers are measured in the step time).
+
+    NOTE [measured CPU time]: on `cpu` devices of one machine, ranks share its cores
+    (cpu-4 puts 4 ranks on this 2-core VM), so a forward's wall time includes waiting
+    for a core. `measured_cpu_time_us` is the rank thread's CPU time in the forward
+    (`time.thread_time`; ranks run one intra-op thread unless OMP_NUM_THREADS says
+    otherwise), the time its device was busy, which is what the plan predicts.
+    """
+    from hetpart.partitioner.simulate import simulate
+
+    keep = slice(1, None) if opts.steps > 1 else slice(0, 1)
+    stages = []
+    last_steps: list[float] = []
+    for rank in range(world):
+        data = json.loads((io_dir / f"timing{rank}.json").read_text())
+        forwards = [t for step in data["forward_s"][keep] for t in step[-m:]]
+        cpu = [t for step in data["forward_cpu_s"][keep] for t in step[-m:]]
+        per_stage = world // len(plan.stages) if not plan.pipelines else 1  # a TP stage's ranks: rank // T
+        planned = plan.stages[rank // per_stage]
+        stages.append({
+            "index": rank,
+            "device": planned.devices[rank % per_stage] if per_stage > 1 else planned.device,
+            "measured_time_us": round(statistics.median(forwards) * 1e6, 3),
+            # CPU time of the rank's thread: its own compute, without waiting for a core that
+            # other ranks (or other jobs) share (NOTE [measured CPU time])
+            "measured_cpu_time_us": round(statistics.median(cpu) * 1e6, 3),
+            "predicted_compute_us": planned.compute_us,
+            "predicted_time_us": planned.predicted_time_us,
+            "forward_us": time_stats_us(forwards),  # every forward of a microbatch: its spread, not only the median
+            "forward_cpu_us": time_stats_us(cpu),
+        })
+        if rank == world - 1:
+            last_steps = data["step_s"][keep]
+    predicted = None
+    if opts.mode == "inference":  # the slowest pipeline's step (one pipeline: the plan's stages, all m)
+        predicted = max(round(simulate([round(s.compute_us * 1000) for s in stages],
+                                       [round(s.comm_out_us * 1000) for s in stages[:-1]], share,
+                                       opts.schedule).step_ns / 1000, 3)
+                        for stages, share in ([(q.stages, q.microbatches) for q in plan.pipelines] if plan.pipelines
+                                              else [(plan.stages, m)]))
+    return {
+        "format_version": 1,
+        "mode": opts.mode,
+        "schedule": opts.schedule,
+        "microbatches": m,
+        "steps_measured": len(last_steps),
+        "threads_per_rank": threads,
+        "stages": stages,
+        "step_time_us": round(statistics.median(last_steps) * 1e6, 3),
+        "step_us": time_stats_us(last_steps),
+        "step_times_us": [round(t * 1e6, 3) for t in last_steps],
+        "predicted_step_time_us": predicted,
+    }
