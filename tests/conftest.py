@@ -10,7 +10,7 @@ import pytest
 # Every OPTIMAL / WITHIN_GAP claim in the tests is re-proved (NOTE [checked certificates]).
 os.environ.setdefault("HETPART_CHECK_CERTIFICATE", "1")
 # A pytest-xdist worker (`make test`: two on two cores) computes with one intra-op thread, as a rank of
-# `hetpart run` does; two workers of two threads each ran torch-heavy tests 5-10x slower (NOTE [xdist groups]).
+# `hetpart run` does; two workers of two threads each ran torch-heavy tests 4-12x slower (NOTE [xdist groups]).
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
