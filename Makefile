@@ -4,6 +4,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 DEMO_OUT ?= out/demo
+# pytest-xdist workers for `make test` (0: serial); see README "Running the tests" and NOTE [xdist groups].
+TEST_WORKERS ?= 2
 
 .PHONY: demo test venv clean
 
@@ -20,7 +22,7 @@ demo: venv
 	$(VENV)/bin/hetpart run $(DEMO_OUT) --verify
 
 test: venv
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
 clean:
 	rm -rf $(VENV) out

@@ -9,17 +9,44 @@ import pytest
 
 # Every OPTIMAL / WITHIN_GAP claim in the tests is re-proved (NOTE [checked certificates]).
 os.environ.setdefault("HETPART_CHECK_CERTIFICATE", "1")
+# A pytest-xdist worker (`make test`: two on two cores) computes with one intra-op thread, as a rank of
+# `hetpart run` does; two workers of two threads each ran torch-heavy tests 4-12x slower (NOTE [xdist groups]).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from hetpart.compile import analyze
 from hetpart.devices import load_cluster
 from hetpart.frontend import ModelSpec
 from tests.shared_runs import GPT_CPU2, SharedRun, cli_output
+from tests.xdist_groups import FixtureUse, groups, instance_key
 
 SMALL = {
     "mlp": ModelSpec("zoo:mlp", {"n_blocks": "3", "hidden": "32"}, batch_size=8, seq_len=1),
     "gpt-small": ModelSpec("zoo:gpt-small", {"n_layer": "2", "n_embd": "64", "n_head": "4", "vocab_size": "128",
                                              "block_size": "32"}, batch_size=8, seq_len=16),
 }
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # pytest-xdist registers it too; serially (or without xdist installed) the mark does nothing.
+    config.addinivalue_line("markers", "xdist_group(name): run on one xdist worker (NOTE [xdist groups])")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook turns the marks into `@group` node-id suffixes
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark the tests that share a module- or session-scoped fixture of the project with one xdist group,
+    so that `-n 2 --dist loadgroup` runs each such fixture once: NOTE [xdist groups] in tests/xdist_groups.py."""
+    found = []
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        defs = info.name2fixturedefs if info is not None else {}
+        found.append(FixtureUse(item.nodeid, tuple(sorted(
+            key for name, chain in defs.items() if chain and chain[-1].func.__module__.startswith("tests")
+            for key in [instance_key(chain[-1].scope, name, item.nodeid)] if key is not None))))
+    named = groups(found)
+    for item in items:
+        if item.nodeid in named:
+            item.add_marker(pytest.mark.xdist_group(named[item.nodeid]))
 
 
 @pytest.fixture(scope="session")

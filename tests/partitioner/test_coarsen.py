@@ -80,8 +80,10 @@ def test_two_pass_dp_is_valid_never_worse_than_its_coarse_pass_and_close_to_the_
 def test_two_thousand_node_transformer_is_planned_deterministically():
     # Its time against the 8 s limit is a row of benchmarks/solve_speed.py, not an assert here.
     p = transformer_problem(2000)
-    # 8 s: the DP may take half (NOTE [DP deadline]), and it needs 2-3 s here on a loaded machine.
-    plan = solve(p, time_limit_s=8, seed=1)
+    # The DP may take half the limit (NOTE [DP deadline]): 2-3 s here quiet, but more than the 4 s of an 8 s
+    # limit on an xdist worker at load 10 (then the plan was not the DP's and lost to it). The solve stops
+    # once its plan is proven, so the 30 s cost no time on a machine that is not overloaded.
+    plan = solve(p, time_limit_s=30, seed=1)
     verify_plan(p, plan)
     assert plan.stats.coarsened
     assert plan.bounds.lp_work_ns <= plan.lower_bound_ns <= plan.bottleneck_ns

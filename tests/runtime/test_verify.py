@@ -136,12 +136,22 @@ def _verify(out: Path, capsys, expect_status: int, *extra: str) -> str:
     return capsys.readouterr().out
 
 
+@pytest.fixture
+def two_process_threads():
+    """This process computes with 2 intra-op threads for the test (an xdist worker has 1: NOTE [xdist groups])."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.mark.parametrize("model", [
     ["zoo:resnet", "--set", "base_width=96", "--batch-size", "8"],
     ["zoo:llama", "--set", "dim=1024", "--set", "n_layers=1", "--set", "n_heads=8", "--set", "n_kv_heads=8",
      "--set", "ffn_hidden=2816", "--set", "vocab_size=256", "--batch-size", "4", "--seq-len", "16"],
 ], ids=["wide-resnet", "llama-1024"])
-def test_correct_plans_of_wide_models_pass_at_default_tolerances(model, tmp_path, monkeypatch, capsys):
+def test_correct_plans_of_wide_models_pass_at_default_tolerances(model, tmp_path, monkeypatch, capsys,
+                                                              two_process_threads):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # ranks compute with 1 thread, this process with more
     out = tmp_path / "out"
     assert main(["partition", *model, "--cluster", "preset:cpu-2", "--out", str(out), "--microbatches", "2",
