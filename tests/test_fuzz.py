@@ -94,7 +94,7 @@ def test_generated_stage_files_equal_the_model(spec: NetSpec, seed: int, data: s
         loaded = []
         for s in stages:
             files = write_rank(out / f"rank{s.index}", s, f"fuzz stage {s.index}\n")
-            loaded.append(load_stage(out, {"rank": s.index, "dir": f"rank{s.index}", "files": files}))
+            loaded.append(load_stage(out, {"rank": s.index, "stage": s.index, "dir": f"rank{s.index}", "files": files}))
         x = example_inputs(spec, seed + 1, 3)
         with torch.no_grad():
             want, values = module(*x), x

@@ -210,9 +210,9 @@ def test_run_refuses_a_schedule_or_batch_split_the_pipelines_cannot_run():
     from hetpart.runtime.launch import RunOptions, _check_options
 
     ranks = _ranks([(2, 4, 2), (3, 2, 2)])
-    man = {"mesh": mesh([[]] * 5, [4, 2], [2, 3]), "ranks": ranks}
+    man = {"mesh": mesh([[]] * 5, [4, 2], [2, 3]), "ranks": ranks, "world_size": 5}
     _check_options(RunOptions(schedule="gpipe"), 12, 5, 6, man)
-    _check_options(RunOptions(schedule="1f1b"), 12, 5, 6, {"mesh": mesh([[]] * 5, [3, 3], [2, 3]),
+    _check_options(RunOptions(schedule="1f1b"), 12, 5, 6, {"mesh": mesh([[]] * 5, [3, 3], [2, 3]), "world_size": 5,
                                                            "ranks": _ranks([(2, 3, 2), (3, 3, 2)])})
     with pytest.raises(HetpartError, match="pipeline 1 has 3 stages and 2 microbatch"):
         _check_options(RunOptions(schedule="1f1b"), 12, 5, 6, man)
