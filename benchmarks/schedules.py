@@ -32,19 +32,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from hetpart.plan_report import load_plan  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from measured_speedup import _hetpart  # noqa: E402 - `python -m hetpart ARGS` with this tree first
 from hetpart.report.table import simulated_step  # noqa: E402
 
 MODEL = ["zoo:gpt-small", "--set", "n_layer=8", "--batch-size", "16", "--seq-len", "64"]
 SCHEDULES = ["1f1b", "interleaved-1f1b", "interleaved-zb"]
-
-
-def _hetpart(*args: str, timeout_s: float = 1200) -> str:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-m", "hetpart", *args], env=env, capture_output=True, text=True,
-                          timeout=timeout_s)
-    if done.returncode != 0:
-        raise RuntimeError(f"hetpart {' '.join(args)} failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
-    return done.stdout
 
 
 def _run_steps_s(out: Path, mode: str, schedule: str, steps: int) -> list[float]:
