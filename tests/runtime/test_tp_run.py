@@ -1,5 +1,6 @@
-"""Tensor-parallel stages under torchrun (issue 20): 2 stages x TP 2 on preset:cpu-4 train 1F1B equal to the
-model (outputs, every gathered gradient and weight, rtol 1e-5); a doubled shard gradient fails --verify.
+"""Tensor-parallel stages under torchrun (issue 20): zoo:gpt-small, zoo:llama and hf:llama as 2 stages x TP 2 on
+preset:cpu-4 train 1F1B equal to the model (outputs, every gathered gradient and weight, rtol 1e-5) and run
+inference equal to it; a doubled shard gradient fails --verify.
 
 The fast tests (the sharding, the shards, the costs) are tests/test_tensor_parallel.py.
 """
@@ -73,6 +74,38 @@ def test_gpt_two_stages_by_tp2_train_1f1b_equal_to_the_model(gpt_tp, capsys):
     ran = capsys.readouterr().out
     assert "4 rank(s)" in ran and "verify: PASS" in ran and "max_grad_rel_err=" in ran
     assert "max_weight_rel_err=" in ran
+
+
+@pytest.fixture(scope="module", params=["zoo:llama", "hf:llama"])
+def llama_tp(request, tmp_path_factory):
+    out = tmp_path_factory.mktemp("tp") / request.param.replace(":", "-")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HF_HUB_OFFLINE", "1")
+        _partition(out, LLAMA if request.param == "zoo:llama" else HF_LLAMA, "preset:cpu-4")
+    return out
+
+
+def test_llamas_two_stages_by_tp2_train_1f1b_equal_to_the_model(llama_tp, capsys, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert len(json.loads((llama_tp / "manifest.json").read_text())["mesh"]["tensor_parallel"]) == 2
+    assert main(["run", str(llama_tp), "--mode", "training", "--schedule", "1f1b", "--verify"]) == 0
+    ran = capsys.readouterr().out
+    assert "4 rank(s)" in ran and "verify: PASS" in ran and "max_weight_rel_err=" in ran
+
+
+def _inference_passes(out, capsys) -> None:
+    assert main(["run", str(out), "--verify"]) == 0  # the training plan's artifacts, run for inference
+    ran = capsys.readouterr().out
+    assert "4 rank(s)" in ran and "inference" in ran and "verify: PASS" in ran
+
+
+def test_gpt_tp2_inference_equals_the_model(gpt_tp, capsys):
+    _inference_passes(gpt_tp, capsys)
+
+
+def test_llamas_tp2_inference_equals_the_model(llama_tp, capsys, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    _inference_passes(llama_tp, capsys)
 
 
 def test_hf_llama_with_a_wrong_shard_gradient_fails_verify_on_exactly_the_split_weights(tmp_path, capsys,
