@@ -237,7 +237,8 @@ def run_rank(out: Path, io_dir: Path, mode: str, schedule_name: str, microbatche
     process_groups = [groups[g["name"]] for g in mesh["groups"] if g["kind"] == "weights" and training]
     optimizer = torch.optim.SGD(params, lr=lr) if training and params else None
     checkpoint = checkpoint or CheckpointRun()
-    checkpoint.before_loop(entry, module, optimizer, _weight_names(module), params)  # --resume
+    weight_names = _weight_names(module)  # stage attribute -> weight FQN, fixed for the run
+    checkpoint.before_loop(entry, module, optimizer, weight_names, params)  # --resume
     args: tuple = ()
     rows = slice(None)  # this pipeline's rows of the global batch: its microbatches, in order
     if pipe.microbatches is not None:
@@ -265,7 +266,7 @@ def run_rank(out: Path, io_dir: Path, mode: str, schedule_name: str, microbatche
             result = schedule.step(*args, **kwargs)
         if training:
             sync_gradients(module, shared, process_groups, microbatches, share)  # NOTE [pipelines gradients]
-            tp.break_for_test(module, manifest, entry, _weight_names(module))  # NOTE [test-only crash hook]
+            tp.break_for_test(module, manifest, entry, weight_names)  # NOTE [test-only crash hook]
         step_seconds.append(time.perf_counter() - start)
         forwards_per_step.append(boundary.forward_seconds[seen:])
         forward_cpu_per_step.append(boundary.forward_cpu_seconds[seen:])
@@ -275,21 +276,20 @@ def run_rank(out: Path, io_dir: Path, mode: str, schedule_name: str, microbatche
             save_file({n: t.detach().cpu().contiguous() for n, t in zip(names, outputs)},
                       str(io_dir / outputs_file(pipe.index if pipe.microbatches is not None else None)))
         if step == 0 and training:
-            names = _weight_names(module)
-            grads = {names[attr]: p.grad.detach().cpu().contiguous()
+            grads = {weight_names[attr]: p.grad.detach().cpu().contiguous()
                      for attr, p in module.named_parameters() if p.grad is not None}
             grads = tp.gather_shards(grads, manifest, entry, groups, device)  # whole, for --verify
             save_file(grads, str(io_dir / f"grads{rank}.safetensors"))
         if optimizer is not None:
             optimizer.step()
-        checkpoint.after_step(step, entry, module, optimizer, _weight_names(module), params)  # --checkpoint-every
+        checkpoint.after_step(step, entry, module, optimizer, weight_names, params)  # --checkpoint-every
         print(f"rank {rank}: step {step} {step_seconds[-1] * 1e3:.2f} ms", flush=True)
     if losses:
         save_file({"losses": torch.stack([torch.stack(step).detach().float().cpu() for step in losses])},
                   str(io_dir / f"losses{rank}.safetensors"))  # [steps, this pipeline's microbatches]
     if dump_weights and training:
-        names = _weight_names(module)
-        dumped = {names[attr]: p.detach().cpu().contiguous() for attr, p in module.named_parameters() if attr in names}
+        dumped = {weight_names[attr]: p.detach().cpu().contiguous() for attr, p in module.named_parameters()
+                  if attr in weight_names}
         save_file(tp.gather_shards(dumped, manifest, entry, groups, device), str(io_dir / f"weights{rank}.safetensors"))
     if rank == world - 1:
         (io_dir / "step_seconds").write_text("\n".join(f"{s}" for s in step_seconds) + "\n")
