@@ -67,22 +67,15 @@ def new_cluster(old: Cluster, spec: str | None, lose: tuple[str, ...], add: tupl
 
 def retarget(stored: Problem, cluster: Cluster) -> Problem:
     """The stored problem on `cluster`'s devices and links (NOTE [re-plan from the stored analysis])."""
-    from hetpart.partitioner.problem import Device
-    from hetpart.passes.lower import _link
+    from hetpart.passes.lower import cluster_fields
 
     missing = sorted({d.type.name for d in cluster.devices} - costed_types(stored))
     if missing:
         raise HetpartError(f"device type(s) {', '.join(missing)} of the new cluster were not costed when the old "
                            f"plan was made (costed: {', '.join(sorted(costed_types(stored)))}); plan from scratch "
                            "with `hetpart partition ... --cluster NEW`")
-    directions = 2 if stored.training is not None else 1
-    problem = dataclasses.replace(
-        stored, devices=[Device(d.name, d.type.name, d.machine, d.mem_bytes) for d in cluster.devices],
-        intra_node_links={m.name: _link(m.link, directions) for m in cluster.machines},
-        network=_link(cluster.network, directions), max_stages=stored.max_stages)
-    problem.__dict__.pop("_device_index", None)
-    problem.__dict__.pop("_slots", None)
-    return problem
+    # A new Problem (replace runs __init__), so no cached device index or slots of the old devices carry over.
+    return dataclasses.replace(stored, **cluster_fields(cluster, stored.training is not None))
 
 
 @dataclass

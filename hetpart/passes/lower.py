@@ -143,6 +143,15 @@ def _link(spec, directions: int = 1) -> Link:
                 latency_ns=directions * round(spec.latency_s * 1e9))
 
 
+def cluster_fields(cluster: Cluster, training: bool) -> dict:
+    """The Problem fields a cluster gives: its devices, each machine's link and the network (a link's latency
+    paid both ways in training); `lower_to_problem` and `hetpart replan`'s retargeting share them."""
+    directions = 2 if training else 1
+    return {"devices": [Device(d.name, d.type.name, d.machine, d.mem_bytes) for d in cluster.devices],
+            "intra_node_links": {m.name: _link(m.link, directions) for m in cluster.machines},
+            "network": _link(cluster.network, directions)}
+
+
 def _state_bytes(gm: fx.GraphModule, spec: TrainingSpec) -> dict[str, int]:
     """Gradient + optimizer state bytes of each trainable weight (NOTE [training costs])."""
     out: dict[str, int] = {}
@@ -194,14 +203,10 @@ def lower_to_problem(gm: fx.GraphModule, cluster: Cluster, training: TrainingSpe
             if src is not None and src != name:
                 g.add_edge(src, name)
     weights = {n.target: info(n).param_bytes or 0 for n in gm.graph.find_nodes(op="get_attr")}
-    devices = [Device(d.name, d.type.name, d.machine, d.mem_bytes) for d in cluster.devices]
-    directions = 2 if training else 1
     return Problem(
         graph=g,
         weights=weights,
-        devices=devices,
-        intra_node_links={m.name: _link(m.link, directions) for m in cluster.machines},
-        network=_link(cluster.network, directions),
+        **cluster_fields(cluster, training is not None),
         training=None if training is None else Training(training.schedule, training.microbatches,
                                                         _state_bytes(gm, training)),
     )
