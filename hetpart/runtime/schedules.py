@@ -25,7 +25,10 @@ from hetpart.runtime.stages import rank_stage_entries, stage_entries, virtual_st
 SCHEDULES: dict[str, type] = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B,
                               "interleaved-1f1b": ScheduleInterleaved1F1B,
                               "interleaved-zb": ScheduleInterleavedZeroBubble}
-MULTI_STAGE = ("interleaved-1f1b", "interleaved-zb")  # one PipelineStage per stage of the rank
+# One PipelineStage per stage of the rank. The names of partitioner/simulate.py's VIRTUAL_SCHEDULES, not
+# imported from there: the partitioner package imports ortools, which each rank would pay at its start
+# (tests/partitioner/test_virtual_schedules.py keeps the two equal).
+MULTI_STAGE = ("interleaved-1f1b", "interleaved-zb")
 
 
 def check_schedule(schedule: str, manifest: dict[str, Any], microbatches: int) -> None:

@@ -40,6 +40,13 @@ def test_rank_orders_are_torchs_pipeline_order(schedule):
         assert mine == _torch_orders(schedule, d, v, m), (schedule, d, v, m)
 
 
+def test_the_runtime_runs_the_schedules_the_simulator_plays():
+    from hetpart.partitioner.simulate import VIRTUAL_SCHEDULES
+    from hetpart.runtime.schedules import MULTI_STAGE, SCHEDULES
+
+    assert MULTI_STAGE == VIRTUAL_SCHEDULES and set(MULTI_STAGE) <= set(SCHEDULES)
+
+
 def test_rank_orders_refuse_what_torch_refuses():
     with pytest.raises(HetpartError, match="multiple of their rounds"):
         rank_orders("interleaved-1f1b", 4, 2, 9)  # torch: "must be a multiple of the number of rounds (2)"
