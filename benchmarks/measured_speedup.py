@@ -282,12 +282,14 @@ def main() -> int:
         for model in args.models.split(","):
             for cluster in args.clusters.split(","):
                 cases.append(run_case(model, cluster, args, workdir))
+                if args.json is not None:  # after every case, so a long run that stops keeps what it measured
+                    args.json.write_text(json.dumps(cases, indent=1) + "\n")
         if args.keep is not None:
             shutil.copytree(workdir, args.keep)
     print()
     print_report(cases)
     print(f"took {time.monotonic() - start:.0f} s; load average at the end: {os.getloadavg()}")
-    if args.json is not None:
+    if args.json is not None:  # again: print_report added each case's best baseline
         args.json.write_text(json.dumps(cases, indent=1) + "\n")
     return 0
 
