@@ -40,6 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from hetpart.partitioner.baselines import STRATEGIES  # noqa: E402
+from hetpart.plan_report import load_plan  # noqa: E402
 from hetpart.report.table import simulated_step  # noqa: E402
 from hetpart.partitioner.simulate import simulate  # noqa: E402
 
@@ -149,7 +150,8 @@ def run_case(model: str, cluster: str, args: argparse.Namespace, workdir: Path) 
 
 
 def _predicted_step_us(plan: dict) -> float:
-    return simulated_step(plan).step_ns / 1000
+    """The plan's simulated step (plan.json as a dict, read through the one loader)."""
+    return simulated_step(load_plan(Path("plan.json"), plan)).step_ns / 1000
 
 
 def resimulated_step_us(plan: dict, rs: list[dict]) -> float:

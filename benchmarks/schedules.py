@@ -15,6 +15,12 @@
 
 The 4 ranks share this machine's cores (2 here) with whatever else runs: the profile's concurrency
 assumes the ranks only; a load above the core count slows every measured figure.
+
+With --emulate (NOTE [emulated devices] in hetpart/runtime/emulate.py) the ranks do not compete for
+cores: each runs pinned to one core at a fixed CPU quota (cpu-4's 4 equal devices on 2 cores: half a
+core each), so the devices are known ones. The profile is then taken alone (no siblings: `hetpart
+profile --backward` without --cluster, one thread as a rank) and every simulated figure is divided by
+the emulation's scale (the share of a core each rank gets), the plan's step at the emulated speed.
 """
 
 from __future__ import annotations
@@ -41,16 +47,43 @@ MODEL = ["zoo:gpt-small", "--set", "n_layer=8", "--batch-size", "16", "--seq-len
 SCHEDULES = ["1f1b", "interleaved-1f1b", "interleaved-zb"]
 
 
-def _run_steps_s(out: Path, mode: str, schedule: str, steps: int) -> list[float]:
-    """Each step's seconds of one `hetpart run` (rank D-1's, as `run` prints), in a fresh process."""
-    code = ("import json, sys; from pathlib import Path; from hetpart.runtime import RunOptions, run_pipeline; "
-            f"r = run_pipeline(Path({str(out)!r}), RunOptions(mode={mode!r}, schedule={schedule!r}, steps={steps}), "
-            "echo=lambda s: None); print(json.dumps(r.all_step_seconds))")
+def run_fresh(out: Path, period_us: int | None = None, **options: object) -> list[float]:
+    """One `hetpart run` of `out` with these RunOptions fields, in a fresh process (`period_us`: the emulation's
+    CPU-quota period, else its default); each step's seconds (rank D-1's, as `run` prints)."""
+    period = f"import hetpart.runtime.emulate as e; e.PERIOD_US = {period_us}; " if period_us is not None else ""
+    code = (f"import json; from pathlib import Path; {period}from hetpart.runtime import RunOptions, run_pipeline; "
+            f"r = run_pipeline(Path({str(out)!r}), RunOptions(**{options!r}), echo=lambda s: None); "
+            "print(json.dumps(r.all_step_seconds))")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=1200)
     if done.returncode != 0:
-        raise RuntimeError(f"run {out} ({schedule}) failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
+        raise RuntimeError(f"run {out} ({options}) failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def with_measured_link(preset: str, op: str, path: Path) -> str:
+    """Write `preset:NAME` to `path` with its machine's link measured by `hetpart profile-link --op op` (NOTE
+    [measured links] in hetpart/profiler/links.py); the path, and print what was fitted."""
+    import re
+    from textwrap import dedent
+
+    from hetpart.devices.cluster import PRESETS
+    from hetpart.profiler.links import measure_link
+
+    fit = measure_link(op)
+    print(f"profile-link --op {op}: " + ", ".join(f"{n / 1024:g} KiB {t:.0f} us" for n, t in fit.measured_us.items())
+          + f" -> {fit.toml()} (the preset's: {re.search(r'link = [{][^}]*[}]', PRESETS[preset]).group(0)})", flush=True)
+    path.write_text(re.sub(r"link = [{][^}]*[}]", fit.toml(), dedent(PRESETS[preset])))
+    return str(path)
+
+
+def emulation_scale(out: Path) -> float:
+    """The share of a core every rank of `out` gets under `run --emulate` (1.0: a whole core)."""
+    from hetpart.runtime.emulate import emulation_plan
+
+    plan = load_plan(out / "plan.json", json.loads((out / "plan.json").read_text()))
+    ranks = json.loads((out / "manifest.json").read_text())["ranks"]
+    return emulation_plan(plan, rank_devices=[r["planned_device"] for r in ranks]).scale
 
 
 def main() -> int:
@@ -61,32 +94,42 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=5, help="steps per run (the first is left out)")
     parser.add_argument("--schedules", nargs="+", default=SCHEDULES, choices=SCHEDULES)
     parser.add_argument("--json", type=Path, default=None, help="also write every run here")
+    parser.add_argument("--measure-link", action="store_true",
+                        help="plan on a copy of cpu-4 whose link is measured first (`hetpart profile-link --op "
+                             "send-recv`), not the preset's guess")
+    parser.add_argument("--emulate", action="store_true",
+                        help="run each rank on its own core at a fixed quota (cgroups; root), profile alone")
     args = parser.parse_args()
     model = [*MODEL, "--microbatches", str(args.microbatches)]
     with tempfile.TemporaryDirectory(prefix="hetpart-schedules-") as tmp:
         work = Path(tmp)
         profile = work / "cpu.json"
         print(f"profiling ({os.getloadavg()[0]:.1f} load) ...", flush=True)
-        _hetpart("profile", *model, "--cluster", "preset:cpu-4", "--backward", "--out", str(profile))
+        cluster = with_measured_link("cpu-4", "send-recv", work / "cpu-4.toml") if args.measure_link else "preset:cpu-4"
+        alone = [] if args.emulate else ["--cluster", "preset:cpu-4"]  # --emulate: no sibling competes for a core
+        _hetpart("profile", *model, *alone, "--backward", "--out", str(profile))
         plans, predicted_ms, stage_counts = {}, {}, {}
         for schedule in args.schedules:
             out = work / schedule
-            _hetpart("partition", *model, "--cluster", "preset:cpu-4", "--mode", args.mode, "--schedule", schedule,
+            _hetpart("partition", *model, "--cluster", cluster, "--mode", args.mode, "--schedule", schedule,
                      "--profile", str(profile), "--out", str(out), "--no-pt2")
             plans[schedule] = out
             plan = load_plan(out / "plan.json", json.loads((out / "plan.json").read_text()))
-            predicted_ms[schedule] = simulated_step(plan).step_ns / 1e6
+            scale = emulation_scale(out) if args.emulate else 1.0
+            predicted_ms[schedule] = simulated_step(plan).step_ns / 1e6 / scale
             stage_counts[schedule] = len(plan.stages)
         runs: dict[str, list[tuple[float, float]]] = {s: [] for s in args.schedules}  # (median step s, load)
         for r in range(args.rounds):
             for schedule, out in plans.items():  # interleaved: A B C, A B C, ...
                 load = os.getloadavg()[0]
-                steps = _run_steps_s(out, args.mode, schedule, args.steps)[1:]
+                steps = run_fresh(out, mode=args.mode, schedule=schedule, steps=args.steps, emulate=args.emulate)[1:]
                 runs[schedule].append((statistics.median(steps), load))
                 print(f"  round {r}: {schedule}: {statistics.median(steps) * 1e3:.1f} ms (load {load:.1f})",
                       flush=True)
+    how = ("run --emulate (each rank on one core at a fixed quota), profile --backward alone, simulated / scale"
+           if args.emulate else "profile --cluster preset:cpu-4 --backward")
     print(f"\n{MODEL[0]} ({' '.join(MODEL[1:])}), {args.mode}, {args.microbatches} microbatches, preset:cpu-4, "
-          f"profile --cluster preset:cpu-4 --backward; {args.rounds} rounds of {args.steps} steps\n")
+          f"{how}; {args.rounds} rounds of {args.steps} steps\n")
     print(f"| schedule | stages | simulated step ms | measured step ms (median of rounds) | rounds ms | error | "
           f"simulated / {args.schedules[0]} | measured / {args.schedules[0]} (median of rounds) | load |")
     print("|---|---|---|---|---|---|---|---|---|")

@@ -198,6 +198,24 @@ def _profile(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def _profile_link(args: argparse.Namespace, console: Console) -> int:
+    from rich.table import Table
+
+    from hetpart.profiler.links import DEFAULT_SIZES, measure_link
+
+    fit = measure_link(args.op, args.ranks, tuple(args.sizes or DEFAULT_SIZES), args.repeats)
+    table = Table(title=f"gloo {fit.op} among {fit.ranks} local processes (median of {args.repeats})")
+    for col in ("bytes", "measured us", "fitted us"):
+        table.add_column(col, justify="right")
+    for n, t in fit.measured_us.items():
+        table.add_row(f"{n:,}", f"{t:,.1f}", f"{fit.fitted_us[n]:,.1f}")
+    console.print(table)
+    console.print(f"fitted to the cost model's {fit.op} formula: latency {fit.latency_us:.1f} us, "
+                  f"{fit.bandwidth_gbps:.3f} GB/s; for the machine's entry in a cluster file:\n{fit.toml()}",
+                  markup=False, highlight=False)
+    return 0
+
+
 def _placement(args: argparse.Namespace) -> int:
     import json
 
@@ -316,6 +334,8 @@ def _main(argv: list[str] | None) -> int:
             return _replan(args, console)
         if args.command == "profile":
             return _profile(args, console)
+        if args.command == "profile-link":
+            return _profile_link(args, console)
         if args.command == "placement":
             return _placement(args)
         if args.command == "shard-weights":

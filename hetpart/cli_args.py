@@ -247,6 +247,17 @@ def build_parser() -> argparse.ArgumentParser:
                        help="--concurrent from a cluster: the most devices of --device-type on one of its nodes")
     prof.add_argument("--seed", type=_SEED, default=0, help="seed for weights and inputs")
 
+    link = sub.add_parser("profile-link", help="time gloo collectives between local processes and fit the "
+                                               "cluster file's `link = {...}` to them (NOTE [measured links])")
+    link.add_argument("--op", choices=["all-reduce", "send-recv"], default="all-reduce",
+                      help="all-reduce: a tensor-parallel group's or a gradient sync's ring; send-recv: a stage "
+                           "boundary's transfer (default all-reduce)")
+    link.add_argument("--ranks", type=_number(int, minimum=2, maximum=64), default=2, help="processes (default 2)")
+    link.add_argument("--sizes", type=_number(int, minimum=4), nargs="+", default=None, metavar="BYTES",
+                      help="tensor sizes to time (default 4 KiB to 4 MiB)")
+    link.add_argument("--repeats", type=_number(int, minimum=1, maximum=10_000), default=20,
+                      help="timed runs per size; the median counts")
+
     shard = sub.add_parser("shard-weights", help="fill the per-rank weights of a plan made with --meta "
                                                  "from a checkpoint, streaming")
     shard.add_argument("out", type=Path, help="artifacts directory of `partition --meta`")

@@ -9,7 +9,9 @@ NOTE [emulated devices]
   type (plan.json's `type_model_us`, the sum over every node of the cost the plan was
   made with: the profile where `--profile` gave one for the type, else the roofline of
   the cost model; `speed_source` says which). The fastest type gets a whole core.
-- Cores: the cluster file's `core = N` for a device, else round-robin over the cores
+- Ranks, not stages: each rank of manifest.json gets a slot on its `planned_device` (a
+  tensor-parallel stage's ranks one each; a virtual-stage rank one for its stages).
+- Cores: the cluster file's `core = N` for a device, else round-robin (by rank) over the cores
   this process may run on (`os.sched_getaffinity`). Ranks that share a core must not
   wait for each other: when a core's shares sum above 1, every share is scaled down by
   the same factor (the ratios between devices are what the rehearsal keeps), and the
@@ -91,14 +93,21 @@ class Emulation:
         return lines
 
 
-def emulation_plan(plan: PlanReport, cores: list[int] | None = None) -> Emulation:
-    """The core and share of every rank of `plan` (plan.json), NOTE [emulated devices]."""
+def emulation_plan(plan: PlanReport, cores: list[int] | None = None, rank_devices: list[str] | None = None) -> Emulation:
+    """The core and share of every rank of `plan` (plan.json), NOTE [emulated devices].
+
+    `rank_devices`: the cluster device each rank runs on (manifest.json's `planned_device`: a
+    tensor-parallel stage has several ranks, a virtual-stage rank several stages); by default
+    one rank per stage, on the stage's device.
+    """
     info = plan.emulation
     if not info or not info.get("type_model_us"):
         raise HetpartError("--emulate: this plan.json has no device speeds (`emulation`); partition it again with "
                            "this hetpart")
     model_us = info["type_model_us"]
-    used = [s.device_type for s in plan.stages]
+    type_of = {d.name: d.type for d in plan.cluster.devices} | {s.device: s.device_type for s in plan.stages}
+    devices = rank_devices if rank_devices is not None else [s.device for s in plan.stages]
+    used = [type_of[d] for d in devices]
     fastest = min(model_us[t] for t in used)
     profiled = set(info.get("profiled_types", ())) & set(used)
     source = ("profile" if profiled == set(used) else "cost model (roofline)" if not profiled
@@ -106,13 +115,13 @@ def emulation_plan(plan: PlanReport, cores: list[int] | None = None) -> Emulatio
     available = sorted(os.sched_getaffinity(0)) if cores is None else cores
     pinned = {d.name: d.core for d in plan.cluster.devices if d.core is not None}
     slots = []
-    for k, s in enumerate(plan.stages):
-        core = pinned.get(s.device, available[k % len(available)])
+    for k, device in enumerate(devices):
+        core = pinned.get(device, available[k % len(available)])
         if core not in available:
-            raise HetpartError(f"--emulate: the cluster file puts device {s.device} on core {core}, but this "
+            raise HetpartError(f"--emulate: the cluster file puts device {device} on core {core}, but this "
                                f"process may only run on cores {', '.join(map(str, available))}; change its `core`")
-        share = fastest / model_us[s.device_type] if model_us[s.device_type] else 1.0
-        slots.append(RankSlot(k, s.device, s.device_type, core, share))
+        share = fastest / model_us[type_of[device]] if model_us[type_of[device]] else 1.0
+        slots.append(RankSlot(k, device, type_of[device], core, share))
     load: dict[int, float] = {}
     for s in slots:
         load[s.core] = load.get(s.core, 0.0) + s.share

@@ -344,10 +344,10 @@ def _check_options(opts: RunOptions, batch_size: int, world: int, m: int, manife
         raise HetpartError(f"--mode {opts.mode}: expected inference or training")
     if manifest is not None:
         check_schedule(opts.schedule, manifest, m)  # and what a virtual-stage plan runs: runtime/schedules.py
-        if (opts.measure or opts.emulate) and opts.schedule in MULTI_STAGE:
-            raise HetpartError(f"--{'measure' if opts.measure else 'emulate'} takes one stage per rank; with "
-                               f"--schedule {opts.schedule} leave it out (the step time is printed anyway; "
-                               "benchmarks/schedules.py compares it with the simulator)")
+        if opts.measure and opts.schedule in MULTI_STAGE:
+            raise HetpartError(f"--measure takes one stage per rank; with --schedule {opts.schedule} leave it out "
+                               "(the step time is printed anyway; benchmarks/schedules.py compares it with the "
+                               "simulator)")
     elif opts.schedule not in SCHEDULES:
         raise HetpartError(f"--schedule {opts.schedule}: expected one of {', '.join(SCHEDULES)}")
     if m < 1 or batch_size % m:
@@ -462,7 +462,8 @@ def run_pipeline(out: Path, opts: RunOptions = RunOptions(), echo: Callable[[str
     m = opts.microbatches or plan.microbatches
     world = manifest["world_size"]
     _check_options(opts, spec.batch_size, world, m, manifest)
-    emulation = emulation_plan(plan) if opts.emulate else None  # NOTE [emulated devices] in runtime/emulate.py
+    emulation = emulation_plan(plan, rank_devices=[r["planned_device"] for r in manifest["ranks"]]) \
+        if opts.emulate else None  # NOTE [emulated devices] in runtime/emulate.py: one slot per rank
     ckpt = run_checkpoints(manifest, as_json(plan.model), spec, m, opts, echo)  # NOTE [checkpoint layout]
     first_step = ckpt.first_step if ckpt is not None else 0
     if emulation is not None:

@@ -58,6 +58,17 @@ def test_the_cluster_file_core_is_used_and_checked():
         emulation_plan(_plan(["a"], {"a": 1.0}, cores={"m/0": 7}), cores=[0, 1])
 
 
+def test_one_slot_per_rank_where_ranks_and_stages_differ():
+    # A tensor-parallel plan: 2 stages of 2 ranks each (4 ranks), each rank throttled to its own device's type.
+    plan = _plan(["fast", "fast", "slow", "slow"], {"fast": 100.0, "slow": 200.0})
+    e = emulation_plan(plan, cores=[0, 1], rank_devices=["m/0", "m/1", "m/2", "m/3"])
+    assert [(s.rank, s.device, s.core, round(s.share, 3)) for s in e.slots] == [
+        (0, "m/0", 0, 0.667), (1, "m/1", 1, 0.667), (2, "m/2", 0, 0.333), (3, "m/3", 1, 0.333)]
+    # A virtual-stage plan: 4 stages on 2 devices, one rank per device (not per stage).
+    e = emulation_plan(plan, cores=[0, 1], rank_devices=["m/0", "m/2"])
+    assert [(s.rank, s.device_type, round(s.share, 3)) for s in e.slots] == [(0, "fast", 1.0), (1, "slow", 0.5)]
+
+
 def test_a_plan_without_speeds_is_refused():
     with pytest.raises(HetpartError, match="no device speeds"):
         emulation_plan(_plan(["a"], None))
