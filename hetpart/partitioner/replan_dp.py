@@ -5,7 +5,7 @@ Nothing here imports torch. `replan.py` calls `bytes_first_plan` as one candidat
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -123,13 +123,26 @@ def _byte_prefixes(problem: Problem, tab: OrderTables, holders: Mapping[str, tup
     return np.cumsum(between, axis=1), np.cumsum(within, axis=1)
 
 
-def _entries(problem: Problem, old_alive: list[str], free: list[str]) -> tuple[list[str], list[str]]:
+def _free_classes(problem: Problem, free: list[str]) -> dict[str, list[str]]:
+    """The free devices by class of interchangeable ones: "machine|type|capacity" -> devices."""
+    classes: dict[str, list[str]] = {}
+    for name in free:
+        d = problem.device(name)
+        classes.setdefault(f"{d.node}|{d.type}|{d.capacity_bytes}", []).append(name)
+    return classes
+
+
+def _stash(problem: Problem) -> int | None:
+    """The stash every stage holds (NOTE [training memory]): GPipe's M, inference's one; None (the most any
+    stage may hold, OrderTables.stash_max) where it depends on the stage."""
+    return (stash_microbatches(problem, 0, 1)
+            if problem.training is None or problem.training.schedule == "gpipe" else None)
+
+
+def _entries(problem: Problem, old_alive: list[str], classes: dict[str, list[str]]) -> tuple[list[str], list[str]]:
     """NOTE [re-plan DP]'s device list: the old order with every free class's block at each machine change;
     (the entries' devices, each entry's free class key or "" for an old device)."""
     dev = {d.name: d for d in problem.devices}
-    classes: dict[str, list[str]] = {}
-    for d in free:
-        classes.setdefault(f"{dev[d].node}|{dev[d].type}|{dev[d].capacity_bytes}", []).append(d)
     places = [0] + [i for i in range(1, len(old_alive)) if dev[old_alive[i]].node != dev[old_alive[i - 1]].node]
     places.append(len(old_alive))
     return _list(old_alive, classes, {key: sorted(set(places)) for key in classes})
@@ -137,6 +150,7 @@ def _entries(problem: Problem, old_alive: list[str], free: list[str]) -> tuple[l
 
 def _list(old_alive: list[str], classes: dict[str, list[str]],
           at: dict[str, list[int]]) -> tuple[list[str], list[str]]:
+    """The entries with each class's block at its places `at` (a place: how many old devices come before)."""
     names, keys = [], []
     for i in range(len(old_alive) + 1):
         for key, members in sorted(classes.items()):
@@ -151,18 +165,16 @@ def _list(old_alive: list[str], classes: dict[str, list[str]],
 
 def bytes_first_plan(problem: Problem, tab: OrderTables, holders: Mapping[str, tuple[str, ...]],
                      old_devices: list[str], limit_ns: int, nbytes: Mapping[str, int],
-                     extra_cuts: list[int] = ()) -> DpPlan | None:
+                     extra_cuts: Sequence[int] = ()) -> DpPlan | None:
     """NOTE [re-plan DP]: the fewest bytes between machines, then within, over kept-order plans whose
     stages each take at most `limit_ns`; None when none fits."""
     dev = {d.name: d for d in problem.devices}
     old_alive = [d for d in old_devices if d in dev]
     held = {h for hs in holders.values() for h in hs}
-    free = [d.name for d in problem.devices if d.name not in held and d.name not in old_alive]
-    classes: dict[str, list[str]] = {}
-    for d in free:
-        classes.setdefault(f"{dev[d].node}|{dev[d].type}|{dev[d].capacity_bytes}", []).append(d)
+    classes = _free_classes(problem, [d.name for d in problem.devices
+                                      if d.name not in held and d.name not in old_alive])
     P = candidate_positions(tab, problem, holders, list(extra_cuts))
-    names, keys = _entries(problem, old_alive, free)
+    names, keys = _entries(problem, old_alive, classes)
     todo, best, runs, exact = [(names, keys)], None, 0, True
     while todo and runs <= _RETRIES:
         names, keys = todo.pop(0)
@@ -227,8 +239,7 @@ def _dp(problem: Problem, tab: OrderTables, P: np.ndarray, names: list[str], is_
     Bp, Wp = _byte_prefixes(problem, tab, holders, uniq, nbytes)
     scale = len(names) + 1
     Wp = Wp * scale
-    stash = stash_microbatches(problem, 0, 1) if problem.training is None or \
-        problem.training.schedule == "gpipe" else None
+    stash = _stash(problem)
     cut = tab.cut_bytes[P]
     fits: dict[tuple, np.ndarray] = {}  # (type, capacity, machine) -> [in same?][out kind] -> bool (m, m)
 
@@ -339,8 +350,7 @@ def _refined(problem: Problem, tab: OrderTables, holders: Mapping[str, tuple[str
     valid = valid_cuts(tab)
     Bp, Wp = _byte_prefixes(problem, tab, holders, plan.devices, nbytes)
     S = len(plan.devices)
-    stash = stash_microbatches(problem, 0, 1) if problem.training is None or \
-        problem.training.schedule == "gpipe" else None
+    stash = _stash(problem)
     slots = [problem.slot(d) for d in plan.devices]
     for _ in range(_ROUNDS):
         windows = [np.array([0])]
