@@ -40,7 +40,7 @@ from hetpart.partitioner import solve  # noqa: E402
 from hetpart.partitioner.costs import transfer_ns  # noqa: E402
 from hetpart.partitioner.problem_json import problem_from_json  # noqa: E402
 from hetpart.partitioner.replan import (  # noqa: E402
-    holders_of, lexicographic_plan, stage_weights, state_to_move_bytes,
+    holders_of, lexicographic_plan, lost_state_bytes, stage_weights, state_to_move_bytes,
 )
 from hetpart.replan import retarget  # noqa: E402
 
@@ -75,14 +75,6 @@ def on_machines(full: Cluster, alive: set[str]) -> Cluster:
 def resharding_bytes(problem, plan) -> int:
     """Every stage's state read again (restart from the checkpoint)."""
     return sum(state_to_move_bytes(problem, w) for ws in stage_weights(problem, plan.stage_of).values() for w in ws)
-
-
-def lost_state_bytes(problem, holders) -> int:
-    """The lower limit of any re-plan's bytes: the state of every weight no surviving device holds, which
-    some stage must read from the checkpoint (once, even where two stages read it)."""
-    alive = {d.name for d in problem.devices}
-    return sum(state_to_move_bytes(problem, w) for w in problem.weights
-               if not any(h in alive for h in holders.get(w, ())))
 
 
 def replay(path: Path, args: argparse.Namespace) -> dict:

@@ -48,6 +48,14 @@ def state_to_move_bytes(problem: Problem, weight: str) -> int:
     return held - grad
 
 
+def lost_state_bytes(problem: Problem, holders: Mapping[str, tuple[str, ...]]) -> int:
+    """The lower limit of any plan's bytes moved: the state of every weight no surviving device holds, which
+    some stage must read from the checkpoint (counted once, where `moves` counts each stage that reads it)."""
+    alive = {d.name for d in problem.devices}
+    return sum(state_to_move_bytes(problem, w) for w in problem.weights
+               if not any(h in alive for h in holders.get(w, ())))
+
+
 @dataclass(frozen=True)
 class Move:
     weight: str

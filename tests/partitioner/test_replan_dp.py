@@ -141,3 +141,22 @@ def test_a_large_re_plan_keeps_the_candidate_that_moves_least(seed, monkeypatch)
         mv = moves(problem, *dp, holders)
         assert key <= (mv.between_bytes, mv.within_bytes)
         assert got.status[0] in ("BYTES_DP", "RELABELED", "KEPT_SCRATCH")
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_floor_is_below_every_plan(seed):
+    # replan.lost_state_bytes, the lower limit spot_trace reports: no plan of the small problem moves less.
+    from hetpart.partitioner.replan import lost_state_bytes
+
+    problem, names, old, holders = _case(seed)
+    floor = lost_state_bytes(problem, holders)
+    assert floor == sum(state_to_move_bytes(problem, w) for w, hs in holders.items() if hs == ("gone/0",))
+    least = None
+    for seq in _family(problem, old + [d.name for d in problem.devices], {}):  # subsequences of that list
+        for cuts in itertools.combinations(range(1, len(names)), len(seq) - 1):
+            bounds = [0, *cuts, len(names)]
+            stage_of = {v: k for k in range(len(seq)) for v in names[bounds[k]:bounds[k + 1]]}
+            mv = moves(problem, stage_of, seq, holders)
+            total = mv.between_bytes + mv.within_bytes + mv.checkpoint_bytes
+            least = total if least is None else min(least, total)
+    assert least is not None and least >= floor
