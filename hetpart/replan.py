@@ -105,6 +105,9 @@ def _size(nbytes: float) -> str:
     return f"{nbytes:.3g} GiB"
 
 
+_LARGE = ("RELABELED", "KEPT_ORDER", "BYTES_DP")  # NOTE [large re-plan]'s statuses: no CP-SAT ran
+
+
 def describe(result: Replan, plan_s: float, lost: list[str]) -> list[str]:
     """What `hetpart replan` prints: both plans, the bytes each moves and the predicted move time."""
     lines = [f"re-planned in {plan_s:.2f} s from the stored analysis (no trace)"
@@ -121,7 +124,8 @@ def describe(result: Replan, plan_s: float, lost: list[str]) -> list[str]:
                      f"{result.moves.link_time_ns[key] / 1e6:.3f} ms (costs.transfer_ns)")
     lines.append(f"  slack {result.slack:.0%}: bottleneck limit {result.limit_ns / 1000:.1f} us "
                  f"(from scratch {result.scratch.bottleneck_ns / 1000:.1f} us, gap {result.scratch.gap:.2%}); "
-                 f"CP-SAT {' / '.join(result.status)}")
+                 + (f"{' / '.join(result.status)} (NOTE [large re-plan])" if result.status[0] in _LARGE
+                    else f"CP-SAT {' / '.join(result.status)}"))
     return lines
 
 

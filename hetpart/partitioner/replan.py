@@ -48,6 +48,14 @@ def state_to_move_bytes(problem: Problem, weight: str) -> int:
     return held - grad
 
 
+def lost_state_bytes(problem: Problem, holders: Mapping[str, tuple[str, ...]]) -> int:
+    """The lower limit of any plan's bytes moved: the state of every weight no surviving device holds, which
+    some stage must read from the checkpoint (counted once, where `moves` counts each stage that reads it)."""
+    alive = {d.name for d in problem.devices}
+    return sum(state_to_move_bytes(problem, w) for w in problem.weights
+               if not any(h in alive for h in holders.get(w, ())))
+
+
 @dataclass(frozen=True)
 class Move:
     weight: str
@@ -169,8 +177,11 @@ def _solve(model: cp_model.CpModel, time_limit_s: float, seed: int) -> tuple[cp_
 # bottleneck cap (dp.py's tables and costs.py's formulas) and whose bytes between machines (then within,
 # as a fraction below one byte: ties only) are the fewest; a weight two nodes of a stage read counts
 # twice there (an over-count), and the plan it gives is re-costed and its moves recounted exactly.
-# The better of the two candidates by (bytes between, within) is kept: status "KEPT_ORDER" when it is
-# this one.
+# A third candidate, NOTE [re-plan DP] (replan_dp.py): the old order with devices skipped and free ones
+# inserted, cuts at more positions, refined op by op, for the fewest bytes (status "BYTES_DP"). Its
+# family holds the kept order's plans (its cut positions aside), so the kept order runs only when the
+# DP finds no plan. The best candidate by (bytes between, within) is kept: status "KEPT_ORDER" or
+# "BYTES_DP" when it is one of those.
 RELABEL_ABOVE = 400
 PERMUTE_MACHINES = 6
 KEPT_ORDER_CUTS = 256
@@ -188,10 +199,12 @@ def lexicographic_plan(problem: Problem, scratch: Plan, holders: Mapping[str, tu
     limit = math.floor(scratch.bottleneck_ns * (1 + slack))
     if problem.graph.number_of_nodes() > RELABEL_ABOVE:
         best, status = (scratch.stage_of, relabel(problem, scratch, holders)), ["RELABELED"]
-        kept = _kept_order(problem, scratch, holders, old_devices, limit) if old_devices else None
-        if kept is not None:
-            if _moved(problem, kept, holders) < _moved(problem, best, holders):
-                best, status = kept, ["KEPT_ORDER"]
+        bytes_dp = _bytes_first(problem, scratch, holders, old_devices, limit) if old_devices else None
+        if bytes_dp is not None and _moved(problem, bytes_dp, holders) < _moved(problem, best, holders):
+            best, status = bytes_dp, ["BYTES_DP"]
+        kept = _kept_order(problem, scratch, holders, old_devices, limit) if old_devices and bytes_dp is None else None
+        if kept is not None and _moved(problem, kept, holders) < _moved(problem, best, holders):
+            best, status = kept, ["KEPT_ORDER"]
     else:
         best, status = _solve_lexicographic(problem, scratch, holders, limit, time_limit_s, seed)
     fallback = (scratch.stage_of, scratch.device_of_stage)
@@ -345,6 +358,25 @@ def _kept_order(problem: Problem, scratch: Plan, holders: Mapping[str, tuple[str
     stage_of = {v: k for k in range(S) for v in tab.order[cuts[k]:cuts[k + 1]]}
     plan = chosen_plan(problem, scratch, stage_of, devices)
     return (stage_of, devices) if plan.bottleneck_ns <= limit else None
+
+
+def _bytes_first(problem: Problem, scratch: Plan, holders: Mapping[str, tuple[str, ...]], old_devices: list[str],
+                 limit: int) -> tuple[dict[str, int], list[str]] | None:
+    """NOTE [large re-plan]'s third candidate: NOTE [re-plan DP] (replan_dp.py), re-costed and checked here."""
+    from hetpart.partitioner.dp import order_tables
+    from hetpart.partitioner.replan_dp import bytes_first_plan
+    from hetpart.partitioner.verify import plan_violations
+
+    tab = order_tables(problem)
+    at = {v: i for i, v in enumerate(tab.order)}
+    own = [at[v] for v, k in scratch.stage_of.items() if at[v] > 0 and scratch.stage_of[tab.order[at[v] - 1]] != k]
+    nbytes = {w: state_to_move_bytes(problem, w) for w in problem.weights}
+    got = bytes_first_plan(problem, tab, holders, old_devices, limit, nbytes, own)
+    if got is None:
+        return None
+    stage_of = {v: k for k in range(len(got.devices)) for v in tab.order[got.cuts[k]:got.cuts[k + 1]]}
+    plan = chosen_plan(problem, scratch, stage_of, got.devices)
+    return (stage_of, got.devices) if plan.bottleneck_ns <= limit and not plan_violations(problem, plan) else None
 
 
 def _transfer(problem: Problem, a: str, b: str, nbytes) -> object:
