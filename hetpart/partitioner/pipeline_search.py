@@ -25,7 +25,9 @@ from hetpart.partitioner.pipeline_layers import LayerProblem, layer_problem, sol
 from hetpart.partitioner.pipeline_outer import (
     Candidate, _patterns, greedy_outer, realize, solve_outer, sync_estimates,
 )
-from hetpart.partitioner.pipelines import PipelinesPlan, cost_pipelines, pipelines_violations, sub_problem
+from hetpart.partitioner.pipelines import (
+    PipelinesPlan, cost_pipelines, pipeline_time_ns, pipelines_violations, sub_problem,
+)
 from hetpart.partitioner.problem import MEM_BYTES, Plan, Problem
 from hetpart.partitioner.solve import SolveOptions, solve
 
@@ -200,11 +202,44 @@ def _support_rate(problem: Problem, devices: tuple[str, ...], supports) -> tuple
     return a.fill_ns, max(a.largest_op_ns, a.work / lam_n if lam_n > 0 else math.inf)
 
 
+# NOTE [stash order]
+# Under 1F1B stage k of S stashes S - k microbatches, so which device sits where matters: the DP
+# over device classes charges every stage the largest stash (NOTE [candidate cuts] in dp.py), and
+# the list-order DP takes prefixes of the devices in the problem's order -- on the presets the
+# fastest machines first, whose memory then goes to the stash (each holds a layer or two). The
+# one-pipeline LP of NOTE [pipelines memory bound] says at which stash level each kind of device
+# is worth most (`PipelinesBound.stash_order`: kinds by their mean level there, the deepest
+# first); each shape is also solved with its devices in that order (kinds the LP left out last),
+# and the faster of the two plans kept. Llama-70b on hetero-64 (docs/benchmarks.md, "The bound
+# after bound19"): 64 GPUs in the preset's order 11.7 s, A100-80G then H100 first 6.73 s.
+
+
+def stash_ordered(problem: Problem, layers: LayerProblem | None, order: list[tuple[str, int]]
+                  ) -> tuple[Problem, LayerProblem | None]:
+    """`problem` (and its layer problem) with the devices in NOTE [stash order]: kinds as `order` lists
+    them, then the others, each in problem order."""
+    rank = {kind: i for i, kind in enumerate(order)}
+    key = lambda d: rank.get((d.type, d.capacity_bytes), len(rank))  # noqa: E731 (sorted is stable)
+    out = dataclasses.replace(problem, devices=sorted(problem.devices, key=key))
+    if layers is None:
+        return out, None
+    coarse = layers.coarse.problem
+    return out, dataclasses.replace(layers, coarse=dataclasses.replace(
+        layers.coarse, problem=dataclasses.replace(coarse, devices=sorted(coarse.devices, key=key))))
+
+
 def _solve_shape(problem: Problem, devices: tuple[str, ...], m: int, opts: SolveOptions, limit_s: float,
-                 layers: LayerProblem | None = None) -> Plan | None:
+                 layers: LayerProblem | None = None,
+                 ordered: tuple[Problem, LayerProblem | None] | None = None) -> Plan | None:
     """The shape's plan for `m` microbatches, or None when no plan fits its memory or it found none in time:
-    on the layer-level problem when there is one (NOTE [shapes on layers]), else by `solve` on the ops.
+    on the layer-level problem when there is one (NOTE [shapes on layers]), else by `solve` on the ops;
+    with `ordered` (`stash_ordered`'s), also in that device order, the faster kept (NOTE [stash order]).
     Without its own search-free bounds and certificate: NOTE [pipelines bound] bounds the whole plan."""
+    if ordered is not None:
+        plans = [_solve_shape(problem, devices, m, opts, limit_s, layers), _solve_shape(*ordered[:1], devices, m, opts,
+                                                                                        limit_s, ordered[1])]
+        got = [p for p in plans if p is not None]
+        return min(got, key=lambda p: pipeline_time_ns(p, m)) if got else None
     if layers is not None:
         return solve_on_layers(problem, layers, devices, m, opts, limit_s)
     sub = sub_problem(problem, devices, m)
@@ -249,6 +284,8 @@ def _plan_and_facts(problem: Problem, microbatches: int, options: SolveOptions |
     deadline = lambda share: t0 + share * limit  # noqa: E731
     bound = pipelines_lower_bound(problem, microbatches, deadline=deadline(0.15))
     layers = layer_problem(problem) if opts.run_coarsening else None  # NOTE [shapes on layers]
+    one_f1b = problem.training is not None and problem.training.schedule == "1f1b"
+    ordered = stash_ordered(problem, layers, bound.stash_order) if one_f1b and bound.stash_order else None
     kinds, kind_of = machine_kinds(problem)
     shapes = enumerate_shapes(problem, kinds)
     if not shapes:
@@ -314,7 +351,7 @@ def _plan_and_facts(problem: Problem, microbatches: int, options: SolveOptions |
         m_ref = min(microbatches, max(share, len(devs))) if sched == "1f1b" else microbatches
         per_shape = min(left / min(6, len(order) - tried),
                         max(_SHAPE_LIMIT_S, limit * _SHAPE_SHARE, _SHAPE_S_PER_DEVICE * len(devs) ** 1.5))
-        plan = _solve_shape(problem, devs, m_ref, opts, per_shape, layers)
+        plan = _solve_shape(problem, devs, m_ref, opts, per_shape, layers, ordered)
         if plan is None and sched == "gpipe" and share < microbatches:
             m_ref = share
             plan = _solve_shape(problem, devs, m_ref, opts, per_shape, layers)
