@@ -311,11 +311,13 @@ def _size_cells(devices: int) -> list[int]:
 
 
 def pipelines_lower_bound(problem: Problem, microbatches: int, deadline: float | None = None,
-                          upper_ns: int | None = None, memory: bool = True) -> PipelinesBound:
+                          upper_ns: int | None = None, memory: bool = True,
+                          memory_deadline: float | None = None) -> PipelinesBound:
     """NOTE [pipelines bound] for `microbatches` microbatches; `upper_ns` (a known plan's step) only
     prunes parts that cannot go below it; past `deadline` (a perf_counter value) the sync parts
     left are charged no sync (still a bound) and `unfinished` says so. `memory=False` leaves out
-    NOTE [pipelines memory bound] (the tests compare the two)."""
+    NOTE [pipelines memory bound] (the tests compare the two); it stops at `memory_deadline` (default
+    `deadline`)."""
     t0 = time.perf_counter()
     supports = _supports(problem)
     if not supports:
@@ -364,7 +366,7 @@ def pipelines_lower_bound(problem: Problem, microbatches: int, deadline: float |
     full = max(supports, key=lambda a: len(a.types))
     mem = memory_lower_bound(problem, microbatches, full.lam, lo, min(a.largest_op_ns for a in supports),
                              need_bytes(problem), sync_floor_ns(problem, len(problem.devices) // 2, 2), bound,
-                             deadline) if memory else MemoryBound(0, 0, 0.0, True, "left out")
+                             memory_deadline or deadline) if memory else MemoryBound(0, 0, 0.0, True, "left out")
     bound, one_ns = max(bound, mem.bound_ns), max(one_ns, mem.one_pipeline_ns)
     if not mem.finished:
         unfinished.append("memory")

@@ -60,8 +60,9 @@ from hetpart.partitioner.problem import MEM_BYTES, TIME_NS, WEIGHTS, Problem
 # sync parts by pipeline count and size (the larger of the two bounds is taken), interleaved
 # schedules (no bound here: 0).
 
-_EXACT_LEVELS = 8  # stash levels one by one up to here, then cells of ratio _LEVEL_RATIO
+_EXACT_LEVELS = 8  # stash levels one by one up to here, then cells of ratio _LEVEL_RATIO (many pipelines)
 _LEVEL_RATIO = 1.25
+_ONE_EXACT_LEVELS, _ONE_LEVEL_RATIO = 32, 1.03  # the same for one pipeline: a smaller LP, finer cells
 _B_RATIO = 1.01  # bottleneck cells of NOTE [pipelines memory bound], one pipeline
 _MANY_RATIO = 1.04  # ... and of the classes of many pipelines
 _BLOCKS = 300  # blocks of NOTE [pipelines memory bound] (e) at most, about
@@ -201,7 +202,8 @@ class _Setup:
     lam: list[float]  # e <= lam x time, per kind
     K: np.ndarray  # [kind, level column] knapsack work
     col: dict[int, int]  # level -> column of K
-    levels_1f1b: list[tuple[int, int]]  # level cells up to the most stages
+    levels_1f1b: list[tuple[int, int]]  # level cells up to the most stages (many pipelines)
+    levels_one: list[tuple[int, int]]  # ... and finer, for one pipeline
     max_stages: int
     mem: list[float]  # capacity / need, per kind
     fill: float  # F, in units of F: 1.0
@@ -223,24 +225,29 @@ def _setup(problem: Problem, microbatches: int, lam: dict[str, float], fill_ns: 
     work = max(float(c.sum()), 1e-300)
     D = len(problem.devices)
     max_stages = min(D, problem.max_stages or D)
-    cells = _cells(1, min(microbatches, max_stages), _EXACT_LEVELS, _LEVEL_RATIO) if schedule == "1f1b" else []
-    levels = sorted({1, microbatches, *(lo for lo, _ in cells)})
+    top = min(microbatches, max_stages)
+    cells = _cells(1, top, _EXACT_LEVELS, _LEVEL_RATIO) if schedule == "1f1b" else []
+    fine = _cells(1, top, _ONE_EXACT_LEVELS, _ONE_LEVEL_RATIO) if schedule == "1f1b" else []
+    levels = sorted({1, microbatches, *(lo for lo, _ in cells + fine)})
     K = knapsack_work(c, w, a, [cap for _, cap in kind_list], levels, chain_blocks(problem, c)) / work
     scale_t = 1.0 / max(fill_ns, 1.0)
     lam_n = [lam.get(k[0], 0.0) / scale_t / work for k in kind_list]
     rate = sum(lam_i * kinds[k] for lam_i, k in zip(lam_n, kind_list))
     return _Setup(kinds=kind_list, count=[kinds[k] for k in kind_list], lam=lam_n, K=np.minimum(K, 1.0),
                   least_b=max(largest_ns * scale_t, 1.0 / rate if rate > 0 else 1e-9, 1e-9),
-                  col={s: i for i, s in enumerate(levels)}, levels_1f1b=cells, max_stages=max_stages,
+                  col={s: i for i, s in enumerate(levels)}, levels_1f1b=cells, levels_one=fine,
+                  max_stages=max_stages,
                   mem=[cap / max(1.0, need_bytes) for _, cap in kind_list], fill=fill_ns * scale_t,
                   largest=largest_ns * scale_t, scale_t=scale_t, schedule=schedule)
 
 
-def _cells_for(st: _Setup, level_of_gpipe: int, most_stages: int) -> list[tuple[int, int, np.ndarray]]:
-    """(first level, width, K column per kind) of each level cell a pipeline of at most `most_stages` stages uses."""
+def _cells_for(st: _Setup, level_of_gpipe: int, most_stages: int, one: bool = False
+               ) -> list[tuple[int, int, np.ndarray]]:
+    """(first level, width, K column per kind) of each level cell a pipeline of at most `most_stages` stages uses
+    (`one`: the finer cells of the one-pipeline LP)."""
     if st.schedule == "1f1b":
         return [(lo, min(hi, most_stages) - lo + 1, st.K[:, st.col[lo]])
-                for lo, hi in st.levels_1f1b if lo <= most_stages]
+                for lo, hi in (st.levels_one if one else st.levels_1f1b) if lo <= most_stages]
     level = level_of_gpipe if st.schedule == "gpipe" else 1
     return [(level, min(st.max_stages, most_stages), st.K[:, st.col[level]])]
 
@@ -286,7 +293,7 @@ def _one_pipeline_z(st: _Setup, microbatches: int, b: float, witness: dict | Non
     s = pywraplp.Solver.CreateSolver("GLOP")
     per_kind: list[list] = [[] for _ in st.kinds]
     where: list = []
-    z_sum = _add_pipelines(s, st, _cells_for(st, microbatches, microbatches), b, 1.0, per_kind, [], where)
+    z_sum = _add_pipelines(s, st, _cells_for(st, microbatches, microbatches, True), b, 1.0, per_kind, [], where)
     for i, xs in enumerate(per_kind):
         if xs:
             s.Add(s.Sum(xs) <= st.count[i])  # each device in one stage at most

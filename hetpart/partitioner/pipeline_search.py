@@ -282,7 +282,8 @@ def _plan_and_facts(problem: Problem, microbatches: int, options: SolveOptions |
     problem.validate()
     limit = opts.time_limit_s
     deadline = lambda share: t0 + share * limit  # noqa: E731
-    bound = pipelines_lower_bound(problem, microbatches, deadline=deadline(0.15))
+    # NOTE [bounds deadline]: the bound's share of the limit, and a tenth more for its memory part.
+    bound = pipelines_lower_bound(problem, microbatches, deadline=deadline(0.15), memory_deadline=deadline(0.25))
     layers = layer_problem(problem) if opts.run_coarsening else None  # NOTE [shapes on layers]
     one_f1b = problem.training is not None and problem.training.schedule == "1f1b"
     ordered = stash_ordered(problem, layers, bound.stash_order) if one_f1b and bound.stash_order else None
