@@ -23,7 +23,7 @@ from hetpart.partitioner.pipeline_bounds import _supports, need_bytes, pipelines
 from hetpart.partitioner.pipeline_idle import ShapeFacts, idle_reasons
 from hetpart.partitioner.pipeline_layers import LayerProblem, layer_problem, solve_on_layers
 from hetpart.partitioner.pipeline_outer import (
-    Candidate, _patterns, greedy_outer, realize, solve_outer, sync_estimates,
+    Candidate, _patterns, greedy_outer, one_machine_mixes, realize, solve_outer, sync_estimates,
 )
 from hetpart.partitioner.pipelines import (
     PipelinesPlan, cost_pipelines, pipeline_time_ns, pipelines_violations, sub_problem,
@@ -63,6 +63,7 @@ _SHAPE_LIMIT_S = 1.0
 _SHAPE_S_PER_DEVICE = 0.012
 _CALIBRATE_DEVICES = 32  # the first shape solved has at most this many devices (when one has)
 _MAX_PATTERNS = 2_000  # piece patterns per machine kind at most
+_GPIPE_STEPS = 3  # solves a GPipe shape gets to find the most microbatches it runs (`_most_gpipe`)
 
 
 @dataclass(frozen=True)
@@ -251,6 +252,23 @@ def _solve_shape(problem: Problem, devices: tuple[str, ...], m: int, opts: Solve
         return None
 
 
+def _most_gpipe(problem: Problem, devs: tuple[str, ...], share: int, microbatches: int, opts: SolveOptions,
+                limit_s: float, layers: LayerProblem | None, search_end: float) -> tuple[int, Plan | None]:
+    """A GPipe shape that cannot run all `microbatches`: (m, its plan for m), m the most it runs found
+    by bisection from `share` up (at most _GPIPE_STEPS more solves, within the search's share): a GPipe
+    plan runs up to the m it was solved for (the stash), so a plan for `share` alone would cap the
+    shape there (small_problem(15) in the tests: one fast device of a machine runs 3 of the 4)."""
+    plan = _solve_shape(problem, devs, share, opts, limit_s, layers)
+    lo, hi = share, microbatches  # lo runs (when plan is not None), hi does not
+    for _ in range(_GPIPE_STEPS):
+        if plan is None or hi - lo <= 1 or search_end - time.perf_counter() < 2 * limit_s:
+            break
+        mid = (lo + hi) // 2
+        got = _solve_shape(problem, devs, mid, opts, limit_s, layers)
+        lo, hi, plan = (mid, hi, got) if got is not None else (lo, mid, plan)
+    return lo, plan
+
+
 def _certified(iteration_ns: int, bound_ns: int, gap: float) -> tuple[int, str]:
     """(the bound, at most the plan's step, and the status it proves): OPTIMAL at the bound, WITHIN_GAP
     within a positive `gap` of it, FEASIBLE otherwise."""
@@ -354,8 +372,7 @@ def _plan_and_facts(problem: Problem, microbatches: int, options: SolveOptions |
                         max(_SHAPE_LIMIT_S, limit * _SHAPE_SHARE, _SHAPE_S_PER_DEVICE * len(devs) ** 1.5))
         plan = _solve_shape(problem, devs, m_ref, opts, per_shape, layers, ordered)
         if plan is None and sched == "gpipe" and share < microbatches:
-            m_ref = share
-            plan = _solve_shape(problem, devs, m_ref, opts, per_shape, layers)
+            m_ref, plan = _most_gpipe(problem, devs, share, microbatches, opts, per_shape, layers, search_end)
         tried += 1
         facts.tried |= _kinds_of(s)
         slowest = max(slowest, (time.perf_counter() - t_shape) / len(devs) ** 1.5)
@@ -402,6 +419,9 @@ def _plan_and_facts(problem: Problem, microbatches: int, options: SolveOptions |
                            f"that runs {microbatches} microbatches within {limit:g} s: raise --time-limit")
     # CP-SAT's answer unless the quick one is truly better (CP-SAT ran out of time before reaching it).
     answer, best = min(tried_answers, key=lambda ab: ab[1].iteration_ns)
+    for pipes in one_machine_mixes(problem, kinds, cands, microbatches, _class_devices):
+        mix = cost_pipelines(problem, pipes, solver_status="FEASIBLE")
+        best = mix if mix.iteration_ns < best.iteration_ns else best
     exhausted = answer.optimal
     violations = pipelines_violations(problem, best, microbatches)
     if violations:

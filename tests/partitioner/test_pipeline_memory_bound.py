@@ -143,3 +143,17 @@ def test_memory_bound_keeps_the_deadline():
     assert time.perf_counter() - t0 < 1.0
     assert whole.finished and not cut.finished and "deadline" in cut.note
     assert cut.bound_ns <= whole.bound_ns <= brute_pipelines(p, M)
+
+
+def test_pieces_of_one_machine_sync_over_its_own_link():
+    """small_problem(15) (GPipe, 4 microbatches): one fast device of machine m0 runs 3 of them (the most its
+    stash allows, `_most_gpipe`) and the slow one beside it 1, synced over m0's link (`one_machine_mixes`):
+    2,124 ns, the brute-force optimum; one pipeline of both (the answer before) takes 3,183."""
+    from test_pipeline_search import small_problem
+
+    from hetpart.partitioner.pipeline_search import plan_pipelines
+
+    p, M = small_problem(15)
+    plan = plan_pipelines(p, M, time_limit_s=10)
+    assert plan.iteration_ns == brute_pipelines(p, M) == 2124
+    assert sorted((q.devices, q.microbatches) for q in plan.pipelines) == [(("d0",), 1), (("d3",), 3)]
