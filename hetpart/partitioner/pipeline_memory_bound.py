@@ -252,66 +252,84 @@ def _cells_for(st: _Setup, level_of_gpipe: int, most_stages: int, one: bool = Fa
     return [(level, min(st.max_stages, most_stages), st.K[:, st.col[level]])]
 
 
-def _add_pipelines(s: pywraplp.Solver, st: _Setup, cells: list[tuple[int, int, np.ndarray]], b: float, p,
-                   per_kind: list, devices: list, where: list | None = None) -> object:
-    """One class's devices per kind and level cell under bottleneck at most b (NOTE [pipelines memory bound]
-    (a)-(d)), for `p` pipelines (a number or a variable); returns the variable Z of their stage sums.
-    `where` collects (kind index, first level of the cell, device variable)."""
-    inf = s.infinity()
-    cover, stage_time, memory = [], [], []
-    for level, width, k_col in cells:
-        xs = []
-        for i in range(len(st.kinds)):
-            cap = min(float(k_col[i]), st.lam[i] * b)  # (b), (c): one device's work at this level
-            if cap <= 0:
-                continue
-            x = s.NumVar(0.0, float(st.count[i]), "")
-            e = s.NumVar(0.0, inf, "")
-            s.Add(e <= cap * x)
-            xs.append(x)
-            per_kind[i].append(x)
-            devices.append(x)
-            if where is not None:
-                where.append((i, level, x))
-            cover.append(e)
-            stage_time.append((1.0 / st.lam[i]) * e)  # x_k >= e_k / lambda
-            memory.append(st.mem[i] * x)
-        if xs:
-            s.Add(s.Sum(xs) <= width * p)  # (d) one stage per level per pipeline
-    z_sum = s.NumVar(0.0, inf, "")
-    s.Add(s.Sum(cover) >= p)  # (a), work in units of Lambda
-    s.Add(s.Sum(memory) >= p)  # the devices hold the model
-    s.Add(z_sum >= st.fill * p)
-    if stage_time:
-        s.Add(z_sum >= s.Sum(stage_time))  # (b) the stage sums
-    return z_sum
+def _row(s: pywraplp.Solver, lb: float, ub: float, terms: list) -> object:
+    """A constraint lb <= sum(coef * var) <= ub through the direct API (the natural one costs seconds here)."""
+    c = s.Constraint(lb, ub)
+    for var, coef in terms:
+        c.SetCoefficient(var, coef)
+    return c
 
 
-def _one_pipeline_z(st: _Setup, microbatches: int, b: float, witness: dict | None = None) -> float | None:
-    """The least stage sum of one pipeline whose bottleneck is at most b (LP units); None when none covers.
-    `witness` gets, per kind used, the mean stash level of its devices in the LP's answer."""
-    s = pywraplp.Solver.CreateSolver("GLOP")
-    per_kind: list[list] = [[] for _ in st.kinds]
-    where: list = []
-    z_sum = _add_pipelines(s, st, _cells_for(st, microbatches, microbatches, True), b, 1.0, per_kind, [], where)
-    for i, xs in enumerate(per_kind):
-        if xs:
-            s.Add(s.Sum(xs) <= st.count[i])  # each device in one stage at most
-    s.Minimize(z_sum)
-    status = s.Solve()
-    if status == pywraplp.Solver.INFEASIBLE:
-        return None
-    if status != pywraplp.Solver.OPTIMAL:
-        return st.fill
-    if witness is not None:
-        used: dict[int, list[float]] = {}
-        for i, level, x in where:
-            got = used.setdefault(i, [0.0, 0.0])
-            got[0] += x.solution_value()
-            got[1] += x.solution_value() * level
-        witness.clear()
-        witness.update({st.kinds[i]: lv / n for i, (n, lv) in used.items() if n > 1e-6})
-    return s.Objective().Value() * (1 - 1e-9)
+class _Rows:
+    """One class's rows of NOTE [pipelines memory bound] (a)-(d): devices x per kind and level cell, their
+    work e <= min(K, lambda b) x (b set later, `set_b`), for p pipelines (a variable, or 1 when None)."""
+
+    def __init__(self, s: pywraplp.Solver, st: _Setup, cells: list[tuple[int, int, np.ndarray]], p,
+                 per_kind: list) -> None:
+        inf = s.infinity()
+        one = p is None
+        self.caps, self.where, self.devices = [], [], []
+        cover, stage_time, memory = [], [], []
+        for level, width, k_col in cells:
+            xs = []
+            for i in range(len(st.kinds)):
+                x = s.NumVar(0.0, float(st.count[i]), "")
+                e = s.NumVar(0.0, inf, "")
+                self.caps.append((_row(s, -inf, 0.0, [(e, 1.0)]), x, float(k_col[i]), st.lam[i]))  # e <= cap x
+                xs.append((x, 1.0))
+                per_kind[i].append(x)
+                self.devices.append(x)
+                self.where.append((i, level, x))
+                cover.append((e, 1.0))
+                if st.lam[i] > 0:
+                    stage_time.append((e, -1.0 / st.lam[i]))  # x_k >= e_k / lambda
+                memory.append((x, st.mem[i]))
+            # (d) one stage per level per pipeline.
+            _row(s, -inf, float(width), xs) if one else _row(s, -inf, 0.0, xs + [(p, -float(width))])
+        self.z_sum = z = s.NumVar(0.0, inf, "")
+        unit = [] if one else [(p, -1.0)]
+        lb = 1.0 if one else 0.0
+        _row(s, lb, inf, cover + unit)  # (a), work in units of Lambda
+        _row(s, lb, inf, memory + unit)  # the devices hold the model
+        _row(s, st.fill if one else 0.0, inf, [(z, 1.0)] + ([] if one else [(p, -st.fill)]))
+        _row(s, 0.0, inf, [(z, 1.0)] + stage_time)  # (b) the stage sums
+
+    def set_b(self, b: float) -> None:
+        """(b), (c): one device's work at its level, at most K and lambda b."""
+        for row, x, k, lam in self.caps:
+            row.SetCoefficient(x, -min(k, lam * b))
+
+
+class _OneLp:
+    """NOTE [pipelines memory bound]'s LP of one pipeline of M microbatches: its least stage sum at bottleneck b."""
+
+    def __init__(self, st: _Setup, microbatches: int) -> None:
+        self.st = st
+        self.s = s = pywraplp.Solver.CreateSolver("GLOP")
+        per_kind: list[list] = [[] for _ in st.kinds]
+        self.rows = _Rows(s, st, _cells_for(st, microbatches, microbatches, True), None, per_kind)
+        for i, xs in enumerate(per_kind):
+            _row(s, -s.infinity(), float(st.count[i]), [(x, 1.0) for x in xs])  # each device in one stage
+        s.Minimize(self.rows.z_sum)
+
+    def z(self, b: float, witness: dict | None = None) -> float | None:
+        """The least stage sum with bottleneck at most b (LP units); None when none covers. `witness` gets,
+        per kind used, the mean stash level of its devices in the LP's answer."""
+        self.rows.set_b(b)
+        status = self.s.Solve()
+        if status == pywraplp.Solver.INFEASIBLE:
+            return None
+        if status != pywraplp.Solver.OPTIMAL:
+            return self.st.fill
+        if witness is not None:
+            used: dict[int, list[float]] = {}
+            for i, level, x in self.rows.where:
+                got = used.setdefault(i, [0.0, 0.0])
+                got[0] += x.solution_value()
+                got[1] += x.solution_value() * level
+            witness.clear()
+            witness.update({self.st.kinds[i]: lv / n for i, (n, lv) in used.items() if n > 1e-6})
+        return self.s.Objective().Value() * (1 - 1e-9)
 
 
 def one_pipeline_bound_ns(st: _Setup, microbatches: int, deadline: float | None,
@@ -322,23 +340,24 @@ def one_pipeline_bound_ns(st: _Setup, microbatches: int, deadline: float | None,
     `witness`: per kind, the mean stash level of its devices at the least value (NOTE [stash order])."""
     M = microbatches
     witness = {} if witness is None else witness
+    lp = _OneLp(st, M)
     if M == 1:  # no bubble: the stage sum with no bottleneck cap
-        z = _one_pipeline_z(st, 1, math.inf)
+        z = lp.z(1e30)
         return (math.inf if z is None else max(z, st.fill)) / st.scale_t, True
     lo, hi = st.least_b, st.least_b
-    while _one_pipeline_z(st, M, hi) is None:  # the first bottleneck that covers, doubling
+    while lp.z(hi) is None:  # the first bottleneck that covers, doubling
         lo, hi = hi, 2 * hi
         if hi > 1e12:
             return math.inf, True
     while hi > lo * _B_RATIO and not _past(deadline):
         mid = math.sqrt(lo * hi)
-        lo, hi = (lo, mid) if _one_pipeline_z(st, M, mid) is not None else (mid, hi)
+        lo, hi = (lo, mid) if lp.z(mid) is not None else (mid, hi)
     b, best = lo, math.inf  # no plan has a bottleneck below lo (its LP does not cover)
     while (M - 1) * b + st.fill < best:
         if _past(deadline):
             return (M - 1) * b + st.fill, False
         seen: dict = {}
-        z = _one_pipeline_z(st, M, b * _B_RATIO, seen)
+        z = lp.z(b * _B_RATIO, seen)
         if z is not None and max(z, st.fill) + (M - 1) * b < best:
             best = max(z, st.fill) + (M - 1) * b
             witness.clear()
@@ -347,50 +366,63 @@ def one_pipeline_bound_ns(st: _Setup, microbatches: int, deadline: float | None,
     return best / st.scale_t, True
 
 
-def _many_feasible(st: _Setup, microbatches: int, T_ns: float, k_min: int) -> bool:
-    """The LP of NOTE [pipelines memory bound] for >= k_min pipelines, classes by bottleneck: is step T possible?"""
-    T = T_ns * st.scale_t
-    M = microbatches
-    s = pywraplp.Solver.CreateSolver("GLOP")
-    inf = s.infinity()
-    per_kind: list[list] = [[] for _ in st.kinds]
-    ps, zs = [], []
-    b = st.least_b
-    while b <= T:
-        nxt = b * _MANY_RATIO
-        most = int(min(M, 1 + max(0.0, T - st.fill) / b))  # microbatches (so 1F1B stages) within T
-        p = s.NumVar(0.0, inf, "")
-        z = s.NumVar(0.0, inf, "")
-        devices: list = []
-        z_sum = _add_pipelines(s, st, _cells_for(st, 1, most), min(nxt, T), p, per_kind, devices)
-        # Each pipeline: (m_i - 1) b_i <= T - sum_i with b_i >= b: microbatches at most p + (T p - Z) / b.
-        s.Add(z <= p + (T * p - z_sum) * (1.0 / b))
-        s.Add(z >= p)
-        s.Add(z <= most * p)
-        if st.schedule == "1f1b":
-            s.Add(z >= s.Sum(devices))  # at least as many microbatches as stages
-        ps.append(p)
-        zs.append(z)
-        b = nxt
-    for i, xs in enumerate(per_kind):
-        if xs:
-            s.Add(s.Sum(xs) <= st.count[i])  # each device in one pipeline at most
-    s.Add(s.Sum(ps) >= k_min)
-    s.Add(s.Sum(zs) <= M)
-    s.Maximize(s.Sum(zs))
-    status = s.Solve()
-    if status == pywraplp.Solver.INFEASIBLE:
-        return False
-    if status != pywraplp.Solver.OPTIMAL:
-        return True  # unknown: assume feasible, which can only lower the bound
-    return s.Objective().Value() >= M * (1 - 1e-7) - 1e-6
+class _ManyLp:
+    """The LP of NOTE [pipelines memory bound] for >= k_min pipelines, classes by bottleneck up to `top`
+    (LP units), at any step T <= top (`feasible`)."""
+
+    def __init__(self, st: _Setup, microbatches: int, top: float, k_min: int) -> None:
+        self.st, self.M, self.top = st, microbatches, top
+        self.s = s = pywraplp.Solver.CreateSolver("GLOP")
+        inf = s.infinity()
+        per_kind: list[list] = [[] for _ in st.kinds]
+        self.classes = []
+        cells = _cells_for(st, 1, microbatches)
+        b = st.least_b
+        while b <= top:
+            p = s.NumVar(0.0, inf, "")
+            z = s.NumVar(0.0, inf, "")
+            rows = _Rows(s, st, cells, p, per_kind)
+            rows.set_b(b * _MANY_RATIO)
+            # Each pipeline: (m_i - 1) b_i <= T - sum_i with b_i >= b: z <= p (1 + T / b) - Z / b (T set later).
+            by_time = _row(s, -inf, 0.0, [(z, 1.0), (rows.z_sum, 1.0 / b)])
+            within = _row(s, -inf, 0.0, [(z, 1.0)])  # z <= most(T) p: the microbatches that fit T
+            _row(s, 0.0, inf, [(z, 1.0), (p, -1.0)])
+            if st.schedule == "1f1b":
+                _row(s, 0.0, inf, [(z, 1.0)] + [(x, -1.0) for x in rows.devices])  # stages <= microbatches
+            self.classes.append((b, p, z, by_time, within, rows))
+            b *= _MANY_RATIO
+        for i, xs in enumerate(per_kind):
+            _row(s, -inf, float(st.count[i]), [(x, 1.0) for x in xs])  # each device in one pipeline at most
+        _row(s, float(k_min), inf, [(c[1], 1.0) for c in self.classes])  # at least k_min pipelines
+        _row(s, -inf, float(microbatches), [(c[2], 1.0) for c in self.classes])  # the batch, at most
+        objective = s.Objective()
+        for c in self.classes:
+            objective.SetCoefficient(c[2], 1.0)
+        objective.SetMaximization()
+
+    def feasible(self, T_ns: float) -> bool:
+        """Whether the LP runs the batch within step T (near-feasible counts: only a lower bound)."""
+        st, T = self.st, T_ns * self.st.scale_t
+        for b, p, _, by_time, within, rows in self.classes:
+            most = int(min(self.M, 1 + max(0.0, T - st.fill) / b)) if b <= T else 0  # 1F1B: stages too
+            by_time.SetCoefficient(p, -(1.0 + T / b))
+            within.SetCoefficient(p, -float(most))
+            for i, level, x in rows.where:
+                x.SetUb(float(st.count[i]) if level <= most else 0.0)
+        status = self.s.Solve()
+        if status == pywraplp.Solver.INFEASIBLE:
+            return False
+        if status != pywraplp.Solver.OPTIMAL:
+            return True  # unknown: assume feasible, which can only lower the bound
+        return self.s.Objective().Value() >= self.M * (1 - 1e-7) - 1e-6
 
 
-def _least_infeasible(feasible, lo: float, deadline: float | None) -> tuple[float, bool]:
-    """(the largest T shown infeasible, or `lo` when feasible there; finished before the deadline)."""
+def _least_infeasible(feasible, lo: float, deadline: float | None, hi: float | None = None) -> tuple[float, bool]:
+    """(the largest T shown infeasible, or `lo` when feasible there; finished before the deadline); `hi`: a T
+    known feasible, if any."""
     if feasible(lo):
         return lo, True
-    hi = 2 * lo
+    hi = hi if hi is not None and hi > lo else 2 * lo
     while not feasible(hi):
         lo, hi = hi, 2 * hi
         if _past(deadline):
@@ -422,14 +454,21 @@ def memory_lower_bound(problem: Problem, microbatches: int, lam: dict[str, float
     lo = max(1.0, start_ns, fill_ns)
     witness: dict = {}
     one, done = one_pipeline_bound_ns(st, microbatches, deadline, witness)
+    built: list[_ManyLp] = []
+
+    def many_lp(T_ns: float) -> bool:  # the LP of >= 2 pipelines, built once for steps up to twice this one
+        if not built or T_ns * st.scale_t > built[0].top:
+            built[:] = [_ManyLp(st, microbatches, 2 * T_ns * st.scale_t, 2)]
+        return built[0].feasible(T_ns)
+
     best = one
     if microbatches >= 2 and len(problem.devices) >= 2:
         if _past(deadline):
             best, done = min(one, lo), False
-        elif one > lo and (not math.isfinite(one) or _many_feasible(st, microbatches, one - sync_ns, 2)):
+        elif one > lo and (not math.isfinite(one) or many_lp(one - sync_ns)):
             # Two or more pipelines may beat one: find how far (else `one` stands, one LP spent).
-            many, done2 = _least_infeasible(lambda T: _many_feasible(st, microbatches, T, 2),
-                                            max(1.0, lo - sync_ns), deadline)
+            many, done2 = _least_infeasible(many_lp, max(1.0, lo - sync_ns), deadline,
+                                            one - sync_ns if math.isfinite(one) else None)
             best, done = min(one, many + sync_ns), done and done2
     floor = lambda x: int(max(0.0, math.floor(x * (1 - 1e-9)))) if math.isfinite(x) else 0  # noqa: E731
     note = "memory per stage (NOTE [pipelines memory bound])" + ("" if done else ", stopped at the deadline")

@@ -237,8 +237,11 @@ def _solve_shape(problem: Problem, devices: tuple[str, ...], m: int, opts: Solve
     with `ordered` (`stash_ordered`'s), also in that device order, the faster kept (NOTE [stash order]).
     Without its own search-free bounds and certificate: NOTE [pipelines bound] bounds the whole plan."""
     if ordered is not None:
-        plans = [_solve_shape(problem, devices, m, opts, limit_s, layers), _solve_shape(*ordered[:1], devices, m, opts,
-                                                                                        limit_s, ordered[1])]
+        first = _solve_shape(problem, devices, m, opts, limit_s, layers)
+        keep = set(devices)
+        if [d.name for d in problem.devices if d.name in keep] == [d.name for d in ordered[0].devices if d.name in keep]:
+            return first  # the same order (one kind of device, say): the same plan
+        plans = [first, _solve_shape(ordered[0], devices, m, opts, limit_s, ordered[1])]
         got = [p for p in plans if p is not None]
         return min(got, key=lambda p: pipeline_time_ns(p, m)) if got else None
     if layers is not None:
