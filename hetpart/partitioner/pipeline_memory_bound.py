@@ -47,7 +47,8 @@ from hetpart.partitioner.problem import MEM_BYTES, TIME_NS, WEIGHTS, Problem
 # loosens). Every plan has b >= b0, the largest b (bisection) whose LP cannot cover, so over cells
 # [b, b r] from b0, T >= min of Z(b r) + (M - 1) b (r = _B_RATIO), up to where (M - 1) b alone
 # exceeds the best found. Two or more pipelines (k >= 2): classes g by bottleneck, b_i in
-# [b_g, b_g r'] (r' = _MANY_RATIO, from b0 up to T), p_g pipelines each; per class the same rows
+# [b_g, b_g r'] (from the least b up to T; r' = _MANY_RATIO, or more to keep _MANY_CLASSES classes:
+# a 46,000-variable LP took GLOP 10 s), p_g pipelines each; the same rows
 # with p_g per cell and e <= min(K, lambda b_g r') x, and (m_i - 1) b_i <= T - sum_i summed:
 # z_g <= p_g + (T p_g - Z_g) / b_g microbatches, at most p_g times those within T (the 1F1B stage
 # count too), at least its stages under 1F1B; devices shared by all classes; sum z_g = M. Any plan
@@ -62,6 +63,7 @@ from hetpart.partitioner.problem import MEM_BYTES, TIME_NS, WEIGHTS, Problem
 
 _EXACT_LEVELS = 8  # stash levels one by one up to here, then cells of ratio _LEVEL_RATIO (many pipelines)
 _LEVEL_RATIO = 1.25
+_MANY_CLASSES = 100  # bottleneck classes of the many-pipeline LP at most (its ratio grows past _MANY_RATIO)
 _ONE_EXACT_LEVELS, _ONE_LEVEL_RATIO = 32, 1.03  # the same for one pipeline: a smaller LP, finer cells
 _B_RATIO = 1.01  # bottleneck cells of NOTE [pipelines memory bound], one pipeline
 _MANY_RATIO = 1.04  # ... and of the classes of many pipelines
@@ -366,12 +368,17 @@ def one_pipeline_bound_ns(st: _Setup, microbatches: int, deadline: float | None,
     return best / st.scale_t, True
 
 
+class _Stopped(Exception):
+    """The deadline passed while an LP was being built."""
+
+
 class _ManyLp:
     """The LP of NOTE [pipelines memory bound] for >= k_min pipelines, classes by bottleneck up to `top`
     (LP units), at any step T <= top (`feasible`)."""
 
-    def __init__(self, st: _Setup, microbatches: int, top: float, k_min: int) -> None:
-        self.st, self.M, self.top = st, microbatches, top
+    def __init__(self, st: _Setup, microbatches: int, top: float, k_min: int, deadline: float | None) -> None:
+        self.st, self.M, self.top, self.deadline = st, microbatches, top, deadline
+        ratio = max(_MANY_RATIO, (top / st.least_b) ** (1.0 / _MANY_CLASSES))
         self.s = s = pywraplp.Solver.CreateSolver("GLOP")
         inf = s.infinity()
         per_kind: list[list] = [[] for _ in st.kinds]
@@ -379,10 +386,12 @@ class _ManyLp:
         cells = _cells_for(st, 1, microbatches)
         b = st.least_b
         while b <= top:
+            if _past(deadline):
+                raise _Stopped()
             p = s.NumVar(0.0, inf, "")
             z = s.NumVar(0.0, inf, "")
             rows = _Rows(s, st, cells, p, per_kind)
-            rows.set_b(b * _MANY_RATIO)
+            rows.set_b(b * ratio)
             # Each pipeline: (m_i - 1) b_i <= T - sum_i with b_i >= b: z <= p (1 + T / b) - Z / b (T set later).
             by_time = _row(s, -inf, 0.0, [(z, 1.0), (rows.z_sum, 1.0 / b)])
             within = _row(s, -inf, 0.0, [(z, 1.0)])  # z <= most(T) p: the microbatches that fit T
@@ -390,7 +399,7 @@ class _ManyLp:
             if st.schedule == "1f1b":
                 _row(s, 0.0, inf, [(z, 1.0)] + [(x, -1.0) for x in rows.devices])  # stages <= microbatches
             self.classes.append((b, p, z, by_time, within, rows))
-            b *= _MANY_RATIO
+            b *= ratio
         for i, xs in enumerate(per_kind):
             _row(s, -inf, float(st.count[i]), [(x, 1.0) for x in xs])  # each device in one pipeline at most
         _row(s, float(k_min), inf, [(c[1], 1.0) for c in self.classes])  # at least k_min pipelines
@@ -409,6 +418,8 @@ class _ManyLp:
             within.SetCoefficient(p, -float(most))
             for i, level, x in rows.where:
                 x.SetUb(float(st.count[i]) if level <= most else 0.0)
+        if self.deadline is not None:  # GLOP stops there (status not OPTIMAL: no claim)
+            self.s.SetTimeLimit(max(1, int(1000 * (self.deadline - time.perf_counter()))))
         status = self.s.Solve()
         if status == pywraplp.Solver.INFEASIBLE:
             return False
@@ -458,18 +469,22 @@ def memory_lower_bound(problem: Problem, microbatches: int, lam: dict[str, float
 
     def many_lp(T_ns: float) -> bool:  # the LP of >= 2 pipelines, built once for steps up to twice this one
         if not built or T_ns * st.scale_t > built[0].top:
-            built[:] = [_ManyLp(st, microbatches, 2 * T_ns * st.scale_t, 2)]
+            built[:] = [_ManyLp(st, microbatches, 2 * T_ns * st.scale_t, 2, deadline)]
         return built[0].feasible(T_ns)
 
     best = one
     if microbatches >= 2 and len(problem.devices) >= 2:
         if _past(deadline):
             best, done = min(one, lo), False
-        elif one > lo and (not math.isfinite(one) or many_lp(one - sync_ns)):
-            # Two or more pipelines may beat one: find how far (else `one` stands, one LP spent).
-            many, done2 = _least_infeasible(many_lp, max(1.0, lo - sync_ns), deadline,
-                                            one - sync_ns if math.isfinite(one) else None)
-            best, done = min(one, many + sync_ns), done and done2
+        elif one > lo:
+            try:
+                if not math.isfinite(one) or many_lp(one - sync_ns):
+                    # Two or more pipelines may beat one: find how far (else `one` stands, one LP spent).
+                    many, done2 = _least_infeasible(many_lp, max(1.0, lo - sync_ns), deadline,
+                                                    one - sync_ns if math.isfinite(one) else None)
+                    best, done = min(one, many + sync_ns), done and done2
+            except _Stopped:  # nothing known about two or more pipelines: no claim above `lo`
+                best, done = min(one, lo), False
     floor = lambda x: int(max(0.0, math.floor(x * (1 - 1e-9)))) if math.isfinite(x) else 0  # noqa: E731
     note = "memory per stage (NOTE [pipelines memory bound])" + ("" if done else ", stopped at the deadline")
     order = sorted(witness, key=lambda k: -witness[k])  # NOTE [stash order]: the deepest stash first
