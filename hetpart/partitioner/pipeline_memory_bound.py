@@ -378,7 +378,7 @@ class _ManyLp:
 
     def __init__(self, st: _Setup, microbatches: int, top: float, k_min: int, deadline: float | None) -> None:
         self.st, self.M, self.top, self.deadline = st, microbatches, top, deadline
-        ratio = max(_MANY_RATIO, (top / st.least_b) ** (1.0 / _MANY_CLASSES))
+        ratio = max(_MANY_RATIO, (max(top, st.least_b) / st.least_b) ** (1.0 / _MANY_CLASSES))
         self.s = s = pywraplp.Solver.CreateSolver("GLOP")
         inf = s.infinity()
         per_kind: list[list] = [[] for _ in st.kinds]
