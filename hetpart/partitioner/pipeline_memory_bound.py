@@ -251,7 +251,7 @@ def _cells_for(st: _Setup, level_of_gpipe: int, most_stages: int, one: bool = Fa
         return [(lo, min(hi, most_stages) - lo + 1, st.K[:, st.col[lo]])
                 for lo, hi in (st.levels_one if one else st.levels_1f1b) if lo <= most_stages]
     level = level_of_gpipe if st.schedule == "gpipe" else 1
-    return [(level, min(st.max_stages, most_stages), st.K[:, st.col[level]])]
+    return [(level, st.max_stages, st.K[:, st.col[level]])]  # GPipe, inference: stages not capped by the batch
 
 
 def _row(s: pywraplp.Solver, lb: float, ub: float, terms: list) -> object:
