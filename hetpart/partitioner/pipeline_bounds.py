@@ -19,6 +19,7 @@ from ortools.linear_solver import pywraplp
 
 from hetpart.partitioner.costs import held_weight_bytes
 from hetpart.partitioner.lp_bounds import _LpData, _solve_lp
+from hetpart.partitioner.pipeline_memory_bound import MemoryBound, memory_lower_bound
 from hetpart.partitioner.problem import MEM_BYTES, TIME_NS, WEIGHTS, Problem
 
 # NOTE [pipelines bound]
@@ -62,8 +63,8 @@ from hetpart.partitioner.problem import MEM_BYTES, TIME_NS, WEIGHTS, Problem
 # sigma(g' - 1, k_lo)); each part adds "sum p_A in the k range" and "every pipeline has >= g
 # devices" to the LP. The bound is the least over the parts of their LP's T plus their sigma;
 # k = 1 has no sync. Left out (the bound stays valid, only weaker): transfers between stages,
-# memory per stage (only per pipeline), ZeRO and bucket latencies
-# beyond the first.
+# memory per stage (only per pipeline: NOTE [pipelines memory bound] adds it, and the larger of
+# the two bounds is the bound), ZeRO and bucket latencies beyond the first.
 
 _EXACT_SIZES = 32  # n_s cells of one size up to here, then geometric (ratio 1.25)
 
@@ -77,6 +78,7 @@ class PipelinesBound:
     note: str
     seconds: float
     unfinished: list[str] = field(default_factory=list)
+    stash_order: list[tuple[str, int]] = field(default_factory=list)  # NOTE [stash order] in pipeline_search.py
 
 
 @dataclass
@@ -166,12 +168,13 @@ class _Lp:
     """The LP of NOTE [pipelines bound] for one part (k range, least pipeline size), at any T."""
 
     def __init__(self, problem: Problem, supports: list[_Support], microbatches: int, k_range: tuple[int, int | None],
-                 min_size: int) -> None:
+                 min_size: int, need: int | None = None) -> None:
         kinds: dict[tuple[str, int], int] = {}
         for d in problem.devices:
             kinds[(d.type, d.capacity_bytes)] = kinds.get((d.type, d.capacity_bytes), 0) + 1
         self.kinds, self.supports, self.M = kinds, supports, microbatches
-        self.need, self.k_range, self.min_size = need_bytes(problem), k_range, min_size
+        self.need = need_bytes(problem) if need is None else need
+        self.k_range, self.min_size = k_range, min_size
         t = problem.training
         self.schedule = t.schedule if t is not None else None
         # (g) GPipe stashes every microbatch a pipeline runs: m_i times its activations besides the model.
@@ -309,16 +312,20 @@ def _size_cells(devices: int) -> list[int]:
 
 
 def pipelines_lower_bound(problem: Problem, microbatches: int, deadline: float | None = None,
-                          upper_ns: int | None = None) -> PipelinesBound:
+                          upper_ns: int | None = None, memory: bool = True,
+                          memory_deadline: float | None = None) -> PipelinesBound:
     """NOTE [pipelines bound] for `microbatches` microbatches; `upper_ns` (a known plan's step) only
     prunes parts that cannot go below it; past `deadline` (a perf_counter value) the sync parts
-    left are charged no sync (still a bound) and `unfinished` says so."""
+    left are charged no sync (still a bound) and `unfinished` says so. `memory=False` leaves out
+    NOTE [pipelines memory bound] (the tests compare the two); it stops at `memory_deadline` (default
+    `deadline`)."""
     t0 = time.perf_counter()
     supports = _supports(problem)
     if not supports:
         return PipelinesBound(0, 0, "no set of device types runs every node: no plan, no bound", 0.0)
     lo = min(a.fill_ns for a in supports)
     hi = max(2.0 * lo, 1.0)
+    need = need_bytes(problem)  # once: each part's LP reads it (213 scans of a 3,690-node graph took 2 s)
     one = _least_T(_Lp(problem, supports, microbatches, (1, 2), 1), lo, hi, deadline)
     free = _least_T(_Lp(problem, supports, microbatches, (1, None), 1), lo, hi, deadline)
     unfinished = []
@@ -344,7 +351,7 @@ def pipelines_lower_bound(problem: Problem, microbatches: int, deadline: float |
                 if _past(deadline):
                     unfinished.append("sync")
                     break
-                lp = _Lp(problem, supports, microbatches, k_range, g_lo)
+                lp = _Lp(problem, supports, microbatches, k_range, g_lo, need)
                 cap = min(exact, upper_ns if upper_ns is not None else math.inf) - sigma
                 if cap <= lo or not lp.feasible(cap):
                     continue  # this part cannot go below the best so far
@@ -356,9 +363,18 @@ def pipelines_lower_bound(problem: Problem, microbatches: int, deadline: float |
             if not unfinished:
                 best = exact
     bound = int(max(0.0, math.floor(best * (1 - 1e-9))))
-    left = ("transfers between stages, memory per stage, bucket latencies"
-            + ("; the gradient-sync floor (past the deadline)" if unfinished else ""))
-    note = (f"every partition of the {len(problem.devices)} devices into pipelines, every stage plan and "
-            f"microbatch split (NOTE [pipelines bound]); left out: {left}")
     one_ns = int(max(0.0, math.floor(one * (1 - 1e-9)))) if math.isfinite(one) else 0
-    return PipelinesBound(bound, one_ns, note, time.perf_counter() - t0, unfinished)
+    # NOTE [pipelines memory bound]: memory per stage; the larger of the two bounds holds.
+    full = max(supports, key=lambda a: len(a.types))
+    mem = memory_lower_bound(problem, microbatches, full.lam, lo, min(a.largest_op_ns for a in supports),
+                             need, sync_floor_ns(problem, len(problem.devices) // 2, 2), bound,
+                             memory_deadline or deadline) if memory else MemoryBound(0, 0, 0.0, True, "left out")
+    bound, one_ns = max(bound, mem.bound_ns), max(one_ns, mem.one_pipeline_ns)
+    if not mem.finished:
+        unfinished.append("memory")
+    left = ("transfers between stages, bucket latencies"
+            + ("; the gradient-sync floor (past the deadline)" if "sync" in unfinished else "")
+            + ("; part of the memory-per-stage bound (past the deadline)" if not mem.finished else ""))
+    note = (f"every partition of the {len(problem.devices)} devices into pipelines, every stage plan and "
+            f"microbatch split (NOTE [pipelines bound], NOTE [pipelines memory bound]); left out: {left}")
+    return PipelinesBound(bound, one_ns, note, time.perf_counter() - t0, unfinished, mem.stash_order)

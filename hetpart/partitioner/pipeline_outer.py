@@ -318,3 +318,34 @@ def greedy_outer(kinds, cands: list[Candidate], M: int, kmax: int) -> OuterAnswe
             micro[i] += s
     return OuterAnswer(copies=copies, microbatches=micro, patterns={}, piece_index={j: [] for j in range(len(kinds))},
                        step_units=step, unit_ns=1, optimal=False)
+
+
+def one_machine_mixes(problem: Problem, kinds, cands: list[Candidate], M: int, class_devices,
+                      keep: int = 3) -> list[list[Pipeline]]:
+    """Plans of pieces of one machine only (NOTE [outer program]'s patterns of one kind, on its first machine),
+    the `keep` fastest per kind by `_split`: the outer program charges every sync the slowest link, but the
+    pieces of one machine sync over its own (small_problem(15) in the tests: two devices of one machine,
+    one pipeline each, beat one pipeline of both by a third)."""
+    out: list[list[Pipeline]] = []
+    for j, kind in enumerate(kinds):
+        index = [i for i, c in enumerate(cands) if c.piece_kind == j]
+        if len(index) < 1:
+            continue
+        ranked = []
+        for pattern in _patterns(kind.counts, [cands[i].shape.piece for i in index]):  # type: ignore[attr-defined]
+            chosen = [i for i, n in zip(index, pattern) for _ in range(n)]
+            got = _split(cands, chosen, M) if len(chosen) >= 2 else None
+            if got is not None:
+                ranked.append((got[0], chosen, got[1]))
+        for _, chosen, shares in sorted(ranked, key=lambda r: r[0])[:keep]:
+            devs = class_devices(problem, kind, kind.machines[0])
+            taken = [0] * len(kind.counts)
+            pipes: list[Pipeline] = []
+            for i, m in zip(chosen, shares):
+                piece = cands[i].shape.piece  # type: ignore[attr-defined]
+                names = tuple(d for cls, n in enumerate(piece) for d in devs[cls][taken[cls]: taken[cls] + n])
+                taken = [a + b for a, b in zip(taken, piece)]
+                if m:
+                    pipes.append(renamed(problem, cands[i], names, m, len(pipes)))
+            out.append(pipes)
+    return out

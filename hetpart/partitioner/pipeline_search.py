@@ -23,9 +23,11 @@ from hetpart.partitioner.pipeline_bounds import _supports, need_bytes, pipelines
 from hetpart.partitioner.pipeline_idle import ShapeFacts, idle_reasons
 from hetpart.partitioner.pipeline_layers import LayerProblem, layer_problem, solve_on_layers
 from hetpart.partitioner.pipeline_outer import (
-    Candidate, _patterns, greedy_outer, realize, solve_outer, sync_estimates,
+    Candidate, _patterns, greedy_outer, one_machine_mixes, realize, solve_outer, sync_estimates,
 )
-from hetpart.partitioner.pipelines import PipelinesPlan, cost_pipelines, pipelines_violations, sub_problem
+from hetpart.partitioner.pipelines import (
+    PipelinesPlan, cost_pipelines, pipeline_time_ns, pipelines_violations, sub_problem,
+)
 from hetpart.partitioner.problem import MEM_BYTES, Plan, Problem
 from hetpart.partitioner.solve import SolveOptions, solve
 
@@ -61,6 +63,7 @@ _SHAPE_LIMIT_S = 1.0
 _SHAPE_S_PER_DEVICE = 0.012
 _CALIBRATE_DEVICES = 32  # the first shape solved has at most this many devices (when one has)
 _MAX_PATTERNS = 2_000  # piece patterns per machine kind at most
+_GPIPE_STEPS = 3  # solves a GPipe shape gets to find the most microbatches it runs (`_most_gpipe`)
 
 
 @dataclass(frozen=True)
@@ -200,11 +203,47 @@ def _support_rate(problem: Problem, devices: tuple[str, ...], supports) -> tuple
     return a.fill_ns, max(a.largest_op_ns, a.work / lam_n if lam_n > 0 else math.inf)
 
 
+# NOTE [stash order]
+# Under 1F1B stage k of S stashes S - k microbatches, so which device sits where matters: the DP
+# over device classes charges every stage the largest stash (NOTE [candidate cuts] in dp.py), and
+# the list-order DP takes prefixes of the devices in the problem's order -- on the presets the
+# fastest machines first, whose memory then goes to the stash (each holds a layer or two). The
+# one-pipeline LP of NOTE [pipelines memory bound] says at which stash level each kind of device
+# is worth most (`PipelinesBound.stash_order`: kinds by their mean level there, the deepest
+# first); each shape is also solved with its devices in that order (kinds the LP left out last),
+# and the faster of the two plans kept. Llama-70b on hetero-64 (docs/benchmarks.md, "The bound
+# after bound19"): 64 GPUs in the preset's order 11.7 s, A100-80G then H100 first 6.73 s.
+
+
+def stash_ordered(problem: Problem, layers: LayerProblem | None, order: list[tuple[str, int]]
+                  ) -> tuple[Problem, LayerProblem | None]:
+    """`problem` (and its layer problem) with the devices in NOTE [stash order]: kinds as `order` lists
+    them, then the others, each in problem order."""
+    rank = {kind: i for i, kind in enumerate(order)}
+    key = lambda d: rank.get((d.type, d.capacity_bytes), len(rank))  # noqa: E731 (sorted is stable)
+    out = dataclasses.replace(problem, devices=sorted(problem.devices, key=key))
+    if layers is None:
+        return out, None
+    coarse = layers.coarse.problem
+    return out, dataclasses.replace(layers, coarse=dataclasses.replace(
+        layers.coarse, problem=dataclasses.replace(coarse, devices=sorted(coarse.devices, key=key))))
+
+
 def _solve_shape(problem: Problem, devices: tuple[str, ...], m: int, opts: SolveOptions, limit_s: float,
-                 layers: LayerProblem | None = None) -> Plan | None:
+                 layers: LayerProblem | None = None,
+                 ordered: tuple[Problem, LayerProblem | None] | None = None) -> Plan | None:
     """The shape's plan for `m` microbatches, or None when no plan fits its memory or it found none in time:
-    on the layer-level problem when there is one (NOTE [shapes on layers]), else by `solve` on the ops.
+    on the layer-level problem when there is one (NOTE [shapes on layers]), else by `solve` on the ops;
+    with `ordered` (`stash_ordered`'s), also in that device order, the faster kept (NOTE [stash order]).
     Without its own search-free bounds and certificate: NOTE [pipelines bound] bounds the whole plan."""
+    if ordered is not None:
+        first = _solve_shape(problem, devices, m, opts, limit_s, layers)
+        keep = set(devices)
+        if [d.name for d in problem.devices if d.name in keep] == [d.name for d in ordered[0].devices if d.name in keep]:
+            return first  # the same order (one kind of device, say): the same plan
+        plans = [first, _solve_shape(ordered[0], devices, m, opts, limit_s, ordered[1])]
+        got = [p for p in plans if p is not None]
+        return min(got, key=lambda p: pipeline_time_ns(p, m)) if got else None
     if layers is not None:
         return solve_on_layers(problem, layers, devices, m, opts, limit_s)
     sub = sub_problem(problem, devices, m)
@@ -214,6 +253,23 @@ def _solve_shape(problem: Problem, devices: tuple[str, ...], m: int, opts: Solve
                                               check_certificate=False))
     except HetpartError:
         return None
+
+
+def _most_gpipe(problem: Problem, devs: tuple[str, ...], share: int, microbatches: int, opts: SolveOptions,
+                limit_s: float, layers: LayerProblem | None, search_end: float) -> tuple[int, Plan | None]:
+    """A GPipe shape that cannot run all `microbatches`: (m, its plan for m), m the most it runs found
+    by bisection from `share` up (at most _GPIPE_STEPS more solves, within the search's share): a GPipe
+    plan runs up to the m it was solved for (the stash), so a plan for `share` alone would cap the
+    shape there (small_problem(15) in the tests: one fast device of a machine runs 3 of the 4)."""
+    plan = _solve_shape(problem, devs, share, opts, limit_s, layers)
+    lo, hi = share, microbatches  # lo runs (when plan is not None), hi does not
+    for _ in range(_GPIPE_STEPS):
+        if plan is None or hi - lo <= 1 or search_end - time.perf_counter() < 2 * limit_s:
+            break
+        mid = (lo + hi) // 2
+        got = _solve_shape(problem, devs, mid, opts, limit_s, layers)
+        lo, hi, plan = (mid, hi, got) if got is not None else (lo, mid, plan)
+    return lo, plan
 
 
 def _certified(iteration_ns: int, bound_ns: int, gap: float) -> tuple[int, str]:
@@ -247,8 +303,11 @@ def _plan_and_facts(problem: Problem, microbatches: int, options: SolveOptions |
     problem.validate()
     limit = opts.time_limit_s
     deadline = lambda share: t0 + share * limit  # noqa: E731
-    bound = pipelines_lower_bound(problem, microbatches, deadline=deadline(0.15))
+    # NOTE [bounds deadline]: the bound's share of the limit, and a tenth more for its memory part.
+    bound = pipelines_lower_bound(problem, microbatches, deadline=deadline(0.15), memory_deadline=deadline(0.25))
     layers = layer_problem(problem) if opts.run_coarsening else None  # NOTE [shapes on layers]
+    one_f1b = problem.training is not None and problem.training.schedule == "1f1b"
+    ordered = stash_ordered(problem, layers, bound.stash_order) if one_f1b and bound.stash_order else None
     kinds, kind_of = machine_kinds(problem)
     shapes = enumerate_shapes(problem, kinds)
     if not shapes:
@@ -314,10 +373,9 @@ def _plan_and_facts(problem: Problem, microbatches: int, options: SolveOptions |
         m_ref = min(microbatches, max(share, len(devs))) if sched == "1f1b" else microbatches
         per_shape = min(left / min(6, len(order) - tried),
                         max(_SHAPE_LIMIT_S, limit * _SHAPE_SHARE, _SHAPE_S_PER_DEVICE * len(devs) ** 1.5))
-        plan = _solve_shape(problem, devs, m_ref, opts, per_shape, layers)
+        plan = _solve_shape(problem, devs, m_ref, opts, per_shape, layers, ordered)
         if plan is None and sched == "gpipe" and share < microbatches:
-            m_ref = share
-            plan = _solve_shape(problem, devs, m_ref, opts, per_shape, layers)
+            m_ref, plan = _most_gpipe(problem, devs, share, microbatches, opts, per_shape, layers, search_end)
         tried += 1
         facts.tried |= _kinds_of(s)
         slowest = max(slowest, (time.perf_counter() - t_shape) / len(devs) ** 1.5)
@@ -364,6 +422,9 @@ def _plan_and_facts(problem: Problem, microbatches: int, options: SolveOptions |
                            f"that runs {microbatches} microbatches within {limit:g} s: raise --time-limit")
     # CP-SAT's answer unless the quick one is truly better (CP-SAT ran out of time before reaching it).
     answer, best = min(tried_answers, key=lambda ab: ab[1].iteration_ns)
+    for pipes in one_machine_mixes(problem, kinds, cands, microbatches, _class_devices):
+        mix = cost_pipelines(problem, pipes, solver_status="FEASIBLE")
+        best = mix if mix.iteration_ns < best.iteration_ns else best
     exhausted = answer.optimal
     violations = pipelines_violations(problem, best, microbatches)
     if violations:

@@ -65,7 +65,9 @@ def test_search_on_layers_keeps_the_real_problems_bound():
     assert on_layers.stats["layer_nodes"] == 14 and on_ops.stats["layer_nodes"] == 0
     for plan in (on_layers, on_ops):
         assert not pipelines_violations(p, plan, M)
-        assert plan.lower_bound_ns == min(bound, plan.iteration_ns) > 0
+        assert 0 < plan.lower_bound_ns <= min(bound, plan.iteration_ns)
+        if "deadline" not in plan.bound_note:  # a loaded machine may stop the bound at the search's deadline
+            assert plan.lower_bound_ns == min(bound, plan.iteration_ns)
 
 
 def test_the_stash_estimate_grows_with_the_stages_under_1f1b_only():
