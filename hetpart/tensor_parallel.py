@@ -129,8 +129,9 @@ def choose_tp(gm: fx.GraphModule, problem: Problem, cluster: Cluster, max_degree
                            "machines each fit a degree")
     echo("tensor parallel: " + "; ".join(f"degree {r.degree}: {us(r.value_ns)} (bound {us(r.bound_ns)})"
                                          for r in choice.results)
-         + (f"; skipped: {', '.join(skipped)}" if skipped else "")
-         + (f"; {mixed_summary(mixed)}" if mixed is not None else "") + f"; chose degree {choice.degree}")
+         + (f"; skipped: {', '.join(skipped)}" if skipped else "") + f"; chose degree {choice.degree}")
+    if mixed is not None:
+        echo(f"tensor parallel {mixed_summary(mixed)}")
     if mixed is not None and mixed.is_mixed:
         gain = 1 - mixed.plan.value_ns / choice.plan.value_ns
         echo(f"note: the plan mixing degrees is predicted {gain:.1%} faster than degree {choice.degree}'s, but "

@@ -204,3 +204,27 @@ def test_replan_and_checkpoints_refuse_a_tp_plan(tmp_path, capsys):
     assert main(["run", str(out), "--mode", "training", "--steps", "2", "--checkpoint-every", "1",
                  "--checkpoint-dir", str(tmp_path / "ck")]) == 2
     assert "do not handle tensor-parallel" in capsys.readouterr().err and not (tmp_path / "ck").exists()
+
+
+def test_max_tensor_parallel_also_searches_degrees_per_machine(tmp_path, capsys):
+    # NOTE [mixed tensor-parallel degrees]: on two machines the search adds the relaxation (its bound at most
+    # every plan's value) and assignments per machine; what is written is a uniform degree's plan.
+    import json
+    import re
+
+    from hetpart.cli import main
+
+    out = tmp_path / "out"
+    sets = [x for k, v in GPT.items() for x in ("--set", f"{k}={v}")]
+    assert main(["partition", "zoo:gpt-small", *sets, "--cluster", "preset:mixed-4", "--batch-size", "4",
+                 "--seq-len", "16", "--microbatches", "2", "--no-pt2", "--max-tensor-parallel", "2",
+                 "--time-limit", "5", "--out", str(out)]) == 0
+    text = " ".join(capsys.readouterr().out.split())  # (the console wraps long lines)
+    line = text[text.index("tensor parallel: "):]
+    values = [float(v.replace(",", "")) for v in re.findall(r"degree \d: ([\d,.]+) us", line.split("; chose")[0])]
+    relaxed = float(re.search(r"per machine: relaxation bound ([\d,.]+) us", line)[1].replace(",", ""))
+    mixed = float(re.search(r"assignment\(s\) ([\d,.]+) us", line)[1].replace(",", ""))
+    assert len(values) == 2 and relaxed <= min(values + [mixed])
+    chosen = int(re.search(r"chose degree (\d)", line)[1])
+    plan = json.loads((out / "plan.json").read_text())
+    assert all(len(s["devices"]) == chosen for s in plan["stages"])

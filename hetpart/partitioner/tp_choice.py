@@ -23,7 +23,10 @@ is charged the TP-t memory of its nodes in every engine a plan can come from. Th
 3. degrees per machine the relaxation's plan uses (on a machine it uses at several, each, its
    largest stage's first; a machine it leaves unused: degree 1), at most `max_assignments`
    combinations, each solved as its own problem (from the relaxation's plan when that is one of it).
-The plan kept is the least of 1 and 3 (ties: uniform first, then the smaller degree); its bound is the
+4. the best uniform degree with one device type's machines (machines of one kind alike) at the
+   least or the largest other degree, for each type: what the relaxation's plan, found in the
+   time limit on many slots, may miss. 3 and 4 together: at most `max_assignments` solves.
+The relaxation starts from the best uniform plan (one of its plans). The plan kept is the least of 1, 3 and 4 (ties: uniform first, then the smaller degree); its bound is the
 least of the uniform degrees' bounds and the relaxation's, which bounds the union searched, and it is
 OPTIMAL only when its value reaches that bound (tests/partitioner/test_tp_choice.py checks both
 against brute force over every assignment of degrees to machines). A node co-located with others in
@@ -197,8 +200,20 @@ def _assignments(relaxed: Plan, slot: Mapping[str, TPSlot], places: list[str], u
     return [{p: options[i][c[i]] for i, p in enumerate(places)} for c in combos]
 
 
+def _neighbours(degree_of: dict[str, int], available: dict[str, set[int]]) -> list[dict[str, int]]:
+    """`degree_of` with one device type's places (machines of one kind alike) at the least or the largest other
+    degree they have: NOTE [mixed tensor-parallel degrees] step 4."""
+    out = []
+    for ty in sorted({p.split(":", 1)[1] for p in degree_of}):
+        places = [p for p in degree_of if p.split(":", 1)[1] == ty]
+        common = sorted(set.intersection(*(available[p] for p in places)) - {degree_of[p] for p in places})
+        for t in sorted({common[0], common[-1]}) if common else []:
+            out.append({p: t if p in places else d for p, d in degree_of.items()})
+    return out
+
+
 def choose_mixed(problems: Mapping[int, Problem], slots_of: Mapping[int, Sequence[TPSlot]],
-                 solve: Callable[..., Plan | None], max_assignments: int = 4) -> MixedChoice:
+                 solve: Callable[..., Plan | None], max_assignments: int = 6) -> MixedChoice:
     """NOTE [mixed tensor-parallel degrees]: `solve(problem)` per uniform degree and for the relaxation, then
     `solve(problem, hint=plan)` for the relaxation's degrees per machine (hint None unless its plan fits)."""
     slot = {s.name: s for t in sorted(slots_of) for s in slots_of[t]}
@@ -212,9 +227,17 @@ def choose_mixed(problems: Mapping[int, Problem], slots_of: Mapping[int, Sequenc
         t = uniform.degree
         found.append(((0, t), uniform.plan, problems[t], {s.place: t for s in slots_of[t]}))
     relaxed_problem = mixed_problem(problems, list(slot.values()))
-    relaxed = _solved(solve, relaxed_problem)
+    relaxed = _solved(solve, relaxed_problem, hint=uniform.plan if uniform is not None else None)
     mixed = []
-    tried = _assignments(relaxed, slot, places, min(problems), max_assignments) if relaxed else []
+    tried = []
+    if relaxed is not None:
+        start = {p: found[0][3].get(p, min(problems)) for p in places} if uniform is not None else None
+        available = {p: {s.degree for s in slot.values() if s.place == p} for p in places}
+        near = [] if start is None else _neighbours(start, available)
+        for degree_of in _assignments(relaxed, slot, places, min(problems), 2) + near:
+            if degree_of not in tried and degree_of != start:
+                tried.append(degree_of)
+        tried = tried[:max_assignments]
     for degree_of in tried:
         chosen = [s for s in slot.values() if degree_of[s.place] == s.degree]
         problem = mixed_problem(problems, chosen)
