@@ -162,7 +162,8 @@ def coarsen(problem: Problem, tab: OrderTables, cuts: np.ndarray) -> Coarse | No
             name[i],
             **{TIME_NS: {t: sum(x[TIME_NS][t] for x in attrs) for t in types},
                MEM_BYTES: sum(x.get(MEM_BYTES, 0) for x in attrs),
-               **({MEM_BYTES_OF: {t: sum(node_mem_bytes(problem, v, t) for v in vs) for t in types}} if typed_mem else {}),
+               **({MEM_BYTES_OF: {t: sum(node_mem_bytes(problem, v, t) for v in vs) for t in types}}
+                  if typed_mem else {}),
                OUT_BYTES: sends, WEIGHTS: tuple(shared), FORBIDDEN_TYPES: tuple(forbidden),
                PIN: pins.pop() if pins else None, LAYER: attrs[0].get(LAYER)},
         )
@@ -174,5 +175,5 @@ def coarsen(problem: Problem, tab: OrderTables, cuts: np.ndarray) -> Coarse | No
                 else dataclasses.replace(problem.training, state_bytes=state_bytes))
     cp = Problem(graph=coarse, weights=weights, devices=problem.devices, intra_node_links=problem.intra_node_links,
                  network=problem.network, max_stages=problem.max_stages, training=training,
-                 held_bytes_of={t: held_of.get(t, {}) for t in problem.held_bytes_of} if problem.held_bytes_of else None)
+                 held_bytes_of={t: held_of.get(t, {}) for t in problem.held_bytes_of or ()} or None)
     return Coarse(problem=cp, members=members)

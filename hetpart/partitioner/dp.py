@@ -99,9 +99,8 @@ class OrderTables:
 
     def seg_mem(self, starts: np.ndarray, ends: np.ndarray, stash: int | None = None,
                 slot_type: str | None = None) -> np.ndarray:
-        """Memory of segments [starts[a], ends[b]) as a matrix: `stash` microbatches of activations
-        (default `stash_max`) plus each weight read, once (NOTE [training memory] in costs.py), on a slot
-        of `slot_type` (NOTE [memory per slot type])."""
+        """Memory of segments [starts[a], ends[b]) on a `slot_type` slot (NOTE [memory per slot type]), a matrix:
+        `stash` microbatches of activations (default `stash_max`) + each weight read, once (NOTE [training memory])."""
         mult = self.stash_max if stash is None else stash
         act_prefix, weight_prefix, shared_readers = self.typed_memory.get(
             slot_type, (self.act_prefix, self.weight_prefix, self.shared_readers))

@@ -81,7 +81,7 @@ class Device:
 # Tensor parallelism (issue 20) does not add a kind yet: with one degree per plan, lowering makes each
 # TP group one device of its own type key `<type>/tp<t>` with per-rank costs (NOTE [tensor-parallel
 # costs] in passes/tp_lower.py), so every engine, bound and the verifier apply to it exactly; degrees
-# mixed in one plan would need a "tp" kind whose memory terms differ per slot.
+# mixed in one plan keep that, with memory per type key (NOTE [memory per slot type] in costs.py).
 SLOT_KINDS = ("device",)
 
 

@@ -26,7 +26,8 @@ is charged the TP-t memory of its nodes in every engine a plan can come from. Th
 4. the best uniform degree with one device type's machines (machines of one kind alike) at the
    least or the largest other degree, for each type: what the relaxation's plan, found in the
    time limit on many slots, may miss. 3 and 4 together: at most `max_assignments` solves.
-The relaxation starts from the best uniform plan (one of its plans). The plan kept is the least of 1, 3 and 4 (ties: uniform first, then the smaller degree); its bound is the
+The relaxation starts from the best uniform plan (one of its plans). The plan kept is the least of
+1, 3 and 4 (ties: uniform first, then the smaller degree); its bound is the
 least of the uniform degrees' bounds and the relaxation's, which bounds the union searched, and it is
 OPTIMAL only when its value reaches that bound (tests/partitioner/test_tp_choice.py checks both
 against brute force over every assignment of degrees to machines). A node co-located with others in

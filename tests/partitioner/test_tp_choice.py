@@ -73,7 +73,8 @@ def degree_problems(seed: int):
     g2 = p1.graph.copy()
     for v, a in g2.nodes(data=True):
         # TP pays on m0's fast link (a), less on m1's (b): the best plan is often mixed
-        a[TIME_NS] = {"a/tp2": a[TIME_NS]["a"] // 2 + rng.randint(0, 10), "b/tp2": a[TIME_NS]["b"] + rng.randint(-5, 20)}
+        a[TIME_NS] = {"a/tp2": a[TIME_NS]["a"] // 2 + rng.randint(0, 10),
+                      "b/tp2": a[TIME_NS]["b"] + rng.randint(-5, 20)}
         a[MEM_BYTES] = a[MEM_BYTES] // 2 if rng.random() < 0.6 else a[MEM_BYTES]
     if n >= 3 and rng.random() < 0.5:
         for v in names[1:3]:
