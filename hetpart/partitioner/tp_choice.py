@@ -24,8 +24,8 @@ is charged the TP-t memory of its nodes in every engine a plan can come from. Th
    largest stage's first; a machine it leaves unused: degree 1), at most `max_assignments`
    combinations, each solved as its own problem (from the relaxation's plan when that is one of it).
 4. the best uniform degree with one device type's machines (machines of one kind alike) at the
-   least or the largest other degree, for each type: what the relaxation's plan, found in the
-   time limit on many slots, may miss. 3 and 4 together: at most `max_assignments` solves.
+   least other degree, for each type, then at the largest: what the relaxation's plan, found in
+   the time limit on many slots, may miss. 3 and 4 together: at most `max_assignments` solves.
 The relaxation starts from the best uniform plan (one of its plans). The plan kept is the least of
 1, 3 and 4 (ties: uniform first, then the smaller degree); its bound is the
 least of the uniform degrees' bounds and the relaxation's, which bounds the union searched, and it is
@@ -202,19 +202,20 @@ def _assignments(relaxed: Plan, slot: Mapping[str, TPSlot], places: list[str], u
 
 
 def _neighbours(degree_of: dict[str, int], available: dict[str, set[int]]) -> list[dict[str, int]]:
-    """`degree_of` with one device type's places (machines of one kind alike) at the least or the largest other
-    degree they have: NOTE [mixed tensor-parallel degrees] step 4."""
+    """`degree_of` with one device type's places (machines of one kind alike) at the least, then the largest other
+    degree they have: every type at its least before any at its largest (NOTE [mixed tensor-parallel degrees])."""
     out = []
-    for ty in sorted({p.split(":", 1)[1] for p in degree_of}):
-        places = [p for p in degree_of if p.split(":", 1)[1] == ty]
-        common = sorted(set.intersection(*(available[p] for p in places)) - {degree_of[p] for p in places})
-        for t in sorted({common[0], common[-1]}) if common else []:
-            out.append({p: t if p in places else d for p, d in degree_of.items()})
+    for pick in (0, -1):
+        for ty in sorted({p.split(":", 1)[1] for p in degree_of}):
+            places = [p for p in degree_of if p.split(":", 1)[1] == ty]
+            common = sorted(set.intersection(*(available[p] for p in places)) - {degree_of[p] for p in places})
+            if common and (pick == 0 or len(common) > 1):
+                out.append({p: common[pick] if p in places else d for p, d in degree_of.items()})
     return out
 
 
 def choose_mixed(problems: Mapping[int, Problem], slots_of: Mapping[int, Sequence[TPSlot]],
-                 solve: Callable[..., Plan | None], max_assignments: int = 6) -> MixedChoice:
+                 solve: Callable[..., Plan | None], max_assignments: int = 8) -> MixedChoice:
     """NOTE [mixed tensor-parallel degrees]: `solve(problem)` per uniform degree and for the relaxation, then
     `solve(problem, hint=plan)` for the relaxation's degrees per machine (hint None unless its plan fits)."""
     slot = {s.name: s for t in sorted(slots_of) for s in slots_of[t]}
