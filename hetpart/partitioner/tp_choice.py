@@ -25,7 +25,9 @@ is charged the TP-t memory of its nodes in every engine a plan can come from. Th
    combinations, each solved as its own problem (from the relaxation's plan when that is one of it).
 4. the best uniform degree with one device type's machines (machines of one kind alike) at the
    least other degree, for each type, then at the largest: what the relaxation's plan, found in
-   the time limit on many slots, may miss. 3 and 4 together: at most `max_assignments` solves.
+   the time limit on many slots, may miss; and so on from each assignment that beats the best plan
+   so far (a hill climb, one device type at a time). 3 and 4 together: at most `max_assignments`
+   solves.
 The relaxation starts from the best uniform plan (one of its plans). The plan kept is the least of
 1, 3 and 4 (ties: uniform first, then the smaller degree); its bound is the
 least of the uniform degrees' bounds and the relaxation's, which bounds the union searched, and it is
@@ -215,7 +217,7 @@ def _neighbours(degree_of: dict[str, int], available: dict[str, set[int]]) -> li
 
 
 def choose_mixed(problems: Mapping[int, Problem], slots_of: Mapping[int, Sequence[TPSlot]],
-                 solve: Callable[..., Plan | None], max_assignments: int = 8) -> MixedChoice:
+                 solve: Callable[..., Plan | None], max_assignments: int = 12) -> MixedChoice:
     """NOTE [mixed tensor-parallel degrees]: `solve(problem)` per uniform degree and for the relaxation, then
     `solve(problem, hint=plan)` for the relaxation's degrees per machine (hint None unless its plan fits)."""
     slot = {s.name: s for t in sorted(slots_of) for s in slots_of[t]}
@@ -230,17 +232,18 @@ def choose_mixed(problems: Mapping[int, Problem], slots_of: Mapping[int, Sequenc
         found.append(((0, t), uniform.plan, problems[t], {s.place: t for s in slots_of[t]}))
     relaxed_problem = mixed_problem(problems, list(slot.values()))
     relaxed = _solved(solve, relaxed_problem, hint=uniform.plan if uniform is not None else None)
-    mixed = []
-    tried = []
-    if relaxed is not None:
-        start = {p: found[0][3].get(p, min(problems)) for p in places} if uniform is not None else None
-        available = {p: {s.degree for s in slot.values() if s.place == p} for p in places}
-        near = [] if start is None else _neighbours(start, available)
-        for degree_of in _assignments(relaxed, slot, places, min(problems), 2) + near:
-            if degree_of not in tried and degree_of != start:
-                tried.append(degree_of)
-        tried = tried[:max_assignments]
-    for degree_of in tried:
+    mixed: list[DegreeResult] = []
+    tried: list[dict[str, int]] = []
+    start = {p: found[0][3].get(p, min(problems)) for p in places} if uniform is not None else None
+    available = {p: {s.degree for s in slot.values() if s.place == p} for p in places}
+    queue = [] if relaxed is None else _assignments(relaxed, slot, places, min(problems), 2) + (
+        _neighbours(start, available) if start is not None else [])
+    best_ns = uniform.plan.value_ns if uniform is not None else None
+    while queue and len(tried) < max_assignments:  # steps 3 and 4, then 4 again from each better plan
+        degree_of = queue.pop(0)
+        if degree_of in tried or degree_of == start:
+            continue
+        tried.append(degree_of)
         chosen = [s for s in slot.values() if degree_of[s.place] == s.degree]
         problem = mixed_problem(problems, chosen)
         names = {s.name for s in chosen}
@@ -250,6 +253,9 @@ def choose_mixed(problems: Mapping[int, Problem], slots_of: Mapping[int, Sequenc
         mixed.append(_result(0, plan))
         if plan is not None:
             found.append(((1, len(mixed)), plan, problem, degree_of))
+            if best_ns is None or plan.value_ns < best_ns:
+                best_ns = plan.value_ns
+                queue += _neighbours(degree_of, available)  # after the round in hand
     if not found:
         raise HetpartError(f"no tensor-parallel degree of {', '.join(map(str, sorted(problems)))}, uniform or "
                            "mixed per machine, has a plan that fits this cluster's memory")
