@@ -21,8 +21,8 @@ is charged the TP-t memory of its nodes in every engine a plan can come from. Th
    machine of several degrees, at most one stage per physical device). Every mixed plan is one of
    its plans at the same value, so its proven bound bounds the mixed space;
 3. degrees per machine the relaxation's plan uses (on a machine it uses at several, each, its
-   largest stage's first; a machine it leaves unused: degree 1), at most `max_assignments`
-   combinations, each solved as its own problem (from the relaxation's plan when that is one of it).
+   largest stage's first; a machine it leaves unused: degree 1), at most 2 combinations, each
+   solved as its own problem (from the relaxation's plan when that is one of it);
 4. the best uniform degree with one device type's machines (machines of one kind alike) at the
    least other degree, for each type, then at the largest: what the relaxation's plan, found in
    the time limit on many slots, may miss; and so on from each assignment that beats the best plan
@@ -36,6 +36,9 @@ against brute force over every assignment of degrees to machines). A node co-loc
 some degree (a TP region) is co-located in every mixed problem: the mixed space is that of the
 union of all the degrees' co-location groups (a subset of each degree's own; every mixed problem,
 the relaxation too, has the same), so the relaxation relaxes every mixed plan and the bound stays valid.
+What `partition` writes is the best uniform degree's plan: codegen and `hetpart run` take one degree
+per plan (NOTE [tensor-parallel stages]); `choose_tp` in hetpart/tensor_parallel.py says what the
+mixed plan would gain.
 """
 
 from __future__ import annotations
