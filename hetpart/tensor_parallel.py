@@ -120,13 +120,14 @@ def choose_tp(gm: fx.GraphModule, problem: Problem, cluster: Cluster, max_degree
         lowered[t] = TPCompile(tp_problem, sharding, slots)
         problems[t] = tp_problem
     us = lambda ns: "no plan fits" if ns is None else f"{ns / 1000:,.1f} us"  # noqa: E731
-    places = {s.place for ss in tp_slots(problem, lowered).values() for s in ss}
-    mixed = choose_mixed(problems, tp_slots(problem, lowered), solve) if len(places) > 1 and lowered else None
+    slots = tp_slots(problem, lowered)
+    places = {s.place for ss in slots.values() for s in ss}
+    mixed = choose_mixed(problems, slots, solve) if len(places) > 1 and lowered else None
     choice = mixed.uniform if mixed is not None else choose_degree(problems, solve)
     if choice is None:  # only a mixed plan fits (NOTE [mixed tensor-parallel degrees]), which is not written yet
-        raise HetpartError(f"only plans mixing tensor-parallel degrees per machine fit ({mixed_summary(mixed)}), "
-                           "and hetpart does not write them yet: pass --tensor-parallel T, or a cluster whose "
-                           "machines each fit a degree")
+        raise HetpartError(f"no uniform tensor-parallel degree fits this cluster's memory, only plans mixing "
+                           f"degrees per machine ({mixed_summary(mixed)}), which hetpart does not write yet: add "
+                           "devices or memory until a uniform degree fits")
     echo("tensor parallel: " + "; ".join(f"degree {r.degree}: {us(r.value_ns)} (bound {us(r.bound_ns)})"
                                          for r in choice.results)
          + (f"; skipped: {', '.join(skipped)}" if skipped else "") + f"; chose degree {choice.degree}")
