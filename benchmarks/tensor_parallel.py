@@ -2,6 +2,7 @@
 
     PYTHONPATH=. .venv/bin/python benchmarks/tensor_parallel.py [--model zoo:llama-70b] [--cluster preset:hetero-64]
         [--degrees 1,2,4,8] [--microbatches 4] [--time-limit 60] [--objectives iteration,throughput] [--mixed T]
+        [--per-machine]
 
 Traces the model once on meta (bf16, sequence 2048, batch = microbatches), runs the sharding pass for
 every degree, lowers one problem per degree (NOTE [tensor-parallel costs]) and solves each for the
@@ -12,6 +13,11 @@ for the bottleneck (`throughput`, what `partition` optimises); prints value, pro
 others, which `partition` cannot yet (NOTE [tensor-parallel degree choice]): the problem keeps every
 node's per-rank memory of degree T, a relaxation for the single devices, so its bound is valid; the plan
 found is then checked with the single devices' whole memory (`stage_memory_bytes` of the degree-1 problem).
+
+`--per-machine` instead runs `partition --max-tensor-parallel`'s search (NOTE [mixed tensor-parallel
+degrees]): every uniform degree of `--degrees` (1 among them), the relaxation with every group of every
+degree at once (its bound bounds the whole space), and the degrees per machine its plan uses, each solved
+with each slot's own memory; one row per solve, for the first of `--objectives`.
 """
 
 from __future__ import annotations
@@ -30,6 +36,8 @@ from hetpart.passes import lower_to_problem
 from hetpart.passes.lower import TrainingSpec, group_of
 from hetpart.passes.tensor_parallel import TP_META
 from hetpart.passes.tp_lower import lower_tensor_parallel
+from hetpart.partitioner.tp_choice import choose_mixed
+from hetpart.tensor_parallel import TPCompile, tp_slots
 
 
 def main() -> None:
@@ -41,6 +49,7 @@ def main() -> None:
     ap.add_argument("--time-limit", type=float, default=60)
     ap.add_argument("--objectives", default="iteration,throughput")
     ap.add_argument("--mixed", type=int, default=0, help="also TP MIXED on NVLink machines, TP 1 elsewhere")
+    ap.add_argument("--per-machine", action="store_true", help="the degree chosen per machine, as partition does")
     args = ap.parse_args()
     degrees = tuple(int(t) for t in args.degrees.split(",") if t)
     runs = [(t, False) for t in degrees] + ([(args.mixed, True)] if args.mixed else [])
@@ -54,6 +63,8 @@ def main() -> None:
     base = lower_to_problem(a.gm, cluster, TrainingSpec("gpipe", m, 8), groups)
     print(f"{args.model} on {args.cluster}: traced and analysed in {time.perf_counter() - t0:.0f} s; "
           f"training, GPipe, {m} microbatch(es) of 1 x 2048 tokens")
+    if args.per_machine:
+        return _per_machine(a.gm, base, cluster, groups, degrees, args.objectives.split(",")[0], m, args.time_limit)
     print("| TP degree | slots | objective | value ms | bound ms | gap | stages | status | solve s |")
     print("|---|---|---|---|---|---|---|---|---|")
     for t, mixed in runs:
@@ -72,6 +83,57 @@ def main() -> None:
                   f"{plan.lower_bound_ns / 1e6:,.1f} | {plan.gap:.1%} | {len(plan.stages)} | {plan.solver_status} | "
                   f"{time.perf_counter() - start:.0f} |",
                   flush=True)
+
+
+def _per_machine(gm, base: Problem, cluster, groups: dict, degrees: tuple[int, ...], objective: str, m: int,
+                 time_limit: float) -> None:
+    """NOTE [mixed tensor-parallel degrees] on the traced model: one row per solve, then the choice."""
+    problems, lowered = {1: base}, {}
+    for t in degrees:
+        if t > 1:
+            problems[t], groups_t = lower_tensor_parallel(base, gm, cluster, gm.meta[TP_META][t], groups, True)
+            lowered[t] = TPCompile(problems[t], gm.meta[TP_META][t], groups_t)
+    log = []
+
+    def timed(problem: Problem, hint=None):
+        start = time.perf_counter()
+        plan = solve(problem, time_limit_s=time_limit, objective=objective, microbatches=m, hint=hint)
+        log.append((problem, plan, time.perf_counter() - start))
+        return plan
+
+    slots = tp_slots(base, lowered)
+    choice = choose_mixed(problems, slots, timed)
+    labels = {id(p): f"{t} everywhere" for t, p in problems.items()}
+    print(f"objective {objective}, --time-limit {time_limit:g} s per solve; the mixed space's bound (least of the "
+          f"uniform degrees' and the relaxation's): {choice.plan.lower_bound_ns / 1e6:,.1f} ms")
+    print("| solve | TP per machine kind | slots | value ms | own bound ms | gap to the space's bound | stages | "
+          "status | solve s |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    tried = iter(choice.tried)
+    for problem, plan, secs in log:
+        if id(problem) in labels:
+            what, per = "uniform", labels[id(problem)]
+        elif len(problem.devices) > len(base.devices):
+            what, per = "relaxation", "every group of every degree"
+        else:
+            what, per = "per machine", _per_kind(next(tried))
+        value = plan.value_ns if plan is not None else None
+        gap = 1 - choice.plan.lower_bound_ns / value if value else float("nan")
+        print(f"| {what} | {per} | {len(problem.devices)} | {value / 1e6:,.1f} | {plan.lower_bound_ns / 1e6:,.1f} | "
+              f"{gap:.1%} | {len(plan.stages)} | {plan.solver_status} | {secs:.0f} |", flush=True)
+    best_uniform = choice.uniform.plan.value_ns if choice.uniform is not None else None
+    print(f"chosen: {_per_kind(choice.degree_of_place)}, {choice.plan.value_ns / 1e6:,.1f} ms "
+          f"(bound {choice.plan.lower_bound_ns / 1e6:,.1f} ms, gap {choice.plan.gap:.1%}, {choice.plan.solver_status})"
+          + (f"; best uniform: degree {choice.uniform.degree}, {best_uniform / 1e6:,.1f} ms, the choice "
+             f"{1 - choice.plan.value_ns / best_uniform:+.2%} faster" if best_uniform else ""))
+
+
+def _per_kind(degree_of_place: dict[str, int]) -> str:
+    """'h100-80g 8, l4-24g 1': each device type's degree (its machines' degrees, when they differ)."""
+    by_type: dict[str, list[int]] = {}
+    for place, t in sorted(degree_of_place.items()):
+        by_type.setdefault(place.split(":", 1)[1], []).append(t)
+    return ", ".join(f"{ty} {ts[0] if len(set(ts)) == 1 else '/'.join(map(str, ts))}" for ty, ts in by_type.items())
 
 
 def _pcie(cluster) -> set[str]:

@@ -419,8 +419,9 @@ def compile_model(spec: ModelSpec, cluster_spec: str | Cluster, out: Path, opts:
                 plan = strategy_plan(problem, opts.strategy, lambda: fx_baselines(gm, problem))
             elif opts.max_tensor_parallel > 1:  # NOTE [tensor-parallel degree choice]
                 tp, plan = choose_tp(gm, problem, cluster, opts.max_tensor_parallel, groups, training is not None, echo,
-                                     lambda p: solve(p, time_limit_s=opts.time_limit_s, seed=opts.seed, gap=opts.gap,
-                                                     check_certificate=opts.check_certificate))
+                                     lambda p, hint=None: solve(p, time_limit_s=opts.time_limit_s, seed=opts.seed,
+                                                                gap=opts.gap, check_certificate=opts.check_certificate,
+                                                                hint=hint))
                 problem = tp.problem if tp is not None else problem
             else:
                 plan = solve(problem, time_limit_s=opts.time_limit_s, seed=opts.seed, gap=opts.gap,

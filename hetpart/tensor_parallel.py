@@ -17,7 +17,7 @@ from hetpart.codegen.tp import tp_manifest, tp_stage_graphs
 from hetpart.devices import Cluster
 from hetpart.errors import HetpartError
 from hetpart.partitioner.problem import FORWARD_NS, Plan, Problem
-from hetpart.partitioner.tp_choice import choose_degree
+from hetpart.partitioner.tp_choice import MixedChoice, TPSlot, choose_degree, choose_mixed
 from hetpart.passes.tensor_parallel import TP_META, ShardingPlan, describe
 from hetpart.passes.tp_lower import TPGroup, lower_tensor_parallel
 
@@ -79,10 +79,32 @@ def tp_degrees(forced: int, max_degree: int) -> tuple[int, ...]:
     return (forced,) if forced > 1 else tuple(t for t in TP_DEGREES if 1 < t <= max_degree)
 
 
+def tp_slots(problem: Problem, lowered: dict[int, "TPCompile"]) -> dict[int, list[TPSlot]]:
+    """Every degree's slots (degree 1: the problem's devices), for NOTE [mixed tensor-parallel degrees]."""
+    out = {1: [TPSlot(d.name, (d.name,), d.node, d.type, 1) for d in problem.devices]}
+    for t, tp in lowered.items():
+        out[t] = [TPSlot(g.name, g.devices, g.machine, g.type, t) for g in tp.groups]
+    return out
+
+
+def mixed_summary(choice: MixedChoice) -> str:
+    """What `--max-tensor-parallel` found mixing degrees per machine, in a line."""
+    us = lambda ns: "no plan fits" if ns is None else f"{ns / 1000:,.1f} us"  # noqa: E731
+    by_degree: dict[int, list[str]] = {}
+    for place, t in sorted(choice.degree_of_place.items()):
+        by_degree.setdefault(t, []).append(place.split(":")[0])
+    found = [r.value_ns for r in choice.mixed if r.value_ns is not None]
+    return (f"mixed per machine: relaxation bound {us(choice.relaxed.bound_ns)}, best of {len(choice.mixed)} "
+            f"assignment(s) {us(min(found) if found else None)}"
+            + (f" (TP {'; TP '.join(f'{t} on {len(ms)} machine(s)' for t, ms in sorted(by_degree.items()))})"
+               if choice.is_mixed else ""))
+
+
 def choose_tp(gm: fx.GraphModule, problem: Problem, cluster: Cluster, max_degree: int, groups: dict[str, str],
               training: bool, echo: Callable[[str], None],
-              solve: Callable[[Problem], Plan]) -> tuple[TPCompile | None, Plan]:
-    """NOTE [tensor-parallel degree choice]: each degree up to `max_degree` solved, the best plan kept (None: TP 1)."""
+              solve: Callable[..., Plan]) -> tuple[TPCompile | None, Plan]:
+    """NOTE [tensor-parallel degree choice], NOTE [mixed tensor-parallel degrees]: each degree up to `max_degree`
+    solved, and degrees mixed per machine; the best plan that can be written kept (None: TP 1)."""
     problems: dict[int, Problem] = {1: problem}
     lowered: dict[int, TPCompile] = {}
     skipped = []
@@ -97,11 +119,25 @@ def choose_tp(gm: fx.GraphModule, problem: Problem, cluster: Cluster, max_degree
             continue
         lowered[t] = TPCompile(tp_problem, sharding, slots)
         problems[t] = tp_problem
-    choice = choose_degree(problems, solve)
     us = lambda ns: "no plan fits" if ns is None else f"{ns / 1000:,.1f} us"  # noqa: E731
+    slots = tp_slots(problem, lowered)
+    places = {s.place for ss in slots.values() for s in ss}
+    mixed = choose_mixed(problems, slots, solve) if len(places) > 1 and lowered else None
+    choice = mixed.uniform if mixed is not None else choose_degree(problems, solve)
+    if choice is None:  # only a mixed plan fits (NOTE [mixed tensor-parallel degrees]), which is not written yet
+        raise HetpartError(f"no uniform tensor-parallel degree fits this cluster's memory, only plans mixing "
+                           f"degrees per machine ({mixed_summary(mixed)}), which hetpart does not write yet: add "
+                           "devices or memory until a uniform degree fits")
     echo("tensor parallel: " + "; ".join(f"degree {r.degree}: {us(r.value_ns)} (bound {us(r.bound_ns)})"
                                          for r in choice.results)
          + (f"; skipped: {', '.join(skipped)}" if skipped else "") + f"; chose degree {choice.degree}")
+    if mixed is not None:
+        echo(f"tensor parallel {mixed_summary(mixed)}")
+    if mixed is not None and mixed.is_mixed:
+        gain = 1 - mixed.plan.value_ns / choice.plan.value_ns
+        echo(f"note: the plan mixing degrees is predicted {gain:.1%} faster than degree {choice.degree}'s, but "
+             "hetpart does not write (or run) mixed-degree plans yet: writing degree "
+             f"{choice.degree}'s (NOTE [mixed tensor-parallel degrees])")
     return lowered.get(choice.degree), choice.plan
 
 

@@ -204,3 +204,56 @@ def test_replan_and_checkpoints_refuse_a_tp_plan(tmp_path, capsys):
     assert main(["run", str(out), "--mode", "training", "--steps", "2", "--checkpoint-every", "1",
                  "--checkpoint-dir", str(tmp_path / "ck")]) == 2
     assert "do not handle tensor-parallel" in capsys.readouterr().err and not (tmp_path / "ck").exists()
+
+
+def test_max_tensor_parallel_also_searches_degrees_per_machine(tmp_path, capsys):
+    # NOTE [mixed tensor-parallel degrees]: on two machines the search adds the relaxation (its bound at most
+    # every plan's value) and assignments per machine; what is written is a uniform degree's plan.
+    import json
+    import re
+
+    from hetpart.cli import main
+
+    out = tmp_path / "out"
+    sets = [x for k, v in GPT.items() for x in ("--set", f"{k}={v}")]
+    assert main(["partition", "zoo:gpt-small", *sets, "--cluster", "preset:mixed-4", "--batch-size", "4",
+                 "--seq-len", "16", "--microbatches", "2", "--no-pt2", "--max-tensor-parallel", "2",
+                 "--time-limit", "5", "--out", str(out)]) == 0
+    text = " ".join(capsys.readouterr().out.split())  # (the console wraps long lines)
+    line = text[text.index("tensor parallel: "):]
+    values = [float(v.replace(",", "")) for v in re.findall(r"degree \d: ([\d,.]+) us", line.split("; chose")[0])]
+    relaxed = float(re.search(r"per machine: relaxation bound ([\d,.]+) us", line)[1].replace(",", ""))
+    mixed = float(re.search(r"assignment\(s\) ([\d,.]+) us", line)[1].replace(",", ""))
+    assert len(values) == 2 and relaxed <= min(values + [mixed])
+    chosen = int(re.search(r"chose degree (\d)", line)[1])
+    plan = json.loads((out / "plan.json").read_text())
+    assert all(len(s["devices"]) == chosen for s in plan["stages"])
+
+
+def test_a_winning_mixed_plan_is_reported_and_the_best_uniform_one_written(tmp_path, capsys, monkeypatch):
+    # Codegen and run do not take mixed-degree plans yet: partition says what the mixed plan would gain and
+    # writes the best uniform degree's plan (here a mixed choice is made to win by hand).
+    import dataclasses
+    import json
+
+    import hetpart.tensor_parallel as tpmod
+    from hetpart.cli import main
+
+    real = tpmod.choose_mixed
+
+    def winning(problems, slots, solve):
+        choice = real(problems, slots, solve)
+        faster = dataclasses.replace(choice.plan, bottleneck_ns=1, objective_ns=1)
+        return dataclasses.replace(choice, plan=faster, degree_of_place={"a:a100-80g": 2, "b:t4-16g": 1})
+
+    monkeypatch.setattr(tpmod, "choose_mixed", winning)
+    out = tmp_path / "out"
+    sets = [x for k, v in GPT.items() for x in ("--set", f"{k}={v}")]
+    assert main(["partition", "zoo:gpt-small", *sets, "--cluster", "preset:mixed-4", "--batch-size", "4",
+                 "--seq-len", "16", "--microbatches", "2", "--no-pt2", "--max-tensor-parallel", "2",
+                 "--time-limit", "5", "--out", str(out)]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "note: the plan mixing degrees is predicted 100.0% faster than degree 1's" in text
+    assert "(TP 1 on 1 machine(s); TP 2 on 1 machine(s))" in text
+    plan = json.loads((out / "plan.json").read_text())
+    assert all(len(s["devices"]) == 1 for s in plan["stages"])

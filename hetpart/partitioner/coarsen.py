@@ -17,8 +17,9 @@ from typing import TYPE_CHECKING
 import networkx as nx
 import numpy as np
 
+from hetpart.partitioner.costs import has_typed_memory, held_weight_bytes, node_mem_bytes
 from hetpart.partitioner.problem import (
-    FORBIDDEN_TYPES, LAYER, MEM_BYTES, OUT_BYTES, PIN, PIN_FIRST, PIN_LAST, TIME_NS, WEIGHTS, Problem,
+    FORBIDDEN_TYPES, LAYER, MEM_BYTES, MEM_BYTES_OF, OUT_BYTES, PIN, PIN_FIRST, PIN_LAST, TIME_NS, WEIGHTS, Problem,
 )
 
 if TYPE_CHECKING:
@@ -128,6 +129,8 @@ def coarsen(problem: Problem, tab: OrderTables, cuts: np.ndarray) -> Coarse | No
     state = problem.training.state_bytes if problem.training is not None else {}
     weights: dict[str, int] = {}
     state_bytes: dict[str, int] = {}
+    held_of: dict[str, dict[str, int]] = {}
+    typed_mem = has_typed_memory(problem)
     coarse = nx.DiGraph()
     members: dict[str, list[str]] = {}
     for i, (a, b) in enumerate(zip(cuts[:-1], cuts[1:])):
@@ -145,16 +148,22 @@ def coarsen(problem: Problem, tab: OrderTables, cuts: np.ndarray) -> Coarse | No
             weights[w] = problem.weights[w]
             if w in state:
                 state_bytes[w] = state[w]
+        for t in problem.held_bytes_of or {}:  # NOTE [memory per slot type] in costs.py
+            held_of.setdefault(t, {}).update({w: held_weight_bytes(problem, w, t) for w in shared})
         if private:
             own = f"{name[i]}.weights"
             weights[own] = sum(problem.weights[w] for w in private)
             state_bytes[own] = sum(state.get(w, 0) for w in private)
+            for t in problem.held_bytes_of or {}:
+                held_of[t][own] = sum(held_weight_bytes(problem, w, t) for w in private)
             shared.append(own)
         forbidden = sorted({t for x in attrs for t in x.get(FORBIDDEN_TYPES, ())})
         coarse.add_node(
             name[i],
             **{TIME_NS: {t: sum(x[TIME_NS][t] for x in attrs) for t in types},
                MEM_BYTES: sum(x.get(MEM_BYTES, 0) for x in attrs),
+               **({MEM_BYTES_OF: {t: sum(node_mem_bytes(problem, v, t) for v in vs) for t in types}}
+                  if typed_mem else {}),
                OUT_BYTES: sends, WEIGHTS: tuple(shared), FORBIDDEN_TYPES: tuple(forbidden),
                PIN: pins.pop() if pins else None, LAYER: attrs[0].get(LAYER)},
         )
@@ -165,5 +174,6 @@ def coarsen(problem: Problem, tab: OrderTables, cuts: np.ndarray) -> Coarse | No
     training = (None if problem.training is None
                 else dataclasses.replace(problem.training, state_bytes=state_bytes))
     cp = Problem(graph=coarse, weights=weights, devices=problem.devices, intra_node_links=problem.intra_node_links,
-                 network=problem.network, max_stages=problem.max_stages, training=training)
+                 network=problem.network, max_stages=problem.max_stages, training=training,
+                 held_bytes_of={t: held_of.get(t, {}) for t in problem.held_bytes_of or ()} or None)
     return Coarse(problem=cp, members=members)

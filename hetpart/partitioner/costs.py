@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from hetpart.partitioner.problem import MEM_BYTES, OUT_BYTES, TIME_NS, Link, Problem, Slot
+from hetpart.partitioner.problem import MEM_BYTES, MEM_BYTES_OF, OUT_BYTES, TIME_NS, Link, Problem, Slot
 from hetpart.partitioner.simulate import VIRTUAL_SCHEDULES, stage_stash
 
 # NOTE [stage time]
@@ -55,6 +55,18 @@ from hetpart.partitioner.simulate import VIRTUAL_SCHEDULES, stage_stash
 # (`max_stage_memory_bytes`) or the least (`least_stash`) as their relaxation needs.
 # `stage_memory_bytes` is the one formula; evaluate, the verifier and the
 # CP-SAT constraint all call it.
+
+# NOTE [memory per slot type]
+# A problem may hold memory that depends on the slot's type: a node's MEM_BYTES_OF[type] and a
+# weight's `Problem.held_bytes_of[type][w]` replace its MEM_BYTES and `held_weight_bytes` on slots of
+# that type (a plan mixing tensor-parallel degrees, NOTE [tensor-parallel degree choice]: a TP-t rank
+# holds 1/t of what the sharding splits). `node_mem_bytes` and `held_weight_bytes` with a
+# `slot_type` are the one place they are read; without one (or on a type with no entry) they give the
+# type-free values, which lowering sets to the least over the slot types, so every bound that counts
+# memory type-free (bounds.py, lp_bounds.py, constraints.py, infeasible.py) relaxes it and stays valid.
+# Every engine a plan can come from takes the slot's own: evaluate (the plan's reported memory and the
+# verifier), the DP over an order (one memory table per type, `has_typed_memory`) and the CP-SAT model
+# (a memory constraint per type); the DP over ideals does not, and solve.py skips it on such problems.
 
 
 # --- Time.
@@ -278,14 +290,32 @@ def training_state_bytes(param_bytes: int, params: int, optimizer_bytes_per_para
     return param_bytes + params * optimizer_bytes_per_param
 
 
-def held_weight_bytes(problem: Problem, weight: str) -> int:
-    """Bytes a stage holding `weight` needs for it: the weight, plus gradient and optimizer state in training."""
+def held_weight_bytes(problem: Problem, weight: str, slot_type: str | None = None) -> int:
+    """Bytes a stage holding `weight` needs for it: the weight, plus gradient and optimizer state in training;
+    on a slot of `slot_type`, that type's where it has its own (NOTE [memory per slot type])."""
+    typed = problem.held_bytes_of.get(slot_type) if problem.held_bytes_of and slot_type is not None else None
+    if typed is not None and weight in typed:
+        return typed[weight]
     extra = problem.training.state_bytes.get(weight, 0) if problem.training is not None else 0
     return problem.weights[weight] + extra
 
 
+def has_typed_memory(problem: Problem) -> bool:
+    """Whether some slot type has memory of its own (NOTE [memory per slot type])."""
+    return bool(problem.held_bytes_of) or any(MEM_BYTES_OF in a for _, a in problem.graph.nodes(data=True))
+
+
+def node_mem_bytes(problem: Problem, v: str, slot_type: str | None = None) -> int:
+    """Node `v`'s `mem_bytes` (one microbatch), on a slot of `slot_type` (NOTE [memory per slot type])."""
+    a = problem.graph.nodes[v]
+    typed = a.get(MEM_BYTES_OF)
+    if typed and slot_type in typed:
+        return typed[slot_type]
+    return a.get(MEM_BYTES, 0)
+
+
 def stage_memory_bytes(problem: Problem, activation_bytes: Any, held: Mapping[str, Any], stage: int,
-                       num_stages: int) -> Any:
+                       num_stages: int, slot_type: str | None = None) -> Any:
     """Memory of stage `stage` of `num_stages` (NOTE [training memory]).
 
     `activation_bytes` is the sum of the stage's nodes' `mem_bytes` for one microbatch;
@@ -300,7 +330,7 @@ def stage_memory_bytes(problem: Problem, activation_bytes: Any, held: Mapping[st
         >>> stage_memory_bytes(p, 10, {"w": 1}, 0, 2)
         440
     """
-    weights = sum(held_weight_bytes(problem, w) * on for w, on in sorted(held.items()))
+    weights = sum(held_weight_bytes(problem, w, slot_type) * on for w, on in sorted(held.items()))
     return stash_microbatches(problem, stage, num_stages) * activation_bytes + weights
 
 
@@ -314,13 +344,12 @@ def tp_shard_bytes(nbytes: int, degree: int) -> int:
     return -(-nbytes // max(1, degree))
 
 
-def stage_activation_bytes(problem: Problem, nodes: Iterable[str]) -> int:
+def stage_activation_bytes(problem: Problem, nodes: Iterable[str], slot_type: str | None = None) -> int:
     """The `mem_bytes` of a stage's nodes for one microbatch (the `activation_bytes` of `stage_memory_bytes`)."""
-    g = problem.graph
-    return sum(g.nodes[v].get(MEM_BYTES, 0) for v in nodes)
+    return sum(node_mem_bytes(problem, v, slot_type) for v in nodes)
 
 
-def max_stage_memory_bytes(problem: Problem) -> tuple[int, dict[str, int]]:
+def max_stage_memory_bytes(problem: Problem, slot_type: str | None = None) -> tuple[int, dict[str, int]]:
     """(activation multiplier, bytes per held weight) that bound every stage's memory from above.
 
     For solvers that do not know a stage's index and the plan's stage count when
@@ -330,7 +359,7 @@ def max_stage_memory_bytes(problem: Problem) -> tuple[int, dict[str, int]]:
     t = problem.training
     mult = 1 if t is None else t.microbatches if t.schedule in ("gpipe", *VIRTUAL_SCHEDULES) else min(
         t.microbatches, problem.max_stages or len(problem.devices))
-    return max(1, mult), {w: held_weight_bytes(problem, w) for w in problem.weights}
+    return max(1, mult), {w: held_weight_bytes(problem, w, slot_type) for w in problem.weights}
 
 
 # --- The device-sequence state of the DPs and the sequence bound.

@@ -19,8 +19,8 @@ from ortools.sat.python import cp_model
 
 from hetpart.errors import HetpartError
 from hetpart.partitioner.costs import (
-    boundary_bytes, device_classes, links, machine_link, max_stage_memory_bytes, node_time_ns, slot_capacity_bytes,
-    stage_memory_bytes, stage_time_ns, transfer_ns,
+    boundary_bytes, device_classes, has_typed_memory, held_weight_bytes, links, machine_link, max_stage_memory_bytes,
+    node_mem_bytes, node_time_ns, slot_capacity_bytes, stage_memory_bytes, stage_time_ns, transfer_ns,
 )
 from hetpart.partitioner.evaluate import bottleneck_ns, evaluate
 from hetpart.partitioner.problem import (
@@ -103,6 +103,10 @@ def _build(problem: Problem, objective: str = "throughput", microbatches: int = 
     compute_ub = sum(max(time_ns[v].values()) for v in order)
     stash_max, held_bytes = max_stage_memory_bytes(problem)
     total_mem = stash_max * sum(mem_bytes.values()) + sum(held_bytes[w] for w in readers)
+    typed_mem: dict[str, tuple[dict[str, int], int]] = {}  # slot type -> its node memory, its total (if typed)
+    for t in types if has_typed_memory(problem) else ():
+        mem_t = {v: node_mem_bytes(problem, v, t) for v in order}
+        typed_mem[t] = (mem_t, stash_max * sum(mem_t.values()) + sum(held_weight_bytes(problem, w, t) for w in readers))
 
     m = cp_model.CpModel()
 
@@ -248,9 +252,14 @@ def _build(problem: Problem, objective: str = "throughput", microbatches: int = 
             # (times the microbatches its schedule stashes when the plan has `num_stages` stages) fit
             # in its slot's memory: NOTE [training memory], the formula of `evaluate`.
             load = stage_memory_bytes(problem, activations, held, k, num_stages)
-            for c in capacities:
+            for c in capacities if not typed_mem else ():
                 if total_mem > c:
                     m.add(load <= c).only_enforce_if([has_capacity[k][c], *when])
+            for t, (mem_t, total_t) in typed_mem.items():
+                # ... on a slot of type t, with t's own memory (NOTE [memory per slot type] in costs.py).
+                load = stage_memory_bytes(problem, sum(mem_t[v] * x(v, k) for v in order), held, k, num_stages, t)
+                for c in sorted({capacity[s.name] for s in slots if s.type == t and total_t > capacity[s.name]}):
+                    m.add(load <= c).only_enforce_if([is_type[k][t], has_capacity[k][c], *when])
 
     # --- Objective (NOTE [objectives] in evaluate.py): the slowest stage (compute plus the
     # boundaries on both sides), or the sum of the stages' times, or both.

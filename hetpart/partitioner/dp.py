@@ -30,25 +30,12 @@ import numpy as np
 
 from hetpart.partitioner.coarsen import cut_candidates
 from hetpart.partitioner.costs import (
-    DeviceClass,
-    SequenceState,
-    device_classes,
-    first_states,
-    link_between,
-    link_kind_ns,
-    max_stage_memory_bytes,
-    next_state,
-    node_times_ns,
-    order_cut_bytes,
-    segment_time_table_ns,
-    sequence_devices,
-    slot_capacity_bytes,
-    stage_time_ns,
-    stash_microbatches,
-    transfer_ns,
+    DeviceClass, SequenceState, device_classes, first_states, has_typed_memory, link_between, link_kind_ns,
+    max_stage_memory_bytes, next_state, node_mem_bytes, node_times_ns, order_cut_bytes, segment_time_table_ns,
+    sequence_devices, slot_capacity_bytes, stage_time_ns, stash_microbatches, transfer_ns,
 )
 from hetpart.partitioner.evaluate import bottleneck_ns, evaluate
-from hetpart.partitioner.problem import FORBIDDEN_TYPES, LAYER, MEM_BYTES, PIN, PIN_FIRST, PIN_LAST, WEIGHTS, Plan, Problem
+from hetpart.partitioner.problem import FORBIDDEN_TYPES, LAYER, PIN, PIN_FIRST, PIN_LAST, WEIGHTS, Plan, Problem
 
 __all__ = ["order_cut_bytes", "transfer_ns"]  # (costs.py's, imported from here by older callers)
 
@@ -103,21 +90,26 @@ class OrderTables:
     first_end_min: int  # stage 0 ends at or after this position (after the last PIN_FIRST node)
     inner_end_max: int  # a stage other than the last ends at or before this position (first PIN_LAST node)
     final_start_max: int  # the last stage starts at or before this position (its last unpinned node)
+    # slot type -> its (act_prefix, weight_prefix, shared_readers) where it has memory of its own
+    typed_memory: dict[str, tuple] = dataclasses.field(default_factory=dict)
 
     @property
     def n(self) -> int:
         return len(self.order)
 
-    def seg_mem(self, starts: np.ndarray, ends: np.ndarray, stash: int | None = None) -> np.ndarray:
-        """Memory of segments [starts[a], ends[b]) as a matrix: `stash` microbatches of activations
-        (default `stash_max`) plus each weight read, once (NOTE [training memory] in costs.py)."""
+    def seg_mem(self, starts: np.ndarray, ends: np.ndarray, stash: int | None = None,
+                slot_type: str | None = None) -> np.ndarray:
+        """Memory of segments [starts[a], ends[b]) on a `slot_type` slot (NOTE [memory per slot type]), a matrix:
+        `stash` microbatches of activations (default `stash_max`) + each weight read, once (NOTE [training memory])."""
         mult = self.stash_max if stash is None else stash
-        out = (mult * (self.act_prefix[ends][None, :] - self.act_prefix[starts][:, None])
-               + self.weight_prefix[ends][None, :] - self.weight_prefix[starts][:, None])
-        if self.shared_readers:
+        act_prefix, weight_prefix, shared_readers = self.typed_memory.get(
+            slot_type, (self.act_prefix, self.weight_prefix, self.shared_readers))
+        out = (mult * (act_prefix[ends][None, :] - act_prefix[starts][:, None])
+               + weight_prefix[ends][None, :] - weight_prefix[starts][:, None])
+        if shared_readers:
             diff = np.zeros((len(starts), len(ends) + 1), dtype=np.int64)
             rows = np.arange(len(starts))
-            for readers, nbytes in self.shared_readers:
+            for readers, nbytes in shared_readers:
                 k = np.searchsorted(readers, starts)  # first reader at or after each start
                 has = k < len(readers)
                 first = readers[np.minimum(k, len(readers) - 1)]
@@ -139,19 +131,9 @@ def order_tables(problem: Problem, order: list[str] | None = None) -> OrderTable
     attrs = [g.nodes[v] for v in order]
     comp = {t: np.concatenate([[0], np.cumsum(node_times_ns(problem, order, t))]).astype(np.int64)
             for t in problem.device_types}
-    stash_max, held = max_stage_memory_bytes(problem)
-    act = np.array([a.get(MEM_BYTES, 0) for a in attrs], dtype=np.int64)
-    own = np.zeros(n, dtype=np.int64)
-    readers: dict[str, set[int]] = {}
-    for i, a in enumerate(attrs):
-        for w in a.get(WEIGHTS, ()):
-            readers.setdefault(w, set()).add(i)
-    shared = []
-    for w, rs in sorted(readers.items()):
-        if len(rs) == 1:
-            own[next(iter(rs))] += held[w]  # read at one position: held exactly when that node is
-        else:
-            shared.append((np.array(sorted(rs), dtype=np.int64), held[w]))
+    stash_max, _ = max_stage_memory_bytes(problem)
+    act_prefix, weight_prefix, shared = _memory_tables(problem, order)
+    typed = {t: _memory_tables(problem, order, t) for t in problem.device_types} if has_typed_memory(problem) else {}
     forbidden = {t: np.concatenate([[0], np.cumsum([t in a.get(FORBIDDEN_TYPES, ()) for a in attrs])]).astype(np.int64)
                  for t in problem.device_types}
     # A cut at j separates positions < j from >= j: not allowed strictly inside a group's span.
@@ -166,13 +148,31 @@ def order_tables(problem: Problem, order: list[str] | None = None) -> OrderTable
     last_pins = [i for i, a in enumerate(attrs) if a.get(PIN) == PIN_LAST]
     free = [i for i, a in enumerate(attrs) if a.get(PIN) != PIN_LAST]
     return OrderTables(
-        order=order, comp=comp, act_prefix=np.concatenate([[0], np.cumsum(act)]).astype(np.int64),
-        weight_prefix=np.concatenate([[0], np.cumsum(own)]).astype(np.int64), shared_readers=shared,
+        order=order, comp=comp, act_prefix=act_prefix, weight_prefix=weight_prefix, shared_readers=shared,
         stash_max=stash_max, forbidden=forbidden, cut_bytes=order_cut_bytes(problem, order), cuttable=cuttable,
         layer_start=layer_start,
         first_end_min=max(first_pins, default=0) + 1, inner_end_max=min(last_pins + [n - 1]),
-        final_start_max=free[-1] if free else -1,
+        final_start_max=free[-1] if free else -1, typed_memory=typed,
     )
+
+
+def _memory_tables(problem: Problem, order: list[str], slot_type: str | None = None) -> tuple:
+    """(activation prefix sums, own-weight prefix sums, shared readers) of `order` on `slot_type` (OrderTables)."""
+    _, held = max_stage_memory_bytes(problem, slot_type)
+    act = np.array([node_mem_bytes(problem, v, slot_type) for v in order], dtype=np.int64)
+    own = np.zeros(len(order), dtype=np.int64)
+    readers: dict[str, set[int]] = {}
+    for i, v in enumerate(order):
+        for w in problem.graph.nodes[v].get(WEIGHTS, ()):
+            readers.setdefault(w, set()).add(i)
+    shared = []
+    for w, rs in sorted(readers.items()):
+        if len(rs) == 1:
+            own[next(iter(rs))] += held[w]  # read at one position: held exactly when that node is
+        else:
+            shared.append((np.array(sorted(rs), dtype=np.int64), held[w]))
+    return (np.concatenate([[0], np.cumsum(act)]).astype(np.int64),
+            np.concatenate([[0], np.cumsum(own)]).astype(np.int64), shared)
 
 
 def _classes(problem: Problem, m: int, max_stages: int,
@@ -235,7 +235,8 @@ def _dp_over(problem: Problem, tab: OrderTables, P: np.ndarray, upper_ns: int | 
     def fits(c: int) -> np.ndarray:
         key = (cls_capacity[c], cls_type[c])
         if key not in fits_cache:
-            fits_cache[key] = tab.allowed(cls_type[c], P, P) & (seg_mem <= cls_capacity[c])
+            mem = tab.seg_mem(P, P, slot_type=cls_type[c]) if cls_type[c] in tab.typed_memory else seg_mem
+            fits_cache[key] = tab.allowed(cls_type[c], P, P) & (mem <= cls_capacity[c])
         return fits_cache[key]
 
     # Boundary times per link kind (NOTE [device sequences] in costs.py): the link between two
@@ -386,7 +387,7 @@ def _fixed_step(problem: Problem, tab: OrderTables, devs: list, k: int, S: int, 
     tout = (transfer_ns(link_between(problem, devs[k].name, devs[k + 1].name), tab.cut_bytes[J]) if k < S - 1
             else np.zeros(len(J), dtype=np.int64))
     cost = segment_time_table_ns((tab.comp[t][I], tab.comp[t][J]), tin, tout)
-    mem = tab.seg_mem(I, J, stash_microbatches(problem, k, S))
+    mem = tab.seg_mem(I, J, stash_microbatches(problem, k, S), t)
     ok = tab.allowed(t, I, J) & (mem <= slot_capacity_bytes(problem, devs[k])) & (G[:, None] < _INF)
     if k == S - 1:
         ok &= (I <= tab.final_start_max)[:, None]

@@ -46,6 +46,7 @@ PIN = "pin"  # PIN_FIRST, PIN_LAST or None
 LAYER = "layer"  # optional str: the model layer the node belongs to (e.g. "blocks.3"), for baselines
 COLOCATE = "colocate"  # optional str: nodes with the same value must share a stage (tied weights, fwd + bwd)
 FORBIDDEN_TYPES = "forbidden_types"  # optional tuple[str, ...]: device types that cannot run the node
+MEM_BYTES_OF = "mem_bytes_of"  # optional dict[slot type, int]: MEM_BYTES on those types (NOTE [memory per slot type])
 
 PIN_FIRST = "first"  # the node is in stage 0 (model inputs are fed to the first stage)
 PIN_LAST = "last"  # the node is in the last stage (model outputs leave from the last stage)
@@ -80,7 +81,7 @@ class Device:
 # Tensor parallelism (issue 20) does not add a kind yet: with one degree per plan, lowering makes each
 # TP group one device of its own type key `<type>/tp<t>` with per-rank costs (NOTE [tensor-parallel
 # costs] in passes/tp_lower.py), so every engine, bound and the verifier apply to it exactly; degrees
-# mixed in one plan would need a "tp" kind whose memory terms differ per slot.
+# mixed in one plan keep that, with memory per type key (NOTE [memory per slot type] in costs.py).
 SLOT_KINDS = ("device",)
 
 
@@ -141,6 +142,9 @@ class Problem:
     network: Link  # between two devices on different machines
     max_stages: int | None = None  # default: one stage per device
     training: Training | None = None  # None: an inference plan
+    # slot type -> weight -> held bytes (weight + training state) where a type's differ from `weights` and
+    # `training.state_bytes`; None: every type holds the same (NOTE [memory per slot type] in costs.py)
+    held_bytes_of: dict[str, dict[str, int]] | None = None
 
     def device(self, name: str) -> Device:
         # An index by name, rebuilt when `devices` is replaced or changes length (a linear search per

@@ -22,6 +22,7 @@ from hetpart.partitioner import ideals as _ideals
 from hetpart.partitioner.bounds import Bounds, compute_bounds, objective_bound_ns
 from hetpart.partitioner.certificate import check_by_default, check_plan, plan_provenance
 from hetpart.partitioner.coarsen import coarsen, cut_candidates
+from hetpart.partitioner.costs import has_typed_memory
 from hetpart.partitioner.constraints import check_constraints
 from hetpart.partitioner.cpsat import LogCallback, _check_hint, solve_model, within_gap
 from hetpart.partitioner.dp import Segments, contiguous_plan, dp_hint, order_tables, refine_cuts
@@ -232,8 +233,9 @@ def _solve_unchecked(problem: Problem, opts: SolveOptions, hint: Plan | None,
     # 3. Done when the plan to beat is already within the gap of them.
     if (plan := _certified(run)) is not None:
         return plan
-    # 4. The DP over ideals: may beat that plan, and prove it optimal; certify again.
-    if opts.run_ideal_dp and (plan := _ideal_step(run)) is not None:
+    # 4. The DP over ideals: may beat that plan, and prove it optimal; certify again. (It counts one memory
+    # per node: not on a problem whose memory depends on the slot type, NOTE [memory per slot type].)
+    if opts.run_ideal_dp and not has_typed_memory(problem) and (plan := _ideal_step(run)) is not None:
         return plan
     # 5. The search: CP-SAT on the problem, or on its coarsening (NOTE [coarsened solve]).
     coarse = opts.coarsens_above is not None and problem.graph.number_of_nodes() > opts.coarsens_above

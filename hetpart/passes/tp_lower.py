@@ -20,7 +20,9 @@ is `<type>/tp<t>` (`tp_type`), costed as follows, each term from the one formula
   TP index's lane sends its own copy side by side, NOTE [tensor-parallel stages]).
 - the ops of a region share a stage (COLOCATE), so no split value crosses a boundary.
 With every slot of one degree these are exact per rank, and the engines, bounds and verifier
-take them unchanged; a problem mixing degrees (`--max-tensor-parallel`) is not lowered yet.
+take them unchanged; a problem mixing degrees (`--max-tensor-parallel`) takes each slot from its
+degree's problem, each type key with its degree's memory (NOTE [mixed tensor-parallel degrees] in
+partitioner/tp_choice.py, NOTE [memory per slot type] in partitioner/costs.py).
 """
 
 from __future__ import annotations
