@@ -66,6 +66,7 @@ def _partition(args: argparse.Namespace, console: Console) -> int:
                           sign_key=args.sign_key, check_certificate=args.check_certificate,
                           strategy=args.strategy, align=args.align, tensor_parallel=args.tensor_parallel,
                           max_tensor_parallel=args.max_tensor_parallel,
+                          tensor_parallel_per_machine=args.tensor_parallel_per_machine,
                           **pipelines)
     result = compile_model(spec, args.cluster, args.out, opts,
                            echo=lambda text: console.print(text, markup=False, highlight=False),

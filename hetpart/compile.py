@@ -84,12 +84,16 @@ class CompileOptions:
     replan: Any = None  # `hetpart replan`: a ReplanChoice whose plan replaces the solve (hetpart/replan.py)
     tensor_parallel: int = 1  # every stage on a TP group of this many devices (NOTE [tensor-parallel stages])
     max_tensor_parallel: int = 1  # > 1: the solve chooses the degree, up to this (NOTE [tensor-parallel degree choice])
+    tensor_parallel_per_machine: bool = False  # and reports degrees mixed per machine (NOTE [mixed tensor-parallel degrees])
 
     def check(self, batch_size: int | None = None, out: Path | None = None) -> None:
         """Every option's value, and with the model's `batch_size` and the `out` directory how they fit: the one
         place options are checked, before anything is traced (`compile_model` calls it; so may a front end)."""
         check_tp_options(self.tensor_parallel, self.pipelines is not None or self.parallel == "data",
                          self.strategy, self.max_tensor_parallel)
+        if self.tensor_parallel_per_machine and self.max_tensor_parallel <= 1:
+            raise HetpartError("--tensor-parallel-per-machine searches the degrees --max-tensor-parallel N allows: "
+                               "pass --max-tensor-parallel 2 (or more) with it")
         if self.microbatches < 1 or (batch_size is not None and batch_size % self.microbatches):
             divide = f" and divide --batch-size {batch_size}" if batch_size is not None else ""
             raise HetpartError(f"--microbatches {self.microbatches} must be >= 1{divide}")
@@ -421,7 +425,7 @@ def compile_model(spec: ModelSpec, cluster_spec: str | Cluster, out: Path, opts:
                 tp, plan = choose_tp(gm, problem, cluster, opts.max_tensor_parallel, groups, training is not None, echo,
                                      lambda p, hint=None: solve(p, time_limit_s=opts.time_limit_s, seed=opts.seed,
                                                                 gap=opts.gap, check_certificate=opts.check_certificate,
-                                                                hint=hint))
+                                                                hint=hint), per_machine=opts.tensor_parallel_per_machine)
                 problem = tp.problem if tp is not None else problem
             else:
                 plan = solve(problem, time_limit_s=opts.time_limit_s, seed=opts.seed, gap=opts.gap,

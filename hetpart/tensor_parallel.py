@@ -102,9 +102,10 @@ def mixed_summary(choice: MixedChoice) -> str:
 
 def choose_tp(gm: fx.GraphModule, problem: Problem, cluster: Cluster, max_degree: int, groups: dict[str, str],
               training: bool, echo: Callable[[str], None],
-              solve: Callable[..., Plan]) -> tuple[TPCompile | None, Plan]:
+              solve: Callable[..., Plan], per_machine: bool = False) -> tuple[TPCompile | None, Plan]:
     """NOTE [tensor-parallel degree choice], NOTE [mixed tensor-parallel degrees]: each degree up to `max_degree`
-    solved, and degrees mixed per machine; the best plan that can be written kept (None: TP 1)."""
+    solved, and with `per_machine` degrees mixed per machine reported; the best plan that can be written kept
+    (None: TP 1)."""
     problems: dict[int, Problem] = {1: problem}
     lowered: dict[int, TPCompile] = {}
     skipped = []
@@ -122,7 +123,7 @@ def choose_tp(gm: fx.GraphModule, problem: Problem, cluster: Cluster, max_degree
     us = lambda ns: "no plan fits" if ns is None else f"{ns / 1000:,.1f} us"  # noqa: E731
     slots = tp_slots(problem, lowered)
     places = {s.place for ss in slots.values() for s in ss}
-    mixed = choose_mixed(problems, slots, solve) if len(places) > 1 and lowered else None
+    mixed = choose_mixed(problems, slots, solve) if per_machine and len(places) > 1 and lowered else None
     choice = mixed.uniform if mixed is not None else choose_degree(problems, solve)
     if choice is None:  # only a mixed plan fits (NOTE [mixed tensor-parallel degrees]), which is not written yet
         raise HetpartError(f"no uniform tensor-parallel degree fits this cluster's memory, only plans mixing "

@@ -218,7 +218,7 @@ def test_max_tensor_parallel_also_searches_degrees_per_machine(tmp_path, capsys)
     sets = [x for k, v in GPT.items() for x in ("--set", f"{k}={v}")]
     assert main(["partition", "zoo:gpt-small", *sets, "--cluster", "preset:mixed-4", "--batch-size", "4",
                  "--seq-len", "16", "--microbatches", "2", "--no-pt2", "--max-tensor-parallel", "2",
-                 "--time-limit", "5", "--out", str(out)]) == 0
+                 "--tensor-parallel-per-machine", "--time-limit", "5", "--out", str(out)]) == 0
     text = " ".join(capsys.readouterr().out.split())  # (the console wraps long lines)
     line = text[text.index("tensor parallel: "):]
     values = [float(v.replace(",", "")) for v in re.findall(r"degree \d: ([\d,.]+) us", line.split("; chose")[0])]
@@ -251,9 +251,26 @@ def test_a_winning_mixed_plan_is_reported_and_the_best_uniform_one_written(tmp_p
     sets = [x for k, v in GPT.items() for x in ("--set", f"{k}={v}")]
     assert main(["partition", "zoo:gpt-small", *sets, "--cluster", "preset:mixed-4", "--batch-size", "4",
                  "--seq-len", "16", "--microbatches", "2", "--no-pt2", "--max-tensor-parallel", "2",
-                 "--time-limit", "5", "--out", str(out)]) == 0
+                 "--tensor-parallel-per-machine", "--time-limit", "5", "--out", str(out)]) == 0
     text = " ".join(capsys.readouterr().out.split())
     assert "note: the plan mixing degrees is predicted 100.0% faster than degree 1's" in text
     assert "(TP 1 on 1 machine(s); TP 2 on 1 machine(s))" in text
     plan = json.loads((out / "plan.json").read_text())
     assert all(len(s["devices"]) == 1 for s in plan["stages"])
+
+
+def test_the_per_machine_search_is_opt_in(tmp_path, capsys):
+    # Mixed-degree plans are reported, not written (NOTE [mixed tensor-parallel degrees]): without the flag
+    # --max-tensor-parallel solves only the uniform degrees; the flag alone is refused before any trace.
+    from hetpart.cli import main
+
+    sets = [x for k, v in GPT.items() for x in ("--set", f"{k}={v}")]
+    assert main(["partition", "zoo:gpt-small", *sets, "--cluster", "preset:mixed-4", "--batch-size", "4",
+                 "--seq-len", "16", "--microbatches", "2", "--no-pt2", "--max-tensor-parallel", "2",
+                 "--time-limit", "5", "--out", str(tmp_path / "out")]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "tensor parallel: degree 1" in text and "per machine" not in text
+    assert main(["partition", "zoo:gpt-small", "--cluster", "preset:mixed-4", "--tensor-parallel-per-machine",
+                 "--out", str(tmp_path / "o2")]) == 2
+    assert "pass --max-tensor-parallel 2 (or more) with it" in capsys.readouterr().err
+    assert not (tmp_path / "o2").exists()
