@@ -87,15 +87,18 @@ def tp_slots(problem: Problem, lowered: dict[int, "TPCompile"]) -> dict[int, lis
     return out
 
 
+def _us(ns: int | None) -> str:
+    return "no plan fits" if ns is None else f"{ns / 1000:,.1f} us"
+
+
 def mixed_summary(choice: MixedChoice) -> str:
     """What `--max-tensor-parallel` found mixing degrees per machine, in a line."""
-    us = lambda ns: "no plan fits" if ns is None else f"{ns / 1000:,.1f} us"  # noqa: E731
     by_degree: dict[int, list[str]] = {}
     for place, t in sorted(choice.degree_of_place.items()):
         by_degree.setdefault(t, []).append(place.split(":")[0])
     found = [r.value_ns for r in choice.mixed if r.value_ns is not None]
-    return (f"mixed per machine: relaxation bound {us(choice.relaxed.bound_ns)}, best of {len(choice.mixed)} "
-            f"assignment(s) {us(min(found) if found else None)}"
+    return (f"mixed per machine: relaxation bound {_us(choice.relaxed.bound_ns)}, best of {len(choice.mixed)} "
+            f"assignment(s) {_us(min(found) if found else None)}"
             + (f" (TP {'; TP '.join(f'{t} on {len(ms)} machine(s)' for t, ms in sorted(by_degree.items()))})"
                if choice.is_mixed else ""))
 
@@ -120,7 +123,6 @@ def choose_tp(gm: fx.GraphModule, problem: Problem, cluster: Cluster, max_degree
             continue
         lowered[t] = TPCompile(tp_problem, sharding, slots)
         problems[t] = tp_problem
-    us = lambda ns: "no plan fits" if ns is None else f"{ns / 1000:,.1f} us"  # noqa: E731
     slots = tp_slots(problem, lowered)
     places = {s.place for ss in slots.values() for s in ss}
     mixed = choose_mixed(problems, slots, solve) if per_machine and len(places) > 1 and lowered else None
@@ -129,7 +131,7 @@ def choose_tp(gm: fx.GraphModule, problem: Problem, cluster: Cluster, max_degree
         raise HetpartError(f"no uniform tensor-parallel degree fits this cluster's memory, only plans mixing "
                            f"degrees per machine ({mixed_summary(mixed)}), which hetpart does not write yet: add "
                            "devices or memory until a uniform degree fits")
-    echo("tensor parallel: " + "; ".join(f"degree {r.degree}: {us(r.value_ns)} (bound {us(r.bound_ns)})"
+    echo("tensor parallel: " + "; ".join(f"degree {r.degree}: {_us(r.value_ns)} (bound {_us(r.bound_ns)})"
                                          for r in choice.results)
          + (f"; skipped: {', '.join(skipped)}" if skipped else "") + f"; chose degree {choice.degree}")
     if mixed is not None:

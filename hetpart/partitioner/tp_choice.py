@@ -76,18 +76,26 @@ class DegreeChoice:
     results: tuple[DegreeResult, ...]
 
 
+def _solved(solve: Callable[..., Plan | None], problem: Problem, **kw: Plan | None) -> Plan | None:
+    try:
+        return solve(problem, **kw)
+    except HetpartError:  # no plan fits: nothing to keep, no bound needed
+        return None
+
+
+def _result(t: int, plan: Plan | None) -> DegreeResult:
+    return DegreeResult(t, plan.value_ns if plan else None, plan.lower_bound_ns if plan else None)
+
+
 def choose_degree(problems: Mapping[int, Problem], solve: Callable[[Problem], Plan | None]) -> DegreeChoice:
     """NOTE [tensor-parallel degree choice]: `solve` each degree's problem; the least plan, with the least bound."""
     plans: dict[int, Plan] = {}
     results = []
     for t in sorted(problems):
-        try:
-            plan = solve(problems[t])
-        except HetpartError:  # nothing of this degree fits (memory, a node too large): no plan, no bound needed
-            plan = None
+        plan = _solved(solve, problems[t])  # None: nothing of this degree fits (memory, a node too large)
         if plan is not None:
             plans[t] = plan
-        results.append(DegreeResult(t, plan.value_ns if plan else None, plan.lower_bound_ns if plan else None))
+        results.append(_result(t, plan))
     if not plans:
         raise HetpartError(f"no tensor-parallel degree of {', '.join(map(str, sorted(problems)))} has a plan that "
                            "fits this cluster's memory")
@@ -183,17 +191,6 @@ class MixedChoice:
         return len(set(self.degree_of_place.values())) > 1
 
 
-def _solved(solve: Callable[..., Plan | None], problem: Problem, **kw: Plan | None) -> Plan | None:
-    try:
-        return solve(problem, **kw)
-    except HetpartError:  # no plan fits: nothing to keep, no bound needed
-        return None
-
-
-def _result(t: int, plan: Plan | None) -> DegreeResult:
-    return DegreeResult(t, plan.value_ns if plan else None, plan.lower_bound_ns if plan else None)
-
-
 def _assignments(relaxed: Plan, slot: Mapping[str, TPSlot], places: list[str], unused: int,
                  most: int) -> list[dict[str, int]]:
     """NOTE [mixed tensor-parallel degrees] step 3: per place, a degree the relaxation's plan uses there (its
@@ -243,6 +240,9 @@ def choose_mixed(problems: Mapping[int, Problem], slots_of: Mapping[int, Sequenc
     queue = [] if relaxed is None else _assignments(relaxed, slot, places, min(problems), 2) + (
         _neighbours(start, available) if start is not None else [])
     best_ns = uniform.plan.value_ns if uniform is not None else None
+    # The relaxation's plan is a hint for an assignment that has all its slots, unless it uses a device twice.
+    relaxed_devices = [d for s in relaxed.stages for d in slot[s.device].devices] if relaxed is not None else []
+    relaxed_distinct = len(set(relaxed_devices)) == len(relaxed_devices)
     while queue and len(tried) < max_assignments:  # steps 3 and 4, then 4 again from each better plan
         degree_of = queue.pop(0)
         if degree_of in tried or degree_of == start:
@@ -251,8 +251,7 @@ def choose_mixed(problems: Mapping[int, Problem], slots_of: Mapping[int, Sequenc
         chosen = [s for s in slot.values() if degree_of[s.place] == s.degree]
         problem = mixed_problem(problems, chosen)
         names = {s.name for s in chosen}
-        used = [d for s in relaxed.stages for d in slot[s.device].devices]
-        fits = all(s.device in names for s in relaxed.stages) and len(set(used)) == len(used)
+        fits = relaxed_distinct and all(s.device in names for s in relaxed.stages)
         plan = _solved(solve, problem, hint=relaxed if fits else None)
         mixed.append(_result(0, plan))
         if plan is not None:
