@@ -31,7 +31,7 @@ from hetpart.devices.cluster import ClusterDevice, Machine
 from hetpart.errors import HetpartError
 from hetpart.partitioner import Plan, Problem, solve
 from hetpart.partitioner.problem_json import costed_types, problem_from_json
-from hetpart.partitioner.replan import Replan, chosen_plan, holders_of, lexicographic_plan
+from hetpart.partitioner.replan import LARGE_STATUSES, Replan, chosen_plan, holders_of, lexicographic_plan
 
 def new_cluster(old: Cluster, spec: str | None, lose: tuple[str, ...], add: tuple[str, ...]) -> Cluster:
     """The device set to re-plan for: `--cluster`, or the old cluster less `lose` plus `add` (TYPE@MACHINE)."""
@@ -105,9 +105,6 @@ def _size(nbytes: float) -> str:
     return f"{nbytes:.3g} GiB"
 
 
-_LARGE = ("RELABELED", "KEPT_ORDER", "BYTES_DP")  # NOTE [large re-plan]'s statuses: no CP-SAT ran
-
-
 def describe(result: Replan, plan_s: float, lost: list[str]) -> list[str]:
     """What `hetpart replan` prints: both plans, the bytes each moves and the predicted move time."""
     lines = [f"re-planned in {plan_s:.2f} s from the stored analysis (no trace)"
@@ -124,7 +121,7 @@ def describe(result: Replan, plan_s: float, lost: list[str]) -> list[str]:
                      f"{result.moves.link_time_ns[key] / 1e6:.3f} ms (costs.transfer_ns)")
     lines.append(f"  slack {result.slack:.0%}: bottleneck limit {result.limit_ns / 1000:.1f} us "
                  f"(from scratch {result.scratch.bottleneck_ns / 1000:.1f} us, gap {result.scratch.gap:.2%}); "
-                 + (f"{' / '.join(result.status)} (NOTE [large re-plan])" if result.status[0] in _LARGE
+                 + (f"{' / '.join(result.status)} (NOTE [large re-plan])" if result.status[0] in LARGE_STATUSES
                     else f"CP-SAT {' / '.join(result.status)}"))
     return lines
 

@@ -185,6 +185,7 @@ def _solve(model: cp_model.CpModel, time_limit_s: float, seed: int) -> tuple[cp_
 RELABEL_ABOVE = 400
 PERMUTE_MACHINES = 6
 KEPT_ORDER_CUTS = 256
+LARGE_STATUSES = ("RELABELED", "BYTES_DP", "KEPT_ORDER")  # NOTE [large re-plan]'s candidates: no CP-SAT runs
 
 
 def lexicographic_plan(problem: Problem, scratch: Plan, holders: Mapping[str, tuple[str, ...]], *,
@@ -198,13 +199,14 @@ def lexicographic_plan(problem: Problem, scratch: Plan, holders: Mapping[str, tu
     start = time.perf_counter()
     limit = math.floor(scratch.bottleneck_ns * (1 + slack))
     if problem.graph.number_of_nodes() > RELABEL_ABOVE:
-        best, status = (scratch.stage_of, relabel(problem, scratch, holders)), ["RELABELED"]
+        relabeled, dp_status, kept_status = LARGE_STATUSES
+        best, status = (scratch.stage_of, relabel(problem, scratch, holders)), [relabeled]
         bytes_dp = _bytes_first(problem, scratch, holders, old_devices, limit) if old_devices else None
         if bytes_dp is not None and _moved(problem, bytes_dp, holders) < _moved(problem, best, holders):
-            best, status = bytes_dp, ["BYTES_DP"]
+            best, status = bytes_dp, [dp_status]
         kept = _kept_order(problem, scratch, holders, old_devices, limit) if old_devices and bytes_dp is None else None
         if kept is not None and _moved(problem, kept, holders) < _moved(problem, best, holders):
-            best, status = kept, ["KEPT_ORDER"]
+            best, status = kept, [kept_status]
     else:
         best, status = _solve_lexicographic(problem, scratch, holders, limit, time_limit_s, seed)
     fallback = (scratch.stage_of, scratch.device_of_stage)
