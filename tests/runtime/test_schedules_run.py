@@ -5,11 +5,13 @@ Both launches share one partition (NOTE [shared launches]); the manifest checks 
 """
 
 import json
+import os
 import shutil
 
 import pytest
 
 from hetpart.cli import main
+from tests.runtime.test_emulate import _writable_cgroup
 from tests.shared_runs import GPT_CPU2, cli_output
 
 PLAN = [*GPT_CPU2, "--mode", "training", "--schedule", "interleaved-1f1b", "--virtual-stages", "2"]
@@ -74,3 +76,18 @@ def test_virtual_stage_manifests_are_checked_before_anything_runs(planned, tmp_p
         f.write("\n# edited\n")
     assert main(["run", str(tampered)]) == 2
     assert "rank3/stage.py' does not match its sha256" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(_writable_cgroup() is not None, reason=f"cgroups are not writable here: {_writable_cgroup()}")
+def test_an_emulated_virtual_stage_plan_throttles_each_rank_once_and_verifies(planned, tmp_path, capsys):
+    # NOTE [emulated devices]: one slot per rank (2), not per stage (4); the run still trains like the model.
+    from pathlib import Path
+
+    out = tmp_path / "out"
+    shutil.copytree(planned[0], out)
+    assert main(["run", str(out), "--mode", "training", "--verify", "--emulate"]) == 0
+    ran = capsys.readouterr().out
+    assert "emulating 2 device(s)" in ran and "rank 1 (local/1, cpu)" in ran and "rank 2" not in ran
+    assert "training with interleaved-1f1b" in ran and "verify: PASS" in ran
+    mine = f"hetpart-emulate-{os.getpid()}-rank*"  # this process launched the run (another test's may be running)
+    assert not [p for root in (Path("/sys/fs/cgroup/cpu"), Path("/sys/fs/cgroup")) for p in root.glob(mine)]
