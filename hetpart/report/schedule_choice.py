@@ -1,0 +1,57 @@
+"""The table of `partition --schedule auto` / `--microbatches auto`: every candidate tried and the chosen one,
+read from plan.json's `schedule_choice` (NOTE [schedule choice] in partitioner/schedule_choice.py)."""
+
+from __future__ import annotations
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from hetpart.plan_report import PlanReport
+from hetpart.report.table import format_bytes, format_us
+
+
+def schedule_choice_table(record: dict) -> Table:
+    """One row per candidate, the shortest predicted step first, those without a plan last."""
+    table = Table(box=box.SIMPLE_HEAD, title="schedule choice (simulated step of each candidate's plan)")
+    for col in ("schedule", "V", "M", "predicted step", "bubble", "peak memory / capacity (tightest device)", "fits",
+                "plan", "chosen"):
+        table.add_column(col, justify="left" if col in ("schedule", "plan", "fits") or col.startswith("peak") else
+                         "right")
+    rows = sorted(record["candidates"], key=lambda c: (c["step_us"] is None, c["step_us"] or 0))
+    for c in rows:
+        mem = (f"{format_bytes(c['memory_bytes'])} / {format_bytes(c['capacity_bytes'])} ({c['device']})"
+               if c["memory_bytes"] is not None else "-")
+        plan = {"quick": "quick DP", "solved": f"solved ({c['solver_status']})"}.get(c["plan"] or "", "-")
+        if c["plan"] == "quick" and c["virtual_stages"] is not None:
+            plan = f"virtual DP ({c['solver_status']})"
+        table.add_row(c["schedule"], str(c["virtual_stages"] or "-"), str(c["microbatches"]),
+                      format_us(c["step_us"]) if c["step_us"] is not None else "-",
+                      f"{c['bubble']:.0%}" if c["bubble"] is not None else "-", mem,
+                      "yes" if c["fits"] else f"no: {c['note']}", plan, "<-" if c["chosen"] else "")
+    return table
+
+
+def schedule_choice_lines(record: dict) -> list[str]:
+    """What the table needs said: what was chosen, how far the claim goes, what was not tried."""
+    chosen = record["chosen"]
+    v = f" --virtual-stages {chosen['virtual_stages']}" if chosen["virtual_stages"] else ""
+    lines = [f"chosen: --schedule {chosen['schedule']}{v} --microbatches {chosen['microbatches']}: the best "
+             f"simulated step of the {record['finalists']} shortest quick plans, solved (GPipe/1F1B: "
+             f"{record['solve_time_limit_s']:g} s each); its gap and certificate above are of that schedule and "
+             "microbatch count only (NOTE [schedule choice])"]
+    lines += [f"not tried: {why}" for why in record["left_out"]]
+    return lines
+
+
+def print_schedule_choice(plan: PlanReport, console: Console) -> None:
+    """The candidates' table and the choice, when the plan was made with `auto`; nothing otherwise."""
+    if plan.schedule_choice is None:
+        return
+    console.print(schedule_choice_table(plan.schedule_choice))
+    for line in schedule_choice_lines(plan.schedule_choice):
+        console.print(line, markup=False, highlight=False)
+    if plan.schedule not in ("interleaved-1f1b", "interleaved-zb") and plan.schedule != "gpipe":
+        mode = " --mode training" if plan.training else ""
+        console.print(f"run it with: hetpart run DIR{mode} --schedule {plan.schedule} (run's default is gpipe)",
+                      markup=False, highlight=False)
