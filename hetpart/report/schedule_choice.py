@@ -11,14 +11,23 @@ from hetpart.plan_report import PlanReport
 from hetpart.report.table import format_bytes, format_us
 
 
-def schedule_choice_table(record: dict) -> Table:
-    """One row per candidate, the shortest predicted step first, those without a plan last."""
+SHOWN = 12  # rows of the table; plan.json's `schedule_choice` has every candidate
+
+
+def schedule_choice_table(record: dict, rows_max: int = SHOWN) -> Table:
+    """One row per candidate, the shortest predicted step first, those without a plan last; at most `rows_max`
+    of them, the chosen one and GPipe with 4 microbatches (`partition`'s default) always among them."""
     table = Table(box=box.SIMPLE_HEAD, title="schedule choice (simulated step of each candidate's plan)")
     for col in ("schedule", "V", "M", "predicted step", "bubble", "peak memory / capacity (tightest device)", "fits",
                 "plan", "chosen"):
         table.add_column(col, justify="left" if col in ("schedule", "plan", "fits") or col.startswith("peak") else
                          "right")
     rows = sorted(record["candidates"], key=lambda c: (c["step_us"] is None, c["step_us"] or 0))
+    keep = [c for c in rows if c["chosen"] or (c["schedule"], c["microbatches"]) == ("gpipe", 4)]
+    top = [c for c in rows if c not in keep][:max(0, rows_max - len(keep))]
+    rows = [c for c in rows if c in keep or c in top]
+    table.caption = (f"{len(record['candidates']) - len(rows)} more candidate(s) in plan.json's schedule_choice"
+                     if len(rows) < len(record["candidates"]) else None)
     for c in rows:
         mem = (f"{format_bytes(c['memory_bytes'])} / {format_bytes(c['capacity_bytes'])} ({c['device']})"
                if c["memory_bytes"] is not None else "-")
@@ -38,7 +47,7 @@ def schedule_choice_lines(record: dict) -> list[str]:
     v = f" --virtual-stages {chosen['virtual_stages']}" if chosen["virtual_stages"] else ""
     lines = [f"chosen: --schedule {chosen['schedule']}{v} --microbatches {chosen['microbatches']}: the best "
              f"simulated step of the {record['finalists']} shortest quick plans, solved (GPipe/1F1B: "
-             f"{record['solve_time_limit_s']:g} s each); its gap and certificate above are of that schedule and "
+             f"up to {record['solve_time_limit_s']:g} s each); its gap and certificate above are of that schedule and "
              "microbatch count only (NOTE [schedule choice])"]
     lines += [f"not tried: {why}" for why in record["left_out"]]
     return lines
