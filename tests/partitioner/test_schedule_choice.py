@@ -56,7 +56,11 @@ def brute_force(problem_for, cands):
     """Each candidate planned as `partition --schedule S --microbatches M` plans it, and its simulated step."""
     steps = {}
     for c in cands:
-        p = schedule_problem(problem_for(c.microbatches), c)
+        p = problem_for(c.microbatches)  # as lowering and compile_model set it for --schedule S --microbatches M
+        if p.training is not None:
+            p.training = Training(c.schedule, c.microbatches, p.training.state_bytes)
+        if c.schedule == "1f1b" and c.microbatches < len(p.devices):
+            p.max_stages = c.microbatches  # NOTE [1F1B stages]
         try:
             if c.virtual:
                 v = plan_virtual(p, c.virtual_stages)
