@@ -38,7 +38,9 @@ FINALISTS = 3  # candidates fully solved (NOTE [schedule choice])
 # 1. quick: each candidate gets the plan a fast engine gives, under its own memory -- the exact DP over
 #    contiguous segments of the node order (`dp_hint`) for GPipe and 1F1B, the virtual-stage DP
 #    (`plan_virtual`, which is also what `partition --schedule interleaved-*` writes) for the interleaved
-#    ones -- and its step simulated (`simulated_timeline`: the schedule played over the plan's stages);
+#    ones -- and its step simulated (`simulated_timeline`: the schedule played over the plan's stages).
+#    The DPs share one --time-limit (wall clock: on a machine too busy to finish a DP in its share, it
+#    keeps its best plan so far, or the candidate says it found none in time);
 # 2. finalists: the FINALISTS candidates of least quick step are solved as `partition --schedule S
 #    --microbatches M` solves them (GPipe/1F1B: `solve`, the --time-limit shared among them; an interleaved
 #    one's quick plan is already its plan), and their steps simulated again;
@@ -182,9 +184,13 @@ def quick(problem: Problem, cand: Candidate, microbatch_size: int, time_limit_s:
         if cand.virtual:
             vplan = plan_virtual(problem, cand.virtual_stages)
             return _measured(ev, problem, vplan.plan, vplan)
+        t0 = time.perf_counter()
         plan = dp_hint(problem, time_limit_s=time_limit_s)
     except HetpartError as err:
         return dataclasses.replace(ev, note=str(err))
+    if plan is None and time.perf_counter() - t0 >= time_limit_s:
+        return dataclasses.replace(ev, note=f"the quick DP found no plan in its {time_limit_s:.3g} s (a larger "
+                                            "--time-limit gives it more)")
     if plan is None:
         return dataclasses.replace(ev, note="no plan of contiguous stages fits in memory")
     return _measured(ev, problem, plan, None)
@@ -198,7 +204,7 @@ def choose_schedule(problem_for: Callable[[int], Problem], batch_size: int, cand
     t0 = time.perf_counter()
     problems: dict[int, Problem] = {}
     evaluated = []
-    dp_s = time_limit_s / max(1, 4 * sum(not c.virtual for c in cands))  # the quick DPs: a quarter of the limit
+    dp_s = time_limit_s / max(1, sum(not c.virtual for c in cands))  # the quick DPs share one --time-limit
     for c in cands:
         if c.microbatches not in problems:
             problems[c.microbatches] = problem_for(c.microbatches)

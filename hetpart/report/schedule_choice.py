@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from hetpart.plan_report import PlanReport
-from hetpart.report.table import format_bytes, format_us
+from hetpart.report.table import format_bytes, format_us, simulated_step
 
 
 SHOWN = 12  # rows of the table; plan.json's `schedule_choice` has every candidate
@@ -60,6 +60,12 @@ def print_schedule_choice(plan: PlanReport, console: Console) -> None:
     console.print(schedule_choice_table(plan.schedule_choice))
     for line in schedule_choice_lines(plan.schedule_choice):
         console.print(line, markup=False, highlight=False)
+    (chosen,) = [c for c in plan.schedule_choice["candidates"] if c["chosen"]]
+    written_us = simulated_step(plan).step_ns / 1000
+    if abs(written_us - chosen["step_us"]) > 0.001:  # the plan written is not the one whose step was predicted
+        console.print(f"hetpart: warning: the written plan's simulated step {format_us(written_us)} is not the "
+                      f"{format_us(chosen['step_us'])} predicted for the chosen candidate; partition again with "
+                      "the chosen options given explicitly", markup=False, highlight=False)
     if plan.schedule not in ("interleaved-1f1b", "interleaved-zb") and plan.schedule != "gpipe":
         mode = " --mode training" if plan.training else ""
         console.print(f"run it with: hetpart run DIR{mode} --schedule {plan.schedule} (run's default is gpipe)",
