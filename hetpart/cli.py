@@ -173,7 +173,10 @@ def _inspect(args: argparse.Namespace, console: Console) -> int:
 
         print(ir_dump(args.out, args.ir, manifest), end="")
     else:
+        from hetpart.report.schedule_choice import print_schedule_choice
+
         print_plan(plan, console)
+        print_schedule_choice(plan, console)  # a plan made with --schedule/--microbatches auto: its candidates
     return 0
 
 

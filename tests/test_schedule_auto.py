@@ -4,11 +4,17 @@ verifies; bad options are one clear error with nothing written."""
 
 from __future__ import annotations
 
+import dataclasses
+import io
 import json
 
 import pytest
+from rich.console import Console
 
 from hetpart.cli import main
+from hetpart.errors import HetpartError
+from hetpart.plan_report import load_plan
+from hetpart.report.schedule_choice import print_schedule_choice
 from hetpart.report.table import format_us
 from tests.shared_runs import cli_output
 
@@ -44,6 +50,11 @@ def test_auto_writes_the_chosen_candidates_plan_and_it_runs(tmp_path):
     assert again["stages"] == plan["stages"] and again["bottleneck_us"] == plan["bottleneck_us"]
     run = cli_output(["run", str(out), "--mode", "training", "--schedule", plan["schedule"], "--verify"])
     assert "verify: PASS" in run and f"{plan['microbatches']} microbatch(es)" in run
+    # `inspect` shows the table again; a hand-edited record is one error, not a traceback
+    assert "schedule choice (simulated step" in cli_output(["inspect", str(out)])
+    edited = dataclasses.replace(load_plan(out / "plan.json", plan), schedule_choice={"candidates": [{}]})
+    with pytest.raises(HetpartError, match="'schedule_choice' is not what `hetpart partition` writes"):
+        print_schedule_choice(edited, Console(file=io.StringIO()))
 
 
 PARTITION = ["partition", "zoo:mlp", "--cluster", "preset:cpu-4", "--out", "OUT"]

@@ -7,7 +7,8 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from hetpart.plan_report import PlanReport
+from hetpart.errors import HetpartError
+from hetpart.plan_report import REDO, PlanReport
 from hetpart.report.table import format_bytes, format_us, simulated_step
 
 
@@ -57,6 +58,15 @@ def print_schedule_choice(plan: PlanReport, console: Console) -> None:
     """The candidates' table and the choice, when the plan was made with `auto`; nothing otherwise."""
     if plan.schedule_choice is None:
         return
+    try:
+        _print(plan, console)
+    except (KeyError, TypeError, ValueError, AttributeError) as err:  # a plan.json edited by hand
+        raise HetpartError(f"plan.json: 'schedule_choice' is not what `hetpart partition` writes ({type(err).__name__}: "
+                           f"{err}); the plan was edited or truncated: {REDO}") from None
+
+
+def _print(plan: PlanReport, console: Console) -> None:
+    assert plan.schedule_choice is not None
     console.print(schedule_choice_table(plan.schedule_choice))
     for line in schedule_choice_lines(plan.schedule_choice):
         console.print(line, markup=False, highlight=False)
