@@ -46,10 +46,12 @@ def schedule_choice_lines(record: dict) -> list[str]:
     """What the table needs said: what was chosen, how far the claim goes, what was not tried."""
     chosen = record["chosen"]
     v = f" --virtual-stages {chosen['virtual_stages']}" if chosen["virtual_stages"] else ""
+    solved = sum(c["plan"] == "solved" for c in record["candidates"])
+    how = (f"{solved} GPipe/1F1B finalist(s) solved, up to {record['solve_time_limit_s']:g} s each" if solved else
+           "the finalists are interleaved: their plans are the virtual-stage DP's")
     lines = [f"chosen: --schedule {chosen['schedule']}{v} --microbatches {chosen['microbatches']}: the best "
-             f"simulated step of the {record['finalists']} shortest quick plans, solved (GPipe/1F1B: "
-             f"up to {record['solve_time_limit_s']:g} s each); its gap and certificate above are of that schedule and "
-             "microbatch count only (NOTE [schedule choice])"]
+             f"simulated step of the {record['finalists']} shortest quick plans ({how}); its gap and certificate "
+             "above are of that schedule and microbatch count only (NOTE [schedule choice])"]
     lines += [f"not tried: {why}" for why in record["left_out"]]
     return lines
 
