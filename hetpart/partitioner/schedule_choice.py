@@ -220,8 +220,12 @@ def choose_schedule(problem_for: Callable[[int], Problem], batch_size: int, cand
     each_s = time_limit_s / max(1, len(to_solve))
     for k in to_solve:
         e = evaluated[k]
-        evaluated[k] = dataclasses.replace(_measured(e, e.problem, solve_fn(e.problem, each_s), None),
-                                           plan_from="solved")
+        try:
+            plan = solve_fn(e.problem, each_s)
+        except HetpartError as err:  # e.g. nothing found in its share of the time: the quick plan stays
+            evaluated[k] = dataclasses.replace(e, note=f"the solve failed, its quick plan kept: {err}")
+            continue
+        evaluated[k] = dataclasses.replace(_measured(e, e.problem, plan, None), plan_from="solved")
     chosen = min(best, key=lambda k: (evaluated[k].step_ns, k))
     return ScheduleChoice(evaluated, evaluated[chosen], each_s, left_out, time.perf_counter() - t0)
 

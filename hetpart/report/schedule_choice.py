@@ -38,7 +38,7 @@ def schedule_choice_table(record: dict, rows_max: int = SHOWN) -> Table:
         table.add_row(c["schedule"], str(c["virtual_stages"] or "-"), str(c["microbatches"]),
                       format_us(c["step_us"]) if c["step_us"] is not None else "-",
                       f"{c['bubble']:.0%}" if c["bubble"] is not None else "-", mem,
-                      "yes" if c["fits"] else f"no: {c['note']}", plan, "<-" if c["chosen"] else "")
+                      ("yes" + (f": {c['note']}" if c["note"] else "")) if c["fits"] else f"no: {c['note']}", plan, "<-" if c["chosen"] else "")
     return table
 
 

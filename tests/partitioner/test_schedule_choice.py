@@ -112,6 +112,17 @@ def test_memory_that_rules_out_the_fastest_candidate_makes_the_choice_the_next()
         choose_schedule(problem_maker(1, capacity=1000), BATCH, cands, [], solve_exactly, 5.0)
 
 
+def test_a_finalist_whose_solve_fails_keeps_its_quick_plan():
+    cands, _ = candidates(("gpipe", "1f1b"), microbatch_counts(BATCH), (2,), 4)
+
+    def fails(problem, seconds):
+        raise HetpartError("no plan found in time")
+
+    choice = choose_schedule(problem_maker(3), BATCH, cands, [], fails, 5.0)
+    assert choice.chosen.plan_from == "quick" and "the solve failed, its quick plan kept" in choice.chosen.note
+    assert choice.chosen.step_ns == min(e.step_ns for e in choice.evaluated if e.fits)
+
+
 def test_inference_chooses_only_the_microbatch_count():
     problem_for = problem_maker(2, training=False)
     cands, _ = candidates(("gpipe",), microbatch_counts(BATCH), (2,), 4)
