@@ -405,7 +405,8 @@ def compile_model(spec: ModelSpec, cluster_spec: str | Cluster, out: Path, opts:
                 progress.update("choosing the schedule and microbatch count")
                 auto = choose_for_model(lambda size: annotate(traced, spec, cluster, size, echo=echo, mode=opts.mode,
                                                               profiles=profiles).gm,
-                                        spec.batch_size, cluster, opts, on_meta=traced.meta, times=times, echo=echo)
+                                        spec.batch_size, cluster, opts, on_meta=traced.meta, times=times, echo=echo,
+                                        profiled=bool(profiles))
                 opts = auto.options
             microbatch_size, training = spec.batch_size // opts.microbatches, opts.training()
             gm, pm, inputs, on_meta, names = annotate(

@@ -62,7 +62,8 @@ def check_auto(opts: Any, batch_size: int | None, out: Any) -> None:
 
 
 def choose_for_model(annotate_at: Callable[[int], fx.GraphModule], batch_size: int, cluster: Cluster, opts: Any, *,
-                     on_meta: bool, times: StepTimes, echo: Callable[[str], None]) -> AutoSchedule:
+                     on_meta: bool, times: StepTimes, echo: Callable[[str], None],
+                     profiled: bool = False) -> AutoSchedule:
     """Choose the schedule and/or microbatch count (NOTE [schedule choice]); `annotate_at(size)` runs the cost
     passes over the exported graph at microbatch `size` and returns it."""
     training = opts.mode == "training"
@@ -78,6 +79,9 @@ def choose_for_model(annotate_at: Callable[[int], fx.GraphModule], batch_size: i
                else (2,))
     counts = microbatch_counts(batch_size, opts.max_microbatches) if opts.microbatches == AUTO else [opts.microbatches]
     cands, dropped = candidates(schedules, counts, virtual, len(cluster.devices))
+    if profiled and len(counts) > 1:
+        echo("note: --microbatches auto with --profile: a profile measured each op at the shapes it was taken at; "
+             "at other microbatch sizes the ops fall back to the roofline, so the counts are costed differently")
 
     def problem_for(m: int) -> Problem:
         with times.step(f"schedule choice/passes M={m}"):
