@@ -18,13 +18,22 @@ from hetpart.report.schedule_choice import print_schedule_choice
 from hetpart.report.table import format_us
 from tests.shared_runs import cli_output
 
-MLP_CPU2 = ["zoo:mlp", "--set", "n_blocks=3", "--set", "hidden=32", "--cluster", "preset:cpu-2", "--mode", "training",
-            "--batch-size", "8", "--no-pt2", "--time-limit", "10"]
+MLP = ["zoo:mlp", "--set", "n_blocks=3", "--set", "hidden=32", "--mode", "training", "--batch-size", "8", "--no-pt2",
+       "--time-limit", "10"]
+# An A100 and a T4 in one machine: there (roofline costs) auto picks an interleaved schedule; on cpu-2, where each
+# op's overhead dominates, GPipe: the two paths compile_model takes (re-planned by the virtual DP, or the
+# finalist's solved plan written as is). The test asserts neither choice, only that the written plan is it.
+TWO_GPUS = '[[nodes]]\nname = "a"\ndevices = ["a100-80g", "t4-16g"]\nlink = { bandwidth_GBps = 16, latency_us = 5 }\n'
 
 
-def test_auto_writes_the_chosen_candidates_plan_and_it_runs(tmp_path):
+@pytest.mark.parametrize("cluster", ["preset:cpu-2", "two-gpus.toml"])
+def test_auto_writes_the_chosen_candidates_plan_and_it_runs(cluster, tmp_path):
+    if cluster.endswith(".toml"):
+        (tmp_path / cluster).write_text(TWO_GPUS)
+        cluster = str(tmp_path / cluster)
     out = tmp_path / "auto"
-    text = cli_output(["partition", *MLP_CPU2, "--schedule", "auto", "--microbatches", "auto", "--out", str(out)])
+    text = cli_output(["partition", *MLP, "--cluster", cluster, "--schedule", "auto", "--microbatches", "auto",
+                       "--out", str(out)])
     plan = json.loads((out / "plan.json").read_text())
     record = plan["schedule_choice"]
     (chosen,) = [c for c in record["candidates"] if c["chosen"]]
@@ -43,11 +52,13 @@ def test_auto_writes_the_chosen_candidates_plan_and_it_runs(tmp_path):
     # an explicit partition with the chosen schedule and count writes the same plan
     v = ["--virtual-stages", str(chosen["virtual_stages"])] if chosen["virtual_stages"] else []
     explicit = tmp_path / "explicit"
-    cli_output(["partition", *MLP_CPU2, "--schedule", chosen["schedule"], "--microbatches", str(chosen["microbatches"]),
-                *v, "--out", str(explicit)])
+    cli_output(["partition", *MLP, "--cluster", cluster, "--schedule", chosen["schedule"], "--microbatches",
+                str(chosen["microbatches"]), *v, "--out", str(explicit)])
     again = json.loads((explicit / "plan.json").read_text())
     assert "schedule_choice" not in again
     assert again["stages"] == plan["stages"] and again["bottleneck_us"] == plan["bottleneck_us"]
+    if cluster != "preset:cpu-2":
+        return  # one torchrun launch (NOTE [shared launches]): cpu-2's, the cheaper (an interleaved run took 2x)
     run = cli_output(["run", str(out), "--mode", "training", "--schedule", plan["schedule"], "--verify"])
     assert "verify: PASS" in run and f"{plan['microbatches']} microbatch(es)" in run
     # `inspect` shows the table again; a hand-edited record is one error, not a traceback
