@@ -57,7 +57,12 @@ _PROCESSES = _number(int, minimum=1, maximum=PROCESSES_MAX)
 
 def _count_or_auto(text: str) -> int | str:
     """`--microbatches`: a count, or "auto" (NOTE [schedule choice] in partitioner/schedule_choice.py)."""
-    return text if text == "auto" else _COUNT(text)
+    if text == "auto":
+        return text
+    try:
+        return _COUNT(text)
+    except argparse.ArgumentTypeError as err:
+        raise argparse.ArgumentTypeError(str(err).replace("an integer", "an integer or auto", 1)) from None
 
 
 class _Parser(argparse.ArgumentParser):

@@ -78,7 +78,8 @@ PARTITION = ["partition", "zoo:mlp", "--cluster", "preset:cpu-4", "--out", "OUT"
                                   "--max-microbatches 4"),
     (["--max-microbatches", "4"], "pass --microbatches auto with it"),
     (["--microbatches", "auto", "--parallel", "data"], "not combined with --pipelines or --parallel data"),
-    (["--microbatches", "many"], "--microbatches must be an integer (got 'many')"),
+    (["--microbatches", "many"], "--microbatches must be an integer or auto (got 'many')"),
+    (["--microbatches", "0"], "--microbatches must be >= 1 (got 0)"),
 ])
 def test_bad_auto_options_exit_2_with_one_line_and_write_nothing(extra, expect, tmp_path, capfd):
     out = tmp_path / "out"
