@@ -51,11 +51,17 @@ def _check_before_torch(model: str, cluster: str | None) -> None:
 
 def _partition(args: argparse.Namespace, console: Console) -> int:
     _check_before_torch(args.model, args.cluster)  # NOTE [arguments before torch]
+    from hetpart.partitioner.schedule_choice import check_auto_options  # NOTE [schedule choice]
+
+    check_auto_options(args.schedule, args.microbatches, args.max_microbatches, args.batch_size, args.mode,
+                       args.virtual_stages, args.pipelines is not None or args.parallel == "data", args.strategy,
+                       args.tensor_parallel > 1 or args.max_tensor_parallel > 1)
     pipelines = _pipelines_before_torch(args)
     from hetpart.compile import CompileOptions, compile_model
     from hetpart.frontend import ModelSpec
     from hetpart.report import print_plan
     from hetpart.report.progress import Progress
+    from hetpart.report.schedule_choice import print_schedule_choice
 
     spec = ModelSpec(_model_arg(args.model), dict(args.overrides), args.batch_size, args.seq_len, args.seed)
     opts = CompileOptions(microbatches=args.microbatches, time_limit_s=args.time_limit, gap=args.gap, seed=args.seed,
@@ -67,11 +73,12 @@ def _partition(args: argparse.Namespace, console: Console) -> int:
                           strategy=args.strategy, align=args.align, tensor_parallel=args.tensor_parallel,
                           max_tensor_parallel=args.max_tensor_parallel,
                           tensor_parallel_per_machine=args.tensor_parallel_per_machine,
-                          **pipelines)
+                          max_microbatches=args.max_microbatches, **pipelines)
     result = compile_model(spec, args.cluster, args.out, opts,
                            echo=lambda text: console.print(text, markup=False, highlight=False),
                            progress=Progress.for_console(console))
     print_plan(result.report, console)
+    print_schedule_choice(result.report, console)  # --schedule/--microbatches auto (NOTE [schedule choice])
     if args.strategy != "optimal":  # NOTE [--strategy] in partitioner/baselines.py
         console.print(f"strategy {args.strategy}: the artifacts run this baseline's plan, not the optimised one")
     ranks = sum(len(s.devices) or 1 for s in result.report.stages)  # NOTE [tensor-parallel stages]: a group's
@@ -166,7 +173,10 @@ def _inspect(args: argparse.Namespace, console: Console) -> int:
 
         print(ir_dump(args.out, args.ir, manifest), end="")
     else:
+        from hetpart.report.schedule_choice import print_schedule_choice
+
         print_plan(plan, console)
+        print_schedule_choice(plan, console)  # a plan made with --schedule/--microbatches auto: its candidates
     return 0
 
 

@@ -55,6 +55,16 @@ _SEED = _number(int, minimum=0, maximum=SEED_MAX)
 _PROCESSES = _number(int, minimum=1, maximum=PROCESSES_MAX)
 
 
+def _count_or_auto(text: str) -> int | str:
+    """`--microbatches`: a count, or "auto" (NOTE [schedule choice] in partitioner/schedule_choice.py)."""
+    if text == "auto":
+        return text
+    try:
+        return _COUNT(text)
+    except argparse.ArgumentTypeError as err:
+        raise argparse.ArgumentTypeError(str(err).replace("an integer", "an integer or auto", 1)) from None
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse whose mistakes are HetpartErrors: one `hetpart: error:` line, status 2."""
 
@@ -79,9 +89,11 @@ def build_parser() -> argparse.ArgumentParser:
     part.add_argument("--mode", default="inference", choices=["inference", "training"],
                       help="what the plan is for; training costs forward + backward and holds gradients, "
                            "optimizer state and the schedule's activation stash")
-    part.add_argument("--schedule", default="gpipe", choices=["gpipe", "1f1b", "interleaved-1f1b", "interleaved-zb"],
+    part.add_argument("--schedule", default="gpipe",
+                      choices=["gpipe", "1f1b", "interleaved-1f1b", "interleaved-zb", "auto"],
                       help="training: GPipe stashes all microbatches, 1F1B stage k of S min(S-k, M); the interleaved "
-                           "ones plan --virtual-stages per device (README: Schedules)")
+                           "ones plan --virtual-stages per device (README: Schedules); auto: the one of least "
+                           "simulated step (README: Choosing the schedule)")
     part.add_argument("--virtual-stages", type=_COUNT, default=None, metavar="V",
                       help="with an interleaved --schedule: stages per device, V*D in all (default 2)")
     part.add_argument("--optimizer-bytes-per-param", type=_number(int, minimum=0, maximum=1024), default=8, metavar="N",
@@ -90,7 +102,11 @@ def build_parser() -> argparse.ArgumentParser:
                       help="measured op times from `hetpart profile` for its device type (repeatable, one per type)")
     part.add_argument("--batch-size", type=_COUNT, default=8, help="traced batch size (dynamic in the artifacts)")
     part.add_argument("--seq-len", type=_COUNT, default=64, help="sequence length of generated example inputs")
-    part.add_argument("--microbatches", type=_COUNT, default=4, help="microbatches per step; costs are per microbatch")
+    part.add_argument("--microbatches", type=_count_or_auto, default=4,
+                      help="microbatches per step; costs are per microbatch; auto: the count, dividing --batch-size, "
+                           "of least simulated step")
+    part.add_argument("--max-microbatches", type=_COUNT, default=None, metavar="N",
+                      help="with --microbatches auto: try at most N microbatches (default: up to --batch-size)")
     part.add_argument("--set", dest="overrides", action="append", type=_key_value, default=[],
                       metavar="KEY=VALUE", help="set a model config field (repeatable)")
     part.add_argument("--time-limit", type=_SECONDS, default=30.0, help="solver time limit in seconds")

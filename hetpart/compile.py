@@ -51,13 +51,14 @@ from hetpart.tensor_parallel import check_tp_options, choose_tp, tp_degrees, tp_
 from hetpart.report.blocks import coarsen_to_blocks
 from hetpart.report.html import write_report
 from hetpart.report.progress import Progress
+from hetpart.schedule_auto import check_auto, choose_for_model, chooses_schedule
 from hetpart.timings import StepTimes
 from hetpart.trust import read_key
 
 
 @dataclass
 class CompileOptions:
-    microbatches: int = 4
+    microbatches: int | str = 4  # or "auto": chosen, up to `max_microbatches` (NOTE [schedule choice])
     time_limit_s: float = 30.0
     gap: float = 0.0  # stop once the plan is certified within this relative gap (NOTE [gap stop] in cpsat.py)
     seed: int = 0
@@ -85,10 +86,16 @@ class CompileOptions:
     tensor_parallel: int = 1  # every stage on a TP group of this many devices (NOTE [tensor-parallel stages])
     max_tensor_parallel: int = 1  # > 1: the solve chooses the degree, up to this (NOTE [tensor-parallel degree choice])
     tensor_parallel_per_machine: bool = False  # and reports degrees mixed per machine (NOTE [mixed tensor-parallel degrees])
+    # `--schedule auto` / `--microbatches auto` (hetpart/schedule_auto.py): the cap on M, and once chosen, the
+    # candidates for plan.json's `schedule_choice`.
+    max_microbatches: int | None = None
+    schedule_choice: dict | None = None
 
     def check(self, batch_size: int | None = None, out: Path | None = None) -> None:
         """Every option's value, and with the model's `batch_size` and the `out` directory how they fit: the one
         place options are checked, before anything is traced (`compile_model` calls it; so may a front end)."""
+        if chooses_schedule(self):  # NOTE [schedule choice]: checked as a candidate's options
+            return check_auto(self, batch_size, out)
         check_tp_options(self.tensor_parallel, self.pipelines is not None or self.parallel == "data",
                          self.strategy, self.max_tensor_parallel)
         if self.tensor_parallel_per_machine and self.max_tensor_parallel <= 1:
@@ -188,12 +195,13 @@ def plan_report(spec: ModelSpec, cluster: Cluster, opts: CompileOptions, plan: P
         align=opts.align,
         layers=layers,
         replan=opts.replan.record if opts.replan is not None else None,
+        schedule_choice=opts.schedule_choice,
     )
 
 
 class Analysis(NamedTuple):
     gm: fx.GraphModule  # annotated
-    pm: PassManager  # with the passes' timings
+    pm: PassManager | None  # with the passes' timings (None: traced, not annotated yet: `trace_model`)
     inputs: tuple  # the example inputs it was traced with (full batch; real tensors even when meta)
     meta: bool = False  # traced without weights: parameters are meta tensors (NOTE [meta build])
     checkpoint_names: dict[str, list[str]] = {}  # weight name -> names a checkpoint may use (shard-weights)
@@ -207,6 +215,18 @@ def analyze(spec: ModelSpec, cluster: Cluster, microbatch_size: int, *, dump_dir
             optimizer_bytes_per_param: int | None = None, tp_degrees: tuple[int, ...] = ()) -> Analysis:
     """Trace the model and run the analysis passes (steps 1 and 2); with `optimizer_bytes_per_param`,
     first refuse a model whose weights the cluster cannot hold (NOTE [refused before the trace])."""
+    traced = trace_model(spec, cluster, progress=progress, mode=mode, meta=meta, times=times,
+                         optimizer_bytes_per_param=optimizer_bytes_per_param)
+    return annotate(traced, spec, cluster, microbatch_size, dump_dir=dump_dir, print_ir_after=print_ir_after,
+                    echo=echo, extra_dump_dir=extra_dump_dir, verbose=verbose, progress=progress, mode=mode,
+                    profiles=profiles, tp_degrees=tp_degrees)
+
+
+def trace_model(spec: ModelSpec, cluster: Cluster, *, progress: Progress | None = None, mode: str = "inference",
+                meta: bool | None = False, times: StepTimes | None = None,
+                optimizer_bytes_per_param: int | None = None) -> Analysis:
+    """Step 1 of `analyze`: the exported graph, not annotated yet (`pm` None): `annotate` runs the passes on it,
+    at any microbatch size and as often as needed (NOTE [schedule choice] re-runs them per microbatch count)."""
     progress = progress or Progress()
     times = times or StepTimes()
     progress.update("building the model")
@@ -219,12 +239,22 @@ def analyze(spec: ModelSpec, cluster: Cluster, microbatch_size: int, *, dump_dir
         gm = export_model(module, tuple(x.to("meta") for x in inputs) if on_meta else inputs,
                           seq=sequence_axes(spec, inputs))
     check_example_batch(spec, inputs)  # NOTE [file model batch]
+    return Analysis(gm, None, inputs, on_meta, checkpoint_names(module))
+
+
+def annotate(traced: Analysis, spec: ModelSpec, cluster: Cluster, microbatch_size: int, *,
+             dump_dir: Path | None = None, print_ir_after: frozenset[str] = frozenset(),
+             echo: Callable[[str], None] = print, extra_dump_dir: Path | None = None, verbose: bool = False,
+             progress: Progress | None = None, mode: str = "inference", profiles: dict | None = None,
+             tp_degrees: tuple[int, ...] = ()) -> Analysis:
+    """Step 2 of `analyze`: `traced` with the analysis passes run over its graph at `microbatch_size`."""
+    progress = progress or Progress()
     ctx = PassContext(device_types=cluster.device_types, batch_size=spec.batch_size, microbatch_size=microbatch_size,
                       mode=mode, profiles=profiles or {})
     passes = default_passes() + ([TensorParallelPass(tp_degrees)] if tp_degrees else [])
     pm = PassManager(passes, dump_dir=dump_dir, print_after=print_ir_after, echo=echo,
                      extra_dump_dir=extra_dump_dir, verbose=verbose, on_pass_start=progress.update)
-    return Analysis(pm.run(gm, ctx), pm, inputs, on_meta, checkpoint_names(module))
+    return traced._replace(gm=pm.run(traced.gm, ctx), pm=pm)
 
 
 def load_profiles(paths: tuple[Path, ...], cluster: Cluster) -> dict:
@@ -359,23 +389,30 @@ def compile_model(spec: ModelSpec, cluster_spec: str | Cluster, out: Path, opts:
     cluster = load_cluster(cluster_spec) if isinstance(cluster_spec, str) else cluster_spec
     if opts.pipelines is not None:  # before tracing: every device of --pipelines is the cluster's, once
         check_groups(opts.pipelines, [d.name for d in cluster.devices])
-    microbatch_size = spec.batch_size // opts.microbatches
     profiles = load_profiles(opts.profiles, cluster)
-    training = opts.training()
     for t, prof in sorted(profiles.items()):
-        if training is not None and not prof.backward_ns:
+        if opts.mode == "training" and not prof.backward_ns:
             echo(f"note: the '{t}' profile has no backward times (`hetpart profile --backward`); "
                  "backwards on it use the roofline")
     times = StepTimes(echo=echo if opts.verbose else None)  # for timings.json and --verbose
     with staging_dir(out, opts.force) as tmp:
         # 1-2. Trace with torch.export and annotate shapes, FLOPs, memory and op cost per device type.
         with progress.step("tracing"):
-            gm, pm, inputs, on_meta, names = analyze(
-                spec, cluster, microbatch_size, dump_dir=tmp / "ir", print_ir_after=opts.print_ir_after, echo=echo,
-                extra_dump_dir=opts.dump_ir, verbose=opts.verbose, progress=progress, mode=opts.mode,
-                profiles=profiles, meta=opts.meta, times=times,
-                optimizer_bytes_per_param=opts.optimizer_bytes_per_param,
-                tp_degrees=tp_degrees(opts.tensor_parallel, opts.max_tensor_parallel))
+            traced = trace_model(spec, cluster, progress=progress, mode=opts.mode, meta=opts.meta, times=times,
+                                 optimizer_bytes_per_param=opts.optimizer_bytes_per_param)
+            auto = None
+            if chooses_schedule(opts):  # --schedule/--microbatches auto: NOTE [schedule choice]
+                progress.update("choosing the schedule and microbatch count")
+                auto = choose_for_model(lambda size: annotate(traced, spec, cluster, size, echo=echo, mode=opts.mode,
+                                                              profiles=profiles).gm,
+                                        spec.batch_size, cluster, opts, on_meta=traced.meta, times=times, echo=echo,
+                                        profiled=bool(profiles))
+                opts = auto.options
+            microbatch_size, training = spec.batch_size // opts.microbatches, opts.training()
+            gm, pm, inputs, on_meta, names = annotate(
+                traced, spec, cluster, microbatch_size, dump_dir=tmp / "ir", print_ir_after=opts.print_ir_after,
+                echo=echo, extra_dump_dir=opts.dump_ir, verbose=opts.verbose, progress=progress, mode=opts.mode,
+                profiles=profiles, tp_degrees=tp_degrees(opts.tensor_parallel, opts.max_tensor_parallel))
         for t in pm.timings:
             times.add(f"pass/{t.name}", t.seconds, quiet=True)  # the pass manager echoes its own
         warn_batch_mixing(gm, opts.microbatches, microbatch_size, echo)
@@ -412,6 +449,8 @@ def compile_model(spec: ModelSpec, cluster_spec: str | Cluster, out: Path, opts:
         with progress.step("solving"):
             if opts.replan is not None:  # NOTE [re-plan from the stored analysis] in hetpart/replan.py
                 plan = opts.replan.plan_for(problem)
+            elif auto is not None and auto.plan is not None:  # the chosen finalist's solve (NOTE [schedule choice])
+                plan = auto.plan
             elif opts.schedule in VIRTUAL_SCHEDULES:  # v stages per device: NOTE [virtual stages plan]
                 if on_meta:  # shard-weights fills one stage per rank
                     raise HetpartError(f"--schedule {opts.schedule}: virtual stages of a model traced without "

@@ -157,6 +157,9 @@ class PlanReport:
     # Virtual stages (issue 23): each device runs this many stages, stage k on the k mod D-th (NOTE [virtual stages
     # plan] in partitioner/virtual.py); left out of a plan without them.
     virtual_stages: int | None = _f((int, NoneType), None, omit_none=True)
+    # `--schedule auto` / `--microbatches auto`: the candidates and the choice (NOTE [schedule choice] in
+    # partitioner/schedule_choice.py); left out of a plan whose schedule and M were given.
+    schedule_choice: dict | None = _f((dict, NoneType), None, omit_none=True)
     # Several data-parallel pipelines (issue 19); all left out for one pipeline (NOTE [plan.json fields]).
     pipelines: list[PipelineReport] | None = _f((list, NoneType), None, omit_none=True, items=PipelineReport)
     iteration_us: float | None = _f(NUMBER + (NoneType,), None, omit_none=True)  # slowest pipeline + grad sync

@@ -39,7 +39,7 @@ from hetpart.partitioner.evaluate import bottleneck_ns, evaluate
 from hetpart.partitioner.problem import (
     FORWARD_NS, LAYER, PIN, PIN_FIRST, PIN_LAST, WEIGHTS, Plan, Problem,
 )
-from hetpart.partitioner.simulate import simulate
+from hetpart.partitioner.simulate import Timeline, simulate
 from hetpart.partitioner.verify import plan_violations
 
 @dataclass
@@ -338,15 +338,21 @@ def compute_baselines(problem: Problem) -> list[Baseline]:
 
 def simulated_step_ns(problem: Problem, plan: Plan, microbatches: int, schedule: str = "gpipe") -> int:
     """The step of `plan` for `microbatches` microbatches (NOTE [simulated ratios])."""
+    return simulated_timeline(problem, plan, microbatches, schedule).step_ns
+
+
+def simulated_timeline(problem: Problem, plan: Plan, microbatches: int, schedule: str = "gpipe",
+                       ranks: int | None = None) -> Timeline:
+    """`simulated_step_ns`'s whole timeline; a virtual-stage plan's stages run on `ranks` ranks."""
     stages = plan.stages
     if problem.training is None:
         return simulate([s.compute_ns for s in stages], [s.comm_out_ns for s in stages[:-1]], microbatches,
-                        schedule).step_ns
+                        schedule, ranks=ranks)
     g = problem.graph
     forward = [sum(g.nodes[v].get(FORWARD_NS, {}).get(s.device_type, 0) for v in s.nodes) for s in stages]
     forward = [min(f, s.compute_ns) for f, s in zip(forward, stages)]
     return simulate(forward, [s.comm_out_ns // 2 for s in stages[:-1]], microbatches, schedule,
-                    backward_ns=[s.compute_ns - f for f, s in zip(forward, stages)]).step_ns
+                    backward_ns=[s.compute_ns - f for f, s in zip(forward, stages)], ranks=ranks)
 
 
 def baselines_json(problem: Problem, plan: Plan, baselines: list[Baseline], microbatches: int,
