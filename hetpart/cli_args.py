@@ -167,7 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--mode", choices=["inference", "training"], default="inference",
                      help="training: MSE loss on the first output, SGD step on every rank")
     run.add_argument("--schedule", choices=["gpipe", "1f1b", "interleaved-1f1b", "interleaved-zb"], default=None,
-                     help="pipeline schedule (default: the plan's interleaved one, else gpipe)")
+                     help="pipeline schedule (default: the plan's; gpipe in inference unless the plan is interleaved)")
     run.add_argument("--microbatches", type=_COUNT, default=None, help="default: the plan's")
     run.add_argument("--batch-size", type=_COUNT, default=None,
                      help="run (and --verify) at this batch instead of the traced one; the batch is always dynamic")

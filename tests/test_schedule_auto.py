@@ -87,3 +87,16 @@ def test_bad_auto_options_exit_2_with_one_line_and_write_nothing(extra, expect, 
     err = capfd.readouterr().err
     assert status == 2 and err.startswith("hetpart: error: ") and expect in err, err
     assert "Traceback" not in err and err.count("\n") == 1 and not out.exists()
+
+
+@pytest.mark.parametrize("planned, mode, runs", [
+    ("1f1b", "training", "1f1b"),  # auto's (or the user's) 1F1B plan: its stash was planned for 1F1B
+    ("gpipe", "training", "gpipe"),
+    ("1f1b", "inference", "gpipe"),
+    ("interleaved-1f1b", "inference", "interleaved-1f1b"),  # its V stages per rank need their schedule
+    ("interleaved-zb", "training", "interleaved-zb"),
+])
+def test_run_defaults_to_the_schedule_the_plan_was_made_for(planned, mode, runs):
+    from hetpart.runtime.launch import default_schedule
+
+    assert default_schedule(planned, mode) == runs

@@ -78,7 +78,6 @@ def _print(plan: PlanReport, console: Console) -> None:
         console.print(f"hetpart: warning: the written plan's simulated step {format_us(written_us)} is not the "
                       f"{format_us(chosen['step_us'])} predicted for the chosen candidate; partition again with "
                       "the chosen options given explicitly", markup=False, highlight=False)
-    if plan.schedule not in ("interleaved-1f1b", "interleaved-zb") and plan.schedule != "gpipe":
-        mode = " --mode training" if plan.training else ""
-        console.print(f"run it with: hetpart run DIR{mode} --schedule {plan.schedule} (run's default is gpipe)",
+    if plan.training and plan.schedule != "gpipe":  # run's default in training is the plan's schedule
+        console.print(f"run it with: hetpart run DIR --mode training (it runs the plan's {plan.schedule})",
                       markup=False, highlight=False)

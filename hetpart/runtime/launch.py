@@ -448,6 +448,13 @@ def _plan_structure(plan: PlanReport) -> OutputStructure | None:
     return OutputStructure(recorded["type"], tuple(recorded["names"]), kinds[recorded["type"]])
 
 
+def default_schedule(planned: str, mode: str) -> str:
+    """`run`'s schedule without `--schedule`: the one the plan was made for (its stash; `--schedule auto`'s choice,
+    NOTE [schedule choice]) in training, and an interleaved plan's in inference too (its stages need it); GPipe
+    otherwise (runtime/schedules.py)."""
+    return planned if planned in MULTI_STAGE or (mode == "training" and planned in SCHEDULES) else "gpipe"
+
+
 def run_pipeline(out: Path, opts: RunOptions = RunOptions(), echo: Callable[[str], None] = print) -> RunResult:
     # Nothing of `out` runs before all of it is checked (NOTE [artifacts are code] in hetpart/trust.py).
     key = read_key(opts.key, out) if opts.key is not None else None
@@ -456,8 +463,8 @@ def run_pipeline(out: Path, opts: RunOptions = RunOptions(), echo: Callable[[str
     check_listed_files(out, manifest)
     for entry in stage_entries(manifest):  # every stage's, a rank's virtual ones too
         check_rank_files(out, entry)
-    if opts.schedule is None:  # the plan's interleaved schedule, else GPipe (runtime/schedules.py)
-        opts = dataclasses.replace(opts, schedule=plan.schedule if plan.schedule in MULTI_STAGE else "gpipe")
+    if opts.schedule is None:
+        opts = dataclasses.replace(opts, schedule=default_schedule(plan.schedule, opts.mode))
     spec = run_spec(model_spec_for_run(plan, opts.model, opts.trust_model_file, echo), plan.dynamic, opts)
     m = opts.microbatches or plan.microbatches
     world = manifest["world_size"]
