@@ -12,6 +12,9 @@ traces the model again (`compile_model` with the chosen plan in place of its sol
 which checks that the graph lowers to the same nodes and edges as the stored problem (the model is
 unchanged) and applies the plan to it. A device is the same device in both clusters when it has the
 same name (machine/index): `--lose` and `--add` keep every other device's name.
+A plan of data-parallel pipelines (plan.json's `pipelines`) also stores each pipeline's cuts and
+devices (ir/pipelines.json, `write_pipelines_record`); its re-plan is NOTE [re-plan pipelines]
+(partitioner/replan_pipelines.py), written by `compile_pipelines` with `PipelinesChoice` in place of its search.
 """
 
 from __future__ import annotations
