@@ -146,12 +146,15 @@ def pipeline_plan(problem: Problem, devices: Sequence[str], stage_of: dict[str, 
 
 
 def _most_microbatches(problem: Problem, part: tuple, lo: int, total: int) -> int:
-    """The most microbatches (lo..total) whose stash `part`'s stages hold (memory grows with them); 0: not even lo."""
+    """The most microbatches (lo..total) whose stash `part`'s stages hold (memory grows with them); 0: not even lo.
+    Under 1F1B a stage stashes min(S - k, m) microbatches, the same for every m >= lo = S: one check."""
     def fits(m: int) -> bool:
         return not plan_violations(sub_problem(problem, part[0], m), pipeline_plan(problem, *part, m))
 
     if not fits(lo):
         return 0
+    if problem.training is None or problem.training.schedule == "1f1b":
+        return total
     a, b = lo, total
     while a < b:
         mid = (a + b + 1) // 2
@@ -159,19 +162,25 @@ def _most_microbatches(problem: Problem, part: tuple, lo: int, total: int) -> in
     return a
 
 
-def resplit(problem: Problem, parts: Sequence[tuple], microbatches: int) -> tuple[PipelinesPlan, list[int]] | None:
+def resplit(problem: Problem, parts: Sequence[tuple], microbatches: int,
+            cache: dict | None = None) -> tuple[PipelinesPlan, list[int]] | None:
     """NOTE [re-plan pipelines]: `parts` ((devices, stage_of, device_of_stage) each) fed the batch by the planner's
-    split; the plan (pipelines given no microbatch left out) and the indices of `parts` kept; None: they cannot."""
+    split; the plan (pipelines given no microbatch left out) and the indices of `parts` kept; None: they cannot.
+    `cache` keeps each part's costs between calls (the same part objects)."""
     one_f1b = problem.training is not None and problem.training.schedule == "1f1b"
+    cache = {} if cache is None else cache
     cands = []
     for devices, stage_of, dos in parts:
-        plan = pipeline_plan(problem, devices, stage_of, dos, 1)
-        lo = len(dos) if one_f1b else 1
-        hi = _most_microbatches(problem, (devices, stage_of, dos), lo, microbatches) if lo <= microbatches else 0
-        cands.append(Candidate(None, tuple(devices), plan, microbatches, lo, max(hi, lo),
-                               sum(s.time_ns for s in plan.stages), plan.bottleneck_ns))
-    usable = [i for i, c in enumerate(cands) if c.lo <= microbatches and
-              _most_microbatches(problem, parts[i], c.lo, c.lo) > 0]
+        key = (tuple(devices), tuple(dos), id(stage_of))
+        if key not in cache:
+            plan = pipeline_plan(problem, devices, stage_of, dos, 1)
+            lo = len(dos) if one_f1b else 1
+            hi = _most_microbatches(problem, (devices, stage_of, dos), lo, microbatches) if lo <= microbatches else 0
+            cache[key] = (Candidate(None, tuple(devices), plan, microbatches, lo, max(hi, lo),
+                                    sum(s.time_ns for s in plan.stages), plan.bottleneck_ns), hi, stage_of)
+        cands.append(cache[key][0])
+    usable = [i for i, (devices, stage_of, dos) in enumerate(parts)
+              if cache[(tuple(devices), tuple(dos), id(stage_of))][1] > 0]
     if not usable:
         return None
     got = _split(cands, usable, microbatches)
@@ -184,9 +193,8 @@ def resplit(problem: Problem, parts: Sequence[tuple], microbatches: int) -> tupl
             plan = pipeline_plan(problem, devices, stage_of, dos, m)
             pipes.append(Pipeline(len(pipes), tuple(dos), m, plan, pipeline_time_ns(plan, m)))
             kept.append(i)
-    pp = cost_pipelines(problem, pipes, solver_status="FEASIBLE",
-                        bound_note="re-planned (NOTE [re-plan pipelines]): a batch re-split")
-    return (pp, kept) if not pipelines_violations(problem, pp, microbatches) else None
+    return cost_pipelines(problem, pipes, solver_status="FEASIBLE",
+                          bound_note="re-planned (NOTE [re-plan pipelines]): a batch re-split"), kept
 
 
 def relabeled(problem: Problem, pp: PipelinesPlan, holders: Mapping[str, tuple[str, ...]]) -> list[tuple]:
@@ -259,7 +267,7 @@ def resplit_candidates(problem: Problem, old: Sequence[OldPipeline], holders: Ma
               else [(o,) * len(broken) for o in options])
     combos = [c for c in combos if c.count("repair+free") <= 1]
     solves = _Solves(problem, holders, slack, time_limit_s / max(1, len(broken) * 2 + 2), seed)
-    out, seen = [], set()
+    out, seen, costs = [], set(), {}
     index = {id(p): i for i, p in enumerate(old)}
     for combo in combos:
         parts = [(p.device_of_stage, p.stage_of, p.device_of_stage) for p in kept]
@@ -290,7 +298,7 @@ def resplit_candidates(problem: Problem, old: Sequence[OldPipeline], holders: Ma
             seen.add(repr(tried))
             labels = how + (["new"] if more is not None else [])
             shown = names + ([f"new ({len(more[2])} stages)"] if more is not None else [])
-            got = resplit(problem, tried, microbatches)
+            got = resplit(problem, tried, microbatches, costs)
             if got is None:
                 continue
             pp, used = got
@@ -316,12 +324,24 @@ def replan_pipelines(problem: Problem, old: Sequence[OldPipeline], holders: Mapp
         pipes.append(Pipeline(p.index, tuple(dos), p.microbatches, plan, pipeline_time_ns(plan, p.microbatches)))
     pp = cost_pipelines(problem, pipes, solver_status="FEASIBLE",
                         bound_note="re-planned (NOTE [re-plan pipelines]): the from-scratch plan relabeled")
-    if not pipelines_violations(problem, pp, microbatches):
-        cands.append(PipelinesCandidate("from scratch, relabeled", pp, ["from scratch"] * len(pp.pipelines),
-                                        pipelines_moves(problem, pp, holders)))
+    cands.append(PipelinesCandidate("from scratch, relabeled", pp, ["from scratch"] * len(pp.pipelines),
+                                    pipelines_moves(problem, pp, holders)))
     cands += resplit_candidates(problem, old, holders, microbatches, slack=slack, time_limit_s=time_limit_s,
                                 seed=seed)
-    best = min(c.plan.iteration_ns for c in cands)
-    limit = math.floor(best * (1 + slack))
-    chosen = min((c for c in cands if c.plan.iteration_ns <= limit), key=PipelinesCandidate.key)
+    # Each candidate is checked by `pipelines_violations` (the planner's checker) before it may be chosen: in
+    # the order of the choice, the first valid one (the from-scratch plan is valid: its search checked it).
+    valid: dict[int, bool] = {}
+
+    def ok(c: PipelinesCandidate) -> bool:
+        if id(c) not in valid:
+            valid[id(c)] = c is first or not pipelines_violations(problem, c.plan, microbatches)
+        return valid[id(c)]
+
+    while True:
+        best = min(c.plan.iteration_ns for c in cands)
+        limit = math.floor(best * (1 + slack))
+        chosen = min((c for c in cands if c.plan.iteration_ns <= limit), key=PipelinesCandidate.key)
+        if ok(chosen) and ok(min(cands, key=lambda c: c.plan.iteration_ns)):
+            break
+        cands = [c for c in cands if ok(c)]  # rare: check them all, keep the valid ones
     return PipelinesReplan(chosen, first, cands, slack, best, limit, time.perf_counter() - start)
