@@ -196,14 +196,17 @@ class PipelinesChoice:
         from hetpart.partitioner.replan_pipelines import pipeline_plan
 
         check_same_graph(self.stored, problem)
-        chosen, scratch = self.result.chosen.plan, self.result.scratch.plan
+        chosen = self.result.chosen.plan
+        scratch = self.result.scratch.plan if self.result.scratch is not None else None
         pipes = []
         for p in chosen.pipelines:
             plan = pipeline_plan(problem, p.devices, p.plan.stage_of, p.plan.slot_of_stage, p.microbatches)
             pipes.append(Pipeline(p.index, p.devices, p.microbatches, plan, pipeline_time_ns(plan, p.microbatches)))
-        return cost_pipelines(problem, pipes, lower_bound_ns=scratch.lower_bound_ns, solver_status="FEASIBLE",
-                              bound_note=f"re-planned (NOTE [re-plan pipelines]): {self.result.chosen.name}; the "
-                                         f"bound is the from-scratch plan's: {scratch.bound_note}")
+        bound = (f"the bound is the from-scratch plan's: {scratch.bound_note}" if scratch is not None else
+                 "no bound: the from-scratch search found no plan")
+        return cost_pipelines(problem, pipes, lower_bound_ns=scratch.lower_bound_ns if scratch is not None else 0,
+                              solver_status="FEASIBLE",
+                              bound_note=f"re-planned (NOTE [re-plan pipelines]): {self.result.chosen.name}; {bound}")
 
 
 def describe_pipelines(result: Any, plan_s: float, lost: list[str]) -> list[str]:
@@ -223,10 +226,11 @@ def describe_pipelines(result: Any, plan_s: float, lost: list[str]) -> list[str]
     for key in sorted(result.chosen.moves.link_bytes):
         lines.append(f"  chosen plan's link {key}: {_size(result.chosen.moves.link_bytes[key])}, "
                      f"{result.chosen.moves.link_time_ns[key] / 1e6:.3f} ms (costs.transfer_ns)")
-    scratch = result.scratch.plan
+    scratch = result.scratch.plan if result.scratch is not None else None
+    ref = ("no from-scratch plan" if scratch is None else f"from scratch {scratch.iteration_ns / 1000:.1f} us, its "
+           f"bound {scratch.lower_bound_ns / 1000:.1f} us, gap {scratch.gap:.2%}")
     lines.append(f"  slack {result.slack:.0%}: iteration limit {result.limit_ns / 1000:.1f} us (best candidate "
-                 f"{result.best_ns / 1000:.1f} us; from scratch {scratch.iteration_ns / 1000:.1f} us, its bound "
-                 f"{scratch.lower_bound_ns / 1000:.1f} us, gap {scratch.gap:.2%}); '*' chosen: the fewest bytes "
+                 f"{result.best_ns / 1000:.1f} us; {ref}); '*' chosen: the fewest bytes "
                  "between machines, then within, of those within the limit ('-': over it); NOTE [re-plan pipelines]")
     return lines
 
@@ -249,8 +253,13 @@ def replan_pipelines_dir(old: Path, out: Path, manifest: dict, plan: Any, stored
                                     str(old / PIPELINES_RECORD))
     start = time.perf_counter()
     problem = retarget(stored, target)
-    scratch, _ = plan_with_baselines(problem, plan.microbatches, SolveOptions(time_limit_s=time_limit_s, seed=seed),
-                                     baseline_limit_s=time_limit_s / 2)
+    try:
+        scratch, _ = plan_with_baselines(problem, plan.microbatches, SolveOptions(time_limit_s=time_limit_s,
+                                                                                  seed=seed),
+                                         baseline_limit_s=time_limit_s / 2)
+    except HetpartError as err:  # the re-splits may still run the batch (NOTE [re-plan pipelines])
+        echo(f"note: the from-scratch --parallel data plan: {str(err).splitlines()[0]}; the batch re-splits only")
+        scratch = None
     result = replan_pipelines(problem, old_pipes, holders_of(manifest["ranks"]), scratch, slack=slack,
                               time_limit_s=time_limit_s, seed=seed)
     plan_s = time.perf_counter() - start

@@ -107,7 +107,7 @@ class PipelinesReplan:
     """The chosen candidate, the from-scratch one, every candidate, and the limit."""
 
     chosen: PipelinesCandidate
-    scratch: PipelinesCandidate
+    scratch: PipelinesCandidate | None  # None: the from-scratch search found no plan in time
     candidates: list[PipelinesCandidate]
     slack: float
     best_ns: int  # the least iteration of any candidate
@@ -125,8 +125,9 @@ class PipelinesReplan:
 
         return {"kind": "pipelines", "slack": self.slack, "best_iteration_us": us(self.best_ns),
                 "iteration_limit_us": us(self.limit_ns), "chosen": one(self.chosen),
-                "from_scratch": {**one(self.scratch), "lower_bound_us": us(self.scratch.plan.lower_bound_ns),
-                                 "gap": round(self.scratch.plan.gap, 6)},
+                "from_scratch": None if self.scratch is None else {
+                    **one(self.scratch), "lower_bound_us": us(self.scratch.plan.lower_bound_ns),
+                    "gap": round(self.scratch.plan.gap, 6)},
                 "candidates": [{"name": c.name, "iteration_us": us(c.plan.iteration_ns),
                                 "between_machines_bytes": c.moves.between_bytes,
                                 "within_machines_bytes": c.moves.within_bytes} for c in self.candidates],
@@ -308,24 +309,27 @@ def resplit_candidates(problem: Problem, old: Sequence[OldPipeline], holders: Ma
 
 
 def replan_pipelines(problem: Problem, old: Sequence[OldPipeline], holders: Mapping[str, tuple[str, ...]],
-                     scratch: PipelinesPlan, *, slack: float = 0.02, time_limit_s: float = 30.0,
+                     scratch: PipelinesPlan | None, *, slack: float = 0.02, time_limit_s: float = 30.0,
                      seed: int = 0) -> PipelinesReplan:
-    """NOTE [re-plan pipelines]: the candidates, and the lexicographic choice among them."""
+    """NOTE [re-plan pipelines]: the candidates, and the lexicographic choice among them; `scratch` None: the
+    from-scratch plan found none in time (the re-splits only)."""
     if not 0 <= slack < 1:
         raise HetpartError(f"--slack must be a fraction in [0, 1), e.g. 0.02 for 2% (got {slack})")
     start = time.perf_counter()
     microbatches = sum(p.microbatches for p in old)
-    first = PipelinesCandidate("from scratch", scratch, ["from scratch"] * len(scratch.pipelines),
-                               pipelines_moves(problem, scratch, holders))
-    cands = [first]
-    pipes = []  # the same stages on other devices of their kinds, the same shares
-    for p, (devices, stage_of, dos) in zip(scratch.pipelines, relabeled(problem, scratch, holders)):
-        plan = pipeline_plan(problem, devices, stage_of, dos, p.microbatches)
-        pipes.append(Pipeline(p.index, tuple(dos), p.microbatches, plan, pipeline_time_ns(plan, p.microbatches)))
-    pp = cost_pipelines(problem, pipes, solver_status="FEASIBLE",
-                        bound_note="re-planned (NOTE [re-plan pipelines]): the from-scratch plan relabeled")
-    cands.append(PipelinesCandidate("from scratch, relabeled", pp, ["from scratch"] * len(pp.pipelines),
-                                    pipelines_moves(problem, pp, holders)))
+    cands, first = [], None
+    if scratch is not None:
+        first = PipelinesCandidate("from scratch", scratch, ["from scratch"] * len(scratch.pipelines),
+                                   pipelines_moves(problem, scratch, holders))
+        cands.append(first)
+        pipes = []  # the same stages on other devices of their kinds, the same shares
+        for p, (devices, stage_of, dos) in zip(scratch.pipelines, relabeled(problem, scratch, holders)):
+            plan = pipeline_plan(problem, devices, stage_of, dos, p.microbatches)
+            pipes.append(Pipeline(p.index, tuple(dos), p.microbatches, plan, pipeline_time_ns(plan, p.microbatches)))
+        pp = cost_pipelines(problem, pipes, solver_status="FEASIBLE",
+                            bound_note="re-planned (NOTE [re-plan pipelines]): the from-scratch plan relabeled")
+        cands.append(PipelinesCandidate("from scratch, relabeled", pp, ["from scratch"] * len(pp.pipelines),
+                                        pipelines_moves(problem, pp, holders)))
     cands += resplit_candidates(problem, old, holders, microbatches, slack=slack, time_limit_s=time_limit_s,
                                 seed=seed)
     # Each candidate is checked by `pipelines_violations` (the planner's checker) before it may be chosen: in
@@ -338,6 +342,9 @@ def replan_pipelines(problem: Problem, old: Sequence[OldPipeline], holders: Mapp
         return valid[id(c)]
 
     while True:
+        if not cands:
+            raise HetpartError("the from-scratch plan found none, and no batch re-split of the old pipelines runs "
+                               "the batch on the devices left: raise --time-limit, or add devices")
         best = min(c.plan.iteration_ns for c in cands)
         limit = math.floor(best * (1 + slack))
         chosen = min((c for c in cands if c.plan.iteration_ns <= limit), key=PipelinesCandidate.key)

@@ -44,7 +44,8 @@ def _problem(seed: int) -> Problem:
     cap = int(sum(weights.values()) * 4 * rng.uniform(0.8, 1.4)) + 200  # some splits' stash does not fit (GPipe)
     devices = [Device(f"m{i}/{j}", "a", f"m{i}", cap) for i in range(3) for j in range(2)]
     training = Training(rng.choice(["gpipe", "1f1b"]), 1, {w: 3 * b for w, b in weights.items()})
-    return Problem(graph=g, weights=weights, devices=devices, intra_node_links={f"m{i}": Link(2000, 5) for i in range(3)},
+    return Problem(graph=g, weights=weights, devices=devices,
+                   intra_node_links={f"m{i}": Link(2000, 5) for i in range(3)},
                    network=Link(rng.choice([200, 600]), 40), training=training)
 
 
@@ -181,3 +182,11 @@ def test_the_relabeled_from_scratch_plan_moves_the_least_of_every_relabeling(see
         again = pipeline_plan(problem, *part, p.microbatches)
         assert [(s.time_ns, s.memory_bytes) for s in again.stages] == [(s.time_ns, s.memory_bytes)
                                                                        for s in p.plan.stages]
+
+
+def test_without_a_from_scratch_plan_the_re_splits_alone_are_chosen_from():
+    problem, old, holders, _ = _case(0)
+    got = replan_pipelines(problem, old, holders, None, time_limit_s=5)
+    assert got.scratch is None and got.to_json()["from_scratch"] is None
+    assert got.candidates and all(c.name.startswith("re-split: ") for c in got.candidates)
+    assert got.chosen.plan.iteration_ns <= got.limit_ns == math.floor(got.best_ns * 1.02)
