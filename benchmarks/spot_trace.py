@@ -150,6 +150,17 @@ def pipelines_holders(problem, pp) -> dict[str, tuple[str, ...]]:
     return {w: tuple(ds) for w, ds in out.items()}
 
 
+def _no_plan_row(t: float, kind: str, machine: str, problem, wall_s: float, cpu_s: float, why: str) -> dict:
+    """An event after which no plan runs the batch: nothing moves, both policies stop until the next event."""
+    return {"t_h": round(t / 3600, 2), "event": f"{kind} {machine}", "devices": len(problem.devices), "stages": "-",
+            "scratch_stages": "none", "replan_s": round(wall_s, 2), "cpu_s": round(cpu_s, 2),
+            "scratch_solve_s": round(wall_s, 2), "lexicographic_s": 0.0, "move_s": 0.0, "moved_GiB": 0.0,
+            "between_GiB": 0.0, "network_GiB": 0.0, "scratch_moved_GiB": 0.0, "reshard_GiB": 0.0, "floor_GiB": 0.0,
+            "moved_B": 0, "reshard_B": 0, "reread_chosen_B": 0, "bottleneck_ratio": 1.0, "scratch_gap": 1.0,
+            "status": f"no plan: {why.splitlines()[0][:90]}", "hetpart_down_s": 0.0, "restart_down_s": 0.0,
+            "hetpart_speed": 0.0, "restart_speed": 0.0, "no_plan": True}
+
+
 def replay_pipelines(path: Path, stored, full: Cluster, plan_json: dict, manifest: dict,
                      args: argparse.Namespace) -> dict:
     """`replay` of a plan of data-parallel pipelines: at each event the from-scratch `--parallel data` plan
@@ -180,8 +191,15 @@ def replay_pipelines(path: Path, stored, full: Cluster, plan_json: dict, manifes
         except HetpartError:  # none found in the time: the re-splits only, no reference (`hetpart replan` too)
             scratch = None
         scratch_s = time.perf_counter() - start
-        result = replan_pipelines(problem, old, holders, scratch, slack=args.slack, time_limit_s=args.time_limit,
-                                  seed=args.seed)
+        try:
+            result = replan_pipelines(problem, old, holders, scratch, slack=args.slack,
+                                      time_limit_s=args.time_limit, seed=args.seed)
+        except HetpartError as err:  # no plan at all on these devices: both policies stop until the next event
+            rows.append(_no_plan_row(t, kind, machine, problem, time.perf_counter() - start,
+                                     time.process_time() - cpu, str(err)))
+            prev_t = t
+            print(json.dumps(rows[-1]), flush=True)
+            continue
         replan_s, cpu_s = time.perf_counter() - start, time.process_time() - cpu
         chosen, first = result.chosen, result.scratch or result.chosen  # no reference: the chosen plan stands in
         reference = first.plan
