@@ -14,12 +14,11 @@ a. the batch re-split: every old pipeline whose devices all survive keeps its st
    ones no old stage ran on): the single-pipeline re-plan (NOTE [lexicographic re-plan], so its
    bytes stay low) on that sub-problem, its old devices' order given; at most one repair per
    candidate takes the free devices. What is left free may form one further pipeline (`solve`'s
-   plan of them, the iteration objective, as `fixed_pipelines` solves a group). A repair's solves
-   get the whole `--time-limit` (a shorter one finds no plan of a 70B on 40 GPUs), the further
-   pipeline half. The microbatches are then split over the resulting pipelines by the planner's
-   own split (`_split` of pipeline_outer.py: the least pipeline time at which they run the batch,
-   each between its fewest microbatches, its stages under 1F1B, and the most its memory holds,
-   `_most_microbatches`).
+   plan of them, the iteration objective, as `fixed_pipelines` solves a group); each of these solves
+   gets a share of `--time-limit` (1 / (2 x broken + 2)). The microbatches are then split over the
+   resulting pipelines by the planner's own split (`_split` of pipeline_outer.py: the least
+   pipeline time at which they run the batch, each between its fewest microbatches, its stages
+   under 1F1B, and the most its memory holds, `_most_microbatches`).
 b. the from-scratch plan, as is and relabeled (NOTE [large re-plan]'s `relabel_stages` over every
    pipeline's stages at once: machines of one kind swap whole, devices of one type and capacity
    inside a machine swap, so every stage keeps its costs and the sync its links; re-costed anyway).
@@ -248,7 +247,7 @@ class _Solves:
         key = ("new", devices)
         if key not in self.done:
             try:
-                plan = solve(sub_problem(self.problem, devices, microbatches), time_limit_s=self.time_limit_s / 2,
+                plan = solve(sub_problem(self.problem, devices, microbatches), time_limit_s=self.time_limit_s,
                              seed=self.seed, objective="iteration", microbatches=microbatches)
                 self.done[key] = (devices, plan.stage_of, tuple(plan.slot_of_stage))
             except HetpartError:
@@ -269,7 +268,7 @@ def resplit_candidates(problem: Problem, old: Sequence[OldPipeline], holders: Ma
     combos = (list(itertools.product(options, repeat=len(broken))) if len(broken) <= _UNIFORM_ABOVE
               else [(o,) * len(broken) for o in options])
     combos = [c for c in combos if c.count("repair+free") <= 1]
-    solves = _Solves(problem, holders, slack, time_limit_s, seed)  # a repair as long as `hetpart replan`'s solve
+    solves = _Solves(problem, holders, slack, time_limit_s / max(1, len(broken) * 2 + 2), seed)  # a share each
     out, seen, costs = [], set(), {}
     index = {id(p): i for i, p in enumerate(old)}
     for combo in combos:
