@@ -14,8 +14,10 @@ a. the batch re-split: every old pipeline whose devices all survive keeps its st
    ones no old stage ran on): the single-pipeline re-plan (NOTE [lexicographic re-plan], so its
    bytes stay low) on that sub-problem, its old devices' order given; at most one repair per
    candidate takes the free devices. What is left free may form one further pipeline (`solve`'s
-   plan of them, the iteration objective, as `fixed_pipelines` solves a group); each of these solves
-   gets a share of `--time-limit` (1 / (2 x broken + 2)). The microbatches are then split over the
+   plan of them, the iteration objective, as `fixed_pipelines` solves a group). A repair's solves get
+   `--time-limit` each, as `hetpart replan`'s own (with a quarter of it, llama-70b's repair on 48 GPUs
+   found no plan and a whole new pipeline was taken: 642 GiB moved); the further pipeline half of
+   it. The microbatches are then split over the
    resulting pipelines by the planner's own split (`_split` of pipeline_outer.py: the least
    pipeline time at which they run the batch, each between its fewest microbatches, its stages
    under 1F1B, and the most its memory holds, `_most_microbatches`).
@@ -247,7 +249,7 @@ class _Solves:
         key = ("new", devices)
         if key not in self.done:
             try:
-                plan = solve(sub_problem(self.problem, devices, microbatches), time_limit_s=self.time_limit_s,
+                plan = solve(sub_problem(self.problem, devices, microbatches), time_limit_s=self.time_limit_s / 2,
                              seed=self.seed, objective="iteration", microbatches=microbatches)
                 self.done[key] = (devices, plan.stage_of, tuple(plan.slot_of_stage))
             except HetpartError:
@@ -268,7 +270,7 @@ def resplit_candidates(problem: Problem, old: Sequence[OldPipeline], holders: Ma
     combos = (list(itertools.product(options, repeat=len(broken))) if len(broken) <= _UNIFORM_ABOVE
               else [(o,) * len(broken) for o in options])
     combos = [c for c in combos if c.count("repair+free") <= 1]
-    solves = _Solves(problem, holders, slack, time_limit_s / max(1, len(broken) * 2 + 2), seed)  # a share each
+    solves = _Solves(problem, holders, slack, time_limit_s, seed)
     out, seen, costs = [], set(), {}
     index = {id(p): i for i, p in enumerate(old)}
     for combo in combos:
