@@ -136,7 +136,7 @@ def _one_stage_each(problem: Problem, devices: tuple[str, ...]) -> tuple[dict[st
 @pytest.mark.parametrize("seed", range(6))
 def test_the_choice_is_the_lexicographic_best_candidate_and_kept_pipelines_keep_their_stages(seed):
     problem, old, holders, scratch = _case(seed)
-    got = replan_pipelines(problem, old, holders, scratch, slack=0.05, time_limit_s=5)
+    got = replan_pipelines(problem, old, holders, scratch, slack=0.05, time_limit_s=1)
     names = [c.name for c in got.candidates]
     assert names[0] == "from scratch" and any(n.startswith("re-split: kept 0") for n in names), names
     for c in got.candidates:
@@ -186,7 +186,7 @@ def test_the_relabeled_from_scratch_plan_moves_the_least_of_every_relabeling(see
 
 def test_without_a_from_scratch_plan_the_re_splits_alone_are_chosen_from():
     problem, old, holders, _ = _case(0)
-    got = replan_pipelines(problem, old, holders, None, time_limit_s=5)
+    got = replan_pipelines(problem, old, holders, None, time_limit_s=1)
     assert got.scratch is None and got.to_json()["from_scratch"] is None
     assert got.candidates and all(c.name.startswith("re-split: ") for c in got.candidates)
     assert got.chosen.plan.iteration_ns <= got.limit_ns == math.floor(got.best_ns * 1.02)
