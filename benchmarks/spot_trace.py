@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hetpart.codegen.analysis import cluster_from_json  # noqa: E402
 from hetpart.devices import Cluster  # noqa: E402
+from hetpart.errors import HetpartError  # noqa: E402
 from hetpart.partitioner import solve  # noqa: E402
 from hetpart.partitioner.costs import transfer_ns  # noqa: E402
 from hetpart.partitioner.problem_json import problem_from_json  # noqa: E402
@@ -82,6 +83,8 @@ def replay(path: Path, args: argparse.Namespace) -> dict:
     stored, full = problem_from_json(data["problem"]), cluster_from_json(data["cluster"])
     plan_json = json.loads((path / "plan.json").read_text())
     manifest = json.loads((path / "manifest.json").read_text())
+    if "pipelines" in plan_json:  # data-parallel pipelines: NOTE [re-plan pipelines]
+        return replay_pipelines(path, stored, full, plan_json, manifest, args)
     holders = holders_of(manifest["ranks"])
     old_devices = [r["planned_device"] for r in manifest["ranks"]]
     samples_per_step = plan_json["microbatch_size"] * plan_json["microbatches"]
@@ -120,6 +123,7 @@ def replay(path: Path, args: argparse.Namespace) -> dict:
             "scratch_moved_GiB": round(sum((result.scratch_moves.between_bytes, result.scratch_moves.within_bytes,
                                             result.scratch_moves.checkpoint_bytes)) / 2**30, 2),
             "reshard_GiB": round(reshard / 2**30, 2), "floor_GiB": round(floor / 2**30, 2),
+            "moved_B": chosen.between_bytes + chosen.within_bytes + chosen.checkpoint_bytes, "reshard_B": reshard,
             "bottleneck_ratio": round(result.plan.bottleneck_ns / scratch.bottleneck_ns, 4),
             "scratch_gap": round(scratch.gap, 4), "status": "/".join(result.status),
             "hetpart_down_s": replan_s + chosen.time_ns * 1e-9,
@@ -130,6 +134,106 @@ def replay(path: Path, args: argparse.Namespace) -> dict:
         holders = {w: tuple(result.plan.device_of_stage[k] for k, ws in
                             stage_weights(problem, result.plan.stage_of).items() if w in ws) for w in stored.weights}
         old_devices = result.plan.device_of_stage
+        prev_t = t
+        print(json.dumps(rows[-1]), flush=True)
+    return {"model": plan_json["model"]["model"], "rows": rows, "trace_h": round(prev_t / 3600, 2),
+            "goodput_ratio": round(good["hetpart"] / good["restart"], 4) if good["restart"] else None}
+
+
+def pipelines_holders(problem, pp) -> dict[str, tuple[str, ...]]:
+    """weight -> the devices of every pipeline's stages that hold it."""
+    out: dict[str, list[str]] = {}
+    for p in pp.pipelines:
+        for k, ws in stage_weights(problem, p.plan.stage_of).items():
+            for w in ws:
+                out.setdefault(w, []).append(p.plan.slot_of_stage[k])
+    return {w: tuple(ds) for w, ds in out.items()}
+
+
+def _no_plan_row(t: float, kind: str, machine: str, problem, wall_s: float, cpu_s: float, why: str) -> dict:
+    """An event after which no plan runs the batch: nothing moves, both policies stop until the next event."""
+    return {"t_h": round(t / 3600, 2), "event": f"{kind} {machine}", "devices": len(problem.devices), "stages": "-",
+            "scratch_stages": "none", "replan_s": round(wall_s, 2), "cpu_s": round(cpu_s, 2),
+            "scratch_solve_s": round(wall_s, 2), "lexicographic_s": 0.0, "move_s": 0.0, "moved_GiB": 0.0,
+            "between_GiB": 0.0, "network_GiB": 0.0, "scratch_moved_GiB": 0.0, "reshard_GiB": 0.0, "floor_GiB": 0.0,
+            "moved_B": 0, "reshard_B": 0, "reread_chosen_B": 0, "bottleneck_ratio": 1.0, "scratch_gap": 1.0,
+            "status": f"no plan: {why.splitlines()[0][:90]}", "hetpart_down_s": 0.0, "restart_down_s": 0.0,
+            "hetpart_speed": 0.0, "restart_speed": 0.0, "no_plan": True}
+
+
+def replay_pipelines(path: Path, stored, full: Cluster, plan_json: dict, manifest: dict,
+                     args: argparse.Namespace) -> dict:
+    """`replay` of a plan of data-parallel pipelines: at each event the from-scratch `--parallel data` plan
+    (`plan_with_baselines`, as `hetpart replan` makes it) and NOTE [re-plan pipelines]'s choice."""
+    from hetpart.partitioner.pipeline_search import plan_with_baselines
+    from hetpart.partitioner.replan_pipelines import OldPipeline, pipelines_from_json, replan_pipelines
+    from hetpart.partitioner.solve import SolveOptions
+
+    old = pipelines_from_json(json.loads((path / "ir" / "pipelines.json").read_text()), str(path))
+    holders = holders_of(manifest["ranks"])
+    m = plan_json["microbatches"]
+    samples_per_step = plan_json["microbatch_size"] * m
+    alive = {mc.name for mc in full.machines}
+    events = trace(sorted(alive), args.events, args.preemptions_per_machine_day, args.return_hours, args.seed)
+    rows, prev_t = [], 0.0
+    iteration_ns = plan_json["iteration_us"] * 1000
+    good = {"hetpart": 0.0, "restart": 0.0}
+    for t, kind, machine in events:
+        for policy in good:
+            good[policy] += max(0.0, t - prev_t - (rows[-1][policy + "_down_s"] if rows else 0.0)) / \
+                (iteration_ns * 1e-9) * samples_per_step * (rows[-1][policy + "_speed"] if rows else 1.0)
+        (alive.discard if kind == "lose" else alive.add)(machine)
+        start, cpu = time.perf_counter(), time.process_time()
+        problem = retarget(stored, on_machines(full, alive))
+        try:
+            scratch, _ = plan_with_baselines(problem, m, SolveOptions(time_limit_s=args.time_limit, seed=args.seed),
+                                             baseline_limit_s=args.time_limit / 2)
+        except HetpartError:  # none found in the time: the re-splits only, no reference (`hetpart replan` too)
+            scratch = None
+        scratch_s = time.perf_counter() - start
+        try:
+            result = replan_pipelines(problem, old, holders, scratch, slack=args.slack,
+                                      time_limit_s=args.time_limit, seed=args.seed)
+        except HetpartError as err:  # no plan at all on these devices: both policies stop until the next event
+            rows.append(_no_plan_row(t, kind, machine, problem, time.perf_counter() - start,
+                                     time.process_time() - cpu, str(err)))
+            prev_t = t
+            print(json.dumps(rows[-1]), flush=True)
+            continue
+        replan_s, cpu_s = time.perf_counter() - start, time.process_time() - cpu
+        chosen, first = result.chosen, result.scratch or result.chosen  # no reference: the chosen plan stands in
+        reference = first.plan
+        floor = lost_state_bytes(problem, holders)
+        reshard = sum(state_to_move_bytes(problem, w) for p in reference.pipelines
+                      for ws in stage_weights(problem, p.plan.stage_of).values() for w in ws)
+        reshard_ns = transfer_ns(problem.network, reshard // max(1, len(alive)))  # every machine reads its own
+        reread = sum(state_to_move_bytes(problem, w) for p in chosen.plan.pipelines  # the chosen plan restarted
+                     for ws in stage_weights(problem, p.plan.stage_of).values() for w in ws)
+        mv = chosen.moves
+        rows.append({
+            "t_h": round(t / 3600, 2), "event": f"{kind} {machine}", "devices": len(problem.devices),
+            "stages": "+".join(str(len(p.plan.stages)) for p in chosen.plan.pipelines),
+            "scratch_stages": "+".join(str(len(p.plan.stages)) for p in scratch.pipelines) if scratch else "none",
+            "replan_s": round(replan_s, 2), "cpu_s": round(cpu_s, 2), "scratch_solve_s": round(scratch_s, 2),
+            "lexicographic_s": round(replan_s - scratch_s, 2), "move_s": round(mv.time_ns * 1e-9, 3),
+            "moved_GiB": round((mv.between_bytes + mv.within_bytes + mv.checkpoint_bytes) / 2**30, 2),
+            "between_GiB": round(mv.between_bytes / 2**30, 2),
+            "network_GiB": round((mv.between_bytes + mv.checkpoint_bytes) / 2**30, 2),
+            "scratch_moved_GiB": round(sum((first.moves.between_bytes, first.moves.within_bytes,
+                                            first.moves.checkpoint_bytes)) / 2**30, 2),
+            "reshard_GiB": round(reshard / 2**30, 2), "floor_GiB": round(floor / 2**30, 2),
+            "moved_B": mv.between_bytes + mv.within_bytes + mv.checkpoint_bytes, "reshard_B": reshard,
+            "reread_chosen_B": reread,
+            "bottleneck_ratio": round(chosen.plan.iteration_ns / reference.iteration_ns, 4),
+            "scratch_gap": round(reference.gap, 4) if scratch else 1.0,
+            "status": chosen.name + ("" if scratch else " (the from-scratch search found none)"),
+            "hetpart_down_s": replan_s + mv.time_ns * 1e-9, "restart_down_s": scratch_s + reshard_ns * 1e-9,
+            "hetpart_speed": iteration_ns / chosen.plan.iteration_ns,
+            "restart_speed": iteration_ns / reference.iteration_ns,
+        })
+        holders = pipelines_holders(problem, chosen.plan)
+        old = [OldPipeline(tuple(p.plan.slot_of_stage), p.plan.stage_of, tuple(p.plan.slot_of_stage), p.microbatches)
+               for p in chosen.plan.pipelines]
         prev_t = t
         print(json.dumps(rows[-1]), flush=True)
     return {"model": plan_json["model"]["model"], "rows": rows, "trace_h": round(prev_t / 3600, 2),
@@ -153,11 +257,14 @@ def main() -> int:
         moved = [r for r in rows if r["moved_GiB"] > 0]
         worst_s = max(r["replan_s"] for r in rows)
         fewer = min((r["reshard_GiB"] / r["moved_GiB"] for r in moved), default=float("inf"))
+        total = sum(r["moved_B"] for r in rows)  # over the whole trace, every event's bytes
+        overall = sum(r["reshard_B"] for r in rows) / total if total else float("inf")
         ratio = max(r["bottleneck_ratio"] for r in rows)
         net = min((r["reshard_GiB"] / r["network_GiB"] for r in moved if r["network_GiB"] > 0), default=float("inf"))
         over_floor = max((r["moved_GiB"] / r["floor_GiB"] for r in moved if r["floor_GiB"] > 0), default=1.0)
         print("| model | t (h) | event | devices | stages | solve s | re-plan s | total s (CPU s) | how | moved GiB "
-              "(between, checkpoint) | floor GiB | re-shard GiB | re-shard / moved | bottleneck ratio | scratch gap |")
+              "(between, checkpoint) | floor GiB | re-shard GiB | re-shard / moved | "
+              "bottleneck (pipelines: step) ratio | scratch gap |")
         print("|" + "---|" * 15)
         for r in rows:
             times = "nothing moves" if r["moved_GiB"] == 0 else f"{r['reshard_GiB'] / r['moved_GiB']:.2f}x"
@@ -170,13 +277,20 @@ def main() -> int:
               f"max {worst_s} s (CPU max {max(r['cpu_s'] for r in rows)} s), median "
               f"{sorted(r['replan_s'] for r in rows)[len(rows) // 2]} s (the re-plan part: max "
               f"{max(r['lexicographic_s'] for r in rows)} s); re-sharding everything / bytes moved: min {fewer:.2f}x "
-              f"over {len(moved)} events that move anything (bytes over the network only, between machines and "
+              f"over {len(moved)} events that move anything, {overall:.2f}x over the whole trace (bytes over the network only, between machines and "
               f"from the checkpoint: min {net:.2f}x); bytes moved / the lost state (the floor): max {over_floor:.2f}x; "
               f"worst bottleneck ratio (re-plan / from scratch) {ratio}; worst from-scratch gap "
               f"{max(r['scratch_gap'] for r in rows):.1%}; goodput hetpart / restart {out['goodput_ratio']}")
         verdicts.append(f"{out['model']}: time <= 5 s {'MET' if worst_s <= 5 else 'NOT MET'} ({worst_s} s); "
-                        f">= 3x fewer bytes {'MET' if fewer >= 3 else 'NOT MET'} ({fewer:.2f}x); within 3% "
+                        f">= 3x fewer bytes at the worst event {'MET' if fewer >= 3 else 'NOT MET'} ({fewer:.2f}x), "
+                        f"over the "
+                        f"whole trace {'MET' if overall >= 3 else 'NOT MET'} ({overall:.2f}x); within 3% "
                         f"{'MET' if ratio <= 1.03 else 'NOT MET'} ({ratio}); goodput vs restart {out['goodput_ratio']}")
+        if "reread_chosen_B" in rows[0]:  # pipelines: the chosen plan itself restarted from the checkpoint
+            worst = min((r["reread_chosen_B"] / r["moved_B"] for r in rows if r["moved_B"]), default=float("inf"))
+            print(f"{out['model']}: re-reading every stage of the chosen plan (a restart of the same plan) / bytes "
+                  f"moved: min {worst:.2f}x at an event, {sum(r['reread_chosen_B'] for r in rows) / total:.2f}x over "
+                  "the whole trace" if total else f"{out['model']}: nothing moved over the whole trace")
     for line in verdicts:
         print("verdict " + line)
     return 0

@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hetpart.codegen import PlannedDevice, manifest, split_stages, write_json
+from hetpart.codegen.analysis import write_analysis
+from hetpart.codegen.pipelines_record import write_pipelines_record
 from hetpart.errors import HetpartError
 from hetpart.partitioner.pipelines import PipelinesPlan, fixed_pipelines, pipelines_violations
 from hetpart.pipeline_groups import split_microbatches
@@ -41,6 +43,8 @@ def plan_data_parallel(problem: Problem, opts: CompileOptions) -> tuple[Pipeline
     """The pipelines of `--pipelines` (their microbatches given, or split by speed: NOTE [batch split]), or
     of `--parallel data`'s search; and the baselines beside the search's plan, as plan.json records them."""
     fields = {"seed": opts.seed, "gap": opts.gap, "check_certificate": opts.check_certificate}
+    if opts.replan is not None:  # `hetpart replan`'s choice (NOTE [re-plan pipelines]) in place of the search
+        return opts.replan.pipelines_for(problem), []
     if opts.parallel == "data":  # the search, and the baselines beside it (NOTE [baselines as candidates])
         from hetpart.partitioner.pipeline_search import plan_with_baselines
         from hetpart.partitioner.solve import SolveOptions
@@ -87,6 +91,8 @@ def compile_pipelines(spec: ModelSpec, cluster: Cluster, opts: CompileOptions, o
     if violations:
         raise HetpartError(f"internal error: the pipelines plan breaks {len(violations)} rule(s): "
                            f"{'; '.join(violations[:3])}")
+    write_analysis(tmp, problem, cluster)  # what `hetpart replan` plans from without a trace,
+    write_pipelines_record(tmp, pp)  # and the pipelines it may keep (NOTE [re-plan pipelines])
     mark_stages(gm, pm, pp.pipelines[0].plan.stage_of, groups)  # the partition dump shows pipeline 0
     # 4. Split the graph by each pipeline's plan; ranks are numbered pipeline-major (NOTE [the mesh]).
     with times.step("split"):

@@ -12,6 +12,9 @@ traces the model again (`compile_model` with the chosen plan in place of its sol
 which checks that the graph lowers to the same nodes and edges as the stored problem (the model is
 unchanged) and applies the plan to it. A device is the same device in both clusters when it has the
 same name (machine/index): `--lose` and `--add` keep every other device's name.
+A plan of data-parallel pipelines (plan.json's `pipelines`) also stores each pipeline's cuts and
+devices (ir/pipelines.json, `write_pipelines_record`); its re-plan is NOTE [re-plan pipelines]
+(partitioner/replan_pipelines.py), written by `compile_pipelines` with `PipelinesChoice` in place of its search.
 """
 
 from __future__ import annotations
@@ -78,6 +81,14 @@ def retarget(stored: Problem, cluster: Cluster) -> Problem:
     return dataclasses.replace(stored, **cluster_fields(cluster, stored.training is not None))
 
 
+def check_same_graph(stored: Problem, problem: Problem) -> None:
+    """An error unless the freshly traced `problem` is the `stored` one's graph (the model is unchanged)."""
+    fresh, old = problem.graph, stored.graph
+    if set(fresh.nodes) != set(old.nodes) or set(fresh.edges) != set(old.edges) or problem.weights != stored.weights:
+        raise HetpartError("the model traces to another graph than when the old plan was made (its nodes, edges "
+                           "or weights differ): the model changed; partition it from scratch")
+
+
 @dataclass
 class ReplanChoice:
     """The re-plan's choice, for `compile_model` to apply in place of its solve (NOTE [re-plan from the
@@ -89,11 +100,7 @@ class ReplanChoice:
 
     def plan_for(self, problem: Problem) -> Plan:
         """The chosen plan on the freshly traced `problem`, which must be the stored one's graph."""
-        fresh, old = problem.graph, self.stored.graph
-        if set(fresh.nodes) != set(old.nodes) or set(fresh.edges) != set(old.edges) or \
-                problem.weights != self.stored.weights:
-            raise HetpartError("the model traces to another graph than when the old plan was made (its nodes, edges "
-                               "or weights differ): the model changed; partition it from scratch")
+        check_same_graph(self.stored, problem)
         return chosen_plan(problem, self.result.scratch, self.result.plan.stage_of, self.result.plan.device_of_stage)
 
 
@@ -136,8 +143,6 @@ def replan(old: Path, out: Path, *, cluster: str | None = None, lose: tuple[str,
     manifest = load_manifest(old)
     plan = read_plan(old, manifest)
     check_listed_files(old, manifest)
-    if len({e.get("pipeline", 0) for e in manifest["ranks"]}) > 1:
-        raise HetpartError(f"{old} holds several data-parallel pipelines; `hetpart replan` re-plans one pipeline")
     if plan.virtual_stages is not None:
         raise HetpartError(f"{old} runs {plan.virtual_stages} virtual stages per device; `hetpart replan` re-plans a "
                            "pipeline of one stage per device: partition from scratch for the new cluster")
@@ -151,6 +156,9 @@ def replan(old: Path, out: Path, *, cluster: str | None = None, lose: tuple[str,
         raise HetpartError(f"{old}/{ANALYSIS}: version {data.get('version')}, this hetpart reads {ANALYSIS_VERSION}")
     stored, old_cluster = problem_from_json(data["problem"]), cluster_from_json(data["cluster"])
     target = new_cluster(old_cluster, cluster, lose, add)
+    if plan.pipelines is not None:  # data-parallel pipelines: NOTE [re-plan pipelines]
+        return replan_pipelines_dir(old, out, manifest, plan, stored, old_cluster, target, slack=slack,
+                                    time_limit_s=time_limit_s, seed=seed, force=force, echo=echo)
     start = time.perf_counter()
     problem = retarget(stored, target)
     scratch = solve(problem, time_limit_s=time_limit_s, seed=seed)
@@ -167,5 +175,102 @@ def replan(old: Path, out: Path, *, cluster: str | None = None, lose: tuple[str,
                           schedule=plan.schedule, optimizer_bytes_per_param=plan.optimizer_bytes_per_param or 8,
                           pt2=any("stage.pt2" in e["files"] for e in manifest["ranks"]),
                           meta=plan.weights == "manifest", align=plan.align, replan=choice)
+    spec = model_spec_for_run(plan, None, False, echo)
+    return compile_model(spec, target, out, opts, echo=echo)
+
+
+# --- Data-parallel pipelines (NOTE [re-plan pipelines] in partitioner/replan_pipelines.py).
+
+@dataclass
+class PipelinesChoice:
+    """A pipelines re-plan's choice, for `compile_pipelines` to write in place of its search."""
+
+    stored: Problem
+    result: Any  # partitioner.replan_pipelines.PipelinesReplan
+    record: dict[str, Any]
+
+    def pipelines_for(self, problem: Problem) -> Any:
+        """The chosen pipelines on the freshly traced `problem` (the stored graph: `ReplanChoice.plan_for`'s
+        check), re-costed; their bound is the from-scratch plan's, which holds for every plan of the cluster."""
+        from hetpart.partitioner.pipelines import Pipeline, cost_pipelines, pipeline_time_ns
+        from hetpart.partitioner.replan_pipelines import pipeline_plan
+
+        check_same_graph(self.stored, problem)
+        chosen = self.result.chosen.plan
+        scratch = self.result.scratch.plan if self.result.scratch is not None else None
+        pipes = []
+        for p in chosen.pipelines:
+            plan = pipeline_plan(problem, p.devices, p.plan.stage_of, p.plan.slot_of_stage, p.microbatches)
+            pipes.append(Pipeline(p.index, p.devices, p.microbatches, plan, pipeline_time_ns(plan, p.microbatches)))
+        bound = (f"the bound is the from-scratch plan's: {scratch.bound_note}" if scratch is not None else
+                 "no bound: the from-scratch search found no plan")
+        return cost_pipelines(problem, pipes, lower_bound_ns=scratch.lower_bound_ns if scratch is not None else 0,
+                              solver_status="FEASIBLE",
+                              bound_note=f"re-planned (NOTE [re-plan pipelines]): {self.result.chosen.name}; {bound}")
+
+
+def describe_pipelines(result: Any, plan_s: float, lost: list[str]) -> list[str]:
+    """What `hetpart replan` prints for pipelines: every candidate, the bytes each moves, the chosen one's links."""
+    lines = [f"re-planned {len(result.candidates)} candidates in {plan_s:.2f} s from the stored analysis (no trace)"
+             + (f"; lost: {', '.join(lost)}" if lost else "")]
+    lines.append(f"  {'':1} {'candidate':<52} {'iteration':>11} {'between machines':>16} {'within machines':>15} "
+                 f"{'from checkpoint':>15} {'move time':>10}")
+    for c in result.candidates:
+        mark = "*" if c is result.chosen else ("-" if c.plan.iteration_ns > result.limit_ns else " ")
+        mv = c.moves
+        lines.append(f"  {mark} {c.name[:52]:<52} {c.plan.iteration_ns / 1000:>8.1f} us {_size(mv.between_bytes):>16} "
+                     f"{_size(mv.within_bytes):>15} {_size(mv.checkpoint_bytes):>15} {mv.time_ns / 1e6:>7.3f} ms")
+    for p, how in zip(result.chosen.plan.pipelines, result.chosen.how):
+        lines.append(f"  chosen pipeline {p.index} ({how}): {p.microbatches} microbatches on "
+                     f"{' '.join(p.plan.slot_of_stage)}")
+    for key in sorted(result.chosen.moves.link_bytes):
+        lines.append(f"  chosen plan's link {key}: {_size(result.chosen.moves.link_bytes[key])}, "
+                     f"{result.chosen.moves.link_time_ns[key] / 1e6:.3f} ms (costs.transfer_ns)")
+    scratch = result.scratch.plan if result.scratch is not None else None
+    ref = ("no from-scratch plan" if scratch is None else f"from scratch {scratch.iteration_ns / 1000:.1f} us, its "
+           f"bound {scratch.lower_bound_ns / 1000:.1f} us, gap {scratch.gap:.2%}")
+    lines.append(f"  slack {result.slack:.0%}: iteration limit {result.limit_ns / 1000:.1f} us (best candidate "
+                 f"{result.best_ns / 1000:.1f} us; {ref}); '*' chosen: the fewest bytes "
+                 "between machines, then within, of those within the limit ('-': over it); NOTE [re-plan pipelines]")
+    return lines
+
+
+def replan_pipelines_dir(old: Path, out: Path, manifest: dict, plan: Any, stored: Problem, old_cluster: Cluster,
+                         target: Cluster, *, slack: float, time_limit_s: float, seed: int, force: bool,
+                         echo: Callable[[str], None]) -> Any:
+    """`replan` of a plan of data-parallel pipelines (NOTE [re-plan pipelines]); the CompileResult."""
+    from hetpart.codegen.pipelines_record import PIPELINES_RECORD
+    from hetpart.compile import CompileOptions, compile_model
+    from hetpart.partitioner.pipeline_search import plan_with_baselines
+    from hetpart.partitioner.replan_pipelines import pipelines_from_json, replan_pipelines
+    from hetpart.partitioner.solve import SolveOptions
+    from hetpart.runtime.artifacts import model_spec_for_run, read_listed
+
+    if PIPELINES_RECORD not in manifest["files"]:
+        raise HetpartError(f"{old} has no {PIPELINES_RECORD} (its pipelines were partitioned by an earlier hetpart); "
+                           "partition again to re-plan")
+    old_pipes = pipelines_from_json(json.loads(read_listed(old, manifest, PIPELINES_RECORD)),
+                                    str(old / PIPELINES_RECORD))
+    start = time.perf_counter()
+    problem = retarget(stored, target)
+    try:
+        scratch, _ = plan_with_baselines(problem, plan.microbatches, SolveOptions(time_limit_s=time_limit_s,
+                                                                                  seed=seed),
+                                         baseline_limit_s=time_limit_s / 2)
+    except HetpartError as err:  # the re-splits may still run the batch (NOTE [re-plan pipelines])
+        echo(f"note: the from-scratch --parallel data plan: {str(err).splitlines()[0]}; the batch re-splits only")
+        scratch = None
+    result = replan_pipelines(problem, old_pipes, holders_of(manifest["ranks"]), scratch, slack=slack,
+                              time_limit_s=time_limit_s, seed=seed)
+    plan_s = time.perf_counter() - start
+    lost = sorted({d.name for d in old_cluster.devices} - {d.name for d in target.devices})
+    for line in describe_pipelines(result, plan_s, lost):
+        echo(line)
+    record = {**result.to_json(), "from": str(old), "lost": lost, "replan_s": round(plan_s, 3)}
+    opts = CompileOptions(microbatches=plan.microbatches, seed=seed, force=force, mode=plan.mode,
+                          schedule=plan.schedule, optimizer_bytes_per_param=plan.optimizer_bytes_per_param or 8,
+                          pt2=any("stage.pt2" in e["files"] for e in manifest["ranks"]),
+                          meta=plan.weights == "manifest", align=plan.align, parallel="data",
+                          replan=PipelinesChoice(stored, result, record))
     spec = model_spec_for_run(plan, None, False, echo)
     return compile_model(spec, target, out, opts, echo=echo)

@@ -100,11 +100,18 @@ def moves(problem: Problem, stage_of: Mapping[str, int], device_of_stage: list[s
           holders: Mapping[str, tuple[str, ...]]) -> Moves:
     """The bytes a plan moves, by NOTE [lexicographic re-plan]; `holders`: weight -> old devices holding a copy
     (devices not in `problem` are lost)."""
+    return stage_moves(problem, stage_weights(problem, stage_of), device_of_stage, holders)
+
+
+def stage_moves(problem: Problem, held: Mapping[int, set[str]], device_of_stage: list[str],
+                holders: Mapping[str, tuple[str, ...]]) -> Moves:
+    """`moves` of stages given by the weights each holds (`held`: stage -> weights), on `device_of_stage`: one
+    pipeline's, or several pipelines' stages in a row (NOTE [re-plan pipelines] in replan_pipelines.py)."""
     machine = {d.name: d.node for d in problem.devices}
     out, between, within, ckpt = [], 0, 0, 0
     link_bytes: dict[str, int] = {}
     links = {}
-    for k, weights in sorted(stage_weights(problem, stage_of).items()):
+    for k, weights in sorted(held.items()):
         target = device_of_stage[k]
         for w in sorted(weights):
             alive = [d for d in holders.get(w, ()) if d in machine]
@@ -230,15 +237,21 @@ def _moved(problem: Problem, plan: tuple[dict[str, int], list[str]],
 def relabel(problem: Problem, scratch: Plan, holders: Mapping[str, tuple[str, ...]]) -> list[str]:
     """NOTE [large re-plan]: the from-scratch plan's stages on other devices of the same kind, the fewest bytes
     moved between machines, then within; each stage's new device."""
+    return relabel_stages(problem, stage_weights(problem, scratch.stage_of), scratch.device_of_stage, holders)
+
+
+def relabel_stages(problem: Problem, held: Mapping[int, set[str]], device_of_stage: list[str],
+                   holders: Mapping[str, tuple[str, ...]]) -> list[str]:
+    """`relabel` of stages given by the weights each holds (`held`) on `device_of_stage`: one pipeline's, or
+    several pipelines' in a row (NOTE [re-plan pipelines] in replan_pipelines.py); each stage's new device."""
     import itertools
 
     import networkx as nx
 
     dev = {d.name: d for d in problem.devices}
-    held = stage_weights(problem, scratch.stage_of)
     nbytes = {w: state_to_move_bytes(problem, w) for w in problem.weights}
     on: dict[str, list[int]] = {}
-    for k, d in enumerate(scratch.device_of_stage):
+    for k, d in enumerate(device_of_stage):
         on.setdefault(dev[d].node, []).append(k)
     members: dict[str, list[str]] = {}
     for d in problem.devices:
@@ -256,7 +269,7 @@ def relabel(problem: Problem, scratch: Plan, holders: Mapping[str, tuple[str, ..
         within, where = 0, {}
         groups: dict[tuple, list[int]] = {}
         for k in on.get(plan_mc, []):
-            d = dev[scratch.device_of_stage[k]]
+            d = dev[device_of_stage[k]]
             groups.setdefault((d.type, d.capacity_bytes), []).append(k)
         for key, stages in groups.items():
             devices = [d for d in members[real_mc] if (dev[d].type, dev[d].capacity_bytes) == key]
@@ -274,7 +287,7 @@ def relabel(problem: Problem, scratch: Plan, holders: Mapping[str, tuple[str, ..
     kinds: dict[tuple, list[str]] = {}
     for mc in members:
         kinds.setdefault(repr(kind(mc)), []).append(mc)
-    devices = list(scratch.device_of_stage)
+    devices = list(device_of_stage)
     for machines in kinds.values():
         used = [mc for mc in machines if mc in on]
         if not used:

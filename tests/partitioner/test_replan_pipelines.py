@@ -1,0 +1,192 @@
+"""NOTE [re-plan pipelines]: the candidates of a re-plan of data-parallel pipelines, each checked by another route.
+
+Small problems (a chain of 4 ops with a weight each, 3 machines of 2 identical devices): the old plan is two
+pipelines (2 and 3 stages) from `fixed_pipelines`; one device of the longer one is lost. Brute force: every
+split of the batch for the re-split, every relabeling (machine permutation x device permutations inside each
+machine) for the relabeled from-scratch plan, and the bytes each candidate moves counted by a counter of this
+file, not by replan.stage_moves.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import random
+
+import networkx as nx
+import pytest
+
+from hetpart.partitioner import MEM_BYTES, OUT_BYTES, PIN, PIN_FIRST, PIN_LAST, TIME_NS, WEIGHTS, Device, Link
+from hetpart.partitioner.pipeline_search import plan_pipelines
+from hetpart.partitioner.pipelines import fixed_pipelines, pipelines_violations, sub_problem
+from hetpart.partitioner.problem import Problem, Training
+from hetpart.partitioner.replan import state_to_move_bytes
+from hetpart.partitioner.replan_pipelines import (
+    OldPipeline, pipeline_plan, pipelines_from_json, pipelines_to_json, relabeled, replan_pipelines, resplit,
+)
+from hetpart.partitioner.verify import plan_violations
+
+M = 6
+
+
+def _problem(seed: int) -> Problem:
+    rng = random.Random(seed)
+    g = nx.DiGraph()
+    weights = {}
+    for i in range(4):
+        weights[f"w{i}"] = rng.randint(100, 400)
+        g.add_node(f"v{i}", **{TIME_NS: {"a": rng.randint(200, 900)}, MEM_BYTES: rng.randint(5, 40),
+                              OUT_BYTES: rng.randint(10, 300) if i < 3 else 0, WEIGHTS: (f"w{i}",),
+                              PIN: PIN_FIRST if i == 0 else PIN_LAST if i == 3 else None})
+        if i:
+            g.add_edge(f"v{i - 1}", f"v{i}")
+    cap = int(sum(weights.values()) * 4 * rng.uniform(0.8, 1.4)) + 200  # some splits' stash does not fit (GPipe)
+    devices = [Device(f"m{i}/{j}", "a", f"m{i}", cap) for i in range(3) for j in range(2)]
+    training = Training(rng.choice(["gpipe", "1f1b"]), 1, {w: 3 * b for w, b in weights.items()})
+    return Problem(graph=g, weights=weights, devices=devices,
+                   intra_node_links={f"m{i}": Link(2000, 5) for i in range(3)},
+                   network=Link(rng.choice([200, 600]), 40), training=training)
+
+
+def _old(problem: Problem) -> list[OldPipeline]:
+    pp = fixed_pipelines(problem, [["m0/0", "m0/1"], ["m1/0", "m1/1", "m2/0"]], [3, 3], time_limit_s=5)
+    return pipelines_from_json(pipelines_to_json(pp), "test")  # through its JSON record, as `replan` reads it
+
+
+def _holders(problem: Problem, old: list[OldPipeline]) -> dict[str, tuple[str, ...]]:
+    out: dict[str, list[str]] = {}
+    for p in old:
+        for v, k in p.stage_of.items():
+            for w in problem.graph.nodes[v][WEIGHTS]:
+                if p.device_of_stage[k] not in out.setdefault(w, []):
+                    out[w].append(p.device_of_stage[k])
+    return {w: tuple(ds) for w, ds in out.items()}
+
+
+def _without(problem: Problem, lost: str) -> Problem:
+    return dataclasses.replace(problem, devices=[d for d in problem.devices if d.name != lost])
+
+
+def _case(seed: int):
+    """The problem less m1/1, the old pipelines, their weights' holders, and the from-scratch plan."""
+    full = _problem(seed)
+    old = _old(full)
+    problem = _without(full, "m1/1")
+    return problem, old, _holders(full, old), plan_pipelines(problem, M, time_limit_s=5)
+
+
+def _bytes(problem: Problem, pp, holders) -> tuple[int, int]:
+    """This test's own count: (between machines, within) of every pipeline stage's weights."""
+    machine = {d.name: d.node for d in problem.devices}
+    state = {w: state_to_move_bytes(problem, w) for w in problem.weights}  # a weight's bytes: value and optimizer
+    between = within = 0
+    for p in pp.pipelines:
+        for k, dev in enumerate(p.plan.slot_of_stage):
+            for w in sorted({w for v, s in p.plan.stage_of.items() if s == k for w in problem.graph.nodes[v][WEIGHTS]}):
+                alive = [h for h in holders[w] if h in machine]
+                if dev in alive or not alive:
+                    continue  # held there, or read from the checkpoint by every plan
+                if any(machine[h] == machine[dev] for h in alive):
+                    within += state[w]
+                else:
+                    between += state[w]
+    return between, within
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_split_is_the_least_over_every_split(seed):
+    problem = _without(_problem(seed), "m1/1")
+    old = _old(_problem(seed))
+    survivors = ("m1/0", "m2/0")
+    parts = [(p.device_of_stage, p.stage_of, p.device_of_stage) for p in old[:1]]
+    parts.append(fixed_part := (survivors, *_one_stage_each(problem, survivors)))
+    got = resplit(problem, parts, M)
+    best, one_f1b = None, problem.training.schedule == "1f1b"
+    for shares in itertools.product(range(M + 1), repeat=len(parts)):
+        if sum(shares) != M:
+            continue
+        times = []
+        for part, m in zip(parts, shares):
+            if not m:
+                continue
+            plan = pipeline_plan(problem, *part, m)
+            if plan_violations(sub_problem(problem, part[0], m), plan) or one_f1b and m < len(part[2]):
+                break  # its stash does not fit, or 1F1B has fewer microbatches than stages (NOTE [1F1B stages])
+            times.append(plan.objective_ns)
+        else:
+            best = min(best, max(times)) if best is not None else max(times)
+    assert fixed_part
+    if best is None:
+        assert got is None
+        return
+    assert got is not None
+    pp, kept = got
+    assert max(p.time_ns for p in pp.pipelines) == best
+    assert not pipelines_violations(problem, pp, M) and sum(p.microbatches for p in pp.pipelines) == M
+    for p, i in zip(pp.pipelines, kept):  # each part keeps its cuts and devices exactly
+        assert p.plan.stage_of == parts[i][1] and tuple(p.plan.slot_of_stage) == tuple(parts[i][2])
+
+
+def _one_stage_each(problem: Problem, devices: tuple[str, ...]) -> tuple[dict[str, int], tuple[str, ...]]:
+    """v0 v1 on the first device, v2 v3 on the second."""
+    return {"v0": 0, "v1": 0, "v2": 1, "v3": 1}, devices
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_choice_is_the_lexicographic_best_candidate_and_kept_pipelines_keep_their_stages(seed):
+    problem, old, holders, scratch = _case(seed)
+    got = replan_pipelines(problem, old, holders, scratch, slack=0.05, time_limit_s=1)
+    names = [c.name for c in got.candidates]
+    assert names[0] == "from scratch" and any(n.startswith("re-split: kept 0") for n in names), names
+    for c in got.candidates:
+        assert not pipelines_violations(problem, c.plan, M), c.name
+        assert (c.moves.between_bytes, c.moves.within_bytes) == _bytes(problem, c.plan, holders), c.name
+        for p, how in zip(c.plan.pipelines, c.how):
+            if how == "kept":  # pipeline 0 survived whole: its stages exactly as before
+                assert p.plan.stage_of == old[0].stage_of and tuple(p.plan.slot_of_stage) == old[0].device_of_stage
+            assert "m1/1" not in p.plan.slot_of_stage
+    best = min(c.plan.iteration_ns for c in got.candidates)
+    limit = math.floor(best * (1 + 0.05))
+    want = min(_bytes(problem, c.plan, holders) + (c.plan.iteration_ns,) for c in got.candidates
+               if c.plan.iteration_ns <= limit)
+    assert (got.best_ns, got.limit_ns) == (best, limit)
+    assert _bytes(problem, got.chosen.plan, holders) + (got.chosen.plan.iteration_ns,) == want
+    assert got.chosen.plan.iteration_ns <= limit
+    record = got.to_json()
+    assert record["chosen"]["name"] == got.chosen.name and len(record["candidates"]) == len(got.candidates)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_relabeled_from_scratch_plan_moves_the_least_of_every_relabeling(seed):
+    problem, old, holders, scratch = _case(seed)
+    parts = relabeled(problem, scratch, holders)
+    names = [d.name for d in problem.devices]
+    machines = sorted({d.node for d in problem.devices})
+    members = {mc: [d.name for d in problem.devices if d.node == mc] for mc in machines}
+    # Only machines of one kind swap: m1 has one device left, m0 and m2 two.
+    kinds = [[mc for mc in machines if len(members[mc]) == n] for n in sorted({len(v) for v in members.values()})]
+    options = []
+    for perm in itertools.product(*(itertools.permutations(k) for k in kinds)):
+        to = {a: b for k, p in zip(kinds, perm) for a, b in zip(k, p)}
+        for inner in itertools.product(*(itertools.permutations(members[to[mc]]) for mc in machines)):
+            rename = {d: inner[i][members[mc].index(d)] for i, mc in enumerate(machines) for d in members[mc]}
+            assert sorted(rename.values()) == sorted(names)
+            pipes = [dataclasses.replace(p, plan=dataclasses.replace(
+                p.plan, slot_of_stage=[rename[d] for d in p.plan.slot_of_stage])) for p in scratch.pipelines]
+            options.append(_bytes(problem, dataclasses.replace(scratch, pipelines=pipes), holders))
+    chosen = [dataclasses.replace(p, plan=dataclasses.replace(p.plan, slot_of_stage=list(part[2])))
+              for p, part in zip(scratch.pipelines, parts)]
+    assert _bytes(problem, dataclasses.replace(scratch, pipelines=chosen), holders) == min(options)
+    for p, part in zip(scratch.pipelines, parts):  # every stage keeps its costs
+        again = pipeline_plan(problem, *part, p.microbatches)
+        assert [(s.time_ns, s.memory_bytes) for s in again.stages] == [(s.time_ns, s.memory_bytes)
+                                                                       for s in p.plan.stages]
+
+
+def test_without_a_from_scratch_plan_the_re_splits_alone_are_chosen_from():
+    problem, old, holders, _ = _case(0)
+    got = replan_pipelines(problem, old, holders, None, time_limit_s=1)
+    assert got.scratch is None and got.to_json()["from_scratch"] is None
+    assert got.candidates and all(c.name.startswith("re-split: ") for c in got.candidates)
+    assert got.chosen.plan.iteration_ns <= got.limit_ns == math.floor(got.best_ns * 1.02)
