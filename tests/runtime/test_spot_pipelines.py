@@ -2,9 +2,10 @@
 a checkpoint, one device of the longer one is lost, `hetpart replan` re-plans, and 2 resumed steps with --verify
 equal 4 uninterrupted steps of the unpartitioned model (loss, gradients, weights; rtol 1e-5).
 
-Six CPU devices whose links (a cluster file) are fast enough that the gradient sync is cheap and two pipelines
-win: the re-plan keeps pipeline 0 exactly and re-splits the batch with a new pipeline on the survivor and the
-free devices. Two torchrun launches (3 ranks, then the re-plan's 5). Every weight of the lost device has a
+Three CPU devices whose links (a cluster file) are fast enough that the gradient sync is cheap and two pipelines
+win: the re-plan keeps pipeline 0 exactly and re-splits the batch with the other pipeline repaired on its
+survivor. Two torchrun launches (3 ranks, then the re-plan's 2: a 6-CPU cluster made the re-plan add a 4-stage
+pipeline on the free CPUs, 5 ranks, about 4x this test's time). Every weight of the lost device has a
 replica in the other pipeline, so nothing is read from a lost rank's file only: each new rank reads any old
 holder's file.
 """
@@ -17,21 +18,21 @@ from hetpart.cli import main
 
 MLP = ["zoo:mlp", "--set", "hidden=256", "--set", "n_blocks=4", "--batch-size", "48", "--microbatches", "6",
        "--no-pt2", "--mode", "training"]
-FAST6 = """
+FAST3 = """
 [network]
 bandwidth_GBps = 100
 latency_us = 1
 [[nodes]]
 name = "local"
-devices = ["cpu", "cpu", "cpu", "cpu", "cpu", "cpu"]
+devices = ["cpu", "cpu", "cpu"]
 link = { bandwidth_GBps = 1000, latency_us = 1 }
 """
-GROUPS = "local/0;local/1,local/2"  # 3 of the preset's 6 CPU ranks: the launches stay short
+GROUPS = "local/0;local/1,local/2"
 
 
 def test_two_pipelines_lose_a_device_replan_and_resume_match_four_steps(tmp_path, capsys):
-    old, new, ck, cluster = tmp_path / "old", tmp_path / "new", tmp_path / "ck", tmp_path / "fast6.toml"
-    cluster.write_text(FAST6)
+    old, new, ck, cluster = tmp_path / "old", tmp_path / "new", tmp_path / "ck", tmp_path / "fast3.toml"
+    cluster.write_text(FAST3)
     assert main(["partition", *MLP, "--cluster", str(cluster), "--pipelines", GROUPS, "--out", str(old)]) == 0
     plan = json.loads((old / "plan.json").read_text())
     assert [[s["device"] for s in q["stages"]] for q in plan["pipelines"]] == [
@@ -49,9 +50,11 @@ def test_two_pipelines_lose_a_device_replan_and_resume_match_four_steps(tmp_path
     assert all("local/2" not in q["devices"] for q in chosen["pipelines"])
     assert sum(q["microbatches"] for q in chosen["pipelines"]) == 6
     # Two pipelines again: pipeline 0 kept as it was, the other re-planned (new or repaired) without local/2.
-    assert len(chosen["pipelines"]) == 2 and chosen["name"].startswith("re-split: kept 0"), chosen["name"]
-    assert chosen["pipelines"][0] == {"devices": ["local/0"], "microbatches": chosen["pipelines"][0]["microbatches"],
-                                      "how": "kept"}
+    # Two one-stage pipelines: local/0's as it was, local/1 now holding the whole model (the re-split that keeps
+    # pipeline 0 and repairs the other, or the from-scratch plan, which is the same plan: a tie the lexicographic
+    # order breaks towards the from-scratch plan, listed first).
+    assert sorted(q["devices"] for q in chosen["pipelines"]) == [["local/0"], ["local/1"]], chosen
+    assert any(c["name"].startswith("re-split: kept 0") for c in record["candidates"]), record["candidates"]
     assert chosen["from_checkpoint_bytes"] == 0  # local/2's weights and state have a replica on local/0
     assert chosen["iteration_us"] <= record["iteration_limit_us"]
     assert {"name", "iteration_us", "between_machines_bytes"} <= set(record["from_scratch"]) and \
