@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from hetpart.plan_report import PlanReport
+from hetpart.runtime.handoff import analyse
 
 
 def time_stats_us(seconds: list[float]) -> dict:
@@ -63,6 +64,11 @@ def measurement(io_dir: Path, world: int, m: int, plan: PlanReport, opts: Any, t
                                        opts.schedule).step_ns / 1000, 3)
                         for stages, share in ([(q.stages, q.microbatches) for q in plan.pipelines] if plan.pipelines
                                               else [(plan.stages, m)]))
+    timelines = [json.loads((io_dir / f"timing{rank}.json").read_text()).get("timeline") for rank in range(world)]
+    timeline = None
+    if all(timelines):  # NOTE [action timeline]: every action of every rank, and where the step went
+        timeline = {"clock": "time.monotonic_ns (one clock for the ranks of a machine)", "ranks": timelines,
+                    "handoff": analyse(timelines, skip_first=opts.steps > 1).to_json()}
     return {
         "format_version": 1,
         "mode": opts.mode,
@@ -75,4 +81,5 @@ def measurement(io_dir: Path, world: int, m: int, plan: PlanReport, opts: Any, t
         "step_us": time_stats_us(last_steps),
         "step_times_us": [round(t * 1e6, 3) for t in last_steps],
         "predicted_step_time_us": predicted,
+        "timeline": timeline,
     }

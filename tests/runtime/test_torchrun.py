@@ -44,6 +44,15 @@ def test_two_ranks_verify_and_measure_at_another_batch_and_sequence_length(two_r
     assert measured["step_time_us"] > max(s["measured_time_us"] for s in measured["stages"])
     assert measured["predicted_step_time_us"] > 0
     assert "measured vs predicted" in out
+    # NOTE [action timeline]: each rank's forwards of both steps, rank 0's sends matched with rank 1's recvs
+    timeline = measured["timeline"]
+    for events in timeline["ranks"]:
+        assert sorted((e["step"], e["mb"]) for e in events if e["kind"] == "F") == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    (link, handoffs), = timeline["handoff"]["handoff_latency"].items()
+    assert link == "0->1 fwd" and handoffs["n"] >= 2 and handoffs["latency_median_us"] >= 0
+    last = timeline["handoff"]["ranks"][1]  # the measured step, as the last rank's timeline has it
+    assert abs(last["step_us"] - measured["step_time_us"]) <= 0.05 * measured["step_time_us"] + 100
+    assert last["compute_us"] > 0 and last["recv_wait_sender_behind_us"] > 0  # it waits for rank 0 to fill
 
 
 def test_tampered_weights_are_refused(two_rank_out, tmp_path, capsys):
