@@ -53,7 +53,8 @@ class Timeline:
         # batch gives fewer: each of its works stands for all its ops.
         for k, work in enumerate(works):
             mine = [labels[k]] if len(works) == len(labels) else labels
-            post = self.add(kind="post", t_ns=now, call_ns=now - start_ns, ops=mine)
+            # the call's time once, on its first work (one call posts every op of the batch)
+            post = self.add(kind="post", t_ns=now, call_ns=now - start_ns if k == 0 else 0, ops=mine)
             self._works[id(work)] = post
 
     def waited(self, work: Any, start_ns: int, end_ns: int) -> None:

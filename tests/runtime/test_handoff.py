@@ -138,3 +138,23 @@ def test_sleep_emulation_hands_each_rank_its_slot_without_cgroups(tmp_path, monk
     assert (padding.core, padding.share) == (1, 0.375)
     assert "padded with a sleep" in lines[0]
     assert SleepPadding.for_rank(tmp_path / "nowhere", 1) is None
+
+
+def test_the_recorder_labels_each_op_and_counts_a_posting_call_once():
+    from types import SimpleNamespace
+
+    import torch
+
+    from hetpart.runtime.timeline import Timeline
+
+    tl = Timeline()
+    tl.step = 3
+    ops = tl.label_ops([SimpleNamespace(peer=1, tensor=torch.zeros(4, 8)) for _ in range(3)], "fwd", "send", 0, 2)
+    works = [object() for _ in ops]
+    tl.posted(ops, works, start_ns=0)
+    posts = [e for e in tl.events if e["kind"] == "post"]
+    assert [e["ops"][0]["bytes"] for e in posts] == [128] * 3 and {e["ops"][0]["mb"] for e in posts} == {2}
+    assert sum(e["call_ns"] > 0 for e in posts) == 1 and all(e["step"] == 3 for e in posts)
+    tl.waited(works[1], 10, 20)
+    wait = tl.events[-1]
+    assert wait["kind"] == "wait" and wait["post_ns"] == posts[1]["t_ns"] and wait["ops"] == posts[1]["ops"]
