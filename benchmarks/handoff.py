@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/handoff.py DIR                 # DIR/measured.json of an earlier run --measure
     .venv/bin/python benchmarks/handoff.py DIR --run --emulate --steps 6   # run it first (hetpart run DIR --measure ...)
+    .venv/bin/python benchmarks/handoff.py FILE --from-speedup-json         # each plan of a measured_speedup.py --json
 
 Per rank (median over the measured steps): compute (the forward/backward actions; inside them the
 generated module's own call, the rest pipelining's overhead), recv waits split at the sender's post
@@ -52,14 +53,55 @@ def breakdown_lines(timeline_ranks: list[list[dict]], skip_first: bool = True) -
     return lines
 
 
+def speedup_lines(cases: list[dict]) -> list[str]:
+    """Per case, emulation and plan of a `measured_speedup.py --json` file: the median over its runs of each
+    rank's breakdown (ms a step) and of the critical path (NOTE [hand-off latency])."""
+    import statistics
+
+    fields = ("step_us", "compute_us", "overhead_us", "recv_wait_sender_behind_us", "recv_wait_latency_us",
+              "send_wait_us", "other_us", "head_us", "tail_us", "post_us")
+    lines = []
+    for case in cases:
+        lines.append(f"zoo:{case['model']}, {case['cluster']} speeds, --emulate-by {case.get('emulate_by', 'quota')}")
+        for name, runs in case["runs"].items():
+            reports = [r["handoff"] for r in runs if r.get("handoff")]
+            if not reports:
+                continue
+            lines.append(f"  {name}")
+            for k in range(len(reports[0]["ranks"])):
+                row = {f: statistics.median(h["ranks"][k][f] for h in reports) / 1e3 for f in fields}
+                lines.append(f"    rank {k}: " + ", ".join(f"{f[:-3].replace('recv_wait_', 'wait_')} {v:.2f}"
+                                                         for f, v in row.items()))
+            for link, s in reports[0]["handoff_latency"].items():
+                med = statistics.median(h["handoff_latency"][link]["latency_median_us"] for h in reports)
+                late = statistics.median(h["handoff_latency"][link]["receiver_late_median_us"] for h in reports)
+                lines.append(f"    {link}: {s['n']} x {s['bytes'] / 1e3:.0f} kB a run, latency median {med:.0f} us, "
+                             f"data ready before the receiver asked {late:.0f} us")
+            cps = [h["critical_path"] for h in reports if h.get("critical_path")]
+            if cps:
+                comp = " + ".join(f"rank {r} {statistics.median(c['compute_us'][r] for c in cps) / 1e3:.2f}"
+                                  for r in cps[0]["compute_us"])
+                lines.append(f"    critical path: {statistics.median(c['step_us'] for c in cps) / 1e3:.2f} = compute "
+                             f"{comp} + {statistics.median(c['handoffs'] for c in cps):.0f} hand-off(s) "
+                             f"{statistics.median(c['handoff_us'] for c in cps) / 1e3:.2f} + gaps "
+                             f"{statistics.median(c['gap_us'] for c in cps) / 1e3:.2f}")
+    return lines
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("dir", type=Path, help="an artifacts directory (hetpart partition --out)")
+    ap.add_argument("dir", type=Path, help="an artifacts directory (hetpart partition --out), or with "
+                    "--from-speedup-json a measured_speedup.py --json file")
+    ap.add_argument("--from-speedup-json", action="store_true",
+                    help="DIR is a benchmarks/measured_speedup.py --json file: each plan's medians over its runs")
     ap.add_argument("--run", action="store_true", help="run `hetpart run DIR --measure` first")
     ap.add_argument("--emulate", action="store_true", help="with --run: --emulate")
     ap.add_argument("--steps", type=int, default=6, help="with --run: --steps")
     ap.add_argument("--extra", default="", help="with --run: more `hetpart run` arguments, space-separated")
     args = ap.parse_args()
+    if args.from_speedup_json:
+        print("\n".join(speedup_lines(json.loads(args.dir.read_text()))))
+        return 0
     if args.run:
         cmd = [sys.executable, "-m", "hetpart", "run", str(args.dir), "--measure", "--steps", str(args.steps),
                *(["--emulate"] if args.emulate else []), *args.extra.split()]

@@ -211,9 +211,9 @@ def report(case: dict) -> list[str]:
     mine_pred = _predicted_step_us(plans["optimal"])
     how = f", --emulate-by {case['emulate_by']}" if "emulate_by" in case else ""
     lines = [f"### zoo:{case['model']}, {len(case['speeds'])} speeds ({speeds} of the fastest){how}", "",
-             "| strategy | stages (device: nodes) | measured step | simulated from measured stages |"
+             "| strategy | stages (device: nodes) | measured step | predicted step | simulated from measured stages |"
              " with their jitter | load | measured / hetpart | predicted / hetpart | gap |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|"]
     ratios = {}
     for name, rs in runs.items():
         step = statistics.median(r["step_us"] for r in rs)
@@ -227,7 +227,9 @@ def report(case: dict) -> list[str]:
         resim = resimulated_step_us(plans[name], rs)
         inference = plans[name].get("mode", "inference") == "inference"
         jitter = f"{jittered_step_us(plans[name], rs) / 1e3:.1f} ms" if inference else "-"
-        lines.append(f"| {label} | {split} | {step / 1e3:.1f} ms | {resim / 1e3:.1f} ms | {jitter} | "
+        own = _predicted_step_us(plans[name])
+        lines.append(f"| {label} | {split} | {step / 1e3:.1f} ms | {own / 1e3:.1f} ms ({step / own - 1:+.0%}) | "
+                     f"{resim / 1e3:.1f} ms | {jitter} | "
                      f"{min(loads):.1f}-{max(loads):.1f} | "
                      f"{meas:.2f}x | {pred:.2f}x | {(meas - pred) / pred:+.0%} |")
     lines += ["", "per stage, hetpart's plan: predicted forward per microbatch (profile / emulation scale) vs "
