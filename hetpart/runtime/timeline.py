@@ -4,7 +4,7 @@ NOTE [action timeline]
 `hetpart run --measure` records, per rank, every action torch.distributed.pipelining's schedule
 takes: each forward / backward (`forward_one_chunk`, `backward_one_chunk`,
 `backward_weight_one_chunk`, with the generated module's own call inside it), each send and recv
-when it is posted (`_batch_p2p`, with its peer, microbatch, stage and bytes), and each wait on one
+when it is posted (`_batch_p2p`: the call's start, and its duration, with its peer, microbatch, stage and bytes), and each wait on one
 (`_wait_batch_p2p`, per work, start and end). Times are `time.monotonic_ns()`, which on Linux is
 one system-wide clock, so the ranks of one machine can be laid side by side: a recv's end matched
 with its sender's post is the hand-off latency (runtime/handoff.py reads them). Beside the wall
@@ -54,7 +54,9 @@ class Timeline:
         for k, work in enumerate(works):
             mine = [labels[k]] if len(works) == len(labels) else labels
             # the call's time once, on its first work (one call posts every op of the batch)
-            post = self.add(kind="post", t_ns=now, call_ns=now - start_ns if k == 0 else 0, ops=mine)
+            # t_ns: when the call began (gloo may move the data inside it: the receiver can have it before the
+            # sender's call returns); call_ns: how long the call took
+            post = self.add(kind="post", t_ns=start_ns, call_ns=now - start_ns if k == 0 else 0, ops=mine)
             self._works[id(work)] = post
 
     def waited(self, work: Any, start_ns: int, end_ns: int) -> None:
