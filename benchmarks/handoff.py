@@ -31,14 +31,16 @@ def breakdown_lines(timeline_ranks: list[list[dict]], skip_first: bool = True) -
     report = analyse(timeline_ranks, skip_first)
     ms = lambda us: f"{us / 1e3:8.2f}"  # noqa: E731
     lines = ["per rank, ms per step (median of the measured steps):",
-             f"{'rank':>4} {'step':>8} {'compute':>8} {'module':>8} {'overhead':>8} {'behind':>8} {'latency':>8} "
+             f"{'rank':>4} {'step':>8} {'compute':>8} {'forward':>8} {'module':>8} {'overhead':>8} {'behind':>8} "
+             f"{'latency':>8} "
              f"{'send':>8} {'rest':>8} {'head':>8} {'tail':>8} {'posting':>8} {'cpu':>8} {'proc cpu':>8}"]
     for r in report.ranks:
-        lines.append(f"{r.rank:>4} {ms(r.step_us)} {ms(r.compute_us)} {ms(r.module_us)} {ms(r.overhead_us)} "
+        lines.append(f"{r.rank:>4} {ms(r.step_us)} {ms(r.compute_us)} {ms(r.forward_us)} {ms(r.module_us)} "
+                     f"{ms(r.overhead_us)} "
                      f"{ms(r.recv_wait_sender_behind_us)} {ms(r.recv_wait_latency_us)} {ms(r.send_wait_us)} "
                      f"{ms(r.other_us)} {ms(r.head_us)} {ms(r.tail_us)} {ms(r.post_us)} {ms(r.compute_cpu_us)} "
                      f"{ms(r.process_cpu_us)}")
-    lines += ["  (behind: recv waits before the sender posted; latency: after; cpu: the compute thread's CPU in "
+    lines += ["  (compute: forwards and backwards; overhead: the forwards less the module's calls; behind: recv waits before the sender posted; latency: after; cpu: the compute thread's CPU in "
               "compute, proc cpu: the process's; rest: the step less compute and waits, of which head: before the first "
               "action, tail: after the last, posting: in the calls that post sends and recvs)", "", "hand-offs (NOTE [hand-off latency]):"]
     for link, s in report.latency_stats_us().items():

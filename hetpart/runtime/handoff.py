@@ -4,11 +4,13 @@ Torch-free: `run --measure` puts the summary in measured.json, `benchmarks/hando
 
 NOTE [hand-off latency]
 A hand-off is one tensor sent by rank a (stage s) and received by rank b (stage s +- 1) for one
-microbatch. Matched by (step, direction, microbatch, sender, receiver, k-th tensor), it has three
+microbatch. Matched by (step, direction, microbatch, sender, receiver, sender's stage, k-th tensor), it has three
 times on the shared clock: the send's post (the sender's forward is done), the recv's post (the
 receiver asked for it) and the end of the receiver's wait on it (the data is there). Its latency
-is end - max(send post, recv post): how long the data took once both sides were ready (gloo's TCP
-pairs move an unbound buffer only when both have posted, a rendezvous). `receiver_late_us`
+is end - max(send post, recv post, start of the receiver's wait): how long the receiver waited once both
+sides were ready (gloo's TCP pairs move an unbound buffer only when both have posted, a rendezvous); a
+recv posted early and waited on late (interleaved schedules post their recvs ahead) costs only what is
+left of the transfer when the receiver gets to it, and the wait's end says nothing of when the data came. `receiver_late_us`
 = recv post - send post, where positive, is how long the data sat ready while the receiver did
 something else (computed, or waited on another hand-off): a schedule that posts recvs early hides
 the latency behind that time, one that posts each recv just before it is needed does not.
@@ -43,10 +45,11 @@ class Handoff:
     send_post_ns: int
     recv_post_ns: int
     recv_end_ns: int
+    wait_start_ns: int  # when the receiver began to wait on it (a recv may be posted long before)
 
     @property
     def latency_us(self) -> float:
-        return (self.recv_end_ns - max(self.send_post_ns, self.recv_post_ns)) / 1e3
+        return (self.recv_end_ns - max(self.send_post_ns, self.recv_post_ns, self.wait_start_ns)) / 1e3
 
     @property
     def receiver_late_us(self) -> float:
@@ -60,7 +63,8 @@ class RankBreakdown:
     rank: int
     step_us: float
     compute_us: float
-    module_us: float  # the generated module's own calls inside compute
+    module_us: float  # the generated module's own calls inside the forwards
+    forward_us: float  # the forward actions (compute less backwards)
     recv_wait_sender_behind_us: float  # waiting before the sender had posted
     recv_wait_latency_us: float  # waiting after it had: the hand-off's latency
     send_wait_us: float
@@ -73,8 +77,8 @@ class RankBreakdown:
 
     @property
     def overhead_us(self) -> float:
-        """Pipelining's own work inside a compute action (detach, requires_grad, caches)."""
-        return self.compute_us - self.module_us
+        """Pipelining's own work inside a forward action (detach, requires_grad, caches)."""
+        return self.forward_us - self.module_us
 
 
 @dataclass
@@ -133,18 +137,19 @@ def match_handoffs(ranks: list[list[dict]]) -> list[Handoff]:
         for e in events:
             for op in e.get("ops", ()):
                 if e["kind"] == "post" and op["op"] == "send":
-                    base = (e["step"], op["dir"], op["mb"], rank, op["peer"])
+                    base = (e["step"], op["dir"], op["mb"], rank, op["peer"], op["stage"])
                     k = seen[("s", *base)] = seen.get(("s", *base), -1) + 1
                     sends[(*base, k)] = e["t_ns"]
                 elif e["kind"] == "wait" and op["op"] == "recv" and e.get("post_ns") is not None:
-                    base = (e["step"], op["dir"], op["mb"], op["peer"], rank)
+                    sender_stage = op["stage"] - 1 if op["dir"] == "fwd" else op["stage"] + 1
+                    base = (e["step"], op["dir"], op["mb"], op["peer"], rank, sender_stage)
                     k = seen[("r", *base)] = seen.get(("r", *base), -1) + 1
-                    recvs.append(((*base, k), op, e["post_ns"], e["t1_ns"]))
+                    recvs.append(((*base, k), op, e["post_ns"], e["t1_ns"], e["t0_ns"]))
     out = []
-    for key, op, post_ns, end_ns in recvs:
+    for key, op, post_ns, end_ns, wait_ns in recvs:
         if key in sends:
-            step, direction, mb, src, dst, _ = key
-            out.append(Handoff(step, direction, mb, src, dst, op["bytes"], sends[key], post_ns, end_ns))
+            step, direction, mb, src, dst, _, _ = key
+            out.append(Handoff(step, direction, mb, src, dst, op["bytes"], sends[key], post_ns, end_ns, wait_ns))
     return out
 
 
@@ -153,7 +158,7 @@ def _rank_breakdown(rank: int, events: list[dict], handoffs: dict[tuple, Handoff
     for step, (t0, t1) in _steps(events).items():
         if step not in keep:
             continue
-        row = dict.fromkeys(("compute", "module", "behind", "latency", "send", "cpu", "proc", "post"), 0.0)
+        row = dict.fromkeys(("compute", "forward", "module", "behind", "latency", "send", "cpu", "proc", "post"), 0.0)
         row["step"] = (t1 - t0) / 1e3
         mine = [e for e in events if e["step"] == step and "t0_ns" in e and e["kind"] != "module"]
         row["head"] = (min((e["t0_ns"] for e in mine), default=t1) - t0) / 1e3
@@ -163,6 +168,7 @@ def _rank_breakdown(rank: int, events: list[dict], handoffs: dict[tuple, Handoff
                 row["post"] += e.get("call_ns", 0) / 1e3
             if e["kind"] in COMPUTE:
                 row["compute"] += (e["t1_ns"] - e["t0_ns"]) / 1e3
+                row["forward"] += (e["t1_ns"] - e["t0_ns"]) / 1e3 if e["kind"] == "F" else 0.0
                 row["cpu"] += e["cpu_ns"] / 1e3
                 row["proc"] += e["proc_cpu_ns"] / 1e3
             elif e["kind"] == "module":
@@ -177,12 +183,14 @@ def _rank_breakdown(rank: int, events: list[dict], handoffs: dict[tuple, Handoff
                 behind = 0.0 if h is None else max(0.0, (h.send_post_ns - e["t0_ns"]) / 1e3)
                 row["behind"] += min(wait_us, behind)
                 row["latency"] += wait_us - min(wait_us, behind)
+        row["other"] = row["step"] - row["compute"] - row["behind"] - row["latency"] - row["send"]
         per_step[step] = row
     med = {k: statistics.median(r[k] for r in per_step.values()) if per_step else 0.0
-           for k in ("step", "compute", "module", "behind", "latency", "send", "cpu", "proc", "head", "tail", "post")}
-    other = med["step"] - med["compute"] - med["behind"] - med["latency"] - med["send"]
-    return RankBreakdown(rank, med["step"], med["compute"], med["module"], med["behind"], med["latency"],
-                         med["send"], other, med["head"], med["tail"], med["post"], med["cpu"], med["proc"])
+           for k in ("step", "compute", "forward", "module", "behind", "latency", "send", "other", "cpu", "proc",
+                     "head", "tail", "post")}
+    return RankBreakdown(rank, med["step"], med["compute"], med["module"], med["forward"], med["behind"],
+                         med["latency"], med["send"], med["other"], med["head"], med["tail"], med["post"], med["cpu"],
+                         med["proc"])
 
 
 def critical_path(ranks: list[list[dict]], handoffs: list[Handoff], step: int) -> CriticalPath:
@@ -206,7 +214,7 @@ def critical_path(ranks: list[list[dict]], handoffs: list[Handoff], step: int) -
             continue
         h = by_end.get((rank, e["t1_ns"]))
         if h is not None and h.send_post_ns > e["t0_ns"]:  # blocked on the sender: the path crosses to it
-            handoff_us += (e["t1_ns"] - max(h.send_post_ns, h.recv_post_ns)) / 1e3
+            handoff_us += h.latency_us
             count += 1
             rank, t = h.src_rank, h.send_post_ns
         else:  # a wait the sender did not cause (latency alone, or a send): stay on this rank

@@ -345,10 +345,6 @@ def _check_options(opts: RunOptions, batch_size: int, world: int, m: int, manife
         raise HetpartError(f"--mode {opts.mode}: expected inference or training")
     if manifest is not None:
         check_schedule(opts.schedule, manifest, m)  # and what a virtual-stage plan runs: runtime/schedules.py
-        if opts.measure and opts.schedule in MULTI_STAGE:
-            raise HetpartError(f"--measure takes one stage per rank; with --schedule {opts.schedule} leave it out "
-                               "(the step time is printed anyway; benchmarks/schedules.py compares it with the "
-                               "simulator)")
     elif opts.schedule not in SCHEDULES:
         raise HetpartError(f"--schedule {opts.schedule}: expected one of {', '.join(SCHEDULES)}")
     if m < 1 or batch_size % m:

@@ -59,7 +59,11 @@ def test_every_hand_off_is_matched_with_its_latency_and_the_receivers_lateness()
     ranks = gpipe_forward([1000, 2000], m=4, latency_us=150, post_us=50, tensors=2)
     handoffs = match_handoffs(ranks)
     assert len(handoffs) == 2 * 4 * 2  # steps x microbatches x tensors
-    assert all(h.latency_us == pytest.approx(150) for h in handoffs)
+    # the first tensor's wait takes the latency; the second is there when its wait begins
+    per_mb: dict = {}
+    for h in handoffs:
+        per_mb.setdefault((h.step, h.mb), []).append(h.latency_us)
+    assert all(sorted(v) == [pytest.approx(0), pytest.approx(150)] for v in per_mb.values())
     # rank 1 (2 ms a forward) is behind rank 0 (1 ms): microbatch i's data waits for it from the second on
     late = sorted({(h.mb, round(h.receiver_late_us)) for h in handoffs if h.step == 1})
     assert late[0] == (0, 0) and late[1][1] > 0 and [x for _, x in late] == sorted(x for _, x in late)
@@ -71,6 +75,7 @@ def test_a_slow_second_stage_waits_only_to_fill_and_its_step_is_the_critical_pat
     r0, r1 = report.ranks
     assert r1.compute_us == pytest.approx(m * fwd[1])
     assert r1.module_us == pytest.approx(m * (fwd[1] - 20)) and r1.overhead_us == pytest.approx(m * 20)
+    assert r1.forward_us == r1.compute_us  # no backward in inference
     # before the first microbatch it waits for rank 0's forward and post (the sender is behind) ...
     assert r1.recv_wait_sender_behind_us == pytest.approx(fwd[0] + post)
     # ... and then one latency for every microbatch, the data being late or not
@@ -158,3 +163,18 @@ def test_the_recorder_labels_each_op_and_counts_a_posting_call_once():
     tl.waited(works[1], 10, 20)
     wait = tl.events[-1]
     assert wait["kind"] == "wait" and wait["post_ns"] == posts[1]["t_ns"] and wait["ops"] == posts[1]["ops"]
+
+
+def test_a_recv_posted_early_and_waited_on_late_costs_only_its_wait():
+    # interleaved schedules post a recv ahead: posted at 0, sent at 5 ms, waited on at 75 ms for 10 us
+    recv = {"op": "recv", "dir": "fwd", "stage": 1, "mb": 0, "peer": 0, "bytes": 8}
+    send = dict(recv, op="send", stage=0, peer=1)
+    ranks = [[{"kind": "step", "step": 0, "t_ns": 0}, {"kind": "post", "step": 0, "t_ns": 5_000_000, "ops": [send]},
+              {"kind": "step_end", "step": 0, "t_ns": 6_000_000}],
+             [{"kind": "step", "step": 0, "t_ns": 0}, {"kind": "post", "step": 0, "t_ns": 0, "ops": [recv]},
+              {"kind": "wait", "step": 0, "t0_ns": 75_000_000, "t1_ns": 75_010_000, "ops": [recv], "post_ns": 0},
+              {"kind": "step_end", "step": 0, "t_ns": 76_000_000}]]
+    (h,) = match_handoffs(ranks)
+    assert h.latency_us == pytest.approx(10) and h.receiver_late_us == 0
+    r1 = analyse(ranks, skip_first=False).ranks[1]
+    assert r1.recv_wait_latency_us == pytest.approx(10) and r1.recv_wait_sender_behind_us == 0
