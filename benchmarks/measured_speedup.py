@@ -12,7 +12,9 @@ For each zoo model and each emulated cluster (2, 3 or 4 device speeds, built her
    on the same devices are run once and reported for every name);
 3. interleaved runs, A B C A B C ... (--rounds of each), of `hetpart run --emulate --measure
    --steps N`, the first step of each run left out; the figure is the median over rounds of each
-   run's median step;
+   run's median step (with `--emulate-by quota,sleep`, every run under each emulation in turn,
+   reported apart: NOTE [emulation by sleep]; each run's hand-off breakdown is kept in --json, which
+   `benchmarks/handoff.py FILE --from-speedup-json` prints);
 4. prints, per model and cluster, each strategy's measured step, its measured slowdown against
    hetpart's plan beside the predicted one (simulated steps, NOTE [simulated ratios] in
    hetpart/partitioner/baselines.py), per-stage predicted vs measured forward times, and the
