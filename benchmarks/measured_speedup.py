@@ -12,7 +12,9 @@ For each zoo model and each emulated cluster (2, 3 or 4 device speeds, built her
    on the same devices are run once and reported for every name);
 3. interleaved runs, A B C A B C ... (--rounds of each), of `hetpart run --emulate --measure
    --steps N`, the first step of each run left out; the figure is the median over rounds of each
-   run's median step;
+   run's median step (with `--emulate-by quota,sleep`, every run under each emulation in turn,
+   reported apart: NOTE [emulation by sleep]; each run's hand-off breakdown is kept in --json, which
+   `benchmarks/handoff.py FILE --from-speedup-json` prints);
 4. prints, per model and cluster, each strategy's measured step, its measured slowdown against
    hetpart's plan beside the predicted one (simulated steps, NOTE [simulated ratios] in
    hetpart/partitioner/baselines.py), per-stage predicted vs measured forward times, and the
@@ -75,7 +77,7 @@ def _hetpart(*args: str, timeout_s: float = 900) -> str:
     return done.stdout
 
 
-def cluster_toml(speeds: list[tuple[float, int]]) -> str:
+def cluster_toml(speeds: list[tuple[float, int]], link: str = "link = { bandwidth_GBps = 10, latency_us = 20 }") -> str:
     """One machine, one custom type per speed (`emu-<percent>`), each device on its core."""
     types, devices = [], []
     for speed, core in speeds:
@@ -86,7 +88,7 @@ def cluster_toml(speeds: list[tuple[float, int]]) -> str:
     text = "".join(f'[[device_types]]\nname = "{n}"\npeak_tflops = {{ fp32 = {CPU_TFLOPS * s:.4f} }}\n'
                    f"mem_GB = 64\nmem_bw_GBps = {CPU_MEM_BW_GBPS * s:.3f}\n\n" for n, s in types)
     return text + ('[[nodes]]\nname = "m"\ndevices = [' + ", ".join(devices) + "]\n"
-                   "link = { bandwidth_GBps = 10, latency_us = 20 }\n")
+                   f"{link}\n")
 
 
 def scaled_profiles(base: Path, speeds: list[tuple[float, int]], workdir: Path) -> list[Path]:
@@ -112,7 +114,7 @@ def run_case(model: str, cluster: str, args: argparse.Namespace, workdir: Path) 
     speeds = CLUSTERS[cluster]
     case = workdir / f"{model}-{cluster}"
     case.mkdir()
-    (case / "cluster.toml").write_text(cluster_toml(speeds))
+    (case / "cluster.toml").write_text(cluster_toml(speeds, *([args.link] if args.link else [])))
     model_args = [f"zoo:{model}", *MODELS[model], "--microbatches", str(args.microbatches)]
     profile = case / "cpu.json"
     _hetpart("profile", *model_args, "--out", str(profile), "--device-type", "cpu", "--repeats", "10")
@@ -136,17 +138,23 @@ def run_case(model: str, cluster: str, args: argparse.Namespace, workdir: Path) 
             shutil.rmtree(out)
         else:
             plans[strategy], dirs[strategy] = plan, out
-    runs: dict[str, list[dict]] = {s: [] for s in plans}
+    runs: dict[str, dict[str, list[dict]]] = {mode: {s: [] for s in plans} for mode in args.emulate_by}
     for r in range(args.rounds):
-        for strategy, out in dirs.items():  # interleaved: A B C, A B C, ...
-            load = _load()
-            _hetpart("run", str(out), "--emulate", "--measure", "--steps", str(args.steps), timeout_s=600)
-            measured = json.loads((out / "measured.json").read_text())
-            runs[strategy].append({"load_before": round(load, 2), "load_after": round(_load(), 2),
-                                   "step_us": measured["step_us"]["median"], "stages": measured["stages"],
-                                   "scale": measured["emulation"]["scale"], "ranks": measured["emulation"]["ranks"]})
+        for strategy, out in dirs.items():  # interleaved: A B C, A B C, ... (each emulation in turn)
+            for mode in args.emulate_by:
+                load = _load()
+                _hetpart("run", str(out), "--emulate", "--emulate-by", mode, "--measure", "--steps", str(args.steps),
+                         timeout_s=600)
+                measured = json.loads((out / "measured.json").read_text())
+                timeline = measured.get("timeline") or {}
+                runs[mode][strategy].append({
+                    "load_before": round(load, 2), "load_after": round(_load(), 2),
+                    "step_us": measured["step_us"]["median"], "stages": measured["stages"],
+                    "scale": measured["emulation"]["scale"], "ranks": measured["emulation"]["ranks"],
+                    "handoff": timeline.get("handoff")})  # NOTE [hand-off latency]: where each rank's step went
         print(f"  {model} on {cluster} speeds: round {r + 1}/{args.rounds} done (load {_load():.2f})", flush=True)
-    return {"model": model, "cluster": cluster, "speeds": speeds, "plans": plans, "same_as": same_as, "runs": runs}
+    return [{"model": model, "cluster": cluster, "speeds": speeds, "plans": plans, "same_as": same_as,
+             "emulate_by": mode, "runs": runs[mode]} for mode in args.emulate_by]
 
 
 def _predicted_step_us(plan: dict) -> float:
@@ -203,10 +211,11 @@ def report(case: dict) -> list[str]:
     speeds = "/".join(f"{s:.0%}" for s, _ in case["speeds"])
     mine = statistics.median(r["step_us"] for r in runs["optimal"])
     mine_pred = _predicted_step_us(plans["optimal"])
-    lines = [f"### zoo:{case['model']}, {len(case['speeds'])} speeds ({speeds} of the fastest)", "",
-             "| strategy | stages (device: nodes) | measured step | simulated from measured stages |"
+    how = f", --emulate-by {case['emulate_by']}" if "emulate_by" in case else ""
+    lines = [f"### zoo:{case['model']}, {len(case['speeds'])} speeds ({speeds} of the fastest){how}", "",
+             "| strategy | stages (device: nodes) | measured step | predicted step | simulated from measured stages |"
              " with their jitter | load | measured / hetpart | predicted / hetpart | gap |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|"]
     ratios = {}
     for name, rs in runs.items():
         step = statistics.median(r["step_us"] for r in rs)
@@ -220,7 +229,9 @@ def report(case: dict) -> list[str]:
         resim = resimulated_step_us(plans[name], rs)
         inference = plans[name].get("mode", "inference") == "inference"
         jitter = f"{jittered_step_us(plans[name], rs) / 1e3:.1f} ms" if inference else "-"
-        lines.append(f"| {label} | {split} | {step / 1e3:.1f} ms | {resim / 1e3:.1f} ms | {jitter} | "
+        own = _predicted_step_us(plans[name])
+        lines.append(f"| {label} | {split} | {step / 1e3:.1f} ms | {own / 1e3:.1f} ms ({step / own - 1:+.0%}) | "
+                     f"{resim / 1e3:.1f} ms | {jitter} | "
                      f"{min(loads):.1f}-{max(loads):.1f} | "
                      f"{meas:.2f}x | {pred:.2f}x | {(meas - pred) / pred:+.0%} |")
     lines += ["", "per stage, hetpart's plan: predicted forward per microbatch (profile / emulation scale) vs "
@@ -248,11 +259,13 @@ def report(case: dict) -> list[str]:
 def print_report(cases: list[dict]) -> int:
     for case in cases:
         print("\n".join(report(case)))
-    bests = [c["best_baseline"] for c in cases if c.get("best_baseline")]
-    if bests:
-        geo = lambda xs: math.exp(statistics.fmean(math.log(x) for x in xs))  # noqa: E731
-        print(f"geomean over {len(bests)} case(s): hetpart's plan is {geo([b[0] for b in bests]):.2f}x faster than "
-              f"the best baseline measured, {geo([b[1] for b in bests]):.2f}x predicted")
+    geo = lambda xs: math.exp(statistics.fmean(math.log(x) for x in xs))  # noqa: E731
+    for mode in dict.fromkeys(c.get("emulate_by", "quota") for c in cases):
+        bests = [c["best_baseline"] for c in cases if c.get("best_baseline") and c.get("emulate_by", "quota") == mode]
+        if bests:
+            print(f"geomean over {len(bests)} case(s), --emulate-by {mode}: hetpart's plan is "
+                  f"{geo([b[0] for b in bests]):.2f}x faster than the best baseline measured, "
+                  f"{geo([b[1] for b in bests]):.2f}x predicted")
     return 0
 
 
@@ -269,7 +282,16 @@ def main() -> int:
     ap.add_argument("--json", type=Path, default=None, help="also write every run here")
     ap.add_argument("--keep", type=Path, default=None, help="keep the artifacts in this (new) folder")
     ap.add_argument("--from-json", type=Path, default=None, help="print the report of a --json file; run nothing")
+    ap.add_argument("--emulate-by", default="quota",
+                    help="comma-separated, of quota, sleep: each run is made under each (interleaved), reported apart")
+    ap.add_argument("--measure-link", action="store_true",
+                    help="plan with the link `hetpart profile-link --op send-recv` fits on this machine (NOTE "
+                         "[measured links]) instead of 10 GB/s and 20 us")
     args = ap.parse_args()
+    args.emulate_by = [m for m in args.emulate_by.split(",") if m]
+    if any(m not in ("quota", "sleep") for m in args.emulate_by):
+        ap.error(f"--emulate-by {','.join(args.emulate_by)}: expected quota and/or sleep")
+    args.link = None
     if args.from_json is not None:
         return print_report(json.loads(args.from_json.read_text()))
     args.strategies = ["optimal", *[s for s in args.strategies.split(",") if s and s != "optimal"]]
@@ -279,11 +301,19 @@ def main() -> int:
         ap.error(f"unknown model, cluster or strategy ({unknown or args.models + ' / ' + args.clusters})")
     start, cases = time.monotonic(), []
     print(f"load average at start: {os.getloadavg()} on {os.cpu_count()} cores", flush=True)
+    if args.measure_link:
+        from hetpart.profiler.links import measure_link
+
+        fit = measure_link("send-recv")
+        args.link = fit.toml()
+        print("profile-link --op send-recv: " + ", ".join(f"{n / 1024:g} KiB {t:.0f} us"
+                                                          for n, t in fit.measured_us.items()) + f" -> {args.link}",
+              flush=True)
     with tempfile.TemporaryDirectory(prefix="measured-speedup-") as tmp:
         workdir = Path(tmp)
         for model in args.models.split(","):
             for cluster in args.clusters.split(","):
-                cases.append(run_case(model, cluster, args, workdir))
+                cases.extend(run_case(model, cluster, args, workdir))
                 if args.json is not None:  # after every case, so a long run that stops keeps what it measured
                     args.json.write_text(json.dumps(cases, indent=1) + "\n")
         if args.keep is not None:

@@ -21,6 +21,7 @@ cores: each runs pinned to one core at a fixed CPU quota (cpu-4's 4 equal device
 core each), so the devices are known ones. The profile is then taken alone (no siblings: `hetpart
 profile --backward` without --cluster, one thread as a rank) and every simulated figure is divided by
 the emulation's scale (the share of a core each rank gets), the plan's step at the emulated speed.
+`--emulate-by sleep` pads each forward and backward to that share instead of a quota.
 """
 
 from __future__ import annotations
@@ -99,6 +100,9 @@ def main() -> int:
                              "send-recv`), not the preset's guess")
     parser.add_argument("--emulate", action="store_true",
                         help="run each rank on its own core at a fixed quota (cgroups; root), profile alone")
+    parser.add_argument("--emulate-by", default="quota", choices=["quota", "sleep"],
+                        help="with --emulate: CPU quotas (cgroups) or each forward/backward padded with a sleep "
+                             "(NOTE [emulation by sleep] in hetpart/runtime/emulate.py)")
     args = parser.parse_args()
     model = [*MODEL, "--microbatches", str(args.microbatches)]
     with tempfile.TemporaryDirectory(prefix="hetpart-schedules-") as tmp:
@@ -122,12 +126,13 @@ def main() -> int:
         for r in range(args.rounds):
             for schedule, out in plans.items():  # interleaved: A B C, A B C, ...
                 load = os.getloadavg()[0]
-                steps = run_fresh(out, mode=args.mode, schedule=schedule, steps=args.steps, emulate=args.emulate)[1:]
+                steps = run_fresh(out, mode=args.mode, schedule=schedule, steps=args.steps, emulate=args.emulate,
+                                  **({"emulate_by": args.emulate_by} if args.emulate else {}))[1:]
                 runs[schedule].append((statistics.median(steps), load))
                 print(f"  round {r}: {schedule}: {statistics.median(steps) * 1e3:.1f} ms (load {load:.1f})",
                       flush=True)
-    how = ("run --emulate (each rank on one core at a fixed quota), profile --backward alone, simulated / scale"
-           if args.emulate else "profile --cluster preset:cpu-4 --backward")
+    how = (f"run --emulate --emulate-by {args.emulate_by} (each rank on one core at a fixed share), profile --backward "
+           "alone, simulated / scale" if args.emulate else "profile --cluster preset:cpu-4 --backward")
     print(f"\n{MODEL[0]} ({' '.join(MODEL[1:])}), {args.mode}, {args.microbatches} microbatches, preset:cpu-4, "
           f"{how}; {args.rounds} rounds of {args.steps} steps\n")
     print(f"| schedule | stages | simulated step ms | measured step ms (median of rounds) | rounds ms | error | "

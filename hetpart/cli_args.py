@@ -179,6 +179,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--emulate", action="store_true",
                      help="rehearse on this Linux machine: each rank on a core, throttled with a cgroup CPU quota "
                           "to its device type's speed relative to the plan's fastest (needs writable cgroups)")
+    run.add_argument("--emulate-by", choices=["quota", "sleep"], default="quota",
+                     help="with --emulate: quota (cgroup CPU quotas, the default) or sleep (each forward and backward "
+                          "padded to its device's speed; no cgroups needed)")
     run.add_argument("--as-nodes", action="store_true",
                      help="start one torchrun per planned node (launch.sh's), all on loopback: a multi-node rehearsal")
     run.add_argument("--timeout", type=_number(float, positive=True, maximum=1e6), default=600,

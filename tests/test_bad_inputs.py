@@ -278,6 +278,8 @@ CASES: dict[str, Case] = {
     "optimizer-bytes-huge": Case(["partition", "zoo:mlp", *PARTITION, "--optimizer-bytes-per-param", "5000"],
                                  ["--optimizer-bytes-per-param must be <= 1024 (got 5000)"]),
     "seed-negative": Case(["partition", "zoo:mlp", *PARTITION, "--seed", "-1"], ["--seed must be >= 0 (got -1)"]),
+    "emulate-by-unknown": Case(["run", "{art}", "--emulate", "--emulate-by", "nap"],
+                               ["run: argument --emulate-by: invalid choice: 'nap'"]),
     "unknown-choice": Case(["partition", "zoo:mlp", *PARTITION, "--mode", "train"],
                            ["partition: argument --mode: invalid choice: 'train'", "see `hetpart partition --help`"]),
     # Artifacts edited by hand (hetpart/runtime/artifacts.py: read_json, read_plan)

@@ -33,11 +33,23 @@ NOTE [emulated devices]
 - Cleanup: on the way out (success, failure, Ctrl-C, SIGTERM), after the ranks are
   stopped, any process still in one of our cgroups is moved back to the parent and the
   cgroup removed; the cgroups never outlive the run.
+
+NOTE [emulation by sleep]
+`--emulate-by sleep` (no cgroups, no root): each rank pins itself to its core and, after every
+forward and backward of its stage, sleeps until the action's wall time is its thread's CPU time in
+it divided by its share (nothing where it already took longer). A quota caps a whole process over a
+period: it slows the rank's Python between actions and gloo's I/O threads by 1/share as well (a
+real slow device's host does not slow down), lets a rank that idled burst at full speed, and stops
+one that spent its quota for the rest of the period wherever it is, a hand-off included (measured:
+docs/benchmarks.md "Where pipelines lose time between stages"). Padding is exact per action and
+leaves the host's work at full speed, as a GPU's host would. Ranks that share a core still get the
+scaled shares of NOTE [emulated devices], so that each one's padding absorbs the other's compute.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import threading
 import time
@@ -54,6 +66,8 @@ WEIGHT_FACTOR = 10  # NOTE [emulated devices]: a rank's cgroup weighs 10 default
 CGROUP_ENV = "HETPART_EMULATE_CGROUP"  # a parent cgroup to create ours in (v1 cpu or v2)
 V1_ROOT = Path("/sys/fs/cgroup/cpu")
 V2_ROOT = Path("/sys/fs/cgroup")
+EMULATE_BY = ("quota", "sleep")  # NOTE [emulated devices], NOTE [emulation by sleep]
+SLOTS_FILE = "emulation.json"  # in the run's --io directory: each rank's core and share (sleep mode)
 
 
 @dataclass(frozen=True)
@@ -76,15 +90,18 @@ class Emulation:
     slots: list[RankSlot]
     speed_source: str  # "profile", "cost model (roofline)", or "profile and cost model (roofline)"
     scale: float  # every share was multiplied by this so that no core is oversubscribed (1.0: none)
+    mode: str = "quota"  # or "sleep": NOTE [emulation by sleep]
 
     def to_json(self) -> dict:
-        return {"period_us": PERIOD_US, "speed_source": self.speed_source, "scale": round(self.scale, 4),
+        return {"mode": self.mode, "period_us": PERIOD_US, "speed_source": self.speed_source,
+                "scale": round(self.scale, 4),
                 "ranks": [{"rank": s.rank, "device": s.device, "device_type": s.device_type, "core": s.core,
                            "share": round(s.share, 4), "quota_us": s.quota_us} for s in self.slots]}
 
     def describe(self) -> list[str]:
-        lines = [f"emulating {len(self.slots)} device(s), speeds from the {self.speed_source}, "
-                 f"CPU quotas with a {PERIOD_US // 1000} ms period:"]
+        how = (f"CPU quotas with a {PERIOD_US // 1000} ms period" if self.mode == "quota"
+               else "each forward and backward padded with a sleep to its share")
+        lines = [f"emulating {len(self.slots)} device(s), speeds from the {self.speed_source}, {how}:"]
         lines += [f"  rank {s.rank} ({s.device}, {s.device_type}): core {s.core}, {s.share:.1%} of it"
                   for s in self.slots]
         if self.scale < 1:
@@ -93,7 +110,8 @@ class Emulation:
         return lines
 
 
-def emulation_plan(plan: PlanReport, cores: list[int] | None = None, rank_devices: list[str] | None = None) -> Emulation:
+def emulation_plan(plan: PlanReport, cores: list[int] | None = None, rank_devices: list[str] | None = None,
+                   mode: str = "quota") -> Emulation:
     """The core and share of every rank of `plan` (plan.json), NOTE [emulated devices].
 
     `rank_devices`: the cluster device each rank runs on (manifest.json's `planned_device`: a
@@ -128,7 +146,9 @@ def emulation_plan(plan: PlanReport, cores: list[int] | None = None, rank_device
     scale = min(1.0, 1.0 / max(load.values()))
     if scale < 1:
         slots = [RankSlot(s.rank, s.device, s.device_type, s.core, s.share * scale) for s in slots]
-    return Emulation(slots, source, scale)
+    if mode not in EMULATE_BY:
+        raise HetpartError(f"--emulate-by {mode}: expected one of {', '.join(EMULATE_BY)}")
+    return Emulation(slots, source, scale, mode)
 
 
 @dataclass(frozen=True)
@@ -286,3 +306,59 @@ def emulated(emulation: Emulation, echo=print) -> Iterator[_Mover]:
     if missing:
         echo(f"warning: --emulate: rank(s) {', '.join(map(str, missing))} ran without their quota "
              "(never seen by the launcher's watcher)")
+
+
+@contextlib.contextmanager
+def emulating(emulation: Emulation, io_dir: Path, echo=print) -> Iterator[None]:
+    """The run's emulation while the ranks run: cgroups (`quota`) or each rank's slot in `io_dir` (`sleep`)."""
+    if emulation.mode == "quota":
+        with emulated(emulation, echo):
+            yield
+        return
+    for line in emulation.describe():
+        echo(line)
+    (io_dir / SLOTS_FILE).write_text(json.dumps(emulation.to_json()))
+    yield
+
+
+class SleepPadding:
+    """One rank's NOTE [emulation by sleep]: pins the process to its core; `pad` stretches an action."""
+
+    def __init__(self, core: int, share: float) -> None:
+        self.core, self.share = core, share
+        self.slept_s = 0.0
+
+    @staticmethod
+    def for_rank(io_dir: Path, rank: int) -> SleepPadding | None:
+        """This rank's padding, where the launcher asked for sleep emulation (else None)."""
+        path = io_dir / SLOTS_FILE
+        if not path.exists():
+            return None
+        slot = next(r for r in json.loads(path.read_text())["ranks"] if r["rank"] == rank)
+        return SleepPadding(slot["core"], slot["share"])
+
+    def pin(self) -> None:
+        """Pin this process (and the threads it starts later: gloo's) to the rank's core."""
+        os.sched_setaffinity(0, {self.core})
+
+    def pad(self, wall_start_s: float, cpu_start_s: float) -> None:
+        """Sleep until the action begun at `wall_start_s` (perf_counter) / `cpu_start_s` (thread_time) has
+        taken its CPU time / share of wall time."""
+        cpu_s = time.thread_time() - cpu_start_s
+        left_s = cpu_s / self.share - (time.perf_counter() - wall_start_s)
+        if left_s > 0:
+            time.sleep(left_s)
+            self.slept_s += left_s
+
+    def wrap(self, stage: object, name: str) -> None:
+        """Pad every call of `stage.name` (a PipelineStage's backward actions)."""
+        method = getattr(stage, name)
+
+        def padded(*args, **kwargs):
+            wall, cpu = time.perf_counter(), time.thread_time()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                self.pad(wall, cpu)
+
+        setattr(stage, name, padded)

@@ -38,7 +38,7 @@ from hetpart.runtime.tp import whole_weights
 from hetpart.runtime.artifacts import check_listed_files, mesh_pipelines, model_spec_for_run, read_plan
 from hetpart.runtime.checkpoint import CheckpointFlags, run_checkpoints, with_resume_commands
 from hetpart.runtime.measured import measurement
-from hetpart.runtime.emulate import emulated, emulation_plan, find_hierarchy
+from hetpart.runtime.emulate import emulating, emulation_plan, find_hierarchy
 from hetpart.runtime.schedules import MULTI_STAGE, SCHEDULES, check_schedule
 from hetpart.runtime.stages import stage_entries
 from hetpart.runtime.verify import Tolerances, Verification, check_tensor, reference_training, torch_threads
@@ -329,6 +329,7 @@ class RunOptions:
     as_nodes: bool = False  # one torchrun per planned node on loopback (a multi-node rehearsal)
     measure: bool = False  # write DIR/measured.json
     emulate: bool = False  # each rank on a core, throttled to its device's speed (NOTE [emulated devices])
+    emulate_by: str = "quota"  # or "sleep": NOTE [emulation by sleep] in runtime/emulate.py
     master_port: int | None = None  # the rendezvous port on 127.0.0.1 (default: a free one)
     batch_size: int | None = None  # run at this batch (default: the traced one); the batch is always dynamic
     seq_len: int | None = None  # run at this sequence length, where the plan's is dynamic (default: the traced one)
@@ -344,10 +345,6 @@ def _check_options(opts: RunOptions, batch_size: int, world: int, m: int, manife
         raise HetpartError(f"--mode {opts.mode}: expected inference or training")
     if manifest is not None:
         check_schedule(opts.schedule, manifest, m)  # and what a virtual-stage plan runs: runtime/schedules.py
-        if opts.measure and opts.schedule in MULTI_STAGE:
-            raise HetpartError(f"--measure takes one stage per rank; with --schedule {opts.schedule} leave it out "
-                               "(the step time is printed anyway; benchmarks/schedules.py compares it with the "
-                               "simulator)")
     elif opts.schedule not in SCHEDULES:
         raise HetpartError(f"--schedule {opts.schedule}: expected one of {', '.join(SCHEDULES)}")
     if m < 1 or batch_size % m:
@@ -469,11 +466,11 @@ def run_pipeline(out: Path, opts: RunOptions = RunOptions(), echo: Callable[[str
     m = opts.microbatches or plan.microbatches
     world = manifest["world_size"]
     _check_options(opts, spec.batch_size, world, m, manifest)
-    emulation = emulation_plan(plan, rank_devices=[r["planned_device"] for r in manifest["ranks"]]) \
-        if opts.emulate else None  # NOTE [emulated devices] in runtime/emulate.py: one slot per rank
+    emulation = emulation_plan(plan, rank_devices=[r["planned_device"] for r in manifest["ranks"]],
+                               mode=opts.emulate_by) if opts.emulate else None  # NOTE [emulated devices] in runtime/emulate.py: one slot per rank
     ckpt = run_checkpoints(manifest, as_json(plan.model), spec, m, opts, echo)  # NOTE [checkpoint layout]
     first_step = ckpt.first_step if ckpt is not None else 0
-    if emulation is not None:
+    if emulation is not None and emulation.mode == "quota":
         find_hierarchy()  # a writable cgroup, before anything runs
     if key is None and is_signed(out):
         echo(f"note: {out} is signed ({SIGNATURE_NAME}); pass --key FILE to check the signature")
@@ -507,6 +504,7 @@ def run_pipeline(out: Path, opts: RunOptions = RunOptions(), echo: Callable[[str
         if opts.verify and training:
             worker_args += ["--dump-weights"]  # the weights after the last step, for --verify
         worker_args += ["--checkpoint", ckpt.to_json()] if ckpt is not None else []
+        worker_args += ["--timeline"] if opts.measure else []  # NOTE [action timeline] in runtime/timeline.py
         cmds = _torchrun_commands(manifest, log_dir, opts.as_nodes, opts.master_port)
         where = (f"{len(cmds)} torchrun node(s) on loopback" if opts.as_nodes else "one torchrun")
         pipelines = mesh_pipelines(manifest)
@@ -517,7 +515,7 @@ def run_pipeline(out: Path, opts: RunOptions = RunOptions(), echo: Callable[[str
         echo(f"launching {where}: {world} rank(s), {backend}, {opts.mode} with {opts.schedule}, "
              f"{m} microbatch(es), {opts.steps} step(s); logs in {log_dir}")
         try:
-            with emulated(emulation, echo) if emulation is not None else contextlib.nullcontext():
+            with emulating(emulation, io_dir, echo) if emulation is not None else contextlib.nullcontext():
                 _run_torchruns([c + worker_args for c in cmds], manifest, log_dir, opts)
         except RunFailed as err:  # a rank died: the last checkpoint and how to resume (NOTE [checkpoint layout])
             raise with_resume_commands(err, out, ckpt, opts) from None

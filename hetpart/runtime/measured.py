@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from hetpart.plan_report import PlanReport
+from hetpart.runtime.handoff import analyse
 
 
 def time_stats_us(seconds: list[float]) -> dict:
@@ -36,12 +37,18 @@ def measurement(io_dir: Path, world: int, m: int, plan: PlanReport, opts: Any, t
     keep = slice(1, None) if opts.steps > 1 else slice(0, 1)
     stages = []
     last_steps: list[float] = []
+    v = len(plan.stages) // world if len(plan.stages) > world and not plan.pipelines else 1  # virtual stages
     for rank in range(world):
         data = json.loads((io_dir / f"timing{rank}.json").read_text())
-        forwards = [t for step in data["forward_s"][keep] for t in step[-m:]]
-        cpu = [t for step in data["forward_cpu_s"][keep] for t in step[-m:]]
-        per_stage = world // len(plan.stages) if not plan.pipelines else 1  # a TP stage's ranks: rank // T
+        if v > 1:  # a rank's v stages: its forward of one microbatch through all of them, summed per step
+            forwards = [sum(step) / m for step in data["forward_s"][keep]]
+            cpu = [sum(step) / m for step in data["forward_cpu_s"][keep]]
+        else:
+            forwards = [t for step in data["forward_s"][keep] for t in step[-m:]]
+            cpu = [t for step in data["forward_cpu_s"][keep] for t in step[-m:]]
+        per_stage = max(1, world // len(plan.stages)) if not plan.pipelines else 1  # a TP stage's ranks: rank // T
         planned = plan.stages[rank // per_stage]
+        mine = plan.stages[rank::world] if v > 1 else [planned]
         stages.append({
             "index": rank,
             "device": planned.devices[rank % per_stage] if per_stage > 1 else planned.device,
@@ -49,20 +56,25 @@ def measurement(io_dir: Path, world: int, m: int, plan: PlanReport, opts: Any, t
             # CPU time of the rank's thread: its own compute, without waiting for a core that
             # other ranks (or other jobs) share (NOTE [measured CPU time])
             "measured_cpu_time_us": round(statistics.median(cpu) * 1e6, 3),
-            "predicted_compute_us": planned.compute_us,
-            "predicted_time_us": planned.predicted_time_us,
+            "predicted_compute_us": round(sum(s.compute_us for s in mine), 3),
+            "predicted_time_us": round(sum(s.predicted_time_us for s in mine), 3),
             "forward_us": time_stats_us(forwards),  # every forward of a microbatch: its spread, not only the median
             "forward_cpu_us": time_stats_us(cpu),
         })
         if rank == world - 1:
             last_steps = data["step_s"][keep]
     predicted = None
-    if opts.mode == "inference":  # the slowest pipeline's step (one pipeline: the plan's stages, all m)
+    if opts.mode == "inference" and v == 1:  # the slowest pipeline's step (one pipeline: the plan's stages, all m)
         predicted = max(round(simulate([round(s.compute_us * 1000) for s in stages],
                                        [round(s.comm_out_us * 1000) for s in stages[:-1]], share,
                                        opts.schedule).step_ns / 1000, 3)
                         for stages, share in ([(q.stages, q.microbatches) for q in plan.pipelines] if plan.pipelines
                                               else [(plan.stages, m)]))
+    timelines = [json.loads((io_dir / f"timing{rank}.json").read_text()).get("timeline") for rank in range(world)]
+    timeline = None
+    if all(timelines):  # NOTE [action timeline]: every action of every rank, and where the step went
+        timeline = {"clock": "time.monotonic_ns (one clock for the ranks of a machine)", "ranks": timelines,
+                    "handoff": analyse(timelines, skip_first=opts.steps > 1).to_json()}
     return {
         "format_version": 1,
         "mode": opts.mode,
@@ -75,4 +87,5 @@ def measurement(io_dir: Path, world: int, m: int, plan: PlanReport, opts: Any, t
         "step_us": time_stats_us(last_steps),
         "step_times_us": [round(t * 1e6, 3) for t in last_steps],
         "predicted_step_time_us": predicted,
+        "timeline": timeline,
     }

@@ -32,9 +32,11 @@ from safetensors.torch import load_file, save_file
 
 from hetpart.errors import HetpartError
 from hetpart.runtime.checkpoint import CheckpointRun
+from hetpart.runtime.emulate import SleepPadding
 from hetpart.runtime import tp
 from hetpart.runtime.artifacts import dim_size, load_manifest, rank_pipeline, read_plan, symbol_sizes
 from hetpart.runtime.schedules import SCHEDULES, build_rank
+from hetpart.runtime.timeline import recording, schedule_stages
 from hetpart.trust import read_key
 
 # NOTE [test-only crash hook]: HETPART_TEST_CRASH_RANK=K makes rank K SIGKILL itself after its
@@ -84,11 +86,14 @@ class Boundary(torch.nn.Module):
         self.stage = stage
         self.forward_seconds: list[float] = []  # wall time of each microbatch's forward (for --measure)
         self.forward_cpu_seconds: list[float] = []  # and this thread's CPU time in it (the rank's own compute)
+        self.padding: SleepPadding | None = None  # --emulate-by sleep: NOTE [emulation by sleep]
 
     def forward(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
         start, cpu_start = time.perf_counter(), time.thread_time()
         args = tuple(_ContiguousGrad.apply(a) if a.is_floating_point() else a for a in args)
         outputs = tuple(o.contiguous() for o in self.stage(*args))
+        if self.padding is not None:
+            self.padding.pad(start, cpu_start)
         self.forward_seconds.append(time.perf_counter() - start)
         self.forward_cpu_seconds.append(time.thread_time() - cpu_start)
         if (os.environ.get("HETPART_TEST_CRASH_RANK") == os.environ.get("RANK")  # NOTE [test-only crash hook]
@@ -206,7 +211,8 @@ def sync_gradients(module: torch.nn.Module, groups: list, process_groups: list, 
 
 def run_rank(out: Path, io_dir: Path, mode: str, schedule_name: str, microbatches: int, steps: int,
              lr: float, device: torch.device, batch_size: int | None = None, seq_len: int | None = None,
-             key: bytes | None = None, dump_weights: bool = False, checkpoint: CheckpointRun | None = None) -> None:
+             key: bytes | None = None, dump_weights: bool = False, checkpoint: CheckpointRun | None = None,
+             timeline: bool = False, padding: SleepPadding | None = None) -> None:
     """Run this rank's stage; `checkpoint`: save and resume hooks (NOTE [checkpoint layout]); `batch_size` and `seq_len` are the run's (default: the plan's traced ones);
     with `key`, only if manifest.json's signature verifies. `microbatches` is the global batch's; a
     rank of one of several pipelines runs its pipeline's share of them (NOTE [the mesh])."""
@@ -231,6 +237,12 @@ def run_rank(out: Path, io_dir: Path, mode: str, schedule_name: str, microbatche
                        lambda e, sent: _static_metadata(manifest, e, sizes, device, sent))
     module, boundary, schedule = built.module, built.boundaries[0], built.schedule
     tp.attach_group(module, manifest, entry, groups)  # NOTE [tensor-parallel stages]
+    if padding is not None:  # NOTE [emulation by sleep]: every forward (in Boundary) and backward
+        for b in built.boundaries:
+            b.padding = padding
+        for s in schedule_stages(schedule):
+            padding.wrap(s, "backward_one_chunk")
+            padding.wrap(s, "backward_weight_one_chunk")
     first, last, output_entry = built.first, built.last, built.output_entry
     params = [p for p in module.parameters() if p.requires_grad]
     shared = shared_weight_groups(manifest) if training else []
@@ -253,12 +265,17 @@ def run_rank(out: Path, io_dir: Path, mode: str, schedule_name: str, microbatche
     losses: list[list[torch.Tensor]] = []
     step_seconds = []
     forwards_per_step, forward_cpu_per_step = [], []
+    recorder = recording(schedule_stages(schedule)) if timeline else contextlib.nullcontext()  # NOTE [action timeline]
+    actions = recorder.__enter__()
     for step in range(steps):
         seen = len(boundary.forward_seconds)
         if optimizer is not None:
             optimizer.zero_grad(set_to_none=True)
         dist.barrier()
         start = time.perf_counter()
+        if actions is not None:
+            actions.step = step
+            actions.add(kind="step", t_ns=time.monotonic_ns())
         if training and last:
             losses.append([])
             kwargs["losses"] = losses[-1]
@@ -268,6 +285,8 @@ def run_rank(out: Path, io_dir: Path, mode: str, schedule_name: str, microbatche
             sync_gradients(module, shared, process_groups, microbatches, share)  # NOTE [pipelines gradients]
             tp.break_for_test(module, manifest, entry, weight_names)  # NOTE [test-only crash hook]
         step_seconds.append(time.perf_counter() - start)
+        if actions is not None:
+            actions.add(kind="step_end", t_ns=time.monotonic_ns())
         forwards_per_step.append(boundary.forward_seconds[seen:])
         forward_cpu_per_step.append(boundary.forward_cpu_seconds[seen:])
         if step == 0 and last and tp.tp_rank(entry) == 0:  # a TP stage's ranks have equal outputs
@@ -284,6 +303,7 @@ def run_rank(out: Path, io_dir: Path, mode: str, schedule_name: str, microbatche
             optimizer.step()
         checkpoint.after_step(step, entry, module, optimizer, weight_names, params)  # --checkpoint-every
         print(f"rank {rank}: step {step} {step_seconds[-1] * 1e3:.2f} ms", flush=True)
+    recorder.__exit__(None, None, None)
     if losses:
         save_file({"losses": torch.stack([torch.stack(step).detach().float().cpu() for step in losses])},
                   str(io_dir / f"losses{rank}.safetensors"))  # [steps, this pipeline's microbatches]
@@ -294,7 +314,8 @@ def run_rank(out: Path, io_dir: Path, mode: str, schedule_name: str, microbatche
     if rank == world - 1:
         (io_dir / "step_seconds").write_text("\n".join(f"{s}" for s in step_seconds) + "\n")
     (io_dir / f"timing{rank}.json").write_text(json.dumps({"step_s": step_seconds, "forward_s": forwards_per_step,
-                                                                 "forward_cpu_s": forward_cpu_per_step}))
+                                                                 "forward_cpu_s": forward_cpu_per_step,
+                                                                 "timeline": actions.events if actions else None}))
     dist.barrier()
 
 
@@ -380,6 +401,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dump-weights", action="store_true",
                         help="training: write every rank's weights after the last step (for --verify)")
     parser.add_argument("--checkpoint", default=None, help="checkpoint and resume settings (JSON, from the launcher)")
+    parser.add_argument("--timeline", action="store_true", help="record every schedule action (NOTE [action timeline])")
     args = parser.parse_args(argv)
     try:
         key = read_key(args.key, args.out) if args.key is not None else None
@@ -388,13 +410,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"hetpart: rank {os.environ.get('RANK')}: {err}", file=sys.stderr, flush=True)
         return 2
     use_cuda = args.device == "auto" and manifest["backend"] == "nccl" and torch.cuda.is_available()
+    padding = SleepPadding.for_rank(args.io, int(os.environ.get("RANK", "0")))  # NOTE [emulation by sleep]
+    if padding is not None:
+        padding.pin()  # before gloo starts its threads: they inherit the core
     _exit_with_parent(args.io)
     dist.init_process_group("nccl" if use_cuda else "gloo", timeout=datetime.timedelta(seconds=args.timeout))
     try:
         device = torch.device(manifest["ranks"][dist.get_rank()]["device"] if use_cuda else "cpu")
         run_rank(args.out, args.io, args.mode, args.schedule, args.microbatches, args.steps, args.lr, device,
                  args.batch_size, args.seq_len, key, args.dump_weights,
-                 CheckpointRun.from_json(args.checkpoint) if args.checkpoint else None)
+                 CheckpointRun.from_json(args.checkpoint) if args.checkpoint else None, args.timeline, padding)
     except HetpartError as err:
         print(f"hetpart: rank {os.environ.get('RANK')}: {err}", file=sys.stderr, flush=True)
         if "TORCHELASTIC_RUN_ID" in os.environ:

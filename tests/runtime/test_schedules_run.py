@@ -38,9 +38,18 @@ def test_interleaved_schedules_train_like_the_model_and_a_broken_gradient_fails(
     # the tied embedding and LM head: stage 0 (rank 0) and stage 3 (rank 1), summed over a weights group
     assert [g["ranks"] for g in man["mesh"]["groups"] if g["kind"] == "weights"] == [[0, 1]]
 
-    assert main(["run", str(out), "--mode", "training", "--verify"]) == 0  # the plan's schedule
+    assert main(["run", str(out), "--mode", "training", "--verify", "--measure"]) == 0  # the plan's schedule
     ran = capsys.readouterr().out
     assert "training with interleaved-1f1b" in ran and "verify: PASS" in ran and "max_weight_rel_err=" in ran
+    # --measure with virtual stages: a rank's row is its stages' forwards, the timeline has each stage's actions
+    measured = json.loads((out / "measured.json").read_text())
+    stage_us = [s["compute_us"] for s in plan["stages"]]
+    assert [r["predicted_compute_us"] for r in measured["stages"]] == pytest.approx(
+        [stage_us[0] + stage_us[2], stage_us[1] + stage_us[3]], abs=0.01)
+    ranks = measured["timeline"]["ranks"]
+    assert [sorted({e["stage"] for e in events if e["kind"] in ("F", "B")}) for events in ranks] == [[0, 2], [1, 3]]
+    links = measured["timeline"]["handoff"]["handoff_latency"]  # stage 1 -> 2 runs from rank 1 to rank 0
+    assert {"0->1 fwd", "1->0 fwd", "0->1 bwd", "1->0 bwd"} <= set(links)
 
     # The gradient of each rank's second stage counted twice (NOTE [test-only crash hook]): only those fail.
     monkeypatch.setenv("HETPART_TEST_BREAK_GRAD_SYNC", "virtual")

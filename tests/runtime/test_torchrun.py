@@ -44,6 +44,17 @@ def test_two_ranks_verify_and_measure_at_another_batch_and_sequence_length(two_r
     assert measured["step_time_us"] > max(s["measured_time_us"] for s in measured["stages"])
     assert measured["predicted_step_time_us"] > 0
     assert "measured vs predicted" in out
+    # NOTE [action timeline]: each rank's forwards of both steps, rank 0's sends matched with rank 1's recvs
+    timeline = measured["timeline"]
+    for events in timeline["ranks"]:
+        assert sorted((e["step"], e["mb"]) for e in events if e["kind"] == "F") == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    (link, handoffs), = timeline["handoff"]["handoff_latency"].items()
+    assert link == "0->1 fwd" and handoffs["n"] >= 2 and handoffs["latency_median_us"] >= 0
+    last = timeline["handoff"]["ranks"][1]  # the measured step, as the last rank's timeline has it
+    assert abs(last["step_us"] - measured["step_time_us"]) <= 0.05 * measured["step_time_us"] + 100
+    assert 0 < last["forward_us"] <= last["compute_us"]  # inference: GPipe still calls its (empty) backwards
+    parts = last["compute_us"] + last["recv_wait_sender_behind_us"] + last["recv_wait_latency_us"] + last["other_us"]
+    assert parts == pytest.approx(last["step_us"], abs=1.0)  # the step, split without a remainder
 
 
 def test_tampered_weights_are_refused(two_rank_out, tmp_path, capsys):
