@@ -287,10 +287,15 @@ def rank_reads(ckpt: Checkpoint, entry: dict[str, Any], weights: list[str],
         for part in parts:
             if part["file"] not in layouts:
                 layouts[part["file"]] = part_layouts(ckpt, part)
-        keys = {k for p in parts for k in layouts[p["file"]] if k == f"weight/{fqn}" or k.startswith(f"optimizer/{fqn}/")}
+        held = [layouts[p["file"]] for p in parts]
+        keys = {k for h in held for k in h if k == f"weight/{fqn}" or k.startswith(f"optimizer/{fqn}/")}
+        weight = next((h[f"weight/{fqn}"] for h in held if f"weight/{fqn}" in h), None)
+        if weight is None:
+            raise HetpartError(f"--resume {ckpt.path}: its parts list {fqn} but hold no tensor weight/{fqn}; the "
+                               "checkpoint was edited: resume from another one")
         for key in sorted(keys):
             holders = [(p["file"], layouts[p["file"]][key]) for p in parts if key in layouts[p["file"]]]
-            need = needed_layout(key, holders[0][1], shards)
+            need = needed_layout(key, holders[0][1], shards, weight.shape)
             try:
                 out[key] = (need, plan_reads(key, need, holders))
             except HetpartError as err:

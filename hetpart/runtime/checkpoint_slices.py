@@ -127,13 +127,13 @@ def saved_layouts(tensors: dict[str, torch.Tensor], shards: dict[str, dict[str, 
     return out
 
 
-def needed_layout(key: str, old: Layout, shards: dict[str, dict[str, int]]) -> Layout:
+def needed_layout(key: str, old: Layout, shards: dict[str, dict[str, int]], weight_shape: tuple[int, ...]) -> Layout:
     """What a new rank needs of `key`, whose old layout is `old` (its full shape): its shard where the new plan
-    splits the weight (an optimizer state of the weight's full shape too), else all of it."""
+    splits the weight (of full shape `weight_shape`; an optimizer state of that shape too), else all of it."""
     kind, rest = key.split("/", 1)
     fqn = rest if kind == "weight" else rest.rsplit("/", 1)[0]
     shard = shards.get(fqn)
-    if shard is None or not old.shape:
+    if shard is None or old.shape != weight_shape:
         return Layout(old.shape)
     return shard_layout(old.shape, shard)
 

@@ -15,8 +15,12 @@ import torch
 from hetpart.codegen.tp import shard_tensor
 from hetpart.errors import HetpartError
 from hetpart.passes.tensor_parallel import WeightShard
-from hetpart.runtime.checkpoint import finish_checkpoint, load_rank, rank_state, read_checkpoint, save_rank
-from hetpart.runtime.checkpoint_slices import Layout, SliceRead, assemble, plan_reads, saved_layouts, shard_layout
+from hetpart.runtime.checkpoint import (
+    finish_checkpoint, load_rank, part_layouts, rank_state, read_checkpoint, save_rank,
+)
+from hetpart.runtime.checkpoint_slices import (
+    Layout, SliceRead, assemble, needed_layout, plan_reads, saved_layouts, shard_layout,
+)
 from hetpart.runtime.schedules import RankStages
 
 MODEL = {"model": "zoo:mlp", "overrides": {}, "seed": 0}
@@ -84,6 +88,10 @@ def test_a_part_no_old_rank_holds_and_a_bad_layout_are_refused():
     with pytest.raises(HetpartError, match="slices"):
         Layout.from_json({"shape": [8, 4], "dim": 0, "slices": [[4, 9]]}, "here")
     assert Layout.from_json(half.to_json(), "here") == half
+    assert needed_layout("optimizer/w/odd", Layout((3,)), {"w": {"dim": 0, "chunks": 1, "rank": 0, "degree": 2}},
+                         shape) == Layout((3,))  # not of the weight's shape: whole
+    assert needed_layout("optimizer/w/exp_avg", Layout(shape), {"w": {"dim": 0, "chunks": 1, "rank": 0,
+                                                                      "degree": 2}}, shape) == half
     with pytest.raises(HetpartError, match="optimizer state optimizer/w/odd is \\[3\\]"):
         saved_layouts({"weight/w": torch.zeros(4, 4), "optimizer/w/odd": torch.zeros(3)},
                       {"w": {"dim": 0, "chunks": 1, "rank": 0, "degree": 2}})
@@ -165,6 +173,9 @@ def test_tp_checkpoints_of_weights_and_adam_state_resume_under_another_degree(tm
             assert torch.allclose(state["exp_avg"], want_avg[attr], rtol=1e-6, atol=0)
             assert state["exp_avg_sq"].shape == p.shape
             assert state["step"].dim() == 0 and float(state["step"]) == 2.0  # a scalar counter, not a shard
+    if old == 1:  # a format-1 part (no `layout`): every tensor whole, its shape from the file's header
+        v1 = part_layouts(ckpt, {k: v for k, v in ckpt.ranks[0].items() if k != "layout"})
+        assert v1 == {k: Layout(tuple(v["shape"])) for k, v in ckpt.ranks[0]["layout"].items()}
     # A changed byte in one shard file is refused when a rank opens it.
     bad = tmp_path / "bad"
     shutil.copytree(path, bad)
