@@ -21,10 +21,15 @@ then the folder if it is empty). Resume (`--resume CK` or CK/step-<N>) checks ev
 before anything runs (`read_checkpoint`); each new rank then reads only the tensors it holds, lazily
 with safetensors' `safe_open`, from the old rank on its own device where there was one, else on its
 machine, else the first that held it (`weight_sources`), and checks the hash of each file it opens.
+A rank of a tensor-parallel stage writes its shards; rank<k>.json's `layout` says, per tensor, the full
+shape and which slices of it the rank holds, and a new rank reads only the slices of its own part
+(NOTE [checkpoint slices] in checkpoint_slices.py). A rank of several stages (virtual stages) writes and
+reads all of its stages' tensors (their FQNs are distinct; a weight two of them hold is written once).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -36,11 +41,14 @@ from typing import Any
 import torch
 
 from hetpart.errors import HetpartError
+from hetpart.runtime.checkpoint_slices import Layout, SliceRead, assemble, needed_layout, plan_reads, saved_layouts
+from hetpart.runtime.stages import rank_stage_entries
 from hetpart.fsio import AtomicWrites, real_dir
 from hetpart.trust import NotAPlainFile, sha256_bytes, sha256_file
 
 FORMAT = "hetpart-checkpoint"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: rank<k>.json's `layout` (NOTE [checkpoint slices]); 1 (every tensor whole) is read too
+READS = (1, 2)
 MANIFEST = "checkpoint.json"
 STEP_DIR = re.compile(r"step-(\d{6,})")
 
@@ -115,10 +123,12 @@ def rank_state(module: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
 
 
 def save_rank(ck: Path, step: int, token: str, rank: int, entry: dict[str, Any], tensors: dict[str, torch.Tensor],
-              optimizer: dict[str, Any]) -> None:
-    """Rank `rank`'s two files of the checkpoint of `step`, in the partial folder (NOTE [checkpoint layout])."""
+              optimizer: dict[str, Any], shards: dict[str, dict[str, int]] | None = None) -> None:
+    """Rank `rank`'s two files of the checkpoint of `step`, in the partial folder (NOTE [checkpoint layout]);
+    `shards`: its split weights (runtime/tp.py `weight_shards`), recorded in each tensor's layout."""
     from safetensors.torch import save
 
+    layouts = saved_layouts(tensors, shards or {})
     partial = ck / f".{step_dir_name(step)}.{token}.partial"
     partial.mkdir(exist_ok=True)
     data = save(tensors)
@@ -126,7 +136,7 @@ def save_rank(ck: Path, step: int, token: str, rank: int, entry: dict[str, Any],
     part = {"rank": rank, "file": f"rank{rank}.safetensors", "sha256": digest, "bytes": len(data),
             "device": entry.get("planned_device"), "machine": entry.get("machine"),
             "weights": sorted(k.split("/", 1)[1] for k in tensors if k.startswith("weight/")),
-            "optimizer": optimizer}
+            "optimizer": optimizer, "layout": {k: v.to_json() for k, v in sorted(layouts.items())}}
     _write_durable(partial / f"rank{rank}.json", json.dumps(part, indent=1, sort_keys=True).encode())
 
 
@@ -218,9 +228,9 @@ def read_checkpoint(path: Path, check_tensors: bool = True) -> Checkpoint:
         raise _tampered(path / MANIFEST, f"{MANIFEST} cannot be read ({err})") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise HetpartError(f"'{path / MANIFEST}' is not a hetpart checkpoint manifest")
-    if manifest.get("format_version") != FORMAT_VERSION:
+    if manifest.get("format_version") not in READS:
         raise HetpartError(f"'{path / MANIFEST}': checkpoint format {manifest.get('format_version')}, this hetpart "
-                           f"reads {FORMAT_VERSION}")
+                           f"reads {', '.join(map(str, READS))}")
     for name, digest in manifest["files"].items():
         check_file_hash(path / name, digest)
     ranks = manifest["ranks"]
@@ -233,8 +243,13 @@ def read_checkpoint(path: Path, check_tensors: bool = True) -> Checkpoint:
 
 
 def weight_sources(ckpt: Checkpoint, entry: dict[str, Any], weights: list[str]) -> dict[str, dict[str, Any]]:
-    """Which old rank's file each of a new rank's `weights` is read from: the old rank on the new rank's
+    """Which old rank's file each of a new rank's `weights` is read from first: the old rank on the new rank's
     planned device, else one on its machine, else the first that held it (NOTE [checkpoint layout])."""
+    return {w: parts[0] for w, parts in ranked_holders(ckpt, entry, weights).items()}
+
+
+def ranked_holders(ckpt: Checkpoint, entry: dict[str, Any], weights: list[str]) -> dict[str, list[dict[str, Any]]]:
+    """Each of a new rank's `weights` -> the old ranks' parts holding it, in the order `weight_sources` prefers."""
     holders = ckpt.holders()
     missing = [w for w in weights if w not in holders]
     if missing:
@@ -244,7 +259,53 @@ def weight_sources(ckpt: Checkpoint, entry: dict[str, Any], weights: list[str]) 
     def rank_of(part: dict[str, Any]) -> tuple[int, int]:
         return (part["device"] != entry.get("planned_device"), part["machine"] != entry.get("machine"))
 
-    return {w: min(holders[w], key=rank_of) for w in weights}
+    return {w: sorted(holders[w], key=rank_of) for w in weights}
+
+
+def part_layouts(ckpt: Checkpoint, part: dict[str, Any]) -> dict[str, Layout]:
+    """Tensor name -> its layout in an old rank's file (NOTE [checkpoint slices]); a format-1 part (no
+    `layout`) holds every tensor whole: their shapes from its file's header."""
+    where = f"checkpoint '{ckpt.path}', {part['file']}"
+    if "layout" in part:
+        raw = part["layout"]
+        if not isinstance(raw, dict):
+            raise HetpartError(f"{where}: `layout` is not a table; the checkpoint was edited: resume from another one")
+        return {k: Layout.from_json(v, f"{where}, {k}") for k, v in raw.items()}
+    from safetensors import safe_open
+
+    with safe_open(str(ckpt.path / part["file"]), framework="pt") as f:
+        return {k: Layout(tuple(f.get_slice(k).get_shape())) for k in f.keys()}
+
+
+def rank_reads(ckpt: Checkpoint, entry: dict[str, Any], weights: list[str],
+               shards: dict[str, dict[str, int]]) -> dict[str, tuple[Layout, list[SliceRead]]]:
+    """A new rank's tensors ("weight/<fqn>" and the optimizer state of each of its `weights`) -> what it needs of
+    each (its shard under `shards`, or all) and the old slices that make it (NOTE [checkpoint slices])."""
+    layouts: dict[str, dict[str, Layout]] = {}
+    out = {}
+    for fqn, parts in ranked_holders(ckpt, entry, weights).items():
+        for part in parts:
+            if part["file"] not in layouts:
+                layouts[part["file"]] = part_layouts(ckpt, part)
+        held = [layouts[p["file"]] for p in parts]
+        keys = {k for h in held for k in h if k == f"weight/{fqn}" or k.startswith(f"optimizer/{fqn}/")}
+        weight = next((h[f"weight/{fqn}"] for h in held if f"weight/{fqn}" in h), None)
+        if weight is None:
+            raise HetpartError(f"--resume {ckpt.path}: its parts list {fqn} but hold no tensor weight/{fqn}; the "
+                               "checkpoint was edited: resume from another one")
+        for key in sorted(keys):
+            holders = [(p["file"], layouts[p["file"]][key]) for p in parts if key in layouts[p["file"]]]
+            need = needed_layout(key, holders[0][1], shards, weight.shape)
+            try:
+                out[key] = (need, plan_reads(key, need, holders))
+            except HetpartError as err:
+                raise HetpartError(f"--resume {ckpt.path}: rank {entry['rank']}: {err}") from None
+    return out
+
+
+def rank_weights(entry: dict[str, Any]) -> list[str]:
+    """The weights of every stage a rank runs (several: virtual stages)."""
+    return sorted({w for e in rank_stage_entries(entry) for w in e["weights"]})
 
 
 def check_resume(ckpt: Checkpoint, model: dict[str, Any], data: dict[str, Any]) -> None:
@@ -264,36 +325,43 @@ def check_resume(ckpt: Checkpoint, model: dict[str, Any], data: dict[str, Any]) 
 
 def load_rank(ckpt: Checkpoint, entry: dict[str, Any], module: torch.nn.Module,
               optimizer: torch.optim.Optimizer | None, names: dict[str, str],
-              params: list[torch.nn.Parameter]) -> None:
-    """Give this rank's module and optimizer their tensors from `ckpt`, read lazily (`safe_open`) from the
-    files `weight_sources` picks, each file's hash checked first."""
+              params: list[torch.nn.Parameter], shards: dict[str, dict[str, int]] | None = None) -> None:
+    """Give this rank's module and optimizer their tensors from `ckpt`: only the slices of its part (`shards`: its
+    split weights, NOTE [checkpoint slices]), read lazily (`safe_open`) from the files `weight_sources` prefers,
+    each file's hash checked first."""
     from safetensors import safe_open
 
     state = module.state_dict()
-    fqn_attr = {names[attr]: attr for attr in state if attr in names}
-    sources = weight_sources(ckpt, entry, sorted(fqn_attr))
-    by_file: dict[str, list[str]] = {}
-    for fqn, part in sources.items():
-        by_file.setdefault(part["file"], []).append(fqn)
+    attrs: dict[str, list[str]] = {}
+    for attr in state:
+        if attr in names:
+            attrs.setdefault(names[attr], []).append(attr)
+    reads = rank_reads(ckpt, entry, sorted(attrs), shards or {})
+    sources = weight_sources(ckpt, entry, sorted(attrs))
     loaded: dict[str, torch.Tensor] = {}
+    with contextlib.ExitStack() as stack:
+        handles = {}
+        for file in sorted({r.file for _, rs in reads.values() for r in rs}):
+            part = next(p for p in ckpt.ranks if p["file"] == file)
+            check_file_hash(ckpt.path / file, part["sha256"])
+            handles[file] = stack.enter_context(safe_open(str(ckpt.path / file), framework="pt"))
+        for key, (need, rs) in reads.items():
+            loaded[key] = assemble(need, rs, lambda file, key=key: handles[file].get_slice(key))
     opt_tensors: dict[str, dict[str, torch.Tensor]] = {}
-    for file, fqns in sorted(by_file.items()):
-        part = next(p for p in ckpt.ranks if p["file"] == file)
-        check_file_hash(ckpt.path / file, part["sha256"])
-        with safe_open(str(ckpt.path / file), framework="pt") as f:
-            keys = set(f.keys())
-            for fqn in fqns:
-                loaded[fqn] = f.get_tensor(f"weight/{fqn}")
-                for key in keys:
-                    if key.startswith(f"optimizer/{fqn}/"):
-                        opt_tensors.setdefault(fqn, {})[key.rsplit("/", 1)[1]] = f.get_tensor(key)
+    for key, tensor in loaded.items():
+        if key.startswith("optimizer/"):
+            fqn, name = key.split("/", 1)[1].rsplit("/", 1)
+            opt_tensors.setdefault(fqn, {})[name] = tensor
     with torch.no_grad():
-        for fqn, tensor in loaded.items():
-            target = state[fqn_attr[fqn]]
-            if target.shape != tensor.shape:
-                raise HetpartError(f"checkpoint '{ckpt.path}': weight {fqn} is {list(tensor.shape)}, rank "
-                                   f"{entry['rank']}'s is {list(target.shape)}: a checkpoint of another model")
-            target.copy_(tensor)
+        for fqn, held in attrs.items():
+            tensor = loaded[f"weight/{fqn}"]
+            for attr in held:
+                target = state[attr]
+                if target.shape != tensor.shape:
+                    raise HetpartError(f"checkpoint '{ckpt.path}': weight {fqn} is {list(tensor.shape)} in this "
+                                       f"rank's part, rank {entry['rank']}'s is {list(target.shape)}: a checkpoint "
+                                       "of another model")
+                target.copy_(tensor)
     if optimizer is not None:
         optimizer.load_state_dict(_optimizer_state(ckpt, sources, opt_tensors, module, names, params, optimizer))
 
@@ -368,15 +436,18 @@ class CheckpointRun:
                                 "resume": Path(raw["resume"]) if raw["resume"] else None})
 
     def before_loop(self, entry: dict[str, Any], module: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
-                    names: dict[str, str], params: list[torch.nn.Parameter]) -> None:
-        """With --resume: load this rank's weights and optimizer state from the checkpoint."""
+                    names: dict[str, str], params: list[torch.nn.Parameter],
+                    shards: dict[str, dict[str, int]] | None = None) -> None:
+        """With --resume: load this rank's weights and optimizer state (`shards`: its split weights'
+        parts) from the checkpoint."""
         if self.resume is not None:
-            load_rank(read_checkpoint(self.resume, check_tensors=False), entry, module, optimizer, names, params)
+            load_rank(read_checkpoint(self.resume, check_tensors=False), entry, module, optimizer, names, params,
+                      shards)
             print(f"rank {entry['rank']}: resumed from {self.resume} (step {self.first_step})", flush=True)
 
     def after_step(self, step: int, entry: dict[str, Any], module: torch.nn.Module,
                    optimizer: torch.optim.Optimizer | None, names: dict[str, str],
-                   params: list[torch.nn.Parameter]) -> None:
+                   params: list[torch.nn.Parameter], shards: dict[str, dict[str, int]] | None = None) -> None:
         """After the optimizer step of this run's `step` (0-based): every rank saves where the global step is a
         multiple of `every`; rank 0 completes the checkpoint once all have (NOTE [checkpoint layout])."""
         import torch.distributed as dist
@@ -385,7 +456,7 @@ class CheckpointRun:
         if self.save_dir is None or not self.every or done % self.every:
             return
         tensors, opt = rank_state(module, optimizer, names, params)
-        save_rank(self.save_dir, done, self.token, entry["rank"], entry, tensors, opt)
+        save_rank(self.save_dir, done, self.token, entry["rank"], entry, tensors, opt, shards)
         dist.barrier()
         if dist.get_rank() == 0:
             data = {**(self.data or {}), "samples_seen": done * (self.data or {}).get("batch_size", 0)}
@@ -433,8 +504,10 @@ def prepare_run(manifest: dict[str, Any], plan_model: dict[str, Any], data: dict
     if resume is not None:
         ckpt = read_checkpoint(find_checkpoint(resume))
         check_resume(ckpt, model, data)
-        for entry in manifest["ranks"]:
-            weight_sources(ckpt, entry, entry["weights"])  # every weight is in it
+        from hetpart.runtime.tp import weight_shards
+
+        for entry in manifest["ranks"]:  # every slice of every rank's tensors is in it
+            rank_reads(ckpt, entry, rank_weights(entry), weight_shards(manifest, entry))
         first, path = ckpt.step, ckpt.path.resolve()
     if checkpoint_dir is not None:
         check_checkpoint_dir(checkpoint_dir, first, steps, every)
@@ -447,9 +520,6 @@ def run_checkpoints(manifest: dict[str, Any], plan_model: dict[str, Any], spec: 
                     echo: Any) -> CheckpointRun | None:
     """`run_pipeline`'s hook: the ranks' CheckpointRun from the RunOptions `opts` (None without checkpoint flags)."""
     flags = opts.checkpoints
-    if (flags.dir or flags.resume) and ("tensor_parallel" in manifest["mesh"] or "virtual_stages" in manifest["mesh"]):
-        raise HetpartError("--checkpoint-dir and --resume do not handle tensor-parallel or virtual stages yet (a "
-                           "rank holds shards, or several stages): run without them")
     run = prepare_run(manifest, plan_model, {"batch_size": spec.batch_size, "seq_len": spec.seq_len,
                                              "seed": spec.seed, "microbatches": microbatches}, opts.steps,
                       mode=opts.mode, checkpoint_dir=flags.dir, every=flags.every, keep=flags.keep,

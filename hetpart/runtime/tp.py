@@ -82,6 +82,16 @@ def _stage_tp(manifest: dict[str, Any], entry: dict[str, Any]) -> dict[str, Any]
     return manifest["mesh"]["tensor_parallel"][entry["stage"]] if is_tp(manifest) else None
 
 
+def weight_shards(manifest: dict[str, Any], entry: dict[str, Any]) -> dict[str, dict[str, int]]:
+    """This rank's split weights: FQN -> the split's dim and chunks, and the rank's place (rank, degree) in its TP
+    group; {} outside tensor parallelism. What a checkpoint records of its shards (NOTE [checkpoint slices])."""
+    stage_tp = _stage_tp(manifest, entry)
+    if stage_tp is None:
+        return {}
+    return {name: {"dim": spec["dim"], "chunks": spec["chunks"], "rank": tp_rank(entry), "degree": stage_tp["degree"]}
+            for name, spec in stage_tp["weights"].items()}
+
+
 def attach_group(module: torch.nn.Module, manifest: dict[str, Any], entry: dict[str, Any],
                  groups: dict[str, dist.ProcessGroup]) -> None:
     """Point the stage.py's collectives (`TP_GROUP`) at this stage's TP process group."""
@@ -144,4 +154,4 @@ def break_for_test(module: torch.nn.Module, manifest: dict[str, Any], entry: dic
 
 
 __all__ = ["attach_group", "break_for_test", "check_tp_mesh", "gather_shards", "is_tp", "lane_group", "tp_rank",
-           "whole_weights"]
+           "weight_shards", "whole_weights"]

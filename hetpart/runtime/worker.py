@@ -250,7 +250,8 @@ def run_rank(out: Path, io_dir: Path, mode: str, schedule_name: str, microbatche
     optimizer = torch.optim.SGD(params, lr=lr) if training and params else None
     checkpoint = checkpoint or CheckpointRun()
     weight_names = _weight_names(module)  # stage attribute -> weight FQN, fixed for the run
-    checkpoint.before_loop(entry, module, optimizer, weight_names, params)  # --resume
+    shards = tp.weight_shards(manifest, entry)  # a TP rank's parts of its split weights (NOTE [checkpoint slices])
+    checkpoint.before_loop(entry, module, optimizer, weight_names, params, shards)  # --resume
     args: tuple = ()
     rows = slice(None)  # this pipeline's rows of the global batch: its microbatches, in order
     if pipe.microbatches is not None:
@@ -301,7 +302,7 @@ def run_rank(out: Path, io_dir: Path, mode: str, schedule_name: str, microbatche
             save_file(grads, str(io_dir / f"grads{rank}.safetensors"))
         if optimizer is not None:
             optimizer.step()
-        checkpoint.after_step(step, entry, module, optimizer, weight_names, params)  # --checkpoint-every
+        checkpoint.after_step(step, entry, module, optimizer, weight_names, params, shards)  # --checkpoint-every
         print(f"rank {rank}: step {step} {step_seconds[-1] * 1e3:.2f} ms", flush=True)
     recorder.__exit__(None, None, None)
     if losses:

@@ -1,6 +1,7 @@
 """Tensor-parallel stages under torchrun (issue 20): zoo:gpt-small, zoo:llama and hf:llama as 2 stages x TP 2 on
 preset:cpu-4 train 1F1B equal to the model (outputs, every gathered gradient and weight, rtol 1e-5) and run
-inference equal to it; a doubled shard gradient fails --verify.
+inference equal to it; a doubled shard gradient fails --verify; gpt-small checkpoints its shards and resumes
+from them equal to the model (NOTE [checkpoint slices]).
 
 The fast tests (the sharding, the shards, the costs) are tests/test_tensor_parallel.py.
 """
@@ -69,11 +70,33 @@ def test_each_rank_holds_only_its_shards_and_the_manifest_records_the_groups(gpt
         load_manifest(bad)
 
 
-def test_gpt_two_stages_by_tp2_train_1f1b_equal_to_the_model(gpt_tp, capsys):
-    assert main(["run", str(gpt_tp), "--mode", "training", "--schedule", "1f1b", "--verify"]) == 0
+def test_gpt_two_stages_by_tp2_train_1f1b_equal_to_the_model_checkpoint_and_resume(gpt_tp, tmp_path, capsys):
+    """2 steps with a checkpoint (each rank its shards, NOTE [checkpoint slices]), then 2 more resumed from it:
+    both equal to the model (the resumed run: to 4 steps of it from the same initial weights)."""
+    ck = tmp_path / "ck"
+    train = ["run", str(gpt_tp), "--mode", "training", "--schedule", "1f1b", "--steps", "2", "--verify"]
+    assert main([*train, "--checkpoint-every", "2", "--checkpoint-dir", str(ck)]) == 0
     ran = capsys.readouterr().out
     assert "4 rank(s)" in ran and "verify: PASS" in ran and "max_grad_rel_err=" in ran
     assert "max_weight_rel_err=" in ran
+    step = ck / "step-000002"
+    part = json.loads((step / "rank1.json").read_text())  # TP rank 1 of stage 0
+    assert part["layout"]["weight/blocks.0.attn.qkv.weight"] == {
+        "shape": [192, 64], "dim": 0, "slices": [[32, 64], [96, 128], [160, 192]]}  # its half of q, of k, of v
+    assert part["layout"]["weight/blocks.0.mlp.proj.weight"] == {"shape": [64, 256], "dim": 1, "slices": [[128, 256]]}
+    assert part["layout"]["weight/blocks.0.ln_1.weight"] == {"shape": [64], "replicated": True}
+    assert _shapes(step / "rank1.safetensors")["weight/blocks.0.attn.qkv.weight"] == [96, 64]  # never the whole
+    assert main([*train, "--resume", str(ck)]) == 0
+    ran = capsys.readouterr().out
+    assert "after step 2" in ran and "4 rank(s)" in ran and "verify: PASS" in ran, ran
+    # A changed byte in one rank's shards: refused before any rank starts.
+    bad = tmp_path / "bad"
+    shutil.copytree(step, bad)
+    data = bytearray((bad / "rank3.safetensors").read_bytes())
+    data[len(data) // 2] ^= 1
+    (bad / "rank3.safetensors").write_bytes(bytes(data))
+    assert main([*train, "--resume", str(bad)]) == 2
+    assert "'rank3.safetensors' has sha256" in capsys.readouterr().err
 
 
 @pytest.fixture(scope="module", params=["zoo:llama", "hf:llama"])
