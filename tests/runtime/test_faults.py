@@ -191,8 +191,11 @@ def test_every_rank_exits_when_the_launcher_is_killed_or_hung_up(tmp_path):
         for sig, out in outs.items():
             shutil.copytree(plan, out)
             with (tmp_path / f"run-{sig.name}.log").open("w") as f:
+                # SIGHUP as a terminal gives it: not ignored, whether or not pytest runs under nohup (whose
+                # ignored SIGHUP the launcher keeps, hetpart/cli.py TERMINATING)
                 launchers[sig] = subprocess.Popen([sys.executable, "-m", "hetpart", "run", str(out), "--steps",
-                                                   "1000000"], env=env, stdout=f, stderr=subprocess.STDOUT)
+                                                   "1000000"], env=env, stdout=f, stderr=subprocess.STDOUT,
+                                                  preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
         deadline = time.monotonic() + 120
         for sig, out in outs.items():
             launcher, log = launchers[sig], tmp_path / f"run-{sig.name}.log"
