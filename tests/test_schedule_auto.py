@@ -97,6 +97,6 @@ def test_bad_auto_options_exit_2_with_one_line_and_write_nothing(extra, expect, 
     ("interleaved-zb", "training", "interleaved-zb"),
 ])
 def test_run_defaults_to_the_schedule_the_plan_was_made_for(planned, mode, runs):
-    from hetpart.runtime.launch import default_schedule
+    from hetpart.runtime.schedules import default_schedule
 
     assert default_schedule(planned, mode) == runs

@@ -39,7 +39,7 @@ from hetpart.runtime.artifacts import check_listed_files, mesh_pipelines, model_
 from hetpart.runtime.checkpoint import CheckpointFlags, run_checkpoints, with_resume_commands
 from hetpart.runtime.measured import measurement
 from hetpart.runtime.emulate import emulating, emulation_plan, find_hierarchy
-from hetpart.runtime.schedules import MULTI_STAGE, SCHEDULES, check_schedule
+from hetpart.runtime.schedules import SCHEDULES, check_schedule, default_schedule
 from hetpart.runtime.stages import stage_entries
 from hetpart.runtime.verify import Tolerances, Verification, check_tensor, reference_training, torch_threads
 from hetpart.runtime.verify import training_checks
@@ -443,13 +443,6 @@ def _plan_structure(plan: PlanReport) -> OutputStructure | None:
     if recorded.get("type") not in kinds:
         return None  # a tensor or a tuple: the flat tuple is the model's own output
     return OutputStructure(recorded["type"], tuple(recorded["names"]), kinds[recorded["type"]])
-
-
-def default_schedule(planned: str, mode: str) -> str:
-    """`run`'s schedule without `--schedule`: the one the plan was made for (its stash; `--schedule auto`'s choice,
-    NOTE [schedule choice]) in training, and an interleaved plan's in inference too (its stages need it); GPipe
-    otherwise (runtime/schedules.py)."""
-    return planned if planned in MULTI_STAGE or (mode == "training" and planned in SCHEDULES) else "gpipe"
 
 
 def run_pipeline(out: Path, opts: RunOptions = RunOptions(), echo: Callable[[str], None] = print) -> RunResult:

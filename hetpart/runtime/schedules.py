@@ -146,3 +146,10 @@ def build_rank(out: Path, manifest: dict[str, Any], entry: dict[str, Any], devic
     return RankRun(module=RankStages(modules, [weight_names(m) for m in modules]), boundaries=boundaries,
                    schedule=schedule, first=mine[0]["stage"] == 0, last=mine[-1]["stage"] == num_stages - 1,
                    output_entry=mine[-1])
+
+
+def default_schedule(planned: str, mode: str) -> str:
+    """The schedule of `run` (and of a worker launch.sh starts) without `--schedule`: the one the plan was made
+    for (its stash; `--schedule auto`'s choice, NOTE [schedule choice]) in training, and an interleaved plan's
+    in inference too (its stages need it); GPipe otherwise."""
+    return planned if planned in MULTI_STAGE or (mode == "training" and planned in SCHEDULES) else "gpipe"

@@ -35,7 +35,7 @@ from hetpart.runtime.checkpoint import CheckpointRun
 from hetpart.runtime.emulate import SleepPadding
 from hetpart.runtime import tp
 from hetpart.runtime.artifacts import dim_size, load_manifest, rank_pipeline, read_plan, symbol_sizes
-from hetpart.runtime.schedules import SCHEDULES, build_rank
+from hetpart.runtime.schedules import SCHEDULES, build_rank, default_schedule
 from hetpart.runtime.timeline import recording, schedule_stages
 from hetpart.trust import read_key
 
@@ -209,7 +209,7 @@ def sync_gradients(module: torch.nn.Module, groups: list, process_groups: list, 
         sum_shared_grads(module, groups, process_groups)
 
 
-def run_rank(out: Path, io_dir: Path, mode: str, schedule_name: str, microbatches: int, steps: int,
+def run_rank(out: Path, io_dir: Path, mode: str, schedule_name: str | None, microbatches: int, steps: int,
              lr: float, device: torch.device, batch_size: int | None = None, seq_len: int | None = None,
              key: bytes | None = None, dump_weights: bool = False, checkpoint: CheckpointRun | None = None,
              timeline: bool = False, padding: SleepPadding | None = None) -> None:
@@ -218,7 +218,9 @@ def run_rank(out: Path, io_dir: Path, mode: str, schedule_name: str, microbatche
     rank of one of several pipelines runs its pipeline's share of them (NOTE [the mesh])."""
     rank, world = dist.get_rank(), dist.get_world_size()
     manifest = load_manifest(out, key)
-    model = read_plan(out, manifest).model  # checked before any code of `out` runs
+    plan = read_plan(out, manifest)  # checked before any code of `out` runs
+    model = plan.model
+    schedule_name = schedule_name or default_schedule(plan.schedule, mode)  # launch.sh without --schedule
     if manifest["world_size"] != world:
         raise HetpartError(f"the plan has {manifest['world_size']} ranks but torchrun started {world}")
     entry = manifest["ranks"][rank]
@@ -387,7 +389,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("out", type=Path)
     parser.add_argument("--io", type=Path, required=True)
     parser.add_argument("--mode", choices=["inference", "training"], default="inference")
-    parser.add_argument("--schedule", choices=sorted(SCHEDULES), default="gpipe")
+    parser.add_argument("--schedule", choices=sorted(SCHEDULES), default=None,
+                        help="default: the plan's in training (runtime/schedules.py default_schedule)")
     parser.add_argument("--microbatches", type=int, required=True)
     parser.add_argument("--steps", type=int, default=1)
     parser.add_argument("--lr", type=float, default=1e-3)
