@@ -78,6 +78,21 @@ def resharding_bytes(problem, plan) -> int:
     return sum(state_to_move_bytes(problem, w) for ws in stage_weights(problem, plan.stage_of).values() for w in ws)
 
 
+def _train_until(good: dict[str, float], rows: list[dict], since_s: float, step_s: float,
+                 samples_per_step: int) -> None:
+    """Each policy's samples trained in the `since_s` since the last event: the time it was not stopped (its
+    last row's `_down_s`), at the step time of the plan it then ran (the first plan's `step_s` / its `_speed`)."""
+    for policy in good:
+        down_s = rows[-1][policy + "_down_s"] if rows else 0.0
+        speed = rows[-1][policy + "_speed"] if rows else 1.0
+        good[policy] += max(0.0, since_s - down_s) / step_s * samples_per_step * speed
+
+
+def _replayed(plan_json: dict, rows: list[dict], end_s: float, good: dict[str, float]) -> dict:
+    return {"model": plan_json["model"]["model"], "rows": rows, "trace_h": round(end_s / 3600, 2),
+            "goodput_ratio": round(good["hetpart"] / good["restart"], 4) if good["restart"] else None}
+
+
 def replay(path: Path, args: argparse.Namespace) -> dict:
     data = json.loads((path / "ir" / "analysis.json").read_text())
     stored, full = problem_from_json(data["problem"]), cluster_from_json(data["cluster"])
@@ -94,11 +109,9 @@ def replay(path: Path, args: argparse.Namespace) -> dict:
     rows, prev_t = [], 0.0
     bottleneck_ns = plan_json["bottleneck_us"] * 1000
     good = {"hetpart": 0.0, "restart": 0.0}
+    step_s = bottleneck_ns * 1e-9 * (m + len(plan_json["stages"]) - 1)  # GPipe fill + drain, per step
     for t, kind, machine in events:
-        step_s = bottleneck_ns * 1e-9 * (m + len(plan_json["stages"]) - 1)  # GPipe fill + drain, per step
-        for policy in good:
-            good[policy] += max(0.0, t - prev_t - (rows[-1][policy + "_down_s"] if rows else 0.0)) / step_s * \
-                samples_per_step * (rows[-1][policy + "_speed"] if rows else 1.0)
+        _train_until(good, rows, t - prev_t, step_s, samples_per_step)
         (alive.discard if kind == "lose" else alive.add)(machine)
         start, cpu = time.perf_counter(), time.process_time()
         problem = retarget(stored, on_machines(full, alive))
@@ -136,8 +149,7 @@ def replay(path: Path, args: argparse.Namespace) -> dict:
         old_devices = result.plan.device_of_stage
         prev_t = t
         print(json.dumps(rows[-1]), flush=True)
-    return {"model": plan_json["model"]["model"], "rows": rows, "trace_h": round(prev_t / 3600, 2),
-            "goodput_ratio": round(good["hetpart"] / good["restart"], 4) if good["restart"] else None}
+    return _replayed(plan_json, rows, prev_t, good)
 
 
 def pipelines_holders(problem, pp) -> dict[str, tuple[str, ...]]:
@@ -179,9 +191,7 @@ def replay_pipelines(path: Path, stored, full: Cluster, plan_json: dict, manifes
     iteration_ns = plan_json["iteration_us"] * 1000
     good = {"hetpart": 0.0, "restart": 0.0}
     for t, kind, machine in events:
-        for policy in good:
-            good[policy] += max(0.0, t - prev_t - (rows[-1][policy + "_down_s"] if rows else 0.0)) / \
-                (iteration_ns * 1e-9) * samples_per_step * (rows[-1][policy + "_speed"] if rows else 1.0)
+        _train_until(good, rows, t - prev_t, iteration_ns * 1e-9, samples_per_step)
         (alive.discard if kind == "lose" else alive.add)(machine)
         start, cpu = time.perf_counter(), time.process_time()
         problem = retarget(stored, on_machines(full, alive))
@@ -236,8 +246,7 @@ def replay_pipelines(path: Path, stored, full: Cluster, plan_json: dict, manifes
                for p in chosen.plan.pipelines]
         prev_t = t
         print(json.dumps(rows[-1]), flush=True)
-    return {"model": plan_json["model"]["model"], "rows": rows, "trace_h": round(prev_t / 3600, 2),
-            "goodput_ratio": round(good["hetpart"] / good["restart"], 4) if good["restart"] else None}
+    return _replayed(plan_json, rows, prev_t, good)
 
 
 def main() -> int:
