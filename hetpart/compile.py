@@ -36,7 +36,7 @@ from hetpart.frontend.fits import check_fits_cluster
 from hetpart.ir import info
 from hetpart.partitioner import Plan, Problem, solve, verify_plan
 from hetpart.partitioner.problem import TIME_NS
-from hetpart.partitioner.pipelines import PipelinesPlan
+from hetpart.partitioner.pipelines import PipelinesPlan, one_f_one_b_stage_cap
 from hetpart.partitioner.simulate import VIRTUAL_SCHEDULES
 from hetpart.partitioner.virtual import check_virtual_options, plan_virtual
 from hetpart.pipeline_groups import check_groups, check_pipeline_options
@@ -437,9 +437,8 @@ def compile_model(spec: ModelSpec, cluster_spec: str | Cluster, out: Path, opts:
         if opts.tensor_parallel > 1:  # every slot a TP group: NOTE [tensor-parallel costs]
             tp = tp_lowering(gm, problem, cluster, opts.tensor_parallel, groups, training is not None, echo)
             problem = tp.problem
-        if opts.schedule == "1f1b" and opts.microbatches < min(problem.max_stages or len(problem.devices),
-                                                               len(problem.devices)):
-            problem.max_stages = opts.microbatches  # NOTE [1F1B stages]
+        if (cap := one_f_one_b_stage_cap(problem, opts.schedule, opts.microbatches)) is not None:
+            problem.max_stages = cap  # NOTE [1F1B stages]
             echo(f"note: --schedule 1f1b runs at most as many stages as microbatches: planning at most "
                  f"{opts.microbatches} stage(s) (--microbatches {opts.microbatches}) on the {len(problem.devices)} "
                  "devices; more microbatches allow more stages")

@@ -94,6 +94,16 @@ def _devices_of(stage: StageCost) -> tuple[str, ...]:
     return tuple(stage.devices) or (stage.device,)
 
 
+def one_f_one_b_stage_cap(problem: Problem, schedule: str, microbatches: int) -> int | None:
+    """NOTE [1F1B stages] (hetpart/compile.py): the stage cap a `schedule` pipeline of `microbatches` needs on
+    `problem`'s devices -- M, for 1F1B with M below both the devices' count and the problem's own cap --
+    or None when none is needed."""
+    devices = len(problem.devices)
+    if schedule == "1f1b" and microbatches < min(problem.max_stages or devices, devices):
+        return microbatches
+    return None
+
+
 def sub_problem(problem: Problem, devices: Sequence[str], microbatches: int) -> Problem:
     """`problem` on `devices` only, for a pipeline of `microbatches` microbatches: the training stash
     counts them, and a 1F1B pipeline has at most that many stages (NOTE [1F1B stages] in compile.py)."""

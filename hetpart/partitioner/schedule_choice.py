@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from hetpart.errors import HetpartError
 from hetpart.partitioner.baselines import simulated_timeline
 from hetpart.partitioner.dp import dp_hint
+from hetpart.partitioner.pipelines import one_f_one_b_stage_cap
 from hetpart.partitioner.problem import Plan, Problem
 from hetpart.partitioner.simulate import VIRTUAL_SCHEDULES
 from hetpart.partitioner.virtual import VirtualPlan, plan_virtual
@@ -155,9 +156,8 @@ def schedule_problem(problem: Problem, cand: Candidate) -> Problem:
     if training is not None:
         training = dataclasses.replace(training, schedule=cand.schedule, microbatches=cand.microbatches)
     out = dataclasses.replace(problem, training=training)
-    devices = len(problem.devices)
-    if cand.schedule == "1f1b" and cand.microbatches < min(problem.max_stages or devices, devices):
-        out.max_stages = cand.microbatches  # NOTE [1F1B stages] in hetpart/compile.py
+    if (cap := one_f_one_b_stage_cap(problem, cand.schedule, cand.microbatches)) is not None:
+        out.max_stages = cap  # as compile_model caps it
     return out
 
 
