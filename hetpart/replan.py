@@ -137,8 +137,7 @@ def replan(old: Path, out: Path, *, cluster: str | None = None, lose: tuple[str,
            add: tuple[str, ...] = (), slack: float = 0.02, time_limit_s: float = 30.0, seed: int = 0,
            force: bool = False, echo: Callable[[str], None] = print) -> Any:
     """Re-plan OLD_DIR for the new device set and write NEW_DIR; the CompileResult."""
-    from hetpart.compile import CompileOptions, compile_model
-    from hetpart.runtime.artifacts import check_listed_files, load_manifest, model_spec_for_run, read_listed, read_plan
+    from hetpart.runtime.artifacts import check_listed_files, load_manifest, read_listed, read_plan
 
     manifest = load_manifest(old)
     plan = read_plan(old, manifest)
@@ -165,16 +164,28 @@ def replan(old: Path, out: Path, *, cluster: str | None = None, lose: tuple[str,
     result = lexicographic_plan(problem, scratch, holders_of(manifest["ranks"]), slack=slack,
                                 time_limit_s=time_limit_s, seed=seed,
                                 old_devices=[e["planned_device"] for e in manifest["ranks"]])
-    plan_s = time.perf_counter() - start
+    return _write_replan(old, out, manifest, plan, stored, old_cluster, target, result, time.perf_counter() - start,
+                         describe, ReplanChoice, seed=seed, force=force, echo=echo)
+
+
+def _write_replan(old: Path, out: Path, manifest: dict, plan: Any, stored: Problem, old_cluster: Cluster,
+                  target: Cluster, result: Any, plan_s: float, describe_fn: Callable[[Any, float, list[str]], list[str]],
+                  choice: Callable[[Problem, Any, dict], Any], *, seed: int, force: bool, echo: Callable[[str], None],
+                  **options: Any) -> Any:
+    """Print a re-plan's `result` (`describe_fn`), record it, and write NEW_DIR with it in place of the solve
+    (`choice`: ReplanChoice or PipelinesChoice); the old plan's options otherwise, `options` on top."""
+    from hetpart.compile import CompileOptions, compile_model
+    from hetpart.runtime.artifacts import model_spec_for_run
+
     lost = sorted({d.name for d in old_cluster.devices} - {d.name for d in target.devices})
-    for line in describe(result, plan_s, lost):
+    for line in describe_fn(result, plan_s, lost):
         echo(line)
     record = {**result.to_json(), "from": str(old), "lost": lost, "replan_s": round(plan_s, 3)}
-    choice = ReplanChoice(stored, result, record)
     opts = CompileOptions(microbatches=plan.microbatches, seed=seed, force=force, mode=plan.mode,
                           schedule=plan.schedule, optimizer_bytes_per_param=plan.optimizer_bytes_per_param or 8,
                           pt2=any("stage.pt2" in e["files"] for e in manifest["ranks"]),
-                          meta=plan.weights == "manifest", align=plan.align, replan=choice)
+                          meta=plan.weights == "manifest", align=plan.align, replan=choice(stored, result, record),
+                          **options)
     spec = model_spec_for_run(plan, None, False, echo)
     return compile_model(spec, target, out, opts, echo=echo)
 
@@ -240,11 +251,10 @@ def replan_pipelines_dir(old: Path, out: Path, manifest: dict, plan: Any, stored
                          echo: Callable[[str], None]) -> Any:
     """`replan` of a plan of data-parallel pipelines (NOTE [re-plan pipelines]); the CompileResult."""
     from hetpart.codegen.pipelines_record import PIPELINES_RECORD
-    from hetpart.compile import CompileOptions, compile_model
     from hetpart.partitioner.pipeline_search import plan_with_baselines
     from hetpart.partitioner.replan_pipelines import pipelines_from_json, replan_pipelines
     from hetpart.partitioner.solve import SolveOptions
-    from hetpart.runtime.artifacts import model_spec_for_run, read_listed
+    from hetpart.runtime.artifacts import read_listed
 
     if PIPELINES_RECORD not in manifest["files"]:
         raise HetpartError(f"{old} has no {PIPELINES_RECORD} (its pipelines were partitioned by an earlier hetpart); "
@@ -262,15 +272,5 @@ def replan_pipelines_dir(old: Path, out: Path, manifest: dict, plan: Any, stored
         scratch = None
     result = replan_pipelines(problem, old_pipes, holders_of(manifest["ranks"]), scratch, slack=slack,
                               time_limit_s=time_limit_s, seed=seed)
-    plan_s = time.perf_counter() - start
-    lost = sorted({d.name for d in old_cluster.devices} - {d.name for d in target.devices})
-    for line in describe_pipelines(result, plan_s, lost):
-        echo(line)
-    record = {**result.to_json(), "from": str(old), "lost": lost, "replan_s": round(plan_s, 3)}
-    opts = CompileOptions(microbatches=plan.microbatches, seed=seed, force=force, mode=plan.mode,
-                          schedule=plan.schedule, optimizer_bytes_per_param=plan.optimizer_bytes_per_param or 8,
-                          pt2=any("stage.pt2" in e["files"] for e in manifest["ranks"]),
-                          meta=plan.weights == "manifest", align=plan.align, parallel="data",
-                          replan=PipelinesChoice(stored, result, record))
-    spec = model_spec_for_run(plan, None, False, echo)
-    return compile_model(spec, target, out, opts, echo=echo)
+    return _write_replan(old, out, manifest, plan, stored, old_cluster, target, result, time.perf_counter() - start,
+                         describe_pipelines, PipelinesChoice, seed=seed, force=force, echo=echo, parallel="data")
