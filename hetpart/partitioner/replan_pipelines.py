@@ -82,13 +82,21 @@ def pipelines_from_json(data: dict, where: str) -> list[OldPipeline]:
                         tuple(p["device_of_stage"]), int(p["microbatches"])) for p in data["pipelines"]]
 
 
-def pipelines_moves(problem: Problem, pp: PipelinesPlan, holders: Mapping[str, tuple[str, ...]]) -> Moves:
-    """What `pp` moves (replan.stage_moves over every pipeline's stages, in rank order)."""
-    held, devices = {}, []
+def _stages_in_a_row(problem: Problem, pp: PipelinesPlan) -> tuple[dict[int, set[str]], list[str], list[int]]:
+    """Every pipeline's stages in rank order as one row: each stage's weights, its device, and where each
+    pipeline's stages start in the row (for replan.stage_moves and relabel_stages)."""
+    held, devices, first = {}, [], []
     for p in pp.pipelines:
+        first.append(len(devices))
         for k, ws in sorted(stage_weights(problem, p.plan.stage_of).items()):
             held[len(devices) + k] = ws
         devices += list(p.plan.slot_of_stage)
+    return held, devices, first
+
+
+def pipelines_moves(problem: Problem, pp: PipelinesPlan, holders: Mapping[str, tuple[str, ...]]) -> Moves:
+    """What `pp` moves (replan.stage_moves over every pipeline's stages, in rank order)."""
+    held, devices, _ = _stages_in_a_row(problem, pp)
     return stage_moves(problem, held, devices, holders)
 
 
@@ -204,12 +212,7 @@ def resplit(problem: Problem, parts: Sequence[tuple], microbatches: int,
 
 def relabeled(problem: Problem, pp: PipelinesPlan, holders: Mapping[str, tuple[str, ...]]) -> list[tuple]:
     """`pp`'s stages relabeled for the fewest bytes (NOTE [re-plan pipelines] b): its parts, in order."""
-    held, devices, first = {}, [], []
-    for p in pp.pipelines:
-        first.append(len(devices))
-        for k, ws in sorted(stage_weights(problem, p.plan.stage_of).items()):
-            held[len(devices) + k] = ws
-        devices += list(p.plan.slot_of_stage)
+    held, devices, first = _stages_in_a_row(problem, pp)
     new = relabel_stages(problem, held, devices, holders)
     return [(tuple(new[f:f + len(p.plan.slot_of_stage)]), p.plan.stage_of, tuple(new[f:f + len(p.plan.slot_of_stage)]))
             for f, p in zip(first, pp.pipelines)]
