@@ -38,8 +38,10 @@ def measurement(io_dir: Path, world: int, m: int, plan: PlanReport, opts: Any, t
     stages = []
     last_steps: list[float] = []
     v = len(plan.stages) // world if len(plan.stages) > world and not plan.pipelines else 1  # virtual stages
+    timelines = []
     for rank in range(world):
         data = json.loads((io_dir / f"timing{rank}.json").read_text())
+        timelines.append(data.get("timeline"))
         if v > 1:  # a rank's v stages: its forward of one microbatch through all of them, summed per step
             forwards = [sum(step) / m for step in data["forward_s"][keep]]
             cpu = [sum(step) / m for step in data["forward_cpu_s"][keep]]
@@ -70,7 +72,6 @@ def measurement(io_dir: Path, world: int, m: int, plan: PlanReport, opts: Any, t
                                        opts.schedule).step_ns / 1000, 3)
                         for stages, share in ([(q.stages, q.microbatches) for q in plan.pipelines] if plan.pipelines
                                               else [(plan.stages, m)]))
-    timelines = [json.loads((io_dir / f"timing{rank}.json").read_text()).get("timeline") for rank in range(world)]
     timeline = None
     if all(timelines):  # NOTE [action timeline]: every action of every rank, and where the step went
         timeline = {"clock": "time.monotonic_ns (one clock for the ranks of a machine)", "ranks": timelines,

@@ -269,44 +269,43 @@ def run_rank(out: Path, io_dir: Path, mode: str, schedule_name: str | None, micr
     step_seconds = []
     forwards_per_step, forward_cpu_per_step = [], []
     recorder = recording(schedule_stages(schedule)) if timeline else contextlib.nullcontext()  # NOTE [action timeline]
-    actions = recorder.__enter__()
-    for step in range(steps):
-        seen = len(boundary.forward_seconds)
-        if optimizer is not None:
-            optimizer.zero_grad(set_to_none=True)
-        dist.barrier()
-        start = time.perf_counter()
-        if actions is not None:
-            actions.step = step
-            actions.add(kind="step", t_ns=time.monotonic_ns())
-        if training and last:
-            losses.append([])
-            kwargs["losses"] = losses[-1]
-        with torch.no_grad() if not training else contextlib.nullcontext():
-            result = schedule.step(*args, **kwargs)
-        if training:
-            sync_gradients(module, shared, process_groups, microbatches, share)  # NOTE [pipelines gradients]
-            tp.break_for_test(module, manifest, entry, weight_names)  # NOTE [test-only crash hook]
-        step_seconds.append(time.perf_counter() - start)
-        if actions is not None:
-            actions.add(kind="step_end", t_ns=time.monotonic_ns())
-        forwards_per_step.append(boundary.forward_seconds[seen:])
-        forward_cpu_per_step.append(boundary.forward_cpu_seconds[seen:])
-        if step == 0 and last and tp.tp_rank(entry) == 0:  # a TP stage's ranks have equal outputs
-            outputs = result if isinstance(result, tuple) else (result,)
-            names = [o["name"] for o in output_entry["outputs"]]
-            save_file({n: t.detach().cpu().contiguous() for n, t in zip(names, outputs)},
-                      str(io_dir / outputs_file(pipe.index if pipe.microbatches is not None else None)))
-        if step == 0 and training:
-            grads = {weight_names[attr]: p.grad.detach().cpu().contiguous()
-                     for attr, p in module.named_parameters() if p.grad is not None}
-            grads = tp.gather_shards(grads, manifest, entry, groups, device)  # whole, for --verify
-            save_file(grads, str(io_dir / f"grads{rank}.safetensors"))
-        if optimizer is not None:
-            optimizer.step()
-        checkpoint.after_step(step, entry, module, optimizer, weight_names, params, shards)  # --checkpoint-every
-        print(f"rank {rank}: step {step} {step_seconds[-1] * 1e3:.2f} ms", flush=True)
-    recorder.__exit__(None, None, None)
+    with recorder as actions:  # the pipelining patches undone however the loop ends
+        for step in range(steps):
+            seen = len(boundary.forward_seconds)
+            if optimizer is not None:
+                optimizer.zero_grad(set_to_none=True)
+            dist.barrier()
+            start = time.perf_counter()
+            if actions is not None:
+                actions.step = step
+                actions.add(kind="step", t_ns=time.monotonic_ns())
+            if training and last:
+                losses.append([])
+                kwargs["losses"] = losses[-1]
+            with torch.no_grad() if not training else contextlib.nullcontext():
+                result = schedule.step(*args, **kwargs)
+            if training:
+                sync_gradients(module, shared, process_groups, microbatches, share)  # NOTE [pipelines gradients]
+                tp.break_for_test(module, manifest, entry, weight_names)  # NOTE [test-only crash hook]
+            step_seconds.append(time.perf_counter() - start)
+            if actions is not None:
+                actions.add(kind="step_end", t_ns=time.monotonic_ns())
+            forwards_per_step.append(boundary.forward_seconds[seen:])
+            forward_cpu_per_step.append(boundary.forward_cpu_seconds[seen:])
+            if step == 0 and last and tp.tp_rank(entry) == 0:  # a TP stage's ranks have equal outputs
+                outputs = result if isinstance(result, tuple) else (result,)
+                names = [o["name"] for o in output_entry["outputs"]]
+                save_file({n: t.detach().cpu().contiguous() for n, t in zip(names, outputs)},
+                          str(io_dir / outputs_file(pipe.index if pipe.microbatches is not None else None)))
+            if step == 0 and training:
+                grads = {weight_names[attr]: p.grad.detach().cpu().contiguous()
+                         for attr, p in module.named_parameters() if p.grad is not None}
+                grads = tp.gather_shards(grads, manifest, entry, groups, device)  # whole, for --verify
+                save_file(grads, str(io_dir / f"grads{rank}.safetensors"))
+            if optimizer is not None:
+                optimizer.step()
+            checkpoint.after_step(step, entry, module, optimizer, weight_names, params, shards)  # --checkpoint-every
+            print(f"rank {rank}: step {step} {step_seconds[-1] * 1e3:.2f} ms", flush=True)
     if losses:
         save_file({"losses": torch.stack([torch.stack(step).detach().float().cpu() for step in losses])},
                   str(io_dir / f"losses{rank}.safetensors"))  # [steps, this pipeline's microbatches]
