@@ -169,7 +169,8 @@ def replan(old: Path, out: Path, *, cluster: str | None = None, lose: tuple[str,
 
 
 def _write_replan(old: Path, out: Path, manifest: dict, plan: Any, stored: Problem, old_cluster: Cluster,
-                  target: Cluster, result: Any, plan_s: float, describe_fn: Callable[[Any, float, list[str]], list[str]],
+                  target: Cluster, result: Any, plan_s: float,
+                  describe_fn: Callable[[Any, float, list[str]], list[str]],
                   choice: Callable[[Problem, Any, dict], Any], *, seed: int, force: bool, echo: Callable[[str], None],
                   **options: Any) -> Any:
     """Print a re-plan's `result` (`describe_fn`), record it, and write NEW_DIR with it in place of the solve

@@ -35,10 +35,11 @@ def schedule_choice_table(record: dict, rows_max: int = SHOWN) -> Table:
         plan = {"quick": "quick DP", "solved": f"solved ({c['solver_status']})"}.get(c["plan"] or "", "-")
         if c["plan"] == "quick" and c["virtual_stages"] is not None:
             plan = f"virtual DP ({c['solver_status']})"
+        fits = ("yes" + (f": {c['note']}" if c["note"] else "")) if c["fits"] else f"no: {c['note']}"
         table.add_row(c["schedule"], str(c["virtual_stages"] or "-"), str(c["microbatches"]),
                       format_us(c["step_us"]) if c["step_us"] is not None else "-",
-                      f"{c['bubble']:.0%}" if c["bubble"] is not None else "-", mem,
-                      ("yes" + (f": {c['note']}" if c["note"] else "")) if c["fits"] else f"no: {c['note']}", plan, "<-" if c["chosen"] else "")
+                      f"{c['bubble']:.0%}" if c["bubble"] is not None else "-", mem, fits, plan,
+                      "<-" if c["chosen"] else "")
     return table
 
 
