@@ -326,7 +326,6 @@ class SleepPadding:
 
     def __init__(self, core: int, share: float) -> None:
         self.core, self.share = core, share
-        self.slept_s = 0.0
 
     @staticmethod
     def for_rank(io_dir: Path, rank: int) -> SleepPadding | None:
@@ -348,7 +347,6 @@ class SleepPadding:
         left_s = cpu_s / self.share - (time.perf_counter() - wall_start_s)
         if left_s > 0:
             time.sleep(left_s)
-            self.slept_s += left_s
 
     def wrap(self, stage: object, name: str) -> None:
         """Pad every call of `stage.name` (a PipelineStage's backward actions)."""

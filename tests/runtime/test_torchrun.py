@@ -1,6 +1,7 @@
 """End to end under a real torchrun: 2 CPU ranks, gloo, GPipe, --verify."""
 
 import json
+import shutil
 
 import pytest
 
@@ -55,6 +56,17 @@ def test_two_ranks_verify_and_measure_at_another_batch_and_sequence_length(two_r
     assert 0 < last["forward_us"] <= last["compute_us"]  # inference: GPipe still calls its (empty) backwards
     parts = last["compute_us"] + last["recv_wait_sender_behind_us"] + last["recv_wait_latency_us"] + last["other_us"]
     assert parts == pytest.approx(last["step_us"], abs=1.0)  # the step, split without a remainder
+
+
+def test_sleep_emulation_runs_without_cgroups_and_verifies(two_rank_out, tmp_path, capsys):
+    # NOTE [emulation by sleep]: the launcher hands each rank its slot, the ranks pin and pad themselves.
+    out = tmp_path / "out"
+    shutil.copytree(two_rank_out, out)
+    assert main(["run", str(out), "--verify", "--measure", "--steps", "2", "--emulate", "--emulate-by", "sleep"]) == 0
+    ran = capsys.readouterr().out
+    assert "emulating 2 device(s)" in ran and "padded with a sleep" in ran and "verify: PASS" in ran, ran
+    emulation = json.loads((out / "measured.json").read_text())["emulation"]
+    assert emulation["mode"] == "sleep" and [r["rank"] for r in emulation["ranks"]] == [0, 1]
 
 
 def test_tampered_weights_are_refused(two_rank_out, tmp_path, capsys):
