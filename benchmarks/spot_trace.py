@@ -11,8 +11,9 @@ cloud.google.com/compute/docs/instances/spot). Event times are exponential with 
 ">20%" a month, which is 0.0067 a day: the default 1.0 a day is a stress trace, many times that). A
 preempted machine returns after an exponential `--return-hours`.
 
-At each event, for the devices alive: the from-scratch plan (`solve`, `--time-limit`) and the re-plan
-(NOTE [lexicographic re-plan] in hetpart/partitioner/replan.py, the old plan's devices holding the state).
+At each event, for the devices alive: the from-scratch plan (`solve`) and the re-plan (NOTE [lexicographic
+re-plan] in hetpart/partitioner/replan.py, the old plan's devices holding the state), both within one
+deadline of `--time-limit` (NOTE [re-plan deadline]), as `hetpart replan --time-limit` runs them.
 Printed per event: re-plan time (retarget + both solves; wall and this process's CPU seconds), bytes moved
 by the re-plan (and the floor: the state no surviving device holds, which any plan reads from the
 checkpoint), by the from-scratch plan, and by re-sharding everything (every stage's state read again),
@@ -37,12 +38,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hetpart.codegen.analysis import cluster_from_json  # noqa: E402
 from hetpart.devices import Cluster  # noqa: E402
 from hetpart.errors import HetpartError  # noqa: E402
-from hetpart.partitioner import solve  # noqa: E402
 from hetpart.partitioner.costs import transfer_ns  # noqa: E402
 from hetpart.partitioner.problem_json import problem_from_json  # noqa: E402
 from hetpart.partitioner.replan import (  # noqa: E402
-    holders_of, lexicographic_plan, lost_state_bytes, stage_weights, state_to_move_bytes,
+    holders_of, lost_state_bytes, stage_weights, state_to_move_bytes,
 )
+from hetpart.partitioner.replan_deadline import replan_one  # noqa: E402
 from hetpart.replan import retarget  # noqa: E402
 
 
@@ -115,11 +116,10 @@ def replay(path: Path, args: argparse.Namespace) -> dict:
         (alive.discard if kind == "lose" else alive.add)(machine)
         start, cpu = time.perf_counter(), time.process_time()
         problem = retarget(stored, on_machines(full, alive))
-        scratch = solve(problem, time_limit_s=args.time_limit, seed=args.seed)
-        scratch_s = time.perf_counter() - start
-        result = lexicographic_plan(problem, scratch, holders, slack=args.slack, time_limit_s=args.time_limit,
-                                    seed=args.seed, old_devices=old_devices)
+        result = replan_one(problem, holders, slack=args.slack, time_limit_s=args.time_limit, seed=args.seed,
+                            old_devices=old_devices)  # one deadline for both (NOTE [re-plan deadline])
         replan_s, cpu_s = time.perf_counter() - start, time.process_time() - cpu
+        scratch, scratch_s = result.scratch, replan_s - result.seconds
         floor = lost_state_bytes(problem, holders)
         reshard = resharding_bytes(problem, scratch)
         reshard_ns = max(transfer_ns(problem.network, reshard // max(1, len(alive))), 0)  # every machine reads its own
@@ -177,9 +177,8 @@ def replay_pipelines(path: Path, stored, full: Cluster, plan_json: dict, manifes
                      args: argparse.Namespace) -> dict:
     """`replay` of a plan of data-parallel pipelines: at each event the from-scratch `--parallel data` plan
     (`plan_with_baselines`, as `hetpart replan` makes it) and NOTE [re-plan pipelines]'s choice."""
-    from hetpart.partitioner.pipeline_search import plan_with_baselines
-    from hetpart.partitioner.replan_pipelines import OldPipeline, pipelines_from_json, replan_pipelines
-    from hetpart.partitioner.solve import SolveOptions
+    from hetpart.partitioner.replan_deadline import replan_pipelines_within
+    from hetpart.partitioner.replan_pipelines import OldPipeline, pipelines_from_json
 
     old = pipelines_from_json(json.loads((path / "ir" / "pipelines.json").read_text()), str(path))
     holders = holders_of(manifest["ranks"])
@@ -195,15 +194,9 @@ def replay_pipelines(path: Path, stored, full: Cluster, plan_json: dict, manifes
         (alive.discard if kind == "lose" else alive.add)(machine)
         start, cpu = time.perf_counter(), time.process_time()
         problem = retarget(stored, on_machines(full, alive))
-        try:
-            scratch, _ = plan_with_baselines(problem, m, SolveOptions(time_limit_s=args.time_limit, seed=args.seed),
-                                             baseline_limit_s=args.time_limit / 2)
-        except HetpartError:  # none found in the time: the re-splits only, no reference (`hetpart replan` too)
-            scratch = None
-        scratch_s = time.perf_counter() - start
-        try:
-            result = replan_pipelines(problem, old, holders, scratch, slack=args.slack,
-                                      time_limit_s=args.time_limit, seed=args.seed)
+        try:  # the reference and the re-splits within one deadline (NOTE [re-plan deadline]), as `hetpart replan`
+            result, scratch_s = replan_pipelines_within(problem, old, holders, m, slack=args.slack,
+                                                        time_limit_s=args.time_limit, seed=args.seed)
         except HetpartError as err:  # no plan at all on these devices: both policies stop until the next event
             rows.append(_no_plan_row(t, kind, machine, problem, time.perf_counter() - start,
                                      time.process_time() - cpu, str(err)))
@@ -211,6 +204,7 @@ def replay_pipelines(path: Path, stored, full: Cluster, plan_json: dict, manifes
             print(json.dumps(rows[-1]), flush=True)
             continue
         replan_s, cpu_s = time.perf_counter() - start, time.process_time() - cpu
+        scratch = result.scratch.plan if result.scratch is not None else None
         chosen, first = result.chosen, result.scratch or result.chosen  # no reference: the chosen plan stands in
         reference = first.plan
         floor = lost_state_bytes(problem, holders)

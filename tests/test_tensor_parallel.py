@@ -190,7 +190,11 @@ def test_max_tensor_parallel_solves_each_degree_and_keeps_the_best(tmp_path, cap
     assert all(len(s["devices"]) == chosen for s in plan["stages"])
 
 
-def test_replan_refuses_a_tp_plan(tmp_path, capsys):
+def test_replan_of_a_tp_plan_keeps_the_group_that_survives_whole(tmp_path, capsys):
+    # NOTE [re-plan of tensor-parallel plans]: losing local/1 of the groups (local/0, local/1), (local/2, local/3)
+    # keeps TP 2 on (local/2, local/3), not on the first two survivors in cluster order (local/0, local/2).
+    import json
+
     from hetpart.cli import main
 
     out = tmp_path / "out"
@@ -199,9 +203,13 @@ def test_replan_refuses_a_tp_plan(tmp_path, capsys):
                  "16", "--microbatches", "2", "--mode", "training", "--no-pt2", "--tensor-parallel", "2",
                  "--out", str(out)]) == 0
     capsys.readouterr()
-    assert main(["replan", str(out), "--lose", "local/3", "--out", str(tmp_path / "new")]) == 2
-    assert "tensor-parallel stages" in capsys.readouterr().err and not (tmp_path / "new").exists()
-    # Checkpoints and --resume of TP plans work: tests/runtime/test_tp_run.py (NOTE [checkpoint slices]).
+    assert main(["replan", str(out), "--lose", "local/1", "--out", str(tmp_path / "new")]) == 0
+    assert "tensor parallel 2 kept: 1 group(s) of the new cluster (local/2+local/3)" in capsys.readouterr().out
+    plan = json.loads((tmp_path / "new" / "plan.json").read_text())
+    chosen = plan["replan"]["chosen"]
+    assert chosen["devices"] == ["local/2+local/3"] and chosen["between_machines_bytes"] == 0
+    assert chosen["from_checkpoint_bytes"] > 0  # stage 0's index-1 shards: only the lost local/1 held them
+    assert [d["name"] for d in plan["cluster"]["devices"]] == ["local/2", "local/3", "local/0"]
 
 
 def test_max_tensor_parallel_also_searches_degrees_per_machine(tmp_path, capsys):
