@@ -12,14 +12,18 @@ shares:
 - one pipeline: the from-scratch reference `solve` gets REFERENCE_SHARE of T; the lexicographic
   steps (NOTE [lexicographic re-plan]) what is left, half each for CP-SAT's two steps; a large
   problem's candidates are DPs without a limit (their time is the fixed part);
-- data-parallel pipelines (NOTE [re-plan pipelines]): the reference `plan_with_baselines` gets
-  PIPELINES_SEARCH_SHARE of T for its search and PIPELINES_BASELINE_SHARE for its baselines; the
-  re-splits' solves then share what is left: each repair (its sub-problem's `solve`, then its
-  lexicographic step, REPAIR_SOLVE_SHARE and the rest of its part) and each further pipeline's
-  `solve` gets the time left divided by the solves still expected (two per broken pipeline with
-  survivors, alone and with the free devices, and one further pipeline); a solve that would start
-  with less than MIN_SOLVE_S left is not run (its candidates are not made: those printed are those
-  made, and the from-scratch plan is always among them when it found one).
+- data-parallel pipelines (NOTE [re-plan pipelines]): the re-splits first, their solves within
+  RESPLIT_SHARE of T: each repair (its sub-problem's `solve`, then its lexicographic step,
+  REPAIR_SOLVE_SHARE and the rest of its part) and each further pipeline's `solve` gets the time left
+  of that share divided by the solves still expected (two per broken pipeline with survivors, alone
+  and with the free devices, and one further pipeline); a solve that would start with less than
+  MIN_SOLVE_S left is not run (its candidates are not made: those printed are those made, and the
+  from-scratch plan is always among them when it found one). Then the reference
+  `plan_with_baselines`: PIPELINES_SEARCH_SHARE of T for its search, PIPELINES_BASELINE_SHARE for its
+  baselines, each capped by what is left of T. The re-splits go first because the reference overruns
+  its limits by a second or two at these sizes (its bound, baselines and idle reasons are not under
+  them: measured 2.0-3.9 s at limits of 0.7 + 0.3 s on hetero-64); run first, it left the repairs
+  nothing, and the 7B's returning machines got no pipeline of their own.
 Before this, each of these solves had T of its own, so a data-parallel re-plan of a broken 70B
 pipeline took the reference (about 1.5 T) plus up to four repairs of T each and their lexicographic
 steps (11.8 s at T = 2 s). What the shared deadline costs is a shorter reference and shorter repairs:
@@ -36,7 +40,8 @@ from hetpart.errors import HetpartError
 from hetpart.partitioner.problem import Problem
 
 REFERENCE_SHARE = 0.6  # one pipeline: the from-scratch solve's share of T
-PIPELINES_SEARCH_SHARE = 0.35  # data-parallel pipelines: the from-scratch search's share of T
+RESPLIT_SHARE = 0.5  # data-parallel pipelines: the re-splits' solves (repairs, a further pipeline), first
+PIPELINES_SEARCH_SHARE = 0.35  # ... then the from-scratch search's share of T
 PIPELINES_BASELINE_SHARE = 0.15  # ... and its baselines'
 REPAIR_SOLVE_SHARE = 0.6  # a repair's part: its sub-problem's solve, the rest its lexicographic step
 MIN_SOLVE_S = 0.1  # below this a solve is not started
@@ -81,10 +86,13 @@ def replan_pipelines_within(problem: Problem, old: Sequence, holders: Mapping[st
     """The from-scratch `--parallel data` plan and NOTE [re-plan pipelines]'s choice within one deadline of
     `time_limit_s` (NOTE [re-plan deadline]): (the PipelinesReplan, the reference's seconds)."""
     from hetpart.partitioner.pipeline_search import plan_with_baselines
-    from hetpart.partitioner.replan_pipelines import replan_pipelines
+    from hetpart.partitioner.replan_pipelines import replan_pipelines, resplit_candidates
     from hetpart.partitioner.solve import SolveOptions
 
     deadline = Deadline(time_limit_s)
+    resplits = resplit_candidates(problem, old, holders, microbatches, slack=slack, seed=seed,
+                                  deadline=Deadline(RESPLIT_SHARE * time_limit_s))
+    reference_start = time.perf_counter()
     try:
         scratch, _ = plan_with_baselines(
             problem, microbatches, SolveOptions(time_limit_s=deadline.of_total(PIPELINES_SEARCH_SHARE), seed=seed),
@@ -93,8 +101,8 @@ def replan_pipelines_within(problem: Problem, old: Sequence, holders: Mapping[st
         if echo is not None:
             echo(f"note: the from-scratch --parallel data plan: {str(err).splitlines()[0]}; the batch re-splits only")
         scratch = None
-    reference_s = time.perf_counter() - deadline.start
-    return replan_pipelines(problem, old, holders, scratch, slack=slack, seed=seed, deadline=deadline), reference_s
+    reference_s = time.perf_counter() - reference_start
+    return replan_pipelines(problem, old, holders, scratch, slack=slack, seed=seed, resplits=resplits), reference_s
 
 
 def expected_solves(broken: int, free: bool) -> int:

@@ -332,10 +332,12 @@ def resplit_candidates(problem: Problem, old: Sequence[OldPipeline], holders: Ma
 
 def replan_pipelines(problem: Problem, old: Sequence[OldPipeline], holders: Mapping[str, tuple[str, ...]],
                      scratch: PipelinesPlan | None, *, slack: float = 0.02, time_limit_s: float = 30.0,
-                     seed: int = 0, deadline: Deadline | None = None) -> PipelinesReplan:
+                     seed: int = 0, deadline: Deadline | None = None,
+                     resplits: list[PipelinesCandidate] | None = None) -> PipelinesReplan:
     """NOTE [re-plan pipelines]: the candidates, and the lexicographic choice among them; `scratch` None: the
-    from-scratch plan found none in time (the re-splits only). Every solve within `deadline`, or one of
-    `time_limit_s` from now (NOTE [re-plan deadline])."""
+    from-scratch plan found none in time (the re-splits only). `resplits`: `resplit_candidates`' answer made
+    already; else made here, every solve within `deadline`, or one of `time_limit_s` from now (NOTE [re-plan
+    deadline])."""
     if not 0 <= slack < 1:
         raise HetpartError(f"--slack must be a fraction in [0, 1), e.g. 0.02 for 2% (got {slack})")
     start = time.perf_counter()
@@ -353,8 +355,8 @@ def replan_pipelines(problem: Problem, old: Sequence[OldPipeline], holders: Mapp
                             bound_note="re-planned (NOTE [re-plan pipelines]): the from-scratch plan relabeled")
         cands.append(PipelinesCandidate("from scratch, relabeled", pp, ["from scratch"] * len(pp.pipelines),
                                         pipelines_moves(problem, pp, holders)))
-    cands += resplit_candidates(problem, old, holders, microbatches, slack=slack,
-                                deadline=deadline or Deadline(time_limit_s), seed=seed)
+    cands += resplits if resplits is not None else resplit_candidates(
+        problem, old, holders, microbatches, slack=slack, deadline=deadline or Deadline(time_limit_s), seed=seed)
     # Each candidate is checked by `pipelines_violations` (the planner's checker) before it may be chosen: in
     # the order of the choice, the first valid one (the from-scratch plan is valid: its search checked it).
     valid: dict[int, bool] = {}
