@@ -121,9 +121,10 @@ def retarget_tp(stored: Problem, old_cluster: Cluster, target: Cluster, degree: 
     from hetpart.passes.lower import cluster_fields
     from hetpart.passes.tp_lower import tp_groups
 
-    link = {m.name: m.link for m in (*old_cluster.machines, *target.machines)}
+    old_link, link = {m.name: m.link for m in old_cluster.machines}, {m.name: m.link for m in target.machines}
     costed = {d.name: d.type for d in stored.devices}
-    key_of = {(g.type, link[g.machine]): costed[g.name] for g in tp_groups(old_cluster, degree) if g.name in costed}
+    key_of = {(g.type, old_link[g.machine]): costed[g.name] for g in tp_groups(old_cluster, degree)
+              if g.name in costed}
     if _most_of_one_type(target) < degree:
         can = ", ".join(map(str, hostable_degrees(target)))
         raise HetpartError(f"{old} runs tensor-parallel stages of degree {degree}, and no machine of the new cluster "
