@@ -280,3 +280,34 @@ def test_the_per_machine_search_is_opt_in(tmp_path, capsys):
                  "--out", str(tmp_path / "o2")]) == 2
     assert "pass --max-tensor-parallel 2 (or more) with it" in capsys.readouterr().err
     assert not (tmp_path / "o2").exists()
+
+
+FAST4 = """
+[network]
+bandwidth_GBps = 100
+latency_us = 1
+[[nodes]]
+name = "local"
+devices = ["cpu", "cpu", "cpu", "cpu"]
+link = { bandwidth_GBps = 1000, latency_us = 1 }
+"""
+
+
+def test_a_chosen_degree_is_what_replan_keeps(tmp_path, capsys):
+    # --max-tensor-parallel 2 chooses TP 2 here (fast links, wide layers); ir/analysis.json is then the TP-2
+    # problem (it held the degree-1 one, and `replan` refused the plan), so the re-plan keeps TP 2.
+    import json
+
+    from hetpart.cli import main
+
+    cluster, out = tmp_path / "fast4.toml", tmp_path / "out"
+    cluster.write_text(FAST4)
+    assert main(["partition", "zoo:gpt-small", "--set", "n_layer=2", "--set", "n_embd=512", "--set", "vocab_size=128",
+                 "--set", "block_size=64", "--cluster", str(cluster), "--batch-size", "8", "--seq-len", "64",
+                 "--microbatches", "2", "--mode", "training", "--no-pt2", "--max-tensor-parallel", "2",
+                 "--out", str(out)]) == 0
+    assert "chose degree 2" in capsys.readouterr().out
+    stored = json.loads((out / "ir" / "analysis.json").read_text())["problem"]
+    assert {d["type"] for d in stored["devices"]} == {"cpu/tp2"}
+    assert main(["replan", str(out), "--lose", "local/3", "--out", str(tmp_path / "new")]) == 0
+    assert "tensor parallel 2 kept" in capsys.readouterr().out
