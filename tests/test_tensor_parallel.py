@@ -282,15 +282,6 @@ def test_the_per_machine_search_is_opt_in(tmp_path, capsys):
     assert not (tmp_path / "o2").exists()
 
 
-FAST4 = """
-[network]
-bandwidth_GBps = 100
-latency_us = 1
-[[nodes]]
-name = "local"
-devices = ["cpu", "cpu", "cpu", "cpu"]
-link = { bandwidth_GBps = 1000, latency_us = 1 }
-"""
 
 
 def test_a_chosen_degree_is_what_replan_keeps(tmp_path, capsys):
@@ -300,8 +291,12 @@ def test_a_chosen_degree_is_what_replan_keeps(tmp_path, capsys):
 
     from hetpart.cli import main
 
-    cluster, out = tmp_path / "fast4.toml", tmp_path / "out"
-    cluster.write_text(FAST4)
+    from hetpart.devices.cluster import PRESETS
+
+    cluster, out = tmp_path / "fast4.toml", tmp_path / "out"  # preset:cpu-4 with a 1,000 GB/s, 1 us machine link
+    fast = PRESETS["cpu-4"].replace("bandwidth_GBps = 2, latency_us = 20", "bandwidth_GBps = 1000, latency_us = 1")
+    assert fast != PRESETS["cpu-4"]
+    cluster.write_text(fast)
     assert main(["partition", "zoo:gpt-small", "--set", "n_layer=2", "--set", "n_embd=512", "--set", "vocab_size=128",
                  "--set", "block_size=64", "--cluster", str(cluster), "--batch-size", "8", "--seq-len", "64",
                  "--microbatches", "2", "--mode", "training", "--no-pt2", "--max-tensor-parallel", "2",

@@ -52,7 +52,7 @@ class Deadline:
     """NOTE [re-plan deadline]: `total_s` from `start`; each step takes a share of what is left."""
 
     total_s: float
-    start: float = field(default_factory=time.perf_counter)
+    start: float = field(default_factory=lambda: time.perf_counter())
 
     def left(self) -> float:
         """Seconds left (0 once it has passed)."""

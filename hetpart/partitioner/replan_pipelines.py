@@ -17,11 +17,12 @@ a. the batch re-split: every old pipeline whose devices all survive keeps its st
    plan of them, the iteration objective, as `fixed_pipelines` solves a group). The solves share the
    re-plan's one deadline, NOTE [re-plan deadline] (each repair once had `--time-limit` of its own:
    with a quarter of it, llama-70b's repair on 48 GPUs found no plan and a whole new pipeline was
-   taken, 642 GiB moved; the deadline's shares are measured against that). The microbatches are then split over the resulting pipelines by the planner's own split
-   (`_split` of pipeline_outer.py: the least pipeline time at which they run the batch, each between
-   its fewest microbatches, its stages under 1F1B, and the most its memory holds,
-   `_most_microbatches`). When the from-scratch search finds no plan in time, these alone are chosen
-   from; when none runs the batch either, `hetpart replan` says so (exit 2).
+   taken, 642 GiB moved; the deadline's shares are measured against that). The microbatches are
+   then split over the resulting pipelines by the planner's own split (`_split` of pipeline_outer.py:
+   the least pipeline time at which they run the batch, each between its fewest microbatches, its
+   stages under 1F1B, and the most its memory holds, `_most_microbatches`). When the from-scratch
+   search finds no plan in time, these alone are chosen from; when none runs the batch either,
+   `hetpart replan` says so (exit 2).
 b. the from-scratch plan, as is and relabeled (NOTE [large re-plan]'s `relabel_stages` over every
    pipeline's stages at once: machines of one kind swap whole, devices of one type and capacity
    inside a machine swap, so every stage keeps its costs and the sync its links; re-costed anyway).
