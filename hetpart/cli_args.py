@@ -218,7 +218,8 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--slack", type=_number(float, minimum=0, maximum=0.99), default=0.02,
                      help="bottleneck (data-parallel pipelines: step time) allowed above the best plan found, as a "
                      "fraction (default 0.02)")
-    rep.add_argument("--time-limit", type=_number(float, positive=True), default=30.0, help="seconds per solve")
+    rep.add_argument("--time-limit", type=_number(float, positive=True), default=30.0,
+                     help="seconds for the whole re-plan: every solve shares them (default 30)")
     rep.add_argument("--seed", type=_SEED, default=0, help="the solver's seed")
     rep.add_argument("--force", action="store_true", help="replace --out if hetpart wrote it")
     insp = sub.add_parser("inspect", help="print the plan of an artifacts directory")

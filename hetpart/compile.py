@@ -464,7 +464,9 @@ def compile_model(spec: ModelSpec, cluster_spec: str | Cluster, out: Path, opts:
                                      lambda p, hint=None: solve(p, time_limit_s=opts.time_limit_s, seed=opts.seed,
                                                                 gap=opts.gap, check_certificate=opts.check_certificate,
                                                                 hint=hint), per_machine=opts.tensor_parallel_per_machine)
-                problem = tp.problem if tp is not None else problem
+                if tp is not None:  # the chosen degree's problem is what `hetpart replan` re-plans from
+                    problem = tp.problem
+                    write_analysis(tmp, problem, cluster)
             else:
                 plan = solve(problem, time_limit_s=opts.time_limit_s, seed=opts.seed, gap=opts.gap,
                              log_callback=progress.solver if progress.active else None,

@@ -6,7 +6,8 @@ node's time per device type of its cluster, bytes, weights) and the cluster it p
 hashes it like every file of ir/, and `replan` reads it only through the manifest (`read_listed`). From
 it `replan` plans without tracing: the problem moved onto the new device set (`retarget`: its devices
 and links; the device types must be ones it costed), the from-scratch plan (`solve`) and the
-lexicographic one (NOTE [lexicographic re-plan] in partitioner/replan.py), with the bytes each moves.
+lexicographic one (NOTE [lexicographic re-plan] in partitioner/replan.py), with the bytes each moves,
+all within one deadline of `--time-limit` (NOTE [re-plan deadline] in partitioner/replan_deadline.py).
 What it does not keep is the FX graph the stages' code is cut from: writing NEW_DIR's rank modules
 traces the model again (`compile_model` with the chosen plan in place of its solve, `ReplanChoice`),
 which checks that the graph lowers to the same nodes and edges as the stored problem (the model is
@@ -15,6 +16,7 @@ same name (machine/index): `--lose` and `--add` keep every other device's name.
 A plan of data-parallel pipelines (plan.json's `pipelines`) also stores each pipeline's cuts and
 devices (ir/pipelines.json, `write_pipelines_record`); its re-plan is NOTE [re-plan pipelines]
 (partitioner/replan_pipelines.py), written by `compile_pipelines` with `PipelinesChoice` in place of its search.
+A plan of tensor-parallel stages is re-planned at its degree: NOTE [re-plan of tensor-parallel plans] (replan_tp.py).
 """
 
 from __future__ import annotations
@@ -32,9 +34,10 @@ from hetpart.devices import Cluster, load_cluster
 from hetpart.devices.catalog import CATALOG
 from hetpart.devices.cluster import ClusterDevice, Machine
 from hetpart.errors import HetpartError
-from hetpart.partitioner import Plan, Problem, solve
+from hetpart.partitioner import Plan, Problem
 from hetpart.partitioner.problem_json import costed_types, problem_from_json
-from hetpart.partitioner.replan import LARGE_STATUSES, Replan, chosen_plan, holders_of, lexicographic_plan
+from hetpart.partitioner.replan import LARGE_STATUSES, Replan, chosen_plan, holders_of
+from hetpart.partitioner.replan_deadline import replan_one
 
 def new_cluster(old: Cluster, spec: str | None, lose: tuple[str, ...], add: tuple[str, ...]) -> Cluster:
     """The device set to re-plan for: `--cluster`, or the old cluster less `lose` plus `add` (TYPE@MACHINE)."""
@@ -138,16 +141,16 @@ def replan(old: Path, out: Path, *, cluster: str | None = None, lose: tuple[str,
            force: bool = False, echo: Callable[[str], None] = print) -> Any:
     """Re-plan OLD_DIR for the new device set and write NEW_DIR; the CompileResult."""
     from hetpart.runtime.artifacts import check_listed_files, load_manifest, read_listed, read_plan
+    from hetpart.runtime.tp import is_tp
 
     manifest = load_manifest(old)
     plan = read_plan(old, manifest)
     check_listed_files(old, manifest)
     if plan.virtual_stages is not None:
-        raise HetpartError(f"{old} runs {plan.virtual_stages} virtual stages per device; `hetpart replan` re-plans a "
-                           "pipeline of one stage per device: partition from scratch for the new cluster")
-    if "tensor_parallel" in manifest["mesh"]:
-        raise HetpartError(f"{old} has tensor-parallel stages; `hetpart replan` re-plans a pipeline of one device per "
-                           "stage: partition from scratch for the new cluster")
+        raise HetpartError(f"{old} runs {plan.virtual_stages} virtual stages per device (an interleaved schedule), "
+                           "which `hetpart replan` does not re-plan (NOTE [re-plan of tensor-parallel plans] says "
+                           "why): partition from scratch for the new cluster; `run --resume` reads this checkpoint "
+                           "into it")
     if ANALYSIS not in manifest["files"]:
         raise HetpartError(f"{old} has no {ANALYSIS} (partitioned by an earlier hetpart); partition again to re-plan")
     data = json.loads(read_listed(old, manifest, ANALYSIS))
@@ -158,14 +161,37 @@ def replan(old: Path, out: Path, *, cluster: str | None = None, lose: tuple[str,
     if plan.pipelines is not None:  # data-parallel pipelines: NOTE [re-plan pipelines]
         return replan_pipelines_dir(old, out, manifest, plan, stored, old_cluster, target, slack=slack,
                                     time_limit_s=time_limit_s, seed=seed, force=force, echo=echo)
+    if is_tp(manifest):  # NOTE [re-plan of tensor-parallel plans]
+        return replan_tp_dir(old, out, manifest, plan, stored, old_cluster, target, slack=slack,
+                             time_limit_s=time_limit_s, seed=seed, force=force, echo=echo)
     start = time.perf_counter()
     problem = retarget(stored, target)
-    scratch = solve(problem, time_limit_s=time_limit_s, seed=seed)
-    result = lexicographic_plan(problem, scratch, holders_of(manifest["ranks"]), slack=slack,
-                                time_limit_s=time_limit_s, seed=seed,
-                                old_devices=[e["planned_device"] for e in manifest["ranks"]])
+    result = replan_one(problem, holders_of(manifest["ranks"]), slack=slack, time_limit_s=time_limit_s, seed=seed,
+                        old_devices=[e["planned_device"] for e in manifest["ranks"]])
     return _write_replan(old, out, manifest, plan, stored, old_cluster, target, result, time.perf_counter() - start,
                          describe, ReplanChoice, seed=seed, force=force, echo=echo)
+
+
+def replan_tp_dir(old: Path, out: Path, manifest: dict, plan: Any, stored: Problem, old_cluster: Cluster,
+                  target: Cluster, *, slack: float, time_limit_s: float, seed: int, force: bool,
+                  echo: Callable[[str], None]) -> Any:
+    """`replan` of a plan of tensor-parallel stages at its degree (NOTE [re-plan of tensor-parallel plans])."""
+    from hetpart.replan_tp import holdings_of, keep_groups, old_tp_groups, plan_degree, retarget_tp
+
+    degree = plan_degree(old, manifest, stored)
+    groups = old_tp_groups(manifest)
+    target = keep_groups(target, groups, degree)
+    start = time.perf_counter()
+    problem = retarget_tp(stored, old_cluster, target, degree, old)
+    try:
+        result = replan_one(problem, holdings_of(manifest, problem, target, degree), slack=slack,
+                            time_limit_s=time_limit_s, seed=seed, old_devices=["+".join(g) for g in groups])
+    except HetpartError as err:
+        raise HetpartError(f"re-plan at tensor-parallel degree {degree} (kept from {old}): {err}") from None
+    echo(f"tensor parallel {degree} kept: {len(problem.devices)} group(s) of the new cluster "
+         f"({', '.join(d.name for d in problem.devices)}); bytes counted per TP rank's shard (NOTE [re-plan by shard])")
+    return _write_replan(old, out, manifest, plan, stored, old_cluster, target, result, time.perf_counter() - start,
+                         describe, ReplanChoice, seed=seed, force=force, echo=echo, tensor_parallel=degree)
 
 
 def _write_replan(old: Path, out: Path, manifest: dict, plan: Any, stored: Problem, old_cluster: Cluster,
@@ -252,9 +278,8 @@ def replan_pipelines_dir(old: Path, out: Path, manifest: dict, plan: Any, stored
                          echo: Callable[[str], None]) -> Any:
     """`replan` of a plan of data-parallel pipelines (NOTE [re-plan pipelines]); the CompileResult."""
     from hetpart.codegen.pipelines_record import PIPELINES_RECORD
-    from hetpart.partitioner.pipeline_search import plan_with_baselines
-    from hetpart.partitioner.replan_pipelines import pipelines_from_json, replan_pipelines
-    from hetpart.partitioner.solve import SolveOptions
+    from hetpart.partitioner.replan_deadline import replan_pipelines_within
+    from hetpart.partitioner.replan_pipelines import pipelines_from_json
     from hetpart.runtime.artifacts import read_listed
 
     if PIPELINES_RECORD not in manifest["files"]:
@@ -264,14 +289,7 @@ def replan_pipelines_dir(old: Path, out: Path, manifest: dict, plan: Any, stored
                                     str(old / PIPELINES_RECORD))
     start = time.perf_counter()
     problem = retarget(stored, target)
-    try:
-        scratch, _ = plan_with_baselines(problem, plan.microbatches, SolveOptions(time_limit_s=time_limit_s,
-                                                                                  seed=seed),
-                                         baseline_limit_s=time_limit_s / 2)
-    except HetpartError as err:  # the re-splits may still run the batch (NOTE [re-plan pipelines])
-        echo(f"note: the from-scratch --parallel data plan: {str(err).splitlines()[0]}; the batch re-splits only")
-        scratch = None
-    result = replan_pipelines(problem, old_pipes, holders_of(manifest["ranks"]), scratch, slack=slack,
-                              time_limit_s=time_limit_s, seed=seed)
+    result, _ = replan_pipelines_within(problem, old_pipes, holders_of(manifest["ranks"]), plan.microbatches,
+                                        slack=slack, time_limit_s=time_limit_s, seed=seed, echo=echo)
     return _write_replan(old, out, manifest, plan, stored, old_cluster, target, result, time.perf_counter() - start,
                          describe_pipelines, PipelinesChoice, seed=seed, force=force, echo=echo, parallel="data")

@@ -190,7 +190,11 @@ def test_max_tensor_parallel_solves_each_degree_and_keeps_the_best(tmp_path, cap
     assert all(len(s["devices"]) == chosen for s in plan["stages"])
 
 
-def test_replan_refuses_a_tp_plan(tmp_path, capsys):
+def test_replan_of_a_tp_plan_keeps_the_group_that_survives_whole(tmp_path, capsys):
+    # NOTE [re-plan of tensor-parallel plans]: losing local/1 of the groups (local/0, local/1), (local/2, local/3)
+    # keeps TP 2 on (local/2, local/3), not on the first two survivors in cluster order (local/0, local/2).
+    import json
+
     from hetpart.cli import main
 
     out = tmp_path / "out"
@@ -199,9 +203,13 @@ def test_replan_refuses_a_tp_plan(tmp_path, capsys):
                  "16", "--microbatches", "2", "--mode", "training", "--no-pt2", "--tensor-parallel", "2",
                  "--out", str(out)]) == 0
     capsys.readouterr()
-    assert main(["replan", str(out), "--lose", "local/3", "--out", str(tmp_path / "new")]) == 2
-    assert "tensor-parallel stages" in capsys.readouterr().err and not (tmp_path / "new").exists()
-    # Checkpoints and --resume of TP plans work: tests/runtime/test_tp_run.py (NOTE [checkpoint slices]).
+    assert main(["replan", str(out), "--lose", "local/1", "--out", str(tmp_path / "new")]) == 0
+    assert "tensor parallel 2 kept: 1 group(s) of the new cluster (local/2+local/3)" in capsys.readouterr().out
+    plan = json.loads((tmp_path / "new" / "plan.json").read_text())
+    chosen = plan["replan"]["chosen"]
+    assert chosen["devices"] == ["local/2+local/3"] and chosen["between_machines_bytes"] == 0
+    assert chosen["from_checkpoint_bytes"] > 0  # stage 0's index-1 shards: only the lost local/1 held them
+    assert [d["name"] for d in plan["cluster"]["devices"]] == ["local/2", "local/3", "local/0"]
 
 
 def test_max_tensor_parallel_also_searches_degrees_per_machine(tmp_path, capsys):
@@ -272,3 +280,29 @@ def test_the_per_machine_search_is_opt_in(tmp_path, capsys):
                  "--out", str(tmp_path / "o2")]) == 2
     assert "pass --max-tensor-parallel 2 (or more) with it" in capsys.readouterr().err
     assert not (tmp_path / "o2").exists()
+
+
+
+
+def test_a_chosen_degree_is_what_replan_keeps(tmp_path, capsys):
+    # --max-tensor-parallel 2 chooses TP 2 here (fast links, wide layers); ir/analysis.json is then the TP-2
+    # problem (it held the degree-1 one, and `replan` refused the plan), so the re-plan keeps TP 2.
+    import json
+
+    from hetpart.cli import main
+
+    from hetpart.devices.cluster import PRESETS
+
+    cluster, out = tmp_path / "fast4.toml", tmp_path / "out"  # preset:cpu-4 with a 1,000 GB/s, 1 us machine link
+    fast = PRESETS["cpu-4"].replace("bandwidth_GBps = 2, latency_us = 20", "bandwidth_GBps = 1000, latency_us = 1")
+    assert fast != PRESETS["cpu-4"]
+    cluster.write_text(fast)
+    assert main(["partition", "zoo:gpt-small", "--set", "n_layer=2", "--set", "n_embd=512", "--set", "vocab_size=128",
+                 "--set", "block_size=64", "--cluster", str(cluster), "--batch-size", "8", "--seq-len", "64",
+                 "--microbatches", "2", "--mode", "training", "--no-pt2", "--max-tensor-parallel", "2",
+                 "--out", str(out)]) == 0
+    assert "chose degree 2" in capsys.readouterr().out
+    stored = json.loads((out / "ir" / "analysis.json").read_text())["problem"]
+    assert {d["type"] for d in stored["devices"]} == {"cpu/tp2"}
+    assert main(["replan", str(out), "--lose", "local/3", "--out", str(tmp_path / "new")]) == 0
+    assert "tensor parallel 2 kept" in capsys.readouterr().out

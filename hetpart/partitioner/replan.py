@@ -33,27 +33,21 @@ from dataclasses import dataclass, field, replace
 from ortools.sat.python import cp_model
 
 from hetpart.errors import HetpartError
-from hetpart.partitioner.costs import held_weight_bytes, machine_link, transfer_ns
+from hetpart.partitioner.costs import machine_link, transfer_ns
 from hetpart.partitioner.evaluate import bottleneck_ns, evaluate
 from hetpart.partitioner.problem import WEIGHTS, Plan, Problem
+from hetpart.partitioner.replan_holdings import Holdings, as_holdings, state_to_move_bytes  # noqa: F401 (re-exported)
+
+Holders = Mapping[str, tuple[str, ...]] | Holdings  # weight -> old devices, or NOTE [re-plan by shard]'s parts
 
 CHECKPOINT = "checkpoint"  # the source of a weight whose every holder is gone
 
 
-def state_to_move_bytes(problem: Problem, weight: str) -> int:
-    """Bytes that move with a weight: its value and, in training, its optimizer state (its gradient is
-    recomputed): `held_weight_bytes` less the gradient, which is the weight's own size."""
-    held = held_weight_bytes(problem, weight)
-    grad = problem.weights[weight] if problem.training is not None and weight in problem.training.state_bytes else 0
-    return held - grad
-
-
-def lost_state_bytes(problem: Problem, holders: Mapping[str, tuple[str, ...]]) -> int:
-    """The lower limit of any plan's bytes moved: the state of every weight no surviving device holds, which
+def lost_state_bytes(problem: Problem, holders: Holders) -> int:
+    """The lower limit of any plan's bytes moved: the state of every part no surviving device holds, which
     some stage must read from the checkpoint (counted once, where `moves` counts each stage that reads it)."""
-    alive = {d.name for d in problem.devices}
-    return sum(state_to_move_bytes(problem, w) for w in problem.weights
-               if not any(h in alive for h in holders.get(w, ())))
+    h = as_holdings(problem, holders)
+    return sum(h.nbytes[p] for w in problem.weights for p in h.parts[w] if not h.sources[p])
 
 
 @dataclass(frozen=True)
@@ -96,17 +90,16 @@ def stage_weights(problem: Problem, stage_of: Mapping[str, int]) -> dict[int, se
     return held
 
 
-def moves(problem: Problem, stage_of: Mapping[str, int], device_of_stage: list[str],
-          holders: Mapping[str, tuple[str, ...]]) -> Moves:
+def moves(problem: Problem, stage_of: Mapping[str, int], device_of_stage: list[str], holders: Holders) -> Moves:
     """The bytes a plan moves, by NOTE [lexicographic re-plan]; `holders`: weight -> old devices holding a copy
-    (devices not in `problem` are lost)."""
+    (devices not in `problem` are lost), or the parts of NOTE [re-plan by shard]."""
     return stage_moves(problem, stage_weights(problem, stage_of), device_of_stage, holders)
 
 
-def stage_moves(problem: Problem, held: Mapping[int, set[str]], device_of_stage: list[str],
-                holders: Mapping[str, tuple[str, ...]]) -> Moves:
+def stage_moves(problem: Problem, held: Mapping[int, set[str]], device_of_stage: list[str], holders: Holders) -> Moves:
     """`moves` of stages given by the weights each holds (`held`: stage -> weights), on `device_of_stage`: one
     pipeline's, or several pipelines' stages in a row (NOTE [re-plan pipelines] in replan_pipelines.py)."""
+    h = as_holdings(problem, holders)
     machine = {d.name: d.node for d in problem.devices}
     out, between, within, ckpt = [], 0, 0, 0
     link_bytes: dict[str, int] = {}
@@ -114,24 +107,24 @@ def stage_moves(problem: Problem, held: Mapping[int, set[str]], device_of_stage:
     for k, weights in sorted(held.items()):
         target = device_of_stage[k]
         for w in sorted(weights):
-            alive = [d for d in holders.get(w, ()) if d in machine]
-            if target in alive:
-                continue
-            nbytes = state_to_move_bytes(problem, w)
-            local = [d for d in alive if machine[d] == machine[target]]
-            source = (local or alive or [CHECKPOINT])[0]
-            if local:
-                within += nbytes
-            elif alive:
-                between += nbytes
-            else:
-                ckpt += nbytes
-            src_machine = machine.get(source, CHECKPOINT)
-            key = f"{src_machine} -> {machine[target]}"
-            link_bytes[key] = link_bytes.get(key, 0) + nbytes
-            links[key] = problem.network if source == CHECKPOINT else machine_link(problem, src_machine,
-                                                                                    machine[target])
-            out.append(Move(w, nbytes, source, target))
+            for part in h.parts[w]:
+                if target in h.slots[part]:
+                    continue
+                nbytes = h.nbytes[part]
+                local = [d for d in h.sources[part] if h.machine[d] == machine[target]]
+                source = (local or list(h.sources[part]) or [CHECKPOINT])[0]
+                if local:
+                    within += nbytes
+                elif h.sources[part]:
+                    between += nbytes
+                else:
+                    ckpt += nbytes
+                src_machine = h.machine.get(source, CHECKPOINT)
+                key = f"{src_machine} -> {machine[target]}"
+                link_bytes[key] = link_bytes.get(key, 0) + nbytes
+                links[key] = problem.network if source == CHECKPOINT else machine_link(problem, src_machine,
+                                                                                        machine[target])
+                out.append(Move(part, nbytes, source, target))
     return Moves(out, between, within, ckpt, link_bytes, {k: transfer_ns(links[k], b) for k, b in link_bytes.items()})
 
 
@@ -195,15 +188,19 @@ KEPT_ORDER_CUTS = 256
 LARGE_STATUSES = ("RELABELED", "BYTES_DP", "KEPT_ORDER")  # NOTE [large re-plan]'s candidates: no CP-SAT runs
 
 
-def lexicographic_plan(problem: Problem, scratch: Plan, holders: Mapping[str, tuple[str, ...]], *,
+def lexicographic_plan(problem: Problem, scratch: Plan, holders: Holders, *,
                        slack: float = 0.02, time_limit_s: float = 30.0, seed: int = 0,
-                       old_devices: list[str] | None = None) -> Replan:
+                       old_devices: list[str] | None = None, deadline=None) -> Replan:
     """NOTE [lexicographic re-plan]: within `slack` of `scratch` (the from-scratch plan), the fewest bytes moved
     between machines, then within them. Falls back to `scratch` where CP-SAT finds nothing better in time;
-    a large problem is relabeled only (NOTE [large re-plan])."""
+    a large problem is relabeled only (NOTE [large re-plan]). CP-SAT's steps take `time_limit_s`, or what is
+    left of `deadline` (NOTE [re-plan deadline] in replan_deadline.py)."""
+    from hetpart.partitioner.replan_deadline import Deadline
+
     if not 0 <= slack < 1:
         raise HetpartError(f"--slack must be a fraction in [0, 1), e.g. 0.02 for 2% (got {slack})")
     start = time.perf_counter()
+    holders = as_holdings(problem, holders)  # NOTE [re-plan by shard]: built once for every engine
     limit = math.floor(scratch.bottleneck_ns * (1 + slack))
     if problem.graph.number_of_nodes() > RELABEL_ABOVE:
         relabeled, dp_status, kept_status = LARGE_STATUSES
@@ -215,7 +212,8 @@ def lexicographic_plan(problem: Problem, scratch: Plan, holders: Mapping[str, tu
         if kept is not None and _moved(problem, kept, holders) < _moved(problem, best, holders):
             best, status = kept, [kept_status]
     else:
-        best, status = _solve_lexicographic(problem, scratch, holders, limit, time_limit_s, seed)
+        best, status = _solve_lexicographic(problem, scratch, holders, limit, deadline or Deadline(time_limit_s),
+                                            seed)
     fallback = (scratch.stage_of, scratch.device_of_stage)
     if _moved(problem, fallback, holders) < _moved(problem, best, holders):  # a step stopped early (time, invalid)
         best, status = fallback, status + ["KEPT_SCRATCH"]
@@ -228,20 +226,20 @@ def lexicographic_plan(problem: Problem, scratch: Plan, holders: Mapping[str, tu
 
 
 def _moved(problem: Problem, plan: tuple[dict[str, int], list[str]],
-           holders: Mapping[str, tuple[str, ...]]) -> tuple[int, int]:
+           holders: Holders) -> tuple[int, int]:
     """A candidate's (bytes between machines, bytes within): the order of NOTE [lexicographic re-plan]."""
     mv = moves(problem, *plan, holders)
     return mv.between_bytes, mv.within_bytes
 
 
-def relabel(problem: Problem, scratch: Plan, holders: Mapping[str, tuple[str, ...]]) -> list[str]:
+def relabel(problem: Problem, scratch: Plan, holders: Holders) -> list[str]:
     """NOTE [large re-plan]: the from-scratch plan's stages on other devices of the same kind, the fewest bytes
     moved between machines, then within; each stage's new device."""
     return relabel_stages(problem, stage_weights(problem, scratch.stage_of), scratch.device_of_stage, holders)
 
 
 def relabel_stages(problem: Problem, held: Mapping[int, set[str]], device_of_stage: list[str],
-                   holders: Mapping[str, tuple[str, ...]]) -> list[str]:
+                   holders: Holders) -> list[str]:
     """`relabel` of stages given by the weights each holds (`held`) on `device_of_stage`: one pipeline's, or
     several pipelines' in a row (NOTE [re-plan pipelines] in replan_pipelines.py); each stage's new device."""
     import itertools
@@ -249,7 +247,7 @@ def relabel_stages(problem: Problem, held: Mapping[int, set[str]], device_of_sta
     import networkx as nx
 
     dev = {d.name: d for d in problem.devices}
-    nbytes = {w: state_to_move_bytes(problem, w) for w in problem.weights}
+    h = as_holdings(problem, holders)
     on: dict[str, list[int]] = {}
     for k, d in enumerate(device_of_stage):
         on.setdefault(dev[d].node, []).append(k)
@@ -262,10 +260,9 @@ def relabel_stages(problem: Problem, held: Mapping[int, set[str]], device_of_sta
 
     def place(plan_mc: str, real_mc: str) -> tuple[int, int, dict[int, str]]:
         """Bytes between and within machines, and each stage's device, with plan_mc's stages on real_mc."""
-        there = {w for w in nbytes if any(dev.get(h) is not None and dev[h].node == real_mc
-                                          for h in holders.get(w, ()))}
-        between = sum(nbytes[w] for k in on.get(plan_mc, []) for w in held.get(k, ()) if w not in there and
-                      any(h in dev for h in holders.get(w, ())))
+        there = {p for p, machines in h.machines.items() if real_mc in machines}
+        between = sum(h.nbytes[p] for k in on.get(plan_mc, []) for w in held.get(k, ()) for p in h.parts[w]
+                      if p not in there and h.sources[p])
         within, where = 0, {}
         groups: dict[tuple, list[int]] = {}
         for k in on.get(plan_mc, []):
@@ -273,7 +270,8 @@ def relabel_stages(problem: Problem, held: Mapping[int, set[str]], device_of_sta
             groups.setdefault((d.type, d.capacity_bytes), []).append(k)
         for key, stages in groups.items():
             devices = [d for d in members[real_mc] if (dev[d].type, dev[d].capacity_bytes) == key]
-            cost = {(k, d): sum(nbytes[w] for w in held.get(k, ()) if w in there and d not in holders.get(w, ()))
+            cost = {(k, d): sum(h.nbytes[p] for w in held.get(k, ()) for p in h.parts[w]
+                                if p in there and d not in h.slots[p])
                     for k in stages for d in devices}
             top = max(cost.values(), default=0) + 1
             g = nx.Graph()
@@ -312,7 +310,7 @@ def relabel_stages(problem: Problem, held: Mapping[int, set[str]], device_of_sta
     return devices
 
 
-def _kept_order(problem: Problem, scratch: Plan, holders: Mapping[str, tuple[str, ...]], old_devices: list[str],
+def _kept_order(problem: Problem, scratch: Plan, holders: Holders, old_devices: list[str],
                 limit: int) -> tuple[dict[str, int], list[str]] | None:
     """NOTE [large re-plan]'s second candidate: the old devices still alive in their order, cuts for the bytes."""
     import numpy as np
@@ -332,9 +330,8 @@ def _kept_order(problem: Problem, scratch: Plan, holders: Mapping[str, tuple[str
     valid = valid_cuts(tab)
     P = np.array(sorted({0, n} | {int(c) for c in cut_candidates(tab, KEPT_ORDER_CUTS) if valid[c]}
                         | {c for c in own if valid[c]}), dtype=np.int64)
-    nbytes = {w: state_to_move_bytes(problem, w) for w in problem.weights}
-    alive = {w: [h for h in holders.get(w, ()) if h in dev] for w in problem.weights}
-    total_within = sum(nbytes.values()) + 1
+    h = as_holdings(problem, holders)
+    total_within = h.total_bytes() + 1
     G = np.where(P == 0, 0.0, np.inf)
     backs = []
     for k, d in enumerate(devices):
@@ -342,11 +339,10 @@ def _kept_order(problem: Problem, scratch: Plan, holders: Mapping[str, tuple[str
         cost = np.zeros(n + 1)
         for i, v in enumerate(tab.order):
             c = 0.0
-            for w in problem.graph.nodes[v].get(WEIGHTS, ()):
-                hs = alive[w]
-                if not hs or d in hs:
+            for p in (p for w in problem.graph.nodes[v].get(WEIGHTS, ()) for p in h.parts[w]):
+                if not h.sources[p] or d in h.slots[p]:
                     continue
-                c += nbytes[w] / total_within if any(dev[h].node == dev[d].node for h in hs) else nbytes[w]
+                c += h.nbytes[p] / total_within if dev[d].node in h.machines[p] else h.nbytes[p]
             cost[i + 1] = c
         prefix = np.cumsum(cost)
         slot = problem.slot(d)
@@ -375,7 +371,7 @@ def _kept_order(problem: Problem, scratch: Plan, holders: Mapping[str, tuple[str
     return (stage_of, devices) if plan.bottleneck_ns <= limit else None
 
 
-def _bytes_first(problem: Problem, scratch: Plan, holders: Mapping[str, tuple[str, ...]], old_devices: list[str],
+def _bytes_first(problem: Problem, scratch: Plan, holders: Holders, old_devices: list[str],
                  limit: int) -> tuple[dict[str, int], list[str]] | None:
     """NOTE [large re-plan]'s third candidate: NOTE [re-plan DP] (replan_dp.py), re-costed and checked here."""
     from hetpart.partitioner.dp import order_tables
@@ -385,8 +381,7 @@ def _bytes_first(problem: Problem, scratch: Plan, holders: Mapping[str, tuple[st
     tab = order_tables(problem)
     at = {v: i for i, v in enumerate(tab.order)}
     own = [at[v] for v, k in scratch.stage_of.items() if at[v] > 0 and scratch.stage_of[tab.order[at[v] - 1]] != k]
-    nbytes = {w: state_to_move_bytes(problem, w) for w in problem.weights}
-    got = bytes_first_plan(problem, tab, holders, old_devices, limit, nbytes, own)
+    got = bytes_first_plan(problem, tab, as_holdings(problem, holders), old_devices, limit, own)
     if got is None:
         return None
     stage_of = {v: k for k in range(len(got.devices)) for v in tab.order[got.cuts[k]:got.cuts[k + 1]]}
@@ -401,8 +396,8 @@ def _transfer(problem: Problem, a: str, b: str, nbytes) -> object:
     return transfer_ns(link_between(problem, a, b), nbytes)
 
 
-def _solve_lexicographic(problem: Problem, scratch: Plan, holders: Mapping[str, tuple[str, ...]], limit: int,
-                         time_limit_s: float, seed: int) -> tuple[tuple[dict[str, int], list[str]], list[str]]:
+def _solve_lexicographic(problem: Problem, scratch: Plan, holders: Holders, limit: int,
+                         deadline, seed: int) -> tuple[tuple[dict[str, int], list[str]], list[str]]:
     """Steps 2 and 3 of NOTE [lexicographic re-plan]: ((stage_of, devices), CP-SAT's status of each)."""
     from hetpart.partitioner.cpsat import _add_hint, _build
 
@@ -410,30 +405,29 @@ def _solve_lexicographic(problem: Problem, scratch: Plan, holders: Mapping[str, 
     m = mdl.model
     # The plan is at most `slack` slower than the from-scratch plan.
     m.add(mdl.bottleneck <= limit)
-    machine = {d.name: d.node for d in problem.devices}
+    h = as_holdings(problem, holders)
     between, within = [], []
     for w, holds in sorted(mdl.holds.items()):
-        alive = [d for d in holders.get(w, ()) if d in machine]
-        if not alive:
-            continue  # read from the checkpoint whatever the plan: a constant
-        nbytes = state_to_move_bytes(problem, w)
-        where = sorted({machine[d] for d in alive})
-        for k in range(mdl.num_stages):
-            on_holder = sum(mdl.a[k][d] for d in alive)  # stage k runs on a device that held w
-            on_machine = sum(mdl.on_machine[k][mc] for mc in where)  # ... on a machine where one did
-            inter, intra = m.new_bool_var(f"between[{w},{k}]"), m.new_bool_var(f"within[{w},{k}]")
-            # Stage k holds w on a machine where no surviving device held it: w moves between machines.
-            m.add(inter >= holds[k] - on_machine)
-            # Stage k holds w on a machine where one did, but not on such a device: w moves inside it.
-            m.add(intra >= holds[k] + on_machine - 1 - on_holder)
-            between.append(nbytes * inter)
-            within.append(nbytes * intra)
+        for p in h.parts[w]:  # one part per weight, or per TP rank (NOTE [re-plan by shard])
+            if not h.sources[p]:
+                continue  # read from the checkpoint whatever the plan: a constant
+            for k in range(mdl.num_stages):
+                on_holder = sum(mdl.a[k][d] for d in sorted(h.slots[p]))  # stage k runs on a slot that held p
+                # ... on a machine where a surviving device holds it
+                on_machine = sum(mdl.on_machine[k][mc] for mc in sorted(h.machines[p]) if mc in mdl.on_machine[k])
+                inter, intra = m.new_bool_var(f"between[{p},{k}]"), m.new_bool_var(f"within[{p},{k}]")
+                # Stage k holds p on a machine where no surviving device held it: p moves between machines.
+                m.add(inter >= holds[k] - on_machine)
+                # Stage k holds p on a machine where one did, but not on such a slot: p moves inside it.
+                m.add(intra >= holds[k] + on_machine - 1 - on_holder)
+                between.append(h.nbytes[p] * inter)
+                within.append(h.nbytes[p] * intra)
     _add_hint(problem, mdl, scratch.stage_of, scratch.device_of_stage)
     status = []
     best = (scratch.stage_of, scratch.device_of_stage)
     for objective, fix in ((sum(between), None), (sum(within), sum(between))):
         m.minimize(objective)
-        solver, code = _solve(m, time_limit_s / 2, seed)
+        solver, code = _solve(m, deadline.share(0.5 if fix is None else 1.0), seed)  # step 2 half, step 3 the rest
         status.append(solver.status_name(code))
         if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             break
@@ -445,13 +439,8 @@ def _solve_lexicographic(problem: Problem, scratch: Plan, holders: Mapping[str, 
         if fix is None:
             # Step 3 keeps step 2's bytes between machines (its optimum when OPTIMAL).
             m.add(sum(between) <= round(solver.objective_value))
-            m.clear_hints()
-            for v in mdl.order:
-                for k in range(mdl.num_stages):
-                    m.add_hint(mdl.y[v][k], solver.boolean_value(mdl.y[v][k]))
-            for k in range(mdl.num_stages):
-                for d, lit in mdl.a[k].items():
-                    m.add_hint(lit, solver.boolean_value(lit))
+            m.clear_hints()  # step 2's plan as step 3's hint (each literal once: co-located nodes share theirs)
+            _add_hint(problem, mdl, stage_of, devices)
     return best, status
 
 

@@ -5,7 +5,7 @@ Nothing here imports torch. `replan.py` calls `bytes_first_plan` as one candidat
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -14,6 +14,7 @@ from hetpart.partitioner.coarsen import cut_candidates
 from hetpart.partitioner.costs import link_between, machine_link, slot_capacity_bytes, stash_microbatches, transfer_ns
 from hetpart.partitioner.dp import OrderTables, valid_cuts
 from hetpart.partitioner.problem import WEIGHTS, Problem
+from hetpart.partitioner.replan_holdings import Holdings
 
 # NOTE [re-plan DP]
 # The re-plan of a large problem (NOTE [large re-plan] in replan.py) needs plans that keep most
@@ -27,8 +28,9 @@ from hetpart.partitioner.problem import WEIGHTS, Problem
 #   fewest bytes crossing), coarsen.cut_candidates, the from-scratch plan's cuts and the LAYER
 #   boundaries.
 # - Devices: the old plan's devices still alive, in their old order, each used or skipped; and the
-#   free devices (alive, holding nothing: new ones and ones the old plan left idle), grouped in
-#   classes of interchangeable devices (machine, type, capacity), a class's devices inserted as a
+#   free devices (alive, not in the old order: new ones, ones the old plan left idle, TP groups that
+#   are not old ones), grouped in classes of interchangeable devices (machine, type, capacity), a
+#   class's devices inserted as a
 #   block at every place where the old order changes machine (its start and end too). A free class
 #   may so be used at several places; its devices are named in order of use, and when a plan uses
 #   more of a class than there are, the DP runs again with that class at one of its places, each in
@@ -73,8 +75,7 @@ class DpPlan:
     exact: bool = True  # the DP ran once over its whole family: no free class had to be restricted
 
 
-def candidate_positions(tab: OrderTables, problem: Problem, holders: Mapping[str, tuple[str, ...]],
-                        extra: list[int]) -> np.ndarray:
+def candidate_positions(tab: OrderTables, problem: Problem, holders: Holdings, extra: list[int]) -> np.ndarray:
     """NOTE [re-plan DP]'s positions P: sorted, with 0 and n, every inner one a valid cut."""
     n = tab.n
     valid = valid_cuts(tab)
@@ -85,7 +86,7 @@ def candidate_positions(tab: OrderTables, problem: Problem, holders: Mapping[str
         ws = problem.graph.nodes[v].get(WEIGHTS, ())
         if not ws:
             continue
-        key = tuple(sorted({h for w in ws for h in holders.get(w, ())}))
+        key = tuple(sorted({h for w in ws for p in holders.parts[w] for h in holders.old[p]}))
         if last_key is not None and key != last_key:
             gap = np.arange(last_pos + 1, i + 1)
             gap = gap[valid[gap]]
@@ -96,30 +97,30 @@ def candidate_positions(tab: OrderTables, problem: Problem, holders: Mapping[str
     return np.array(sorted(j for j in out if j in (0, n) or (0 < j < n and valid[j])), dtype=np.int64)
 
 
-def _byte_prefixes(problem: Problem, tab: OrderTables, holders: Mapping[str, tuple[str, ...]],
-                   devices: list[str], nbytes: Mapping[str, int]) -> tuple[np.ndarray, np.ndarray]:
+def _byte_prefixes(problem: Problem, tab: OrderTables, holders: Holdings,
+                   devices: list[str]) -> tuple[np.ndarray, np.ndarray]:
     """Prefix sums over the order of the bytes each node's weights move to each of `devices`:
     (between machines, within), each of shape (len(devices), n + 1). From three sums per position: the
-    bytes of weights some surviving device holds, of those one on machine m holds, of those device h holds."""
+    bytes of parts some surviving device holds, of those one on machine m holds, of those slot s holds
+    (NOTE [re-plan by shard])."""
     machine = {d.name: d.node for d in problem.devices}
     reads = dict(problem.graph.nodes(data=WEIGHTS, default=()))
     n = tab.n
-    alive_bytes = np.zeros(n + 1, dtype=np.int64)
-    on_machine: dict[str, np.ndarray] = {mc: np.zeros(n + 1, dtype=np.int64) for mc in set(machine.values())}
+    zero = np.zeros(n + 1, dtype=np.int64)
+    alive_bytes = zero.copy()
+    on_machine: dict[str, np.ndarray] = {}
     on_device: dict[str, np.ndarray] = {}
     for pos, v in enumerate(tab.order):
-        for w in reads[v]:
-            alive = [h for h in holders.get(w, ()) if h in machine]
-            if not alive:
+        for p in (p for w in reads[v] for p in holders.parts[w]):
+            if not holders.sources[p]:
                 continue  # read from the checkpoint whatever the plan
-            alive_bytes[pos + 1] += nbytes[w]
-            for mc in {machine[h] for h in alive}:
-                on_machine[mc][pos + 1] += nbytes[w]
-            for h in alive:
-                on_device.setdefault(h, np.zeros(n + 1, dtype=np.int64))[pos + 1] += nbytes[w]
-    zero = np.zeros(n + 1, dtype=np.int64)
-    between = np.stack([alive_bytes - on_machine[machine[d]] for d in devices])
-    within = np.stack([on_machine[machine[d]] - on_device.get(d, zero) for d in devices])
+            alive_bytes[pos + 1] += holders.nbytes[p]
+            for mc in holders.machines[p]:
+                on_machine.setdefault(mc, zero.copy())[pos + 1] += holders.nbytes[p]
+            for s in holders.slots[p]:
+                on_device.setdefault(s, zero.copy())[pos + 1] += holders.nbytes[p]
+    between = np.stack([alive_bytes - on_machine.get(machine[d], zero) for d in devices])
+    within = np.stack([on_machine.get(machine[d], zero) - on_device.get(d, zero) for d in devices])
     return np.cumsum(between, axis=1), np.cumsum(within, axis=1)
 
 
@@ -163,23 +164,24 @@ def _list(old_alive: list[str], classes: dict[str, list[str]],
     return names, keys
 
 
-def bytes_first_plan(problem: Problem, tab: OrderTables, holders: Mapping[str, tuple[str, ...]],
-                     old_devices: list[str], limit_ns: int, nbytes: Mapping[str, int],
+def bytes_first_plan(problem: Problem, tab: OrderTables, holders: Holdings, old_devices: list[str], limit_ns: int,
                      extra_cuts: Sequence[int] = ()) -> DpPlan | None:
     """NOTE [re-plan DP]: the fewest bytes between machines, then within, over kept-order plans whose
     stages each take at most `limit_ns`; None when none fits."""
     dev = {d.name: d for d in problem.devices}
     old_alive = [d for d in old_devices if d in dev]
-    held = {h for hs in holders.values() for h in hs}
-    classes = _free_classes(problem, [d.name for d in problem.devices
-                                      if d.name not in held and d.name not in old_alive])
+    # Free: every device not in the old order (on one-device problems they hold nothing; a TP group that is not
+    # an old one may hold parts at some of its indices, NOTE [re-plan by shard], and is placed as a free one).
+    classes = _free_classes(problem, [d.name for d in problem.devices if d.name not in old_alive])
     P = candidate_positions(tab, problem, holders, list(extra_cuts))
     names, keys = _entries(problem, old_alive, classes)
+    if not names:
+        return None
     todo, best, runs, exact = [(names, keys)], None, 0, True
     while todo and runs <= _RETRIES:
         names, keys = todo.pop(0)
         runs += 1
-        got = _dp(problem, tab, P, names, [bool(k) for k in keys], holders, limit_ns, nbytes)
+        got = _dp(problem, tab, P, names, [bool(k) for k in keys], holders, limit_ns)
         if got is None:
             continue
         picked, between, within, cuts = got
@@ -211,7 +213,7 @@ def bytes_first_plan(problem: Problem, tab: OrderTables, holders: Mapping[str, t
     if best is None:
         return None
     best.exact = exact and runs == 1
-    return _refined(problem, tab, holders, limit_ns, nbytes, best)
+    return _refined(problem, tab, holders, limit_ns, best)
 
 
 def _places(keys: list[str]) -> list[int]:
@@ -225,8 +227,7 @@ def _places(keys: list[str]) -> list[int]:
 
 
 def _dp(problem: Problem, tab: OrderTables, P: np.ndarray, names: list[str], is_free: list[bool],
-        holders: Mapping[str, tuple[str, ...]], limit_ns: int,
-        nbytes: Mapping[str, int]) -> tuple[list[int], int, int, list[int]] | None:
+        holders: Holdings, limit_ns: int) -> tuple[list[int], int, int, list[int]] | None:
     """The DP of NOTE [re-plan DP] over entries `names`: (the entries used, bytes between, within, cuts).
     Ties are broken by the fewest free devices: the second key is within * scale + free devices used."""
     n, m = tab.n, len(P)
@@ -236,7 +237,7 @@ def _dp(problem: Problem, tab: OrderTables, P: np.ndarray, names: list[str], is_
     machine = {d.name: d.node for d in problem.devices}
     uniq = sorted(set(names))
     row = {d: i for i, d in enumerate(uniq)}
-    Bp, Wp = _byte_prefixes(problem, tab, holders, uniq, nbytes)
+    Bp, Wp = _byte_prefixes(problem, tab, holders, uniq)
     scale = len(names) + 1
     Wp = Wp * scale
     stash = _stash(problem)
@@ -341,14 +342,13 @@ def _dp(problem: Problem, tab: OrderTables, P: np.ndarray, names: list[str], is_
     return picked[::-1], between, within // scale, cuts[::-1]
 
 
-def _refined(problem: Problem, tab: OrderTables, holders: Mapping[str, tuple[str, ...]], limit_ns: int,
-             nbytes: Mapping[str, int], plan: DpPlan) -> DpPlan:
+def _refined(problem: Problem, tab: OrderTables, holders: Holdings, limit_ns: int, plan: DpPlan) -> DpPlan:
     """NOTE [re-plan DP]'s last step: with the devices fixed, each cut moved to any valid position within
     `_RADIUS` of where it is, for the fewest bytes (between, then within) under the cap; repeated while it
     improves (`_ROUNDS` at most). Each pass's windows hold the plan before it, so it never gets worse."""
     n = tab.n
     valid = valid_cuts(tab)
-    Bp, Wp = _byte_prefixes(problem, tab, holders, plan.devices, nbytes)
+    Bp, Wp = _byte_prefixes(problem, tab, holders, plan.devices)
     S = len(plan.devices)
     stash = _stash(problem)
     slots = [problem.slot(d) for d in plan.devices]

@@ -14,14 +14,15 @@ a. the batch re-split: every old pipeline whose devices all survive keeps its st
    ones no old stage ran on): the single-pipeline re-plan (NOTE [lexicographic re-plan], so its
    bytes stay low) on that sub-problem, its old devices' order given; at most one repair per
    candidate takes the free devices. What is left free may form one further pipeline (`solve`'s
-   plan of them, the iteration objective, as `fixed_pipelines` solves a group). A repair's solves get
-   `--time-limit` each, as `hetpart replan`'s own (with a quarter of it, llama-70b's repair on 48 GPUs
-   found no plan and a whole new pipeline was taken: 642 GiB moved); the further pipeline half of
-   it. The microbatches are then split over the resulting pipelines by the planner's own split
-   (`_split` of pipeline_outer.py: the least pipeline time at which they run the batch, each between
-   its fewest microbatches, its stages under 1F1B, and the most its memory holds,
-   `_most_microbatches`). When the from-scratch search finds no plan in time, these alone are chosen
-   from; when none runs the batch either, `hetpart replan` says so (exit 2).
+   plan of them, the iteration objective, as `fixed_pipelines` solves a group). The solves share the
+   re-plan's one deadline, NOTE [re-plan deadline] (each repair once had `--time-limit` of its own:
+   with a quarter of it, llama-70b's repair on 48 GPUs found no plan and a whole new pipeline was
+   taken, 642 GiB moved; the deadline's shares are measured against that). The microbatches are
+   then split over the resulting pipelines by the planner's own split (`_split` of pipeline_outer.py:
+   the least pipeline time at which they run the batch, each between its fewest microbatches, its
+   stages under 1F1B, and the most its memory holds, `_most_microbatches`). When the from-scratch
+   search finds no plan in time, these alone are chosen from; when none runs the batch either,
+   `hetpart replan` says so (exit 2).
 b. the from-scratch plan, as is and relabeled (NOTE [large re-plan]'s `relabel_stages` over every
    pipeline's stages at once: machines of one kind swap whole, devices of one type and capacity
    inside a machine swap, so every stage keeps its costs and the sync its links; re-costed anyway).
@@ -50,6 +51,7 @@ from hetpart.partitioner.pipelines import (
 )
 from hetpart.partitioner.problem import Plan, Problem
 from hetpart.partitioner.replan import Moves, relabel_stages, stage_moves, stage_weights
+from hetpart.partitioner.replan_deadline import MIN_SOLVE_S, REPAIR_SOLVE_SHARE, Deadline, expected_solves
 from hetpart.partitioner.verify import plan_violations
 
 PIPELINES_RECORD_VERSION = 1
@@ -225,9 +227,17 @@ class _Solves:
     problem: Problem
     holders: Mapping[str, tuple[str, ...]]
     slack: float
-    time_limit_s: float
+    deadline: Deadline  # NOTE [re-plan deadline]: every solve's time comes from it
     seed: int
+    expected: int  # the solves expected (`expected_solves`): each gets the time left divided by those to come
+    started: int = 0
     done: dict = field(default_factory=dict)
+
+    def _budget(self) -> float | None:
+        """This solve's seconds: the time left over the solves still expected; None: too little left to start."""
+        left = self.deadline.left()
+        self.started += 1
+        return None if left < MIN_SOLVE_S else left / max(1, self.expected - self.started + 1)
 
     def repair(self, old: OldPipeline, devices: tuple[str, ...]) -> tuple | None:
         """The single-pipeline re-plan of `old` on `devices` (NOTE [lexicographic re-plan]); None: no plan."""
@@ -235,12 +245,15 @@ class _Solves:
         from hetpart.partitioner.solve import solve
 
         key = ("repair", old.device_of_stage, devices)
+        if key not in self.done and (budget := self._budget()) is None:
+            self.done[key] = None  # no time left to start it
         if key not in self.done:
             sub = sub_problem(self.problem, devices, old.microbatches)
+            part = Deadline(budget)  # the solve, then its lexicographic step in what is left of this part
             try:
-                scratch = solve(sub, time_limit_s=self.time_limit_s, seed=self.seed)
-                got = lexicographic_plan(sub, scratch, self.holders, slack=self.slack, time_limit_s=self.time_limit_s,
-                                         seed=self.seed, old_devices=[d for d in old.device_of_stage if d in devices])
+                scratch = solve(sub, time_limit_s=part.of_total(REPAIR_SOLVE_SHARE), seed=self.seed)
+                got = lexicographic_plan(sub, scratch, self.holders, slack=self.slack, seed=self.seed,
+                                         old_devices=[d for d in old.device_of_stage if d in devices], deadline=part)
                 self.done[key] = (devices, got.plan.stage_of, tuple(got.plan.slot_of_stage))
             except HetpartError:
                 self.done[key] = None
@@ -251,9 +264,11 @@ class _Solves:
         from hetpart.partitioner.solve import solve
 
         key = ("new", devices)
+        if key not in self.done and (budget := self._budget()) is None:
+            self.done[key] = None  # no time left to start it
         if key not in self.done:
             try:
-                plan = solve(sub_problem(self.problem, devices, microbatches), time_limit_s=self.time_limit_s / 2,
+                plan = solve(sub_problem(self.problem, devices, microbatches), time_limit_s=budget,
                              seed=self.seed, objective="iteration", microbatches=microbatches)
                 self.done[key] = (devices, plan.stage_of, tuple(plan.slot_of_stage))
             except HetpartError:
@@ -262,9 +277,9 @@ class _Solves:
 
 
 def resplit_candidates(problem: Problem, old: Sequence[OldPipeline], holders: Mapping[str, tuple[str, ...]],
-                       microbatches: int, *, slack: float, time_limit_s: float, seed: int) -> list[PipelinesCandidate]:
+                       microbatches: int, *, slack: float, deadline: Deadline, seed: int) -> list[PipelinesCandidate]:
     """NOTE [re-plan pipelines] a: every combination of dropping or repairing the broken pipelines, with or without
-    a further pipeline on what is left free, re-split."""
+    a further pipeline on what is left free, re-split; every solve within `deadline` (NOTE [re-plan deadline])."""
     alive = [d.name for d in problem.devices]
     kept = [p for p in old if all(d in alive for d in p.device_of_stage)]
     broken = [p for p in old if p not in kept]
@@ -274,7 +289,8 @@ def resplit_candidates(problem: Problem, old: Sequence[OldPipeline], holders: Ma
     combos = (list(itertools.product(options, repeat=len(broken))) if len(broken) <= _UNIFORM_ABOVE
               else [(o,) * len(broken) for o in options])
     combos = [c for c in combos if c.count("repair+free") <= 1]
-    solves = _Solves(problem, holders, slack, time_limit_s, seed)
+    repairable = sum(1 for p in broken if any(d in alive for d in p.device_of_stage))
+    solves = _Solves(problem, holders, slack, deadline, seed, expected_solves(repairable, bool(free)))
     out, seen, costs = [], set(), {}
     index = {id(p): i for i, p in enumerate(old)}
     for combo in combos:
@@ -317,9 +333,12 @@ def resplit_candidates(problem: Problem, old: Sequence[OldPipeline], holders: Ma
 
 def replan_pipelines(problem: Problem, old: Sequence[OldPipeline], holders: Mapping[str, tuple[str, ...]],
                      scratch: PipelinesPlan | None, *, slack: float = 0.02, time_limit_s: float = 30.0,
-                     seed: int = 0) -> PipelinesReplan:
+                     seed: int = 0, deadline: Deadline | None = None,
+                     resplits: list[PipelinesCandidate] | None = None) -> PipelinesReplan:
     """NOTE [re-plan pipelines]: the candidates, and the lexicographic choice among them; `scratch` None: the
-    from-scratch plan found none in time (the re-splits only)."""
+    from-scratch plan found none in time (the re-splits only). `resplits`: `resplit_candidates`' answer made
+    already; else made here, every solve within `deadline`, or one of `time_limit_s` from now (NOTE [re-plan
+    deadline])."""
     if not 0 <= slack < 1:
         raise HetpartError(f"--slack must be a fraction in [0, 1), e.g. 0.02 for 2% (got {slack})")
     start = time.perf_counter()
@@ -337,8 +356,8 @@ def replan_pipelines(problem: Problem, old: Sequence[OldPipeline], holders: Mapp
                             bound_note="re-planned (NOTE [re-plan pipelines]): the from-scratch plan relabeled")
         cands.append(PipelinesCandidate("from scratch, relabeled", pp, ["from scratch"] * len(pp.pipelines),
                                         pipelines_moves(problem, pp, holders)))
-    cands += resplit_candidates(problem, old, holders, microbatches, slack=slack, time_limit_s=time_limit_s,
-                                seed=seed)
+    cands += resplits if resplits is not None else resplit_candidates(
+        problem, old, holders, microbatches, slack=slack, deadline=deadline or Deadline(time_limit_s), seed=seed)
     # Each candidate is checked by `pipelines_violations` (the planner's checker) before it may be chosen: in
     # the order of the choice, the first valid one (the from-scratch plan is valid: its search checked it).
     valid: dict[int, bool] = {}

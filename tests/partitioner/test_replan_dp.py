@@ -14,6 +14,7 @@ from hetpart.partitioner.problem import Device, Link, Plan
 from hetpart.partitioner.replan import moves, state_to_move_bytes
 from hetpart.partitioner import replan_dp
 from hetpart.partitioner.replan_dp import bytes_first_plan, candidate_positions
+from hetpart.partitioner.replan_holdings import as_holdings
 from hetpart.partitioner.verify import plan_violations
 
 
@@ -73,9 +74,9 @@ def test_bytes_first_plan_is_the_fewest_bytes_of_its_family(seed, monkeypatch):
     n = len(names)
     tab = order_tables(problem)
     valid = valid_cuts(tab)
-    P = candidate_positions(tab, problem, holders, [])
+    held = as_holdings(problem, holders)
+    P = candidate_positions(tab, problem, held, [])
     assert set(P) >= {j for j in range(1, n) if valid[j]}  # every cut position: the family's cuts are all here
-    nbytes = {w: state_to_move_bytes(problem, w) for w in problem.weights}
     # The cap: a bottleneck between the fastest and the slowest plans of the family, so it binds.
     options = []
     for seq in _family(problem, old, holders):
@@ -95,7 +96,7 @@ def test_bytes_first_plan_is_the_fewest_bytes_of_its_family(seed, monkeypatch):
         want = min(key for t, key in options if t <= limit)
         runs = []
         monkeypatch.setattr(replan_dp, "_dp", lambda *a: runs.append(1) or dp(*a))
-        got = bytes_first_plan(problem, tab, holders, old, limit, nbytes)
+        got = bytes_first_plan(problem, tab, held, old, limit)
         if len(runs) > 1:  # a free class was used too often and then restricted: no claim
             INEXACT.append(seed)
             assert got is None or not got.exact
@@ -113,7 +114,7 @@ def test_bytes_first_plan_is_the_fewest_bytes_of_its_family(seed, monkeypatch):
             assert (got.between_bytes, got.within_bytes) == want
         else:  # a free class was restricted to one place: a plan of the family, maybe not the best
             assert (got.between_bytes, got.within_bytes) >= want
-    assert bytes_first_plan(problem, tab, holders, old, times[0] - 1, nbytes) is None  # below every plan: none
+    assert bytes_first_plan(problem, tab, held, old, times[0] - 1) is None  # below every plan: none
 
 
 def test_the_claim_is_made_on_a_fair_share_of_cases():

@@ -190,3 +190,31 @@ def test_without_a_from_scratch_plan_the_re_splits_alone_are_chosen_from():
     assert got.scratch is None and got.to_json()["from_scratch"] is None
     assert got.candidates and all(c.name.startswith("re-split: ") for c in got.candidates)
     assert got.chosen.plan.iteration_ns <= got.limit_ns == math.floor(got.best_ns * 1.02)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_re_splits_solves_share_one_deadline(seed, monkeypatch):
+    # NOTE [re-plan deadline], on a clock the test moves: every `solve` of the re-splits runs its whole limit
+    # (the worst case); their limits together stay within the re-splits' share of T (one MIN_SOLVE_S floor more at
+    # most), where before each solve had T of its own; a solve started with less than MIN_SOLVE_S left is not run.
+    import importlib
+
+    from hetpart.partitioner import replan_deadline
+
+    solve_module = importlib.import_module("hetpart.partitioner.solve")
+
+    real, limits, clock = solve_module.solve, [], [0.0]
+
+    def timed(problem, *, time_limit_s, **kw):
+        limits.append(time_limit_s)
+        clock[0] += time_limit_s
+        return real(problem, time_limit_s=5, **kw)
+
+    problem, old, holders, _ = _case(seed)
+    monkeypatch.setattr(solve_module, "solve", timed)
+    monkeypatch.setattr(replan_deadline.time, "perf_counter", lambda: clock[0])
+    T = 4.0
+    got = replan_pipelines(problem, old, holders, None, deadline=replan_deadline.Deadline(T))
+    assert limits, "the lost device's pipeline is repaired or replaced: some solve ran"
+    assert sum(limits) <= T + replan_deadline.MIN_SOLVE_S
+    assert all(lim >= replan_deadline.MIN_SOLVE_S for lim in limits) and got.candidates

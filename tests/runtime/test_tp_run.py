@@ -70,9 +70,11 @@ def test_each_rank_holds_only_its_shards_and_the_manifest_records_the_groups(gpt
         load_manifest(bad)
 
 
-def test_gpt_two_stages_by_tp2_train_1f1b_equal_to_the_model_checkpoint_and_resume(gpt_tp, tmp_path, capsys):
+def test_gpt_two_stages_by_tp2_train_1f1b_equal_to_the_model_checkpoint_resume_and_replan(gpt_tp, tmp_path, capsys):
     """2 steps with a checkpoint (each rank its shards, NOTE [checkpoint slices]), then 2 more resumed from it:
-    both equal to the model (the resumed run: to 4 steps of it from the same initial weights)."""
+    both equal to the model (the resumed run: to 4 steps of it from the same initial weights). Then issue 21 on a
+    TP plan (NOTE [re-plan of tensor-parallel plans]): local/3 is lost, `hetpart replan` keeps TP 2 on the group
+    that survives whole (one stage, 2 ranks), and 2 steps resumed from the same checkpoint equal 4 of the model."""
     ck = tmp_path / "ck"
     train = ["run", str(gpt_tp), "--mode", "training", "--schedule", "1f1b", "--steps", "2", "--verify"]
     assert main([*train, "--checkpoint-every", "2", "--checkpoint-dir", str(ck)]) == 0
@@ -97,6 +99,32 @@ def test_gpt_two_stages_by_tp2_train_1f1b_equal_to_the_model_checkpoint_and_resu
     (bad / "rank3.safetensors").write_bytes(bytes(data))
     assert main([*train, "--resume", str(bad)]) == 2
     assert "'rank3.safetensors' has sha256" in capsys.readouterr().err
+
+    new = tmp_path / "new"
+    assert main(["replan", str(gpt_tp), "--lose", "local/3", "--out", str(new)]) == 0
+    out = capsys.readouterr().out
+    assert "tensor parallel 2 kept: 1 group(s) of the new cluster (local/0+local/1)" in out, out
+    plan = json.loads((new / "plan.json").read_text())
+    chosen = plan["replan"]["chosen"]
+    assert chosen["devices"] == ["local/0+local/1"]
+    assert chosen["bottleneck_us"] == plan["bottleneck_us"]  # the stored TP costs equal the new lowering's
+    # By shard (NOTE [re-plan by shard]): stage 1's index-0 shards and replicated weights come from local/2
+    # within the machine; its index-1 shards, which only the lost local/3 held, from the checkpoint.
+    assert chosen["between_machines_bytes"] == 0 and 0 < chosen["from_checkpoint_bytes"] < chosen[
+        "within_machines_bytes"]
+    man = json.loads((new / "manifest.json").read_text())
+    assert man["mesh"]["stages"] == [[0, 1]] and [e["planned_device"] for e in man["ranks"]] == ["local/0", "local/1"]
+    assert main(["run", str(new), "--mode", "training", "--schedule", "1f1b", "--steps", "2", "--resume", str(ck),
+                 "--verify"]) == 0
+    ran = capsys.readouterr().out
+    assert "after step 2" in ran and "2 rank(s)" in ran and "verify: PASS" in ran, ran
+    # One device left: no TP-2 group can run; said before anything is written.
+    one = tmp_path / "one"
+    assert main(["replan", str(gpt_tp), "--lose", "local/1", "--lose", "local/2", "--lose", "local/3",
+                 "--out", str(one)]) == 2
+    err = capsys.readouterr().err
+    assert "no machine of the new cluster has 2 devices of one type left" in err and "can host: 1" in err, err
+    assert not one.exists()
 
 
 @pytest.fixture(scope="module", params=["zoo:llama", "hf:llama"])
