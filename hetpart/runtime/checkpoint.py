@@ -530,14 +530,15 @@ def run_checkpoints(manifest: dict[str, Any], plan_model: dict[str, Any], spec: 
     return run
 
 
-def with_resume_commands(err: HetpartError, out: Path, run: CheckpointRun | None, opts: Any) -> HetpartError:
+def with_resume_commands(err: HetpartError, out: Path, run: CheckpointRun | None, opts: Any,
+                         replannable: bool = True) -> HetpartError:
     """A failed run's error, with the resume commands where a rank died and checkpoints were on."""
     if run is None or getattr(err, "dead_device", None) is None:
         return err
     flags = [f"--schedule {opts.schedule} "] + [f"{flag} {value} " for flag, value in (
         ("--microbatches", opts.microbatches), ("--batch-size", opts.batch_size), ("--seq-len", opts.seq_len))
         if value is not None]
-    new = type(err)(str(err) + resume_commands(out, run, err.dead_device, opts.steps, flags))
+    new = type(err)(str(err) + resume_commands(out, run, err.dead_device, opts.steps, flags, replannable))
     new.exit_code = err.exit_code
     return new
 
@@ -551,9 +552,11 @@ def _shown(path: Path, quote: bool = True) -> str:
     return shlex.quote(str(path)) if quote else str(path)
 
 
-def resume_commands(out: Path, run: CheckpointRun, dead_device: str | None, steps: int, flags: list[str]) -> str:
+def resume_commands(out: Path, run: CheckpointRun, dead_device: str | None, steps: int, flags: list[str],
+                    replannable: bool = True) -> str:
     """What `hetpart run` prints when a rank died: the last complete checkpoint and the commands that re-plan
-    onto the devices still alive and resume from it (`flags`: the run's own, repeated)."""
+    onto the devices still alive and resume from it (`flags`: the run's own, repeated). A plan `hetpart replan`
+    refuses (virtual stages) gets the resume command after a new `partition` instead."""
     if run.save_dir is None:
         return ""
     found = complete_checkpoints(run.save_dir)
@@ -561,13 +564,17 @@ def resume_commands(out: Path, run: CheckpointRun, dead_device: str | None, step
         return f"\nno checkpoint was complete before the failure (--checkpoint-dir {run.save_dir}): nothing to resume"
     last = read_checkpoint(found[-1], check_tensors=False)
     left = run.first_step + steps - last.step
-    new = out.with_name(out.name + "-replan")
-    lose = f" --lose {shlex.quote(dead_device)}" if dead_device else ""
-    run_flags = " ".join(flags)
-    more = (f"hetpart replan {_shown(out)}{lose} --out {_shown(new)} && hetpart run {_shown(new)} --mode training "
-            f"{run_flags}--resume {_shown(last.path)} --steps {left} --checkpoint-every {run.every} "
-            f"--checkpoint-dir {_shown(run.save_dir)}")
     if left <= 0:
         return f"\nthe last checkpoint, {last.path}, is of the run's last step {last.step}: nothing left to train"
+    new = out.with_name(out.name + "-replan")
+    resume = (f"hetpart run {_shown(new)} --mode training {' '.join(flags)}--resume {_shown(last.path)} "
+              f"--steps {left} --checkpoint-every {run.every} --checkpoint-dir {_shown(run.save_dir)}")
+    if not replannable:
+        without = f" (without {dead_device})" if dead_device else ""
+        return (f"\nthe last complete checkpoint is {_shown(last.path)} (step {last.step}); this plan runs virtual "
+                f"stages, which `hetpart replan` does not re-plan: partition the model again for the devices still "
+                f"alive{without} with `--out {_shown(new)}`, then train the {left} step(s) left:\n  {resume}")
+    lose = f" --lose {shlex.quote(dead_device)}" if dead_device else ""
     return (f"\nthe last complete checkpoint is {_shown(last.path)} (step {last.step}); to re-plan onto the devices still "
-            f"alive and train the {left} step(s) left:\n  {more}")
+            f"alive and train the {left} step(s) left:\n  hetpart replan {_shown(out)}{lose} --out {_shown(new)} && "
+            f"{resume}")

@@ -511,7 +511,7 @@ def run_pipeline(out: Path, opts: RunOptions = RunOptions(), echo: Callable[[str
             with emulating(emulation, io_dir, echo) if emulation is not None else contextlib.nullcontext():
                 _run_torchruns([c + worker_args for c in cmds], manifest, log_dir, opts)
         except RunFailed as err:  # a rank died: the last checkpoint and how to resume (NOTE [checkpoint layout])
-            raise with_resume_commands(err, out, ckpt, opts) from None
+            raise with_resume_commands(err, out, ckpt, opts, replannable=plan.virtual_stages is None) from None
         finally:
             write_logs_marker(log_dir)  # every file torchrun wrote, which the next run or --force may remove
         outputs = _outputs(io_dir, manifest)

@@ -11,8 +11,8 @@ import torch
 
 from hetpart.errors import HetpartError
 from hetpart.runtime.checkpoint import (
-    complete_checkpoints, check_checkpoint_dir, check_resume, find_checkpoint, finish_checkpoint, load_rank,
-    prepare_run, prune, rank_state, read_checkpoint, save_rank, weight_sources,
+    CheckpointRun, complete_checkpoints, check_checkpoint_dir, check_resume, find_checkpoint, finish_checkpoint, load_rank,
+    prepare_run, prune, rank_state, read_checkpoint, resume_commands, save_rank, weight_sources,
 )
 from hetpart.runtime.verify import reference_training
 
@@ -142,3 +142,19 @@ def test_the_reference_of_a_resumed_run_is_the_same_training_checked_from_its_fi
     assert torch.equal(resumed.losses, whole.losses[2:])
     assert all(torch.equal(resumed.weights[k], whole.weights[k]) for k in whole.weights)
     assert not torch.equal(resumed.grads["fc1.weight"], whole.grads["fc1.weight"])  # step 2's, not step 0's
+
+
+def test_after_a_rank_died_the_printed_commands_re_plan_only_plans_replan_takes(tmp_path):
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    _write(ck, 2, *_trained(1))
+    run = CheckpointRun(save_dir=ck, every=2)
+    flags = ["--schedule 1f1b "]
+    text = resume_commands(tmp_path / "out", run, "local/2", 4, flags)
+    assert "hetpart replan" in text and "--lose local/2" in text and "--resume" in text and "--steps 2" in text
+    # A virtual-stage plan: `hetpart replan` refuses it, so the advice is a new partition, then the same resume.
+    text = resume_commands(tmp_path / "out", run, "local/2", 4, flags, replannable=False)
+    command = text.rsplit("\n", 1)[1].strip()
+    assert command.startswith("hetpart run ") and " && " not in command and "--steps 2" in command
+    assert "partition the model again" in text and "(without local/2)" in text and "--lose" not in text
+    assert "nothing left to train" in resume_commands(tmp_path / "out", run, "local/2", 2, flags, replannable=False)
