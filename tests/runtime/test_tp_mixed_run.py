@@ -113,10 +113,13 @@ def test_gpt_tp2_then_tp1_trains_1f1b_equal_to_the_model_checkpoints_and_resumes
     assert "after step 2" in ran and "verify: PASS" in ran, ran
 
 
-def test_gpt_tp2_then_tp1_inference_equals_the_model(gpt_mixed, capsys):
-    assert main(["run", str(gpt_mixed), "--verify"]) == 0
+def test_gpt_tp2_then_tp1_inference_equals_the_model_and_is_measured_per_rank(gpt_mixed, capsys):
+    assert main(["run", str(gpt_mixed), "--verify", "--measure", "--steps", "2"]) == 0
     ran = capsys.readouterr().out
     assert "3 rank(s)" in ran and "inference" in ran and "verify: PASS" in ran
+    measured = json.loads((gpt_mixed / "measured.json").read_text())  # each rank on its own stage's device
+    assert [s["device"] for s in measured["stages"]] == ["a/0", "a/1", "b/0"]
+    assert measured["timeline"] is not None
 
 
 def test_llama_tp1_then_tp2_trains_1f1b_equal_to_the_model(tmp_path, capsys):
