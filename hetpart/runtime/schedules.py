@@ -43,6 +43,9 @@ def check_schedule(schedule: str, manifest: dict[str, Any], microbatches: int) -
                            f"ranks {v} stages (virtual stages): run with --schedule interleaved-1f1b or "
                            "interleaved-zb, or partition again without --virtual-stages")
     if schedule in MULTI_STAGE:
+        if "tensor_parallel" in manifest["mesh"]:  # NOTE [tensor-parallel stages]: one stage per rank
+            raise HetpartError(f"--schedule {schedule} runs several stages per rank, and this plan's stages are "
+                               "tensor-parallel groups of one stage per rank: run with --schedule gpipe or 1f1b")
         if "pipelines" in manifest["mesh"]:
             raise HetpartError(f"--schedule {schedule}: a plan of several data-parallel pipelines runs gpipe or 1f1b")
         rounds = max(1, microbatches // world)
