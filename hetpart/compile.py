@@ -486,6 +486,9 @@ def compile_model(spec: ModelSpec, cluster_spec: str | Cluster, out: Path, opts:
             echo(f"solve: {solve_s * 1e3:.1f} ms ({plan.solver_status})")
         with times.step("verify"):
             verify_plan(problem, plan)
+        if tp is not None and not any(tp.stage_shardings(plan)):  # degrees per machine, every stage at TP 1
+            echo("note: no stage of the plan runs on a tensor-parallel group: it is written without tensor parallelism")
+            tp = None
         if tp is not None and on_meta:  # NOTE [weight manifests]: shard-weights fills whole tensors only
             raise tp_on_meta(max(tp.shardings))
         if vplan is not None:

@@ -322,3 +322,24 @@ def test_a_mixed_mesh_sums_a_tied_weight_over_every_holder_and_refuses_one_split
                                                                ("weights-0", [0, 1, 2])]
     with pytest.raises(HetpartError, match=r"splits 'wte' in one tensor-parallel stage and holds it in another"):
         tp_mesh(ranks, [ShardingPlan(2, weights={"wte": WeightShard(0)}), None])
+
+
+def test_degrees_per_machine_whose_plan_uses_no_tp_group_is_written_without_tp(tmp_path, capsys):
+    # --tensor-parallel a=2 on machines a (2 CPUs) and b (1 CPU) of ample memory: the small GPT runs fastest
+    # whole on b/0 (a TP-2 stage here costs its all-reduces), so no stage is tensor-parallel: a plain manifest.
+    import json
+
+    from hetpart.cli import main
+
+    cpu = '{type = "cpu", mem = "1 GiB"}'
+    (tmp_path / "two.toml").write_text(
+        f'[[nodes]]\nname = "a"\ndevices = [{cpu}, {cpu}]\nlink = {{ bandwidth_GBps = 2, latency_us = 20 }}\n'
+        f'[[nodes]]\nname = "b"\ndevices = [{cpu}]\n')
+    sets = [x for k, v in GPT.items() for x in ("--set", f"{k}={v}")]
+    out = tmp_path / "out"
+    assert main(["partition", "zoo:gpt-small", *sets, "--cluster", str(tmp_path / "two.toml"), "--batch-size", "4",
+                 "--seq-len", "16", "--microbatches", "2", "--no-pt2", "--tensor-parallel", "a=2", "--out",
+                 str(out)]) == 0
+    assert "no stage of the plan runs on a tensor-parallel group" in capsys.readouterr().out
+    man = json.loads((out / "manifest.json").read_text())
+    assert man["format_version"] == 2 and "tensor_parallel" not in man["mesh"] and man["world_size"] == 1
