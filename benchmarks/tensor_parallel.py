@@ -11,7 +11,8 @@ and under 1F1B at most M stages: NOTE [1F1B stages]) and solves each for the
 for the bottleneck (`throughput`, what `partition` optimises); prints value, proven bound and stage count.
 
 `--mixed T` also plans TP T on the NVLink machines (link >= 100 GB/s) beside single devices on the
-others, which `partition` cannot yet (NOTE [tensor-parallel degree choice]): the problem keeps every
+others, as a relaxation (`partition --tensor-parallel MACHINE=T,...` plans it exactly, each slot with its own
+memory: NOTE [mixed-degree pipeline]): the problem keeps every
 node's per-rank memory of degree T, a relaxation for the single devices, so its bound is valid; the plan
 found is then checked with the single devices' whole memory (`stage_memory_bytes` of the degree-1 problem).
 

@@ -21,6 +21,7 @@ from torch.distributed.pipelining import (
 from hetpart.errors import HetpartError
 from hetpart.runtime.artifacts import load_stage
 from hetpart.runtime.stages import rank_stage_entries, stage_entries, virtual_stages
+from hetpart.runtime.tp import is_mixed
 from hetpart.runtime.tp_pipeline import mixed_stage
 
 SCHEDULES: dict[str, type] = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B,
@@ -116,7 +117,7 @@ def build_rank(out: Path, manifest: dict[str, Any], entry: dict[str, Any], devic
         module.requires_grad_(training)
         shapes = None if training else static(entry, None)
         inner, stage_class, extra = module, PipelineStage, {}
-        if manifest["mesh"].get("tp_boundaries") == "leaders":  # NOTE [mixed-degree pipeline]
+        if is_mixed(manifest):  # NOTE [mixed-degree pipeline]
             inner, stage_class, extra = mixed_stage(manifest, entry, groups or {}, module)
         boundary = wrap(inner)
         stage = stage_class(boundary, stage_index=entry["stage"], num_stages=len(pipeline_stages), device=device,
