@@ -506,7 +506,8 @@ def compile_model(spec: ModelSpec, cluster_spec: str | Cluster, out: Path, opts:
         shown = plan  # plan.json's: a TP stage lists its group's devices (NOTE [tensor-parallel stages])
         if tp is not None:
             shown, forward_ns = tp.with_groups(plan)
-        stage_params = [sum(problem.weights[w] for w in s.weights.values()) for s in stages]
+        stage_params = ([sum(problem.weights[w] for w in s.weights.values()) for s in stages] if tp is None
+                        else tp.param_bytes(plan, stages, device_problem.weights))  # a TP-1 stage's whole
         with times.step("baselines"):  # what other tools would plan, in the same cost model
             baselines = [] if vplan is not None else baselines_json(  # (none of one stage per device interleaves)
                 problem, plan, compute_baselines(problem) + fx_baselines(gm, problem), opts.microbatches,

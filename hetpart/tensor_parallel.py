@@ -16,6 +16,7 @@ from hetpart.codegen.split import StageGraph
 from hetpart.codegen.tp import tp_manifest, tp_stage_graphs
 from hetpart.devices import Cluster
 from hetpart.errors import HetpartError
+from hetpart.partitioner.costs import tp_shard_bytes
 from hetpart.partitioner.problem import FORWARD_NS, Plan, Problem
 from hetpart.partitioner.tp_choice import MixedChoice, TPSlot, choose_degree, choose_mixed, mixed_problem
 from hetpart.passes.tensor_parallel import TP_META, ShardingPlan, describe
@@ -65,6 +66,12 @@ class TPCompile:
     def split_weights(self, plan: Plan) -> set[str]:
         """The weights some stage of `plan` splits (each rank holds its own part: not stored once)."""
         return {w for p in self.stage_shardings(plan) if p is not None for w in p.weights}
+
+    def param_bytes(self, plan: Plan, stages: list[StageGraph], whole: dict[str, int]) -> list[int]:
+        """Each stage's weight bytes on one of its ranks: a split weight's part at the stage's degree, as its problem
+        counts it (NOTE [tensor-parallel costs]); `whole`: each weight's bytes unsplit."""
+        return [sum(tp_shard_bytes(whole[w], p.degree) if p is not None and w in p.weights else whole[w]
+                    for w in s.weights.values()) for s, p in zip(stages, self.stage_shardings(plan))]
 
     def rank_graphs(self, stages: list[StageGraph], plan: Plan) -> list[StageGraph]:
         """Every rank's stage graph, stage-major (NOTE [tensor-parallel stages] in codegen/tp.py)."""

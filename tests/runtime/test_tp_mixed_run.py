@@ -8,6 +8,7 @@ with the TP-2 stage last (its followers compute the loss, its vocab-parallel hea
 """
 
 import json
+import math
 import shutil
 
 import pytest
@@ -62,6 +63,12 @@ def test_stage_0_at_tp2_and_stage_1_at_tp1_each_rank_holds_only_its_shards(gpt_m
     assert [g["ranks"] for g in tied] == [[0, 1, 2]]
     plan = json.loads((gpt_mixed / "plan.json").read_text())
     assert [s["devices"] for s in plan["stages"]] == [["a/0", "a/1"], ["b/0"]]
+    anywhere = {w: shape for e in man["ranks"]
+                for w, shape in _shapes(gpt_mixed / e["dir"] / "weights.safetensors").items()}
+    for k, stage in enumerate(plan["stages"]):  # the weight bytes one rank of the stage holds (a tied one stored once)
+        first = man["ranks"][mesh["stages"][k][0]]
+        held = anywhere | _shapes(gpt_mixed / first["dir"] / "weights.safetensors")
+        assert stage["param_bytes"] == 4 * sum(math.prod(held[w]) for w in set(first["weights"])), k
     full = {"attn.qkv.weight": [192, 64], "attn.proj.weight": [64, 64], "mlp.fc.weight": [256, 64],
             "mlp.proj.weight": [64, 256]}
     split = mesh["tensor_parallel"][0]["weights"]
