@@ -24,7 +24,6 @@ from hetpart.passes.tp_lower import TPGroup, lower_tensor_parallel
 from hetpart.tp_machines import TP_DEGREES
 
 
-
 def check_tp_options(degree: int, data_parallel: bool, strategy: str, max_degree: int = 1,
                      machines: tuple[tuple[str, int], ...] = ()) -> None:
     """`--tensor-parallel T` (or `KEY=T,...`: `machines`, `degree` their largest) and `--max-tensor-parallel N`:
