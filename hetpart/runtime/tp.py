@@ -54,7 +54,7 @@ def check_tp_mesh(path: Path, mesh: dict[str, Any], ranks: list[dict[str, Any]],
             not leaders and len(set(degrees)) > 1) or (leaders and len(set(degrees)) == 1):
         raise HetpartError(f"{path}: mesh.stages must give each stage its ranks in order, every rank once, "
                            f"{'of different degrees' if leaders else 'all of one degree'}{EDITED}")
-    by_name = {g.get("name"): g for g in groups if isinstance(g, dict)}
+    by_name = {g["name"]: g for g in groups if isinstance(g, dict) and isinstance(g.get("name"), str)}
     if len(by_name) != len(groups) or any(g.get("kind") not in ("pipeline", "tp", "weights") for g in groups):
         raise HetpartError(f"{path}: mesh.groups must be uniquely named pipeline, tp or weights groups{EDITED}")
     lanes = {"pipeline": [s[0] for s in stages]} if leaders else {
