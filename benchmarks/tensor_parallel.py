@@ -1,16 +1,18 @@
 """Predicted training iteration of a model per uniform tensor-parallel degree (issue 20), in hetpart's cost model.
 
     PYTHONPATH=. .venv/bin/python benchmarks/tensor_parallel.py [--model zoo:llama-70b] [--cluster preset:hetero-64]
-        [--degrees 1,2,4,8] [--microbatches 4] [--time-limit 60] [--objectives iteration,throughput] [--mixed T]
-        [--per-machine]
+        [--degrees 1,2,4,8] [--microbatches 4] [--schedule gpipe|1f1b] [--time-limit 60]
+        [--objectives iteration,throughput] [--mixed T] [--per-machine]
 
 Traces the model once on meta (bf16, sequence 2048, batch = microbatches), runs the sharding pass for
-every degree, lowers one problem per degree (NOTE [tensor-parallel costs]) and solves each for the
+every degree, lowers one problem per degree (NOTE [tensor-parallel costs]; the schedule's activation stash,
+and under 1F1B at most M stages: NOTE [1F1B stages]) and solves each for the
 `iteration` objective of NOTE [objectives] (sum of stage times + (M-1) x bottleneck, M microbatches), and
 for the bottleneck (`throughput`, what `partition` optimises); prints value, proven bound and stage count.
 
 `--mixed T` also plans TP T on the NVLink machines (link >= 100 GB/s) beside single devices on the
-others, which `partition` cannot yet (NOTE [tensor-parallel degree choice]): the problem keeps every
+others, as a relaxation (`partition --tensor-parallel MACHINE=T,...` plans it exactly, each slot with its own
+memory: NOTE [mixed-degree pipeline]): the problem keeps every
 node's per-rank memory of degree T, a relaxation for the single devices, so its bound is valid; the plan
 found is then checked with the single devices' whole memory (`stage_memory_bytes` of the degree-1 problem).
 
@@ -31,6 +33,7 @@ from hetpart.devices import load_cluster
 from hetpart.frontend import ModelSpec
 from hetpart.partitioner import solve
 from hetpart.partitioner.costs import stage_activation_bytes, stage_memory_bytes
+from hetpart.partitioner.pipelines import one_f_one_b_stage_cap
 from hetpart.partitioner.problem import WEIGHTS, Problem
 from hetpart.passes import lower_to_problem
 from hetpart.passes.lower import TrainingSpec, group_of
@@ -46,6 +49,7 @@ def main() -> None:
     ap.add_argument("--cluster", default="preset:hetero-64")
     ap.add_argument("--degrees", default="1,2,4,8")
     ap.add_argument("--microbatches", type=int, default=4)
+    ap.add_argument("--schedule", default="gpipe", choices=["gpipe", "1f1b"], help="the stash, and 1F1B's stage cap")
     ap.add_argument("--time-limit", type=float, default=60)
     ap.add_argument("--objectives", default="iteration,throughput")
     ap.add_argument("--mixed", type=int, default=0, help="also TP MIXED on NVLink machines, TP 1 elsewhere")
@@ -60,11 +64,12 @@ def main() -> None:
     a = analyze(spec, cluster, 1, echo=lambda s: None, mode="training", meta=True,
                 tp_degrees=tuple(sorted({t for t, _ in runs if t > 1})))
     groups = group_of(a.gm)
-    base = lower_to_problem(a.gm, cluster, TrainingSpec("gpipe", m, 8), groups)
+    base = _capped(lower_to_problem(a.gm, cluster, TrainingSpec(args.schedule, m, 8), groups), args.schedule, m)
     print(f"{args.model} on {args.cluster}: traced and analysed in {time.perf_counter() - t0:.0f} s; "
-          f"training, GPipe, {m} microbatch(es) of 1 x 2048 tokens")
+          f"training, {args.schedule}, {m} microbatch(es) of 1 x 2048 tokens")
     if args.per_machine:
-        return _per_machine(a.gm, base, cluster, groups, degrees, args.objectives.split(",")[0], m, args.time_limit)
+        return _per_machine(a.gm, base, cluster, groups, degrees, args.objectives.split(",")[0], m, args.time_limit,
+                            args.schedule)
     print("| TP degree | slots | objective | value ms | bound ms | gap | stages | status | solve s |")
     print("|---|---|---|---|---|---|---|---|---|")
     for t, mixed in runs:
@@ -72,6 +77,7 @@ def main() -> None:
             problem, slots = base, base.devices
         else:
             problem, slots = lower_tensor_parallel(base, a.gm, cluster, a.gm.meta[TP_META][t], groups, True)
+            problem = _capped(problem, args.schedule, m)
         if mixed:
             problem, slots = _mixed(problem, base, cluster)
         for objective in args.objectives.split(","):
@@ -85,14 +91,21 @@ def main() -> None:
                   flush=True)
 
 
+def _capped(problem: Problem, schedule: str, m: int) -> Problem:
+    """`problem` with 1F1B's stage cap where it needs one (NOTE [1F1B stages]), as `partition` plans it."""
+    cap = one_f_one_b_stage_cap(problem, schedule, m)
+    return dataclasses.replace(problem, max_stages=cap) if cap is not None else problem
+
+
 def _per_machine(gm, base: Problem, cluster, groups: dict, degrees: tuple[int, ...], objective: str, m: int,
-                 time_limit: float) -> None:
+                 time_limit: float, schedule: str) -> None:
     """NOTE [mixed tensor-parallel degrees] on the traced model: one row per solve, then the choice."""
     problems, lowered = {1: base}, {}
     for t in degrees:
         if t > 1:
-            problems[t], groups_t = lower_tensor_parallel(base, gm, cluster, gm.meta[TP_META][t], groups, True)
-            lowered[t] = TPCompile(problems[t], gm.meta[TP_META][t], groups_t)
+            problem, groups_t = lower_tensor_parallel(base, gm, cluster, gm.meta[TP_META][t], groups, True)
+            problems[t] = _capped(problem, schedule, m)
+            lowered[t] = TPCompile(problems[t], {t: gm.meta[TP_META][t]}, groups_t)
     log = []
 
     def timed(problem: Problem, hint=None):

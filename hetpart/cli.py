@@ -51,6 +51,13 @@ def _check_before_torch(model: str, cluster: str | None) -> None:
 
 def _partition(args: argparse.Namespace, console: Console) -> int:
     _check_before_torch(args.model, args.cluster)  # NOTE [arguments before torch]
+    from hetpart.tp_machines import degree_of_place, parse_tensor_parallel
+
+    args.tensor_parallel, tp_machines = parse_tensor_parallel(args.tensor_parallel)  # T, or MACHINE=T pairs
+    if tp_machines:
+        from hetpart.devices import load_cluster
+
+        degree_of_place(tp_machines, load_cluster(args.cluster))
     from hetpart.partitioner.schedule_choice import check_auto_options  # NOTE [schedule choice]
 
     check_auto_options(args.schedule, args.microbatches, args.max_microbatches, args.batch_size, args.mode,
@@ -71,6 +78,7 @@ def _partition(args: argparse.Namespace, console: Console) -> int:
                           optimizer_bytes_per_param=args.optimizer_bytes_per_param, profiles=tuple(args.profiles),
                           sign_key=args.sign_key, check_certificate=args.check_certificate,
                           strategy=args.strategy, align=args.align, tensor_parallel=args.tensor_parallel,
+                          tensor_parallel_machines=tp_machines,
                           max_tensor_parallel=args.max_tensor_parallel,
                           tensor_parallel_per_machine=args.tensor_parallel_per_machine,
                           max_microbatches=args.max_microbatches, **pipelines)

@@ -150,16 +150,16 @@ def build_parser() -> argparse.ArgumentParser:
     part.add_argument("--parallel", default="pipeline", choices=["pipeline", "data"],
                       help="pipeline (default): one pipeline over the cluster; data: search data-parallel "
                            "pipelines of different shapes")
-    part.add_argument("--tensor-parallel", type=int, default=1, metavar="T",
+    part.add_argument("--tensor-parallel", default="1", metavar="T|MACHINE=T,...",
                       help="run every stage tensor-parallel on T devices of one type in one machine (Megatron-style "
-                           "sharding found on the graph; default 1: off)")
+                           "sharding found on the graph; default 1: off); MACHINE=T,... (a machine or a device type "
+                           "each): those machines at T, the others at 1, in one pipeline")
     part.add_argument("--max-tensor-parallel", type=int, default=1, metavar="N",
                       help="let the solve choose each plan's tensor-parallel degree, up to N (1, 2, 4, 8: each solved, "
                            "the best kept, its bound the least of theirs); default 1: off")
     part.add_argument("--tensor-parallel-per-machine", action="store_true",
                       help="with --max-tensor-parallel on several machines: also search degrees chosen per machine "
-                           "and report the best such plan and its bound (up to 13 more solves; hetpart does not "
-                           "write mixed-degree plans yet: the best uniform degree's is written)")
+                           "(up to 13 more solves) and write the best plan, mixed or uniform")
 
     run = sub.add_parser("run", help="run the artifacts under torchrun (one CPU process per stage)")
     run.add_argument("out", type=Path, help="artifacts directory")

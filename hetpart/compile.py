@@ -47,7 +47,8 @@ from hetpart.passes import PassContext, PassManager, default_passes, lower_to_pr
 from hetpart.passes.lower import TrainingSpec, group_of
 from hetpart.passes.manager import check_dump_dir
 from hetpart.passes.tensor_parallel import TensorParallelPass
-from hetpart.tensor_parallel import check_tp_options, choose_tp, tp_degrees, tp_lowering, tp_on_meta
+from hetpart.tensor_parallel import check_tp_options, choose_tp, tp_degrees, tp_lowering, tp_on_meta, tp_per_machine
+from hetpart.tp_machines import degree_of_place
 from hetpart.report.blocks import coarsen_to_blocks
 from hetpart.report.html import write_report
 from hetpart.report.progress import Progress
@@ -84,8 +85,11 @@ class CompileOptions:
     parallel: str = "pipeline"
     replan: Any = None  # `hetpart replan`: a ReplanChoice whose plan replaces the solve (hetpart/replan.py)
     tensor_parallel: int = 1  # every stage on a TP group of this many devices (NOTE [tensor-parallel stages])
+    # `--tensor-parallel KEY=T,...` (hetpart/tp_machines.py): a machine's or device type's degree, the rest TP 1
+    # (NOTE [mixed-degree pipeline]); `tensor_parallel` is then the largest of them
+    tensor_parallel_machines: tuple[tuple[str, int], ...] = ()
     max_tensor_parallel: int = 1  # > 1: the solve chooses the degree, up to this (NOTE [tensor-parallel degree choice])
-    tensor_parallel_per_machine: bool = False  # and reports degrees mixed per machine (NOTE [mixed tensor-parallel degrees])
+    tensor_parallel_per_machine: bool = False  # and degrees mixed per machine (NOTE [mixed tensor-parallel degrees])
     # `--schedule auto` / `--microbatches auto` (hetpart/schedule_auto.py): the cap on M, and once chosen, the
     # candidates for plan.json's `schedule_choice`.
     max_microbatches: int | None = None
@@ -97,7 +101,7 @@ class CompileOptions:
         if chooses_schedule(self):  # NOTE [schedule choice]: checked as a candidate's options
             return check_auto(self, batch_size, out)
         check_tp_options(self.tensor_parallel, self.pipelines is not None or self.parallel == "data",
-                         self.strategy, self.max_tensor_parallel)
+                         self.strategy, self.max_tensor_parallel, self.tensor_parallel_machines)
         if self.tensor_parallel_per_machine and self.max_tensor_parallel <= 1:
             raise HetpartError("--tensor-parallel-per-machine searches the degrees --max-tensor-parallel N allows: "
                                "pass --max-tensor-parallel 2 (or more) with it")
@@ -389,6 +393,7 @@ def compile_model(spec: ModelSpec, cluster_spec: str | Cluster, out: Path, opts:
     cluster = load_cluster(cluster_spec) if isinstance(cluster_spec, str) else cluster_spec
     if opts.pipelines is not None:  # before tracing: every device of --pipelines is the cluster's, once
         check_groups(opts.pipelines, [d.name for d in cluster.devices])
+    places = degree_of_place(opts.tensor_parallel_machines, cluster) if opts.tensor_parallel_machines else None
     profiles = load_profiles(opts.profiles, cluster)
     for t, prof in sorted(profiles.items()):
         if opts.mode == "training" and not prof.backward_ns:
@@ -412,7 +417,7 @@ def compile_model(spec: ModelSpec, cluster_spec: str | Cluster, out: Path, opts:
             gm, pm, inputs, on_meta, names = annotate(
                 traced, spec, cluster, microbatch_size, dump_dir=tmp / "ir", print_ir_after=opts.print_ir_after,
                 echo=echo, extra_dump_dir=opts.dump_ir, verbose=opts.verbose, progress=progress, mode=opts.mode,
-                profiles=profiles, tp_degrees=tp_degrees(opts.tensor_parallel, opts.max_tensor_parallel))
+                profiles=profiles, tp_degrees=tp_degrees(opts.tensor_parallel, opts.max_tensor_parallel, places))
         for t in pm.timings:
             times.add(f"pass/{t.name}", t.seconds, quiet=True)  # the pass manager echoes its own
         warn_batch_mixing(gm, opts.microbatches, microbatch_size, echo)
@@ -420,6 +425,7 @@ def compile_model(spec: ModelSpec, cluster_spec: str | Cluster, out: Path, opts:
         groups = group_of(gm)  # FX node -> problem node, once: lowering, the split and the plan's sums read it
         with times.step("lower"):
             problem = lower_to_problem(gm, cluster, training, groups)
+        device_problem = problem  # every device type's times (a TP problem keeps only its slots' types)
         annotate_modules(gm, problem)  # which module each node is in, for --align layers and `hetpart export`
         if opts.align == "layers" and (free := align_to_layers(problem)):  # every module one co-location group
             echo(f"note: --align layers: {len(free)} module(s) run at several places with others between "
@@ -434,7 +440,10 @@ def compile_model(spec: ModelSpec, cluster_spec: str | Cluster, out: Path, opts:
         tp = None
         if opts.tensor_parallel > 1 and on_meta:
             raise tp_on_meta(opts.tensor_parallel)
-        if opts.tensor_parallel > 1:  # every slot a TP group: NOTE [tensor-parallel costs]
+        if places is not None:  # degrees per machine: NOTE [mixed-degree pipeline]
+            tp = tp_per_machine(gm, problem, cluster, places, groups, training is not None, echo)
+            problem = tp.problem
+        elif opts.tensor_parallel > 1:  # every slot a TP group: NOTE [tensor-parallel costs]
             tp = tp_lowering(gm, problem, cluster, opts.tensor_parallel, groups, training is not None, echo)
             problem = tp.problem
         if (cap := one_f_one_b_stage_cap(problem, opts.schedule, opts.microbatches)) is not None:
@@ -479,8 +488,11 @@ def compile_model(spec: ModelSpec, cluster_spec: str | Cluster, out: Path, opts:
             echo(f"solve: {solve_s * 1e3:.1f} ms ({plan.solver_status})")
         with times.step("verify"):
             verify_plan(problem, plan)
+        if tp is not None and not any(tp.stage_shardings(plan)):  # degrees per machine, every stage at TP 1
+            echo("note: no stage of the plan runs on a tensor-parallel group: it is written without tensor parallelism")
+            tp = None
         if tp is not None and on_meta:  # NOTE [weight manifests]: shard-weights fills whole tensors only
-            raise tp_on_meta(tp.sharding.degree)
+            raise tp_on_meta(max(tp.shardings))
         if vplan is not None:
             echo(virtual_summary(vplan))
             plan, problem = vplan.on_devices(), real_problem  # the real devices, for what is written
@@ -488,15 +500,16 @@ def compile_model(spec: ModelSpec, cluster_spec: str | Cluster, out: Path, opts:
         # 4. Cut the graph into stages and write one rank directory per stage.
         with times.step("split"):
             stages = split_stages(gm, plan.stage_of, len(plan.slot_of_stage), groups)
-        ranks = tp.rank_graphs(stages) if tp is not None else stages  # NOTE [tensor-parallel stages]
+        ranks = tp.rank_graphs(stages, plan) if tp is not None else stages  # NOTE [tensor-parallel stages]
         files = write_rank_dirs(tmp, [ranks], [plan], spec.model, inputs, pt2=opts.pt2 and not on_meta and tp is None,
                                 checkpoint_names=names if on_meta else None, times=times,
-                                own_weights=set(tp.sharding.weights) if tp is not None else set())
+                                own_weights=tp.split_weights(plan) if tp is not None else set())
         stage_flops, forward_ns = stage_sums(gm, plan, groups)
         shown = plan  # plan.json's: a TP stage lists its group's devices (NOTE [tensor-parallel stages])
         if tp is not None:
             shown, forward_ns = tp.with_groups(plan)
-        stage_params = [sum(problem.weights[w] for w in s.weights.values()) for s in stages]
+        stage_params = ([sum(problem.weights[w] for w in s.weights.values()) for s in stages] if tp is None
+                        else tp.param_bytes(plan, stages, device_problem.weights))  # a TP-1 stage's whole
         with times.step("baselines"):  # what other tools would plan, in the same cost model
             baselines = [] if vplan is not None else baselines_json(  # (none of one stage per device interleaves)
                 problem, plan, compute_baselines(problem) + fx_baselines(gm, problem), opts.microbatches,
@@ -506,7 +519,7 @@ def compile_model(spec: ModelSpec, cluster_spec: str | Cluster, out: Path, opts:
             spec, cluster, opts, shown, microbatch_size, stage_flops=stage_flops, stage_param_bytes=stage_params,
             forward_ns=forward_ns if training is not None else None,
             model_sha256=model_sha256, on_meta=on_meta, gm_meta=gm.meta, baselines=baselines,
-            emulation=emulation_record(problem, cluster, profiles),
+            emulation=emulation_record(device_problem, cluster, profiles),
             layers=layers.to_json() if layers is not None else None)
         if vplan is not None:
             report = virtual_report(report, vplan, microbatch_size)
@@ -516,7 +529,7 @@ def compile_model(spec: ModelSpec, cluster_spec: str | Cluster, out: Path, opts:
         planned = [PlannedDevice(d.name, d.type.name, d.machine)
                    for d in (next(c for c in cluster.devices if c.name == n) for n in rank_devices)]
         if tp is not None:
-            man = tp.manifest(manifest(ranks, files, planned), ranks)
+            man = tp.manifest(manifest(ranks, files, planned), ranks, plan)
         elif vplan is not None:
             man = virtual_manifest(stages, files, planned, len(vplan.devices))
         else:

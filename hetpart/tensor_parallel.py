@@ -16,54 +16,86 @@ from hetpart.codegen.split import StageGraph
 from hetpart.codegen.tp import tp_manifest, tp_stage_graphs
 from hetpart.devices import Cluster
 from hetpart.errors import HetpartError
+from hetpart.partitioner.costs import tp_shard_bytes
 from hetpart.partitioner.problem import FORWARD_NS, Plan, Problem
-from hetpart.partitioner.tp_choice import MixedChoice, TPSlot, choose_degree, choose_mixed
+from hetpart.partitioner.tp_choice import MixedChoice, TPSlot, choose_degree, choose_mixed, mixed_problem
 from hetpart.passes.tensor_parallel import TP_META, ShardingPlan, describe
 from hetpart.passes.tp_lower import TPGroup, lower_tensor_parallel
+from hetpart.tp_machines import TP_DEGREES
 
-TP_DEGREES = (1, 2, 4, 8)
 
-
-def check_tp_options(degree: int, data_parallel: bool, strategy: str, max_degree: int = 1) -> None:
-    """`--tensor-parallel T` and `--max-tensor-parallel N`: each one of TP_DEGREES, not both, and not with
-    data-parallel pipelines or a baseline's strategy."""
+def check_tp_options(degree: int, data_parallel: bool, strategy: str, max_degree: int = 1,
+                     machines: tuple[tuple[str, int], ...] = ()) -> None:
+    """`--tensor-parallel T` (or `KEY=T,...`: `machines`, `degree` their largest) and `--max-tensor-parallel N`:
+    each one of TP_DEGREES, not both, and not with data-parallel pipelines or a baseline's strategy."""
     for flag, value in (("--tensor-parallel", degree), ("--max-tensor-parallel", max_degree)):
         if value not in TP_DEGREES:
             raise HetpartError(f"{flag} {value}: expected one of {', '.join(map(str, TP_DEGREES))}")
+    given = ",".join(f"{k}={t}" for k, t in machines) if machines else str(degree)
     if degree > 1 and max_degree > 1:
-        raise HetpartError(f"--tensor-parallel {degree} forces the degree, --max-tensor-parallel {max_degree} lets "
+        raise HetpartError(f"--tensor-parallel {given} forces the degree, --max-tensor-parallel {max_degree} lets "
                            "the solve choose it: pass one of them")
-    degree = max(degree, max_degree)
-    if degree > 1 and data_parallel:
-        raise HetpartError(f"--tensor-parallel {degree} with --pipelines or --parallel data is not supported yet; "
-                           "leave one of them out")
-    if degree > 1 and strategy != "optimal":
-        raise HetpartError(f"--tensor-parallel {degree} with --strategy {strategy} is not supported: the baselines "
-                           "plan single-device stages; leave one of them out")
+    if max(degree, max_degree) > 1 and data_parallel:
+        raise HetpartError(f"--tensor-parallel {given if degree > 1 else max_degree} with --pipelines or --parallel "
+                           "data is not supported yet; leave one of them out")
+    if max(degree, max_degree) > 1 and strategy != "optimal":
+        raise HetpartError(f"--tensor-parallel {given if degree > 1 else max_degree} with --strategy {strategy} is not "
+                           "supported: the baselines plan single-device stages; leave one of them out")
 
 
 @dataclass
 class TPCompile:
-    """What a TP compile carries from lowering to the manifest."""
+    """What a TP compile carries from lowering to the manifest: one degree per plan, or degrees mixed per machine
+    (NOTE [mixed-degree pipeline] in runtime/tp_pipeline.py)."""
 
-    problem: Problem  # every slot a TP group (NOTE [tensor-parallel costs] in passes/tp_lower.py)
-    sharding: ShardingPlan
-    groups: list[TPGroup]
+    problem: Problem  # its slots TP groups (NOTE [tensor-parallel costs] in passes/tp_lower.py), and devices (degree 1)
+    shardings: dict[int, ShardingPlan]  # degree > 1 -> what a stage of that degree splits
+    groups: list[TPGroup]  # the problem's TP slots
 
-    def rank_graphs(self, stages: list[StageGraph]) -> list[StageGraph]:
+    @property
+    def sharding(self) -> ShardingPlan:
+        """The largest degree's sharding (one degree per plan: its only one)."""
+        return self.shardings[max(self.shardings)]
+
+    def stage_shardings(self, plan: Plan) -> list[ShardingPlan | None]:
+        """Each stage's sharding, by its slot's degree (None: a stage on one device)."""
+        of = {g.name: g for g in self.groups}
+        return [self.shardings[len(of[s.device].devices)] if s.device in of else None for s in plan.stages]
+
+    def split_weights(self, plan: Plan) -> set[str]:
+        """The weights some stage of `plan` splits (each rank holds its own part: not stored once)."""
+        return {w for p in self.stage_shardings(plan) if p is not None for w in p.weights}
+
+    def param_bytes(self, plan: Plan, stages: list[StageGraph], whole: dict[str, int]) -> list[int]:
+        """Each stage's weight bytes on one of its ranks: a split weight's part at the stage's degree, as its problem
+        counts it (NOTE [tensor-parallel costs]); `whole`: each weight's bytes unsplit."""
+        return [sum(tp_shard_bytes(whole[w], p.degree) if p is not None and w in p.weights else whole[w]
+                    for w in s.weights.values()) for s, p in zip(stages, self.stage_shardings(plan))]
+
+    def rank_graphs(self, stages: list[StageGraph], plan: Plan) -> list[StageGraph]:
         """Every rank's stage graph, stage-major (NOTE [tensor-parallel stages] in codegen/tp.py)."""
-        return tp_stage_graphs(stages, self.sharding)
+        return tp_stage_graphs(stages, self.stage_shardings(plan))
 
     def with_groups(self, plan: Plan) -> tuple[Plan, list[int]]:
-        """The plan with each stage's devices the group's, and each stage's forward time on its slot type."""
+        """The plan with each stage's devices the group's (its one device at degree 1), and each stage's forward
+        time on its slot type."""
         of = {g.name: g for g in self.groups}
-        stages = [dataclasses.replace(s, devices=of[s.device].devices) for s in plan.stages]
+        stages = [dataclasses.replace(s, devices=of[s.device].devices if s.device in of else (s.device,))
+                  for s in plan.stages]
         g = self.problem.graph
         forward = [sum(g.nodes[v].get(FORWARD_NS, {}).get(s.device_type, 0) for v in s.nodes) for s in plan.stages]
         return dataclasses.replace(plan, stages=stages), forward
 
-    def manifest(self, man: dict, ranks: list[StageGraph]) -> dict:
-        return tp_manifest(man, ranks, self.sharding)
+    def manifest(self, man: dict, ranks: list[StageGraph], plan: Plan) -> dict:
+        return tp_manifest(man, ranks, self.stage_shardings(plan))
+
+
+def mixed_compile(problem: Problem, lowered: dict[int, "TPCompile"], degree_of_place: dict[str, int]) -> TPCompile:
+    """The compile of a plan whose degree is chosen per machine (`degree_of_place`: TPSlot.place -> degree; NOTE
+    [mixed tensor-parallel degrees]) on `problem`, that choice's problem: the used degrees' shardings and groups."""
+    used = {t for t in degree_of_place.values() if t > 1}
+    groups = [g for t in sorted(used) for g in lowered[t].groups if degree_of_place.get(f"{g.machine}:{g.type}") == t]
+    return TPCompile(problem, {t: lowered[t].sharding for t in sorted(used)}, groups)
 
 
 def tp_on_meta(degree: int) -> HetpartError:
@@ -74,8 +106,11 @@ def tp_on_meta(degree: int) -> HetpartError:
                         "without writing artifacts)")
 
 
-def tp_degrees(forced: int, max_degree: int) -> tuple[int, ...]:
-    """The degrees > 1 the sharding pass analyses: the forced one, or every one up to the cap."""
+def tp_degrees(forced: int, max_degree: int, places: dict[str, int] | None = None) -> tuple[int, ...]:
+    """The degrees > 1 the sharding pass analyses: those of `places` (degrees per machine), the forced one, or every
+    one up to the cap."""
+    if places:
+        return tuple(sorted({t for t in places.values() if t > 1}))
     return (forced,) if forced > 1 else tuple(t for t in TP_DEGREES if 1 < t <= max_degree)
 
 
@@ -107,8 +142,8 @@ def choose_tp(gm: fx.GraphModule, problem: Problem, cluster: Cluster, max_degree
               training: bool, echo: Callable[[str], None],
               solve: Callable[..., Plan], per_machine: bool = False) -> tuple[TPCompile | None, Plan]:
     """NOTE [tensor-parallel degree choice], NOTE [mixed tensor-parallel degrees]: each degree up to `max_degree`
-    solved, and with `per_machine` degrees mixed per machine reported; the best plan that can be written kept
-    (None: TP 1)."""
+    solved, and with `per_machine` degrees mixed per machine too; the best plan kept (None: TP 1), a plan mixing
+    degrees too (NOTE [mixed-degree pipeline] in runtime/tp_pipeline.py)."""
     problems: dict[int, Problem] = {1: problem}
     lowered: dict[int, TPCompile] = {}
     skipped = []
@@ -121,27 +156,46 @@ def choose_tp(gm: fx.GraphModule, problem: Problem, cluster: Cluster, max_degree
         except HetpartError as err:
             skipped.append(f"{t} ({str(err).split(';')[0]})")
             continue
-        lowered[t] = TPCompile(tp_problem, sharding, slots)
+        lowered[t] = TPCompile(tp_problem, {t: sharding}, slots)
         problems[t] = tp_problem
     slots = tp_slots(problem, lowered)
     places = {s.place for ss in slots.values() for s in ss}
     mixed = choose_mixed(problems, slots, solve) if per_machine and len(places) > 1 and lowered else None
-    choice = mixed.uniform if mixed is not None else choose_degree(problems, solve)
-    if choice is None:  # only a mixed plan fits (NOTE [mixed tensor-parallel degrees]), which is not written yet
-        raise HetpartError(f"no uniform tensor-parallel degree fits this cluster's memory, only plans mixing "
-                           f"degrees per machine ({mixed_summary(mixed)}), which hetpart does not write yet: add "
-                           "devices or memory until a uniform degree fits")
+    uniform = mixed.uniform if mixed is not None else choose_degree(problems, solve)
+    written = mixed is not None and mixed.is_mixed  # written and run: NOTE [mixed-degree pipeline]
+    if uniform is None and not written:
+        raise HetpartError("no tensor-parallel degree fits this cluster's memory")
     echo("tensor parallel: " + "; ".join(f"degree {r.degree}: {_us(r.value_ns)} (bound {_us(r.bound_ns)})"
-                                         for r in choice.results)
-         + (f"; skipped: {', '.join(skipped)}" if skipped else "") + f"; chose degree {choice.degree}")
+                                         for r in (uniform.results if uniform is not None else ()))
+         + (f"; skipped: {', '.join(skipped)}" if skipped else "") + ("" if written else f"; chose degree "
+                                                                         f"{uniform.degree}"))
     if mixed is not None:
         echo(f"tensor parallel {mixed_summary(mixed)}")
-    if mixed is not None and mixed.is_mixed:
-        gain = 1 - mixed.plan.value_ns / choice.plan.value_ns
-        echo(f"note: the plan mixing degrees is predicted {gain:.1%} faster than degree {choice.degree}'s, but "
-             "hetpart does not write (or run) mixed-degree plans yet: writing degree "
-             f"{choice.degree}'s (NOTE [mixed tensor-parallel degrees])")
-    return lowered.get(choice.degree), choice.plan
+    if not written:
+        return lowered.get(uniform.degree), uniform.plan
+    gain = (f", predicted {1 - mixed.plan.value_ns / uniform.plan.value_ns:.1%} faster than degree {uniform.degree} "
+            "everywhere" if uniform is not None else " (no uniform degree fits)")
+    echo(f"chose degrees per machine: {places_line(mixed.degree_of_place)}{gain}")
+    return mixed_compile(mixed.problem, lowered, mixed.degree_of_place), mixed.plan
+
+
+def places_line(degree_of_place: dict[str, int]) -> str:
+    """Degrees per machine in a line: `a (cpu) TP 2, b (cpu) TP 1`."""
+    return ", ".join(f"{p.split(':', 1)[0]} ({p.split(':', 1)[1]}) TP {t}" for p, t in sorted(degree_of_place.items()))
+
+
+def tp_per_machine(gm: fx.GraphModule, problem: Problem, cluster: Cluster, degree_of_place: dict[str, int],
+                   groups: dict[str, str], training: bool, echo: Callable[[str], None]) -> TPCompile:
+    """`--tensor-parallel MACHINE=T,...` (`degree_of_place`: each machine's devices of one type -> its degree,
+    hetpart/tp_machines.py): the problem over those slots only, each costed at its degree (NOTE [mixed
+    tensor-parallel degrees]; two degrees at least, `tp_machines.degree_of_place` says)."""
+    used = sorted({t for t in degree_of_place.values() if t > 1})
+    lowered = {t: tp_lowering(gm, problem, cluster, t, groups, training, echo) for t in used}
+    slots = tp_slots(problem, lowered)
+    chosen = [s for t, ss in slots.items() for s in ss if degree_of_place[s.place] == t]
+    echo(f"tensor parallel per machine: {places_line(degree_of_place)} ({len(chosen)} slot(s))")
+    return mixed_compile(mixed_problem({1: problem} | {t: lowered[t].problem for t in used}, chosen), lowered,
+                         degree_of_place)
 
 
 def tp_lowering(gm: fx.GraphModule, problem: Problem, cluster: Cluster, degree: int, groups: dict[str, str],
@@ -156,4 +210,4 @@ def tp_lowering(gm: fx.GraphModule, problem: Problem, cluster: Cluster, degree: 
     echo(f"tensor parallel {degree}: {len(slots)} group(s) of {degree} device(s) "
          f"({', '.join(s.name for s in slots[:4])}{', ...' if len(slots) > 4 else ''}); {len(regions)} region(s) "
          f"split, {len(sharding.weights)} weight(s) sharded, the rest replicated")
-    return TPCompile(lowered, sharding, slots)
+    return TPCompile(lowered, {degree: sharding}, slots)

@@ -44,6 +44,10 @@ from hetpart.fsio import atomic_write
 
 # manifest.json's format; 2: the top-level `files` hashes plan.json, launch.sh and ir/ (1 hashed rank files only)
 MANIFEST_FORMAT_VERSION = 2
+# 3: a plan whose tensor-parallel stages have different degrees (NOTE [mixed-degree pipeline] in
+# runtime/tp_pipeline.py); written only for such plans, so every other directory stays version 2 and an
+# earlier hetpart refuses a version-3 one by its version instead of misreading its mesh.
+MIXED_FORMAT_VERSION = 3
 SIGNATURE_NAME = "manifest.json.hmac"  # beside manifest.json
 SIGNATURE_SCHEME = "hmac-sha256"
 MIN_KEY_BYTES = 32  # HMAC-SHA256's block of security: a shorter key is easier to guess than the hash

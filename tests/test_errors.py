@@ -202,7 +202,7 @@ CASES: dict[str, Case] = {
     "manifest-not-json": Case(["run", "{art}"], ["{art}/manifest.json:1: not valid JSON"],
                               lambda art: (art / "manifest.json").write_text("{oops")),
     "manifest-of-another-format": Case(["run", "{art}"],
-                                       ["{art}/manifest.json: format version 1, this hetpart reads version 2",
+                                       ["{art}/manifest.json: format version 1, this hetpart reads versions 2 and 3",
                                         "re-run `hetpart partition`"],
                                        _manifest_edit(lambda m: m.update(format_version=1))),
     "world-size-does-not-match": Case(["run", "{art}"],

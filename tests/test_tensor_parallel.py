@@ -214,7 +214,7 @@ def test_replan_of_a_tp_plan_keeps_the_group_that_survives_whole(tmp_path, capsy
 
 def test_max_tensor_parallel_also_searches_degrees_per_machine(tmp_path, capsys):
     # NOTE [mixed tensor-parallel degrees]: on two machines the search adds the relaxation (its bound at most
-    # every plan's value) and assignments per machine; what is written is a uniform degree's plan.
+    # every plan's value) and assignments per machine; the best plan is written, mixed or uniform.
     import json
     import re
 
@@ -231,26 +231,33 @@ def test_max_tensor_parallel_also_searches_degrees_per_machine(tmp_path, capsys)
     relaxed = float(re.search(r"per machine: relaxation bound ([\d,.]+) us", line)[1].replace(",", ""))
     mixed = float(re.search(r"assignment\(s\) ([\d,.]+) us", line)[1].replace(",", ""))
     assert len(values) == 2 and relaxed <= min(values + [mixed])
-    chosen = int(re.search(r"chose degree (\d)", line)[1])
     plan = json.loads((out / "plan.json").read_text())
-    assert all(len(s["devices"]) == chosen for s in plan["stages"])
+    if "chose degrees per machine" in text:  # a mixed plan won: written (NOTE [mixed-degree pipeline])
+        assert json.loads((out / "manifest.json").read_text())["format_version"] == 3
+    else:
+        chosen = int(re.search(r"chose degree (\d)", line)[1])
+        assert all(len(s["devices"]) == chosen for s in plan["stages"])
 
 
-def test_a_winning_mixed_plan_is_reported_and_the_best_uniform_one_written(tmp_path, capsys, monkeypatch):
-    # Codegen and run do not take mixed-degree plans yet: partition says what the mixed plan would gain and
-    # writes the best uniform degree's plan (here a mixed choice is made to win by hand).
+def test_a_winning_mixed_plan_is_written_with_each_stage_at_its_machine_s_degree(tmp_path, capsys, monkeypatch):
+    # NOTE [mixed-degree pipeline]: the search's choice is written when it mixes degrees. Here the mixed choice
+    # is made to win by hand: TP 2 on machine a, TP 1 on b, solved as its own problem (a real plan of it).
     import dataclasses
     import json
 
     import hetpart.tensor_parallel as tpmod
     from hetpart.cli import main
+    from hetpart.partitioner.tp_choice import mixed_problem
 
     real = tpmod.choose_mixed
+    assign = {"a:a100-80g": 2, "b:t4-16g": 1}
 
     def winning(problems, slots, solve):
         choice = real(problems, slots, solve)
-        faster = dataclasses.replace(choice.plan, bottleneck_ns=1, objective_ns=1)
-        return dataclasses.replace(choice, plan=faster, degree_of_place={"a:a100-80g": 2, "b:t4-16g": 1})
+        problem = mixed_problem(problems, [s for t, ss in slots.items() for s in ss if assign[s.place] == t])
+        plan = solve(problem)
+        assert plan.value_ns >= choice.plan.lower_bound_ns  # the space's bound bounds it
+        return dataclasses.replace(choice, plan=plan, problem=problem, degree_of_place=assign)
 
     monkeypatch.setattr(tpmod, "choose_mixed", winning)
     out = tmp_path / "out"
@@ -259,14 +266,17 @@ def test_a_winning_mixed_plan_is_reported_and_the_best_uniform_one_written(tmp_p
                  "--seq-len", "16", "--microbatches", "2", "--no-pt2", "--max-tensor-parallel", "2",
                  "--tensor-parallel-per-machine", "--time-limit", "5", "--out", str(out)]) == 0
     text = " ".join(capsys.readouterr().out.split())
-    assert "note: the plan mixing degrees is predicted 100.0% faster than degree 1's" in text
-    assert "(TP 1 on 1 machine(s); TP 2 on 1 machine(s))" in text
+    assert "chose degrees per machine: a (a100-80g) TP 2, b (t4-16g) TP 1" in text and "chose degree " not in text
     plan = json.loads((out / "plan.json").read_text())
-    assert all(len(s["devices"]) == 1 for s in plan["stages"])
+    man = json.loads((out / "manifest.json").read_text())
+    degrees = [2 if s["devices"][0].startswith("a/") else 1 for s in plan["stages"]]
+    assert [len(s["devices"]) for s in plan["stages"]] == degrees  # each stage on its machine's degree
+    assert [e["degree"] for e in man["mesh"]["tensor_parallel"]] == degrees
+    assert man["format_version"] == (3 if len(set(degrees)) > 1 else 2)
 
 
 def test_the_per_machine_search_is_opt_in(tmp_path, capsys):
-    # Mixed-degree plans are reported, not written (NOTE [mixed tensor-parallel degrees]): without the flag
+    # The per-machine search costs up to 13 more solves (NOTE [mixed tensor-parallel degrees]): without the flag
     # --max-tensor-parallel solves only the uniform degrees; the flag alone is refused before any trace.
     from hetpart.cli import main
 
@@ -282,6 +292,65 @@ def test_the_per_machine_search_is_opt_in(tmp_path, capsys):
     assert not (tmp_path / "o2").exists()
 
 
+@pytest.mark.parametrize("given, message", [
+    ("c=2", "--tensor-parallel c=2: 'c' is neither a machine nor a device type of cluster 'mixed-4' (machines: a, b; "
+            "device types: a100-80g, t4-16g)"),
+    ("a=3", "--tensor-parallel a=3: 'a=3' must be MACHINE=T or DEVICE_TYPE=T with T one of 1, 2, 4, 8"),
+    ("a=4", "--tensor-parallel a=4: machine 'a' has 2 a100-80g device(s), which TP 4 does not divide: give it a "
+            "degree that divides 2"),
+    ("a=2,b=2", "--tensor-parallel a=2,b=2 puts every machine at TP 2: pass --tensor-parallel 2 instead"),
+    ("a100-80g=1", "--tensor-parallel a100-80g=1 puts every machine at TP 1: leave --tensor-parallel out instead"),
+    ("a=2,a=1", "--tensor-parallel a=2,a=1: 'a' is given twice; give each machine one degree"),
+    ("3", "--tensor-parallel 3: expected one of 1, 2, 4, 8, or MACHINE=T,..."),
+])
+def test_bad_degrees_per_machine_exit_2_in_one_line_before_anything_is_traced(given, message, tmp_path, capfd):
+    # docs/errors.md "Issue 20 (tpmix2)": checked against the cluster before torch traces anything; nothing written.
+    from hetpart.cli import main
+
+    capfd.readouterr()
+    assert main(["partition", "zoo:mlp", "--cluster", "preset:mixed-4", "--out", str(tmp_path / "out"),
+                 "--tensor-parallel", given]) == 2
+    err = capfd.readouterr().err
+    assert err.startswith(f"hetpart: error: {message}") and err.count("\n") == 1, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_mixed_mesh_sums_a_tied_weight_over_every_holder_and_refuses_one_split_and_held_elsewhere():
+    # NOTE [mixed-degree pipeline]: stage 0 at TP 2 (ranks 0, 1), stage 1 at TP 1 (rank 2); `wte` is read by both
+    # (tied) and replicated: one weights group of all three ranks. Split in stage 0 and held by stage 1: refused.
+    from types import SimpleNamespace
+
+    from hetpart.codegen.tp import tp_mesh
+    from hetpart.passes.tensor_parallel import ShardingPlan
+
+    ranks = [SimpleNamespace(weights={"a": "wte", "b": "fc"})] * 2 + [SimpleNamespace(weights={"a": "wte"})]
+    mesh = tp_mesh(ranks, [ShardingPlan(2, weights={"fc": WeightShard(0)}), None])
+    assert mesh["tp_boundaries"] == "leaders" and mesh["stages"] == [[0, 1], [2]]
+    assert [(g["name"], g["ranks"]) for g in mesh["groups"]] == [("pipeline", [0, 2]), ("tp-0", [0, 1]),
+                                                               ("weights-0", [0, 1, 2])]
+    with pytest.raises(HetpartError, match=r"splits 'wte' in one tensor-parallel stage and holds it in another"):
+        tp_mesh(ranks, [ShardingPlan(2, weights={"wte": WeightShard(0)}), None])
+
+
+def test_degrees_per_machine_whose_plan_uses_no_tp_group_is_written_without_tp(tmp_path, capsys):
+    # --tensor-parallel a=2 on machines a (2 CPUs) and b (1 CPU) of ample memory: the small GPT runs fastest
+    # whole on b/0 (a TP-2 stage here costs its all-reduces), so no stage is tensor-parallel: a plain manifest.
+    import json
+
+    from hetpart.cli import main
+
+    cpu = '{type = "cpu", mem = "1 GiB"}'
+    (tmp_path / "two.toml").write_text(
+        f'[[nodes]]\nname = "a"\ndevices = [{cpu}, {cpu}]\nlink = {{ bandwidth_GBps = 2, latency_us = 20 }}\n'
+        f'[[nodes]]\nname = "b"\ndevices = [{cpu}]\n')
+    sets = [x for k, v in GPT.items() for x in ("--set", f"{k}={v}")]
+    out = tmp_path / "out"
+    assert main(["partition", "zoo:gpt-small", *sets, "--cluster", str(tmp_path / "two.toml"), "--batch-size", "4",
+                 "--seq-len", "16", "--microbatches", "2", "--no-pt2", "--tensor-parallel", "a=2", "--out",
+                 str(out)]) == 0
+    assert "no stage of the plan runs on a tensor-parallel group" in capsys.readouterr().out
+    man = json.loads((out / "manifest.json").read_text())
+    assert man["format_version"] == 2 and "tensor_parallel" not in man["mesh"] and man["world_size"] == 1
 
 
 def test_a_chosen_degree_is_what_replan_keeps(tmp_path, capsys):
@@ -290,7 +359,6 @@ def test_a_chosen_degree_is_what_replan_keeps(tmp_path, capsys):
     import json
 
     from hetpart.cli import main
-
     from hetpart.devices.cluster import PRESETS
 
     cluster, out = tmp_path / "fast4.toml", tmp_path / "out"  # preset:cpu-4 with a 1,000 GB/s, 1 us machine link

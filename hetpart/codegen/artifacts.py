@@ -178,7 +178,9 @@ def _check_out(out: Path, force: bool) -> bool:
 
 def _write_marker(tmp: Path) -> None:
     files = sorted(p.relative_to(tmp).as_posix() for p in tmp.rglob("*") if p.is_file())
-    write_json(tmp / MARKER, {"marker_version": MARKER_VERSION, "format_version": FORMAT_VERSION, "files": files})
+    man = tmp / "manifest.json"  # its version (a plan of mixed TP degrees: 3, NOTE [mixed-degree pipeline])
+    version = json.loads(man.read_text()).get("format_version", FORMAT_VERSION) if man.is_file() else FORMAT_VERSION
+    write_json(tmp / MARKER, {"marker_version": MARKER_VERSION, "format_version": version, "files": files})
 
 
 def _publish_new(tmp: Path, out: Path) -> None:

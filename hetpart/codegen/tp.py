@@ -18,18 +18,24 @@ column-linear input backward: `tp_collectives`).
 Stage boundaries are replicated: every TP rank of stage k receives the whole input from the
 rank of the same TP index of stage k-1 and sends its whole output (equal on all TP ranks after
 the reduce) to the same TP index of stage k+1, over one pipeline group per TP index (a
-"lane", NOTE [the mesh] in codegen/artifacts.py). So every stage of a plan has the same
-degree, and each lane's boundaries carry what one rank's would: the cost model charges each
-boundary once, the lanes' transfers running side by side over the link.
+"lane", NOTE [the mesh] in codegen/artifacts.py), when every stage of the plan has the same
+degree: each lane's boundaries carry what one rank's would, the cost model charges each
+boundary once, the lanes' transfers running side by side over the link. Stages of different
+degrees talk through their leaders instead (NOTE [mixed-degree pipeline] in runtime/tp_pipeline.py);
+a stage of degree 1 there is one rank running the stage whole.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 import torch.fx as fx
 
 from hetpart.codegen.split import StageGraph
+from hetpart.errors import HetpartError
 from hetpart.passes.tensor_parallel import ShardingPlan, WeightShard
+from hetpart.trust import MIXED_FORMAT_VERSION
 
 aten = torch.ops.aten
 
@@ -199,49 +205,99 @@ def shard_stage(stage: StageGraph, plan: ShardingPlan, rank: int) -> StageGraph:
                       list(stage.nodes))
 
 
-def tp_stage_graphs(stages: list[StageGraph], plan: ShardingPlan) -> list[StageGraph]:
-    """Every rank's stage graph, stage-major: stage k's TP rank j is rank k * degree + j."""
-    return [shard_stage(s, plan, j) for s in stages for j in range(plan.degree)]
+def tp_stage_graphs(stages: list[StageGraph], shardings: Sequence[ShardingPlan | None]) -> list[StageGraph]:
+    """Every rank's stage graph, stage-major: stage k's TP ranks in order, each its shard of `shardings[k]` (None: a
+    stage of degree 1, one rank running the stage whole; NOTE [mixed-degree pipeline] in runtime/tp_pipeline.py)."""
+    return [shard_stage(s, p, j) if p is not None else s
+            for s, p in zip(stages, shardings) for j in range(p.degree if p is not None else 1)]
 
 
-def stage_weight_shards(stage: StageGraph, plan: ShardingPlan) -> dict[str, dict]:
-    """The manifest's record of a stage's split weights: FQN -> {dim, chunks}."""
+def stage_weight_shards(stage: StageGraph, plan: ShardingPlan | None) -> dict[str, dict]:
+    """The manifest's record of a stage's split weights: FQN -> {dim, chunks} ({} at degree 1)."""
+    if plan is None:
+        return {}
     return {fqn: plan.weights[fqn].to_json() for fqn in sorted(set(stage.weights.values())) if fqn in plan.weights}
 
 
-def tp_mesh(ranks: list[StageGraph], plan: ShardingPlan) -> dict:
-    """The mesh of a plan whose every stage has degree `plan.degree` (NOTE [the mesh], NOTE [tensor-parallel
-    stages]): one pipeline group per TP index (a lane), one TP group per stage, and the weights groups of
-    each lane (a tied weight's copies on that lane's ranks: TP ranks hold the same whole gradients)."""
-    t = plan.degree
-    num_stages = len(ranks) // t
-    stages = [[k * t + j for j in range(t)] for k in range(num_stages)]
+def _stage_ranks(shardings: Sequence[ShardingPlan | None]) -> list[list[int]]:
+    """Stage k's ranks, stage-major (each stage's TP rank 0 first)."""
+    out, first = [], 0
+    for p in shardings:
+        t = p.degree if p is not None else 1
+        out.append(list(range(first, first + t)))
+        first += t
+    return out
+
+
+def _holders(ranks: list[StageGraph], of: list[int]) -> list[tuple[list[int], list[str]]]:
+    """The weights held by several of the ranks `of`, grouped by their holders: (holders, names) in sorted order."""
+    holders: dict[str, list[int]] = {}
+    for r in of:
+        for name in sorted(set(ranks[r].weights.values())):
+            holders.setdefault(name, []).append(r)
+    shared: dict[tuple[int, ...], list[str]] = {}
+    for name, rs in sorted(holders.items()):
+        if len(rs) > 1:
+            shared.setdefault(tuple(rs), []).append(name)
+    return [(list(rs), names) for rs, names in sorted(shared.items())]
+
+
+def tp_mesh(ranks: list[StageGraph], shardings: Sequence[ShardingPlan | None]) -> dict:
+    """The mesh of a plan whose stage k runs at `shardings[k]`'s degree (NOTE [the mesh], NOTE [tensor-parallel
+    stages]). Every stage of one degree t > 1: one pipeline group per TP index (a lane), one TP group per stage, and
+    the weights groups of each lane (a tied weight's copies on that lane's ranks: TP ranks hold the same whole
+    gradients). Degrees that differ: NOTE [mixed-degree pipeline] in runtime/tp_pipeline.py (`_leaders_mesh`)."""
+    stages = _stage_ranks(shardings)
+    degrees = [len(s) for s in stages]
+    if len(set(degrees)) > 1:
+        return _leaders_mesh(ranks, shardings, stages)
+    t = degrees[0]
     groups: list[dict] = [{"name": f"pipeline-tp{j}", "kind": "pipeline", "ranks": [s[j] for s in stages]}
                           for j in range(t)]
     groups += [{"name": f"tp-{k}", "kind": "tp", "ranks": s} for k, s in enumerate(stages)]
     for j in range(t):
-        holders: dict[str, list[int]] = {}
-        for s in stages:
-            for name in sorted(set(ranks[s[j]].weights.values())):
-                holders.setdefault(name, []).append(s[j])
-        shared: dict[tuple[int, ...], list[str]] = {}
-        for name, rs in sorted(holders.items()):
-            if len(rs) > 1:
-                shared.setdefault(tuple(rs), []).append(name)
-        groups += [{"name": f"weights-tp{j}-{i}", "kind": "weights", "ranks": list(rs), "weights": names}
-                   for i, (rs, names) in enumerate(sorted(shared.items()))]
-    world = len(ranks)
+        groups += [{"name": f"weights-tp{j}-{i}", "kind": "weights", "ranks": rs, "weights": names}
+                   for i, (rs, names) in enumerate(_holders(ranks, [s[j] for s in stages]))]
     return {"stages": stages, "groups": groups,
-            "rank_groups": [[g["name"] for g in groups if r in g["ranks"]] for r in range(world)],
+            "rank_groups": [[g["name"] for g in groups if r in g["ranks"]] for r in range(len(ranks))],
             "tensor_parallel": [{"stage": k, "group": f"tp-{k}", "ranks": s, "degree": t,
-                                 "weights": stage_weight_shards(ranks[s[0]], plan)} for k, s in enumerate(stages)]}
+                                 "weights": stage_weight_shards(ranks[s[0]], shardings[k])}
+                                for k, s in enumerate(stages)]}
 
 
-def tp_manifest(man: dict, ranks: list[StageGraph], plan: ShardingPlan) -> dict:
-    """`man` (codegen's manifest of the rank graphs) with the TP mesh and each rank's place in its group."""
-    man["mesh"] = tp_mesh(ranks, plan)
-    for r, entry in enumerate(man["ranks"]):
-        entry["tp"] = {"rank": r % plan.degree, "degree": plan.degree, "group": f"tp-{r // plan.degree}"}
+def _leaders_mesh(ranks: list[StageGraph], shardings: Sequence[ShardingPlan | None], stages: list[list[int]]) -> dict:
+    """NOTE [mixed-degree pipeline] in runtime/tp_pipeline.py: one pipeline group of the stages' leaders (TP rank 0),
+    a TP group per stage of degree > 1, and one weights group per set of stages holding copies of the same weights
+    (every rank of those stages: each adds its gradient divided by its stage's degree). A weight split in one stage
+    and held by another too would need its shards summed across layouts: refused."""
+    split = [stage_weight_shards(ranks[s[0]], p) for s, p in zip(stages, shardings)]
+    groups: list[dict] = [{"name": "pipeline", "kind": "pipeline", "ranks": [s[0] for s in stages]}]
+    groups += [{"name": f"tp-{k}", "kind": "tp", "ranks": s} for k, s in enumerate(stages) if len(s) > 1]
+    leaders = _holders(ranks, [s[0] for s in stages])
+    stage_of = {s[0]: k for k, s in enumerate(stages)}
+    for i, (rs, names) in enumerate(leaders):
+        both = sorted(n for n in names if any(n in split[stage_of[r]] for r in rs))
+        if both:
+            raise HetpartError(f"the plan splits {both[0]!r} in one tensor-parallel stage and holds it in another "
+                               "(stages " + ", ".join(str(stage_of[r]) for r in rs) + "), which a plan mixing "
+                               "degrees does not sum yet: pass one --tensor-parallel degree for every machine")
+        groups.append({"name": f"weights-{i}", "kind": "weights", "ranks": [r for x in rs for r in stages[stage_of[x]]],
+                       "weights": names})
+    return {"stages": stages, "groups": groups, "tp_boundaries": "leaders",
+            "rank_groups": [[g["name"] for g in groups if r in g["ranks"]] for r in range(len(ranks))],
+            "tensor_parallel": [{"stage": k, "group": f"tp-{k}" if len(s) > 1 else None, "ranks": s,
+                                 "degree": len(s), "weights": split[k]} for k, s in enumerate(stages)]}
+
+
+def tp_manifest(man: dict, ranks: list[StageGraph], shardings: Sequence[ShardingPlan | None]) -> dict:
+    """`man` (codegen's manifest of the rank graphs) with the TP mesh and each rank's place in its group; a mesh of
+    mixed degrees is format version 3 (NOTE [mixed-degree pipeline] in runtime/tp_pipeline.py)."""
+    man["mesh"] = tp_mesh(ranks, shardings)
+    for entry in man["mesh"]["tensor_parallel"]:
+        for j, r in enumerate(entry["ranks"]):
+            man["ranks"][r]["tp"] = {"rank": j, "degree": entry["degree"], "group": entry["group"]}
+    if man["mesh"].get("tp_boundaries") == "leaders":
+        man["format_version"] = MIXED_FORMAT_VERSION
     return man
 
 

@@ -36,10 +36,11 @@ against brute force over every assignment of degrees to machines). A node co-loc
 some degree (a TP region) is co-located in every mixed problem: the mixed space is that of the
 union of all the degrees' co-location groups (a subset of each degree's own; every mixed problem,
 the relaxation too, has the same), so the relaxation relaxes every mixed plan and the bound stays valid.
-What `partition` writes is the best uniform degree's plan: codegen and `hetpart run` take one degree
-per plan (NOTE [tensor-parallel stages]); `choose_tp` in hetpart/tensor_parallel.py says what the
-mixed plan would gain. So the search runs only when asked (`--tensor-parallel-per-machine`): it costs up
-to 13 solves more for a plan that is reported, not written.
+`partition` writes the plan kept, mixed or uniform (a mixed one runs with its stages' leaders in the
+pipeline: NOTE [mixed-degree pipeline] in runtime/tp_pipeline.py); `choose_tp` in hetpart/tensor_parallel.py
+says what it gains over the best uniform degree. The search runs only when asked
+(`--tensor-parallel-per-machine`): it costs up to 13 solves more. `--tensor-parallel MACHINE=T,...` solves one
+assignment given by the user (`mixed_problem` over its slots).
 """
 
 from __future__ import annotations

@@ -22,8 +22,8 @@ from hetpart.errors import HetpartError
 from hetpart.plan_report import PlanReport, as_json, load_plan
 from hetpart.runtime.stages import check_virtual_mesh, stage_entries, virtual_stages
 from hetpart.trust import (
-    MANIFEST_FORMAT_VERSION, SIGNATURE_NAME, NotAPlainFile, check_signature, is_sha256, is_signed, read_key, read_plain,
-    sha256_bytes, sha256_file,
+    MANIFEST_FORMAT_VERSION, MIXED_FORMAT_VERSION, SIGNATURE_NAME, NotAPlainFile, check_signature, is_sha256, is_signed,
+    read_key, read_plain, sha256_bytes, sha256_file,
 )
 
 if TYPE_CHECKING:
@@ -77,10 +77,10 @@ def load_manifest(out: Path, key: bytes | None = None) -> dict[str, Any]:
         check_signature(out, data, key)
     manifest = _parse_json(path, data)
     version = manifest.get("format_version") if isinstance(manifest, dict) else None
-    if version != FORMAT_VERSION:
+    if version not in (FORMAT_VERSION, MIXED_FORMAT_VERSION):  # 3: mixed TP degrees (NOTE [mixed-degree pipeline])
         raise HetpartError(
-            f"{path}: format version {version!r}, this hetpart reads version {FORMAT_VERSION}; "
-            "re-run `hetpart partition` with this version"
+            f"{path}: format version {version!r}, this hetpart reads versions {FORMAT_VERSION} and "
+            f"{MIXED_FORMAT_VERSION}; re-run `hetpart partition` with this version"
         )
     _check_structure(path, manifest)
     return manifest
@@ -145,7 +145,7 @@ def _check_structure(path: Path, manifest: dict[str, Any]) -> None:
     if virtual_stages(manifest) > 1:  # NOTE [virtual-stage manifest]
         check_virtual_mesh(path, manifest)
     else:
-        _check_mesh(path, manifest["mesh"] if "mesh" in manifest else None, ranks)
+        _check_mesh(path, manifest["mesh"] if "mesh" in manifest else None, ranks, manifest["format_version"])
     _check_shared_files(path, stage_entries(manifest))
 
 
@@ -201,7 +201,7 @@ def rank_pipeline(manifest: dict[str, Any], rank: int) -> MeshPipeline:
     return pipe
 
 
-def _check_mesh(path: Path, mesh: Any, ranks: list[dict[str, Any]]) -> None:
+def _check_mesh(path: Path, mesh: Any, ranks: list[dict[str, Any]], version: int = FORMAT_VERSION) -> None:
     """The mesh (NOTE [the mesh] in codegen/artifacts.py) agrees with the ranks: every rank runs the stage
     its entry names, each pipeline group holds one rank per stage of its pipeline in stage order, and each
     rank's groups are the groups that hold it."""
@@ -212,7 +212,10 @@ def _check_mesh(path: Path, mesh: Any, ranks: list[dict[str, Any]]) -> None:
     if isinstance(mesh, dict) and "tensor_parallel" in mesh:  # NOTE [tensor-parallel stages]
         from hetpart.runtime.tp import check_tp_mesh
 
-        return check_tp_mesh(path, mesh, ranks)
+        return check_tp_mesh(path, mesh, ranks, version)
+    if version == MIXED_FORMAT_VERSION:
+        raise HetpartError(f"{path}: format version {version} is a plan of mixed tensor-parallel degrees, and this "
+                           f"mesh has no tensor_parallel record{EDITED}")
     several = isinstance(mesh, dict) and "pipelines" in mesh
     if not (isinstance(mesh, dict) and isinstance(mesh.get("pipelines" if several else "stages"), list)
             and isinstance(mesh.get("groups"), list) and isinstance(mesh.get("rank_groups"), list)):

@@ -39,6 +39,9 @@ def measurement(io_dir: Path, world: int, m: int, plan: PlanReport, opts: Any, t
     last_steps: list[float] = []
     v = len(plan.stages) // world if len(plan.stages) > world and not plan.pipelines else 1  # virtual stages
     timelines = []
+    # Rank -> its stage and place in the stage's slot, stage-major (a TP stage's ranks, of any degree: NOTE
+    # [tensor-parallel stages] in codegen/tp.py)
+    place = [(s, j) for s in plan.stages for j in range(len(s.slot_devices))]
     for rank in range(world):
         data = json.loads((io_dir / f"timing{rank}.json").read_text())
         timelines.append(data.get("timeline"))
@@ -48,12 +51,11 @@ def measurement(io_dir: Path, world: int, m: int, plan: PlanReport, opts: Any, t
         else:
             forwards = [t for step in data["forward_s"][keep] for t in step[-m:]]
             cpu = [t for step in data["forward_cpu_s"][keep] for t in step[-m:]]
-        per_stage = max(1, world // len(plan.stages)) if not plan.pipelines else 1  # a TP stage's ranks: rank // T
-        planned = plan.stages[rank // per_stage]
+        planned, j = place[rank] if v == 1 and not plan.pipelines else (plan.stages[rank], 0)
         mine = plan.stages[rank::world] if v > 1 else [planned]
         stages.append({
             "index": rank,
-            "device": planned.devices[rank % per_stage] if per_stage > 1 else planned.device,
+            "device": planned.slot_devices[j],
             "measured_time_us": round(statistics.median(forwards) * 1e6, 3),
             # CPU time of the rank's thread: its own compute, without waiting for a core that
             # other ranks (or other jobs) share (NOTE [measured CPU time])

@@ -21,6 +21,8 @@ from torch.distributed.pipelining import (
 from hetpart.errors import HetpartError
 from hetpart.runtime.artifacts import load_stage
 from hetpart.runtime.stages import rank_stage_entries, stage_entries, virtual_stages
+from hetpart.runtime.tp import is_mixed
+from hetpart.runtime.tp_pipeline import mixed_stage
 
 SCHEDULES: dict[str, type] = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B,
                               "interleaved-1f1b": ScheduleInterleaved1F1B,
@@ -42,6 +44,9 @@ def check_schedule(schedule: str, manifest: dict[str, Any], microbatches: int) -
                            f"ranks {v} stages (virtual stages): run with --schedule interleaved-1f1b or "
                            "interleaved-zb, or partition again without --virtual-stages")
     if schedule in MULTI_STAGE:
+        if "tensor_parallel" in manifest["mesh"]:  # NOTE [tensor-parallel stages]: one stage per rank
+            raise HetpartError(f"--schedule {schedule} runs several stages per rank, and this plan's stages are "
+                               "tensor-parallel groups of one stage per rank: run with --schedule gpipe or 1f1b")
         if "pipelines" in manifest["mesh"]:
             raise HetpartError(f"--schedule {schedule}: a plan of several data-parallel pipelines runs gpipe or 1f1b")
         rounds = max(1, microbatches // world)
@@ -97,21 +102,26 @@ def build_rank(out: Path, manifest: dict[str, Any], entry: dict[str, Any], devic
                microbatches: int, training: bool, group: Any, group_ranks: list[int], pipeline_stages: list[list[int]],
                wrap: Callable[[torch.nn.Module], torch.nn.Module], loss_fn: Callable | None,
                weight_names: Callable[[torch.nn.Module], dict[str, str]],
-               static: Callable[[dict[str, Any], list[dict] | None], dict | None]) -> RankRun:
+               static: Callable[[dict[str, Any], list[dict] | None], dict | None],
+               groups: dict[str, Any] | None = None) -> RankRun:
     """Load this rank's stage (`entry`), wrap it (`wrap`: the worker's `Boundary`) in a PipelineStage of its
     pipeline (`group`, of `group_ranks`; `pipeline_stages`: stage -> ranks) and build the schedule; with a
     multi-stage schedule, every stage of the rank (NOTE [virtual-stage manifest]). `static(entry, sent)` gives
     a stage's inference shapes (NOTE [static stage metadata] in worker.py; `sent` None: what the next rank
-    receives), `weight_names` a loaded stage's attribute -> FQN."""
+    receives), `weight_names` a loaded stage's attribute -> FQN; `groups`: every process group of the mesh, by name
+    (a plan of mixed TP degrees: NOTE [mixed-degree pipeline] in runtime/tp_pipeline.py)."""
     if schedule_name not in MULTI_STAGE:
         module = load_stage(out, entry).to(device)
         print(f"rank {entry['rank']}: loaded {entry['dir']}/stage.py and {len(entry['weights'])} weight(s) on "
               f"{device}", flush=True)
         module.requires_grad_(training)
         shapes = None if training else static(entry, None)
-        boundary = wrap(module)
-        stage = PipelineStage(boundary, stage_index=entry["stage"], num_stages=len(pipeline_stages), device=device,
-                              group=group, **(shapes or {}))
+        inner, stage_class, extra = module, PipelineStage, {}
+        if is_mixed(manifest):  # NOTE [mixed-degree pipeline]
+            inner, stage_class, extra = mixed_stage(manifest, entry, groups or {}, module)
+        boundary = wrap(inner)
+        stage = stage_class(boundary, stage_index=entry["stage"], num_stages=len(pipeline_stages), device=device,
+                            group=group, **(shapes or {}), **extra)
         # Each stage's peer in the pipeline group: its rank's place there (NOTE [the mesh]).
         stage.stage_index_to_group_rank = {k: group_ranks.index(r) for k, ranks in enumerate(pipeline_stages)
                                            for r in ranks if r in group_ranks}

@@ -25,52 +25,81 @@ def is_tp(manifest: dict[str, Any]) -> bool:
     return "tensor_parallel" in manifest["mesh"]
 
 
-def check_tp_mesh(path: Path, mesh: dict[str, Any], ranks: list[dict[str, Any]]) -> None:
-    """A TP mesh (NOTE [tensor-parallel stages]): stage k's ranks are its TP group, one pipeline group per TP
-    index holding that index of every stage, a TP entry per stage with its weights' split dims, and each rank's
-    `tp` place. Raises naming the first disagreement."""
+def is_mixed(manifest: dict[str, Any]) -> bool:
+    """Whether the plan's TP stages have different degrees, their boundaries between the stages' leaders only
+    (NOTE [mixed-degree pipeline] in runtime/tp_pipeline.py); otherwise each TP index has its lane."""
+    return manifest["mesh"].get("tp_boundaries") == "leaders"
+
+
+def check_tp_mesh(path: Path, mesh: dict[str, Any], ranks: list[dict[str, Any]], version: int | None = None) -> None:
+    """A TP mesh (NOTE [tensor-parallel stages]): stage k's ranks are its TP group, consecutive ranks; with one
+    degree, one pipeline group per TP index holding that index of every stage; with `tp_boundaries` "leaders"
+    (format version 3: NOTE [mixed-degree pipeline] in runtime/tp_pipeline.py) one pipeline group of every stage's
+    TP rank 0 and a TP group per stage of degree > 1; a TP entry per stage with its weights' split dims, and each
+    rank's `tp` place. Raises naming the first disagreement."""
+    from hetpart.trust import MIXED_FORMAT_VERSION
+
     stages, groups, tp = mesh.get("stages"), mesh.get("groups"), mesh.get("tensor_parallel")
     if not (isinstance(stages, list) and isinstance(groups, list) and isinstance(tp, list) and stages
             and all(isinstance(s, list) and s for s in stages)):
         raise HetpartError(f"{path}: a tensor-parallel mesh needs stages, groups and tensor_parallel{EDITED}")
-    degree = len(stages[0])
-    if sorted(r for s in stages for r in s) != list(range(len(ranks))) or any(len(s) != degree for s in stages):
-        raise HetpartError(f"{path}: mesh.stages must give each stage {degree} ranks, every rank once{EDITED}")
-    by_name = {g.get("name"): g for g in groups if isinstance(g, dict)}
+    leaders = mesh.get("tp_boundaries") == "leaders"
+    if mesh.get("tp_boundaries", "lanes") not in ("lanes", "leaders") or (
+            version is not None and leaders != (version == MIXED_FORMAT_VERSION)):
+        raise HetpartError(f"{path}: mesh.tp_boundaries is 'leaders' exactly in a manifest of format version "
+                           f"{MIXED_FORMAT_VERSION}{EDITED}")
+    degrees = [len(s) for s in stages]
+    first = [sum(degrees[:k]) for k in range(len(stages))]
+    if [s for s in stages] != [list(range(f, f + d)) for f, d in zip(first, degrees)] or sum(degrees) != len(ranks) or (
+            not leaders and len(set(degrees)) > 1) or (leaders and len(set(degrees)) == 1):
+        raise HetpartError(f"{path}: mesh.stages must give each stage its ranks in order, every rank once, "
+                           f"{'of different degrees' if leaders else 'all of one degree'}{EDITED}")
+    by_name = {g["name"]: g for g in groups if isinstance(g, dict) and isinstance(g.get("name"), str)}
     if len(by_name) != len(groups) or any(g.get("kind") not in ("pipeline", "tp", "weights") for g in groups):
         raise HetpartError(f"{path}: mesh.groups must be uniquely named pipeline, tp or weights groups{EDITED}")
-    for j in range(degree):
-        lane = by_name.get(f"pipeline-tp{j}")
-        if lane is None or lane.get("kind") != "pipeline" or lane.get("ranks") != [s[j] for s in stages]:
-            raise HetpartError(f"{path}: mesh.groups needs pipeline-tp{j} holding TP rank {j} of every stage{EDITED}")
+    lanes = {"pipeline": [s[0] for s in stages]} if leaders else {
+        f"pipeline-tp{j}": [s[j] for s in stages] for j in range(degrees[0])}
+    for name, want in lanes.items():
+        lane = by_name.get(name)
+        if lane is None or lane.get("kind") != "pipeline" or lane.get("ranks") != want:
+            raise HetpartError(f"{path}: mesh.groups needs {name} holding ranks {want}{EDITED}")
+    if sum(g.get("kind") == "pipeline" for g in groups) != len(lanes):
+        raise HetpartError(f"{path}: mesh.groups has a pipeline group the stages do not explain{EDITED}")
     if len(tp) != len(stages):
         raise HetpartError(f"{path}: mesh.tensor_parallel needs one entry per stage{EDITED}")
     for k, (entry, s) in enumerate(zip(tp, stages)):
-        group = by_name.get(entry.get("group")) if isinstance(entry, dict) else None
+        name = entry.get("group") if isinstance(entry, dict) else None
+        group = by_name.get(name)
         weights = entry.get("weights") if isinstance(entry, dict) else None
-        if (group is None or group.get("kind") != "tp" or group.get("ranks") != s or entry.get("ranks") != s
-                or entry.get("stage") != k or entry.get("degree") != degree or not isinstance(weights, dict)
+        alone = leaders and len(s) == 1  # a stage of degree 1 beside TP stages: no TP group, nothing split
+        if ((group is None or group.get("kind") != "tp" or group.get("ranks") != s) if not alone else (
+                name is not None or weights != {})) or entry.get("ranks") != s or entry.get("stage") != k \
+                or entry.get("degree") != len(s) or not isinstance(weights, dict) \
                 or not all(isinstance(w, dict) and isinstance(w.get("dim"), int) and w["dim"] >= 0
-                           and isinstance(w.get("chunks"), int) and w["chunks"] >= 1 for w in weights.values())):
+                           and isinstance(w.get("chunks"), int) and w["chunks"] >= 1 for w in weights.values()):
             raise HetpartError(f"{path}: mesh.tensor_parallel[{k}] must be stage {k}'s TP group (its ranks {s}, "
-                               f"degree {degree}, a tp group) with each split weight's dim and chunks{EDITED}")
+                               f"degree {len(s)}, {'no group, nothing split' if alone else 'a tp group'}) with each "
+                               f"split weight's dim and chunks{EDITED}")
         for r in s:
             place = ranks[r].get("tp")
-            if place != {"rank": s.index(r), "degree": degree, "group": entry["group"]} or ranks[r]["stage"] != k:
-                raise HetpartError(f"{path}: ranks[{r}].tp must be TP rank {s.index(r)} of {degree} in "
-                                   f"{entry['group']}, running stage {k}{EDITED}")
+            if place != {"rank": s.index(r), "degree": len(s), "group": name} or ranks[r]["stage"] != k:
+                raise HetpartError(f"{path}: ranks[{r}].tp must be TP rank {s.index(r)} of {len(s)} in "
+                                   f"{name}, running stage {k}{EDITED}")
             unknown = sorted(set(weights) - set(ranks[r]["weights"]))
             if unknown:
                 raise HetpartError(f"{path}: mesh.tensor_parallel[{k}] splits {unknown[:3]}, which rank {r} does "
                                    f"not hold{EDITED}")
+    if sum(g.get("kind") == "tp" for g in groups) != sum(len(s) > 1 for s in stages):
+        raise HetpartError(f"{path}: mesh.groups has a tp group no stage runs on{EDITED}")
     expected = [[g["name"] for g in groups if r in g.get("ranks", [])] for r in range(len(ranks))]
     if mesh.get("rank_groups") != expected:
         raise HetpartError(f"{path}: mesh.rank_groups must list the groups holding each rank ({expected}){EDITED}")
 
 
 def lane_group(manifest: dict[str, Any], rank: int) -> str:
-    """The pipeline group of `rank`'s TP index (its lane): the peers it sends to and receives from."""
-    return f"pipeline-tp{manifest['ranks'][rank]['tp']['rank']}"
+    """The pipeline group of `rank`'s TP index (its lane): the peers it sends to and receives from; with mixed
+    degrees the leaders' one group (NOTE [mixed-degree pipeline] in runtime/tp_pipeline.py)."""
+    return "pipeline" if is_mixed(manifest) else f"pipeline-tp{manifest['ranks'][rank]['tp']['rank']}"
 
 
 def tp_rank(entry: dict[str, Any]) -> int:
@@ -96,7 +125,7 @@ def attach_group(module: torch.nn.Module, manifest: dict[str, Any], entry: dict[
                  groups: dict[str, dist.ProcessGroup]) -> None:
     """Point the stage.py's collectives (`TP_GROUP`) at this stage's TP process group."""
     stage_tp = _stage_tp(manifest, entry)
-    if stage_tp is not None:
+    if stage_tp is not None and stage_tp["group"] is not None:  # None: a stage of degree 1 beside TP stages
         sys.modules[type(module).__module__].TP_GROUP = groups[stage_tp["group"]]
 
 
@@ -153,5 +182,5 @@ def break_for_test(module: torch.nn.Module, manifest: dict[str, Any], entry: dic
             p.grad.mul_(2)
 
 
-__all__ = ["attach_group", "break_for_test", "check_tp_mesh", "gather_shards", "is_tp", "lane_group", "tp_rank",
-           "weight_shards", "whole_weights"]
+__all__ = ["attach_group", "break_for_test", "check_tp_mesh", "gather_shards", "is_mixed", "is_tp", "lane_group",
+           "tp_rank", "weight_shards", "whole_weights"]

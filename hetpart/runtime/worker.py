@@ -158,12 +158,15 @@ def shared_weight_groups(manifest: dict) -> list[tuple[tuple[int, ...], list[str
     return [(tuple(g["ranks"]), g["weights"]) for g in manifest["mesh"]["groups"] if g["kind"] == "weights"]
 
 
-def sum_shared_grads(module: torch.nn.Module, groups: list, process_groups: list) -> None:
+def sum_shared_grads(module: torch.nn.Module, groups: list, process_groups: list, degree: int = 1) -> None:
     """Sum the gradients of every weight that several ranks hold, over its mesh group.
 
     NOTE [replicated weights]: a weight read by several stages (a tied embedding and LM
     head) is a copy on each of their ranks; each copy gets the gradient of its own uses,
-    so the copies' gradients are summed before the optimizer step and they stay equal."""
+    so the copies' gradients are summed before the optimizer step and they stay equal.
+    `degree` > 1: this rank's stage's TP degree in a plan of mixed degrees, whose weights groups hold every
+    TP rank of a stage, each adding its (whole, equal) gradient divided by the degree (NOTE [mixed-degree
+    pipeline] in runtime/tp_pipeline.py)."""
     if not groups:
         return
     names = _weight_names(module)
@@ -177,6 +180,8 @@ def sum_shared_grads(module: torch.nn.Module, groups: list, process_groups: list
                 continue
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
+            if degree > 1:
+                p.grad.div_(degree)
             dist.all_reduce(p.grad, group=pg)
 
 
@@ -193,9 +198,10 @@ def sum_shared_grads(module: torch.nn.Module, groups: list, process_groups: list
 # then steps every copy alike, and `run --verify` compares the loss, every copy's gradient and
 # the weights after the last step with the unpartitioned model on the global batch.
 def sync_gradients(module: torch.nn.Module, groups: list, process_groups: list, microbatches: int,
-                   pipeline_microbatches: int) -> None:
+                   pipeline_microbatches: int, degree: int = 1) -> None:
     """NOTE [pipelines gradients]: this rank's summed gradients divided by the global `microbatches`, then
-    summed over the weights groups (`pipeline_microbatches`: its pipeline's share, for the test hook)."""
+    summed over the weights groups (`pipeline_microbatches`: its pipeline's share, for the test hook; `degree`:
+    `sum_shared_grads`')."""
     broken = os.environ.get("HETPART_TEST_BREAK_GRAD_SYNC")  # NOTE [test-only crash hook]
     divisor = pipeline_microbatches if broken == "scale" else microbatches
     if broken == "virtual" and hasattr(module, "stages"):  # runtime/schedules.py's RankStages
@@ -206,7 +212,7 @@ def sync_gradients(module: torch.nn.Module, groups: list, process_groups: list, 
         if p.grad is not None:
             p.grad.div_(divisor)
     if broken != "sync":
-        sum_shared_grads(module, groups, process_groups)
+        sum_shared_grads(module, groups, process_groups, degree)
 
 
 def run_rank(out: Path, io_dir: Path, mode: str, schedule_name: str | None, microbatches: int, steps: int,
@@ -236,7 +242,7 @@ def run_rank(out: Path, io_dir: Path, mode: str, schedule_name: str | None, micr
     # This rank's stage(s) in PipelineStages and the schedule (several stages per rank: NOTE [virtual-stage manifest]).
     built = build_rank(out, manifest, entry, device, schedule_name, share, training, groups[pipeline["name"]],
                        pipeline["ranks"], pipe.stages, Boundary, training_loss if training else None, _weight_names,
-                       lambda e, sent: _static_metadata(manifest, e, sizes, device, sent))
+                       lambda e, sent: _static_metadata(manifest, e, sizes, device, sent), groups)
     module, boundary, schedule = built.module, built.boundaries[0], built.schedule
     tp.attach_group(module, manifest, entry, groups)  # NOTE [tensor-parallel stages]
     if padding is not None:  # NOTE [emulation by sleep]: every forward (in Boundary) and backward
@@ -285,7 +291,8 @@ def run_rank(out: Path, io_dir: Path, mode: str, schedule_name: str | None, micr
             with torch.no_grad() if not training else contextlib.nullcontext():
                 result = schedule.step(*args, **kwargs)
             if training:
-                sync_gradients(module, shared, process_groups, microbatches, share)  # NOTE [pipelines gradients]
+                sync_gradients(module, shared, process_groups, microbatches, share,  # NOTE [pipelines gradients]
+                               entry["tp"]["degree"] if tp.is_mixed(manifest) else 1)
                 tp.break_for_test(module, manifest, entry, weight_names)  # NOTE [test-only crash hook]
             step_seconds.append(time.perf_counter() - start)
             if actions is not None:
