@@ -531,14 +531,14 @@ def run_checkpoints(manifest: dict[str, Any], plan_model: dict[str, Any], spec: 
 
 
 def with_resume_commands(err: HetpartError, out: Path, run: CheckpointRun | None, opts: Any,
-                         replannable: bool = True) -> HetpartError:
+                         not_replanned: str | None = None) -> HetpartError:
     """A failed run's error, with the resume commands where a rank died and checkpoints were on."""
     if run is None or getattr(err, "dead_device", None) is None:
         return err
     flags = [f"--schedule {opts.schedule} "] + [f"{flag} {value} " for flag, value in (
         ("--microbatches", opts.microbatches), ("--batch-size", opts.batch_size), ("--seq-len", opts.seq_len))
         if value is not None]
-    new = type(err)(str(err) + resume_commands(out, run, err.dead_device, opts.steps, flags, replannable))
+    new = type(err)(str(err) + resume_commands(out, run, err.dead_device, opts.steps, flags, not_replanned))
     new.exit_code = err.exit_code
     return new
 
@@ -553,10 +553,11 @@ def _shown(path: Path, quote: bool = True) -> str:
 
 
 def resume_commands(out: Path, run: CheckpointRun, dead_device: str | None, steps: int, flags: list[str],
-                    replannable: bool = True) -> str:
+                    not_replanned: str | None = None) -> str:
     """What `hetpart run` prints when a rank died: the last complete checkpoint and the commands that re-plan
     onto the devices still alive and resume from it (`flags`: the run's own, repeated). A plan `hetpart replan`
-    refuses (virtual stages) gets the resume command after a new `partition` instead."""
+    refuses (`not_replanned` says what it runs: virtual stages, mixed TP degrees) gets the resume command after
+    a new `partition` instead."""
     if run.save_dir is None:
         return ""
     found = complete_checkpoints(run.save_dir)
@@ -569,10 +570,10 @@ def resume_commands(out: Path, run: CheckpointRun, dead_device: str | None, step
     new = out.with_name(out.name + "-replan")
     resume = (f"hetpart run {_shown(new)} --mode training {' '.join(flags)}--resume {_shown(last.path)} "
               f"--steps {left} --checkpoint-every {run.every} --checkpoint-dir {_shown(run.save_dir)}")
-    if not replannable:
+    if not_replanned is not None:
         without = f" (without {dead_device})" if dead_device else ""
-        return (f"\nthe last complete checkpoint is {_shown(last.path)} (step {last.step}); this plan runs virtual "
-                f"stages, which `hetpart replan` does not re-plan: partition the model again for the devices still "
+        return (f"\nthe last complete checkpoint is {_shown(last.path)} (step {last.step}); this plan runs "
+                f"{not_replanned}, which `hetpart replan` does not re-plan: partition the model again for the devices still "
                 f"alive{without} with `--out {_shown(new)}`, then train the {left} step(s) left:\n  {resume}")
     lose = f" --lose {shlex.quote(dead_device)}" if dead_device else ""
     return (f"\nthe last complete checkpoint is {_shown(last.path)} (step {last.step}); to re-plan onto the devices still "

@@ -153,8 +153,8 @@ def test_after_a_rank_died_the_printed_commands_re_plan_only_plans_replan_takes(
     text = resume_commands(tmp_path / "out", run, "local/2", 4, flags)
     assert "hetpart replan" in text and "--lose local/2" in text and "--resume" in text and "--steps 2" in text
     # A virtual-stage plan: `hetpart replan` refuses it, so the advice is a new partition, then the same resume.
-    text = resume_commands(tmp_path / "out", run, "local/2", 4, flags, replannable=False)
+    text = resume_commands(tmp_path / "out", run, "local/2", 4, flags, not_replanned="virtual stages")
     command = text.rsplit("\n", 1)[1].strip()
     assert command.startswith("hetpart run ") and " && " not in command and "--steps 2" in command
     assert "partition the model again" in text and "(without local/2)" in text and "--lose" not in text
-    assert "nothing left to train" in resume_commands(tmp_path / "out", run, "local/2", 2, flags, replannable=False)
+    assert "nothing left to train" in resume_commands(tmp_path / "out", run, "local/2", 2, flags, not_replanned="virtual stages")
