@@ -304,7 +304,7 @@ def _run_torchruns(cmds: list[list[str]], manifest: dict, log_dir: Path, opts: "
                        failed if len(cmds) > 1 else None, opts.master_port)
 
 
-def _not_replanned(plan: PlanReport, manifest: dict[str, Any]) -> str | None:
+def _not_replanned(plan: PlanReport, manifest: dict) -> str | None:
     """What this plan runs that `hetpart replan` refuses (the advice after a rank died differs), or None."""
     if plan.virtual_stages is not None:
         return "virtual stages"
