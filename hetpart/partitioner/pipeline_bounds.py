@@ -19,7 +19,8 @@ from ortools.linear_solver import pywraplp
 
 from hetpart.partitioner.costs import held_weight_bytes
 from hetpart.partitioner.lp_bounds import _LpData, _solve_lp
-from hetpart.partitioner.pipeline_memory_bound import MemoryBound, Part, memory_lower_bound
+from hetpart.partitioner.pipeline_bound_parts import Part
+from hetpart.partitioner.pipeline_memory_bound import MemoryBound, memory_lower_bound
 from hetpart.partitioner.problem import MEM_BYTES, TIME_NS, WEIGHTS, Problem
 
 # NOTE [pipelines bound]
@@ -314,15 +315,17 @@ def _size_cells(devices: int) -> list[int]:
 
 def memory_parts(problem: Problem, microbatches: int) -> list[Part]:
     """NOTE [memory bound parts]: plans of >= 2 pipelines by count (`_k_ranges`) and smallest pipeline size
-    (cells doubling from 1 device), each with the least sync of its plans."""
+    (cells doubling from 1 device, those k_lo pipelines can have), each with the least sync of its plans."""
     if problem.training is None:
         return [Part(2, None, 1, 0)]
     devices = len(problem.devices)
     cells = [1]
     while cells[-1] <= devices:
         cells.append(2 * cells[-1])
-    return [Part(k_lo, k_hi, g, sync_floor_ns(problem, min(devices, g_next - 1), k_lo))
-            for k_lo, k_hi in _k_ranges(problem) if k_lo <= microbatches for g, g_next in zip(cells, cells[1:])]
+    # k_lo pipelines of at least g devices need k_lo g devices, and the smallest has at most D / k_lo.
+    return [Part(k_lo, k_hi, g, sync_floor_ns(problem, min(devices // k_lo, g_next - 1), k_lo))
+            for k_lo, k_hi in _k_ranges(problem) if k_lo <= microbatches
+            for g, g_next in zip(cells, cells[1:]) if g * k_lo <= devices]
 
 
 def pipelines_lower_bound(problem: Problem, microbatches: int, deadline: float | None = None,

@@ -14,6 +14,7 @@ import numpy as np
 from ortools.linear_solver import pywraplp
 
 from hetpart.partitioner.costs import held_weight_bytes
+from hetpart.partitioner.pipeline_bound_parts import Part, parts_search
 from hetpart.partitioner.pipeline_transfer_floor import transfer_floor
 from hetpart.partitioner.problem import MEM_BYTES, TIME_NS, WEIGHTS, Problem
 
@@ -492,32 +493,6 @@ def _past(deadline: float | None) -> bool:
     return deadline is not None and time.perf_counter() > deadline
 
 
-@dataclass(frozen=True)
-class Part:
-    """Plans of k_lo <= k < k_hi pipelines whose smallest has at least least_size devices, and the least
-    gradient sync any of them pays (NOTE [memory bound parts])."""
-
-    k_lo: int
-    k_hi: int | None
-    least_size: int
-    sync_ns: int
-
-
-# NOTE [memory bound parts]
-# The many-pipeline LP of NOTE [pipelines memory bound] left alone runs the batch on many short
-# pipelines (llama-7b on hetero-64: 25 pipelines of 1-2 devices, 465 ms without sync) and was charged
-# the sync of two pipelines of D / 2 devices (1 ms), though 16 pipelines of 2 devices sync 505 ms.
-# So, as NOTE [pipelines bound] does, plans are split into parts by pipeline count k and smallest
-# pipeline size n_s (`Part`: the LP gets k_lo <= sum p < k_hi and >= least_size devices per pipeline
-# of every class, charged sync_floor_ns(least size of the next cell - 1, k_lo), the least sync of
-# any plan of the part). A plan of k >= 2 pipelines is in one part, so the least over the parts of
-# (their LP's T + their sync) and the one-pipeline value is a bound. The LP is built once and each
-# part sets its rows. First the LP of every k >= 2 with no size (no sync): `free`; a part whose
-# sync plus `free` cannot beat the best so far costs nothing, one that is infeasible at the best
-# so far less its sync one solve; past the deadline the parts left are charged `free` + their sync
-# (still a bound, only weaker).
-
-
 def memory_lower_bound(problem: Problem, microbatches: int, lam: dict[str, float], fill_ns: float,
                        largest_ns: float, need_bytes: int, parts: list[Part], start_ns: float,
                        deadline: float | None = None) -> MemoryBound:
@@ -548,32 +523,21 @@ def memory_lower_bound(problem: Problem, microbatches: int, lam: dict[str, float
 
     best = one
     if microbatches >= 2 and len(problem.devices) >= 2:
-        least_sync = min((q.sync_ns for q in parts), default=0)
         if _past(deadline):
             best, done = min(one, lo), False
         elif one > lo:
             try:
-                free, done2 = lo - least_sync, True
-                if not math.isfinite(one) or many_lp(one - least_sync):
-                    # Two or more pipelines may beat one: how far, with no sync (else `one` stands, one LP spent).
-                    free, done2 = _least_infeasible(many_lp, max(1.0, lo - least_sync), deadline,
-                                                    one - least_sync if math.isfinite(one) else None)
+                # Every k >= 2 with no size (each part's LP only adds rows): a T no part's LP reaches, with the
+                # least sync, or `one` stands (one LP spent).
+                least = min((q.sync_ns for q in parts), default=0)
+                free, finished = lo - least, True
+                if not math.isfinite(one) or many_lp(one - least):
+                    free, finished = _least_infeasible(many_lp, max(1.0, lo - least), deadline,
+                                                       one - least if math.isfinite(one) else None)
                 else:
-                    free = one - least_sync
-                done = done and done2
-                for q in sorted(parts, key=lambda q: q.sync_ns):
-                    if free + q.sync_ns >= best:
-                        continue
-                    if _past(deadline) or not done:
-                        best, done = min(best, free + q.sync_ns), False
-                        continue
-                    set_part(q)
-                    cap = best - q.sync_ns
-                    if math.isfinite(cap) and not many_lp(cap):
-                        continue  # nothing of this part beats the best so far
-                    got, done3 = _least_infeasible(many_lp, max(1.0, free), deadline,
-                                                   cap if math.isfinite(cap) else None)
-                    best, done = min(best, got + q.sync_ns), done and done3
+                    free = one - least
+                best, finished2 = parts_search(parts, many_lp, set_part, free, lo, best, deadline)
+                done = done and finished and finished2
             except _Stopped:  # nothing known about two or more pipelines: no claim above `lo`
                 best, done = min(one, lo), False
     floor = lambda x: int(max(0.0, math.floor(x * (1 - 1e-9)))) if math.isfinite(x) else 0  # noqa: E731

@@ -22,6 +22,7 @@ from hetpart.errors import HetpartError
 from hetpart.partitioner.pipeline_bounds import _supports, need_bytes, pipelines_lower_bound, sync_floor_ns
 from hetpart.partitioner.pipeline_idle import ShapeFacts, idle_reasons
 from hetpart.partitioner.pipeline_layers import LayerProblem, layer_problem, solve_on_layers
+from hetpart.partitioner.pipeline_refine import refine_answer
 from hetpart.partitioner.pipeline_outer import (
     Candidate, _patterns, greedy_outer, one_machine_mixes, realize, solve_outer, sync_estimates,
 )
@@ -40,8 +41,9 @@ from hetpart.partitioner.solve import SolveOptions, solve
 # capacities and links, same machine boundaries), so each shape is solved once. Pieces of
 # several pipelines may share a machine (patterns, NOTE [outer program]); a pipeline of whole
 # machines plus part of another is not a shape (the bound still covers such plans, so the gap
-# shows what that leaves out). Shapes tried: every memory-feasible piece, and every count vector
-# of whole machines that holds the model with about one machine (or _SLACK) more than it needs --
+# shows what that leaves out). Shapes tried: every memory-feasible piece, every mix of up to _FEW
+# whole machines that holds the model, and every count vector of whole machines that holds the
+# model with about one machine (or _SLACK) more than it needs --
 # under 1F1B what it needs is estimated with the stash (`stash_need_bytes`: stage k of S keeps
 # S - k microbatches, which on llama-70b doubles the memory a 24-stage pipeline needs; shapes
 # within _LOOSE of the estimate are tried, the DP says which fit);
@@ -53,6 +55,7 @@ _MAX_SHAPES = 400  # shapes enumerated at most (ranked; the rest are not tried)
 _ROOMY = 1.0  # shapes with less memory than this times `stash_need_bytes` are solved after the others
 _SLACK = 1.3  # NOTE [pipeline shapes]: how much more memory than the model a short shape may have
 _LOOSE = 0.85  # ... and how much less than the stash estimate (the DP decides: 0.9 of it fitted on llama-70b)
+_FEW = 3  # every mix of up to this many machines that holds the model is a shape
 _EVERYTHING_FIRST = 128  # devices up to which the one-pipeline shape is solved first
 # A shape's solve gets at most this share of the limit (or _SHAPE_LIMIT_S): the DP finds the same plan
 # of 24 devices and 800 nodes in 1 s as in 5 s, and the outer program wants many shapes.
@@ -151,7 +154,16 @@ def enumerate_shapes(problem: Problem, kinds: list[MachineKind]) -> list[Shape]:
     alone = [c for c in alone if c is not None]
     longest = min(sum(most), math.ceil((max(alone) if alone else sum(most)) * _SLACK) + 1)
     found: list[Shape] = []
+    # Every mix of up to _FEW machines that holds the model (NOTE [pipeline shapes]): the rule below keeps
+    # only shapes with about one machine more than they need, which on llama-7b left out every mix of
+    # three 40-80 GB machines (the 24-GPU one of A100-80G, H100 and A100-40G takes 704 ms at 32
+    # microbatches against the 16-GPU mixes' 766).
+    for vec in _vectors(most, min(_FEW, sum(most))):
+        if sum(c * n for c, n in zip(full, vec)) >= _LOOSE * want(vec):
+            found.append(Shape(machines=vec))
     for vec in _vectors(most, longest):
+        if Shape(machines=vec) in found:
+            continue
         caps = sorted(full[j] for j in range(len(vec)) for _ in range(vec[j]))
         # Memory-feasible (NOTE [pipeline shapes]: the stash estimate), with about one machine more than
         # it needs: without its two smallest, less than _SLACK times that (whole ops want some room).
@@ -421,6 +433,14 @@ def _plan_and_facts(problem: Problem, microbatches: int, options: SolveOptions |
         raise HetpartError(f"partitioner: the outer program found no mix of the {len(cands)} solved pipeline shapes "
                            f"that runs {microbatches} microbatches within {limit:g} s: raise --time-limit")
     # CP-SAT's answer unless the quick one is truly better (CP-SAT ran out of time before reaching it).
+    # NOTE [op-level refinement]: the answer's shapes op by op in the time left, and the outer program again.
+    solved = len(cands)
+    more = refine_answer(problem, kinds, cands, min(tried_answers, key=lambda ab: ab[1].iteration_ns)[0],
+                         microbatches, kmax, lambda devs, m, limit_s: _solve_shape(
+                             problem, devs, m, opts, limit_s, None, None if ordered is None else (ordered[0], None)),
+                         deadline(0.95), seed=opts.seed, workers=opts.workers, unit_ns=unit)
+    tried_answers += [(a, cost_pipelines(problem, realize(problem, kinds, cands, a, shape_devices, _class_devices),
+                                         solver_status="FEASIBLE")) for a in more]
     answer, best = min(tried_answers, key=lambda ab: ab[1].iteration_ns)
     for pipes in one_machine_mixes(problem, kinds, cands, microbatches, _class_devices):
         mix = cost_pipelines(problem, pipes, solver_status="FEASIBLE")
@@ -432,7 +452,8 @@ def _plan_and_facts(problem: Problem, microbatches: int, options: SolveOptions |
                            + "\n  ".join(violations))
     lower, status = _certified(best.iteration_ns, bound.bound_ns, opts.gap)
     stats = {"seconds": time.perf_counter() - t0, "bound_seconds": bound.seconds, "shapes": float(len(shapes)),
-             "shapes_tried": float(tried), "shapes_solved": float(len(cands)), "outer_optimal": float(exhausted),
+             "shapes_tried": float(tried), "shapes_solved": float(solved), "shapes_refined": float(len(cands) - solved),
+             "outer_optimal": float(exhausted),
              "outer_step_ns": float(answer.step_units * answer.unit_ns), "kmax": float(kmax),
              "layer_nodes": float(layers.layers if layers is not None else 0)}  # NOTE [shapes on layers]
     note = bound.note + ("" if exhausted else "; the outer program did not finish: a better mix of these shapes "

@@ -176,3 +176,33 @@ def test_memory_bound_parts_cover_every_plan_of_two_or_more_pipelines(seed):
         for n_s in range(1, D // k + 1):
             holding = [q for q in parts if q.k_lo <= k and (q.k_hi is None or k < q.k_hi) and q.least_size <= n_s]
             assert holding and min(q.sync_ns for q in holding) <= sync_floor_ns(p, n_s, k), (k, n_s)
+
+
+def test_parts_search_against_known_part_values():
+    """NOTE [memory bound parts]'s branch and bound on parts whose LP value is known (feasible at T iff T >= it):
+    the answer is within its tolerance below the true least (value + sync, or `best`), never above it, also
+    when stopped at once by the deadline, or when the parts cannot beat `best`."""
+    import time
+
+    from hetpart.partitioner.pipeline_bound_parts import Part, parts_search
+
+    rng = random.Random(7)
+    for _ in range(40):
+        parts = [Part(2 + i, 3 + i, 1, rng.randint(0, 300)) for i in range(rng.randint(1, 8))]
+        value = {q: rng.uniform(500, 1500) for q in parts}
+        cur = [parts[0]]
+        calls = []
+
+        def feasible(T):
+            calls.append(T)
+            return T >= value[cur[0]]
+
+        best = rng.uniform(800, 2000)
+        true = min([best] + [value[q] + q.sync_ns for q in parts])
+        free = min(value.values()) - rng.uniform(0, 100)
+        got, done = parts_search(parts, feasible, lambda q: cur.__setitem__(0, q), free, 400.0, best, None)
+        assert done and true * (1 - 2e-3) <= got <= true
+        solved = len(calls)
+        stopped, done = parts_search(parts, feasible, lambda q: cur.__setitem__(0, q), free, 400.0, best,
+                                     time.perf_counter() - 1)
+        assert stopped <= true and len(calls) == solved  # stopped before any solve, still a bound
