@@ -15,7 +15,7 @@ from ortools.linear_solver import pywraplp
 
 from hetpart.partitioner.costs import held_weight_bytes
 from hetpart.partitioner.pipeline_bound_parts import Part, parts_search
-from hetpart.partitioner.pipeline_transfer_floor import transfer_floor
+from hetpart.partitioner.pipeline_transfer_floor import cut_nodes, transfer_floor
 from hetpart.partitioner.problem import MEM_BYTES, TIME_NS, WEIGHTS, Problem
 
 # NOTE [pipelines memory bound]
@@ -114,29 +114,15 @@ def chain_blocks(problem: Problem, c: np.ndarray, blocks: int = 0) -> list[np.nd
     """NOTE [pipelines memory bound] (e)'s blocks: node indices (in `problem.graph.nodes` order) between
     consecutive cut nodes (comparable with every node), merged until each holds about 1 / `blocks` of the work."""
     g = problem.graph
-    nodes = list(g.nodes)
-    pos = {v: i for i, v in enumerate(nodes)}
+    pos = {v: i for i, v in enumerate(g.nodes)}
     order = list(nx.topological_sort(g))
-    anc: dict[str, int] = {}
-    for v in order:  # ancestors as bitsets over node indices
-        m = 0
-        for u in g.predecessors(v):
-            m |= anc[u] | (1 << pos[u])
-        anc[v] = m
-    desc: dict[str, int] = {}
-    for v in reversed(order):
-        m = 0
-        for u in g.successors(v):
-            m |= desc[u] | (1 << pos[u])
-        desc[v] = m
-    n = len(nodes)
+    cuts = set(cut_nodes(problem, order))
     target = float(c.sum()) / max(1, blocks or _BLOCKS)
     out, cur, acc = [], [], 0.0
     for v in order:
         cur.append(pos[v])
         acc += float(c[pos[v]])
-        cut = anc[v].bit_count() + desc[v].bit_count() == n - 1
-        if cut and acc >= target:
+        if v in cuts and acc >= target:
             out.append(np.array(cur, dtype=np.int64))
             cur, acc = [], 0.0
     if cur:
