@@ -23,16 +23,17 @@ class Part:
 # NOTE [memory bound parts]
 # The many-pipeline LP of NOTE [pipelines memory bound] left alone runs the batch on many short
 # pipelines (llama-7b on hetero-64: 25 pipelines of 1-2 devices, 465 ms without sync) and was charged
-# the sync of two pipelines of D / 2 devices (1 ms), though 16 pipelines of 2 devices sync 505 ms.
-# So, as NOTE [pipelines bound] does, plans are split into parts by pipeline count k and smallest
-# pipeline size n_s (`Part`: the LP gets k_lo <= sum p < k_hi and >= least_size devices per pipeline
-# of every class, charged sync_floor_ns(min(D // k_lo, least size of the next cell - 1), k_lo), the
-# least sync of any plan of the part: its smallest pipeline has at most both). A plan of k >= 2 pipelines is in one part, so the least over the parts of
-# (their LP's T + their sync) and the one-pipeline value is a bound. The LP is built once and each
-# part sets its rows. First the LP with no part's rows (k >= 2, no sync): the least T it reaches,
-# `free`, is below every part's (each only adds rows); a part whose sync plus `free` cannot beat
-# the best so far costs nothing; the others by branch and bound (`parts_search`); past the
-# deadline the parts left are charged `free` (or what they were shown not to reach) + their sync.
+# the sync of two pipelines of D / 2 devices (1 ms), though 16 pipelines of 2 devices sync 505 ms. So,
+# as NOTE [pipelines bound] does, plans are split into parts by pipeline count k and smallest pipeline
+# size n_s (`Part`: the LP gets k_lo <= sum p < k_hi and >= least_size devices per pipeline of every
+# class, charged sync_floor_ns(min(D // k_lo, least size of the next cell - 1), k_lo), the least sync of
+# any plan of the part: its smallest pipeline has at most both). A plan of k >= 2 pipelines is in one
+# part, so the least over the parts of (their LP's T + their sync) and the one-pipeline value is a
+# bound. The LP is built once and each part sets its rows. First the LP with no part's rows (k >= 2, no
+# sync): the least T it reaches, `free`, is below every part's (each only adds rows); a part whose sync
+# plus `free` cannot beat the best so far costs nothing; the others by branch and bound
+# (`parts_search`); past the deadline the parts left are charged `free` (or what they were shown not to
+# reach) + their sync.
 
 
 def parts_search(parts: list[Part], feasible, set_part, free: float, lo: float, best: float,

@@ -81,6 +81,7 @@ class PipelinesBound:
     seconds: float
     unfinished: list[str] = field(default_factory=list)
     stash_order: list[tuple[str, int]] = field(default_factory=list)  # NOTE [stash order] in pipeline_search.py
+    stash_devices: dict[tuple[str, int], float] = field(default_factory=dict)  # ... the LP's devices per kind
 
 
 @dataclass
@@ -394,4 +395,5 @@ def pipelines_lower_bound(problem: Problem, microbatches: int, deadline: float |
             + ("; part of the memory-per-stage bound (past the deadline)" if not mem.finished else ""))
     note = (f"every partition of the {len(problem.devices)} devices into pipelines, every stage plan and "
             f"microbatch split (NOTE [pipelines bound], NOTE [pipelines memory bound]); left out: {left}")
-    return PipelinesBound(bound, one_ns, note, time.perf_counter() - t0, unfinished, mem.stash_order)
+    return PipelinesBound(bound, one_ns, note, time.perf_counter() - t0, unfinished, mem.stash_order,
+                          mem.stash_devices)

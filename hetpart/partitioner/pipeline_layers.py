@@ -32,8 +32,8 @@ from hetpart.partitioner.verify import plan_violations
 #    (coarsen.py keeps compute, memory and the training stash exactly, transfers rounded up).
 #    A model of fewer than _FINE_BELOW layers is also cut inside its layers wherever no more bytes
 #    cross than the median between layers (llama's residual after attention: half layers), since
-#    its stages hold a layer or less (llama-7b's search: 835 -> 814 ms on hetero-64, 826 -> 794
-#    on hetero-256); llama-70b's 80 layers gained nothing there and solved half as many shapes.
+#    its stages hold a few layers or less (llama-7b's search: 835 -> 814 ms on hetero-64, 826 ->
+#    794 on hetero-256; llama-70b's on hetero-64 6,727 -> 6,610 ms, its 48-GPU shape 7,025 -> 6,385).
 #    That problem is a chain of a few hundred nodes at most, so `solve`'s DP is exact over
 #    its plans (every plan of a chain is contiguous) and needs no CP-SAT: tenths of a second
 #    where the op-level solve needed seconds (docs/benchmarks.md, "pipeline shapes on layers");
@@ -49,7 +49,7 @@ from hetpart.partitioner.verify import plan_violations
 
 _MIN_SAVING = 4  # coarsen only when the layer problem has at most 1/_MIN_SAVING of the nodes
 _MIN_LAYERS = 8  # ... and at least this many layer boundaries (fewer would cap the stage count too low)
-_FINE_BELOW = 64  # fewer layer boundaries than this: also cut inside layers where no more than between them crosses
+_FINE_BELOW = 100  # fewer layer boundaries than this: also cut inside layers where no more than between them crosses
 _REFINE_BUDGET = 3_000_000  # matrix entries of one refinement pass (dp.py's default)
 
 

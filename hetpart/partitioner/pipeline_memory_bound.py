@@ -82,6 +82,7 @@ class MemoryBound:
     finished: bool  # False: stopped by the deadline (the bound is the largest T proven infeasible)
     note: str
     stash_order: list[tuple[str, int]] = field(default_factory=list)  # NOTE [stash order]: kinds, front first
+    stash_devices: dict[tuple[str, int], float] = field(default_factory=dict)  # ... and the devices of each it used
 
 
 def _cells(lo: int, hi: int, exact: int, ratio: float) -> list[tuple[int, int]]:
@@ -228,8 +229,10 @@ def _setup(problem: Problem, microbatches: int, lam: dict[str, float], fill_ns: 
     lam_n = [lam.get(k[0], 0.0) / scale_t / work for k in kind_list]
     rate = sum(lam_i * kinds[k] for lam_i, k in zip(lam_n, kind_list))
     floor = transfer_floor(problem, top if schedule == "1f1b" else max_stages)  # NOTE [boundary transfer floor]
-    return _Setup(tau=[floor.tau_ns[k] * scale_t for k in kind_list], delta=[floor.delta_ns[k] * scale_t for k in kind_list],
-                  exempt=float(floor.exempt_sides), per_machine=float(floor.machine_devices),kinds=kind_list, count=[kinds[k] for k in kind_list], lam=lam_n, K=np.minimum(K, 1.0),
+    return _Setup(tau=[floor.tau_ns[k] * scale_t for k in kind_list],
+                  delta=[floor.delta_ns[k] * scale_t for k in kind_list],
+                  exempt=float(floor.exempt_sides), per_machine=float(floor.machine_devices),
+                  kinds=kind_list, count=[kinds[k] for k in kind_list], lam=lam_n, K=np.minimum(K, 1.0),
                   least_b=max(largest_ns * scale_t, 1.0 / rate if rate > 0 else 1e-9, 1e-9),
                   col={s: i for i, s in enumerate(levels)}, levels_1f1b=cells, levels_one=fine,
                   max_stages=max_stages,
@@ -335,7 +338,7 @@ class _OneLp:
 
     def z(self, b: float, witness: dict | None = None) -> float | None:
         """The least stage sum with bottleneck at most b (LP units); None when none covers. `witness` gets,
-        per kind used, the mean stash level of its devices in the LP's answer."""
+        per kind used, (the mean stash level of its devices, how many) in the LP's answer."""
         self.rows.set_b(b)
         status = self.s.Solve()
         if status == pywraplp.Solver.INFEASIBLE:
@@ -349,7 +352,7 @@ class _OneLp:
                 got[0] += x.solution_value()
                 got[1] += x.solution_value() * level
             witness.clear()
-            witness.update({self.st.kinds[i]: lv / n for i, (n, lv) in used.items() if n > 1e-6})
+            witness.update({self.st.kinds[i]: (lv / n, n) for i, (n, lv) in used.items() if n > 1e-6})
         return self.s.Objective().Value() * (1 - 1e-9)
 
 
@@ -358,7 +361,7 @@ def one_pipeline_bound_ns(st: _Setup, microbatches: int, deadline: float | None,
     """NOTE [pipelines memory bound] for one pipeline of all M microbatches, in ns (inf: none fits): the least
     bottleneck b0 that covers (bisection), then over cells [b, b r] from there the least of (the least stage
     sum with bottleneck b r) + (M - 1) b. Past the deadline the cells not reached are charged their b only.
-    `witness`: per kind, the mean stash level of its devices at the least value (NOTE [stash order])."""
+    `witness`: per kind, (the mean stash level of its devices, how many) at the least value (NOTE [stash order])."""
     M = microbatches
     witness = {} if witness is None else witness
     lp = _OneLp(st, M)
@@ -528,5 +531,6 @@ def memory_lower_bound(problem: Problem, microbatches: int, lam: dict[str, float
                 best, done = min(one, lo), False
     floor = lambda x: int(max(0.0, math.floor(x * (1 - 1e-9)))) if math.isfinite(x) else 0  # noqa: E731
     note = "memory per stage (NOTE [pipelines memory bound])" + ("" if done else ", stopped at the deadline")
-    order = sorted(witness, key=lambda k: -witness[k])  # NOTE [stash order]: the deepest stash first
-    return MemoryBound(floor(best) if best > lo else 0, floor(one), time.perf_counter() - t0, done, note, order)
+    order = sorted(witness, key=lambda k: -witness[k][0])  # NOTE [stash order]: the deepest stash first
+    return MemoryBound(floor(best) if best > lo else 0, floor(one), time.perf_counter() - t0, done, note, order,
+                       {k: n for k, (_, n) in witness.items()})

@@ -29,7 +29,7 @@ from hetpart.partitioner.pipeline_outer import (
 from hetpart.partitioner.pipelines import (
     PipelinesPlan, cost_pipelines, pipeline_time_ns, pipelines_violations, sub_problem,
 )
-from hetpart.partitioner.problem import MEM_BYTES, Plan, Problem
+from hetpart.partitioner.problem import MEM_BYTES, TIME_NS, Plan, Problem
 from hetpart.partitioner.solve import SolveOptions, solve
 
 # NOTE [pipeline shapes]
@@ -224,7 +224,44 @@ def _support_rate(problem: Problem, devices: tuple[str, ...], supports) -> tuple
 # is worth most (`PipelinesBound.stash_order`: kinds by their mean level there, the deepest
 # first); each shape is also solved with its devices in that order (kinds the LP left out last),
 # and the faster of the two plans kept. Llama-70b on hetero-64 (docs/benchmarks.md, "The bound
-# after bound19"): 64 GPUs in the preset's order 11.7 s, A100-80G then H100 first 6.73 s.
+# after bound19"): 64 GPUs in the preset's order 11.7 s, A100-80G then H100 first 6.73 s. The
+# whole machines nearest the LP's devices of each kind are a shape of their own, solved second
+# (`_lp_shapes`, halved until at most _EVERYTHING_FIRST devices): there the LP also uses the 16
+# A100-40G (mean stash level 29, under a layer each), and those 48 GPUs take 6.25-6.39 s (device
+# order) where the shapes reached took 6.61 s. The LP's order is that of one pipeline of the whole
+# batch; on hetero-256 (256 microbatches) it puts the A100-40G last, and the 48-GPU shape then
+# leaves them idle (5,566 ms at 48 microbatches against 5,292 with them): a third order, the
+# slowest kinds first and among them the most memory first (`_slow_first`), is tried too.
+
+
+def _lp_shapes(kinds: list[MachineKind], devices: dict[tuple[str, int], float], fits) -> list[Shape]:
+    """NOTE [stash order]: whole machines of each kind, as many as the one-pipeline LP's devices of its classes
+    fill (a class on several kinds of machine fills them in kind order), divided by 1, 2, 4, ... until `fits`,
+    rounded to the nearest machine and down; the first three that fit."""
+    left = dict(devices)
+    machines = []
+    for k in kinds:
+        n = min(float(len(k.machines)), sum(left.get(c, 0.0) for c in k.classes) / sum(k.counts))
+        for c, count in zip(k.classes, k.counts):
+            left[c] = max(0.0, left.get(c, 0.0) - n * count)
+        machines.append(n)
+    out: list[Shape] = []
+    f = 1
+    while sum(machines) >= f and len(out) < 3:
+        for shape in (Shape(machines=tuple(int(n / f + 0.5) for n in machines)),
+                      Shape(machines=tuple(int(n / f + 1e-9) for n in machines))):
+            if sum(shape.machines) and fits(shape) and shape not in out:
+                out.append(shape)
+        f *= 2
+    return out[:3]
+
+
+def _slow_first(problem: Problem) -> list[tuple[str, int]]:
+    """NOTE [stash order]: the kinds (type, capacity) by the model's time on their type, slowest first, then by
+    capacity, the largest first."""
+    g = problem.graph
+    total = {t: sum(g.nodes[v][TIME_NS][t] for v in g.nodes) for t in problem.device_types}
+    return sorted({(d.type, d.capacity_bytes) for d in problem.devices}, key=lambda k: (-total[k[0]], -k[1]))
 
 
 def stash_ordered(problem: Problem, layers: LayerProblem | None, order: list[tuple[str, int]]
@@ -243,17 +280,20 @@ def stash_ordered(problem: Problem, layers: LayerProblem | None, order: list[tup
 
 def _solve_shape(problem: Problem, devices: tuple[str, ...], m: int, opts: SolveOptions, limit_s: float,
                  layers: LayerProblem | None = None,
-                 ordered: tuple[Problem, LayerProblem | None] | None = None) -> Plan | None:
+                 ordered: list[tuple[Problem, LayerProblem | None]] | None = None) -> Plan | None:
     """The shape's plan for `m` microbatches, or None when no plan fits its memory or it found none in time:
     on the layer-level problem when there is one (NOTE [shapes on layers]), else by `solve` on the ops;
-    with `ordered` (`stash_ordered`'s), also in that device order, the faster kept (NOTE [stash order]).
+    with `ordered` (`stash_ordered`'s), also in those device orders, the fastest kept (NOTE [stash order]).
     Without its own search-free bounds and certificate: NOTE [pipelines bound] bounds the whole plan."""
-    if ordered is not None:
-        first = _solve_shape(problem, devices, m, opts, limit_s, layers)
+    if ordered:
         keep = set(devices)
-        if [d.name for d in problem.devices if d.name in keep] == [d.name for d in ordered[0].devices if d.name in keep]:
-            return first  # the same order (one kind of device, say): the same plan
-        plans = [first, _solve_shape(ordered[0], devices, m, opts, limit_s, ordered[1])]
+        seen, plans = [], []
+        for prob, lay in [(problem, layers)] + list(ordered):
+            names = [d.name for d in prob.devices if d.name in keep]
+            if names in seen:
+                continue  # the same order (one kind of device, say): the same plan
+            seen.append(names)
+            plans.append(_solve_shape(prob, devices, m, opts, limit_s, lay))
         got = [p for p in plans if p is not None]
         return min(got, key=lambda p: pipeline_time_ns(p, m)) if got else None
     if layers is not None:
@@ -319,7 +359,9 @@ def _plan_and_facts(problem: Problem, microbatches: int, options: SolveOptions |
     bound = pipelines_lower_bound(problem, microbatches, deadline=deadline(0.15), memory_deadline=deadline(0.25))
     layers = layer_problem(problem) if opts.run_coarsening else None  # NOTE [shapes on layers]
     one_f1b = problem.training is not None and problem.training.schedule == "1f1b"
-    ordered = stash_ordered(problem, layers, bound.stash_order) if one_f1b and bound.stash_order else None
+    # NOTE [stash order]: the LP's order, and the slowest kinds first (the biggest memory first among equals).
+    ordered = [stash_ordered(problem, layers, order) for order in (bound.stash_order, _slow_first(problem))
+               if order] if one_f1b else []
     kinds, kind_of = machine_kinds(problem)
     shapes = enumerate_shapes(problem, kinds)
     if not shapes:
@@ -358,6 +400,12 @@ def _plan_and_facts(problem: Problem, microbatches: int, options: SolveOptions |
     if small is not None:
         order.remove(small)
         order.insert(0, small)
+    # NOTE [stash order]: the whole machines nearest the one-pipeline LP's devices (or a half, a quarter, ...
+    # of them, where it is more than _EVERYTHING_FIRST devices), right after it.
+    fits = lambda v: len(shape_devices(problem, kinds, v)) <= _EVERYTHING_FIRST  # noqa: E731
+    lp = _lp_shapes(kinds, bound.stash_devices, fits)
+    shapes += [v for v in lp if v not in shapes]
+    order = order[:1] + lp + [s for s in order[1:] if s not in lp]
     # One pipeline on every device before it, so the plan is never worse than today's -- up to
     # _EVERYTHING_FIRST devices: above, `solve` on all of them overruns its share of the limit (31 s
     # for a 4.4 s share on 1,024 devices, 30 s for 5 s on 256), and one pipeline is far behind anyway.
@@ -435,9 +483,10 @@ def _plan_and_facts(problem: Problem, microbatches: int, options: SolveOptions |
     # CP-SAT's answer unless the quick one is truly better (CP-SAT ran out of time before reaching it).
     # NOTE [op-level refinement]: the answer's shapes op by op in the time left, and the outer program again.
     solved = len(cands)
+    on_ops = [(o[0], None) for o in ordered]  # each order within its share of the refinement's limit
     more = refine_answer(problem, kinds, cands, min(tried_answers, key=lambda ab: ab[1].iteration_ns)[0],
                          microbatches, kmax, lambda devs, m, limit_s: _solve_shape(
-                             problem, devs, m, opts, limit_s, None, None if ordered is None else (ordered[0], None)),
+                             problem, devs, m, opts, limit_s / (1 + len(on_ops)), None, on_ops),
                          deadline(0.95), seed=opts.seed, workers=opts.workers, unit_ns=unit)
     tried_answers += [(a, cost_pipelines(problem, realize(problem, kinds, cands, a, shape_devices, _class_devices),
                                          solver_status="FEASIBLE")) for a in more]

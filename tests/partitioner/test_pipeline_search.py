@@ -306,3 +306,21 @@ def test_op_level_refinement_adds_the_better_plan_and_lowers_the_step(seed):
     best = min(after, key=lambda q: q.iteration_ns)
     assert brute_pipelines(p, M) <= best.iteration_ns < before.iteration_ns
     assert not pipelines_violations(p, best, M)
+
+
+def test_lp_shapes_and_the_slow_first_order():
+    """NOTE [stash order]: the whole machines nearest the one-pipeline LP's devices (halved until they fit,
+    rounded and rounded down), and the kinds slowest first, the most memory first among equal speeds."""
+    from hetpart.partitioner.pipeline_search import MachineKind, Shape, _lp_shapes, _slow_first
+
+    kinds = [MachineKind("k0", (("a", 80),), (8,), tuple(f"a{i}" for i in range(8))),
+             MachineKind("k1", (("h", 80),), (8,), tuple(f"h{i}" for i in range(8))),
+             MachineKind("k2", (("s", 40),), (8,), tuple(f"s{i}" for i in range(8)))]
+    lp = {("a", 80): 64.0, ("h", 80): 64.0, ("s", 40): 18.8}  # 8, 8 and 2.35 machines' worth
+    assert _lp_shapes(kinds, lp, lambda s: True)[:2] == [Shape(machines=(8, 8, 2)), Shape(machines=(4, 4, 1))]
+    small = _lp_shapes(kinds, lp, lambda s: sum(s.machines) <= 5)
+    assert small == [Shape(machines=(2, 2, 1)), Shape(machines=(2, 2, 0)), Shape(machines=(1, 1, 0))]
+    p, _ = small_problem(3)
+    order = _slow_first(p)
+    total = {t: sum(p.graph.nodes[v][TIME_NS][t] for v in p.graph.nodes) for t in p.device_types}
+    assert [total[t] for t, _ in order] == sorted((total[t] for t, _ in order), reverse=True)

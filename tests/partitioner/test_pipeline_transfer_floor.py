@@ -122,8 +122,8 @@ def fine_problem(seed: int) -> tuple[Problem, int]:
             g.add_edge(f"v{i - 1}", f"v{i}")
     devices = [Device(f"d{j}", "fast" if j % 2 == 0 else "slow", f"m{j % 2}", 10**6) for j in range(rng.choice([3, 4]))]
     training = Training("1f1b", 1, dict(weights)) if rng.random() < 0.5 else None
-    return Problem(graph=g, weights=weights, devices=devices, intra_node_links={"m0": Link(2_000, 2), "m1": Link(2_000, 2)},
-                   network=Link(1_000, 4), training=training), rng.choice([2, 3])
+    return Problem(graph=g, weights=weights, devices=devices, network=Link(1_000, 4), training=training,
+                   intra_node_links={"m0": Link(2_000, 2), "m1": Link(2_000, 2)}), rng.choice([2, 3])
 
 
 def test_a_floor_that_exempts_no_side_exceeds_some_optimum():
