@@ -16,10 +16,11 @@ from hetpart.partitioner.problem import Plan
 # Shapes are solved on the layer-level problem (NOTE [shapes on layers]) so that many fit in the
 # search's share of the limit; a layer is coarse where a stage holds one or two of them (llama-7b's
 # A100 stages hold half a layer: the 48-GPU shape takes 813 ms on layers, 780 ms op by op, and the
-# 24-GPU one 714 against 704). When the outer program has answered and time is left before the
-# search's end, the whole-machine shapes its answer uses (the most pipelines first, at most
-# _SHAPES) are solved again by `solve` on the ops (both device orders of NOTE [stash order], each
-# within its share of what is left), each better plan added as one more candidate of its shape,
+# 24-GPU one 714 against 704). When the outer program has answered and time is left before 0.9 of
+# the time limit (the rest for the checks and the mixes of pieces after it), the whole-machine shapes
+# its answer uses (the most pipelines first, at most _SHAPES) are solved again by `solve` on the ops
+# (the device orders of NOTE [stash order], each within its share of what is left), each better
+# plan added as one more candidate of its shape,
 # and the outer program run again from the old answer; the answer with the lower true step
 # (`cost_pipelines`) is kept by the caller. The bound does not change: it covers every plan.
 

@@ -402,7 +402,10 @@ def _plan_and_facts(problem: Problem, microbatches: int, options: SolveOptions |
         order.insert(0, small)
     # NOTE [stash order]: the whole machines nearest the one-pipeline LP's devices (or a half, a quarter, ...
     # of them, where it is more than _EVERYTHING_FIRST devices), right after it.
-    fits = lambda v: len(shape_devices(problem, kinds, v)) <= _EVERYTHING_FIRST  # noqa: E731
+    def fits(v: Shape) -> bool:  # at most _EVERYTHING_FIRST devices, and memory for the model in all
+        devs = shape_devices(problem, kinds, v)
+        return len(devs) <= _EVERYTHING_FIRST and sum(problem.device(d).capacity_bytes for d in devs) >= need
+
     lp = _lp_shapes(kinds, bound.stash_devices, fits)
     shapes += [v for v in lp if v not in shapes]
     order = order[:1] + lp + [s for s in order[1:] if s not in lp]
@@ -487,7 +490,7 @@ def _plan_and_facts(problem: Problem, microbatches: int, options: SolveOptions |
     more = refine_answer(problem, kinds, cands, min(tried_answers, key=lambda ab: ab[1].iteration_ns)[0],
                          microbatches, kmax, lambda devs, m, limit_s: _solve_shape(
                              problem, devs, m, opts, limit_s / (1 + len(on_ops)), None, on_ops),
-                         deadline(0.95), seed=opts.seed, workers=opts.workers, unit_ns=unit)
+                         deadline(0.9), seed=opts.seed, workers=opts.workers, unit_ns=unit)
     tried_answers += [(a, cost_pipelines(problem, realize(problem, kinds, cands, a, shape_devices, _class_devices),
                                          solver_status="FEASIBLE")) for a in more]
     answer, best = min(tried_answers, key=lambda ab: ab[1].iteration_ns)
