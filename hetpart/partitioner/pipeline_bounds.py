@@ -19,6 +19,7 @@ from ortools.linear_solver import pywraplp
 
 from hetpart.partitioner.costs import held_weight_bytes
 from hetpart.partitioner.lp_bounds import _LpData, _solve_lp
+from hetpart.partitioner.pipeline_bound_parts import Part
 from hetpart.partitioner.pipeline_memory_bound import MemoryBound, memory_lower_bound
 from hetpart.partitioner.problem import MEM_BYTES, TIME_NS, WEIGHTS, Problem
 
@@ -62,7 +63,8 @@ from hetpart.partitioner.problem import MEM_BYTES, TIME_NS, WEIGHTS, Problem
 # machine's devices) and by n_s (every value up to 32, then geometric cells [g, g'), charged
 # sigma(g' - 1, k_lo)); each part adds "sum p_A in the k range" and "every pipeline has >= g
 # devices" to the LP. The bound is the least over the parts of their LP's T plus their sigma;
-# k = 1 has no sync. Left out (the bound stays valid, only weaker): transfers between stages,
+# k = 1 has no sync. Left out (the bound stays valid, only weaker): transfers between stages (NOTE
+# [pipelines memory bound] charges their floor),
 # memory per stage (only per pipeline: NOTE [pipelines memory bound] adds it, and the larger of
 # the two bounds is the bound), ZeRO and bucket latencies beyond the first.
 
@@ -79,6 +81,7 @@ class PipelinesBound:
     seconds: float
     unfinished: list[str] = field(default_factory=list)
     stash_order: list[tuple[str, int]] = field(default_factory=list)  # NOTE [stash order] in pipeline_search.py
+    stash_devices: dict[tuple[str, int], float] = field(default_factory=dict)  # ... the LP's devices per kind
 
 
 @dataclass
@@ -311,6 +314,21 @@ def _size_cells(devices: int) -> list[int]:
     return cells + [devices + 1]
 
 
+def memory_parts(problem: Problem, microbatches: int) -> list[Part]:
+    """NOTE [memory bound parts]: plans of >= 2 pipelines by count (`_k_ranges`) and smallest pipeline size
+    (cells doubling from 1 device, those k_lo pipelines can have), each with the least sync of its plans."""
+    if problem.training is None:
+        return [Part(2, None, 1, 0)]
+    devices = len(problem.devices)
+    cells = [1]
+    while cells[-1] <= devices:
+        cells.append(2 * cells[-1])
+    # k_lo pipelines of at least g devices need k_lo g devices, and the smallest has at most D / k_lo.
+    return [Part(k_lo, k_hi, g, sync_floor_ns(problem, min(devices // k_lo, g_next - 1), k_lo))
+            for k_lo, k_hi in _k_ranges(problem) if k_lo <= microbatches
+            for g, g_next in zip(cells, cells[1:]) if g * k_lo <= devices]
+
+
 def pipelines_lower_bound(problem: Problem, microbatches: int, deadline: float | None = None,
                           upper_ns: int | None = None, memory: bool = True,
                           memory_deadline: float | None = None) -> PipelinesBound:
@@ -367,14 +385,15 @@ def pipelines_lower_bound(problem: Problem, microbatches: int, deadline: float |
     # NOTE [pipelines memory bound]: memory per stage; the larger of the two bounds holds.
     full = max(supports, key=lambda a: len(a.types))
     mem = memory_lower_bound(problem, microbatches, full.lam, lo, min(a.largest_op_ns for a in supports),
-                             need, sync_floor_ns(problem, len(problem.devices) // 2, 2), bound,
+                             need, memory_parts(problem, microbatches), bound,
                              memory_deadline or deadline) if memory else MemoryBound(0, 0, 0.0, True, "left out")
     bound, one_ns = max(bound, mem.bound_ns), max(one_ns, mem.one_pipeline_ns)
     if not mem.finished:
         unfinished.append("memory")
-    left = ("transfers between stages, bucket latencies"
+    left = ("transfers between stages above the least a boundary carries, bucket latencies"
             + ("; the gradient-sync floor (past the deadline)" if "sync" in unfinished else "")
             + ("; part of the memory-per-stage bound (past the deadline)" if not mem.finished else ""))
     note = (f"every partition of the {len(problem.devices)} devices into pipelines, every stage plan and "
             f"microbatch split (NOTE [pipelines bound], NOTE [pipelines memory bound]); left out: {left}")
-    return PipelinesBound(bound, one_ns, note, time.perf_counter() - t0, unfinished, mem.stash_order)
+    return PipelinesBound(bound, one_ns, note, time.perf_counter() - t0, unfinished, mem.stash_order,
+                          mem.stash_devices)

@@ -30,6 +30,10 @@ from hetpart.partitioner.verify import plan_violations
 # 1. `solve` on the layer-level problem restricted to the shape's devices: runs of the node
 #    order between LAYER boundaries (a module of the model, e.g. "layers.7"), each one node
 #    (coarsen.py keeps compute, memory and the training stash exactly, transfers rounded up).
+#    A model of fewer than _FINE_BELOW layers is also cut inside its layers wherever no more bytes
+#    cross than the median between layers (llama's residual after attention: half layers), since
+#    its stages hold a few layers or less (llama-7b's search: 835 -> 814 ms on hetero-64, 826 ->
+#    794 on hetero-256; llama-70b's on hetero-64 6,727 -> 6,610 ms, its 48-GPU shape 7,025 -> 6,385).
 #    That problem is a chain of a few hundred nodes at most, so `solve`'s DP is exact over
 #    its plans (every plan of a chain is contiguous) and needs no CP-SAT: tenths of a second
 #    where the op-level solve needed seconds (docs/benchmarks.md, "pipeline shapes on layers");
@@ -45,6 +49,7 @@ from hetpart.partitioner.verify import plan_violations
 
 _MIN_SAVING = 4  # coarsen only when the layer problem has at most 1/_MIN_SAVING of the nodes
 _MIN_LAYERS = 8  # ... and at least this many layer boundaries (fewer would cap the stage count too low)
+_FINE_BELOW = 100  # fewer layer boundaries than this: also cut inside layers where no more than between them crosses
 _REFINE_BUDGET = 3_000_000  # matrix entries of one refinement pass (dp.py's default)
 
 
@@ -57,7 +62,7 @@ class LayerProblem:
     layers: int  # nodes of the coarse problem
 
 
-def layer_problem(problem: Problem) -> LayerProblem | None:
+def layer_problem(problem: Problem, fine: bool | None = None) -> LayerProblem | None:
     """NOTE [shapes on layers]'s coarse problem: one node per run between LAYER boundaries that may be cut
     (and the pin positions); None when the graph has no layers to speak of (fewer than _MIN_LAYERS
     boundaries, or fewer than _MIN_SAVING times fewer runs than nodes) or the runs cannot separate the pins."""
@@ -67,6 +72,10 @@ def layer_problem(problem: Problem) -> LayerProblem | None:
     cuts = {0, n} | boundaries | {j for j in (tab.first_end_min, tab.inner_end_max) if 0 < j < n and tab.cuttable[j]}
     if len(boundaries) < _MIN_LAYERS or (len(cuts) - 1) * _MIN_SAVING > n:
         return None
+    if fine or (fine is None and len(boundaries) < _FINE_BELOW):  # NOTE [shapes on layers], step 1
+        residual = float(np.median(tab.cut_bytes[sorted(boundaries)]))
+        finer = cuts | {j for j in range(1, n) if tab.cuttable[j] and tab.cut_bytes[j] <= residual}
+        cuts = finer if (len(finer) - 1) * _MIN_SAVING <= n else cuts
     coarse = coarsen(problem, tab, np.array(sorted(cuts), dtype=np.int64))
     if coarse is None:
         return None

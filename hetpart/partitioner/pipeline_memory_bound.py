@@ -14,6 +14,8 @@ import numpy as np
 from ortools.linear_solver import pywraplp
 
 from hetpart.partitioner.costs import held_weight_bytes
+from hetpart.partitioner.pipeline_bound_parts import Part, parts_search
+from hetpart.partitioner.pipeline_transfer_floor import cut_nodes, transfer_floor
 from hetpart.partitioner.problem import MEM_BYTES, TIME_NS, WEIGHTS, Problem
 
 # NOTE [pipelines memory bound]
@@ -55,11 +57,11 @@ from hetpart.partitioner.problem import MEM_BYTES, TIME_NS, WEIGHTS, Problem
 # with max_i T_i <= T gives a feasible point, so where the LP is infeasible no plan is that fast:
 # bisection on T; stopped by the deadline, the largest T shown infeasible is still a bound. GPipe's
 # stash (m_i) is not known per class: K at level 1 there (valid, weaker). Gradient sync: plans of
-# k >= 2 are charged `sync_floor_ns(problem, D // 2, 2)` (their smallest pipeline has at most D / 2
-# devices; the floor only grows with k and as the pipeline shrinks). The bound is the lesser of the
-# two. Left out (only weaker): transfers between stages, NOTE [pipelines bound]'s supports and
-# sync parts by pipeline count and size (the larger of the two bounds is taken), interleaved
-# schedules (no bound here: 0).
+# k >= 2 are split into parts by k and the smallest pipeline's size, each charged its least sync
+# (NOTE [memory bound parts]). The bound is the lesser of the one- and many-pipeline values. Both
+# LPs charge each stage the least transfers of its boundaries (NOTE [boundary transfer floor] in
+# pipeline_transfer_floor.py). Left out (only weaker): transfers above that floor, NOTE [pipelines
+# bound]'s supports (the larger of the two bounds is taken), interleaved schedules (no bound here: 0).
 
 _EXACT_LEVELS = 8  # stash levels one by one up to here, then cells of ratio _LEVEL_RATIO (many pipelines)
 _LEVEL_RATIO = 1.25
@@ -80,6 +82,7 @@ class MemoryBound:
     finished: bool  # False: stopped by the deadline (the bound is the largest T proven infeasible)
     note: str
     stash_order: list[tuple[str, int]] = field(default_factory=list)  # NOTE [stash order]: kinds, front first
+    stash_devices: dict[tuple[str, int], float] = field(default_factory=dict)  # ... and the devices of each it used
 
 
 def _cells(lo: int, hi: int, exact: int, ratio: float) -> list[tuple[int, int]]:
@@ -112,29 +115,15 @@ def chain_blocks(problem: Problem, c: np.ndarray, blocks: int = 0) -> list[np.nd
     """NOTE [pipelines memory bound] (e)'s blocks: node indices (in `problem.graph.nodes` order) between
     consecutive cut nodes (comparable with every node), merged until each holds about 1 / `blocks` of the work."""
     g = problem.graph
-    nodes = list(g.nodes)
-    pos = {v: i for i, v in enumerate(nodes)}
+    pos = {v: i for i, v in enumerate(g.nodes)}
     order = list(nx.topological_sort(g))
-    anc: dict[str, int] = {}
-    for v in order:  # ancestors as bitsets over node indices
-        m = 0
-        for u in g.predecessors(v):
-            m |= anc[u] | (1 << pos[u])
-        anc[v] = m
-    desc: dict[str, int] = {}
-    for v in reversed(order):
-        m = 0
-        for u in g.successors(v):
-            m |= desc[u] | (1 << pos[u])
-        desc[v] = m
-    n = len(nodes)
+    cuts = set(cut_nodes(problem, order))
     target = float(c.sum()) / max(1, blocks or _BLOCKS)
     out, cur, acc = [], [], 0.0
     for v in order:
         cur.append(pos[v])
         acc += float(c[pos[v]])
-        cut = anc[v].bit_count() + desc[v].bit_count() == n - 1
-        if cut and acc >= target:
+        if v in cuts and acc >= target:
             out.append(np.array(cur, dtype=np.int64))
             cur, acc = [], 0.0
     if cur:
@@ -213,6 +202,10 @@ class _Setup:
     scale_t: float  # LP time = ns x scale_t
     least_b: float  # no pipeline's bottleneck is below: L, and the work over every device's rate
     schedule: str | None
+    tau: list[float]  # NOTE [boundary transfer floor], LP time units: a side's least transfer, per kind
+    delta: list[float]  # ... and what a side over the network costs more
+    exempt: float  # sides of one pipeline that may pay nothing
+    per_machine: float  # g: devices on the largest machine
 
 
 def _setup(problem: Problem, microbatches: int, lam: dict[str, float], fill_ns: float, largest_ns: float,
@@ -235,7 +228,11 @@ def _setup(problem: Problem, microbatches: int, lam: dict[str, float], fill_ns: 
     scale_t = 1.0 / max(fill_ns, 1.0)
     lam_n = [lam.get(k[0], 0.0) / scale_t / work for k in kind_list]
     rate = sum(lam_i * kinds[k] for lam_i, k in zip(lam_n, kind_list))
-    return _Setup(kinds=kind_list, count=[kinds[k] for k in kind_list], lam=lam_n, K=np.minimum(K, 1.0),
+    floor = transfer_floor(problem, top if schedule == "1f1b" else max_stages)  # NOTE [boundary transfer floor]
+    return _Setup(tau=[floor.tau_ns[k] * scale_t for k in kind_list],
+                  delta=[floor.delta_ns[k] * scale_t for k in kind_list],
+                  exempt=float(floor.exempt_sides), per_machine=float(floor.machine_devices),
+                  kinds=kind_list, count=[kinds[k] for k in kind_list], lam=lam_n, K=np.minimum(K, 1.0),
                   least_b=max(largest_ns * scale_t, 1.0 / rate if rate > 0 else 1e-9, 1e-9),
                   col={s: i for i, s in enumerate(levels)}, levels_1f1b=cells, levels_one=fine,
                   max_stages=max_stages,
@@ -272,6 +269,8 @@ class _Rows:
         one = p is None
         self.caps, self.where, self.devices = [], [], []
         cover, stage_time, memory = [], [], []
+        kind_x: list[list] = [[] for _ in st.kinds]
+        kind_e: list[list] = [[] for _ in st.kinds]
         for level, width, k_col in cells:
             xs = []
             for i in range(len(st.kinds)):
@@ -280,6 +279,8 @@ class _Rows:
                 self.caps.append((_row(s, -inf, 0.0, [(e, 1.0)]), x, float(k_col[i]), st.lam[i]))  # e <= cap x
                 xs.append((x, 1.0))
                 per_kind[i].append(x)
+                kind_x[i].append(x)
+                kind_e[i].append(e)
                 self.devices.append(x)
                 self.where.append((i, level, x))
                 cover.append((e, 1.0))
@@ -288,6 +289,24 @@ class _Rows:
                 memory.append((x, st.mem[i]))
             # (d) one stage per level per pipeline.
             _row(s, -inf, float(width), xs) if one else _row(s, -inf, 0.0, xs + [(p, -float(width))])
+        # NOTE [boundary transfer floor]: per kind, u exempt sides and n expensive sides over the network.
+        self.transfer = []
+        exempt, network, devices = [], [], []
+        for i in range(len(st.kinds)):
+            u, n = s.NumVar(0.0, inf, ""), s.NumVar(0.0, inf, "")
+            two_x = [(x, -2.0) for x in kind_x[i]]
+            _row(s, -inf, 0.0, [(u, 1.0), (n, 1.0)] + two_x)  # u + n <= 2 x: two sides a stage
+            # compute + (2 - u) tau + n delta <= b per device, summed: E <= lam ((b - 2 tau) X + tau u - delta n).
+            row = _row(s, -inf, 0.0, [(e, 1.0) for e in kind_e[i]] + [(u, -st.lam[i] * st.tau[i]),
+                                                                      (n, st.lam[i] * st.delta[i])])
+            self.transfer.append((row, kind_x[i], st.lam[i], st.tau[i]))
+            stage_time += [(x, -2.0 * st.tau[i]) for x in kind_x[i]] + [(u, st.tau[i]), (n, -st.delta[i])]
+            exempt.append((u, 1.0))
+            network.append((n, 1.0))
+            devices += [(x, -2.0 / st.per_machine) for x in kind_x[i]]
+        per_pipe = [] if one else [(p, -st.exempt)]
+        _row(s, -inf, st.exempt if one else 0.0, exempt + per_pipe)  # the ends and the cheap boundaries
+        _row(s, -st.exempt if one else 0.0, inf, network + devices + ([] if one else [(p, st.exempt)]))
         self.z_sum = z = s.NumVar(0.0, inf, "")
         unit = [] if one else [(p, -1.0)]
         lb = 1.0 if one else 0.0
@@ -300,6 +319,9 @@ class _Rows:
         """(b), (c): one device's work at its level, at most K and lambda b."""
         for row, x, k, lam in self.caps:
             row.SetCoefficient(x, -min(k, lam * b))
+        for row, xs, lam, tau in self.transfer:  # NOTE [boundary transfer floor]
+            for x in xs:
+                row.SetCoefficient(x, -lam * (b - 2.0 * tau))
 
 
 class _OneLp:
@@ -316,7 +338,7 @@ class _OneLp:
 
     def z(self, b: float, witness: dict | None = None) -> float | None:
         """The least stage sum with bottleneck at most b (LP units); None when none covers. `witness` gets,
-        per kind used, the mean stash level of its devices in the LP's answer."""
+        per kind used, (the mean stash level of its devices, how many) in the LP's answer."""
         self.rows.set_b(b)
         status = self.s.Solve()
         if status == pywraplp.Solver.INFEASIBLE:
@@ -330,7 +352,7 @@ class _OneLp:
                 got[0] += x.solution_value()
                 got[1] += x.solution_value() * level
             witness.clear()
-            witness.update({self.st.kinds[i]: lv / n for i, (n, lv) in used.items() if n > 1e-6})
+            witness.update({self.st.kinds[i]: (lv / n, n) for i, (n, lv) in used.items() if n > 1e-6})
         return self.s.Objective().Value() * (1 - 1e-9)
 
 
@@ -339,7 +361,7 @@ def one_pipeline_bound_ns(st: _Setup, microbatches: int, deadline: float | None,
     """NOTE [pipelines memory bound] for one pipeline of all M microbatches, in ns (inf: none fits): the least
     bottleneck b0 that covers (bisection), then over cells [b, b r] from there the least of (the least stage
     sum with bottleneck b r) + (M - 1) b. Past the deadline the cells not reached are charged their b only.
-    `witness`: per kind, the mean stash level of its devices at the least value (NOTE [stash order])."""
+    `witness`: per kind, (the mean stash level of its devices, how many) at the least value (NOTE [stash order])."""
     M = microbatches
     witness = {} if witness is None else witness
     lp = _OneLp(st, M)
@@ -382,7 +404,7 @@ class _ManyLp:
         self.s = s = pywraplp.Solver.CreateSolver("GLOP")
         inf = s.infinity()
         per_kind: list[list] = [[] for _ in st.kinds]
-        self.classes = []
+        self.classes, self.sizes = [], []
         cells = _cells_for(st, 1, microbatches)
         b = st.least_b
         while b <= top:
@@ -398,16 +420,24 @@ class _ManyLp:
             _row(s, 0.0, inf, [(z, 1.0), (p, -1.0)])
             if st.schedule == "1f1b":
                 _row(s, 0.0, inf, [(z, 1.0)] + [(x, -1.0) for x in rows.devices])  # stages <= microbatches
+            # Each pipeline of the part (`set_part`) has at least its least size of devices.
+            self.sizes.append((_row(s, 0.0, inf, [(x, 1.0) for x in rows.devices] + [(p, -1.0)]), p))
             self.classes.append((b, p, z, by_time, within, rows))
             b *= ratio
         for i, xs in enumerate(per_kind):
             _row(s, -inf, float(st.count[i]), [(x, 1.0) for x in xs])  # each device in one pipeline at most
-        _row(s, float(k_min), inf, [(c[1], 1.0) for c in self.classes])  # at least k_min pipelines
+        self.k_row = _row(s, float(k_min), inf, [(c[1], 1.0) for c in self.classes])  # the part's pipelines
         _row(s, -inf, float(microbatches), [(c[2], 1.0) for c in self.classes])  # the batch, at most
         objective = s.Objective()
         for c in self.classes:
             objective.SetCoefficient(c[2], 1.0)
         objective.SetMaximization()
+
+    def set_part(self, part: Part) -> None:
+        """Only plans of `part`'s pipeline counts, each pipeline at least its least size (NOTE [memory bound parts])."""
+        self.k_row.SetBounds(float(part.k_lo), float(part.k_hi - 1) if part.k_hi is not None else self.s.infinity())
+        for row, p in self.sizes:
+            row.SetCoefficient(p, -float(part.least_size))
 
     def feasible(self, T_ns: float) -> bool:
         """Whether the LP runs the batch within step T (near-feasible counts: only a lower bound)."""
@@ -453,10 +483,11 @@ def _past(deadline: float | None) -> bool:
 
 
 def memory_lower_bound(problem: Problem, microbatches: int, lam: dict[str, float], fill_ns: float,
-                       largest_ns: float, need_bytes: int, sync_ns: int, start_ns: float,
+                       largest_ns: float, need_bytes: int, parts: list[Part], start_ns: float,
                        deadline: float | None = None) -> MemoryBound:
     """NOTE [pipelines memory bound] for `microbatches`, searched from `start_ns` up (a bound already
-    known; 0 back when it proves nothing above it); `sync_ns` is the sync charged to plans of >= 2 pipelines."""
+    known; 0 back when it proves nothing above it); plans of >= 2 pipelines are split into `parts`
+    (NOTE [memory bound parts]; they must cover every k >= 2 and size)."""
     t0 = time.perf_counter()
     t = problem.training
     if t is not None and (t.schedule not in ("1f1b", "gpipe") or t.virtual_stages != 1):
@@ -466,11 +497,18 @@ def memory_lower_bound(problem: Problem, microbatches: int, lam: dict[str, float
     witness: dict = {}
     one, done = one_pipeline_bound_ns(st, microbatches, deadline, witness)
     built: list[_ManyLp] = []
+    part = [Part(2, None, 1, 0)]
 
-    def many_lp(T_ns: float) -> bool:  # the LP of >= 2 pipelines, built once for steps up to twice this one
+    def many_lp(T_ns: float) -> bool:  # the LP of the part, built once for steps up to twice this one
         if not built or T_ns * st.scale_t > built[0].top:
             built[:] = [_ManyLp(st, microbatches, 2 * T_ns * st.scale_t, 2, deadline)]
+            built[0].set_part(part[0])
         return built[0].feasible(T_ns)
+
+    def set_part(q: Part) -> None:
+        part[0] = q
+        if built:
+            built[0].set_part(q)
 
     best = one
     if microbatches >= 2 and len(problem.devices) >= 2:
@@ -478,14 +516,21 @@ def memory_lower_bound(problem: Problem, microbatches: int, lam: dict[str, float
             best, done = min(one, lo), False
         elif one > lo:
             try:
-                if not math.isfinite(one) or many_lp(one - sync_ns):
-                    # Two or more pipelines may beat one: find how far (else `one` stands, one LP spent).
-                    many, done2 = _least_infeasible(many_lp, max(1.0, lo - sync_ns), deadline,
-                                                    one - sync_ns if math.isfinite(one) else None)
-                    best, done = min(one, many + sync_ns), done and done2
+                # Every k >= 2 with no size (each part's LP only adds rows): a T no part's LP reaches, with the
+                # least sync, or `one` stands (one LP spent).
+                least = min((q.sync_ns for q in parts), default=0)
+                free, finished = lo - least, True
+                if not math.isfinite(one) or many_lp(one - least):
+                    free, finished = _least_infeasible(many_lp, max(1.0, lo - least), deadline,
+                                                       one - least if math.isfinite(one) else None)
+                else:
+                    free = one - least
+                best, finished2 = parts_search(parts, many_lp, set_part, free, lo, best, deadline)
+                done = done and finished and finished2
             except _Stopped:  # nothing known about two or more pipelines: no claim above `lo`
                 best, done = min(one, lo), False
     floor = lambda x: int(max(0.0, math.floor(x * (1 - 1e-9)))) if math.isfinite(x) else 0  # noqa: E731
     note = "memory per stage (NOTE [pipelines memory bound])" + ("" if done else ", stopped at the deadline")
-    order = sorted(witness, key=lambda k: -witness[k])  # NOTE [stash order]: the deepest stash first
-    return MemoryBound(floor(best) if best > lo else 0, floor(one), time.perf_counter() - t0, done, note, order)
+    order = sorted(witness, key=lambda k: -witness[k][0])  # NOTE [stash order]: the deepest stash first
+    return MemoryBound(floor(best) if best > lo else 0, floor(one), time.perf_counter() - t0, done, note, order,
+                       {k: n for k, (_, n) in witness.items()})

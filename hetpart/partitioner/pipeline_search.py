@@ -22,13 +22,14 @@ from hetpart.errors import HetpartError
 from hetpart.partitioner.pipeline_bounds import _supports, need_bytes, pipelines_lower_bound, sync_floor_ns
 from hetpart.partitioner.pipeline_idle import ShapeFacts, idle_reasons
 from hetpart.partitioner.pipeline_layers import LayerProblem, layer_problem, solve_on_layers
+from hetpart.partitioner.pipeline_refine import refine_answer
 from hetpart.partitioner.pipeline_outer import (
     Candidate, _patterns, greedy_outer, one_machine_mixes, realize, solve_outer, sync_estimates,
 )
 from hetpart.partitioner.pipelines import (
     PipelinesPlan, cost_pipelines, pipeline_time_ns, pipelines_violations, sub_problem,
 )
-from hetpart.partitioner.problem import MEM_BYTES, Plan, Problem
+from hetpart.partitioner.problem import MEM_BYTES, TIME_NS, Plan, Problem
 from hetpart.partitioner.solve import SolveOptions, solve
 
 # NOTE [pipeline shapes]
@@ -40,8 +41,9 @@ from hetpart.partitioner.solve import SolveOptions, solve
 # capacities and links, same machine boundaries), so each shape is solved once. Pieces of
 # several pipelines may share a machine (patterns, NOTE [outer program]); a pipeline of whole
 # machines plus part of another is not a shape (the bound still covers such plans, so the gap
-# shows what that leaves out). Shapes tried: every memory-feasible piece, and every count vector
-# of whole machines that holds the model with about one machine (or _SLACK) more than it needs --
+# shows what that leaves out). Shapes tried: every memory-feasible piece, every mix of up to _FEW
+# whole machines that holds the model, and every count vector of whole machines that holds the
+# model with about one machine (or _SLACK) more than it needs --
 # under 1F1B what it needs is estimated with the stash (`stash_need_bytes`: stage k of S keeps
 # S - k microbatches, which on llama-70b doubles the memory a 24-stage pipeline needs; shapes
 # within _LOOSE of the estimate are tried, the DP says which fit);
@@ -53,6 +55,7 @@ _MAX_SHAPES = 400  # shapes enumerated at most (ranked; the rest are not tried)
 _ROOMY = 1.0  # shapes with less memory than this times `stash_need_bytes` are solved after the others
 _SLACK = 1.3  # NOTE [pipeline shapes]: how much more memory than the model a short shape may have
 _LOOSE = 0.85  # ... and how much less than the stash estimate (the DP decides: 0.9 of it fitted on llama-70b)
+_FEW = 3  # every mix of up to this many machines that holds the model is a shape
 _EVERYTHING_FIRST = 128  # devices up to which the one-pipeline shape is solved first
 # A shape's solve gets at most this share of the limit (or _SHAPE_LIMIT_S): the DP finds the same plan
 # of 24 devices and 800 nodes in 1 s as in 5 s, and the outer program wants many shapes.
@@ -151,7 +154,16 @@ def enumerate_shapes(problem: Problem, kinds: list[MachineKind]) -> list[Shape]:
     alone = [c for c in alone if c is not None]
     longest = min(sum(most), math.ceil((max(alone) if alone else sum(most)) * _SLACK) + 1)
     found: list[Shape] = []
+    # Every mix of up to _FEW machines that holds the model (NOTE [pipeline shapes]): the rule below keeps
+    # only shapes with about one machine more than they need, which on llama-7b left out every mix of
+    # three 40-80 GB machines (the 24-GPU one of A100-80G, H100 and A100-40G takes 704 ms at 32
+    # microbatches against the 16-GPU mixes' 766).
+    for vec in _vectors(most, min(_FEW, sum(most))):
+        if sum(c * n for c, n in zip(full, vec)) >= _LOOSE * want(vec):
+            found.append(Shape(machines=vec))
     for vec in _vectors(most, longest):
+        if Shape(machines=vec) in found:
+            continue
         caps = sorted(full[j] for j in range(len(vec)) for _ in range(vec[j]))
         # Memory-feasible (NOTE [pipeline shapes]: the stash estimate), with about one machine more than
         # it needs: without its two smallest, less than _SLACK times that (whole ops want some room).
@@ -212,7 +224,44 @@ def _support_rate(problem: Problem, devices: tuple[str, ...], supports) -> tuple
 # is worth most (`PipelinesBound.stash_order`: kinds by their mean level there, the deepest
 # first); each shape is also solved with its devices in that order (kinds the LP left out last),
 # and the faster of the two plans kept. Llama-70b on hetero-64 (docs/benchmarks.md, "The bound
-# after bound19"): 64 GPUs in the preset's order 11.7 s, A100-80G then H100 first 6.73 s.
+# after bound19"): 64 GPUs in the preset's order 11.7 s, A100-80G then H100 first 6.73 s. The
+# whole machines nearest the LP's devices of each kind are a shape of their own, solved second
+# (`_lp_shapes`, halved until at most _EVERYTHING_FIRST devices): there the LP also uses the 16
+# A100-40G (mean stash level 29, under a layer each), and those 48 GPUs take 6.25-6.39 s (device
+# order) where the shapes reached took 6.61 s. The LP's order is that of one pipeline of the whole
+# batch; on hetero-256 (256 microbatches) it puts the A100-40G last, and the 48-GPU shape then
+# leaves them idle (5,566 ms at 48 microbatches against 5,292 with them): a third order, the
+# slowest kinds first and among them the most memory first (`_slow_first`), is tried too.
+
+
+def _lp_shapes(kinds: list[MachineKind], devices: dict[tuple[str, int], float], fits) -> list[Shape]:
+    """NOTE [stash order]: whole machines of each kind, as many as the one-pipeline LP's devices of its classes
+    fill (a class on several kinds of machine fills them in kind order), divided by 1, 2, 4, ... until `fits`,
+    rounded to the nearest machine and down; the first three that fit."""
+    left = dict(devices)
+    machines = []
+    for k in kinds:
+        n = min(float(len(k.machines)), sum(left.get(c, 0.0) for c in k.classes) / sum(k.counts))
+        for c, count in zip(k.classes, k.counts):
+            left[c] = max(0.0, left.get(c, 0.0) - n * count)
+        machines.append(n)
+    out: list[Shape] = []
+    f = 1
+    while sum(machines) >= f and len(out) < 3:
+        for shape in (Shape(machines=tuple(int(n / f + 0.5) for n in machines)),
+                      Shape(machines=tuple(int(n / f + 1e-9) for n in machines))):
+            if sum(shape.machines) and fits(shape) and shape not in out:
+                out.append(shape)
+        f *= 2
+    return out[:3]
+
+
+def _slow_first(problem: Problem) -> list[tuple[str, int]]:
+    """NOTE [stash order]: the kinds (type, capacity) by the model's time on their type, slowest first, then by
+    capacity, the largest first."""
+    g = problem.graph
+    total = {t: sum(g.nodes[v][TIME_NS][t] for v in g.nodes) for t in problem.device_types}
+    return sorted({(d.type, d.capacity_bytes) for d in problem.devices}, key=lambda k: (-total[k[0]], -k[1]))
 
 
 def stash_ordered(problem: Problem, layers: LayerProblem | None, order: list[tuple[str, int]]
@@ -231,17 +280,20 @@ def stash_ordered(problem: Problem, layers: LayerProblem | None, order: list[tup
 
 def _solve_shape(problem: Problem, devices: tuple[str, ...], m: int, opts: SolveOptions, limit_s: float,
                  layers: LayerProblem | None = None,
-                 ordered: tuple[Problem, LayerProblem | None] | None = None) -> Plan | None:
+                 ordered: list[tuple[Problem, LayerProblem | None]] | None = None) -> Plan | None:
     """The shape's plan for `m` microbatches, or None when no plan fits its memory or it found none in time:
     on the layer-level problem when there is one (NOTE [shapes on layers]), else by `solve` on the ops;
-    with `ordered` (`stash_ordered`'s), also in that device order, the faster kept (NOTE [stash order]).
+    with `ordered` (`stash_ordered`'s), also in those device orders, the fastest kept (NOTE [stash order]).
     Without its own search-free bounds and certificate: NOTE [pipelines bound] bounds the whole plan."""
-    if ordered is not None:
-        first = _solve_shape(problem, devices, m, opts, limit_s, layers)
+    if ordered:
         keep = set(devices)
-        if [d.name for d in problem.devices if d.name in keep] == [d.name for d in ordered[0].devices if d.name in keep]:
-            return first  # the same order (one kind of device, say): the same plan
-        plans = [first, _solve_shape(ordered[0], devices, m, opts, limit_s, ordered[1])]
+        seen, plans = [], []
+        for prob, lay in [(problem, layers)] + list(ordered):
+            names = [d.name for d in prob.devices if d.name in keep]
+            if names in seen:
+                continue  # the same order (one kind of device, say): the same plan
+            seen.append(names)
+            plans.append(_solve_shape(prob, devices, m, opts, limit_s, lay))
         got = [p for p in plans if p is not None]
         return min(got, key=lambda p: pipeline_time_ns(p, m)) if got else None
     if layers is not None:
@@ -307,7 +359,9 @@ def _plan_and_facts(problem: Problem, microbatches: int, options: SolveOptions |
     bound = pipelines_lower_bound(problem, microbatches, deadline=deadline(0.15), memory_deadline=deadline(0.25))
     layers = layer_problem(problem) if opts.run_coarsening else None  # NOTE [shapes on layers]
     one_f1b = problem.training is not None and problem.training.schedule == "1f1b"
-    ordered = stash_ordered(problem, layers, bound.stash_order) if one_f1b and bound.stash_order else None
+    # NOTE [stash order]: the LP's order, and the slowest kinds first (the biggest memory first among equals).
+    ordered = [stash_ordered(problem, layers, order) for order in (bound.stash_order, _slow_first(problem))
+               if order] if one_f1b else []
     kinds, kind_of = machine_kinds(problem)
     shapes = enumerate_shapes(problem, kinds)
     if not shapes:
@@ -346,6 +400,15 @@ def _plan_and_facts(problem: Problem, microbatches: int, options: SolveOptions |
     if small is not None:
         order.remove(small)
         order.insert(0, small)
+    # NOTE [stash order]: the whole machines nearest the one-pipeline LP's devices (or a half, a quarter, ...
+    # of them, where it is more than _EVERYTHING_FIRST devices), right after it.
+    def fits(v: Shape) -> bool:  # at most _EVERYTHING_FIRST devices, and memory for the model in all
+        devs = shape_devices(problem, kinds, v)
+        return len(devs) <= _EVERYTHING_FIRST and sum(problem.device(d).capacity_bytes for d in devs) >= need
+
+    lp = _lp_shapes(kinds, bound.stash_devices, fits)
+    shapes += [v for v in lp if v not in shapes]
+    order = order[:1] + lp + [s for s in order[1:] if s not in lp]
     # One pipeline on every device before it, so the plan is never worse than today's -- up to
     # _EVERYTHING_FIRST devices: above, `solve` on all of them overruns its share of the limit (31 s
     # for a 4.4 s share on 1,024 devices, 30 s for 5 s on 256), and one pipeline is far behind anyway.
@@ -421,6 +484,15 @@ def _plan_and_facts(problem: Problem, microbatches: int, options: SolveOptions |
         raise HetpartError(f"partitioner: the outer program found no mix of the {len(cands)} solved pipeline shapes "
                            f"that runs {microbatches} microbatches within {limit:g} s: raise --time-limit")
     # CP-SAT's answer unless the quick one is truly better (CP-SAT ran out of time before reaching it).
+    # NOTE [op-level refinement]: the answer's shapes op by op in the time left, and the outer program again.
+    solved = len(cands)
+    on_ops = [(o[0], None) for o in ordered]  # each order within its share of the refinement's limit
+    more = refine_answer(problem, kinds, cands, min(tried_answers, key=lambda ab: ab[1].iteration_ns)[0],
+                         microbatches, kmax, lambda devs, m, limit_s: _solve_shape(
+                             problem, devs, m, opts, limit_s / (1 + len(on_ops)), None, on_ops),
+                         deadline(0.9), seed=opts.seed, workers=opts.workers, unit_ns=unit)
+    tried_answers += [(a, cost_pipelines(problem, realize(problem, kinds, cands, a, shape_devices, _class_devices),
+                                         solver_status="FEASIBLE")) for a in more]
     answer, best = min(tried_answers, key=lambda ab: ab[1].iteration_ns)
     for pipes in one_machine_mixes(problem, kinds, cands, microbatches, _class_devices):
         mix = cost_pipelines(problem, pipes, solver_status="FEASIBLE")
@@ -432,7 +504,8 @@ def _plan_and_facts(problem: Problem, microbatches: int, options: SolveOptions |
                            + "\n  ".join(violations))
     lower, status = _certified(best.iteration_ns, bound.bound_ns, opts.gap)
     stats = {"seconds": time.perf_counter() - t0, "bound_seconds": bound.seconds, "shapes": float(len(shapes)),
-             "shapes_tried": float(tried), "shapes_solved": float(len(cands)), "outer_optimal": float(exhausted),
+             "shapes_tried": float(tried), "shapes_solved": float(solved), "shapes_refined": float(len(cands) - solved),
+             "outer_optimal": float(exhausted),
              "outer_step_ns": float(answer.step_units * answer.unit_ns), "kmax": float(kmax),
              "layer_nodes": float(layers.layers if layers is not None else 0)}  # NOTE [shapes on layers]
     note = bound.note + ("" if exhausted else "; the outer program did not finish: a better mix of these shapes "

@@ -15,9 +15,10 @@ from hetpart.partitioner.solve import SolveOptions
 from hetpart.partitioner.verify import plan_violations
 
 
-def layered(layers: int = 12, ops: int = 6) -> Problem:
+def layered(layers: int = 12, ops: int = 6, inner_bytes: int = 64) -> Problem:
     """embed -> `layers` blocks of `ops` ops (a weight on every other op) -> head, on three machines of two
-    devices (fast and slow), 1F1B training."""
+    devices (fast and slow), 1F1B training; every op's output is 64 bytes, but `inner_bytes` for the ops of a
+    block other than op 2 and its last (op 2's is the block's "residual", as between blocks)."""
     g = nx.DiGraph()
     weights: dict[str, int] = {}
     prev = None
@@ -27,7 +28,8 @@ def layered(layers: int = 12, ops: int = 6) -> Problem:
         w = (f"{v}.w",) if k % 2 == 0 else ()
         weights.update({x: 400 for x in w})
         g.add_node(v, **{TIME_NS: {"fast": 100 + 7 * (k % 5), "slow": 300 + 11 * (k % 3)}, MEM_BYTES: 20,
-                         OUT_BYTES: 64 if v != "head" else 0, WEIGHTS: w, LAYER: layer,
+                         OUT_BYTES: 0 if v == "head" else inner_bytes if "." in v and v.split(".op")[1] not in
+                         ("2", str(ops - 1)) else 64, WEIGHTS: w, LAYER: layer,
                          PIN: PIN_FIRST if v == "embed" else PIN_LAST if v == "head" else None})
         if prev is not None:
             g.add_edge(prev, v)
@@ -40,8 +42,8 @@ def layered(layers: int = 12, ops: int = 6) -> Problem:
 
 
 def test_layer_problem_has_one_node_per_layer_and_its_plans_are_real_plans():
-    p = layered()
-    layers = layer_problem(p)
+    p = layered(inner_bytes=200)
+    layers = layer_problem(p, fine=False)
     assert layers is not None and layers.layers == 12 + 2  # the blocks, embed and head
     devices = tuple(d.name for d in p.devices[:4])
     plan = solve_on_layers(p, layers, devices, 4, SolveOptions(), 5)
@@ -54,6 +56,22 @@ def test_layer_problem_has_one_node_per_layer_and_its_plans_are_real_plans():
                    intra_node_links=p.intra_node_links, network=p.network, training=p.training)
     nx.set_node_attributes(flat.graph, dict.fromkeys(flat.graph, None), LAYER)
     assert layer_problem(flat) is None
+
+
+def test_a_model_of_few_layers_is_also_cut_where_its_residual_alone_crosses():
+    """NOTE [shapes on layers] step 1: under _FINE_BELOW layers, each block of 12 ops is also cut after its op 2
+    (64 bytes cross there, as between blocks; 200 elsewhere): two nodes a block, and the plans are still real
+    plans. Where every op boundary is that cheap the fine problem would be the ops themselves: the layers stay."""
+    import dataclasses
+
+    p = layered(ops=12, inner_bytes=200)
+    p = dataclasses.replace(p, devices=[dataclasses.replace(d, capacity_bytes=64_000) for d in p.devices])
+    fine = layer_problem(p)
+    assert fine is not None and fine.layers == 2 * 12 + 2
+    devices = tuple(d.name for d in p.devices)
+    plan = solve_on_layers(p, fine, devices, 6, SolveOptions(), 5)
+    assert plan is not None and not plan_violations(sub_problem(p, devices, 6), plan)
+    assert layer_problem(layered()).layers == 12 + 2
 
 
 def test_search_on_layers_keeps_the_real_problems_bound():

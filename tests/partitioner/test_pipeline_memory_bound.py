@@ -14,7 +14,7 @@ from test_pipeline_search import brute_pipelines
 
 from hetpart.partitioner import MEM_BYTES, OUT_BYTES, PIN, PIN_FIRST, PIN_LAST, TIME_NS, WEIGHTS, Device, Link
 from hetpart.partitioner.costs import held_weight_bytes
-from hetpart.partitioner.pipeline_bounds import _supports, need_bytes, pipelines_lower_bound, sync_floor_ns
+from hetpart.partitioner.pipeline_bounds import _supports, memory_parts, need_bytes, pipelines_lower_bound
 from hetpart.partitioner.pipeline_memory_bound import _node_data, chain_blocks, knapsack_work, memory_lower_bound
 from hetpart.partitioner.problem import LAYER, Problem, Training
 
@@ -150,7 +150,7 @@ def test_memory_bound_keeps_the_deadline():
     supports = _supports(p)
     full = max(supports, key=lambda a: len(a.types))
     args = (p, M, full.lam, min(a.fill_ns for a in supports), min(a.largest_op_ns for a in supports), need_bytes(p),
-            sync_floor_ns(p, len(p.devices) // 2, 2), 0)
+            memory_parts(p, M), 0)
     whole = memory_lower_bound(*args)
     t0 = time.perf_counter()
     cut = memory_lower_bound(*args, deadline=time.perf_counter())

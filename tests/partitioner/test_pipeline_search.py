@@ -267,3 +267,60 @@ def search_baseline(name: str):
     from hetpart.partitioner.pipeline_baselines import PipelinesBaseline
 
     return PipelinesBaseline(name, None, "no (pp, dp) layout fits")
+
+
+@pytest.mark.parametrize("seed", [0, 4])  # 1, 2, 5, 6, 7, 9 pass too (3: the one device is the best)
+def test_op_level_refinement_adds_the_better_plan_and_lowers_the_step(seed):
+    """NOTE [op-level refinement]: a shape whose plan is poor (the whole model on its first device) is solved
+    again by `solve` in the time left; the better plan becomes a candidate of its own, the outer program's new
+    answer uses it, its true step is lower and still at least the brute-force optimum; a solve that finds
+    nothing better adds nothing."""
+    import time
+
+    from hetpart.partitioner.evaluate import bottleneck_ns, evaluate
+    from hetpart.partitioner.pipeline_outer import Candidate, greedy_outer, realize, sync_estimates
+    from hetpart.partitioner.pipeline_refine import refine_answer
+    from hetpart.partitioner.pipeline_search import (
+        Shape, _class_devices, _solve_shape, machine_kinds, shape_devices,
+    )
+    from hetpart.partitioner.solve import SolveOptions
+
+    p, M = small_problem(seed)
+    kinds, _ = machine_kinds(p)
+    shape = Shape(machines=tuple(len(k.machines) for k in kinds))
+    devs = shape_devices(p, kinds, shape)
+    sub = sub_problem(p, devs, M)
+    stages = evaluate(sub, {v: 0 for v in p.graph.nodes}, [devs[-1]])
+    poor = Plan(stage_of={v: 0 for v in p.graph.nodes}, slot_of_stage=[devs[-1]], stages=stages,
+                bottleneck_ns=bottleneck_ns(stages), lower_bound_ns=0, solver_status="FEASIBLE", solve_seconds=0.0)
+    cands = [Candidate(shape, devs, poor, M, 1, M, stages[0].time_ns, poor.bottleneck_ns)]
+    sync_estimates(p, cands, 1)
+    answer = greedy_outer(kinds, cands, M, 1)
+    before = cost_pipelines(p, realize(p, kinds, cands, answer, shape_devices, _class_devices), solver_status="x")
+    assert refine_answer(p, kinds, list(cands), answer, M, 1, lambda d, m, s: poor, time.perf_counter() + 10) == []
+    more = refine_answer(p, kinds, cands, answer, M, 1,
+                         lambda d, m, s: _solve_shape(p, d, m, SolveOptions(), s), time.perf_counter() + 10)
+    assert len(cands) == 2 and cands[1].sum_ns + (M - 1) * cands[1].bottleneck_ns < before.iteration_ns
+    after = [cost_pipelines(p, realize(p, kinds, cands, a, shape_devices, _class_devices), solver_status="x")
+             for a in more]
+    best = min(after, key=lambda q: q.iteration_ns)
+    assert brute_pipelines(p, M) <= best.iteration_ns < before.iteration_ns
+    assert not pipelines_violations(p, best, M)
+
+
+def test_lp_shapes_and_the_slow_first_order():
+    """NOTE [stash order]: the whole machines nearest the one-pipeline LP's devices (halved until they fit,
+    rounded and rounded down), and the kinds slowest first, the most memory first among equal speeds."""
+    from hetpart.partitioner.pipeline_search import MachineKind, Shape, _lp_shapes, _slow_first
+
+    kinds = [MachineKind("k0", (("a", 80),), (8,), tuple(f"a{i}" for i in range(8))),
+             MachineKind("k1", (("h", 80),), (8,), tuple(f"h{i}" for i in range(8))),
+             MachineKind("k2", (("s", 40),), (8,), tuple(f"s{i}" for i in range(8)))]
+    lp = {("a", 80): 64.0, ("h", 80): 64.0, ("s", 40): 18.8}  # 8, 8 and 2.35 machines' worth
+    assert _lp_shapes(kinds, lp, lambda s: True)[:2] == [Shape(machines=(8, 8, 2)), Shape(machines=(4, 4, 1))]
+    small = _lp_shapes(kinds, lp, lambda s: sum(s.machines) <= 5)
+    assert small == [Shape(machines=(2, 2, 1)), Shape(machines=(2, 2, 0)), Shape(machines=(1, 1, 0))]
+    p, _ = small_problem(3)
+    order = _slow_first(p)
+    total = {t: sum(p.graph.nodes[v][TIME_NS][t] for v in p.graph.nodes) for t in p.device_types}
+    assert [total[t] for t, _ in order] == sorted((total[t] for t, _ in order), reverse=True)
