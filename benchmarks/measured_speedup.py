@@ -269,6 +269,12 @@ def print_report(cases: list[dict]) -> int:
     return 0
 
 
+def link_toml(text: str) -> str:
+    """`--link GBPS,US` as a cluster file's machine link (NOTE [measured links])."""
+    gbps, us = (float(x) for x in text.split(","))
+    return f"link = {{ bandwidth_GBps = {gbps:g}, latency_us = {us:g} }}"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, of {', '.join(MODELS)}")
@@ -287,11 +293,14 @@ def main() -> int:
     ap.add_argument("--measure-link", action="store_true",
                     help="plan with the link `hetpart profile-link --op send-recv` fits on this machine (NOTE "
                          "[measured links]) instead of 10 GB/s and 20 us")
+    ap.add_argument("--link", default=None, metavar="GBPS,US",
+                    help="plan with this link (bandwidth in GB/s, latency in us; e.g. an earlier --measure-link's fit, "
+                         "to compare runs on one link) instead of 10 GB/s and 20 us")
     args = ap.parse_args()
     args.emulate_by = [m for m in args.emulate_by.split(",") if m]
     if any(m not in ("quota", "sleep") for m in args.emulate_by):
         ap.error(f"--emulate-by {','.join(args.emulate_by)}: expected quota and/or sleep")
-    args.link = None
+    args.link = link_toml(args.link) if args.link else None
     if args.from_json is not None:
         return print_report(json.loads(args.from_json.read_text()))
     args.strategies = ["optimal", *[s for s in args.strategies.split(",") if s and s != "optimal"]]
