@@ -106,7 +106,7 @@ def main() -> int:
     parser.add_argument("--measure-link", action="store_true",
                         help="plan on a copy of cpu-4 whose link is measured first (`hetpart profile-link --op "
                              "send-recv`), not the preset's guess")
-    parser.add_argument("--link", default=None, metavar="GBPS,US",
+    parser.add_argument("--link", default=None, metavar="GBPS,US", type=link_toml,
                         help="plan on a copy of cpu-4 with this link (GB/s, us: an earlier --measure-link's fit, to "
                              "compare runs on one link)")
     parser.add_argument("--emulate", action="store_true",
@@ -123,7 +123,7 @@ def main() -> int:
         work = Path(tmp)
         profile = work / "cpu.json"
         print(f"profiling ({os.getloadavg()[0]:.1f} load) ...", flush=True)
-        given = link_toml(args.link) if args.link else None
+        given = args.link
         cluster = (with_measured_link("cpu-4", "send-recv", work / "cpu-4.toml", given)
                    if args.measure_link or given else "preset:cpu-4")
         # --emulate: each core still runs two ranks' ops in turn, sharing caches: siblings unless --profile-alone
