@@ -22,7 +22,7 @@ core each), so the devices are known ones, and every simulated figure is divided
 scale (the share of a core each rank gets), the plan's step at the emulated speed. The profile is
 still taken with cpu-4's three sibling ranks beside it (`--cluster`, NOTE [concurrent profile]): the
 emulated ranks share each core two by two and one L3, and a profile taken alone times the same ops
-10-18% faster than they run there (docs/benchmarks.md, "Hand-offs costed per tensor (handoff2)");
+10-18% faster than they run there (docs/benchmarks.md, "Issue 23's schedules on a quiet machine");
 `--profile-alone` takes it alone, as this script did before (one thread, no siblings).
 `--emulate-by sleep` pads each forward and backward to that share instead of a quota.
 """
