@@ -27,7 +27,7 @@ from hetpart.partitioner.costs import (
     held_weight_bytes,
     least_stash,
     machine_link,
-    node_out_tensors,
+    node_sends,
     node_time_ns,
     slot_capacity_bytes,
     stage_time_ns,
@@ -183,7 +183,7 @@ def _closure_arcs(problem: Problem, weight: str = OUT_BYTES) -> _Closure:
     # Source side = the nodes in stages <= k: closed under predecessors (arc v -> u of
     # "infinite" capacity for an edge u -> v); u pays its out_bytes (arc u -> sent(u)) when a
     # successor is on the sink side (sent(u) -> v, infinite). Nodes 0..n-1, sent(u) = n + u.
-    out = {v: node_out_tensors(problem, v) if weight == OUT_TENSORS else g.nodes[v].get(OUT_BYTES, 0) for v in g.nodes}
+    out = node_sends(problem, weight)
     inf = sum(out.values()) + 1
     source, sink = 2 * n, 2 * n + 1
     tails, heads, caps = [], [], []

@@ -224,7 +224,7 @@ def node_out_tensors(problem: Problem, v: str) -> int:
     return a.get(OUT_TENSORS, 1) if a.get(OUT_BYTES, 0) > 0 else 0
 
 
-def _sent(problem: Problem, weight: str) -> dict[str, int]:
+def node_sends(problem: Problem, weight: str = OUT_BYTES) -> dict[str, int]:
     """What each node's output puts on a boundary it crosses: its bytes (OUT_BYTES) or its tensors (OUT_TENSORS)."""
     g = problem.graph
     if weight == OUT_BYTES:
@@ -242,7 +242,7 @@ def boundary_bytes(problem: Problem, stage_of: Mapping[str, int], num_stages: in
     stage(u) <= k < max(stage of u's successors).
     """
     g = problem.graph
-    sent = _sent(problem, weight)
+    sent = node_sends(problem, weight)
     crossing = [0] * max(0, num_stages - 1)
     for u in g.nodes:
         amount = sent[u]
@@ -260,7 +260,7 @@ def order_cut_bytes(problem: Problem, order: list[str], weight: str = OUT_BYTES)
     A node's output crosses every cut between it and its last reader (NOTE [stage time]).
     """
     g = problem.graph
-    sent = _sent(problem, weight)
+    sent = node_sends(problem, weight)
     pos = {v: i for i, v in enumerate(order)}
     diff = np.zeros(len(order) + 2, dtype=np.int64)
     for u in order:
@@ -276,7 +276,7 @@ def downset_cut_bytes(problem: Problem, order: list[str], member: np.ndarray, we
     """`boundary_bytes` (of `weight`) after each set of nodes (a row of `member`, bool over `order`,
     closed under predecessors): the outputs of the set's nodes read outside it (NOTE [stage time])."""
     g = problem.graph
-    sent = _sent(problem, weight)
+    sent = node_sends(problem, weight)
     index = {v: i for i, v in enumerate(order)}
     cut = np.zeros(len(member), dtype=np.int64)
     for u in order:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from ortools.graph.python import max_flow
 
-from hetpart.partitioner.costs import downset_cut_bytes, held_weight_bytes, least_stash, node_out_tensors, node_times_ns
+from hetpart.partitioner.costs import downset_cut_bytes, held_weight_bytes, least_stash, node_sends, node_times_ns
 from hetpart.partitioner.problem import (
     COLOCATE, FORBIDDEN_TYPES, MEM_BYTES, OUT_BYTES, OUT_TENSORS, PIN, PIN_FIRST, PIN_LAST, TIME_NS, WEIGHTS, Problem,
 )
@@ -223,11 +223,10 @@ def _fewest_bytes_with_free_nodes(problem: Problem, tab: IdealTables, free: list
     auxiliary node y_p that may go before only with all of p's free readers (p -> y_p, y_p -> r)."""
     if not free:
         return tab
-    g = problem.graph
-    cut, inside_free = _free_node_cuts(problem, tab, free, {v: int(g.nodes[v].get(OUT_BYTES, 0)) for v in g}, deadline)
+    cut, inside_free = _free_node_cuts(problem, tab, free, node_sends(problem, OUT_BYTES), deadline)
     if cut is None:
         return None
-    tensors, _ = _free_node_cuts(problem, tab, free, {v: node_out_tensors(problem, v) for v in g}, deadline)
+    tensors, _ = _free_node_cuts(problem, tab, free, node_sends(problem, OUT_TENSORS), deadline)
     if tensors is None:
         return None
     return dataclasses.replace(tab, cut_bytes=cut, cut_tensors=tensors, free=free, free_inside=inside_free)
