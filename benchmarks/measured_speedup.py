@@ -269,6 +269,17 @@ def print_report(cases: list[dict]) -> int:
     return 0
 
 
+def link_toml(text: str) -> str:
+    """`--link GBPS,US` as a cluster file's machine link (NOTE [measured links]); an argparse type."""
+    try:
+        gbps, us = (float(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected GBPS,US (e.g. 2.16,178), got {text!r}") from None
+    if gbps <= 0 or us < 0:
+        raise argparse.ArgumentTypeError(f"expected a bandwidth > 0 and a latency >= 0, got {text!r}")
+    return f"link = {{ bandwidth_GBps = {gbps:g}, latency_us = {us:g} }}"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, of {', '.join(MODELS)}")
@@ -287,11 +298,13 @@ def main() -> int:
     ap.add_argument("--measure-link", action="store_true",
                     help="plan with the link `hetpart profile-link --op send-recv` fits on this machine (NOTE "
                          "[measured links]) instead of 10 GB/s and 20 us")
+    ap.add_argument("--link", default=None, metavar="GBPS,US", type=link_toml,
+                    help="plan with this link (bandwidth in GB/s, latency in us; e.g. an earlier --measure-link's fit, "
+                         "to compare runs on one link) instead of 10 GB/s and 20 us")
     args = ap.parse_args()
     args.emulate_by = [m for m in args.emulate_by.split(",") if m]
     if any(m not in ("quota", "sleep") for m in args.emulate_by):
         ap.error(f"--emulate-by {','.join(args.emulate_by)}: expected quota and/or sleep")
-    args.link = None
     if args.from_json is not None:
         return print_report(json.loads(args.from_json.read_text()))
     args.strategies = ["optimal", *[s for s in args.strategies.split(",") if s and s != "optimal"]]

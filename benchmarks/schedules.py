@@ -18,9 +18,12 @@ assumes the ranks only; a load above the core count slows every measured figure.
 
 With --emulate (NOTE [emulated devices] in hetpart/runtime/emulate.py) the ranks do not compete for
 cores: each runs pinned to one core at a fixed CPU quota (cpu-4's 4 equal devices on 2 cores: half a
-core each), so the devices are known ones. The profile is then taken alone (no siblings: `hetpart
-profile --backward` without --cluster, one thread as a rank) and every simulated figure is divided by
-the emulation's scale (the share of a core each rank gets), the plan's step at the emulated speed.
+core each), so the devices are known ones, and every simulated figure is divided by the emulation's
+scale (the share of a core each rank gets), the plan's step at the emulated speed. The profile is
+still taken with cpu-4's three sibling ranks beside it (`--cluster`, NOTE [concurrent profile]): the
+emulated ranks share each core two by two and one L3, and a profile taken alone times the same ops
+10-18% faster than they run there (docs/benchmarks.md, "Issue 23's schedules on a quiet machine");
+`--profile-alone` takes it alone, as this script did before (one thread, no siblings).
 `--emulate-by sleep` pads each forward and backward to that share instead of a quota.
 """
 
@@ -29,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -41,7 +45,7 @@ sys.path.insert(0, str(ROOT))
 from hetpart.plan_report import load_plan  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from measured_speedup import _hetpart  # noqa: E402 - `python -m hetpart ARGS` with this tree first
+from measured_speedup import _hetpart, link_toml  # noqa: E402 - `python -m hetpart ARGS` with this tree first
 from hetpart.report.table import simulated_step  # noqa: E402
 
 MODEL = ["zoo:gpt-small", "--set", "n_layer=8", "--batch-size", "16", "--seq-len", "64"]
@@ -62,19 +66,22 @@ def run_fresh(out: Path, period_us: int | None = None, **options: object) -> lis
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def with_measured_link(preset: str, op: str, path: Path) -> str:
+def with_measured_link(preset: str, op: str, path: Path, given: str | None = None) -> str:
     """Write `preset:NAME` to `path` with its machine's link measured by `hetpart profile-link --op op` (NOTE
-    [measured links] in hetpart/profiler/links.py); the path, and print what was fitted."""
+    [measured links] in hetpart/profiler/links.py), or the `given` one (`link = {...}`); the path, and print
+    what was fitted."""
     import re
     from textwrap import dedent
 
     from hetpart.devices.cluster import PRESETS
     from hetpart.profiler.links import measure_link
 
-    fit = measure_link(op)
-    print(f"profile-link --op {op}: " + ", ".join(f"{n / 1024:g} KiB {t:.0f} us" for n, t in fit.measured_us.items())
-          + f" -> {fit.toml()} (the preset's: {re.search(r'link = [{][^}]*[}]', PRESETS[preset]).group(0)})", flush=True)
-    path.write_text(re.sub(r"link = [{][^}]*[}]", fit.toml(), dedent(PRESETS[preset])))
+    if given is None:
+        fit = measure_link(op)
+        given = fit.toml()
+        print(f"profile-link --op {op}: " + ", ".join(f"{n / 1024:g} KiB {t:.0f} us" for n, t in fit.measured_us.items())
+              + f" -> {given} (the preset's: {re.search(r'link = [{][^}]*[}]', PRESETS[preset]).group(0)})", flush=True)
+    path.write_text(re.sub(r"link = [{][^}]*[}]", given, dedent(PRESETS[preset])))
     return str(path)
 
 
@@ -95,11 +102,18 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=5, help="steps per run (the first is left out)")
     parser.add_argument("--schedules", nargs="+", default=SCHEDULES, choices=SCHEDULES)
     parser.add_argument("--json", type=Path, default=None, help="also write every run here")
+    parser.add_argument("--keep", type=Path, default=None, help="keep the profile and the plans in this (new) folder")
     parser.add_argument("--measure-link", action="store_true",
                         help="plan on a copy of cpu-4 whose link is measured first (`hetpart profile-link --op "
                              "send-recv`), not the preset's guess")
+    parser.add_argument("--link", default=None, metavar="GBPS,US", type=link_toml,
+                        help="plan on a copy of cpu-4 with this link (GB/s, us: an earlier --measure-link's fit, to "
+                             "compare runs on one link)")
     parser.add_argument("--emulate", action="store_true",
-                        help="run each rank on its own core at a fixed quota (cgroups; root), profile alone")
+                        help="run each rank on its own core at a fixed quota (cgroups; root)")
+    parser.add_argument("--profile-alone", action="store_true",
+                        help="with --emulate: profile alone, without cpu-4's 3 sibling ranks beside it (NOTE "
+                             "[concurrent profile]), as this script did before handoff2")
     parser.add_argument("--emulate-by", default="quota", choices=["quota", "sleep"],
                         help="with --emulate: CPU quotas (cgroups) or each forward/backward padded with a sleep "
                              "(NOTE [emulation by sleep] in hetpart/runtime/emulate.py)")
@@ -109,9 +123,12 @@ def main() -> int:
         work = Path(tmp)
         profile = work / "cpu.json"
         print(f"profiling ({os.getloadavg()[0]:.1f} load) ...", flush=True)
-        cluster = with_measured_link("cpu-4", "send-recv", work / "cpu-4.toml") if args.measure_link else "preset:cpu-4"
-        alone = [] if args.emulate else ["--cluster", "preset:cpu-4"]  # --emulate: no sibling competes for a core
-        _hetpart("profile", *model, *alone, "--backward", "--out", str(profile))
+        given = args.link
+        cluster = (with_measured_link("cpu-4", "send-recv", work / "cpu-4.toml", given)
+                   if args.measure_link or given else "preset:cpu-4")
+        # --emulate: each core still runs two ranks' ops in turn, sharing caches: siblings unless --profile-alone
+        siblings = [] if args.emulate and args.profile_alone else ["--cluster", "preset:cpu-4"]
+        _hetpart("profile", *model, *siblings, "--backward", "--out", str(profile))
         plans, predicted_ms, stage_counts = {}, {}, {}
         for schedule in args.schedules:
             out = work / schedule
@@ -131,8 +148,11 @@ def main() -> int:
                 runs[schedule].append((statistics.median(steps), load))
                 print(f"  round {r}: {schedule}: {statistics.median(steps) * 1e3:.1f} ms (load {load:.1f})",
                       flush=True)
+        if args.keep is not None:
+            shutil.copytree(work, args.keep)
+    profiled = "alone" if args.profile_alone else "with --cluster preset:cpu-4's siblings"
     how = (f"run --emulate --emulate-by {args.emulate_by} (each rank on one core at a fixed share), profile --backward "
-           "alone, simulated / scale" if args.emulate else "profile --cluster preset:cpu-4 --backward")
+           f"{profiled}, simulated / scale" if args.emulate else "profile --cluster preset:cpu-4 --backward")
     print(f"\n{MODEL[0]} ({' '.join(MODEL[1:])}), {args.mode}, {args.microbatches} microbatches, preset:cpu-4, "
           f"{how}; {args.rounds} rounds of {args.steps} steps\n")
     print(f"| schedule | stages | simulated step ms | measured step ms (median of rounds) | rounds ms | error | "

@@ -37,7 +37,7 @@ from hetpart.partitioner.costs import (
 from hetpart.partitioner.dp import COARSE_CUTS, EXACT_CUTS, list_order_segments, order_tables
 from hetpart.partitioner.evaluate import bottleneck_ns, evaluate
 from hetpart.partitioner.problem import (
-    FORWARD_NS, LAYER, PIN, PIN_FIRST, PIN_LAST, WEIGHTS, Plan, Problem,
+    FORWARD_NS, LAYER, OUT_TENSORS, PIN, PIN_FIRST, PIN_LAST, WEIGHTS, Plan, Problem,
 )
 from hetpart.partitioner.simulate import Timeline, simulate
 from hetpart.partitioner.verify import plan_violations
@@ -226,6 +226,7 @@ class _OrderCost:
         first = evaluate(problem, stage_of, [d.name for d in problem.devices[:stages]])
         self.problem, self.count = problem, stages
         self.crossing = boundary_bytes(problem, stage_of, stages)
+        self.tensors = boundary_bytes(problem, stage_of, stages, weight=OUT_TENSORS)
         self.compute = [{t: stage_compute_ns(problem, s.nodes, t) for t in problem.device_types} for s in first]
         self.memory = [s.memory_bytes for s in first]
         self.slots = {d.name: problem.slot(d.name) for d in problem.devices}
@@ -234,7 +235,7 @@ class _OrderCost:
     def _comm(self, devices: list[str], k: int) -> int:
         """Boundary k's time (between stages k and k + 1) on `devices`."""
         a, b = self.slots[devices[k]], self.slots[devices[k + 1]]
-        return transfer_ns(machine_link(self.problem, a.node, b.node), self.crossing[k])
+        return transfer_ns(machine_link(self.problem, a.node, b.node), self.crossing[k], self.tensors[k])
 
     def _stage(self, devices: list[str], k: int) -> tuple[int, bool]:
         """Stage k's time on `devices`, and whether it is over its device's memory."""

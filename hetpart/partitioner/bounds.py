@@ -27,6 +27,7 @@ from hetpart.partitioner.costs import (
     held_weight_bytes,
     least_stash,
     machine_link,
+    node_sends,
     node_time_ns,
     slot_capacity_bytes,
     stage_time_ns,
@@ -40,7 +41,9 @@ from hetpart.partitioner.lp_bounds import (  # noqa: F401 (LP_MAX_ITEMS, lp_work
     lagrangian_bound_us,
     lp_work_bound_ns,
 )
-from hetpart.partitioner.problem import MEM_BYTES, OUT_BYTES, PIN, PIN_FIRST, PIN_LAST, WEIGHTS, Link, Problem
+from hetpart.partitioner.problem import (
+    MEM_BYTES, OUT_BYTES, OUT_TENSORS, PIN, PIN_FIRST, PIN_LAST, WEIGHTS, Link, Problem,
+)
 from hetpart.partitioner.type_bounds import (
     STAGE_SUM_MAX_MULTISETS, TYPES_MAX, TypeFleet, devices_per_machine, fewest_machines, saturated_caps,
     type_classes, multisets, stage_sum_by_types_ns,
@@ -149,9 +152,11 @@ def min_devices(problem: Problem) -> int | None:
 # The bottleneck of any plan is at least the least over n (whose devices can hold the
 # model) of the largest of the three. It sees transfers, which the LP does not: on small
 # models on many devices the boundaries are a large part of every stage.
-def min_boundary_bytes(problem: Problem) -> int:
-    """The fewest bytes any boundary between two stages carries (NOTE [stage-sum bound]); 0 when unknown."""
-    got = _closure_cut(_closure_arcs(problem))
+def min_boundary_bytes(problem: Problem, weight: str = OUT_BYTES) -> int:
+    """The fewest bytes (`weight=OUT_TENSORS`: tensors) any boundary between two stages carries
+    (NOTE [stage-sum bound]); 0 when unknown. A boundary's least time over a link is the transfer of
+    both minima (each may come from another cut; NOTE [stage time])."""
+    got = _closure_cut(_closure_arcs(problem, weight))
     return 0 if got is None else got
 
 
@@ -169,7 +174,7 @@ class _Closure:
     pinned: bool  # both PIN_FIRST and PIN_LAST nodes exist
 
 
-def _closure_arcs(problem: Problem) -> _Closure:
+def _closure_arcs(problem: Problem, weight: str = OUT_BYTES) -> _Closure:
     g = problem.graph
     index = {v: i for i, v in enumerate(g.nodes)}
     n = len(index)
@@ -178,7 +183,7 @@ def _closure_arcs(problem: Problem) -> _Closure:
     # Source side = the nodes in stages <= k: closed under predecessors (arc v -> u of
     # "infinite" capacity for an edge u -> v); u pays its out_bytes (arc u -> sent(u)) when a
     # successor is on the sink side (sent(u) -> v, infinite). Nodes 0..n-1, sent(u) = n + u.
-    out = {v: g.nodes[v].get(OUT_BYTES, 0) for v in g.nodes}
+    out = node_sends(problem, weight)
     inf = sum(out.values()) + 1
     source, sink = 2 * n, 2 * n + 1
     tails, heads, caps = [], [], []
@@ -250,9 +255,9 @@ def stage_sum_bound_ns(problem: Problem, data: _LpData, lam: np.ndarray, mu: np.
     need = model_bytes(problem)
     caps = {t: sorted((slot_capacity_bytes(problem, s) for s in problem.slots if s.type == t), reverse=True)
             for t in types}
-    cut = min_boundary_bytes(problem)
-    net_ns = transfer_ns(problem.network, cut)
-    intra_ns = min([transfer_ns(link, cut) for link in problem.intra_node_links.values()] + [net_ns])
+    cut, tensors = min_boundary_bytes(problem), min_boundary_bytes(problem, OUT_TENSORS)
+    net_ns = transfer_ns(problem.network, cut, tensors)
+    intra_ns = min([transfer_ns(link, cut, tensors) for link in problem.intra_node_links.values()] + [net_ns])
     have = devices_per_machine(problem)
     if multisets(counts) > max_multisets:
         fleet = TypeFleet(capacities_bytes=[np.array(caps[t], dtype=np.int64) for t in types], max_stages=max_stages,
@@ -400,7 +405,7 @@ def _sequence_bound(problem: Problem, lower_ns: int, upper_ns: int | None, multi
             _, _, wtab, wtotal = _cap_tables(problem, lam)
             checks.append((wtab, wtotal))
     nw = len(checks)
-    cut = min_boundary_bytes(problem)
+    cut, tensors = min_boundary_bytes(problem), min_boundary_bytes(problem, OUT_TENSORS)
     after_two, before_two = inner_boundary_bytes(problem, inner_cut_max_nodes)
     nc = len(classes)
     # A class whose count saturates at its cap below its size may take any number of stages more.
@@ -423,7 +428,7 @@ def _sequence_bound(problem: Problem, lower_ns: int, upper_ns: int | None, multi
         return float(wp[j] + (budget - tp[j]) * ratio[j])
 
     # Boundary times by (from class, to class, boundary after the first stage?, the next stage last?).
-    ltime = {(c, c2, d >= 2, last): transfer_ns(links[c][c2], boundary_bytes(d, last))
+    ltime = {(c, c2, d >= 2, last): transfer_ns(links[c][c2], boundary_bytes(d, last), tensors)
              for c in range(nc) for c2 in range(nc) if links[c][c2] is not None
              for d in (1, 2) for last in (False, True)}
     work_need = [total * (1 - 1e-9) - 1e-6 * (total > 0) for _, total in checks]

@@ -17,9 +17,10 @@ from typing import TYPE_CHECKING
 import networkx as nx
 import numpy as np
 
-from hetpart.partitioner.costs import has_typed_memory, held_weight_bytes, node_mem_bytes
+from hetpart.partitioner.costs import has_typed_memory, held_weight_bytes, node_mem_bytes, node_out_tensors
 from hetpart.partitioner.problem import (
-    FORBIDDEN_TYPES, LAYER, MEM_BYTES, MEM_BYTES_OF, OUT_BYTES, PIN, PIN_FIRST, PIN_LAST, TIME_NS, WEIGHTS, Problem,
+    FORBIDDEN_TYPES, LAYER, MEM_BYTES, MEM_BYTES_OF, OUT_BYTES, OUT_TENSORS, PIN, PIN_FIRST, PIN_LAST, TIME_NS, WEIGHTS,
+    Problem,
 )
 
 if TYPE_CHECKING:
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
 #   schedule (`Problem.training`), forbidden device types (union), and
 #   co-location (a cut never splits a group's span, `OrderTables.cuttable`, so a group
 #   lies inside one run);
-# - conservatively: transfers. A run sends the sum of its members' values read outside
+# - conservatively: transfers. A run sends the sum of its members' values (bytes and tensors) read outside
 #   it, as far as its last external reader: a value that stops earlier is charged on
 #   more boundaries than in the fine plan. Pins: a run with a PIN_FIRST (PIN_LAST)
 #   member is pinned as a whole.
@@ -139,8 +140,9 @@ def coarsen(problem: Problem, tab: OrderTables, cuts: np.ndarray) -> Coarse | No
         pins = {x.get(PIN) for x in attrs} - {None}
         if pins == {PIN_FIRST, PIN_LAST}:
             return None
-        sends = sum(x.get(OUT_BYTES, 0) for v, x in zip(vs, attrs)
-                    if any(run_of[s] != i for s in g.successors(v)))
+        senders = [v for v in vs if any(run_of[s] != i for s in g.successors(v))]
+        sends = sum(g.nodes[v].get(OUT_BYTES, 0) for v in senders)
+        sends_tensors = sum(node_out_tensors(problem, v) for v in senders)
         read = sorted({w for x in attrs for w in x.get(WEIGHTS, ())})
         shared = [w for w in read if len(runs_of_weight[w]) > 1]
         private = [w for w in read if len(runs_of_weight[w]) == 1]
@@ -164,7 +166,8 @@ def coarsen(problem: Problem, tab: OrderTables, cuts: np.ndarray) -> Coarse | No
                MEM_BYTES: sum(x.get(MEM_BYTES, 0) for x in attrs),
                **({MEM_BYTES_OF: {t: sum(node_mem_bytes(problem, v, t) for v in vs) for t in types}}
                   if typed_mem else {}),
-               OUT_BYTES: sends, WEIGHTS: tuple(shared), FORBIDDEN_TYPES: tuple(forbidden),
+               OUT_BYTES: sends, OUT_TENSORS: max(1, sends_tensors), WEIGHTS: tuple(shared),
+               FORBIDDEN_TYPES: tuple(forbidden),
                PIN: pins.pop() if pins else None, LAYER: attrs[0].get(LAYER)},
         )
         members[name[i]] = list(vs)

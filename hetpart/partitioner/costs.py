@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from hetpart.partitioner.problem import MEM_BYTES, MEM_BYTES_OF, OUT_BYTES, TIME_NS, Link, Problem, Slot
+from hetpart.partitioner.problem import MEM_BYTES, MEM_BYTES_OF, OUT_BYTES, OUT_TENSORS, TIME_NS, Link, Problem, Slot
 from hetpart.partitioner.simulate import VIRTUAL_SCHEDULES, stage_stash
 
 # NOTE [stage time]
@@ -31,9 +31,18 @@ from hetpart.partitioner.simulate import VIRTUAL_SCHEDULES, stage_stash
 # A value produced by node u in stage s and last consumed in stage t > s is sent from stage to
 # stage: it crosses every boundary s|s+1, ..., t-1|t and pays its `out_bytes` on each (it passes
 # through the stages in between; `boundary_bytes`).
-# A boundary costs `transfer_ns(link, bytes)` over the link between its two slots
+# A boundary costs `transfer_ns(link, bytes, tensors)` over the link between its two slots
 # (`link_between`: the machine's intra-node link when both are on one machine, else the
-# network): latency plus bytes / bandwidth, and nothing at all when no byte crosses.
+# network): one latency per tensor crossing it plus bytes / bandwidth, and nothing at all when
+# no byte crosses. Per tensor, because the runtime sends each boundary value as a message of its
+# own (the stage's outputs, NOTE [pass-through of skip values] in codegen/split.py; pipelining
+# posts an isend/irecv per tensor, and gloo's receiver pays a posting call per message): a
+# node's output is OUT_TENSORS tensors (a multi-output op's parts, NOTE [what the partitioner
+# sees]; default 1), and a boundary's count, like its bytes, is the sum over the values crossing
+# it (`boundary_bytes(..., weight=OUT_TENSORS)`, `node_out_tensors`). `hetpart profile-link`
+# fits the latency per message, i.e. per tensor. An engine that cannot know a boundary's count
+# (the search-free bounds) uses the fewest any boundary can have: a minimum cut of tensors, at
+# least 1 where bytes cross (bounds.py).
 # A stage's memory is the `mem_bytes` of its nodes plus every weight its nodes read, each
 # weight counted once per stage (a weight read in two stages is held by both); in training,
 # see NOTE [training memory].
@@ -140,19 +149,24 @@ def node_times_ns(problem: Problem, order: Sequence[str], device_type: str) -> n
     return np.array([node_time_ns(problem, v, device_type) for v in order], dtype=np.int64)
 
 
-def transfer_ns(link: Link, nbytes: Any) -> Any:
-    """Time to move `nbytes` over `link`: latency plus bytes / bandwidth rounded up, and nothing
-    when nothing moves (NOTE [stage time]). `nbytes` may be an int or a numpy vector.
+def transfer_ns(link: Link, nbytes: Any, tensors: Any = 1) -> Any:
+    """Time to move `nbytes` in `tensors` messages over `link`: a latency per message plus bytes /
+    bandwidth rounded up, and nothing when nothing moves (NOTE [stage time]). `nbytes` and `tensors`
+    may be ints or numpy vectors.
 
         >>> transfer_ns(Link(bandwidth_bytes_per_us=100, latency_ns=5), 1000), transfer_ns(Link(100, 5), 0)
         (10005, 0)
+        >>> transfer_ns(Link(100, 5), 1000, 4)
+        10020
     """
     bw = link.bandwidth_bytes_per_us
-    if isinstance(nbytes, np.ndarray):
-        return np.where(nbytes > 0, link.latency_ns + (nbytes * 1000 + bw - 1) // bw, 0).astype(np.int64)
+    if isinstance(nbytes, np.ndarray) or isinstance(tensors, np.ndarray):
+        nbytes = np.asarray(nbytes, dtype=np.int64)
+        return np.where(nbytes > 0, link.latency_ns * np.asarray(tensors, dtype=np.int64)
+                        + (nbytes * 1000 + bw - 1) // bw, 0).astype(np.int64)
     if nbytes <= 0:
         return 0
-    return link.latency_ns + -(-nbytes * 1000 // bw)
+    return link.latency_ns * tensors + -(-nbytes * 1000 // bw)
 
 
 def allreduce_ns(link: Link, nbytes: int, ranks: int, buckets: int = 1) -> int:
@@ -201,54 +215,75 @@ def links(problem: Problem) -> list[Link]:
     return [problem.network, *problem.intra_node_links.values()]
 
 
-# --- Bytes over boundaries.
+# --- Bytes and tensors over boundaries.
 
-def boundary_bytes(problem: Problem, stage_of: Mapping[str, int], num_stages: int) -> list[int]:
-    """Bytes crossing each boundary k (between stage k and k+1), k = 0..num_stages-2.
+def node_out_tensors(problem: Problem, v: str) -> int:
+    """The tensors node `v`'s output sends on each boundary it crosses: its OUT_TENSORS (default 1),
+    none when it has no bytes (NOTE [stage time])."""
+    a = problem.graph.nodes[v]
+    return a.get(OUT_TENSORS, 1) if a.get(OUT_BYTES, 0) > 0 else 0
+
+
+def node_sends(problem: Problem, weight: str = OUT_BYTES) -> dict[str, int]:
+    """What each node's output puts on a boundary it crosses: its bytes (OUT_BYTES) or its tensors (OUT_TENSORS)."""
+    g = problem.graph
+    if weight == OUT_BYTES:
+        return {v: g.nodes[v].get(OUT_BYTES, 0) for v in g.nodes}
+    if weight == OUT_TENSORS:
+        return {v: node_out_tensors(problem, v) for v in g.nodes}
+    raise ValueError(f"weight must be {OUT_BYTES!r} or {OUT_TENSORS!r}, got {weight!r}")
+
+
+def boundary_bytes(problem: Problem, stage_of: Mapping[str, int], num_stages: int,
+                   weight: str = OUT_BYTES) -> list[int]:
+    """Bytes (`weight=OUT_TENSORS`: tensors) crossing each boundary k (between stage k and k+1), k = 0..num_stages-2.
 
     See NOTE [stage time]: node u's output crosses boundary k when
     stage(u) <= k < max(stage of u's successors).
     """
     g = problem.graph
+    sent = node_sends(problem, weight)
     crossing = [0] * max(0, num_stages - 1)
     for u in g.nodes:
-        nbytes = g.nodes[u].get(OUT_BYTES, 0)
+        amount = sent[u]
         succs = list(g.successors(u))
-        if nbytes <= 0 or not succs:
+        if amount <= 0 or not succs:
             continue
         for k in range(stage_of[u], max(stage_of[v] for v in succs)):
-            crossing[k] += nbytes
+            crossing[k] += amount
     return crossing
 
 
-def order_cut_bytes(problem: Problem, order: list[str]) -> np.ndarray:
-    """`boundary_bytes` of every cut j of a topological order (between positions j-1 and j), j = 0..n.
+def order_cut_bytes(problem: Problem, order: list[str], weight: str = OUT_BYTES) -> np.ndarray:
+    """`boundary_bytes` (of `weight`) of every cut j of a topological order (between positions j-1 and j), j = 0..n.
 
     A node's output crosses every cut between it and its last reader (NOTE [stage time]).
     """
     g = problem.graph
+    sent = node_sends(problem, weight)
     pos = {v: i for i, v in enumerate(order)}
     diff = np.zeros(len(order) + 2, dtype=np.int64)
     for u in order:
-        nbytes = g.nodes[u].get(OUT_BYTES, 0)
+        amount = sent[u]
         last = max((pos[v] for v in g.successors(u)), default=-1)
-        if nbytes > 0 and last > pos[u]:
-            diff[pos[u] + 1] += nbytes
-            diff[last + 1] -= nbytes
+        if amount > 0 and last > pos[u]:
+            diff[pos[u] + 1] += amount
+            diff[last + 1] -= amount
     return np.cumsum(diff)[: len(order) + 1]
 
 
-def downset_cut_bytes(problem: Problem, order: list[str], member: np.ndarray) -> np.ndarray:
-    """`boundary_bytes` after each set of nodes (a row of `member`, bool over `order`, closed under
-    predecessors): the outputs of the set's nodes read outside it (NOTE [stage time])."""
+def downset_cut_bytes(problem: Problem, order: list[str], member: np.ndarray, weight: str = OUT_BYTES) -> np.ndarray:
+    """`boundary_bytes` (of `weight`) after each set of nodes (a row of `member`, bool over `order`,
+    closed under predecessors): the outputs of the set's nodes read outside it (NOTE [stage time])."""
     g = problem.graph
+    sent = node_sends(problem, weight)
     index = {v: i for i, v in enumerate(order)}
     cut = np.zeros(len(member), dtype=np.int64)
     for u in order:
-        nbytes = g.nodes[u].get(OUT_BYTES, 0)
+        amount = sent[u]
         succ = [index[v] for v in g.successors(u)]
-        if nbytes > 0 and succ:
-            cut += nbytes * (member[:, index[u]] & ~member[:, succ].all(axis=1))
+        if amount > 0 and succ:
+            cut += amount * (member[:, index[u]] & ~member[:, succ].all(axis=1))
     return cut
 
 
@@ -447,14 +482,15 @@ def sequence_devices(classes: Sequence[DeviceClass], class_of_stage: Iterable[in
     return out
 
 
-def link_kind_ns(problem: Problem, cls: DeviceClass, same: int, nbytes: np.ndarray) -> np.ndarray:
-    """Times of boundaries carrying `nbytes` next to a stage on `cls` over link kind `same`
+def link_kind_ns(problem: Problem, cls: DeviceClass, same: int, nbytes: np.ndarray,
+                 tensors: np.ndarray | int = 1) -> np.ndarray:
+    """Times of boundaries carrying `nbytes` in `tensors` next to a stage on `cls` over link kind `same`
     (NOTE [device sequences]): none (-1) costs nothing; 1 is cls's machine's link; 0 the network,
     or, for a class across machines, the slowest link of all."""
     if same < 0:
         return np.zeros(len(nbytes), dtype=np.int64)
     if cls.machine == "":
-        return np.max([transfer_ns(link, nbytes) for link in links(problem)], axis=0)
+        return np.max([transfer_ns(link, nbytes, tensors) for link in links(problem)], axis=0)
     if same:  # (a machine with one device has no link of its own, and never kind 1 in a plan)
-        return transfer_ns(problem.intra_node_links.get(cls.machine, problem.network), nbytes)
-    return transfer_ns(problem.network, nbytes)
+        return transfer_ns(problem.intra_node_links.get(cls.machine, problem.network), nbytes, tensors)
+    return transfer_ns(problem.network, nbytes, tensors)

@@ -20,7 +20,7 @@ from ortools.sat.python import cp_model
 from hetpart.errors import HetpartError
 from hetpart.partitioner.costs import (
     boundary_bytes, device_classes, has_typed_memory, held_weight_bytes, links, machine_link, max_stage_memory_bytes,
-    node_mem_bytes, node_time_ns, slot_capacity_bytes, stage_memory_bytes, stage_time_ns, transfer_ns,
+    node_mem_bytes, node_out_tensors, node_time_ns, slot_capacity_bytes, stage_memory_bytes, stage_time_ns, transfer_ns,
 )
 from hetpart.partitioner.evaluate import bottleneck_ns, evaluate
 from hetpart.partitioner.problem import (
@@ -98,8 +98,9 @@ def _build(problem: Problem, objective: str = "throughput", microbatches: int = 
             if v not in readers.setdefault(w, []):
                 readers[w].append(v)
     senders = [u for u in order if out_bytes[u] > 0 and g.out_degree(u) > 0]
+    out_tensors = {u: node_out_tensors(problem, u) for u in senders}
     total_bytes = sum(out_bytes[u] for u in senders)
-    comm_ub = max(transfer_ns(link, total_bytes) for link in links(problem))
+    comm_ub = max(transfer_ns(link, total_bytes, sum(out_tensors.values())) for link in links(problem))
     compute_ub = sum(max(time_ns[v].values()) for v in order)
     stash_max, held_bytes = max_stage_memory_bytes(problem)
     total_mem = stash_max * sum(mem_bytes.values()) + sum(held_bytes[w] for w in readers)
@@ -221,17 +222,18 @@ def _build(problem: Problem, objective: str = "throughput", microbatches: int = 
         else:
             m.add(any_cross[k] == 0)
         nbytes = sum(out_bytes[u] * cross[u][k] for u in senders)
+        tensors = sum(out_tensors[u] * cross[u][k] for u in senders)
         for m1 in machines:
             check_clock()
             for m2 in machines:
                 if m1 == m2 and sum(s.node == m1 for s in slots) < 2:
                     continue  # two stages cannot both run on this machine's only slot
                 link = machine_link(problem, m1, m2)
-                # Boundary k between machines m1 and m2 takes at least latency + bytes / bandwidth
-                # when something crosses: (comm - latency) * bw >= 1000 * bytes, i.e. the
-                # integer comm is >= costs.transfer_ns(link, bytes) exactly (ceil).
+                # Boundary k between machines m1 and m2 takes at least a latency per tensor + bytes /
+                # bandwidth when something crosses: (comm - tensors * latency) * bw >= 1000 * bytes,
+                # i.e. the integer comm is >= costs.transfer_ns(link, bytes, tensors) exactly (ceil).
                 bw = link.bandwidth_bytes_per_us
-                m.add(bw * comm[k] - 1000 * nbytes >= bw * link.latency_ns).only_enforce_if(
+                m.add(bw * comm[k] - 1000 * nbytes - bw * link.latency_ns * tensors >= 0).only_enforce_if(
                     [on_machine[k][m1], on_machine[k + 1][m2], any_cross[k]]
                 )
 

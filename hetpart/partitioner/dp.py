@@ -35,9 +35,8 @@ from hetpart.partitioner.costs import (
     sequence_devices, slot_capacity_bytes, stage_time_ns, stash_microbatches, transfer_ns,
 )
 from hetpart.partitioner.evaluate import bottleneck_ns, evaluate
-from hetpart.partitioner.problem import FORBIDDEN_TYPES, LAYER, PIN, PIN_FIRST, PIN_LAST, WEIGHTS, Plan, Problem
-
-__all__ = ["order_cut_bytes", "transfer_ns"]  # (costs.py's, imported from here by older callers)
+from hetpart.partitioner.problem import FORBIDDEN_TYPES, LAYER, OUT_TENSORS, PIN, PIN_FIRST, PIN_LAST, WEIGHTS, Plan
+from hetpart.partitioner.problem import Problem
 
 _INF = np.int64(1) << np.int64(60)
 _DP_BUDGET = 300_000_000  # matrix entries the DP may touch (about a second) before it coarsens its classes
@@ -84,7 +83,8 @@ class OrderTables:
     shared_readers: list[tuple[np.ndarray, int]]  # (sorted reader positions, held bytes) of weights read at 2+
     stash_max: int  # NOTE [training memory]: microbatches of activations a stage may hold, at most
     forbidden: dict[str, np.ndarray]  # device type -> prefix count of nodes that cannot run on it
-    cut_bytes: np.ndarray
+    cut_bytes: np.ndarray  # bytes over each cut position 0..n (NOTE [stage time])
+    cut_tensors: np.ndarray  # tensors over each cut position, each paying the link's latency
     cuttable: np.ndarray  # bool over positions: a cut there splits no co-location group
     layer_start: np.ndarray  # bool over positions: order[j] starts a new LAYER (a module boundary)
     first_end_min: int  # stage 0 ends at or after this position (after the last PIN_FIRST node)
@@ -149,8 +149,8 @@ def order_tables(problem: Problem, order: list[str] | None = None) -> OrderTable
     free = [i for i, a in enumerate(attrs) if a.get(PIN) != PIN_LAST]
     return OrderTables(
         order=order, comp=comp, act_prefix=act_prefix, weight_prefix=weight_prefix, shared_readers=shared,
-        stash_max=stash_max, forbidden=forbidden, cut_bytes=order_cut_bytes(problem, order), cuttable=cuttable,
-        layer_start=layer_start,
+        stash_max=stash_max, forbidden=forbidden, cut_bytes=order_cut_bytes(problem, order),
+        cut_tensors=order_cut_bytes(problem, order, weight=OUT_TENSORS), cuttable=cuttable, layer_start=layer_start,
         first_end_min=max(first_pins, default=0) + 1, inner_end_max=min(last_pins + [n - 1]),
         final_start_max=free[-1] if free else -1, typed_memory=typed,
     )
@@ -242,13 +242,13 @@ def _dp_over(problem: Problem, tab: OrderTables, P: np.ndarray, upper_ns: int | 
     # Boundary times per link kind (NOTE [device sequences] in costs.py): the link between two
     # classes depends on their machines only; without machines in the classes (not `exact`) the
     # DP pays the slowest link everywhere.
-    cut_bytes = tab.cut_bytes[P]
+    cut_bytes, cut_tensors = tab.cut_bytes[P], tab.cut_tensors[P]
     link_ns: dict[tuple[int, int], np.ndarray] = {}
 
     def boundary_ns(same: int, cur: int) -> np.ndarray:
         """Boundary times next to a stage on `cur`: same is -1 (no previous stage), 0 or 1."""
         if (same, cur) not in link_ns:
-            link_ns[(same, cur)] = link_kind_ns(problem, classes[cur], same, cut_bytes)
+            link_ns[(same, cur)] = link_kind_ns(problem, classes[cur], same, cut_bytes, cut_tensors)
         return link_ns[(same, cur)]
 
     # Pins: stage 0 ends after the last PIN_FIRST node; non-final stages end at or
@@ -382,10 +382,10 @@ def _fixed_step(problem: Problem, tab: OrderTables, devs: list, k: int, S: int, 
                 J: np.ndarray, G: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Stage k of S on slots `devs` from starts `I` to ends `J` after bottlenecks `G`: each end's best, and its start."""
     t = devs[k].type
-    tin = (transfer_ns(link_between(problem, devs[k - 1].name, devs[k].name), tab.cut_bytes[I]) if k > 0
-           else np.zeros(len(I), dtype=np.int64))
-    tout = (transfer_ns(link_between(problem, devs[k].name, devs[k + 1].name), tab.cut_bytes[J]) if k < S - 1
-            else np.zeros(len(J), dtype=np.int64))
+    tin = (transfer_ns(link_between(problem, devs[k - 1].name, devs[k].name), tab.cut_bytes[I], tab.cut_tensors[I])
+           if k > 0 else np.zeros(len(I), dtype=np.int64))
+    tout = (transfer_ns(link_between(problem, devs[k].name, devs[k + 1].name), tab.cut_bytes[J], tab.cut_tensors[J])
+            if k < S - 1 else np.zeros(len(J), dtype=np.int64))
     cost = segment_time_table_ns((tab.comp[t][I], tab.comp[t][J]), tin, tout)
     mem = tab.seg_mem(I, J, stash_microbatches(problem, k, S), t)
     ok = tab.allowed(t, I, J) & (mem <= slot_capacity_bytes(problem, devs[k])) & (G[:, None] < _INF)

@@ -20,7 +20,7 @@ from hetpart.partitioner.costs import (  # noqa: F401 (re-exported: callers impo
     stash_microbatches,
     transfer_ns,
 )
-from hetpart.partitioner.problem import WEIGHTS, Problem, StageCost
+from hetpart.partitioner.problem import OUT_TENSORS, WEIGHTS, Problem, StageCost
 
 
 def evaluate(problem: Problem, stage_of: dict[str, int], slot_of_stage: list[str]) -> list[StageCost]:
@@ -51,8 +51,9 @@ def evaluate(problem: Problem, stage_of: dict[str, int], slot_of_stage: list[str
         nodes_of[stage_of[v]].append(v)
 
     crossing = boundary_bytes(problem, stage_of, num_stages)
+    tensors = boundary_bytes(problem, stage_of, num_stages, weight=OUT_TENSORS)
     boundary_ns = [
-        transfer_ns(link_between(problem, slot_of_stage[k], slot_of_stage[k + 1]), crossing[k])
+        transfer_ns(link_between(problem, slot_of_stage[k], slot_of_stage[k + 1]), crossing[k], tensors[k])
         for k in range(num_stages - 1)
     ]
 

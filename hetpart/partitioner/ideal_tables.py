@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 import numpy as np
 from ortools.graph.python import max_flow
 
-from hetpart.partitioner.costs import downset_cut_bytes, held_weight_bytes, least_stash, node_times_ns
+from hetpart.partitioner.costs import downset_cut_bytes, held_weight_bytes, least_stash, node_sends, node_times_ns
 from hetpart.partitioner.problem import (
-    COLOCATE, FORBIDDEN_TYPES, MEM_BYTES, OUT_BYTES, PIN, PIN_FIRST, PIN_LAST, TIME_NS, WEIGHTS, Problem,
+    COLOCATE, FORBIDDEN_TYPES, MEM_BYTES, OUT_BYTES, OUT_TENSORS, PIN, PIN_FIRST, PIN_LAST, TIME_NS, WEIGHTS, Problem,
 )
 from hetpart.partitioner.symmetry import twin_order
 
@@ -97,6 +97,7 @@ class IdealTables:
     member: np.ndarray  # [ideal, node] bool
     comp: dict[str, np.ndarray]  # device type -> compute of each ideal on that type
     cut_bytes: np.ndarray  # bytes over the boundary after each ideal
+    cut_tensors: np.ndarray  # tensors over it, each paying the link's latency (NOTE [stage time])
     mem_prefix: np.ndarray  # the memory relaxation of NOTE [ideal DP], additive over ideals
     forbidden: dict[str, np.ndarray]  # device type -> nodes of each ideal that cannot run on it
     subset: np.ndarray  # [I, J]: I is a proper subset of J
@@ -142,6 +143,7 @@ def ideal_tables(problem: Problem, limit: int = IDEAL_MAX, relaxed: bool = False
     as_int = member.astype(np.int64)
     comp = {t: as_int @ node_times_ns(problem, order, t) for t in problem.device_types}
     cut = downset_cut_bytes(problem, order, member)
+    cut_tensors = downset_cut_bytes(problem, order, member, weight=OUT_TENSORS)
     stash = least_stash(problem)
     own = np.array([stash * g.nodes[v].get(MEM_BYTES, 0) for v in order], dtype=np.int64)
     first_reader: dict[str, int] = {}
@@ -158,8 +160,8 @@ def ideal_tables(problem: Problem, limit: int = IDEAL_MAX, relaxed: bool = False
         subset[inner_index, inner_index] = True
     # The last stage keeps a node not pinned last; with relays (a relaxation) it need not.
     final_ok = np.array([(s | lasts) != full or (relaxed and s != full) for s in ideals])
-    tab = IdealTables(order=order, ideals=ideals, member=member, comp=comp, cut_bytes=cut, mem_prefix=as_int @ own,
-                      forbidden=forbidden, subset=subset, final_ok=final_ok)
+    tab = IdealTables(order=order, ideals=ideals, member=member, comp=comp, cut_bytes=cut, cut_tensors=cut_tensors,
+                      mem_prefix=as_int @ own, forbidden=forbidden, subset=subset, final_ok=final_ok)
     return _fewest_bytes_with_free_nodes(original, tab, free, deadline) if relaxed else tab
 
 
@@ -171,8 +173,10 @@ def ideal_tables(problem: Problem, limit: int = IDEAL_MAX, relaxed: bool = False
 # before w there when a path of free nodes joins them), and the bytes over the boundary after C
 # are the fewest over every choice of free nodes S before it that keeps C + S an ideal: a
 # minimum cut (OR-Tools' max-flow, one per ideal; a value crosses when it is before the boundary
-# and one of its readers after). Every plan maps to a chain of such ideals no slower: its
-# boundaries less their free nodes, each paying no more bytes; a stage of only free nodes becomes
+# and one of its readers after), and its tensors (NOTE [stage time]) the fewest likewise, by a
+# second cut (both minima together: a boundary's time is at least their transfer). Every plan maps
+# to a chain of such ideals no slower: its boundaries less their free nodes, each paying no more
+# bytes and tensors; a stage of only free nodes becomes
 # a relay (a stage running nothing, paying its two boundaries), and the last stage may hold only
 # PIN_LAST nodes. So the DP's value is a lower bound. Its chain is a plan once each free node
 # goes before the first boundary whose cut puts it there (the union of the cuts so far, an
@@ -209,19 +213,32 @@ def _without_free_nodes(problem: Problem) -> tuple[Problem, list[str]]:
 def _fewest_bytes_with_free_nodes(problem: Problem, tab: IdealTables, free: list[str],
                                   deadline: float | None = None) -> IdealTables | None:
     """NOTE [ideal DP free nodes]: `tab` (over the ideals without free nodes) with each boundary's
-    fewest bytes, and the free nodes before it, over the placements of the free nodes.
+    fewest bytes, and the free nodes before it, over the placements of the free nodes; and its fewest
+    tensors, a second cut of the same network (the placement of fewest bytes may send more tensors).
 
     The cut: a free node on the source side goes before the boundary. Arcs: s -> v when a reader
     of v is before (it must be too), v -> t when an input of v is after; a reader of a free value
     before it only if the value is (r -> p); a value p before the boundary pays out(p) when a
     reader is after: when that reader is not free, p -> t (or a constant); otherwise through an
     auxiliary node y_p that may go before only with all of p's free readers (p -> y_p, y_p -> r)."""
-    g = problem.graph
     if not free:
         return tab
+    cut, inside_free = _free_node_cuts(problem, tab, free, node_sends(problem, OUT_BYTES), deadline)
+    if cut is None:
+        return None
+    tensors, _ = _free_node_cuts(problem, tab, free, node_sends(problem, OUT_TENSORS), deadline)
+    if tensors is None:
+        return None
+    return dataclasses.replace(tab, cut_bytes=cut, cut_tensors=tensors, free=free, free_inside=inside_free)
+
+
+def _free_node_cuts(problem: Problem, tab: IdealTables, free: list[str], out: dict[str, int],
+                    deadline: float | None) -> tuple[np.ndarray | None, list[int]]:
+    """The min cuts of `_fewest_bytes_with_free_nodes`, each value paying `out` (its bytes or its tensors):
+    per ideal, the least paid and the free nodes before the boundary (a bitmask); None past the deadline."""
+    g = problem.graph
     index = {v: i for i, v in enumerate(tab.order)}
     fidx = {v: 2 + i for i, v in enumerate(free)}
-    out = {v: int(g.nodes[v].get(OUT_BYTES, 0)) for v in g.nodes}
     inf = sum(out.values()) + 1
     member = tab.member
     m = len(tab.ideals)
@@ -275,7 +292,7 @@ def _fewest_bytes_with_free_nodes(problem: Problem, tab: IdealTables, free: list
     inside_free = []
     for i in range(m):
         if deadline is not None and i % 256 == 0 and time.perf_counter() > deadline:
-            return None
+            return None, []
         flow = max_flow.SimpleMaxFlow()
         flow.add_arcs_with_capacity(tails_a, heads_a, caps_m[i])
         flow.solve(0, 1)
@@ -284,4 +301,4 @@ def _fewest_bytes_with_free_nodes(problem: Problem, tab: IdealTables, free: list
         before = np.zeros(len(free), dtype=bool)
         before[side[(side >= 2) & (side < 2 + len(free))] - 2] = True
         inside_free.append(int.from_bytes(np.packbits(before, bitorder="little").tobytes(), "little"))
-    return dataclasses.replace(tab, cut_bytes=cut, free=free, free_inside=inside_free)
+    return cut, inside_free

@@ -37,7 +37,7 @@ from hetpart.partitioner.ideal_tables import (  # noqa: F401 (the tables' names,
     ideal_tables,
     proper_subsets,
 )
-from hetpart.partitioner.problem import Plan, Problem
+from hetpart.partitioner.problem import Link, Plan, Problem
 from hetpart.partitioner.verify import plan_violations
 
 PAIRS_MAX = 30_000_000  # stages (I, J) below the known plan kept, over all device types: 8 bytes each
@@ -206,7 +206,7 @@ class _Decider:
         # The boundary next to a stage on class c, by kind (NOTE [device sequences] in costs.py): -1
         # none (before the first stage), 0 the network, 1 c's machine's link (a machine with one
         # device never has kind 1).
-        self.link = [{kind: link_kind_ns(problem, c, kind, tab.cut_bytes) for kind in (-1, 0, 1)}
+        self.link = [{kind: link_kind_ns(problem, c, kind, tab.cut_bytes, tab.cut_tensors) for kind in (-1, 0, 1)}
                      for c in self.classes]
         self.intra_le_net = [bool((lk[1] <= lk[0]).all()) for lk in self.link]
         self.machine = [c.machine for c in self.classes]
@@ -215,11 +215,15 @@ class _Decider:
         machines = sorted(set(self.machine))
         self.n_machines = len(machines)
         self.cls_m = np.array([machines.index(mc) for mc in self.machine])
-        # Every boundary carries at least the fewest bytes over any inner ideal (NOTE [stage time]).
-        least = int(tab.cut_bytes[1:-1].min()) if n > 1 else 0
+        # Every boundary is after an inner ideal, so over a link it takes at least the least time
+        # of that link over the inner ideals' bytes and tensors (NOTE [stage time]).
         links = [problem.intra_node_links[mc] for mc in machines if sum(d.node == mc for d in problem.devices) > 1]
-        self.c_net = transfer_ns(problem.network, least)
-        self.c_min = min([transfer_ns(link, least) for link in links] + [self.c_net])
+
+        def least_ns(link: Link) -> int:
+            return int(transfer_ns(link, tab.cut_bytes[1:-1], tab.cut_tensors[1:-1]).min()) if n > 1 else 0
+
+        self.c_net = least_ns(problem.network)
+        self.c_min = min([least_ns(link) for link in links] + [self.c_net])
         g = problem.graph
         node_time = np.stack([node_times_ns(problem, tab.order, t) for t in types], axis=1).astype(np.float64)
         node_allowed = np.array([[t in problem.allowed_types(v) for t in types] for v in tab.order])

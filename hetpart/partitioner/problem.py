@@ -7,9 +7,9 @@ from an annotated FX graph; codegen applies the `Plan` back to the graph.
 Cost model (see NOTE [stage time] in `costs.py`): a plan is an ordered chain
 of stages, each on its own device. A value produced in stage s and consumed in
 stage t > s crosses every boundary s|s+1, ..., t-1|t and pays its bytes on each.
-A boundary between stages k and k+1 takes `link.latency_ns + ceil(bytes * 1000 /
-link.bandwidth_bytes_per_us)`; a stage's time is its compute time on its
-device's type plus the transfer time of the boundaries on both of its sides.
+A boundary between stages k and k+1 takes `tensors * link.latency_ns + ceil(bytes * 1000 /
+link.bandwidth_bytes_per_us)`, one latency per tensor crossing it; a stage's time is its compute
+time on its device's type plus the transfer time of the boundaries on both of its sides.
 
     >>> import networkx as nx
     >>> g = nx.DiGraph()
@@ -41,6 +41,8 @@ TIME_NS = "time_ns"  # dict[device type, int]: compute time of the node on that 
 FORWARD_NS = "forward_ns"  # optional, training: the forward part of TIME_NS (NOTE [simulated ratios] in baselines.py)
 MEM_BYTES = "mem_bytes"  # int: memory the node needs in its stage (activations, workspace)
 OUT_BYTES = "out_bytes"  # int: bytes of the node's output, paid on every boundary it crosses
+OUT_TENSORS = "out_tensors"  # optional int >= 1: the tensors that output is (a multi-output op's parts), each one
+# message on every boundary it crosses, each paying the link's latency (default 1; NOTE [stage time] in costs.py)
 WEIGHTS = "weights"  # tuple[str, ...]: names of the weights the node reads (see Problem.weights)
 PIN = "pin"  # PIN_FIRST, PIN_LAST or None
 LAYER = "layer"  # optional str: the model layer the node belongs to (e.g. "blocks.3"), for baselines
@@ -101,11 +103,12 @@ class Link:
     bandwidth_bytes_per_us: int  # 1 GB/s = 1_000 bytes/us
     latency_ns: int
 
-    def transfer_ns(self, nbytes: int) -> int:
-        """Time to move `nbytes` over this link; nothing to move costs nothing (`costs.transfer_ns`)."""
+    def transfer_ns(self, nbytes: int, tensors: int = 1) -> int:
+        """Time to move `nbytes` in `tensors` messages over this link; nothing to move costs nothing
+        (`costs.transfer_ns`)."""
         from hetpart.partitioner.costs import transfer_ns
 
-        return transfer_ns(self, nbytes)
+        return transfer_ns(self, nbytes, tensors)
 
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "interleaved-zb")  # the last two: NOTE [virtual-stage schedules]
@@ -257,6 +260,9 @@ class Problem:
                 val = attrs.get(attr, 0)
                 if not isinstance(val, int) or val < 0:
                     errors.append(f"node {v!r}: {attr} must be a non-negative int, got {val!r}")
+            tensors = attrs.get(OUT_TENSORS, 1)
+            if not isinstance(tensors, int) or isinstance(tensors, bool) or tensors < 1:
+                errors.append(f"node {v!r}: {OUT_TENSORS} must be an int >= 1 (its output's tensors), got {tensors!r}")
             unknown = [w for w in attrs.get(WEIGHTS, ()) if w not in self.weights]
             if unknown:
                 errors.append(f"node {v!r} reads weight(s) {unknown} missing from Problem.weights")

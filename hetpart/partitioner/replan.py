@@ -346,8 +346,8 @@ def _kept_order(problem: Problem, scratch: Plan, holders: Holders, old_devices: 
             cost[i + 1] = c
         prefix = np.cumsum(cost)
         slot = problem.slot(d)
-        tin = _transfer(problem, devices[k - 1], d, tab.cut_bytes[P]) if k > 0 else np.zeros(len(P), np.int64)
-        tout = _transfer(problem, d, devices[k + 1], tab.cut_bytes[P]) if k < S - 1 else np.zeros(len(P), np.int64)
+        tin = _transfer(problem, devices[k - 1], d, tab, P) if k > 0 else np.zeros(len(P), np.int64)
+        tout = _transfer(problem, d, devices[k + 1], tab, P) if k < S - 1 else np.zeros(len(P), np.int64)
         time_ns = segment_time_table_ns((tab.comp[slot.type][P], tab.comp[slot.type][P]), tin, tout)
         mem = tab.seg_mem(P, P, stash_microbatches(problem, k, S))
         ok = tab.allowed(slot.type, P, P) & (mem <= slot_capacity_bytes(problem, slot)) & (time_ns <= limit)
@@ -389,11 +389,11 @@ def _bytes_first(problem: Problem, scratch: Plan, holders: Holders, old_devices:
     return (stage_of, got.devices) if plan.bottleneck_ns <= limit and not plan_violations(problem, plan) else None
 
 
-def _transfer(problem: Problem, a: str, b: str, nbytes) -> object:
-    """costs.transfer_ns over the link between devices `a` and `b`, for an array of bytes."""
+def _transfer(problem: Problem, a: str, b: str, tab, P) -> object:
+    """costs.transfer_ns over the link between devices `a` and `b`, of the bytes and tensors over cuts `P` of `tab`."""
     from hetpart.partitioner.costs import link_between
 
-    return transfer_ns(link_between(problem, a, b), nbytes)
+    return transfer_ns(link_between(problem, a, b), tab.cut_bytes[P], tab.cut_tensors[P])
 
 
 def _solve_lexicographic(problem: Problem, scratch: Plan, holders: Holders, limit: int,

@@ -241,7 +241,7 @@ def _dp(problem: Problem, tab: OrderTables, P: np.ndarray, names: list[str], is_
     scale = len(names) + 1
     Wp = Wp * scale
     stash = _stash(problem)
-    cut = tab.cut_bytes[P]
+    cut, tensors = tab.cut_bytes[P], tab.cut_tensors[P]
     fits: dict[tuple, np.ndarray] = {}  # (type, capacity, machine) -> [in same?][out kind] -> bool (m, m)
 
     def feasible(d: str) -> list[list[np.ndarray]]:
@@ -252,8 +252,8 @@ def _dp(problem: Problem, tab: OrderTables, P: np.ndarray, names: list[str], is_
             base = (comp[None, :] - comp[:, None])
             ok = tab.allowed(slot.type, P, P) & (tab.seg_mem(P, P, stash) <= key[1])
             same, net = machine_link(problem, machine[d], machine[d]), problem.network
-            tin = [transfer_ns(net, cut), transfer_ns(same, cut), np.zeros(m, dtype=np.int64)]
-            tout = [transfer_ns(net, cut), transfer_ns(same, cut), np.zeros(m, dtype=np.int64)]
+            tin = [transfer_ns(net, cut, tensors), transfer_ns(same, cut, tensors), np.zeros(m, dtype=np.int64)]
+            tout = [transfer_ns(net, cut, tensors), transfer_ns(same, cut, tensors), np.zeros(m, dtype=np.int64)]
             fits[key] = [[ok & (base + tin[f][:, None] + tout[o][None, :] <= limit_ns)
                           & (inner if o < 2 else (np.arange(m) == end))[None, :]
                           & ((np.arange(m) == 0) if f == 2 else (P <= (tab.final_start_max if o == 2 else n)))[:, None]
@@ -363,10 +363,10 @@ def _refined(problem: Problem, tab: OrderTables, holders: Holdings, limit_ns: in
         for k in range(S):
             I, J = windows[k], windows[k + 1]  # noqa: E741
             t = slots[k].type
-            tin = (transfer_ns(link_between(problem, plan.devices[k - 1], plan.devices[k]), tab.cut_bytes[I]) if k > 0
-                   else np.zeros(len(I), dtype=np.int64))
-            tout = (transfer_ns(link_between(problem, plan.devices[k], plan.devices[k + 1]), tab.cut_bytes[J])
-                    if k < S - 1 else np.zeros(len(J), dtype=np.int64))
+            tin = (transfer_ns(link_between(problem, plan.devices[k - 1], plan.devices[k]), tab.cut_bytes[I],
+                               tab.cut_tensors[I]) if k > 0 else np.zeros(len(I), dtype=np.int64))
+            tout = (transfer_ns(link_between(problem, plan.devices[k], plan.devices[k + 1]), tab.cut_bytes[J],
+                                tab.cut_tensors[J]) if k < S - 1 else np.zeros(len(J), dtype=np.int64))
             time_ns = (tab.comp[t][J][None, :] - tab.comp[t][I][:, None]) + tin[:, None] + tout[None, :]
             ok = (tab.allowed(t, I, J) & (tab.seg_mem(I, J, stash) <= slot_capacity_bytes(problem, slots[k]))
                   & (time_ns <= limit_ns) & (GB < _INF)[:, None])

@@ -8,7 +8,7 @@ and loses no plan's value.
 
 from __future__ import annotations
 
-from hetpart.partitioner.costs import held_weight_bytes
+from hetpart.partitioner.costs import held_weight_bytes, node_out_tensors
 from hetpart.partitioner.problem import (
     COLOCATE, FORBIDDEN_TYPES, MEM_BYTES, OUT_BYTES, PIN, TIME_NS, WEIGHTS, Problem,
 )
@@ -51,7 +51,7 @@ def _signature(problem: Problem, v: str, readers: dict[str, int]) -> tuple | Non
     weights = a.get(WEIGHTS, ())
     if any(readers[w] > 1 for w in weights):
         return None
-    return (tuple(sorted(a[TIME_NS].items())), a.get(MEM_BYTES, 0), a.get(OUT_BYTES, 0),
+    return (tuple(sorted(a[TIME_NS].items())), a.get(MEM_BYTES, 0), a.get(OUT_BYTES, 0), node_out_tensors(problem, v),
             tuple(sorted(held_weight_bytes(problem, w) for w in weights)), tuple(sorted(a.get(FORBIDDEN_TYPES, ()))))
 
 

@@ -9,7 +9,9 @@ NOTE [what the partitioner sees]
   them in every stage that needs them from a tensor it has (see codegen).
 - A multi-output op (split, ...) and the getitems that unpack it form one
   problem node named after the op, so a cut never separates a tuple from its
-  parts; the tensors the getitems produce are what crosses.
+  parts; the tensors the getitems produce are what crosses: their bytes add up
+  in OUT_BYTES and their number is OUT_TENSORS (codegen sends each as a value
+  of its own, so each pays a link latency: NOTE [stage time] in costs.py).
 - Ops that read no model input, only weights, constants and scalars (RoPE
   cos/sin from `arange`, T5's position bias, a transposed weight) are not
   nodes either: codegen recomputes them in every stage that reads them, and
@@ -40,7 +42,8 @@ from hetpart.devices import Cluster
 from hetpart.errors import HetpartError
 from hetpart.ir import info
 from hetpart.partitioner.problem import (
-    FORWARD_NS, LAYER, MEM_BYTES, OUT_BYTES, PIN, PIN_FIRST, PIN_LAST, TIME_NS, WEIGHTS, Device, Link, Problem, Training,
+    FORWARD_NS, LAYER, MEM_BYTES, OUT_BYTES, OUT_TENSORS, PIN, PIN_FIRST, PIN_LAST, TIME_NS, WEIGHTS, Device, Link, Problem,
+    Training,
 )
 from hetpart.partitioner.costs import training_state_bytes
 from hetpart.passes.shape import DTYPE_NAMES
@@ -52,8 +55,9 @@ from hetpart.passes.shape import DTYPE_NAMES
 # - a value crossing a boundary goes forward and its gradient comes back: its
 #   OUT_BYTES is the activation plus, when it needs a gradient, the gradient
 #   (same size), and each link carries two transfers per microbatch, so its
-#   latency is paid twice (`Link(bandwidth, 2 x latency)`): exactly
-#   `transfer(activation) + transfer(gradient)` when both cross;
+#   latency is paid twice (`Link(bandwidth, 2 x latency)`), per tensor
+#   (OUT_TENSORS): exactly `transfer(activation) + transfer(gradient)` when
+#   both cross (a tensor without a gradient, token ids, is charged both);
 # - memory: each trainable weight adds its gradient and the optimizer's state
 #   (`Training.state_bytes`: bytes of the weight + parameters x
 #   optimizer_bytes_per_param), and the schedule decides the activation stash
@@ -178,6 +182,7 @@ def lower_to_problem(gm: fx.GraphModule, cluster: Cluster, training: TrainingSpe
     recomputed = recomputed_nodes(gm)
     types = sorted(cluster.device_types)
     g = nx.DiGraph()
+    tensors: dict[str, int] = {}  # problem node -> the tensors its output is (a multi-output op's parts)
     for node in gm.graph.nodes:
         name = groups.get(node.name)
         if name is None:
@@ -195,6 +200,8 @@ def lower_to_problem(gm: fx.GraphModule, cluster: Cluster, training: TrainingSpe
         attrs[MEM_BYTES] += ni.act_bytes or 0
         if ni.is_tensor:
             attrs[OUT_BYTES] += (ni.out_bytes or 0) * (2 if training and ni.needs_grad else 1)
+            if ni.out_bytes:  # each tensor is a message of its own at a boundary (NOTE [stage time] in costs.py)
+                tensors[name] = tensors.get(name, 0) + 1
         attrs[WEIGHTS] = tuple(sorted(set(attrs[WEIGHTS]) | weights_read(node, recomputed)))
         if LAYER not in attrs and (layer := layer_of(node)) is not None:
             attrs[LAYER] = layer
@@ -202,6 +209,9 @@ def lower_to_problem(gm: fx.GraphModule, cluster: Cluster, training: TrainingSpe
             src = groups.get(a.name)
             if src is not None and src != name:
                 g.add_edge(src, name)
+    for name, count in tensors.items():
+        if count > 1:  # (one is the default: OUT_TENSORS is written only where it says more)
+            g.nodes[name][OUT_TENSORS] = count
     weights = {n.target: info(n).param_bytes or 0 for n in gm.graph.find_nodes(op="get_attr")}
     return Problem(
         graph=g,

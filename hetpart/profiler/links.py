@@ -10,8 +10,9 @@ operation among `--ranks` spawned processes at several sizes (the median of `--r
 warm-up), then fits latency and bandwidth by least squares to the cost model's own formula for that
 operation: the formula is evaluated on two unit links (1 us latency and no bandwidth cost; no
 latency and 1 GB/s), which gives each size's number of latency steps and bytes moved, so the fit
-never restates a formula costs.py owns. `--op send-recv` fits a stage boundary's transfer (one
-latency); `all-reduce` a tensor-parallel group's or a gradient sync's ring (2(r-1) latencies).
+never restates a formula costs.py owns. `--op send-recv` fits one tensor's transfer, one message
+(one latency: a stage boundary pays it once per tensor crossing it, NOTE [stage time] in costs.py);
+`all-reduce` a tensor-parallel group's or a gradient sync's ring (2(r-1) latencies).
 The printed `link = {...}` goes into the cluster file's machine; the per-size table shows how well
 one latency and one bandwidth describe it.
 """
@@ -55,7 +56,7 @@ class LinkFit:
 def _unit_terms(op: str, nbytes: int, ranks: int) -> tuple[float, float]:
     """(latency steps, microseconds at 1 GB/s) of one `op` of `nbytes`, from the cost model's formula."""
     cost = (lambda link: allreduce_ns(link, nbytes, ranks)) if op == "all-reduce" else (
-        lambda link: transfer_ns(link, nbytes))
+        lambda link: transfer_ns(link, nbytes, tensors=1))  # one tensor, one message: the latency per tensor
     steps = cost(Link(bandwidth_bytes_per_us=10**15, latency_ns=1000)) / 1000  # 1 us a step, bytes free
     per_gbps_us = cost(Link(bandwidth_bytes_per_us=1000, latency_ns=0)) / 1000  # 1 GB/s, no latency
     return steps, per_gbps_us

@@ -7,6 +7,8 @@ import torch
 from hetpart.codegen import run_stages, split_stages
 from hetpart.compile import CompileOptions, compile_model
 from hetpart.frontend import load_model
+from hetpart.partitioner.costs import boundary_bytes
+from hetpart.partitioner.problem import OUT_TENSORS
 from hetpart.passes import lower_to_problem
 from hetpart.runtime.artifacts import load_manifest, load_stage
 from tests.conftest import SMALL
@@ -34,6 +36,25 @@ def test_stages_back_to_back_equal_the_model(name, num_stages, annotated, mixed4
         x = tuple(t[:batch] for t in inputs)
         with torch.no_grad():
             torch.testing.assert_close(run_stages(stages, *x)[0], module(*x), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("num_stages", [2, 3, 4])
+def test_a_boundary_sends_as_many_tensors_as_lowering_counts(num_stages, annotated, mixed4):
+    """NOTE [stage time]: each tensor crossing a boundary is a value of its own (a latency each); a
+    multi-output op's parts are one problem node of OUT_TENSORS tensors. The cut right after
+    gpt-small's qkv split sends its three parts."""
+    gm = annotated("gpt-small")
+    problem = lower_to_problem(gm, mixed4)
+    assert problem.graph.nodes["split"][OUT_TENSORS] == 3
+    order = list(nx.lexicographical_topological_sort(problem.graph))
+    plans = [contiguous_plan(problem, num_stages)]
+    if num_stages == 2:
+        after = order.index("split") + 1
+        plans.append({v: int(i >= after) for i, v in enumerate(order)})
+    for stage_of in plans:
+        stages = split_stages(gm, stage_of, num_stages)
+        assert [len(s.outputs) for s in stages[:-1]] == boundary_bytes(problem, stage_of, num_stages, weight=OUT_TENSORS)
+    assert {"getitem", "getitem_1", "getitem_2"} <= set(stages[0].outputs) or num_stages > 2
 
 
 def test_skip_values_pass_through_intermediate_stages(annotated, mixed4):

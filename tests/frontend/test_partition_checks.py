@@ -157,7 +157,7 @@ def test_batch_mixing_is_a_warning_naming_the_op_and_its_line(models, tmp_path, 
 
 def test_1f1b_plans_at_most_as_many_stages_as_microbatches(tmp_path, capsys):
     # zoo:mlp at this size splits over all four CPUs of cpu-4 with GPipe.
-    args = ["partition", "zoo:mlp", "--set", "hidden=256", "--set", "n_blocks=4", "--batch-size", "64",
+    args = ["partition", "zoo:mlp", "--set", "hidden=512", "--set", "n_blocks=4", "--batch-size", "64",
             "--microbatches", "2", "--cluster", "preset:cpu-4", "--no-pt2", "--mode", "training"]
     assert main([*args, "--out", str(tmp_path / "gpipe"), "--schedule", "gpipe"]) == 0
     assert len(json.loads((tmp_path / "gpipe" / "plan.json").read_text())["stages"]) > 2

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from ortools.sat.python import cp_model
 
 from hetpart.errors import HetpartError
-from hetpart.partitioner import TIME_NS, Problem, cpsat, dp_hint, solve
+from hetpart.partitioner import OUT_TENSORS, TIME_NS, Problem, cpsat, dp_hint, solve
 from hetpart.partitioner.bounds import compute_bounds
 from hetpart.partitioner.ideals import ideal_dp
 from hetpart.placement import PlacementNode, PlacementProblem, placement_loads, placement_violations, solve_placement
@@ -70,10 +70,15 @@ def random_placement(seed: int) -> PlacementProblem:
 
 
 def random_partition(seed: int) -> Problem:
-    """random_problem(seed) on 1-3 of its devices, ops of nanoseconds or (a third) of seconds."""
+    """random_problem(seed) on 1-3 of its devices, ops of nanoseconds or (a third) of seconds, in half of
+    them nodes of 1-4 output tensors (each paying a latency per boundary, NOTE [stage time])."""
     rng = random.Random(seed)
     p = random_problem(seed)
     p = dataclasses.replace(p, devices=p.devices[:rng.randint(1, 3)])
+    tensors = random.Random(30_000 + seed)  # (its own stream: the draws above and below stay the earlier ones)
+    if tensors.random() < 0.5:
+        for v in p.graph.nodes:
+            p.graph.nodes[v][OUT_TENSORS] = tensors.choice([1, 2, 4])
     if rng.random() < 1 / 3:
         g = p.graph.copy()
         for v in g.nodes:

@@ -12,6 +12,7 @@ from hetpart.partitioner import (
     FORBIDDEN_TYPES,
     MEM_BYTES,
     OUT_BYTES,
+    OUT_TENSORS,
     PIN,
     PIN_FIRST,
     PIN_LAST,
@@ -55,7 +56,7 @@ def make_problem(
     max_stages: int | None = None,
 ) -> Problem:
     """`nodes` maps a name to {"time": {type: ns}, "mem": b, "out": b, "weights": (...), "pin": ...,
-    "colocate": group name, "forbidden": (device types,)}."""
+    "colocate": group name, "forbidden": (device types,), "tensors": OUT_TENSORS}."""
     g = nx.DiGraph()
     for name, spec in nodes.items():
         g.add_node(
@@ -68,6 +69,7 @@ def make_problem(
                 PIN: spec.get("pin"),
                 **({COLOCATE: spec["colocate"]} if spec.get("colocate") else {}),
                 **({FORBIDDEN_TYPES: tuple(spec["forbidden"])} if spec.get("forbidden") else {}),
+                **({OUT_TENSORS: spec["tensors"]} if spec.get("tensors") else {}),
             },
         )
     g.add_edges_from(edges)

@@ -7,23 +7,26 @@ so a formula that drifts in one engine fails here.
 """
 
 import dataclasses
+import json
 import random
 
 import numpy as np
 import pytest
 from ortools.sat.python import cp_model
 
+from hetpart.errors import HetpartError
 from hetpart.partitioner import Device, Link, verify_plan
 from hetpart.partitioner.bounds import sequence_bound_ns
 from hetpart.partitioner.costs import (
-    device_classes, first_states, link_between, next_state, same_machine, sequence_devices, stash_microbatches,
+    boundary_bytes, device_classes, first_states, link_between, next_state, same_machine, sequence_devices, stash_microbatches,
     transfer_ns,
 )
 from hetpart.partitioner.cpsat import _build, _canonical
 from hetpart.partitioner.dp import _dp_over, contiguous_plan, dp_hint, fixed_device_dp, order_tables
 from hetpart.partitioner.evaluate import bottleneck_ns, evaluate
 from hetpart.partitioner.ideals import _Decider, ideal_tables
-from hetpart.partitioner.problem import PIN_FIRST, PIN_LAST, Training
+from hetpart.partitioner.problem import OUT_TENSORS, PIN_FIRST, PIN_LAST, Training
+from hetpart.partitioner.problem_json import problem_from_json, problem_to_json
 
 from partition_cases import make_problem
 
@@ -32,16 +35,19 @@ SEEDS = range(40)
 
 def _problem(seed: int, pinned: bool = False):
     """A random DAG of 3..8 nodes on 2..5 devices of 2..3 types over 1..3 machines, each machine with
-    its own link, sometimes (`pinned`: always) pins, sometimes training; memory never binds (stage
-    times are what is tested)."""
+    its own link, sometimes (`pinned`: always) pins, sometimes training, nodes of 1..4 output tensors
+    (each paying a latency per boundary, NOTE [stage time]); memory never binds (stage times are what
+    is tested)."""
     rng = random.Random(seed)
+    tensors = random.Random(20_000 + seed)  # (its own stream: the other draws stay those of earlier cases)
     n = rng.randint(3, 8)
     names = [f"n{i}" for i in range(n)]
     types = ["a", "b", "c"][: rng.randint(2, 3)]
     weights = {f"w{i}": rng.randint(1, 50) for i in range(3)}
     nodes = {v: {"time": {t: rng.randint(0, 60) for t in types}, "mem": rng.randint(0, 9),
                  "out": rng.choice([0, 7, 100, 1000, 4000]),
-                 "weights": [w for w in sorted(weights) if rng.random() < 0.3]} for v in names}
+                 "weights": [w for w in sorted(weights) if rng.random() < 0.3],
+                 "tensors": tensors.choice([1, 1, 2, 4])} for v in names}
     if rng.random() < 0.4 or pinned:
         nodes[names[0]]["pin"] = PIN_FIRST
     if rng.random() < 0.4 or pinned:
@@ -84,15 +90,19 @@ def _random_plans(p, seed: int, count: int = 6):
 
 def test_the_random_problems_and_plans_cover_every_link_kind_and_training():
     """The property tests below are only as good as their cases: several stages, both links, training."""
-    kinds, training, stage_counts = set(), 0, set()
+    kinds, training, stage_counts, counts = set(), 0, set(), set()
     for seed in SEEDS:
         p = _problem(seed)
         training += p.training is not None
-        for _, devices, stages in _random_plans(p, seed):
+        for cuts, devices, stages in _random_plans(p, seed):
             stage_counts.add(len(stages))
+            order = p.node_order()
+            counts.update(boundary_bytes(p, {v: k for k in range(len(devices)) for v in order[cuts[k]:cuts[k + 1]]},
+                                         len(devices), weight=OUT_TENSORS))
             for a, b in zip(devices, devices[1:]):
                 kinds.add(link_between(p, a, b) is p.network)
     assert kinds == {True, False} and training >= 5 and {1, 2, 3} <= stage_counts
+    assert {0, 1, 2, 3, 4, 5} <= counts  # boundaries of no tensor, one, and several of one or more nodes
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -239,6 +249,30 @@ def test_transfer_time_is_one_formula_for_ints_and_vectors():
     assert transfer_ns(link, np.array(sizes)).tolist() == [transfer_ns(link, b) for b in sizes] == [
         0, 7 + 4, 7 + 997, 7 + 1000, 7 + 41_150]
     assert dataclasses.replace(link).transfer_ns(12_345) == 7 + 41_150
+    tensors = [0, 1, 2, 3, 4]  # a latency per tensor (NOTE [stage time]); nothing moves, nothing paid
+    assert transfer_ns(link, np.array(sizes), np.array(tensors)).tolist() == [
+        transfer_ns(link, b, t) for b, t in zip(sizes, tensors)] == [0, 7 + 4, 14 + 997, 21 + 1000, 28 + 41_150]
+    assert link.transfer_ns(300, 3) == 21 + 1000
+
+
+def test_a_boundary_pays_a_latency_per_tensor_crossing_it():
+    """NOTE [stage time]: a pass-through value pays its tensors on every boundary it crosses; a node
+    of no bytes sends no tensor; a problem without OUT_TENSORS (an old analysis.json) counts 1 a node."""
+    nodes = {"x": {"time": {"a": 1}, "out": 100, "pin": PIN_FIRST, "tensors": 3}, "y": {"time": {"a": 1}, "out": 50},
+             "z": {"time": {"a": 1}, "out": 0}, "o": {"time": {"a": 1}, "pin": PIN_LAST}}
+    p = make_problem(nodes, [("x", "y"), ("x", "o"), ("y", "o"), ("z", "o")], [Device(f"d{i}", "a", "m", 10**9)
+                                                                                for i in range(3)],
+                     intra=Link(bandwidth_bytes_per_us=1000, latency_ns=10))
+    stage_of = {"x": 0, "y": 1, "z": 1, "o": 2}
+    assert boundary_bytes(p, stage_of, 3, weight=OUT_TENSORS) == [3, 4]
+    assert [s.comm_out_ns for s in evaluate(p, stage_of, ["d0", "d1", "d2"])[:2]] == [30 + 100, 40 + 150]
+    again = problem_from_json(json.loads(json.dumps(problem_to_json(p))))  # ir/analysis.json keeps the count
+    assert boundary_bytes(again, stage_of, 3, weight=OUT_TENSORS) == [3, 4]
+    del p.graph.nodes["x"][OUT_TENSORS]  # an analysis.json written before the count: 1 a node
+    assert boundary_bytes(problem_from_json(problem_to_json(p)), stage_of, 3, weight=OUT_TENSORS) == [1, 2]
+    p.graph.nodes["x"][OUT_TENSORS] = 0
+    with pytest.raises(HetpartError, match="out_tensors must be an int >= 1"):
+        p.validate()
 
 
 def test_stages_run_on_slots_and_device_of_stage_reads_their_one_device():

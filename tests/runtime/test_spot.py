@@ -16,7 +16,7 @@ from pathlib import Path
 
 from hetpart.cli import main
 
-MLP4 = ["zoo:mlp", "--set", "hidden=256", "--set", "n_blocks=4", "--batch-size", "64", "--microbatches", "4",
+MLP4 = ["zoo:mlp", "--set", "hidden=384", "--set", "n_blocks=4", "--batch-size", "64", "--microbatches", "4",
         "--no-pt2", "--mode", "training", "--cluster", "preset:cpu-4"]
 
 

@@ -6,6 +6,7 @@ import shutil
 import pytest
 
 from hetpart.cli import main
+from hetpart.devices.cluster import PRESETS
 from tests.shared_runs import GPT_CPU2
 
 
@@ -145,8 +146,10 @@ def test_two_torchrun_nodes_on_loopback(tmp_path, capsys):
 SMALL_IMAGES = {"resnet": ["--set", "image_size=16", "--set", "base_width=16"],
                 "unet": ["--set", "image_size=16", "--set", "base_channels=16", "--set", "n_levels=2"]}
 # ResNet runs on three CPUs, not preset:cpu-4: its residual blocks still cross cuts, and each rank
-# fewer is one torch import fewer on a 2-core machine. The UNet keeps cpu-4: on three CPUs its plan
-# takes the solver 10 s longer than a rank saves.
+# fewer is one torch import fewer on a 2-core machine. The UNet keeps four CPUs: on three its plan
+# takes the solver 10 s longer than a rank saves; their link pays 5 us a tensor, not cpu-4's 20: at 20
+# a hand-off's tensors cost more than a small UNet's stages save (NOTE [stage time]) and it plans one.
+FOUR_CPUS = PRESETS["cpu-4"].replace("latency_us = 20", "latency_us = 5")
 THREE_CPUS = """
 [network]
 bandwidth_GBps = 1
@@ -164,11 +167,9 @@ def test_training_1f1b_through_skip_connections(model, tmp_path, capsys):
     # ResNet's residual blocks and the UNet's down-to-up skips (which the plan passes
     # through middle stages); 1F1B runs their backwards interleaved with forwards.
     out = tmp_path / model
-    cluster = "preset:cpu-4"
-    if model == "resnet":
-        cluster = str(tmp_path / "cpu-3.toml")
-        (tmp_path / "cpu-3.toml").write_text(THREE_CPUS)
-    assert main(["partition", f"zoo:{model}", *SMALL_IMAGES[model], "--cluster", cluster, "--out", str(out),
+    cluster = tmp_path / "cluster.toml"
+    cluster.write_text(THREE_CPUS if model == "resnet" else FOUR_CPUS)
+    assert main(["partition", f"zoo:{model}", *SMALL_IMAGES[model], "--cluster", str(cluster), "--out", str(out),
                  "--batch-size", "8", "--microbatches", "4", "--no-pt2"]) == 0
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["world_size"] >= 3
