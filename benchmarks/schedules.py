@@ -34,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -62,16 +63,17 @@ def run_fresh(out: Path, period_us: int | None = None, **options: object) -> lis
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def with_measured_link(preset: str, op: str, path: Path) -> str:
+def with_measured_link(preset: str, op: str, path: Path, **measure: Any) -> str:
     """Write `preset:NAME` to `path` with its machine's link measured by `hetpart profile-link --op op` (NOTE
-    [measured links] in hetpart/profiler/links.py); the path, and print what was fitted."""
+    [measured links] in hetpart/profiler/links.py; `measure`: measure_link's sizes, repeats, gap_us); the path,
+    and print what was fitted."""
     import re
     from textwrap import dedent
 
     from hetpart.devices.cluster import PRESETS
     from hetpart.profiler.links import measure_link
 
-    fit = measure_link(op)
+    fit = measure_link(op, **measure)
     print(f"profile-link --op {op}: " + ", ".join(f"{n / 1024:g} KiB {t:.0f} us" for n, t in fit.measured_us.items())
           + f" -> {fit.toml()} (the preset's: {re.search(r'link = [{][^}]*[}]', PRESETS[preset]).group(0)})", flush=True)
     path.write_text(re.sub(r"link = [{][^}]*[}]", fit.toml(), dedent(PRESETS[preset])))
