@@ -19,7 +19,7 @@
    behind) and the collectives themselves, against the plan's ops and all-reduces.
 
 `--measure-link` plans on the machine's link as `hetpart profile-link --op all-reduce --gap-us G`
-fits it just before the rounds: each all-reduce timed after G us of matmuls, as a TP rank calls
+fits it just before each round: each all-reduce timed after G us of matmuls, as a TP rank calls
 it between its ops (NOTE [collectives between work] in hetpart/profiler/links.py; --gap-us 0:
 back to back behind a barrier, as before).
 
@@ -50,7 +50,6 @@ from hetpart.report.table import simulated_step  # noqa: E402
 
 MODEL = ["zoo:gpt-small", "--set", "n_layer=2", "--set", "n_embd=256", "--set", "vocab_size=512", "--set",
          "block_size=64", "--batch-size", "8", "--seq-len", "64"]
-SHARD_BYTES = 4 * 64 * 256 * 4  # what each all-reduce of a microbatch carries: [4, 64, 256] fp32
 LINK_SIZES = (65536, 262144, 1048576)  # --measure-link's sizes: a quarter to 4x the all-reduces the stage runs
 
 
@@ -60,11 +59,21 @@ def _measure(out: Path, mode: str, steps: int, emulate: bool, period_us: int) ->
     return json.loads((out / "measured.json").read_text())
 
 
+def _priced_collectives_ms(events: list[dict], link: object) -> float:
+    """The cost model's price of the collectives one measured forward of this rank called (the second step's first;
+    each by its op, bytes and group: `costs.allreduce_ns`, `costs.allgather_ns`), ms."""
+    from hetpart.partitioner.costs import allgather_ns, allreduce_ns
+
+    price = {"all_reduce": allreduce_ns, "all_gather": allgather_ns}
+    f = next(e for e in events if e["kind"] == "F" and e["step"] == 1)
+    inside = [e for e in events if e["kind"] == "collective" and f["t0_ns"] <= e["t0_ns"] <= f["t1_ns"]]
+    return sum(price[e["op"]](link, e["bytes"], len(e["group"])) for e in inside) / 1e6
+
+
 def _print_collectives(splits: dict, runs: dict) -> None:
     """Per TP rank, its forward split into ops, skew and collectives (NOTE [collective skew]), medians over the
     rounds, against the plan: its ops (the stage's predicted compute less its all-reduces) and all-reduces."""
     from hetpart.devices.cluster import load_cluster
-    from hetpart.partitioner.costs import allreduce_ns
     from hetpart.passes.tp_lower import _link
 
     print("\nper TP rank, one forward (ms, median over the rounds; each round's figure is its forwards' median; "
@@ -80,7 +89,7 @@ def _print_collectives(splits: dict, runs: dict) -> None:
             for (split, cluster, scale), (m, _, _) in zip(rounds, runs[name]):
                 link = _link(load_cluster(cluster).machines[0].link)  # the round's plan's machine (one machine here)
                 n = round(split[k]["collectives_per_forward"])
-                coll = n * allreduce_ns(link, SHARD_BYTES, 2) / 1e6 / scale
+                coll = _priced_collectives_ms(m["timeline"]["ranks"][split[k]["rank"]], link) / scale
                 ops = m["stages"][split[k]["rank"]]["predicted_compute_us"] / 1e3 / scale - coll
                 rows.append({**{f: v / 1e3 for f, v in split[k].items() if f.endswith("_us")}, "n": n,
                              "coll_pred": coll, "ops_pred": ops})
