@@ -18,17 +18,18 @@ one latency and one bandwidth describe it.
 NOTE [collectives between work]
 A tensor-parallel rank does not call its all-reduces back to back behind a barrier: it computes a
 few ms of ops, calls one, computes again (NOTE [collective skew] in runtime/collectives.py). On
-this 2-core VM a call made that way costs several times one made back to back, and its time
-barely grows with the bytes: the wake-ups of gloo's threads and of the peer, not the transfer
-(figures in docs/benchmarks.md, "Issue 20: the TP-2 stage again (tpmeasure)"). `--gap-us G` times the op as the stage calls it: each timed call comes
-after G us of matmuls on every rank (the all-reduce itself keeps the ranks in step; a send may run
-ahead of its recv by what gloo buffers, as a pipeline stage's does), and what counts is the rank's
-round (from the end of its last call to the end of this one) less its own matmuls: the call itself
-and the wait for a peer that left the last call later, what the stage's forward pays for it. The
-calls are then bimodal, fast or slow, and the median of a size flips between the two modes from
-one run to the next; a forward pays the sum of its calls, so with G > 0 a size's time is the mean
-of its calls, not the median. G = 0 is the back-to-back timing (a barrier before each call, the
-median), a gradient sync's buckets; the fit is the same either way.
+this 2-core VM a call made that way costs several times one made back to back, and below 1 MiB
+its time barely grows with the bytes: presumably the wake-ups of gloo's threads and of the peer,
+not the transfer (figures in docs/benchmarks.md, "Issue 20: the TP-2 stage again (tpmeasure)").
+`--gap-us G` times the op as the stage calls it: each timed call comes after G us of matmuls on
+every rank (the all-reduce itself keeps the ranks in step; a send may run ahead of its recv by
+what gloo buffers, as a pipeline stage's does), and what counts is the rank's round (from the end
+of its last call to the end of this one) less its own matmuls: the call itself and the wait for a
+peer that left the last call later, what the stage's forward pays for it. Such calls are fast or
+slow (a few times apart), so the median of a size flips between the two from one run to the
+next; a forward pays the sum of its calls, so with G > 0 a size's time is the mean of its calls,
+not the median. G = 0 is the back-to-back timing (a barrier before each call, the median), a
+gradient sync's buckets; the fit is the same either way.
 """
 
 from __future__ import annotations
