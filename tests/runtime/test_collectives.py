@@ -79,3 +79,17 @@ def test_the_timeline_puts_torch_distributed_s_collectives_back():
         assert (dist.all_reduce, dist.all_gather) != before  # recorded inside
         raise RuntimeError("stop")
     assert (dist.all_reduce, dist.all_gather) == before
+
+
+def test_a_collective_after_the_schedule_stays_in_the_step_s_tail():
+    # A gradient sync after the last action (kind "collective", recorded since tpmeasure) is not an action of the
+    # schedule: the hand-off breakdown's tail still runs from the last action to the step's end.
+    from hetpart.runtime.handoff import analyse
+
+    def rank(sync: bool) -> list[dict]:
+        events = [{"kind": "step", "step": 0, "t_ns": 0}, {**_forward(0, 100, 400, 300), "proc_cpu_ns": 0}]
+        events += [_coll(0, 500, 900, group=(0,))] if sync else []
+        return [*events, {"kind": "step_end", "step": 0, "t_ns": 1000 * US}]
+
+    with_sync, without = (analyse([rank(s)], skip_first=False).ranks[0] for s in (True, False))
+    assert with_sync.tail_us == without.tail_us == 600 and with_sync.head_us == 100
