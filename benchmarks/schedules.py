@@ -38,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -66,10 +67,10 @@ def run_fresh(out: Path, period_us: int | None = None, **options: object) -> lis
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def with_measured_link(preset: str, op: str, path: Path, given: str | None = None) -> str:
+def with_measured_link(preset: str, op: str, path: Path, given: str | None = None, **measure: Any) -> str:
     """Write `preset:NAME` to `path` with its machine's link measured by `hetpart profile-link --op op` (NOTE
-    [measured links] in hetpart/profiler/links.py), or the `given` one (`link = {...}`); the path, and print
-    what was fitted."""
+    [measured links] in hetpart/profiler/links.py; `measure`: measure_link's sizes, repeats, gap_us), or the
+    `given` one (`link = {...}`); the path, and print what was fitted."""
     import re
     from textwrap import dedent
 
@@ -77,7 +78,7 @@ def with_measured_link(preset: str, op: str, path: Path, given: str | None = Non
     from hetpart.profiler.links import measure_link
 
     if given is None:
-        fit = measure_link(op)
+        fit = measure_link(op, **measure)
         given = fit.toml()
         print(f"profile-link --op {op}: " + ", ".join(f"{n / 1024:g} KiB {t:.0f} us" for n, t in fit.measured_us.items())
               + f" -> {given} (the preset's: {re.search(r'link = [{][^}]*[}]', PRESETS[preset]).group(0)})", flush=True)

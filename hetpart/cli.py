@@ -223,8 +223,10 @@ def _profile_link(args: argparse.Namespace, console: Console) -> int:
 
     from hetpart.profiler.links import DEFAULT_SIZES, measure_link
 
-    fit = measure_link(args.op, args.ranks, tuple(args.sizes or DEFAULT_SIZES), args.repeats)
-    table = Table(title=f"gloo {fit.op} among {fit.ranks} local processes (median of {args.repeats})")
+    fit = measure_link(args.op, args.ranks, tuple(args.sizes or DEFAULT_SIZES), args.repeats, args.gap_us)
+    between = f"mean of {args.repeats}, each after {args.gap_us} us of matmuls" if args.gap_us else \
+        f"median of {args.repeats}"
+    table = Table(title=f"gloo {fit.op} among {fit.ranks} local processes ({between})")
     for col in ("bytes", "measured us", "fitted us"):
         table.add_column(col, justify="right")
     for n, t in fit.measured_us.items():

@@ -281,7 +281,11 @@ def build_parser() -> argparse.ArgumentParser:
     link.add_argument("--sizes", type=_number(int, minimum=4), nargs="+", default=None, metavar="BYTES",
                       help="tensor sizes to time (default 4 KiB to 4 MiB)")
     link.add_argument("--repeats", type=_number(int, minimum=1, maximum=10_000), default=20,
-                      help="timed runs per size; the median counts")
+                      help="timed runs per size; the median counts (with --gap-us, the mean)")
+    link.add_argument("--gap-us", type=_number(int, minimum=0, maximum=1_000_000), default=0, metavar="US",
+                      help="time each call after US microseconds of matmuls on every rank, as a tensor-parallel "
+                           "rank calls its all-reduces between its ops (NOTE [collectives between work]); "
+                           "default 0: back to back")
 
     shard = sub.add_parser("shard-weights", help="fill the per-rank weights of a plan made with --meta "
                                                  "from a checkpoint, streaming")

@@ -15,6 +15,22 @@ never restates a formula costs.py owns. `--op send-recv` fits one tensor's trans
 `all-reduce` a tensor-parallel group's or a gradient sync's ring (2(r-1) latencies).
 The printed `link = {...}` goes into the cluster file's machine; the per-size table shows how well
 one latency and one bandwidth describe it.
+
+NOTE [collectives between work]
+A tensor-parallel rank does not call its all-reduces back to back behind a barrier: it computes a
+few ms of ops, calls one, computes again (NOTE [collective skew] in runtime/collectives.py). On
+this 2-core VM a call made that way costs several times one made back to back, and below 1 MiB
+its time barely grows with the bytes: presumably the wake-ups of gloo's threads and of the peer,
+not the transfer (figures in docs/benchmarks.md, "Issue 20: the TP-2 stage again (tpmeasure)").
+`--gap-us G` times the op as the stage calls it: each timed call comes after G us of matmuls on
+every rank (the all-reduce itself keeps the ranks in step; a send may run ahead of its recv by
+what gloo buffers, as a pipeline stage's does), and what counts is the rank's round (from the end
+of its last call to the end of this one) less its own matmuls: the call itself and the wait for a
+peer that left the last call later, what the stage's forward pays for it. Such calls are fast or
+slow (a few times apart), so the median of a size flips between the two from one run to the
+next; a forward pays the sum of its calls, so with G > 0 a size's time is the mean of its calls,
+not the median. G = 0 is the back-to-back timing (a barrier before each call, the median), a
+gradient sync's buckets; the fit is the same either way.
 """
 
 from __future__ import annotations
@@ -83,7 +99,16 @@ def fit_link(op: str, ranks: int, measured_us: dict[int, float]) -> LinkFit:
     return LinkFit(op, ranks, lat, 1 / inv_bw, dict(sorted(measured_us.items())), dict(sorted(fitted.items())))
 
 
-def _worker(rank: int, ranks: int, port: int, op: str, sizes: list[int], repeats: int, out: str) -> None:
+def _work(a: "torch.Tensor", b: "torch.Tensor", gap_us: int) -> int:  # noqa: F821 - torch is imported in the worker
+    """Matmuls for `gap_us` on this rank (NOTE [collectives between work]); the ns they took."""
+    start = time.monotonic_ns()
+    while time.monotonic_ns() - start < gap_us * 1000:
+        a @ b
+    return time.monotonic_ns() - start
+
+
+def _worker(rank: int, ranks: int, port: int, op: str, sizes: list[int], repeats: int, out: str,
+            gap_us: int = 0) -> None:
     import torch
     import torch.distributed as dist
 
@@ -99,17 +124,28 @@ def _worker(rank: int, ranks: int, port: int, op: str, sizes: list[int], repeats
             dist.recv(x, 0)
 
     times = {}
+    a, b = torch.randn(128, 256), torch.randn(256, 256)
     for n in sizes:
         x = torch.ones(max(1, n // 4))
         for _ in range(3):
             once(x)
         samples = []
+        dist.barrier()
+        end = time.monotonic_ns()
         for _ in range(repeats):
+            if gap_us:  # as a TP rank calls it: after its ops (NOTE [collectives between work])
+                worked = _work(a, b, gap_us)
+                once(x)
+                samples.append((time.monotonic_ns() - end - worked) / 1e9)
+                end = time.monotonic_ns()
+                continue
             dist.barrier()
             start = time.perf_counter()
             once(x)  # send-recv: rank 1's time is the transfer as the next stage waits for it
             samples.append(time.perf_counter() - start)
-        times[n] = statistics.median(samples) * 1e6
+        # between work the calls are bimodal (NOTE [collectives between work]): a median flips between the modes
+        # from run to run, and a forward pays the sum of its calls, so the mean counts there
+        times[n] = (statistics.fmean(samples) if gap_us else statistics.median(samples)) * 1e6
     measured_by = 1 if op == "send-recv" else 0
     if rank == measured_by:
         Path(out).write_text(json.dumps(times))
@@ -117,14 +153,17 @@ def _worker(rank: int, ranks: int, port: int, op: str, sizes: list[int], repeats
 
 
 def measure_link(op: str = "all-reduce", ranks: int = 2, sizes: tuple[int, ...] = DEFAULT_SIZES,
-                 repeats: int = 20) -> LinkFit:
-    """NOTE [measured links]: time `op` among `ranks` local gloo processes and fit the cost model's link to it."""
+                 repeats: int = 20, gap_us: int = 0) -> LinkFit:
+    """NOTE [measured links]: time `op` among `ranks` local gloo processes and fit the cost model's link to it;
+    with `gap_us`, each call after that long of matmuls on every rank (NOTE [collectives between work])."""
     if op not in OPS:
         raise HetpartError(f"profile-link --op {op}: expected one of {', '.join(OPS)}")
     if ranks < 2 or (op == "send-recv" and ranks != 2):
         raise HetpartError(f"profile-link --ranks {ranks}: {op} needs {'exactly 2' if op == 'send-recv' else '>= 2'}")
     if len(set(sizes)) < 2 or min(sizes) < 4:
         raise HetpartError("profile-link --sizes: give at least two different sizes of 4 bytes or more")
+    if gap_us < 0:
+        raise HetpartError(f"profile-link --gap-us {gap_us}: give 0 (back to back) or more microseconds")
     import torch.multiprocessing as mp
 
     with socket.socket() as sock:  # a free loopback port for the process group
@@ -132,7 +171,7 @@ def measure_link(op: str = "all-reduce", ranks: int = 2, sizes: tuple[int, ...] 
         port = sock.getsockname()[1]
     with tempfile.TemporaryDirectory(prefix="hetpart-link-") as tmp:
         out = str(Path(tmp) / "times.json")
-        mp.start_processes(_worker, args=(ranks, port, op, sorted(set(sizes)), repeats, out), nprocs=ranks,
+        mp.start_processes(_worker, args=(ranks, port, op, sorted(set(sizes)), repeats, out, gap_us), nprocs=ranks,
                            start_method="spawn")
         measured = {int(k): v for k, v in json.loads(Path(out).read_text()).items()}
     return fit_link(op, ranks, measured)

@@ -160,7 +160,9 @@ def _rank_breakdown(rank: int, events: list[dict], handoffs: dict[tuple, Handoff
             continue
         row = dict.fromkeys(("compute", "forward", "module", "behind", "latency", "send", "cpu", "proc", "post"), 0.0)
         row["step"] = (t1 - t0) / 1e3
-        mine = [e for e in events if e["step"] == step and "t0_ns" in e and e["kind"] != "module"]
+        # the schedule's actions: not the module's call inside a forward, nor a collective (inside a TP forward, or
+        # a gradient sync after the schedule, which stays in the tail as before the timeline recorded it)
+        mine = [e for e in events if e["step"] == step and "t0_ns" in e and e["kind"] not in ("module", "collective")]
         row["head"] = (min((e["t0_ns"] for e in mine), default=t1) - t0) / 1e3
         row["tail"] = (t1 - max((e["t1_ns"] for e in mine), default=t1)) / 1e3
         for e in (e for e in events if e["step"] == step):

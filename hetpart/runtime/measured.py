@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from hetpart.plan_report import PlanReport
+from hetpart.runtime.collectives import rank_collectives
 from hetpart.runtime.handoff import analyse
 
 
@@ -77,7 +78,9 @@ def measurement(io_dir: Path, world: int, m: int, plan: PlanReport, opts: Any, t
     timeline = None
     if all(timelines):  # NOTE [action timeline]: every action of every rank, and where the step went
         timeline = {"clock": "time.monotonic_ns (one clock for the ranks of a machine)", "ranks": timelines,
-                    "handoff": analyse(timelines, skip_first=opts.steps > 1).to_json()}
+                    "handoff": analyse(timelines, skip_first=opts.steps > 1).to_json(),
+                    # a TP rank's forward: ops, skew, collectives (NOTE [collective skew] in runtime/collectives.py)
+                    "collectives": [r.to_json() for r in rank_collectives(timelines, skip_first=opts.steps > 1)]}
     return {
         "format_version": 1,
         "mode": opts.mode,

@@ -9,13 +9,18 @@ when it is posted (`_batch_p2p`: the call's start, and its duration, with its pe
 one system-wide clock, so the ranks of one machine can be laid side by side: a recv's end matched
 with its sender's post is the hand-off latency (runtime/handoff.py reads them). Beside the wall
 clock each compute action carries the thread's CPU time (`time.thread_time_ns`) and the process's
-(`time.process_time_ns`, which includes gloo's I/O threads). The hooks patch the pipelining module's
-globals and the rank's stage objects for the run's steps only, and cost ~2 us per action.
+(`time.process_time_ns`, which includes gloo's I/O threads). Every collective the rank calls through
+torch.distributed (`all_reduce`, `all_gather`: a TP stage's g, f and gathers, NOTE [tensor-parallel
+stages] in codegen/tp.py; training's gradient sums) is an event too, with its start, end, thread CPU
+time, bytes and group's ranks, so the ranks of a group can be matched call by call (NOTE [collective
+skew] in runtime/collectives.py). The hooks patch the pipelining module's globals, torch.distributed's
+two collectives and the rank's stage objects for the run's steps only, and cost ~2 us per action.
 """
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -63,6 +68,30 @@ class Timeline:
         post = self._works.pop(id(work), None)
         self.add(kind="wait", t0_ns=start_ns, t1_ns=end_ns, ops=post["ops"] if post else [],
                  post_ns=post["t_ns"] if post else None)
+
+
+def _collective_hook(timeline: Timeline, name: str, nbytes: Any) -> Any:
+    """torch.distributed's `name`, recording each call (NOTE [action timeline]); `nbytes(arguments)`: the bytes of
+    its tensors, from the call's arguments by name. An `async_op=True` call's time is its posting only."""
+    original = getattr(dist, name)
+    signature = inspect.signature(original)
+    groups: dict[int, list[int]] = {}
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        arguments = signature.bind(*args, **kwargs).arguments
+        group = arguments.get("group")
+        key = id(group)
+        if key not in groups:
+            # global ranks, as measured.json's timelines are indexed
+            groups[key] = dist.get_process_group_ranks(group if group is not None else dist.group.WORLD)
+        t0, cpu0 = time.monotonic_ns(), time.thread_time_ns()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            timeline.add(kind="collective", op=name, t0_ns=t0, t1_ns=time.monotonic_ns(),
+                         cpu_ns=time.thread_time_ns() - cpu0, bytes=nbytes(arguments), group=groups[key])
+
+    return original, timed
 
 
 def _compute_hook(timeline: Timeline, stage: Any, name: str, kind: str) -> None:
@@ -136,10 +165,18 @@ def recording(stages: list[Any]) -> Iterator[Timeline]:
         _ops_hook(timeline, s, "get_bwd_send_ops", "bwd", "send")
         handles += _module_hook(timeline, s)
     pipelining_schedules._batch_p2p, pipelining_schedules._wait_batch_p2p = batch_p2p, wait_batch_p2p
+    size = lambda t: t.numel() * t.element_size()  # noqa: E731
+    collectives = {"all_reduce": _collective_hook(timeline, "all_reduce", lambda a: size(a["tensor"])),
+                   "all_gather": _collective_hook(timeline, "all_gather",
+                                                  lambda a: size(a["tensor"]) * len(a["tensor_list"]))}
+    for name, (_, timed) in collectives.items():
+        setattr(dist, name, timed)
     try:
         yield timeline
     finally:
         pipelining_schedules._batch_p2p, pipelining_schedules._wait_batch_p2p = original_batch, original_wait
+        for name, (original, _) in collectives.items():
+            setattr(dist, name, original)
         for h in handles:
             h.remove()
         for s, before in saved:

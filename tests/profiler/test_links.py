@@ -39,3 +39,19 @@ def test_bad_arguments_exit_2(capsys):
     assert main(["profile-link", "--op", "send-recv", "--ranks", "3"]) == 2
     assert "send-recv needs exactly 2" in capsys.readouterr().err
     assert main(["profile-link", "--ranks", "1"]) == 2  # argparse's range check
+
+
+def test_between_work_each_call_is_timed_after_the_matmuls(capsys):
+    # NOTE [collectives between work]: one 2-process run, sizes far apart so that the slow mode of the small
+    # size's calls (a few ms) stays below the large one's transfer and the fit is made.
+    assert main(["profile-link", "--gap-us", "100", "--sizes", "4096", str(32 << 20), "--repeats", "3"]) == 0
+    out = " ".join(capsys.readouterr().out.split())  # the table's title wraps at the terminal's width
+    assert "gloo all-reduce among 2 local processes (mean of 3, each after 100 us of matmuls)" in out
+    assert "link = { bandwidth_GBps = " in out
+
+
+def test_a_negative_gap_is_refused(capsys):
+    assert main(["profile-link", "--gap-us", "-1"]) == 2  # argparse's range check
+    assert "profile-link: --gap-us must be >= 0 (got -1)" in capsys.readouterr().err
+    with pytest.raises(HetpartError, match="--gap-us -1: give 0"):  # the API's own check, before any process
+        measure_link(gap_us=-1)

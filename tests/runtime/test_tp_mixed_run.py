@@ -135,7 +135,18 @@ def test_gpt_tp2_then_tp1_inference_equals_the_model_and_is_measured_per_rank(gp
     assert "3 rank(s)" in ran and "inference" in ran and "verify: PASS" in ran
     measured = json.loads((gpt_mixed / "measured.json").read_text())  # each rank on its own stage's device
     assert [s["device"] for s in measured["stages"]] == ["a/0", "a/1", "b/0"]
-    assert measured["timeline"] is not None
+    timeline = measured["timeline"]
+    # every all-reduce of the TP-2 stage recorded on both ranks, none on the TP-1 one (NOTE [collective skew])
+    calls = [[e for e in events if e["kind"] == "collective"] for events in timeline["ranks"]]
+    assert calls[0] and len(calls[0]) == len(calls[1]) and not calls[2]
+    assert {(e["op"], tuple(e["group"])) for e in calls[0] + calls[1]} == {("all_reduce", (0, 1))}
+    assert [e["bytes"] for e in calls[0]] == [e["bytes"] for e in calls[1]]
+    split = timeline["collectives"]  # the measured step's forwards, 2 microbatches: the medians are means
+    assert [r["rank"] for r in split] == [0, 1]
+    for r in split:
+        assert r["collectives_per_forward"] == len(calls[0]) / 4  # 2 steps of 2 microbatches
+        assert r["ops_wall_us"] > 0 and r["ops_cpu_us"] > 0 and r["skew_us"] >= 0 and r["itself_us"] > 0
+        assert r["ops_wall_us"] + r["skew_us"] + r["itself_us"] == pytest.approx(r["forward_us"], abs=0.01)
 
 
 def test_llama_tp1_then_tp2_trains_1f1b_equal_to_the_model(tmp_path, capsys):
