@@ -63,14 +63,25 @@ class OwnOutputs(torch.nn.Module):
     to free their graph; an output that the stage's autograd graph also saved (a value it passes on and
     uses itself, `gelu(linear)` sending `linear` on) is then gone when the weight-gradient step runs, and a
     view (a value passed through) cannot be detached in place at all. One copy per output and microbatch;
-    the other schedules do not need it."""
+    the other schedules do not need it.
+
+    In training every floating output also requires grad, even one that depends on no weight (a stage that
+    holds only the model's input and passes it on): the next stage receives it as an input that requires
+    grad only if the sender's did, and zero bubble's split backward finds a stage's weights from its inputs
+    (torch's `stage_backward_input` groups the weights by the graph between inputs and outputs). A stage whose
+    inputs require no grad got no weight gradient at all under it (its weights never trained; measured on
+    zoo:mlp, torch 2.13); the other schedules' full backward does not depend on it."""
 
     def __init__(self, inner: torch.nn.Module) -> None:
         super().__init__()
         self.inner = inner
 
     def forward(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:  # noqa: D102
-        return tuple(o.clone() for o in self.inner(*args))
+        outputs = tuple(o.clone() for o in self.inner(*args))
+        if torch.is_grad_enabled():
+            outputs = tuple(o.requires_grad_() if o.is_floating_point() and not o.requires_grad else o
+                            for o in outputs)
+        return outputs
 
 
 class RankStages(torch.nn.Module):

@@ -75,6 +75,15 @@ import torch
 #   on two pipelines of a 4-layer GPT, 12 microbatches); at max|model| they pass, and a
 #   gradient scaled or summed wrongly is still off by a fraction of max|model|.
 # Integer and bool outputs must be equal.
+
+# NOTE [every held weight checked]
+# In training each rank writes the gradients (and, after the last step, the values) of the weights its
+# stages hold, and --verify compares every tensor written against the model's. What a rank did NOT write
+# would be compared nowhere: a stage whose weights got no gradient under a schedule (so the optimizer
+# never moved them) printed max_grad_rel_err=0 and was caught only by the weights after the step. So
+# each weight the manifest gives a rank (`rank_weights`: its stages, virtual ones included) for which the
+# model has a gradient (or value) must be in that rank's file; each one missing is a failed check named
+# "<weight> (rank r)", and the verdict is FAIL.
 OUTLIER_GAP = 100.0
 VERIFY_RTOL = 1e-5
 VERIFY_ATOL = 1e-5
@@ -295,17 +304,25 @@ def training_checks(io_dir: Path, manifest: dict, reference: ReferenceTraining, 
 
     from hetpart.errors import HetpartError
     from hetpart.runtime.artifacts import mesh_pipelines
+    from hetpart.runtime.checkpoint import rank_weights
 
     def per_rank(prefix: str, ref: dict[str, torch.Tensor], what: str) -> list[TensorCheck]:
-        got = []
-        for rank in range(manifest["world_size"]):
+        got, unwritten = [], []
+        for entry in manifest["ranks"]:
+            rank = entry["rank"]
             path = io_dir / f"{prefix}{rank}.safetensors"
-            if path.exists():
-                got.extend((name, rank, t) for name, t in load_file(str(path)).items())
+            written = load_file(str(path)) if path.exists() else {}
+            got.extend((name, rank, t) for name, t in written.items())
+            # NOTE [every held weight checked]: a weight the rank holds and the model has a gradient (or value) for
+            # must be in the rank's file; one it never wrote would otherwise be compared nowhere
+            unwritten += [TensorCheck(f"{name} (rank {rank})", float("inf"), 0.0, float("inf"), False,
+                                      problem=f"the rank wrote no {what[:-1]} for it; the model has one")
+                          for name in rank_weights(entry) if name in ref and name not in written]
         missing = sorted({name for name, _, _ in got} - set(ref))
         if missing:
             raise HetpartError(f"verification: the pipeline has {what} for {missing[:5]} the model does not")
-        return [check_tensor(f"{name} (rank {rank})", t, ref[name], tol, robust=False) for name, rank, t in got]
+        return [check_tensor(f"{name} (rank {rank})", t, ref[name], tol, robust=False)
+                for name, rank, t in got] + unwritten
 
     last_ranks = [q.stages[-1][0] for q in mesh_pipelines(manifest)]
     losses = torch.cat([load_file(str(io_dir / f"losses{r}.safetensors"))["losses"] for r in last_ranks], dim=1)

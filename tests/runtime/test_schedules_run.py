@@ -100,3 +100,28 @@ def test_an_emulated_virtual_stage_plan_throttles_each_rank_once_and_verifies(pl
     assert "training with interleaved-1f1b" in ran and "verify: PASS" in ran
     mine = f"hetpart-emulate-{os.getpid()}-rank*"  # this process launched the run (another test's may be running)
     assert not [p for root in (Path("/sys/fs/cgroup/cpu"), Path("/sys/fs/cgroup")) for p in root.glob(mine)]
+
+
+def test_zero_bubble_trains_a_stage_whose_input_depends_on_no_weight():
+    """OwnOutputs (NOTE in its docstring): a stage that holds only the model's input sends it on requiring grad,
+    so the next stage's split backward (torch's own input and weight steps, no launch) finds its weights; a
+    plain copy requires no grad and its weights got no gradient (zoo:mlp's interleaved plan on cpu-4)."""
+    import torch
+    from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
+
+    from hetpart.runtime.schedules import OwnOutputs
+
+    class PassOn(torch.nn.Module):
+        def forward(self, x: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return x, ids
+
+    x, ids = OwnOutputs(PassOn())(torch.randn(4, 8), torch.arange(4))
+    assert x.requires_grad and not ids.requires_grad  # integers never do
+    with torch.no_grad():
+        assert not OwnOutputs(PassOn())(torch.randn(4, 8), torch.arange(4))[0].requires_grad
+    linear = torch.nn.Linear(8, 3)
+    out = linear(x)
+    _, groups = stage_backward_input([out], [torch.ones_like(out)], [x], iter(linear.parameters()))
+    stage_backward_weight(iter(linear.parameters()), groups)
+    assert linear.weight.grad is not None and torch.allclose(linear.weight.grad, torch.ones(3, 4) @ x.detach())
+    assert torch.allclose(linear.bias.grad, torch.full((3,), 4.0))

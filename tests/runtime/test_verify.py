@@ -210,3 +210,33 @@ def test_negative_tolerances_are_refused_before_starting(scaled, capsys):
     assert main(["run", str(scaled), "--verify", "--trust-model-file", "--atol=-1e-5"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("hetpart: error: --atol must be >= 0 (got -1e-05)"), err
+
+
+def test_a_held_weight_whose_gradient_no_rank_wrote_fails(tmp_path):
+    """NOTE [every held weight checked]: a gradient missing from a rank's file (a stage whose weights got none
+    under its schedule) fails the verdict; before, only the tensors written were compared and it passed."""
+    from hetpart.runtime.verify import ReferenceTraining, training_checks
+
+    ref_grads = {"a.weight": torch.randn(3, 3), "b.weight": torch.randn(3), "tied": torch.randn(2)}
+    weights = {n: t + 1 for n, t in ref_grads.items()}
+    manifest = {"world_size": 2, "mesh": {"groups": [{"kind": "pipeline", "name": "pp", "ranks": [0, 1]}],
+                                          "stages": [[0], [1]]},
+                "ranks": [{"rank": 0, "weights": ["a.weight", "buffer"]},
+                          {"rank": 1, "weights": ["b.weight"], "virtual_stages": [{"weights": ["tied"]}]}]}
+    losses = torch.ones(1, 2)
+    save_file({"losses": losses}, str(tmp_path / "losses1.safetensors"))
+    reference = ReferenceTraining(ref_grads, losses, weights)
+
+    def verdict(written: dict[int, list[str]]) -> tuple[str, list[str]]:
+        for r, names in written.items():
+            save_file({n: ref_grads[n].clone() for n in names}, str(tmp_path / f"grads{r}.safetensors"))
+        checks = training_checks(tmp_path, manifest, reference, Tolerances())
+        v = Verification([check_tensor("out", torch.ones(1), torch.ones(1), Tolerances())], checks.grads,
+                         Tolerances(), checks.losses, checks.weights)
+        return v.verdict, [c.name for c in checks.grads if not c.ok]
+
+    # every held weight with a gradient written ("buffer": the model has no gradient for it, none needed)
+    assert verdict({0: ["a.weight"], 1: ["b.weight", "tied"]}) == ("PASS", [])
+    # rank 1's virtual stage wrote nothing for "tied"; rank 0 wrote no file at all
+    (tmp_path / "grads0.safetensors").unlink()
+    assert verdict({1: ["b.weight"]}) == ("FAIL", ["a.weight (rank 0)", "tied (rank 1)"])
