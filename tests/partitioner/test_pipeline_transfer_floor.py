@@ -223,3 +223,24 @@ def test_parts_of_unequal_sync_keep_the_bound_at_most_the_optimum():
     assert brute_pipelines(p, 3) == 785
     assert pipelines_lower_bound(p, 3, memory=False).bound_ns == 784  # the bound before the memory bound
     assert pipelines_lower_bound(p, 3).bound_ns <= 785
+
+
+def test_pipelines_bound_fuzzed_against_brute_force():
+    """The fuzz of pipeline_bound_fuzz.py, seeded and small (benchmarks/pipeline_bound_fuzz.py runs thousands):
+    random DAGs with skips and multi-output nodes, 2-3 device types on 1-3 machines of different sizes and links,
+    1F1B, GPipe and inference, 1-8 microbatches; the bound never above the brute-force optimum, close on some."""
+    from pipeline_bound_fuzz import check, random_pipelines_problem
+
+    schedules, close, plans = set(), 0, 0
+    for seed in CHEAP_SEEDS:
+        p, _ = random_pipelines_problem(seed)
+        schedules.add(p.training.schedule if p.training else None)
+        optimum, bound = check(seed)
+        if optimum is not None:
+            plans += 1
+            assert bound <= optimum, (seed, bound, optimum)
+            close += bound >= 0.98 * optimum
+    assert schedules == {"1f1b", "gpipe", None} and plans == len(CHEAP_SEEDS) and close >= 2  # measured: 3 close
+
+
+CHEAP_SEEDS = [3, 4, 7, 8, 16, 18, 20, 22, 23, 26, 28]  # of seeds 0-29, those whose brute force takes under 0.25 s
