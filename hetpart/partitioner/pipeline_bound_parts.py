@@ -30,10 +30,12 @@ class Part:
 # any plan of the part: its smallest pipeline has at most both). A plan of k >= 2 pipelines is in one
 # part, so the least over the parts of (their LP's T + their sync) and the one-pipeline value is a
 # bound. The LP is built once and each part sets its rows. First the LP with no part's rows (k >= 2, no
-# sync): the least T it reaches, `free`, is below every part's (each only adds rows); a part whose sync
-# plus `free` cannot beat the best so far costs nothing; the others by branch and bound
-# (`parts_search`); past the deadline the parts left are charged `free` (or what they were shown not to
-# reach) + their sync.
+# sync): the largest T shown infeasible, `free`, is below every part's (each only adds rows; 0 when the
+# first T tried, the known bound less the least sync, is feasible: a T the LP reaches bounds no part,
+# and that start bounds only the part of the least sync -- each part gets the known bound less its own
+# sync in `parts_search`); a part whose sync plus `free` cannot beat the best so far costs nothing; the
+# others by branch and bound (`parts_search`); past the deadline the parts left are charged `free` (or
+# what they were shown not to reach) + their sync.
 
 
 def parts_search(parts: list[Part], feasible, set_part, free: float, lo: float, best: float,

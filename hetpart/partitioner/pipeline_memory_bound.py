@@ -459,10 +459,10 @@ class _ManyLp:
 
 
 def _least_infeasible(feasible, lo: float, deadline: float | None, hi: float | None = None) -> tuple[float, bool]:
-    """(the largest T shown infeasible, or `lo` when feasible there; finished before the deadline); `hi`: a T
-    known feasible, if any."""
+    """(the largest T shown infeasible, or 0.0 when feasible at `lo`: nothing shown; finished before the
+    deadline); `hi`: a T known feasible, if any."""
     if feasible(lo):
-        return lo, True
+        return 0.0, True
     hi = hi if hi is not None and hi > lo else 2 * lo
     while not feasible(hi):
         lo, hi = hi, 2 * hi
