@@ -116,7 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
     part.add_argument("--seed", type=_SEED, default=0, help="seed for weights, inputs and the solver")
     part.add_argument("--strategy", default="optimal", metavar="NAME",
                       help="optimal (default), or write a baseline's plan instead: equal-layers, "
-                           "equal-layers-best-order, parameters, dp-topo-order, fx-size-based")
+                           "equal-layers-best-order, parameters, dp-topo-order, fx-size-based; with --parallel "
+                           "data: megatron, metis, one-pipeline")
     part.add_argument("--check-certificate", action=argparse.BooleanOptionalAction, default=None,
                       help="re-prove an OPTIMAL / WITHIN_GAP claim by another route (brute force or CP-SAT "
                            "without presolve) and downgrade it if refuted (default: HETPART_CHECK_CERTIFICATE)")

@@ -121,13 +121,13 @@ class CompileOptions:
                                "--tensor-parallel/--max-tensor-parallel, or use --schedule gpipe or 1f1b")
         if self.optimizer_bytes_per_param < 0:
             raise HetpartError(f"--optimizer-bytes-per-param must be >= 0 (got {self.optimizer_bytes_per_param})")
-        check_strategy(self.strategy)
+        if self.pipelines is not None and self.strategy != "optimal":
+            raise HetpartError(f"--strategy {self.strategy} writes a baseline's plan and --pipelines gives the "
+                               "pipelines: pass one of the two")
+        check_strategy(self.strategy, data_parallel=self.parallel == "data")
         if self.align not in ("ops", "layers"):
             raise HetpartError(f"--align {self.align}: expected ops or layers")
         check_pipeline_options(self.pipelines, self.pipeline_microbatches, self.microbatches, self.parallel)
-        if (self.pipelines is not None or self.parallel == "data") and self.strategy != "optimal":
-            raise HetpartError(f"--strategy {self.strategy} writes a baseline's single pipeline; leave it out with "
-                               "--pipelines or --parallel data")
         if (self.dump_ir is not None and out is not None
                 and out.resolve() in (self.dump_ir.resolve(), *self.dump_ir.resolve().parents)):
             raise HetpartError(f"--dump-ir {self.dump_ir} is inside --out {out}, which this run creates or replaces; "

@@ -45,6 +45,14 @@ def plan_data_parallel(problem: Problem, opts: CompileOptions) -> tuple[Pipeline
     fields = {"seed": opts.seed, "gap": opts.gap, "check_certificate": opts.check_certificate}
     if opts.replan is not None:  # `hetpart replan`'s choice (NOTE [re-plan pipelines]) in place of the search
         return opts.replan.pipelines_for(problem), []
+    if opts.parallel == "data" and opts.strategy != "optimal":  # a baseline's pipelines (NOTE [--strategy])
+        from hetpart.partitioner.pipeline_baselines import strategy_pipelines
+        from hetpart.partitioner.solve import SolveOptions
+
+        pp, baselines = strategy_pipelines(problem, opts.microbatches, opts.strategy,
+                                           SolveOptions(time_limit_s=opts.time_limit_s / 2, **fields),
+                                           time_limit_s=opts.time_limit_s)
+        return pp, _baselines_json(baselines)
     if opts.parallel == "data":  # the search, and the baselines beside it (NOTE [baselines as candidates])
         from hetpart.partitioner.pipeline_search import plan_with_baselines
         from hetpart.partitioner.solve import SolveOptions
@@ -52,8 +60,7 @@ def plan_data_parallel(problem: Problem, opts: CompileOptions) -> tuple[Pipeline
         pp, baselines = plan_with_baselines(problem, opts.microbatches,
                                             SolveOptions(time_limit_s=opts.time_limit_s, **fields),
                                             baseline_limit_s=opts.time_limit_s / 2)
-        return pp, [{"name": b.name, "iteration_us": None if b.plan is None else round(b.plan.iteration_ns / 1000, 3),
-                     "note": b.note} for b in baselines]
+        return pp, _baselines_json(baselines)
     groups = [list(g) for g in opts.pipelines or ()]
     shares = list(opts.pipeline_microbatches) if opts.pipeline_microbatches is not None else None
     solves = len(groups) * (1 if shares is not None else 2)  # the time limit is shared by every solve
@@ -65,6 +72,12 @@ def plan_data_parallel(problem: Problem, opts: CompileOptions) -> tuple[Pipeline
         if shares == equal:
             return probe, []
     return fixed_pipelines(problem, groups, shares, **fields), []
+
+
+def _baselines_json(baselines: list) -> list[dict]:
+    """plan.json's `baselines` of a data-parallel plan (NOTE [pipeline baselines])."""
+    return [{"name": b.name, "iteration_us": None if b.plan is None else round(b.plan.iteration_ns / 1000, 3),
+             "note": b.note} for b in baselines]
 
 
 def compile_pipelines(spec: ModelSpec, cluster: Cluster, opts: CompileOptions, out: Path, tmp: Path, *,

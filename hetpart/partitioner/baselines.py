@@ -376,14 +376,29 @@ def baselines_json(problem: Problem, plan: Plan, baselines: list[Baseline], micr
 # the optimised one, through the same codegen, so any split runs, verifies and is measured
 # the same way (`hetpart run --measure`, benchmarks/measured_speedup.py). A baseline that has
 # no plan, or whose plan breaks a device's memory, is refused (exit 2): its artifacts could not
-# run where the plan says, and the error says by how much each stage is over.
+# run where the plan says, and the error says by how much each stage is over. With `--parallel
+# data` the strategies are the data-parallel baselines of NOTE [pipeline baselines] (megatron,
+# metis, one-pipeline: `strategy_pipelines` in pipeline_baselines.py), written as the search's
+# pipelines are; their status is BASELINE with no bound (a one-pipeline solve's own bound covers
+# one pipeline on every device, not the data-parallel plans the problem allows).
 FX_STRATEGIES = ("fx-size-based",)  # torch.fx's, computed by the caller (baselines/fx_partitioner.py)
 STRATEGIES = ("optimal", *BASELINES, *FX_STRATEGIES)
+DATA_PARALLEL_STRATEGIES = ("optimal", "megatron", "metis", "one-pipeline")  # NOTE [pipeline baselines]
 
 
-def check_strategy(name: str) -> None:
-    if name not in STRATEGIES:
-        raise HetpartError(f"--strategy {name}: unknown strategy (known: {', '.join(STRATEGIES)})")
+def check_strategy(name: str, data_parallel: bool = False) -> None:
+    """`--strategy NAME` for one pipeline, or with `data_parallel` for `--parallel data` (NOTE [--strategy])."""
+    known, other = ((DATA_PARALLEL_STRATEGIES, STRATEGIES) if data_parallel else (STRATEGIES, DATA_PARALLEL_STRATEGIES))
+    if name in known:
+        return
+    if name in other:
+        raise HetpartError(f"--strategy {name} is a baseline of " + (
+            "one pipeline: leave out --parallel data with it" if data_parallel else
+            "data-parallel pipelines: pass --parallel data with it") + f" (with{'' if data_parallel else 'out'} "
+            f"--parallel data: {', '.join(known)})")
+    raise HetpartError(f"--strategy {name}: unknown strategy (known: {', '.join(known)}"
+                       + ("" if data_parallel else f"; with --parallel data: {', '.join(DATA_PARALLEL_STRATEGIES[1:])}")
+                       + ")")
 
 
 def strategy_plan(problem: Problem, name: str, fx: Callable[[], list[Baseline]]) -> Plan:

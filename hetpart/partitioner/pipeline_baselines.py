@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 
 from hetpart.errors import HetpartError
-from hetpart.partitioner.baselines import _equal_blocks
+from hetpart.partitioner.baselines import DATA_PARALLEL_STRATEGIES, _equal_blocks
 from hetpart.partitioner.costs import node_time_ns
 from hetpart.partitioner.evaluate import evaluate
 from hetpart.partitioner.pipelines import (
@@ -194,3 +194,27 @@ def pipeline_baselines(problem: Problem, microbatches: int, time_limit_s: float 
     except HetpartError as e:
         out.append(PipelinesBaseline("one-pipeline", None, str(e).splitlines()[0]))
     return out
+
+
+def strategy_pipelines(problem: Problem, microbatches: int, name: str, options: SolveOptions | None = None, *,
+                       time_limit_s: float) -> tuple[PipelinesPlan, list[PipelinesBaseline]]:
+    """`--parallel data --strategy NAME`: the plan of data-parallel baseline `name` (NOTE [--strategy] in
+    baselines.py), and every baseline beside it (`pipeline_baselines` within `time_limit_s`). Status BASELINE
+    with no bound; each device it leaves out says so. An error where the baseline has no plan."""
+    if name not in DATA_PARALLEL_STRATEGIES[1:]:
+        raise HetpartError(f"--strategy {name}: not a data-parallel baseline ({', '.join(DATA_PARALLEL_STRATEGIES[1:])})")
+    baselines = pipeline_baselines(problem, microbatches, time_limit_s=time_limit_s, options=options,
+                                   single=name == "one-pipeline" or len(problem.devices) <= 128)
+    b = next(b for b in baselines if b.name == name)
+    if b.plan is None:
+        raise HetpartError(f"--strategy {name}: no plan for this model and cluster ({b.note}); pick another "
+                           "--strategy")
+    bad = pipelines_violations(problem, b.plan, microbatches)
+    if bad:  # megatron and metis are checked when found; the one-pipeline solve is checked here
+        raise HetpartError(f"--strategy {name}: its plan breaks {len(bad)} rule(s) ({'; '.join(bad[:3])}); pick "
+                           "another --strategy")
+    layout = b.plan.bound_note.split(" (NOTE")[0]
+    idle = {d: f"--strategy {name} ({layout}): {why}" for d, why in b.plan.devices_idle.items()}
+    plan = dataclasses.replace(b.plan, lower_bound_ns=0, solver_status="BASELINE", devices_idle=idle,
+                               bound_note=f"--strategy {name} ({layout}): a baseline's plan, no bound")
+    return plan, baselines
