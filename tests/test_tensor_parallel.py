@@ -374,3 +374,27 @@ def test_a_chosen_degree_is_what_replan_keeps(tmp_path, capsys):
     assert {d["type"] for d in stored["devices"]} == {"cpu/tp2"}
     assert main(["replan", str(out), "--lose", "local/3", "--out", str(tmp_path / "new")]) == 0
     assert "tensor parallel 2 kept" in capsys.readouterr().out
+
+
+def test_a_view_of_a_split_value_keeps_its_measured_time(gpt):
+    """A profiled view's time is dispatch overhead, paid whole on each rank of the group (it was priced 0)."""
+    from hetpart.ir import info
+    from hetpart.passes.flops import is_view
+    cluster = load_cluster("preset:cpu-4")
+    groups = group_of(gpt)
+    plan = analyse(gpt, 2)
+    view = next(n for n in gpt.graph.nodes if n.name in plan.sharded and is_view(n) and n.name in groups
+                and n.op == "call_function")
+    problem = lower_to_problem(gpt, cluster, TrainingSpec("1f1b", 2, 8), groups)
+    before = lower_tensor_parallel(problem, gpt, cluster, plan, groups, training=True)[0]
+    cost, bwd = dict(info(view).cost_ns), dict(info(view).bwd_cost_ns)
+    try:
+        info(view).cost_ns["cpu"] = cost.get("cpu", 0) + 7_000  # as a profile measures it
+        info(view).bwd_cost_ns["cpu"] = bwd.get("cpu", 0) + 3_000
+        problem = lower_to_problem(gpt, cluster, TrainingSpec("1f1b", 2, 8), groups)
+        after = lower_tensor_parallel(problem, gpt, cluster, plan, groups, training=True)[0]
+    finally:
+        info(view).cost_ns.clear(), info(view).cost_ns.update(cost)
+        info(view).bwd_cost_ns.clear(), info(view).bwd_cost_ns.update(bwd)
+    v = groups[view.name]
+    assert after.graph.nodes[v][TIME_NS]["cpu/tp2"] - before.graph.nodes[v][TIME_NS]["cpu/tp2"] == 10_000

@@ -9,7 +9,8 @@ is `<type>/tp<t>` (`tp_type`), costed as follows, each term from the one formula
   output is whole: its bytes are (bytes - out) / t + out), forward and backward; the per-op
   overhead stays whole, so a small shard gains less than t (the efficiency loss of small shards).
   On a profiled type, the measured time is scaled by the roofline's ratio shard / whole.
-  Other ops run whole, replicated on every rank.
+  Other ops run whole, replicated on every rank; so does a view of a split value, whose profiled
+  time is dispatch (no kernel to shrink) that every rank pays whole.
 - collectives, over the machine's link with `costs.allreduce_ns` (ring, t ranks): each row
   linear's output all-reduced forward (g); in training each column-linear input's gradient
   all-reduced backward (f), charged to its first column linear; a split model output's
@@ -85,7 +86,7 @@ def _shard_time_ns(node: fx.Node, degree: int, dev, whole_ns: int, flops: int, n
                    row: bool) -> int:
     """An op's time at the shard's size (NOTE [tensor-parallel costs]); `whole_ns` its time whole."""
     if is_view(node) or (flops == 0 and nbytes == 0):
-        return 0 if is_view(node) else whole_ns
+        return whole_ns  # no kernel to shrink: a profiled view's time is dispatch, paid whole by every rank
     shard_bytes = (max(0, nbytes - out_bytes) // degree + out_bytes) if row else nbytes // degree
     key = peak_key(node, info(node).dtype)
     shard = roofline_ns(flops // degree, shard_bytes, dev, key)
