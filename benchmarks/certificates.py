@@ -2,13 +2,15 @@
 
     PYTHONPATH=. .venv/bin/python benchmarks/certificates.py --placement 5000 --partition 5000
     PYTHONPATH=. .venv/bin/python benchmarks/certificates.py --placement 300 --partition 300 --without-int32-fix
+    PYTHONPATH=. .venv/bin/python benchmarks/certificates.py --placement 0 --partition 0 --pinned 2000
 
 The problems are those of tests/partitioner/certificate_fuzz.py (seeds 0..N-1): placement with
 3-7 nodes, 1-3 devices, colour classes, memory limits, training graphs, latencies of thousands;
 partition with 2-6 nodes on 1-3 devices of 2 types and machines, memory, a third with ops of
-seconds. Per path: problems, OPTIMAL claims, bounds above the optimum, claimed optima above it,
-plans below it (a checker bug), and the mean time of all paths per problem. `--without-int32-fix` takes out
-NOTE [int32 activities] (placement's scale cap and partition's presolve setting) to show what
+seconds; `--pinned` adds partition_cases.pinned_problem's (tests/partitioner/test_pins.py): 2-6 nodes
+on 2-4 devices, pinned anywhere in the order (NOTE [pins]), training and constraints on some. Per path:
+problems, OPTIMAL claims, bounds above the optimum, claimed optima above it, plans below it (a checker
+bug), and the mean time of all paths per problem. `--without-int32-fix` takes out NOTE [int32 activities] (placement's scale cap and partition's presolve setting) to show what
 the fuzz catches. Sets HETPART_CHECK_CERTIFICATE=1 unless it is set.
 """
 
@@ -34,6 +36,7 @@ from certificate_fuzz import (  # noqa: E402
     random_placement,
     unsound,
 )
+from partition_cases import pinned_problem  # noqa: E402
 
 from hetpart.partitioner import cpsat  # noqa: E402
 from hetpart.placement import units as placement_units  # noqa: E402
@@ -47,7 +50,7 @@ def run(kind: str, n: int, rows: dict) -> None:
             t0 = time.perf_counter()
             results = placement_paths(problem)
         else:
-            problem = random_partition(seed)
+            problem = random_partition(seed) if kind == "partition" else pinned_problem(seed)
             optimum, slack = partition_optimum(problem), 1e-6
             t0 = time.perf_counter()
             results = partition_paths(problem)
@@ -69,6 +72,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--placement", type=int, default=300, help="placement problems (seeds 0..N-1)")
     ap.add_argument("--partition", type=int, default=300, help="partition problems (seeds 0..N-1)")
+    ap.add_argument("--pinned", type=int, default=0, help="pinned partition problems (seeds 0..N-1)")
     ap.add_argument("--without-int32-fix", action="store_true", help="take out NOTE [int32 activities]")
     args = ap.parse_args()
     if args.without_int32_fix:
@@ -78,11 +82,12 @@ def main() -> None:
     t0 = time.perf_counter()
     run("placement", args.placement, rows)
     run("partition", args.partition, rows)
+    run("pinned", args.pinned, rows)
     print(f"{'kind':<10} {'path':<26} {'problems':>8} {'OPTIMAL':>8} {'bound>opt':>9} {'claim>opt':>9} "
           f"{'plan<opt':>8}")
     for (kind, path), row in rows.items():
         if path == "(all paths)":
-            n = args.placement if kind == "placement" else args.partition
+            n = getattr(args, kind)
             print(f"{kind:<10} {path:<26} {n:>8} {1e3 * row['seconds'] / max(1, n):>8.1f} ms a problem")
             continue
         print(f"{kind:<10} {path:<26} {row['problems']:>8} {row['claims']:>8} {row['bound_above']:>9} "

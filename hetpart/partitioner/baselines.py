@@ -88,14 +88,19 @@ def _units(problem: Problem, order: list[str]) -> tuple[list[int], str]:
     g = problem.graph
     layers = [g.nodes[v].get(LAYER) for v in order]
     if not any(layers):
-        # Nodes; pinned ones join their neighbour (`node_order` puts them at the ends).
+        # Nodes; pinned ones join the first (PIN_FIRST) or the last (PIN_LAST) unit. `node_order` puts them as
+        # early or as late as the edges allow, which is not at the ends when a pinned node has ancestors
+        # (descendants) that are not (NOTE [pins]): there a pinned node joins the unit of the node before it,
+        # and the nodes after a PIN_LAST node the last unit, so that units never decrease along the order.
         pins = [g.nodes[v].get(PIN) for v in order]
         free = sum(p is None for p in pins)
         rank, unit = 0, []
         for p in pins:
             unit.append(0 if p == PIN_FIRST else free - 1 if p == PIN_LAST else rank)
             rank += p is None
-        return [min(max(u, 0), max(free - 1, 0)) for u in unit], "nodes"
+        unit = list(itertools.accumulate((min(max(u, 0), max(free - 1, 0)) for u in unit), max))
+        dense = {u: i for i, u in enumerate(sorted(set(unit)))}  # (a PIN_LAST node may skip units)
+        return [dense[u] for u in unit], "nodes"
     unit, seen, current = [], set(), 0
     for name in layers:
         if name and name not in seen:

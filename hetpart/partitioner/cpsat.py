@@ -163,7 +163,7 @@ def _build(problem: Problem, objective: str = "throughput", microbatches: int = 
             # and an unused stage holds no node).
             m.add_implication(~y[v][k - 1], used[k])
     for k in stages:
-        # A used stage holds at least one node not pinned last.
+        # A used stage holds at least one node not pinned last (NOTE [pins] in problem.py).
         m.add(sum(x(v, k) for v in free) >= used[k])
     for p in order:
         if pin[p] == PIN_LAST:

@@ -50,8 +50,25 @@ COLOCATE = "colocate"  # optional str: nodes with the same value must share a st
 FORBIDDEN_TYPES = "forbidden_types"  # optional tuple[str, ...]: device types that cannot run the node
 MEM_BYTES_OF = "mem_bytes_of"  # optional dict[slot type, int]: MEM_BYTES on those types (NOTE [memory per slot type])
 
-PIN_FIRST = "first"  # the node is in stage 0 (model inputs are fed to the first stage)
-PIN_LAST = "last"  # the node is in the last stage (model outputs leave from the last stage)
+PIN_FIRST = "first"  # the node is in stage 0 (model inputs are fed to the first stage); NOTE [pins]
+PIN_LAST = "last"  # the node is in the last stage (model outputs leave from the last stage); NOTE [pins]
+
+# NOTE [pins]
+# A plan honours three pin rules (verify.py checks them; cpsat.py, dp.py, the ideal DP, bounds.py and the
+# brute force of certificate.py search and bound exactly these plans):
+# 1. a PIN_FIRST node is in stage 0; 2. a PIN_LAST node is in the last stage;
+# 3. every stage holds a node that is not pinned last: nodes pinned last never make a stage of their own.
+# Rule 3 costs nothing on a lowered problem: lowering pins last only the FX output node, which is free
+# (no time, memory, weights or output bytes). A last stage of free nodes only would run nothing and add a
+# boundary; merging it into the stage before removes that boundary and adds no time or memory (a 1F1B
+# stash only shrinks with fewer stages), so under every objective some plan keeping rule 3 is as good.
+# It also bounds the stage count by the unpinned nodes (`cpsat._build`'s K). On a hand-built problem that
+# pins a costly op last, rule 3 does forbid plans: in a -> b -> c with a first and c last, the plan
+# a | b | c is invalid (its last stage holds only c), so the optimum may be a 2-stage plan slower than it
+# (tests/partitioner/test_pins.py). To give such an op a stage of its own, leave it unpinned and pin last
+# a free node that reads it. Pins need not be at the graph's ends: a PIN_FIRST node takes its ancestors
+# into stage 0 and a PIN_LAST node its descendants into the last stage (one stage, when one precedes
+# the other), and `node_order` puts pinned nodes as early or as late as the edges allow.
 
 
 @dataclass(frozen=True)

@@ -59,7 +59,7 @@ def plan_violations(problem: Problem, plan: Plan) -> list[str]:
         for u, v in g.edges:
             if stage[u] > stage[v]:
                 out.append(f"edge {u!r} -> {v!r} goes backwards: stage {stage[u]} -> stage {stage[v]}")
-        # Every stage holds a node that is not pinned last.
+        # Every stage holds a node that is not pinned last (NOTE [pins] in problem.py).
         filled = {stage[v] for v in g.nodes if g.nodes[v].get(PIN) != PIN_LAST}
         empty = [k for k in range(num_stages) if k not in filled]
         if empty:

@@ -25,6 +25,7 @@ from hetpart.partitioner import (
 )
 from hetpart.partitioner.certificate import brute_force, valid_plans  # noqa: F401 (the tests' brute force)
 from hetpart.partitioner.ideals import IdealResult, ideal_dp
+from hetpart.partitioner.problem import Training
 
 FAST_LINK = Link(bandwidth_bytes_per_us=1_000, latency_ns=0)  # 1 byte per ns
 
@@ -312,3 +313,42 @@ def twin_problem(seed: int) -> Problem:
     network = Link(rng.choice([10, 100, 1000]), rng.choice([0, 20, 200]))
     return make_problem(nodes, edges, devices, weights=weights, intra=intra, network=network,
                         max_stages=rng.choice([None, None, 2]))
+
+
+def pinned_problem(seed: int) -> Problem:
+    """2..6 nodes (2..5 on 4 devices) on 2-4 devices of 1-2 types over 1-2 machines, always pinned: PIN_FIRST
+    on a few nodes (not only sources: a pinned node takes its ancestors into stage 0), PIN_LAST on others
+    (costly ones too, and ones with successors, NOTE [pins]); sometimes tight memory, max_stages, training,
+    a co-location group or a forbidden type."""
+    rng = random.Random(40_000 + seed)
+    num_devices = rng.randint(2, 4)
+    n = rng.randint(2, 6 if num_devices <= 3 else 5)
+    names = [f"n{i}" for i in range(n)]
+    weights = {"w0": rng.randint(1, 8), "w1": rng.randint(1, 8)}
+    nodes = {v: {"time": {"a": rng.randint(0, 40) * 10, "b": rng.randint(0, 40) * 10}, "mem": rng.randint(0, 6),
+                 "out": rng.choice([0, 10, 100, 1000, 5000]),
+                 "weights": [w for w in sorted(weights) if rng.random() < 0.3]} for v in names}
+    edges = [(u, v) for i, u in enumerate(names) for v in names[i + 1:]
+             if rng.random() < 0.4 or (v == names[i + 1] and rng.random() < 0.6)]
+    for v in [v for v in names if rng.random() < 0.3] or names[:1]:
+        nodes[v]["pin"] = PIN_FIRST
+    for v in names:
+        if "pin" not in nodes[v] and rng.random() < 0.3:
+            nodes[v]["pin"] = PIN_LAST
+    if "pin" not in nodes[names[-1]] and rng.random() < 0.7:
+        nodes[names[-1]]["pin"] = PIN_LAST
+    if rng.random() < 0.25:
+        for v in rng.sample(names, min(2, n)):
+            nodes[v]["colocate"] = "tied"
+    if rng.random() < 0.25:
+        nodes[rng.choice(names)]["forbidden"] = (rng.choice("ab"),)
+    cap = lambda: rng.choice([12, 20, 40, 1000])  # noqa: E731
+    devices = [Device(f"d{i}", rng.choice("ab"), f"m{rng.randint(0, 1)}", cap()) for i in range(num_devices)]
+    p = make_problem(nodes, edges, devices, weights=weights,
+                     intra=Link(rng.choice([100, 1000, 10_000]), rng.choice([0, 5, 50])),
+                     network=Link(rng.choice([10, 100, 1000]), rng.choice([0, 20, 200])),
+                     max_stages=rng.choice([None, None, 2, 3]))
+    if rng.random() < 0.3:
+        p.training = Training(rng.choice(["gpipe", "1f1b"]), rng.randint(1, 4),
+                              {w: rng.randint(0, 5) for w in weights})
+    return p

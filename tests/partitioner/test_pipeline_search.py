@@ -24,6 +24,8 @@ from hetpart.partitioner.pipeline_search import plan_pipelines
 from hetpart.partitioner.pipelines import Pipeline, cost_pipelines, grad_sync_ns, pipelines_violations, sub_problem
 from hetpart.partitioner.problem import LAYER, Plan, Problem, Training
 
+from partition_cases import pinned_problem
+
 SPEED = {"fast": 1.0, "mid": 0.5, "slow": 0.2}
 
 
@@ -324,3 +326,27 @@ def test_lp_shapes_and_the_slow_first_order():
     order = _slow_first(p)
     total = {t: sum(p.graph.nodes[v][TIME_NS][t] for v in p.graph.nodes) for t in p.device_types}
     assert [total[t] for t, _ in order] == sorted((total[t] for t, _ in order), reverse=True)
+
+
+def test_pinned_problems_against_brute_force():
+    # Pins anywhere in the order (NOTE [pins]; the baselines' equal blocks raised an IndexError on them before):
+    # plan_with_baselines' plan is valid, its bound at most the brute-force optimum, and OPTIMAL only at it.
+    import hetpart.partitioner.pipeline_search as search
+
+    checked = 0
+    for seed in range(120):
+        p = dataclasses.replace(pinned_problem(seed), max_stages=None)
+        if p.graph.number_of_nodes() > 4 or len(p.devices) > 3:
+            continue
+        M = 1 + seed % 3
+        optimum = brute_pipelines(p, M)
+        try:
+            plan, _ = search.plan_with_baselines(p, M, baseline_limit_s=5)
+        except HetpartError:
+            assert optimum is None, seed
+            continue
+        assert not pipelines_violations(p, plan, M) and optimum is not None, seed
+        assert plan.lower_bound_ns <= optimum <= plan.iteration_ns, (seed, plan.lower_bound_ns, optimum)
+        assert plan.solver_status != "OPTIMAL" or plan.iteration_ns == optimum, seed
+        checked += 1
+    assert checked >= 25
