@@ -12,19 +12,17 @@ of `Holdings`, cells or part names is used there.
 from __future__ import annotations
 
 import json
-import math
 import random
 
 import pytest
 
 from partition_cases import make_problem, random_problem, valid_plans
-from hetpart.partitioner import solve
-from hetpart.partitioner.evaluate import bottleneck_ns
+from replan_checks import check_large_candidates, check_lexicographic, check_moves, read_count
 from hetpart.partitioner.problem import Device, Link
 from hetpart.partitioner.problem_json import problem_from_json, problem_to_json
-from hetpart.partitioner.replan import lexicographic_plan, lost_state_bytes, moves, stage_weights
+from hetpart.partitioner.replan import lost_state_bytes, moves
 from hetpart.partitioner.replan_holdings import MixedRank, mixed_holdings
-from hetpart.runtime.checkpoint_slices import Layout, plan_reads, shard_layout
+from hetpart.runtime.checkpoint_slices import Layout, shard_layout
 
 MACHINES = {"m0": 4, "m1": 4, "m2": 2}
 MACHINE = {f"{m}/{j}": m for m, n in MACHINES.items() for j in range(n)}
@@ -78,25 +76,9 @@ def _layout(world, w, index, degree):
 def _independent(problem, stage_of, slots, world) -> tuple[int, int, int]:
     """(between, within, from the checkpoint) by the resume's read plan (see the module's docstring)."""
     old_ranks, alive = world[3], world[4]
-    out = [0, 0, 0]
-    for k, weights in stage_weights(problem, stage_of).items():
-        devices = slots[k].split("+")
-        for j, target in enumerate(devices):
-            for w in sorted(weights):
-                held = [(r.device, _layout(world, w, r.index, r.degree)) for r in old_ranks if w in r.weights]
-
-                def rank(h):
-                    d = h[0]
-                    return (0 if d == target else 1 if d in alive and alive[d] == alive[target] else
-                            2 if d in alive else 3)
-
-                held.sort(key=rank)
-                for read in plan_reads(w, _layout(world, w, j, len(devices)), held):
-                    nbytes = math.prod(s.stop - s.start for s in read.src) * 4
-                    where = rank((read.file,))
-                    if where:
-                        out[{1: 1, 2: 0, 3: 2}[where]] += nbytes
-    return tuple(out)
+    return read_count(problem, stage_of, slots,
+                      lambda w: [(r.device, _layout(world, w, r.index, r.degree)) for r in old_ranks if w in r.weights],
+                      lambda w, j, degree: _layout(world, w, j, degree), alive)
 
 
 def test_needed_is_a_slots_share_by_its_degree():
@@ -134,47 +116,24 @@ def test_a_whole_is_assembled_from_halves_of_two_old_ranks():
 @pytest.mark.parametrize("seed", range(16))
 def test_mixed_moves_equal_the_resumes_own_reads(seed):
     problem, holdings, world = _case(seed)
-    for stage_of, slots, _ in list(valid_plans(problem))[:40]:
-        mv = moves(problem, stage_of, slots, holdings)
-        assert (mv.between_bytes, mv.within_bytes, mv.checkpoint_bytes) == _independent(problem, stage_of, slots,
-                                                                                          world)
+    check_moves(problem, holdings, lambda *plan: _independent(*plan, world))
 
 
 @pytest.mark.parametrize("seed", range(12))
 @pytest.mark.parametrize("slack", [0.0, 0.5])
 def test_mixed_lexicographic_choice_matches_brute_force_by_the_independent_count(seed, slack):
     problem, holdings, world = _case(seed)
-    plans = list(valid_plans(problem))
-    best = min(bottleneck_ns(stages) for _, _, stages in plans)
-    limit = math.floor(best * (1 + slack))
-    want = min(_independent(problem, s, d, world)[:2] for s, d, stages in plans if bottleneck_ns(stages) <= limit)
-    scratch = solve(problem, time_limit_s=10)
-    assert scratch.bottleneck_ns == best
-    got = lexicographic_plan(problem, scratch, holdings, slack=slack, time_limit_s=10)
-    assert got.status == ["OPTIMAL", "OPTIMAL"]
-    assert got.plan.bottleneck_ns <= limit
-    assert (got.moves.between_bytes, got.moves.within_bytes) == want
-    assert _independent(problem, got.plan.stage_of, got.plan.device_of_stage, world)[:2] == want
-    # The checkpoint's share is no less than the least any plan reads.
-    assert got.moves.checkpoint_bytes >= lost_state_bytes(problem, holdings)
+    check_lexicographic(problem, holdings, lambda *plan: _independent(*plan, world), slack)
+    # The checkpoint's share of any plan is no less than the least any plan reads.
+    for stage_of, slots, _ in list(valid_plans(problem))[:20]:
+        assert moves(problem, stage_of, slots, holdings).checkpoint_bytes >= lost_state_bytes(problem, holdings)
 
 
 @pytest.mark.parametrize("seed", range(8))
 def test_mixed_large_re_plan_candidates_count_the_same_bytes(seed, monkeypatch):
-    # NOTE [large re-plan]'s candidates (relabeling, the bytes DP) forced on the small mixed problems: each plan they
-    # give is within the cap and moves no more than the from-scratch plan, by the independent count.
-    from hetpart.partitioner import replan
-
     problem, holdings, world = _case(seed)
-    scratch = solve(problem, time_limit_s=10)
-    old = ["+".join(g) for g in OLD_GROUPS]
-    monkeypatch.setattr(replan, "RELABEL_ABOVE", 0)
-    got = lexicographic_plan(problem, scratch, holdings, slack=0.5, old_devices=old)
-    assert got.status[0] in replan.LARGE_STATUSES
-    assert got.plan.bottleneck_ns <= got.limit_ns
-    mine = _independent(problem, got.plan.stage_of, got.plan.device_of_stage, world)
-    assert (got.moves.between_bytes, got.moves.within_bytes, got.moves.checkpoint_bytes) == mine
-    assert mine[:2] <= _independent(problem, scratch.stage_of, scratch.device_of_stage, world)[:2]
+    check_large_candidates(problem, holdings, lambda *plan: _independent(*plan, world),
+                           ["+".join(g) for g in OLD_GROUPS], monkeypatch)
 
 
 def test_held_bytes_of_round_trips_through_json():
@@ -187,3 +146,44 @@ def test_held_bytes_of_round_trips_through_json():
     q = problem_from_json(json.loads(json.dumps(problem_to_json(p))))
     assert q.held_bytes_of == p.held_bytes_of
     assert problem_from_json(problem_to_json(random_problem(3))).held_bytes_of is None
+
+
+def _cluster(path, machines: dict[str, tuple[str, int]]):
+    from hetpart.devices import load_cluster
+
+    text = "[network]\nbandwidth_GBps = 1\nlatency_us = 50\n" + "".join(
+        f'[[nodes]]\nname = "{m}"\ndevices = [{", ".join([repr(ty).replace(chr(39), chr(34))] * n)}]\n'
+        f"link = {{ bandwidth_GBps = 2, latency_us = 20 }}\n" for m, (ty, n) in machines.items())
+    path.write_text(text)
+    return load_cluster(str(path))
+
+
+def test_each_place_keeps_its_degree_or_falls_to_one_the_stored_costs_allow(tmp_path):
+    from hetpart.errors import HetpartError
+    from hetpart.replan_mixed import mixed_slots, new_places
+    from hetpart.replan_tp import keep_groups
+
+    old = _cluster(tmp_path / "old.toml", {"a": ("cpu", 4), "b": ("cpu", 1)})
+    link = old.machines[0].link
+    keys = {("cpu", 2, link): "cpu/tp2", ("cpu", 1, None): "cpu"}
+    record = {"degree_of_place": {"a:cpu": 2, "b:cpu": 1}}
+    notes = []
+    # a keeps TP 2 with 3 devices left (one unused), b TP 1, the new machine c the largest costed degree it hosts.
+    new = _cluster(tmp_path / "new.toml", {"a": ("cpu", 3), "b": ("cpu", 1), "c": ("cpu", 2)})
+    assert new_places(record, keys, new, notes.append) == {"a:cpu": 2, "b:cpu": 1, "c:cpu": 2}
+    assert notes == ["note: c:cpu runs TP 2 (new to the plan)"]
+    # Old groups a/0+a/1 and a/2+a/3; a/1 lost: the group a/2+a/3 survives whole and comes first.
+    lost = _cluster(tmp_path / "lost.toml", {"a": ("cpu", 4), "b": ("cpu", 1)})
+    lost = type(lost)(lost.name, (type(lost.machines[0])("a", tuple(d for d in lost.machines[0].devices
+                                                                    if d.name != "a/1"), link),
+                                  lost.machines[1]), lost.network)
+    places = new_places(record, keys, lost, notes.append)
+    ordered = keep_groups(lost, [("a/0", "a/1"), ("a/2", "a/3"), ("b/0",)], places)
+    assert [(s, t) for s, _, t in mixed_slots(ordered, places)] == [("b/0", 1), ("a/2+a/3", 2)]  # a/0 unused
+    # One device left on a: TP 1, costed because b ran TP 1; a device type never costed is an error.
+    one = _cluster(tmp_path / "one.toml", {"a": ("cpu", 1), "b": ("cpu", 1)})
+    assert new_places(record, keys, one, notes.append) == {"a:cpu": 1, "b:cpu": 1}
+    assert notes[-1] == "note: a:cpu runs TP 1 (was TP 2: 1 device(s) left)"
+    with pytest.raises(HetpartError, match=r"machine 'a' has 1 cpu device\(s\) left \(it ran tensor-parallel degree "
+                                           r"2\), and the old plan costed cpu only at degree\(s\) 2"):
+        new_places(record, {("cpu", 2, link): "cpu/tp2"}, one, notes.append)
