@@ -5,7 +5,8 @@ commands; the re-plan keeps a's group at TP 2 and moves stage 1 to b's spare dev
 equal 4 uninterrupted steps of the unpartitioned model (loss, weights; rtol 1e-5).
 
 Two torchrun launches of 3 ranks (machine a's devices of 1.1 MiB cannot hold the whole model at TP 2, so the re-plan
-keeps two stages). A CLI-only case loses a device of the TP-2 group: machine a falls to TP 1.
+keeps two stages). Then a device of the TP-2 group is lost (a GPipe plan of 4 microbatches, 2 steps checkpointed):
+machine a falls to TP 1, and 2 steps resumed from the shards equal 4 of the model.
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ def test_lose_the_tp1_rank_replan_keeping_tp2_and_resume_matches_four_steps(mixe
     assert sorted(p.name for p in ck.iterdir()) == ["step-000002", "step-000004"]
 
 
-def test_lose_a_device_of_the_tp2_group_and_machine_a_falls_to_tp1(mixed, tmp_path, capsys):
+def test_lose_a_device_of_the_tp2_group_and_machine_a_falls_to_tp1_then_resume(mixed, tmp_path, capsys):
     # 1F1B of 2 microbatches runs at most 2 stages, which a/0 and one device of b cannot hold: refused, clearly.
     assert main(["replan", str(mixed), "--lose", "a/1", "--out", str(tmp_path / "refused")]) == 2
     err = capsys.readouterr().err
@@ -98,6 +99,10 @@ def test_lose_a_device_of_the_tp2_group_and_machine_a_falls_to_tp1(mixed, tmp_pa
     assert main(["partition", *GPT, "--microbatches", "4", "--schedule", "gpipe", "--cluster",
                  str(tmp_path / "four.toml"), "--out", str(old), "--tensor-parallel", "a=2"]) == 0
     capsys.readouterr()
+    ck = tmp_path / "ck"
+    assert main(["run", str(old), "--mode", "training", "--steps", "2", "--checkpoint-every", "2",
+                 "--checkpoint-dir", str(ck)]) == 0
+    capsys.readouterr()
     assert main(["replan", str(old), "--lose", "a/1", "--out", str(new)]) == 0
     out = capsys.readouterr().out
     assert "note: a:cpu runs TP 1 (was TP 2: 1 device(s) left)" in out, out
@@ -105,3 +110,9 @@ def test_lose_a_device_of_the_tp2_group_and_machine_a_falls_to_tp1(mixed, tmp_pa
     assert all(len(s["devices"]) == 1 for s in plan["stages"]) and "a/1" not in plan["replan"]["chosen"]["devices"]
     assert "a/0" in plan["replan"]["chosen"]["devices"] and plan["replan"]["chosen"]["from_checkpoint_bytes"] > 0
     assert "tensor_parallel" not in json.loads((new / "manifest.json").read_text())["mesh"]
+    # Every new rank is TP 1: the old TP-2 stage's weights are assembled whole from a/0's half and the lost a/1's
+    # (from the checkpoint; NOTE [checkpoint slices]), and training goes on equal to the model.
+    assert main(["run", str(new), "--mode", "training", "--resume", str(ck / "step-000002"), "--steps", "2",
+                 "--verify"]) == 0
+    out = capsys.readouterr().out
+    assert "after step 2" in out and "verify: PASS" in out, out
