@@ -160,7 +160,8 @@ def mixed_holdings(weights: Iterable[str], slot_devices: Mapping[str, tuple[str,
 
     A weight is cut in `finest` cells, the largest degree that splits it (old or new), each cell its share of the
     bytes; rank j of a TP-t slot needs the cells of its shard where t splits it, every cell otherwise. A part is one
-    rank's need of one cell (`<w>[j/t cell c/finest]`): nothing moves for it on a slot whose device j holds the cell.
+    rank's need of the cells with the same old holders (`<w>[j/t cell c,.../finest]`, one part where they all lie
+    together): nothing moves for it on a slot whose device j holds them.
     """
     weights = list(weights)
     degrees = sorted({*slot_degree.values(), *(r.degree for r in old_ranks)})
@@ -187,12 +188,16 @@ def mixed_holdings(weights: Iterable[str], slot_devices: Mapping[str, tuple[str,
             share = [state_bytes[w] // f + (1 if c < state_bytes[w] % f else 0) for c in range(f)]
             mine = []
             for j in range(t):
+                # The rank's cells with the same old holders are one part: the same sources, slots and machines.
+                by_holders: dict[tuple[str, ...], list[int]] = {}
                 for c in (cells(t, j, f) if w in split_at.get(t, ()) else range(f)):
-                    p = f"{w}[{j}/{t} cell {c}/{f}]"
+                    by_holders.setdefault(tuple(holds.get((w, c), ())), []).append(c)
+                for holders, cs in by_holders.items():
+                    p = f"{w}[{j}/{t} cell {','.join(map(str, cs))}/{f}]"
                     mine.append(p)
-                    old[p] = tuple(holds.get((w, c), ()))
+                    old[p] = holders
                     sources[p] = tuple(d for d in old[p] if d in alive)
-                    nbytes[p] = share[c]
+                    nbytes[p] = sum(share[c] for c in cs)
                     slots[p] = frozenset(s for s, devs in ours.items() if devs[j] in sources[p])
                     machines[p] = frozenset(alive[d] for d in sources[p])
             need[str(t)][w] = tuple(mine)
