@@ -88,6 +88,9 @@ class CompileOptions:
     # `--tensor-parallel KEY=T,...` (hetpart/tp_machines.py): a machine's or device type's degree, the rest TP 1
     # (NOTE [mixed-degree pipeline]); `tensor_parallel` is then the largest of them
     tensor_parallel_machines: tuple[tuple[str, int], ...] = ()
+    # `hetpart replan` of a mixed-degree plan: every place's (`machine:type`) degree, as the re-plan chose them, the
+    # groups those of the cluster's device order (NOTE [re-plan of mixed degrees] in hetpart/replan_mixed.py)
+    tensor_parallel_places: tuple[tuple[str, int], ...] = ()
     max_tensor_parallel: int = 1  # > 1: the solve chooses the degree, up to this (NOTE [tensor-parallel degree choice])
     tensor_parallel_per_machine: bool = False  # and degrees mixed per machine (NOTE [mixed tensor-parallel degrees])
     # `--schedule auto` / `--microbatches auto` (hetpart/schedule_auto.py): the cap on M, and once chosen, the
@@ -394,6 +397,8 @@ def compile_model(spec: ModelSpec, cluster_spec: str | Cluster, out: Path, opts:
     if opts.pipelines is not None:  # before tracing: every device of --pipelines is the cluster's, once
         check_groups(opts.pipelines, [d.name for d in cluster.devices])
     places = degree_of_place(opts.tensor_parallel_machines, cluster) if opts.tensor_parallel_machines else None
+    if opts.tensor_parallel_places:  # a re-plan's degrees, every place of the cluster (uniform or all TP 1 too)
+        places = dict(opts.tensor_parallel_places)
     profiles = load_profiles(opts.profiles, cluster)
     for t, prof in sorted(profiles.items()):
         if opts.mode == "training" and not prof.backward_ns:
@@ -451,7 +456,8 @@ def compile_model(spec: ModelSpec, cluster_spec: str | Cluster, out: Path, opts:
             echo(f"note: --schedule 1f1b runs at most as many stages as microbatches: planning at most "
                  f"{opts.microbatches} stage(s) (--microbatches {opts.microbatches}) on the {len(problem.devices)} "
                  "devices; more microbatches allow more stages")
-        write_analysis(tmp, problem, cluster)  # what `hetpart replan` plans from without a trace
+        write_analysis(tmp, problem, cluster,  # what `hetpart replan` plans from without a trace
+                       tp.analysis_record(device_problem) if tp is not None else None)
         start = time.perf_counter()
         vplan, real_problem = None, problem
         with progress.step("solving"):
@@ -475,7 +481,7 @@ def compile_model(spec: ModelSpec, cluster_spec: str | Cluster, out: Path, opts:
                                                                 hint=hint), per_machine=opts.tensor_parallel_per_machine)
                 if tp is not None:  # the chosen degree's problem is what `hetpart replan` re-plans from
                     problem = tp.problem
-                    write_analysis(tmp, problem, cluster)
+                    write_analysis(tmp, problem, cluster, tp.analysis_record(device_problem))
             else:
                 plan = solve(problem, time_limit_s=opts.time_limit_s, seed=opts.seed, gap=opts.gap,
                              log_callback=progress.solver if progress.active else None,

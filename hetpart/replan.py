@@ -16,7 +16,8 @@ same name (machine/index): `--lose` and `--add` keep every other device's name.
 A plan of data-parallel pipelines (plan.json's `pipelines`) also stores each pipeline's cuts and
 devices (ir/pipelines.json, `write_pipelines_record`); its re-plan is NOTE [re-plan pipelines]
 (partitioner/replan_pipelines.py), written by `compile_pipelines` with `PipelinesChoice` in place of its search.
-A plan of tensor-parallel stages is re-planned at its degree: NOTE [re-plan of tensor-parallel plans] (replan_tp.py).
+A plan of tensor-parallel stages is re-planned at its degree: NOTE [re-plan of tensor-parallel plans] (replan_tp.py);
+one of degrees mixed per machine at each machine's: NOTE [re-plan of mixed degrees] (replan_mixed.py).
 """
 
 from __future__ import annotations
@@ -141,7 +142,7 @@ def replan(old: Path, out: Path, *, cluster: str | None = None, lose: tuple[str,
            force: bool = False, echo: Callable[[str], None] = print) -> Any:
     """Re-plan OLD_DIR for the new device set and write NEW_DIR; the CompileResult."""
     from hetpart.runtime.artifacts import check_listed_files, load_manifest, read_listed, read_plan
-    from hetpart.runtime.tp import is_tp
+    from hetpart.runtime.tp import is_mixed, is_tp
 
     manifest = load_manifest(old)
     plan = read_plan(old, manifest)
@@ -161,6 +162,11 @@ def replan(old: Path, out: Path, *, cluster: str | None = None, lose: tuple[str,
     if plan.pipelines is not None:  # data-parallel pipelines: NOTE [re-plan pipelines]
         return replan_pipelines_dir(old, out, manifest, plan, stored, old_cluster, target, slack=slack,
                                     time_limit_s=time_limit_s, seed=seed, force=force, echo=echo)
+    if is_tp(manifest) and (is_mixed(manifest) or "tensor_parallel" in data):  # NOTE [re-plan of mixed degrees]
+        from hetpart.replan_mixed import replan_mixed_dir
+
+        return replan_mixed_dir(old, out, manifest, plan, stored, old_cluster, target, data.get("tensor_parallel"),
+                                slack=slack, time_limit_s=time_limit_s, seed=seed, force=force, echo=echo)
     if is_tp(manifest):  # NOTE [re-plan of tensor-parallel plans]
         return replan_tp_dir(old, out, manifest, plan, stored, old_cluster, target, slack=slack,
                              time_limit_s=time_limit_s, seed=seed, force=force, echo=echo)

@@ -22,6 +22,8 @@ re-planned at the same degree t:
 - The rest is the one-pipeline re-plan: the from-scratch plan of the TP-t problem, then NOTE
   [lexicographic re-plan] over the same problem (CP-SAT on small problems, NOTE [large re-plan]'s
   candidates on large ones), old devices the old groups in stage order.
+A plan of degrees mixed per machine is re-planned at each machine's: NOTE [re-plan of mixed degrees]
+(replan_mixed.py), which shares `keep_groups` and adds the fall to a lower degree that costs allow.
 Degree t cannot run where no machine has t devices of one type left: the re-plan says so and names the
 degrees the new cluster can host, for a `partition` from scratch. It does not fall back by itself: a
 degree other than t has no costs in the stored problem (it needs the model traced and lowered again
@@ -36,6 +38,7 @@ bytes would count per device, not per stage.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from pathlib import Path
 
 from hetpart.devices import Cluster
@@ -61,8 +64,8 @@ def plan_degree(old: Path, manifest: dict, stored: Problem) -> int:
 
     degrees = sorted({len(g) for g in old_tp_groups(manifest)})
     if len(degrees) != 1:
-        raise HetpartError(f"{old} mixes tensor-parallel degrees {degrees}; `hetpart replan` re-plans one degree: "
-                           "partition from scratch for the new cluster")
+        raise HetpartError(f"{old} mixes tensor-parallel degrees {degrees} but has no record of them (partitioned by "
+                           "an earlier hetpart): partition again to re-plan it (NOTE [re-plan of mixed degrees])")
     t = degrees[0]
     if not all(d.type.split("@")[0].endswith(tp_type("", t)) for d in stored.devices):
         raise HetpartError(f"{old}'s stored analysis is not of its TP-{t} groups (partitioned by an earlier hetpart); "
@@ -70,32 +73,36 @@ def plan_degree(old: Path, manifest: dict, stored: Problem) -> int:
     return t
 
 
-def keep_groups(target: Cluster, old_groups: list[tuple[str, ...]], degree: int) -> Cluster:
+def keep_groups(target: Cluster, old_groups: list[tuple[str, ...]], degree: int | Mapping[str, int]) -> Cluster:
     """`target` with each machine's devices ordered so that `tp_groups` keeps the old groups that survive and
-    puts survivors at their old TP index (NOTE [re-plan of tensor-parallel plans])."""
+    puts survivors at their old TP index (NOTE [re-plan of tensor-parallel plans]); `degree` one for all, or each
+    place's (`machine:type`, NOTE [re-plan of mixed degrees] in replan_mixed.py): an old group is kept whole where
+    its place keeps its size."""
     index = {d: j for g in old_groups for j, d in enumerate(g)}
     machines = []
     for m in target.machines:
         names = {d.name for d in m.devices}
-        kept = [d for g in old_groups if set(g) <= names for d in g]
         by_name = {d.name: d for d in m.devices}
+        deg = (lambda ty: degree) if isinstance(degree, int) else (lambda ty: degree[f"{m.name}:{ty}"])  # noqa: E731
+        kept = [d for g in old_groups if set(g) <= names and len(g) == deg(by_name[g[0]].type.name) for d in g]
         order = [by_name[d] for d in kept]
         by_type: dict[str, list[ClusterDevice]] = {}
         for d in m.devices:
             if d.name not in kept:
                 by_type.setdefault(d.type.name, []).append(d)
         rest = []
-        for devices in by_type.values():
+        for ty, devices in by_type.items():
+            degree_here = deg(ty)
             pool = list(devices)
-            groups = [[None] * degree for _ in range(len(pool) // degree)]
-            for j in range(degree):  # a survivor at its old TP index where one can
+            groups = [[None] * degree_here for _ in range(len(pool) // degree_here)]
+            for j in range(degree_here):  # a survivor at its old TP index where one can
                 at_j = [d for d in pool if index.get(d.name) == j]
                 for g in groups:
                     if at_j:
                         g[j] = at_j.pop(0)
                         pool.remove(g[j])
             for g in groups:
-                for j in range(degree):
+                for j in range(degree_here):
                     if g[j] is None:
                         g[j] = pool.pop(0)
             order += [d for g in groups for d in g]

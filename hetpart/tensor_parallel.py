@@ -51,6 +51,7 @@ class TPCompile:
     problem: Problem  # its slots TP groups (NOTE [tensor-parallel costs] in passes/tp_lower.py), and devices (degree 1)
     shardings: dict[int, ShardingPlan]  # degree > 1 -> what a stage of that degree splits
     groups: list[TPGroup]  # the problem's TP slots
+    places: dict[str, int] | None = None  # degrees mixed per machine: TPSlot.place -> degree (None: one degree)
 
     @property
     def sharding(self) -> ShardingPlan:
@@ -86,6 +87,18 @@ class TPCompile:
         forward = [sum(g.nodes[v].get(FORWARD_NS, {}).get(s.device_type, 0) for v in s.nodes) for s in plan.stages]
         return dataclasses.replace(plan, stages=stages), forward
 
+    def analysis_record(self, whole: Problem) -> dict | None:
+        """ir/analysis.json's `tensor_parallel` record of a plan of mixed degrees (None for one degree): each place's
+        degree, what each degree splits, each weight's whole state that moves (`whole`: the degree-1 problem); what
+        NOTE [re-plan of mixed degrees] (hetpart/replan_mixed.py) re-plans from."""
+        from hetpart.partitioner.replan_holdings import state_to_move_bytes
+
+        if self.places is None:
+            return None
+        return {"degree_of_place": dict(sorted(self.places.items())),
+                "split": {str(t): sorted(s.weights) for t, s in sorted(self.shardings.items())},
+                "state_bytes": {w: state_to_move_bytes(whole, w) for w in sorted(whole.weights)}}
+
     def manifest(self, man: dict, ranks: list[StageGraph], plan: Plan) -> dict:
         return tp_manifest(man, ranks, self.stage_shardings(plan))
 
@@ -95,7 +108,7 @@ def mixed_compile(problem: Problem, lowered: dict[int, "TPCompile"], degree_of_p
     [mixed tensor-parallel degrees]) on `problem`, that choice's problem: the used degrees' shardings and groups."""
     used = {t for t in degree_of_place.values() if t > 1}
     groups = [g for t in sorted(used) for g in lowered[t].groups if degree_of_place.get(f"{g.machine}:{g.type}") == t]
-    return TPCompile(problem, {t: lowered[t].sharding for t in sorted(used)}, groups)
+    return TPCompile(problem, {t: lowered[t].sharding for t in sorted(used)}, groups, dict(degree_of_place))
 
 
 def tp_on_meta(degree: int) -> HetpartError:

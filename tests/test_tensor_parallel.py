@@ -273,6 +273,13 @@ def test_a_winning_mixed_plan_is_written_with_each_stage_at_its_machine_s_degree
     assert [len(s["devices"]) for s in plan["stages"]] == degrees  # each stage on its machine's degree
     assert [e["degree"] for e in man["mesh"]["tensor_parallel"]] == degrees
     assert man["format_version"] == (3 if len(set(degrees)) > 1 else 2)
+    # What `hetpart replan` re-plans from (NOTE [re-plan of mixed degrees]): the chosen problem and each machine's
+    # degree; the re-plan keeps them.
+    analysis = json.loads((out / "ir" / "analysis.json").read_text())
+    assert analysis["tensor_parallel"]["degree_of_place"] == assign and analysis["tensor_parallel"]["split"]["2"]
+    assert {d["type"] for d in analysis["problem"]["devices"]} == {"a100-80g/tp2", "t4-16g"}
+    assert main(["replan", str(out), "--lose", "b/1", "--out", str(tmp_path / "new")]) == 0
+    assert "tensor parallel per machine kept: a (a100-80g) TP 2, b (t4-16g) TP 1" in capsys.readouterr().out
 
 
 def test_the_per_machine_search_is_opt_in(tmp_path, capsys):

@@ -36,7 +36,11 @@ def cluster_from_json(data: dict[str, Any]) -> Cluster:
         for m in data["machines"]), LinkSpec(**data["network"]))
 
 
-def write_analysis(tmp: Path, problem: Problem, cluster: Cluster) -> None:
-    """ir/analysis.json in `partition`'s staging dir (NOTE [re-plan from the stored analysis] in replan.py)."""
-    (tmp / ANALYSIS).write_text(json.dumps({"version": ANALYSIS_VERSION, "problem": problem_to_json(problem),
-                                            "cluster": cluster_to_json(cluster)}, sort_keys=True) + "\n")
+def write_analysis(tmp: Path, problem: Problem, cluster: Cluster, tensor_parallel: dict | None = None) -> None:
+    """ir/analysis.json in `partition`'s staging dir (NOTE [re-plan from the stored analysis] in replan.py); a plan of
+    mixed tensor-parallel degrees adds its `tensor_parallel` record (NOTE [re-plan of mixed degrees] in
+    replan_mixed.py)."""
+    data = {"version": ANALYSIS_VERSION, "problem": problem_to_json(problem), "cluster": cluster_to_json(cluster)}
+    if tensor_parallel is not None:
+        data["tensor_parallel"] = tensor_parallel
+    (tmp / ANALYSIS).write_text(json.dumps(data, sort_keys=True) + "\n")

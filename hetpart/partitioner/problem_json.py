@@ -31,6 +31,7 @@ def problem_to_json(problem: Problem) -> dict[str, Any]:
         "network": dataclasses.asdict(problem.network),
         "max_stages": problem.max_stages,
         "training": dataclasses.asdict(problem.training) if problem.training is not None else None,
+        "held_bytes_of": problem.held_bytes_of,  # a mixed-degree problem's memory per slot type
     }
 
 
@@ -46,7 +47,8 @@ def problem_from_json(data: dict[str, Any]) -> Problem:
         graph=graph, weights=dict(data["weights"]), devices=[Device(**d) for d in data["devices"]],
         intra_node_links={m: Link(**link) for m, link in data["intra_node_links"].items()},
         network=Link(**data["network"]), max_stages=data["max_stages"],
-        training=Training(**training) if training is not None else None)
+        training=Training(**training) if training is not None else None,
+        held_bytes_of={k: dict(v) for k, v in held.items()} if (held := data.get("held_bytes_of")) else None)
 
 
 def costed_types(problem: Problem) -> set[str]:

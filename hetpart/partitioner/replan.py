@@ -46,8 +46,7 @@ CHECKPOINT = "checkpoint"  # the source of a weight whose every holder is gone
 def lost_state_bytes(problem: Problem, holders: Holders) -> int:
     """The lower limit of any plan's bytes moved: the state of every part no surviving device holds, which
     some stage must read from the checkpoint (counted once, where `moves` counts each stage that reads it)."""
-    h = as_holdings(problem, holders)
-    return sum(h.nbytes[p] for w in problem.weights for p in h.parts[w] if not h.sources[p])
+    return as_holdings(problem, holders).lost_bytes(problem.weights, [d.name for d in problem.devices])
 
 
 @dataclass(frozen=True)
@@ -107,7 +106,7 @@ def stage_moves(problem: Problem, held: Mapping[int, set[str]], device_of_stage:
     for k, weights in sorted(held.items()):
         target = device_of_stage[k]
         for w in sorted(weights):
-            for part in h.parts[w]:
+            for part in h.needed(w, target):
                 if target in h.slots[part]:
                     continue
                 nbytes = h.nbytes[part]
@@ -261,8 +260,8 @@ def relabel_stages(problem: Problem, held: Mapping[int, set[str]], device_of_sta
     def place(plan_mc: str, real_mc: str) -> tuple[int, int, dict[int, str]]:
         """Bytes between and within machines, and each stage's device, with plan_mc's stages on real_mc."""
         there = {p for p, machines in h.machines.items() if real_mc in machines}
-        between = sum(h.nbytes[p] for k in on.get(plan_mc, []) for w in held.get(k, ()) for p in h.parts[w]
-                      if p not in there and h.sources[p])
+        between = sum(h.nbytes[p] for k in on.get(plan_mc, []) for w in held.get(k, ())
+                      for p in h.needed(w, device_of_stage[k]) if p not in there and h.sources[p])
         within, where = 0, {}
         groups: dict[tuple, list[int]] = {}
         for k in on.get(plan_mc, []):
@@ -270,7 +269,7 @@ def relabel_stages(problem: Problem, held: Mapping[int, set[str]], device_of_sta
             groups.setdefault((d.type, d.capacity_bytes), []).append(k)
         for key, stages in groups.items():
             devices = [d for d in members[real_mc] if (dev[d].type, dev[d].capacity_bytes) == key]
-            cost = {(k, d): sum(h.nbytes[p] for w in held.get(k, ()) for p in h.parts[w]
+            cost = {(k, d): sum(h.nbytes[p] for w in held.get(k, ()) for p in h.needed(w, d)
                                 if p in there and d not in h.slots[p])
                     for k in stages for d in devices}
             top = max(cost.values(), default=0) + 1
@@ -339,7 +338,7 @@ def _kept_order(problem: Problem, scratch: Plan, holders: Holders, old_devices: 
         cost = np.zeros(n + 1)
         for i, v in enumerate(tab.order):
             c = 0.0
-            for p in (p for w in problem.graph.nodes[v].get(WEIGHTS, ()) for p in h.parts[w]):
+            for p in (p for w in problem.graph.nodes[v].get(WEIGHTS, ()) for p in h.needed(w, d)):
                 if not h.sources[p] or d in h.slots[p]:
                     continue
                 c += h.nbytes[p] / total_within if dev[d].node in h.machines[p] else h.nbytes[p]
@@ -407,21 +406,29 @@ def _solve_lexicographic(problem: Problem, scratch: Plan, holders: Holders, limi
     m.add(mdl.bottleneck <= limit)
     h = as_holdings(problem, holders)
     between, within = [], []
+    # The slots by the parts they need: one class, or one per degree of mixed degrees (NOTE [re-plan by shard]).
+    needs: dict[str | None, list[str]] = {}
+    for d in problem.devices:
+        needs.setdefault(h.need_of_slot[d.name] if h.need is not None else None, []).append(d.name)
     for w, holds in sorted(mdl.holds.items()):
-        for p in h.parts[w]:  # one part per weight, or per TP rank (NOTE [re-plan by shard])
-            if not h.sources[p]:
-                continue  # read from the checkpoint whatever the plan: a constant
-            for k in range(mdl.num_stages):
-                on_holder = sum(mdl.a[k][d] for d in sorted(h.slots[p]))  # stage k runs on a slot that held p
-                # ... on a machine where a surviving device holds it
-                on_machine = sum(mdl.on_machine[k][mc] for mc in sorted(h.machines[p]) if mc in mdl.on_machine[k])
-                inter, intra = m.new_bool_var(f"between[{p},{k}]"), m.new_bool_var(f"within[{p},{k}]")
-                # Stage k holds p on a machine where no surviving device held it: p moves between machines.
-                m.add(inter >= holds[k] - on_machine)
-                # Stage k holds p on a machine where one did, but not on such a slot: p moves inside it.
-                m.add(intra >= holds[k] + on_machine - 1 - on_holder)
-                between.append(h.nbytes[p] * inter)
-                within.append(h.nbytes[p] * intra)
+        for key, members in sorted(needs.items(), key=lambda kv: str(kv[0])):
+            for p in h.needed(w, members[0]):  # one part per weight, or per TP rank and cell
+                if not h.sources[p]:
+                    continue  # read from the checkpoint whatever the plan: a constant
+                for k in range(mdl.num_stages):
+                    # Stage k runs on a slot that needs p (always, with one class: a stage holding w needs it).
+                    on_class = 1 if len(needs) == 1 else sum(mdl.a[k][d] for d in members)
+                    on_holder = sum(mdl.a[k][d] for d in sorted(h.slots[p]))  # stage k runs on a slot that held p
+                    # ... on a machine where a surviving device holds it
+                    on_machine = sum(mdl.on_machine[k][mc] for mc in sorted(h.machines[p]) if mc in mdl.on_machine[k])
+                    inter, intra = m.new_bool_var(f"between[{p},{k}]"), m.new_bool_var(f"within[{p},{k}]")
+                    # Stage k holds w on a slot needing p, on a machine where no surviving device held p: p moves
+                    # between machines.
+                    m.add(inter >= holds[k] + on_class - 1 - on_machine)
+                    # Stage k holds it on a machine where one did, but not on such a slot: p moves inside it.
+                    m.add(intra >= holds[k] + on_class + on_machine - 2 - on_holder)
+                    between.append(h.nbytes[p] * inter)
+                    within.append(h.nbytes[p] * intra)
     _add_hint(problem, mdl, scratch.stage_of, scratch.device_of_stage)
     status = []
     best = (scratch.stage_of, scratch.device_of_stage)

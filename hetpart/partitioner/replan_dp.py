@@ -107,20 +107,27 @@ def _byte_prefixes(problem: Problem, tab: OrderTables, holders: Holdings,
     reads = dict(problem.graph.nodes(data=WEIGHTS, default=()))
     n = tab.n
     zero = np.zeros(n + 1, dtype=np.int64)
-    alive_bytes = zero.copy()
-    on_machine: dict[str, np.ndarray] = {}
-    on_device: dict[str, np.ndarray] = {}
-    for pos, v in enumerate(tab.order):
-        for p in (p for w in reads[v] for p in holders.parts[w]):
-            if not holders.sources[p]:
-                continue  # read from the checkpoint whatever the plan
-            alive_bytes[pos + 1] += holders.nbytes[p]
-            for mc in holders.machines[p]:
-                on_machine.setdefault(mc, zero.copy())[pos + 1] += holders.nbytes[p]
-            for s in holders.slots[p]:
-                on_device.setdefault(s, zero.copy())[pos + 1] += holders.nbytes[p]
-    between = np.stack([alive_bytes - on_machine.get(machine[d], zero) for d in devices])
-    within = np.stack([on_machine.get(machine[d], zero) - on_device.get(d, zero) for d in devices])
+    sums = {}  # a device's need (its degree's, with mixed degrees) -> the three sums over its parts
+    for d in devices:
+        key = holders.need_of_slot[d] if holders.need is not None else None
+        if key in sums:
+            continue
+        alive_bytes = zero.copy()
+        on_machine: dict[str, np.ndarray] = {}
+        on_device: dict[str, np.ndarray] = {}
+        for pos, v in enumerate(tab.order):
+            for p in (p for w in reads[v] for p in holders.needed(w, d)):
+                if not holders.sources[p]:
+                    continue  # read from the checkpoint whatever the plan
+                alive_bytes[pos + 1] += holders.nbytes[p]
+                for mc in holders.machines[p]:
+                    on_machine.setdefault(mc, zero.copy())[pos + 1] += holders.nbytes[p]
+                for s in holders.slots[p]:
+                    on_device.setdefault(s, zero.copy())[pos + 1] += holders.nbytes[p]
+        sums[key] = (alive_bytes, on_machine, on_device)
+    rows = [sums[holders.need_of_slot[d] if holders.need is not None else None] for d in devices]
+    between = np.stack([a - m.get(machine[d], zero) for d, (a, m, _) in zip(devices, rows)])
+    within = np.stack([m.get(machine[d], zero) - o.get(d, zero) for d, (_, m, o) in zip(devices, rows)])
     return np.cumsum(between, axis=1), np.cumsum(within, axis=1)
 
 

@@ -18,7 +18,9 @@ which `Holdings` holds:
 - `sources[p]`: those surviving devices in the old ranks' order; a move reads from the first one on the
   target's machine, else the first (`replan.stage_moves`); `old[p]`: every old holder, lost ones too (where
   the old plan cut, NOTE [re-plan DP]).
-A part no surviving device holds is read from the checkpoint whatever the plan. `as_holdings` builds the
+A part no surviving device holds is read from the checkpoint whatever the plan. Where the parts a stage
+needs depend on its slot (slots of mixed tensor-parallel degrees: `mixed_holdings`), `Holdings.needed(w, slot)` gives them; every engine reads a stage's parts through it.
+`as_holdings` builds the
 one-device form from the plain holders (weight -> old devices) every engine took before: one part per
 weight, the problem's own devices the only ones alive (a sub-problem's too, as before). The bytes the
 runtime then reads are NOTE [checkpoint slices]'s: a new TP rank reads exactly its shard's slices.
@@ -26,7 +28,7 @@ runtime then reads are NOTE [checkpoint slices]'s: a new TP rank reads exactly i
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from hetpart.partitioner.costs import held_weight_bytes
@@ -52,9 +54,31 @@ class Holdings:
     sources: Mapping[str, tuple[str, ...]]  # part -> the surviving devices that hold it
     machine: Mapping[str, str]  # surviving device -> its machine
     old: Mapping[str, tuple[str, ...]]  # part -> every old device that held it, lost ones too
+    # Mixed degrees (`mixed_holdings`): slot -> its need key, and need key -> weight -> the parts a slot of that key
+    # needs; None: every slot needs `parts[w]`.
+    need_of_slot: Mapping[str, str] | None = None
+    need: Mapping[str, Mapping[str, tuple[str, ...]]] | None = None
+
+    def needed(self, weight: str, slot: str) -> tuple[str, ...]:
+        """The parts of `weight` a stage on `slot` needs (NOTE [re-plan by shard]): on a TP-t slot of mixed
+        degrees, each rank's 1/t of a weight the sharding splits at t, the whole of others."""
+        if self.need is None:
+            return self.parts[weight]
+        return self.need[self.need_of_slot[slot]][weight]
+
+    def needed_bytes(self, weight: str, slot: str) -> int:
+        """The bytes of `weight` (and its optimizer state) a stage on `slot` holds, over its ranks."""
+        return sum(self.nbytes[p] for p in self.needed(weight, slot))
 
     def total_bytes(self) -> int:
         return sum(self.nbytes[p] for ps in self.parts.values() for p in ps)
+
+    def lost_bytes(self, weights: Iterable[str], slots: Iterable[str]) -> int:
+        """The least any plan on `slots` reads from the checkpoint: per weight, the parts no surviving device holds,
+        on the slot (its need) where they are fewest."""
+        keys = {self.need_of_slot[s] for s in slots} if self.need is not None else {None}
+        return sum(min(sum(self.nbytes[p] for p in (self.parts[w] if k is None else self.need[k][w])
+                           if not self.sources[p]) for k in keys) for w in weights)
 
 
 def as_holdings(problem: Problem, holders: Mapping[str, tuple[str, ...]] | Holdings) -> Holdings:
@@ -107,4 +131,80 @@ def tp_holdings(problem: Problem, degree: int, slot_devices: Mapping[str, tuple[
     return Holdings(parts, nbytes, slots, machines, sources, dict(alive), old)
 
 
-__all__ = ["Holdings", "OldRank", "as_holdings", "state_to_move_bytes", "tp_holdings", "tp_part"]
+@dataclass(frozen=True)
+class MixedRank:
+    """An old rank of a plan of any degrees: its device, its place (index of degree) in its stage's group, and the
+    weights it held, `split` those its stage's degree shards (it holds its 1/degree of them)."""
+
+    device: str
+    index: int
+    degree: int
+    weights: tuple[str, ...]
+    split: frozenset[str] = frozenset()
+
+
+def cells(degree: int, index: int, finest: int) -> range:
+    """The cells (1/`finest` shards, `mixed_holdings`) of a weight that rank `index` of a TP-`degree`
+    group holds of a weight it splits: shards of the powers of two nest."""
+    per = finest // degree
+    return range(index * per, (index + 1) * per)
+
+
+def mixed_holdings(weights: Iterable[str], slot_devices: Mapping[str, tuple[str, ...]], slot_degree: Mapping[str, int],
+                   split_at: Mapping[int, set[str]], state_bytes: Mapping[str, int], alive: Mapping[str, str],
+                   old_ranks: Sequence[MixedRank]) -> Holdings:
+    """NOTE [re-plan by shard] for slots of mixed tensor-parallel degrees:
+    `slot_devices` each slot's devices in TP order, `slot_degree` its degree, `split_at` degree -> the weights its
+    sharding splits, `state_bytes` each weight's whole state that moves (`state_to_move_bytes` unsplit), `alive`
+    every surviving device -> its machine, `old_ranks` the old plan's ranks.
+
+    A weight is cut in `finest` cells, the largest degree that splits it (old or new), each cell its share of the
+    bytes; rank j of a TP-t slot needs the cells of its shard where t splits it, every cell otherwise. A part is one
+    rank's need of the cells with the same old holders (`<w>[j/t cell c,.../finest]`, one part where they all lie
+    together): nothing moves for it on a slot whose device j holds them.
+    """
+    weights = list(weights)
+    degrees = sorted({*slot_degree.values(), *(r.degree for r in old_ranks)})
+    finest = {w: max([t for t in degrees if w in split_at.get(t, ())] + [r.degree for r in old_ranks
+                                                                        if w in r.split and w in r.weights] + [1])
+              for w in weights}
+    holds: dict[tuple[str, int], list[str]] = {}  # (weight, cell) -> old devices holding it, in old rank order
+    for r in old_ranks:
+        for w in r.weights:
+            if w not in finest:
+                continue
+            got = cells(r.degree, r.index, finest[w]) if w in r.split else range(finest[w])
+            for c in got:
+                holds.setdefault((w, c), []).append(r.device)
+    need_of_slot = {s: str(t) for s, t in slot_degree.items()}
+    parts: dict[str, list[str]] = {w: [] for w in weights}
+    need: dict[str, dict[str, tuple[str, ...]]] = {}
+    nbytes, slots, machines, sources, old = {}, {}, {}, {}, {}
+    for t in sorted(set(slot_degree.values())):
+        ours = {s: devs for s, devs in slot_devices.items() if slot_degree[s] == t}
+        need[str(t)] = {}
+        for w in weights:
+            f = finest[w]
+            share = [state_bytes[w] // f + (1 if c < state_bytes[w] % f else 0) for c in range(f)]
+            mine = []
+            for j in range(t):
+                # The rank's cells with the same old holders are one part: the same sources, slots and machines.
+                by_holders: dict[tuple[str, ...], list[int]] = {}
+                for c in (cells(t, j, f) if w in split_at.get(t, ()) else range(f)):
+                    by_holders.setdefault(tuple(holds.get((w, c), ())), []).append(c)
+                for holders, cs in by_holders.items():
+                    p = f"{w}[{j}/{t} cell {','.join(map(str, cs))}/{f}]"
+                    mine.append(p)
+                    old[p] = holders
+                    sources[p] = tuple(d for d in old[p] if d in alive)
+                    nbytes[p] = sum(share[c] for c in cs)
+                    slots[p] = frozenset(s for s, devs in ours.items() if devs[j] in sources[p])
+                    machines[p] = frozenset(alive[d] for d in sources[p])
+            need[str(t)][w] = tuple(mine)
+            parts[w] += mine
+    return Holdings({w: tuple(ps) for w, ps in parts.items()}, nbytes, slots, machines, sources, dict(alive), old,
+                    need_of_slot, need)
+
+
+__all__ = ["Holdings", "MixedRank", "OldRank", "as_holdings", "cells", "mixed_holdings", "state_to_move_bytes",
+           "tp_holdings", "tp_part"]

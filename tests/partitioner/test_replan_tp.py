@@ -10,18 +10,16 @@ are classed by where it comes from. Nothing of `Holdings` or part names is used 
 
 from __future__ import annotations
 
-import math
 import random
 
 import pytest
 
-from partition_cases import make_problem, valid_plans
-from hetpart.partitioner import solve
-from hetpart.partitioner.evaluate import bottleneck_ns
+from partition_cases import make_problem
+from replan_checks import check_large_candidates, check_lexicographic, check_moves, read_count
 from hetpart.partitioner.problem import Device, Link
-from hetpart.partitioner.replan import lexicographic_plan, moves, stage_weights
+from hetpart.partitioner.replan import moves
 from hetpart.partitioner.replan_holdings import OldRank, tp_holdings
-from hetpart.runtime.checkpoint_slices import Layout, plan_reads, shard_layout
+from hetpart.runtime.checkpoint_slices import Layout, shard_layout
 
 T = 2
 MACHINES = {f"m{i}": [f"m{i}/{j}" for j in range(4)] for i in range(2)}
@@ -71,69 +69,29 @@ def _layout(shape, split, w, index):
 def _independent(problem, stage_of, slots, world) -> tuple[int, int, int]:
     """(between, within, from the checkpoint) by the resume's read plan (see the module's docstring)."""
     shapes, split, old_ranks, alive = world
-    out = [0, 0, 0]
-    for k, weights in stage_weights(problem, stage_of).items():
-        devices = slots[k].split("+")
-        for j, target in enumerate(devices):
-            for w in sorted(weights):
-                held = [(r.device, _layout(shapes[w], split, w, r.index)) for r in old_ranks if w in r.weights]
-
-                def rank(h):
-                    d = h[0]
-                    return (0 if d == target else 1 if d in alive and alive[d] == alive[target] else
-                            2 if d in alive else 3)
-
-                held.sort(key=rank)
-                for read in plan_reads(w, _layout(shapes[w], split, w, j), held):
-                    nbytes = math.prod(s.stop - s.start for s in read.src) * 4
-                    where = rank((read.file,))
-                    if where:
-                        out[{1: 1, 2: 0, 3: 2}[where]] += nbytes
-    return tuple(out)
+    return read_count(problem, stage_of, slots,
+                      lambda w: [(r.device, _layout(shapes[w], split, w, r.index)) for r in old_ranks if w in r.weights],
+                      lambda w, j, _: _layout(shapes[w], split, w, j), alive)
 
 
 @pytest.mark.parametrize("seed", range(16))
 def test_tp_moves_equal_the_resumes_own_reads(seed):
     problem, holdings, world = _case(seed)
-    for stage_of, slots, _ in list(valid_plans(problem))[:40]:
-        mv = moves(problem, stage_of, slots, holdings)
-        assert (mv.between_bytes, mv.within_bytes, mv.checkpoint_bytes) == _independent(problem, stage_of, slots,
-                                                                                          world)
+    check_moves(problem, holdings, lambda *plan: _independent(*plan, world))
 
 
 @pytest.mark.parametrize("seed", range(12))
 @pytest.mark.parametrize("slack", [0.0, 0.5])
 def test_tp_lexicographic_choice_matches_brute_force_by_the_independent_count(seed, slack):
     problem, holdings, world = _case(seed)
-    plans = list(valid_plans(problem))
-    best = min(bottleneck_ns(stages) for _, _, stages in plans)
-    limit = math.floor(best * (1 + slack))
-    want = min(_independent(problem, s, d, world)[:2] for s, d, stages in plans if bottleneck_ns(stages) <= limit)
-    scratch = solve(problem, time_limit_s=10)
-    assert scratch.bottleneck_ns == best
-    got = lexicographic_plan(problem, scratch, holdings, slack=slack, time_limit_s=10)
-    assert got.status == ["OPTIMAL", "OPTIMAL"]
-    assert got.plan.bottleneck_ns <= limit
-    assert (got.moves.between_bytes, got.moves.within_bytes) == want
-    assert _independent(problem, got.plan.stage_of, got.plan.device_of_stage, world)[:2] == want
+    check_lexicographic(problem, holdings, lambda *plan: _independent(*plan, world), slack)
 
 
 @pytest.mark.parametrize("seed", range(8))
 def test_tp_large_re_plan_candidates_count_the_same_bytes(seed, monkeypatch):
-    # NOTE [large re-plan]'s candidates (relabeling, the bytes DP) forced on the small TP problems: each plan they
-    # give is within the cap and moves no more than the from-scratch plan, by the independent count.
-    from hetpart.partitioner import replan
-
     problem, holdings, world = _case(seed)
-    scratch = solve(problem, time_limit_s=10)
-    old = ["+".join(g) for g in OLD_GROUPS]
-    monkeypatch.setattr(replan, "RELABEL_ABOVE", 0)
-    got = lexicographic_plan(problem, scratch, holdings, slack=0.5, old_devices=old)
-    assert got.status[0] in replan.LARGE_STATUSES
-    assert got.plan.bottleneck_ns <= got.limit_ns
-    mine = _independent(problem, got.plan.stage_of, got.plan.device_of_stage, world)
-    assert (got.moves.between_bytes, got.moves.within_bytes, got.moves.checkpoint_bytes) == mine
-    assert mine[:2] <= _independent(problem, scratch.stage_of, scratch.device_of_stage, world)[:2]
+    check_large_candidates(problem, holdings, lambda *plan: _independent(*plan, world),
+                           ["+".join(g) for g in OLD_GROUPS], monkeypatch)
 
 
 def test_a_part_held_at_another_index_counts_within_its_machine():

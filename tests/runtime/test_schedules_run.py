@@ -125,3 +125,13 @@ def test_zero_bubble_trains_a_stage_whose_input_depends_on_no_weight():
     stage_backward_weight(iter(linear.parameters()), groups)
     assert linear.weight.grad is not None and torch.allclose(linear.weight.grad, torch.ones(3, 4) @ x.detach())
     assert torch.allclose(linear.bias.grad, torch.full((3,), 4.0))
+
+
+def test_replan_refuses_a_virtual_stage_plan_clearly(planned, tmp_path, capsys):
+    # NOTE [re-plan of tensor-parallel plans] says why; the checkpoint still resumes into a plan made from scratch.
+    out, _ = planned
+    assert main(["replan", str(out), "--lose", "local/1", "--out", str(tmp_path / "new")]) == 2
+    err = capsys.readouterr().err
+    assert "runs 2 virtual stages per device (an interleaved schedule), which `hetpart replan` does not re-plan" in err
+    assert "partition from scratch for the new cluster; `run --resume` reads this checkpoint into it" in err
+    assert not (tmp_path / "new").exists()
