@@ -32,15 +32,15 @@ def check_tp_options(degree: int, data_parallel: bool, strategy: str, max_degree
         if value not in TP_DEGREES:
             raise HetpartError(f"{flag} {value}: expected one of {', '.join(map(str, TP_DEGREES))}")
     given = ",".join(f"{k}={t}" for k, t in machines) if machines else str(degree)
+    flag = f"--tensor-parallel {given}" if degree > 1 else f"--max-tensor-parallel {max_degree}"
     if degree > 1 and max_degree > 1:
         raise HetpartError(f"--tensor-parallel {given} forces the degree, --max-tensor-parallel {max_degree} lets "
                            "the solve choose it: pass one of them")
     if max(degree, max_degree) > 1 and data_parallel:
-        raise HetpartError(f"--tensor-parallel {given if degree > 1 else max_degree} with --pipelines or --parallel "
-                           "data is not supported yet; leave one of them out")
+        raise HetpartError(f"{flag} with --pipelines or --parallel data is not supported yet; leave one of them out")
     if max(degree, max_degree) > 1 and strategy != "optimal":
-        raise HetpartError(f"--tensor-parallel {given if degree > 1 else max_degree} with --strategy {strategy} is not "
-                           "supported: the baselines plan single-device stages; leave one of them out")
+        raise HetpartError(f"{flag} with --strategy {strategy} is not supported: the baselines plan single-device "
+                           "stages; leave one of them out")
 
 
 @dataclass

@@ -152,6 +152,10 @@ def test_bad_tensor_parallel_options_are_refused():
         check_tp_options(3, False, "optimal")
     with pytest.raises(HetpartError, match="--pipelines or --parallel data is not supported"):
         check_tp_options(2, True, "optimal")
+    with pytest.raises(HetpartError, match="^--max-tensor-parallel 2 with --strategy metis is not supported"):
+        check_tp_options(1, False, "metis", max_degree=2)  # the flag the user gave, not --tensor-parallel
+    with pytest.raises(HetpartError, match="^--max-tensor-parallel 4 with --pipelines"):
+        check_tp_options(1, True, "optimal", max_degree=4)
     with pytest.raises(HetpartError, match="no machine with 4 devices of one type"):
         tp_groups(load_cluster("preset:cpu-2"), 4)
 

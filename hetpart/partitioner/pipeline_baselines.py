@@ -37,8 +37,10 @@ from hetpart.partitioner.solve import SolveOptions, solve
 # A pipeline's plan is costed once per distinct device signature (types, capacities, machine
 # boundaries) and microbatch count, also when the best pairs are recosted (the stages renamed
 # onto each pipeline's devices), so a 1,024-device cluster costs a few hundred evaluations, not
-# D log D; only the kept layout is checked by `pipelines_violations`, and the recosting stops
-# at the baseline's deadline once one layout is costed.
+# D log D; only the kept layout is checked by `pipelines_violations`, and the ranking and the
+# recosting stop at the baseline's deadline once one layout is ranked (so "no layout fits" is
+# never a deadline's). The baseline `--strategy NAME` writes runs with no deadline: the plan a
+# user runs does not change with --time-limit.
 
 TOP_EXACT = 8  # (pp, dp) pairs recosted exactly, with sync
 
@@ -89,8 +91,10 @@ def _proportional(total: int, weights: list[float], least: int = 1) -> list[int]
     return out
 
 
-def _layout_baseline(problem: Problem, M: int, name: str, speed_aware: bool, deadline: float) -> PipelinesPlan | None:
-    """NOTE [pipeline baselines]'s megatron (speed_aware False) or metis: the best (pp, dp) found by `deadline`."""
+def _layout_baseline(problem: Problem, M: int, name: str, speed_aware: bool,
+                     deadline: float | None) -> tuple[PipelinesPlan | None, str]:
+    """NOTE [pipeline baselines]'s megatron (speed_aware False) or metis: the best (pp, dp) found by `deadline`
+    (None: every layout, as `--strategy NAME` runs it), and why there is none when there is none."""
     order, block, blocks = _blocks_of(problem)
     names = [d.name for d in problem.devices]
     D = len(names)
@@ -99,10 +103,10 @@ def _layout_baseline(problem: Problem, M: int, name: str, speed_aware: bool, dea
     cache: dict[tuple, tuple[Plan, bool] | None] = {}
     ranked = []
     start = time.perf_counter()
-    rank_end = start + 0.6 * (deadline - start)  # the rest recosts the best layouts with their sync
+    rank_end = None if deadline is None else start + 0.6 * (deadline - start)  # the rest: recost with sync
     for pp in range(1, min(D, blocks) + 1):
-        if time.perf_counter() > rank_end:
-            break
+        if ranked and rank_end is not None and time.perf_counter() > rank_end:
+            break  # (never before a layout is ranked: "none fits" must be true)
         pipes: list[tuple[list[str], Plan]] = []
         for j in range(D // pp):
             devs = names[j * pp:(j + 1) * pp]
@@ -110,7 +114,7 @@ def _layout_baseline(problem: Problem, M: int, name: str, speed_aware: bool, dea
                 sizes = _proportional(blocks, [1.0 / max(1, type_time[problem.device(d).type]) for d in devs])
             else:
                 sizes = [blocks * (k + 1) // pp - blocks * k // pp for k in range(pp)]
-            if sizes is None:
+            if sizes is None or 0 in sizes:  # (a stage of no blocks is no stage: not this pp's layout)
                 break
             key = (_signature(problem, devs), tuple(sizes))
             if key not in cache:
@@ -139,7 +143,7 @@ def _layout_baseline(problem: Problem, M: int, name: str, speed_aware: bool, dea
     best = None
     recosted: dict[tuple, tuple[list[str], list]] = {}  # (signature, plan, m) -> the first devices' stages
     for worst, pp, dp, shares, chosen in sorted(ranked, key=lambda r: r[:3])[:TOP_EXACT]:
-        if best is not None and time.perf_counter() > deadline:
+        if best is not None and deadline is not None and time.perf_counter() > deadline:
             break
         out = []
         for j, ((devs, plan), m) in enumerate(zip(chosen, shares)):
@@ -159,7 +163,13 @@ def _layout_baseline(problem: Problem, M: int, name: str, speed_aware: bool, dea
             best = got
     # Checked once, the kept one only (each check re-evaluates every pipeline: minutes on 1,024 devices).
     bad = pipelines_violations(problem, best, M) if best is not None else []
-    return best if best is not None and not bad else None
+    if best is not None and not bad:
+        return best, ""
+    if bad:
+        return None, f"its best layout breaks {len(bad)} rule(s): {'; '.join(bad[:2])}"
+    shares = "shares by pipeline speed" if speed_aware else "equal batch shares"
+    return None, (f"no (pp, dp) layout fits in memory with {shares}" +
+                  (" and at least as many microbatches per pipeline as stages (1F1B)" if one_f1b else ""))
 
 
 def single_pipeline(problem: Problem, M: int, options: SolveOptions | None = None, **overrides) -> PipelinesPlan:
@@ -174,18 +184,21 @@ def single_pipeline(problem: Problem, M: int, options: SolveOptions | None = Non
 
 
 def pipeline_baselines(problem: Problem, microbatches: int, time_limit_s: float = 30.0,
-                       options: SolveOptions | None = None, single: bool = True) -> list[PipelinesBaseline]:
+                       options: SolveOptions | None = None, single: bool = True,
+                       exact: str | None = None) -> list[PipelinesBaseline]:
     """NOTE [pipeline baselines], each within its share of `time_limit_s` (megatron and metis a quarter
     each, one-pipeline the half; `single` False leaves one-pipeline out: `solve` on a thousand devices
-    overruns its limit by minutes); a baseline with no valid plan has `plan` None and says why."""
+    overruns its limit by minutes); a baseline with no valid plan has `plan` None and says why. Baseline
+    `exact` (megatron or metis, the one `--strategy` writes) ranks every layout whatever the limit."""
     t0 = time.perf_counter()
     out = []
     for name, aware, share in (("megatron", False, 0.25), ("metis", True, 0.5)):
-        got = _layout_baseline(problem, microbatches, name, aware, t0 + share * time_limit_s)
-        out.append(PipelinesBaseline(name, got, got.bound_note if got else
-                                     "no (pp, dp) layout fits in memory with equal batch shares"))
+        got, why = _layout_baseline(problem, microbatches, name, aware,
+                                    None if name == exact else t0 + share * time_limit_s)
+        out.append(PipelinesBaseline(name, got, got.bound_note if got else why))
     if not single:
-        out.append(PipelinesBaseline("one-pipeline", None, "not run (single=False)"))
+        out.append(PipelinesBaseline("one-pipeline", None, f"not run: one pipeline over {len(problem.devices)} "
+                                     "devices is not solved for the comparison (its solve overruns the limit)"))
         return out
     try:
         left = max(0.5, time_limit_s - (time.perf_counter() - t0))
@@ -204,7 +217,7 @@ def strategy_pipelines(problem: Problem, microbatches: int, name: str, options: 
     if name not in DATA_PARALLEL_STRATEGIES[1:]:
         raise HetpartError(f"--strategy {name}: not a data-parallel baseline ({', '.join(DATA_PARALLEL_STRATEGIES[1:])})")
     baselines = pipeline_baselines(problem, microbatches, time_limit_s=time_limit_s, options=options,
-                                   single=name == "one-pipeline" or len(problem.devices) <= 128)
+                                   single=name == "one-pipeline" or len(problem.devices) <= 128, exact=name)
     b = next(b for b in baselines if b.name == name)
     if b.plan is None:
         raise HetpartError(f"--strategy {name}: no plan for this model and cluster ({b.note}); pick another "
