@@ -215,7 +215,8 @@ def _write_replan(old: Path, out: Path, manifest: dict, plan: Any, stored: Probl
         echo(line)
     record = {**result.to_json(), "from": str(old), "lost": lost, "replan_s": round(plan_s, 3)}
     opts = CompileOptions(microbatches=plan.microbatches, seed=seed, force=force, mode=plan.mode,
-                          schedule=plan.schedule, optimizer_bytes_per_param=plan.optimizer_bytes_per_param or 8,
+                          schedule=plan.schedule, optimizer_bytes_per_param=8 if plan.optimizer_bytes_per_param is None
+                          else plan.optimizer_bytes_per_param,
                           pt2=any("stage.pt2" in e["files"] for e in manifest["ranks"]),
                           meta=plan.weights == "manifest", align=plan.align, replan=choice(stored, result, record),
                           **options)

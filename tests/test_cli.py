@@ -105,3 +105,19 @@ def test_devices_and_models_list(capsys):
 def test_python_dash_m_entry_point():
     proc = subprocess.run([sys.executable, "-m", "hetpart", "--version"], capture_output=True, text=True)
     assert proc.returncode == 0 and proc.stdout.startswith("hetpart ")
+
+
+def test_replan_keeps_an_optimizer_of_no_state(tmp_path, capsys):
+    """A plan made with --optimizer-bytes-per-param 0 (plain SGD) is re-planned with 0, not the default 8."""
+    import json
+
+    from hetpart.cli import main
+
+    old, new = tmp_path / "old", tmp_path / "new"
+    assert main(["partition", "zoo:mlp", "--set", "hidden=384", "--set", "n_blocks=4", "--batch-size", "64",
+                 "--microbatches", "4", "--no-pt2", "--mode", "training", "--cluster", "preset:cpu-4",
+                 "--optimizer-bytes-per-param", "0", "--out", str(old)]) == 0
+    assert main(["replan", str(old), "--lose", "local/3", "--out", str(new)]) == 0
+    capsys.readouterr()
+    before, after = (json.loads((d / "plan.json").read_text()) for d in (old, new))
+    assert before["optimizer_bytes_per_param"] == after["optimizer_bytes_per_param"] == 0
