@@ -19,8 +19,9 @@ must use the same batch, length and seed (`check_resume`), and continues at step
 `--keep-checkpoints N` removes older complete checkpoints (only the files their checkpoint.json lists,
 then the folder if it is empty). Resume (`--resume CK` or CK/step-<N>) checks every file's sha256
 before anything runs (`read_checkpoint`); each new rank then reads only the tensors it holds, lazily
-with safetensors' `safe_open`, from the old rank on its own device where there was one, else on its
-machine, else the first that held it (`weight_sources`), and checks the hash of each file it opens.
+with safetensors' `safe_open`, from the old rank on its own device where there was one, else a surviving
+one (on a device of the new plan) on its machine, else any surviving one, else the lost ones' parts (the
+checkpoint's), as the re-plan counts its bytes (`weight_sources`), and checks the hash of each file it opens.
 A rank of a tensor-parallel stage writes its shards; rank<k>.json's `layout` says, per tensor, the full
 shape and which slices of it the rank holds, and a new rank reads only the slices of its own part
 (NOTE [checkpoint slices] in checkpoint_slices.py). A rank of several stages (virtual stages) writes and
@@ -34,6 +35,7 @@ import json
 import os
 import re
 import shlex
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -242,13 +244,16 @@ def read_checkpoint(path: Path, check_tensors: bool = True) -> Checkpoint:
     return Checkpoint(path, int(manifest["step"]), manifest["data"], manifest["model"], ranks)
 
 
-def weight_sources(ckpt: Checkpoint, entry: dict[str, Any], weights: list[str]) -> dict[str, dict[str, Any]]:
+def weight_sources(ckpt: Checkpoint, entry: dict[str, Any], weights: list[str],
+                   alive: Collection[str] = ()) -> dict[str, dict[str, Any]]:
     """Which old rank's file each of a new rank's `weights` is read from first: the old rank on the new rank's
-    planned device, else one on its machine, else the first that held it (NOTE [checkpoint layout])."""
-    return {w: parts[0] for w, parts in ranked_holders(ckpt, entry, weights).items()}
+    planned device, else a surviving one (a device of the new plan, `alive`) on its machine, else any surviving
+    one, else one on its machine, else the first that held it (NOTE [checkpoint layout])."""
+    return {w: parts[0] for w, parts in ranked_holders(ckpt, entry, weights, alive).items()}
 
 
-def ranked_holders(ckpt: Checkpoint, entry: dict[str, Any], weights: list[str]) -> dict[str, list[dict[str, Any]]]:
+def ranked_holders(ckpt: Checkpoint, entry: dict[str, Any], weights: list[str],
+                   alive: Collection[str] = ()) -> dict[str, list[dict[str, Any]]]:
     """Each of a new rank's `weights` -> the old ranks' parts holding it, in the order `weight_sources` prefers."""
     holders = ckpt.holders()
     missing = [w for w in weights if w not in holders]
@@ -256,8 +261,9 @@ def ranked_holders(ckpt: Checkpoint, entry: dict[str, Any], weights: list[str]) 
         raise HetpartError(f"checkpoint '{ckpt.path}' holds no weight {missing[:3]} that rank {entry['rank']} needs: "
                            "is it a checkpoint of this model?")
 
-    def rank_of(part: dict[str, Any]) -> tuple[int, int]:
-        return (part["device"] != entry.get("planned_device"), part["machine"] != entry.get("machine"))
+    def rank_of(part: dict[str, Any]) -> tuple[bool, bool, bool]:
+        return (part["device"] != entry.get("planned_device"), part["device"] not in alive,
+                part["machine"] != entry.get("machine"))
 
     return {w: sorted(holders[w], key=rank_of) for w in weights}
 
@@ -277,13 +283,13 @@ def part_layouts(ckpt: Checkpoint, part: dict[str, Any]) -> dict[str, Layout]:
         return {k: Layout(tuple(f.get_slice(k).get_shape())) for k in f.keys()}
 
 
-def rank_reads(ckpt: Checkpoint, entry: dict[str, Any], weights: list[str],
-               shards: dict[str, dict[str, int]]) -> dict[str, tuple[Layout, list[SliceRead]]]:
+def rank_reads(ckpt: Checkpoint, entry: dict[str, Any], weights: list[str], shards: dict[str, dict[str, int]],
+               alive: Collection[str] = ()) -> dict[str, tuple[Layout, list[SliceRead]]]:
     """A new rank's tensors ("weight/<fqn>" and the optimizer state of each of its `weights`) -> what it needs of
     each (its shard under `shards`, or all) and the old slices that make it (NOTE [checkpoint slices])."""
     layouts: dict[str, dict[str, Layout]] = {}
     out = {}
-    for fqn, parts in ranked_holders(ckpt, entry, weights).items():
+    for fqn, parts in ranked_holders(ckpt, entry, weights, alive).items():
         for part in parts:
             if part["file"] not in layouts:
                 layouts[part["file"]] = part_layouts(ckpt, part)
@@ -325,7 +331,8 @@ def check_resume(ckpt: Checkpoint, model: dict[str, Any], data: dict[str, Any]) 
 
 def load_rank(ckpt: Checkpoint, entry: dict[str, Any], module: torch.nn.Module,
               optimizer: torch.optim.Optimizer | None, names: dict[str, str],
-              params: list[torch.nn.Parameter], shards: dict[str, dict[str, int]] | None = None) -> None:
+              params: list[torch.nn.Parameter], shards: dict[str, dict[str, int]] | None = None,
+              alive: Collection[str] = ()) -> None:
     """Give this rank's module and optimizer their tensors from `ckpt`: only the slices of its part (`shards`: its
     split weights, NOTE [checkpoint slices]), read lazily (`safe_open`) from the files `weight_sources` prefers,
     each file's hash checked first."""
@@ -336,8 +343,8 @@ def load_rank(ckpt: Checkpoint, entry: dict[str, Any], module: torch.nn.Module,
     for attr in state:
         if attr in names:
             attrs.setdefault(names[attr], []).append(attr)
-    reads = rank_reads(ckpt, entry, sorted(attrs), shards or {})
-    sources = weight_sources(ckpt, entry, sorted(attrs))
+    reads = rank_reads(ckpt, entry, sorted(attrs), shards or {}, alive)
+    sources = weight_sources(ckpt, entry, sorted(attrs), alive)
     loaded: dict[str, torch.Tensor] = {}
     with contextlib.ExitStack() as stack:
         handles = {}
@@ -424,6 +431,7 @@ class CheckpointRun:
     model: dict | None = None  # plan.json's model record
     resume: Path | None = None  # a checkpoint folder to start from
     first_step: int = 0  # the steps trained before this run (the resumed checkpoint's step)
+    alive: tuple[str, ...] = ()  # the new plan's devices: an old rank on one survived (its files read first)
 
     def to_json(self) -> str:
         return json.dumps({**self.__dict__, "save_dir": str(self.save_dir) if self.save_dir else None,
@@ -442,7 +450,7 @@ class CheckpointRun:
         parts) from the checkpoint."""
         if self.resume is not None:
             load_rank(read_checkpoint(self.resume, check_tensors=False), entry, module, optimizer, names, params,
-                      shards)
+                      shards, self.alive)
             print(f"rank {entry['rank']}: resumed from {self.resume} (step {self.first_step})", flush=True)
 
     def after_step(self, step: int, entry: dict[str, Any], module: torch.nn.Module,
@@ -501,19 +509,20 @@ def prepare_run(manifest: dict[str, Any], plan_model: dict[str, Any], data: dict
         raise HetpartError("--checkpoint-every and --keep-checkpoints must be >= 1")
     model = model_record(plan_model)
     first, path = 0, None
+    alive = tuple(sorted({e["planned_device"] for e in manifest["ranks"] if e.get("planned_device")}))
     if resume is not None:
         ckpt = read_checkpoint(find_checkpoint(resume))
         check_resume(ckpt, model, data)
         from hetpart.runtime.tp import weight_shards
 
         for entry in manifest["ranks"]:  # every slice of every rank's tensors is in it
-            rank_reads(ckpt, entry, rank_weights(entry), weight_shards(manifest, entry))
+            rank_reads(ckpt, entry, rank_weights(entry), weight_shards(manifest, entry), alive)
         first, path = ckpt.step, ckpt.path.resolve()
     if checkpoint_dir is not None:
         check_checkpoint_dir(checkpoint_dir, first, steps, every)
     token = f"{os.getpid()}-{os.urandom(4).hex()}"
     return CheckpointRun(save_dir=checkpoint_dir.resolve() if checkpoint_dir else None, every=every or 0, keep=keep,
-                         token=token, data=data, model=model, resume=path, first_step=first)
+                         token=token, data=data, model=model, resume=path, first_step=first, alive=alive)
 
 
 def run_checkpoints(manifest: dict[str, Any], plan_model: dict[str, Any], spec: Any, microbatches: int, opts: Any,

@@ -123,6 +123,11 @@ def test_resume_refuses_another_model_or_batch_and_reads_weights_from_the_neares
     assert weight_sources(fake, {"rank": 0, "planned_device": "b/1", "machine": "b"}, ["w"])["w"]["rank"] == 2
     assert weight_sources(fake, {"rank": 0, "planned_device": "b/7", "machine": "b"}, ["w"])["w"]["rank"] == 1
     assert weight_sources(fake, {"rank": 0, "planned_device": "c/0", "machine": "c"}, ["w"])["w"]["rank"] == 0
+    # A surviving holder (a device of the new plan) before a lost one on the rank's own machine, as the re-plan
+    # counts the bytes (the lost b/0's part is the checkpoint's; the surviving a/0 sends).
+    new = {"rank": 0, "planned_device": "b/7", "machine": "b"}
+    assert weight_sources(fake, new, ["w"], alive=("a/0", "b/7"))["w"]["rank"] == 0
+    assert weight_sources(fake, new, ["w"], alive=("a/0", "b/1", "b/7"))["w"]["rank"] == 2
     with pytest.raises(HetpartError, match="need --mode training"):
         prepare_run({"ranks": []}, MODEL, DATA, 1, mode="inference", checkpoint_dir=tmp_path, every=1, keep=None,
                     resume=None)
