@@ -137,6 +137,10 @@ def idle_reasons(problem: Problem, plan: PipelinesPlan, microbatches: int, facts
                           "are taken by the pipelines' fewest; a larger batch would use it")
             else:
                 out[d] = _link_or_slow(problem, plan, devices, bottleneck, pipes, rate, dev.node not in busy_machines)
+                if out[d].startswith("too slow"):
+                    out[d] += (f"; the best-rate pipeline with a {name} machine ({devices} devices) has a "
+                               f"{format_ns(bottleneck)} bottleneck, and the fastest with one takes "
+                               f"{format_ns(fewest_ns)} for its fewest microbatches")
         if facts is not None and d not in pipeline_of and dev.capacity_bytes >= smallest_op:
             alone = sum(facts.kind_of_machine[x.node] == j for x in problem.devices)
             short = holds if alone * dev.capacity_bytes < need and holds not in out[d] else ""
@@ -175,5 +179,4 @@ def _link_or_slow(problem: Problem, plan: PipelinesPlan, devices: int, bottlenec
     if problem.training is not None and more > saving:
         return (f"link: one more pipeline with it would save at most {format_ns(saving)} of the "
                 f"pipelines' time, but its gradient sync adds at least {format_ns(more)}")
-    return ("too slow to help: no pipeline with it lowers the step time (it would be slower than the step, or "
-            "its gradient sync would cost more than it saves)")
+    return "too slow to help: no plan the search found with it has a lower step"
