@@ -119,9 +119,9 @@ def join_probe(problem: Problem, kinds, cands: list[Candidate], answer: OuterAns
                 if joined is None:
                     tries.append(JoinTry(j, i, pipes[:copies], None, why))
                     continue
-                if joined not in cands:
+                k = next((x for x, o in enumerate(cands) if o is joined), len(cands))
+                if k == len(cands):  # solved now: the search's cache of shapes grows by it
                     cands.append(joined)
-                k = next(x for x, o in enumerate(cands) if o is joined)
                 trial = _joined_answer(cands, out.answer, i, k, copies, microbatches)
                 if trial is None:
                     tries.append(JoinTry(j, i, pipes[:copies], None,

@@ -535,6 +535,9 @@ def _plan_and_facts(problem: Problem, microbatches: int, options: SolveOptions |
         got = _candidate(problem, shape, devs, plan, m_ref, microbatches)
         if got is not None:
             return got, True, ""
+        if plan is not None:
+            return None, True, (f"its plan's {len(plan.stages)} stages need as many microbatches under 1F1B, more than "
+                                f"the batch's {microbatches}")
         if time.perf_counter() - t_solve < 0.9 * per_shape:
             no_plan.add(shape)
             return None, True, "no plan of it fits in memory"
