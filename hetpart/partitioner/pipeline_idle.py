@@ -167,11 +167,10 @@ def _numbers(facts: ShapeFacts, j: int, name: str, plan: PipelinesPlan, short: s
     if t.step_ns is None:
         return out + f"; adding one {name} machine to {where}: {t.why}"
     more = (t.step_ns - plan.iteration_ns) / max(1, plan.iteration_ns)
-    gives = f"{format_ns(t.step_ns)} ({more:+.1%})"
     if t.left_out:  # the joined shape's plan runs nothing on it: whatever it costs is that plan's, not the machine's
         return out + (f"; adding one {name} machine to {where} adds nothing: the joined devices' plan leaves it "
-                      f"out ({gives})")
-    return out + f"; adding one {name} machine to {where} gives {gives}"
+                      f"out ({format_ns(t.step_ns)}, {more:+.1%})")
+    return out + f"; adding one {name} machine to {where} gives {format_ns(t.step_ns)} ({more:+.1%})"
 
 
 def _link_or_slow(problem: Problem, plan: PipelinesPlan, devices: int, bottleneck: int, pipes: int,

@@ -131,7 +131,7 @@ def test_reason_numbers_are_those_of_an_independent_evaluation(monkeypatch):
     assert ns(re.search("plan's whole " + number, why).group(1)) == plan.iteration_ns == 650
     assert ns(re.search(r"only slow machines \(2 devices\) takes " + number, why).group(1)) == alone
     got = re.search(r"adding one slow machine to pipeline 0 adds nothing: the joined devices' plan leaves it out \("
-                    + number + r" \(([+-][\d.]+)%\)\)", why)
+                    + number + r", ([+-][\d.]+)%\)", why)
     assert ns(got.group(1)) == joined == 650 and float(got.group(2)) == 100 * (joined - 650) / 650
 
 
