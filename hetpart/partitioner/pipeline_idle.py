@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 
 from hetpart.partitioner.infeasible import node_need
 from hetpart.partitioner.pipeline_bounds import need_bytes, sync_floor_ns
-from hetpart.partitioner.pipeline_join import JoinTry
+from hetpart.partitioner.pipeline_join import JoinResult, JoinTry
+from hetpart.partitioner.pipeline_outer import Candidate, kinds_of
 from hetpart.partitioner.pipelines import PipelinesPlan, _devices_of
 from hetpart.partitioner.problem import Problem
 
@@ -63,11 +64,46 @@ class ShapeFacts:
     join_plan: tuple[tuple[str, ...], ...] = ()  # the pipelines (devices) the tries were made against
 
 
+def kind_name(kind) -> str:
+    """A machine kind (pipeline_search.MachineKind) as the reasons name it: its device types ("l4-24g")."""
+    return "+".join(dict.fromkeys(t for t, _ in kind.classes))
+
+
+def learn(facts: ShapeFacts, problem: Problem, cands: list[Candidate], probe: JoinResult) -> None:
+    """What the search's candidates (NOTE [join probe]'s among them) and the probe's last tries tell about each
+    machine kind; the tries are against `probe.plan`."""
+    for shape in probe.solved:
+        for j in kinds_of(shape):
+            facts.tried.add(j)
+            facts.tried_count[j] = facts.tried_count.get(j, 0) + 1
+    facts.joins = {}
+    for t in probe.tries:  # the best try per kind
+        old = facts.joins.get(t.kind)
+        if old is None or (t.step_ns is not None and (old.step_ns is None or t.step_ns < old.step_ns)):
+            facts.joins[t.kind] = t
+    facts.join_untried = set(probe.untried)
+    facts.join_plan = tuple(p.devices for p in probe.plan.pipelines)
+    fewest = lambda c: c.sum_ns + (c.lo - 1) * c.bottleneck_ns  # noqa: E731 (its time at its fewest microbatches)
+    # Per kind, the shapes whose plans run a stage on it (a plan may leave machines out).
+    runs = [{facts.kind_of_machine[problem.device(d).node] for st in c.plan.stages for d in _devices_of(st)}
+            for c in cands]
+    for i in sorted(range(len(cands)), key=lambda i: cands[i].bottleneck_ns * len(cands[i].devices)):
+        c = cands[i]
+        for j in runs[i]:
+            least = min(fewest(o) for o, r in zip(cands, runs) if j in r)
+            facts.best.setdefault(j, (c.lo, c.bottleneck_ns, len(c.devices), least))
+        if len(kinds_of(c.shape)) == 1 and c.piece_kind < 0 and runs[i]:  # whole machines of one kind
+            j = next(iter(kinds_of(c.shape)))
+            if j not in facts.pure or fewest(c) < facts.pure[j][0]:
+                facts.pure[j] = (fewest(c), c.lo, len(c.devices))
+    facts.solved = {j for c in cands for j in kinds_of(c.shape)}
+
+
 def format_ns(ns: float) -> str:
-    """A time as the reasons print it: "747.5 ms", "1,324 ms", "370 ns"."""
+    """A time as the reasons print it: "747.5 ms", "1,324 ms", "10,390 ms", "370 ns"."""
     for unit, scale in (("ms", 1e6), ("us", 1e3)):
         if ns >= scale:
-            return f"{ns / scale:,.4g} {unit}"
+            return f"{ns / scale:,.0f} {unit}" if ns >= 1000 * scale else f"{ns / scale:.4g} {unit}"
     return f"{ns:,.0f} ns"
 
 

@@ -9,9 +9,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from hetpart.partitioner.pipeline_outer import Candidate, OuterAnswer, _split, realize
+from hetpart.partitioner.pipeline_outer import Candidate, OuterAnswer, _split, candidate, realize
 from hetpart.partitioner.pipelines import PipelinesPlan, _devices_of, cost_pipelines
-from hetpart.partitioner.problem import Problem
+from hetpart.partitioner.problem import Plan, Problem
 
 # NOTE [join probe]
 # The outer program (NOTE [outer program]) mixes the shapes the search solved, and the search
@@ -54,6 +54,47 @@ class JoinTry:
 
 
 @dataclass
+class JoinPlanner:
+    """Where the probe gets a joined shape's candidate: the search's own (its cache of solved shapes), else one
+    solved now by the search's planner within the search's time for one shape (NOTE [join probe])."""
+
+    devices: Callable[[object], tuple[str, ...]]  # a shape's canonical devices (pipeline_search.shape_devices)
+    solve: Callable[[tuple[str, ...], int, float], Plan | None]  # devices, microbatches, seconds per device order
+    limit_s: Callable[[int], float]  # the search's seconds for one device order of a shape of so many devices
+    orders: int  # device orders each solve runs (NOTE [stash order]): what is left is shared among them
+    no_plan: set = field(default_factory=set)  # shapes solved without a plan
+    solved: list = field(default_factory=list)  # the shapes solved here
+
+    def candidate(self, problem: Problem, cands: list[Candidate], shape, m: int, microbatches: int,
+                  end: float) -> tuple[Candidate | None, bool, str]:
+        """`shape`'s candidate for pipelines of about `m` microbatches, whether it was solved now, and why none."""
+        own = [c for c in cands if c.shape == shape]
+        if own:
+            return min(own, key=lambda c: c.sum_ns + (max(m, c.lo) - 1) * c.bottleneck_ns), False, ""
+        if shape in self.no_plan:
+            return None, False, "no plan of it fits in memory"
+        devs = self.devices(shape)
+        sched = problem.training.schedule if problem.training is not None else None
+        m_ref = min(microbatches, max(m, len(devs))) if sched == "1f1b" else microbatches  # as the search does
+        limit_s = min(max(0.0, end - time.perf_counter()) / self.orders, self.limit_s(len(devs)))
+        t0 = time.perf_counter()
+        self.solved.append(shape)
+        plan = self.solve(devs, m_ref, limit_s)
+        if plan is None and sched == "gpipe" and m < microbatches and time.perf_counter() + limit_s < end:
+            m_ref, plan = m, self.solve(devs, m, limit_s)  # GPipe: its share's stash may fit where the batch's did not
+        got = candidate(problem, shape, devs, plan, m_ref, microbatches)
+        if got is not None:
+            return got, True, ""
+        if plan is not None:
+            return None, True, (f"its plan's {len(plan.stages)} stages need as many microbatches under 1F1B, more than "
+                                f"the batch's {microbatches}")
+        if time.perf_counter() - t0 < 0.9 * limit_s * self.orders:
+            self.no_plan.add(shape)
+            return None, True, "no plan of it fits in memory"
+        return None, True, f"no plan of it was found in the {limit_s * self.orders:.2g} s left"
+
+
+@dataclass
 class JoinResult:
     """What the probe kept and the last round's tries, made against `plan`."""
 
@@ -61,6 +102,7 @@ class JoinResult:
     plan: PipelinesPlan
     tries: list[JoinTry] = field(default_factory=list)
     untried: set[int] = field(default_factory=set)  # kinds with idle machines the limit left untried (last round)
+    solved: list = field(default_factory=list)  # the joined shapes solved by the probe (not the search's own)
     stats: dict[str, float] = field(default_factory=dict)
 
 
@@ -87,11 +129,9 @@ def _indices(cands: list[Candidate], answer: OuterAnswer) -> dict[int, tuple[int
 
 
 def join_probe(problem: Problem, kinds, cands: list[Candidate], answer: OuterAnswer, plan: PipelinesPlan,
-               microbatches: int, candidate_for: Callable[[object, int], tuple[Candidate | None, bool, str]],
-               end: float, shape_devices, class_devices) -> JoinResult:
-    """NOTE [join probe] from `answer` (whose realized plan is `plan`) until `end` (a perf_counter value).
-    `candidate_for(shape, m)` gives the joined shape's candidate for `m` microbatches per pipeline (the search's
-    own, or solved now), whether it was solved now, and why there is none; new ones are appended to `cands`."""
+               microbatches: int, planner: JoinPlanner, end: float, shape_devices, class_devices) -> JoinResult:
+    """NOTE [join probe] from `answer` (whose realized plan is `plan`) until `end` (a perf_counter value); the joined
+    shapes' candidates from `planner`, those it solves appended to `cands`."""
     t0 = time.perf_counter()
     stats = {"join_tries": 0.0, "join_solves": 0.0, "join_taken": 0.0}
     out = JoinResult(answer=answer, plan=plan)
@@ -113,7 +153,7 @@ def join_probe(problem: Problem, kinds, cands: list[Candidate], answer: OuterAns
                     n + (k == j) for k, n in enumerate(c.shape.machines)))  # type: ignore[attr-defined]
                 copies = min(len(pipes), idle)
                 each = max(1, out.answer.microbatches[i] // len(pipes))
-                joined, solved, why = candidate_for(shape, each)
+                joined, solved, why = planner.candidate(problem, cands, shape, each, microbatches, end)
                 stats["join_solves"] += solved
                 stats["join_tries"] += 1
                 if joined is None:
@@ -141,7 +181,7 @@ def join_probe(problem: Problem, kinds, cands: list[Candidate], answer: OuterAns
         stats["join_taken"] += 1
     stats["join_seconds"] = time.perf_counter() - t0
     stats["join_finished"] = float(not out.untried)
-    out.stats = stats
+    out.stats, out.solved = stats, list(planner.solved)
     return out
 
 

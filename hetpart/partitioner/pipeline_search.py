@@ -20,15 +20,15 @@ from dataclasses import dataclass
 
 from hetpart.errors import HetpartError
 from hetpart.partitioner.pipeline_bounds import _supports, need_bytes, pipelines_lower_bound, sync_floor_ns
-from hetpart.partitioner.pipeline_idle import ShapeFacts, idle_reasons
-from hetpart.partitioner.pipeline_join import join_probe
+from hetpart.partitioner.pipeline_idle import ShapeFacts, idle_reasons, kind_name, learn
+from hetpart.partitioner.pipeline_join import JoinPlanner, join_probe
 from hetpart.partitioner.pipeline_layers import LayerProblem, layer_problem, solve_on_layers
 from hetpart.partitioner.pipeline_refine import refine_answer
 from hetpart.partitioner.pipeline_outer import (
-    Candidate, _patterns, greedy_outer, one_machine_mixes, realize, solve_outer, sync_estimates,
+    Candidate, _patterns, candidate, greedy_outer, kinds_of, one_machine_mixes, realize, solve_outer, sync_estimates,
 )
 from hetpart.partitioner.pipelines import (
-    PipelinesPlan, _devices_of, cost_pipelines, pipeline_time_ns, pipelines_violations, sub_problem,
+    PipelinesPlan, cost_pipelines, pipeline_time_ns, pipelines_violations, sub_problem,
 )
 from hetpart.partitioner.problem import MEM_BYTES, TIME_NS, Plan, Problem
 from hetpart.partitioner.solve import SolveOptions, solve
@@ -105,11 +105,6 @@ def machine_kinds(problem: Problem) -> tuple[list[MachineKind], dict[str, int]]:
                                  tuple(sorted(ms))))
         of.update({m: i for m in ms})
     return kinds, of
-
-
-def kind_name(kind: MachineKind) -> str:
-    """A machine kind as the reasons name it: its device types ("l4-24g", "a100-80g+cpu")."""
-    return "+".join(dict.fromkeys(t for t, _ in kind.classes))
 
 
 def _class_devices(problem: Problem, kind: MachineKind, machine: str) -> list[list[str]]:
@@ -330,21 +325,6 @@ def _most_gpipe(problem: Problem, devs: tuple[str, ...], share: int, microbatche
     return lo, plan
 
 
-def _candidate(problem: Problem, shape: Shape, devs: tuple[str, ...], plan: Plan | None, m_ref: int,
-               microbatches: int) -> Candidate | None:
-    """The outer program's candidate of a shape's plan solved for `m_ref` microbatches (NOTE [outer program]),
-    or None when there is no plan or it runs no share of the batch: 1F1B runs any m from its stage count up,
-    GPipe any m up to `m_ref` (the stash)."""
-    if plan is None:
-        return None
-    sched = problem.training.schedule if problem.training is not None else None
-    lo = len(plan.stages) if sched == "1f1b" else 1
-    hi = m_ref if sched == "gpipe" else microbatches
-    if lo > hi:
-        return None
-    return Candidate(shape, devs, plan, m_ref, lo, hi, sum(st.time_ns for st in plan.stages), plan.bottleneck_ns)
-
-
 def _certified(iteration_ns: int, bound_ns: int, gap: float) -> tuple[int, str]:
     """(the bound, at most the plan's step, and the status it proves): OPTIMAL at the bound, WITHIN_GAP
     within a positive `gap` of it, FEASIBLE otherwise."""
@@ -414,7 +394,7 @@ def _plan_and_facts(problem: Problem, microbatches: int, options: SolveOptions |
     # machines, so the outer program can run copies of every kind side by side (on llama-70b over
     # hetero-256 the H100-led mixes took every H100 machine and left the A100 ones idle).
     pure = [s for j in range(len(kinds)) for s in sorted(
-        (s for s in order if s.piece_kind < 0 and _kinds_of(s) == {j}), key=lambda s: s.machines[j])[:2]]
+        (s for s in order if s.piece_kind < 0 and kinds_of(s) == {j}), key=lambda s: s.machines[j])[:2]]
     order = pure + [s for s in order if s not in pure]
     # The first shape solved times `solve` for the others (seconds per devices^1.5): a small one.
     small = next((s for s in order if len(shape_devices(problem, kinds, s)) <= _CALIBRATE_DEVICES), None)
@@ -440,7 +420,7 @@ def _plan_and_facts(problem: Problem, microbatches: int, options: SolveOptions |
     # --- Solve the shapes in turn (NOTE [pipeline shapes]) until the search's share is spent.
     cands: list[Candidate] = []
     tried = 0
-    facts = ShapeFacts(kind_of_machine=kind_of, in_shape={j for s in shapes for j in _kinds_of(s)},
+    facts = ShapeFacts(kind_of_machine=kind_of, in_shape={j for s in shapes for j in kinds_of(s)},
                        kind_names=[kind_name(k) for k in kinds])
     slowest = 0.0  # the most seconds per devices^1.5 a shape's solve took so far
     no_plan: set[Shape] = set()  # shapes solved without a plan (memory per stage), for NOTE [join probe]
@@ -463,11 +443,11 @@ def _plan_and_facts(problem: Problem, microbatches: int, options: SolveOptions |
         if plan is None and sched == "gpipe" and share < microbatches:
             m_ref, plan = _most_gpipe(problem, devs, share, microbatches, opts, per_shape, layers, search_end)
         tried += 1
-        facts.tried |= _kinds_of(s)
-        for j in _kinds_of(s):
+        facts.tried |= kinds_of(s)
+        for j in kinds_of(s):
             facts.tried_count[j] = facts.tried_count.get(j, 0) + 1
         slowest = max(slowest, (time.perf_counter() - t_shape) / len(devs) ** 1.5)
-        got = _candidate(problem, s, devs, plan, m_ref, microbatches)
+        got = candidate(problem, s, devs, plan, m_ref, microbatches)
         if got is None:
             no_plan.add(s)
             continue
@@ -511,64 +491,19 @@ def _plan_and_facts(problem: Problem, microbatches: int, options: SolveOptions |
                                          solver_status="FEASIBLE")) for a in more]
     answer, best = min(tried_answers, key=lambda ab: ab[1].iteration_ns)
     exhausted, outer_step_ns = answer.optimal, answer.step_units * answer.unit_ns
-    # NOTE [join probe]: one idle machine given to each copy of a pipeline, the batch split again.
-    sched = problem.training.schedule if problem.training is not None else None
-
-    def candidate_for(shape: Shape, m: int) -> tuple[Candidate | None, bool, str]:
-        """The search's own candidate of `shape` (the fastest at m microbatches), or one solved now."""
-        own = [c for c in cands if c.shape == shape]
-        if own:
-            return min(own, key=lambda c: c.sum_ns + (max(m, c.lo) - 1) * c.bottleneck_ns), False, ""
-        if shape in no_plan:
-            return None, False, "no plan of it fits in memory"
-        devs = shape_devices(problem, kinds, shape)
-        m_ref = min(microbatches, max(m, len(devs))) if sched == "1f1b" else microbatches
-        per_shape = min(max(0.0, deadline(1.0) - time.perf_counter()) / (1 + len(ordered)),  # each order's share
-                        max(_SHAPE_LIMIT_S, limit * _SHAPE_SHARE, _SHAPE_S_PER_DEVICE * len(devs) ** 1.5))
-        t_solve = time.perf_counter()
-        facts.tried |= _kinds_of(shape)
-        for j in _kinds_of(shape):
-            facts.tried_count[j] = facts.tried_count.get(j, 0) + 1
-        plan = _solve_shape(problem, devs, m_ref, opts, per_shape, layers, ordered)
-        if plan is None and sched == "gpipe" and m < microbatches and time.perf_counter() + per_shape < deadline(1.0):
-            m_ref, plan = m, _solve_shape(problem, devs, m, opts, per_shape, layers, ordered)
-        got = _candidate(problem, shape, devs, plan, m_ref, microbatches)
-        if got is not None:
-            return got, True, ""
-        if plan is not None:
-            return None, True, (f"its plan's {len(plan.stages)} stages need as many microbatches under 1F1B, more than "
-                                f"the batch's {microbatches}")
-        if time.perf_counter() - t_solve < 0.9 * per_shape:
-            no_plan.add(shape)
-            return None, True, "no plan of it fits in memory"
-        return None, True, f"no plan of it was found in the {per_shape:.2g} s left"
-
-    probe = join_probe(problem, kinds, cands, answer, best, microbatches, candidate_for, deadline(1.0),
+    # NOTE [join probe]: one idle machine given to each copy of a pipeline, the batch split again; a joined shape
+    # the search has not solved is solved by its planner, in each device order (NOTE [stash order]).
+    planner = JoinPlanner(
+        devices=lambda s: shape_devices(problem, kinds, s), orders=1 + len(ordered), no_plan=no_plan,
+        solve=lambda devs, m, limit_s: _solve_shape(problem, devs, m, opts, limit_s, layers, ordered),
+        limit_s=lambda n: max(_SHAPE_LIMIT_S, limit * _SHAPE_SHARE, _SHAPE_S_PER_DEVICE * n ** 1.5))
+    probe = join_probe(problem, kinds, cands, answer, best, microbatches, planner, deadline(1.0),
                        shape_devices, _class_devices)
     answer, best = probe.answer, probe.plan
-    facts.joins = {}
-    for t in probe.tries:  # the best try per kind, against the plan kept (NOTE [idle reasons])
-        old = facts.joins.get(t.kind)
-        if old is None or (t.step_ns is not None and (old.step_ns is None or t.step_ns < old.step_ns)):
-            facts.joins[t.kind] = t
-    facts.join_untried = set(probe.untried)
-    facts.join_plan = tuple(p.devices for p in best.pipelines)
+    learn(facts, problem, cands, probe)  # NOTE [idle reasons]
     for pipes in one_machine_mixes(problem, kinds, cands, microbatches, _class_devices):
         mix = cost_pipelines(problem, pipes, solver_status="FEASIBLE")
         best = mix if mix.iteration_ns < best.iteration_ns else best
-    fewest = lambda c: c.sum_ns + (c.lo - 1) * c.bottleneck_ns  # noqa: E731 (its time at its fewest microbatches)
-    # NOTE [idle reasons]: per kind, the shapes whose plans run a stage on it (a plan may leave machines out).
-    runs = [{kind_of[problem.device(d).node] for st in c.plan.stages for d in _devices_of(st)} for c in cands]
-    for i in sorted(range(len(cands)), key=lambda i: cands[i].bottleneck_ns * len(cands[i].devices)):
-        c = cands[i]
-        for j in runs[i]:
-            least = min(fewest(o) for o, r in zip(cands, runs) if j in r)
-            facts.best.setdefault(j, (c.lo, c.bottleneck_ns, len(c.devices), least))
-        if len(_kinds_of(c.shape)) == 1 and c.piece_kind < 0 and runs[i]:  # whole machines of one kind
-            j = next(iter(_kinds_of(c.shape)))
-            if j not in facts.pure or fewest(c) < facts.pure[j][0]:
-                facts.pure[j] = (fewest(c), c.lo, len(c.devices))
-    facts.solved = {j for c in cands for j in _kinds_of(c.shape)}
     violations = pipelines_violations(problem, best, microbatches)
     if violations:
         raise HetpartError("partitioner: internal error, the pipelines plan breaks its rules:\n  "
@@ -586,11 +521,6 @@ def _plan_and_facts(problem: Problem, microbatches: int, options: SolveOptions |
     out = dataclasses.replace(best, lower_bound_ns=lower, solver_status=status, bound_note=note, stats=stats)
     out.devices_idle = idle_reasons(problem, out, microbatches, facts)
     return out, facts
-
-
-def _kinds_of(shape: Shape) -> set[int]:
-    """The machine kinds a shape has devices of."""
-    return {shape.piece_kind} if shape.piece_kind >= 0 else {i for i, n in enumerate(shape.machines) if n}
 
 
 def _patterns_per_kind(kinds: list[MachineKind], cands: list[Candidate]) -> dict[int, list[int]]:

@@ -358,7 +358,7 @@ def one_kind_shapes_only(monkeypatch) -> None:
 
     real = search.enumerate_shapes
     monkeypatch.setattr(search, "enumerate_shapes",
-                        lambda p, kinds: [s for s in real(p, kinds) if len(search._kinds_of(s)) == 1])
+                        lambda p, kinds: [s for s in real(p, kinds) if len(search.kinds_of(s)) == 1])
     monkeypatch.setattr(search, "_lp_shapes", lambda *a: [])
 
 
