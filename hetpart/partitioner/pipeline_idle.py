@@ -38,8 +38,9 @@ from hetpart.partitioner.problem import Problem
 # capacity and how many such devices would hold it alone; a speed reason the fastest solved
 # pipeline with the kind at its fewest microbatches and the fastest of that kind's machines only,
 # against the plan's step; and, for a device in no pipeline, what NOTE [join probe] found when it
-# gave one machine of its kind to the plan's pipelines ("adding one l4-24g machine to pipelines 0, 1 gives
-# 760 ms, +1.7%"), or why that join has no plan, or that the time limit came first.
+# gave one machine of its kind to the plan's pipelines ("adding one l4-24g machine to pipeline 0 gives
+# 9,628 ms (+54.1%)"), or that the joined plan leaves it out, or why that join has no plan, or that
+# the time limit came first.
 # These are explanations in the cost model's terms, not proofs about every plan; `plan_pipelines`
 # picks the plan, and the bound says how far from the best any plan could be.
 
