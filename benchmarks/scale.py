@@ -71,6 +71,12 @@ def run_one(model: str, preset: str, args: argparse.Namespace) -> dict:
         base = [b for b in plan.get("baselines", []) if b.get("iteration_us")]
         best = min(base, key=lambda b: b["iteration_us"], default=None)
         idle = sorted({why.split(":")[0] for why in (plan.get("devices_idle") or {}).values()})
+        st = plan.get("search_stats") or {}
+        row["join"] = (f"{st['join_tries']:.0f} / {st['join_solves']:.0f} / {st['join_taken']:.0f}, "
+                       f"{st['join_seconds']:.1f} s" if "join_tries" in st else "-")  # NOTE [join probe]
+        row["reasons"] = {}
+        for device, why in (plan.get("devices_idle") or {}).items():
+            row["reasons"].setdefault(why, []).append(device)
         row.update(pipelines=len(plan.get("pipelines") or [1]), used=len(plan.get("devices_used") or []),
                    iteration_s=plan["iteration_us"] / 1e6, bound_s=plan["lower_bound_us"] / 1e6,
                    best=f"{best['name']} {best['iteration_us'] / 1e6:.2f}" if best else "none has a plan",
@@ -124,9 +130,9 @@ def data_table(args: argparse.Namespace) -> None:
     load = lambda: " ".join(f"{x:.2f}" for x in os.getloadavg())  # noqa: E731
     print(f"load before: {load()}", flush=True)
     print("| model | preset | M | wall s | RSS GB | trace s | solve s | pipelines | used | iteration s | bound s | gap "
-          "| best baseline s | speedup | idle reasons |", flush=True)
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
-    speedups = []
+          "| best baseline s | speedup | idle reasons | join probe: tries / solves / taken, s |", flush=True)
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
+    speedups, reasons = [], []
     for model in args.models:
         for preset in args.presets:
             r = run_one(model, preset, args)
@@ -139,8 +145,11 @@ def data_table(args: argparse.Namespace) -> None:
                 speedups.append(r["speedup"])
             speed = f"{r['speedup']:.2f}x" if r["speedup"] is not None else "-"
             print(f"{head} {r['trace_s']:.1f} | {r['solve_s']:.1f} | {r['pipelines']} | {r['used']}/{r['devices']} "
-                  f"| {r['iteration_s']:.2f} | {r['bound_s']:.2f} | {r['gap']:.1%} | {r['best']} | {speed}"
-                  f"{' (the baseline is the plan)' if r['taken'] else ''} | {r['idle']} |", flush=True)
+                  f"| {r['iteration_s']:.4g} | {r['bound_s']:.4g} | {r['gap']:.1%} | {r['best']} | {speed}"
+                  f"{' (the baseline is the plan)' if r['taken'] else ''} | {r['idle']} | {r['join']} |", flush=True)
+            reasons += [f"- {model} / {preset}, {len(devs)} device(s) ({devs[0]} ...): {why}"
+                        for why, devs in r["reasons"].items()]
+    print("\n".join(["", "Idle reasons (NOTE [idle reasons]):"] + reasons) if reasons else "", flush=True)
     if speedups:
         print(f"geomean speedup over the best baseline: {math.prod(speedups) ** (1 / len(speedups)):.2f}x "
               f"({len(speedups)} rows with a baseline)")

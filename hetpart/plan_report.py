@@ -46,8 +46,9 @@ def _f(kind: Any, default: Any = dataclasses.MISSING, *, omit_none: bool = False
 # each with its share of the batch and its own stages (`index` counts within the pipeline,
 # `pipeline` names it), and the step's numbers: `iteration_us`, `grad_sync_us` (not overlapped)
 # and `grad_sync_overlapped_us`, `devices_used`, `devices_idle` (device -> why no stage runs on
-# it). Its top-level `stages` are every pipeline's in rank order (pipeline 0's, then 1's, ...),
-# the records of `pipelines` again, so a reader that goes by rank (`run --measure`, `--emulate`)
+# it, with its numbers: NOTE [idle reasons]), and `search_stats` when `--parallel data` searched.
+# Its top-level `stages` are every pipeline's in rank order (pipeline 0's, then 1's, ...), the
+# records of `pipelines` again, so a reader that goes by rank (`run --measure`, `--emulate`)
 # needs nothing else; `microbatches` is the global batch's, `bottleneck_us` the slowest
 # pipeline's, and `lower_bound_us` and `gap` are of the iteration time. A plan of one pipeline
 # leaves all of these out and reads exactly as before.
@@ -167,6 +168,9 @@ class PlanReport:
     grad_sync_overlapped_us: float | None = _f(NUMBER + (NoneType,), None, omit_none=True)
     devices_used: list[str] | None = _f((list, NoneType), None, omit_none=True)
     devices_idle: dict | None = _f((dict, NoneType), None, omit_none=True)  # device -> why no stage runs on it
+    # `--parallel data`'s search: its stats (seconds, shapes tried and solved, NOTE [join probe]'s join_tries,
+    # join_solves, join_taken, join_seconds, join_finished); left out of other plans.
+    search_stats: dict | None = _f((dict, NoneType), None, omit_none=True)
 
     @property
     def training(self) -> bool:

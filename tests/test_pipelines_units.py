@@ -259,8 +259,23 @@ def test_a_plan_of_one_pipeline_writes_none_of_the_new_fields():
                         "devices_idle": None, "stages": [_stage(0, "local/0")]})
     written = as_json(one)
     assert not {"pipelines", "iteration_us", "grad_sync_us", "grad_sync_overlapped_us", "devices_used",
-                "devices_idle"} & set(written)
+                "devices_idle", "search_stats"} & set(written)
     assert "pipeline" not in written["stages"][0]
+
+
+def test_idle_devices_of_one_reason_are_one_line_and_search_stats_read_back():
+    """The CLI prints one line per idle reason (a kind's 16 L4s share one), and plan.json's search_stats
+    (NOTE [join probe]'s tries among them) read back as written."""
+    from hetpart.report.table import idle_lines, pipelines_lines
+
+    why = "too slow to help: adding one l4-24g machine to pipeline 0 gives 760 ms (+1.7%)"
+    idle = {f"l-0/{i}": why for i in range(8)} | {"c/0": "memory: 1 GiB holds no op", "c/1": "in no pipeline"}
+    assert idle_lines(idle) == [f"idle: l-0/0 ... l-0/7 (8 devices): {why}", "idle: c/0: memory: 1 GiB holds no op",
+                                "idle: c/1: in no pipeline"]
+    stats = {"join_tries": 2.0, "join_seconds": 0.5}
+    plan = load_plan(Path("plan.json"), json.loads(json.dumps(_plan(devices_idle=idle, search_stats=stats))))
+    assert plan.search_stats == stats
+    assert [ln for ln in pipelines_lines(plan) if ln.startswith("idle: ")] == idle_lines(idle)
 
 
 @pytest.mark.parametrize(("edit", "message"), [

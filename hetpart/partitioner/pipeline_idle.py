@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from hetpart.partitioner.infeasible import node_need
-from hetpart.partitioner.pipeline_bounds import sync_floor_ns
+from hetpart.partitioner.pipeline_bounds import need_bytes, sync_floor_ns
+from hetpart.partitioner.pipeline_join import JoinResult, JoinTry
+from hetpart.partitioner.pipeline_outer import Candidate, kinds_of
 from hetpart.partitioner.pipelines import PipelinesPlan, _devices_of
 from hetpart.partitioner.problem import Problem
 
@@ -18,8 +21,9 @@ from hetpart.partitioner.problem import Problem
 # - not planned: shapes with it exist but none was solved within the time limit;
 # - too slow to help: it is in a pipeline whose plan leaves it out (a stage on it would make that
 #   pipeline slower), or none of the above and none below holds;
-# - too slow to help: every solved shape with it takes longer for its fewest microbatches (1F1B: as
-#   many as its stages) than the plan's whole step;
+# - too slow to help: every plan of a solved shape with it leaves it out, or every solved shape
+#   whose plan runs a stage on it takes longer for its fewest microbatches (1F1B: as many as its
+#   stages) than the plan's whole step;
 # - microbatches: a pipeline with it needs more microbatches than the batch has left once every
 #   pipeline of the plan runs its fewest (1 each; under 1F1B as many as its stages): a larger batch
 #   would use it;
@@ -28,6 +32,15 @@ from hetpart.partitioner.problem import Problem
 #   R the plan's), and the least gradient sync of one more pipeline (NOTE [pipelines bound]'s
 #   floor; over the network when no used device shares the idle one's machine, since then every
 #   ring from it crosses machines) adds more than that.
+# Each reason carries its numbers, all from plans costed by the one cost model (`evaluate` for a
+# pipeline's stages, `cost_pipelines` for a step): a memory reason the model's state
+# (`need_bytes`: weights, training state, one microbatch of activations) against the device's
+# capacity and how many such devices would hold it alone; a speed reason the fastest solved
+# pipeline with the kind at its fewest microbatches and the fastest of that kind's machines only,
+# against the plan's step; and, for a device in no pipeline, what NOTE [join probe] found when it
+# gave one machine of its kind to the plan's pipelines ("adding one l4-24g machine to pipeline 0 gives
+# 9,628 ms (+54.1%)"), or that the joined plan leaves it out, or why that join has no plan, or that
+# the time limit came first.
 # These are explanations in the cost model's terms, not proofs about every plan; `plan_pipelines`
 # picks the plan, and the bound says how far from the best any plan could be.
 
@@ -40,9 +53,67 @@ class ShapeFacts:
     in_shape: set[int] = field(default_factory=set)  # kinds in some shape that holds the model
     tried: set[int] = field(default_factory=set)  # kinds in some shape the search solved (plan or not)
     solved: set[int] = field(default_factory=set)  # kinds in some shape with a plan
-    # kind -> (lo, bottleneck ns, devices, fewest ns) of its best-rate shape with a plan: its fewest
-    # microbatches, its bottleneck, its devices, and its time for its fewest microbatches
+    # kind -> (lo, bottleneck ns, devices, fewest ns) of its best-rate shape whose plan runs a stage on it: its
+    # fewest microbatches, its bottleneck, its devices, and the least time of any such shape for its fewest
     best: dict[int, tuple[int, int, int, int]] = field(default_factory=dict)
+    kind_names: list[str] = field(default_factory=list)  # kind -> its device types ("l4-24g")
+    tried_count: dict[int, int] = field(default_factory=dict)  # kind -> shapes with it the search solved
+    # kind -> (fewest ns, lo, devices) of the fastest pipeline of its machines only, at its fewest microbatches
+    pure: dict[int, tuple[int, int, int]] = field(default_factory=dict)
+    joins: dict[int, JoinTry] = field(default_factory=dict)  # kind -> NOTE [join probe]'s best try of it
+    join_untried: set[int] = field(default_factory=set)  # kinds the probe's last round left untried (time)
+    join_plan: tuple[tuple[str, ...], ...] = ()  # the pipelines (devices) the tries were made against
+
+
+def kind_name(kind) -> str:
+    """A machine kind (pipeline_search.MachineKind) as the reasons name it: its device types ("l4-24g")."""
+    return "+".join(dict.fromkeys(t for t, _ in kind.classes))
+
+
+def learn(facts: ShapeFacts, problem: Problem, cands: list[Candidate], probe: JoinResult) -> None:
+    """What the search's candidates (NOTE [join probe]'s among them) and the probe's last tries tell about each
+    machine kind; the tries are against `probe.plan`."""
+    for shape in probe.solved:
+        for j in kinds_of(shape):
+            facts.tried.add(j)
+            facts.tried_count[j] = facts.tried_count.get(j, 0) + 1
+    facts.joins = {}
+    for t in probe.tries:  # the best try per kind
+        old = facts.joins.get(t.kind)
+        if old is None or (t.step_ns is not None and (old.step_ns is None or t.step_ns < old.step_ns)):
+            facts.joins[t.kind] = t
+    facts.join_untried = set(probe.untried)
+    facts.join_plan = tuple(p.devices for p in probe.plan.pipelines)
+    fewest = lambda c: c.sum_ns + (c.lo - 1) * c.bottleneck_ns  # noqa: E731 (its time at its fewest microbatches)
+    # Per kind, the shapes whose plans run a stage on it (a plan may leave machines out).
+    runs = [{facts.kind_of_machine[problem.device(d).node] for st in c.plan.stages for d in _devices_of(st)}
+            for c in cands]
+    for i in sorted(range(len(cands)), key=lambda i: cands[i].bottleneck_ns * len(cands[i].devices)):
+        c = cands[i]
+        for j in runs[i]:
+            least = min(fewest(o) for o, r in zip(cands, runs) if j in r)
+            facts.best.setdefault(j, (c.lo, c.bottleneck_ns, len(c.devices), least))
+        if len(kinds_of(c.shape)) == 1 and c.piece_kind < 0 and runs[i]:  # whole machines of one kind
+            j = next(iter(kinds_of(c.shape)))
+            if j not in facts.pure or fewest(c) < facts.pure[j][0]:
+                facts.pure[j] = (fewest(c), c.lo, len(c.devices))
+    facts.solved = {j for c in cands for j in kinds_of(c.shape)}
+
+
+def format_ns(ns: float) -> str:
+    """A time as the reasons print it: "747.5 ms", "1,324 ms", "10,390 ms", "370 ns"."""
+    for unit, scale in (("ms", 1e6), ("us", 1e3)):
+        if ns >= scale:
+            return f"{ns / scale:,.0f} {unit}" if ns >= 1000 * scale else f"{ns / scale:.4g} {unit}"
+    return f"{ns:,.0f} ns"
+
+
+def format_bytes(n: float) -> str:
+    """Bytes as the reasons print them: "140.2 GiB", "300 B"."""
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:,.1f} {unit}"
+    return f"{n:,.0f} B"
 
 
 def idle_reasons(problem: Problem, plan: PipelinesPlan, microbatches: int, facts: ShapeFacts | None) -> dict[str, str]:
@@ -50,46 +121,93 @@ def idle_reasons(problem: Problem, plan: PipelinesPlan, microbatches: int, facts
     that need no shapes (memory per op, left out of its pipeline, microbatches of one-device pipelines)."""
     used = {d for p in plan.pipelines for s in p.plan.stages for d in _devices_of(s)}
     busy_machines = {problem.device(d).node for d in used}
-    planned = {d for p in plan.pipelines for d in p.devices}
+    pipeline_of = {d: p for p in plan.pipelines for d in p.devices}
     smallest_op = min((node_need(problem, v) for v in problem.graph.nodes), default=0)
+    need = need_bytes(problem)
     training = problem.training
     one_f1b = training is not None and training.schedule == "1f1b"
     taken = sum(len(p.plan.stages) if one_f1b else 1 for p in plan.pipelines)
     pipes = max(1, max(p.time_ns for p in plan.pipelines))
     rate = sum(1 / max(1, p.plan.bottleneck_ns) for p in plan.pipelines)
+    step = format_ns(plan.iteration_ns)
     out: dict[str, str] = {}
     for dev in problem.devices:
         d = dev.name
         if d in used:
             continue
         j = facts.kind_of_machine[dev.node] if facts is not None else -1
+        name = facts.kind_names[j] if facts is not None and j < len(facts.kind_names) else dev.type
+        holds = (f"the model's {format_bytes(need)} of weights, training state and one microbatch of activations "
+                 f"need at least {math.ceil(need / max(1, dev.capacity_bytes))} devices of its "
+                 f"{format_bytes(dev.capacity_bytes)}")
         if dev.capacity_bytes < smallest_op:
-            out[d] = (f"memory: {dev.capacity_bytes / 2**30:.1f} GiB holds no op with its weights "
-                      f"(the smallest needs {smallest_op / 2**30:.1f} GiB)")
-        elif d in planned:
-            out[d] = ("too slow to help: its pipeline's best plan leaves it out (a stage on it would not "
-                      "make that pipeline faster)")
+            out[d] = (f"memory: {format_bytes(dev.capacity_bytes)} holds no op with its weights "
+                      f"(the smallest needs {format_bytes(smallest_op)})")
+        elif d in pipeline_of:
+            p = pipeline_of[d]
+            on = len({x for s in p.plan.stages for x in _devices_of(s)})
+            out[d] = (f"too slow to help: pipeline {p.index}'s best plan runs {len(p.plan.stages)} stage(s) on {on} "
+                      f"of its {len(p.devices)} devices and leaves it out (a stage on it would not make that "
+                      "pipeline faster)")
         elif facts is None:
             out[d] = "in no pipeline"
         elif j not in facts.in_shape:
-            out[d] = "memory: no pipeline containing it can hold the model"
+            out[d] = f"memory: no pipeline containing it can hold the model ({holds})"
         elif j not in facts.tried:
             out[d] = "not planned: no pipeline shape with it was solved within the time limit"
         elif j not in facts.solved:
-            out[d] = ("memory: every pipeline with it that was tried has a stage that does not fit (weights, "
-                      "training state and the stash of its microbatches)")
+            out[d] = (f"memory: every pipeline with it that was tried ({facts.tried_count.get(j, 0)} shape(s)) has a "
+                      "stage that does not fit (weights, training state and the stash of its microbatches); "
+                      f"{holds}")
+        elif j not in facts.best:
+            out[d] = (f"too slow to help: every plan of a pipeline shape with a {name} machine leaves its devices out "
+                      "(a stage on one would make that pipeline slower)")
         else:
             lo, bottleneck, devices, fewest_ns = facts.best[j]
             if fewest_ns >= plan.iteration_ns:
-                out[d] = (f"too slow to help: a pipeline with it runs at least {lo} microbatch(es)"
-                          + (" (1F1B: as many as its stages)" if one_f1b else "") + f", which take "
-                          f"{fewest_ns / 1e6:.4g} ms, more than the whole step's {plan.iteration_ns / 1e6:.4g} ms")
+                out[d] = (f"too slow to help: every pipeline with a {name} machine takes at least "
+                          f"{format_ns(fewest_ns)} for its fewest microbatches"
+                          + (" (1F1B: as many as its stages)" if one_f1b else "") + f", more than the plan's whole "
+                          f"{step} step")
             elif microbatches - taken < lo:
                 out[d] = (f"microbatches: a pipeline with it runs at least {lo}, and the batch's {microbatches} "
                           "are taken by the pipelines' fewest; a larger batch would use it")
             else:
                 out[d] = _link_or_slow(problem, plan, devices, bottleneck, pipes, rate, dev.node not in busy_machines)
+                if out[d].startswith("too slow"):
+                    out[d] += (f"; the best-rate pipeline with a {name} machine ({devices} devices) has a "
+                               f"{format_ns(bottleneck)} bottleneck, and the fastest with one takes "
+                               f"{format_ns(fewest_ns)} for its fewest microbatches")
+        if facts is not None and d not in pipeline_of and dev.capacity_bytes >= smallest_op:
+            alone = sum(facts.kind_of_machine[x.node] == j for x in problem.devices)
+            short = holds if alone * dev.capacity_bytes < need and holds not in out[d] else ""
+            out[d] += _numbers(facts, j, name, plan, short, alone)
     return out
+
+
+def _numbers(facts: ShapeFacts, j: int, name: str, plan: PipelinesPlan, short: str, alone: int) -> str:
+    """NOTE [idle reasons]: the fastest pipeline of the kind's machines alone (or `short`: why they cannot hold
+    the model, `alone` devices in all), and the join probe's best try."""
+    out = ""
+    if j in facts.pure:
+        fewest_ns, lo, devices = facts.pure[j]
+        out += (f"; the fastest pipeline of only {name} machines ({devices} devices) takes {format_ns(fewest_ns)} for "
+                f"its fewest {lo} microbatch(es)")
+    elif short:
+        out += f"; {name} machines alone cannot hold the model: {short}, the cluster has {alone}"
+    if facts.join_plan != tuple(p.devices for p in plan.pipelines):
+        return out  # the probe tried its joins against another plan (a baseline's was kept)
+    t = facts.joins.get(j)
+    if t is None:
+        return out + ("; the time limit came before the join probe tried it" if j in facts.join_untried else "")
+    where = f"pipeline{'s' if t.copies > 1 else ''} {', '.join(map(str, t.pipelines))}"
+    if t.step_ns is None:
+        return out + f"; adding one {name} machine to {where}: {t.why}"
+    more = (t.step_ns - plan.iteration_ns) / max(1, plan.iteration_ns)
+    if t.left_out:  # the joined shape's plan runs nothing on it: whatever it costs is that plan's, not the machine's
+        return out + (f"; adding one {name} machine to {where} adds nothing: the joined devices' plan leaves it "
+                      f"out ({format_ns(t.step_ns)}, {more:+.1%})")
+    return out + f"; adding one {name} machine to {where} gives {format_ns(t.step_ns)} ({more:+.1%})"
 
 
 def _link_or_slow(problem: Problem, plan: PipelinesPlan, devices: int, bottleneck: int, pipes: int,
@@ -98,7 +216,6 @@ def _link_or_slow(problem: Problem, plan: PipelinesPlan, devices: int, bottlenec
     saving = pipes * (1 / max(1, bottleneck)) / (rate + 1 / max(1, bottleneck))
     more = sync_floor_ns(problem, devices, len(plan.pipelines) + 1, crosses_machines=apart) - plan.grad_sync_ns
     if problem.training is not None and more > saving:
-        return (f"link: one more pipeline with it would save at most {saving / 1e6:.3g} ms of the "
-                f"pipelines' time, but its gradient sync adds at least {more / 1e6:.3g} ms")
-    return ("too slow to help: no pipeline with it lowers the step time (it would be slower than the step, or "
-            "its gradient sync would cost more than it saves)")
+        return (f"link: one more pipeline with it would save at most {format_ns(saving)} of the "
+                f"pipelines' time, but its gradient sync adds at least {format_ns(more)}")
+    return "too slow to help: no plan the search found with it has a lower step"

@@ -58,6 +58,25 @@ class Candidate:
         return self.shape.piece_kind  # type: ignore[attr-defined]
 
 
+def kinds_of(shape) -> set[int]:
+    """The machine kinds a shape (pipeline_search.Shape) has devices of."""
+    return {shape.piece_kind} if shape.piece_kind >= 0 else {i for i, n in enumerate(shape.machines) if n}
+
+
+def candidate(problem: Problem, shape, devs: tuple[str, ...], plan: Plan | None, m_ref: int,
+              microbatches: int) -> Candidate | None:
+    """A shape's candidate from its plan solved for `m_ref` microbatches, or None when there is no plan or it runs
+    no share of the batch: 1F1B runs any m from its stage count up, GPipe any m up to `m_ref` (the stash)."""
+    if plan is None:
+        return None
+    sched = problem.training.schedule if problem.training is not None else None
+    lo = len(plan.stages) if sched == "1f1b" else 1
+    hi = m_ref if sched == "gpipe" else microbatches
+    if lo > hi:
+        return None
+    return Candidate(shape, devs, plan, m_ref, lo, hi, sum(st.time_ns for st in plan.stages), plan.bottleneck_ns)
+
+
 def sync_estimates(problem: Problem, cands: list[Candidate], kmax: int) -> None:
     """Fill each candidate's y_s(k) of NOTE [outer program], k = 0..kmax."""
     if problem.training is None:

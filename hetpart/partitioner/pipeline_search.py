@@ -20,11 +20,12 @@ from dataclasses import dataclass
 
 from hetpart.errors import HetpartError
 from hetpart.partitioner.pipeline_bounds import _supports, need_bytes, pipelines_lower_bound, sync_floor_ns
-from hetpart.partitioner.pipeline_idle import ShapeFacts, idle_reasons
+from hetpart.partitioner.pipeline_idle import ShapeFacts, idle_reasons, kind_name, learn
+from hetpart.partitioner.pipeline_join import JoinPlanner, join_probe
 from hetpart.partitioner.pipeline_layers import LayerProblem, layer_problem, solve_on_layers
 from hetpart.partitioner.pipeline_refine import refine_answer
 from hetpart.partitioner.pipeline_outer import (
-    Candidate, _patterns, greedy_outer, one_machine_mixes, realize, solve_outer, sync_estimates,
+    Candidate, _patterns, candidate, greedy_outer, kinds_of, one_machine_mixes, realize, solve_outer, sync_estimates,
 )
 from hetpart.partitioner.pipelines import (
     PipelinesPlan, cost_pipelines, pipeline_time_ns, pipelines_violations, sub_problem,
@@ -393,7 +394,7 @@ def _plan_and_facts(problem: Problem, microbatches: int, options: SolveOptions |
     # machines, so the outer program can run copies of every kind side by side (on llama-70b over
     # hetero-256 the H100-led mixes took every H100 machine and left the A100 ones idle).
     pure = [s for j in range(len(kinds)) for s in sorted(
-        (s for s in order if s.piece_kind < 0 and _kinds_of(s) == {j}), key=lambda s: s.machines[j])[:2]]
+        (s for s in order if s.piece_kind < 0 and kinds_of(s) == {j}), key=lambda s: s.machines[j])[:2]]
     order = pure + [s for s in order if s not in pure]
     # The first shape solved times `solve` for the others (seconds per devices^1.5): a small one.
     small = next((s for s in order if len(shape_devices(problem, kinds, s)) <= _CALIBRATE_DEVICES), None)
@@ -419,8 +420,10 @@ def _plan_and_facts(problem: Problem, microbatches: int, options: SolveOptions |
     # --- Solve the shapes in turn (NOTE [pipeline shapes]) until the search's share is spent.
     cands: list[Candidate] = []
     tried = 0
-    facts = ShapeFacts(kind_of_machine=kind_of, in_shape={j for s in shapes for j in _kinds_of(s)})
+    facts = ShapeFacts(kind_of_machine=kind_of, in_shape={j for s in shapes for j in kinds_of(s)},
+                       kind_names=[kind_name(k) for k in kinds])
     slowest = 0.0  # the most seconds per devices^1.5 a shape's solve took so far
+    no_plan: set[Shape] = set()  # shapes solved without a plan (memory per stage), for NOTE [join probe]
     search_end = deadline(0.6)
     for s in order:
         left = search_end - time.perf_counter()
@@ -440,22 +443,15 @@ def _plan_and_facts(problem: Problem, microbatches: int, options: SolveOptions |
         if plan is None and sched == "gpipe" and share < microbatches:
             m_ref, plan = _most_gpipe(problem, devs, share, microbatches, opts, per_shape, layers, search_end)
         tried += 1
-        facts.tried |= _kinds_of(s)
+        facts.tried |= kinds_of(s)
+        for j in kinds_of(s):
+            facts.tried_count[j] = facts.tried_count.get(j, 0) + 1
         slowest = max(slowest, (time.perf_counter() - t_shape) / len(devs) ** 1.5)
-        if plan is None:
+        got = candidate(problem, s, devs, plan, m_ref, microbatches)
+        if got is None:
+            no_plan.add(s)
             continue
-        S = len(plan.stages)
-        lo = S if sched == "1f1b" else 1
-        hi = m_ref if sched == "gpipe" else microbatches
-        if lo > hi:
-            continue
-        cands.append(Candidate(s, devs, plan, m_ref, lo, hi, sum(st.time_ns for st in plan.stages), plan.bottleneck_ns))
-    fewest = lambda c: c.sum_ns + (c.lo - 1) * c.bottleneck_ns  # noqa: E731 (its time at its fewest microbatches)
-    for c in sorted(cands, key=lambda c: c.bottleneck_ns * len(c.devices)):  # NOTE [idle reasons]
-        for j in _kinds_of(c.shape):
-            least = min(fewest(o) for o in cands if j in _kinds_of(o.shape))
-            facts.best.setdefault(j, (c.lo, c.bottleneck_ns, len(c.devices), least))
-    facts.solved = set(facts.best)
+        cands.append(got)
     if not cands and tried == len(shapes):  # every shape tried: memory per stage, not time
         raise HetpartError(
             f"partitioner: none of the {len(shapes)} pipeline shapes whose memory holds the model in total has a "
@@ -494,10 +490,20 @@ def _plan_and_facts(problem: Problem, microbatches: int, options: SolveOptions |
     tried_answers += [(a, cost_pipelines(problem, realize(problem, kinds, cands, a, shape_devices, _class_devices),
                                          solver_status="FEASIBLE")) for a in more]
     answer, best = min(tried_answers, key=lambda ab: ab[1].iteration_ns)
+    exhausted, outer_step_ns = answer.optimal, answer.step_units * answer.unit_ns
+    # NOTE [join probe]: one idle machine given to each copy of a pipeline, the batch split again; a joined shape
+    # the search has not solved is solved by its planner, in each device order (NOTE [stash order]).
+    planner = JoinPlanner(
+        devices=lambda s: shape_devices(problem, kinds, s), orders=1 + len(ordered), no_plan=no_plan,
+        solve=lambda devs, m, limit_s: _solve_shape(problem, devs, m, opts, limit_s, layers, ordered),
+        limit_s=lambda n: max(_SHAPE_LIMIT_S, limit * _SHAPE_SHARE, _SHAPE_S_PER_DEVICE * n ** 1.5))
+    probe = join_probe(problem, kinds, cands, answer, best, microbatches, planner, deadline(1.0),
+                       shape_devices, _class_devices)
+    answer, best = probe.answer, probe.plan
+    learn(facts, problem, cands, probe)  # NOTE [idle reasons]
     for pipes in one_machine_mixes(problem, kinds, cands, microbatches, _class_devices):
         mix = cost_pipelines(problem, pipes, solver_status="FEASIBLE")
         best = mix if mix.iteration_ns < best.iteration_ns else best
-    exhausted = answer.optimal
     violations = pipelines_violations(problem, best, microbatches)
     if violations:
         raise HetpartError("partitioner: internal error, the pipelines plan breaks its rules:\n  "
@@ -506,19 +512,15 @@ def _plan_and_facts(problem: Problem, microbatches: int, options: SolveOptions |
     stats = {"seconds": time.perf_counter() - t0, "bound_seconds": bound.seconds, "shapes": float(len(shapes)),
              "shapes_tried": float(tried), "shapes_solved": float(solved), "shapes_refined": float(len(cands) - solved),
              "outer_optimal": float(exhausted),
-             "outer_step_ns": float(answer.step_units * answer.unit_ns), "kmax": float(kmax),
-             "layer_nodes": float(layers.layers if layers is not None else 0)}  # NOTE [shapes on layers]
+             "outer_step_ns": float(outer_step_ns), "kmax": float(kmax),
+             "layer_nodes": float(layers.layers if layers is not None else 0),  # NOTE [shapes on layers]
+             **probe.stats}  # NOTE [join probe]
     note = bound.note + ("" if exhausted else "; the outer program did not finish: a better mix of these shapes "
                          "may exist") + ("" if tried == len(shapes) else f"; {len(shapes) - tried} of "
                                          f"{len(shapes)} shapes not tried (time limit)")
     out = dataclasses.replace(best, lower_bound_ns=lower, solver_status=status, bound_note=note, stats=stats)
     out.devices_idle = idle_reasons(problem, out, microbatches, facts)
     return out, facts
-
-
-def _kinds_of(shape: Shape) -> set[int]:
-    """The machine kinds a shape has devices of."""
-    return {shape.piece_kind} if shape.piece_kind >= 0 else {i for i, n in enumerate(shape.machines) if n}
 
 
 def _patterns_per_kind(kinds: list[MachineKind], cands: list[Candidate]) -> dict[int, list[int]]:

@@ -146,8 +146,21 @@ def pipelines_lines(plan: PlanReport) -> list[str]:
     lines.append(f"iteration {format_us(plan.iteration_us or 0)} = slowest pipeline {format_us(slowest)}{sync}")
     lines.append(f"throughput {plan.predicted_samples_per_s or 0:,.0f} samples/s  |  lower bound "
                  f"{format_us(plan.lower_bound_us)}  |  gap {plan.gap:.2%}  |  solver {plan.solver_status}")
-    lines += [f"idle: {device}: {why}" for device, why in (plan.devices_idle or {}).items()]
+    lines += idle_lines(plan.devices_idle or {})
     return lines + baseline_lines(plan)
+
+
+def idle_lines(devices_idle: dict[str, str]) -> list[str]:
+    """One line per reason (NOTE [idle reasons]), naming the devices that share it: a machine kind's devices
+    usually do (16 L4s, one reason), and the reason carries the numbers."""
+    by_reason: dict[str, list[str]] = {}
+    for device, why in devices_idle.items():
+        by_reason.setdefault(why, []).append(device)
+    out = []
+    for why, devices in by_reason.items():
+        names = ", ".join(devices) if len(devices) <= 4 else f"{devices[0]} ... {devices[-1]} ({len(devices)} devices)"
+        out.append(f"idle: {names}: {why}")
+    return out
 
 
 def print_plan(plan: PlanReport, console: Console | None = None) -> None:

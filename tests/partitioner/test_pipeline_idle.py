@@ -99,3 +99,54 @@ def test_a_batch_no_mix_of_shapes_can_run_is_refused_for_memory():
     assert got is not None and got.copies == [2] and got.microbatches == [4]
     with pytest.raises(HetpartError, match="no mix of the 1 solved pipeline shapes runs the 5 microbatches"):
         solve_outer(kinds, [shape], 5, 2, 5.0)
+
+
+def test_reason_numbers_are_those_of_an_independent_evaluation(monkeypatch):
+    """NOTE [idle reasons] with NOTE [join probe]: the slow machine of `joinable(2000)` cannot help (the mixes
+    hidden, as in test_pipeline_search). Its reason quotes the fastest pipeline with it at its fewest microbatch
+    (only the slow machine: 3,000 ns, by brute force over the plans of its two devices), the plan's step (650 ns),
+    and what joining it to pipeline 0 gives (brute force over that grouping's plans and splits: 650 ns, +0.0%:
+    nothing, its plan leaving the machine out)."""
+    import re
+
+    from hetpart.partitioner.certificate import valid_plans
+    from hetpart.partitioner.pipelines import sub_problem
+    from tests.partitioner.test_pipeline_search import JOINS, brute_groups, joinable, one_kind_shapes_only
+
+    one_kind_shapes_only(monkeypatch)
+    p, M = joinable(2000), 12
+    plan = plan_pipelines(p, M, time_limit_s=20)
+    assert set(plan.devices_idle) == {"s0", "s1"} and plan.devices_idle["s0"] == plan.devices_idle["s1"]
+    why = plan.devices_idle["s0"]
+    alone = min(sum(s.time_ns for s in stages) for _, _, stages in valid_plans(sub_problem(p, ("s0", "s1"), 1)))
+    joined = brute_groups(p, JOINS[0], M)
+    number = r"([\d,.]+ [nu]s)"
+
+    def ns(text: str) -> float:
+        value, unit = text.split()
+        return float(value.replace(",", "")) * {"ns": 1, "us": 1000}[unit]
+
+    assert why.startswith("too slow to help: ")
+    assert ns(re.search("takes at least " + number, why).group(1)) == alone == 3000
+    assert ns(re.search("plan's whole " + number, why).group(1)) == plan.iteration_ns == 650
+    assert ns(re.search(r"only slow machines \(2 devices\) takes " + number, why).group(1)) == alone
+    got = re.search(r"adding one slow machine to pipeline 0 adds nothing: the joined devices' plan leaves it out \("
+                    + number + r", ([+-][\d.]+)%\)", why)
+    assert ns(got.group(1)) == joined == 650 and float(got.group(2)) == 100 * (joined - 650) / 650
+
+
+def test_memory_reason_says_how_many_devices_the_model_needs():
+    """A device kind whose machines alone cannot hold the model: its reason counts the devices it would take
+    (`need_bytes` over its capacity) and how many the cluster has."""
+    from hetpart.partitioner.pipeline_bounds import need_bytes
+
+    small = [Device(f"s{i}", "slow", "n9", 120) for i in range(2)]  # 240 bytes, the model needs 300
+    g = _chain()
+    nx.set_node_attributes(g, {"a": {"gpu": 40, "slow": 4000}, "b": {"gpu": 60, "slow": 6000},
+                               "c": {"gpu": 50, "slow": 5000}}, TIME_NS)
+    p = _machines(2, Link(1000, 0), g, small)
+    plan = plan_pipelines(p, 4, time_limit_s=10)
+    assert not pipelines_violations(p, plan, 4)
+    why = plan.devices_idle["s0"]
+    need = need_bytes(p)
+    assert f"need at least {-(-need // 120)} devices of its 120 B, the cluster has 2" in why, why

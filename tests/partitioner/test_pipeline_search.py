@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import random
+import time
 
 import networkx as nx
 import pytest
@@ -82,11 +83,11 @@ def _compositions(total: int, parts: int):
             yield (first, *rest)
 
 
-def brute_pipelines(problem: Problem, M: int) -> int | None:
-    """The least iteration_ns over every plan of NOTE [pipelines plan], or None when none fits."""
-    names = [d.name for d in problem.devices]
-    best = None
-    per_group: dict[tuple[str, ...], dict[int, list[tuple[Plan, int]]]] = {}
+def brute_groups(problem: Problem, groups: list[tuple[str, ...]], M: int,
+                 per_group: dict | None = None) -> int | None:
+    """The least iteration_ns of pipelines on exactly these device `groups`: every valid plan of each group
+    (certificate.valid_plans on sub_problem) and every split of the M microbatches; None when none fits."""
+    per_group = {} if per_group is None else per_group  # group -> m -> [(plan, its time)]
 
     def plans(group: tuple[str, ...], m: int) -> list[tuple[Plan, int]]:
         got = per_group.setdefault(group, {})
@@ -100,21 +101,31 @@ def brute_pipelines(problem: Problem, M: int) -> int | None:
                 got[m].append((plan, sum(s.time_ns for s in stages) + (m - 1) * plan.bottleneck_ns))
         return got[m]
 
+    best = None
+    if len(groups) > M:
+        return None
+    for split in _compositions(M, len(groups)):
+        options = [plans(g, m) for g, m in zip(groups, split)]
+        if not all(options):
+            continue
+        for combo in itertools.product(*options):
+            pipes = [Pipeline(i, g, m, plan, t) for i, (g, m, (plan, t)) in enumerate(zip(groups, split, combo))]
+            value = max(t for _, t in combo) + grad_sync_ns(problem, pipes)[0]
+            best = value if best is None else min(best, value)
+    return best
+
+
+def brute_pipelines(problem: Problem, M: int) -> int | None:
+    """The least iteration_ns over every plan of NOTE [pipelines plan], or None when none fits."""
+    names = [d.name for d in problem.devices]
+    best = None
+    per_group: dict[tuple[str, ...], dict[int, list[tuple[Plan, int]]]] = {}
     for r in range(1, len(names) + 1):
         for subset in itertools.combinations(names, r):
             for part in _partitions(list(subset)):
-                if len(part) > M:
-                    continue
-                groups = [tuple(g) for g in part]
-                for split in _compositions(M, len(groups)):
-                    options = [plans(g, m) for g, m in zip(groups, split)]
-                    if not all(options):
-                        continue
-                    for combo in itertools.product(*options):
-                        pipes = [Pipeline(i, g, m, plan, t) for i, (g, m, (plan, t)) in
-                                 enumerate(zip(groups, split, combo))]
-                        value = max(t for _, t in combo) + grad_sync_ns(problem, pipes)[0]
-                        best = value if best is None else min(best, value)
+                value = brute_groups(problem, [tuple(g) for g in part], M, per_group)
+                if value is not None:
+                    best = value if best is None else min(best, value)
     return best
 
 
@@ -350,3 +361,71 @@ def test_pinned_problems_against_brute_force():
         assert plan.solver_status != "OPTIMAL" or plan.iteration_ns == optimum, seed
         checked += 1
     assert checked >= 25
+
+
+def joinable(slow_c_ns: int) -> Problem:
+    """NOTE [join probe]'s test problem: two machines of two fast GPUs (a pipeline needs both: 300 bytes of
+    weights, 200 per device) and one machine of two slow devices; inference, no transfers. a -> b -> c takes
+    40/60/50 ns on a GPU; on a slow device a and b ten times that, c `slow_c_ns`. One fast machine's best plan is
+    {a,b}|{c}: 100 + 50 ns, bottleneck 100."""
+    g = nx.path_graph(["a", "b", "c"], create_using=nx.DiGraph)
+    nx.set_node_attributes(g, {"a": {"gpu": 40, "slow": 400}, "b": {"gpu": 60, "slow": 600},
+                               "c": {"gpu": 50, "slow": slow_c_ns}}, TIME_NS)
+    nx.set_node_attributes(g, {"a": ("wa",), "b": ("wb",), "c": ("wc",)}, WEIGHTS)
+    devices = ([Device(f"g{i}", "gpu", f"n{i // 2}", 200) for i in range(4)]
+               + [Device(f"s{i}", "slow", "n2", 200) for i in range(2)])
+    return Problem(graph=g, weights={"wa": 100, "wb": 100, "wc": 100}, devices=devices,
+                   intra_node_links={f"n{i}": Link(1000, 0) for i in range(3)}, network=Link(1000, 0))
+
+
+def one_kind_shapes_only(monkeypatch) -> None:
+    """The search sees only pipeline shapes of one machine kind: the mixes are left to NOTE [join probe]."""
+    import hetpart.partitioner.pipeline_search as search
+
+    real = search.enumerate_shapes
+    monkeypatch.setattr(search, "enumerate_shapes",
+                        lambda p, kinds: [s for s in real(p, kinds) if len(search.kinds_of(s)) == 1])
+    monkeypatch.setattr(search, "_lp_shapes", lambda *a: [])
+
+
+# Brute force over the join choices: the slow machine given to either fast machine's pipeline.
+JOINS = [[("g0", "g1", "s0", "s1"), ("g2", "g3")], [("g0", "g1"), ("g2", "g3", "s0", "s1")]]
+
+
+@pytest.mark.parametrize("slow_c", [70, 2000])
+def test_join_probe_takes_a_join_exactly_when_brute_force_says_it_helps(monkeypatch, slow_c):
+    """NOTE [join probe]: with the mixes hidden the outer program runs the two fast machines as two pipelines
+    (6 microbatches each: 150 + 5 x 100 = 650 ns) and the slow machine is idle. Brute force over the join choices
+    (every plan of each group, every split of the 12 microbatches) says whether giving it to one pipeline lowers
+    the step: with c at 70 ns on it, {a}|{b}|{c} has a bottleneck of 70 (590 ns at 7 + 5 microbatches); at 2,000
+    it cannot help. The probe takes the join exactly then, its step is brute force's, and the bound stays the
+    search's (below every plan; the gap recomputed from the plan kept)."""
+    one_kind_shapes_only(monkeypatch)
+    p, M = joinable(slow_c), 12
+    plan = plan_pipelines(p, M, time_limit_s=20)
+    assert not pipelines_violations(p, plan, M)
+    start = brute_groups(p, [("g0", "g1"), ("g2", "g3")], M)
+    joined = min(brute_groups(p, groups, M) for groups in JOINS)
+    assert start == 650 and (joined < start) == (slow_c == 70)
+    assert plan.stats["join_taken"] == float(joined < start) and plan.stats["join_tries"] >= 1
+    assert plan.stats["join_finished"] == 1.0 and plan.stats["join_seconds"] < 20
+    assert plan.iteration_ns == min(start, joined)
+    used = {d for q in plan.pipelines for s in q.plan.stages for d in s.devices}
+    assert ("s0" in used or "s1" in used) == (joined < start)
+    bound = pipelines_lower_bound(p, M).bound_ns
+    assert bound <= joined and plan.lower_bound_ns == min(bound, plan.iteration_ns)
+    assert plan.gap == pytest.approx((plan.iteration_ns - plan.lower_bound_ns) / plan.iteration_ns)
+
+
+def test_join_probe_keeps_to_the_time_limit(monkeypatch):
+    """NOTE [join probe]: a probe whose time is spent tries nothing, keeps the plan, and the idle devices' reason
+    says the time limit came first."""
+    import hetpart.partitioner.pipeline_search as search
+
+    one_kind_shapes_only(monkeypatch)
+    real = search.join_probe
+    monkeypatch.setattr(search, "join_probe", lambda *a: real(*a[:7], time.perf_counter() - 1.0, *a[8:]))
+    p, M = joinable(70), 12
+    plan = plan_pipelines(p, M, time_limit_s=20)
+    assert plan.iteration_ns == 650 and plan.stats["join_tries"] == 0 and plan.stats["join_finished"] == 0
+    assert all("the time limit came before the join probe tried it" in plan.devices_idle[d] for d in ("s0", "s1"))
