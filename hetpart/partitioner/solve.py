@@ -301,10 +301,7 @@ def _check_solvable(problem: Problem) -> None:
     largest = max(d.capacity_bytes for d in problem.devices)
     if any(node_need(problem, v) > largest for v in problem.graph.nodes):
         raise NoPlan(infeasible_message(problem))
-    try:
-        check_constraints(problem)
-    except HetpartError as e:
-        raise NoPlan(str(e)) from None
+    check_constraints(problem)
 
 
 def _dp_step(run: _Run) -> None:
@@ -450,8 +447,9 @@ def _starts(run: _Run, hint: Plan | None) -> list[_Candidate]:
 # 4. with no candidate at all (no contiguous plan, no hint, no coarse plan), runs CP-SAT on the
 #    problem itself for the rest of the limit: the coarse plans are only some of the plans (runs
 #    too coarse for the only, non-contiguous, plans: docs/benchmarks.md, "Coarsening forced on
-#    pinned problems"), so "no plan" is said by that search, proven (NoPlan) or out of time. The
-#    runs include `pin_cuts`: none is pinned first and last unless a co-location group forces it.
+#    pinned problems"), so "no plan" is said by that search, proven (NoPlan) or out of time (its
+#    plan's bound is then CP-SAT's on the problem itself). The runs include `pin_cuts`: none is
+#    pinned first and last unless a co-location group forces it.
 # Bounds: the coarse CP-SAT bound is a bound of the coarse problem only (fewer plans,
 # transfers rounded up), NOT of the original one, so a coarsened plan reports only the
 # search-free bounds of bounds.py (LP work bound, largest op, memory) and the ideal DP's,
