@@ -314,7 +314,8 @@ def dp_topo_order(problem: Problem) -> Baseline:
     best = list_order_segments(problem, tab, P, refine=not exact)
     if best is None:
         return Baseline(name="dp-topo-order", plan=None, bottleneck_ns=None, feasible=False,
-                        violations=["no contiguous split of the order fits the devices' memory in list order"])
+                        violations=["no contiguous split of the order" + ("" if exact else f" at {len(P)} candidate "
+                                    "positions") + " fits the devices' memory in list order"])
     stage_of = {}
     for k in range(len(best.devices)):
         for v in tab.order[best.cuts[k]:best.cuts[k + 1]]:

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 # - conservatively: transfers. A run sends the sum of its members' values (bytes and tensors) read outside
 #   it, as far as its last external reader: a value that stops earlier is charged on
 #   more boundaries than in the fine plan. Pins: a run with a PIN_FIRST (PIN_LAST)
-#   member is pinned as a whole.
+#   member is pinned as a whole; one with both cannot be (`pin_cuts` separates them).
 # So a coarse plan's fine cost (`evaluate` on the original problem) is at most its
 # coarse cost, and the coarse solver's bound is NOT a bound of the original problem
 # (the coarse plans are a subset of the fine ones, with costs rounded up): only the
@@ -85,6 +85,21 @@ def cut_candidates(tab: OrderTables, count: int) -> np.ndarray:
     return np.array(sorted(out), dtype=np.int64)
 
 
+def pin_cuts(problem: Problem, tab: OrderTables) -> np.ndarray:
+    """Cut positions that keep nodes pinned first and nodes pinned last in different runs: between two
+    pinned nodes of different kinds next in the order, the cuttable position with the fewest bytes
+    crossing. With them `coarsen` gives None only where a co-location group spans both kinds."""
+    pinned = [(i, a.get(PIN)) for i, a in enumerate(problem.graph.nodes[v] for v in tab.order) if a.get(PIN)]
+    out = []
+    for (i, kind), (j, other) in zip(pinned, pinned[1:]):
+        if kind != other:
+            span = np.arange(i + 1, j + 1)
+            span = span[tab.cuttable[span]]
+            if len(span):
+                out.append(int(span[np.argmin(tab.cut_bytes[span])]))
+    return np.array(out, dtype=np.int64)
+
+
 @dataclass
 class Coarse:
     """A coarse problem and how to read its plans back."""
@@ -109,7 +124,7 @@ class Coarse:
 def coarsen(problem: Problem, tab: OrderTables, cuts: np.ndarray) -> Coarse | None:
     """The problem with each run tab.order[cuts[i]:cuts[i+1]] as one node; NOTE [coarse nodes].
 
-    None when a run would be pinned both first and last (the cuts cannot separate the pins).
+    None when a run would be pinned both first and last (cuts without `pin_cuts` among them).
     """
     g = problem.graph
     order = tab.order

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import networkx as nx
 
-from hetpart.errors import HetpartError
+from hetpart.partitioner.infeasible import NoPlan
 from hetpart.partitioner.problem import FORBIDDEN_TYPES, MEM_BYTES, WEIGHTS, Problem
 
 # NOTE [co-location closure]
@@ -74,8 +74,8 @@ def conflicts(problem: Problem) -> list[str]:
 
 
 def check_constraints(problem: Problem) -> None:
-    """Raise HetpartError naming every co-location group or op that no plan can satisfy."""
+    """Raise NoPlan (a HetpartError) naming every co-location group or op that no plan can satisfy."""
     found = conflicts(problem)
     if found:
-        raise HetpartError("partitioner: no plan can honour the co-location groups and forbidden device types:\n  "
+        raise NoPlan("partitioner: no plan can honour the co-location groups and forbidden device types:\n  "
                            + "\n  ".join(found))

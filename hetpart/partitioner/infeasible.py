@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+from hetpart.errors import HetpartError
 from hetpart.partitioner.evaluate import stage_memory_bytes, stash_microbatches
 from hetpart.partitioner.problem import FORBIDDEN_TYPES, MEM_BYTES, WEIGHTS, Problem
+
+
+class NoPlan(HetpartError):
+    """`solve` proved that no plan exists (memory, constraints, CP-SAT's INFEASIBLE): a longer time limit
+    changes nothing. Its callers tell it apart from a search that ran out of time (NOTE [coarsened solve])."""
 
 
 def node_need(problem: Problem, v: str) -> int:

@@ -16,9 +16,11 @@ from dataclasses import dataclass, field
 from hetpart.errors import HetpartError
 from hetpart.partitioner.baselines import simulated_timeline
 from hetpart.partitioner.dp import dp_hint
+from hetpart.partitioner.infeasible import NoPlan
 from hetpart.partitioner.pipelines import one_f_one_b_stage_cap
 from hetpart.partitioner.problem import Plan, Problem
 from hetpart.partitioner.simulate import VIRTUAL_SCHEDULES
+from hetpart.partitioner.solve import solve
 from hetpart.partitioner.virtual import VirtualPlan, plan_virtual
 
 AUTO = "auto"
@@ -39,7 +41,9 @@ FINALISTS = 3  # candidates fully solved (NOTE [schedule choice])
 # 1. quick: each candidate gets the plan a fast engine gives, under its own memory -- the exact DP over
 #    contiguous segments of the node order (`dp_hint`) for GPipe and 1F1B, the virtual-stage DP
 #    (`plan_virtual`, which is also what `partition --schedule interleaved-*` writes) for the interleaved
-#    ones -- and its step simulated (`simulated_timeline`: the schedule played over the plan's stages).
+#    ones -- and its step simulated (`simulated_timeline`: the schedule played over the plan's stages);
+#    where the DP finds none (it proves nothing: NOTE [candidate cuts] in dp.py), `solve` for the rest of
+#    the candidate's share, so "no plan fits" is said only when proven.
 #    The DPs share one --time-limit (wall clock: on a machine too busy to finish a DP in its share, it
 #    keeps its best plan so far, or the candidate says it found none in time);
 # 2. finalists: the FINALISTS candidates of least quick step are solved as `partition --schedule S
@@ -192,7 +196,16 @@ def quick(problem: Problem, cand: Candidate, microbatch_size: int, time_limit_s:
         return dataclasses.replace(ev, note=f"the quick DP found no plan in its {time_limit_s:.3g} s (a larger "
                                             "--time-limit gives it more)")
     if plan is None:
-        return dataclasses.replace(ev, note="no plan of contiguous stages fits in memory")
+        # The DP proves nothing: it counts the largest 1F1B stash on every stage and, on large graphs, cuts
+        # at candidate positions only. `solve` (CP-SAT) gets the rest of the share: a plan, or a proof.
+        try:
+            plan = solve(problem, time_limit_s=max(0.05, time_limit_s - (time.perf_counter() - t0)),
+                         run_ideal_dp=False, check_certificate=False)
+        except NoPlan as err:
+            return dataclasses.replace(ev, note=str(err).splitlines()[0].removeprefix("partitioner: "))
+        except HetpartError:
+            return dataclasses.replace(ev, note=f"no plan found in its {time_limit_s:.3g} s (a larger "
+                                                "--time-limit gives it more)")
     return _measured(ev, problem, plan, None)
 
 

@@ -21,14 +21,14 @@ from hetpart.partitioner import dp as _dp
 from hetpart.partitioner import ideals as _ideals
 from hetpart.partitioner.bounds import Bounds, compute_bounds, objective_bound_ns
 from hetpart.partitioner.certificate import check_by_default, check_plan, plan_provenance
-from hetpart.partitioner.coarsen import coarsen, cut_candidates
+from hetpart.partitioner.coarsen import coarsen, cut_candidates, pin_cuts
 from hetpart.partitioner.costs import has_typed_memory
 from hetpart.partitioner.constraints import check_constraints
 from hetpart.partitioner.cpsat import LogCallback, _check_hint, solve_model, within_gap
 from hetpart.partitioner.dp import Segments, contiguous_plan, dp_hint, order_tables, refine_cuts
 from hetpart.partitioner.evaluate import OBJECTIVES, bottleneck_ns, evaluate, objective_ns
 from hetpart.partitioner.ideals import ideal_dp
-from hetpart.partitioner.infeasible import constraints_note, infeasible_message, node_need
+from hetpart.partitioner.infeasible import NoPlan, constraints_note, infeasible_message, node_need
 from hetpart.partitioner.problem import Plan, Problem, StageCost
 from hetpart.partitioner.verify import plan_violations
 
@@ -300,7 +300,7 @@ def _check_solvable(problem: Problem) -> None:
     problem.validate()
     largest = max(d.capacity_bytes for d in problem.devices)
     if any(node_need(problem, v) > largest for v in problem.graph.nodes):
-        raise HetpartError(infeasible_message(problem))
+        raise NoPlan(infeasible_message(problem))
     check_constraints(problem)
 
 
@@ -392,7 +392,7 @@ def _cpsat_search(run: _Run, hint: Plan | None, log_callback: LogCallback | None
     st.max_stages, st.presolve_inclusion_off = answer.max_stages, answer.presolve_inclusion_off
     st.solver_bound_ns = answer.bound_ns
     if answer.status == "INFEASIBLE":
-        raise HetpartError(infeasible_message(p) + constraints_note(p))
+        raise NoPlan(infeasible_message(p) + constraints_note(p))
     run.search = f"CP-SAT ran ({answer.status})"
     found = []
     if answer.stage_of is not None:
@@ -403,13 +403,19 @@ def _cpsat_search(run: _Run, hint: Plan | None, log_callback: LogCallback | None
 
 
 def _none_found_unless(run: _Run, candidates: list[_Candidate]) -> list[_Candidate]:
-    """`candidates`; HetpartError when there are none."""
+    """`candidates`; HetpartError when there are none, saying whether a longer limit may find one."""
     if not candidates:
-        p = run.problem
-        raise HetpartError(
-            f"partitioner: no plan found within {run.opts.time_limit_s:g} s "
-            f"({p.graph.number_of_nodes()} nodes, {len(p.devices)} devices); raise --time-limit"
-        )
+        p, o = run.problem, run.opts
+        size = f"{p.graph.number_of_nodes()} nodes, {len(p.devices)} devices"
+        if o.run_cpsat:
+            raise HetpartError(f"partitioner: no plan found within {o.time_limit_s:g} s ({size}): CP-SAT found "
+                               "none and proved none impossible in that time; raise --time-limit")
+        # Only the DP searched: a longer limit helps only where it ran out of its share of the limit.
+        more = o.run_dp and (run.stats.dp_seconds or 0.0) >= o.dp_share * o.time_limit_s
+        raise HetpartError(f"partitioner: no plan found ({size}): CP-SAT is switched off (run_cpsat=False) and " + (
+            "the DP found no plan contiguous in the node order" if o.run_dp else "so is the DP (run_dp=False)") + (
+            f" in its share of --time-limit {o.time_limit_s:g} s; raise --time-limit" if more
+            else "; a longer --time-limit does not change that: switch CP-SAT on"))
     return candidates
 
 
@@ -437,7 +443,13 @@ def _starts(run: _Run, hint: Plan | None) -> list[_Candidate]:
 # 2. reads the coarse answer back and, when it is contiguous in the order, refines its cuts
 #    op by op (dp.refine_cuts, devices fixed);
 # 3. the pick recosts every candidate exactly on the original problem and keeps the best
-#    valid one, the plan to beat first on ties: never worse than the DP.
+#    valid one, the plan to beat first on ties: never worse than the DP;
+# 4. with no candidate at all (no contiguous plan, no hint, no coarse plan), runs CP-SAT on the
+#    problem itself for the rest of the limit: the coarse plans are only some of the plans (runs
+#    too coarse for the only, non-contiguous, plans: docs/benchmarks.md, "Coarsening forced on
+#    pinned problems"), so "no plan" is said by that search, proven (NoPlan) or out of time (its
+#    plan's bound is then CP-SAT's on the problem itself). The runs include `pin_cuts`: none is
+#    pinned first and last unless a co-location group forces it.
 # Bounds: the coarse CP-SAT bound is a bound of the coarse problem only (fewer plans,
 # transfers rounded up), NOT of the original one, so a coarsened plan reports only the
 # search-free bounds of bounds.py (LP work bound, largest op, memory) and the ideal DP's,
@@ -457,7 +469,7 @@ def _coarse_search(run: _Run, hint: Plan | None, log_callback: LogCallback | Non
     start = min(candidates, key=lambda c: run.value(evaluate(p, c.stage_of, c.device_of_stage)), default=None)
     # Reading the coarse answer back costs a few recostings and checks of the whole graph: keep time for them.
     reserve_s = 8 * (time.perf_counter() - t_eval) / max(1, len(candidates))
-    cuts = cut_candidates(tab, o.coarse_nodes)
+    cuts = np.union1d(cut_candidates(tab, o.coarse_nodes), pin_cuts(p, tab))
     if start is not None and _is_contiguous(tab.order, start.stage_of):
         cuts = np.union1d(cuts, [i for i in range(1, tab.n)
                                  if start.stage_of[tab.order[i]] != start.stage_of[tab.order[i - 1]]])
@@ -465,8 +477,9 @@ def _coarse_search(run: _Run, hint: Plan | None, log_callback: LogCallback | Non
     run.stats.coarsened = True
     run.stats.coarse_nodes = coarse.problem.graph.number_of_nodes() if coarse else 0
     remaining = o.time_limit_s - (time.perf_counter() - run.t0) - reserve_s
-    run.search = ("the coarse CP-SAT did not run: " + ("no coarse problem" if coarse is None else
-                  f"no time left of --time-limit {o.time_limit_s:g} s after the DP, the bounds and the DP over ideals"))
+    run.search = "the coarse CP-SAT did not run: " + (
+        "no coarse problem (a co-location group spans nodes pinned first and last)" if coarse is None else
+        f"no time left of --time-limit {o.time_limit_s:g} s after the DP, the bounds and the DP over ideals")
     if coarse is not None and remaining > 0.5:
         coarse_hint = None
         if start is not None and (c_stage := coarse.coarse_stage_of(start.stage_of)) is not None:
@@ -480,9 +493,11 @@ def _coarse_search(run: _Run, hint: Plan | None, log_callback: LogCallback | Non
             coarse_opts = dataclasses.replace(o, time_limit_s=remaining, gap=0.0, run_coarsening=False,
                                               check_certificate=False)
             cplan = _solve_unchecked(coarse.problem, coarse_opts, coarse_hint, progress)
-        except HetpartError:
+        except NoPlan:
             cplan = None  # the runs are too coarse to fit somewhere: keep the plan to beat
-            run.search = "the coarse problem has no plan (its runs are too coarse to fit)"
+            run.search = "the coarse problem has no plan (its runs are too coarse)"
+        except HetpartError:
+            cplan, run.search = None, f"the coarse CP-SAT found no plan in its {remaining:.3g} s"
         if cplan is not None:
             run.search = (f"CP-SAT ran on a coarse problem of {run.stats.coarse_nodes} nodes ({cplan.solver_status}; "
                           "its bound holds for it only)")
@@ -496,16 +511,14 @@ def _coarse_search(run: _Run, hint: Plan | None, log_callback: LogCallback | Non
                 refined = refine_cuts(p, tab, seg, radius=max(16, 2 * tab.n // max(1, len(cuts))))
                 ref = contiguous_plan(p, tab, refined.cuts, refined.devices, run.t0, {})
                 candidates.append(_Candidate("refined", ref.stage_of, ref.device_of_stage))
-    if not candidates:
-        if not run.bounds.memory_feasible:
-            raise HetpartError(infeasible_message(p) + constraints_note(p))
-        raise HetpartError(
-            f"partitioner: no plan found within {o.time_limit_s:g} s ({p.graph.number_of_nodes()} nodes, "
-            f"{len(p.devices)} devices, coarsened): no contiguous split of the node order fits, and the "
-            "coarse model found none either; raise --time-limit, or add memory (the weights and activations "
-            "may fit only when split across more devices than the order allows)"
-        )
-    return _Found(candidates)
+    if candidates:
+        return _Found(candidates)
+    if not run.bounds.memory_feasible:
+        raise NoPlan(infeasible_message(p) + constraints_note(p))
+    coarse_search = run.search  # none proven impossible: NOTE [coarsened solve] step 4
+    found = _cpsat_search(run, None, log_callback)
+    run.search = f"{coarse_search}; then {run.search} on the problem itself"
+    return found
 
 
 def _pick(run: _Run, found: _Found) -> Plan:

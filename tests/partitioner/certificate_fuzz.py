@@ -114,13 +114,14 @@ def placement_paths(problem: PlacementProblem) -> dict[str, PathResult]:
     return out
 
 
-def partition_paths(problem: Problem) -> dict[str, PathResult]:
-    """Each partition path: `solve` (DP, ideal DP, CP-SAT), `solve` without the ideal DP, the
-    CP-SAT model itself with presolve on and off (one build), the DP, the ideal DP, bounds.py."""
+def partition_paths(problem: Problem, **solve_options) -> dict[str, PathResult]:
+    """Each partition path: `solve` (DP, ideal DP, CP-SAT; with `solve_options`, e.g. forced coarsening),
+    `solve` without the ideal DP, the CP-SAT model itself with presolve on and off (one build), the DP,
+    the ideal DP, bounds.py."""
     out = {}
     for name, ideal in (("solve", True), ("solve without ideal dp", False)):
         try:
-            got = solve(problem, time_limit_s=10, check_certificate=False, run_ideal_dp=ideal)
+            got = solve(problem, time_limit_s=10, check_certificate=False, run_ideal_dp=ideal, **solve_options)
         except HetpartError:
             out[name] = PathResult(None, float("inf"), True)
             continue

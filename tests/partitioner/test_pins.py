@@ -6,9 +6,12 @@ from __future__ import annotations
 import itertools
 import math
 
+import pytest
+
 from hetpart.errors import HetpartError
 from hetpart.partitioner import PIN, PIN_FIRST, PIN_LAST, Device, Link, Plan, solve, verify_plan
 from hetpart.partitioner.evaluate import bottleneck_ns, evaluate, objective_ns
+from hetpart.partitioner.infeasible import NoPlan
 from hetpart.partitioner.verify import plan_violations
 
 from certificate_fuzz import partition_paths, unsound
@@ -17,6 +20,9 @@ from partition_cases import brute_force, make_problem, pinned_problem
 PINNED_PROBLEMS = 120  # partition_paths on each (about 6 s on the quiet machine)
 OBJECTIVE_PROBLEMS = 80  # solve's latency and iteration objectives on each
 RULE_PROBLEMS = 200  # the last-stage rule against plans that break it (those of up to 3 devices and 5 nodes)
+# Forced coarsening (NOTE [coarsened solve]): windows of seeds around the five of 0..1999 where, before the
+# fallback to the problem itself, `solve` said "no plan found ... raise --time-limit" while a plan exists.
+COARSE_SEEDS = [*range(645, 665), *range(1600, 1615), *range(1775, 1790), *range(1915, 1960)]
 
 
 def chain_problem(pin_c: bool):
@@ -138,3 +144,41 @@ def test_pinned_problems_latency_and_iteration_against_the_brute_force():
         optimal += plan.solver_status == "OPTIMAL"
     assert wrong == []
     assert optimal >= OBJECTIVE_PROBLEMS // 2
+
+
+def test_pinned_problems_with_forced_coarsening_against_the_brute_force():
+    # Coarse runs of 2-3 nodes are too coarse for the only (non-contiguous) plans of some problems, or a run
+    # was pinned first and last: the coarse problem having no plan proves nothing, `solve` must go on.
+    wrong, fell_back, infeasible = [], 0, 0
+    for seed in COARSE_SEEDS:
+        p = pinned_problem(seed)
+        objective, microbatches = ("throughput", 1) if seed % 3 else (("latency", 1), ("iteration", 3))[seed % 2]
+        optimum = brute_force(p, objective, microbatches)
+        for coarse_nodes, ideal in ((2, True), (3, False)):
+            try:
+                plan = solve(p, time_limit_s=10, coarsen_above=2, coarse_nodes=coarse_nodes, run_ideal_dp=ideal,
+                             objective=objective, microbatches=microbatches, check_certificate=False)
+            except HetpartError as e:
+                # No plan: proven so (the infeasibility explanations), never "raise --time-limit".
+                if optimum is not None or not isinstance(e, NoPlan) or "--time-limit" in str(e):
+                    wrong.append(f"seed {seed}/{coarse_nodes}: {str(e).splitlines()[0]}, the optimum is {optimum}")
+                infeasible += 1
+                continue
+            verify_plan(p, plan)
+            fell_back += "on the problem itself" in plan.bounds.search
+            if optimum is None or plan.lower_bound_ns > optimum or plan.value_ns < optimum:
+                wrong.append(f"seed {seed}/{coarse_nodes}: plan {plan.value_ns}, bound {plan.lower_bound_ns}, "
+                             f"optimum {optimum}")
+            elif plan.solver_status == "OPTIMAL" and plan.value_ns > optimum:
+                wrong.append(f"seed {seed}/{coarse_nodes}: claims optimal at {plan.value_ns}, the optimum is {optimum}")
+    assert wrong == []
+    assert fell_back >= 5 and infeasible >= 10
+
+
+def test_no_plan_without_cpsat_says_a_longer_limit_does_not_help():
+    # Seed 655: only non-contiguous plans fit, which the DP cannot find; CP-SAT finds one.
+    p = pinned_problem(655)
+    assert solve(p, time_limit_s=10, check_certificate=False).value_ns == brute_force(p)
+    with pytest.raises(HetpartError, match="switched off") as e:
+        solve(p, time_limit_s=10, run_cpsat=False, check_certificate=False)
+    assert "a longer --time-limit does not change that" in str(e.value)

@@ -7,12 +7,13 @@ import random
 import pytest
 
 from hetpart.errors import HetpartError
-from hetpart.partitioner import solve
+from hetpart.partitioner import dp_hint, solve, verify_plan
+from hetpart.partitioner.problem import Link
 from hetpart.partitioner.baselines import simulated_timeline
 from hetpart.partitioner.problem import FORWARD_NS, Device, Training
 from hetpart.partitioner.schedule_choice import (
     AUTO_VIRTUAL_STAGES, TRAINING_SCHEDULES, Candidate, candidates, check_auto_options, choose_schedule,
-    microbatch_counts, schedule_problem,
+    microbatch_counts, quick, schedule_problem,
 )
 from hetpart.partitioner.virtual import plan_virtual
 from tests.partitioner.partition_cases import make_problem
@@ -158,3 +159,22 @@ def test_bad_auto_options_are_one_clear_error(args, message):
                 virtual_stages=None, several_pipelines=False, strategy="optimal", tensor_parallel=False)
     with pytest.raises(HetpartError, match=message.replace("(", r"\(")):
         check_auto_options(**{**base, **args})
+
+
+@pytest.mark.parametrize("capacity", [35, 25])
+def test_quick_says_no_plan_fits_only_when_none_does(capacity):
+    # 1F1B, M = 2: the DP counts the largest stash (2 microbatches) on every stage, so it misses the one-stage
+    # plan on d1 (1 microbatch, 30 bytes); the candidate said "no plan of contiguous stages fits in memory".
+    nodes = {v: {"time": {"g": 10}, "mem": 10} for v in "abc"}
+    p = make_problem(nodes, [("a", "b"), ("b", "c")], [Device("d0", "g", "m0", 5), Device("d1", "g", "m0", capacity)],
+                     intra=Link(1000, 0))
+    p.training = Training("1f1b", 2, {})
+    assert dp_hint(p) is None
+    e = quick(p, Candidate("1f1b", 2), 4, 10.0)
+    if capacity == 35:
+        assert e.fits and e.plan.device_of_stage == ["d1"] and e.note == ""
+        verify_plan(p, e.plan)
+    else:  # 30 bytes fit on no device, and d0 holds no node: proven
+        assert not e.fits and e.note.startswith("no plan fits in memory")
+        with pytest.raises(HetpartError, match="no plan fits in memory"):
+            solve(p, time_limit_s=10)
