@@ -9,7 +9,7 @@ from hetpart.partitioner.infeasible import node_need
 from hetpart.partitioner.pipeline_bounds import need_bytes, sync_floor_ns
 from hetpart.partitioner.pipeline_join import JoinResult, JoinTry
 from hetpart.partitioner.pipeline_outer import Candidate, kinds_of
-from hetpart.partitioner.pipelines import PipelinesPlan, _devices_of
+from hetpart.partitioner.pipelines import PipelinesPlan, _devices_of, left_out_reason
 from hetpart.partitioner.problem import Problem
 
 # NOTE [idle reasons]
@@ -19,8 +19,11 @@ from hetpart.partitioner.problem import Problem
 #   (NOTE [pipeline shapes]); or every shape with it that was solved has no plan fitting per stage
 #   (the 1F1B stash: stage k of S keeps S - k microbatches);
 # - not planned: shapes with it exist but none was solved within the time limit;
-# - too slow to help: it is in a pipeline whose plan leaves it out (a stage on it would make that
-#   pipeline slower), or none of the above and none below holds;
+# - in a pipeline whose plan leaves it out (`pipelines.left_out_reason`): "stage limit" where the plan
+#   runs as many stages as it may (1F1B: as many as its microbatches; --max-stages), "too slow to
+#   help" where that plan is OPTIMAL (a stage on it would not make the pipeline faster), else "left
+#   out" with the plan's status (not proven);
+# - too slow to help: none of the above and none below holds;
 # - too slow to help: every plan of a solved shape with it leaves it out, or every solved shape
 #   whose plan runs a stage on it takes longer for its fewest microbatches (1F1B: as many as its
 #   stages) than the plan's whole step;
@@ -144,11 +147,7 @@ def idle_reasons(problem: Problem, plan: PipelinesPlan, microbatches: int, facts
             out[d] = (f"memory: {format_bytes(dev.capacity_bytes)} holds no op with its weights "
                       f"(the smallest needs {format_bytes(smallest_op)})")
         elif d in pipeline_of:
-            p = pipeline_of[d]
-            on = len({x for s in p.plan.stages for x in _devices_of(s)})
-            out[d] = (f"too slow to help: pipeline {p.index}'s best plan runs {len(p.plan.stages)} stage(s) on {on} "
-                      f"of its {len(p.devices)} devices and leaves it out (a stage on it would not make that "
-                      "pipeline faster)")
+            out[d] = left_out_reason(problem, pipeline_of[d])
         elif facts is None:
             out[d] = "in no pipeline"
         elif j not in facts.in_shape:

@@ -179,14 +179,32 @@ def grad_sync_ns(problem: Problem, pipelines: Sequence[Pipeline]) -> tuple[int, 
     return total, left
 
 
+def left_out_reason(problem: Problem, p: Pipeline) -> str:
+    """Why pipeline `p`'s plan runs no stage on one of its devices, as far as it is known: the stage limit it is
+    at (1F1B runs at most as many stages as microbatches; --max-stages), or its plan's optimality."""
+    on = len({x for s in p.plan.stages for x in _devices_of(s)})
+    runs = f"pipeline {p.index}'s plan runs {len(p.plan.stages)} stage(s) on {on} of its {len(p.devices)} devices"
+    cap = sub_problem(problem, p.devices, p.microbatches).max_stages
+    if cap is not None and len(p.plan.stages) >= cap:
+        one_f1b = problem.training is not None and problem.training.schedule == "1f1b"
+        if one_f1b and cap == p.microbatches:
+            return (f"stage limit: {runs}, as many as 1F1B runs with its {p.microbatches} microbatch(es); more "
+                    "microbatches or --schedule gpipe would let it use more devices")
+        return f"stage limit: {runs}, the most --max-stages allows ({cap})"
+    if p.plan.solver_status == "OPTIMAL":
+        return f"too slow to help: {runs}, optimal on them, so a stage on it would not make that pipeline faster"
+    return (f"left out: {runs} ({p.plan.solver_status}: not proven optimal, so a plan using it may be faster; "
+            "a longer --time-limit may tell)")
+
+
 def cost_pipelines(problem: Problem, pipelines: list[Pipeline], *, lower_bound_ns: int = 0, solver_status: str,
                    bound_note: str = "", stats: dict[str, float] | None = None) -> PipelinesPlan:
     """The `PipelinesPlan` of `pipelines` with its step time, sync and idle devices (NOTE [pipelines plan])."""
     sync, overlapped = grad_sync_ns(problem, pipelines)
     used = {d for p in pipelines for s in p.plan.stages for d in (_devices_of(s))}
     planned = {d for p in pipelines for d in p.devices}
-    idle = {d.name: ("in a pipeline whose plan leaves it out: a stage on it would not make that pipeline faster"
-                     if d.name in planned else "in no pipeline")
+    pipeline_of = {d: p for p in pipelines for d in p.devices}
+    idle = {d.name: left_out_reason(problem, pipeline_of[d.name]) if d.name in planned else "in no pipeline"
             for d in problem.devices if d.name not in used}
     return PipelinesPlan(
         pipelines=pipelines, iteration_ns=max(p.time_ns for p in pipelines) + sync, grad_sync_ns=sync,

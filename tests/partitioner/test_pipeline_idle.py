@@ -150,3 +150,37 @@ def test_memory_reason_says_how_many_devices_the_model_needs():
     why = plan.devices_idle["s0"]
     need = need_bytes(p)
     assert f"need at least {-(-need // 120)} devices of its 120 B, the cluster has 2" in why, why
+
+
+def test_a_device_left_out_at_1f1b_s_stage_limit_says_so_not_too_slow():
+    """A pipeline at 1F1B's limit (as many stages as microbatches) leaves devices out for that limit, which more
+    microbatches or GPipe lift; an OPTIMAL plan under no limit is "too slow to help"; a FEASIBLE one says unproven."""
+    import dataclasses
+
+    from hetpart.partitioner.pipelines import Pipeline, cost_pipelines, left_out_reason, sub_problem
+    from hetpart.partitioner.problem import Training
+    from hetpart.partitioner.solve import solve
+
+    g = nx.path_graph(["a", "b", "c", "d"], create_using=nx.DiGraph)
+    for v in g.nodes:
+        g.nodes[v].update({TIME_NS: {"cpu": 100}, MEM_BYTES: 1, OUT_BYTES: 1, WEIGHTS: ()})
+    devices = [Device(f"m/{k}", "cpu", "m", 10**6) for k in range(4)]
+    base = Problem(graph=g, weights={}, devices=devices, intra_node_links={"m": Link(10**6, 0)},
+                   network=Link(10**6, 0))
+    p = dataclasses.replace(base, training=Training("1f1b", 2, {}))
+    names = tuple(d.name for d in devices)
+    plan = solve(sub_problem(p, names, 2), time_limit_s=10)
+    assert len(plan.stages) == 2  # 1F1B with 2 microbatches: at most 2 stages of the 4 devices
+    pipe = Pipeline(0, names, 2, plan, 0)
+    idle = cost_pipelines(p, [pipe], solver_status="OPTIMAL").devices_idle
+    assert len(idle) == 2 and all(r.startswith("stage limit:") and "--schedule gpipe" in r for r in idle.values())
+    gp = dataclasses.replace(base, training=Training("gpipe", 2, {}), max_stages=2)
+    plan = solve(sub_problem(gp, names, 2), time_limit_s=10)
+    assert left_out_reason(gp, Pipeline(0, names, 2, plan, 0)).startswith("stage limit:") and "--max-stages" in \
+        left_out_reason(gp, Pipeline(0, names, 2, plan, 0))
+    one = base  # inference: no stage limit
+    solved = solve(one, time_limit_s=10)
+    plan = dataclasses.replace(solved, stages=solved.stages[:1], solver_status="OPTIMAL")
+    assert left_out_reason(one, Pipeline(0, names, 1, plan, 0)).startswith("too slow to help:")
+    plan = dataclasses.replace(plan, solver_status="FEASIBLE")
+    assert "not proven optimal" in left_out_reason(one, Pipeline(0, names, 1, plan, 0))
