@@ -28,6 +28,11 @@ whole state that moves (`TPCompile.analysis_record`). The re-plan retargets that
   slices]).
 - The rest is the one-pipeline re-plan (from scratch, then NOTE [lexicographic re-plan]), old
   devices the old stages' groups in stage order.
+A plan of degrees per machine whose every stage ended on one device is written without tensor
+parallelism (a plain manifest, no TP group in its mesh), yet its ir/analysis.json is that mixed problem
+with its `tensor_parallel` record: it is re-planned here too (not as a plain plan, whose fresh trace
+would be lowered without the degrees and so differ from the stored problem), its old ranks all of
+degree 1 (plain holdings), the new plan at the recorded degrees.
 The freshly traced problem of NEW_DIR is the stored one's graph when its nodes, edges and weights
 are the same and every slot type both have holds each weight in the same bytes (its type-free
 sizes are the least over the degrees used, which may differ). Every place at one degree is re-planned
@@ -128,8 +133,8 @@ def holdings_of_mixed(manifest: dict, record: dict, problem: Problem, slots: lis
     """NOTE [re-plan by shard]'s parts of an old plan of any degrees on `slots` (`mixed_holdings`)."""
     from hetpart.runtime.tp import tp_rank, weight_shards
 
-    tp = manifest["mesh"]["tensor_parallel"]
-    old = [MixedRank(e["planned_device"], tp_rank(e), tp[e["stage"]]["degree"], tuple(e["weights"]),
+    tp = manifest["mesh"].get("tensor_parallel")  # none: every stage ended on one device (written without TP)
+    old = [MixedRank(e["planned_device"], tp_rank(e), tp[e["stage"]]["degree"] if tp else 1, tuple(e["weights"]),
                      frozenset(weight_shards(manifest, e))) for e in manifest["ranks"]]
     return mixed_holdings(problem.weights, {s: members for s, members, _ in slots}, {s: t for s, _, t in slots},
                           {int(t): set(ws) for t, ws in record["split"].items()}, record["state_bytes"],
