@@ -15,7 +15,8 @@ whole state that moves (`TPCompile.analysis_record`). The re-plan retargets that
   such degree is an error naming what was costed. A choice, not a search over degrees.
 - The groups: NOTE [re-plan of tensor-parallel plans]'s `keep_groups` per place at its degree: old
   groups that survive whole at a place of their size first, in their TP order, then the other devices
-  with survivors at their old TP index; a remainder below t stays unused. NEW_DIR is compiled with
+  with each old group's survivors together at indices whose shard theirs nests in (TP-4's index j at
+  TP 2's j // 2); a remainder below t stays unused. NEW_DIR is compiled with
   those degrees (`CompileOptions.tensor_parallel_places`) on the cluster in that order, so its
   lowering makes the same slots under the same names.
 - The slots' type keys, capacities: a new group's key is the stored one of the same type, degree
