@@ -11,8 +11,10 @@ whole state that moves (`TPCompile.analysis_record`). The re-plan retargets that
 - The degrees: each place of the new cluster keeps its old degree t where its surviving devices
   number t or more; otherwise (a device of its group lost), and on a place the old plan did not have,
   the largest degree the stored problem costed for that device type (and, above 1, that machine link:
-  passes/tp_lower.py costs a group from exactly those two) that its devices can host. A place with no
-  such degree is an error naming what was costed. A choice, not a search over degrees.
+  passes/tp_lower.py costs a group from exactly those two) that its devices can host: a machine whose
+  link changed falls so too, and the note says it is the link. A place with no such degree is an
+  error naming what was costed, and a device type never costed one saying so. A choice, not a search
+  over degrees.
 - The groups: NOTE [re-plan of tensor-parallel plans]'s `keep_groups` per place at its degree: old
   groups that survive whole at a place of their size first, in their TP order, then the other devices
   with each old group's survivors together at indices whose shard theirs nests in (TP-4's index j at
@@ -69,6 +71,10 @@ def costed_keys(stored: Problem, old_cluster: Cluster) -> dict[tuple[str, int, A
     return out
 
 
+def _link_text(link: Any) -> str:
+    return f"{link.bandwidth_bytes_per_s / 1e9:g} GB/s, {link.latency_s * 1e6:g} us"
+
+
 def new_places(record: dict, keys: dict[tuple[str, int, Any], str], target: Cluster,
                echo: Callable[[str], None]) -> dict[str, int]:
     """Each place of `target` -> its degree (NOTE [re-plan of mixed degrees])."""
@@ -80,21 +86,37 @@ def new_places(record: dict, keys: dict[tuple[str, int, Any], str], target: Clus
             count[d.type.name] = count.get(d.type.name, 0) + 1
         for ty, n in count.items():
             place = f"{m.name}:{ty}"
+            if not any(k_ty == ty for (k_ty, _, _) in keys):
+                raise HetpartError(
+                    f"machine '{m.name}' has {n} {ty} device(s), a device type the old plan never costed (it costed "
+                    f"{', '.join(sorted({k[0] for k in keys}))}): `hetpart replan` keeps the stored costs; partition "
+                    "from scratch with `hetpart partition ... --cluster NEW` (`run --resume` reads the checkpoint "
+                    "into any plan)")
             costed = sorted({t for (k_ty, t, link) in keys if k_ty == ty and link in (None, m.link)}, reverse=True)
+            elsewhere = sorted({t for (k_ty, t, link) in keys if k_ty == ty} - set(costed))  # on other links only
             was = old.get(place)
             if was is not None and was <= n and was in costed:
                 out[place] = was
                 continue
             fits = [t for t in costed if t <= n and (was is None or t <= was)]
+            relinked = was is not None and was <= n and was in elsewhere  # its degree costed over another link
             if not fits:
                 raise HetpartError(
-                    f"machine '{m.name}' has {n} {ty} device(s) left"
+                    f"machine '{m.name}' has {n} {ty} device(s)" + (" left" if was is not None else "")
                     + (f" (it ran tensor-parallel degree {was})" if was is not None else "")
-                    + f", and the old plan costed {ty} only at degree(s) {', '.join(map(str, sorted(costed))) or 'none'}"
-                    + (" on a machine with its link" if costed else "") + ": `hetpart replan` keeps the stored costs; "
-                    "partition from scratch for the new cluster (`run --resume` reads the checkpoint into any plan)")
+                    + f", and the old plan costed {ty} only at degree(s) {', '.join(map(str, sorted(costed))) or 'none'} "
+                    f"over its link ({_link_text(m.link)})"
+                    + (f", degree(s) {', '.join(map(str, elsewhere))} only over another link (a TP group's stored "
+                       "costs are for its machine's link)" if elsewhere else "")
+                    + ": `hetpart replan` keeps the stored costs; partition from scratch for the new cluster (`run "
+                    "--resume` reads the checkpoint into any plan)")
             out[place] = fits[0]
-            echo(f"note: {place} runs TP {fits[0]}" + (f" (was TP {was}: {n} device(s) left)" if was is not None
+            if relinked:
+                why = (f"its link is now {_link_text(m.link)}, and the stored costs of TP {was} are for the old "
+                       f"link: partition from scratch to cost TP {was} over the new one")
+            else:
+                why = f"{n} device(s) left" if was is not None else ""
+            echo(f"note: {place} runs TP {fits[0]}" + (f" (was TP {was}: {why})" if was is not None
                                                        else " (new to the plan)"))
     return out
 

@@ -189,6 +189,25 @@ def test_each_place_keeps_its_degree_or_falls_to_one_the_stored_costs_allow(tmp_
     with pytest.raises(HetpartError, match=r"machine 'a' has 1 cpu device\(s\) left \(it ran tensor-parallel degree "
                                            r"2\), and the old plan costed cpu only at degree\(s\) 2"):
         new_places(record, {("cpu", 2, link): "cpu/tp2"}, one, notes.append)
+    # a's link changed: TP 2 was costed over the old link only, so a falls to TP 1 with its 2 devices, and the note
+    # says why (it said "2 device(s) left", as if a device were lost).
+    import dataclasses
+
+    relinked = _cluster(tmp_path / "relinked.toml", {"a": ("cpu", 2), "b": ("cpu", 1)})
+    faster = dataclasses.replace(link, bandwidth_bytes_per_s=4e9, latency_s=10e-6)
+    relinked = dataclasses.replace(relinked, machines=(dataclasses.replace(relinked.machines[0], link=faster),
+                                                       relinked.machines[1]))
+    assert new_places(record, keys, relinked, notes.append) == {"a:cpu": 1, "b:cpu": 1}
+    assert notes[-1] == ("note: a:cpu runs TP 1 (was TP 2: its link is now 4 GB/s, 10 us, and the stored costs of "
+                         "TP 2 are for the old link: partition from scratch to cost TP 2 over the new one)")
+    with pytest.raises(HetpartError, match=r"costed cpu only at degree\(s\) none over its link \(4 GB/s, 10 us\), "
+                                           r"degree\(s\) 2 only over another link"):
+        new_places(record, {("cpu", 2, link): "cpu/tp2"}, relinked, notes.append)
+    # A device type the old plan never costed (`--add a100-40g@a`): it said "costed ... only at degree(s) none".
+    added = _cluster(tmp_path / "added.toml", {"a": ("cpu", 2), "b": ("cpu", 1), "c": ("a100-40g", 1)})
+    with pytest.raises(HetpartError, match=r"machine 'c' has 1 a100-40g device\(s\), a device type the old plan "
+                                           r"never costed \(it costed cpu\): .* partition from scratch"):
+        new_places(record, keys, added, notes.append)
 
 
 # A fall of degree: m0's old TP-4 group loses 1-2 devices and m0 runs TP 2; m1 keeps its TP-2 group.
