@@ -162,7 +162,7 @@ def replan(old: Path, out: Path, *, cluster: str | None = None, lose: tuple[str,
     if plan.pipelines is not None:  # data-parallel pipelines: NOTE [re-plan pipelines]
         return replan_pipelines_dir(old, out, manifest, plan, stored, old_cluster, target, slack=slack,
                                     time_limit_s=time_limit_s, seed=seed, force=force, echo=echo)
-    if is_tp(manifest) and (is_mixed(manifest) or "tensor_parallel" in data):  # NOTE [re-plan of mixed degrees]
+    if is_mixed(manifest) or "tensor_parallel" in data:  # NOTE [re-plan of mixed degrees], its TP stages or none
         from hetpart.replan_mixed import replan_mixed_dir
 
         return replan_mixed_dir(old, out, manifest, plan, stored, old_cluster, target, data.get("tensor_parallel"),

@@ -11,11 +11,14 @@ whole state that moves (`TPCompile.analysis_record`). The re-plan retargets that
 - The degrees: each place of the new cluster keeps its old degree t where its surviving devices
   number t or more; otherwise (a device of its group lost), and on a place the old plan did not have,
   the largest degree the stored problem costed for that device type (and, above 1, that machine link:
-  passes/tp_lower.py costs a group from exactly those two) that its devices can host. A place with no
-  such degree is an error naming what was costed. A choice, not a search over degrees.
+  passes/tp_lower.py costs a group from exactly those two) that its devices can host: a machine whose
+  link changed falls so too, and the note says it is the link. A place with no such degree is an
+  error naming what was costed, and a device type never costed one saying so. A choice, not a search
+  over degrees.
 - The groups: NOTE [re-plan of tensor-parallel plans]'s `keep_groups` per place at its degree: old
   groups that survive whole at a place of their size first, in their TP order, then the other devices
-  with survivors at their old TP index; a remainder below t stays unused. NEW_DIR is compiled with
+  with each old group's survivors together at indices whose shard theirs nests in (TP-4's index j at
+  TP 2's j // 2); a remainder below t stays unused. NEW_DIR is compiled with
   those degrees (`CompileOptions.tensor_parallel_places`) on the cluster in that order, so its
   lowering makes the same slots under the same names.
 - The slots' type keys, capacities: a new group's key is the stored one of the same type, degree
@@ -28,6 +31,11 @@ whole state that moves (`TPCompile.analysis_record`). The re-plan retargets that
   slices]).
 - The rest is the one-pipeline re-plan (from scratch, then NOTE [lexicographic re-plan]), old
   devices the old stages' groups in stage order.
+A plan of degrees per machine whose every stage ended on one device is written without tensor
+parallelism (a plain manifest, no TP group in its mesh), yet its ir/analysis.json is that mixed problem
+with its `tensor_parallel` record: it is re-planned here too (not as a plain plan, whose fresh trace
+would be lowered without the degrees and so differ from the stored problem), its old ranks all of
+degree 1 (plain holdings), the new plan at the recorded degrees.
 The freshly traced problem of NEW_DIR is the stored one's graph when its nodes, edges and weights
 are the same and every slot type both have holds each weight in the same bytes (its type-free
 sizes are the least over the degrees used, which may differ). Every place at one degree is re-planned
@@ -63,6 +71,10 @@ def costed_keys(stored: Problem, old_cluster: Cluster) -> dict[tuple[str, int, A
     return out
 
 
+def _link_text(link: Any) -> str:
+    return f"{link.bandwidth_bytes_per_s / 1e9:g} GB/s, {link.latency_s * 1e6:g} us"
+
+
 def new_places(record: dict, keys: dict[tuple[str, int, Any], str], target: Cluster,
                echo: Callable[[str], None]) -> dict[str, int]:
     """Each place of `target` -> its degree (NOTE [re-plan of mixed degrees])."""
@@ -74,21 +86,37 @@ def new_places(record: dict, keys: dict[tuple[str, int, Any], str], target: Clus
             count[d.type.name] = count.get(d.type.name, 0) + 1
         for ty, n in count.items():
             place = f"{m.name}:{ty}"
+            if not any(k_ty == ty for (k_ty, _, _) in keys):
+                raise HetpartError(
+                    f"machine '{m.name}' has {n} {ty} device(s), a device type the old plan never costed (it costed "
+                    f"{', '.join(sorted({k[0] for k in keys}))}): `hetpart replan` keeps the stored costs; partition "
+                    "from scratch with `hetpart partition ... --cluster NEW` (`run --resume` reads the checkpoint "
+                    "into any plan)")
             costed = sorted({t for (k_ty, t, link) in keys if k_ty == ty and link in (None, m.link)}, reverse=True)
+            elsewhere = sorted({t for (k_ty, t, link) in keys if k_ty == ty} - set(costed))  # on other links only
             was = old.get(place)
             if was is not None and was <= n and was in costed:
                 out[place] = was
                 continue
             fits = [t for t in costed if t <= n and (was is None or t <= was)]
+            relinked = was is not None and was <= n and was in elsewhere  # its degree costed over another link
             if not fits:
                 raise HetpartError(
-                    f"machine '{m.name}' has {n} {ty} device(s) left"
+                    f"machine '{m.name}' has {n} {ty} device(s)" + (" left" if was is not None else "")
                     + (f" (it ran tensor-parallel degree {was})" if was is not None else "")
-                    + f", and the old plan costed {ty} only at degree(s) {', '.join(map(str, sorted(costed))) or 'none'}"
-                    + (" on a machine with its link" if costed else "") + ": `hetpart replan` keeps the stored costs; "
-                    "partition from scratch for the new cluster (`run --resume` reads the checkpoint into any plan)")
+                    + f", and the old plan costed {ty} only at degree(s) {', '.join(map(str, sorted(costed))) or 'none'} "
+                    f"over its link ({_link_text(m.link)})"
+                    + (f", degree(s) {', '.join(map(str, elsewhere))} only over another link (a TP group's stored "
+                       "costs are for its machine's link)" if elsewhere else "")
+                    + ": `hetpart replan` keeps the stored costs; partition from scratch for the new cluster (`run "
+                    "--resume` reads the checkpoint into any plan)")
             out[place] = fits[0]
-            echo(f"note: {place} runs TP {fits[0]}" + (f" (was TP {was}: {n} device(s) left)" if was is not None
+            if relinked:
+                why = (f"its link is now {_link_text(m.link)}, and the stored costs of TP {was} are for the old "
+                       f"link: partition from scratch to cost TP {was} over the new one")
+            else:
+                why = f"{n} device(s) left" if was is not None else ""
+            echo(f"note: {place} runs TP {fits[0]}" + (f" (was TP {was}: {why})" if was is not None
                                                        else " (new to the plan)"))
     return out
 
@@ -128,8 +156,8 @@ def holdings_of_mixed(manifest: dict, record: dict, problem: Problem, slots: lis
     """NOTE [re-plan by shard]'s parts of an old plan of any degrees on `slots` (`mixed_holdings`)."""
     from hetpart.runtime.tp import tp_rank, weight_shards
 
-    tp = manifest["mesh"]["tensor_parallel"]
-    old = [MixedRank(e["planned_device"], tp_rank(e), tp[e["stage"]]["degree"], tuple(e["weights"]),
+    tp = manifest["mesh"].get("tensor_parallel")  # none: every stage ended on one device (written without TP)
+    old = [MixedRank(e["planned_device"], tp_rank(e), tp[e["stage"]]["degree"] if tp else 1, tuple(e["weights"]),
                      frozenset(weight_shards(manifest, e))) for e in manifest["ranks"]]
     return mixed_holdings(problem.weights, {s: members for s, members, _ in slots}, {s: t for s, _, t in slots},
                           {int(t): set(ws) for t, ws in record["split"].items()}, record["state_bytes"],

@@ -7,11 +7,18 @@ re-planned at the same degree t:
 - The groups: `tp_groups` of the new cluster (each machine's devices of one type in groups of t, in
   cluster order), with each machine's devices put in an order that keeps what survives (`keep_groups`):
   first every old group whose devices all survive, whole and in its old TP order (nothing moves for its
-  stages if they stay there); then the other devices of each type grouped so that a survivor sits at its
-  old TP index where one can (it holds that index's shards); what is left over (fewer than t) stays
-  unused. The new cluster written to NEW_DIR's plan.json is in that order, so `partition`'s lowering of
-  it at write time makes the same groups. A choice of groups, not a search over them: the re-plan's
-  claims hold over the plans of these groups.
+  stages if they stay there); then the other devices of each type grouped (`_regroup`): the survivors
+  of one old group together (they hold its stage's weights), each at an index whose new shard its old
+  shard holds cells of (`holds_shard`: its old index at the same degree; index j of TP T at j // (T/t)
+  on a fall to TP t, as TP-T shards nest in TP-t ones), in as many places as any assignment fills;
+  what is left over (fewer than t) stays unused. Every group of a place costs the same (one type key,
+  one link; one capacity where its devices have equal memory), so the plans of any grouping are the
+  same up to names; the bytes differ only by what a new rank holds itself (where it reads the rest
+  from is the same for every device of its machine), so this grouping moves the fewest bytes of any
+  where each place's survivors come from one old group (tests/partitioner/test_replan_mixed.py checks
+  it against every grouping). The new cluster written to NEW_DIR's plan.json is in that order, so
+  `partition`'s lowering of it at write time makes the same groups. A choice of groups, not a search
+  over them: the re-plan's claims hold over the plans of these groups.
 - The costs: the stored problem (ir/analysis.json) is the TP-t problem the old plan was solved on; a new
   group's type key is the stored one of a group of the same device type on a machine with the same link
   (passes/tp_lower.py costs a TP slot from exactly those two: the shard roofline of its type and the
@@ -75,10 +82,10 @@ def plan_degree(old: Path, manifest: dict, stored: Problem) -> int:
 
 def keep_groups(target: Cluster, old_groups: list[tuple[str, ...]], degree: int | Mapping[str, int]) -> Cluster:
     """`target` with each machine's devices ordered so that `tp_groups` keeps the old groups that survive and
-    puts survivors at their old TP index (NOTE [re-plan of tensor-parallel plans]); `degree` one for all, or each
-    place's (`machine:type`, NOTE [re-plan of mixed degrees] in replan_mixed.py): an old group is kept whole where
-    its place keeps its size."""
-    index = {d: j for g in old_groups for j, d in enumerate(g)}
+    puts survivors where they hold their new shard (NOTE [re-plan of tensor-parallel plans]); `degree` one for all,
+    or each place's (`machine:type`, NOTE [re-plan of mixed degrees] in replan_mixed.py): an old group is kept whole
+    where its place keeps its size."""
+    old = {d: (g, j) for g in old_groups for j, d in enumerate(g)}
     machines = []
     for m in target.machines:
         names = {d.name for d in m.devices}
@@ -92,23 +99,62 @@ def keep_groups(target: Cluster, old_groups: list[tuple[str, ...]], degree: int 
                 by_type.setdefault(d.type.name, []).append(d)
         rest = []
         for ty, devices in by_type.items():
-            degree_here = deg(ty)
-            pool = list(devices)
-            groups = [[None] * degree_here for _ in range(len(pool) // degree_here)]
-            for j in range(degree_here):  # a survivor at its old TP index where one can
-                at_j = [d for d in pool if index.get(d.name) == j]
-                for g in groups:
-                    if at_j:
-                        g[j] = at_j.pop(0)
-                        pool.remove(g[j])
-            for g in groups:
-                for j in range(degree_here):
-                    if g[j] is None:
-                        g[j] = pool.pop(0)
+            groups, unused = _regroup(devices, deg(ty), old)
             order += [d for g in groups for d in g]
-            rest += pool
+            rest += unused
         machines.append(Machine(m.name, tuple(order + rest), m.link))
     return Cluster(target.name, tuple(machines), target.network)
+
+
+def holds_shard(j: int, old_degree: int, i: int, degree: int) -> bool:
+    """Whether shard j of a weight split at TP `old_degree` holds cells of its shard i at TP `degree`: shards of
+    powers of two nest (TP-4's shard j lies in TP-2's j // 2; TP-1's whole holds every shard)."""
+    if old_degree >= degree:
+        return j // (old_degree // degree) == i
+    return i // (degree // old_degree) == j
+
+
+def _regroup(devices: list[ClusterDevice], degree: int, old: Mapping[str, tuple[tuple[str, ...], int]]
+             ) -> tuple[list[list[ClusterDevice]], list[ClusterDevice]]:
+    """One place's devices (those of no old group kept whole) in groups of `degree`, and the unused rest: the
+    survivors of one old group together first (the old group with the most first; they hold its stage's
+    weights), each at an index whose new shard its old one holds cells of (`holds_shard`), as many of them
+    as can be; then the rest the same way, fresh devices last (NOTE [re-plan of tensor-parallel plans])."""
+    n = len(devices) // degree
+    survivors: dict[tuple[str, ...], list[ClusterDevice]] = {}
+    for d in devices:
+        if d.name in old:
+            survivors.setdefault(old[d.name][0], []).append(d)
+    groups: list[list[ClusterDevice]] = []
+    for members in sorted(survivors.values(), key=lambda ms: -len(ms)):
+        k = min(len(members) // degree, n - len(groups))
+        if k > 0:
+            groups += _fill(members, k, degree, old)
+    placed = {d.name for g in groups for d in g}
+    left = [d for ms in sorted(survivors.values(), key=lambda ms: -len(ms)) for d in ms if d.name not in placed]
+    left += [d for d in devices if d.name not in old]
+    groups += _fill(left, n - len(groups), degree, old)
+    return groups, left
+
+
+def _fill(pool: list[ClusterDevice], k: int, degree: int, old: Mapping[str, tuple[tuple[str, ...], int]]
+          ) -> list[list[ClusterDevice]]:
+    """`k` groups of `degree` from `pool` (taken from it): first every index of every group a device holding
+    cells of that index's shard (the most such places any assignment fills: each holder fits one index), then
+    the empty places from the rest in `pool`'s order."""
+    groups: list[list[ClusterDevice | None]] = [[None] * degree for _ in range(k)]
+    for i in range(degree):
+        for g in groups:
+            d = next((d for d in pool if d.name in old and holds_shard(old[d.name][1], len(old[d.name][0]), i,
+                                                                       degree)), None)
+            if d is not None:
+                g[i] = d
+                pool.remove(d)
+    for g in groups:
+        for i in range(degree):
+            if g[i] is None:
+                g[i] = pool.pop(0)
+    return groups  # type: ignore[return-value]
 
 
 def hostable_degrees(cluster: Cluster) -> list[int]:
@@ -164,4 +210,5 @@ def holdings_of(manifest: dict, problem: Problem, target: Cluster, degree: int) 
     return tp_holdings(problem, degree, groups, {d.name: d.machine for d in target.devices}, old, split)
 
 
-__all__ = ["holdings_of", "hostable_degrees", "keep_groups", "old_tp_groups", "plan_degree", "retarget_tp"]
+__all__ = ["holdings_of", "holds_shard", "hostable_degrees", "keep_groups", "old_tp_groups", "plan_degree",
+           "retarget_tp"]

@@ -362,6 +362,24 @@ def test_degrees_per_machine_whose_plan_uses_no_tp_group_is_written_without_tp(t
     assert "no stage of the plan runs on a tensor-parallel group" in capsys.readouterr().out
     man = json.loads((out / "manifest.json").read_text())
     assert man["format_version"] == 2 and "tensor_parallel" not in man["mesh"] and man["world_size"] == 1
+    # Its ir/analysis.json is the mixed problem with its record, so `replan` re-plans it at the recorded degrees
+    # (NOTE [re-plan of mixed degrees]), its old rank plain; it said "the model changed" (a plain re-plan's trace).
+    record = json.loads((out / "ir" / "analysis.json").read_text())["tensor_parallel"]
+    assert record["degree_of_place"] == {"a:cpu": 2, "b:cpu": 1}
+    capsys.readouterr()
+    assert main(["replan", str(out), "--cluster", str(tmp_path / "two.toml"), "--out", str(tmp_path / "same")]) == 0
+    assert "tensor parallel per machine kept: a (cpu) TP 2, b (cpu) TP 1" in capsys.readouterr().out
+    chosen = json.loads((tmp_path / "same" / "plan.json").read_text())["replan"]["chosen"]
+    assert chosen["devices"] == ["b/0"] and chosen["between_machines_bytes"] == chosen["from_checkpoint_bytes"] == 0
+    # b/0 lost: the only slot left is a's TP-2 group, and all it needs comes from the checkpoint: a split weight's
+    # two halves once, a replicated one whole on each rank.
+    assert main(["replan", str(out), "--lose", "b/0", "--out", str(tmp_path / "lost")]) == 0
+    chosen = json.loads((tmp_path / "lost" / "plan.json").read_text())["replan"]["chosen"]
+    split = set(record["split"]["2"])
+    assert chosen["devices"] == ["a/0+a/1"] and chosen["from_checkpoint_bytes"] == sum(
+        b * (1 if w in split else 2) for w, b in record["state_bytes"].items())
+    new = json.loads((tmp_path / "lost" / "manifest.json").read_text())
+    assert [e["degree"] for e in new["mesh"]["tensor_parallel"]] == [2]
 
 
 def test_a_chosen_degree_is_what_replan_keeps(tmp_path, capsys):
