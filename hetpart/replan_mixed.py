@@ -205,8 +205,9 @@ def replan_mixed_dir(old: Path, out: Path, manifest: dict, plan: Any, stored: Pr
     except HetpartError as err:
         raise HetpartError(f"re-plan of the tensor-parallel degrees per machine ({places_line(places)}): {err}") \
             from None
-    echo(f"tensor parallel per machine kept: {places_line(places)}; {len(slots)} slot(s), bytes counted per rank's "
-         "shard (NOTE [re-plan of mixed degrees])")
+    kept = all(record["degree_of_place"].get(p) == t for p, t in places.items())  # (a fall or a new place: noted above)
+    echo(f"tensor parallel per machine {'kept' if kept else 'now'}: {places_line(places)}; {len(slots)} slot(s), "
+         "bytes counted per rank's shard (NOTE [re-plan of mixed degrees])")
     return _write_replan(old, out, manifest, plan, stored, old_cluster, target, result, time.perf_counter() - start,
                          describe, MixedReplanChoice, seed=seed, force=force, echo=echo,
                          tensor_parallel_places=tuple(sorted(places.items())))

@@ -106,6 +106,7 @@ def test_lose_a_device_of_the_tp2_group_and_machine_a_falls_to_tp1_then_resume(m
     assert main(["replan", str(old), "--lose", "a/1", "--out", str(new)]) == 0
     out = capsys.readouterr().out
     assert "note: a:cpu runs TP 1 (was TP 2: 1 device(s) left)" in out, out
+    assert "tensor parallel per machine now: a (cpu) TP 1, b (cpu) TP 1" in out, out  # not "kept"
     plan = json.loads((new / "plan.json").read_text())
     assert all(len(s["devices"]) == 1 for s in plan["stages"]) and "a/1" not in plan["replan"]["chosen"]["devices"]
     assert "a/0" in plan["replan"]["chosen"]["devices"] and plan["replan"]["chosen"]["from_checkpoint_bytes"] > 0
