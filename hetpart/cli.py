@@ -20,6 +20,7 @@ from rich.table import Table
 
 from hetpart.cli_args import build_parser
 from hetpart.errors import HetpartError, Terminated
+from hetpart.plan_report import PlanReport
 
 
 def _model_arg(model: str) -> str:
@@ -87,8 +88,7 @@ def _partition(args: argparse.Namespace, console: Console) -> int:
                            progress=Progress.for_console(console))
     print_plan(result.report, console)
     print_schedule_choice(result.report, console)  # --schedule/--microbatches auto (NOTE [schedule choice])
-    if args.strategy != "optimal":  # NOTE [--strategy] in partitioner/baselines.py
-        console.print(f"strategy {args.strategy}: the artifacts run this baseline's plan, not the optimised one")
+    _print_strategy(result.report, console)
     ranks = sum(len(s.devices) or 1 for s in result.report.stages)  # NOTE [tensor-parallel stages]: a group's
     console.print(f"wrote {args.out}/ (plan.json, manifest.json, rank0..rank{ranks - 1}, ir/, "
                   "report.html)")
@@ -160,6 +160,12 @@ def _print_measured(measured: dict, console: Console) -> None:
                   + (f", simulated {predicted / 1e3:.2f} ms" if predicted is not None else ""))
 
 
+def _print_strategy(report: PlanReport, console: Console) -> None:
+    """A plan of a baseline (`--strategy NAME`) says so below its table (NOTE [--strategy] in baselines.py)."""
+    if report.strategy != "optimal":
+        console.print(f"strategy {report.strategy}: the artifacts run this baseline's plan, not the optimised one")
+
+
 def _inspect(args: argparse.Namespace, console: Console) -> int:
     from hetpart.report import print_plan
     from hetpart.runtime.artifacts import load_manifest, read_plan
@@ -186,6 +192,7 @@ def _inspect(args: argparse.Namespace, console: Console) -> int:
 
         print_plan(plan, console)
         print_schedule_choice(plan, console)  # a plan made with --schedule/--microbatches auto: its candidates
+        _print_strategy(plan, console)
     return 0
 
 

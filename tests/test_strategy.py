@@ -68,6 +68,8 @@ def test_a_data_parallel_baseline_is_written_as_its_pipelines_and_trains_verifie
                  "--strategy", "megatron", "--time-limit", "4", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "strategy megatron: the artifacts run this baseline's plan" in printed
+    assert main(["inspect", str(out)]) == 0  # inspect says it too
+    assert "strategy megatron: the artifacts run this baseline's plan" in capsys.readouterr().out
     plan = json.loads((out / "plan.json").read_text())
     assert plan["strategy"] == "megatron" and plan["solver_status"] == "BASELINE" and plan["lower_bound_us"] == 0
     # Megatron's layout on 4 equal devices: 2 pipelines of 2 consecutive devices, the batch split equally.
