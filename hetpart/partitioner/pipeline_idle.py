@@ -68,9 +68,12 @@ class ShapeFacts:
     join_plan: tuple[tuple[str, ...], ...] = ()  # the pipelines (devices) the tries were made against
 
 
-def kind_name(kind) -> str:
-    """A machine kind (pipeline_search.MachineKind) as the reasons name it: its device types ("l4-24g")."""
-    return "+".join(dict.fromkeys(t for t, _ in kind.classes))
+def kind_names(kinds: list) -> list[str]:
+    """Machine kinds (pipeline_search.MachineKind) as the reasons name them: their device types ("l4-24g"), and
+    where two kinds share them (other capacities, counts or links), the first machine of each too ("l4-24g
+    (kind of m1)"): each reason's numbers are its own kind's, so two kinds must not read as one."""
+    base = ["+".join(dict.fromkeys(t for t, _ in k.classes)) for k in kinds]
+    return [b if base.count(b) == 1 else f"{b} (kind of {k.machines[0]})" for b, k in zip(base, kinds)]
 
 
 def learn(facts: ShapeFacts, problem: Problem, cands: list[Candidate], probe: JoinResult) -> None:

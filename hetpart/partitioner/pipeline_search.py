@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from hetpart.errors import HetpartError
 from hetpart.partitioner.pipeline_bounds import _supports, need_bytes, pipelines_lower_bound, sync_floor_ns
-from hetpart.partitioner.pipeline_idle import ShapeFacts, idle_reasons, kind_name, learn
+from hetpart.partitioner.pipeline_idle import ShapeFacts, idle_reasons, kind_names, learn
 from hetpart.partitioner.pipeline_join import JoinPlanner, join_probe
 from hetpart.partitioner.pipeline_layers import LayerProblem, layer_problem, solve_on_layers
 from hetpart.partitioner.pipeline_refine import refine_answer
@@ -421,7 +421,7 @@ def _plan_and_facts(problem: Problem, microbatches: int, options: SolveOptions |
     cands: list[Candidate] = []
     tried = 0
     facts = ShapeFacts(kind_of_machine=kind_of, in_shape={j for s in shapes for j in kinds_of(s)},
-                       kind_names=[kind_name(k) for k in kinds])
+                       kind_names=kind_names(kinds))
     slowest = 0.0  # the most seconds per devices^1.5 a shape's solve took so far
     no_plan: set[Shape] = set()  # shapes solved without a plan (memory per stage), for NOTE [join probe]
     search_end = deadline(0.6)

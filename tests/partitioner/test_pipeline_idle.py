@@ -184,3 +184,23 @@ def test_a_device_left_out_at_1f1b_s_stage_limit_says_so_not_too_slow():
     assert left_out_reason(one, Pipeline(0, names, 1, plan, 0)).startswith("too slow to help:")
     plan = dataclasses.replace(plan, solver_status="FEASIBLE")
     assert "not proven optimal" in left_out_reason(one, Pipeline(0, names, 1, plan, 0))
+
+
+def test_two_machine_kinds_of_one_device_type_are_named_apart_in_the_reasons():
+    """Kinds differ by capacity, count or link; the reasons' numbers are per kind, so two kinds of the same device
+    type must not print under one name (seed 15: one 'fast' kind cannot hold the model, the other runs it alone)."""
+    from test_pipeline_search import small_problem
+
+    from hetpart.partitioner.pipeline_search import _plan_and_facts
+
+    clashes = 0
+    for seed in (1, 15):
+        p, M = small_problem(seed)
+        plan, facts = _plan_and_facts(p, M, time_limit_s=3)
+        assert len(set(facts.kind_names)) == len(facts.kind_names), facts.kind_names
+        clashes += any("(kind of " in n for n in facts.kind_names)
+        for d, reason in plan.devices_idle.items():
+            own = facts.kind_names[facts.kind_of_machine[p.device(d).node]]
+            named = [n for n in facts.kind_names if f" {n} machine" in reason]  # "a K machine", "only K machines"
+            assert named in ([], [own]), (d, reason)
+    assert clashes == 2
