@@ -437,7 +437,7 @@ class ModelAnswer:
 def solve_model(problem: Problem, *, objective: str, microbatches: int, bottleneck_lb_ns: int, external_lb_ns: int,
                 hint: Plan | None, fallback: Plan | None, gap: float, seed: int, workers: int, t0: float,
                 time_limit_s: float, log_callback: LogCallback | None = None,
-                int32_safe_ns: int | None = None) -> ModelAnswer:
+                int32_safe_ns: int | None = None, floor: float = 0.25) -> ModelAnswer:
     """Build the model (with `bottleneck_lb_ns` as a cut), start it from `hint` (checked) or else
     `fallback`, and solve it for what is left of `time_limit_s` since `t0`; stops within `gap` of
     max(its bound, `external_lb_ns`), NOTE [gap stop]. `int32_safe_ns` None: INT32_SAFE_NS (read at
@@ -457,9 +457,10 @@ def solve_model(problem: Problem, *, objective: str, microbatches: int, bottlene
 
     solver = cp_model.CpSolver()
     # What is left of the limit; when neither the DP nor a hint gave a plan, CP-SAT is the only
-    # way to one: then a quarter of the limit at least, even if the DP and bounds overran it.
-    floor_s = 0.25 * time_limit_s if start is None else 0.0
-    solver.parameters.max_time_in_seconds = max(floor_s, time_limit_s - (t_build - t0))
+    # way to one: then a share `floor` of the limit at least (a quarter; 0 where an earlier search
+    # had its turn, NOTE [coarsened solve] step 4), even if the DP and bounds overran it.
+    floor_s = floor * time_limit_s if start is None else 0.0
+    solver.parameters.max_time_in_seconds = max(floor_s, time_limit_s - (t_build - t0), 0.0)
     solver.parameters.random_seed = seed
     solver.parameters.num_workers = workers
     # PARTITIONING-NOTES finding 3: presolve dominates on big models; probing is what costs.

@@ -361,7 +361,7 @@ def _ideal_step(run: _Run) -> Plan | None:
     return _certified(run, exact_bound=True)
 
 
-def _cpsat_search(run: _Run, hint: Plan | None, log_callback: LogCallback | None) -> _Found:
+def _cpsat_search(run: _Run, hint: Plan | None, log_callback: LogCallback | None, floor: float = 0.25) -> _Found:
     """Step 5 on the problem itself: CP-SAT from the hint or the plan to beat, for the rest of the limit."""
     p, o = run.problem, run.opts
     if not o.run_cpsat:
@@ -375,7 +375,7 @@ def _cpsat_search(run: _Run, hint: Plan | None, log_callback: LogCallback | None
                          bottleneck_lb_ns=max(b.lp_work_ns, b.largest_op_ns, b.stage_sum_ns),
                          external_lb_ns=run.lower_bound_ns(), hint=hint, fallback=run.best, gap=o.gap, seed=o.seed,
                          workers=o.workers, t0=run.t0, time_limit_s=o.time_limit_s, log_callback=log_callback,
-                         int32_safe_ns=o.int32_safe_ns)
+                         int32_safe_ns=o.int32_safe_ns, floor=floor)
     st = run.stats
     st.build_seconds = answer.build_seconds
     if answer.status == "NOT_BUILT":
@@ -445,7 +445,7 @@ def _starts(run: _Run, hint: Plan | None) -> list[_Candidate]:
 # 3. the pick recosts every candidate exactly on the original problem and keeps the best
 #    valid one, the plan to beat first on ties: never worse than the DP;
 # 4. with no candidate at all (no contiguous plan, no hint, no coarse plan), runs CP-SAT on the
-#    problem itself for the rest of the limit: the coarse plans are only some of the plans (runs
+#    problem itself for the rest of the limit, no more: the coarse plans are only some of the plans (runs
 #    too coarse for the only, non-contiguous, plans: docs/benchmarks.md, "Coarsening forced on
 #    pinned problems"), so "no plan" is said by that search, proven (NoPlan) or out of time (its
 #    plan's bound is then CP-SAT's on the problem itself). The runs include `pin_cuts`: none is
@@ -516,7 +516,7 @@ def _coarse_search(run: _Run, hint: Plan | None, log_callback: LogCallback | Non
     if not run.bounds.memory_feasible:
         raise NoPlan(infeasible_message(p) + constraints_note(p))
     coarse_search = run.search  # none proven impossible: NOTE [coarsened solve] step 4
-    found = _cpsat_search(run, None, log_callback)
+    found = _cpsat_search(run, None, log_callback, floor=0.0)  # (no quarter of the limit past it: step 4)
     run.search = f"{coarse_search}; then {run.search} on the problem itself"
     return found
 

@@ -160,3 +160,29 @@ def test_pin_cuts_keep_first_and_last_pinned_nodes_apart():
         kept += coarse is not None
         without += coarsen(p, tab, plain) is None and coarse is not None
     assert kept >= 250 and without >= 20
+
+
+def test_the_fallback_search_after_a_coarse_solve_gets_no_more_than_the_limit_left(monkeypatch):
+    """NOTE [coarsened solve] step 4: CP-SAT on the problem itself gets what is left of --time-limit, not the quarter
+    of it a first search is given when the DP found nothing (that overran the limit by up to a quarter)."""
+    import importlib
+
+    from partition_cases import random_large
+
+    S = importlib.import_module("hetpart.partitioner.solve")  # (the package's `solve` is the function)
+
+    real_unchecked, real_model, floors = S._solve_unchecked, S.solve_model, []
+
+    def coarse_finds_nothing(problem, opts, hint, cb):
+        if not opts.run_coarsening:  # the coarse solve, out of time without a plan
+            raise HetpartError("partitioner: no plan found (the coarse solve, faked)")
+        return real_unchecked(problem, opts, hint, cb)
+
+    def model(*args, **kwargs):
+        floors.append(kwargs.get("floor", 0.25))
+        return real_model(*args, **kwargs)
+
+    monkeypatch.setattr(S, "_solve_unchecked", coarse_finds_nothing)
+    monkeypatch.setattr(S, "solve_model", model)
+    plan = S.solve(random_large(1, 120, 8), time_limit_s=3, coarsen_above=50, run_dp=False, check_certificate=False)
+    assert floors == [0.0] and "on the problem itself" in plan.bounds.search
