@@ -82,6 +82,7 @@ class Evaluated:
     plan_from: str = ""  # "quick" (step 1) or "solved" (step 2) of NOTE [schedule choice]
     solver_status: str | None = None
     note: str = ""
+    timed_out: bool = False  # no plan because its share of the time ran out (not proven: more time may find one)
     plan: Plan | None = field(default=None, repr=False)
     vplan: VirtualPlan | None = field(default=None, repr=False)
     problem: Problem | None = field(default=None, repr=False)
@@ -194,7 +195,7 @@ def quick(problem: Problem, cand: Candidate, microbatch_size: int, time_limit_s:
         return dataclasses.replace(ev, note=str(err))
     if plan is None and time.perf_counter() - t0 >= time_limit_s:
         return dataclasses.replace(ev, note=f"the quick DP found no plan in its {time_limit_s:.3g} s (a larger "
-                                            "--time-limit gives it more)")
+                                            "--time-limit gives it more)", timed_out=True)
     if plan is None:
         # The DP proves nothing: it counts the largest 1F1B stash on every stage and, on large graphs, cuts
         # at candidate positions only. `solve` (CP-SAT) gets the rest of the share: a plan, or a proof.
@@ -205,7 +206,7 @@ def quick(problem: Problem, cand: Candidate, microbatch_size: int, time_limit_s:
             return dataclasses.replace(ev, note=str(err).splitlines()[0].removeprefix("partitioner: "))
         except HetpartError:
             return dataclasses.replace(ev, note=f"no plan found in its {time_limit_s:.3g} s (a larger "
-                                                "--time-limit gives it more)")
+                                                "--time-limit gives it more)", timed_out=True)
     return _measured(ev, problem, plan, None)
 
 
@@ -225,9 +226,12 @@ def choose_schedule(problem_for: Callable[[int], Problem], batch_size: int, cand
     fitting = sorted((k for k, e in enumerate(evaluated) if e.fits), key=lambda k: (evaluated[k].step_ns, k))
     if not fitting:
         why = "; ".join(f"{_label(e.candidate)}: {e.note}" for e in evaluated[:4])
-        raise HetpartError(f"no schedule and microbatch count tried has a plan that fits in memory ({why}"
-                           f"{'; ...' if len(evaluated) > 4 else ''}): add devices with more memory, or a smaller "
-                           "--batch-size")
+        more = "; ..." if len(evaluated) > 4 else ""
+        if any(e.timed_out for e in evaluated):  # not proven: memory is not known to be the cause
+            raise HetpartError(f"no schedule and microbatch count tried found a plan within --time-limit "
+                               f"{time_limit_s:g} s ({why}{more}): raise --time-limit")
+        raise HetpartError(f"no schedule and microbatch count tried has a plan that fits in memory ({why}{more}): "
+                           "add devices with more memory, or a smaller --batch-size")
     best = fitting[:finalists]
     to_solve = [k for k in best if not evaluated[k].candidate.virtual]
     each_s = time_limit_s / max(1, len(to_solve))

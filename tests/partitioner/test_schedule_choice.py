@@ -178,3 +178,18 @@ def test_quick_says_no_plan_fits_only_when_none_does(capacity):
         assert not e.fits and e.note.startswith("no plan fits in memory")
         with pytest.raises(HetpartError, match="no plan fits in memory"):
             solve(p, time_limit_s=10)
+
+
+def test_no_schedule_with_a_plan_in_time_says_time_not_memory():
+    # The capacity-35 problem above has a plan; with no time for any candidate the error must not blame memory.
+    def problem_for(m):
+        nodes = {v: {"time": {"g": 10}, "mem": 10} for v in "abc"}
+        p = make_problem(nodes, [("a", "b"), ("b", "c")], [Device("d0", "g", "m0", 5), Device("d1", "g", "m0", 35)],
+                         intra=Link(1000, 0))
+        p.training = Training("1f1b", m, {})
+        return p
+
+    with pytest.raises(HetpartError, match=r"found a plan within --time-limit 1e-06 s .*: raise --time-limit$"):
+        choose_schedule(problem_for, 4, [Candidate("1f1b", 2)], [], lambda p, s: solve(p, time_limit_s=s), 1e-6)
+    got = choose_schedule(problem_for, 4, [Candidate("1f1b", 2)], [], lambda p, s: solve(p, time_limit_s=s), 5.0)
+    assert got.chosen.plan.device_of_stage == ["d1"]
