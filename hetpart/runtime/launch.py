@@ -249,6 +249,39 @@ def _stop(procs: list[subprocess.Popen], grace_s: float = 5) -> None:
         except subprocess.TimeoutExpired:
             _signal_group(p, signal.SIGKILL)
             p.wait()
+    # A rank may outlive its torchrun by a moment (NOTE [orphaned ranks]): "every rank was stopped" is said
+    # only once no process of any group runs, SIGKILLed past the grace.
+    for p in procs:
+        while _group_running(p.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if _group_running(p.pid):
+            _signal_group(p, signal.SIGKILL)
+            end = time.monotonic() + 5
+            while _group_running(p.pid) and time.monotonic() < end:
+                time.sleep(0.05)
+
+
+def _group_running(pgid: int) -> bool:
+    """Whether a process of group `pgid` still runs (a zombie does not: it has ended, its parent reaps it)."""
+    proc = Path("/proc")
+    if not proc.is_dir():  # no procfs: any member, zombies included
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    for d in proc.iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            state, _, group = (d / "stat").read_text().rsplit(")", 1)[1].split()[:3]
+        except (OSError, ValueError):  # gone meanwhile
+            continue
+        if state != "Z" and int(group) == pgid:
+            return True
+    return False
 
 
 def _signal_group(p: subprocess.Popen, sig: signal.Signals) -> None:

@@ -224,3 +224,20 @@ def test_every_rank_exits_when_the_launcher_is_killed_or_hung_up(tmp_path):
             if launcher.poll() is None:
                 launcher.kill()
             launcher.wait()
+
+
+def test_stop_waits_out_and_ends_a_rank_that_outlives_its_torchrun(tmp_path):
+    # NOTE [orphaned ranks]: a rank can outlive its torchrun; "every rank was stopped" must be true when said.
+    marker = tmp_path / "outlives"
+    child = f"import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)  # {marker}"
+    leader = subprocess.Popen([sys.executable, "-c", f"import subprocess, sys, time; subprocess.Popen([sys.executable, "
+                               f"'-c', {child!r}]); time.sleep(60)"], start_new_session=True)
+    try:
+        time.sleep(1.0)  # the child runs and ignores SIGTERM
+        assert _running_ranks(marker)
+        launch._stop([leader], grace_s=1)
+        assert _running_ranks(marker) == []
+    finally:
+        for pid in _running_ranks(marker):  # only what this test started
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
