@@ -9,7 +9,7 @@ from hetpart.partitioner.infeasible import node_need
 from hetpart.partitioner.pipeline_bounds import need_bytes, sync_floor_ns
 from hetpart.partitioner.pipeline_join import JoinResult, JoinTry
 from hetpart.partitioner.pipeline_outer import Candidate, kinds_of
-from hetpart.partitioner.pipelines import PipelinesPlan, _devices_of, left_out_reason
+from hetpart.partitioner.pipelines import PipelinesPlan, _devices_of, left_out_reasons
 from hetpart.partitioner.problem import Problem
 
 # NOTE [idle reasons]
@@ -127,7 +127,7 @@ def idle_reasons(problem: Problem, plan: PipelinesPlan, microbatches: int, facts
     that need no shapes (memory per op, left out of its pipeline, microbatches of one-device pipelines)."""
     used = {d for p in plan.pipelines for s in p.plan.stages for d in _devices_of(s)}
     busy_machines = {problem.device(d).node for d in used}
-    pipeline_of = {d: p for p in plan.pipelines for d in p.devices}
+    left_out = left_out_reasons(problem, plan.pipelines, used)
     smallest_op = min((node_need(problem, v) for v in problem.graph.nodes), default=0)
     need = need_bytes(problem)
     training = problem.training
@@ -149,8 +149,8 @@ def idle_reasons(problem: Problem, plan: PipelinesPlan, microbatches: int, facts
         if dev.capacity_bytes < smallest_op:
             out[d] = (f"memory: {format_bytes(dev.capacity_bytes)} holds no op with its weights "
                       f"(the smallest needs {format_bytes(smallest_op)})")
-        elif d in pipeline_of:
-            out[d] = left_out_reason(problem, pipeline_of[d])
+        elif d in left_out:
+            out[d] = left_out[d]
         elif facts is None:
             out[d] = "in no pipeline"
         elif j not in facts.in_shape:
@@ -180,7 +180,7 @@ def idle_reasons(problem: Problem, plan: PipelinesPlan, microbatches: int, facts
                     out[d] += (f"; the best-rate pipeline with a {name} machine ({devices} devices) has a "
                                f"{format_ns(bottleneck)} bottleneck, and the fastest with one takes "
                                f"{format_ns(fewest_ns)} for its fewest microbatches")
-        if facts is not None and d not in pipeline_of and dev.capacity_bytes >= smallest_op:
+        if facts is not None and d not in left_out and dev.capacity_bytes >= smallest_op:
             alone = sum(facts.kind_of_machine[x.node] == j for x in problem.devices)
             short = holds if alone * dev.capacity_bytes < need and holds not in out[d] else ""
             out[d] += _numbers(facts, j, name, plan, short, alone)

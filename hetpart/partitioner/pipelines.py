@@ -197,15 +197,25 @@ def left_out_reason(problem: Problem, p: Pipeline) -> str:
             "a longer --time-limit may tell)")
 
 
+def left_out_reasons(problem: Problem, pipelines: Sequence[Pipeline], used: set[str]) -> dict[str, str]:
+    """Each device a pipeline of `pipelines` has but runs no stage on (not in `used`) -> `left_out_reason`,
+    computed once per pipeline."""
+    out = {}
+    for p in pipelines:
+        left = [d for d in p.devices if d not in used]
+        if left:
+            why = left_out_reason(problem, p)
+            out.update(dict.fromkeys(left, why))
+    return out
+
+
 def cost_pipelines(problem: Problem, pipelines: list[Pipeline], *, lower_bound_ns: int = 0, solver_status: str,
                    bound_note: str = "", stats: dict[str, float] | None = None) -> PipelinesPlan:
     """The `PipelinesPlan` of `pipelines` with its step time, sync and idle devices (NOTE [pipelines plan])."""
     sync, overlapped = grad_sync_ns(problem, pipelines)
     used = {d for p in pipelines for s in p.plan.stages for d in (_devices_of(s))}
-    planned = {d for p in pipelines for d in p.devices}
-    pipeline_of = {d: p for p in pipelines for d in p.devices}
-    idle = {d.name: left_out_reason(problem, pipeline_of[d.name]) if d.name in planned else "in no pipeline"
-            for d in problem.devices if d.name not in used}
+    left_out = left_out_reasons(problem, pipelines, used)
+    idle = {d.name: left_out.get(d.name, "in no pipeline") for d in problem.devices if d.name not in used}
     return PipelinesPlan(
         pipelines=pipelines, iteration_ns=max(p.time_ns for p in pipelines) + sync, grad_sync_ns=sync,
         grad_sync_overlapped_ns=overlapped, lower_bound_ns=lower_bound_ns, solver_status=solver_status,
