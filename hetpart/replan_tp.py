@@ -53,7 +53,7 @@ from hetpart.devices.cluster import ClusterDevice, Machine
 from hetpart.errors import HetpartError
 from hetpart.partitioner import Problem
 from hetpart.partitioner.problem import Device
-from hetpart.partitioner.replan_holdings import Holdings, OldRank, tp_holdings
+from hetpart.partitioner.replan_holdings import Holdings, OldRank, cells, tp_holdings
 
 
 def old_tp_groups(manifest: dict) -> list[tuple[str, ...]]:
@@ -108,10 +108,10 @@ def keep_groups(target: Cluster, old_groups: list[tuple[str, ...]], degree: int 
 
 def holds_shard(j: int, old_degree: int, i: int, degree: int) -> bool:
     """Whether shard j of a weight split at TP `old_degree` holds cells of its shard i at TP `degree`: shards of
-    powers of two nest (TP-4's shard j lies in TP-2's j // 2; TP-1's whole holds every shard)."""
-    if old_degree >= degree:
-        return j // (old_degree // degree) == i
-    return i // (degree // old_degree) == j
+    powers of two nest (TP-4's shard j lies in TP-2's j // 2; TP-1's whole holds every shard), as
+    `replan_holdings.cells` cuts them."""
+    finest = max(old_degree, degree)
+    return not set(cells(old_degree, j, finest)).isdisjoint(cells(degree, i, finest))
 
 
 def _regroup(devices: list[ClusterDevice], degree: int, old: Mapping[str, tuple[tuple[str, ...], int]]
