@@ -12,6 +12,12 @@ class NoPlan(HetpartError):
     changes nothing. Its callers tell it apart from a search that ran out of time (NOTE [coarsened solve])."""
 
 
+class OutOfTime(HetpartError):
+    """`solve` found no plan, proved none impossible, and its time limit is what ran out: a longer limit may find
+    one. A HetpartError that is neither this nor NoPlan is a search that ended without either (say, the DP alone
+    found no contiguous plan): its message says what to do."""
+
+
 def node_need(problem: Problem, v: str) -> int:
     """Memory `v` needs wherever it goes: in training, the least stash of any stage (GPipe: M; 1F1B: 1)."""
     attrs = problem.graph.nodes[v]

@@ -38,6 +38,15 @@ from hetpart.partitioner.problem import Plan, Problem
 # the last round tried every join before the limit).
 
 
+@dataclass(frozen=True)
+class ShapeSolve:
+    """A shape's solve by the search's planner: its plan, or None and why (NOTE [shape misses])."""
+
+    plan: Plan | None
+    proven: bool = False  # no plan: proven that none fits (NoPlan), for the plan space the search solves in
+    why: str = ""  # no plan: why, in the user's words ("no plan of it fits in memory", "... in the 2 s ...")
+
+
 @dataclass
 class JoinTry:
     """One join of NOTE [join probe]: a machine of `kind` given to `copies` pipelines of candidate `base`."""
@@ -60,10 +69,10 @@ class JoinPlanner:
     solved now by the search's planner within the search's time for one shape (NOTE [join probe])."""
 
     devices: Callable[[object], tuple[str, ...]]  # a shape's canonical devices (pipeline_search.shape_devices)
-    solve: Callable[[tuple[str, ...], int, float], Plan | None]  # devices, microbatches, seconds per device order
+    solve: Callable[[tuple[str, ...], int, float], ShapeSolve]  # devices, microbatches, seconds per device order
     limit_s: Callable[[int], float]  # the search's seconds for one device order of a shape of so many devices
     orders: int  # device orders each solve runs (NOTE [stash order]): what is left is shared among them
-    no_plan: set = field(default_factory=set)  # shapes solved without a plan
+    no_plan: dict = field(default_factory=dict)  # shapes proven to have no plan: why (NOTE [shape misses])
     solved: list = field(default_factory=list)  # the shapes solved here
 
     def candidate(self, problem: Problem, cands: list[Candidate], shape, m: int, microbatches: int,
@@ -73,26 +82,25 @@ class JoinPlanner:
         if own:
             return min(own, key=lambda c: c.sum_ns + (max(m, c.lo) - 1) * c.bottleneck_ns), False, ""
         if shape in self.no_plan:
-            return None, False, "no plan of it fits in memory"
+            return None, False, self.no_plan[shape]
         devs = self.devices(shape)
         sched = problem.training.schedule if problem.training is not None else None
         m_ref = min(microbatches, max(m, len(devs))) if sched == "1f1b" else microbatches  # as the search does
         limit_s = min(max(0.0, end - time.perf_counter()) / self.orders, self.limit_s(len(devs)))
-        t0 = time.perf_counter()
         self.solved.append(shape)
-        plan = self.solve(devs, m_ref, limit_s)
-        if plan is None and sched == "gpipe" and m < microbatches and time.perf_counter() + limit_s < end:
-            m_ref, plan = m, self.solve(devs, m, limit_s)  # GPipe: its share's stash may fit where the batch's did not
+        solved = self.solve(devs, m_ref, limit_s)
+        if solved.plan is None and sched == "gpipe" and m < microbatches and time.perf_counter() + limit_s < end:
+            m_ref, solved = m, self.solve(devs, m, limit_s)  # GPipe: its share's stash may fit where the batch's did not
+        plan = solved.plan
         got = candidate(problem, shape, devs, plan, m_ref, microbatches)
         if got is not None:
             return got, True, ""
         if plan is not None:
             return None, True, (f"its plan's {len(plan.stages)} stages need as many microbatches under 1F1B, more than "
                                 f"the batch's {microbatches}")
-        if time.perf_counter() - t0 < 0.9 * limit_s * self.orders:
-            self.no_plan.add(shape)
-            return None, True, "no plan of it fits in memory"
-        return None, True, f"no plan of it was found in the {limit_s * self.orders:.2g} s left"
+        if solved.proven:  # NOTE [shape misses]: only a proven miss is remembered, and said to be memory
+            self.no_plan[shape] = solved.why
+        return None, True, solved.why
 
 
 @dataclass

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hetpart.errors import HetpartError
 from hetpart.partitioner.coarsen import Coarse, coarsen
 from hetpart.partitioner.dp import OrderTables, Segments, _refined, contiguous_plan, order_tables
 from hetpart.partitioner.evaluate import bottleneck_ns, evaluate
@@ -85,15 +84,14 @@ def layer_problem(problem: Problem, fine: bool | None = None) -> LayerProblem | 
 def solve_on_layers(problem: Problem, layers: LayerProblem, devices: tuple[str, ...], microbatches: int,
                     opts: SolveOptions, limit_s: float) -> Plan | None:
     """NOTE [shapes on layers]: the shape's plan on `devices` for `microbatches`, a plan of the real
-    `problem` (recosted, checked), or None when none fits in memory or none was found within `limit_s`."""
+    `problem` (recosted, checked), or None when no layer plan the DP finds is valid op by op. Raises `solve`'s
+    errors on the layer problem: NoPlan proves that no plan on layer boundaries fits (a plan cutting inside a
+    layer may), OutOfTime that `limit_s` ran out."""
     t0 = time.perf_counter()
     m = microbatches
-    try:
-        cplan = solve(sub_problem(layers.coarse.problem, devices, m), dataclasses.replace(
-            opts, time_limit_s=max(0.05, limit_s), objective="iteration", microbatches=m, run_bounds=False,
-            run_ideal_dp=False, run_cpsat=False, check_certificate=False, coarsen_above=None))
-    except HetpartError:
-        return None
+    cplan = solve(sub_problem(layers.coarse.problem, devices, m), dataclasses.replace(
+        opts, time_limit_s=max(0.05, limit_s), objective="iteration", microbatches=m, run_bounds=False,
+        run_ideal_dp=False, run_cpsat=False, check_certificate=False, coarsen_above=None))
     sub = sub_problem(problem, devices, m)
     slots = list(cplan.slot_of_stage)
     fine = layers.coarse.fine_stage_of(cplan.stage_of)

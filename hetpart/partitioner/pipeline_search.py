@@ -19,9 +19,10 @@ import time
 from dataclasses import dataclass
 
 from hetpart.errors import HetpartError
+from hetpart.partitioner.infeasible import NoPlan, OutOfTime
 from hetpart.partitioner.pipeline_bounds import _supports, need_bytes, pipelines_lower_bound, sync_floor_ns
 from hetpart.partitioner.pipeline_idle import ShapeFacts, idle_reasons, kind_names, learn
-from hetpart.partitioner.pipeline_join import JoinPlanner, join_probe
+from hetpart.partitioner.pipeline_join import JoinPlanner, ShapeSolve, join_probe
 from hetpart.partitioner.pipeline_layers import LayerProblem, layer_problem, solve_on_layers
 from hetpart.partitioner.pipeline_refine import refine_answer
 from hetpart.partitioner.pipeline_outer import (
@@ -279,33 +280,60 @@ def stash_ordered(problem: Problem, layers: LayerProblem | None, order: list[tup
         layers.coarse, problem=dataclasses.replace(coarse, devices=sorted(coarse.devices, key=key))))
 
 
-def _solve_shape(problem: Problem, devices: tuple[str, ...], m: int, opts: SolveOptions, limit_s: float,
-                 layers: LayerProblem | None = None,
-                 ordered: list[tuple[Problem, LayerProblem | None]] | None = None) -> Plan | None:
-    """The shape's plan for `m` microbatches, or None when no plan fits its memory or it found none in time:
-    on the layer-level problem when there is one (NOTE [shapes on layers]), else by `solve` on the ops;
-    with `ordered` (`stash_ordered`'s), also in those device orders, the fastest kept (NOTE [stash order]).
+# NOTE [shape misses]
+# A shape's solve ends without a plan in three ways, and the search says which, never "memory" for
+# the others: `solve` proved none fits (NoPlan: a node larger than every device, the memory bounds,
+# CP-SAT's INFEASIBLE; on layers, NOTE [shapes on layers], the proof covers plans cut at layer
+# boundaries only); its limit ran out (OutOfTime: a longer --time-limit may find one); or neither
+# (the layer DP found no contiguous plan, or none of its plans was valid op by op). Only a proven
+# miss is remembered as one (the join probe's cache of shapes with no plan) and only when every
+# shape's miss is proven does the search say the cluster's shapes do not fit.
+
+
+def _solve_shape_why(problem: Problem, devices: tuple[str, ...], m: int, opts: SolveOptions, limit_s: float,
+                     layers: LayerProblem | None = None,
+                     ordered: list[tuple[Problem, LayerProblem | None]] | None = None) -> ShapeSolve:
+    """The shape's plan for `m` microbatches, or why there is none (NOTE [shape misses]): on the layer-level
+    problem when there is one (NOTE [shapes on layers]), else by `solve` on the ops; with `ordered`
+    (`stash_ordered`'s), also in those device orders, the fastest kept (NOTE [stash order]).
     Without its own search-free bounds and certificate: NOTE [pipelines bound] bounds the whole plan."""
     if ordered:
         keep = set(devices)
-        seen, plans = [], []
+        seen, got = [], []
         for prob, lay in [(problem, layers)] + list(ordered):
             names = [d.name for d in prob.devices if d.name in keep]
             if names in seen:
                 continue  # the same order (one kind of device, say): the same plan
             seen.append(names)
-            plans.append(_solve_shape(prob, devices, m, opts, limit_s, lay))
-        got = [p for p in plans if p is not None]
-        return min(got, key=lambda p: pipeline_time_ns(p, m)) if got else None
-    if layers is not None:
-        return solve_on_layers(problem, layers, devices, m, opts, limit_s)
-    sub = sub_problem(problem, devices, m)
+            got.append(_solve_shape_why(prob, devices, m, opts, limit_s, lay))
+        plans = [g.plan for g in got if g.plan is not None]
+        if plans:
+            return ShapeSolve(min(plans, key=lambda p: pipeline_time_ns(p, m)))
+        # One order's proof holds for every order (a plan in one order is a plan); else the first order's why.
+        return next((g for g in got if g.proven), got[0])
+    where = " on layer boundaries" if layers is not None else ""
+    sub = sub_problem(problem, devices, m) if layers is None else None
     try:
-        return solve(sub, dataclasses.replace(opts, time_limit_s=max(0.05, limit_s), objective="iteration",
-                                              microbatches=m, run_bounds=False, run_ideal_dp=False,
-                                              check_certificate=False))
+        if layers is not None:
+            plan = solve_on_layers(problem, layers, devices, m, opts, limit_s)
+        else:
+            plan = solve(sub, dataclasses.replace(
+                opts, time_limit_s=max(0.05, limit_s), objective="iteration", microbatches=m, run_bounds=False,
+                run_ideal_dp=False, check_certificate=False))
+    except NoPlan:
+        return ShapeSolve(None, proven=True, why=f"no plan of it{where} fits in memory")
+    except OutOfTime:
+        return ShapeSolve(None, why=f"no plan of it was found in the {limit_s:.2g} s it was given")
     except HetpartError:
-        return None
+        plan = None
+    return ShapeSolve(plan) if plan is not None else ShapeSolve(None, why=f"its planner found no plan of it{where}")
+
+
+def _solve_shape(problem: Problem, devices: tuple[str, ...], m: int, opts: SolveOptions, limit_s: float,
+                 layers: LayerProblem | None = None,
+                 ordered: list[tuple[Problem, LayerProblem | None]] | None = None) -> Plan | None:
+    """`_solve_shape_why`'s plan, None when there is none."""
+    return _solve_shape_why(problem, devices, m, opts, limit_s, layers, ordered).plan
 
 
 def _most_gpipe(problem: Problem, devs: tuple[str, ...], share: int, microbatches: int, opts: SolveOptions,
@@ -423,7 +451,8 @@ def _plan_and_facts(problem: Problem, microbatches: int, options: SolveOptions |
     facts = ShapeFacts(kind_of_machine=kind_of, in_shape={j for s in shapes for j in kinds_of(s)},
                        kind_names=kind_names(kinds))
     slowest = 0.0  # the most seconds per devices^1.5 a shape's solve took so far
-    no_plan: set[Shape] = set()  # shapes solved without a plan (memory per stage), for NOTE [join probe]
+    no_plan: dict[Shape, str] = {}  # shapes proven to have no plan, why (NOTE [shape misses]), for NOTE [join probe]
+    unproven = 0  # shapes solved without a plan and without a proof
     search_end = deadline(0.6)
     for s in order:
         left = search_end - time.perf_counter()
@@ -439,7 +468,8 @@ def _plan_and_facts(problem: Problem, microbatches: int, options: SolveOptions |
         m_ref = min(microbatches, max(share, len(devs))) if sched == "1f1b" else microbatches
         per_shape = min(left / min(6, len(order) - tried),
                         max(_SHAPE_LIMIT_S, limit * _SHAPE_SHARE, _SHAPE_S_PER_DEVICE * len(devs) ** 1.5))
-        plan = _solve_shape(problem, devs, m_ref, opts, per_shape, layers, ordered)
+        solved = _solve_shape_why(problem, devs, m_ref, opts, per_shape, layers, ordered)
+        plan = solved.plan
         if plan is None and sched == "gpipe" and share < microbatches:
             m_ref, plan = _most_gpipe(problem, devs, share, microbatches, opts, per_shape, layers, search_end)
         tried += 1
@@ -449,18 +479,26 @@ def _plan_and_facts(problem: Problem, microbatches: int, options: SolveOptions |
         slowest = max(slowest, (time.perf_counter() - t_shape) / len(devs) ** 1.5)
         got = candidate(problem, s, devs, plan, m_ref, microbatches)
         if got is None:
-            no_plan.add(s)
+            if plan is None and solved.proven:
+                no_plan[s] = solved.why  # NOTE [shape misses]: only a proven miss
+            elif plan is None:
+                unproven += 1
             continue
         cands.append(got)
-    if not cands and tried == len(shapes):  # every shape tried: memory per stage, not time
+    if not cands and tried == len(shapes) and len(no_plan) == tried:  # NOTE [shape misses]: every miss proven
         raise HetpartError(
             f"partitioner: none of the {len(shapes)} pipeline shapes whose memory holds the model in total has a "
-            "plan whose every stage fits (weights, training state and the activations it stashes): add memory, "
+            f"plan{' cut at layer boundaries' if layers is not None else ''} whose every stage fits (weights, training state and the activations it stashes): add memory, "
             "or stash fewer microbatches")
     if not cands:
+        many = tried - len(no_plan) - unproven  # plans whose 1F1B stages outnumber the batch's microbatches
         raise HetpartError(
             f"partitioner: no pipeline shape was solved within {limit:g} s ({len(shapes)} shapes hold the model, "
-            f"{tried} tried): raise --time-limit")
+            f"{tried} tried: {len(no_plan)} proven to fit no plan in memory, {unproven} with no plan found in the "
+            f"time each was given, {many} whose plans have more stages than the {microbatches} microbatches 1F1B "
+            "needs): " + " or ".join(
+                (["raise --time-limit"] if unproven or tried < len(shapes) else []) + (["more microbatches"] if many
+                                                                                       else [])))
     # --- The outer program (NOTE [outer program]).
     pieces = {j: max((p for p in _patterns_per_kind(kinds, cands).get(j, [])), default=0) for j in range(len(kinds))}
     kmax = max(1, min(microbatches, sum(len(k.machines) * max(1, pieces.get(j, 0)) for j, k in enumerate(kinds))))
@@ -495,7 +533,7 @@ def _plan_and_facts(problem: Problem, microbatches: int, options: SolveOptions |
     # the search has not solved is solved by its planner, in each device order (NOTE [stash order]).
     planner = JoinPlanner(
         devices=lambda s: shape_devices(problem, kinds, s), orders=1 + len(ordered), no_plan=no_plan,
-        solve=lambda devs, m, limit_s: _solve_shape(problem, devs, m, opts, limit_s, layers, ordered),
+        solve=lambda devs, m, limit_s: _solve_shape_why(problem, devs, m, opts, limit_s, layers, ordered),
         limit_s=lambda n: max(_SHAPE_LIMIT_S, limit * _SHAPE_SHARE, _SHAPE_S_PER_DEVICE * n ** 1.5))
     probe = join_probe(problem, kinds, cands, answer, best, microbatches, planner, deadline(1.0),
                        shape_devices, _class_devices)

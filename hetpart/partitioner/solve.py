@@ -28,7 +28,7 @@ from hetpart.partitioner.cpsat import LogCallback, _check_hint, solve_model, wit
 from hetpart.partitioner.dp import Segments, contiguous_plan, dp_hint, order_tables, refine_cuts
 from hetpart.partitioner.evaluate import OBJECTIVES, bottleneck_ns, evaluate, objective_ns
 from hetpart.partitioner.ideals import ideal_dp
-from hetpart.partitioner.infeasible import NoPlan, constraints_note, infeasible_message, node_need
+from hetpart.partitioner.infeasible import NoPlan, OutOfTime, constraints_note, infeasible_message, node_need
 from hetpart.partitioner.problem import Plan, Problem, StageCost
 from hetpart.partitioner.verify import plan_violations
 
@@ -383,7 +383,7 @@ def _cpsat_search(run: _Run, hint: Plan | None, log_callback: LogCallback | None
         st.cpsat_not_built = True
         run.search = f"CP-SAT did not run: its model was not built within --time-limit {o.time_limit_s:g} s"
         if run.best is None:
-            raise HetpartError(
+            raise OutOfTime(
                 f"partitioner: no plan found within {o.time_limit_s:g} s ({p.graph.number_of_nodes()} nodes, "
                 f"{len(p.devices)} devices on {len({d.node for d in p.devices})} machines): the "
                 "CP-SAT model did not finish building; raise --time-limit or plan on fewer machines")
@@ -408,11 +408,12 @@ def _none_found_unless(run: _Run, candidates: list[_Candidate]) -> list[_Candida
         p, o = run.problem, run.opts
         size = f"{p.graph.number_of_nodes()} nodes, {len(p.devices)} devices"
         if o.run_cpsat:
-            raise HetpartError(f"partitioner: no plan found within {o.time_limit_s:g} s ({size}): CP-SAT found "
-                               "none and proved none impossible in that time; raise --time-limit")
+            raise OutOfTime(f"partitioner: no plan found within {o.time_limit_s:g} s ({size}): CP-SAT found "
+                            "none and proved none impossible in that time; raise --time-limit")
         # Only the DP searched: a longer limit helps only where it ran out of its share of the limit.
         more = o.run_dp and (run.stats.dp_seconds or 0.0) >= o.dp_share * o.time_limit_s
-        raise HetpartError(f"partitioner: no plan found ({size}): CP-SAT is switched off (run_cpsat=False) and " + (
+        raise (OutOfTime if more else HetpartError)(
+            f"partitioner: no plan found ({size}): CP-SAT is switched off (run_cpsat=False) and " + (
             "the DP found no plan contiguous in the node order" if o.run_dp else "so is the DP (run_dp=False)") + (
             f" in its share of --time-limit {o.time_limit_s:g} s; raise --time-limit" if more
             else "; a longer --time-limit does not change that: switch CP-SAT on"))
