@@ -10,8 +10,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from hetpart.partitioner.pipeline_outer import Candidate, OuterAnswer, _split, candidate, realize
+from hetpart.partitioner.pipeline_shape import ShapeSolve
 from hetpart.partitioner.pipelines import PipelinesPlan, _devices_of, cost_pipelines
-from hetpart.partitioner.problem import Plan, Problem
+from hetpart.partitioner.problem import Problem
 
 # NOTE [join probe]
 # The outer program (NOTE [outer program]) mixes the shapes the search solved, and the search
@@ -36,15 +37,6 @@ from hetpart.partitioner.problem import Plan, Problem
 # every plan); the gap and status are computed from the plan kept. Stats: join_tries (joins
 # costed), join_solves (shapes solved for them), join_taken, join_seconds, join_finished (1 when
 # the last round tried every join before the limit).
-
-
-@dataclass(frozen=True)
-class ShapeSolve:
-    """A shape's solve by the search's planner: its plan, or None and why (NOTE [shape misses])."""
-
-    plan: Plan | None
-    proven: bool = False  # no plan: proven that none fits (NoPlan), for the plan space the search solves in
-    why: str = ""  # no plan: why, in the user's words ("no plan of it fits in memory", "... in the 2 s ...")
 
 
 @dataclass

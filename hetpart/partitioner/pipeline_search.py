@@ -19,20 +19,18 @@ import time
 from dataclasses import dataclass
 
 from hetpart.errors import HetpartError
-from hetpart.partitioner.infeasible import NoPlan, OutOfTime
 from hetpart.partitioner.pipeline_bounds import _supports, need_bytes, pipelines_lower_bound, sync_floor_ns
 from hetpart.partitioner.pipeline_idle import ShapeFacts, idle_reasons, kind_names, learn
-from hetpart.partitioner.pipeline_join import JoinPlanner, ShapeSolve, join_probe
-from hetpart.partitioner.pipeline_layers import LayerProblem, layer_problem, solve_on_layers
-from hetpart.partitioner.pipeline_refine import refine_answer
+from hetpart.partitioner.pipeline_join import JoinPlanner, join_probe
+from hetpart.partitioner.pipeline_layers import layer_problem
 from hetpart.partitioner.pipeline_outer import (
     Candidate, _patterns, candidate, greedy_outer, kinds_of, one_machine_mixes, realize, solve_outer, sync_estimates,
 )
-from hetpart.partitioner.pipelines import (
-    PipelinesPlan, cost_pipelines, pipeline_time_ns, pipelines_violations, sub_problem,
-)
-from hetpart.partitioner.problem import MEM_BYTES, TIME_NS, Plan, Problem
-from hetpart.partitioner.solve import SolveOptions, solve
+from hetpart.partitioner.pipeline_refine import refine_answer
+from hetpart.partitioner.pipeline_shape import _most_gpipe, _slow_first, _solve_shape, _solve_shape_why, stash_ordered
+from hetpart.partitioner.pipelines import PipelinesPlan, cost_pipelines, pipelines_violations
+from hetpart.partitioner.problem import MEM_BYTES, Problem
+from hetpart.partitioner.solve import SolveOptions
 
 # NOTE [pipeline shapes]
 # A machine kind is the multiset of (type, capacity) of a machine's devices with its
@@ -68,7 +66,6 @@ _SHAPE_LIMIT_S = 1.0
 _SHAPE_S_PER_DEVICE = 0.012
 _CALIBRATE_DEVICES = 32  # the first shape solved has at most this many devices (when one has)
 _MAX_PATTERNS = 2_000  # piece patterns per machine kind at most
-_GPIPE_STEPS = 3  # solves a GPipe shape gets to find the most microbatches it runs (`_most_gpipe`)
 
 
 @dataclass(frozen=True)
@@ -256,101 +253,6 @@ def _lp_shapes(kinds: list[MachineKind], devices: dict[tuple[str, int], float], 
                 out.append(shape)
         f *= 2
     return out[:3]
-
-
-def _slow_first(problem: Problem) -> list[tuple[str, int]]:
-    """NOTE [stash order]: the kinds (type, capacity) by the model's time on their type, slowest first, then by
-    capacity, the largest first."""
-    g = problem.graph
-    total = {t: sum(g.nodes[v][TIME_NS][t] for v in g.nodes) for t in problem.device_types}
-    return sorted({(d.type, d.capacity_bytes) for d in problem.devices}, key=lambda k: (-total[k[0]], -k[1]))
-
-
-def stash_ordered(problem: Problem, layers: LayerProblem | None, order: list[tuple[str, int]]
-                  ) -> tuple[Problem, LayerProblem | None]:
-    """`problem` (and its layer problem) with the devices in NOTE [stash order]: kinds as `order` lists
-    them, then the others, each in problem order."""
-    rank = {kind: i for i, kind in enumerate(order)}
-    key = lambda d: rank.get((d.type, d.capacity_bytes), len(rank))  # noqa: E731 (sorted is stable)
-    out = dataclasses.replace(problem, devices=sorted(problem.devices, key=key))
-    if layers is None:
-        return out, None
-    coarse = layers.coarse.problem
-    return out, dataclasses.replace(layers, coarse=dataclasses.replace(
-        layers.coarse, problem=dataclasses.replace(coarse, devices=sorted(coarse.devices, key=key))))
-
-
-# NOTE [shape misses]
-# A shape's solve ends without a plan in three ways, and the search says which, never "memory" for
-# the others: `solve` proved none fits (NoPlan: a node larger than every device, the memory bounds,
-# CP-SAT's INFEASIBLE; on layers, NOTE [shapes on layers], the proof covers plans cut at layer
-# boundaries only); its limit ran out (OutOfTime: a longer --time-limit may find one); or neither
-# (the layer DP found no contiguous plan, or none of its plans was valid op by op). Only a proven
-# miss is remembered as one (the join probe's cache of shapes with no plan) and only when every
-# shape's miss is proven does the search say the cluster's shapes do not fit.
-
-
-def _solve_shape_why(problem: Problem, devices: tuple[str, ...], m: int, opts: SolveOptions, limit_s: float,
-                     layers: LayerProblem | None = None,
-                     ordered: list[tuple[Problem, LayerProblem | None]] | None = None) -> ShapeSolve:
-    """The shape's plan for `m` microbatches, or why there is none (NOTE [shape misses]): on the layer-level
-    problem when there is one (NOTE [shapes on layers]), else by `solve` on the ops; with `ordered`
-    (`stash_ordered`'s), also in those device orders, the fastest kept (NOTE [stash order]).
-    Without its own search-free bounds and certificate: NOTE [pipelines bound] bounds the whole plan."""
-    if ordered:
-        keep = set(devices)
-        seen, got = [], []
-        for prob, lay in [(problem, layers)] + list(ordered):
-            names = [d.name for d in prob.devices if d.name in keep]
-            if names in seen:
-                continue  # the same order (one kind of device, say): the same plan
-            seen.append(names)
-            got.append(_solve_shape_why(prob, devices, m, opts, limit_s, lay))
-        plans = [g.plan for g in got if g.plan is not None]
-        if plans:
-            return ShapeSolve(min(plans, key=lambda p: pipeline_time_ns(p, m)))
-        # One order's proof holds for every order (a plan in one order is a plan); else the first order's why.
-        return next((g for g in got if g.proven), got[0])
-    where = " on layer boundaries" if layers is not None else ""
-    sub = sub_problem(problem, devices, m) if layers is None else None
-    try:
-        if layers is not None:
-            plan = solve_on_layers(problem, layers, devices, m, opts, limit_s)
-        else:
-            plan = solve(sub, dataclasses.replace(
-                opts, time_limit_s=max(0.05, limit_s), objective="iteration", microbatches=m, run_bounds=False,
-                run_ideal_dp=False, check_certificate=False))
-    except NoPlan:
-        return ShapeSolve(None, proven=True, why=f"no plan of it{where} fits in memory")
-    except OutOfTime:
-        return ShapeSolve(None, why=f"no plan of it was found in the {limit_s:.2g} s it was given")
-    except HetpartError:
-        plan = None
-    return ShapeSolve(plan) if plan is not None else ShapeSolve(None, why=f"its planner found no plan of it{where}")
-
-
-def _solve_shape(problem: Problem, devices: tuple[str, ...], m: int, opts: SolveOptions, limit_s: float,
-                 layers: LayerProblem | None = None,
-                 ordered: list[tuple[Problem, LayerProblem | None]] | None = None) -> Plan | None:
-    """`_solve_shape_why`'s plan, None when there is none."""
-    return _solve_shape_why(problem, devices, m, opts, limit_s, layers, ordered).plan
-
-
-def _most_gpipe(problem: Problem, devs: tuple[str, ...], share: int, microbatches: int, opts: SolveOptions,
-                limit_s: float, layers: LayerProblem | None, search_end: float) -> tuple[int, Plan | None]:
-    """A GPipe shape that cannot run all `microbatches`: (m, its plan for m), m the most it runs found
-    by bisection from `share` up (at most _GPIPE_STEPS more solves, within the search's share): a GPipe
-    plan runs up to the m it was solved for (the stash), so a plan for `share` alone would cap the
-    shape there (small_problem(15) in the tests: one fast device of a machine runs 3 of the 4)."""
-    plan = _solve_shape(problem, devs, share, opts, limit_s, layers)
-    lo, hi = share, microbatches  # lo runs (when plan is not None), hi does not
-    for _ in range(_GPIPE_STEPS):
-        if plan is None or hi - lo <= 1 or search_end - time.perf_counter() < 2 * limit_s:
-            break
-        mid = (lo + hi) // 2
-        got = _solve_shape(problem, devs, mid, opts, limit_s, layers)
-        lo, hi, plan = (mid, hi, got) if got is not None else (lo, mid, plan)
-    return lo, plan
 
 
 def _certified(iteration_ns: int, bound_ns: int, gap: float) -> tuple[int, str]:

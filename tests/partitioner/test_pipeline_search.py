@@ -435,13 +435,14 @@ def test_a_shape_that_ran_out_of_time_is_not_said_to_fit_no_plan(monkeypatch):
     """NOTE [shape misses]: a shape's solve that ran out of time (OutOfTime) is neither remembered nor reported as
     "no plan fits in memory"; a proven miss (NoPlan) is. Every shape timing out reads "raise --time-limit"."""
     import hetpart.partitioner.pipeline_search as search
+    import hetpart.partitioner.pipeline_shape as shape
     from hetpart.partitioner.infeasible import NoPlan, OutOfTime
     from hetpart.partitioner.solve import SolveOptions
 
     p, M = small_problem(3)
     kinds, _ = search.machine_kinds(p)
     devs = search.shape_devices(p, kinds, search.Shape(machines=tuple(len(k.machines) for k in kinds)))
-    assert search._solve_shape_why(p, devs, M, SolveOptions(), 5).plan is not None
+    assert shape._solve_shape_why(p, devs, M, SolveOptions(), 5).plan is not None
 
     def out_of_time(*a, **k):
         raise OutOfTime("partitioner: no plan found within 0.05 s: raise --time-limit")
@@ -449,16 +450,16 @@ def test_a_shape_that_ran_out_of_time_is_not_said_to_fit_no_plan(monkeypatch):
     def proven(*a, **k):
         raise NoPlan("partitioner: no plan fits in memory: node 'v0' alone is larger than the largest device.")
 
-    monkeypatch.setattr(search, "solve", out_of_time)
-    timed = search._solve_shape_why(p, devs, M, SolveOptions(), 0.5)
+    monkeypatch.setattr(shape, "solve", out_of_time)
+    timed = shape._solve_shape_why(p, devs, M, SolveOptions(), 0.5)
     assert timed.plan is None and not timed.proven and "was found in the 0.5 s" in timed.why
     assert "memory" not in timed.why
     with pytest.raises(HetpartError) as err:
         search.plan_pipelines(p, M, SolveOptions(time_limit_s=5, run_coarsening=False))
     assert "raise --time-limit" in str(err.value) and "whose every stage fits" not in str(err.value)
     assert "proven to fit no plan in memory" in str(err.value) and "0 proven" in str(err.value)
-    monkeypatch.setattr(search, "solve", proven)
-    miss = search._solve_shape_why(p, devs, M, SolveOptions(), 0.5)
+    monkeypatch.setattr(shape, "solve", proven)
+    miss = shape._solve_shape_why(p, devs, M, SolveOptions(), 0.5)
     assert miss.plan is None and miss.proven and miss.why == "no plan of it fits in memory"
     with pytest.raises(HetpartError, match="whose every stage fits"):
         search.plan_pipelines(p, M, SolveOptions(time_limit_s=5, run_coarsening=False))
@@ -482,8 +483,8 @@ def test_the_join_planner_remembers_only_a_proven_miss():
                           orders=1)
     p1 = dataclasses.replace(p, training=None)  # no GPipe retry: one solve per call
     end = time.perf_counter() + 10
-    assert planner.candidate(p1, [], "S", M, M, end) == (None, True, "no plan of it was found in the 0.5 s it was "
-                                                                      "given")
+    timed_out = "no plan of it was found in the 0.5 s it was given"
+    assert planner.candidate(p1, [], "S", M, M, end) == (None, True, timed_out)
     assert "S" not in planner.no_plan
     assert planner.candidate(p1, [], "S", M, M, end) == (None, True, "no plan of it fits in memory")
     assert planner.candidate(p1, [], "S", M, M, end) == (None, False, "no plan of it fits in memory")

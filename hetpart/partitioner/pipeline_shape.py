@@ -1,0 +1,123 @@
+"""A pipeline shape's plan for the pipelines search (NOTE [pipeline shapes] in pipeline_search.py): solved on
+layers or ops, in each device order (NOTE [stash order]), and why there is none (NOTE [shape misses]). Nothing
+here imports torch."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+
+from hetpart.errors import HetpartError
+from hetpart.partitioner.infeasible import NoPlan, OutOfTime
+from hetpart.partitioner.pipeline_layers import LayerProblem, solve_on_layers
+from hetpart.partitioner.pipelines import pipeline_time_ns, sub_problem
+from hetpart.partitioner.problem import TIME_NS, Plan, Problem
+from hetpart.partitioner.solve import SolveOptions, solve
+
+_GPIPE_STEPS = 3  # solves a GPipe shape gets to find the most microbatches it runs (`_most_gpipe`)
+
+
+@dataclass(frozen=True)
+class ShapeSolve:
+    """A shape's solve by the search's planner: its plan, or None and why (NOTE [shape misses])."""
+
+    plan: Plan | None
+    proven: bool = False  # no plan: proven that none fits (NoPlan), for the plan space the search solves in
+    why: str = ""  # no plan: why, in the user's words ("no plan of it fits in memory", "... in the 2 s ...")
+
+
+
+def _slow_first(problem: Problem) -> list[tuple[str, int]]:
+    """NOTE [stash order]: the kinds (type, capacity) by the model's time on their type, slowest first, then by
+    capacity, the largest first."""
+    g = problem.graph
+    total = {t: sum(g.nodes[v][TIME_NS][t] for v in g.nodes) for t in problem.device_types}
+    return sorted({(d.type, d.capacity_bytes) for d in problem.devices}, key=lambda k: (-total[k[0]], -k[1]))
+
+
+def stash_ordered(problem: Problem, layers: LayerProblem | None, order: list[tuple[str, int]]
+                  ) -> tuple[Problem, LayerProblem | None]:
+    """`problem` (and its layer problem) with the devices in NOTE [stash order]: kinds as `order` lists
+    them, then the others, each in problem order."""
+    rank = {kind: i for i, kind in enumerate(order)}
+    key = lambda d: rank.get((d.type, d.capacity_bytes), len(rank))  # noqa: E731 (sorted is stable)
+    out = dataclasses.replace(problem, devices=sorted(problem.devices, key=key))
+    if layers is None:
+        return out, None
+    coarse = layers.coarse.problem
+    return out, dataclasses.replace(layers, coarse=dataclasses.replace(
+        layers.coarse, problem=dataclasses.replace(coarse, devices=sorted(coarse.devices, key=key))))
+
+
+# NOTE [shape misses]
+# A shape's solve ends without a plan in three ways, and the search says which, never "memory" for
+# the others: `solve` proved none fits (NoPlan: a node larger than every device, the memory bounds,
+# CP-SAT's INFEASIBLE; on layers, NOTE [shapes on layers], the proof covers plans cut at layer
+# boundaries only); its limit ran out (OutOfTime: a longer --time-limit may find one); or neither
+# (the layer DP found no contiguous plan, or none of its plans was valid op by op). Only a proven
+# miss is remembered as one (the join probe's cache of shapes with no plan) and only when every
+# shape's miss is proven does the search say the cluster's shapes do not fit.
+
+
+def _solve_shape_why(problem: Problem, devices: tuple[str, ...], m: int, opts: SolveOptions, limit_s: float,
+                     layers: LayerProblem | None = None,
+                     ordered: list[tuple[Problem, LayerProblem | None]] | None = None) -> ShapeSolve:
+    """The shape's plan for `m` microbatches, or why there is none (NOTE [shape misses]): on the layer-level
+    problem when there is one (NOTE [shapes on layers]), else by `solve` on the ops; with `ordered`
+    (`stash_ordered`'s), also in those device orders, the fastest kept (NOTE [stash order]).
+    Without its own search-free bounds and certificate: NOTE [pipelines bound] bounds the whole plan."""
+    if ordered:
+        keep = set(devices)
+        seen, got = [], []
+        for prob, lay in [(problem, layers)] + list(ordered):
+            names = [d.name for d in prob.devices if d.name in keep]
+            if names in seen:
+                continue  # the same order (one kind of device, say): the same plan
+            seen.append(names)
+            got.append(_solve_shape_why(prob, devices, m, opts, limit_s, lay))
+        plans = [g.plan for g in got if g.plan is not None]
+        if plans:
+            return ShapeSolve(min(plans, key=lambda p: pipeline_time_ns(p, m)))
+        # One order's proof holds for every order (a plan in one order is a plan); else the first order's why.
+        return next((g for g in got if g.proven), got[0])
+    where = " on layer boundaries" if layers is not None else ""
+    sub = sub_problem(problem, devices, m) if layers is None else None
+    try:
+        if layers is not None:
+            plan = solve_on_layers(problem, layers, devices, m, opts, limit_s)
+        else:
+            plan = solve(sub, dataclasses.replace(
+                opts, time_limit_s=max(0.05, limit_s), objective="iteration", microbatches=m, run_bounds=False,
+                run_ideal_dp=False, check_certificate=False))
+    except NoPlan:
+        return ShapeSolve(None, proven=True, why=f"no plan of it{where} fits in memory")
+    except OutOfTime:
+        return ShapeSolve(None, why=f"no plan of it was found in the {limit_s:.2g} s it was given")
+    except HetpartError:
+        plan = None
+    return ShapeSolve(plan) if plan is not None else ShapeSolve(None, why=f"its planner found no plan of it{where}")
+
+
+def _solve_shape(problem: Problem, devices: tuple[str, ...], m: int, opts: SolveOptions, limit_s: float,
+                 layers: LayerProblem | None = None,
+                 ordered: list[tuple[Problem, LayerProblem | None]] | None = None) -> Plan | None:
+    """`_solve_shape_why`'s plan, None when there is none."""
+    return _solve_shape_why(problem, devices, m, opts, limit_s, layers, ordered).plan
+
+
+def _most_gpipe(problem: Problem, devs: tuple[str, ...], share: int, microbatches: int, opts: SolveOptions,
+                limit_s: float, layers: LayerProblem | None, search_end: float) -> tuple[int, Plan | None]:
+    """A GPipe shape that cannot run all `microbatches`: (m, its plan for m), m the most it runs found
+    by bisection from `share` up (at most _GPIPE_STEPS more solves, within the search's share): a GPipe
+    plan runs up to the m it was solved for (the stash), so a plan for `share` alone would cap the
+    shape there (small_problem(15) in the tests: one fast device of a machine runs 3 of the 4)."""
+    plan = _solve_shape(problem, devs, share, opts, limit_s, layers)
+    lo, hi = share, microbatches  # lo runs (when plan is not None), hi does not
+    for _ in range(_GPIPE_STEPS):
+        if plan is None or hi - lo <= 1 or search_end - time.perf_counter() < 2 * limit_s:
+            break
+        mid = (lo + hi) // 2
+        got = _solve_shape(problem, devs, mid, opts, limit_s, layers)
+        lo, hi, plan = (mid, hi, got) if got is not None else (lo, mid, plan)
+    return lo, plan
