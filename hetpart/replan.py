@@ -39,6 +39,7 @@ from hetpart.partitioner import Plan, Problem
 from hetpart.partitioner.problem_json import costed_types, problem_from_json
 from hetpart.partitioner.replan import LARGE_STATUSES, Replan, chosen_plan, holders_of
 from hetpart.partitioner.replan_deadline import replan_one
+from hetpart.units import format_bytes
 
 def new_cluster(old: Cluster, spec: str | None, lose: tuple[str, ...], add: tuple[str, ...]) -> Cluster:
     """The device set to re-plan for: `--cluster`, or the old cluster less `lose` plus `add` (TYPE@MACHINE)."""
@@ -108,14 +109,6 @@ class ReplanChoice:
         return chosen_plan(problem, self.result.scratch, self.result.plan.stage_of, self.result.plan.device_of_stage)
 
 
-def _size(nbytes: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(nbytes) < 1024 or unit == "GiB":
-            return f"{nbytes:.3g} {unit}" if unit != "B" else f"{int(nbytes)} B"
-        nbytes /= 1024
-    return f"{nbytes:.3g} GiB"
-
-
 def describe(result: Replan, plan_s: float, lost: list[str]) -> list[str]:
     """What `hetpart replan` prints: both plans, the bytes each moves and the predicted move time."""
     lines = [f"re-planned in {plan_s:.2f} s from the stored analysis (no trace)"
@@ -125,10 +118,11 @@ def describe(result: Replan, plan_s: float, lost: list[str]) -> list[str]:
                  f"{'within machines':>15} {'from checkpoint':>15} {'move time':>10}  devices")
     for name, plan, mv in rows:
         lines.append(f"  {name:<13} {plan.bottleneck_ns / 1000:>8.1f} us {len(plan.stages):>6}  "
-                     f"{_size(mv.between_bytes):>16} {_size(mv.within_bytes):>15} {_size(mv.checkpoint_bytes):>15} "
+                     f"{format_bytes(mv.between_bytes):>16} {format_bytes(mv.within_bytes):>15} "
+                     f"{format_bytes(mv.checkpoint_bytes):>15} "
                      f"{mv.time_ns / 1e6:>7.3f} ms  {' '.join(plan.device_of_stage)}")
     for key in sorted(result.moves.link_bytes):
-        lines.append(f"  chosen plan's link {key}: {_size(result.moves.link_bytes[key])}, "
+        lines.append(f"  chosen plan's link {key}: {format_bytes(result.moves.link_bytes[key])}, "
                      f"{result.moves.link_time_ns[key] / 1e6:.3f} ms (costs.transfer_ns)")
     lines.append(f"  slack {result.slack:.0%}: bottleneck limit {result.limit_ns / 1000:.1f} us "
                  f"(from scratch {result.scratch.bottleneck_ns / 1000:.1f} us, gap {result.scratch.gap:.2%}); "
@@ -263,13 +257,14 @@ def describe_pipelines(result: Any, plan_s: float, lost: list[str]) -> list[str]
     for c in result.candidates:
         mark = "*" if c is result.chosen else ("-" if c.plan.iteration_ns > result.limit_ns else " ")
         mv = c.moves
-        lines.append(f"  {mark} {c.name[:52]:<52} {c.plan.iteration_ns / 1000:>8.1f} us {_size(mv.between_bytes):>16} "
-                     f"{_size(mv.within_bytes):>15} {_size(mv.checkpoint_bytes):>15} {mv.time_ns / 1e6:>7.3f} ms")
+        lines.append(f"  {mark} {c.name[:52]:<52} {c.plan.iteration_ns / 1000:>8.1f} us "
+                     f"{format_bytes(mv.between_bytes):>16} {format_bytes(mv.within_bytes):>15} "
+                     f"{format_bytes(mv.checkpoint_bytes):>15} {mv.time_ns / 1e6:>7.3f} ms")
     for p, how in zip(result.chosen.plan.pipelines, result.chosen.how):
         lines.append(f"  chosen pipeline {p.index} ({how}): {p.microbatches} microbatches on "
                      f"{' '.join(p.plan.slot_of_stage)}")
     for key in sorted(result.chosen.moves.link_bytes):
-        lines.append(f"  chosen plan's link {key}: {_size(result.chosen.moves.link_bytes[key])}, "
+        lines.append(f"  chosen plan's link {key}: {format_bytes(result.chosen.moves.link_bytes[key])}, "
                      f"{result.chosen.moves.link_time_ns[key] / 1e6:.3f} ms (costs.transfer_ns)")
     scratch = result.scratch.plan if result.scratch is not None else None
     ref = ("no from-scratch plan" if scratch is None else f"from scratch {scratch.iteration_ns / 1000:.1f} us, its "

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from torch import nn
 
 from hetpart.devices import Cluster
-from hetpart.devices.catalog import GiB
 from hetpart.errors import HetpartError
 from hetpart.partitioner.costs import training_state_bytes
+from hetpart.units import format_bytes
 
 
 @dataclass(frozen=True)
@@ -54,12 +54,12 @@ def check_fits_cluster(module: nn.Module, cluster: Cluster, model: str, training
     have = sum(d.mem_bytes for d in cluster.devices)
     if need.total_bytes <= have:
         return
-    gib = lambda n: f"{n / GiB:,.1f} GiB" if n >= GiB else f"{n / (1 << 20):,.2f} MiB"  # noqa: E731
-    what = (f"{gib(need.param_bytes)} of weights + {gib(need.state_bytes)} of gradients and optimizer state "
-            f"(--optimizer-bytes-per-param {optimizer_bytes_per_param})" if training else "weights only")
+    what = (f"{format_bytes(need.param_bytes)} of weights + {format_bytes(need.state_bytes)} of gradients and "
+            f"optimizer state (--optimizer-bytes-per-param {optimizer_bytes_per_param})" if training
+            else "weights only")
     raise HetpartError(
         f"{model} does not fit cluster '{cluster.name}': its {need.params / 1e9:,.3g} billion parameters need at "
-        f"least {gib(need.total_bytes)} ({what}), and the cluster's {len(cluster.devices)} device(s) hold "
-        f"{gib(have)} in all; refused before tracing. Use a cluster with more memory"
+        f"least {format_bytes(need.total_bytes)} ({what}), and the cluster's {len(cluster.devices)} device(s) hold "
+        f"{format_bytes(have)} in all; refused before tracing. Use a cluster with more memory"
         + (", --mode inference, or a smaller --optimizer-bytes-per-param" if training else "")
         + " (or a smaller model)")

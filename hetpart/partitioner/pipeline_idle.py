@@ -11,6 +11,7 @@ from hetpart.partitioner.pipeline_join import JoinResult, JoinTry
 from hetpart.partitioner.pipeline_outer import Candidate, kinds_of
 from hetpart.partitioner.pipelines import PipelinesPlan, _devices_of, left_out_reasons
 from hetpart.partitioner.problem import Problem
+from hetpart.units import format_bytes
 
 # NOTE [idle reasons]
 # Each idle device gets the first reason that holds, in this order:
@@ -112,14 +113,6 @@ def format_ns(ns: float) -> str:
         if ns >= scale:
             return f"{ns / scale:,.0f} {unit}" if ns >= 1000 * scale else f"{ns / scale:.4g} {unit}"
     return f"{ns:,.0f} ns"
-
-
-def format_bytes(n: float) -> str:
-    """Bytes as the reasons print them: "140.2 GiB", "300 B"."""
-    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= scale:
-            return f"{n / scale:,.1f} {unit}"
-    return f"{n:,.0f} B"
 
 
 def idle_reasons(problem: Problem, plan: PipelinesPlan, microbatches: int, facts: ShapeFacts | None) -> dict[str, str]:

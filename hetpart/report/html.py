@@ -22,12 +22,12 @@ from hetpart.plan_report import PlanReport
 from hetpart.report.table import (
     SCHEDULE_NAMES,
     baseline_lines,
-    format_bytes,
     format_us,
     share_of_bottleneck,
     simulated_step,
     transfer_us,
 )
+from hetpart.units import format_bytes
 
 # ColorBrewer Set3 (partition.dot uses Graphviz's `set312`, the same colours).
 PALETTE = ["#8dd3c7", "#ffffb3", "#bebada", "#fb8072", "#80b1d3", "#fdb462",

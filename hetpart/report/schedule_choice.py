@@ -9,7 +9,8 @@ from rich.table import Table
 
 from hetpart.errors import HetpartError
 from hetpart.plan_report import REDO, PlanReport
-from hetpart.report.table import format_bytes, format_us, simulated_step
+from hetpart.report.table import format_us, simulated_step
+from hetpart.units import format_bytes
 
 
 SHOWN = 12  # rows of the table; plan.json's `schedule_choice` has every candidate

@@ -9,17 +9,11 @@ from rich.table import Table
 from hetpart.partitioner.bounds import left_out
 from hetpart.partitioner.simulate import Timeline, simulate
 from hetpart.plan_report import PlanReport, StageReport
+from hetpart.units import format_bytes
 
 
 SCHEDULE_NAMES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "interleaved 1F1B",
                   "interleaved-zb": "interleaved zero bubble"}
-
-
-def format_bytes(n: float) -> str:
-    for factor, unit in ((1 << 40, "TiB"), (1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
-        if n >= factor:
-            return f"{n / factor:.3g} {unit}"
-    return f"{n:.0f} B"
 
 
 def format_us(value: float) -> str:

@@ -1,0 +1,13 @@
+"""Sizes as hetpart prints them, one formula for every message, table and report (no torch)."""
+
+from __future__ import annotations
+
+
+def format_bytes(n: float) -> str:
+    """Bytes in binary units to three significant figures: "8.15 MiB", "13 MiB", "736 MiB", "140 GiB", "300 B"
+    (a unit's thousands with separators: "1,234 TiB")."""
+    for unit, scale in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(n) >= scale:
+            value = n / scale
+            return f"{value:,.0f} {unit}" if abs(value) >= 1000 else f"{value:.3g} {unit}"
+    return f"{n:,.0f} B"
