@@ -64,7 +64,7 @@ class JoinPlanner:
     solve: Callable[[tuple[str, ...], int, float], ShapeSolve]  # devices, microbatches, seconds per device order
     limit_s: Callable[[int], float]  # the search's seconds for one device order of a shape of so many devices
     orders: int  # device orders each solve runs (NOTE [stash order]): what is left is shared among them
-    no_plan: dict = field(default_factory=dict)  # shapes proven to have no plan: why (NOTE [shape misses])
+    no_plan: dict = field(default_factory=dict)  # shapes with no plan, not for time: why (NOTE [shape misses])
     solved: list = field(default_factory=list)  # the shapes solved here
 
     def candidate(self, problem: Problem, cands: list[Candidate], shape, m: int, microbatches: int,
@@ -90,7 +90,7 @@ class JoinPlanner:
         if plan is not None:
             return None, True, (f"its plan's {len(plan.stages)} stages need as many microbatches under 1F1B, more than "
                                 f"the batch's {microbatches}")
-        if solved.proven:  # NOTE [shape misses]: only a proven miss is remembered, and said to be memory
+        if not solved.timed_out:  # NOTE [shape misses]: a timed-out shape is solved again when time allows
             self.no_plan[shape] = solved.why
         return None, True, solved.why
 

@@ -353,8 +353,8 @@ def _plan_and_facts(problem: Problem, microbatches: int, options: SolveOptions |
     facts = ShapeFacts(kind_of_machine=kind_of, in_shape={j for s in shapes for j in kinds_of(s)},
                        kind_names=kind_names(kinds))
     slowest = 0.0  # the most seconds per devices^1.5 a shape's solve took so far
-    no_plan: dict[Shape, str] = {}  # shapes proven to have no plan, why (NOTE [shape misses]), for NOTE [join probe]
-    unproven = 0  # shapes solved without a plan and without a proof
+    no_plan: dict[Shape, str] = {}  # shapes with no plan, why (NOTE [shape misses]), for NOTE [join probe]
+    timed_out = 0  # shapes whose solve ran out of its time without a plan
     search_end = deadline(0.6)
     for s in order:
         left = search_end - time.perf_counter()
@@ -381,26 +381,25 @@ def _plan_and_facts(problem: Problem, microbatches: int, options: SolveOptions |
         slowest = max(slowest, (time.perf_counter() - t_shape) / len(devs) ** 1.5)
         got = candidate(problem, s, devs, plan, m_ref, microbatches)
         if got is None:
-            if plan is None and solved.proven:
-                no_plan[s] = solved.why  # NOTE [shape misses]: only a proven miss
+            if plan is None and solved.timed_out:
+                timed_out += 1
             elif plan is None:
-                unproven += 1
+                no_plan[s] = solved.why  # NOTE [shape misses]: a miss that is not the limit's
             continue
         cands.append(got)
-    if not cands and tried == len(shapes) and len(no_plan) == tried:  # NOTE [shape misses]: every miss proven
+    if not cands and tried == len(shapes) and len(no_plan) == tried:  # NOTE [shape misses]: none timed out
         raise HetpartError(
             f"partitioner: none of the {len(shapes)} pipeline shapes whose memory holds the model in total has a "
             f"plan{' cut at layer boundaries' if layers is not None else ''} whose every stage fits (weights, training state and the activations it stashes): add memory, "
             "or stash fewer microbatches")
     if not cands:
-        many = tried - len(no_plan) - unproven  # plans whose 1F1B stages outnumber the batch's microbatches
+        many = tried - len(no_plan) - timed_out  # plans whose 1F1B stages outnumber the batch's microbatches
         raise HetpartError(
             f"partitioner: no pipeline shape was solved within {limit:g} s ({len(shapes)} shapes hold the model, "
-            f"{tried} tried: {len(no_plan)} proven to fit no plan in memory, {unproven} with no plan found in the "
-            f"time each was given, {many} whose plans have more stages than the {microbatches} microbatches 1F1B "
-            "needs): " + " or ".join(
-                (["raise --time-limit"] if unproven or tried < len(shapes) else []) + (["more microbatches"] if many
-                                                                                       else [])))
+            f"{tried} tried: {len(no_plan)} fit no plan in memory, {timed_out} ran out of the time each was given, "
+            f"{many} have plans of more stages than the {microbatches} microbatches 1F1B needs): " + " or ".join(
+                (["raise --time-limit"] if timed_out or tried < len(shapes) else [])
+                + (["more microbatches"] if many else [])))
     # --- The outer program (NOTE [outer program]).
     pieces = {j: max((p for p in _patterns_per_kind(kinds, cands).get(j, [])), default=0) for j in range(len(kinds))}
     kmax = max(1, min(microbatches, sum(len(k.machines) * max(1, pieces.get(j, 0)) for j, k in enumerate(kinds))))

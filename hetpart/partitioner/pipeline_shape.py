@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass
 
 from hetpart.errors import HetpartError
-from hetpart.partitioner.infeasible import NoPlan, OutOfTime
+from hetpart.partitioner.infeasible import OutOfTime
 from hetpart.partitioner.pipeline_layers import LayerProblem, solve_on_layers
 from hetpart.partitioner.pipelines import pipeline_time_ns, sub_problem
 from hetpart.partitioner.problem import TIME_NS, Plan, Problem
@@ -23,9 +23,8 @@ class ShapeSolve:
     """A shape's solve by the search's planner: its plan, or None and why (NOTE [shape misses])."""
 
     plan: Plan | None
-    proven: bool = False  # no plan: proven that none fits (NoPlan), for the plan space the search solves in
+    timed_out: bool = False  # no plan: the solve's limit ran out (OutOfTime): a longer one may find a plan
     why: str = ""  # no plan: why, in the user's words ("no plan of it fits in memory", "... in the 2 s ...")
-
 
 
 def _slow_first(problem: Problem) -> list[tuple[str, int]]:
@@ -51,13 +50,15 @@ def stash_ordered(problem: Problem, layers: LayerProblem | None, order: list[tup
 
 
 # NOTE [shape misses]
-# A shape's solve ends without a plan in three ways, and the search says which, never "memory" for
-# the others: `solve` proved none fits (NoPlan: a node larger than every device, the memory bounds,
-# CP-SAT's INFEASIBLE; on layers, NOTE [shapes on layers], the proof covers plans cut at layer
-# boundaries only); its limit ran out (OutOfTime: a longer --time-limit may find one); or neither
-# (the layer DP found no contiguous plan, or none of its plans was valid op by op). Only a proven
-# miss is remembered as one (the join probe's cache of shapes with no plan) and only when every
-# shape's miss is proven does the search say the cluster's shapes do not fit.
+# A shape's solve ends without a plan in two ways, and the search tells them apart: its limit ran
+# out (OutOfTime: CP-SAT found none and proved none impossible in its time, its model was not
+# built, or the DP used up its share of the limit): a longer --time-limit may find one; or it
+# ended in its time without one: `solve` proved none fits (NoPlan: a node larger than every
+# device, the memory bounds, CP-SAT's INFEASIBLE), or the layer DP (NOTE [shapes on layers]) found
+# no plan cut at layer boundaries, contiguous in some device order tried, that fits in memory.
+# Only a miss of the second kind is remembered (the join probe's cache of shapes with no plan) and
+# said to be memory; when every shape was tried and none timed out, the search says the cluster's
+# shapes fit no plan (before, a shape whose solve timed out was counted as one that fits none).
 
 
 def _solve_shape_why(problem: Problem, devices: tuple[str, ...], m: int, opts: SolveOptions, limit_s: float,
@@ -79,10 +80,10 @@ def _solve_shape_why(problem: Problem, devices: tuple[str, ...], m: int, opts: S
         plans = [g.plan for g in got if g.plan is not None]
         if plans:
             return ShapeSolve(min(plans, key=lambda p: pipeline_time_ns(p, m)))
-        # One order's proof holds for every order (a plan in one order is a plan); else the first order's why.
-        return next((g for g in got if g.proven), got[0])
+        return next((g for g in got if g.timed_out), got[0])  # a timed-out order may hold a plan
     where = " on layer boundaries" if layers is not None else ""
     sub = sub_problem(problem, devices, m) if layers is None else None
+    no_fit = ShapeSolve(None, why=f"no plan of it{where} fits in memory")
     try:
         if layers is not None:
             plan = solve_on_layers(problem, layers, devices, m, opts, limit_s)
@@ -90,13 +91,11 @@ def _solve_shape_why(problem: Problem, devices: tuple[str, ...], m: int, opts: S
             plan = solve(sub, dataclasses.replace(
                 opts, time_limit_s=max(0.05, limit_s), objective="iteration", microbatches=m, run_bounds=False,
                 run_ideal_dp=False, check_certificate=False))
-    except NoPlan:
-        return ShapeSolve(None, proven=True, why=f"no plan of it{where} fits in memory")
     except OutOfTime:
-        return ShapeSolve(None, why=f"no plan of it was found in the {limit_s:.2g} s it was given")
-    except HetpartError:
-        plan = None
-    return ShapeSolve(plan) if plan is not None else ShapeSolve(None, why=f"its planner found no plan of it{where}")
+        return ShapeSolve(None, timed_out=True, why=f"no plan of it was found in the {limit_s:.2g} s it was given")
+    except HetpartError:  # NoPlan, or the layer DP found no plan in its time
+        return no_fit
+    return ShapeSolve(plan) if plan is not None else no_fit
 
 
 def _solve_shape(problem: Problem, devices: tuple[str, ...], m: int, opts: SolveOptions, limit_s: float,

@@ -433,7 +433,8 @@ def test_join_probe_keeps_to_the_time_limit(monkeypatch):
 
 def test_a_shape_that_ran_out_of_time_is_not_said_to_fit_no_plan(monkeypatch):
     """NOTE [shape misses]: a shape's solve that ran out of time (OutOfTime) is neither remembered nor reported as
-    "no plan fits in memory"; a proven miss (NoPlan) is. Every shape timing out reads "raise --time-limit"."""
+    "no plan fits in memory"; one that ended without a plan in its time (NoPlan, the DP finding none) is. Every
+    shape timing out reads "raise --time-limit"; every shape fitting none reads as memory."""
     import hetpart.partitioner.pipeline_search as search
     import hetpart.partitioner.pipeline_shape as shape
     from hetpart.partitioner.infeasible import NoPlan, OutOfTime
@@ -452,28 +453,29 @@ def test_a_shape_that_ran_out_of_time_is_not_said_to_fit_no_plan(monkeypatch):
 
     monkeypatch.setattr(shape, "solve", out_of_time)
     timed = shape._solve_shape_why(p, devs, M, SolveOptions(), 0.5)
-    assert timed.plan is None and not timed.proven and "was found in the 0.5 s" in timed.why
+    assert timed.plan is None and timed.timed_out and "was found in the 0.5 s" in timed.why
     assert "memory" not in timed.why
     with pytest.raises(HetpartError) as err:
         search.plan_pipelines(p, M, SolveOptions(time_limit_s=5, run_coarsening=False))
     assert "raise --time-limit" in str(err.value) and "whose every stage fits" not in str(err.value)
-    assert "proven to fit no plan in memory" in str(err.value) and "0 proven" in str(err.value)
+    assert "0 fit no plan in memory" in str(err.value)
     monkeypatch.setattr(shape, "solve", proven)
     miss = shape._solve_shape_why(p, devs, M, SolveOptions(), 0.5)
-    assert miss.plan is None and miss.proven and miss.why == "no plan of it fits in memory"
+    assert miss.plan is None and not miss.timed_out and miss.why == "no plan of it fits in memory"
     with pytest.raises(HetpartError, match="whose every stage fits"):
         search.plan_pipelines(p, M, SolveOptions(time_limit_s=5, run_coarsening=False))
 
 
-def test_the_join_planner_remembers_only_a_proven_miss():
+def test_the_join_planner_remembers_only_a_miss_that_is_not_the_limits():
     """NOTE [shape misses] in NOTE [join probe]: a joined shape whose solve ran out of time says so and is solved
-    again next time; one proven to fit no plan is remembered, with its reason."""
+    again next time; one that fits no plan is remembered, with its reason."""
     from hetpart.partitioner.pipeline_join import JoinPlanner, ShapeSolve
 
     p, M = small_problem(3)
     calls = []
-    answers = iter([ShapeSolve(None, why="no plan of it was found in the 0.5 s it was given"),
-                    ShapeSolve(None, proven=True, why="no plan of it fits in memory")])
+    timed_out = "no plan of it was found in the 0.5 s it was given"
+    answers = iter([ShapeSolve(None, timed_out=True, why=timed_out),
+                    ShapeSolve(None, why="no plan of it fits in memory")])
 
     def solve(devs, m, limit_s):
         calls.append(m)
@@ -483,7 +485,6 @@ def test_the_join_planner_remembers_only_a_proven_miss():
                           orders=1)
     p1 = dataclasses.replace(p, training=None)  # no GPipe retry: one solve per call
     end = time.perf_counter() + 10
-    timed_out = "no plan of it was found in the 0.5 s it was given"
     assert planner.candidate(p1, [], "S", M, M, end) == (None, True, timed_out)
     assert "S" not in planner.no_plan
     assert planner.candidate(p1, [], "S", M, M, end) == (None, True, "no plan of it fits in memory")
