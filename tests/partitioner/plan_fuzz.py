@@ -36,7 +36,8 @@ from hetpart.partitioner import pipeline_bound_parts, pipeline_bounds, pipeline_
 from hetpart.partitioner import pipeline_search
 from hetpart.partitioner.pipeline_baselines import strategy_pipelines
 from hetpart.partitioner.pipeline_idle import format_ns
-from hetpart.partitioner.pipelines import PipelinesPlan, cost_pipelines, pipelines_violations
+from hetpart.partitioner.certificate import valid_plans
+from hetpart.partitioner.pipelines import PipelinesPlan, cost_pipelines, pipelines_violations, sub_problem
 from hetpart.partitioner.problem import WEIGHTS, Problem
 from hetpart.partitioner.replan_pipelines import OldPipeline
 from hetpart.partitioner.solve import SolveOptions
@@ -48,12 +49,33 @@ CERTIFIED = ("OPTIMAL", "WITHIN_GAP", "FEASIBLE")
 
 
 def fuzz_problem(seed: int) -> tuple[Problem, int, str]:
-    """Problem `seed`, its microbatches, and which generator made it (even seeds: small_problem)."""
-    if seed % 2 == 0:
-        p, M = small_problem(seed // 2)
+    """Problem `seed`, its microbatches, and which generator made it: `small_problem`, `random_pipelines_problem`,
+    or `wide_problem` (seeds 0, 1, 2 mod 3)."""
+    if seed % 3 == 0:
+        p, M = small_problem(seed // 3)
         return p, M, "small"
-    p, M = random_pipelines_problem(10_000 + seed // 2)
-    return p, M, "random"
+    if seed % 3 == 1:
+        p, M = random_pipelines_problem(10_000 + seed // 3)
+        return p, M, "random"
+    return wide_problem(seed // 3) + ("wide",)
+
+
+def wide_problem(seed: int) -> tuple[Problem, int]:
+    """`small_problem` with copies of its machines (same devices and link) up to 6-7 devices: interchangeable
+    machines, so shapes of several machines of a kind, pieces of machines shared by pipelines, and idle machines
+    the join probe gives to pipelines."""
+    p, M = small_problem(20_000 + seed)
+    rng = random.Random(seed)
+    devices, links = list(p.devices), dict(p.intra_node_links)
+    while True:
+        m = rng.choice(sorted({d.node for d in p.devices}))
+        mine = [d for d in p.devices if d.node == m]
+        if len(devices) + len(mine) > 7:
+            break
+        copy = f"{m}c{len(links)}"
+        devices += [dataclasses.replace(d, name=f"d{len(devices) + i}", node=copy) for i, d in enumerate(mine)]
+        links[copy] = p.intra_node_links[m]
+    return dataclasses.replace(p, devices=devices, intra_node_links=links), M + rng.choice([0, 2, 4])
 
 
 def schedule_of(p: Problem) -> str:
@@ -247,9 +269,37 @@ def check_plan(p: Problem, M: int, plan: PipelinesPlan, opt: int | None, gap: fl
         out.append(f"status {plan.solver_status} though its bound {plan.lower_bound_ns} reaches its step")
     if plan.solver_status == "BASELINE" and plan.lower_bound_ns:
         out.append(f"a baseline's plan claims bound {plan.lower_bound_ns}")
+    out += check_each_pipeline(p, plan)
     used = {d for q in plan.pipelines for s in q.plan.stages for d in (s.devices or (s.device,))}
     if set(plan.devices_idle) != {d.name for d in p.devices} - used:
         out.append(f"idle devices {sorted(plan.devices_idle)}, unused {sorted({d.name for d in p.devices} - used)}")
+    return out
+
+
+def check_each_pipeline(p: Problem, plan: PipelinesPlan) -> list[str]:
+    """plan.json prints each pipeline's own bound and status: its plan's bound is at most the brute-force least
+    value of its objective on its devices for its microbatches, and OPTIMAL only at that least value."""
+    out = []
+    for q in plan.pipelines:
+        own = q.plan
+        if own.lower_bound_ns <= 0 and own.solver_status not in ("OPTIMAL", "WITHIN_GAP"):
+            continue
+        if own.objective == "iteration" and own.microbatches != q.microbatches:
+            out.append(f"pipeline {q.index}: its plan's bound is for {own.microbatches} microbatches, it runs "
+                       f"{q.microbatches}")
+            continue
+        sub = sub_problem(p, q.devices, q.microbatches)
+        values = [sum(st.time_ns for st in stages) + (q.microbatches - 1) * max(st.time_ns for st in stages)
+                  if own.objective == "iteration" else max(st.time_ns for st in stages)
+                  for _, _, stages in valid_plans(sub)]
+        least = min(values, default=None)
+        if least is None:
+            out.append(f"pipeline {q.index}: a plan where brute force finds none on its devices")
+            continue
+        if own.lower_bound_ns > least:
+            out.append(f"pipeline {q.index}: its bound {own.lower_bound_ns} > its least {own.objective} {least}")
+        if own.solver_status == "OPTIMAL" and own.value_ns != least:
+            out.append(f"pipeline {q.index}: OPTIMAL at {own.value_ns}, its least {own.objective} is {least}")
     return out
 
 
@@ -294,6 +344,11 @@ def check_join_numbers(p: Problem, M: int, plan: PipelinesPlan, rec, opt: int | 
         on = lambda pp: sum(1 for q in pp.pipelines for x in q.devices if x in kind_devices)  # noqa: E731
         if on(joined) <= on(plan):
             out.append(f"{d}: the quoted join has no more devices of its kind than the plan")
+        added = {x for q in joined.pipelines for x in q.devices} - {x for q in plan.pipelines for x in q.devices}
+        runs = {x for q in joined.pipelines for st in q.plan.stages for x in (st.devices or (st.device,))}
+        if ("adds nothing" in m.group(0)) != (not added & runs):
+            out.append(f"{d}: says the join {'adds nothing' if 'adds nothing' in m.group(0) else 'runs'} on the "
+                       f"added machine, its plan runs stages on {sorted(added & runs)} of {sorted(added)}")
         pipes = tuple(int(x) for x in m.group(2).split(","))
         if pipes != t.pipelines:
             out.append(f"{d}: quotes pipelines {pipes}, the join gave the machine to {t.pipelines}")
@@ -333,6 +388,8 @@ def run_search(p: Problem, M: int, opt: int | None, limit_s: float, gap: float, 
         try:
             plan, _ = pipeline_search.plan_with_baselines(p, M, opts, baseline_limit_s=max(0.5, limit_s / 2))
         except HetpartError as e:
+            if "internal error" in str(e):
+                return [f"internal error: {str(e).splitlines()[0]}"], {"refused"}, None
             paths = {"refused"} | {f"bound-cut-{u}" for b, _ in rec.bounds for u in b.unfinished}
             # A refusal is a false claim only where it says no plan exists and brute force has one.
             said_none = "none of the" in str(e) and "fits" in str(e) and "raise --time-limit" not in str(e)
