@@ -35,6 +35,7 @@ from hetpart.errors import HetpartError
 from hetpart.partitioner import pipeline_bound_parts, pipeline_bounds, pipeline_join, pipeline_memory_bound
 from hetpart.partitioner import pipeline_search
 from hetpart.partitioner.pipeline_baselines import strategy_pipelines
+from hetpart.partitioner.pipeline_bounds import need_bytes
 from hetpart.partitioner.pipeline_idle import format_ns
 from hetpart.partitioner.certificate import valid_plans
 from hetpart.partitioner.pipelines import PipelinesPlan, cost_pipelines, pipelines_violations, sub_problem
@@ -61,20 +62,25 @@ def fuzz_problem(seed: int) -> tuple[Problem, int, str]:
 
 
 def wide_problem(seed: int) -> tuple[Problem, int]:
-    """`small_problem` with copies of its machines (same devices and link) up to 6-7 devices: interchangeable
-    machines, so shapes of several machines of a kind, pieces of machines shared by pipelines, and idle machines
-    the join probe gives to pipelines."""
+    """`small_problem` with copies of its machines (same devices and link) up to 6 devices, and sometimes a machine
+    of one device with little memory: interchangeable machines, so shapes of several machines of a kind, pieces of
+    machines shared by pipelines, idle machines the join probe gives to pipelines, and devices idle for memory."""
     p, M = small_problem(20_000 + seed)
     rng = random.Random(seed)
     devices, links = list(p.devices), dict(p.intra_node_links)
     while True:
         m = rng.choice(sorted({d.node for d in p.devices}))
         mine = [d for d in p.devices if d.node == m]
-        if len(devices) + len(mine) > 7:
+        if len(devices) + len(mine) > 6:
             break
         copy = f"{m}c{len(links)}"
         devices += [dataclasses.replace(d, name=f"d{len(devices) + i}", node=copy) for i, d in enumerate(mine)]
         links[copy] = p.intra_node_links[m]
+    if rng.random() < 0.4:  # a machine of one small device: idle for memory (a reason NOTE [idle reasons] proves)
+        small = dataclasses.replace(p.devices[0], name=f"d{len(devices)}", node=f"small{len(links)}",
+                                    capacity_bytes=int(need_bytes(p) * rng.choice([0.02, 0.3, 0.7])))
+        devices.append(small)
+        links[small.node] = p.intra_node_links[p.devices[0].node]
     return dataclasses.replace(p, devices=devices, intra_node_links=links), M + rng.choice([0, 2, 4])
 
 
@@ -270,6 +276,7 @@ def check_plan(p: Problem, M: int, plan: PipelinesPlan, opt: int | None, gap: fl
     if plan.solver_status == "BASELINE" and plan.lower_bound_ns:
         out.append(f"a baseline's plan claims bound {plan.lower_bound_ns}")
     out += check_each_pipeline(p, plan)
+    out += check_memory_reasons(p, M, plan)
     used = {d for q in plan.pipelines for s in q.plan.stages for d in (s.devices or (s.device,))}
     if set(plan.devices_idle) != {d.name for d in p.devices} - used:
         out.append(f"idle devices {sorted(plan.devices_idle)}, unused {sorted({d.name for d in p.devices} - used)}")
@@ -300,6 +307,25 @@ def check_each_pipeline(p: Problem, plan: PipelinesPlan) -> list[str]:
             out.append(f"pipeline {q.index}: its bound {own.lower_bound_ns} > its least {own.objective} {least}")
         if own.solver_status == "OPTIMAL" and own.value_ns != least:
             out.append(f"pipeline {q.index}: OPTIMAL at {own.value_ns}, its least {own.objective} is {least}")
+    return out
+
+
+def check_memory_reasons(p: Problem, M: int, plan: PipelinesPlan) -> list[str]:
+    """NOTE [idle reasons]' proofs about memory: a device that "holds no op", or that "no pipeline containing it can
+    hold the model", is in no valid plan of any pipeline of any share of the batch (brute force over the device
+    sets with it)."""
+    import itertools
+
+    out = []
+    for d, why in plan.devices_idle.items():
+        if not (why.startswith("memory: ") and ("holds no op" in why or "no pipeline containing it" in why)):
+            continue
+        others = [x.name for x in p.devices if x.name != d]
+        found = next(((group, m) for r in range(len(others) + 1) for rest in itertools.combinations(others, r)
+                      for group in [(d, *rest)] for m in range(1, M + 1)
+                      if any(d in devs for _, devs, _ in valid_plans(sub_problem(p, group, m)))), None)
+        if found is not None:
+            out.append(f"{d}: {why!r}, but a plan of {found[0]} for {found[1]} microbatch(es) runs a stage on it")
     return out
 
 
