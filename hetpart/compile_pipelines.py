@@ -162,5 +162,5 @@ def _report(spec: ModelSpec, cluster: Cluster, opts: CompileOptions, pp: Pipelin
         predicted_samples_per_s=round(spec.batch_size / (pp.iteration_ns * 1e-9), 3) if pp.iteration_ns else None,
         iteration_us=us(pp.iteration_ns), grad_sync_us=us(pp.grad_sync_ns),
         grad_sync_overlapped_us=us(pp.grad_sync_overlapped_ns), devices_used=used,
-        devices_idle=dict(sorted(pp.devices_idle.items())),
+        devices_idle=dict(sorted(pp.devices_idle.items())), bound_note=pp.bound_note or None,
         search_stats={k: round(v, 6) for k, v in sorted(pp.stats.items())} if pp.stats else None)

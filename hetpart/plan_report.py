@@ -46,7 +46,9 @@ def _f(kind: Any, default: Any = dataclasses.MISSING, *, omit_none: bool = False
 # each with its share of the batch and its own stages (`index` counts within the pipeline,
 # `pipeline` names it), and the step's numbers: `iteration_us`, `grad_sync_us` (not overlapped)
 # and `grad_sync_overlapped_us`, `devices_used`, `devices_idle` (device -> why no stage runs on
-# it, with its numbers: NOTE [idle reasons]), and `search_stats` when `--parallel data` searched.
+# it, with its numbers: NOTE [idle reasons]), `bound_note` (what `lower_bound_us` covers and what it
+# leaves out: parts of the bound cut by the time limit, shapes left untried), and `search_stats` when
+# `--parallel data` searched.
 # Its top-level `stages` are every pipeline's in rank order (pipeline 0's, then 1's, ...), the
 # records of `pipelines` again, so a reader that goes by rank (`run --measure`, `--emulate`)
 # needs nothing else; `microbatches` is the global batch's, `bottleneck_us` the slowest
@@ -168,6 +170,9 @@ class PlanReport:
     grad_sync_overlapped_us: float | None = _f(NUMBER + (NoneType,), None, omit_none=True)
     devices_used: list[str] | None = _f((list, NoneType), None, omit_none=True)
     devices_idle: dict | None = _f((dict, NoneType), None, omit_none=True)  # device -> why no stage runs on it
+    # What the pipelines' lower bound covers and leaves out (PipelinesPlan.bound_note): the parts the time limit
+    # cut say so ("past the deadline"), so a gap read off a cut bound is not taken for one of a whole bound.
+    bound_note: str | None = _f((str, NoneType), None, omit_none=True)
     # `--parallel data`'s search: its stats (seconds, shapes tried and solved, NOTE [join probe]'s join_tries,
     # join_solves, join_taken, join_seconds, join_finished); left out of other plans.
     search_stats: dict | None = _f((dict, NoneType), None, omit_none=True)

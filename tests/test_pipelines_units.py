@@ -403,3 +403,17 @@ def test_inference_metadata_of_a_pipelines_last_stage_is_its_own_outputs_not_the
     shapes = {r: [tuple(t.shape) for t in _static_metadata(man, ranks[r], {"s0": 2}, cpu)["output_args"]]
               for r in range(3)}
     assert shapes == {0: [(2, 4)], 1: [(2, 3)], 2: [(2, 3)]}  # rank 1 ends pipeline 0: rank 2's inputs are not its
+
+
+def test_the_bound_note_is_written_and_printed_with_what_the_deadline_cut():
+    """plan.json's bound_note says what the pipelines' bound leaves out (parts cut by the time limit among them),
+    and the CLI prints it under a gap that is not proven zero (it went unwritten before planfuzz)."""
+    from hetpart.report.table import pipelines_lines
+
+    note = ("every partition of the 4 devices into pipelines ...; left out: transfers between stages above the least a "
+            "boundary carries, bucket latencies; the gradient-sync floor (past the deadline)")
+    plan = load_plan(Path("plan.json"), json.loads(json.dumps(_plan(bound_note=note, solver_status="FEASIBLE"))))
+    assert plan.bound_note == note
+    assert f"lower bound: {note}" in pipelines_lines(plan)
+    proven = load_plan(Path("plan.json"), _plan(bound_note=note, solver_status="OPTIMAL", gap=0.0))
+    assert not [ln for ln in pipelines_lines(proven) if ln.startswith("lower bound:")]

@@ -140,6 +140,8 @@ def pipelines_lines(plan: PlanReport) -> list[str]:
     lines.append(f"iteration {format_us(plan.iteration_us or 0)} = slowest pipeline {format_us(slowest)}{sync}")
     lines.append(f"throughput {plan.predicted_samples_per_s or 0:,.0f} samples/s  |  lower bound "
                  f"{format_us(plan.lower_bound_us)}  |  gap {plan.gap:.2%}  |  solver {plan.solver_status}")
+    if plan.bound_note and plan.solver_status != "OPTIMAL":  # what the gap is measured against, cuts included
+        lines.append(f"lower bound: {plan.bound_note}")
     lines += idle_lines(plan.devices_idle or {})
     return lines + baseline_lines(plan)
 

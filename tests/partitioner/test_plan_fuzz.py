@@ -1,0 +1,44 @@
+"""planfuzz, seeded and small: the certificates of `--parallel data` plans against brute force (plan_fuzz.py), on
+the deadline paths too. benchmarks/plan_fuzz.py runs the same by the hundred (docs/benchmarks.md, "planfuzz")."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from hetpart.partitioner.pipeline_baselines import pipeline_baselines
+from hetpart.partitioner.pipeline_search import plan_pipelines
+from hetpart.partitioner.pipelines import cost_pipelines
+
+from plan_fuzz import Tally, check_plan, fuzz_one, fuzz_problem
+from test_pipeline_search import brute_pipelines
+
+SEEDS = range(8)
+
+
+def test_no_false_claim_on_any_path():
+    """Every seeded problem through the bound's deadline cuts, the search under tiny and short limits, a
+    --strategy baseline and a re-plan: no false claim, and the deadline paths were taken (so they were checked)."""
+    tally = Tally()
+    for seed in SEEDS:
+        fuzz_one(seed, tally, limits=(0.001, 0.05, 0.3))
+    assert tally.unsound == []
+    for path in ("bound-cut-pipelines", "bound-cut-sync", "bound-cut-memory", "search-failed", "baseline-taken",
+                 "strategy", "replan"):
+        assert tally.paths[path] > 0, (path, dict(tally.paths))
+
+
+def test_the_checks_catch_a_false_certificate():
+    """The checks are not vacuous: a plan whose printed step, bound or status is off is reported (problem 2:
+    megatron's plan is slower than the optimum)."""
+    p, M, _ = fuzz_problem(2)
+    opt = brute_pipelines(p, M)
+    plan = plan_pipelines(p, M, time_limit_s=5)
+    assert check_plan(p, M, plan, opt, 0.0) == []
+    assert any("re-costing" in x for x in check_plan(p, M, replace(plan, iteration_ns=plan.iteration_ns + 1), opt, 0))
+    assert any("bound" in x for x in check_plan(p, M, replace(plan, lower_bound_ns=opt + 1), opt, 0.0))
+    assert any("WITHIN_GAP" in x for x in check_plan(p, M, replace(plan, solver_status="WITHIN_GAP"), opt, 0.0))
+    assert any("idle" in x for x in check_plan(p, M, replace(plan, devices_idle={}), opt, 0.0)) == bool(
+        plan.devices_idle)
+    slower = [b.plan for b in pipeline_baselines(p, M, time_limit_s=5) if b.plan and b.plan.iteration_ns > opt][0]
+    claimed = cost_pipelines(p, slower.pipelines, solver_status="OPTIMAL", lower_bound_ns=slower.iteration_ns)
+    assert any("OPTIMAL" in x for x in check_plan(p, M, claimed, opt, 0.0))
