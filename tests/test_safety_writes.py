@@ -615,3 +615,35 @@ def test_force_refuses_a_logs_folder_a_user_made(copy, capsys):
     assert (copy / "logs" / "mynotes.txt").read_text() == "precious"
     (copy / "logs" / "mynotes.txt").unlink()
     assert main(["partition", *MLP, "--out", str(copy), "--force"]) == 0  # an empty one holds nothing of theirs
+
+
+class _Launched(Exception):
+    """The checks before torchrun passed."""
+
+
+@pytest.mark.parametrize("flag, where", [("--checkpoint-dir", "logs"), ("--checkpoint-dir", "logs/deeper"),
+                                         ("--checkpoint-dir", "rank0/ck"), ("--checkpoint-dir", "ir"),
+                                         ("--resume", "logs/step-000002")])
+def test_checkpoints_inside_the_folders_run_owns_are_refused(copy, tmp_path, monkeypatch, capsys, flag, where):
+    """NOTE [checkpoints beside the artifacts]: in logs/ the logs marker listed the checkpoints and the next `run`
+    (or `partition --force`) removed them, the one it resumed from included; in a rank folder `run` refuses the
+    directory. Refused before anything is made; a folder beside the artifacts is fine."""
+    from hetpart.runtime import launch
+
+    def launched(*args, **kwargs):
+        raise _Launched
+
+    monkeypatch.setattr(launch, "_run_torchruns", launched)
+    if flag == "--resume":  # a checkpoint that an earlier run (before this check) left in logs/
+        (copy / "logs" / "step-000002").mkdir(parents=True)
+        (copy / "logs" / "step-000002" / "checkpoint.json").write_text("{}")
+        write_logs_marker(copy / "logs")
+    extra = [] if flag == "--resume" else ["--checkpoint-every", "1"]
+    before = _tree(tmp_path)
+    assert main(["run", str(copy), "--mode", "training", flag, str(copy / where), *extra]) == 2
+    top = where.split("/")[0]
+    assert f"{flag} {copy / where} is inside '{copy / top}'" in _error(capsys)
+    assert _tree(tmp_path) == before  # no folder made, the checkpoint in logs/ kept
+    with pytest.raises(_Launched):
+        main(["run", str(copy), "--mode", "training", "--checkpoint-dir", str(tmp_path / "ck"), "--checkpoint-every",
+              "1"])
