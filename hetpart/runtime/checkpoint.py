@@ -46,7 +46,7 @@ import torch
 from hetpart.errors import HetpartError
 from hetpart.runtime.checkpoint_slices import Layout, SliceRead, assemble, needed_layout, plan_reads, saved_layouts
 from hetpart.runtime.stages import rank_stage_entries
-from hetpart.fsio import AtomicWrites, real_dir
+from hetpart.fsio import AtomicWrites, check_outside_artifacts, real_dir
 from hetpart.trust import NotAPlainFile, sha256_bytes, sha256_file
 
 FORMAT = "hetpart-checkpoint"
@@ -533,38 +533,13 @@ def prepare_run(manifest: dict[str, Any], plan_model: dict[str, Any], data: dict
                          token=token, data=data, model=model, resume=path, first_step=first, alive=alive)
 
 
-# NOTE [checkpoints beside the artifacts]
-# A --checkpoint-dir inside the artifacts directory's logs/ was listed by `run`'s logs marker
-# (it lists every file in logs/ when the torchruns end) and removed by the next `run` or
-# `partition --force`, the checkpoint a run resumed from included. Inside a rank folder (or ir/)
-# it makes the directory unrunnable: `run` refuses a file manifest.json does not list, and its
-# advice is to remove it. So both flags must name a folder outside those; anywhere else (the
-# artifacts directory itself, a sibling) is fine: nothing hetpart runs reads or removes it.
-def check_outside_artifacts(out: Path, manifest: dict[str, Any], flags: CheckpointFlags) -> None:
-    """An error unless --checkpoint-dir and --resume lie outside the folders of `out` that hetpart owns
-    (NOTE [checkpoints beside the artifacts])."""
-    owned = {"logs": "which every `run` of it replaces with its logs (the checkpoints would go with them)"}
-    for name in sorted({Path(f).parent.as_posix() for f in manifest.get("files", {})} - {"."}
-                       | {e["dir"] for e in manifest["ranks"]}):
-        owned[name] = "whose files manifest.json lists (`run` refuses any other file in it)"
-    base = out.resolve()
-    for flag, path in (("--checkpoint-dir", flags.dir), ("--resume", flags.resume)):
-        if path is None:
-            continue
-        where = path.resolve()
-        for name, why in owned.items():
-            folder = base / name
-            if where == folder or folder in where.parents:
-                todo = ("move the checkpoint out of it first" if flag == "--resume"
-                        else "choose a folder outside it (beside the artifacts directory, say)")
-                raise HetpartError(f"{flag} {path} is inside '{out / name}', {why}: {todo}")
-
-
-def run_checkpoints(out: Path, manifest: dict[str, Any], plan_model: dict[str, Any], spec: Any, microbatches: int,
-                    opts: Any, echo: Any) -> CheckpointRun | None:
+def run_checkpoints(manifest: dict[str, Any], plan_model: dict[str, Any], spec: Any, microbatches: int, opts: Any,
+                    echo: Any) -> CheckpointRun | None:
     """`run_pipeline`'s hook: the ranks' CheckpointRun from the RunOptions `opts` (None without checkpoint flags)."""
     flags = opts.checkpoints
-    check_outside_artifacts(out, manifest, flags)
+    for flag, path in (("--checkpoint-dir", flags.dir), ("--resume", flags.resume)):
+        if path is not None:
+            check_outside_artifacts(path, flag)  # NOTE [outputs outside the artifacts]
     run = prepare_run(manifest, plan_model, {"batch_size": spec.batch_size, "seq_len": spec.seq_len,
                                              "seed": spec.seed, "microbatches": microbatches}, opts.steps,
                       mode=opts.mode, checkpoint_dir=flags.dir, every=flags.every, keep=flags.keep,

@@ -500,7 +500,7 @@ def run_pipeline(out: Path, opts: RunOptions = RunOptions(), echo: Callable[[str
     _check_options(opts, spec.batch_size, world, m, manifest)
     emulation = emulation_plan(plan, rank_devices=[r["planned_device"] for r in manifest["ranks"]],
                                mode=opts.emulate_by) if opts.emulate else None  # NOTE [emulated devices] in runtime/emulate.py: one slot per rank
-    ckpt = run_checkpoints(out, manifest, as_json(plan.model), spec, m, opts, echo)  # NOTE [checkpoint layout]
+    ckpt = run_checkpoints(manifest, as_json(plan.model), spec, m, opts, echo)  # NOTE [checkpoint layout]
     first_step = ckpt.first_step if ckpt is not None else 0
     if emulation is not None and emulation.mode == "quota":
         find_hierarchy()  # a writable cgroup, before anything runs
