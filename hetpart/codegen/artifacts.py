@@ -168,10 +168,10 @@ def _check_out(out: Path, force: bool) -> bool:
     """Whether `out` exists (then --force was given and hetpart wrote it); an error otherwise."""
     if not out.exists():
         return False
+    if not out.is_dir():  # before --force's advice: --force replaces no file
+        raise HetpartError(f"output path '{out}' exists and is not a directory; choose another --out")
     if not force:
         raise HetpartError(f"output directory '{out}' already exists; pass --force to replace it")
-    if not out.is_dir():
-        raise HetpartError(f"output path '{out}' exists and is not a directory; choose another --out")
     check_replaceable(out)
     return True
 
