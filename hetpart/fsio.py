@@ -44,6 +44,7 @@ import errno
 import fcntl
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -202,7 +203,8 @@ def exclusive_lock(path: Path, busy: str) -> Iterator[None]:
     when another process holds it. An OSError if the file cannot be created.
 
     The file is opened with O_NOFOLLOW (a link there is an error) and O_CREAT but not O_EXCL: a
-    lock file left by a killed run is locked by nobody and is taken over. A holder removes the file
+    lock file left by a killed run is locked by nobody and is taken over. Only an empty regular file
+    is: anything else at `path` is someone's file, which the removal at the end would delete. A holder removes the file
     before it lets go, so a process that opened it just before checks, once locked, that the name
     still points to the file it locked, and tries again if not.
     """
@@ -228,6 +230,10 @@ def exclusive_lock(path: Path, busy: str) -> Iterator[None]:
         os.close(fd)  # its holder removed it meanwhile: lock the new one
     else:
         raise HetpartError(busy)
+    if not stat.S_ISREG(held.st_mode) or held.st_size > 0:  # hetpart's lock files are empty: this one is not its
+        os.close(fd)
+        raise HetpartError(f"'{path}' is there and is not an (empty) lock file hetpart left; hetpart would remove it "
+                           "when done: move it away first")
     try:
         yield
     finally:
