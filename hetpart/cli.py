@@ -285,7 +285,7 @@ def _check(args: argparse.Namespace, console: Console) -> int:
 def _export(args: argparse.Namespace) -> int:
     from hetpart.export import export_plan
 
-    result = export_plan(args.out, args.format, args.file, args.key)
+    result = export_plan(args.out, args.format, args.file, args.key, args.force)
     for note in result.notes:
         print(note, file=sys.stderr)
     if args.file is None:

@@ -24,6 +24,17 @@ refuses a symlink or a file in its place; files in it are created with
 it) plain writes are safe, and the codegen writes there directly. `exclusive_lock`
 keeps two writers of one path apart (`partition`'s publish: NOTE [what --force
 replaces] in codegen/artifacts.py).
+
+NOTE [outputs outside the artifacts]
+An output the user names (`export --out`, `profile --out`, `--dump-ir`, `partition --out`,
+`run --checkpoint-dir`) must not land on a file of an artifacts directory (`export --out
+art/manifest.json` wrote a DeepSpeed config over the manifest) nor inside one of its folders
+that hetpart owns: `logs/` (every `run` replaces it, and its marker listed whatever was in it
+when the torchruns ended, checkpoints included, for the next `run` or `--force` to remove) and
+the folders of its listed files (`rank<k>/`, `ir/`: `run` refuses any file there manifest.json
+does not list, and advises removing it). `inside_artifacts` finds such a path through the
+`.hetpart` marker of every folder above it (links resolved); the top of an artifacts directory
+(`art/titan.toml`, `art/ck/`) is fine: nothing reads or removes a new name there.
 """
 
 from __future__ import annotations
@@ -33,12 +44,56 @@ import errno
 import fcntl
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO, TextIO
 
 from hetpart.errors import HetpartError
+
+
+ARTIFACTS_MARKER = ".hetpart"  # in every artifacts directory: the format version and every file partition wrote
+ARTIFACTS_ROOT_FILES = {"manifest.json", "manifest.json.hmac", ARTIFACTS_MARKER}
+ARTIFACTS_OWNED_DIRS = {"logs"}  # `run`'s
+
+
+def inside_artifacts(path: Path, follow: bool = True) -> str | None:
+    """Why writing `path` would change or break an artifacts directory (NOTE [outputs outside the
+    artifacts]): '<a file|inside a folder> of the artifacts directory DIR ...'; None if it would not.
+    `follow=False`: a link at `path` itself is replaced, not followed (NOTE [safe writes]), so its own place counts."""
+    import json
+
+    path = Path(os.path.abspath(path))
+    target = path.parent.resolve() / path.name if not follow and path.is_symlink() else path.resolve()
+    for top in target.parents:
+        marker = top / ARTIFACTS_MARKER
+        if marker.is_symlink() or not marker.is_file():
+            continue
+        try:
+            listed = json.loads(marker.read_text())["files"]
+            listed = {f for f in listed if isinstance(f, str)} if isinstance(listed, list) else set()
+        except (OSError, ValueError, KeyError, TypeError, RecursionError):
+            listed = set()
+        rel = target.relative_to(top)
+        if rel.as_posix() in listed | ARTIFACTS_ROOT_FILES:
+            return f"a file of the artifacts directory '{top}'"
+        folders = {Path(f).parts[0] for f in listed if len(Path(f).parts) > 1} | ARTIFACTS_OWNED_DIRS
+        if rel.parts[0] in folders:
+            why = ("every `run` of it replaces it" if rel.parts[0] in ARTIFACTS_OWNED_DIRS
+                   else "`run` refuses any file there that manifest.json does not list"
+                   if f"{rel.parts[0]}/stage.py" in listed else "it holds hetpart's files only")
+            return f"inside '{top / rel.parts[0]}', a folder of the artifacts directory '{top}' ({why})"
+    return None
+
+
+def check_outside_artifacts(path: Path, flag: str, follow: bool = True) -> None:
+    """An error if `flag`'s `path` would change or break an artifacts directory (NOTE [outputs outside the
+    artifacts])."""
+    why = inside_artifacts(path, follow)
+    if why is not None:
+        raise HetpartError(f"{flag} {path} is {why}: choose a path outside it (beside the artifacts directory, "
+                           "or at its top)")
 
 
 def _default_mode() -> int:
@@ -148,7 +203,8 @@ def exclusive_lock(path: Path, busy: str) -> Iterator[None]:
     when another process holds it. An OSError if the file cannot be created.
 
     The file is opened with O_NOFOLLOW (a link there is an error) and O_CREAT but not O_EXCL: a
-    lock file left by a killed run is locked by nobody and is taken over. A holder removes the file
+    lock file left by a killed run is locked by nobody and is taken over. Only an empty regular file
+    is: anything else at `path` is someone's file, which the removal at the end would delete. A holder removes the file
     before it lets go, so a process that opened it just before checks, once locked, that the name
     still points to the file it locked, and tries again if not.
     """
@@ -174,6 +230,10 @@ def exclusive_lock(path: Path, busy: str) -> Iterator[None]:
         os.close(fd)  # its holder removed it meanwhile: lock the new one
     else:
         raise HetpartError(busy)
+    if not stat.S_ISREG(held.st_mode) or held.st_size > 0:  # hetpart's lock files are empty: this one is not its
+        os.close(fd)
+        raise HetpartError(f"'{path}' is there and is not an (empty) lock file hetpart left; hetpart would remove it "
+                           "when done: move it away first")
     try:
         yield
     finally:

@@ -187,8 +187,9 @@ CASES: dict[str, Case] = {
     # The output directory
     "output-exists": Case(["partition", "zoo:mlp", "--cluster", "preset:cpu-2", "--out", "{tmp}/existing"],
                           ["output directory '{tmp}/existing' already exists; pass --force to replace it"]),
-    "output-is-a-file": Case(["partition", "zoo:mlp", "--cluster", "preset:cpu-2", "--out", "{tmp}/models.py",
-                              "--force"], ["output path '{tmp}/models.py' exists and is not a directory"]),
+    # without --force too: its advice would be to pass --force, which replaces no file
+    "output-is-a-file": Case(["partition", "zoo:mlp", "--cluster", "preset:cpu-2", "--out", "{tmp}/models.py"],
+                             ["output path '{tmp}/models.py' exists and is not a directory"]),
     "output-under-a-file": Case(["partition", "zoo:mlp", "--cluster", "preset:cpu-2", "--out", "{tmp}/models.py/out"],
                                 ["cannot create the output directory '{tmp}/models.py/out': '{tmp}/models.py' is a "
                                  "file, not a directory; choose another --out"]),

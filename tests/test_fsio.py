@@ -76,6 +76,18 @@ def test_a_held_lock_is_busy_and_a_left_one_is_taken_over(tmp_path):
         with pytest.raises(BlockingIOError):
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         os.close(fd)
+    lock.write_text("mine")  # a user's file of that name: never taken over, so never removed
+    with pytest.raises(HetpartError, match="is not an \\(empty\\) lock file hetpart left"):
+        with exclusive_lock(lock, "busy"):
+            pass
+    assert lock.read_text() == "mine"
+    lock.unlink()
+    os.mkfifo(lock)
+    with pytest.raises(HetpartError, match="is not an \\(empty\\) lock file hetpart left"):
+        with exclusive_lock(lock, "busy"):
+            pass
+    assert lock.exists()
+    lock.unlink()
     (tmp_path / "elsewhere").write_text("")
     lock.symlink_to(tmp_path / "elsewhere")
     with pytest.raises(HetpartError, match="is a symbolic link"):

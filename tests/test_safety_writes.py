@@ -615,3 +615,81 @@ def test_force_refuses_a_logs_folder_a_user_made(copy, capsys):
     assert (copy / "logs" / "mynotes.txt").read_text() == "precious"
     (copy / "logs" / "mynotes.txt").unlink()
     assert main(["partition", *MLP, "--out", str(copy), "--force"]) == 0  # an empty one holds nothing of theirs
+
+
+
+class _Launched(Exception):
+    """The checks before torchrun passed."""
+
+
+def _no_launch(monkeypatch) -> None:
+    from hetpart.runtime import launch
+
+    def launched(*args, **kwargs):
+        raise _Launched
+
+    monkeypatch.setattr(launch, "_run_torchruns", launched)
+
+
+@pytest.mark.parametrize("flag, where", [("--checkpoint-dir", "logs"), ("--checkpoint-dir", "logs/deeper"),
+                                         ("--checkpoint-dir", "rank0/ck"), ("--checkpoint-dir", "ir"),
+                                         ("--resume", "logs/step-000002")])
+def test_checkpoints_inside_the_folders_run_owns_are_refused(copy, tmp_path, monkeypatch, capsys, flag, where):
+    """NOTE [outputs outside the artifacts] in fsio.py: in logs/ the logs marker listed the checkpoints and the next
+    `run` (or `partition --force`) removed them, the one it resumed from included; in a rank folder `run` refuses
+    the directory. Refused before anything is made; a folder beside the artifacts, or at their top, is fine."""
+    _no_launch(monkeypatch)
+    if flag == "--resume":  # a checkpoint that an earlier run (before this check) left in logs/
+        (copy / "logs" / "step-000002").mkdir(parents=True)
+        (copy / "logs" / "step-000002" / "checkpoint.json").write_text("{}")
+        write_logs_marker(copy / "logs")
+    extra = [] if flag == "--resume" else ["--checkpoint-every", "1"]
+    before = _tree(tmp_path)
+    assert main(["run", str(copy), "--mode", "training", flag, str(copy / where), *extra]) == 2
+    top = where.split("/")[0]
+    assert f"{flag} {copy / where} is inside '{copy.resolve() / top}', a folder of the artifacts" in _error(capsys)
+    assert _tree(tmp_path) == before  # no folder made, the checkpoint in logs/ kept
+    for ck in (tmp_path / "ck", copy / "ck"):
+        with pytest.raises(_Launched):
+            main(["run", str(copy), "--mode", "training", "--checkpoint-dir", str(ck), "--checkpoint-every", "1"])
+
+
+def test_outputs_never_land_on_or_inside_an_artifacts_directory(copy, tmp_path, capsys):
+    """`export --out art/manifest.json` wrote a config over the manifest; `profile --out art/plan.json`,
+    `partition --out art/rank0/x` and `--dump-ir art/ir/d` broke the directory too. Each is refused, nothing
+    written (NOTE [outputs outside the artifacts] in fsio.py)."""
+    prof = ["profile", "zoo:mlp", "--set", "hidden=32", "--set", "n_blocks=2", "--repeats", "1", "--warmup", "0"]
+    cases = [(["export", str(copy), "--format", "deepspeed", "--force", "--out", str(copy / "manifest.json")],
+              f"--out {copy / 'manifest.json'} is a file of the artifacts directory"),
+             (["export", str(copy), "--format", "deepspeed", "--out", str(copy / "rank0" / "ds.json")],
+              "a folder of the artifacts directory"),
+             ([*prof, "--out", str(copy / "plan.json")], "is a file of the artifacts directory"),
+             (["partition", *MLP, "--out", str(copy / "rank0" / "x")], "`run` refuses any file there"),
+             (["partition", *MLP, "--out", str(tmp_path / "new"), "--dump-ir", str(copy / "ir" / "d")],
+              f"--dump-ir {copy / 'ir' / 'd'} is inside '{copy.resolve() / 'ir'}'")]
+    for argv, expect in cases:
+        before = _tree(tmp_path)
+        assert main(argv) == 2, argv
+        assert expect in _error(capsys)
+        assert _tree(tmp_path) == before, argv
+
+
+def test_export_and_profile_replace_no_file_of_the_users(copy, tmp_path, capsys):
+    """An existing --out is replaced by `export` only with --force (torchtitan's companion CSV too), by `profile`
+    only if it is a profile hetpart wrote."""
+    (tmp_path / "titan.schedule.csv").write_text("mine")
+    argv = ["export", str(copy), "--format", "torchtitan", "--out", str(tmp_path / "titan.toml")]
+    assert main(argv) == 2
+    assert f"'{tmp_path / 'titan.schedule.csv'}' already exists; pass --force" in _error(capsys)
+    assert not (tmp_path / "titan.toml").exists() and (tmp_path / "titan.schedule.csv").read_text() == "mine"
+    assert main([*argv, "--force"]) == 0
+    assert (tmp_path / "titan.schedule.csv").read_text() != "mine"
+    capsys.readouterr()
+    (tmp_path / "prof.json").write_text("precious")
+    prof = ["profile", "zoo:mlp", "--set", "hidden=32", "--set", "n_blocks=2", "--repeats", "1", "--warmup", "0",
+            "--out", str(tmp_path / "prof.json")]
+    assert main(prof) == 2
+    assert "is not a profile `hetpart profile` wrote" in _error(capsys)
+    assert (tmp_path / "prof.json").read_text() == "precious"
+    (tmp_path / "prof.json").unlink()
+    assert main(prof) == 0 and main(prof) == 0  # its own profile is replaced

@@ -35,7 +35,7 @@ from hetpart.codegen.source import stage_source
 from hetpart.codegen.split import StageGraph, shared_weights_file
 from hetpart.codegen.weights import write_weight_manifest, write_weights
 from hetpart.errors import HetpartError
-from hetpart.fsio import atomic_write, exclusive_lock
+from hetpart.fsio import ARTIFACTS_MARKER, atomic_write, check_outside_artifacts, exclusive_lock
 from hetpart.ir import info
 from hetpart.timings import StepTimes
 from hetpart.trust import MANIFEST_FORMAT_VERSION, sha256_file, write_signature
@@ -48,7 +48,7 @@ def write_json(path: Path, data: Any) -> None:
     atomic_write(path, json.dumps(data, indent=2, sort_keys=False) + "\n")  # NOTE [safe writes]
 
 
-MARKER = ".hetpart"  # in every artifacts directory: the format version and every file partition wrote
+MARKER = ARTIFACTS_MARKER  # in every artifacts directory: the format version and every file partition wrote
 
 # NOTE [what --force replaces]
 # `partition --force` replaces a directory only if hetpart wrote everything in it. Every
@@ -168,10 +168,10 @@ def _check_out(out: Path, force: bool) -> bool:
     """Whether `out` exists (then --force was given and hetpart wrote it); an error otherwise."""
     if not out.exists():
         return False
+    if not out.is_dir():  # before --force's advice: --force replaces no file
+        raise HetpartError(f"output path '{out}' exists and is not a directory; choose another --out")
     if not force:
         raise HetpartError(f"output directory '{out}' already exists; pass --force to replace it")
-    if not out.is_dir():
-        raise HetpartError(f"output path '{out}' exists and is not a directory; choose another --out")
     check_replaceable(out)
     return True
 
@@ -248,6 +248,7 @@ def staging_dir(out: Path, force: bool) -> Iterator[Path]:
     With `force`, an existing `out` is replaced only if hetpart wrote it (NOTE [what --force replaces]).
     """
     out = _no_link(out)
+    check_outside_artifacts(out, "--out")  # NOTE [outputs outside the artifacts] in fsio.py
     existed = _check_out(out, force)
     parent = out.parent
     created = [p for p in (parent, *parent.parents) if not p.exists()]  # deepest first

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from hetpart.errors import HetpartError
@@ -38,10 +39,13 @@ def export_text(pj: dict, fmt: str, out_file: Path | None = None) -> Exported:
     raise HetpartError(f"--format {fmt}: expected one of {', '.join(FORMATS)}")
 
 
-def export_plan(out: Path, fmt: str, out_file: Path | None = None, key: Path | None = None) -> Exported:
+def export_plan(out: Path, fmt: str, out_file: Path | None = None, key: Path | None = None,
+                force: bool = False) -> Exported:
     """Read `out`'s plan.json through the artifacts' checks (manifest, sha256, `key`'s signature),
-    and write the config to `out_file` (and its companions) if given. Nothing is written on an error."""
-    from hetpart.fsio import AtomicWrites
+    and write the config to `out_file` (and its companions) if given: a file already there only with
+    `force`, never one of an artifacts directory (NOTE [outputs outside the artifacts] in fsio.py).
+    Nothing is written on an error."""
+    from hetpart.fsio import AtomicWrites, check_outside_artifacts
     from hetpart.runtime.artifacts import load_manifest, read_plan
     from hetpart.trust import read_key
 
@@ -56,6 +60,11 @@ def export_plan(out: Path, fmt: str, out_file: Path | None = None, key: Path | N
             raise HetpartError(f"--out {out_file} is a directory; give a file name")
         targets = {out_file: result.text} | {out_file.with_suffix(suffix): text
                                              for suffix, text in result.extra_files.items()}
+        for path in targets:
+            check_outside_artifacts(path, "--out", follow=False)
+            if os.path.lexists(path) and not force:
+                raise HetpartError(f"--out: '{path}' already exists; pass --force to replace it (this export writes "
+                                   f"{' and '.join(map(str, targets))}), or choose another --out")
         with AtomicWrites() as w:
             for path, text in targets.items():
                 w.write(path, text)

@@ -18,7 +18,7 @@ from typing import ClassVar, Protocol
 import torch.fx as fx
 
 from hetpart.errors import HetpartError
-from hetpart.fsio import atomic_write, real_dir
+from hetpart.fsio import atomic_write, check_outside_artifacts, real_dir
 from hetpart.ir import dump_text, has_field
 from hetpart.ir.printer import dump_dot, dump_json
 
@@ -80,6 +80,7 @@ def _dumps_listed(where: Path) -> set[str] | None:
 
 def check_dump_dir(where: Path) -> None:
     """An error unless `where` is new, empty or hetpart's dumps only (NOTE [--dump-ir DIR is hetpart's])."""
+    check_outside_artifacts(where, "--dump-ir")  # NOTE [outputs outside the artifacts] in fsio.py
     if not (where.exists() or where.is_symlink()):
         return
     real_dir(where, "the IR dumps")

@@ -32,7 +32,7 @@ import torch
 import torch.fx as fx
 
 from hetpart.errors import HetpartError
-from hetpart.fsio import atomic_write
+from hetpart.fsio import atomic_write, check_outside_artifacts
 
 
 FORMAT_VERSION = 1
@@ -170,3 +170,10 @@ def check_output_path(path: Path) -> None:
         raise HetpartError(f"--out {path}: its folder {parent} {what}; create the folder or choose another --out")
     if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
         raise HetpartError(f"--out {path}: cannot write there (permission denied); choose another --out")
+    check_outside_artifacts(path, "--out", follow=False)  # NOTE [outputs outside the artifacts] in fsio.py
+    if path.exists() and not path.is_symlink():  # a link is replaced, its target kept (NOTE [safe writes])
+        try:
+            Profile.load(path)
+        except HetpartError:
+            raise HetpartError(f"--out {path} exists and is not a profile `hetpart profile` wrote; hetpart replaces "
+                               "only its own: move it away, or choose another --out") from None

@@ -16,8 +16,9 @@ checkpoint.json: a crash at any point leaves at most a `.partial` folder, never 
 The data position is the step: `run --mode training` trains every step on the same example batch
 (built from the plan's model spec and seed at the run's --batch-size and --seq-len), so a resumed run
 must use the same batch, length and seed (`check_resume`), and continues at step N + 1.
-`--keep-checkpoints N` removes older complete checkpoints (only the files their checkpoint.json lists,
-then the folder if it is empty). Resume (`--resume CK` or CK/step-<N>) checks every file's sha256
+`--keep-checkpoints N` removes this run's older complete checkpoints (checkpoint.json's `run` is this run's
+token; only the files their checkpoint.json lists, then the folder if it is empty): never another run's,
+not even the one it resumed from, nor one of a newer step. Resume (`--resume CK` or CK/step-<N>) checks every file's sha256
 before anything runs (`read_checkpoint`); each new rank then reads only the tensors it holds, lazily
 with safetensors' `safe_open`, from the old rank on its own device where there was one, else a surviving
 one (on a device of the new plan) on its machine, else any surviving one, else the lost ones' parts (the
@@ -45,7 +46,7 @@ import torch
 from hetpart.errors import HetpartError
 from hetpart.runtime.checkpoint_slices import Layout, SliceRead, assemble, needed_layout, plan_reads, saved_layouts
 from hetpart.runtime.stages import rank_stage_entries
-from hetpart.fsio import AtomicWrites, real_dir
+from hetpart.fsio import AtomicWrites, check_outside_artifacts, real_dir
 from hetpart.trust import NotAPlainFile, sha256_bytes, sha256_file
 
 FORMAT = "hetpart-checkpoint"
@@ -147,7 +148,8 @@ def finish_checkpoint(ck: Path, step: int, token: str, world: int, data: dict[st
     """Rank 0, after every rank saved: checkpoint.json, then the rename that makes it complete; prune to `keep`."""
     partial = ck / f".{step_dir_name(step)}.{token}.partial"
     ranks = [json.loads((partial / f"rank{r}.json").read_text()) for r in range(world)]
-    manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, "step": step, "data": data, "model": model,
+    manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, "step": step, "run": token, "data": data,
+                "model": model,
                 "files": {f"rank{r}.json": sha256_file(partial / f"rank{r}.json") for r in range(world)},
                 "ranks": ranks}
     _write_durable(partial / MANIFEST, (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode())
@@ -156,24 +158,30 @@ def finish_checkpoint(ck: Path, step: int, token: str, world: int, data: dict[st
     os.rename(partial, final)  # refuses a non-empty folder already there (checked before the run too)
     _fsync_dir(ck)
     if keep is not None:
-        prune(ck, keep)
+        prune(ck, keep, token)
     return final
 
 
-def prune(ck: Path, keep: int) -> list[Path]:
-    """Remove all but the `keep` newest complete checkpoints hetpart wrote in `ck`: the files each one's
-    checkpoint.json lists and the manifest, then its folder if nothing else is left in it."""
+def _run_of(path: Path) -> dict[str, Any] | None:
+    """The checkpoint manifest at `path`, or None if it is not a readable hetpart one."""
+    try:
+        manifest = json.loads((path / MANIFEST).read_text())
+    except (OSError, ValueError, RecursionError):
+        return None
+    return manifest if isinstance(manifest, dict) and manifest.get("format") == FORMAT else None
+
+
+def prune(ck: Path, keep: int, run: str) -> list[Path]:
+    """Remove all but the `keep` newest complete checkpoints that the run `run` (its token) wrote in `ck`: the
+    files each one's checkpoint.json lists and the manifest, then its folder if nothing else is left in it.
+    Another run's checkpoints are never touched (NOTE [checkpoint layout])."""
     removed = []
-    for path in complete_checkpoints(ck)[:-keep] if keep > 0 else []:
-        try:
-            manifest = json.loads((path / MANIFEST).read_text())
-        except (OSError, ValueError):
-            continue
-        if manifest.get("format") != FORMAT:
-            continue
+    own = [(path, manifest) for path in complete_checkpoints(ck)
+           if (manifest := _run_of(path)) is not None and manifest.get("run") == run]
+    for path, manifest in own[:-keep] if keep > 0 else []:
         for part in manifest.get("ranks", []):
             for name in (part.get("file"), f"rank{part.get('rank')}.json"):
-                if isinstance(name, str) and "/" not in name:
+                if isinstance(name, str) and "/" not in name and name not in ("", ".", ".."):
                     (path / name).unlink(missing_ok=True)
         (path / MANIFEST).unlink(missing_ok=True)
         if not any(path.iterdir()):
@@ -529,6 +537,9 @@ def run_checkpoints(manifest: dict[str, Any], plan_model: dict[str, Any], spec: 
                     echo: Any) -> CheckpointRun | None:
     """`run_pipeline`'s hook: the ranks' CheckpointRun from the RunOptions `opts` (None without checkpoint flags)."""
     flags = opts.checkpoints
+    for flag, path in (("--checkpoint-dir", flags.dir), ("--resume", flags.resume)):
+        if path is not None:
+            check_outside_artifacts(path, flag)  # NOTE [outputs outside the artifacts]
     run = prepare_run(manifest, plan_model, {"batch_size": spec.batch_size, "seq_len": spec.seq_len,
                                              "seed": spec.seed, "microbatches": microbatches}, opts.steps,
                       mode=opts.mode, checkpoint_dir=flags.dir, every=flags.every, keep=flags.keep,

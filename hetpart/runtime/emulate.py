@@ -157,15 +157,24 @@ class Hierarchy:
     parent: Path
 
     def create(self, name: str, quota_us: int) -> Path:
+        """Our cgroup `name` with its quota; on any failure it is removed again and the error names the setting."""
         path = self.parent / name
         path.mkdir()
-        if self.version == 1:
-            (path / "cpu.cfs_period_us").write_text(str(PERIOD_US))
-            (path / "cpu.cfs_quota_us").write_text(str(quota_us))
-            (path / "cpu.shares").write_text(str(1024 * WEIGHT_FACTOR))
-        else:
-            (path / "cpu.max").write_text(f"{quota_us} {PERIOD_US}")
-            (path / "cpu.weight").write_text(str(100 * WEIGHT_FACTOR))
+        settings = ({"cpu.cfs_period_us": str(PERIOD_US), "cpu.cfs_quota_us": str(quota_us),
+                     "cpu.shares": str(1024 * WEIGHT_FACTOR)} if self.version == 1 else
+                    {"cpu.max": f"{quota_us} {PERIOD_US}", "cpu.weight": str(100 * WEIGHT_FACTOR)})
+        try:
+            for file, value in settings.items():
+                try:
+                    (path / file).write_text(value)
+                except OSError as err:  # v1: EINVAL for a quota above the parent's
+                    raise HetpartError(
+                        f"--emulate: could not write {value!r} to {path / file} ({err.strerror}); does the parent "
+                        f"cgroup {self.parent} allow less CPU than that? Point {CGROUP_ENV} at a cgroup without a "
+                        "lower quota, or pass --emulate-by sleep") from None
+        except BaseException:
+            _remove(path, self.parent)  # a signal included: no cgroup outlives the run
+            raise
         return path
 
 

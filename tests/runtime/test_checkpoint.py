@@ -47,12 +47,12 @@ def _trained(steps: int = 2) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     return module, opt
 
 
-def _write(ck: Path, step: int, module, opt, entry=None) -> Path:
+def _write(ck: Path, step: int, module, opt, entry=None, run: str = "t", keep: int | None = None) -> Path:
     params = list(module.parameters())
     tensors, state = rank_state(module, opt, NAMES, params)
     entry = entry or {"planned_device": "local/0", "machine": "local"}
-    save_rank(ck, step, "t", 0, entry, tensors, state)
-    return finish_checkpoint(ck, step, "t", 1, {**DATA, "samples_seen": step * 8}, MODEL, keep=None)
+    save_rank(ck, step, run, 0, entry, tensors, state)
+    return finish_checkpoint(ck, step, run, 1, {**DATA, "samples_seen": step * 8}, MODEL, keep=keep)
 
 
 def test_a_checkpoint_round_trips_weights_and_the_optimizers_state(tmp_path):
@@ -97,7 +97,7 @@ def test_a_partial_checkpoint_never_counts_and_pruning_keeps_foreign_files(tmp_p
     (tmp_path / "step-000005").mkdir()  # a folder without checkpoint.json
     (tmp_path / "step-000001" / "notes.txt").write_text("mine")  # the user's file in an old checkpoint
     assert find_checkpoint(tmp_path) == tmp_path / "step-000003"
-    assert prune(tmp_path, keep=1) == [tmp_path / "step-000001", tmp_path / "step-000002"]
+    assert prune(tmp_path, keep=1, run="t") == [tmp_path / "step-000001", tmp_path / "step-000002"]
     assert sorted(p.name for p in tmp_path.iterdir()) == [".step-000004.x.partial", "step-000001", "step-000003",
                                                           "step-000005"]
     assert [p.name for p in (tmp_path / "step-000001").iterdir()] == ["notes.txt"]
@@ -106,6 +106,19 @@ def test_a_partial_checkpoint_never_counts_and_pruning_keeps_foreign_files(tmp_p
     (tmp_path / "link").symlink_to(tmp_path / "step-000003")
     with pytest.raises(HetpartError, match="symbolic link"):
         check_checkpoint_dir(tmp_path / "link", 0, 1, 1)
+
+
+def test_keep_checkpoints_prunes_only_this_runs_own(tmp_path):
+    """--keep-checkpoints N removes this run's older checkpoints only: an earlier run's (even at a later step, even
+    of the same model) stay, and this run's newest N stay though an earlier run's step is higher."""
+    module, opt = _trained(1)
+    _write(tmp_path, 10, module, opt, run="earlier")  # another run, further along
+    _write(tmp_path, 1, module, opt, run="earlier")
+    for step in (2, 3, 4):
+        _write(tmp_path, step, module, opt, run="this", keep=2)
+    assert [p.name for p in complete_checkpoints(tmp_path)] == ["step-000001", "step-000003", "step-000004",
+                                                                "step-000010"]
+    assert prune(tmp_path, keep=1, run="nobody") == []
 
 
 def test_resume_refuses_another_model_or_batch_and_reads_weights_from_the_nearest_holder(tmp_path):

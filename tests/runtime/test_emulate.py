@@ -155,3 +155,29 @@ def test_the_cluster_file_says_which_core_emulates_a_device():
     assert [d.core for d in c.devices] == [None, 1]
     with pytest.raises(HetpartError, match=r"'core' is a CPU core number >= 0"):
         parse_cluster('[[nodes]]\nname = "a"\ndevices = [{type = "cpu", core = -1}]\n', "c.toml", "c")
+
+
+@pytest.mark.skipif(_writable_cgroup() is not None, reason=f"cgroups are not writable here: {_writable_cgroup()}")
+def test_a_cgroup_whose_quota_is_refused_is_removed_and_the_error_names_the_setting(monkeypatch):
+    """cgroup v1 refuses a child's quota above its parent's (EINVAL): the cgroup just made was left behind, and
+    the error said 'could not create the cgroup None ... run as root'."""
+    from hetpart.runtime.emulate import Emulation, RankSlot, emulated
+
+    hierarchy = find_hierarchy()
+    if hierarchy.version != 1:
+        pytest.skip("cgroup v2 caps a child's cpu.max by its parent's without refusing it")
+    parent = hierarchy.parent / f"hetpart-test-{os.getpid()}"
+    parent.mkdir()
+    try:
+        (parent / "cpu.cfs_period_us").write_text(str(PERIOD_US))
+        (parent / "cpu.cfs_quota_us").write_text(str(PERIOD_US // 2))  # half a core
+        monkeypatch.setenv(CGROUP_ENV, str(parent))
+        whole_core = Emulation([RankSlot(0, "m/0", "cpu", 0, 1.0)], "cost model (roofline)", 1.0)
+        with pytest.raises(HetpartError, match=r"could not write '10000' to .*cpu.cfs_quota_us \(Invalid argument\)"):
+            with emulated(whole_core, echo=lambda line: None):
+                pass
+        assert not list(parent.glob("hetpart-emulate-*"))
+    finally:
+        for g in parent.glob("hetpart-emulate-*"):
+            g.rmdir()
+        parent.rmdir()
