@@ -31,7 +31,8 @@ from hetpart.partitioner.problem import Plan, Problem
 # given M // f microbatches and the first M mod f one more (1F1B: a plan solved for M // f has at most
 # that many stages, so runs one more; GPipe: solved for the larger share, whose stash bounds the
 # smaller's). Tried: U = the machines the best plan so far runs stages on, and U = every machine; f =
-# each common divisor >= 2 of the class counts of U's machines, most stripes first. The whole plan is
+# each common divisor >= 2 of the class counts of U's machines, most stripes first, each solve within the
+# search's per-shape limit and skipped when that is more than the probe has left. The whole plan is
 # costed by `cost_pipelines` (the exact sync), checked by `pipelines_violations`, and kept only when its
 # step is lower. The bound is untouched: NOTE [pipelines bound] holds for every partition of the
 # devices, stripes included.
@@ -108,8 +109,10 @@ def stripe_probe(problem: Problem, best: PipelinesPlan, microbatches: int,
         if left <= 0 or microbatches < f:
             continue
         groups = stripe_devices(problem, machines, f)
+        if limit_s(len(groups[0])) > left:
+            continue  # its solve would overrun the probe's time (a stripe of every 1,024-GPU machine: 128 devices)
         m = -(-microbatches // f) if gpipe else microbatches // f
-        plan = solve(groups[0], m, min(left, limit_s(len(groups[0]))))
+        plan = solve(groups[0], m, limit_s(len(groups[0])))
         if plan is None:
             out.tries.append((len(machines), f, None))
             continue
