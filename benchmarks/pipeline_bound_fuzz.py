@@ -3,13 +3,17 @@ brute-force optimum of every plan on tiny random problems.
 
     PYTHONPATH=. .venv/bin/python benchmarks/pipeline_bound_fuzz.py --start 0 --count 5000
     PYTHONPATH=. .venv/bin/python benchmarks/pipeline_bound_fuzz.py --start 3000 --count 100 --without-free-fix
+    PYTHONPATH=. .venv/bin/python benchmarks/pipeline_bound_fuzz.py --count 1000 --alone [--wrong-crossing]
 
 The problems are those of tests/partitioner/pipeline_bound_fuzz.py (seeds start..start+count-1): 3-6 ops with
 skips and multi-output nodes, 3-5 devices of 2-3 types on 1-3 machines, 1F1B/GPipe/inference, 1-8
 microbatches. Prints every seed whose bound exceeds the optimum, then the counts: problems, problems with no
 plan, violations, bounds within 2% of the optimum, the mean bound / optimum, seconds. `--without-free-fix`
 puts back what `_least_infeasible` returned before the fuzz found it (the start when the LP reaches it, taken
-by NOTE [memory bound parts] as a step no part reaches), to show what the fuzz catches.
+by NOTE [memory bound parts] as a step no part reaches), to show what the fuzz catches. `--alone` checks NOTE
+[pipelines bound] without NOTE [pipelines memory bound] (the larger of the two is the bound, and can hide a term);
+`--wrong-crossing` uses NOTE [priced fill]'s crossing row also where it is not valid (T >= alpha), to show what
+the fuzz catches.
 """
 
 from __future__ import annotations
@@ -32,7 +36,13 @@ def main() -> None:
     ap.add_argument("--start", type=int, default=0)
     ap.add_argument("--count", type=int, default=1000)
     ap.add_argument("--without-free-fix", action="store_true")
+    ap.add_argument("--alone", action="store_true", help="NOTE [pipelines bound] without the memory bound")
+    ap.add_argument("--wrong-crossing", action="store_true",
+                    help="NOTE [priced fill]'s crossing row also where T >= alpha (invalid): what the fuzz catches")
     args = ap.parse_args()
+    if args.wrong_crossing:
+        from hetpart.partitioner import pipeline_bounds
+        pipeline_bounds.CROSS_EVERYWHERE = True
     if args.without_free_fix:
         real = pipeline_memory_bound._least_infeasible
 
@@ -44,7 +54,7 @@ def main() -> None:
     cases = none = violations = close = 0
     ratios = []
     for seed in range(args.start, args.start + args.count):
-        optimum, bound = check(seed)
+        optimum, bound = check(seed, args.alone)
         cases += 1
         if optimum is None:
             none += 1

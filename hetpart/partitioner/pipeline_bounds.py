@@ -41,7 +41,8 @@ from hetpart.partitioner.problem import MEM_BYTES, TIME_NS, WEIGHTS, Problem
 #     time[v, t1]) / time[v, t1] per unit of t1's time, of which the pipeline has n_t1 b_i:
 #     sum_i >= F_A' - rho n_t1 b_i, so m_i - 1 <= (T - F_A') / b_i + rho n_t1, with 1/b_i
 #     bounded by (b) when T >= F_A' and by 1/T (b_i <= T_i) when not. Without (d) one fast
-#     device would give a pipeline of slow ones the fast fill of (a);
+#     device would give a pipeline of slow ones the fast fill of (a). NOTE [priced fill] states (d)
+#     for any prices of the types' time, and where T < F_A' crosses it with (a) in 1/b_i;
 # (e) m_i - 1 <= (T - F_A) / L_A, L_A the slowest node on its fastest type in A (it is in a stage);
 # (f) the pipeline holds the whole model: its devices' memory is at least every weight read with
 #     its training state plus one microbatch of activations (the stash is at least one);
@@ -93,7 +94,7 @@ class _Support:
     largest_op_ns: float  # L_A
     lam: dict[str, float]  # lambda over its types
     work: float  # Lambda_A
-    fast: list[tuple[str, float, float]]  # (t1, F_A', rho) of (d)
+    fast: list[tuple[dict[str, float], float]]  # (beta, alpha(beta)) of (d), NOTE [priced fill]
 
 
 def need_bytes(problem: Problem) -> int:
@@ -117,6 +118,72 @@ def _node_classes(problem: Problem) -> tuple[list[str], np.ndarray, np.ndarray, 
     time_ns = np.array([[float(x[0]) for x in k] for k in keys], dtype=np.float64).reshape(len(keys), len(types))
     allowed = np.array([[x[1] for x in k] for k in keys], dtype=bool).reshape(len(keys), len(types))
     return types, time_ns, allowed, np.array([groups[k] for k in keys], dtype=np.float64)
+
+
+# NOTE [priced fill]
+# (d) of NOTE [pipelines bound], generalised by LP duality. Price time on type t at beta_t >= 0 (any
+# prices). A pipeline's nodes on its stages (node v on type t(v)) cost it at least
+#     sum_v time[v, t(v)] = sum_v (1 + beta_t(v)) time[v, t(v)] - sum_t beta_t (time of its nodes on t)
+#                        >= alpha(beta) - b_i sum_t beta_t n_t,   alpha(beta) = sum_v min over t in A of (1 + beta_t) time[v, t],
+# since a stage's compute is at most its stage time, at most b_i, and at most n_t stages run on type t.
+# So sum_i >= alpha - (beta . n) b_i, and with T >= sum_i + (m_i - 1) b_i:
+#     m_i - 1 <= (T - alpha) / b_i + beta . n_i.
+# beta = 0 gives (a)'s F_A; beta = rho on t1 alone gives (d)'s F_A' (every node off t1 at its best on
+# A', as rho is the largest saving rate). Where T >= alpha, 1 / b_i <= lambda . n_i / Lambda_A (b) makes
+# the row linear in n_i, as (d) does; where T < alpha the first term is negative and grows with b_i,
+# and (a)'s m_i - 1 <= (T - F_A) / b_i falls with it: in u = 1 / b_i the least of the two lines is at
+# most their value where they cross, u* = beta . n_i / (alpha - F_A) (below u* the first line is at
+# most its value there; above it the second is, decreasing), so
+#     m_i - 1 <= (T - F_A) beta . n_i / (alpha - F_A),
+# linear in n_i: both rows sum over the pipelines of a support like (c). In words: slow devices add
+# microbatches within T only through a small bottleneck, and a small bottleneck caps the fast devices'
+# share of the work, so the stage sum stays long. Prices tried (`_price_lines`; any set is valid): per
+# type t1 the slopes of the fractional knapsack of what moving nodes onto t1 saves (its tangent lines,
+# the largest being (d)'s rho), and per type t0 of A and scale theta, beta_u = max(0, theta W_t0 / W_u - 1)
+# with W_t the model's time on t (the slower types free, the faster ones priced by their speed-up).
+# Llama-7b on hetero-64: a pipeline of 2 H100 and 6 L4 was allowed 8 microbatches in 547 ms (its fill
+# counted at H100 speed); the crossing allows 6.
+
+_PRICE_SCALES = (0.7, 1.0, 1.4)  # theta of NOTE [priced fill]
+CROSS_EVERYWHERE = False  # the negative control of NOTE [priced fill]: its crossing row where T >= alpha too (invalid)
+_SAVING_LINES = 6  # tangent lines per t1 at most
+
+
+def _alpha(time_ns: np.ndarray, ok: np.ndarray, count: np.ndarray, beta: np.ndarray) -> float:
+    """NOTE [priced fill]'s alpha(beta): every node at its least priced time over the support's types."""
+    return float((np.where(ok, time_ns * (1.0 + beta[None, :]), np.inf).min(axis=1) * count).sum())
+
+
+def _price_lines(time_ns: np.ndarray, ok: np.ndarray, count: np.ndarray, types: list[str]
+                 ) -> list[tuple[dict[str, float], float]]:
+    """NOTE [priced fill]: (beta per type, alpha(beta)) for a support's node classes (time [class, type] ns,
+    allowed, count), the prices of the note; none with no positive price."""
+    n_types = len(types)
+    betas: list[np.ndarray] = []
+    for j in range(n_types):
+        rest = [c for c in range(n_types) if c != j]
+        if not rest or not ok[:, rest].any(axis=1).all():
+            continue
+        rest_best = np.where(ok[:, rest], time_ns[:, rest], np.inf).min(axis=1)
+        saves = ok[:, j] & (rest_best > time_ns[:, j])
+        if (saves & (time_ns[:, j] <= 0)).any() or not saves.any():
+            continue  # a node free on t1 saves at an unbounded rate; or nothing saves
+        ratio = np.unique((rest_best[saves] - time_ns[saves, j]) / time_ns[saves, j])[::-1]
+        for r in ratio[np.unique(np.linspace(0, len(ratio) - 1, min(_SAVING_LINES, len(ratio))).astype(int))]:
+            beta = np.zeros(n_types)
+            beta[j] = r
+            betas.append(beta)
+    total = np.where(ok, time_ns, 0.0).T @ count
+    for j in range(n_types):
+        if total[j] <= 0 or not ok[:, j].all():
+            continue
+        for theta in _PRICE_SCALES:
+            betas.append(np.maximum(0.0, theta * total[j] / np.maximum(total, 1e-300) - 1.0) * (total > 0))
+    out = []
+    for beta in betas:
+        if beta.max(initial=0.0) > 0 and np.isfinite(beta).all():
+            out.append(({types[c]: float(beta[c]) for c in range(n_types) if beta[c] > 0}, _alpha(time_ns, ok, count, beta)))
+    return out
 
 
 def _supports(problem: Problem) -> list[_Support]:
@@ -149,18 +216,7 @@ def _supports(problem: Problem) -> list[_Support]:
 
             lam = max(tries, key=lambda lam: lagrange(lam) / max(1e-300, float(lam @ data.count)))
             work = lagrange(lam)
-            fast = []
-            for i, j in enumerate(cols):
-                rest = [c for c in cols if c != j]
-                if not rest or not allowed[:, rest].any(axis=1).all():
-                    continue
-                rest_best = np.where(allowed[:, rest], time_ns[:, rest], np.inf).min(axis=1)
-                on_t1 = allowed[:, j] & (time_ns[:, j] > 0)
-                saves = np.where(on_t1, (rest_best - time_ns[:, j]) / np.where(on_t1, time_ns[:, j], 1.0), 0.0)
-                free = allowed[:, j] & (time_ns[:, j] == 0) & (rest_best > 0)
-                rho = math.inf if free.any() else max(0.0, float(saves.max(initial=0.0)))
-                if math.isfinite(rho):
-                    fast.append((types[j], float((rest_best * count).sum()), rho))
+            fast = _price_lines(time_ns[:, cols], ok, count, [types[j] for j in cols])
             out.append(_Support(types=tuple(types[j] for j in cols), fill_ns=float((best * count).sum()),
                                 largest_op_ns=float(best.max(initial=0.0)),
                                 lam={types[j]: float(lam[i]) for i, j in enumerate(cols)}, work=work, fast=fast))
@@ -218,13 +274,16 @@ class _Lp:
             # (e): one bottleneck per microbatch, at least the slowest node.
             if a.largest_op_ns > 0:
                 s.Add(z[a.types] <= p[a.types] * (1.0 + (T - a.fill_ns) / a.largest_op_ns))
-            # (d): a few fast devices among slow ones.
-            for t1, fill_rest, rho in a.fast:
-                y1 = s.Sum([y[a.types, c] for c in self.kinds if c[0] == t1])
-                if T >= fill_rest and a.work > 0:
-                    s.Add(z[a.types] <= p[a.types] + (T - fill_rest) / a.work * lam_y + rho * y1)
-                elif T < fill_rest:
-                    s.Add(z[a.types] <= p[a.types] * (1.0 + (T - fill_rest) / T) + rho * y1)
+            # (d): fast devices among slow ones, one row per price of NOTE [priced fill]: the stage sum is at
+            # least alpha - (beta . n) b_i.
+            for beta, alpha in a.fast:
+                beta_y = s.Sum([beta[c[0]] * y[a.types, c] for c in self.kinds if c[0] in beta])
+                if T >= alpha and a.work > 0:
+                    s.Add(z[a.types] <= p[a.types] + (T - alpha) / a.work * lam_y + beta_y)
+                elif T < alpha:
+                    s.Add(z[a.types] <= p[a.types] * (1.0 + (T - alpha) / T) + beta_y)
+                if (T < alpha or CROSS_EVERYWHERE) and alpha > a.fill_ns:  # where (a)'s and this line in 1 / b_i cross
+                    s.Add(z[a.types] <= p[a.types] + (T - a.fill_ns) / (alpha - a.fill_ns) * beta_y)
         lo, hi = self.k_range
         s.Add(s.Sum(list(p.values())) <= min(self.M, hi - 1) if hi is not None else s.Sum(list(p.values())) <= self.M)
         s.Add(s.Sum(list(p.values())) >= lo)

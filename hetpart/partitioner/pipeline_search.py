@@ -28,6 +28,7 @@ from hetpart.partitioner.pipeline_outer import (
 )
 from hetpart.partitioner.pipeline_refine import refine_answer
 from hetpart.partitioner.pipeline_shape import _most_gpipe, _slow_first, _solve_shape, _solve_shape_why, stash_ordered
+from hetpart.partitioner.pipeline_stripes import stripe_probe
 from hetpart.partitioner.pipelines import PipelinesPlan, cost_pipelines, pipelines_violations
 from hetpart.partitioner.problem import MEM_BYTES, Problem
 from hetpart.partitioner.solve import SolveOptions
@@ -419,6 +420,11 @@ def _plan_and_facts(problem: Problem, microbatches: int, options: SolveOptions |
         raise HetpartError(f"partitioner: the outer program found no mix of the {len(cands)} solved pipeline shapes "
                            f"that runs {microbatches} microbatches within {limit:g} s: raise --time-limit")
     # CP-SAT's answer unless the quick one is truly better (CP-SAT ran out of time before reaching it).
+    # NOTE [striped pipelines]: 1/f of each machine the plan runs on (or of every machine) per pipeline, f of them.
+    stripes = stripe_probe(problem, min(tried_answers, key=lambda ab: ab[1].iteration_ns)[1], microbatches,
+                           lambda devs, m, limit_s: _solve_shape(problem, devs, m, opts, limit_s, layers, ordered),
+                           lambda n: max(_SHAPE_LIMIT_S, limit * _SHAPE_SHARE, _SHAPE_S_PER_DEVICE * n ** 1.5),
+                           deadline(0.8))
     # NOTE [op-level refinement]: the answer's shapes op by op in the time left, and the outer program again.
     solved = len(cands)
     on_ops = [(o[0], None) for o in ordered]  # each order within its share of the refinement's limit
@@ -443,6 +449,7 @@ def _plan_and_facts(problem: Problem, microbatches: int, options: SolveOptions |
     for pipes in one_machine_mixes(problem, kinds, cands, microbatches, _class_devices):
         mix = cost_pipelines(problem, pipes, solver_status="FEASIBLE")
         best = mix if mix.iteration_ns < best.iteration_ns else best
+    best = stripes.plan if stripes.plan.iteration_ns < best.iteration_ns else best
     violations = pipelines_violations(problem, best, microbatches)
     if violations:
         raise HetpartError("partitioner: internal error, the pipelines plan breaks its rules:\n  "
@@ -453,7 +460,7 @@ def _plan_and_facts(problem: Problem, microbatches: int, options: SolveOptions |
              "outer_optimal": float(exhausted),
              "outer_step_ns": float(outer_step_ns), "kmax": float(kmax),
              "layer_nodes": float(layers.layers if layers is not None else 0),  # NOTE [shapes on layers]
-             **probe.stats}  # NOTE [join probe]
+             **probe.stats, **stripes.stats}  # NOTE [join probe], NOTE [striped pipelines]
     note = bound.note + ("" if exhausted else "; the outer program did not finish: a better mix of these shapes "
                          "may exist") + ("" if tried == len(shapes) else f"; {len(shapes) - tried} of "
                                          f"{len(shapes)} shapes not tried (time limit)")

@@ -17,16 +17,16 @@ The data position is the step: `run --mode training` trains every step on the sa
 (built from the plan's model spec and seed at the run's --batch-size and --seq-len), so a resumed run
 must use the same batch, length and seed (`check_resume`), and continues at step N + 1.
 `--keep-checkpoints N` removes this run's older complete checkpoints (checkpoint.json's `run` is this run's
-token; only the files their checkpoint.json lists, then the folder if it is empty): never another run's,
-not even the one it resumed from, nor one of a newer step. Resume (`--resume CK` or CK/step-<N>) checks every file's sha256
-before anything runs (`read_checkpoint`); each new rank then reads only the tensors it holds, lazily
-with safetensors' `safe_open`, from the old rank on its own device where there was one, else a surviving
-one (on a device of the new plan) on its machine, else any surviving one, else the lost ones' parts (the
-checkpoint's), as the re-plan counts its bytes (`weight_sources`), and checks the hash of each file it opens.
-A rank of a tensor-parallel stage writes its shards; rank<k>.json's `layout` says, per tensor, the full
-shape and which slices of it the rank holds, and a new rank reads only the slices of its own part
-(NOTE [checkpoint slices] in checkpoint_slices.py). A rank of several stages (virtual stages) writes and
-reads all of its stages' tensors (their FQNs are distinct; a weight two of them hold is written once).
+token; only the files their checkpoint.json lists, then the folder if it is empty): never another run's, not
+even the one it resumed from, nor one of a newer step. Resume (`--resume CK` or CK/step-<N>) checks every file's
+sha256 before anything runs (`read_checkpoint`); each new rank then reads only the tensors it holds, lazily with
+safetensors' `safe_open`, from the old rank on its own device where there was one, else a surviving one (on a
+device of the new plan) on its machine, else any surviving one, else the lost ones' parts (the checkpoint's), as
+the re-plan counts its bytes (`weight_sources`), and checks the hash of each file it opens.
+A rank of a tensor-parallel stage writes its shards; rank<k>.json's `layout` says, per tensor, the full shape and
+which slices of it the rank holds, and a new rank reads only the slices of its own part (NOTE [checkpoint slices] in
+checkpoint_slices.py). A rank of several stages (virtual stages) writes and reads all of its stages' tensors (their
+FQNs are distinct; a weight two of them hold is written once).
 """
 
 from __future__ import annotations
@@ -149,9 +149,8 @@ def finish_checkpoint(ck: Path, step: int, token: str, world: int, data: dict[st
     partial = ck / f".{step_dir_name(step)}.{token}.partial"
     ranks = [json.loads((partial / f"rank{r}.json").read_text()) for r in range(world)]
     manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, "step": step, "run": token, "data": data,
-                "model": model,
-                "files": {f"rank{r}.json": sha256_file(partial / f"rank{r}.json") for r in range(world)},
-                "ranks": ranks}
+                "model": model, "ranks": ranks,
+                "files": {f"rank{r}.json": sha256_file(partial / f"rank{r}.json") for r in range(world)}}
     _write_durable(partial / MANIFEST, (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode())
     _fsync_dir(partial)
     final = ck / step_dir_name(step)
@@ -176,8 +175,7 @@ def prune(ck: Path, keep: int, run: str) -> list[Path]:
     files each one's checkpoint.json lists and the manifest, then its folder if nothing else is left in it.
     Another run's checkpoints are never touched (NOTE [checkpoint layout])."""
     removed = []
-    own = [(path, manifest) for path in complete_checkpoints(ck)
-           if (manifest := _run_of(path)) is not None and manifest.get("run") == run]
+    own = [(path, m) for path in complete_checkpoints(ck) if (m := _run_of(path)) is not None and m.get("run") == run]
     for path, manifest in own[:-keep] if keep > 0 else []:
         for part in manifest.get("ranks", []):
             for name in (part.get("file"), f"rank{part.get('rank')}.json"):

@@ -85,7 +85,8 @@ def random_pipelines_problem(seed: int) -> tuple[Problem, int]:
                    training=training), rng.randint(1, 8 if D <= 4 else 6)
 
 
-def check(seed: int) -> tuple[int | None, int]:
-    """(the brute-force optimum, or None when no plan fits; the bound) of problem `seed`."""
+def check(seed: int, alone: bool = False) -> tuple[int | None, int]:
+    """(the brute-force optimum, or None when no plan fits; the bound) of problem `seed`; `alone`: NOTE [pipelines
+    bound] without NOTE [pipelines memory bound] (so that the larger of the two does not hide it)."""
     p, M = random_pipelines_problem(seed)
-    return brute_pipelines(p, M), pipelines_lower_bound(p, M).bound_ns
+    return brute_pipelines(p, M), pipelines_lower_bound(p, M, memory=not alone).bound_ns

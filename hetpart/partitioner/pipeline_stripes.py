@@ -1,0 +1,128 @@
+"""Striped pipelines (NOTE [striped pipelines]): f pipelines that each take 1/f of the same machines, tried
+after the search of pipeline_search.py. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import time
+import types
+from dataclasses import dataclass, field
+from math import gcd
+from typing import Callable
+
+from hetpart.partitioner.pipeline_outer import renamed
+from hetpart.partitioner.pipelines import PipelinesPlan, _devices_of, cost_pipelines, pipelines_violations
+from hetpart.partitioner.problem import Plan, Problem
+
+# NOTE [striped pipelines]
+# A shape (NOTE [pipeline shapes]) is whole machines or a piece of one machine, so f pipelines that
+# each take 1/f of every device class of the same machines are not among them. In training they can
+# win: when the f stripes run the same plan, stripe j's stage k sits on the same machine as every
+# other stripe's stage k, so each weight's f holders share a machine and its gradient all-reduce runs
+# over that machine's link (NVLink) rather than the network (NOTE [gradient sync]); the price is that
+# each pipeline's own boundaries cross machines, paid per microbatch in its stage times. Llama-7b on
+# hetero-64 (docs/benchmarks.md, "gap7b"): 8 stripes of the six 40-80 GB machines, one GPU of each per
+# pipeline and 8 microbatches each, take 658.1 ms (642.8 + 15.3 ms of sync) where the search's two
+# 24-GPU pipelines took 747.5 (their rings cross the network: 44.6 ms of sync, and 32 microbatches
+# each pay a longer fill). The stripes of a machine set U are interchangeable (stripe j's device of
+# class c on machine u maps to stripe 0's device of the same class on the same machine: same type,
+# capacity, link and machine boundaries), so one stripe is solved (`solve(devices, m, limit_s)`, the
+# search's planner) and renamed to the others (`renamed`, which recosts each on its devices), each
+# given M // f microbatches and the first M mod f one more (1F1B: a plan solved for M // f has at most
+# that many stages, so runs one more; GPipe: solved for the larger share, whose stash bounds the
+# smaller's). Tried: U = the machines the best plan so far runs stages on, and U = every machine; f =
+# each common divisor >= 2 of the class counts of U's machines, most stripes first, each solve within the
+# search's per-shape limit and skipped when that is more than the probe has left. The whole plan is
+# costed by `cost_pipelines` (the exact sync), checked by `pipelines_violations`, and kept only when its
+# step is lower. The bound is untouched: NOTE [pipelines bound] holds for every partition of the
+# devices, stripes included.
+
+
+@dataclass
+class StripeResult:
+    """The best plan after the probe (the one it was given when no stripes beat it), and what it tried."""
+
+    plan: PipelinesPlan
+    tries: list[tuple[int, int, int | None]] = field(default_factory=list)  # (machines, stripes, step ns or None)
+    stats: dict[str, float] = field(default_factory=dict)
+
+
+def stripe_sets(problem: Problem, used: set[str]) -> list[tuple[tuple[str, ...], int]]:
+    """(machines U, stripes f) to try (NOTE [striped pipelines]): U the machines of `used` devices and every
+    machine; f each common divisor >= 2 of the class counts of U's machines, the most stripes first."""
+    classes: dict[str, dict[tuple[str, int], int]] = {}
+    for d in problem.devices:
+        c = classes.setdefault(d.node, {})
+        c[(d.type, d.capacity_bytes)] = c.get((d.type, d.capacity_bytes), 0) + 1
+    on = tuple(sorted({problem.device(d).node for d in used}))
+    out: list[tuple[tuple[str, ...], int]] = []
+    for machines in (on, tuple(sorted(classes))):
+        if not machines:
+            continue
+        common = 0
+        for m in machines:
+            for n in classes[m].values():
+                common = gcd(common, n)
+        for f in range(common, 1, -1):
+            if common % f == 0 and (machines, f) not in out:
+                out.append((machines, f))
+    return out
+
+
+def stripe_devices(problem: Problem, machines: tuple[str, ...], stripes: int) -> list[tuple[str, ...]]:
+    """The `stripes` device groups of NOTE [striped pipelines]: group j takes the j-th 1/f of each class of
+    each machine (in problem order)."""
+    per: dict[tuple[str, tuple[str, int]], list[str]] = {}
+    for d in problem.devices:
+        if d.node in machines:
+            per.setdefault((d.node, (d.type, d.capacity_bytes)), []).append(d.name)
+    groups: list[list[str]] = [[] for _ in range(stripes)]
+    for (_, _), names in sorted(per.items(), key=lambda kv: (machines.index(kv[0][0]), kv[0][1])):
+        n = len(names) // stripes
+        for j in range(stripes):
+            groups[j] += names[j * n:(j + 1) * n]
+    return [tuple(g) for g in groups]
+
+
+def striped(problem: Problem, groups: list[tuple[str, ...]], plan: Plan, microbatches: int) -> PipelinesPlan:
+    """`plan` (of `groups[0]`) run by every group, the batch split as evenly as it goes (NOTE [striped
+    pipelines]), costed by `cost_pipelines`."""
+    f = len(groups)
+    c = types.SimpleNamespace(devices=groups[0], plan=plan)
+    shares = [microbatches // f + (j < microbatches % f) for j in range(f)]
+    pipes = [renamed(problem, c, g, m, j) for j, (g, m) in enumerate(zip(groups, shares))]  # type: ignore[arg-type]
+    return cost_pipelines(problem, pipes, solver_status="FEASIBLE")
+
+
+def stripe_probe(problem: Problem, best: PipelinesPlan, microbatches: int,
+                 solve: Callable[[tuple[str, ...], int, float], Plan | None], limit_s: Callable[[int], float],
+                 end: float) -> StripeResult:
+    """NOTE [striped pipelines] from `best` until `end` (a perf_counter value): each (U, f) of `stripe_sets`,
+    one stripe solved by `solve(devices, microbatches, limit_s)` within `limit_s(devices)`; the fastest valid
+    plan of stripes kept when its step is below `best`'s."""
+    t0 = time.perf_counter()
+    out = StripeResult(plan=best)
+    used = {d for p in best.pipelines for s in p.plan.stages for d in _devices_of(s)}
+    gpipe = problem.training is not None and problem.training.schedule == "gpipe"
+    for machines, f in stripe_sets(problem, used):
+        left = end - time.perf_counter()
+        if left <= 0 or microbatches < f:
+            continue
+        groups = stripe_devices(problem, machines, f)
+        if limit_s(len(groups[0])) > left:
+            continue  # its solve would overrun the probe's time (a stripe of every 1,024-GPU machine: 128 devices)
+        m = -(-microbatches // f) if gpipe else microbatches // f
+        plan = solve(groups[0], m, limit_s(len(groups[0])))
+        if plan is None:
+            out.tries.append((len(machines), f, None))
+            continue
+        got = striped(problem, groups, plan, microbatches)
+        if pipelines_violations(problem, got, microbatches):
+            out.tries.append((len(machines), f, None))
+            continue
+        out.tries.append((len(machines), f, got.iteration_ns))
+        if got.iteration_ns < out.plan.iteration_ns:
+            out.plan = got
+    out.stats = {"stripe_tries": float(len(out.tries)), "stripe_taken": float(out.plan is not best),
+                 "stripe_seconds": time.perf_counter() - t0}
+    return out
