@@ -83,7 +83,8 @@ def inside_artifacts(path: Path, follow: bool = True) -> str | None:
             why = ("every `run` of it replaces it" if rel.parts[0] in ARTIFACTS_OWNED_DIRS
                    else "`run` refuses any file there that manifest.json does not list"
                    if f"{rel.parts[0]}/stage.py" in listed else "it holds hetpart's files only")
-            return f"inside '{top / rel.parts[0]}', a folder of the artifacts directory '{top}' ({why})"
+            where = "" if len(rel.parts) == 1 else "inside "
+            return f"{where}'{top / rel.parts[0]}', a folder of the artifacts directory '{top}' ({why})"
     return None
 
 
