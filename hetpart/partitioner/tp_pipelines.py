@@ -40,7 +40,7 @@ whose devices all sit in network rings sends, per weight byte it holds, the same
 (T lanes of 1/T each against T devices' rings of their own layers), except that each lane of a TP
 stage sends its whole replicated weights (norms, and the embedding or head where the sharding does
 not split them): T copies where a degree-1 stage sends one. `benchmarks/dp_tp.py` prints the
-per-machine reading beside the plan's (its `nic` column) so the difference is seen, not hidden.
+per-machine reading (`grad_sync_nic_ns`) beside the plan's sync, so the difference is seen, not hidden.
 The test checks the slot sync against T lane rings costed over the physical devices.
 """
 
