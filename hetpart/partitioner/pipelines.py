@@ -49,7 +49,8 @@ from hetpart.partitioner.verify import plan_violations
 # sync time is the sum of its buckets, and the step waits for the slowest device
 # (`grad_sync_ns`). `grad_sync_overlapped_ns` estimates what is left when each device starts its
 # all-reduces as soon as its last backward ends: stage k of a pipeline finishes its backwards
-# before the stages 0..k-1 finish theirs, which hides up to their stage times.
+# before the stages 0..k-1 finish theirs, which hides up to their stage times. Devices that are TP
+# groups: NOTE [tensor-parallel gradient sync] (tp_pipelines.py), the network's sharing there too.
 
 
 @dataclass
@@ -153,15 +154,23 @@ def weight_holders(problem: Problem, pipelines: Sequence[Pipeline]) -> dict[str,
     return holders
 
 
-def grad_sync_ns(problem: Problem, pipelines: Sequence[Pipeline]) -> tuple[int, int]:
-    """(not overlapped, overlapped) gradient synchronisation of a step (NOTE [gradient sync]); (0, 0) in inference."""
-    if problem.training is None:
-        return 0, 0
-    buckets: dict[tuple[str, ...], int] = {}  # holders -> bytes of the weights they share
+def sync_buckets(problem: Problem, pipelines: Sequence[Pipeline]) -> dict[tuple[str, ...], int]:
+    """NOTE [gradient sync]'s buckets: the devices holding weights (two or more) -> the bytes of the weights they
+    hold together."""
+    buckets: dict[tuple[str, ...], int] = {}
     for w, devs in weight_holders(problem, pipelines).items():
         if len(devs) > 1:
             key = tuple(devs)
             buckets[key] = buckets.get(key, 0) + problem.weights[w]
+    return buckets
+
+
+def grad_sync_ns(problem: Problem, pipelines: Sequence[Pipeline]) -> tuple[int, int]:
+    """(not overlapped, overlapped) gradient synchronisation of a step (NOTE [gradient sync]); (0, 0) in inference.
+    Over TP slots: NOTE [tensor-parallel gradient sync] in tp_pipelines.py."""
+    if problem.training is None:
+        return 0, 0
+    buckets = sync_buckets(problem, pipelines)
     per_device: dict[str, int] = {}
     for devs, nbytes in buckets.items():
         t = allreduce_ns(_ring_link(problem, devs), nbytes, len(devs))

@@ -83,6 +83,11 @@ def _compositions(total: int, parts: int):
             yield (first, *rest)
 
 
+def _colocated(problem: Problem, stage_of: dict[str, int]) -> bool:
+    """Every COLOCATE group of `problem` in one stage (`valid_plans` does not check it; a TP slot problem has them)."""
+    return all(len({stage_of[v] for v in vs}) == 1 for vs in problem.colocation_groups().values())
+
+
 def brute_groups(problem: Problem, groups: list[tuple[str, ...]], M: int,
                  per_group: dict | None = None) -> int | None:
     """The least iteration_ns of pipelines on exactly these device `groups`: every valid plan of each group
@@ -95,6 +100,8 @@ def brute_groups(problem: Problem, groups: list[tuple[str, ...]], M: int,
             sub = sub_problem(problem, group, m)
             got[m] = []
             for stage_of, devs, stages in valid_plans(sub):
+                if not _colocated(problem, stage_of):
+                    continue
                 plan = Plan(stage_of=stage_of, device_of_stage=devs, stages=stages,
                             bottleneck_ns=max(s.time_ns for s in stages), lower_bound_ns=0, solver_status="FEASIBLE",
                             solve_seconds=0.0)

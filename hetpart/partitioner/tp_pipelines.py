@@ -1,0 +1,145 @@
+"""Data-parallel pipelines whose stages are tensor-parallel groups (DP x PP x TP): the planning half.
+
+`plan_pipelines` (NOTE [pipeline shapes], NOTE [outer program]) searches over a problem's devices; given
+the problem `--tensor-parallel T` plans on (NOTE [tensor-parallel costs] in passes/tp_lower.py: every
+device a slot of T same-type devices in one machine, costed per rank), it searches pipelines of TP
+groups with no change, and `choose_pipelines_degree` picks the degree. Nothing here imports torch.
+
+NOTE [tensor-parallel pipelines]
+A plan of degree T is a `PipelinesPlan` of the degree-T slot problem: each pipeline a set of TP-T
+slots, each stage one slot. Every cost is one already defined for slots, per rank:
+- a stage's compute, collectives (the TP all-reduces inside the group) and memory per rank are the
+  slot problem's (NOTE [tensor-parallel costs]); a boundary is paid once over the link between
+  the two groups' machines (each TP index's lane sends its own copy side by side);
+- the gradient sync is NOTE [gradient sync] over the slots: NOTE [tensor-parallel gradient sync].
+The degree is uniform over the plan: lane i of one pipeline's stage meets lane i of every other
+pipeline's stage holding the same weights only when both split them the same way (one sharding per
+degree, `passes/tensor_parallel.py`); degrees mixed across pipelines would need a gradient resharded
+between rings of different shard sizes, which no cost or runtime here has. The plan space of
+`choose_pipelines_degree` is the union of the degrees' spaces; its bound the least of theirs (each
+degree's `plan_pipelines` bound covers every plan of its slot problem, NOTE [pipelines bound]; a
+degree whose search found no plan gets `pipelines_lower_bound` on its own), so it stays valid, and
+tests/partitioner/test_tp_pipelines.py checks bound <= optimum <= plan against brute force on small
+slot problems. Ties go to the smaller degree. Devices used: a used slot is T devices.
+
+NOTE [tensor-parallel gradient sync]
+Rank i of a TP-T stage holds shard i of each weight the sharding splits (`tp_shard_bytes`: 1/T of the
+bytes) and the whole of each weight it replicates; its gradient is all-reduced with rank i of every
+other stage holding that weight (one ring per TP index, as Megatron-LM's data-parallel groups are
+the ranks of one TP index). So a weight held by P slots costs T rings of P ranks each, each ring
+carrying the per-rank bytes the slot problem already counts (`Problem.weights`: the shard, or the
+whole replicated weight), the T rings side by side. How the rings share the inter-machine link:
+the cluster models the network as one `Link` (`Cluster.network`, `Problem.network`; the presets'
+"200 Gb/s Ethernet between machines", 25 GB/s) that every transfer and every ring gets in full:
+NOTE [gradient sync] runs the rings of different devices at once, each over the full link, so today's
+data-parallel plans (T = 1) already have 8 rings leaving one 8-GPU machine at 25 GB/s each. Pricing
+the T lane rings the same way (each ring at the full link: one ring of the per-rank bytes) is
+`grad_sync_ns` over the slots, unchanged, and keeps the comparison between degrees fair. Read as
+one NIC per machine instead, both would be optimistic by the same factor per machine: a machine
+whose devices all sit in network rings sends, per weight byte it holds, the same bytes at any degree
+(T lanes of 1/T each against T devices' rings of their own layers), except that each lane of a TP
+stage sends its whole replicated weights (norms, and the embedding or head where the sharding does
+not split them): T copies where a degree-1 stage sends one. `benchmarks/dp_tp.py` prints the
+per-machine reading (`grad_sync_nic_ns`) beside the plan's sync, so the difference is seen, not hidden.
+The test checks the slot sync against T lane rings costed over the physical devices.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from hetpart.errors import HetpartError
+from hetpart.partitioner.pipeline_bounds import pipelines_lower_bound
+from hetpart.partitioner.pipelines import Pipeline, PipelinesPlan, grad_sync_ns, sync_buckets
+from hetpart.partitioner.problem import Problem
+
+
+@dataclass(frozen=True)
+class DegreePipelines:
+    """One degree's search (NOTE [tensor-parallel pipelines]): its plan (None: none found, `error` says why),
+    the bound over its slot problem's plans, and the seconds it took."""
+
+    degree: int
+    plan: PipelinesPlan | None
+    bound_ns: int
+    seconds: float
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class PipelinesDegreeChoice:
+    """The degree kept and its plan, the bound and status over every degree searched, and each degree's result."""
+
+    degree: int
+    plan: PipelinesPlan
+    results: tuple[DegreePipelines, ...]
+
+
+def choose_pipelines_degree(problems: Mapping[int, Problem], microbatches: int,
+                            plan: Callable[[Problem, int], PipelinesPlan],
+                            bound_deadline_s: float = 10.0) -> PipelinesDegreeChoice:
+    """NOTE [tensor-parallel pipelines]: `plan(problem, microbatches)` on each degree's slot problem (degree 1:
+    the devices'), the fastest plan kept (ties: the smaller degree), its bound the least over the degrees."""
+    results = []
+    for t in sorted(problems):
+        start = time.perf_counter()
+        try:
+            got, bound, error = plan(problems[t], microbatches), None, ""
+            bound = got.lower_bound_ns
+        except HetpartError as e:  # no plan found: the bound over this degree's plans on its own
+            got, error = None, str(e).splitlines()[0]
+            bound = pipelines_lower_bound(problems[t], microbatches,
+                                          deadline=time.perf_counter() + bound_deadline_s).bound_ns
+        results.append(DegreePipelines(t, got, bound, time.perf_counter() - start, error))
+    found = [r for r in results if r.plan is not None]
+    if not found:
+        raise HetpartError(f"partitioner: no data-parallel pipelines of tensor-parallel degree "
+                           f"{', '.join(str(t) for t in sorted(problems))} found: "
+                           + "; ".join(f"degree {r.degree}: {r.error}" for r in results))
+    best = min(found, key=lambda r: (r.plan.iteration_ns, r.degree))
+    bound = min(r.bound_ns for r in results)
+    lower = min(bound, best.plan.iteration_ns)
+    status = "OPTIMAL" if lower >= best.plan.iteration_ns else (
+        best.plan.solver_status if best.plan.solver_status == "WITHIN_GAP" and lower == best.plan.lower_bound_ns
+        else "FEASIBLE")
+    return PipelinesDegreeChoice(best.degree, dataclasses.replace(best.plan, lower_bound_ns=lower,
+                                                                  solver_status=status), tuple(results))
+
+
+def devices_used(plan: PipelinesPlan, degree: int) -> int:
+    """The devices a plan of TP-`degree` slots runs stages on (NOTE [tensor-parallel pipelines])."""
+    return degree * len({d for p in plan.pipelines for s in p.plan.stages for d in (s.devices or (s.device,))})
+
+
+def grad_sync_nic_ns(problem: Problem, pipelines: list[Pipeline], lanes: int = 1) -> int:
+    """NOTE [tensor-parallel gradient sync]'s other reading of the network, an estimate beside the plan's cost (no
+    solver uses it): one NIC per machine, shared by every ring leaving it. A ring over devices of several
+    machines, laid out machine by machine, leaves each of them once, that hop carrying 2(r-1)/r of its bytes;
+    each ring stands for `lanes` (a TP slot's rings, one per TP index). A machine's time is its hops' bytes
+    over the network's bandwidth plus the latency steps of its device with the most; the step waits for the
+    slowest machine, or for `grad_sync_ns` where that is slower (rings inside one machine)."""
+    if problem.training is None:
+        return 0
+    load: dict[str, int] = {}  # machine -> bytes its NIC sends
+    steps: dict[str, int] = {}  # device -> latency of its rings over the network
+    for devs, nbytes in sync_buckets(problem, pipelines).items():
+        machines = {problem.device(d).node for d in devs}
+        if len(machines) < 2:
+            continue
+        r = len(devs)
+        for m in machines:
+            load[m] = load.get(m, 0) + lanes * -(-2 * (r - 1) * nbytes // r)
+        for d in devs:
+            steps[d] = steps.get(d, 0) + 2 * (r - 1) * problem.network.latency_ns
+    worst = {m: 0 for m in load}
+    for d, ns in steps.items():
+        m = problem.device(d).node
+        worst[m] = max(worst[m], ns)
+    nic = max((-(-b * 1000 // problem.network.bandwidth_bytes_per_us) + worst[m] for m, b in load.items()), default=0)
+    return max(nic, grad_sync_ns(problem, pipelines)[0])
+
+
+__all__ = ["DegreePipelines", "PipelinesDegreeChoice", "choose_pipelines_degree", "devices_used", "grad_sync_nic_ns"]
