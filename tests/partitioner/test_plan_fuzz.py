@@ -42,3 +42,15 @@ def test_the_checks_catch_a_false_certificate():
     slower = [b.plan for b in pipeline_baselines(p, M, time_limit_s=5) if b.plan and b.plan.iteration_ns > opt][0]
     claimed = cost_pipelines(p, slower.pipelines, solver_status="OPTIMAL", lower_bound_ns=slower.iteration_ns)
     assert any("OPTIMAL" in x for x in check_plan(p, M, claimed, opt, 0.0))
+
+
+def test_a_plan_at_the_bound_reads_optimal():
+    """planfuzz problem 3 (inference, outputs of no bytes, 4 microbatches): the search's plan, 314 ns, is the
+    brute-force optimum and the bound reaches it. The bound was floored after its float margin (313 ns), so no
+    `--parallel data` plan could read OPTIMAL (0 of planfuzz's first 300); as whole ns it is its ceiling."""
+    p, M, gen = fuzz_problem(3)
+    assert gen == "tight"
+    opt = brute_pipelines(p, M)
+    plan = plan_pipelines(p, M, time_limit_s=10)
+    assert check_plan(p, M, plan, opt, 0.0) == []
+    assert plan.iteration_ns == opt == plan.lower_bound_ns == 314 and plan.solver_status == "OPTIMAL"
