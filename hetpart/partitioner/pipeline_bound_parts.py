@@ -9,6 +9,13 @@ import time
 from dataclasses import dataclass
 
 
+def whole_ns_at_least(x: float) -> int:
+    """A bound of NOTE [pipelines bound] or NOTE [pipelines memory bound] as whole ns: every plan's step is a whole
+    number of ns at least `x` (less 1e-9 of it for the LPs' float error), so at least that number's ceiling. (The
+    floor, used before planfuzz, put a bound the plan reaches 1 ns below it: no plan could read OPTIMAL.)"""
+    return int(max(0.0, math.ceil(x * (1 - 1e-9)))) if math.isfinite(x) else 0
+
+
 @dataclass(frozen=True)
 class Part:
     """Plans of k_lo <= k < k_hi pipelines whose smallest has at least least_size devices, and the least

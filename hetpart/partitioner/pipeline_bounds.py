@@ -19,7 +19,7 @@ from ortools.linear_solver import pywraplp
 
 from hetpart.partitioner.costs import held_weight_bytes
 from hetpart.partitioner.lp_bounds import _LpData, _solve_lp
-from hetpart.partitioner.pipeline_bound_parts import Part
+from hetpart.partitioner.pipeline_bound_parts import Part, whole_ns_at_least
 from hetpart.partitioner.pipeline_memory_bound import MemoryBound, memory_lower_bound
 from hetpart.partitioner.problem import MEM_BYTES, TIME_NS, WEIGHTS, Problem
 
@@ -53,7 +53,7 @@ from hetpart.partitioner.problem import MEM_BYTES, TIME_NS, WEIGHTS, Problem
 # its types); memory sum_c cap_c y_{A,c} >= need p_A (+ (g)); microbatches z_A bounded by (c), (d),
 # (e) summed, and z_A >= sum_c y_{A,c} under 1F1B (h); sum_A p_A <= M; sum_A z_A = M. If it is
 # infeasible at T, no plan has max_i T_i <= T; it only loosens as T grows, so bisection gives the
-# least feasible T (to 0.05%, rounded down).
+# least feasible T (to 0.05%; as whole ns, `whole_ns_at_least`).
 # Gradient sync (training, k >= 2; NOTE [gradient sync]): every weight read is held in every
 # pipeline, so each all-reduce has r >= k ranks and moves at least 2(k-1)/k of its bytes per rank
 # over a link no faster than the fastest, with 2(k-1) latencies at least once. The smallest
@@ -300,7 +300,7 @@ class _Lp:
 
 
 def _least_T(lp: _Lp, lo: float, hi: float, deadline: float | None) -> float | None:
-    """The least T the LP allows, rounded down (NOTE [pipelines bound]); None past the deadline."""
+    """The least T the LP allows, from below (NOTE [pipelines bound]); None past the deadline."""
     if lp.feasible(lo):
         return lo
     while not lp.feasible(hi):
@@ -439,8 +439,8 @@ def pipelines_lower_bound(problem: Problem, microbatches: int, deadline: float |
                 exact = min(exact, got + sigma)
             if not unfinished:
                 best = exact
-    bound = int(max(0.0, math.floor(best * (1 - 1e-9))))
-    one_ns = int(max(0.0, math.floor(one * (1 - 1e-9)))) if math.isfinite(one) else 0
+    bound = whole_ns_at_least(best)
+    one_ns = whole_ns_at_least(one)
     # NOTE [pipelines memory bound]: memory per stage; the larger of the two bounds holds.
     full = max(supports, key=lambda a: len(a.types))
     mem = memory_lower_bound(problem, microbatches, full.lam, lo, min(a.largest_op_ns for a in supports),

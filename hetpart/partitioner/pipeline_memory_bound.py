@@ -14,7 +14,7 @@ import numpy as np
 from ortools.linear_solver import pywraplp
 
 from hetpart.partitioner.costs import held_weight_bytes
-from hetpart.partitioner.pipeline_bound_parts import Part, parts_search
+from hetpart.partitioner.pipeline_bound_parts import Part, parts_search, whole_ns_at_least
 from hetpart.partitioner.pipeline_transfer_floor import cut_nodes, transfer_floor
 from hetpart.partitioner.problem import MEM_BYTES, TIME_NS, WEIGHTS, Problem
 
@@ -529,8 +529,8 @@ def memory_lower_bound(problem: Problem, microbatches: int, lam: dict[str, float
                 done = done and finished and finished2
             except _Stopped:  # nothing known about two or more pipelines: no claim above `lo`
                 best, done = min(one, lo), False
-    floor = lambda x: int(max(0.0, math.floor(x * (1 - 1e-9)))) if math.isfinite(x) else 0  # noqa: E731
     note = "memory per stage (NOTE [pipelines memory bound])" + ("" if done else ", stopped at the deadline")
     order = sorted(witness, key=lambda k: -witness[k][0])  # NOTE [stash order]: the deepest stash first
-    return MemoryBound(floor(best) if best > lo else 0, floor(one), time.perf_counter() - t0, done, note, order,
+    return MemoryBound(whole_ns_at_least(best) if best > lo else 0, whole_ns_at_least(one), time.perf_counter() - t0,
+                       done, note, order,
                        {k: n for k, (_, n) in witness.items()})
