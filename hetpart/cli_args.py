@@ -51,6 +51,10 @@ SEED_MAX = 2**31 - 1  # CP-SAT's random_seed is a 32-bit int
 PROCESSES_MAX = 1024  # --concurrent, --threads, --workers: processes or threads this machine starts
 _COUNT = _number(int, minimum=1)  # sizes and counts: batch, sequence, microbatches, steps, repeats
 _SECONDS = _number(float, positive=True)
+# A solver's --time-limit: OR-Tools' linear solver takes it as whole ms in an int64 (OverflowError, a traceback,
+# past about 9.2e15 s); a million seconds (11.6 days) is more than any solve here is worth waiting for.
+TIME_LIMIT_MAX = 1e6
+_TIME_LIMIT = _number(float, positive=True, maximum=TIME_LIMIT_MAX)
 _SEED = _number(int, minimum=0, maximum=SEED_MAX)
 _PROCESSES = _number(int, minimum=1, maximum=PROCESSES_MAX)
 
@@ -109,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="with --microbatches auto: try at most N microbatches (default: up to --batch-size)")
     part.add_argument("--set", dest="overrides", action="append", type=_key_value, default=[],
                       metavar="KEY=VALUE", help="set a model config field (repeatable)")
-    part.add_argument("--time-limit", type=_SECONDS, default=30.0, help="solver time limit in seconds")
+    part.add_argument("--time-limit", type=_TIME_LIMIT, default=30.0, help="solver time limit in seconds")
     part.add_argument("--gap", type=_number(float), default=0.0, metavar="FRACTION",
                       help="stop once the plan is certified within this relative gap of optimal "
                            "(e.g. 0.01 for 1%%; default 0: prove optimal or use the whole time limit)")
@@ -219,7 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--slack", type=_number(float, minimum=0, maximum=0.99), default=0.02,
                      help="bottleneck (data-parallel pipelines: step time) allowed above the best plan found, as a "
                      "fraction (default 0.02)")
-    rep.add_argument("--time-limit", type=_number(float, positive=True), default=30.0,
+    rep.add_argument("--time-limit", type=_TIME_LIMIT, default=30.0,
                      help="seconds for the whole re-plan: every solve shares them (default 30)")
     rep.add_argument("--seed", type=_SEED, default=0, help="the solver's seed")
     rep.add_argument("--force", action="store_true", help="replace --out if hetpart wrote it")
@@ -235,7 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     place = sub.add_parser("placement", help="solve a device-placement benchmark input (NeurIPS 2020 format)")
     place.add_argument("input", type=Path, help="benchmark JSON (maxSizePerFPGA, maxFPGAs, maxCPUs, nodes, edges)")
-    place.add_argument("--time-limit", type=_SECONDS, default=60.0, help="solver time limit in seconds")
+    place.add_argument("--time-limit", type=_TIME_LIMIT, default=60.0, help="solver time limit in seconds")
     place.add_argument("--workers", type=_PROCESSES, default=1, help="CP-SAT worker threads (1 is deterministic)")
     place.add_argument("--gap", type=_number(float), default=0.0,
                        help="stop once the placement is proven within this fraction of optimal (default 0)")

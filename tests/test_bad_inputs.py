@@ -261,6 +261,11 @@ CASES: dict[str, Case] = {
     "timeout-huge": Case(["run", "{art}", "--timeout", "1e300"], ["--timeout must be <= 1e+06 (got 1e300)"]),
     "time-limit-inf": Case(["partition", "zoo:mlp", *PARTITION, "--time-limit", "inf"],
                            ["partition: --time-limit must be a finite number (got inf)"]),
+    # OR-Tools' linear solver raised OverflowError (a traceback) on a limit past ~9.2e15 s (planfuzz found it)
+    "time-limit-huge": Case(["partition", "zoo:mlp", *PARTITION, "--parallel", "data", "--time-limit", "1e20"],
+                            ["partition: --time-limit must be <= 1e+06 (got 1e20)"]),
+    "replan-time-limit-huge": Case(["replan", "{art}", "--lose", "x", "--out", "{tmp}/new", "--time-limit", "1e20"],
+                                   ["replan: --time-limit must be <= 1e+06 (got 1e20)"]),
     "time-limit-negative": Case(["placement", "{tmp}/nan.json", "--time-limit", "-1"],
                                 ["placement: --time-limit must be positive (got -1)"]),
     "gap-nan": Case(["partition", "zoo:mlp", *PARTITION, "--gap", "nan"], ["--gap must be a finite number (got nan)"]),
