@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from math import gcd
 from typing import Callable
 
+from hetpart.partitioner.pipeline_bounds import need_bytes
 from hetpart.partitioner.pipeline_outer import renamed
 from hetpart.partitioner.pipelines import PipelinesPlan, _devices_of, cost_pipelines, pipelines_violations
 from hetpart.partitioner.problem import Plan, Problem
@@ -31,8 +32,10 @@ from hetpart.partitioner.problem import Plan, Problem
 # given M // f microbatches and the first M mod f one more (1F1B: a plan solved for M // f has at most
 # that many stages, so runs one more; GPipe: solved for the larger share, whose stash bounds the
 # smaller's). Tried: U = the machines the best plan so far runs stages on, and U = every machine; f =
-# each common divisor >= 2 of the class counts of U's machines, most stripes first, each solve within the
-# search's per-shape limit and skipped when that is more than the probe has left. The whole plan is
+# each common divisor >= 2 of the class counts of U's machines, most stripes first; a stripe whose memory
+# cannot hold the model, or with more devices than the plan's longest pipeline (a heuristic: a longer fill;
+# llama-70b on hetero-1024 spent 6 s on an 80-device stripe), is not solved, and each solve gets the search's per-shape limit, skipped when that
+# is more than the probe has left (llama-70b on hetero-64 spent 5.9 s of its 45 on six tries). The whole plan is
 # costed by `cost_pipelines` (the exact sync), checked by `pipelines_violations`, and kept only when its
 # step is lower. The bound is untouched: NOTE [pipelines bound] holds for every partition of the
 # devices, stripes included.
@@ -97,11 +100,13 @@ def striped(problem: Problem, groups: list[tuple[str, ...]], plan: Plan, microba
 def stripe_probe(problem: Problem, best: PipelinesPlan, microbatches: int,
                  solve: Callable[[tuple[str, ...], int, float], Plan | None], limit_s: Callable[[int], float],
                  end: float) -> StripeResult:
-    """NOTE [striped pipelines] from `best` until `end` (a perf_counter value): each (U, f) of `stripe_sets`,
-    one stripe solved by `solve(devices, microbatches, limit_s)` within `limit_s(devices)`; the fastest valid
-    plan of stripes kept when its step is below `best`'s."""
+    """NOTE [striped pipelines] from `best` until `end` (a perf_counter value): each (U, f) of `stripe_sets`
+    whose stripe has the memory to hold the model and no more devices than `best`'s longest pipeline, one stripe solved by `solve(devices, microbatches, limit_s)`
+    within `limit_s(devices)`; the fastest valid plan of stripes kept when its step is below `best`'s."""
     t0 = time.perf_counter()
     out = StripeResult(plan=best)
+    need = need_bytes(problem)
+    longest = max(len(p.devices) for p in best.pipelines)
     used = {d for p in best.pipelines for s in p.plan.stages for d in _devices_of(s)}
     gpipe = problem.training is not None and problem.training.schedule == "gpipe"
     for machines, f in stripe_sets(problem, used):
@@ -109,6 +114,10 @@ def stripe_probe(problem: Problem, best: PipelinesPlan, microbatches: int,
         if left <= 0 or microbatches < f:
             continue
         groups = stripe_devices(problem, machines, f)
+        if len(groups[0]) > longest:
+            continue  # longer than any pipeline of the plan: a longer fill (llama-70b on hetero-1024: 6 s, no gain)
+        if sum(problem.device(d).capacity_bytes for d in groups[0]) < need:
+            continue  # NOTE [pipelines bound] (f): no plan of it holds the model (llama-70b: 6 or 12 GPUs)
         if limit_s(len(groups[0])) > left:
             continue  # its solve would overrun the probe's time (a stripe of every 1,024-GPU machine: 128 devices)
         m = -(-microbatches // f) if gpipe else microbatches // f

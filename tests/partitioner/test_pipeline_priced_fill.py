@@ -86,3 +86,14 @@ def test_negative_control_the_fuzz_catches_the_wrong_crossing(monkeypatch):
     assert bound <= optimum
     monkeypatch.setattr(bounds, "CROSS_EVERYWHERE", True)
     assert check(17, alone=True)[1] > optimum
+
+
+def test_the_pipelines_bound_alone_stays_below_the_optimum_on_the_seeded_fuzz():
+    """The seeded fuzz of test_pipeline_transfer_floor.py with NOTE [pipelines bound] alone (no memory bound to hide
+    the priced fill behind); benchmarks/pipeline_bound_fuzz.py --alone runs thousands."""
+    from pipeline_bound_fuzz import check
+    from test_pipeline_transfer_floor import CHEAP_SEEDS
+
+    for seed in CHEAP_SEEDS:
+        optimum, bound = check(seed, alone=True)
+        assert optimum is not None and bound <= optimum, (seed, bound, optimum)
