@@ -29,8 +29,9 @@ NOTE [outputs outside the artifacts]
 An output the user names (`export --out`, `profile --out`, `--dump-ir`, `partition --out`,
 `run --checkpoint-dir`) must not land on a file of an artifacts directory (`export --out
 art/manifest.json` wrote a DeepSpeed config over the manifest) nor inside one of its folders
-that hetpart owns: `logs/` (every `run` replaces it, and its marker listed whatever was in it
-when the torchruns ended, checkpoints included, for the next `run` or `--force` to remove) and
+that hetpart owns: `logs/` (every `run` replaces it; its marker once listed whatever was in it
+when the torchruns ended, checkpoints included, for the next `run` or `--force` to remove, and
+a file there that it does not list now makes them refuse: NOTE [what --force replaces]) and
 the folders of its listed files (`rank<k>/`, `ir/`: `run` refuses any file there manifest.json
 does not list, and advises removing it). `inside_artifacts` finds such a path through the
 `.hetpart` marker of every folder above it (links resolved); the top of an artifacts directory

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shlex
 import shutil
 import tempfile
@@ -38,7 +39,7 @@ from hetpart.errors import HetpartError
 from hetpart.fsio import ARTIFACTS_MARKER, atomic_write, check_outside_artifacts, exclusive_lock
 from hetpart.ir import info
 from hetpart.timings import StepTimes
-from hetpart.trust import MANIFEST_FORMAT_VERSION, sha256_file, write_signature
+from hetpart.trust import MANIFEST_FORMAT_VERSION, NotAPlainFile, sha256_file, write_signature
 
 FORMAT_VERSION = MANIFEST_FORMAT_VERSION
 sha256 = sha256_file
@@ -72,9 +73,15 @@ MARKER = ARTIFACTS_MARKER  # in every artifacts directory: the format version an
 # --force refuse the directories earlier versions wrote.
 #
 # What later commands add must be theirs too. `run` writes `logs/.hetpart-logs` when it makes
-# logs/ (listing nothing yet) and again, listing every file then in logs/, once its torchruns
-# end (success, failure, timeout, SIGTERM and Ctrl-C alike: a `finally`); logs/ may go only
-# if the marker is there and lists every file in it. A run killed with SIGKILL leaves its
+# logs/ (listing nothing yet) and again once its torchruns end (success, failure, timeout,
+# SIGTERM and Ctrl-C alike: a `finally`), listing with its sha256 each file then in logs/ whose
+# path is one hetpart or torchrun makes (`LOG_NAME`: torchrun<i>.log, which `run` creates, and
+# torchrun's [node<k>/]<run id>_<8 mkdtemp characters>/attempt_<n>/[<local rank>/]<stdout.log,
+# stderr.log, error.json, filtered_std*.log>). A file another program wrote into logs/ during the
+# run under any other name is not listed (the marker once listed every file there, and the next
+# run or --force deleted it). logs/ may go only if the marker is there and lists every file in it
+# with the sha256 it has now: a listed file someone changed since is theirs. A marker without
+# digests (hetpart before this rule) lists nothing. A run killed with SIGKILL leaves its
 # torchrun's files unlisted: they are refused too (the safe side; the user removes logs/).
 # measured.json may go only if it is a JSON object with `stages` (a list) and `step_time_us`,
 # the shape `run --measure` writes: it has no room for a marker, and a user's own file of that
@@ -86,26 +93,50 @@ LATER_DIRS = {"logs"}  # `run`'s: its whole contents are replaced by the next ru
 LOGS_MARKER = ".hetpart-logs"  # in logs/: every file `run` (its torchruns) wrote there
 
 
+# The paths inside logs/ that `run` (torchrun<i>.log) and its torchruns (--log-dir, one per node with
+# --as-nodes) create: NOTE [what --force replaces]. torchrun names its run folder with mkdtemp.
+LOG_NAME = re.compile(r"torchrun\d+\.log|(node\d+/)?[^/]+_[a-z0-9_]{8}/attempt_\d+/"
+                      r"(\d+/(stdout\.log|stderr\.log|error\.json)|filtered_std(out|err)\.log)")
+
+
 def write_logs_marker(log_dir: Path) -> None:
-    """`log_dir`/.hetpart-logs, listing every file in `log_dir` now (NOTE [what --force replaces])."""
-    files = sorted(p.relative_to(log_dir).as_posix() for p in log_dir.rglob("*")
-                   if p.is_file() and not p.is_symlink() and p.name != LOGS_MARKER)
+    """`log_dir`/.hetpart-logs, listing with its sha256 every file in `log_dir` now whose path is one
+    hetpart or torchrun makes (NOTE [what --force replaces])."""
+    files = {}
+    for p in sorted(log_dir.rglob("*")):
+        entry = p.relative_to(log_dir).as_posix()
+        digest = _digest(p) if LOG_NAME.fullmatch(entry) else None  # unreadable: unlisted, never removed
+        if digest is not None:
+            files[entry] = digest
     write_json(log_dir / LOGS_MARKER, {"marker_version": MARKER_VERSION, "files": files})
 
 
 def foreign_log(log_dir: Path) -> str | None:
-    """The first entry of `log_dir` that `run` did not write (its path inside), or None. Without a
-    readable marker no file is `run`'s."""
+    """The first entry of `log_dir` that `run` did not write (its path inside), or None: one the marker
+    does not list, or whose sha256 is no longer the listed one. Without a readable marker no file is `run`'s."""
     marker = log_dir / LOGS_MARKER
     try:
-        listed = set(json.loads(marker.read_text())["files"]) if not marker.is_symlink() else set()
-    except (OSError, ValueError, KeyError, TypeError, RecursionError):
-        listed = set()
+        listed = json.loads(marker.read_text())["files"] if not marker.is_symlink() else {}
+        listed = {k: v for k, v in listed.items() if isinstance(v, str)}  # a list: hetpart before digests
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
+        listed = {}
     for p in sorted(log_dir.rglob("*")):
         entry = p.relative_to(log_dir).as_posix()
-        if p.is_symlink() or not p.is_dir() and entry not in listed | {LOGS_MARKER}:
+        if p.is_symlink():
+            return entry
+        if p.is_dir() or entry == LOGS_MARKER:
+            continue
+        if entry not in listed or not LOG_NAME.fullmatch(entry) or _digest(p) != listed[entry]:
             return entry
     return None
+
+
+def _digest(path: Path) -> str | None:
+    """The sha256 of a plain file, None for a link, a folder or one that cannot be read."""
+    try:
+        return sha256(path)
+    except (OSError, NotAPlainFile):
+        return None
 
 
 def is_measured_json(path: Path) -> bool:
