@@ -464,6 +464,46 @@ def test_sigterm_during_partition_leaves_nothing(tmp_path, capsys):
     assert not work.exists(), "no staging directory, no lock, no parent folder it created"
 
 
+def test_a_staging_directory_a_killed_partition_left_is_removed_by_the_next_one(tmp_path, capsys):
+    """A SIGKILL during `partition` left `.out.tmp-*` beside --out, and nothing removed it. The next `partition` to the
+    same --out removes it, once it holds the lock; look-alikes someone made stay (NOTE [stale staging directories])."""
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "slow.py").write_text("import time\n\ndef build():\n    time.sleep(120)\n")
+    work = tmp_path / "work"
+    out = work / "out"
+    proc = _python("-m", "hetpart", "partition", f"{models}/slow.py:build", "--cluster", "preset:cpu-2",
+                   "--out", str(out))
+    try:
+        (staging,) = _wait_for(lambda: list(work.glob(".out.tmp-*")) if work.exists() else [])
+        (staging / "plan.json").write_text("{}")  # as the codegen would, part way
+        assert main(["partition", *MLP, "--out", str(out)]) == 2  # while it lives: its lock, its staging dir
+        assert f"another `hetpart partition` is writing '{out}' now" in _error(capsys)
+        assert staging.is_dir()
+        proc.kill()
+        proc.wait(timeout=60)
+    finally:
+        proc.kill()
+    assert staging.is_dir() and (work / ".out.lock").exists()
+    owner = json.loads((staging / ".hetpart-staging").read_text())
+    theirs = {".out.tmp-mine1234": None,  # a look-alike without hetpart's file
+              ".out.tmp-othr5678": {**owner, "staging_for": "other"},  # another --out's
+              ".out.tmp-live0000": {**owner, "pid": os.getpid()},  # a process that runs
+              ".out.tmp-mine": {**owner}}  # not a name mkdtemp makes
+    for name, record in theirs.items():
+        (work / name).mkdir()
+        (work / name / "notes.txt").write_text("precious")
+        if record is not None:
+            (work / name / ".hetpart-staging").write_text(json.dumps(record))
+    (work / ".out.tmp-link5678").symlink_to(staging)  # a link to a stale one: neither it nor its target's files
+    before = {name: _tree(work / name) for name in theirs}
+    assert main(["partition", *MLP, "--out", str(out)]) == 0
+    assert not staging.exists() and (work / ".out.tmp-link5678").is_symlink()
+    assert {name: _tree(work / name) for name in theirs} == before
+    assert sorted(p.name for p in work.iterdir()) == sorted(["out", ".out.tmp-link5678", *theirs])
+    assert not (out / ".hetpart-staging").exists()  # removed before the artifacts marker: it lists no such file
+
+
 def _processes_on(out: Path, also: bytes = b"") -> list[int]:
     """Pids of processes (hetpart, torchrun, ranks) whose command line names `out` (and holds `also`)."""
     pids = []

@@ -23,6 +23,8 @@ import os
 import re
 import shlex
 import shutil
+import socket
+import stat
 import tempfile
 from dataclasses import dataclass
 from collections.abc import Iterator
@@ -71,6 +73,19 @@ MARKER = ARTIFACTS_MARKER  # in every artifacts directory: the format version an
 # failure, a signal included (`_swap`); a signal after that mkdir removes the empty directory.
 # The marker's own format, apart from the manifest's: a later manifest format must not make
 # --force refuse the directories earlier versions wrote.
+#
+# NOTE [stale staging directories]
+# `partition` builds its output in `.<name>.tmp-XXXXXXXX` beside --out (mkdtemp: mode 0700, a
+# random suffix), made only while it holds the lock `.<name>.lock` and removed before it lets go.
+# A SIGKILL leaves it. Right after mkdtemp, `partition` writes `.hetpart-staging` into it (the
+# --out name, its pid and host), and removes it before the artifacts marker is written. The next
+# `partition` to the same --out, once it holds the lock (so no other live `partition` to that
+# --out exists: each made its staging directory under it), removes every `.<name>.tmp-<8
+# mkdtemp characters>` beside --out that is a real directory of this user holding that file,
+# naming this --out, written on this host by a process that no longer runs (one that runs, a
+# reused pid, or another host's: it is left, the safe side). A look-alike someone made (no such file), or a staging directory of an
+# older hetpart, is left as it is; so is `.<name>.old-*`, which after a SIGKILL during --force's
+# swap holds the only copy of the old artifacts (README, "Trust model").
 #
 # What later commands add must be theirs too. `run` writes `logs/.hetpart-logs` when it makes
 # logs/ (listing nothing yet) and again once its torchruns end (success, failure, timeout,
@@ -271,6 +286,44 @@ def _no_link(out: Path) -> Path:
     return out.resolve()  # the links above it that exist: only the last name matters to the checks
 
 
+STAGING_MARKER = ".hetpart-staging"  # in a staging directory of `partition` while it builds: NOTE [stale staging directories]
+STAGING_SUFFIX = re.compile(r"[a-z0-9_]{8}")  # mkdtemp's
+
+
+def _remove_stale_staging(parent: Path, name: str) -> None:
+    """Remove what a killed `partition` to `parent/name` left (NOTE [stale staging directories]); call
+    only while holding its lock."""
+    prefix = f".{name}.tmp-"
+    for entry in sorted(os.listdir(parent)):
+        path = parent / entry
+        if not entry.startswith(prefix) or not STAGING_SUFFIX.fullmatch(entry[len(prefix):]):
+            continue
+        try:
+            st = os.lstat(path)
+            marker = os.lstat(path / STAGING_MARKER)
+            owner = json.loads((path / STAGING_MARKER).read_text())
+        except (OSError, ValueError, RecursionError):
+            continue
+        if (not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or not stat.S_ISREG(marker.st_mode)
+                or not isinstance(owner, dict) or owner.get("staging_for") != name
+                or not isinstance(owner.get("pid"), int) or owner.get("host") != socket.gethostname()
+                or _running(owner["pid"])):
+            continue
+        shutil.rmtree(path, ignore_errors=True)  # never follows a link inside
+
+
+def _running(pid: int) -> bool:
+    if pid <= 0:
+        return True  # not a process: never taken as a dead one
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's: it runs
+        return True
+    return True
+
+
 @contextlib.contextmanager
 def staging_dir(out: Path, force: bool) -> Iterator[Path]:
     """A fresh directory beside `out`, renamed to `out` only if the block succeeds.
@@ -297,12 +350,16 @@ def staging_dir(out: Path, force: bool) -> Iterator[Path]:
                 held.enter_context(exclusive_lock(lock, f"another `hetpart partition` is writing '{out}' now (it "
                                                         f"holds {lock}); wait for it to end or choose another --out"))
                 existed = _check_out(out, force)  # again, now that no other hetpart can change it
+                _remove_stale_staging(parent, out.name)  # NOTE [stale staging directories]
                 tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=parent))
+                write_json(tmp / STAGING_MARKER, {"staging_for": out.name, "pid": os.getpid(),
+                                                  "host": socket.gethostname()})
             except OSError as err:
                 raise HetpartError(f"cannot create the output directory '{out}': {err.strerror} in '{parent}'; "
                                    "choose another --out") from None
             try:
                 yield tmp
+                (tmp / STAGING_MARKER).unlink()
                 _write_marker(tmp)
                 umask = os.umask(0)
                 os.umask(umask)
