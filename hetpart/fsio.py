@@ -23,7 +23,7 @@ refuses a symlink or a file in its place; files in it are created with
 `partition` (`tempfile.mkdtemp`: new, mode 0700, nobody else can create names in
 it) plain writes are safe, and the codegen writes there directly. `exclusive_lock`
 keeps two writers of one path apart (`partition`'s publish: NOTE [what --force
-replaces] in codegen/artifacts.py).
+replaces] in codegen/publish.py).
 
 NOTE [outputs outside the artifacts]
 An output the user names (`export --out`, `profile --out`, `--dump-ir`, `partition --out`,

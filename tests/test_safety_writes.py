@@ -1,7 +1,7 @@
 """Issue 18, the write side: what --force may replace, concurrent partitions, symlinks planted in an
 artifacts directory, all-or-nothing shard-weights, signals, and launch.sh quoting.
 
-NOTE [what --force replaces] in codegen/artifacts.py, NOTE [safe writes] in fsio.py.
+NOTE [what --force replaces] in codegen/publish.py, NOTE [safe writes] in fsio.py.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from safetensors.torch import load_file, save_file
 import hetpart
 from hetpart.cli import main
 from hetpart.codegen import launch_script
-from hetpart.codegen.artifacts import FORMAT_VERSION, MARKER, write_logs_marker
+from hetpart.codegen.artifacts import FORMAT_VERSION
+from hetpart.codegen.publish import MARKER, write_logs_marker
 from hetpart.frontend import ModelSpec, load_model
 from hetpart.runtime.artifacts import check_rank_files, load_manifest
 
@@ -605,7 +606,7 @@ def test_partition_refuses_a_symlink_at_out_and_creates_no_folder_through_one(co
 
 @pytest.mark.parametrize("when", ["after-moving-the-old-aside", "after-making-the-new-out"])
 def test_a_signal_during_the_force_swap_puts_the_old_directory_back(copy, tmp_path, monkeypatch, capsys, when):
-    import hetpart.codegen.artifacts as artifacts
+    import hetpart.codegen.publish as publish
 
     before = _tree(copy)
     real = os.rename
@@ -620,7 +621,7 @@ def test_a_signal_during_the_force_swap_puts_the_old_directory_back(copy, tmp_pa
         if when == "after-moving-the-old-aside" and str(dst).endswith("/x"):
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(artifacts.os, "rename", interrupted)
+    monkeypatch.setattr(publish.os, "rename", interrupted)
     assert main(["partition", *MLP, "--out", str(copy), "--force"]) == 130
     monkeypatch.undo()
     assert _tree(copy) == before
