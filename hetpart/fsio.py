@@ -23,14 +23,15 @@ refuses a symlink or a file in its place; files in it are created with
 `partition` (`tempfile.mkdtemp`: new, mode 0700, nobody else can create names in
 it) plain writes are safe, and the codegen writes there directly. `exclusive_lock`
 keeps two writers of one path apart (`partition`'s publish: NOTE [what --force
-replaces] in codegen/artifacts.py).
+replaces] in codegen/publish.py).
 
 NOTE [outputs outside the artifacts]
 An output the user names (`export --out`, `profile --out`, `--dump-ir`, `partition --out`,
 `run --checkpoint-dir`) must not land on a file of an artifacts directory (`export --out
 art/manifest.json` wrote a DeepSpeed config over the manifest) nor inside one of its folders
-that hetpart owns: `logs/` (every `run` replaces it, and its marker listed whatever was in it
-when the torchruns ended, checkpoints included, for the next `run` or `--force` to remove) and
+that hetpart owns: `logs/` (every `run` replaces it; its marker once listed whatever was in it
+when the torchruns ended, checkpoints included, for the next `run` or `--force` to remove, and
+a file there that it does not list now makes them refuse: NOTE [what --force replaces]) and
 the folders of its listed files (`rank<k>/`, `ir/`: `run` refuses any file there manifest.json
 does not list, and advises removing it). `inside_artifacts` finds such a path through the
 `.hetpart` marker of every folder above it (links resolved); the top of an artifacts directory

@@ -1,7 +1,7 @@
 """Issue 18, the write side: what --force may replace, concurrent partitions, symlinks planted in an
 artifacts directory, all-or-nothing shard-weights, signals, and launch.sh quoting.
 
-NOTE [what --force replaces] in codegen/artifacts.py, NOTE [safe writes] in fsio.py.
+NOTE [what --force replaces] in codegen/publish.py, NOTE [safe writes] in fsio.py.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from safetensors.torch import load_file, save_file
 import hetpart
 from hetpart.cli import main
 from hetpart.codegen import launch_script
-from hetpart.codegen.artifacts import FORMAT_VERSION, MARKER, write_logs_marker
+from hetpart.codegen.artifacts import FORMAT_VERSION
+from hetpart.codegen.publish import MARKER, write_logs_marker
 from hetpart.frontend import ModelSpec, load_model
 from hetpart.runtime.artifacts import check_rank_files, load_manifest
 
@@ -34,6 +35,7 @@ MLP = ["zoo:mlp", "--set", "hidden=32", "--set", "n_blocks=2", "--cluster", "pre
 MLP_2RANK = ["zoo:mlp", "--set", "hidden=256", "--set", "n_blocks=4", "--batch-size", "64", "--microbatches", "2",
              "--cluster", "preset:cpu-2", "--no-pt2", "--time-limit", "5"]
 ROOT = Path(hetpart.__file__).parent.parent
+RUN_DIR = "none_k5xhq_qu"  # torchrun's run folder in logs/: <run id>_<mkdtemp's 8 characters>
 MEASURED = {"stages": [], "step_time_us": 1.0, "schedule": "gpipe", "microbatches": 4, "predicted_step_time_us": None}
 
 
@@ -122,8 +124,8 @@ def test_force_refuses_a_symlink_or_the_directory_holding_the_current_one(copy, 
 
 
 def test_force_replaces_a_hetpart_directory_with_what_run_and_shard_weights_added(copy, tmp_path):
-    (copy / "logs" / "run-id" / "attempt_0" / "0").mkdir(parents=True)
-    (copy / "logs" / "run-id" / "attempt_0" / "0" / "stdout.log").write_text("log")
+    (copy / "logs" / RUN_DIR / "attempt_0" / "0").mkdir(parents=True)
+    (copy / "logs" / RUN_DIR / "attempt_0" / "0" / "stdout.log").write_text("log")
     write_logs_marker(copy / "logs")  # as `run` does once its torchruns end
     (copy / "measured.json").write_text(json.dumps(MEASURED))
     (copy / "plan.json").write_text("old")
@@ -240,8 +242,8 @@ def _fake_torchruns(monkeypatch) -> None:
         plan_out = manifest["ranks"][-1]["outputs"]
         save_file({o["name"]: torch.zeros(2) for o in plan_out}, str(io_dir / "outputs.safetensors"))
         (io_dir / "step_seconds").write_text("0.01\n")
-        (log_dir / "run-id" / "attempt_0" / "0").mkdir(parents=True)
-        (log_dir / "run-id" / "attempt_0" / "0" / "stdout.log").write_text("log")
+        (log_dir / RUN_DIR / "attempt_0" / "0").mkdir(parents=True)
+        (log_dir / RUN_DIR / "attempt_0" / "0" / "stdout.log").write_text("log")
 
     monkeypatch.setattr(launch, "_run_torchruns", fake_torchruns)
     monkeypatch.setattr(launch, "measurement", lambda *args: MEASURED)
@@ -463,6 +465,46 @@ def test_sigterm_during_partition_leaves_nothing(tmp_path, capsys):
     assert not work.exists(), "no staging directory, no lock, no parent folder it created"
 
 
+def test_a_staging_directory_a_killed_partition_left_is_removed_by_the_next_one(tmp_path, capsys):
+    """A SIGKILL during `partition` left `.out.tmp-*` beside --out, and nothing removed it. The next `partition` to the
+    same --out removes it, once it holds the lock; look-alikes someone made stay (NOTE [stale staging directories])."""
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "slow.py").write_text("import time\n\ndef build():\n    time.sleep(120)\n")
+    work = tmp_path / "work"
+    out = work / "out"
+    proc = _python("-m", "hetpart", "partition", f"{models}/slow.py:build", "--cluster", "preset:cpu-2",
+                   "--out", str(out))
+    try:
+        (staging,) = _wait_for(lambda: list(work.glob(".out.tmp-*")) if work.exists() else [])
+        (staging / "plan.json").write_text("{}")  # as the codegen would, part way
+        assert main(["partition", *MLP, "--out", str(out)]) == 2  # while it lives: its lock, its staging dir
+        assert f"another `hetpart partition` is writing '{out}' now" in _error(capsys)
+        assert staging.is_dir()
+        proc.kill()
+        proc.wait(timeout=60)
+    finally:
+        proc.kill()
+    assert staging.is_dir() and (work / ".out.lock").exists()
+    owner = json.loads((staging / ".hetpart-staging").read_text())
+    theirs = {".out.tmp-mine1234": None,  # a look-alike without hetpart's file
+              ".out.tmp-othr5678": {**owner, "staging_for": "other"},  # another --out's
+              ".out.tmp-live0000": {**owner, "pid": os.getpid()},  # a process that runs
+              ".out.tmp-mine": {**owner}}  # not a name mkdtemp makes
+    for name, record in theirs.items():
+        (work / name).mkdir()
+        (work / name / "notes.txt").write_text("precious")
+        if record is not None:
+            (work / name / ".hetpart-staging").write_text(json.dumps(record))
+    (work / ".out.tmp-link5678").symlink_to(staging)  # a link to a stale one: neither it nor its target's files
+    before = {name: _tree(work / name) for name in theirs}
+    assert main(["partition", *MLP, "--out", str(out)]) == 0
+    assert not staging.exists() and (work / ".out.tmp-link5678").is_symlink()
+    assert {name: _tree(work / name) for name in theirs} == before
+    assert sorted(p.name for p in work.iterdir()) == sorted(["out", ".out.tmp-link5678", *theirs])
+    assert not (out / ".hetpart-staging").exists()  # removed before the artifacts marker: it lists no such file
+
+
 def _processes_on(out: Path, also: bytes = b"") -> list[int]:
     """Pids of processes (hetpart, torchrun, ranks) whose command line names `out` (and holds `also`)."""
     pids = []
@@ -564,7 +606,7 @@ def test_partition_refuses_a_symlink_at_out_and_creates_no_folder_through_one(co
 
 @pytest.mark.parametrize("when", ["after-moving-the-old-aside", "after-making-the-new-out"])
 def test_a_signal_during_the_force_swap_puts_the_old_directory_back(copy, tmp_path, monkeypatch, capsys, when):
-    import hetpart.codegen.artifacts as artifacts
+    import hetpart.codegen.publish as publish
 
     before = _tree(copy)
     real = os.rename
@@ -579,7 +621,7 @@ def test_a_signal_during_the_force_swap_puts_the_old_directory_back(copy, tmp_pa
         if when == "after-moving-the-old-aside" and str(dst).endswith("/x"):
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(artifacts.os, "rename", interrupted)
+    monkeypatch.setattr(publish.os, "rename", interrupted)
     assert main(["partition", *MLP, "--out", str(copy), "--force"]) == 130
     monkeypatch.undo()
     assert _tree(copy) == before
@@ -588,7 +630,7 @@ def test_a_signal_during_the_force_swap_puts_the_old_directory_back(copy, tmp_pa
 
 @pytest.mark.parametrize("theirs, named", [
     ({"logs/mynotes.txt": "precious"}, "logs/mynotes.txt"),
-    ({"logs/run-id/attempt_0/0/mine.txt": "precious"}, "logs/run-id/attempt_0/0/mine.txt"),
+    ({f"logs/{RUN_DIR}/attempt_0/0/mine.txt": "precious"}, f"logs/{RUN_DIR}/attempt_0/0/mine.txt"),
     ({"measured.json": '{"my": "numbers"}'}, "measured.json"),
     ({"measured.json": "precious"}, "measured.json"),
 ])
@@ -596,7 +638,7 @@ def test_force_and_run_replace_only_the_logs_and_measured_json_run_wrote(copy, m
     _fake_torchruns(monkeypatch)
     assert main(["run", str(copy), "--measure"]) == 0  # logs/ with its marker, measured.json
     marker = json.loads((copy / "logs" / ".hetpart-logs").read_text())
-    assert marker["files"] == ["run-id/attempt_0/0/stdout.log"]
+    assert list(marker["files"]) == [f"{RUN_DIR}/attempt_0/0/stdout.log"]
     for name, text in theirs.items():
         (copy / name).write_text(text)
     before = _tree(copy)
@@ -616,6 +658,52 @@ def test_force_refuses_a_logs_folder_a_user_made(copy, capsys):
     (copy / "logs" / "mynotes.txt").unlink()
     assert main(["partition", *MLP, "--out", str(copy), "--force"]) == 0  # an empty one holds nothing of theirs
 
+
+
+@pytest.mark.parametrize("theirs", ["mynotes.txt", f"{RUN_DIR}/attempt_0/0/mine.txt", "mine/torchrun0.log",
+                                    "mine/attempt_0/0/stdout.log"])
+def test_a_file_written_into_logs_during_a_run_is_never_listed_nor_removed(copy, monkeypatch, capsys, theirs):
+    """The logs marker listed every file in logs/ when the torchruns ended, so a file another program wrote there
+    meanwhile was removed by the next `run` or `partition --force` (NOTE [what --force replaces])."""
+    from hetpart.runtime import launch
+
+    _fake_torchruns(monkeypatch)
+    fake = launch._run_torchruns
+
+    def torchruns_while_someone_writes(cmds, manifest, log_dir, opts):
+        fake(cmds, manifest, log_dir, opts)
+        (log_dir / theirs).parent.mkdir(parents=True, exist_ok=True)
+        (log_dir / theirs).write_text("precious")
+
+    monkeypatch.setattr(launch, "_run_torchruns", torchruns_while_someone_writes)
+    assert main(["run", str(copy)]) == 0
+    marker = json.loads((copy / "logs" / ".hetpart-logs").read_text())
+    assert list(marker["files"]) == [f"{RUN_DIR}/attempt_0/0/stdout.log"]
+    before = _tree(copy)
+    assert main(["run", str(copy)]) == 2
+    assert f"holds '{theirs}', which hetpart did not write" in _error(capsys)
+    assert main(["partition", *MLP, "--out", str(copy), "--force"]) == 2
+    assert f"holds 'logs/{theirs}', which hetpart did not write" in _error(capsys)
+    assert _tree(copy) == before and (copy / "logs" / theirs).read_text() == "precious"
+
+
+@pytest.mark.parametrize("change", ["edit", "old marker"])
+def test_a_listed_log_someone_changed_since_is_never_removed(copy, monkeypatch, capsys, change):
+    """A file the marker lists goes only while its sha256 is the listed one; a marker without digests (an earlier
+    hetpart's, which listed whatever was in logs/) lists nothing."""
+    _fake_torchruns(monkeypatch)
+    assert main(["run", str(copy)]) == 0
+    log = copy / "logs" / RUN_DIR / "attempt_0" / "0" / "stdout.log"
+    if change == "edit":
+        log.write_text("log\nmy own notes on this run\n")
+    else:
+        (copy / "logs" / ".hetpart-logs").write_text(json.dumps({"marker_version": 1, "files": [
+            f"{RUN_DIR}/attempt_0/0/stdout.log"]}))
+    before = _tree(copy)
+    assert main(["run", str(copy)]) == 2
+    assert f"holds '{RUN_DIR}/attempt_0/0/stdout.log', which hetpart did not write" in _error(capsys)
+    assert main(["partition", *MLP, "--out", str(copy), "--force"]) == 2
+    assert _tree(copy) == before
 
 
 class _Launched(Exception):
@@ -650,6 +738,10 @@ def test_checkpoints_inside_the_folders_run_owns_are_refused(copy, tmp_path, mon
     inside = "inside " if "/" in where else ""
     assert f"{flag} {copy / where} is {inside}'{copy.resolve() / top}', a folder of the artifacts" in _error(capsys)
     assert _tree(tmp_path) == before  # no folder made, the checkpoint in logs/ kept
+    if flag == "--resume":  # a file in logs/ no logs marker lists (nor ever did, now): `run` keeps it, refusing
+        assert main(["run", str(copy)]) == 2
+        assert "holds 'step-000002/checkpoint.json', which hetpart did not write" in _error(capsys)
+        shutil.rmtree(copy / "logs")
     for ck in (tmp_path / "ck", copy / "ck"):
         with pytest.raises(_Launched):
             main(["run", str(copy), "--mode", "training", "--checkpoint-dir", str(ck), "--checkpoint-every", "1"])

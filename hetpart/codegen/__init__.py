@@ -1,9 +1,10 @@
 """Plan + annotated graph -> per-stage GraphModules -> the artifacts directory."""
 
 from hetpart.codegen.artifacts import (
-    FORMAT_VERSION, PlannedDevice, launch_groups, launch_script, manifest, sha256, staging_dir, write_json,
+    FORMAT_VERSION, PlannedDevice, launch_groups, launch_script, manifest, sha256, write_json,
     write_manifest, write_rank,
 )
+from hetpart.codegen.publish import staging_dir
 from hetpart.codegen.pt2 import stage_examples, write_pt2, write_pt2_files
 from hetpart.codegen.source import stage_source
 from hetpart.codegen.split import StageGraph, run_stages, split_stages

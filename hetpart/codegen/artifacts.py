@@ -12,19 +12,14 @@
 
 Everything but timings.json is deterministic for the same inputs. The directory
 is built beside the target and renamed into place, so an interrupted run leaves
-no partial directory.
+no partial directory (hetpart/codegen/publish.py).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import shlex
-import shutil
-import tempfile
 from dataclasses import dataclass
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +29,7 @@ from hetpart.codegen.pt2 import write_pt2
 from hetpart.codegen.source import stage_source
 from hetpart.codegen.split import StageGraph, shared_weights_file
 from hetpart.codegen.weights import write_weight_manifest, write_weights
-from hetpart.errors import HetpartError
-from hetpart.fsio import ARTIFACTS_MARKER, atomic_write, check_outside_artifacts, exclusive_lock
+from hetpart.fsio import atomic_write
 from hetpart.ir import info
 from hetpart.timings import StepTimes
 from hetpart.trust import MANIFEST_FORMAT_VERSION, sha256_file, write_signature
@@ -46,251 +40,6 @@ sha256 = sha256_file
 
 def write_json(path: Path, data: Any) -> None:
     atomic_write(path, json.dumps(data, indent=2, sort_keys=False) + "\n")  # NOTE [safe writes]
-
-
-MARKER = ARTIFACTS_MARKER  # in every artifacts directory: the format version and every file partition wrote
-
-# NOTE [what --force replaces]
-# `partition --force` replaces a directory only if hetpart wrote everything in it. Every
-# artifacts directory holds `.hetpart`, written last: the format version and the path of
-# every file `partition` put there. `--force` checks that the marker is there and that each
-# entry of the old directory is a listed file, a folder holding listed files, or what later
-# commands add (`run`'s logs/ and measured.json, `shard-weights`' weights.safetensors in a
-# rank folder); no symlink, no other file. Anything else (`.`, the folder of the model
-# file, a project with NOTES.md, a directory without the marker or holding the current
-# directory) is refused, naming the entry, and nothing is touched. It is checked before the
-# run and again at publish time.
-# The swap happens under an exclusive lock on `.<name>.lock` beside `--out`, taken before
-# the first check and held to the rename (NOTE [safe writes] in fsio.py), so a second
-# `partition` to the same --out fails at once instead of losing one result. A directory
-# another program creates at --out meanwhile survives: the new output is published only
-# into a directory this run just made with mkdir (rename(2) replaces an empty directory,
-# and refuses a non-empty one), and an --out that appeared during the run is an error.
-# The old directory is moved aside (`.<name>.old-*/x`) for the swap and put back on any
-# failure, a signal included (`_swap`); a signal after that mkdir removes the empty directory.
-# The marker's own format, apart from the manifest's: a later manifest format must not make
-# --force refuse the directories earlier versions wrote.
-#
-# What later commands add must be theirs too. `run` writes `logs/.hetpart-logs` when it makes
-# logs/ (listing nothing yet) and again, listing every file then in logs/, once its torchruns
-# end (success, failure, timeout, SIGTERM and Ctrl-C alike: a `finally`); logs/ may go only
-# if the marker is there and lists every file in it. A run killed with SIGKILL leaves its
-# torchrun's files unlisted: they are refused too (the safe side; the user removes logs/).
-# measured.json may go only if it is a JSON object with `stages` (a list) and `step_time_us`,
-# the shape `run --measure` writes: it has no room for a marker, and a user's own file of that
-# name is, with all but certainty, not of that shape. The same checks guard the next `run`,
-# which replaces logs/ and measured.json in the same way (hetpart/runtime/launch.py).
-MARKER_VERSION = 1
-LATER_FILES = {"measured.json"}  # written by `run --measure`
-LATER_DIRS = {"logs"}  # `run`'s: its whole contents are replaced by the next run
-LOGS_MARKER = ".hetpart-logs"  # in logs/: every file `run` (its torchruns) wrote there
-
-
-def write_logs_marker(log_dir: Path) -> None:
-    """`log_dir`/.hetpart-logs, listing every file in `log_dir` now (NOTE [what --force replaces])."""
-    files = sorted(p.relative_to(log_dir).as_posix() for p in log_dir.rglob("*")
-                   if p.is_file() and not p.is_symlink() and p.name != LOGS_MARKER)
-    write_json(log_dir / LOGS_MARKER, {"marker_version": MARKER_VERSION, "files": files})
-
-
-def foreign_log(log_dir: Path) -> str | None:
-    """The first entry of `log_dir` that `run` did not write (its path inside), or None. Without a
-    readable marker no file is `run`'s."""
-    marker = log_dir / LOGS_MARKER
-    try:
-        listed = set(json.loads(marker.read_text())["files"]) if not marker.is_symlink() else set()
-    except (OSError, ValueError, KeyError, TypeError, RecursionError):
-        listed = set()
-    for p in sorted(log_dir.rglob("*")):
-        entry = p.relative_to(log_dir).as_posix()
-        if p.is_symlink() or not p.is_dir() and entry not in listed | {LOGS_MARKER}:
-            return entry
-    return None
-
-
-def is_measured_json(path: Path) -> bool:
-    """Whether `path` holds what `run --measure` writes (NOTE [what --force replaces])."""
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError, RecursionError):
-        return False
-    return isinstance(data, dict) and isinstance(data.get("stages"), list) and "step_time_us" in data
-
-
-def _refuse(out: Path, why: str, todo: str = "remove it yourself") -> HetpartError:
-    return HetpartError(f"--force replaces only a directory that hetpart wrote, and '{out}' {why}; nothing was "
-                        f"changed: {todo}, or choose another --out")
-
-
-def check_replaceable(out: Path) -> None:
-    """An error unless every entry of `out` is one hetpart writes (NOTE [what --force replaces])."""
-    marker = out / MARKER
-    if marker.is_symlink() or not marker.is_file():
-        raise _refuse(out, f"has no {MARKER} marker (it was not written by `hetpart partition`, or by a "
-                           "version before markers)")
-    try:
-        data = json.loads(marker.read_text())
-        listed = set(data["files"])
-        if data.get("marker_version") != MARKER_VERSION:
-            raise ValueError(f"marker_version {data.get('marker_version')!r}")
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        raise _refuse(out, f"has a {MARKER} marker this hetpart cannot read ({err})") from None
-    try:
-        cwd = Path.cwd().resolve()
-    except OSError:  # the current directory was removed: it is in no directory
-        cwd = None
-    if cwd is not None and (cwd == out or out in cwd.parents):
-        raise _refuse(out, "holds the current directory", "run hetpart from outside it")
-    folders = {str(parent) for f in listed for parent in Path(f).parents if str(parent) != "."}
-    for root, dirs, files in os.walk(out):
-        rel = Path(root).relative_to(out)
-        for name in sorted(dirs + files):
-            entry = (rel / name).as_posix()
-            path = out / entry
-            if path.is_symlink():
-                raise _refuse(out, f"holds '{entry}', a symbolic link (hetpart writes none)", "remove the link")
-            if name in dirs:
-                ok = entry in folders or entry in LATER_DIRS
-                foreign = foreign_log(path) if entry in LATER_DIRS and entry not in folders else None
-                if foreign is not None:
-                    raise _refuse(out, f"holds '{entry}/{foreign}', which hetpart did not write",
-                                  f"move '{entry}/{foreign}' out of it")
-            else:
-                ok = path.is_file() and (entry in listed or entry == MARKER
-                                         or (entry in LATER_FILES and is_measured_json(path))
-                                         or (name == "weights.safetensors" and rel.as_posix() in folders))
-            if not ok:
-                raise _refuse(out, f"holds '{entry}', which hetpart did not write", f"move '{entry}' out of it")
-        dirs[:] = [d for d in dirs if (rel / d).as_posix() not in LATER_DIRS]
-
-
-def _check_out(out: Path, force: bool) -> bool:
-    """Whether `out` exists (then --force was given and hetpart wrote it); an error otherwise."""
-    if not out.exists():
-        return False
-    if not out.is_dir():  # before --force's advice: --force replaces no file
-        raise HetpartError(f"output path '{out}' exists and is not a directory; choose another --out")
-    if not force:
-        raise HetpartError(f"output directory '{out}' already exists; pass --force to replace it")
-    check_replaceable(out)
-    return True
-
-
-def _write_marker(tmp: Path) -> None:
-    files = sorted(p.relative_to(tmp).as_posix() for p in tmp.rglob("*") if p.is_file())
-    man = tmp / "manifest.json"  # its version (a plan of mixed TP degrees: 3, NOTE [mixed-degree pipeline])
-    version = json.loads(man.read_text()).get("format_version", FORMAT_VERSION) if man.is_file() else FORMAT_VERSION
-    write_json(tmp / MARKER, {"marker_version": MARKER_VERSION, "format_version": version, "files": files})
-
-
-def _publish_new(tmp: Path, out: Path) -> None:
-    """Rename `tmp` to `out`, which must not exist: into an empty directory made here first, as rename(2)
-    would silently replace an empty directory someone else created (NOTE [what --force replaces])."""
-    try:
-        out.mkdir()
-    except FileExistsError:
-        raise _appeared(out) from None
-    try:
-        os.rename(tmp, out)
-    except OSError:  # someone wrote into the directory just made: it is theirs now
-        raise _appeared(out) from None
-    except BaseException:  # a signal before the rename: the directory made here goes (if still empty)
-        with contextlib.suppress(OSError):
-            out.rmdir()
-        raise
-
-
-def _swap(tmp: Path, out: Path, parent: Path) -> None:
-    """Replace `out` by `tmp`: the old one is moved aside, and put back on any failure, a signal
-    (KeyboardInterrupt, SIGTERM's exception) included, so `out` is never left missing or empty."""
-    old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=parent))
-    try:
-        os.rename(out, old / "x")
-        _publish_new(tmp, out)
-    except BaseException:
-        if os.path.lexists(old / "x"):
-            with contextlib.suppress(OSError):
-                os.rename(old / "x", out)
-        raise
-    finally:
-        if not os.path.lexists(old / "x"):  # never remove the old artifacts that could not be put back
-            with contextlib.suppress(OSError):
-                old.rmdir()
-    shutil.rmtree(old, ignore_errors=True)
-
-
-def _appeared(out: Path) -> HetpartError:
-    return HetpartError(f"'{out}' was created by another program while this partition ran; it was left as it is "
-                        "and this run's output discarded: run again with another --out")
-
-
-def _no_link(out: Path) -> Path:
-    """`out` made absolute; an error if it is a symbolic link (dangling or not) or if a folder it needs
-    would be created inside one: hetpart never writes, creates or replaces through a link."""
-    out = Path(os.path.abspath(out))
-    if out.is_symlink():
-        raise HetpartError(f"--out {out} is a symbolic link; hetpart never writes through a link: pass the directory "
-                           "it points to, or remove the link")
-    missing = out.parent
-    while not os.path.lexists(missing) and missing != missing.parent:
-        missing = missing.parent
-    if missing.is_symlink() and (missing != out.parent or not missing.is_dir()):  # a dangling one: its target
-        raise HetpartError(f"--out {out}: '{missing}' is a symbolic link, and hetpart creates no folder through a "
-                           "link: create the folders yourself, or choose another --out")
-    return out.resolve()  # the links above it that exist: only the last name matters to the checks
-
-
-@contextlib.contextmanager
-def staging_dir(out: Path, force: bool) -> Iterator[Path]:
-    """A fresh directory beside `out`, renamed to `out` only if the block succeeds.
-
-    On failure nothing is left: not the directory, nor the parent directories it created.
-    With `force`, an existing `out` is replaced only if hetpart wrote it (NOTE [what --force replaces]).
-    """
-    out = _no_link(out)
-    check_outside_artifacts(out, "--out")  # NOTE [outputs outside the artifacts] in fsio.py
-    existed = _check_out(out, force)
-    parent = out.parent
-    created = [p for p in (parent, *parent.parents) if not p.exists()]  # deepest first
-    done = False
-    try:
-        try:
-            parent.mkdir(parents=True, exist_ok=True)
-        except OSError as err:
-            blocker = next((p for p in (parent, *parent.parents) if p.exists() and not p.is_dir()), None)
-            why = f"'{blocker}' is a file, not a directory" if blocker else f"{err.strerror} in '{parent}'"
-            raise HetpartError(f"cannot create the output directory '{out}': {why}; choose another --out") from None
-        lock = parent / f".{out.name}.lock"
-        with contextlib.ExitStack() as held:
-            try:
-                held.enter_context(exclusive_lock(lock, f"another `hetpart partition` is writing '{out}' now (it "
-                                                        f"holds {lock}); wait for it to end or choose another --out"))
-                existed = _check_out(out, force)  # again, now that no other hetpart can change it
-                tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=parent))
-            except OSError as err:
-                raise HetpartError(f"cannot create the output directory '{out}': {err.strerror} in '{parent}'; "
-                                   "choose another --out") from None
-            try:
-                yield tmp
-                _write_marker(tmp)
-                umask = os.umask(0)
-                os.umask(umask)
-                tmp.chmod(0o777 & ~umask)  # mkdtemp's 0700 would hide the artifacts from other users
-                if not (out.exists() or out.is_symlink()):
-                    _publish_new(tmp, out)
-                elif not existed or out.is_symlink():
-                    raise _appeared(out)
-                else:
-                    check_replaceable(out)  # as it is now
-                    _swap(tmp, out, parent)
-                done = True
-            finally:
-                if tmp.exists():
-                    shutil.rmtree(tmp, ignore_errors=True)
-    finally:
-        for p in created if not done else []:
-            with contextlib.suppress(OSError):  # not empty: someone else wrote there meanwhile
-                p.rmdir()
 
 
 def _boundary(stage: StageGraph) -> tuple[list[dict], list[dict]]:

@@ -27,7 +27,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch.utils import _pytree as pytree
 
-from hetpart.codegen.artifacts import foreign_log, is_measured_json, write_logs_marker
+from hetpart.codegen.publish import foreign_log, is_measured_json, write_logs_marker
 from hetpart.errors import HetpartError
 from hetpart.fsio import atomic_write, exclusive_file, fresh_dir
 from hetpart.plan_report import PlanReport, as_json
@@ -345,7 +345,7 @@ def _not_replanned(plan: PlanReport) -> str | None:
 
 def _check_own_outputs(out: Path, log_dir: Path, measure: bool) -> None:
     """An error, before anything runs, if the logs/ or measured.json this run replaces holds a file
-    hetpart did not write (NOTE [what --force replaces] in hetpart/codegen/artifacts.py)."""
+    hetpart did not write (NOTE [what --force replaces] in hetpart/codegen/publish.py)."""
     foreign = foreign_log(log_dir) if log_dir.is_dir() and not log_dir.is_symlink() else None
     if foreign is not None:
         raise HetpartError(f"'{log_dir}' holds '{foreign}', which hetpart did not write; `run` replaces {log_dir} "
