@@ -53,9 +53,9 @@ MARKER = ARTIFACTS_MARKER  # in every artifacts directory: the format version an
 # --out exists: each made its staging directory under it), removes every `.<name>.tmp-<8
 # mkdtemp characters>` beside --out that is a real directory of this user holding that file,
 # naming this --out, written on this host by a process that no longer runs (one that runs, a
-# reused pid, or another host's: it is left, the safe side). A look-alike someone made (no such file), or a staging directory of an
-# older hetpart, is left as it is; so is `.<name>.old-*`, which after a SIGKILL during --force's
-# swap holds the only copy of the old artifacts (README, "Trust model").
+# reused pid, or another host's: it is left, the safe side). A look-alike someone made (no such
+# file), or a staging directory of an older hetpart, is left as it is; so is `.<name>.old-*`, which
+# after a SIGKILL during --force's swap holds the only copy of the old artifacts (README, "Trust model").
 #
 # What later commands add must be theirs too. `run` writes `logs/.hetpart-logs` when it makes
 # logs/ (listing nothing yet) and again once its torchruns end (success, failure, timeout,
@@ -256,7 +256,8 @@ def _no_link(out: Path) -> Path:
     return out.resolve()  # the links above it that exist: only the last name matters to the checks
 
 
-STAGING_MARKER = ".hetpart-staging"  # in a staging directory of `partition` while it builds: NOTE [stale staging directories]
+# In a staging directory of `partition` while it builds: NOTE [stale staging directories].
+STAGING_MARKER = ".hetpart-staging"
 STAGING_SUFFIX = re.compile(r"[a-z0-9_]{8}")  # mkdtemp's
 
 

@@ -124,7 +124,8 @@ def _node_classes(problem: Problem) -> tuple[list[str], np.ndarray, np.ndarray, 
 # (d) of NOTE [pipelines bound], generalised by LP duality. Price time on type t at beta_t >= 0 (any
 # prices). A pipeline's nodes on its stages (node v on type t(v)) cost it at least
 #     sum_v time[v, t(v)] = sum_v (1 + beta_t(v)) time[v, t(v)] - sum_t beta_t (time of its nodes on t)
-#                        >= alpha(beta) - b_i sum_t beta_t n_t,   alpha(beta) = sum_v min over t in A of (1 + beta_t) time[v, t],
+#                        >= alpha(beta) - b_i sum_t beta_t n_t,
+# with alpha(beta) = sum_v min over t in A of (1 + beta_t) time[v, t],
 # since a stage's compute is at most its stage time, at most b_i, and at most n_t stages run on type t.
 # So sum_i >= alpha - (beta . n) b_i, and with T >= sum_i + (m_i - 1) b_i:
 #     m_i - 1 <= (T - alpha) / b_i + beta . n_i.
@@ -182,7 +183,8 @@ def _price_lines(time_ns: np.ndarray, ok: np.ndarray, count: np.ndarray, types: 
     out = []
     for beta in betas:
         if beta.max(initial=0.0) > 0 and np.isfinite(beta).all():
-            out.append(({types[c]: float(beta[c]) for c in range(n_types) if beta[c] > 0}, _alpha(time_ns, ok, count, beta)))
+            priced = {types[c]: float(beta[c]) for c in range(n_types) if beta[c] > 0}
+            out.append((priced, _alpha(time_ns, ok, count, beta)))
     return out
 
 

@@ -118,7 +118,7 @@ def format_ns(ns: float) -> str:
 def idle_reasons(problem: Problem, plan: PipelinesPlan, microbatches: int, facts: ShapeFacts | None) -> dict[str, str]:
     """NOTE [idle reasons] for every device no stage of `plan` runs on; `facts` None (no search): the reasons
     that need no shapes (memory per op, left out of its pipeline, microbatches of one-device pipelines)."""
-    used = {d for p in plan.pipelines for s in p.plan.stages for d in _devices_of(s)}
+    used = plan.used_devices
     busy_machines = {problem.device(d).node for d in used}
     left_out = left_out_reasons(problem, plan.pipelines, used)
     smallest_op = min((node_need(problem, v) for v in problem.graph.nodes), default=0)

@@ -82,7 +82,8 @@ class JoinPlanner:
         self.solved.append(shape)
         solved = self.solve(devs, m_ref, limit_s)
         if solved.plan is None and sched == "gpipe" and m < microbatches and time.perf_counter() + limit_s < end:
-            m_ref, solved = m, self.solve(devs, m, limit_s)  # GPipe: its share's stash may fit where the batch's did not
+            # GPipe: its share's stash may fit where the batch's did not
+            m_ref, solved = m, self.solve(devs, m, limit_s)
         plan = solved.plan
         got = candidate(problem, shape, devs, plan, m_ref, microbatches)
         if got is not None:

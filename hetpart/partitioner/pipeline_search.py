@@ -27,7 +27,9 @@ from hetpart.partitioner.pipeline_outer import (
     Candidate, _patterns, candidate, greedy_outer, kinds_of, one_machine_mixes, realize, solve_outer, sync_estimates,
 )
 from hetpart.partitioner.pipeline_refine import refine_answer
-from hetpart.partitioner.pipeline_shape import _most_gpipe, _slow_first, _solve_shape, _solve_shape_why, stash_ordered
+from hetpart.partitioner.pipeline_shape import (
+    ShapeSolve, _most_gpipe, _slow_first, _solve_shape, _solve_shape_why, stash_ordered,
+)
 from hetpart.partitioner.pipeline_stripes import stripe_probe
 from hetpart.partitioner.pipelines import PipelinesPlan, cost_pipelines, pipelines_violations
 from hetpart.partitioner.problem import MEM_BYTES, Problem
@@ -349,6 +351,12 @@ def _plan_and_facts(problem: Problem, microbatches: int, options: SolveOptions |
         order.remove(everything)
         order.insert(0, everything)
     # --- Solve the shapes in turn (NOTE [pipeline shapes]) until the search's share is spent.
+    def shape_limit(n: int) -> float:  # the seconds one shape of n devices may take (search, stripes, joins)
+        return max(_SHAPE_LIMIT_S, limit * _SHAPE_SHARE, _SHAPE_S_PER_DEVICE * n ** 1.5)
+
+    def solve_shape(devs: tuple[str, ...], m: int, limit_s: float) -> ShapeSolve:  # in every device order
+        return _solve_shape_why(problem, devs, m, opts, limit_s, layers, ordered)
+
     cands: list[Candidate] = []
     tried = 0
     facts = ShapeFacts(kind_of_machine=kind_of, in_shape={j for s in shapes for j in kinds_of(s)},
@@ -369,9 +377,8 @@ def _plan_and_facts(problem: Problem, microbatches: int, options: SolveOptions |
         t_shape = time.perf_counter()
         # 1F1B: a plan of S stages runs any m >= S; GPipe: any m up to the m it was solved for (the stash).
         m_ref = min(microbatches, max(share, len(devs))) if sched == "1f1b" else microbatches
-        per_shape = min(left / min(6, len(order) - tried),
-                        max(_SHAPE_LIMIT_S, limit * _SHAPE_SHARE, _SHAPE_S_PER_DEVICE * len(devs) ** 1.5))
-        solved = _solve_shape_why(problem, devs, m_ref, opts, per_shape, layers, ordered)
+        per_shape = min(left / min(6, len(order) - tried), shape_limit(len(devs)))
+        solved = solve_shape(devs, m_ref, per_shape)
         plan = solved.plan
         if plan is None and sched == "gpipe" and share < microbatches:
             m_ref, plan = _most_gpipe(problem, devs, share, microbatches, opts, per_shape, layers, search_end)
@@ -391,8 +398,8 @@ def _plan_and_facts(problem: Problem, microbatches: int, options: SolveOptions |
     if not cands and tried == len(shapes) and len(no_plan) == tried:  # NOTE [shape misses]: none timed out
         raise HetpartError(
             f"partitioner: none of the {len(shapes)} pipeline shapes whose memory holds the model in total has a "
-            f"plan{' cut at layer boundaries' if layers is not None else ''} whose every stage fits (weights, training state and the activations it stashes): add memory, "
-            "or stash fewer microbatches")
+            f"plan{' cut at layer boundaries' if layers is not None else ''} whose every stage fits (weights, "
+            "training state and the activations it stashes): add memory, or stash fewer microbatches")
     if not cands:
         many = tried - len(no_plan) - timed_out  # plans whose 1F1B stages outnumber the batch's microbatches
         raise HetpartError(
@@ -421,14 +428,13 @@ def _plan_and_facts(problem: Problem, microbatches: int, options: SolveOptions |
                            f"that runs {microbatches} microbatches within {limit:g} s: raise --time-limit")
     # CP-SAT's answer unless the quick one is truly better (CP-SAT ran out of time before reaching it).
     # NOTE [striped pipelines]: 1/f of each machine the plan runs on (or of every machine) per pipeline, f of them.
-    stripes = stripe_probe(problem, min(tried_answers, key=lambda ab: ab[1].iteration_ns)[1], microbatches,
-                           lambda devs, m, limit_s: _solve_shape(problem, devs, m, opts, limit_s, layers, ordered),
-                           lambda n: max(_SHAPE_LIMIT_S, limit * _SHAPE_SHARE, _SHAPE_S_PER_DEVICE * n ** 1.5),
-                           deadline(0.8))
+    first_answer, first_plan = min(tried_answers, key=lambda ab: ab[1].iteration_ns)
+    stripes = stripe_probe(problem, first_plan, microbatches,
+                           lambda devs, m, limit_s: solve_shape(devs, m, limit_s).plan, shape_limit, deadline(0.8))
     # NOTE [op-level refinement]: the answer's shapes op by op in the time left, and the outer program again.
     solved = len(cands)
     on_ops = [(o[0], None) for o in ordered]  # each order within its share of the refinement's limit
-    more = refine_answer(problem, kinds, cands, min(tried_answers, key=lambda ab: ab[1].iteration_ns)[0],
+    more = refine_answer(problem, kinds, cands, first_answer,
                          microbatches, kmax, lambda devs, m, limit_s: _solve_shape(
                              problem, devs, m, opts, limit_s / (1 + len(on_ops)), None, on_ops),
                          deadline(0.9), seed=opts.seed, workers=opts.workers, unit_ns=unit)
@@ -440,8 +446,7 @@ def _plan_and_facts(problem: Problem, microbatches: int, options: SolveOptions |
     # the search has not solved is solved by its planner, in each device order (NOTE [stash order]).
     planner = JoinPlanner(
         devices=lambda s: shape_devices(problem, kinds, s), orders=1 + len(ordered), no_plan=no_plan,
-        solve=lambda devs, m, limit_s: _solve_shape_why(problem, devs, m, opts, limit_s, layers, ordered),
-        limit_s=lambda n: max(_SHAPE_LIMIT_S, limit * _SHAPE_SHARE, _SHAPE_S_PER_DEVICE * n ** 1.5))
+        solve=solve_shape, limit_s=shape_limit)
     probe = join_probe(problem, kinds, cands, answer, best, microbatches, planner, deadline(1.0),
                        shape_devices, _class_devices)
     answer, best = probe.answer, probe.plan

@@ -12,33 +12,31 @@ from typing import Callable
 
 from hetpart.partitioner.pipeline_bounds import need_bytes
 from hetpart.partitioner.pipeline_outer import renamed
-from hetpart.partitioner.pipelines import PipelinesPlan, _devices_of, cost_pipelines, pipelines_violations
+from hetpart.partitioner.pipelines import PipelinesPlan, cost_pipelines, pipelines_violations
 from hetpart.partitioner.problem import Plan, Problem
 
 # NOTE [striped pipelines]
-# A shape (NOTE [pipeline shapes]) is whole machines or a piece of one machine, so f pipelines that
-# each take 1/f of every device class of the same machines are not among them. In training they can
-# win: when the f stripes run the same plan, stripe j's stage k sits on the same machine as every
-# other stripe's stage k, so each weight's f holders share a machine and its gradient all-reduce runs
-# over that machine's link (NVLink) rather than the network (NOTE [gradient sync]); the price is that
-# each pipeline's own boundaries cross machines, paid per microbatch in its stage times. Llama-7b on
-# hetero-64 (docs/benchmarks.md, "gap7b"): 8 stripes of the six 40-80 GB machines, one GPU of each per
-# pipeline and 8 microbatches each, take 658.1 ms (642.8 + 15.3 ms of sync) where the search's two
-# 24-GPU pipelines took 747.5 (their rings cross the network: 44.6 ms of sync, and 32 microbatches
-# each pay a longer fill). The stripes of a machine set U are interchangeable (stripe j's device of
-# class c on machine u maps to stripe 0's device of the same class on the same machine: same type,
-# capacity, link and machine boundaries), so one stripe is solved (`solve(devices, m, limit_s)`, the
-# search's planner) and renamed to the others (`renamed`, which recosts each on its devices), each
-# given M // f microbatches and the first M mod f one more (1F1B: a plan solved for M // f has at most
-# that many stages, so runs one more; GPipe: solved for the larger share, whose stash bounds the
-# smaller's). Tried: U = the machines the best plan so far runs stages on, and U = every machine; f =
-# each common divisor >= 2 of the class counts of U's machines, most stripes first; a stripe whose memory
-# cannot hold the model, or with more devices than the plan's longest pipeline (a heuristic: a longer fill;
-# llama-70b on hetero-1024 spent 6 s on an 80-device stripe), is not solved, and each solve gets the search's per-shape limit, skipped when that
-# is more than the probe has left (llama-70b on hetero-64 spent 5.9 s of its 45 on six tries). The whole plan is
-# costed by `cost_pipelines` (the exact sync), checked by `pipelines_violations`, and kept only when its
-# step is lower. The bound is untouched: NOTE [pipelines bound] holds for every partition of the
-# devices, stripes included.
+# A shape (NOTE [pipeline shapes]) is whole machines or a piece of one machine, so f pipelines that each take
+# 1/f of every device class of the same machines are not among them. In training they can win: when the f
+# stripes run the same plan, stripe j's stage k sits on the same machine as every other stripe's stage k, so
+# each weight's f holders share a machine and its gradient all-reduce runs over that machine's link (NVLink)
+# rather than the network (NOTE [gradient sync]); the price is that each pipeline's own boundaries cross
+# machines, paid per microbatch in its stage times. Llama-7b on hetero-64 (docs/benchmarks.md, "gap7b"): 8
+# stripes of the six 40-80 GB machines, one GPU of each per pipeline and 8 microbatches each, take 658.1 ms
+# (642.8 + 15.3 ms of sync) where the search's two 24-GPU pipelines took 747.5 (their rings cross the network:
+# 44.6 ms of sync, and 32 microbatches each pay a longer fill). The stripes of a machine set U are
+# interchangeable (stripe j's device of class c on machine u maps to stripe 0's device of the same class on the
+# same machine: same type, capacity, link and machine boundaries), so one stripe is solved (`solve(devices, m,
+# limit_s)`, the search's planner) and renamed to the others (`renamed`, which recosts each on its devices),
+# each given M // f microbatches and the first M mod f one more (1F1B: a plan solved for M // f has at most that
+# many stages, so runs one more; GPipe: solved for the larger share, whose stash bounds the smaller's). Tried: U
+# = the machines the best plan so far runs stages on, and U = every machine; f = each common divisor >= 2 of the
+# class counts of U's machines, most stripes first; a stripe whose memory cannot hold the model, or with more
+# devices than the plan's longest pipeline (a heuristic: a longer fill; llama-70b on hetero-1024 spent 6 s on an
+# 80-device stripe), is not solved, and each solve gets the search's per-shape limit, skipped when that is more
+# than the probe has left (llama-70b on hetero-64 spent 5.9 s of its 45 on six tries). The whole plan is costed
+# by `cost_pipelines` (the exact sync), checked by `pipelines_violations`, and kept only when its step is lower.
+# The bound is untouched: NOTE [pipelines bound] holds for every partition of the devices, stripes included.
 
 
 @dataclass
@@ -101,13 +99,14 @@ def stripe_probe(problem: Problem, best: PipelinesPlan, microbatches: int,
                  solve: Callable[[tuple[str, ...], int, float], Plan | None], limit_s: Callable[[int], float],
                  end: float) -> StripeResult:
     """NOTE [striped pipelines] from `best` until `end` (a perf_counter value): each (U, f) of `stripe_sets`
-    whose stripe has the memory to hold the model and no more devices than `best`'s longest pipeline, one stripe solved by `solve(devices, microbatches, limit_s)`
-    within `limit_s(devices)`; the fastest valid plan of stripes kept when its step is below `best`'s."""
+    whose stripe has the memory to hold the model and no more devices than `best`'s longest pipeline, one stripe
+    solved by `solve(devices, microbatches, limit_s)` within `limit_s(devices)`; the fastest valid plan of stripes
+    kept when its step is below `best`'s."""
     t0 = time.perf_counter()
     out = StripeResult(plan=best)
     need = need_bytes(problem)
     longest = max(len(p.devices) for p in best.pipelines)
-    used = {d for p in best.pipelines for s in p.plan.stages for d in _devices_of(s)}
+    used = best.used_devices
     gpipe = problem.training is not None and problem.training.schedule == "gpipe"
     for machines, f in stripe_sets(problem, used):
         left = end - time.perf_counter()

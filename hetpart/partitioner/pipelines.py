@@ -83,6 +83,11 @@ class PipelinesPlan:
         return sum(p.microbatches for p in self.pipelines)
 
     @property
+    def used_devices(self) -> set[str]:
+        """The devices some stage of some pipeline runs on (a TP slot's every device)."""
+        return {d for p in self.pipelines for s in p.plan.stages for d in _devices_of(s)}
+
+    @property
     def gap(self) -> float:
         """Relative distance of `iteration_ns` to the proven bound (1.0 with no bound)."""
         if self.iteration_ns <= 0:

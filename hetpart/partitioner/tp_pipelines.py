@@ -87,8 +87,8 @@ def choose_pipelines_degree(problems: Mapping[int, Problem], microbatches: int,
     for t in sorted(problems):
         start = time.perf_counter()
         try:
-            got, bound, error = plan(problems[t], microbatches), None, ""
-            bound = got.lower_bound_ns
+            got = plan(problems[t], microbatches)
+            bound, error = got.lower_bound_ns, ""
         except HetpartError as e:  # no plan found: the bound over this degree's plans on its own
             got, error = None, str(e).splitlines()[0]
             bound = pipelines_lower_bound(problems[t], microbatches,
@@ -111,7 +111,7 @@ def choose_pipelines_degree(problems: Mapping[int, Problem], microbatches: int,
 
 def devices_used(plan: PipelinesPlan, degree: int) -> int:
     """The devices a plan of TP-`degree` slots runs stages on (NOTE [tensor-parallel pipelines])."""
-    return degree * len({d for p in plan.pipelines for s in p.plan.stages for d in (s.devices or (s.device,))})
+    return degree * len(plan.used_devices)
 
 
 def grad_sync_nic_ns(problem: Problem, pipelines: list[Pipeline], lanes: int = 1) -> int:
