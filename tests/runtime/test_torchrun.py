@@ -43,7 +43,9 @@ def test_two_ranks_verify_and_measure_at_another_batch_and_sequence_length(two_r
     # one intra-op thread per rank: its CPU time is within its wall time
     assert all(0 < s["measured_cpu_time_us"] <= s["measured_time_us"] * 1.05 + 50 for s in measured["stages"])
     assert measured["steps_measured"] == 1  # the first (warm-up) step is left out
-    assert measured["step_time_us"] > max(s["measured_time_us"] for s in measured["stages"])
+    # The step is timed on the last rank, which may start it while stage 0 is already computing, so only its
+    # own forwards (m of them, the median one among them) lie inside it for sure
+    assert measured["step_time_us"] > measured["stages"][-1]["measured_time_us"]
     assert measured["predicted_step_time_us"] > 0
     assert "measured vs predicted" in out
     # NOTE [action timeline]: each rank's forwards of both steps, rank 0's sends matched with rank 1's recvs
