@@ -47,7 +47,7 @@ from hetpart.passes import PassContext, PassManager, default_passes, lower_to_pr
 from hetpart.passes.lower import TrainingSpec, group_of
 from hetpart.passes.manager import check_dump_dir
 from hetpart.passes.tensor_parallel import TensorParallelPass
-from hetpart.tensor_parallel import check_tp_options, choose_tp, tp_degrees, tp_lowering, tp_on_meta, tp_per_machine
+from hetpart.tensor_parallel import check_tp_options, choose_tp, tp_degrees, tp_lowering, tp_per_machine
 from hetpart.tp_machines import degree_of_place
 from hetpart.report.blocks import coarsen_to_blocks
 from hetpart.report.html import write_report
@@ -443,8 +443,6 @@ def compile_model(spec: ModelSpec, cluster_spec: str | Cluster, out: Path, opts:
                 on_meta=on_meta, checkpoint_names=names, profiles=profiles, model_sha256=model_sha256,
                 sign_key=sign_key, times=times, echo=echo, progress=progress)
         tp = None
-        if opts.tensor_parallel > 1 and on_meta:
-            raise tp_on_meta(opts.tensor_parallel)
         if places is not None:  # degrees per machine: NOTE [mixed-degree pipeline]
             tp = tp_per_machine(gm, problem, cluster, places, groups, training is not None, echo)
             problem = tp.problem
@@ -497,8 +495,6 @@ def compile_model(spec: ModelSpec, cluster_spec: str | Cluster, out: Path, opts:
         if tp is not None and not any(tp.stage_shardings(plan)):  # degrees per machine, every stage at TP 1
             echo("note: no stage of the plan runs on a tensor-parallel group: it is written without tensor parallelism")
             tp = None
-        if tp is not None and on_meta:  # NOTE [weight manifests]: shard-weights fills whole tensors only
-            raise tp_on_meta(max(tp.shardings))
         if vplan is not None:
             echo(virtual_summary(vplan))
             plan, problem = vplan.on_devices(), real_problem  # the real devices, for what is written

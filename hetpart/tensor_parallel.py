@@ -111,14 +111,6 @@ def mixed_compile(problem: Problem, lowered: dict[int, "TPCompile"], degree_of_p
     return TPCompile(problem, {t: lowered[t].sharding for t in sorted(used)}, groups, dict(degree_of_place))
 
 
-def tp_on_meta(degree: int) -> HetpartError:
-    """The refusal of a TP plan of a model traced on meta (NOTE [weight manifests] fills whole tensors only)."""
-    return HetpartError(f"a tensor-parallel plan (degree {degree}) of a model traced on meta has no weights to "
-                        "split, and shard-weights does not split checkpoints yet: pass --no-meta if the model fits "
-                        "this machine, or plan without TP (benchmarks/tensor_parallel.py compares the degrees "
-                        "without writing artifacts)")
-
-
 def tp_degrees(forced: int, max_degree: int, places: dict[str, int] | None = None) -> tuple[int, ...]:
     """The degrees > 1 the sharding pass analyses: those of `places` (degrees per machine), the forced one, or every
     one up to the cap."""

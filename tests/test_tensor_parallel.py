@@ -160,16 +160,7 @@ def test_bad_tensor_parallel_options_are_refused():
         tp_groups(load_cluster("preset:cpu-2"), 4)
 
 
-def test_a_tp_plan_traced_on_meta_is_refused_and_nothing_is_written(tmp_path, capsys):
-    from hetpart.cli import main
-
-    out = tmp_path / "out"
-    sets = [x for k, v in GPT.items() for x in ("--set", f"{k}={v}")]
-    assert main(["partition", "zoo:gpt-small", *sets, "--cluster", "preset:cpu-4", "--batch-size", "4", "--seq-len",
-                 "16", "--microbatches", "2", "--meta", "--tensor-parallel", "2", "--out", str(out)]) == 2
-    err = capsys.readouterr().err
-    assert "shard-weights does not split checkpoints yet" in err and "Traceback" not in err
-    assert not out.exists() and list(tmp_path.iterdir()) == []
+def test_both_tp_flags_are_refused_together():
     with pytest.raises(HetpartError, match="pass one of them"):
         check_tp_options(2, False, "optimal", max_degree=4)
 

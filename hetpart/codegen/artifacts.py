@@ -81,7 +81,7 @@ def write_rank(rank_dir: Path, stage: StageGraph, header: str,
         with step("weights.json"):
             shared = {fqn: shared_weights_file(k) for fqn, k in stage.stored_in.items()}  # NOTE [weights stored once]
             digests.update((f, sha256(rank_dir / f))
-                           for f in write_weight_manifest(rank_dir, tensors, checkpoint_names, shared))
+                           for f in write_weight_manifest(rank_dir, tensors, checkpoint_names, shared, stage.shards))
     else:
         with step("weights.safetensors"):
             digests["weights.safetensors"] = write_weights(rank_dir / "weights.safetensors", tensors)

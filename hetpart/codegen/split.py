@@ -47,6 +47,8 @@ class StageGraph:
     nodes: list[str] = field(default_factory=list)  # original FX nodes computed here
     # weight FQN -> the earlier rank whose weights.safetensors holds its one copy (NOTE [weights stored once])
     stored_in: dict[str, int] = field(default_factory=dict)
+    # weight FQN -> this TP rank's part of it: dim, chunks, rank, degree (NOTE [tensor-parallel stages])
+    shards: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
 # NOTE [weights stored once]

@@ -201,8 +201,10 @@ def shard_stage(stage: StageGraph, plan: ShardingPlan, rank: int) -> StageGraph:
         output.replace_input_with(nodes[name], gathered)
     graph.lint()
     gm = fx.GraphModule(root, graph, class_name=f"Stage{stage.index}")
+    shards = {fqn: {**plan.weights[fqn].to_json(), "rank": rank, "degree": t}
+              for fqn in sorted(set(stage.weights.values())) if fqn in plan.weights}
     return StageGraph(stage.index, gm, list(stage.inputs), list(stage.outputs), dict(stage.weights),
-                      list(stage.nodes))
+                      list(stage.nodes), shards=shards)
 
 
 def tp_stage_graphs(stages: list[StageGraph], shardings: Sequence[ShardingPlan | None]) -> list[StageGraph]:

@@ -6,7 +6,8 @@ with shapes and dtypes but no values. Each rank then gets, instead of
 `weights.safetensors`:
 
     rank<k>/weights.json          every tensor weights.safetensors will hold: key, shape,
-                                  dtype, the checkpoint names it may come from, required
+                                  dtype, the checkpoint names it may come from, required, and on a
+                                  tensor-parallel rank the part of a split weight it holds
     rank<k>/constants.safetensors the values that exist already: buffers (RoPE's
                                   inv_freq, position ids) and constants export lifted
 
@@ -17,6 +18,13 @@ rank's `weights.safetensors` tensor by tensor: the header is known from the
 manifest, so a tensor is read from the checkpoint (plain reads: see
 `Checkpoint`), written and dropped, and peak memory is about the largest
 tensor, never a rank's share.
+A tensor-parallel rank (NOTE [tensor-parallel stages] in codegen/tp.py) holds only its part of
+each split weight: its entry's `split` says which (dim, chunks, rank, degree: `shard_tensor`'s
+part of the checkpoint's whole tensor, whose shape is the entry's with `dim` times `degree`), and
+shard-weights reads just that part, as `--resume` reads a shard of an old rank's checkpoint
+(`plan_reads` and `assemble` of NOTE [checkpoint slices], over safetensors' `get_slice`, the file
+mapped for that tensor only): a rank never holds the whole tensor, nor does shard-weights for
+longer than one tensor's read (its pages, counted in RSS, are let go when the map closes).
 A checkpoint value wins over a constant (trained BatchNorm statistics); a
 parameter with no checkpoint value is an error.
 
@@ -80,7 +88,7 @@ SAFETENSORS_DTYPES: dict[torch.dtype, str] = {
     torch.bool: "BOOL", torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2",
 }
 TORCH_DTYPES = {v: k for k, v in SAFETENSORS_DTYPES.items()}
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2  # 2: entries may carry a tensor-parallel `split`; version 1 (no splits) is read too
 
 
 @dataclass(frozen=True)
@@ -92,15 +100,29 @@ class WeightEntry:
     dtype: str  # safetensors dtype name: F32, BF16, ...
     checkpoint_keys: tuple[str, ...]  # names a checkpoint may store it under, in order of preference
     required: bool  # True: only a checkpoint has its value; False: constants.safetensors has one
+    split: dict[str, int] | None = None  # a TP rank's part of the checkpoint tensor: dim, chunks, rank, degree
 
     def to_json(self) -> dict:
         return {"key": self.key, "shape": list(self.shape), "dtype": self.dtype,
-                "checkpoint_keys": list(self.checkpoint_keys), "required": self.required}
+                "checkpoint_keys": list(self.checkpoint_keys), "required": self.required,
+                **({"split": dict(self.split)} if self.split is not None else {})}
 
     @classmethod
     def from_json(cls, data: dict) -> WeightEntry:
+        split = data.get("split")
+        if split is not None and not (isinstance(split, dict) and set(split) == {"dim", "chunks", "rank", "degree"}
+                                      and all(isinstance(v, int) and v >= 0 for v in split.values())
+                                      and 0 <= split["dim"] < len(data["shape"]) and split["rank"] < split["degree"]):
+            raise ValueError(f"{data['key']}: 'split' is not a TP part (dim, chunks, rank, degree)")
         return cls(data["key"], tuple(data["shape"]), data["dtype"], tuple(data["checkpoint_keys"]),
-                   bool(data["required"]))
+                   bool(data["required"]), dict(split) if split is not None else None)
+
+    @property
+    def full_shape(self) -> tuple[int, ...]:
+        """The checkpoint tensor's shape: the entry's, or for a TP part the whole split weight's."""
+        if self.split is None:
+            return self.shape
+        return tuple(n * self.split["degree"] if d == self.split["dim"] else n for d, n in enumerate(self.shape))
 
     @property
     def nbytes(self) -> int:
@@ -114,21 +136,23 @@ def _dtype_name(t: torch.Tensor) -> str:
 
 
 def write_weight_manifest(rank_dir: Path, tensors: dict[str, torch.Tensor],
-                          checkpoint_names: dict[str, list[str]], shared: dict[str, str] | None = None) -> list[str]:
+                          checkpoint_names: dict[str, list[str]], shared: dict[str, str] | None = None,
+                          shards: dict[str, dict[str, int]] | None = None) -> list[str]:
     """weights.json and constants.safetensors for a rank whose parameters are meta tensors; the files written.
 
     `shared`: weight -> the earlier rank's weights.safetensors that will hold it (NOTE [weights stored once]),
-    recorded as weights.json's `shared`, so that shard-weights lists that file, with its hash, for this rank."""
-    entries, constants = [], {}
+    recorded as weights.json's `shared`, so that shard-weights lists that file, with its hash, for this rank.
+    `shards`: a TP rank's split weights -> its part (dim, chunks, rank, degree), each entry's `split`."""
+    entries, constants, shards = [], {}, shards or {}
     for key in sorted(tensors):
         t = tensors[key]
         if not t.is_meta:
             constants[key] = t.detach().contiguous()
         entries.append(WeightEntry(key, tuple(t.shape), _dtype_name(t), tuple(checkpoint_names.get(key, [])),
-                                   required=t.is_meta))
+                                   required=t.is_meta, split=shards.get(key)))
     save_file(constants, str(rank_dir / "constants.safetensors"), metadata={"format": "pt"})
     (rank_dir / "weights.json").write_text(json.dumps(
-        {"format_version": MANIFEST_VERSION, "tensors": [e.to_json() for e in entries],
+        {"format_version": MANIFEST_VERSION if shards else 1, "tensors": [e.to_json() for e in entries],
          **({"shared": dict(sorted(shared.items()))} if shared else {})}, indent=1) + "\n")
     return ["weights.json", "constants.safetensors"]
 
@@ -148,7 +172,7 @@ def read_shared_files(path: Path) -> set[str]:
 def read_weight_manifest(path: Path) -> list[WeightEntry]:
     try:
         data = json.loads(path.read_text())
-        if data.get("format_version") != MANIFEST_VERSION:
+        if data.get("format_version") not in (1, MANIFEST_VERSION):
             raise HetpartError(f"{path}: weight manifest format_version {data.get('format_version')!r}; "
                                f"this hetpart reads {MANIFEST_VERSION}: partition again with this version")
         return [WeightEntry.from_json(e) for e in data["tensors"]]
@@ -254,6 +278,22 @@ class Checkpoint:
             return torch.empty(entry["shape"], dtype=dtype)
         return torch.frombuffer(data, dtype=dtype).reshape(entry["shape"])
 
+    def part(self, key: str, split: dict[str, int]) -> torch.Tensor:
+        """TP rank `split["rank"]`'s part of the tensor `key` (`shard_tensor`'s, NOTE [weight manifests]): only
+        its slices read, through safetensors' `get_slice` on a map of the file closed before returning."""
+        from hetpart.runtime.checkpoint_slices import Layout, assemble, plan_reads, shard_layout
+
+        shape, dtype = self.shape_dtype(key)
+        if dtype not in TORCH_DTYPES:
+            raise HetpartError(f"checkpoint: '{key}' has dtype {dtype}, which hetpart cannot read")
+        file = str(self.file_of[key])
+        need = shard_layout(shape, split)
+        try:
+            with safe_open(file, "pt") as f:
+                return assemble(need, plan_reads(key, need, [(file, Layout(shape))]), lambda _: f.get_slice(key))
+        except (OSError, SafetensorError) as err:
+            raise HetpartError(f"checkpoint file {file}: cannot read '{key}' ({err})") from None
+
 
 def write_safetensors_streaming(f: BinaryIO, entries: list[WeightEntry],
                                 value: Callable[[WeightEntry], torch.Tensor]) -> str:
@@ -335,9 +375,11 @@ def plan_sources(out: Path, manifest: dict, ckpt: Checkpoint, allow_cast: bool
                 source[e.key] = None
                 continue
             shape, dtype = ckpt.shape_dtype(key)
-            if shape != e.shape:
+            if shape != e.full_shape:
+                part = (f" (this rank holds part {e.split['rank']} of {e.split['degree']} on dim {e.split['dim']}: "
+                        f"{list(e.shape)})" if e.split is not None else "")
                 problems.append(f"rank {rank['rank']}: '{key}' has shape {list(shape)} in the checkpoint, "
-                                f"the plan needs {list(e.shape)}")
+                                f"the plan needs {list(e.full_shape)}{part}")
             elif dtype != e.dtype and not allow_cast:
                 problems.append(f"rank {rank['rank']}: '{key}' is {dtype} in the checkpoint, the plan traced "
                                 f"{e.dtype} (pass --allow-cast to convert, or partition with the checkpoint's dtype)")
@@ -406,7 +448,7 @@ def shard_weights(out: Path, checkpoint: Path, *, allow_cast: bool = False, sign
                 key = source[e.key]
                 if key is None:
                     return constants[e.key]
-                t = ckpt.tensor(key)
+                t = ckpt.tensor(key) if e.split is None else ckpt.part(key, e.split)
                 if SAFETENSORS_DTYPES.get(t.dtype) != e.dtype:
                     result.cast += 1
                     t = t.to(TORCH_DTYPES[e.dtype])
