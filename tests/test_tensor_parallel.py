@@ -8,7 +8,7 @@ import networkx as nx
 import pytest
 import torch
 
-from hetpart.codegen.tp import shard_tensor, unshard_tensor
+from hetpart.codegen.tp import TP_FUNCTIONS, shard_tensor, unshard_tensor
 from hetpart.compile import analyze
 from hetpart.devices import load_cluster
 from hetpart.frontend import ModelSpec
@@ -418,3 +418,21 @@ def test_a_view_of_a_split_value_keeps_its_measured_time(gpt):
         info(view).bwd_cost_ns.clear(), info(view).bwd_cost_ns.update(bwd)
     v = groups[view.name]
     assert after.graph.nodes[v][TIME_NS]["cpu/tp2"] - before.graph.nodes[v][TIME_NS]["cpu/tp2"] == 10_000
+
+
+def test_f_goes_before_the_first_of_its_column_linears_in_the_graph_not_in_the_plan_s_name_order():
+    # The plan lists column linears by name, and `linear_100` sorts before `linear_98` (Llama-70B's 15th layer):
+    # shard_stage puts f before the first of them in the graph, whatever order the plan lists them in.
+    from hetpart.codegen import split_stages
+    from hetpart.codegen.tp import tp_stage_graphs
+
+    gm = _graph("zoo:llama", LLAMA)
+    plan = analyse(gm, 2)
+    assert any(len(cs) > 1 for cs in plan.copy_before.values())
+    plan.copy_before = {x: tuple(reversed(cs)) for x, cs in plan.copy_before.items()}
+    (stage,) = split_stages(gm, {n.name: 0 for n in gm.graph.nodes}, 1)
+    for rank in tp_stage_graphs([stage], [plan]):  # each rank's graph linted, its parts recorded
+        order = {n: i for i, n in enumerate(rank.gm.graph.nodes)}
+        copies = [n for n in rank.gm.graph.nodes if n.target is TP_FUNCTIONS["tp_copy"]]
+        assert len(copies) == len(plan.copy_before) and all(order[n] < min(map(order.get, n.users)) for n in copies)
+        assert set(rank.shards) == {w for w in plan.weights if w in set(stage.weights.values())}

@@ -163,13 +163,15 @@ def shard_stage(stage: StageGraph, plan: ShardingPlan, rank: int) -> StageGraph:
                 sizes[item] = sizes[item] // t
                 args[index] = sizes
         node.args = tuple(args)
-    # Megatron's f on each replicated input of column linears.
+    # Megatron's f on each replicated input of column linears, before the first of them in the graph (the plan
+    # lists them by name: linear_100 before linear_98).
+    position = {n: i for i, n in enumerate(graph.nodes)}
     for x_name, columns in plan.copy_before.items():
         users = [nodes[c] for c in columns if c in nodes]
         if not users:
             continue
         x = nodes[x_name]
-        with graph.inserting_before(users[0]):
+        with graph.inserting_before(min(users, key=position.__getitem__)):
             copied = graph.call_function(copy, (x,))
         copied.meta = dict(x.meta)
         for c in users:
