@@ -203,8 +203,7 @@ def shard_stage(stage: StageGraph, plan: ShardingPlan, rank: int) -> StageGraph:
         output.replace_input_with(nodes[name], gathered)
     graph.lint()
     gm = fx.GraphModule(root, graph, class_name=f"Stage{stage.index}")
-    shards = {fqn: {**plan.weights[fqn].to_json(), "rank": rank, "degree": t}
-              for fqn in sorted(set(stage.weights.values())) if fqn in plan.weights}
+    shards = {fqn: {**shard, "rank": rank, "degree": t} for fqn, shard in stage_weight_shards(stage, plan).items()}
     return StageGraph(stage.index, gm, list(stage.inputs), list(stage.outputs), dict(stage.weights),
                       list(stage.nodes), shards=shards)
 

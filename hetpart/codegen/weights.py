@@ -23,8 +23,9 @@ each split weight: its entry's `split` says which (dim, chunks, rank, degree: `s
 part of the checkpoint's whole tensor, whose shape is the entry's with `dim` times `degree`), and
 shard-weights reads just that part, as `--resume` reads a shard of an old rank's checkpoint
 (`plan_reads` and `assemble` of NOTE [checkpoint slices], over safetensors' `get_slice`, the file
-mapped for that tensor only): a rank never holds the whole tensor, nor does shard-weights for
-longer than one tensor's read (its pages, counted in RSS, are let go when the map closes).
+mapped for that tensor only): a rank never holds the whole tensor, and shard-weights' peak stays
+about the largest tensor (a slice on dim 1 reads the rows it crosses: up to the whole tensor,
+let go before the next one).
 A checkpoint value wins over a constant (trained BatchNorm statistics); a
 parameter with no checkpoint value is an error.
 
@@ -174,7 +175,7 @@ def read_weight_manifest(path: Path) -> list[WeightEntry]:
         data = json.loads(path.read_text())
         if data.get("format_version") not in (1, MANIFEST_VERSION):
             raise HetpartError(f"{path}: weight manifest format_version {data.get('format_version')!r}; "
-                               f"this hetpart reads {MANIFEST_VERSION}: partition again with this version")
+                               f"this hetpart reads 1 to {MANIFEST_VERSION}: partition again with this version")
         return [WeightEntry.from_json(e) for e in data["tensors"]]
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise HetpartError(f"{path}: not a readable weight manifest ({err}); partition again") from None
