@@ -2,11 +2,15 @@
 
     .venv/bin/python benchmarks/shard_weights.py               # zoo:llama, 8 layers of dim 2048 (2.2 GB fp32)
     .venv/bin/python benchmarks/shard_weights.py --set dim=1024
+    .venv/bin/python benchmarks/shard_weights.py --tensor-parallel 2  # each TP rank's parts read as slices
 
 Builds the model once with real weights and saves it as a 2-shard HF-style checkpoint, partitions
 the same model with `--meta` onto preset:mixed-4, then runs `hetpart shard-weights` in a fresh
 process and reads its peak RSS (ru_maxrss). The claim to check: peak memory is about the largest
-tensor above the process's baseline (imports), never the model or a rank's share of it.
+tensor above the process's baseline (imports), never the model or a rank's share of it. With
+`--tensor-parallel T` the plan's stages are TP groups and each rank's split weights are read as slices
+of the checkpoint's tensors (NOTE [weight manifests]); what is written is then about the checkpoint
+(each split weight's T parts) plus the replicated weights' copies.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--set", dest="sets", action="append",
                     default=["n_layers=8", "dim=2048", "ffn_hidden=5632", "n_heads=16", "n_kv_heads=16"])
+    ap.add_argument("--tensor-parallel", type=int, default=1, help="partition with --tensor-parallel T")
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))
     import torch
@@ -70,7 +75,8 @@ def main() -> None:
         sets = [x for s in args.sets for x in ("--set", s)]
         subprocess.run([sys.executable, "-m", "hetpart", "partition", "zoo:llama", *sets, "--cluster",
                         "preset:mixed-4", "--out", str(out), "--meta", "--batch-size", "2", "--microbatches", "1",
-                        "--seq-len", "16", "--time-limit", "5"], check=True, env=env, cwd=ROOT,
+                        "--seq-len", "16", "--time-limit", "5", "--tensor-parallel", str(args.tensor_parallel)],
+                       check=True, env=env, cwd=ROOT,
                        stdout=subprocess.DEVNULL)
         base = int(subprocess.run([sys.executable, "-c", BASELINE], capture_output=True, text=True, env=env,
                                   cwd=ROOT, check=True).stdout.split()[-1])
@@ -83,7 +89,7 @@ def main() -> None:
         code, peak, seconds = res.stdout.split()[-3:]
         written = sum(p.stat().st_size for p in out.glob("rank*/weights.safetensors"))
     mb = lambda b: f"{int(b) / 1e6:,.0f} MB"  # noqa: E731
-    print(f"zoo:llama {' '.join(args.sets)}; checkpoint in 2 shards; shard-weights exit {code}, "
+    print(f"zoo:llama {' '.join(args.sets)}, --tensor-parallel {args.tensor_parallel}; checkpoint in 2 shards; shard-weights exit {code}, "
           f"{float(seconds):.1f} s ({wall:.1f} s with start-up)")
     print("| checkpoint | largest tensor | written (all ranks) | RSS after imports | peak RSS | peak - imports |")
     print("|---|---|---|---|---|---|")
