@@ -20,14 +20,14 @@ from hetpart.partitioner.costs import tp_shard_bytes
 from hetpart.partitioner.problem import FORWARD_NS, Plan, Problem
 from hetpart.partitioner.tp_choice import MixedChoice, TPSlot, choose_degree, choose_mixed, mixed_problem
 from hetpart.passes.tensor_parallel import TP_META, ShardingPlan, describe
-from hetpart.passes.tp_lower import TPGroup, lower_tensor_parallel
+from hetpart.passes.tp_lower import TPGroup, lower_tensor_parallel, tp_groups
 from hetpart.tp_machines import TP_DEGREES
 
 
 def check_tp_options(degree: int, data_parallel: bool, strategy: str, max_degree: int = 1,
                      machines: tuple[tuple[str, int], ...] = ()) -> None:
     """`--tensor-parallel T` (or `KEY=T,...`: `machines`, `degree` their largest) and `--max-tensor-parallel N`:
-    each one of TP_DEGREES, not both, and not with data-parallel pipelines or a baseline's strategy."""
+    each one of TP_DEGREES, not both, not with a baseline's strategy; with data-parallel pipelines one degree T."""
     for flag, value in (("--tensor-parallel", degree), ("--max-tensor-parallel", max_degree)):
         if value not in TP_DEGREES:
             raise HetpartError(f"{flag} {value}: expected one of {', '.join(map(str, TP_DEGREES))}")
@@ -36,8 +36,9 @@ def check_tp_options(degree: int, data_parallel: bool, strategy: str, max_degree
     if degree > 1 and max_degree > 1:
         raise HetpartError(f"--tensor-parallel {given} forces the degree, --max-tensor-parallel {max_degree} lets "
                            "the solve choose it: pass one of them")
-    if max(degree, max_degree) > 1 and data_parallel:
-        raise HetpartError(f"{flag} with --pipelines or --parallel data is not supported yet; leave one of them out")
+    if (max_degree > 1 or machines) and data_parallel:  # one forced degree composes: NOTE [tensor-parallel pipelines]
+        raise HetpartError(f"{flag} with --pipelines or --parallel data is not supported yet: data-parallel "
+                           "pipelines take one forced degree (--tensor-parallel T); pass that, or leave one out")
     if max(degree, max_degree) > 1 and strategy != "optimal":
         raise HetpartError(f"{flag} with --strategy {strategy} is not supported: the baselines plan single-device "
                            "stages; leave one of them out")
@@ -109,6 +110,24 @@ def mixed_compile(problem: Problem, lowered: dict[int, "TPCompile"], degree_of_p
     used = {t for t in degree_of_place.values() if t > 1}
     groups = [g for t in sorted(used) for g in lowered[t].groups if degree_of_place.get(f"{g.machine}:{g.type}") == t]
     return TPCompile(problem, {t: lowered[t].sharding for t in sorted(used)}, groups, dict(degree_of_place))
+
+
+def tp_pipeline_slots(pipelines: tuple[tuple[str, ...], ...], cluster: Cluster,
+                      degree: int) -> tuple[tuple[str, ...], ...]:
+    """`--pipelines` with `--tensor-parallel T` (NOTE [tensor-parallel pipelines]): each pipeline's devices as the
+    TP slots they make up (`tp_groups`: T devices of one type in one machine, in cluster order), in the order of
+    their first devices; a device left out of every whole slot of its pipeline is refused, before the trace."""
+    slots = tp_groups(cluster, degree)
+    out = []
+    for p, devices in enumerate(pipelines):
+        mine = sorted((g for g in slots if set(g.devices) <= set(devices)), key=lambda g: devices.index(g.devices[0]))
+        left = [d for d in devices if not any(d in g.devices for g in mine)]
+        if left:
+            raise HetpartError(f"--pipelines: pipeline {p} has {', '.join(left)} outside any whole group of "
+                               f"--tensor-parallel {degree} (the TP groups: {', '.join(g.name for g in slots[:6])}"
+                               f"{', ...' if len(slots) > 6 else ''}); list each pipeline's devices group by group")
+        out.append(tuple(g.name for g in mine))
+    return tuple(out)
 
 
 def tp_on_meta(degree: int) -> HetpartError:

@@ -150,8 +150,10 @@ def test_tp_costs_shard_time_collectives_memory_and_regions_in_one_stage(gpt):
 def test_bad_tensor_parallel_options_are_refused():
     with pytest.raises(HetpartError, match="expected one of 1, 2, 4, 8"):
         check_tp_options(3, False, "optimal")
-    with pytest.raises(HetpartError, match="--pipelines or --parallel data is not supported"):
-        check_tp_options(2, True, "optimal")
+    check_tp_options(2, True, "optimal")  # one forced degree composes with data-parallel pipelines
+    with pytest.raises(HetpartError, match="--pipelines or --parallel data is not supported yet: data-parallel "
+                                           "pipelines take one forced degree"):
+        check_tp_options(2, True, "optimal", machines=(("local", 2),))
     with pytest.raises(HetpartError, match="^--max-tensor-parallel 2 with --strategy metis is not supported"):
         check_tp_options(1, False, "metis", max_degree=2)  # the flag the user gave, not --tensor-parallel
     with pytest.raises(HetpartError, match="^--max-tensor-parallel 4 with --pipelines"):
