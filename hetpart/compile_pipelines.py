@@ -26,6 +26,7 @@ from hetpart.errors import HetpartError
 from hetpart.partitioner.pipelines import PipelinesPlan, fixed_pipelines, pipelines_violations
 from hetpart.pipeline_groups import split_microbatches
 from hetpart.plan_report import PipelineReport, PlanReport
+from hetpart.tensor_parallel import lower_degrees, tp_on_meta
 
 if TYPE_CHECKING:
     import torch.fx as fx
@@ -75,6 +76,35 @@ def plan_data_parallel(problem: Problem, opts: CompileOptions) -> tuple[Pipeline
     return fixed_pipelines(problem, groups, shares, **fields), []
 
 
+def choose_pipelines_tp(gm: fx.GraphModule, problem: Problem, cluster: Cluster, opts: CompileOptions,
+                        groups: dict[str, str], echo: Callable[[str], None]) -> tuple[PipelinesPlan, list[dict],
+                                                                                        TPCompile | None]:
+    """`--parallel data --max-tensor-parallel N` (NOTE [tensor-parallel pipelines]): each degree up to N lowered as
+    `choose_tp` lowers them, each searched as `--parallel data` searches, the fastest kept by
+    `choose_pipelines_degree` (ties to the smaller degree; its bound the least over the degrees); its baselines, and
+    its compile (None: degree 1)."""
+    from hetpart.partitioner.tp_pipelines import choose_pipelines_degree
+
+    lowered, skipped = lower_degrees(gm, problem, cluster, opts.max_tensor_parallel, groups,
+                                     opts.training() is not None)
+    problems = {1: problem} | {t: tp.problem for t, tp in lowered.items()}
+    baselines: dict[int, list[dict]] = {}
+
+    def plan(p: Problem, microbatches: int) -> PipelinesPlan:
+        degree = next(t for t, q in problems.items() if q is p)
+        got, baselines[degree] = plan_data_parallel(p, opts)
+        return got
+
+    choice = choose_pipelines_degree(problems, opts.microbatches, plan)
+    us = lambda ns: f"{ns / 1000:,.1f} us"  # noqa: E731
+    echo("tensor parallel, data-parallel pipelines: " + "; ".join(
+        f"degree {r.degree}: " + (f"{us(r.plan.iteration_ns)}, {len(r.plan.pipelines)} pipeline(s)"
+                                  if r.plan is not None else "no plan") + f" (bound {us(r.bound_ns)})"
+        for r in choice.results) + (f"; skipped: {', '.join(skipped)}" if skipped else "")
+         + f"; chose degree {choice.degree}")
+    return choice.plan, baselines.get(choice.degree, []), lowered.get(choice.degree)
+
+
 def _baselines_json(baselines: list) -> list[dict]:
     """plan.json's `baselines` of a data-parallel plan (NOTE [pipeline baselines])."""
     return [{"name": b.name, "iteration_us": None if b.plan is None else round(b.plan.iteration_ns / 1000, 3),
@@ -96,7 +126,13 @@ def compile_pipelines(spec: ModelSpec, cluster: Cluster, opts: CompileOptions, o
     # 3. Plan every pipeline on its devices and check the whole independently of the solver.
     start = time.perf_counter()
     with progress.step("solving"):
-        pp, baselines = plan_data_parallel(problem, opts)
+        if opts.max_tensor_parallel > 1:  # NOTE [tensor-parallel pipelines]: the degree chosen with the pipelines
+            pp, baselines, tp = choose_pipelines_tp(gm, problem, cluster, opts, groups, echo)
+            problem = tp.problem if tp is not None else problem
+        else:
+            pp, baselines = plan_data_parallel(problem, opts)
+    if tp is not None and on_meta:  # NOTE [weight manifests]: shard-weights fills whole tensors only
+        raise tp_on_meta(max(tp.shardings))
     solve_s = time.perf_counter() - start
     times.add("solve", solve_s, quiet=True)
     if opts.verbose:

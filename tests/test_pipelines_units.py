@@ -445,3 +445,27 @@ def test_pipelines_of_tp_stages_are_planned_and_not_replanned(tmp_path, capsys):
     assert [r["planned_device"] for r in man["ranks"]] == [d for s in stages for d in s["devices"]]
     assert main(["replan", str(out), "--lose", "local/7", "--out", str(tmp_path / "again")]) == 2
     assert "does not re-plan yet" in capsys.readouterr().err and not (tmp_path / "again").exists()
+
+
+def test_parallel_data_with_max_tensor_parallel_keeps_the_fastest_degree_and_writes_it(tmp_path, capsys):
+    """`--parallel data --max-tensor-parallel 2` (NOTE [tensor-parallel pipelines]): each degree searched, the step
+    printed per degree; what is written is the fastest one's (ties: the smaller degree), TP stages or none."""
+    import re
+
+    from hetpart.runtime.artifacts import load_manifest
+
+    out = tmp_path / "out"
+    assert main(["partition", "zoo:gpt-small", "--set", "n_layer=2", "--set", "n_embd=64", "--set", "vocab_size=128",
+                 "--set", "block_size=32", "--batch-size", "8", "--seq-len", "16", "--microbatches", "4", "--no-pt2",
+                 "--mode", "training", "--max-tensor-parallel", "2", "--parallel", "data", "--time-limit", "2",
+                 "--cluster", "preset:cpu-8", "--out", str(out)]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("tensor parallel, data-parallel"))
+    steps = {int(t): float(us.replace(",", "")) for t, us in re.findall(r"degree (\d): ([\d,.]+) us,", line)}
+    assert sorted(steps) == [1, 2]
+    chosen = min(steps, key=lambda t: (steps[t], t))
+    assert line.endswith(f"chose degree {chosen}")
+    plan = json.loads((out / "plan.json").read_text())
+    assert abs(plan["iteration_us"] - steps[chosen]) <= 0.1
+    man = load_manifest(out)
+    assert ("tensor_parallel" in man["mesh"]) == (chosen == 2)
+    assert all(len(s["devices"]) == chosen for q in plan.get("pipelines") or [plan] for s in q["stages"])
