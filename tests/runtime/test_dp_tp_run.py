@@ -1,8 +1,9 @@
 """Data-parallel pipelines of tensor-parallel stages under one torchrun (issues 19 and 20 composed): zoo:gpt-small
 as 2 pipelines x 2 stages x TP 2 on preset:cpu-8 trains 2 steps of 1F1B and infers equal to the model on the
 global batch (outputs, loss, every gathered gradient and updated weight, rtol 1e-5); each rank holds only its
-shards; a mesh edited to disagree (a gradient group mixing shard indices, a lane or a pipeline moved) is refused
-with exit 2 before any rank starts (NOTE [tensor-parallel pipelines mesh] in codegen/tp.py).
+shards; pipelines of 1 and 2 TP-2 stages train GPipe equal to the model too; a mesh edited to disagree (a
+gradient group mixing shard indices, a lane or a pipeline moved) is refused with exit 2 before any rank starts
+(NOTE [tensor-parallel pipelines mesh] in codegen/tp.py).
 """
 
 import json
@@ -121,3 +122,22 @@ def test_two_pipelines_of_tp2_stages_train_1f1b_and_infer_equal_to_the_model(dp_
     assert main(["run", str(dp_tp), "--mode", "inference", "--verify"]) == 0
     ran = capsys.readouterr().out
     assert "verify: PASS" in ran and "outputs: 8x16x128" in ran
+
+
+def test_pipelines_of_one_and_two_tp2_stages_train_gpipe_equal_to_the_model(tmp_path, capsys):
+    """Pipelines whose cuts do not line up: pipeline 0 one TP-2 stage, pipeline 1 two; shard j of a weight is summed
+    between TP rank j of pipeline 0's stage and TP rank j of whichever stage of pipeline 1 holds it."""
+    out = tmp_path / "out"
+    args = [a if a != "1f1b" else "gpipe" for a in GPT]
+    assert main(["partition", *args, "--pipelines", "local/0,local/1;local/2,local/3,local/4,local/5",
+                 "--out", str(out)]) == 0
+    man = json.loads((out / "manifest.json").read_text())
+    assert [q["stages"] for q in man["mesh"]["pipelines"]] == [[[0, 1]], [[2, 3], [4, 5]]]
+    qkv = {j: next(g["ranks"] for g in man["mesh"]["groups"]
+                   if g["kind"] == "weights" and "blocks.1.attn.qkv.weight" in g["weights"]
+                   and man["ranks"][g["ranks"][0]]["tp"]["rank"] == j) for j in range(2)}
+    assert qkv[0][0] == 0 and qkv[1][0] == 1 and {man["ranks"][r]["pipeline"] for r in qkv[0]} == {0, 1}
+    capsys.readouterr()
+    assert main(["run", str(out), "--mode", "training", "--schedule", "gpipe", "--steps", "2", "--verify"]) == 0
+    ran = capsys.readouterr().out
+    assert "of 2 pipelines (1 + 2 stages, 2 + 2 microbatches): 6 rank(s)" in ran and "verify: PASS" in ran
