@@ -7,7 +7,6 @@ gradient group mixing shard indices, a lane or a pipeline moved) is refused with
 """
 
 import json
-import shutil
 
 import pytest
 from safetensors import safe_open
@@ -15,6 +14,7 @@ from safetensors import safe_open
 from hetpart.cli import main
 from hetpart.errors import HetpartError
 from hetpart.runtime.artifacts import load_manifest
+from tests.runtime import edited_copy
 
 GPT = ["zoo:gpt-small", "--set", "n_layer=2", "--set", "n_embd=64", "--set", "vocab_size=128", "--set", "block_size=32",
        "--batch-size", "8", "--seq-len", "16", "--microbatches", "4", "--no-pt2", "--mode", "training",
@@ -94,21 +94,12 @@ def _drop_group(m):  # lane 1's copies of blocks.1 never summed across the pipel
     (lambda m: m["mesh"]["pipelines"][1]["lanes"].pop(), r"pipeline lacks a lane"),
 ])
 def test_an_edited_mesh_is_refused(dp_tp, tmp_path, edit, message):
-    man = json.loads((dp_tp / "manifest.json").read_text())
-    edit(man)
-    bad = tmp_path / "bad"
-    shutil.copytree(dp_tp, bad)
-    (bad / "manifest.json").write_text(json.dumps(man))
     with pytest.raises(HetpartError, match=message):
-        load_manifest(bad)
+        load_manifest(edited_copy(dp_tp, tmp_path / "bad", edit))
 
 
 def test_a_gradient_group_mixing_shard_indices_stops_run_with_exit_2(dp_tp, tmp_path, capsys):
-    man = json.loads((dp_tp / "manifest.json").read_text())
-    _mix_shards(man)
-    bad = tmp_path / "bad"
-    shutil.copytree(dp_tp, bad)
-    (bad / "manifest.json").write_text(json.dumps(man))
+    bad = edited_copy(dp_tp, tmp_path / "bad", _mix_shards)
     assert main(["run", str(bad), "--mode", "training", "--verify"]) == 2
     err = capsys.readouterr().err
     assert "must hold ranks of one TP index" in err and "Traceback" not in err and not (bad / "logs").exists()
