@@ -34,6 +34,17 @@ def _shapes(path) -> dict[str, list[int]]:
         return {k: list(f.get_slice(k).get_shape()) for k in f.keys()}
 
 
+def test_inspect_names_each_rank_s_pipeline_stage_and_tp_place(dp_tp, capsys):
+    assert main(["inspect", str(dp_tp), "--stage", "5"]) == 0  # --stage K names rank K
+    assert capsys.readouterr().out.startswith("# rank 5, stage 0 of pipeline 1, TP rank 1 of 2: planned on "
+                                              "local/4+local/5 (cpu/tp2)")
+    assert main(["inspect", str(dp_tp), "--json"]) == 0
+    stages = json.loads(capsys.readouterr().out)["stages"]  # each stage's row: its TP rank 0's directory
+    assert [(s["pipeline"], s["index"], s["dir"]) for s in stages] == [(0, 0, "rank0"), (0, 1, "rank2"),
+                                                                       (1, 0, "rank4"), (1, 1, "rank6")]
+    assert [i["name"] for i in stages[1]["inputs"]] != ["idx"]  # stage 1 receives, it does not read the tokens
+
+
 def test_the_mesh_places_every_rank_and_sums_each_shard_over_its_tp_index_across_pipelines(dp_tp):
     man = json.loads((dp_tp / "manifest.json").read_text())
     mesh = man["mesh"]
