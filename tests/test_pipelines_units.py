@@ -334,6 +334,8 @@ def test_gradients_are_compared_at_their_largest_element_not_a_cancelled_block()
     (["--pipelines", "local/0;local/1", "--strategy", "parameters"], "--strategy parameters writes a baseline"),
     (["--pipelines", "local/0,local/2;local/1,local/3", "--tensor-parallel", "2"],  # NOTE [tensor-parallel pipelines]
      "pipeline 0 has local/0, local/2 outside any whole group of --tensor-parallel 2 (the TP groups: local/0+local/1"),
+    (["--pipelines", "local/0,local/1;local/2,local/3", "--tensor-parallel", "2", "--meta"],
+     "a tensor-parallel plan (degree 2) of a model traced on meta has no weights to split"),
 ])
 def test_partition_refuses_bad_pipelines_with_exit_2(tmp_path, capsys, extra, message):
     out = tmp_path / "out"
