@@ -161,9 +161,9 @@ def compile_pipelines(spec: ModelSpec, cluster: Cluster, opts: CompileOptions, o
     report = dataclasses.replace(report, baselines=baselines)  # beside the search's plan (NOTE [pipeline baselines])
     pj = report.to_json()
     write_json(tmp / "plan.json", pj)
+    rank_devices = [name for q in report.pipelines or [report] for st in q.stages for name in st.devices or [st.device]]
     planned = [PlannedDevice(d.name, d.type.name, d.machine)
-               for d in (next(c for c in cluster.devices if c.name == name)
-                         for q in report.pipelines or [report] for st in q.stages for name in st.devices or [st.device])]
+               for d in (next(c for c in cluster.devices if c.name == name) for name in rank_devices)]
     several = len(pp.pipelines) > 1
     if tp is not None and several:  # NOTE [tensor-parallel pipelines mesh]
         man = tp_pipelines_manifest(manifest(stages, files, planned), stages,
