@@ -157,11 +157,13 @@ def build_parser() -> argparse.ArgumentParser:
                            "pipelines of different shapes")
     part.add_argument("--tensor-parallel", default="1", metavar="T|MACHINE=T,...",
                       help="run every stage tensor-parallel on T devices of one type in one machine (Megatron-style "
-                           "sharding found on the graph; default 1: off); MACHINE=T,... (a machine or a device type "
-                           "each): those machines at T, the others at 1, in one pipeline")
+                           "sharding found on the graph; default 1: off), with --pipelines or --parallel data every "
+                           "stage of every pipeline; MACHINE=T,... (a machine or a device type each): those machines "
+                           "at T, the others at 1, in one pipeline")
     part.add_argument("--max-tensor-parallel", type=int, default=1, metavar="N",
                       help="let the solve choose each plan's tensor-parallel degree, up to N (1, 2, 4, 8: each solved, "
-                           "the best kept, its bound the least of theirs); default 1: off")
+                           "the best kept, its bound the least of theirs; with --parallel data, each searched); "
+                           "default 1: off")
     part.add_argument("--tensor-parallel-per-machine", action="store_true",
                       help="with --max-tensor-parallel on several machines: also search degrees chosen per machine "
                            "(up to 13 more solves) and write the best plan, mixed or uniform")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 from pathlib import Path
 
@@ -47,7 +47,8 @@ from hetpart.passes import PassContext, PassManager, default_passes, lower_to_pr
 from hetpart.passes.lower import TrainingSpec, group_of
 from hetpart.passes.manager import check_dump_dir
 from hetpart.passes.tensor_parallel import TensorParallelPass
-from hetpart.tensor_parallel import check_tp_options, choose_tp, tp_degrees, tp_lowering, tp_per_machine
+from hetpart.tensor_parallel import (check_tp_options, choose_tp, tp_degrees, tp_lowering, tp_per_machine,
+                                     tp_pipeline_slots)
 from hetpart.tp_machines import degree_of_place
 from hetpart.report.blocks import coarsen_to_blocks
 from hetpart.report.html import write_report
@@ -104,7 +105,8 @@ class CompileOptions:
         if chooses_schedule(self):  # NOTE [schedule choice]: checked as a candidate's options
             return check_auto(self, batch_size, out)
         check_tp_options(self.tensor_parallel, self.pipelines is not None or self.parallel == "data",
-                         self.strategy, self.max_tensor_parallel, self.tensor_parallel_machines)
+                         self.strategy, self.max_tensor_parallel, self.tensor_parallel_machines,
+                         fixed_pipelines=self.pipelines is not None, per_machine=self.tensor_parallel_per_machine)
         if self.tensor_parallel_per_machine and self.max_tensor_parallel <= 1:
             raise HetpartError("--tensor-parallel-per-machine searches the degrees --max-tensor-parallel N allows: "
                                "pass --max-tensor-parallel 2 (or more) with it")
@@ -396,6 +398,8 @@ def compile_model(spec: ModelSpec, cluster_spec: str | Cluster, out: Path, opts:
     cluster = load_cluster(cluster_spec) if isinstance(cluster_spec, str) else cluster_spec
     if opts.pipelines is not None:  # before tracing: every device of --pipelines is the cluster's, once
         check_groups(opts.pipelines, [d.name for d in cluster.devices])
+        if opts.tensor_parallel > 1:  # whole TP groups, the slots planned on (NOTE [tensor-parallel pipelines])
+            opts = replace(opts, pipelines=tp_pipeline_slots(opts.pipelines, cluster, opts.tensor_parallel))
     places = degree_of_place(opts.tensor_parallel_machines, cluster) if opts.tensor_parallel_machines else None
     if opts.tensor_parallel_places:  # a re-plan's degrees, every place of the cluster (uniform or all TP 1 too)
         places = dict(opts.tensor_parallel_places)
@@ -435,14 +439,16 @@ def compile_model(spec: ModelSpec, cluster_spec: str | Cluster, out: Path, opts:
         if opts.align == "layers" and (free := align_to_layers(problem)):  # every module one co-location group
             echo(f"note: --align layers: {len(free)} module(s) run at several places with others between "
                  f"({', '.join(free[:4])}{', ...' if len(free) > 4 else ''}); their calls are placed one by one")
+        tp = None
         if opts.pipelines is not None or opts.parallel == "data":  # several data-parallel pipelines (issue 19)
             from hetpart.compile_pipelines import compile_pipelines
 
+            if opts.tensor_parallel > 1:  # of TP stages: NOTE [tensor-parallel pipelines]
+                tp = tp_lowering(gm, problem, cluster, opts.tensor_parallel, groups, training is not None, echo)
             return compile_pipelines(
                 spec, cluster, opts, out, tmp, gm=gm, pm=pm, problem=problem, groups=groups, inputs=inputs,
                 on_meta=on_meta, checkpoint_names=names, profiles=profiles, model_sha256=model_sha256,
-                sign_key=sign_key, times=times, echo=echo, progress=progress)
-        tp = None
+                sign_key=sign_key, times=times, echo=echo, progress=progress, tp=tp)
         if places is not None:  # degrees per machine: NOTE [mixed-degree pipeline]
             tp = tp_per_machine(gm, problem, cluster, places, groups, training is not None, echo)
             problem = tp.problem

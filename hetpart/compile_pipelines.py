@@ -26,6 +26,7 @@ from hetpart.errors import HetpartError
 from hetpart.partitioner.pipelines import PipelinesPlan, fixed_pipelines, pipelines_violations
 from hetpart.pipeline_groups import split_microbatches
 from hetpart.plan_report import PipelineReport, PlanReport
+from hetpart.tensor_parallel import lower_degrees
 
 if TYPE_CHECKING:
     import torch.fx as fx
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
     from hetpart.partitioner import Problem
     from hetpart.passes import PassManager
     from hetpart.report.progress import Progress
+    from hetpart.tensor_parallel import TPCompile
     from hetpart.timings import StepTimes
 
 
@@ -74,6 +76,35 @@ def plan_data_parallel(problem: Problem, opts: CompileOptions) -> tuple[Pipeline
     return fixed_pipelines(problem, groups, shares, **fields), []
 
 
+def choose_pipelines_tp(gm: fx.GraphModule, problem: Problem, cluster: Cluster, opts: CompileOptions,
+                        groups: dict[str, str], echo: Callable[[str], None]) -> tuple[PipelinesPlan, list[dict],
+                                                                                        TPCompile | None]:
+    """`--parallel data --max-tensor-parallel N` (NOTE [tensor-parallel pipelines]): each degree up to N lowered as
+    `choose_tp` lowers them, each searched as `--parallel data` searches, the fastest kept by
+    `choose_pipelines_degree` (ties to the smaller degree; its bound the least over the degrees); its baselines, and
+    its compile (None: degree 1)."""
+    from hetpart.partitioner.tp_pipelines import choose_pipelines_degree
+
+    lowered, skipped = lower_degrees(gm, problem, cluster, opts.max_tensor_parallel, groups,
+                                     opts.training() is not None)
+    problems = {1: problem} | {t: tp.problem for t, tp in lowered.items()}
+    baselines: dict[int, list[dict]] = {}
+
+    def plan(p: Problem, microbatches: int) -> PipelinesPlan:
+        degree = next(t for t, q in problems.items() if q is p)
+        got, baselines[degree] = plan_data_parallel(p, opts)
+        return got
+
+    choice = choose_pipelines_degree(problems, opts.microbatches, plan)
+    us = lambda ns: f"{ns / 1000:,.1f} us"  # noqa: E731
+    echo("tensor parallel, data-parallel pipelines: " + "; ".join(
+        f"degree {r.degree}: " + (f"{us(r.plan.iteration_ns)}, {len(r.plan.pipelines)} pipeline(s)"
+                                  if r.plan is not None else "no plan") + f" (bound {us(r.bound_ns)})"
+        for r in choice.results) + (f"; skipped: {', '.join(skipped)}" if skipped else "")
+         + f"; chose degree {choice.degree}")
+    return choice.plan, baselines.get(choice.degree, []), lowered.get(choice.degree)
+
+
 def _baselines_json(baselines: list) -> list[dict]:
     """plan.json's `baselines` of a data-parallel plan (NOTE [pipeline baselines])."""
     return [{"name": b.name, "iteration_us": None if b.plan is None else round(b.plan.iteration_ns / 1000, 3),
@@ -84,15 +115,22 @@ def compile_pipelines(spec: ModelSpec, cluster: Cluster, opts: CompileOptions, o
                       gm: fx.GraphModule, pm: PassManager, problem: Problem, groups: dict[str, str], inputs: tuple,
                       on_meta: bool, checkpoint_names: dict[str, list[str]], profiles: dict, model_sha256: str | None,
                       sign_key: bytes | None, times: StepTimes, echo: Callable[[str], None],
-                      progress: Progress) -> CompileResult:
-    """Plan the data-parallel pipelines and write their artifacts into `tmp` (compile_model's staging dir)."""
+                      progress: Progress, tp: TPCompile | None = None) -> CompileResult:
+    """Plan the data-parallel pipelines and write their artifacts into `tmp` (compile_model's staging dir); with `tp`,
+    pipelines of TP slots, each stage a TP group (NOTE [tensor-parallel pipelines mesh] in codegen/tp.py)."""
+    from hetpart.codegen.tp import tp_pipelines_manifest
     from hetpart.compile import CompileResult, finish_artifacts, mark_stages, plan_report, write_rank_dirs
 
+    device_problem, problem = problem, tp.problem if tp is not None else problem  # the devices', the slots'
     microbatch_size = spec.batch_size // opts.microbatches
     # 3. Plan every pipeline on its devices and check the whole independently of the solver.
     start = time.perf_counter()
     with progress.step("solving"):
-        pp, baselines = plan_data_parallel(problem, opts)
+        if opts.max_tensor_parallel > 1:  # NOTE [tensor-parallel pipelines]: the degree chosen with the pipelines
+            pp, baselines, tp = choose_pipelines_tp(gm, problem, cluster, opts, groups, echo)
+            problem = tp.problem if tp is not None else problem
+        else:
+            pp, baselines = plan_data_parallel(problem, opts)
     solve_s = time.perf_counter() - start
     times.add("solve", solve_s, quiet=True)
     if opts.verbose:
@@ -110,21 +148,30 @@ def compile_pipelines(spec: ModelSpec, cluster: Cluster, opts: CompileOptions, o
     # 4. Split the graph by each pipeline's plan; ranks are numbered pipeline-major (NOTE [the mesh]).
     with times.step("split"):
         split = [split_stages(gm, p.plan.stage_of, len(p.plan.device_of_stage), groups) for p in pp.pipelines]
-    stages = [s for pipeline in split for s in pipeline]
-    files = write_rank_dirs(tmp, split, [p.plan for p in pp.pipelines], spec.model, inputs,
-                            pt2=opts.pt2 and not on_meta, checkpoint_names=checkpoint_names if on_meta else None,
-                            times=times)
-    report = _report(spec, cluster, opts, pp, problem, gm, groups, split, microbatch_size, on_meta=on_meta,
-                     model_sha256=model_sha256, profiles=profiles, plan_report=plan_report)
+    ranks = [tp.rank_graphs(s, p.plan) for s, p in zip(split, pp.pipelines)] if tp is not None else split
+    stages = [s for pipeline in ranks for s in pipeline]
+    files = write_rank_dirs(tmp, ranks, [p.plan for p in pp.pipelines], spec.model, inputs,
+                            pt2=opts.pt2 and not on_meta and tp is None,
+                            checkpoint_names=checkpoint_names if on_meta else None, times=times,
+                            own_weights={w for p in pp.pipelines for w in tp.split_weights(p.plan)} if tp else set())
+    report = _report(spec, cluster, opts, pp, device_problem, gm, groups, split, microbatch_size, on_meta=on_meta,
+                     model_sha256=model_sha256, profiles=profiles, plan_report=plan_report, tp=tp)
     report = dataclasses.replace(report, baselines=baselines)  # beside the search's plan (NOTE [pipeline baselines])
     pj = report.to_json()
     write_json(tmp / "plan.json", pj)
+    rank_devices = [name for q in report.pipelines or [report] for st in q.stages for name in st.devices or [st.device]]
     planned = [PlannedDevice(d.name, d.type.name, d.machine)
-               for d in (next(c for c in cluster.devices if c.name == st.device)
-                         for p in pp.pipelines for st in p.plan.stages)]
+               for d in (next(c for c in cluster.devices if c.name == name) for name in rank_devices)]
     several = len(pp.pipelines) > 1
-    man = manifest(stages, files, planned, [p.microbatches for p in pp.pipelines] if several else None,
-                   microbatch_size)
+    if tp is not None and several:  # NOTE [tensor-parallel pipelines mesh]
+        man = tp_pipelines_manifest(manifest(stages, files, planned), stages,
+                                    [tp.stage_shardings(p.plan) for p in pp.pipelines],
+                                    [p.microbatches for p in pp.pipelines], microbatch_size)
+    elif tp is not None:  # one pipeline of TP stages, as without --pipelines
+        man = tp.manifest(manifest(stages, files, planned), stages, pp.pipelines[0].plan)
+    else:
+        man = manifest(stages, files, planned, [p.microbatches for p in pp.pipelines] if several else None,
+                       microbatch_size)
     finish_artifacts(tmp, man, report, gm, pm, solve_s, times, sign_key)  # 5. and the page (pipeline 0's graph)
     return CompileResult(out=out, plan=pp.pipelines[0].plan, problem=problem, plan_json=pj, report=report,
                          pipelines=pp)
@@ -132,9 +179,10 @@ def compile_pipelines(spec: ModelSpec, cluster: Cluster, opts: CompileOptions, o
 
 def _report(spec: ModelSpec, cluster: Cluster, opts: CompileOptions, pp: PipelinesPlan, problem: Problem,
             gm: fx.GraphModule, groups: dict[str, str], split: list, microbatch_size: int, *, on_meta: bool,
-            model_sha256: str | None, profiles: dict, plan_report: Callable) -> PlanReport:
+            model_sha256: str | None, profiles: dict, plan_report: Callable, tp: TPCompile | None) -> PlanReport:
     """plan.json of the pipelines (NOTE [plan.json fields]): each pipeline's stages as `plan_report` writes one
-    plan's, and the step's numbers; a single pipeline reads as any one-pipeline plan."""
+    plan's, and the step's numbers; a single pipeline reads as any one-pipeline plan. `problem`: the devices'
+    (with `tp` the pipelines are planned on its slots, a stage listing its group's devices)."""
     from hetpart.compile import emulation_record, stage_sums
 
     us = lambda ns: round(ns / 1000, 3)  # noqa: E731
@@ -142,19 +190,26 @@ def _report(spec: ModelSpec, cluster: Cluster, opts: CompileOptions, pp: Pipelin
     reports = []
     for p, stages in zip(pp.pipelines, split):
         flops, forward_ns = stage_sums(gm, p.plan, groups)
-        params = [sum(problem.weights[w] for w in s.weights.values()) for s in stages]
-        reports.append(plan_report(spec, cluster, opts, p.plan, microbatch_size, stage_flops=flops,
+        shown, params = p.plan, [sum(problem.weights[w] for w in s.weights.values()) for s in stages]
+        if tp is not None:  # per rank: a split weight's part (NOTE [tensor-parallel stages])
+            (shown, forward_ns), params = tp.with_groups(p.plan), tp.param_bytes(p.plan, stages, problem.weights)
+        reports.append(plan_report(spec, cluster, opts, shown, microbatch_size, stage_flops=flops,
                                    stage_param_bytes=params, forward_ns=forward_ns if opts.mode == "training" else None,
                                    model_sha256=model_sha256, on_meta=on_meta, gm_meta=gm.meta, baselines=[],
                                    emulation=emulation))
     if len(pp.pipelines) == 1 and opts.parallel != "data":  # the search's answer keeps its step, bound and gap
         return reports[0]
-    pipelines = [PipelineReport(index=p.index, microbatches=p.microbatches, devices=list(p.devices),
+    slot_devices = {g.name: list(g.devices) for g in tp.groups} if tp is not None else {}
+    pipelines = [PipelineReport(index=p.index, microbatches=p.microbatches,
+                                devices=[d for s in p.devices for d in slot_devices.get(s, [s])],
                                 time_us=us(p.time_ns), bottleneck_us=us(p.plan.bottleneck_ns),
                                 lower_bound_us=us(p.plan.lower_bound_ns), solver_status=p.plan.solver_status,
                                 stages=[dataclasses.replace(s, pipeline=p.index) for s in r.stages])
                  for p, r in zip(pp.pipelines, reports)]
-    used = [s.device for q in pipelines for s in q.stages]
+    used = [d for q in pipelines for s in q.stages for d in s.devices or [s.device]]
+    idle = {d: why for s, why in pp.devices_idle.items() for d in slot_devices.get(s, [s])}
+    idle |= {d.name: f"in no tensor-parallel group of {max(tp.shardings)}" for d in cluster.devices
+             if tp is not None and d.name not in used and d.name not in idle}
     return dataclasses.replace(
         reports[0], stages=[s for q in pipelines for s in q.stages], pipelines=pipelines,
         bottleneck_us=max(q.bottleneck_us for q in pipelines), lower_bound_us=us(pp.lower_bound_ns),
@@ -162,5 +217,5 @@ def _report(spec: ModelSpec, cluster: Cluster, opts: CompileOptions, pp: Pipelin
         predicted_samples_per_s=round(spec.batch_size / (pp.iteration_ns * 1e-9), 3) if pp.iteration_ns else None,
         iteration_us=us(pp.iteration_ns), grad_sync_us=us(pp.grad_sync_ns),
         grad_sync_overlapped_us=us(pp.grad_sync_overlapped_ns), devices_used=used,
-        devices_idle=dict(sorted(pp.devices_idle.items())), bound_note=pp.bound_note or None,
+        devices_idle=dict(sorted(idle.items())), bound_note=pp.bound_note or None,
         search_stats={k: round(v, 6) for k, v in sorted(pp.stats.items())} if pp.stats else None)

@@ -153,6 +153,10 @@ def replan(old: Path, out: Path, *, cluster: str | None = None, lose: tuple[str,
         raise HetpartError(f"{old}/{ANALYSIS}: version {data.get('version')}, this hetpart reads {ANALYSIS_VERSION}")
     stored, old_cluster = problem_from_json(data["problem"]), cluster_from_json(data["cluster"])
     target = new_cluster(old_cluster, cluster, lose, add)
+    if plan.pipelines is not None and is_tp(manifest):  # NOTE [tensor-parallel pipelines mesh] in codegen/tp.py
+        raise HetpartError(f"{old} runs data-parallel pipelines of tensor-parallel stages, which `hetpart replan` does "
+                           "not re-plan yet: partition again for the new cluster (--pipelines or --parallel data with "
+                           "--tensor-parallel T)")
     if plan.pipelines is not None:  # data-parallel pipelines: NOTE [re-plan pipelines]
         return replan_pipelines_dir(old, out, manifest, plan, stored, old_cluster, target, slack=slack,
                                     time_limit_s=time_limit_s, seed=seed, force=force, echo=echo)

@@ -20,14 +20,17 @@ from hetpart.partitioner.costs import tp_shard_bytes
 from hetpart.partitioner.problem import FORWARD_NS, Plan, Problem
 from hetpart.partitioner.tp_choice import MixedChoice, TPSlot, choose_degree, choose_mixed, mixed_problem
 from hetpart.passes.tensor_parallel import TP_META, ShardingPlan, describe
-from hetpart.passes.tp_lower import TPGroup, lower_tensor_parallel
+from hetpart.passes.tp_lower import TPGroup, lower_tensor_parallel, tp_groups
 from hetpart.tp_machines import TP_DEGREES
 
 
 def check_tp_options(degree: int, data_parallel: bool, strategy: str, max_degree: int = 1,
-                     machines: tuple[tuple[str, int], ...] = ()) -> None:
+                     machines: tuple[tuple[str, int], ...] = (), fixed_pipelines: bool = False,
+                     per_machine: bool = False) -> None:
     """`--tensor-parallel T` (or `KEY=T,...`: `machines`, `degree` their largest) and `--max-tensor-parallel N`:
-    each one of TP_DEGREES, not both, and not with data-parallel pipelines or a baseline's strategy."""
+    each one of TP_DEGREES, not both, not with a baseline's strategy; data-parallel pipelines (`data_parallel`:
+    `--pipelines`, `fixed_pipelines`, or `--parallel data`) take one degree for every stage, forced or (`--parallel
+    data`) chosen (NOTE [tensor-parallel pipelines])."""
     for flag, value in (("--tensor-parallel", degree), ("--max-tensor-parallel", max_degree)):
         if value not in TP_DEGREES:
             raise HetpartError(f"{flag} {value}: expected one of {', '.join(map(str, TP_DEGREES))}")
@@ -36,8 +39,13 @@ def check_tp_options(degree: int, data_parallel: bool, strategy: str, max_degree
     if degree > 1 and max_degree > 1:
         raise HetpartError(f"--tensor-parallel {given} forces the degree, --max-tensor-parallel {max_degree} lets "
                            "the solve choose it: pass one of them")
-    if max(degree, max_degree) > 1 and data_parallel:
-        raise HetpartError(f"{flag} with --pipelines or --parallel data is not supported yet; leave one of them out")
+    if (machines or (per_machine and max_degree > 1)) and data_parallel:  # NOTE [tensor-parallel pipelines]
+        raise HetpartError(f"{flag}{' --tensor-parallel-per-machine' if per_machine else ''} with --pipelines or "
+                           "--parallel data is not supported yet: data-parallel pipelines take one degree for every "
+                           "stage (--tensor-parallel T, or --max-tensor-parallel N with --parallel data)")
+    if max_degree > 1 and fixed_pipelines:
+        raise HetpartError(f"{flag} with --pipelines is not supported: --pipelines gives the devices, so give the "
+                           "degree too (--tensor-parallel T), or let --parallel data search both")
     if max(degree, max_degree) > 1 and strategy != "optimal":
         raise HetpartError(f"{flag} with --strategy {strategy} is not supported: the baselines plan single-device "
                            "stages; leave one of them out")
@@ -111,6 +119,24 @@ def mixed_compile(problem: Problem, lowered: dict[int, "TPCompile"], degree_of_p
     return TPCompile(problem, {t: lowered[t].sharding for t in sorted(used)}, groups, dict(degree_of_place))
 
 
+def tp_pipeline_slots(pipelines: tuple[tuple[str, ...], ...], cluster: Cluster,
+                      degree: int) -> tuple[tuple[str, ...], ...]:
+    """`--pipelines` with `--tensor-parallel T` (NOTE [tensor-parallel pipelines]): each pipeline's devices as the
+    TP slots they make up (`tp_groups`: T devices of one type in one machine, in cluster order), in the order of
+    their first devices; a device left out of every whole slot of its pipeline is refused, before the trace."""
+    slots = tp_groups(cluster, degree)
+    out = []
+    for p, devices in enumerate(pipelines):
+        mine = sorted((g for g in slots if set(g.devices) <= set(devices)), key=lambda g: devices.index(g.devices[0]))
+        left = [d for d in devices if not any(d in g.devices for g in mine)]
+        if left:
+            raise HetpartError(f"--pipelines: pipeline {p} has {', '.join(left)} outside any whole group of "
+                               f"--tensor-parallel {degree} (the TP groups: {', '.join(g.name for g in slots[:6])}"
+                               f"{', ...' if len(slots) > 6 else ''}); list each pipeline's devices group by group")
+        out.append(tuple(g.name for g in mine))
+    return tuple(out)
+
+
 def tp_degrees(forced: int, max_degree: int, places: dict[str, int] | None = None) -> tuple[int, ...]:
     """The degrees > 1 the sharding pass analyses: those of `places` (degrees per machine), the forced one, or every
     one up to the cap."""
@@ -143,13 +169,10 @@ def mixed_summary(choice: MixedChoice) -> str:
                if choice.is_mixed else ""))
 
 
-def choose_tp(gm: fx.GraphModule, problem: Problem, cluster: Cluster, max_degree: int, groups: dict[str, str],
-              training: bool, echo: Callable[[str], None],
-              solve: Callable[..., Plan], per_machine: bool = False) -> tuple[TPCompile | None, Plan]:
-    """NOTE [tensor-parallel degree choice], NOTE [mixed tensor-parallel degrees]: each degree up to `max_degree`
-    solved, and with `per_machine` degrees mixed per machine too; the best plan kept (None: TP 1), a plan mixing
-    degrees too (NOTE [mixed-degree pipeline] in runtime/tp_pipeline.py)."""
-    problems: dict[int, Problem] = {1: problem}
+def lower_degrees(gm: fx.GraphModule, problem: Problem, cluster: Cluster, max_degree: int, groups: dict[str, str],
+                  training: bool) -> tuple[dict[int, TPCompile], list[str]]:
+    """Each degree up to `max_degree` lowered to its slot problem (NOTE [tensor-parallel costs]), and the degrees
+    skipped, each with why (nothing to split, no machine with that many devices of one type)."""
     lowered: dict[int, TPCompile] = {}
     skipped = []
     for t in tp_degrees(1, max_degree):
@@ -162,7 +185,17 @@ def choose_tp(gm: fx.GraphModule, problem: Problem, cluster: Cluster, max_degree
             skipped.append(f"{t} ({str(err).split(';')[0]})")
             continue
         lowered[t] = TPCompile(tp_problem, {t: sharding}, slots)
-        problems[t] = tp_problem
+    return lowered, skipped
+
+
+def choose_tp(gm: fx.GraphModule, problem: Problem, cluster: Cluster, max_degree: int, groups: dict[str, str],
+              training: bool, echo: Callable[[str], None],
+              solve: Callable[..., Plan], per_machine: bool = False) -> tuple[TPCompile | None, Plan]:
+    """NOTE [tensor-parallel degree choice], NOTE [mixed tensor-parallel degrees]: each degree up to `max_degree`
+    solved, and with `per_machine` degrees mixed per machine too; the best plan kept (None: TP 1), a plan mixing
+    degrees too (NOTE [mixed-degree pipeline] in runtime/tp_pipeline.py)."""
+    lowered, skipped = lower_degrees(gm, problem, cluster, max_degree, groups, training)
+    problems = {1: problem} | {t: tp.problem for t, tp in lowered.items()}
     slots = tp_slots(problem, lowered)
     places = {s.place for ss in slots.values() for s in ss}
     mixed = choose_mixed(problems, slots, solve) if per_machine and len(places) > 1 and lowered else None

@@ -88,5 +88,5 @@ def test_bad_cluster_files_say_where_and_what(tmp_path, text, needle):
 
 
 def test_unknown_preset_lists_presets():
-    with pytest.raises(HetpartError, match="known: a100-t4-8, cpu-2, cpu-4, cpu-6, hetero-1024, hetero-256, hetero-64, mixed-4, spot-16"):
+    with pytest.raises(HetpartError, match="known: a100-t4-8, cpu-2, cpu-4, cpu-6, cpu-8, hetero-1024, hetero-256, hetero-64, mixed-4, spot-16"):
         load_cluster("preset:nope")

@@ -332,6 +332,8 @@ def test_gradients_are_compared_at_their_largest_element_not_a_cancelled_block()
     (["--pipeline-microbatches", "2,2"], "pass --pipelines too"),
     (["--pipelines", "local/0;local/1", "--parallel", "data"], "pass one of the two"),
     (["--pipelines", "local/0;local/1", "--strategy", "parameters"], "--strategy parameters writes a baseline"),
+    (["--pipelines", "local/0,local/2;local/1,local/3", "--tensor-parallel", "2"],  # NOTE [tensor-parallel pipelines]
+     "pipeline 0 has local/0, local/2 outside any whole group of --tensor-parallel 2 (the TP groups: local/0+local/1"),
 ])
 def test_partition_refuses_bad_pipelines_with_exit_2(tmp_path, capsys, extra, message):
     out = tmp_path / "out"
@@ -417,3 +419,53 @@ def test_the_bound_note_is_written_and_printed_with_what_the_deadline_cut():
     assert f"lower bound: {note}" in pipelines_lines(plan)
     proven = load_plan(Path("plan.json"), _plan(bound_note=note, solver_status="OPTIMAL", gap=0.0))
     assert not [ln for ln in pipelines_lines(proven) if ln.startswith("lower bound:")]
+
+
+def test_pipelines_of_tp_stages_are_planned_and_not_replanned(tmp_path, capsys):
+    """`--parallel data --tensor-parallel 2` (NOTE [tensor-parallel pipelines]): the search's pipelines are of TP-2
+    slots, each stage one machine's group of two, the manifest's mesh passes `load_manifest` (NOTE [tensor-parallel
+    pipelines mesh]); `hetpart replan` refuses it, writing nothing (docs/errors.md DT4). Runs: tests/runtime/
+    test_dp_tp_run.py."""
+    from hetpart.devices import load_cluster
+    from hetpart.passes.tp_lower import tp_groups
+    from hetpart.runtime.artifacts import load_manifest
+
+    out = tmp_path / "out"
+    assert main(["partition", "zoo:gpt-small", "--set", "n_layer=2", "--set", "n_embd=64", "--set", "vocab_size=128",
+                 "--set", "block_size=32", "--batch-size", "8", "--seq-len", "16", "--microbatches", "4", "--no-pt2",
+                 "--mode", "training", "--tensor-parallel", "2", "--parallel", "data", "--time-limit", "3",
+                 "--cluster", "preset:cpu-8", "--out", str(out)]) == 0
+    capsys.readouterr()
+    plan = json.loads((out / "plan.json").read_text())
+    slots = {g.devices for g in tp_groups(load_cluster("preset:cpu-8"), 2)}
+    stages = [s for q in plan["pipelines"] for s in q["stages"]]
+    assert len(plan["pipelines"]) >= 2 and all(tuple(s["devices"]) in slots for s in stages)
+    man = load_manifest(out)
+    assert [len(s) for q in man["mesh"]["pipelines"] for s in q["stages"]] == [2] * len(stages)
+    assert [r["planned_device"] for r in man["ranks"]] == [d for s in stages for d in s["devices"]]
+    assert main(["replan", str(out), "--lose", "local/7", "--out", str(tmp_path / "again")]) == 2
+    assert "does not re-plan yet" in capsys.readouterr().err and not (tmp_path / "again").exists()
+
+
+def test_parallel_data_with_max_tensor_parallel_keeps_the_fastest_degree_and_writes_it(tmp_path, capsys):
+    """`--parallel data --max-tensor-parallel 2` (NOTE [tensor-parallel pipelines]): each degree searched, the step
+    printed per degree; what is written is the fastest one's (ties: the smaller degree), TP stages or none."""
+    import re
+
+    from hetpart.runtime.artifacts import load_manifest
+
+    out = tmp_path / "out"
+    assert main(["partition", "zoo:gpt-small", "--set", "n_layer=2", "--set", "n_embd=64", "--set", "vocab_size=128",
+                 "--set", "block_size=32", "--batch-size", "8", "--seq-len", "16", "--microbatches", "4", "--no-pt2",
+                 "--mode", "training", "--max-tensor-parallel", "2", "--parallel", "data", "--time-limit", "2",
+                 "--cluster", "preset:cpu-8", "--out", str(out)]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("tensor parallel, data-parallel"))
+    steps = {int(t): float(us.replace(",", "")) for t, us in re.findall(r"degree (\d): ([\d,.]+) us,", line)}
+    assert sorted(steps) == [1, 2]
+    chosen = min(steps, key=lambda t: (steps[t], t))
+    assert line.endswith(f"chose degree {chosen}")
+    plan = json.loads((out / "plan.json").read_text())
+    assert abs(plan["iteration_us"] - steps[chosen]) <= 0.1
+    man = load_manifest(out)
+    assert ("tensor_parallel" in man["mesh"]) == (chosen == 2)
+    assert all(len(s["devices"]) == chosen for q in plan.get("pipelines") or [plan] for s in q["stages"])

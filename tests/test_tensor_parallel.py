@@ -150,12 +150,18 @@ def test_tp_costs_shard_time_collectives_memory_and_regions_in_one_stage(gpt):
 def test_bad_tensor_parallel_options_are_refused():
     with pytest.raises(HetpartError, match="expected one of 1, 2, 4, 8"):
         check_tp_options(3, False, "optimal")
-    with pytest.raises(HetpartError, match="--pipelines or --parallel data is not supported"):
-        check_tp_options(2, True, "optimal")
+    check_tp_options(2, True, "optimal", fixed_pipelines=True)  # one degree composes with data-parallel pipelines
+    check_tp_options(1, True, "optimal", max_degree=4)  # chosen by --parallel data's search
+    with pytest.raises(HetpartError, match="--pipelines or --parallel data is not supported yet: data-parallel "
+                                           "pipelines take one degree for every stage"):
+        check_tp_options(2, True, "optimal", machines=(("local", 2),))
+    with pytest.raises(HetpartError, match="^--max-tensor-parallel 2 --tensor-parallel-per-machine with --pipelines"):
+        check_tp_options(1, True, "optimal", max_degree=2, per_machine=True)
     with pytest.raises(HetpartError, match="^--max-tensor-parallel 2 with --strategy metis is not supported"):
         check_tp_options(1, False, "metis", max_degree=2)  # the flag the user gave, not --tensor-parallel
-    with pytest.raises(HetpartError, match="^--max-tensor-parallel 4 with --pipelines"):
-        check_tp_options(1, True, "optimal", max_degree=4)
+    with pytest.raises(HetpartError, match="^--max-tensor-parallel 4 with --pipelines is not supported: --pipelines "
+                                           "gives the devices"):
+        check_tp_options(1, True, "optimal", max_degree=4, fixed_pipelines=True)
     with pytest.raises(HetpartError, match="no machine with 4 devices of one type"):
         tp_groups(load_cluster("preset:cpu-2"), 4)
 

@@ -143,6 +143,7 @@ def _runtime_device(dev: PlannedDevice) -> str:
 # [start, stop) of the traced batch (at another --batch-size, the same microbatches of it).
 # A "weights" group is then every rank holding a copy of the weight, across pipelines and within
 # one: training sums the scaled gradients over it (NOTE [pipelines gradients] in runtime/worker.py).
+# Pipelines of tensor-parallel stages: NOTE [tensor-parallel pipelines mesh] in codegen/tp.py.
 def mesh(rank_weights: list[list[str]], shares: list[int] | None = None, stage_counts: list[int] | None = None) -> dict:
     """The mesh of a plan whose rank k holds the weights `rank_weights[k]` (NOTE [the mesh]): one pipeline
     (rank k runs stage k), or with `shares` and `stage_counts` several, each with that many microbatches and
@@ -187,12 +188,7 @@ def manifest(stages: list[StageGraph], files: list[dict[str, str]], devices: lis
         counts = [b - a for a, b in zip(starts, starts[1:])]
         man = manifest(stages, files, devices)
         man["mesh"] = mesh([sorted(s.weights.values()) for s in stages], list(shares), counts)
-        for q in man["mesh"]["pipelines"]:
-            start = q["microbatch_offset"] * microbatch_size
-            rows = [start, start + q["microbatches"] * microbatch_size]
-            for r in (r for stage in q["stages"] for r in stage):
-                man["ranks"][r].update(pipeline=q["index"], microbatches=q["microbatches"], batch_rows=rows)
-        return man
+        return place_pipelines(man, microbatch_size)
     return {
         "format_version": FORMAT_VERSION,
         "files": {},  # plan.json, launch.sh, ir/: filled by write_manifest
@@ -219,6 +215,17 @@ def manifest(stages: list[StageGraph], files: list[dict[str, str]], devices: lis
         ],
         "mesh": mesh([sorted(s.weights.values()) for s in stages]),
     }
+
+
+def place_pipelines(man: dict, microbatch_size: int) -> dict:
+    """Each rank's pipeline, that pipeline's microbatches and its `batch_rows` of the traced batch, from the
+    mesh's `pipelines` (NOTE [the mesh])."""
+    for q in man["mesh"]["pipelines"]:
+        start = q["microbatch_offset"] * microbatch_size
+        rows = [start, start + q["microbatches"] * microbatch_size]
+        for r in (r for stage in q["stages"] for r in stage):
+            man["ranks"][r].update(pipeline=q["index"], microbatches=q["microbatches"], batch_rows=rows)
+    return man
 
 
 def write_manifest(out: Path, man: dict, sign_key: bytes | None = None) -> None:

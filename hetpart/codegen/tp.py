@@ -292,17 +292,79 @@ def _leaders_mesh(ranks: list[StageGraph], shardings: Sequence[ShardingPlan | No
                                  "degree": len(s), "weights": split[k]} for k, s in enumerate(stages)]}
 
 
+# NOTE [tensor-parallel pipelines mesh]
+# Data-parallel pipelines whose every stage is a TP group of one degree t (`--pipelines` or
+# `--parallel data` with `--tensor-parallel t`; NOTE [tensor-parallel pipelines] in
+# partitioner/tp_pipelines.py plans them). Ranks are numbered pipeline-major, stage-major inside a
+# pipeline, TP index inside a stage. The mesh joins NOTE [the mesh]'s several pipelines and NOTE
+# [tensor-parallel stages]'s lanes:
+#   "pipelines": [{"index": p, "lanes": ["pipeline-p-tp0", ...], "stages": [[0, 1], [2, 3]],
+#                  "microbatches": m_p, "microbatch_offset": ...}, ...]    one lane group per TP index
+#   "tensor_parallel": [{"pipeline": p, "stage": k, "group": "tp-p-k", "ranks", "degree", "weights"}, ...]
+#                                                                  every stage of every pipeline, in rank order
+#   "groups": the lanes, the TP groups, then "weights-tp{j}-{i}": the ranks of TP index j holding weights,
+#             across pipelines and within one (a tied embedding and LM head)
+# and each rank its "pipeline", "microbatches", "batch_rows" and "tp" place. The gradient of a weight
+# is summed per (weight, TP index): shard j of a split weight lives on the ranks of TP index j only
+# (one sharding per degree, so every pipeline splits it alike), and summing it with shard i != j would
+# add different parameters; a replicated weight's copies are equal across a TP group, so each lane
+# sums its own. That is Megatron-LM's data-parallel group (the ranks of one TP index), one ring per
+# TP index as NOTE [tensor-parallel gradient sync] costs it. `check_tp_mesh` (runtime/tp.py) checks
+# the whole record, each weights group against the ranks' own weight lists and TP places.
+def tp_pipelines_mesh(ranks: list[StageGraph], shardings: list[list[ShardingPlan]], shares: list[int]) -> dict:
+    """The mesh of data-parallel pipelines whose every stage is a TP group of one degree (NOTE [tensor-parallel
+    pipelines mesh]): pipeline p's stages `shardings[p]` with `shares[p]` microbatches, ranks pipeline-major."""
+    t = shardings[0][0].degree
+    pipelines: list[dict] = []
+    entries: list[dict] = []
+    first = offset = 0
+    for p, (plans, m) in enumerate(zip(shardings, shares)):
+        stages = [list(range(first + k * t, first + (k + 1) * t)) for k in range(len(plans))]
+        first, lanes = first + t * len(plans), [f"pipeline-{p}-tp{j}" for j in range(t)]
+        pipelines.append({"index": p, "lanes": lanes, "stages": stages, "microbatches": m,
+                          "microbatch_offset": offset})
+        offset += m
+        entries += [{"pipeline": p, "stage": k, "group": f"tp-{p}-{k}", "ranks": s, "degree": t,
+                     "weights": stage_weight_shards(ranks[s[0]], plan)}
+                    for k, (s, plan) in enumerate(zip(stages, plans))]
+    groups: list[dict] = [{"name": name, "kind": "pipeline", "ranks": [s[j] for s in q["stages"]]}
+                          for q in pipelines for j, name in enumerate(q["lanes"])]
+    groups += [{"name": e["group"], "kind": "tp", "ranks": e["ranks"]} for e in entries]
+    for j in range(t):  # shard j of a weight, or lane j's copy of a replicated one, across every pipeline
+        groups += [{"name": f"weights-tp{j}-{i}", "kind": "weights", "ranks": rs, "weights": names}
+                   for i, (rs, names) in enumerate(_holders(ranks, [e["ranks"][j] for e in entries]))]
+    return {"pipelines": pipelines, "groups": groups, "tensor_parallel": entries,
+            "rank_groups": [[g["name"] for g in groups if r in g["ranks"]] for r in range(len(ranks))]}
+
+
+def tp_pipelines_manifest(man: dict, ranks: list[StageGraph], shardings: list[list[ShardingPlan]], shares: list[int],
+                          microbatch_size: int) -> dict:
+    """`man` (codegen's manifest of every pipeline's rank graphs, pipeline-major) with the mesh of
+    `tp_pipelines_mesh` and each rank's pipeline, its share of the batch and its TP place."""
+    from hetpart.codegen.artifacts import place_pipelines  # artifacts imports this module (stage.py's TP block)
+
+    man["mesh"] = tp_pipelines_mesh(ranks, shardings, shares)
+    place_pipelines(man, microbatch_size)
+    return _place_tp(man)
+
+
+def _place_tp(man: dict) -> dict:
+    """Each rank's place in its stage's TP group, from the mesh's `tensor_parallel` record."""
+    for entry in man["mesh"]["tensor_parallel"]:
+        for j, r in enumerate(entry["ranks"]):
+            man["ranks"][r]["tp"] = {"rank": j, "degree": entry["degree"], "group": entry["group"]}
+    return man
+
+
 def tp_manifest(man: dict, ranks: list[StageGraph], shardings: Sequence[ShardingPlan | None]) -> dict:
     """`man` (codegen's manifest of the rank graphs) with the TP mesh and each rank's place in its group; a mesh of
     mixed degrees is format version 3 (NOTE [mixed-degree pipeline] in runtime/tp_pipeline.py)."""
     man["mesh"] = tp_mesh(ranks, shardings)
-    for entry in man["mesh"]["tensor_parallel"]:
-        for j, r in enumerate(entry["ranks"]):
-            man["ranks"][r]["tp"] = {"rank": j, "degree": entry["degree"], "group": entry["group"]}
+    _place_tp(man)
     if man["mesh"].get("tp_boundaries") == "leaders":
         man["format_version"] = MIXED_FORMAT_VERSION
     return man
 
 
-__all__ = ["TP_FUNCTIONS", "TP_SOURCE", "shard_stage", "shard_tensor", "tp_manifest", "tp_mesh", "tp_stage_graphs",
-           "unshard_tensor"]
+__all__ = ["TP_FUNCTIONS", "TP_SOURCE", "shard_stage", "shard_tensor", "tp_manifest", "tp_mesh",
+           "tp_pipelines_manifest", "tp_pipelines_mesh", "tp_stage_graphs", "unshard_tensor"]

@@ -172,6 +172,16 @@ PRESETS: dict[str, str] = {
         devices = ["cpu", "cpu", "cpu", "cpu", "cpu", "cpu"]
         link = { bandwidth_GBps = 2, latency_us = 20 }
     """,
+    # Eight: two data-parallel pipelines of two tensor-parallel-2 stages each (issues 19 and 20 composed).
+    "cpu-8": """
+        [network]
+        bandwidth_GBps = 1
+        latency_us = 50
+        [[nodes]]
+        name = "local"
+        devices = ["cpu", "cpu", "cpu", "cpu", "cpu", "cpu", "cpu", "cpu"]
+        link = { bandwidth_GBps = 2, latency_us = 20 }
+    """,
 }
 
 

@@ -63,7 +63,8 @@ def _values(title: str, values: list[dict[str, Any]]) -> list[str]:
 def stage_text(out: Path, manifest: dict[str, Any], plan: PlanReport, stage: int) -> str:
     """A stage's device, inputs and outputs (from manifest.json), then its `stage.py`."""
     entry = _rank(manifest, stage, out)
-    cost = plan.stages[stage]
+    several = "pipeline" in entry and plan.pipelines  # each pipeline's stages (a TP stage: one row for its ranks)
+    cost = plan.pipelines[entry["pipeline"]].stages[entry["stage"]] if several else plan.stages[entry["stage"]]
     from hetpart.runtime.artifacts import check_file
 
     source = out / entry["dir"] / "stage.py"
@@ -73,6 +74,8 @@ def stage_text(out: Path, manifest: dict[str, Any], plan: PlanReport, stage: int
     text = check_file(out, f"{entry['dir']}/stage.py", digest, f"rank {entry['rank']}: ", read=True)
     where = (f"stage {entry['stage']} of pipeline {entry['pipeline']}" if "pipeline" in entry
              else f"stage {stage} of {len(plan.stages)}")
+    if "tp" in entry and "pipeline" in entry:  # NOTE [tensor-parallel pipelines mesh]: which rank of the group
+        where += f", TP rank {entry['tp']['rank']} of {entry['tp']['degree']}"
     head = [f"# rank {entry['rank']}, {where}: planned on {cost.device} "
             f"({cost.device_type}), {cost.predicted_time_us} us per microbatch",
             f"# file: {source}"]
@@ -87,8 +90,8 @@ def inspect_json(out: Path, manifest: dict[str, Any], plan: PlanReport) -> dict[
     step = simulated_step(plan)
     stages = []
     for k, s in enumerate(plan.stages):
-        entry = next((e for e in ranks if e["stage"] == k and "pipeline" not in e),  # a TP stage: its TP rank 0
-                     ranks[k] if k < len(ranks) else {})
+        entry = next((e for e in ranks if e["stage"] == s.index and e.get("pipeline") == s.pipeline  # a TP stage:
+                      and e.get("tp", {}).get("rank", 0) == 0), ranks[k] if k < len(ranks) else {})  # its TP rank 0
         stages.append({**as_json(s), "transfer_us": round(transfer_us(s), 3),
                        "share_of_bottleneck": round(share_of_bottleneck(plan, s), 6),
                        "dir": entry.get("dir"), "inputs": entry.get("inputs", []),

@@ -187,7 +187,8 @@ def mesh_pipelines(manifest: dict[str, Any]) -> list[MeshPipeline]:
     if "pipelines" not in mesh:
         group = next(g["name"] for g in mesh["groups"] if g["kind"] == "pipeline")
         return [MeshPipeline(0, group, mesh["stages"], None, 0)]
-    return [MeshPipeline(q["index"], q["group"], q["stages"], q["microbatches"], q["microbatch_offset"])
+    return [MeshPipeline(q["index"], q["group"] if "group" in q else q["lanes"][0], q["stages"], q["microbatches"],
+                         q["microbatch_offset"])
             for q in mesh["pipelines"]]
 
 
@@ -250,19 +251,26 @@ def _check_mesh(path: Path, mesh: Any, ranks: list[dict[str, Any]], version: int
         raise HetpartError(f"{path}: mesh.rank_groups must list the groups holding each rank ({expected}){EDITED}")
 
 
-def _mesh_pipelines(path: Path, mesh: dict[str, Any], ranks: list[dict[str, Any]]) -> list[tuple[str, list]]:
+def _mesh_pipelines(path: Path, mesh: dict[str, Any], ranks: list[dict[str, Any]],
+                    lanes: bool = False) -> list[tuple[str, list]]:
     """(group name, stages) of each pipeline of a mesh of several, after checking each entry and its ranks'
-    pipeline, microbatches and batch rows (NOTE [the mesh] in codegen/artifacts.py)."""
+    pipeline, microbatches and batch rows (NOTE [the mesh] in codegen/artifacts.py); with `lanes`, pipelines of
+    TP stages, each with its lanes' group names in place of one group (NOTE [tensor-parallel pipelines mesh] in
+    codegen/tp.py; the group returned: its lane 0)."""
     out, offset = [], 0
-    for p, q in enumerate(mesh["pipelines"]):
-        if not (isinstance(q, dict) and q.get("index") == p and isinstance(q.get("group"), str)
+    for p, q in enumerate(mesh["pipelines"] if isinstance(mesh.get("pipelines"), list) else [None]):
+        named = (isinstance(q.get("lanes"), list) and q["lanes"] and all(isinstance(n, str) for n in q["lanes"])
+                 and "group" not in q) if lanes and isinstance(q, dict) else isinstance(q, dict) and isinstance(
+            q.get("group"), str)
+        if not (isinstance(q, dict) and q.get("index") == p and named
                 and isinstance(q.get("stages"), list) and q["stages"]
                 and isinstance(q.get("microbatches"), int) and q["microbatches"] >= 1
                 and q.get("microbatch_offset") == offset):
-            raise HetpartError(f"{path}: mesh.pipelines[{p}] must be pipeline {p} with its group, stages, "
-                               f"microbatches (>= 1) and microbatch_offset {offset}{EDITED}")
+            raise HetpartError(f"{path}: mesh.pipelines[{p}] must be pipeline {p} with its "
+                               f"{'lanes' if lanes else 'group'}, stages, microbatches (>= 1) and microbatch_offset "
+                               f"{offset}{EDITED}")
         offset += q["microbatches"]
-        out.append((q["group"], q["stages"]))
+        out.append((q["lanes"][0] if lanes else q["group"], q["stages"]))
     for k, entry in enumerate(ranks):
         p = entry.get("pipeline")
         if not (isinstance(p, int) and 0 <= p < len(out)):

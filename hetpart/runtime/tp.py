@@ -35,19 +35,28 @@ def check_tp_mesh(path: Path, mesh: dict[str, Any], ranks: list[dict[str, Any]],
     """A TP mesh (NOTE [tensor-parallel stages]): stage k's ranks are its TP group, consecutive ranks; with one
     degree, one pipeline group per TP index holding that index of every stage; with `tp_boundaries` "leaders"
     (format version 3: NOTE [mixed-degree pipeline] in runtime/tp_pipeline.py) one pipeline group of every stage's
-    TP rank 0 and a TP group per stage of degree > 1; a TP entry per stage with its weights' split dims, and each
-    rank's `tp` place. Raises naming the first disagreement."""
+    TP rank 0 and a TP group per stage of degree > 1; several data-parallel pipelines (NOTE [tensor-parallel
+    pipelines mesh] in codegen/tp.py) each their own lanes; a TP entry per stage with its weights' split dims, each
+    rank's `tp` place, and with lanes each weights group the ranks of one TP index holding its weights. Raises
+    naming the first disagreement."""
     from hetpart.trust import MIXED_FORMAT_VERSION
 
-    stages, groups, tp = mesh.get("stages"), mesh.get("groups"), mesh.get("tensor_parallel")
-    if not (isinstance(stages, list) and isinstance(groups, list) and isinstance(tp, list) and stages
-            and all(isinstance(s, list) and s for s in stages)):
-        raise HetpartError(f"{path}: a tensor-parallel mesh needs stages, groups and tensor_parallel{EDITED}")
+    groups, tp, several = mesh.get("groups"), mesh.get("tensor_parallel"), "pipelines" in mesh
     leaders = mesh.get("tp_boundaries") == "leaders"
     if mesh.get("tp_boundaries", "lanes") not in ("lanes", "leaders") or (
-            version is not None and leaders != (version == MIXED_FORMAT_VERSION)):
+            version is not None and leaders != (version == MIXED_FORMAT_VERSION)) or (several and leaders):
         raise HetpartError(f"{path}: mesh.tp_boundaries is 'leaders' exactly in a manifest of format version "
-                           f"{MIXED_FORMAT_VERSION}{EDITED}")
+                           f"{MIXED_FORMAT_VERSION}, of one pipeline{EDITED}")
+    if several:  # NOTE [tensor-parallel pipelines mesh]: each pipeline's batch share checked as without TP
+        from hetpart.runtime.artifacts import _mesh_pipelines
+
+        pipelines = [q["stages"] for q in mesh["pipelines"]] if _mesh_pipelines(path, mesh, ranks, lanes=True) else []
+    else:
+        pipelines = [mesh.get("stages")]
+    stages = [s for q in pipelines if isinstance(q, list) for s in q]
+    if not (all(isinstance(q, list) and q for q in pipelines) and isinstance(groups, list) and isinstance(tp, list)
+            and all(isinstance(s, list) and s for s in stages)):
+        raise HetpartError(f"{path}: a tensor-parallel mesh needs stages, groups and tensor_parallel{EDITED}")
     degrees = [len(s) for s in stages]
     first = [sum(degrees[:k]) for k in range(len(stages))]
     if [s for s in stages] != [list(range(f, f + d)) for f, d in zip(first, degrees)] or sum(degrees) != len(ranks) or (
@@ -57,49 +66,92 @@ def check_tp_mesh(path: Path, mesh: dict[str, Any], ranks: list[dict[str, Any]],
     by_name = {g["name"]: g for g in groups if isinstance(g, dict) and isinstance(g.get("name"), str)}
     if len(by_name) != len(groups) or any(g.get("kind") not in ("pipeline", "tp", "weights") for g in groups):
         raise HetpartError(f"{path}: mesh.groups must be uniquely named pipeline, tp or weights groups{EDITED}")
-    lanes = {"pipeline": [s[0] for s in stages]} if leaders else {
-        f"pipeline-tp{j}": [s[j] for s in stages] for j in range(degrees[0])}
+    if leaders:
+        lanes = {"pipeline": [s[0] for s in stages]}
+    elif several:
+        lanes = {name: [s[j] for s in q["stages"]] for q in mesh["pipelines"]
+                 for j, name in enumerate(q["lanes"] if len(q["lanes"]) == degrees[0] else ())}
+    else:
+        lanes = {f"pipeline-tp{j}": [s[j] for s in stages] for j in range(degrees[0])}
     for name, want in lanes.items():
         lane = by_name.get(name)
         if lane is None or lane.get("kind") != "pipeline" or lane.get("ranks") != want:
             raise HetpartError(f"{path}: mesh.groups needs {name} holding ranks {want}{EDITED}")
-    if sum(g.get("kind") == "pipeline" for g in groups) != len(lanes):
-        raise HetpartError(f"{path}: mesh.groups has a pipeline group the stages do not explain{EDITED}")
+    if sum(g.get("kind") == "pipeline" for g in groups) != len(lanes) or len(lanes) != len(pipelines) * (
+            1 if leaders else degrees[0]):
+        raise HetpartError(f"{path}: mesh.groups has a pipeline group the stages do not explain, or a pipeline "
+                           f"lacks a lane{EDITED}")
     if len(tp) != len(stages):
         raise HetpartError(f"{path}: mesh.tensor_parallel needs one entry per stage{EDITED}")
-    for k, (entry, s) in enumerate(zip(tp, stages)):
+    places = [(p, k) for p, q in enumerate(pipelines) for k in range(len(q))]
+    for i, (entry, s, (p, k)) in enumerate(zip(tp, stages, places)):
         name = entry.get("group") if isinstance(entry, dict) else None
         group = by_name.get(name)
         weights = entry.get("weights") if isinstance(entry, dict) else None
         alone = leaders and len(s) == 1  # a stage of degree 1 beside TP stages: no TP group, nothing split
+        of = f" of pipeline {p}" if several else ""
         if ((group is None or group.get("kind") != "tp" or group.get("ranks") != s) if not alone else (
                 name is not None or weights != {})) or entry.get("ranks") != s or entry.get("stage") != k \
+                or entry.get("pipeline") != (p if several else None) \
                 or entry.get("degree") != len(s) or not isinstance(weights, dict) \
                 or not all(isinstance(w, dict) and isinstance(w.get("dim"), int) and w["dim"] >= 0
                            and isinstance(w.get("chunks"), int) and w["chunks"] >= 1 for w in weights.values()):
-            raise HetpartError(f"{path}: mesh.tensor_parallel[{k}] must be stage {k}'s TP group (its ranks {s}, "
+            raise HetpartError(f"{path}: mesh.tensor_parallel[{i}] must be stage {k}{of}'s TP group (its ranks {s}, "
                                f"degree {len(s)}, {'no group, nothing split' if alone else 'a tp group'}) with each "
                                f"split weight's dim and chunks{EDITED}")
         for r in s:
             place = ranks[r].get("tp")
-            if place != {"rank": s.index(r), "degree": len(s), "group": name} or ranks[r]["stage"] != k:
+            if place != {"rank": s.index(r), "degree": len(s), "group": name} or ranks[r]["stage"] != k or (
+                    several and ranks[r].get("pipeline") != p):
                 raise HetpartError(f"{path}: ranks[{r}].tp must be TP rank {s.index(r)} of {len(s)} in "
-                                   f"{name}, running stage {k}{EDITED}")
+                                   f"{name}, running stage {k}{of}{EDITED}")
             unknown = sorted(set(weights) - set(ranks[r]["weights"]))
             if unknown:
-                raise HetpartError(f"{path}: mesh.tensor_parallel[{k}] splits {unknown[:3]}, which rank {r} does "
+                raise HetpartError(f"{path}: mesh.tensor_parallel[{i}] splits {unknown[:3]}, which rank {r} does "
                                    f"not hold{EDITED}")
     if sum(g.get("kind") == "tp" for g in groups) != sum(len(s) > 1 for s in stages):
         raise HetpartError(f"{path}: mesh.groups has a tp group no stage runs on{EDITED}")
+    if not leaders:
+        _check_lane_weights(path, [g for g in groups if g.get("kind") == "weights"], ranks)
     expected = [[g["name"] for g in groups if r in g.get("ranks", [])] for r in range(len(ranks))]
     if mesh.get("rank_groups") != expected:
         raise HetpartError(f"{path}: mesh.rank_groups must list the groups holding each rank ({expected}){EDITED}")
 
 
+def _check_lane_weights(path: Path, groups: list[dict[str, Any]], ranks: list[dict[str, Any]]) -> None:
+    """NOTE [tensor-parallel pipelines mesh]: every weight that several ranks of one TP index hold (shard j of a
+    split weight, or lane j's copy of a replicated one) is summed over exactly those ranks, in one weights group,
+    and no group mixes TP indices (a shard summed with another shard would be a wrong gradient, not an error)."""
+    want: dict[tuple[int, str], list[int]] = {}
+    for r, entry in enumerate(ranks):
+        for name in entry["weights"]:
+            want.setdefault((entry["tp"]["rank"], name), []).append(r)
+    got: dict[tuple[int, str], list[int]] = {}
+    for g in groups:
+        rs, names = g.get("ranks"), g.get("weights")
+        if not (isinstance(rs, list) and all(isinstance(r, int) and 0 <= r < len(ranks) for r in rs)
+                and isinstance(names, list) and len({ranks[r]["tp"]["rank"] for r in rs}) == 1):
+            raise HetpartError(f"{path}: weights group {g.get('name')} must hold ranks of one TP index (each sums "
+                               f"one shard of its weights){EDITED}")
+        for name in names:
+            got.setdefault((ranks[rs[0]]["tp"]["rank"], name), []).append(rs)
+    for (j, name), holders in sorted(want.items()):
+        if (len(holders) > 1 or (j, name) in got) and got.get((j, name)) != [holders]:
+            raise HetpartError(f"{path}: {name!r} at TP index {j} must be summed over one weights group of the ranks "
+                               f"holding it ({holders}){EDITED}")
+    extra = sorted(set(got) - set(want))
+    if extra:
+        raise HetpartError(f"{path}: a weights group sums {extra[0][1]!r}, which no rank of TP index {extra[0][0]} "
+                           f"holds{EDITED}")
+
+
 def lane_group(manifest: dict[str, Any], rank: int) -> str:
     """The pipeline group of `rank`'s TP index (its lane): the peers it sends to and receives from; with mixed
     degrees the leaders' one group (NOTE [mixed-degree pipeline] in runtime/tp_pipeline.py)."""
-    return "pipeline" if is_mixed(manifest) else f"pipeline-tp{manifest['ranks'][rank]['tp']['rank']}"
+    entry = manifest["ranks"][rank]
+    if "pipelines" in manifest["mesh"]:  # NOTE [tensor-parallel pipelines mesh] in codegen/tp.py
+        return manifest["mesh"]["pipelines"][entry["pipeline"]]["lanes"][entry["tp"]["rank"]]
+    return "pipeline" if is_mixed(manifest) else f"pipeline-tp{entry['tp']['rank']}"
 
 
 def tp_rank(entry: dict[str, Any]) -> int:
@@ -108,7 +160,9 @@ def tp_rank(entry: dict[str, Any]) -> int:
 
 
 def _stage_tp(manifest: dict[str, Any], entry: dict[str, Any]) -> dict[str, Any] | None:
-    return manifest["mesh"]["tensor_parallel"][entry["stage"]] if is_tp(manifest) else None
+    if not is_tp(manifest):
+        return None
+    return next(e for e in manifest["mesh"]["tensor_parallel"] if entry["rank"] in e["ranks"])
 
 
 def weight_shards(manifest: dict[str, Any], entry: dict[str, Any]) -> dict[str, dict[str, int]]:

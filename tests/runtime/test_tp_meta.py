@@ -143,3 +143,20 @@ def test_mixed_degrees_on_meta_fill_from_a_sharded_index_and_train_equal(tmp_pat
     assert main(["run", str(meta), *TRAIN]) == 0
     ran = capsys.readouterr().out
     assert "3 rank(s)" in ran and "verify: PASS" in ran, ran
+
+
+def test_pipelines_of_tp_stages_on_meta_fill_equal_to_the_traced_plan_and_train_equal(tmp_path, capsys):
+    # NOTE [tensor-parallel pipelines mesh]: two data-parallel pipelines of one TP-2 stage each; each rank's
+    # weights.json names its part, and a weight both pipelines hold is stored once (NOTE [weights stored once]).
+    pipes = ["--pipelines", "local/0,local/1;local/2,local/3"]
+    for name, extra in (("meta", ["--meta"]), ("real", [])):
+        assert main(["partition", *GPT, "--cluster", "preset:cpu-4", "--out", str(tmp_path / name), *SMALL,
+                     "--tensor-parallel", "2", *pipes, *extra]) == 0
+    meta, real = tmp_path / "meta", tmp_path / "real"
+    save_model(_model(meta), str(tmp_path / "model.safetensors"))
+    assert main(["shard-weights", str(meta), str(tmp_path / "model.safetensors")]) == 0
+    assert "wrote weights.safetensors for 4 rank(s)" in capsys.readouterr().out
+    _same_files(meta, real)
+    assert main(["run", str(meta), *TRAIN]) == 0
+    ran = capsys.readouterr().out
+    assert "of 2 pipelines" in ran and "verify: PASS" in ran, ran

@@ -9,7 +9,6 @@ with the TP-2 stage last (its followers compute the loss, its vocab-parallel hea
 
 import json
 import math
-import shutil
 
 import pytest
 from safetensors import safe_open
@@ -17,6 +16,7 @@ from safetensors import safe_open
 from hetpart.cli import main
 from hetpart.errors import HetpartError
 from hetpart.runtime.artifacts import load_manifest
+from tests.runtime import edited_copy
 
 SMALL = ["--batch-size", "4", "--seq-len", "16", "--microbatches", "2", "--no-pt2", "--mode", "training",
          "--schedule", "1f1b"]
@@ -95,13 +95,8 @@ def test_stage_0_at_tp2_and_stage_1_at_tp1_each_rank_holds_only_its_shards(gpt_m
      r"mesh.stages must give each stage its ranks in order, every rank once, all of one degree"),
 ])
 def test_an_edited_mixed_mesh_is_refused(gpt_mixed, tmp_path, edit, message):
-    man = json.loads((gpt_mixed / "manifest.json").read_text())
-    edit(man)
-    bad = tmp_path / "bad"
-    shutil.copytree(gpt_mixed, bad)
-    (bad / "manifest.json").write_text(json.dumps(man))
     with pytest.raises(HetpartError, match=message):
-        load_manifest(bad)
+        load_manifest(edited_copy(gpt_mixed, tmp_path / "bad", edit))
 
 
 def test_an_interleaved_schedule_is_refused_before_any_rank_starts(gpt_mixed, capsys):
