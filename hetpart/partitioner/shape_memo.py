@@ -1,0 +1,257 @@
+"""The `--parallel data` search's solved shapes, kept for `hetpart replan` to start from (issue 21).
+
+Nothing here imports torch. `partition` writes the memo to ir/shapes.json (codegen/pipelines_record.py, hashed
+by the manifest with the rest of ir/); `hetpart replan` and benchmarks/spot_trace.py pass it to the search.
+
+NOTE [shape memo]
+What costs a `--parallel data` search its time is solving each pipeline shape (NOTE [pipeline shapes]) with
+the exact planner, and that solve depends on the problem (the analysed graph, its times per device type,
+memory, weights, training state, schedule, microbatch size, the network) and on the shape's devices (their
+types, capacities, machines and the machines' links), not on how many machines of each kind the cluster
+has. So a shape solved for one cluster is solved for every cluster with at least as many machines of its
+kinds. The memo records, per shape named by its machine kinds' contents (`kind_key`: the device classes,
+their counts per machine and the machine's link, never a machine's name or index): the plans the search
+made of it (cuts as stage per node in graph order, each stage's device as a position in the shape: kind,
+machine, device class, index), and the shapes whose solve proved no plan fits (NOTE [shape misses]: not
+those that only ran out of time), with the microbatches each was solved for. A memo is tied to its problem
+by `problem_fingerprint` (a hash of everything but the devices and each machine's link); the search ignores
+a memo of another fingerprint (the model, its costs or the schedule changed), so a stale memo never feeds a
+plan. In the search (`seed_candidates`) each memo plan that maps onto the cluster's machines is re-costed by
+`evaluate` on its sub-problem and checked by `plan_violations` (a memo is input, never trusted for costs or
+memory) and becomes a candidate before any shape is solved; its shape is solved again only after every shape
+the memo lacks (so a short re-plan spends its time on shapes it has not seen). A no-plan entry is taken only
+where the shape's feasibility is that of the solve it records: the same microbatches, or, under 1F1B, both at
+least the shape's device count (a stage's stash is then S - k either way). Nothing else changes: the bound
+is computed as before, the outer program, refinement, join probe and stripes run on the candidates, and
+the plan is costed and checked as any other, so a re-plan's certificate holds with or without the memo.
+docs/benchmarks.md ("spot21c") measures what it gives a 2 s re-plan on the trace.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass, field
+
+from hetpart.errors import HetpartError
+from hetpart.partitioner.problem import Plan, Problem
+from hetpart.partitioner.problem_json import problem_to_json
+
+SHAPES_VERSION = 1
+_PLANS_PER_SHAPE = 2  # NOTE [shape memo]: the fastest plans kept per shape (a solve and its refinement)
+
+
+def problem_fingerprint(problem: Problem, microbatches: int) -> str:
+    """NOTE [shape memo]: sha256 of the problem without its devices and machine links, and the batch's microbatches."""
+    data = problem_to_json(problem)
+    del data["devices"], data["intra_node_links"]
+    data["microbatches"] = microbatches
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def kind_key(kind, link) -> str:
+    """A machine kind by its contents (NOTE [shape memo]): classes (type, capacity), counts, link."""
+    return json.dumps([[list(c) for c in kind.classes], list(kind.counts),
+                       None if link is None else [link.bandwidth_bytes_per_us, link.latency_ns]])
+
+
+@dataclass
+class MemoPlan:
+    """One memo plan: stage per node (graph order, run-length coded) and each stage's device position."""
+
+    m_ref: int
+    stages: list[list[int]]  # [[stage, run], ...] over the graph's nodes in order
+    slots: list[list]  # per stage: [kind_key, machine ordinal, class index, index in class]
+    time_ns: int  # its pipeline time at m_ref (which plans of a shape to keep)
+
+
+@dataclass
+class ShapeMemo:
+    """NOTE [shape memo]: solved shapes of one problem (`fingerprint`), by `shape_key`."""
+
+    fingerprint: str
+    plans: dict[str, list[MemoPlan]] = field(default_factory=dict)
+    no_plan: dict[str, tuple[int, str]] = field(default_factory=dict)  # shape key -> (m_ref, why)
+    seeded: int = 0  # plans the last search took from the memo (for the report)
+    ignored: bool = False  # the last search was given another problem's memo, and emptied it
+
+    def to_json(self) -> dict:
+        return {"version": SHAPES_VERSION, "fingerprint": self.fingerprint,
+                "plans": {k: [vars(p) for p in v] for k, v in sorted(self.plans.items())},
+                "no_plan": {k: list(v) for k, v in sorted(self.no_plan.items())}}
+
+    @staticmethod
+    def from_json(data: object, where: str) -> ShapeMemo:
+        """The memo `to_json` wrote; an error naming `where` when it is not one."""
+        try:
+            if data.get("version") != SHAPES_VERSION:  # type: ignore[union-attr]
+                raise HetpartError(f"{where}: version {data.get('version')}, this hetpart reads {SHAPES_VERSION}: "  # type: ignore[union-attr]
+                                   "partition again to keep a memo of solved shapes")
+            return ShapeMemo(str(data["fingerprint"]),  # type: ignore[index]
+                             {str(k): [MemoPlan(int(p["m_ref"]), [[int(a), int(b)] for a, b in p["stages"]],
+                                                [[str(s[0]), int(s[1]), int(s[2]), int(s[3])] for s in p["slots"]],
+                                                int(p["time_ns"])) for p in v]
+                              for k, v in data["plans"].items()},  # type: ignore[index]
+                             {str(k): (int(v[0]), str(v[1])) for k, v in data["no_plan"].items()})  # type: ignore[index]
+        except HetpartError:
+            raise
+        except (AttributeError, KeyError, TypeError, ValueError, IndexError) as e:
+            raise HetpartError(f"{where}: not a memo of solved shapes ({type(e).__name__}: {e}); partition again") from e
+
+
+class ShapeCodec:
+    """Shapes and plans of one cluster to and from memo keys and positions (NOTE [shape memo])."""
+
+    def __init__(self, problem: Problem, kinds, class_devices, shape_type) -> None:
+        self.problem, self.kinds, self.class_devices, self.shape_type = problem, kinds, class_devices, shape_type
+        self.keys = [kind_key(k, problem.intra_node_links.get(k.machines[0])) for k in kinds]
+        self.order = list(problem.graph.nodes)
+
+    def shape_key(self, shape) -> str:
+        if shape.piece_kind >= 0:
+            return json.dumps(["piece", self.keys[shape.piece_kind], list(shape.piece)])
+        return json.dumps(["machines", sorted([self.keys[j], n] for j, n in enumerate(shape.machines) if n)])
+
+    def shape_of(self, key: str):
+        """The cluster's Shape of a memo key, or None when its machines are not all here."""
+        data = json.loads(key)
+        if data[0] == "piece":
+            j = self.keys.index(data[1]) if data[1] in self.keys else -1
+            return self.shape_type(piece_kind=j, piece=tuple(data[2])) if j >= 0 else None
+        counts = [0] * len(self.kinds)
+        for k, n in data[1]:
+            if k not in self.keys or len(self.kinds[self.keys.index(k)].machines) < n:
+                return None
+            counts[self.keys.index(k)] = n
+        return self.shape_type(machines=tuple(counts))
+
+    def _positions(self, shape) -> dict[str, list]:
+        """Each device of `shape`'s canonical devices -> its position."""
+        out = {}
+        if shape.piece_kind >= 0:
+            kind_machines = [(shape.piece_kind, [self.kinds[shape.piece_kind].machines[0]])]
+        else:
+            kind_machines = [(j, list(self.kinds[j].machines[:n])) for j, n in enumerate(shape.machines) if n]
+        for j, machines in kind_machines:
+            for mo, m in enumerate(machines):
+                for ci, devs in enumerate(self.class_devices(self.problem, self.kinds[j], m)):
+                    for ix, d in enumerate(devs):
+                        out[d] = [self.keys[j], mo, ci, ix]
+        return out
+
+    def encode(self, shape, plan: Plan, m_ref: int, time_ns: int) -> MemoPlan | None:
+        """The plan as a MemoPlan; None when a stage's slot is not one device of the shape (a TP slot)."""
+        pos = self._positions(shape)
+        if any(s not in pos for s in plan.slot_of_stage):
+            return None
+        runs: list[list[int]] = []
+        for v in self.order:
+            k = plan.stage_of[v]
+            if runs and runs[-1][0] == k:
+                runs[-1][1] += 1
+            else:
+                runs.append([k, 1])
+        return MemoPlan(m_ref, runs, [pos[s] for s in plan.slot_of_stage], time_ns)
+
+    def decode(self, shape, mp: MemoPlan) -> tuple[dict[str, int], list[str]] | None:
+        """(stage_of, device per stage) on this cluster; None when the memo plan does not fit the graph or shape."""
+        if sum(n for _, n in mp.stages) != len(self.order):
+            return None
+        by_pos = {json.dumps(p): d for d, p in self._positions(shape).items()}
+        devices = [by_pos.get(json.dumps(p)) for p in mp.slots]
+        if None in devices or len(set(devices)) != len(devices):
+            return None
+        stage_of, i = {}, 0
+        for k, n in mp.stages:
+            for v in self.order[i:i + n]:
+                stage_of[v] = k
+            i += n
+        return stage_of, devices  # type: ignore[return-value]
+
+    def record(self, memo: ShapeMemo, shape, plan: Plan, m_ref: int, time_ns: int) -> None:
+        """Keep `plan` of `shape` in the memo (the _PLANS_PER_SHAPE fastest per shape)."""
+        mp = self.encode(shape, plan, m_ref, time_ns)
+        if mp is None:
+            return
+        key = self.shape_key(shape)
+        kept = [p for p in memo.plans.get(key, []) if (p.stages, p.slots) != (mp.stages, mp.slots)] + [mp]
+        memo.plans[key] = sorted(kept, key=lambda p: p.time_ns)[:_PLANS_PER_SHAPE]
+        memo.no_plan.pop(key, None)
+
+
+def memo_codec(memo: ShapeMemo | None, problem: Problem, microbatches: int, kinds, class_devices,
+               shape_type) -> ShapeCodec | None:
+    """The search's codec when it has a memo; a memo of another problem (NOTE [shape memo]) is emptied first and
+    then records this search's shapes (`ignored` says so)."""
+    if memo is None:
+        return None
+    fingerprint = problem_fingerprint(problem, microbatches)
+    if memo.fingerprint != fingerprint:
+        memo.ignored = bool(memo.plans or memo.no_plan)
+        memo.fingerprint, memo.plans, memo.no_plan = fingerprint, {}, {}
+    return ShapeCodec(problem, kinds, class_devices, shape_type)
+
+
+def seed_candidates(memo: ShapeMemo, codec: ShapeCodec, order: list, devices_of, m_ref_of, microbatches: int,
+                    no_plan: dict, end: float) -> list:
+    """NOTE [shape memo]: the memo's plans that map onto this cluster, re-costed and checked, as the search's
+    candidates (shapes in the search's `order` first, then the memo's others), until `end` (perf_counter);
+    `no_plan` gets the memo's misses that hold for this search's shapes."""
+    from hetpart.partitioner.pipeline_outer import candidate
+    from hetpart.partitioner.pipelines import sub_problem
+    from hetpart.partitioner.replan_pipelines import pipeline_plan
+    from hetpart.partitioner.verify import plan_violations
+
+    schedule = problem.training.schedule if (problem := codec.problem).training is not None else None
+    keyed = {codec.shape_key(s): s for s in order}
+    for key, (m, why) in memo.no_plan.items():
+        s = keyed.get(key)
+        if s is not None and no_plan_holds(m, m_ref_of(len(devices_of(s))), len(devices_of(s)), schedule):
+            no_plan[s] = why
+    out = []
+    for key in list(keyed) + sorted(set(memo.plans) - set(keyed)):
+        s = keyed.get(key) or codec.shape_of(key)
+        if s is None or key not in memo.plans or s in no_plan:
+            continue
+        devs = devices_of(s)
+        m_ref = m_ref_of(len(devs))
+        for mp in memo.plans[key]:
+            if time.perf_counter() > end:
+                memo.seeded = len(out)
+                return out
+            got = codec.decode(s, mp)
+            if got is None:
+                continue
+            plan = pipeline_plan(problem, devs, got[0], got[1], m_ref)
+            if plan_violations(sub_problem(problem, devs, m_ref), plan):
+                continue
+            c = candidate(problem, s, devs, plan, m_ref, microbatches)
+            if c is not None:
+                out.append(c)
+    memo.seeded = len(out)
+    return out
+
+
+def record_search(memo: ShapeMemo | None, codec: ShapeCodec | None, cands: list, no_plan: dict,
+                  no_plan_m: dict) -> None:
+    """Keep the search's candidates' plans and its own misses (`no_plan_m`: shape -> m) in the memo."""
+    if memo is None or codec is None:
+        return
+    from hetpart.partitioner.pipelines import pipeline_time_ns
+
+    for c in cands:
+        codec.record(memo, c.shape, c.plan, c.m_ref, pipeline_time_ns(c.plan, c.m_ref))
+    for s, m in no_plan_m.items():
+        key = codec.shape_key(s)
+        if key not in memo.plans:
+            memo.no_plan[key] = (m, no_plan[s])
+
+
+def no_plan_holds(memo_m: int, m_ref: int, devices: int, schedule: str | None) -> bool:
+    """NOTE [shape memo]: a memo's "no plan" at `memo_m` microbatches holds for a solve at `m_ref`."""
+    return memo_m == m_ref or (schedule == "1f1b" and min(memo_m, m_ref) >= devices)
+
+
+__all__ = ["MemoPlan", "ShapeCodec", "ShapeMemo", "SHAPES_VERSION", "memo_codec", "no_plan_holds", "problem_fingerprint",
+           "record_search", "seed_candidates"]
