@@ -197,10 +197,16 @@ def replay_pipelines(path: Path, stored, full: Cluster, plan_json: dict, manifes
     from hetpart.partitioner.pipeline_search import plan_with_baselines
     from hetpart.partitioner.replan_deadline import replan_pipelines_within
     from hetpart.partitioner.replan_pipelines import OldPipeline, pipelines_from_json
+    from hetpart.partitioner.shape_memo import ShapeMemo
     from hetpart.partitioner.solve import SolveOptions
 
     old = pipelines_from_json(json.loads((path / "ir" / "pipelines.json").read_text()), str(path))
     holders = holders_of(manifest["ranks"])
+    # NOTE [shape memo]: the partition's solved shapes, carried from event to event as `hetpart replan` carries
+    # them from OLD_DIR to NEW_DIR (each search adds its own); --no-memo: every search from nothing, as before.
+    memo_file = path / "ir" / "shapes.json"
+    memo = None if args.no_memo or not memo_file.exists() else ShapeMemo.from_json(
+        json.loads(memo_file.read_text()), str(memo_file))
     m = plan_json["microbatches"]
     samples_per_step = plan_json["microbatch_size"] * m
     alive = {mc.name for mc in full.machines}
@@ -215,7 +221,7 @@ def replay_pipelines(path: Path, stored, full: Cluster, plan_json: dict, manifes
         problem = retarget(stored, on_machines(full, alive))
         try:  # the reference and the re-splits within one deadline (NOTE [re-plan deadline]), as `hetpart replan`
             result, scratch_s = replan_pipelines_within(problem, old, holders, m, slack=args.slack,
-                                                        time_limit_s=args.time_limit, seed=args.seed)
+                                                        time_limit_s=args.time_limit, seed=args.seed, memo=memo)
         except HetpartError as err:  # no plan at all on these devices: both policies stop until the next event
             rows.append(_no_plan_row(t, kind, machine, problem, time.perf_counter() - start,
                                      time.process_time() - cpu, str(err)))
@@ -224,6 +230,7 @@ def replay_pipelines(path: Path, stored, full: Cluster, plan_json: dict, manifes
             continue
         replan_s, cpu_s = time.perf_counter() - start, time.process_time() - cpu
         scratch = result.scratch.plan if result.scratch is not None else None
+        own = scratch  # the in-deadline from-scratch search's plan (NOTE [shape memo]: what the memo feeds)
         chosen, first = result.chosen, result.scratch or result.chosen  # no reference: the chosen plan stands in
         reference, restart_s = first.plan, scratch_s
         if args.reference_time_limit > 0:  # the user's from-scratch plan, made apart from the timed re-plan
@@ -263,6 +270,8 @@ def replay_pipelines(path: Path, stored, full: Cluster, plan_json: dict, manifes
             "hetpart_down_s": replan_s + mv.time_ns * 1e-9, "restart_down_s": restart_s + reshard_ns * 1e-9,
             "hetpart_speed": iteration_ns / chosen.plan.iteration_ns,
             "restart_speed": iteration_ns / reference.iteration_ns,
+            "memo_plans": memo.seeded if memo is not None else None,
+            "own_search_ratio": round(own.iteration_ns / reference.iteration_ns, 4) if own else None,
         })
         holders = pipelines_holders(problem, chosen.plan)
         old = [OldPipeline(tuple(p.plan.slot_of_stage), p.plan.stage_of, tuple(p.plan.slot_of_stage), p.microbatches)
@@ -284,6 +293,8 @@ def main() -> int:
     parser.add_argument("--reference-time-limit", type=float, default=30.0,
                         help="the from-scratch reference's own time limit, apart from the timed re-plan (0: the "
                              "re-plan's in-deadline reference)")
+    parser.add_argument("--no-memo", action="store_true",
+                        help="re-plan without the partition's solved shapes (ir/shapes.json, NOTE [shape memo])")
     args = parser.parse_args()
     verdicts = []
     for path in args.dirs:
@@ -299,15 +310,15 @@ def main() -> int:
         over_floor = max((r["moved_GiB"] / r["floor_GiB"] for r in moved if r["floor_GiB"] > 0), default=1.0)
         print("| model | t (h) | event | devices | stages | solve s | re-plan s | total s (CPU s) | how | moved GiB "
               "(between, checkpoint) | floor GiB | re-shard GiB | re-shard / moved | "
-              "bottleneck (pipelines: step) ratio | scratch gap |")
-        print("|" + "---|" * 15)
+              "bottleneck (pipelines: step) ratio | scratch gap | own search / reference | memo plans |")
+        print("|" + "---|" * 17)
         for r in rows:
             times = "nothing moves" if r["moved_GiB"] == 0 else f"{r['reshard_GiB'] / r['moved_GiB']:.2f}x"
             print(f"| {out['model']} | {r['t_h']} | {r['event']} | {r['devices']} | {r['stages']} | "
                   f"{r['scratch_solve_s']} | {r['lexicographic_s']} | {r['replan_s']} ({r['cpu_s']}) | {r['status']} | "
                   f"{r['moved_GiB']} ({r['between_GiB']}, {r['network_GiB'] - r['between_GiB']:.2f}) | "
                   f"{r['floor_GiB']} | {r['reshard_GiB']} | {times} | {r['bottleneck_ratio']} | "
-                  f"{r['scratch_gap']:.1%} |")
+                  f"{r['scratch_gap']:.1%} | {r.get('own_search_ratio', '-')} | {r.get('memo_plans', '-')} |")
         print(f"{out['model']}: {len(rows)} events over {out['trace_h']} h; per event, from-scratch solve + re-plan: "
               f"max {worst_s} s (CPU max {max(r['cpu_s'] for r in rows)} s), median "
               f"{sorted(r['replan_s'] for r in rows)[len(rows) // 2]} s (the re-plan part: max "
