@@ -301,6 +301,8 @@ def replan_pipelines_dir(old: Path, out: Path, manifest: dict, plan: Any, stored
     if memo.ignored:
         echo(f"note: {old / SHAPE_MEMO} is another problem's (the model, its costs or the schedule changed): "
              "not used; the search started afresh")
+    elif memo.seeded:
+        echo(f"the from-scratch search started from {memo.seeded} plan(s) of {old / SHAPE_MEMO} (NOTE [shape memo])")
     choice = lambda stored_, result_, record: PipelinesChoice(stored_, result_, record, memo)  # noqa: E731
     return _write_replan(old, out, manifest, plan, stored, old_cluster, target, result, time.perf_counter() - start,
                          describe_pipelines, choice, seed=seed, force=force, echo=echo, parallel="data")

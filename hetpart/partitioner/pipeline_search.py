@@ -278,7 +278,7 @@ def plan_pipelines(problem: Problem, microbatches: int, options: SolveOptions | 
     from (ignored when another problem's), extended with this search's.
     Raises HetpartError when no shape holds the model or none was solved in time.
     """
-    return _plan_and_facts(problem, microbatches, options, memo, **overrides)[0]
+    return _plan_and_facts(problem, microbatches, options, memo=memo, **overrides)[0]
 
 
 def _plan_and_facts(problem: Problem, microbatches: int, options: SolveOptions | None = None,
@@ -368,7 +368,7 @@ def _plan_and_facts(problem: Problem, microbatches: int, options: SolveOptions |
     # NOTE [shape memo]: the memo's plans as candidates, its shapes solved after the others (if time is left).
     codec = memo_codec(memo, problem, microbatches, kinds, _class_devices, Shape)
     cands: list[Candidate] = seed_candidates(memo, codec, order, lambda s: shape_devices(problem, kinds, s), m_ref_of,
-                                             microbatches, no_plan, deadline(0.3)) if codec else []
+                                             microbatches, no_plan, deadline(0.6)) if codec else []
     covered = set(no_plan) | {c.shape for c in cands}  # shapes solved, or known to have no plan
     order = [s for s in order if s not in covered] + [s for s in order if s in covered and s not in no_plan]
     from_memo = len(cands)
@@ -516,7 +516,7 @@ def plan_with_baselines(problem: Problem, microbatches: int, options: SolveOptio
 
     opts = options or SolveOptions()
     try:
-        plan, facts = _plan_and_facts(problem, microbatches, opts, memo)
+        plan, facts = _plan_and_facts(problem, microbatches, opts, memo=memo)
         failed = ""
     except HetpartError as e:  # no shape solved in time: a baseline may still have a plan
         plan, facts, failed = None, None, str(e).splitlines()[0]

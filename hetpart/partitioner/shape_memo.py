@@ -29,25 +29,41 @@ docs/benchmarks.md ("spot21c") measures what it gives a 2 s re-plan on the trace
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import time
+import weakref
 from dataclasses import dataclass, field
 
+import networkx as nx
+
 from hetpart.errors import HetpartError
-from hetpart.partitioner.problem import Plan, Problem
+from hetpart.partitioner.problem import Plan, Problem, StageCost
 from hetpart.partitioner.problem_json import problem_to_json
 
 SHAPES_VERSION = 1
 _PLANS_PER_SHAPE = 2  # NOTE [shape memo]: the fastest plans kept per shape (a solve and its refinement)
 
 
+# The graph's part of a fingerprint, per graph object: 0.24 s on llama-70b's 3,690 nodes, which a 2 s re-plan
+# would pay at every event; a re-plan's problem shares the stored problem's graph (`retarget`), and a Problem's
+# graph is not changed once lowered (coarsening and sub-problems build new graphs).
+_GRAPH_SHA: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _sha(data: object) -> str:
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
+
+
 def problem_fingerprint(problem: Problem, microbatches: int) -> str:
     """NOTE [shape memo]: sha256 of the problem without its devices and machine links, and the batch's microbatches."""
-    data = problem_to_json(problem)
-    del data["devices"], data["intra_node_links"]
-    data["microbatches"] = microbatches
-    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
+    data = problem_to_json(dataclasses.replace(problem, graph=nx.DiGraph(), devices=[], intra_node_links={}))
+    graph = _GRAPH_SHA.get(problem.graph)
+    if graph is None:
+        graph = _GRAPH_SHA[problem.graph] = _sha(problem_to_json(dataclasses.replace(
+            problem, devices=[], intra_node_links={}))["graph"])
+    return _sha({**data, "graph": graph, "microbatches": microbatches})
 
 
 def kind_key(kind, link) -> str:
@@ -64,6 +80,7 @@ class MemoPlan:
     stages: list[list[int]]  # [[stage, run], ...] over the graph's nodes in order
     slots: list[list]  # per stage: [kind_key, machine ordinal, class index, index in class]
     time_ns: int  # its pipeline time at m_ref (which plans of a shape to keep)
+    costs: list[list[int]]  # per stage: evaluate's compute_ns, comm_in_ns, comm_out_ns, memory_bytes at m_ref
 
 
 @dataclass
@@ -91,7 +108,8 @@ class ShapeMemo:
             return ShapeMemo(str(data["fingerprint"]),  # type: ignore[index]
                              {str(k): [MemoPlan(int(p["m_ref"]), [[int(a), int(b)] for a, b in p["stages"]],
                                                 [[str(s[0]), int(s[1]), int(s[2]), int(s[3])] for s in p["slots"]],
-                                                int(p["time_ns"])) for p in v]
+                                                int(p["time_ns"]), [[int(x) for x in c[:4]] for c in p["costs"]])
+                                    for p in v]
                               for k, v in data["plans"].items()},  # type: ignore[index]
                              {str(k): (int(v[0]), str(v[1])) for k, v in data["no_plan"].items()})  # type: ignore[index]
         except HetpartError:
@@ -143,7 +161,7 @@ class ShapeCodec:
     def encode(self, shape, plan: Plan, m_ref: int, time_ns: int) -> MemoPlan | None:
         """The plan as a MemoPlan; None when a stage's slot is not one device of the shape (a TP slot)."""
         pos = self._positions(shape)
-        if any(s not in pos for s in plan.slot_of_stage):
+        if any(s not in pos for s in plan.slot_of_stage) or len(plan.stages) != len(plan.slot_of_stage):
             return None
         runs: list[list[int]] = []
         for v in self.order:
@@ -152,11 +170,12 @@ class ShapeCodec:
                 runs[-1][1] += 1
             else:
                 runs.append([k, 1])
-        return MemoPlan(m_ref, runs, [pos[s] for s in plan.slot_of_stage], time_ns)
+        return MemoPlan(m_ref, runs, [pos[s] for s in plan.slot_of_stage], time_ns,
+                        [[st.compute_ns, st.comm_in_ns, st.comm_out_ns, st.memory_bytes] for st in plan.stages])
 
     def decode(self, shape, mp: MemoPlan) -> tuple[dict[str, int], list[str]] | None:
         """(stage_of, device per stage) on this cluster; None when the memo plan does not fit the graph or shape."""
-        if sum(n for _, n in mp.stages) != len(self.order):
+        if sum(n for _, n in mp.stages) != len(self.order) or len(mp.costs) != len(mp.slots):
             return None
         by_pos = {json.dumps(p): d for d, p in self._positions(shape).items()}
         devices = [by_pos.get(json.dumps(p)) for p in mp.slots]
@@ -223,14 +242,36 @@ def seed_candidates(memo: ShapeMemo, codec: ShapeCodec, order: list, devices_of,
             got = codec.decode(s, mp)
             if got is None:
                 continue
-            plan = pipeline_plan(problem, devs, got[0], got[1], m_ref)
-            if plan_violations(sub_problem(problem, devs, m_ref), plan):
-                continue
+            if no_plan_holds(mp.m_ref, m_ref, len(devs), schedule):  # the same memory: the costs recorded
+                plan = _memo_plan(problem, got[0], got[1], mp.costs, m_ref)
+            else:  # GPipe at another m: its stash changes, evaluate and check it again
+                plan = pipeline_plan(problem, devs, got[0], got[1], m_ref)
+                if plan_violations(sub_problem(problem, devs, m_ref), plan):
+                    continue
             c = candidate(problem, s, devs, plan, m_ref, microbatches)
             if c is not None:
                 out.append(c)
     memo.seeded = len(out)
     return out
+
+
+def _memo_plan(problem: Problem, stage_of: dict[str, int], devices: list[str], costs: list[list[int]], m: int) -> Plan:
+    """A memo plan with the stage costs `evaluate` gave it when recorded (NOTE [shape memo]: the same problem,
+    devices of the same types, capacities and links, the same stash), as `replan_pipelines.pipeline_plan` builds one."""
+    from hetpart.partitioner.costs import slot_capacity_bytes
+    from hetpart.partitioner.evaluate import bottleneck_ns
+    from hetpart.partitioner.pipelines import pipeline_time_ns
+
+    nodes: list[list[str]] = [[] for _ in devices]
+    for v, k in stage_of.items():  # in graph order, as `evaluate` lists them
+        nodes[k].append(v)
+    slots = [problem.slot(d) for d in devices]
+    stages = [StageCost(k, s.devices[0], s.type, nodes[k], c[0], c[1], c[2], c[3], slot_capacity_bytes(problem, s),
+                        slot=s.name, devices=s.devices) for k, (s, c) in enumerate(zip(slots, costs))]
+    plan = Plan(stage_of=stage_of, slot_of_stage=list(devices), stages=stages, bottleneck_ns=bottleneck_ns(stages),
+                lower_bound_ns=0, solver_status="FEASIBLE", solve_seconds=0.0, objective="iteration", microbatches=m)
+    plan.objective_ns = pipeline_time_ns(plan, m)
+    return plan
 
 
 def record_search(memo: ShapeMemo | None, codec: ShapeCodec | None, cands: list, no_plan: dict,

@@ -100,3 +100,24 @@ def test_a_memo_that_is_not_one_is_refused_with_where():
                             "out/ir/shapes.json")
     with pytest.raises(HetpartError, match="shapes.json: version 7"):
         ShapeMemo.from_json({"version": 7}, "out/ir/shapes.json")
+
+
+@pytest.mark.parametrize("seed", CASES)
+def test_a_memo_plan_costs_what_evaluate_says_on_the_new_cluster(seed):
+    """The stage costs a memo plan carries (NOTE [shape memo]) equal `evaluate`'s on the re-plan's devices."""
+    from hetpart.partitioner.evaluate import evaluate
+    from hetpart.partitioner.pipeline_search import Shape, _class_devices, machine_kinds, shape_devices
+    from hetpart.partitioner.pipelines import sub_problem
+    from hetpart.partitioner.shape_memo import ShapeCodec, seed_candidates
+
+    p, M = small_problem(seed)
+    memo = _memo_of(p, M)
+    q = _less_one_machine(p) or p
+    kinds, _ = machine_kinds(q)
+    codec = ShapeCodec(q, kinds, _class_devices, Shape)
+    m_of = lambda n: M  # noqa: E731 (the microbatches each was recorded for, here: the same memory)
+    cands = seed_candidates(memo, codec, [], lambda s: shape_devices(q, kinds, s), m_of, M, {}, float("inf"))
+    for c in cands:
+        again = evaluate(sub_problem(q, c.devices, c.m_ref), c.plan.stage_of, list(c.plan.slot_of_stage))
+        assert c.plan.stages == again
+        assert set(c.plan.slot_of_stage) <= set(c.devices) and {d.name for d in q.devices} >= set(c.devices)
