@@ -12,18 +12,23 @@ has. So a shape solved for one cluster is solved for every cluster with at least
 kinds. The memo records, per shape named by its machine kinds' contents (`kind_key`: the device classes,
 their counts per machine and the machine's link, never a machine's name or index): the plans the search
 made of it (cuts as stage per node in graph order, each stage's device as a position in the shape: kind,
-machine, device class, index), and the shapes whose solve proved no plan fits (NOTE [shape misses]: not
-those that only ran out of time), with the microbatches each was solved for. A memo is tied to its problem
-by `problem_fingerprint` (a hash of everything but the devices and each machine's link); the search ignores
-a memo of another fingerprint (the model, its costs or the schedule changed), so a stale memo never feeds a
-plan. In the search (`seed_candidates`) each memo plan that maps onto the cluster's machines is re-costed by
-`evaluate` on its sub-problem and checked by `plan_violations` (a memo is input, never trusted for costs or
-memory) and becomes a candidate before any shape is solved; its shape is solved again only after every shape
-the memo lacks (so a short re-plan spends its time on shapes it has not seen). A no-plan entry is taken only
-where the shape's feasibility is that of the solve it records: the same microbatches, or, under 1F1B, both at
-least the shape's device count (a stage's stash is then S - k either way). Nothing else changes: the bound
-is computed as before, the outer program, refinement, join probe and stripes run on the candidates, and
-the plan is costed and checked as any other, so a re-plan's certificate holds with or without the memo.
+machine, device class, index, and the stage costs `evaluate` gave it), and the shapes whose solve proved no
+plan fits (NOTE [shape misses]: not those that only ran out of time), with the microbatches each was solved
+for. A memo is tied to its problem by `problem_fingerprint` (a hash of everything but the devices and each
+machine's link); the search ignores a memo of another fingerprint (the model, its costs or the schedule
+changed: `ignored`) and records its own shapes in it instead, so a stale memo never feeds a plan. In the
+search (`seed_candidates`) each memo plan that maps onto the cluster's machines becomes a candidate before
+any shape is solved, with its recorded costs where its memory is that of the solve it records (the same
+microbatches, or, under 1F1B, both at least the shape's device count: a stage's stash is then S - k either
+way; the same types, capacities and links give the same times; GPipe: at the microbatches it was solved for,
+the most its stash allows), else evaluated and checked by `plan_violations` again; its shape is solved again only after every shape the memo
+lacks, so a short re-plan spends its time on shapes it has not seen. A no-plan entry is taken under the
+same condition. Evaluating each plan again cost 0.03 s (and its check 0.045 s) on llama-70b, as much as a
+re-plan's search has for several shapes. Nothing else changes: the bound is computed as before, the outer
+program, refinement, join probe and stripes run on the candidates, and the answer is re-costed on its real
+devices (`realize`) and checked (`pipelines_violations`) as any plan of the search, so a memo can steer the
+choice but not make a printed step or a certificate false (ir/shapes.json is hashed by the manifest as
+ir/analysis.json is, whose costs the re-plan takes as they are).
 docs/benchmarks.md ("spot21c") measures what it gives a 2 s re-plan on the trace.
 """
 
@@ -44,6 +49,7 @@ from hetpart.partitioner.problem_json import problem_to_json
 
 SHAPES_VERSION = 1
 _PLANS_PER_SHAPE = 2  # NOTE [shape memo]: the fastest plans kept per shape (a solve and its refinement)
+_SEEDS_AT_LEAST = 8  # memo plans a search takes whatever its time (each about 5 ms on llama-70b)
 
 
 # The graph's part of a fingerprint, per graph object: 0.24 s on llama-70b's 3,690 nodes, which a 2 s re-plan
@@ -214,9 +220,10 @@ def memo_codec(memo: ShapeMemo | None, problem: Problem, microbatches: int, kind
 
 def seed_candidates(memo: ShapeMemo, codec: ShapeCodec, order: list, devices_of, m_ref_of, microbatches: int,
                     no_plan: dict, end: float) -> list:
-    """NOTE [shape memo]: the memo's plans that map onto this cluster, re-costed and checked, as the search's
-    candidates (shapes in the search's `order` first, then the memo's others), until `end` (perf_counter);
-    `no_plan` gets the memo's misses that hold for this search's shapes."""
+    """NOTE [shape memo]: the memo's plans that map onto this cluster as the search's candidates, the fastest per
+    device first (its recorded microbatches per ns per device), the first _SEEDS_AT_LEAST whatever the time, the
+    rest until `end` (perf_counter: a cut search's bound can take all of it); `no_plan` gets the memo's misses that
+    hold for this search's shapes (`order`)."""
     from hetpart.partitioner.pipeline_outer import candidate
     from hetpart.partitioner.pipelines import sub_problem
     from hetpart.partitioner.replan_pipelines import pipeline_plan
@@ -228,29 +235,30 @@ def seed_candidates(memo: ShapeMemo, codec: ShapeCodec, order: list, devices_of,
         s = keyed.get(key)
         if s is not None and no_plan_holds(m, m_ref_of(len(devices_of(s))), len(devices_of(s)), schedule):
             no_plan[s] = why
-    out = []
-    for key in list(keyed) + sorted(set(memo.plans) - set(keyed)):
+    todo = []
+    for key, plans in memo.plans.items():
         s = keyed.get(key) or codec.shape_of(key)
-        if s is None or key not in memo.plans or s in no_plan:
+        if s is not None and s not in no_plan:
+            n = len(devices_of(s))
+            todo += [(-mp.m_ref / max(1, mp.time_ns) / n, key, i, s, mp) for i, mp in enumerate(plans)]
+    out = []
+    for k, (_, _, _, s, mp) in enumerate(sorted(todo, key=lambda t: t[:3])):
+        if k >= _SEEDS_AT_LEAST and time.perf_counter() > end:
+            break
+        got = codec.decode(s, mp)
+        if got is None:
             continue
         devs = devices_of(s)
-        m_ref = m_ref_of(len(devs))
-        for mp in memo.plans[key]:
-            if time.perf_counter() > end:
-                memo.seeded = len(out)
-                return out
-            got = codec.decode(s, mp)
-            if got is None:
+        m = mp.m_ref if schedule == "gpipe" else m_ref_of(len(devs))  # GPipe: runs up to the m it was solved for
+        if no_plan_holds(mp.m_ref, m, len(devs), schedule):  # the same memory: the costs recorded
+            plan = _memo_plan(problem, got[0], got[1], mp.costs, m)
+        else:  # 1F1B at fewer microbatches than devices: its stash may change, evaluate and check it again
+            plan = pipeline_plan(problem, devs, got[0], got[1], m)
+            if plan_violations(sub_problem(problem, devs, m), plan):
                 continue
-            if no_plan_holds(mp.m_ref, m_ref, len(devs), schedule):  # the same memory: the costs recorded
-                plan = _memo_plan(problem, got[0], got[1], mp.costs, m_ref)
-            else:  # GPipe at another m: its stash changes, evaluate and check it again
-                plan = pipeline_plan(problem, devs, got[0], got[1], m_ref)
-                if plan_violations(sub_problem(problem, devs, m_ref), plan):
-                    continue
-            c = candidate(problem, s, devs, plan, m_ref, microbatches)
-            if c is not None:
-                out.append(c)
+        c = candidate(problem, s, devs, plan, m, microbatches)
+        if c is not None:
+            out.append(c)
     memo.seeded = len(out)
     return out
 
