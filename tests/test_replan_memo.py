@@ -10,25 +10,11 @@ from hetpart.cli import main
 
 MLP = ["zoo:mlp", "--set", "hidden=64", "--set", "n_blocks=3", "--batch-size", "24", "--microbatches", "6",
        "--no-pt2", "--mode", "training", "--parallel", "data", "--time-limit", "5"]
-TWO_MACHINES = """
-[network]
-bandwidth_GBps = 100
-latency_us = 1
-[[nodes]]
-name = "a"
-devices = ["cpu", "cpu"]
-link = { bandwidth_GBps = 1000, latency_us = 1 }
-[[nodes]]
-name = "b"
-devices = ["cpu", "cpu"]
-link = { bandwidth_GBps = 1000, latency_us = 1 }
-"""
 
 
 def test_replan_starts_from_the_memo_and_a_changed_memo_is_refused(tmp_path, capsys):
-    old, new, cluster = tmp_path / "old", tmp_path / "new", tmp_path / "two.toml"
-    cluster.write_text(TWO_MACHINES)
-    assert main(["partition", *MLP, "--cluster", str(cluster), "--out", str(old)]) == 0
+    old, new = tmp_path / "old", tmp_path / "new"
+    assert main(["partition", *MLP, "--cluster", "preset:mixed-4", "--out", str(old)]) == 0
     memo = json.loads((old / "ir" / "shapes.json").read_text())
     assert "ir/shapes.json" in json.loads((old / "manifest.json").read_text())["files"]
     assert memo["plans"] and len(memo["fingerprint"]) == 64
