@@ -38,6 +38,7 @@ import json
 import random
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -190,6 +191,14 @@ def _no_plan_row(t: float, kind: str, machine: str, problem, wall_s: float, cpu_
             "hetpart_speed": 0.0, "restart_speed": 0.0, "no_plan": True}
 
 
+@dataclass
+class PriorReference:
+    """A reference plan read from an earlier run's rows (`--references`): its step and gap."""
+
+    iteration_ns: int
+    gap: float
+
+
 def replay_pipelines(path: Path, stored, full: Cluster, plan_json: dict, manifest: dict,
                      args: argparse.Namespace) -> dict:
     """`replay` of a plan of data-parallel pipelines: at each event the from-scratch `--parallel data` plan
@@ -197,10 +206,18 @@ def replay_pipelines(path: Path, stored, full: Cluster, plan_json: dict, manifes
     from hetpart.partitioner.pipeline_search import plan_with_baselines
     from hetpart.partitioner.replan_deadline import replan_pipelines_within
     from hetpart.partitioner.replan_pipelines import OldPipeline, pipelines_from_json
+    from hetpart.partitioner.shape_memo import ShapeMemo
     from hetpart.partitioner.solve import SolveOptions
 
     old = pipelines_from_json(json.loads((path / "ir" / "pipelines.json").read_text()), str(path))
     holders = holders_of(manifest["ranks"])
+    # NOTE [shape memo]: the partition's solved shapes, carried from event to event as `hetpart replan` carries
+    # them from OLD_DIR to NEW_DIR (each search adds its own); --no-memo: every search from nothing, as before.
+    memo_file = path / "ir" / "shapes.json"
+    memo = None if args.no_memo or not memo_file.exists() else ShapeMemo.from_json(
+        json.loads(memo_file.read_text()), str(memo_file))
+    prior = [json.loads(x) for x in args.references.read_text().splitlines() if x.startswith("{")] if (
+        args.references) else []
     m = plan_json["microbatches"]
     samples_per_step = plan_json["microbatch_size"] * m
     alive = {mc.name for mc in full.machines}
@@ -215,7 +232,7 @@ def replay_pipelines(path: Path, stored, full: Cluster, plan_json: dict, manifes
         problem = retarget(stored, on_machines(full, alive))
         try:  # the reference and the re-splits within one deadline (NOTE [re-plan deadline]), as `hetpart replan`
             result, scratch_s = replan_pipelines_within(problem, old, holders, m, slack=args.slack,
-                                                        time_limit_s=args.time_limit, seed=args.seed)
+                                                        time_limit_s=args.time_limit, seed=args.seed, memo=memo)
         except HetpartError as err:  # no plan at all on these devices: both policies stop until the next event
             rows.append(_no_plan_row(t, kind, machine, problem, time.perf_counter() - start,
                                      time.process_time() - cpu, str(err)))
@@ -224,9 +241,18 @@ def replay_pipelines(path: Path, stored, full: Cluster, plan_json: dict, manifes
             continue
         replan_s, cpu_s = time.perf_counter() - start, time.process_time() - cpu
         scratch = result.scratch.plan if result.scratch is not None else None
+        own = scratch  # the in-deadline from-scratch search's plan (NOTE [shape memo]: what the memo feeds)
         chosen, first = result.chosen, result.scratch or result.chosen  # no reference: the chosen plan stands in
-        reference, restart_s = first.plan, scratch_s
-        if args.reference_time_limit > 0:  # the user's from-scratch plan, made apart from the timed re-plan
+        reference, restart_s, reshard = first.plan, scratch_s, None
+        label = "+".join(str(len(p.plan.stages)) for p in scratch.pipelines) if scratch else "none"
+        was = prior[len(rows)] if len(rows) < len(prior) else None  # --references: that run's reference
+        if was is not None and was["event"] == f"{kind} {machine}" and was["restart_speed"] > 0:
+            ref_ns = round(iteration_ns / was["restart_speed"])
+            if scratch is None or ref_ns < reference.iteration_ns:
+                reference = scratch = PriorReference(ref_ns, was["scratch_gap"])
+                reshard, label = was["reshard_B"], was["scratch_stages"]
+                restart_s = was["restart_down_s"] - transfer_ns(problem.network, reshard // max(1, len(alive))) * 1e-9
+        elif args.reference_time_limit > 0:  # the user's from-scratch plan, made apart from the timed re-plan
             ref_start = time.perf_counter()
             try:
                 ref, _ = plan_with_baselines(problem, m, SolveOptions(time_limit_s=args.reference_time_limit,
@@ -236,9 +262,11 @@ def replay_pipelines(path: Path, stored, full: Cluster, plan_json: dict, manifes
                 ref = None
             if ref is not None and (scratch is None or ref.iteration_ns < reference.iteration_ns):
                 reference, scratch, restart_s = ref, ref, time.perf_counter() - ref_start
+                label = "+".join(str(len(p.plan.stages)) for p in ref.pipelines)
         floor = lost_state_bytes(problem, holders)
-        reshard = sum(state_to_move_bytes(problem, w) for p in reference.pipelines
-                      for ws in stage_weights(problem, p.plan.stage_of).values() for w in ws)
+        if reshard is None:
+            reshard = sum(state_to_move_bytes(problem, w) for p in reference.pipelines
+                          for ws in stage_weights(problem, p.plan.stage_of).values() for w in ws)
         reshard_ns = transfer_ns(problem.network, reshard // max(1, len(alive)))  # every machine reads its own
         reread = sum(state_to_move_bytes(problem, w) for p in chosen.plan.pipelines  # the chosen plan restarted
                      for ws in stage_weights(problem, p.plan.stage_of).values() for w in ws)
@@ -246,7 +274,7 @@ def replay_pipelines(path: Path, stored, full: Cluster, plan_json: dict, manifes
         rows.append({
             "t_h": round(t / 3600, 2), "event": f"{kind} {machine}", "devices": len(problem.devices),
             "stages": "+".join(str(len(p.plan.stages)) for p in chosen.plan.pipelines),
-            "scratch_stages": "+".join(str(len(p.plan.stages)) for p in scratch.pipelines) if scratch else "none",
+            "scratch_stages": label,
             "replan_s": round(replan_s, 2), "cpu_s": round(cpu_s, 2), "scratch_solve_s": round(scratch_s, 2),
             "lexicographic_s": round(replan_s - scratch_s, 2), "move_s": round(mv.time_ns * 1e-9, 3),
             "moved_GiB": round((mv.between_bytes + mv.within_bytes + mv.checkpoint_bytes) / 2**30, 2),
@@ -263,6 +291,8 @@ def replay_pipelines(path: Path, stored, full: Cluster, plan_json: dict, manifes
             "hetpart_down_s": replan_s + mv.time_ns * 1e-9, "restart_down_s": restart_s + reshard_ns * 1e-9,
             "hetpart_speed": iteration_ns / chosen.plan.iteration_ns,
             "restart_speed": iteration_ns / reference.iteration_ns,
+            "memo_plans": memo.seeded if memo is not None else None,
+            "own_search_ratio": round(own.iteration_ns / reference.iteration_ns, 4) if own else None,
         })
         holders = pipelines_holders(problem, chosen.plan)
         old = [OldPipeline(tuple(p.plan.slot_of_stage), p.plan.stage_of, tuple(p.plan.slot_of_stage), p.microbatches)
@@ -284,6 +314,11 @@ def main() -> int:
     parser.add_argument("--reference-time-limit", type=float, default=30.0,
                         help="the from-scratch reference's own time limit, apart from the timed re-plan (0: the "
                              "re-plan's in-deadline reference)")
+    parser.add_argument("--references", type=Path, default=None,
+                        help="an earlier run's output (one DIR, the same trace): each event's reference taken from its "
+                             "rows instead of solved again (before/after runs judged against the same references)")
+    parser.add_argument("--no-memo", action="store_true",
+                        help="re-plan without the partition's solved shapes (ir/shapes.json, NOTE [shape memo])")
     args = parser.parse_args()
     verdicts = []
     for path in args.dirs:
@@ -299,15 +334,15 @@ def main() -> int:
         over_floor = max((r["moved_GiB"] / r["floor_GiB"] for r in moved if r["floor_GiB"] > 0), default=1.0)
         print("| model | t (h) | event | devices | stages | solve s | re-plan s | total s (CPU s) | how | moved GiB "
               "(between, checkpoint) | floor GiB | re-shard GiB | re-shard / moved | "
-              "bottleneck (pipelines: step) ratio | scratch gap |")
-        print("|" + "---|" * 15)
+              "bottleneck (pipelines: step) ratio | scratch gap | own search / reference | memo plans |")
+        print("|" + "---|" * 17)
         for r in rows:
             times = "nothing moves" if r["moved_GiB"] == 0 else f"{r['reshard_GiB'] / r['moved_GiB']:.2f}x"
             print(f"| {out['model']} | {r['t_h']} | {r['event']} | {r['devices']} | {r['stages']} | "
                   f"{r['scratch_solve_s']} | {r['lexicographic_s']} | {r['replan_s']} ({r['cpu_s']}) | {r['status']} | "
                   f"{r['moved_GiB']} ({r['between_GiB']}, {r['network_GiB'] - r['between_GiB']:.2f}) | "
                   f"{r['floor_GiB']} | {r['reshard_GiB']} | {times} | {r['bottleneck_ratio']} | "
-                  f"{r['scratch_gap']:.1%} |")
+                  f"{r['scratch_gap']:.1%} | {r.get('own_search_ratio', '-')} | {r.get('memo_plans', '-')} |")
         print(f"{out['model']}: {len(rows)} events over {out['trace_h']} h; per event, from-scratch solve + re-plan: "
               f"max {worst_s} s (CPU max {max(r['cpu_s'] for r in rows)} s), median "
               f"{sorted(r['replan_s'] for r in rows)[len(rows) // 2]} s (the re-plan part: max "

@@ -21,9 +21,10 @@ from typing import TYPE_CHECKING
 
 from hetpart.codegen import PlannedDevice, manifest, split_stages, write_json
 from hetpart.codegen.analysis import write_analysis
-from hetpart.codegen.pipelines_record import write_pipelines_record
+from hetpart.codegen.pipelines_record import write_pipelines_record, write_shape_memo
 from hetpart.errors import HetpartError
 from hetpart.partitioner.pipelines import PipelinesPlan, fixed_pipelines, pipelines_violations
+from hetpart.partitioner.shape_memo import ShapeMemo
 from hetpart.pipeline_groups import split_microbatches
 from hetpart.plan_report import PipelineReport, PlanReport
 from hetpart.tensor_parallel import lower_degrees
@@ -41,9 +42,11 @@ if TYPE_CHECKING:
     from hetpart.timings import StepTimes
 
 
-def plan_data_parallel(problem: Problem, opts: CompileOptions) -> tuple[PipelinesPlan, list[dict]]:
+def plan_data_parallel(problem: Problem, opts: CompileOptions,
+                       memo: ShapeMemo | None = None) -> tuple[PipelinesPlan, list[dict]]:
     """The pipelines of `--pipelines` (their microbatches given, or split by speed: NOTE [batch split]), or
-    of `--parallel data`'s search; and the baselines beside the search's plan, as plan.json records them."""
+    of `--parallel data`'s search (its solved shapes kept in `memo`: NOTE [shape memo]); and the baselines
+    beside the search's plan, as plan.json records them."""
     fields = {"seed": opts.seed, "gap": opts.gap, "check_certificate": opts.check_certificate}
     if opts.replan is not None:  # `hetpart replan`'s choice (NOTE [re-plan pipelines]) in place of the search
         return opts.replan.pipelines_for(problem), []
@@ -61,7 +64,7 @@ def plan_data_parallel(problem: Problem, opts: CompileOptions) -> tuple[Pipeline
 
         pp, baselines = plan_with_baselines(problem, opts.microbatches,
                                             SolveOptions(time_limit_s=opts.time_limit_s, **fields),
-                                            baseline_limit_s=opts.time_limit_s / 2)
+                                            baseline_limit_s=opts.time_limit_s / 2, memo=memo)
         return pp, _baselines_json(baselines)
     groups = [list(g) for g in opts.pipelines or ()]
     shares = list(opts.pipeline_microbatches) if opts.pipeline_microbatches is not None else None
@@ -126,11 +129,13 @@ def compile_pipelines(spec: ModelSpec, cluster: Cluster, opts: CompileOptions, o
     # 3. Plan every pipeline on its devices and check the whole independently of the solver.
     start = time.perf_counter()
     with progress.step("solving"):
+        # NOTE [shape memo]: the search's solved shapes (a re-plan's: those it started from and its own).
+        memo = getattr(opts.replan, "memo", None) or ShapeMemo("")
         if opts.max_tensor_parallel > 1:  # NOTE [tensor-parallel pipelines]: the degree chosen with the pipelines
             pp, baselines, tp = choose_pipelines_tp(gm, problem, cluster, opts, groups, echo)
             problem = tp.problem if tp is not None else problem
         else:
-            pp, baselines = plan_data_parallel(problem, opts)
+            pp, baselines = plan_data_parallel(problem, opts, memo)
     solve_s = time.perf_counter() - start
     times.add("solve", solve_s, quiet=True)
     if opts.verbose:
@@ -144,6 +149,7 @@ def compile_pipelines(spec: ModelSpec, cluster: Cluster, opts: CompileOptions, o
                            f"{'; '.join(violations[:3])}")
     write_analysis(tmp, problem, cluster)  # what `hetpart replan` plans from without a trace,
     write_pipelines_record(tmp, pp)  # and the pipelines it may keep (NOTE [re-plan pipelines])
+    write_shape_memo(tmp, memo)  # and the shapes its search may start from (NOTE [shape memo])
     mark_stages(gm, pm, pp.pipelines[0].plan.stage_of, groups)  # the partition dump shows pipeline 0
     # 4. Split the graph by each pipeline's plan; ranks are numbered pipeline-major (NOTE [the mesh]).
     with times.step("split"):

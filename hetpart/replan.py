@@ -231,6 +231,7 @@ class PipelinesChoice:
     stored: Problem
     result: Any  # partitioner.replan_pipelines.PipelinesReplan
     record: dict[str, Any]
+    memo: Any = None  # the solved shapes the re-plan's search started from and made, for NEW_DIR (NOTE [shape memo])
 
     def pipelines_for(self, problem: Problem) -> Any:
         """The chosen pipelines on the freshly traced `problem` (the stored graph: `ReplanChoice.plan_for`'s
@@ -283,10 +284,11 @@ def replan_pipelines_dir(old: Path, out: Path, manifest: dict, plan: Any, stored
                          target: Cluster, *, slack: float, time_limit_s: float, seed: int, force: bool,
                          echo: Callable[[str], None]) -> Any:
     """`replan` of a plan of data-parallel pipelines (NOTE [re-plan pipelines]); the CompileResult."""
-    from hetpart.codegen.pipelines_record import PIPELINES_RECORD
+    from hetpart.codegen.pipelines_record import PIPELINES_RECORD, SHAPE_MEMO
     from hetpart.partitioner.replan_deadline import replan_pipelines_within
     from hetpart.partitioner.replan_pipelines import pipelines_from_json
-    from hetpart.runtime.artifacts import read_listed
+    from hetpart.partitioner.shape_memo import ShapeMemo
+    from hetpart.runtime.artifacts import _parse_json, read_listed
 
     if PIPELINES_RECORD not in manifest["files"]:
         raise HetpartError(f"{old} has no {PIPELINES_RECORD} (its pipelines were partitioned by an earlier hetpart); "
@@ -294,8 +296,17 @@ def replan_pipelines_dir(old: Path, out: Path, manifest: dict, plan: Any, stored
     old_pipes = pipelines_from_json(json.loads(read_listed(old, manifest, PIPELINES_RECORD)),
                                     str(old / PIPELINES_RECORD))
     start = time.perf_counter()
+    # NOTE [shape memo]: the old search's solved shapes, read through the manifest (hashed as all of ir/).
+    memo = ShapeMemo.from_json(_parse_json(old / SHAPE_MEMO, read_listed(old, manifest, SHAPE_MEMO)), str(
+        old / SHAPE_MEMO)) if SHAPE_MEMO in manifest["files"] else ShapeMemo("")
     problem = retarget(stored, target)
     result, _ = replan_pipelines_within(problem, old_pipes, holders_of(manifest["ranks"]), plan.microbatches,
-                                        slack=slack, time_limit_s=time_limit_s, seed=seed, echo=echo)
+                                        slack=slack, time_limit_s=time_limit_s, seed=seed, echo=echo, memo=memo)
+    if memo.ignored:
+        echo(f"note: {old / SHAPE_MEMO} is another problem's (the model, its costs or the schedule changed): "
+             "not used; the search started afresh")
+    elif memo.seeded:
+        echo(f"the from-scratch search started from {memo.seeded} plan(s) of {old / SHAPE_MEMO} (NOTE [shape memo])")
+    choice = lambda stored_, result_, record: PipelinesChoice(stored_, result_, record, memo)  # noqa: E731
     return _write_replan(old, out, manifest, plan, stored, old_cluster, target, result, time.perf_counter() - start,
-                         describe_pipelines, PipelinesChoice, seed=seed, force=force, echo=echo, parallel="data")
+                         describe_pipelines, choice, seed=seed, force=force, echo=echo, parallel="data")

@@ -33,6 +33,7 @@ from hetpart.partitioner.pipeline_shape import (
 from hetpart.partitioner.pipeline_stripes import stripe_probe
 from hetpart.partitioner.pipelines import PipelinesPlan, cost_pipelines, pipelines_violations
 from hetpart.partitioner.problem import MEM_BYTES, Problem
+from hetpart.partitioner.shape_memo import ShapeMemo, memo_codec, record_search, seed_candidates
 from hetpart.partitioner.solve import SolveOptions
 
 # NOTE [pipeline shapes]
@@ -267,20 +268,21 @@ def _certified(iteration_ns: int, bound_ns: int, gap: float) -> tuple[int, str]:
 
 
 def plan_pipelines(problem: Problem, microbatches: int, options: SolveOptions | None = None,
-                   **overrides: object) -> PipelinesPlan:
+                   memo: ShapeMemo | None = None, **overrides: object) -> PipelinesPlan:
     """The best data-parallel pipelines over disjoint devices found within `time_limit_s`, with
     NOTE [pipelines bound]'s bound over every plan (NOTE [pipeline shapes], NOTE [outer program]).
 
     `options`/`overrides` as `solve` takes them: the time limit covers the whole search (the
     bound, every shape's solve, the outer program); with `gap` > 0 a plan certified within it is
-    "WITHIN_GAP" (the search does not stop early for it).
+    "WITHIN_GAP" (the search does not stop early for it). `memo`: NOTE [shape memo]'s solved shapes to start
+    from (ignored when another problem's), extended with this search's.
     Raises HetpartError when no shape holds the model or none was solved in time.
     """
-    return _plan_and_facts(problem, microbatches, options, **overrides)[0]
+    return _plan_and_facts(problem, microbatches, options, memo=memo, **overrides)[0]
 
 
 def _plan_and_facts(problem: Problem, microbatches: int, options: SolveOptions | None = None,
-                    **overrides: object) -> tuple[PipelinesPlan, ShapeFacts]:
+                    memo: ShapeMemo | None = None, **overrides: object) -> tuple[PipelinesPlan, ShapeFacts]:
     """`plan_pipelines`, and what it learnt about the machine kinds' shapes (NOTE [idle reasons])."""
     t0 = time.perf_counter()
     opts = dataclasses.replace(options or SolveOptions(), **overrides) if overrides else options or SolveOptions()
@@ -357,12 +359,24 @@ def _plan_and_facts(problem: Problem, microbatches: int, options: SolveOptions |
     def solve_shape(devs: tuple[str, ...], m: int, limit_s: float) -> ShapeSolve:  # in every device order
         return _solve_shape_why(problem, devs, m, opts, limit_s, layers, ordered)
 
-    cands: list[Candidate] = []
+    def m_ref_of(n: int) -> int:  # the microbatches a shape of n devices is solved for (1F1B: any m >= S runs)
+        share = max(1, microbatches * n // max(1, usable))
+        return min(microbatches, max(share, n)) if problem.training and problem.training.schedule == "1f1b" else (
+            microbatches)
+
+    no_plan: dict[Shape, str] = {}  # shapes with no plan, why (NOTE [shape misses]), for NOTE [join probe]
+    # NOTE [shape memo]: the memo's plans as candidates, its shapes solved after the others (if time is left).
+    codec = memo_codec(memo, problem, microbatches, kinds, _class_devices, Shape)
+    cands: list[Candidate] = seed_candidates(memo, codec, order, lambda s: shape_devices(problem, kinds, s), m_ref_of,
+                                             microbatches, no_plan, deadline(0.6)) if codec else []
+    covered = set(no_plan) | {c.shape for c in cands}  # shapes solved, or known to have no plan
+    order = [s for s in order if s not in covered] + [s for s in order if s in covered and s not in no_plan]
+    from_memo = len(cands)
+    no_plan_m: dict[Shape, int] = {}  # the microbatches each miss of this search was solved for
     tried = 0
     facts = ShapeFacts(kind_of_machine=kind_of, in_shape={j for s in shapes for j in kinds_of(s)},
                        kind_names=kind_names(kinds))
     slowest = 0.0  # the most seconds per devices^1.5 a shape's solve took so far
-    no_plan: dict[Shape, str] = {}  # shapes with no plan, why (NOTE [shape misses]), for NOTE [join probe]
     timed_out = 0  # shapes whose solve ran out of its time without a plan
     search_end = deadline(0.6)
     for s in order:
@@ -376,13 +390,14 @@ def _plan_and_facts(problem: Problem, microbatches: int, options: SolveOptions |
         sched = problem.training.schedule if problem.training is not None else None
         t_shape = time.perf_counter()
         # 1F1B: a plan of S stages runs any m >= S; GPipe: any m up to the m it was solved for (the stash).
-        m_ref = min(microbatches, max(share, len(devs))) if sched == "1f1b" else microbatches
+        m_ref = m_ref_of(len(devs))
         per_shape = min(left / min(6, len(order) - tried), shape_limit(len(devs)))
         solved = solve_shape(devs, m_ref, per_shape)
         plan = solved.plan
         if plan is None and sched == "gpipe" and share < microbatches:
             m_ref, plan = _most_gpipe(problem, devs, share, microbatches, opts, per_shape, layers, search_end)
         tried += 1
+        covered.add(s)
         facts.tried |= kinds_of(s)
         for j in kinds_of(s):
             facts.tried_count[j] = facts.tried_count.get(j, 0) + 1
@@ -392,21 +407,21 @@ def _plan_and_facts(problem: Problem, microbatches: int, options: SolveOptions |
             if plan is None and solved.timed_out:
                 timed_out += 1
             elif plan is None:
-                no_plan[s] = solved.why  # NOTE [shape misses]: a miss that is not the limit's
+                no_plan[s], no_plan_m[s] = solved.why, m_ref  # NOTE [shape misses]: a miss that is not the limit's
             continue
         cands.append(got)
-    if not cands and tried == len(shapes) and len(no_plan) == tried:  # NOTE [shape misses]: none timed out
+    if not cands and all(s in no_plan for s in shapes):  # NOTE [shape misses]: none timed out
         raise HetpartError(
             f"partitioner: none of the {len(shapes)} pipeline shapes whose memory holds the model in total has a "
             f"plan{' cut at layer boundaries' if layers is not None else ''} whose every stage fits (weights, "
             "training state and the activations it stashes): add memory, or stash fewer microbatches")
     if not cands:
-        many = tried - len(no_plan) - timed_out  # plans whose 1F1B stages outnumber the batch's microbatches
+        many = tried - len(no_plan_m) - timed_out  # plans whose 1F1B stages outnumber the batch's microbatches
         raise HetpartError(
             f"partitioner: no pipeline shape was solved within {limit:g} s ({len(shapes)} shapes hold the model, "
             f"{tried} tried: {len(no_plan)} fit no plan in memory, {timed_out} ran out of the time each was given, "
             f"{many} have plans of more stages than the {microbatches} microbatches 1F1B needs): " + " or ".join(
-                (["raise --time-limit"] if timed_out or tried < len(shapes) else [])
+                (["raise --time-limit"] if timed_out or not covered >= set(shapes) else [])
                 + (["more microbatches"] if many else [])))
     # --- The outer program (NOTE [outer program]).
     pieces = {j: max((p for p in _patterns_per_kind(kinds, cands).get(j, [])), default=0) for j in range(len(kinds))}
@@ -451,6 +466,7 @@ def _plan_and_facts(problem: Problem, microbatches: int, options: SolveOptions |
                        shape_devices, _class_devices)
     answer, best = probe.answer, probe.plan
     learn(facts, problem, cands, probe)  # NOTE [idle reasons]
+    record_search(memo, codec, cands, no_plan, no_plan_m)  # NOTE [shape memo]
     for pipes in one_machine_mixes(problem, kinds, cands, microbatches, _class_devices):
         mix = cost_pipelines(problem, pipes, solver_status="FEASIBLE")
         best = mix if mix.iteration_ns < best.iteration_ns else best
@@ -462,12 +478,12 @@ def _plan_and_facts(problem: Problem, microbatches: int, options: SolveOptions |
     lower, status = _certified(best.iteration_ns, bound.bound_ns, opts.gap)
     stats = {"seconds": time.perf_counter() - t0, "bound_seconds": bound.seconds, "shapes": float(len(shapes)),
              "shapes_tried": float(tried), "shapes_solved": float(solved), "shapes_refined": float(len(cands) - solved),
-             "outer_optimal": float(exhausted),
+             "outer_optimal": float(exhausted), "shapes_from_memo": float(from_memo),
              "outer_step_ns": float(outer_step_ns), "kmax": float(kmax),
              "layer_nodes": float(layers.layers if layers is not None else 0),  # NOTE [shapes on layers]
              **probe.stats, **stripes.stats}  # NOTE [join probe], NOTE [striped pipelines]
     note = bound.note + ("" if exhausted else "; the outer program did not finish: a better mix of these shapes "
-                         "may exist") + ("" if tried == len(shapes) else f"; {len(shapes) - tried} of "
+                         "may exist") + ("" if covered >= set(shapes) else f"; {len(set(shapes) - covered)} of "
                                          f"{len(shapes)} shapes not tried (time limit)")
     out = dataclasses.replace(best, lower_bound_ns=lower, solver_status=status, bound_note=note, stats=stats)
     out.devices_idle = idle_reasons(problem, out, microbatches, facts)
@@ -491,15 +507,16 @@ def _patterns_per_kind(kinds: list[MachineKind], cands: list[Candidate]) -> dict
 # of its candidates. The search's bound holds for every plan of the space, so it stays the bound (computed
 # on its own when the search failed), and the status is recomputed against it.
 def plan_with_baselines(problem: Problem, microbatches: int, options: SolveOptions | None = None, *,
-                        baseline_limit_s: float, single_up_to: int = 128) -> tuple[PipelinesPlan, list]:
+                        baseline_limit_s: float, single_up_to: int = 128,
+                        memo: ShapeMemo | None = None) -> tuple[PipelinesPlan, list]:
     """`plan_pipelines`' answer, or the fastest baseline when it beats it (NOTE [baselines as candidates]),
     and the baselines (`pipeline_baselines`, within `baseline_limit_s`; the one-pipeline baseline only up to
-    `single_up_to` devices, where `solve` on all of them keeps its limit)."""
+    `single_up_to` devices, where `solve` on all of them keeps its limit); `memo`: `plan_pipelines`'."""
     from hetpart.partitioner.pipeline_baselines import pipeline_baselines
 
     opts = options or SolveOptions()
     try:
-        plan, facts = _plan_and_facts(problem, microbatches, opts)
+        plan, facts = _plan_and_facts(problem, microbatches, opts, memo=memo)
         failed = ""
     except HetpartError as e:  # no shape solved in time: a baseline may still have a plan
         plan, facts, failed = None, None, str(e).splitlines()[0]

@@ -82,9 +82,10 @@ def replan_one(problem: Problem, holders, *, slack: float, time_limit_s: float, 
 
 def replan_pipelines_within(problem: Problem, old: Sequence, holders: Mapping[str, tuple[str, ...]],
                             microbatches: int, *, slack: float, time_limit_s: float, seed: int,
-                            echo=None):
+                            echo=None, memo=None):
     """The from-scratch `--parallel data` plan and NOTE [re-plan pipelines]'s choice within one deadline of
-    `time_limit_s` (NOTE [re-plan deadline]): (the PipelinesReplan, the reference's seconds)."""
+    `time_limit_s` (NOTE [re-plan deadline]): (the PipelinesReplan, the reference's seconds). `memo`: the solved
+    shapes the from-scratch search starts from (NOTE [shape memo]), extended with its own."""
     from hetpart.partitioner.pipeline_search import plan_with_baselines
     from hetpart.partitioner.replan_pipelines import replan_pipelines, resplit_candidates
     from hetpart.partitioner.solve import SolveOptions
@@ -96,7 +97,7 @@ def replan_pipelines_within(problem: Problem, old: Sequence, holders: Mapping[st
     try:
         scratch, _ = plan_with_baselines(
             problem, microbatches, SolveOptions(time_limit_s=deadline.of_total(PIPELINES_SEARCH_SHARE), seed=seed),
-            baseline_limit_s=deadline.of_total(PIPELINES_BASELINE_SHARE))
+            baseline_limit_s=deadline.of_total(PIPELINES_BASELINE_SHARE), memo=memo)
     except HetpartError as err:  # the re-splits may still run the batch (NOTE [re-plan pipelines])
         if echo is not None:
             echo(f"note: the from-scratch --parallel data plan: {str(err).splitlines()[0]}; the batch re-splits only")

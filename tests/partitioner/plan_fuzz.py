@@ -41,6 +41,7 @@ from hetpart.partitioner.certificate import valid_plans
 from hetpart.partitioner.pipelines import PipelinesPlan, cost_pipelines, pipelines_violations, sub_problem
 from hetpart.partitioner.problem import OUT_BYTES, WEIGHTS, Problem
 from hetpart.partitioner.replan_pipelines import OldPipeline
+from hetpart.partitioner.shape_memo import ShapeMemo
 from hetpart.partitioner.solve import SolveOptions
 
 from pipeline_bound_fuzz import random_pipelines_problem
@@ -421,13 +422,15 @@ def search_paths(plan: PipelinesPlan, rec) -> set[str]:
     return out
 
 
-def run_search(p: Problem, M: int, opt: int | None, limit_s: float, gap: float, seed: int
+def run_search(p: Problem, M: int, opt: int | None, limit_s: float, gap: float, seed: int, memo=None
                ) -> tuple[list[str], set[str], PipelinesPlan | None]:
-    """`plan_with_baselines` as `hetpart partition --parallel data` runs it, and its claims checked."""
+    """`plan_with_baselines` as `hetpart partition --parallel data` runs it (its solved shapes kept in `memo`, as
+    ir/shapes.json keeps them: NOTE [shape memo]), and its claims checked."""
     opts = SolveOptions(time_limit_s=limit_s, gap=gap, seed=seed)
     with recording() as rec:
         try:
-            plan, _ = pipeline_search.plan_with_baselines(p, M, opts, baseline_limit_s=max(0.5, limit_s / 2))
+            plan, _ = pipeline_search.plan_with_baselines(p, M, opts, baseline_limit_s=max(0.5, limit_s / 2),
+                                                          memo=memo)
         except HetpartError as e:
             if "internal error" in str(e):
                 return [f"internal error: {str(e).splitlines()[0]}"], {"refused"}, None
@@ -470,10 +473,11 @@ def _holders(p: Problem, plan: PipelinesPlan) -> dict[str, tuple[str, ...]]:
     return {w: tuple(ds) for w, ds in out.items()}
 
 
-def run_replan(p: Problem, M: int, plan: PipelinesPlan, rng: random.Random, limit_s: float
+def run_replan(p: Problem, M: int, plan: PipelinesPlan, rng: random.Random, limit_s: float, memo=None
                ) -> tuple[list[str], set[str]]:
-    """`hetpart replan` after losing one device the plan uses: its written plan (`PipelinesChoice.pipelines_for`)
-    checked against brute force on the devices left."""
+    """`hetpart replan` after losing one device the plan uses, its search started from the first search's `memo`
+    (NOTE [shape memo]): its written plan (`PipelinesChoice.pipelines_for`) checked against brute force on the
+    devices left."""
     from hetpart.partitioner.replan_deadline import replan_pipelines_within
     from hetpart.replan import PipelinesChoice
 
@@ -485,7 +489,7 @@ def run_replan(p: Problem, M: int, plan: PipelinesPlan, rng: random.Random, limi
     opt = brute_pipelines(left, M)
     try:
         result, _ = replan_pipelines_within(left, _old_of(plan), _holders(p, plan), M, slack=rng.choice([0.0, 0.05]),
-                                            time_limit_s=limit_s, seed=0)
+                                            time_limit_s=limit_s, seed=0, memo=memo)
     except HetpartError:
         return [], {"replan-refused"}
     written = PipelinesChoice(stored=left, result=result, record={}).pipelines_for(left)
@@ -493,6 +497,7 @@ def run_replan(p: Problem, M: int, plan: PipelinesPlan, rng: random.Random, limi
     if result.scratch is not None:
         out += [f"replan's from-scratch plan: {x}" for x in check_plan(left, M, result.scratch.plan, opt, 0.0)]
     return out, {"replan", "replan-" + ("scratch" if result.scratch is not None else "resplits-only"),
+                 *(["replan-from-memo"] if memo is not None and memo.seeded else []),
                  f"replan-chose-{result.chosen.how[0] if result.chosen.how else 'none'}"}
 
 
@@ -511,14 +516,18 @@ def fuzz_one(seed: int, tally: Tally, *, limits=LIMITS, strategies: bool = True,
     bad, paths = check_bound_deadline(p, M, opt, rng)
     tally.add(seed, "bound", paths | tag, bad)
     limit, gap = rng.choice(limits), rng.choice(GAPS)
-    bad, paths, plan = run_search(p, M, opt, limit, gap, seed)
+    memo = ShapeMemo("")
+    bad, paths, plan = run_search(p, M, opt, limit, gap, seed, memo)
     tally.add(seed, "search", paths | tag | {f"limit-{limit:g}"}, bad)
     if strategies:
         name = rng.choice(["megatron", "metis", "one-pipeline"])
         bad, paths = run_strategy(p, M, opt, name, max(0.5, limit))
         tally.add(seed, "strategy", paths | tag, bad)
     if replan and plan is not None:
-        bad, paths = run_replan(p, M, plan, rng, max(0.3, limit))
+        if not memo.plans:  # a search cut short kept no shape: a memo as a longer partition writes it
+            with contextlib.suppress(HetpartError):
+                pipeline_search.plan_pipelines(p, M, time_limit_s=1.0, memo=memo)
+        bad, paths = run_replan(p, M, plan, rng, max(0.3, limit), memo)
         tally.add(seed, "replan", paths | tag, bad)
 
 

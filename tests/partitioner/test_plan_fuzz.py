@@ -23,7 +23,7 @@ def test_no_false_claim_on_any_path():
         fuzz_one(seed, tally, limits=(0.001, 0.05, 0.3))
     assert tally.unsound == []
     for path in ("bound bound-cut-pipelines", "bound bound-cut-sync", "bound bound-cut-memory",
-                 "search search-failed", "search baseline-taken", "strategy", "replan"):
+                 "search search-failed", "search baseline-taken", "strategy", "replan", "replan replan-from-memo"):
         assert tally.paths[path] > 0, (path, dict(tally.paths))
 
 

@@ -1,0 +1,34 @@
+"""NOTE [shape memo] through the CLI: `partition --parallel data` writes ir/shapes.json (listed and hashed by the
+manifest), `hetpart replan` starts its search from it and writes the memo again into NEW_DIR, and a changed
+ir/shapes.json is refused (an artifacts directory is code)."""
+
+from __future__ import annotations
+
+import json
+
+from hetpart.cli import main
+
+MLP = ["zoo:mlp", "--set", "hidden=64", "--set", "n_blocks=3", "--batch-size", "24", "--microbatches", "6",
+       "--no-pt2", "--mode", "training", "--parallel", "data", "--time-limit", "5"]
+
+
+def test_replan_starts_from_the_memo_and_a_changed_memo_is_refused(tmp_path, capsys):
+    old, new = tmp_path / "old", tmp_path / "new"
+    assert main(["partition", *MLP, "--cluster", "preset:mixed-4", "--out", str(old)]) == 0
+    memo = json.loads((old / "ir" / "shapes.json").read_text())
+    assert "ir/shapes.json" in json.loads((old / "manifest.json").read_text())["files"]
+    assert memo["plans"] and len(memo["fingerprint"]) == 64
+    capsys.readouterr()
+
+    assert main(["replan", str(old), "--lose", "b/1", "--out", str(new), "--time-limit", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "another problem's" not in out and "the from-scratch search started from" in out, out
+    again = json.loads((new / "ir" / "shapes.json").read_text())
+    assert again["fingerprint"] == memo["fingerprint"]  # the same model and costs: the memo carries on
+    assert set(memo["plans"]) <= set(again["plans"])
+    assert "ir/shapes.json" in json.loads((new / "manifest.json").read_text())["files"]
+
+    path = old / "ir" / "shapes.json"
+    path.write_text(path.read_text().replace('"m_ref":', '"m_ref": ', 1))
+    assert main(["replan", str(old), "--lose", "b/1", "--out", str(tmp_path / "new2"), "--time-limit", "3"]) == 2
+    assert "shapes.json' does not match its sha256 in manifest.json" in capsys.readouterr().err
