@@ -87,6 +87,7 @@ def test_losing_a_device_drops_its_group_keeps_pipeline_0_and_counts_bytes_per_s
     assert "local/6" in plan["devices_idle"] and plan["solver_status"] != "OPTIMAL"
     assert "re-planned (NOTE [re-plan pipelines])" in plan["bound_note"]
     assert plan["lower_bound_us"] == record["from_scratch"]["lower_bound_us"]
+    assert all(c["iteration_us"] >= plan["lower_bound_us"] for c in record["candidates"])  # it bounds every one
 
 
 def test_a_cluster_with_no_whole_tp_group_left_is_refused(dp_tp, tmp_path, capsys):
