@@ -153,11 +153,8 @@ def replan(old: Path, out: Path, *, cluster: str | None = None, lose: tuple[str,
         raise HetpartError(f"{old}/{ANALYSIS}: version {data.get('version')}, this hetpart reads {ANALYSIS_VERSION}")
     stored, old_cluster = problem_from_json(data["problem"]), cluster_from_json(data["cluster"])
     target = new_cluster(old_cluster, cluster, lose, add)
-    if plan.pipelines is not None and is_tp(manifest):  # NOTE [tensor-parallel pipelines mesh] in codegen/tp.py
-        raise HetpartError(f"{old} runs data-parallel pipelines of tensor-parallel stages, which `hetpart replan` does "
-                           "not re-plan yet: partition again for the new cluster (--pipelines or --parallel data with "
-                           "--tensor-parallel T)")
-    if plan.pipelines is not None:  # data-parallel pipelines: NOTE [re-plan pipelines]
+    if plan.pipelines is not None:  # data-parallel pipelines: NOTE [re-plan pipelines] (of TP stages: NOTE [re-plan
+        # of tensor-parallel pipelines] in replan_tp.py)
         return replan_pipelines_dir(old, out, manifest, plan, stored, old_cluster, target, slack=slack,
                                     time_limit_s=time_limit_s, seed=seed, force=force, echo=echo)
     if is_mixed(manifest) or "tensor_parallel" in data:  # NOTE [re-plan of mixed degrees], its TP stages or none
@@ -180,22 +177,26 @@ def replan_tp_dir(old: Path, out: Path, manifest: dict, plan: Any, stored: Probl
                   target: Cluster, *, slack: float, time_limit_s: float, seed: int, force: bool,
                   echo: Callable[[str], None]) -> Any:
     """`replan` of a plan of tensor-parallel stages at its degree (NOTE [re-plan of tensor-parallel plans])."""
-    from hetpart.replan_tp import holdings_of, keep_groups, old_tp_groups, plan_degree, retarget_tp
+    from hetpart.replan_tp import tp_slots
 
-    degree = plan_degree(old, manifest, stored)
-    groups = old_tp_groups(manifest)
-    target = keep_groups(target, groups, degree)
     start = time.perf_counter()
-    problem = retarget_tp(stored, old_cluster, target, degree, old)
+    slots = tp_slots(old, manifest, stored, old_cluster, target)
     try:
-        result = replan_one(problem, holdings_of(manifest, problem, target, degree), slack=slack,
-                            time_limit_s=time_limit_s, seed=seed, old_devices=["+".join(g) for g in groups])
+        result = replan_one(slots.problem, slots.holdings, slack=slack, time_limit_s=time_limit_s, seed=seed,
+                            old_devices=["+".join(g) for g in slots.old_groups])
     except HetpartError as err:
-        raise HetpartError(f"re-plan at tensor-parallel degree {degree} (kept from {old}): {err}") from None
-    echo(f"tensor parallel {degree} kept: {len(problem.devices)} group(s) of the new cluster "
-         f"({', '.join(d.name for d in problem.devices)}); bytes counted per TP rank's shard (NOTE [re-plan by shard])")
-    return _write_replan(old, out, manifest, plan, stored, old_cluster, target, result, time.perf_counter() - start,
-                         describe, ReplanChoice, seed=seed, force=force, echo=echo, tensor_parallel=degree)
+        raise HetpartError(f"re-plan at tensor-parallel degree {slots.degree} (kept from {old}): {err}") from None
+    echo(_kept_line(slots))
+    return _write_replan(old, out, manifest, plan, stored, old_cluster, slots.target, result,
+                         time.perf_counter() - start, describe, ReplanChoice, seed=seed, force=force, echo=echo,
+                         tensor_parallel=slots.degree)
+
+
+def _kept_line(slots: Any) -> str:
+    """What `replan` prints of a TP plan's slots (a `replan_tp.TPSlots`)."""
+    return (f"tensor parallel {slots.degree} kept: {len(slots.problem.devices)} group(s) of the new cluster "
+            f"({', '.join(d.name for d in slots.problem.devices)}); bytes counted per TP rank's shard "
+            "(NOTE [re-plan by shard])")
 
 
 def _write_replan(old: Path, out: Path, manifest: dict, plan: Any, stored: Problem, old_cluster: Cluster,
@@ -289,6 +290,7 @@ def replan_pipelines_dir(old: Path, out: Path, manifest: dict, plan: Any, stored
     from hetpart.partitioner.replan_pipelines import pipelines_from_json
     from hetpart.partitioner.shape_memo import ShapeMemo
     from hetpart.runtime.artifacts import _parse_json, read_listed
+    from hetpart.runtime.tp import is_tp
 
     if PIPELINES_RECORD not in manifest["files"]:
         raise HetpartError(f"{old} has no {PIPELINES_RECORD} (its pipelines were partitioned by an earlier hetpart); "
@@ -299,8 +301,16 @@ def replan_pipelines_dir(old: Path, out: Path, manifest: dict, plan: Any, stored
     # NOTE [shape memo]: the old search's solved shapes, read through the manifest (hashed as all of ir/).
     memo = ShapeMemo.from_json(_parse_json(old / SHAPE_MEMO, read_listed(old, manifest, SHAPE_MEMO)), str(
         old / SHAPE_MEMO)) if SHAPE_MEMO in manifest["files"] else ShapeMemo("")
-    problem = retarget(stored, target)
-    result, _ = replan_pipelines_within(problem, old_pipes, holders_of(manifest["ranks"]), plan.microbatches,
+    options: dict[str, Any] = {}
+    if is_tp(manifest):  # pipelines of TP stages, re-planned over TP slots: NOTE [re-plan of tensor-parallel pipelines]
+        from hetpart.replan_tp import tp_slots
+
+        slots = tp_slots(old, manifest, stored, old_cluster, target)
+        problem, holders, target, options["tensor_parallel"] = slots.problem, slots.holdings, slots.target, slots.degree
+        echo(_kept_line(slots))
+    else:
+        problem, holders = retarget(stored, target), holders_of(manifest["ranks"])
+    result, _ = replan_pipelines_within(problem, old_pipes, holders, plan.microbatches,
                                         slack=slack, time_limit_s=time_limit_s, seed=seed, echo=echo, memo=memo)
     if memo.ignored:
         echo(f"note: {old / SHAPE_MEMO} is another problem's (the model, its costs or the schedule changed): "
@@ -309,4 +319,4 @@ def replan_pipelines_dir(old: Path, out: Path, manifest: dict, plan: Any, stored
         echo(f"the from-scratch search started from {memo.seeded} plan(s) of {old / SHAPE_MEMO} (NOTE [shape memo])")
     choice = lambda stored_, result_, record: PipelinesChoice(stored_, result_, record, memo)  # noqa: E731
     return _write_replan(old, out, manifest, plan, stored, old_cluster, target, result, time.perf_counter() - start,
-                         describe_pipelines, choice, seed=seed, force=force, echo=echo, parallel="data")
+                         describe_pipelines, choice, seed=seed, force=force, echo=echo, parallel="data", **options)

@@ -40,12 +40,39 @@ its stored problem was lowered at is refused the same way. Virtual-stage plans (
 are refused by `replan`: their problem is the virtual-stage problem of NOTE [virtual stages plan]
 (v stages per device, each device's stages tied), which none of the re-plan's engines models, and whose
 bytes would count per device, not per stage.
+
+NOTE [re-plan of tensor-parallel pipelines]
+Data-parallel pipelines whose stages are TP groups of degree t (NOTE [tensor-parallel pipelines] in
+partitioner/tp_pipelines.py) were planned on the TP-t slot problem, and ir/analysis.json and
+ir/pipelines.json store that problem and each pipeline's slots. Their re-plan is NOTE [re-plan pipelines]
+run over slots instead of devices, every other step the one above (`tp_slots`):
+- the slots: the new cluster's TP-t groups in `keep_groups`' order, built from every old pipeline's
+  groups (`old_tp_groups` reads them all); an old group keeps its name (its devices joined by "+")
+  exactly when all its devices survive, so an old pipeline is kept when all its slots are; a lost
+  device takes its whole group with it (its partners fall out of it, into a new group where a place has
+  t devices left, else unused: "in no tensor-parallel group" in plan.json);
+- the costs: `retarget_tp` (each new slot the stored key of a slot of its type and link);
+- the bytes: by shard (NOTE [re-plan by shard], `holdings_of` from every old rank of the mesh, NOTE
+  [tensor-parallel pipelines mesh]): a kept stage moves nothing, a repaired or new one reads each TP
+  index's shard from a surviving holder of that index (in any pipeline), else the checkpoint;
+- the candidates and the choice are NOTE [re-plan pipelines]'s (kept pipelines re-split, broken ones
+  dropped or repaired on their surviving slots, a new pipeline on free slots, the from-scratch
+  `--parallel data` plan of the slot problem), none claimed optimal: the bound printed is the
+  from-scratch plan's, a bound on every plan of these slots at degree t (not of other groupings or
+  degrees of the new cluster, which the re-plan does not consider);
+- NEW_DIR is written by `partition`'s own path for `--parallel data --tensor-parallel t`
+  (compile_pipelines with `PipelinesChoice` in place of its search), on the new cluster in `keep_groups`'
+  order so that its lowering makes the same slots: the mesh of NOTE [tensor-parallel pipelines mesh]
+  (one pipeline: NOTE [tensor-parallel stages]'s), which `run --resume` fills from the old ranks'
+  shards (NOTE [checkpoint slices]).
+A new cluster with no t devices of one type on any machine is refused as above (exit 2).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from hetpart.devices import Cluster
@@ -57,11 +84,12 @@ from hetpart.partitioner.replan_holdings import Holdings, OldRank, cells, tp_hol
 
 
 def old_tp_groups(manifest: dict) -> list[tuple[str, ...]]:
-    """Each stage's TP group of an old TP plan: its ranks' planned devices in TP order."""
+    """Each stage's TP group of an old TP plan: its ranks' planned devices in TP order; every pipeline's stages, in
+    rank order, for data-parallel pipelines of TP stages (NOTE [re-plan of tensor-parallel pipelines])."""
     from hetpart.runtime.artifacts import mesh_pipelines
 
     ranks = manifest["ranks"]
-    return [tuple(ranks[r]["planned_device"] for r in stage) for stage in mesh_pipelines(manifest)[0].stages]
+    return [tuple(ranks[r]["planned_device"] for r in stage) for q in mesh_pipelines(manifest) for stage in q.stages]
 
 
 def plan_degree(old: Path, manifest: dict, stored: Problem) -> int:
@@ -210,5 +238,27 @@ def holdings_of(manifest: dict, problem: Problem, target: Cluster, degree: int) 
     return tp_holdings(problem, degree, groups, {d.name: d.machine for d in target.devices}, old, split)
 
 
-__all__ = ["holdings_of", "holds_shard", "hostable_degrees", "keep_groups", "old_tp_groups", "plan_degree",
+@dataclass(frozen=True)
+class TPSlots:
+    """An old TP plan's re-plan problem (NOTE [re-plan of tensor-parallel plans]): its degree, the new cluster in
+    `keep_groups`' order, the stored problem on its TP groups, and where each shard lies."""
+
+    degree: int
+    target: Cluster
+    problem: Problem
+    holdings: Holdings
+    old_groups: list[tuple[str, ...]]  # every old stage's group, in rank order
+
+
+def tp_slots(old: Path, manifest: dict, stored: Problem, old_cluster: Cluster, target: Cluster) -> TPSlots:
+    """The TP-t slots of `target` an old TP plan (one pipeline, or several: NOTE [re-plan of tensor-parallel
+    pipelines]) is re-planned over, at its degree t."""
+    degree = plan_degree(old, manifest, stored)
+    groups = old_tp_groups(manifest)
+    target = keep_groups(target, groups, degree)
+    problem = retarget_tp(stored, old_cluster, target, degree, old)
+    return TPSlots(degree, target, problem, holdings_of(manifest, problem, target, degree), groups)
+
+
+__all__ = ["TPSlots", "tp_slots", "holdings_of", "holds_shard", "hostable_degrees", "keep_groups", "old_tp_groups", "plan_degree",
            "retarget_tp"]

@@ -421,11 +421,10 @@ def test_the_bound_note_is_written_and_printed_with_what_the_deadline_cut():
     assert not [ln for ln in pipelines_lines(proven) if ln.startswith("lower bound:")]
 
 
-def test_pipelines_of_tp_stages_are_planned_and_not_replanned(tmp_path, capsys):
+def test_pipelines_of_tp_stages_are_planned(tmp_path, capsys):
     """`--parallel data --tensor-parallel 2` (NOTE [tensor-parallel pipelines]): the search's pipelines are of TP-2
     slots, each stage one machine's group of two, the manifest's mesh passes `load_manifest` (NOTE [tensor-parallel
-    pipelines mesh]); `hetpart replan` refuses it, writing nothing (docs/errors.md DT4). Runs: tests/runtime/
-    test_dp_tp_run.py."""
+    pipelines mesh]). Runs: tests/runtime/test_dp_tp_run.py; their re-plan: tests/test_replan_dp_tp.py."""
     from hetpart.devices import load_cluster
     from hetpart.passes.tp_lower import tp_groups
     from hetpart.runtime.artifacts import load_manifest
@@ -443,8 +442,6 @@ def test_pipelines_of_tp_stages_are_planned_and_not_replanned(tmp_path, capsys):
     man = load_manifest(out)
     assert [len(s) for q in man["mesh"]["pipelines"] for s in q["stages"]] == [2] * len(stages)
     assert [r["planned_device"] for r in man["ranks"]] == [d for s in stages for d in s["devices"]]
-    assert main(["replan", str(out), "--lose", "local/7", "--out", str(tmp_path / "again")]) == 2
-    assert "does not re-plan yet" in capsys.readouterr().err and not (tmp_path / "again").exists()
 
 
 def test_parallel_data_with_max_tensor_parallel_keeps_the_fastest_degree_and_writes_it(tmp_path, capsys):

@@ -418,7 +418,8 @@ def _solve_lexicographic(problem: Problem, scratch: Plan, holders: Holders, limi
                 for k in range(mdl.num_stages):
                     # Stage k runs on a slot that needs p (always, with one class: a stage holding w needs it).
                     on_class = 1 if len(needs) == 1 else sum(mdl.a[k][d] for d in members)
-                    on_holder = sum(mdl.a[k][d] for d in sorted(h.slots[p]))  # stage k runs on a slot that held p
+                    # ... on a slot that held p (of this problem: a pipeline's sub-problem has only its own slots)
+                    on_holder = sum(mdl.a[k][d] for d in sorted(h.slots[p]) if d in mdl.a[k])
                     # ... on a machine where a surviving device holds it
                     on_machine = sum(mdl.on_machine[k][mc] for mc in sorted(h.machines[p]) if mc in mdl.on_machine[k])
                     inter, intra = m.new_bool_var(f"between[{p},{k}]"), m.new_bool_var(f"within[{p},{k}]")
