@@ -19,7 +19,7 @@ from ortools.linear_solver import pywraplp
 
 from hetpart.partitioner.costs import held_weight_bytes
 from hetpart.partitioner.lp_bounds import _LpData, _solve_lp
-from hetpart.partitioner.pipeline_bound_parts import Part, whole_ns_at_least
+from hetpart.partitioner.pipeline_bound_parts import Part, parts_search, whole_ns_at_least
 from hetpart.partitioner.pipeline_memory_bound import MemoryBound, memory_lower_bound
 from hetpart.partitioner.pipeline_stage_sum import StageSum
 from hetpart.partitioner.problem import MEM_BYTES, TIME_NS, WEIGHTS, Problem
@@ -68,9 +68,10 @@ from hetpart.partitioner.problem import MEM_BYTES, TIME_NS, WEIGHTS, Problem
 # machine's devices) and by n_s (every value up to 32, then geometric cells [g, g'), charged
 # sigma(g' - 1, k_lo)); each part adds "sum p_A in the k range" and "every pipeline has >= g
 # devices" to the LP. The bound is the least over the parts of their LP's T plus their sigma;
-# k = 1 has no sync. Past the deadline every part left is charged the LP with no part's rows (k >= 2,
-# any size: a relaxation of each part) plus its own sync, not the LP alone (the 7B rows printed 503 ms
-# there, 556 when the parts finished). Left out (the bound stays valid, only weaker): transfers between stages (NOTE
+# k = 1 has no sync. The parts are searched best first (`parts_search` of NOTE [memory bound parts]);
+# past the deadline every part left is charged what it was shown not to reach, at least the LP with
+# no part's rows (k >= 1, any size: a relaxation of each part), plus its own sync, not that LP alone
+# (the 7B rows printed 503 ms there, 556 when the parts finished). Left out (the bound stays valid, only weaker): transfers between stages (NOTE
 # [pipelines memory bound] charges their floor),
 # memory per stage (only per pipeline: NOTE [pipelines memory bound] adds it, and the larger of
 # the two bounds is the bound), ZeRO and bucket latencies beyond the first.
@@ -460,28 +461,24 @@ def pipelines_lower_bound(problem: Problem, microbatches: int, deadline: float |
         best = min(one, free)  # any k, no sync charged: valid on its own
         if problem.training is not None:
             cells = _size_cells(len(problem.devices))
-            parts = []
-            for k_lo, k_hi in _k_ranges(problem):
-                if k_lo > microbatches:
-                    continue
-                for g_lo, g_next in zip(cells, cells[1:]):
-                    parts.append(((k_lo, k_hi), g_lo, sync_floor_ns(problem, g_next - 1, k_lo)))
-            exact = one
-            for i, (k_range, g_lo, sigma) in enumerate(parts):
-                got = None
-                if not _past(deadline):
-                    lp = _Lp(problem, supports, microbatches, k_range, g_lo, need, deadline)
-                    cap = min(exact, upper_ns if upper_ns is not None else math.inf) - sigma
-                    if cap <= lo or not lp.feasible(cap):
-                        continue  # this part cannot go below the best so far
-                    got = _least_T(lp, max(lo, free), cap, deadline)
-                if got is None:
-                    # Past the deadline each part left is at least the LP with no part's rows (free) + its sync.
-                    unfinished.append("sync")
-                    exact = min(exact, min(free + q[2] for q in parts[i:]))
-                    break
-                exact = min(exact, got + sigma)
-            best = exact
+            parts = [Part(k_lo, k_hi, g_lo, sync_floor_ns(problem, g_next - 1, k_lo))
+                     for k_lo, k_hi in _k_ranges(problem) if k_lo <= microbatches
+                     for g_lo, g_next in zip(cells, cells[1:])]
+            lps: dict[Part, _Lp] = {}
+            now: list[_Lp] = []
+
+            def set_part(q: Part) -> None:
+                if q not in lps:
+                    lps[q] = _Lp(problem, supports, microbatches, (q.k_lo, q.k_hi), q.least_size, need, deadline)
+                now[:] = [lps[q]]
+
+            # NOTE [memory bound parts]'s branch and bound over the parts; past the deadline each part left is
+            # charged what it was shown not to reach (at least `free`) plus its sync.
+            top = min(one, upper_ns if upper_ns is not None else math.inf)
+            got, finished = parts_search(parts, lambda T: now[0].feasible(T), set_part, free, free, top, deadline)
+            if not finished:
+                unfinished.append("sync")
+            best = min(one, got)
     bound = whole_ns_at_least(best)
     one_ns = whole_ns_at_least(one)
     # NOTE [pipelines memory bound]: memory per stage; the larger of the two bounds holds.
