@@ -5,7 +5,6 @@ brute force on the seeded fuzz, and negative controls show a line made 10% too s
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import random
 
@@ -13,11 +12,10 @@ import numpy as np
 
 import hetpart.partitioner.pipeline_bounds as bounds
 import hetpart.partitioner.pipeline_stage_sum as stage_sum
-from hetpart.partitioner.certificate import valid_plans
 from hetpart.partitioner.pipeline_bounds import _supports
-from hetpart.partitioner.pipelines import sub_problem
 
 from pipeline_bound_fuzz import check, random_pipelines_problem
+from test_pipeline_priced_fill import plans_by_support
 
 SEEDS = range(40)
 SEED = 17  # benchmarks/pipeline_bound_fuzz.py --alone --cut-scale 1.1, seeds 0-299: above the optimum first here
@@ -31,24 +29,12 @@ def _capacities(a) -> list[np.ndarray]:
 
 def _plans_and_cuts():
     """(seed, plan's stage sum, bottleneck, stages per type, the support's lines from `cut_at`) per valid plan."""
-    for seed in SEEDS:
-        p, _ = random_pipelines_problem(seed)
-        if len(p.devices) > 4:
-            continue
-        p = dataclasses.replace(p, training=None)  # stage plans of any length; times are the same compute
-        supports = {a.types: a for a in _supports(p)}
-        cuts = {}
-        for types, a in supports.items():
+    cuts: dict[tuple[int, tuple[str, ...]], list] = {}
+    for seed, total, b, per_type, a in plans_by_support(SEEDS):
+        if (seed, a.types) not in cuts:
             got = [a.sums.cut_at(c) for c in _capacities(a)]
-            cuts[types] = [({t: float(b) for t, b in zip(types, g[0])}, g[1]) for g in got if g is not None]
-        for _, devs, stages in valid_plans(sub_problem(p, [d.name for d in p.devices], 1)):
-            types = tuple(sorted({p.device(d).type for d in devs}))
-            if types not in supports:
-                continue
-            per_type: dict[str, int] = {}
-            for d in devs:
-                per_type[p.device(d).type] = per_type.get(p.device(d).type, 0) + 1
-            yield seed, sum(s.time_ns for s in stages), max(s.time_ns for s in stages), per_type, cuts[types]
+            cuts[seed, a.types] = [({t: float(x) for t, x in zip(a.types, g[0])}, g[1]) for g in got if g is not None]
+        yield seed, total, b, per_type, cuts[seed, a.types]
 
 
 def _violations() -> tuple[int, int]:
