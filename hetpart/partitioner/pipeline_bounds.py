@@ -237,13 +237,16 @@ class _Lp:
     """The LP of NOTE [pipelines bound] for one part (k range, least pipeline size), at any T."""
 
     def __init__(self, problem: Problem, supports: list[_Support], microbatches: int, k_range: tuple[int, int | None],
-                 min_size: int, need: int | None = None, deadline: float | None = None) -> None:
+                 min_size: int, need: int | None = None, deadline: float | None = None,
+                 separate: bool = True) -> None:
         kinds: dict[tuple[str, int], int] = {}
         for d in problem.devices:
             kinds[(d.type, d.capacity_bytes)] = kinds.get((d.type, d.capacity_bytes), 0) + 1
         self.kinds, self.supports, self.M = kinds, supports, microbatches
         self.need = need_bytes(problem) if need is None else need
         self.k_range, self.min_size, self.deadline = k_range, min_size, deadline
+        self.cut_short = False  # the deadline stopped NOTE [stage sum cuts]'s lines at some T
+        self.separate = separate  # False: the lines already found only (NOTE [stage sum cuts] (4))
         t = problem.training
         self.schedule = t.schedule if t is not None else None
         # (g) GPipe stashes every microbatch a pipeline runs: m_i times its activations besides the model.
@@ -306,7 +309,10 @@ class _Lp:
             if s.Solve() != pywraplp.Solver.OPTIMAL:
                 return -1.0
             value = s.Objective().Value()
-            if value < target or r == _CUT_ROUNDS - 1 or _past(self.deadline):
+            if value < target or r == _CUT_ROUNDS - 1 or not self.separate:
+                break
+            if _past(self.deadline):
+                self.cut_short = True  # NOTE [stage sum cuts] (3): fewer lines, a weaker bound, and said so
                 break
             new = []
             for a in usable:
@@ -432,30 +438,19 @@ def memory_parts(problem: Problem, microbatches: int) -> list[Part]:
             for g, g_next in zip(cells, cells[1:]) if g * k_lo <= devices]
 
 
-def pipelines_lower_bound(problem: Problem, microbatches: int, deadline: float | None = None,
-                          upper_ns: int | None = None, memory: bool = True,
-                          memory_deadline: float | None = None) -> PipelinesBound:
-    """NOTE [pipelines bound] for `microbatches` microbatches; `upper_ns` (a known plan's step) only
-    prunes parts that cannot go below it; past `deadline` (a perf_counter value) the sync parts
-    left are charged the LP with no part's rows plus their own sync (still a bound) and `unfinished` says so. `memory=False` leaves out
-    NOTE [pipelines memory bound] (the tests compare the two); it stops at `memory_deadline` (default
-    `deadline`)."""
-    t0 = time.perf_counter()
-    supports = _supports(problem)
-    if not supports:
-        return PipelinesBound(0, 0, "no set of device types runs every node: no plan, no bound", 0.0)
+def _lp_bound(problem: Problem, supports: list[_Support], microbatches: int, need: int, upper_ns: int | None,
+              deadline: float | None, separate: bool) -> tuple[float | None, float | None, float, list[str]]:
+    """(one pipeline, the LP with no part's rows, the bound, what the deadline cut) of NOTE [pipelines bound]'s LPs,
+    with NOTE [stage sum cuts]'s new lines where `separate` (else the pool's lines only); None: past the deadline."""
     lo = min(a.fill_ns for a in supports)
     hi = max(2.0 * lo, 1.0)
-    need = need_bytes(problem)  # once: each part's LP reads it (213 scans of a 3,690-node graph took 2 s)
-    one = _least_T(_Lp(problem, supports, microbatches, (1, 2), 1, need, deadline), lo, hi, deadline)
-    free = _least_T(_Lp(problem, supports, microbatches, (1, None), 1, need, deadline), lo, hi, deadline)
+    lps = [_Lp(problem, supports, microbatches, (1, 2), 1, need, deadline, separate),
+           _Lp(problem, supports, microbatches, (1, None), 1, need, deadline, separate)]
+    one = _least_T(lps[0], lo, hi, deadline)
+    free = _least_T(lps[1], lo, hi, deadline)
+    if one is None or free is None or not math.isfinite(free):
+        return one, free, 0.0, ["pipelines"]
     unfinished = []
-    if one is None or free is None:
-        return PipelinesBound(0, 0, "the pipelines bound did not finish before the deadline", time.perf_counter() - t0,
-                              ["pipelines"])
-    if not math.isfinite(free):
-        return PipelinesBound(0, 0, "no set of pipelines holds the model in memory: no plan, no bound",
-                              time.perf_counter() - t0)
     best = one
     if microbatches >= 2:
         best = min(one, free)  # any k, no sync charged: valid on its own
@@ -464,13 +459,15 @@ def pipelines_lower_bound(problem: Problem, microbatches: int, deadline: float |
             parts = [Part(k_lo, k_hi, g_lo, sync_floor_ns(problem, g_next - 1, k_lo))
                      for k_lo, k_hi in _k_ranges(problem) if k_lo <= microbatches
                      for g_lo, g_next in zip(cells, cells[1:])]
-            lps: dict[Part, _Lp] = {}
+            by_part: dict[Part, _Lp] = {}
             now: list[_Lp] = []
 
             def set_part(q: Part) -> None:
-                if q not in lps:
-                    lps[q] = _Lp(problem, supports, microbatches, (q.k_lo, q.k_hi), q.least_size, need, deadline)
-                now[:] = [lps[q]]
+                if q not in by_part:
+                    by_part[q] = _Lp(problem, supports, microbatches, (q.k_lo, q.k_hi), q.least_size, need, deadline,
+                                     separate)
+                    lps.append(by_part[q])
+                now[:] = [by_part[q]]
 
             # NOTE [memory bound parts]'s branch and bound over the parts; past the deadline each part left is
             # charged what it was shown not to reach (at least `free`) plus its sync.
@@ -479,6 +476,40 @@ def pipelines_lower_bound(problem: Problem, microbatches: int, deadline: float |
             if not finished:
                 unfinished.append("sync")
             best = min(one, got)
+    if any(lp.cut_short for lp in lps):
+        unfinished.append("stage sums")
+    return one, free, best, unfinished
+
+
+def pipelines_lower_bound(problem: Problem, microbatches: int, deadline: float | None = None,
+                          upper_ns: int | None = None, memory: bool = True,
+                          memory_deadline: float | None = None) -> PipelinesBound:
+    """NOTE [pipelines bound] for `microbatches` microbatches; `upper_ns` (a known plan's step) only
+    prunes parts that cannot go below it; past `deadline` (a perf_counter value) the sync parts
+    left are charged the LP with no part's rows plus their own sync, the stage sums' lines left are left
+    out (still a bound), and `unfinished` says so. `memory=False` leaves out NOTE [pipelines memory
+    bound] (the tests compare the two); it stops at `memory_deadline` (default `deadline`)."""
+    t0 = time.perf_counter()
+    supports = _supports(problem)
+    if not supports:
+        return PipelinesBound(0, 0, "no set of device types runs every node: no plan, no bound", 0.0)
+    need = need_bytes(problem)  # once: each part's LP reads it (213 scans of a 3,690-node graph took 2 s)
+    lo = min(a.fill_ns for a in supports)
+    one, free, best, unfinished = _lp_bound(problem, supports, microbatches, need, upper_ns, deadline, False)
+    if one is None or free is None:
+        return PipelinesBound(0, 0, "the pipelines bound did not finish before the deadline", time.perf_counter() - t0,
+                              ["pipelines"])
+    if not math.isfinite(free):
+        return PipelinesBound(0, 0, "no set of pipelines holds the model in memory: no plan, no bound",
+                              time.perf_counter() - t0)
+    # NOTE [stage sum cuts] (4): again with the lines the LP's points need, while time is left; the larger holds.
+    more = (_lp_bound(problem, supports, microbatches, need, upper_ns, deadline, True)
+            if not _past(deadline) else (None, None, 0.0, ["pipelines"]))
+    if more[0] is not None and more[1] is not None:
+        one, best = max(one, more[0]), max(best, more[2])
+        unfinished = [] if not more[3] else [*unfinished, "stage sums"]
+    else:
+        unfinished.append("stage sums")
     bound = whole_ns_at_least(best)
     one_ns = whole_ns_at_least(one)
     # NOTE [pipelines memory bound]: memory per stage; the larger of the two bounds holds.
@@ -491,6 +522,7 @@ def pipelines_lower_bound(problem: Problem, microbatches: int, deadline: float |
         unfinished.append("memory")
     left = ("transfers between stages above the least a boundary carries, bucket latencies"
             + ("; part of the gradient-sync floor (past the deadline)" if "sync" in unfinished else "")
+            + ("; some lines of the exact stage sums (past the deadline)" if "stage sums" in unfinished else "")
             + ("; part of the memory-per-stage bound (past the deadline)" if not mem.finished else ""))
     note = (f"every partition of the {len(problem.devices)} devices into pipelines, every stage plan and "
             f"microbatch split (NOTE [pipelines bound], NOTE [pipelines memory bound]); left out: {left}")

@@ -30,7 +30,11 @@ from ortools.linear_solver import pywraplp
 #     T and part of the same bound). Its alpha is recomputed from beta by `alpha` (every node at its least
 #     priced time), so a line's validity never rests on the solver's duals being exact. Where C cannot hold
 #     the nodes, Z(C) gets an unplaced slack at a high price so that its duals stay finite.
-# (3) Stopped early (rounds or deadline), the LP has fewer lines: a relaxation, only weaker.
+# (3) Stopped early (rounds or deadline), the LP has fewer lines: a relaxation, only weaker; a deadline that
+#     stopped them is reported ("stage sums" in the bound's unfinished parts).
+# (4) Finding the lines costs LP solves (llama-7b on hetero-256: 9 s against 25 under load), so the bound runs
+#     twice: first with the pool's lines only (beta = 0 and NOTE [priced fill]'s, at about the cost of the rows
+#     they replace), then, while its deadline allows, with the lines found; the larger of the two holds.
 # Left out: the lines bound a support's pipelines through their sums, so pipelines of one support with very
 # different shapes are priced at their mean (Z is convex and its perspective sums: the sum of the pipelines'
 # lines is at least the mean's), which is exact only when they are alike.
