@@ -439,15 +439,17 @@ def memory_parts(problem: Problem, microbatches: int) -> list[Part]:
 
 
 def _lp_bound(problem: Problem, supports: list[_Support], microbatches: int, need: int, upper_ns: int | None,
-              deadline: float | None, separate: bool) -> tuple[float | None, float | None, float, list[str]]:
+              deadline: float | None, separate: bool, below: tuple[float, float, float] | None = None
+              ) -> tuple[float | None, float | None, float, list[str]]:
     """(one pipeline, the LP with no part's rows, the bound, what the deadline cut) of NOTE [pipelines bound]'s LPs,
-    with NOTE [stage sum cuts]'s new lines where `separate` (else the pool's lines only); None: past the deadline."""
+    with NOTE [stage sum cuts]'s new lines where `separate` (else the pool's lines only); None: past the deadline.
+    `below`: those three from fewer lines, where each search starts (NOTE [stage sum cuts] (4))."""
     lo = min(a.fill_ns for a in supports)
-    hi = max(2.0 * lo, 1.0)
+    start = below or (lo, lo, lo)
     lps = [_Lp(problem, supports, microbatches, (1, 2), 1, need, deadline, separate),
            _Lp(problem, supports, microbatches, (1, None), 1, need, deadline, separate)]
-    one = _least_T(lps[0], lo, hi, deadline)
-    free = _least_T(lps[1], lo, hi, deadline)
+    one = _least_T(lps[0], max(lo, start[0]), max(lo, start[0]) * (1.05 if below else 2.0) + 1.0, deadline)
+    free = _least_T(lps[1], max(lo, start[1]), max(lo, start[1]) * (1.05 if below else 2.0) + 1.0, deadline)
     if one is None or free is None or not math.isfinite(free):
         return one, free, 0.0, ["pipelines"]
     unfinished = []
@@ -472,7 +474,8 @@ def _lp_bound(problem: Problem, supports: list[_Support], microbatches: int, nee
             # NOTE [memory bound parts]'s branch and bound over the parts; past the deadline each part left is
             # charged what it was shown not to reach (at least `free`) plus its sync.
             top = min(one, upper_ns if upper_ns is not None else math.inf)
-            got, finished = parts_search(parts, lambda T: now[0].feasible(T), set_part, free, free, top, deadline)
+            got, finished = parts_search(parts, lambda T: now[0].feasible(T), set_part, free, max(free, start[2]), top,
+                                         deadline)
             if not finished:
                 unfinished.append("sync")
             best = min(one, got)
@@ -503,7 +506,7 @@ def pipelines_lower_bound(problem: Problem, microbatches: int, deadline: float |
         return PipelinesBound(0, 0, "no set of pipelines holds the model in memory: no plan, no bound",
                               time.perf_counter() - t0)
     # NOTE [stage sum cuts] (4): again with the lines the LP's points need, while time is left; the larger holds.
-    more = (_lp_bound(problem, supports, microbatches, need, upper_ns, deadline, True)
+    more = (_lp_bound(problem, supports, microbatches, need, upper_ns, deadline, True, (one, free, best))
             if not _past(deadline) else (None, None, 0.0, ["pipelines"]))
     if more[0] is not None and more[1] is not None:
         one, best = max(one, more[0]), max(best, more[2])

@@ -34,7 +34,10 @@ from ortools.linear_solver import pywraplp
 #     stopped them is reported ("stage sums" in the bound's unfinished parts).
 # (4) Finding the lines costs LP solves (llama-7b on hetero-256: 9 s against 25 under load), so the bound runs
 #     twice: first with the pool's lines only (beta = 0 and NOTE [priced fill]'s, at about the cost of the rows
-#     they replace), then, while its deadline allows, with the lines found; the larger of the two holds.
+#     they replace), then, while its deadline allows, with the lines found; the larger of the two holds. The
+#     second starts each search where the first ended: more lines only raise each LP's least T, so the first's
+#     one-pipeline and free values, and its bound less a part's sync, are below the second's (a part of plans
+#     that all take at least the first bound, less its sync, to run their pipelines).
 # Left out: the lines bound a support's pipelines through their sums, so pipelines of one support with very
 # different shapes are priced at their mean (Z is convex and its perspective sums: the sum of the pipelines'
 # lines is at least the mean's), which is exact only when they are alike.
