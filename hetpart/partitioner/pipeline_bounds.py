@@ -154,7 +154,7 @@ def _node_classes(problem: Problem) -> tuple[list[str], np.ndarray, np.ndarray, 
 # ran 8 microbatches each in 547 ms (their fill counted at H100 speed, (d) with T < F_A' divided by T);
 # the crossing allows about 6, and the bound rises from 552.3 to 556.4 ms (the crossing at rho alone:
 # 554.9). What was left there, the support LP taking each line at its own bottleneck, NOTE [stage sum
-# cuts] closes (565.9 ms); these prices are its first lines.
+# cuts] closes (565.7 ms); these prices are its first lines.
 
 _PRICE_SCALES = (1.4,)  # theta of NOTE [priced fill] (0.7 and 1.0 too, and 6 tangent lines per t1: 557.5 ms
 # instead of 556.4 on llama-7b / hetero-64 for 2.3x the LP's time, which under load ran past the bound's deadline)
