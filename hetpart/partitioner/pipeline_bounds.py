@@ -71,8 +71,8 @@ from hetpart.partitioner.problem import MEM_BYTES, TIME_NS, WEIGHTS, Problem
 # k = 1 has no sync. The parts are searched best first (`parts_search` of NOTE [memory bound parts]);
 # past the deadline every part left is charged what it was shown not to reach, at least the LP with
 # no part's rows (k >= 1, any size: a relaxation of each part), plus its own sync, not that LP alone
-# (the 7B rows printed 503 ms there, 556 when the parts finished). Left out (the bound stays valid, only weaker): transfers between stages (NOTE
-# [pipelines memory bound] charges their floor),
+# (the 7B rows printed 503 ms there, 556 when the parts finished). Left out (the bound stays valid,
+# only weaker): transfers between stages (NOTE [pipelines memory bound] charges their floor),
 # memory per stage (only per pipeline: NOTE [pipelines memory bound] adds it, and the larger of
 # the two bounds is the bound), ZeRO and bucket latencies beyond the first.
 

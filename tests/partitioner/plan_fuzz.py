@@ -216,7 +216,8 @@ def check_bound_deadline(p: Problem, M: int, opt: int | None, rng: random.Random
     """NOTE [pipelines bound] with deadlines a seeded number of fake-clock ticks away: `draws` pairs (deadline,
     memory deadline) drawn over the ticks the whole bound takes (the LP parts before the memory part starts, the
     memory part after), so each part of it is cut somewhere."""
-    real_memory, real_parts, starts, sync_starts = pipeline_bounds.memory_lower_bound, pipeline_bounds.parts_search, [], []
+    real_memory, real_parts = pipeline_bounds.memory_lower_bound, pipeline_bounds.parts_search
+    starts, sync_starts = [], []
     with fake_clock() as ticks:
         def memory(*a, **k):  # the tick its memory part starts at
             starts.append(ticks[0])
