@@ -4,6 +4,7 @@ brute-force optimum of every plan on tiny random problems.
     PYTHONPATH=. .venv/bin/python benchmarks/pipeline_bound_fuzz.py --start 0 --count 5000
     PYTHONPATH=. .venv/bin/python benchmarks/pipeline_bound_fuzz.py --start 3000 --count 100 --without-free-fix
     PYTHONPATH=. .venv/bin/python benchmarks/pipeline_bound_fuzz.py --count 1000 --alone [--wrong-crossing]
+    PYTHONPATH=. .venv/bin/python benchmarks/pipeline_bound_fuzz.py --count 300 --alone --cut-scale 1.1
 
 The problems are those of tests/partitioner/pipeline_bound_fuzz.py (seeds start..start+count-1): 3-6 ops with
 skips and multi-output nodes, 3-5 devices of 2-3 types on 1-3 machines, 1F1B/GPipe/inference, 1-8
@@ -13,7 +14,7 @@ puts back what `_least_infeasible` returned before the fuzz found it (the start 
 by NOTE [memory bound parts] as a step no part reaches), to show what the fuzz catches. `--alone` checks NOTE
 [pipelines bound] without NOTE [pipelines memory bound] (the larger of the two is the bound, and can hide a term);
 `--wrong-crossing` uses NOTE [priced fill]'s crossing row also where it is not valid (T >= alpha), to show what
-the fuzz catches.
+the fuzz catches; `--cut-scale 1.1` scales the alpha of NOTE [stage sum cuts]'s lines by 1.1 (invalid), likewise.
 """
 
 from __future__ import annotations
@@ -39,7 +40,12 @@ def main() -> None:
     ap.add_argument("--alone", action="store_true", help="NOTE [pipelines bound] without the memory bound")
     ap.add_argument("--wrong-crossing", action="store_true",
                     help="NOTE [priced fill]'s crossing row also where T >= alpha (invalid): what the fuzz catches")
+    ap.add_argument("--cut-scale", type=float, default=1.0,
+                    help="NOTE [stage sum cuts]'s alpha times this (above 1 is invalid): what the fuzz catches")
     args = ap.parse_args()
+    if args.cut_scale != 1.0:
+        from hetpart.partitioner import pipeline_stage_sum
+        pipeline_stage_sum.ALPHA_SCALE = args.cut_scale
     if args.wrong_crossing:
         from hetpart.partitioner import pipeline_bounds
         pipeline_bounds.CROSS_EVERYWHERE = True

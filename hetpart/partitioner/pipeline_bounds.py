@@ -19,8 +19,9 @@ from ortools.linear_solver import pywraplp
 
 from hetpart.partitioner.costs import held_weight_bytes
 from hetpart.partitioner.lp_bounds import _LpData, _solve_lp
-from hetpart.partitioner.pipeline_bound_parts import Part, whole_ns_at_least
+from hetpart.partitioner.pipeline_bound_parts import Part, parts_search, whole_ns_at_least
 from hetpart.partitioner.pipeline_memory_bound import MemoryBound, memory_lower_bound
+from hetpart.partitioner.pipeline_stage_sum import StageSum
 from hetpart.partitioner.problem import MEM_BYTES, TIME_NS, WEIGHTS, Problem
 
 # NOTE [pipelines bound]
@@ -42,7 +43,9 @@ from hetpart.partitioner.problem import MEM_BYTES, TIME_NS, WEIGHTS, Problem
 #     sum_i >= F_A' - rho n_t1 b_i, so m_i - 1 <= (T - F_A') / b_i + rho n_t1, with 1/b_i
 #     bounded by (b) when T >= F_A' and by 1/T (b_i <= T_i) when not. Without (d) one fast
 #     device would give a pipeline of slow ones the fast fill of (a). NOTE [priced fill] states (d)
-#     for any prices of the types' time, and where T < F_A' crosses it with (a) in 1/b_i;
+#     for any prices of the types' time, and where T < F_A' crosses it with (a) in 1/b_i; NOTE [stage
+#     sum cuts] (pipeline_stage_sum.py) keeps one variable for a support's 1/b_i in every such line, and
+#     adds the lines that touch the exact least stage sum where the LP's point needs them;
 # (e) m_i - 1 <= (T - F_A) / L_A, L_A the slowest node on its fastest type in A (it is in a stage);
 # (f) the pipeline holds the whole model: its devices' memory is at least every weight read with
 #     its training state plus one microbatch of activations (the stash is at least one);
@@ -53,7 +56,8 @@ from hetpart.partitioner.problem import MEM_BYTES, TIME_NS, WEIGHTS, Problem
 # its types); memory sum_c cap_c y_{A,c} >= need p_A (+ (g)); microbatches z_A bounded by (c), (d),
 # (e) summed, and z_A >= sum_c y_{A,c} under 1F1B (h); sum_A p_A <= M; sum_A z_A = M. If it is
 # infeasible at T, no plan has max_i T_i <= T; it only loosens as T grows, so bisection gives the
-# least feasible T (to 0.05%; as whole ns, `whole_ns_at_least`).
+# least feasible T (to 0.05%; as whole ns, `whole_ns_at_least`). The rows (c), (d) and (e) are
+# written through NOTE [stage sum cuts] (1)'s w_A, which implies each of them.
 # Gradient sync (training, k >= 2; NOTE [gradient sync]): every weight read is held in every
 # pipeline, so each all-reduce has r >= k ranks and moves at least 2(k-1)/k of its bytes per rank
 # over a link no faster than the fastest, with 2(k-1) latencies at least once. The smallest
@@ -64,8 +68,11 @@ from hetpart.partitioner.problem import MEM_BYTES, TIME_NS, WEIGHTS, Problem
 # machine's devices) and by n_s (every value up to 32, then geometric cells [g, g'), charged
 # sigma(g' - 1, k_lo)); each part adds "sum p_A in the k range" and "every pipeline has >= g
 # devices" to the LP. The bound is the least over the parts of their LP's T plus their sigma;
-# k = 1 has no sync. Left out (the bound stays valid, only weaker): transfers between stages (NOTE
-# [pipelines memory bound] charges their floor),
+# k = 1 has no sync. The parts are searched best first (`parts_search` of NOTE [memory bound parts]);
+# past the deadline every part left is charged what it was shown not to reach, at least the LP with
+# no part's rows (k >= 1, any size: a relaxation of each part), plus its own sync, not that LP alone
+# (the 7B rows printed 503 ms there, 556 when the parts finished). Left out (the bound stays valid,
+# only weaker): transfers between stages (NOTE [pipelines memory bound] charges their floor),
 # memory per stage (only per pipeline: NOTE [pipelines memory bound] adds it, and the larger of
 # the two bounds is the bound), ZeRO and bucket latencies beyond the first.
 
@@ -95,6 +102,8 @@ class _Support:
     lam: dict[str, float]  # lambda over its types
     work: float  # Lambda_A
     fast: list[tuple[dict[str, float], float]]  # (beta, alpha(beta)) of (d), NOTE [priced fill]
+    sums: StageSum  # its least stage sum, NOTE [stage sum cuts]
+    cuts: list[tuple[dict[str, float], float]] = field(default_factory=list)  # the lines found so far
 
 
 def need_bytes(problem: Problem) -> int:
@@ -144,23 +153,19 @@ def _node_classes(problem: Problem) -> tuple[list[str], np.ndarray, np.ndarray, 
 # Llama-7b on hetero-64 (docs/benchmarks.md, "gap7b"): the many-pipeline LP's pipelines of 2 H100 and 6 L4
 # ran 8 microbatches each in 547 ms (their fill counted at H100 speed, (d) with T < F_A' divided by T);
 # the crossing allows about 6, and the bound rises from 552.3 to 556.4 ms (the crossing at rho alone:
-# 554.9). What is left there is the support LP's own relaxation: pipelines of H100, A100-80G and L4
-# with 8.4 microbatches each, where the exact stage sum allows about 7.2.
+# 554.9). What was left there, the support LP taking each line at its own bottleneck, NOTE [stage sum
+# cuts] closes (565.7 ms); these prices are its first lines.
 
 _PRICE_SCALES = (1.4,)  # theta of NOTE [priced fill] (0.7 and 1.0 too, and 6 tangent lines per t1: 557.5 ms
 # instead of 556.4 on llama-7b / hetero-64 for 2.3x the LP's time, which under load ran past the bound's deadline)
+_CUT_ROUNDS = 8  # LP solves per T at most, NOTE [stage sum cuts] (2)
 CROSS_EVERYWHERE = False  # the negative control of NOTE [priced fill]: its crossing row where T >= alpha too (invalid)
 
 
-def _alpha(time_ns: np.ndarray, ok: np.ndarray, count: np.ndarray, beta: np.ndarray) -> float:
-    """NOTE [priced fill]'s alpha(beta): every node at its least priced time over the support's types."""
-    return float((np.where(ok, time_ns * (1.0 + beta[None, :]), np.inf).min(axis=1) * count).sum())
-
-
-def _price_lines(time_ns: np.ndarray, ok: np.ndarray, count: np.ndarray, types: list[str]
-                 ) -> list[tuple[dict[str, float], float]]:
-    """NOTE [priced fill]: (beta per type, alpha(beta)) for a support's node classes (time [class, type] ns,
-    allowed, count), the prices of the note; none with no positive price."""
+def _price_lines(sums: StageSum, types: list[str]) -> list[tuple[dict[str, float], float]]:
+    """NOTE [priced fill]: (beta per type, alpha(beta)) for a support's node classes, the prices of the note;
+    none with no positive price."""
+    time_ns, ok, count = sums.time_ns, sums.ok, sums.count
     n_types = len(types)
     betas: list[np.ndarray] = []
     for j in range(n_types):
@@ -184,7 +189,7 @@ def _price_lines(time_ns: np.ndarray, ok: np.ndarray, count: np.ndarray, types: 
     for beta in betas:
         if beta.max(initial=0.0) > 0 and np.isfinite(beta).all():
             priced = {types[c]: float(beta[c]) for c in range(n_types) if beta[c] > 0}
-            out.append((priced, _alpha(time_ns, ok, count, beta)))
+            out.append((priced, sums.alpha(beta)))
     return out
 
 
@@ -218,10 +223,13 @@ def _supports(problem: Problem) -> list[_Support]:
 
             lam = max(tries, key=lambda lam: lagrange(lam) / max(1e-300, float(lam @ data.count)))
             work = lagrange(lam)
-            fast = _price_lines(time_ns[:, cols], ok, count, [types[j] for j in cols])
-            out.append(_Support(types=tuple(types[j] for j in cols), fill_ns=float((best * count).sum()),
+            sums = StageSum(time_ns[:, cols], ok, count)
+            fast = _price_lines(sums, [types[j] for j in cols])
+            fill = float((best * count).sum())
+            out.append(_Support(types=tuple(types[j] for j in cols), fill_ns=fill,
                                 largest_op_ns=float(best.max(initial=0.0)),
-                                lam={types[j]: float(lam[i]) for i, j in enumerate(cols)}, work=work, fast=fast))
+                                lam={types[j]: float(lam[i]) for i, j in enumerate(cols)}, work=work, fast=fast,
+                                sums=sums, cuts=[({}, fill), *fast]))
     return out
 
 
@@ -229,13 +237,16 @@ class _Lp:
     """The LP of NOTE [pipelines bound] for one part (k range, least pipeline size), at any T."""
 
     def __init__(self, problem: Problem, supports: list[_Support], microbatches: int, k_range: tuple[int, int | None],
-                 min_size: int, need: int | None = None) -> None:
+                 min_size: int, need: int | None = None, deadline: float | None = None,
+                 separate: bool = True) -> None:
         kinds: dict[tuple[str, int], int] = {}
         for d in problem.devices:
             kinds[(d.type, d.capacity_bytes)] = kinds.get((d.type, d.capacity_bytes), 0) + 1
         self.kinds, self.supports, self.M = kinds, supports, microbatches
         self.need = need_bytes(problem) if need is None else need
-        self.k_range, self.min_size = k_range, min_size
+        self.k_range, self.min_size, self.deadline = k_range, min_size, deadline
+        self.cut_short = False  # the deadline stopped NOTE [stage sum cuts]'s lines at some T
+        self.separate = separate  # False: the lines already found only (NOTE [stage sum cuts] (4))
         t = problem.training
         self.schedule = t.schedule if t is not None else None
         # (g) GPipe stashes every microbatch a pipeline runs: m_i times its activations besides the model.
@@ -252,6 +263,7 @@ class _Lp:
         y = {(a.types, c): s.NumVar(0.0, float(n), f"y{a.types}{c[0]}")
              for a in usable for c, n in self.kinds.items() if c[0] in a.types}
         z = {a.types: s.NumVar(0.0, inf, f"z{a.types}") for a in usable}
+        w = {a.types: s.NumVar(0.0, inf, f"w{a.types}") for a in usable}  # NOTE [stage sum cuts] (1)
         scale = 1.0 / max(1.0, self.need)
         # --- Constraints.
         for c, n in self.kinds.items():
@@ -270,31 +282,67 @@ class _Lp:
                 s.Add(z[a.types] >= s.Sum(ya))
             s.Add(s.Sum(ya) >= self.min_size * p[a.types])
             lam_y = s.Sum([a.lam[c[0]] * y[a.types, c] for c in self.kinds if c[0] in a.types])
-            # (c): microbatches at most the fill-free share of T at the pipelines' rate.
+            # NOTE [stage sum cuts] (1): w = sum over the pipelines of T / b_i, bounded by (b), (e) and b_i <= T;
+            # every pipeline runs a microbatch at least.
+            s.Add(w[a.types] >= p[a.types])
+            s.Add(z[a.types] >= p[a.types])
             if a.work > 0:
-                s.Add(z[a.types] <= p[a.types] + (T - a.fill_ns) / a.work * lam_y)
-            # (e): one bottleneck per microbatch, at least the slowest node.
+                s.Add(w[a.types] <= T / a.work * lam_y)
             if a.largest_op_ns > 0:
-                s.Add(z[a.types] <= p[a.types] * (1.0 + (T - a.fill_ns) / a.largest_op_ns))
-            # (d): fast devices among slow ones, one row per price of NOTE [priced fill]: the stage sum is at
-            # least alpha - (beta . n) b_i.
-            for beta, alpha in a.fast:
-                beta_y = s.Sum([beta[c[0]] * y[a.types, c] for c in self.kinds if c[0] in beta])
-                if T >= alpha and a.work > 0:
-                    s.Add(z[a.types] <= p[a.types] + (T - alpha) / a.work * lam_y + beta_y)
-                elif T < alpha:
-                    s.Add(z[a.types] <= p[a.types] * (1.0 + (T - alpha) / T) + beta_y)
-                if (T < alpha or CROSS_EVERYWHERE) and alpha > a.fill_ns:  # where (a)'s and this line in 1 / b_i cross
-                    s.Add(z[a.types] <= p[a.types] + (T - a.fill_ns) / (alpha - a.fill_ns) * beta_y)
+                s.Add(w[a.types] <= T / a.largest_op_ns * p[a.types])
+            for beta, alpha in a.cuts:
+                self._line(s, a, p, y, z, w, T, beta, alpha)
+            if CROSS_EVERYWHERE and a.work > 0:  # NOTE [priced fill]'s negative control (invalid where T >= alpha)
+                for beta, alpha in a.fast:
+                    if T >= alpha > a.fill_ns:
+                        beta_y = s.Sum([beta[c[0]] * y[a.types, c] for c in self.kinds if c[0] in beta])
+                        s.Add(z[a.types] <= p[a.types] + (T - a.fill_ns) / (alpha - a.fill_ns) * beta_y)
         lo, hi = self.k_range
         s.Add(s.Sum(list(p.values())) <= min(self.M, hi - 1) if hi is not None else s.Sum(list(p.values())) <= self.M)
         s.Add(s.Sum(list(p.values())) >= lo)
         s.Add(s.Sum(list(z.values())) <= self.M)  # the batch, exactly (with the test below)
         # --- Objective.
         s.Maximize(s.Sum(list(z.values())))
-        if s.Solve() != pywraplp.Solver.OPTIMAL:
-            return -1.0
-        return s.Objective().Value()
+        target = self.M * (1 - 1e-7) - 1e-6
+        value = -1.0
+        for r in range(_CUT_ROUNDS):  # NOTE [stage sum cuts] (2): lines where the LP's point needs them
+            if s.Solve() != pywraplp.Solver.OPTIMAL:
+                return -1.0
+            value = s.Objective().Value()
+            if value < target or r == _CUT_ROUNDS - 1 or not self.separate:
+                break
+            if _past(self.deadline):
+                self.cut_short = True  # NOTE [stage sum cuts] (3): fewer lines, a weaker bound, and said so
+                break
+            new = []
+            for a in usable:
+                pa, wa, za = p[a.types].solution_value(), w[a.types].solution_value(), z[a.types].solution_value()
+                if pa <= 1e-9 or wa <= 1e-12:
+                    continue
+                n = np.array([sum(y[a.types, c].solution_value() for c in self.kinds if c[0] == t) for t in a.types])
+                got = a.sums.cut_at(n * T / wa)
+                if got is None:
+                    continue
+                beta = {t: float(b) for t, b in zip(a.types, got[0]) if b > 0}
+                if wa * (1 - got[1] / T) + float(got[0] @ n) < za - pa - 1e-6 * max(1.0, pa):
+                    new.append((a, beta, got[1]))
+            if not new:
+                break
+            for a, beta, alpha in new:
+                a.cuts.append((beta, alpha))
+                self._line(s, a, p, y, z, w, T, beta, alpha)
+        return value
+
+    def _line(self, s, a: _Support, p, y, z, w, T: float, beta: dict[str, float], alpha: float) -> None:
+        """NOTE [stage sum cuts] (1)'s row for one line: z - p <= w (1 - alpha / T) + beta . y (set coefficient
+        by coefficient: the natural API's expressions took most of the bound's time with hundreds of lines)."""
+        row = s.Constraint(-s.infinity(), 0.0)
+        row.SetCoefficient(z[a.types], 1.0)
+        row.SetCoefficient(p[a.types], -1.0)
+        row.SetCoefficient(w[a.types], alpha / T - 1.0)
+        for c in self.kinds:
+            if beta.get(c[0], 0.0) > 0:
+                row.SetCoefficient(y[a.types, c], -beta[c[0]])
 
     def feasible(self, T: float) -> bool:
         # Near-feasible counts as feasible: a float LP may only make the bound lower, never unsound.
@@ -390,57 +438,81 @@ def memory_parts(problem: Problem, microbatches: int) -> list[Part]:
             for g, g_next in zip(cells, cells[1:]) if g * k_lo <= devices]
 
 
+def _lp_bound(problem: Problem, supports: list[_Support], microbatches: int, need: int, upper_ns: int | None,
+              deadline: float | None, separate: bool, below: tuple[float, float, float] | None = None
+              ) -> tuple[float | None, float | None, float, list[str]]:
+    """(one pipeline, the LP with no part's rows, the bound, what the deadline cut) of NOTE [pipelines bound]'s LPs,
+    with NOTE [stage sum cuts]'s new lines where `separate` (else the pool's lines only); None: past the deadline.
+    `below`: those three from fewer lines, where each search starts (NOTE [stage sum cuts] (4))."""
+    lo = min(a.fill_ns for a in supports)
+    start = below or (lo, lo, lo)
+    lps = [_Lp(problem, supports, microbatches, (1, 2), 1, need, deadline, separate),
+           _Lp(problem, supports, microbatches, (1, None), 1, need, deadline, separate)]
+    one = _least_T(lps[0], max(lo, start[0]), max(lo, start[0]) * (1.05 if below else 2.0) + 1.0, deadline)
+    free = _least_T(lps[1], max(lo, start[1]), max(lo, start[1]) * (1.05 if below else 2.0) + 1.0, deadline)
+    if one is None or free is None or not math.isfinite(free):
+        return one, free, 0.0, ["pipelines"]
+    unfinished = []
+    best = one
+    if microbatches >= 2:
+        best = min(one, free)  # any k, no sync charged: valid on its own
+        if problem.training is not None:
+            cells = _size_cells(len(problem.devices))
+            parts = [Part(k_lo, k_hi, g_lo, sync_floor_ns(problem, g_next - 1, k_lo))
+                     for k_lo, k_hi in _k_ranges(problem) if k_lo <= microbatches
+                     for g_lo, g_next in zip(cells, cells[1:])]
+            by_part: dict[Part, _Lp] = {}
+            now: list[_Lp] = []
+
+            def set_part(q: Part) -> None:
+                if q not in by_part:
+                    by_part[q] = _Lp(problem, supports, microbatches, (q.k_lo, q.k_hi), q.least_size, need, deadline,
+                                     separate)
+                    lps.append(by_part[q])
+                now[:] = [by_part[q]]
+
+            # NOTE [memory bound parts]'s branch and bound over the parts; past the deadline each part left is
+            # charged what it was shown not to reach (at least `free`) plus its sync.
+            top = min(one, upper_ns if upper_ns is not None else math.inf)
+            got, finished = parts_search(parts, lambda T: now[0].feasible(T), set_part, free, max(free, start[2]), top,
+                                         deadline)
+            if not finished:
+                unfinished.append("sync")
+            best = min(one, got)
+    if any(lp.cut_short for lp in lps):
+        unfinished.append("stage sums")
+    return one, free, best, unfinished
+
+
 def pipelines_lower_bound(problem: Problem, microbatches: int, deadline: float | None = None,
                           upper_ns: int | None = None, memory: bool = True,
                           memory_deadline: float | None = None) -> PipelinesBound:
     """NOTE [pipelines bound] for `microbatches` microbatches; `upper_ns` (a known plan's step) only
     prunes parts that cannot go below it; past `deadline` (a perf_counter value) the sync parts
-    left are charged no sync (still a bound) and `unfinished` says so. `memory=False` leaves out
-    NOTE [pipelines memory bound] (the tests compare the two); it stops at `memory_deadline` (default
-    `deadline`)."""
+    left are charged the LP with no part's rows plus their own sync, the stage sums' lines left are left
+    out (still a bound), and `unfinished` says so. `memory=False` leaves out NOTE [pipelines memory
+    bound] (the tests compare the two); it stops at `memory_deadline` (default `deadline`)."""
     t0 = time.perf_counter()
     supports = _supports(problem)
     if not supports:
         return PipelinesBound(0, 0, "no set of device types runs every node: no plan, no bound", 0.0)
-    lo = min(a.fill_ns for a in supports)
-    hi = max(2.0 * lo, 1.0)
     need = need_bytes(problem)  # once: each part's LP reads it (213 scans of a 3,690-node graph took 2 s)
-    one = _least_T(_Lp(problem, supports, microbatches, (1, 2), 1), lo, hi, deadline)
-    free = _least_T(_Lp(problem, supports, microbatches, (1, None), 1), lo, hi, deadline)
-    unfinished = []
+    lo = min(a.fill_ns for a in supports)
+    one, free, best, unfinished = _lp_bound(problem, supports, microbatches, need, upper_ns, deadline, False)
     if one is None or free is None:
         return PipelinesBound(0, 0, "the pipelines bound did not finish before the deadline", time.perf_counter() - t0,
                               ["pipelines"])
     if not math.isfinite(free):
         return PipelinesBound(0, 0, "no set of pipelines holds the model in memory: no plan, no bound",
                               time.perf_counter() - t0)
-    best = one
-    if microbatches >= 2:
-        best = min(one, free)  # any k, no sync charged: valid on its own
-        if problem.training is not None:
-            cells = _size_cells(len(problem.devices))
-            parts = []
-            for k_lo, k_hi in _k_ranges(problem):
-                if k_lo > microbatches:
-                    continue
-                for g_lo, g_next in zip(cells, cells[1:]):
-                    parts.append(((k_lo, k_hi), g_lo, sync_floor_ns(problem, g_next - 1, k_lo)))
-            exact = one
-            for k_range, g_lo, sigma in parts:
-                if _past(deadline):
-                    unfinished.append("sync")
-                    break
-                lp = _Lp(problem, supports, microbatches, k_range, g_lo, need)
-                cap = min(exact, upper_ns if upper_ns is not None else math.inf) - sigma
-                if cap <= lo or not lp.feasible(cap):
-                    continue  # this part cannot go below the best so far
-                got = _least_T(lp, max(lo, free), cap, deadline)
-                if got is None:
-                    unfinished.append("sync")
-                    break
-                exact = min(exact, got + sigma)
-            if not unfinished:
-                best = exact
+    # NOTE [stage sum cuts] (4): again with the lines the LP's points need, while time is left; the larger holds.
+    more = (_lp_bound(problem, supports, microbatches, need, upper_ns, deadline, True, (one, free, best))
+            if not _past(deadline) else (None, None, 0.0, ["pipelines"]))
+    if more[0] is not None and more[1] is not None:
+        one, best = max(one, more[0]), max(best, more[2])
+        unfinished = [] if not more[3] else [*unfinished, "stage sums"]
+    else:
+        unfinished.append("stage sums")
     bound = whole_ns_at_least(best)
     one_ns = whole_ns_at_least(one)
     # NOTE [pipelines memory bound]: memory per stage; the larger of the two bounds holds.
@@ -452,7 +524,8 @@ def pipelines_lower_bound(problem: Problem, microbatches: int, deadline: float |
     if not mem.finished:
         unfinished.append("memory")
     left = ("transfers between stages above the least a boundary carries, bucket latencies"
-            + ("; the gradient-sync floor (past the deadline)" if "sync" in unfinished else "")
+            + ("; part of the gradient-sync floor (past the deadline)" if "sync" in unfinished else "")
+            + ("; some lines of the exact stage sums (past the deadline)" if "stage sums" in unfinished else "")
             + ("; part of the memory-per-stage bound (past the deadline)" if not mem.finished else ""))
     note = (f"every partition of the {len(problem.devices)} devices into pipelines, every stage plan and "
             f"microbatch split (NOTE [pipelines bound], NOTE [pipelines memory bound]); left out: {left}")

@@ -205,7 +205,8 @@ def _left_out_said(bound, met: bool) -> list[str]:
         out.append(f"a deadline was met but the bound reports nothing left out ({bound.note!r})")
     for part in bound.unfinished:
         words = {"pipelines": "did not finish", "sync": "gradient-sync floor (past the deadline)",
-                 "memory": "memory-per-stage bound (past the deadline)"}[part]
+                 "memory": "memory-per-stage bound (past the deadline)",
+                 "stage sums": "exact stage sums (past the deadline)"}[part]
         if words not in bound.note:
             out.append(f"the bound left out {part} but its note does not say so ({bound.note!r})")
     return out
@@ -216,23 +217,34 @@ def check_bound_deadline(p: Problem, M: int, opt: int | None, rng: random.Random
     """NOTE [pipelines bound] with deadlines a seeded number of fake-clock ticks away: `draws` pairs (deadline,
     memory deadline) drawn over the ticks the whole bound takes (the LP parts before the memory part starts, the
     memory part after), so each part of it is cut somewhere."""
-    real_memory, starts = pipeline_bounds.memory_lower_bound, []
+    real_memory, real_parts = pipeline_bounds.memory_lower_bound, pipeline_bounds.parts_search
+    starts, sync_starts = [], []
     with fake_clock() as ticks:
         def memory(*a, **k):  # the tick its memory part starts at
             starts.append(ticks[0])
             return real_memory(*a, **k)
-        pipeline_bounds.memory_lower_bound = memory
+
+        def parts(*a, **k):  # ... and the ticks its first search of the sync parts spans
+            start = ticks[0]
+            got = real_parts(*a, **k)
+            sync_starts.append((start, ticks[0]))
+            return got
+        pipeline_bounds.memory_lower_bound, pipeline_bounds.parts_search = memory, parts
         try:
             full = pipeline_bounds.pipelines_lower_bound(p, M, deadline=1e9)  # (None: no ticks)
         finally:
-            pipeline_bounds.memory_lower_bound = real_memory
+            pipeline_bounds.memory_lower_bound, pipeline_bounds.parts_search = real_memory, real_parts
     total, mem_start = ticks[0], (starts or [ticks[0]])[0]
+    sync_start, sync_end = (sync_starts or [(mem_start, mem_start)])[0]
     out = [] if opt is None or full.bound_ns <= opt else [f"bound {full.bound_ns} > optimum {opt} (no deadline)"]
     one = brute_one(p, M) if full.one_pipeline_ns > 0 else None
     paths: set[str] = set()
     for i in range(draws):
-        # Half the draws cut the LP parts (and maybe the memory part after them), half only the memory part.
-        deadline = rng.randint(1, mem_start) if i % 2 == 0 else total + 2
+        # Half the draws cut the LP parts (and maybe the memory part after them), every other one of those in its
+        # first search of the sync parts (a small share of its ticks: NOTE [stage sum cuts]'s lines take most),
+        # half only the memory part.
+        deadline = (rng.randint(1, mem_start) if i % 4 == 0 else rng.randint(sync_start, max(sync_start, sync_end))
+                    if i % 2 == 0 else total + 2)
         memory_deadline = rng.randint(max(deadline, mem_start), total + 2)
         with recording() as rec, fake_clock():
             got = pipeline_bounds.pipelines_lower_bound(p, M, deadline=deadline, memory_deadline=memory_deadline)

@@ -15,9 +15,10 @@ from pipeline_bound_fuzz import random_pipelines_problem
 SEEDS = range(40)
 
 
-def _plans_and_lines():
-    """(plan's stage sum, bottleneck, stages per type, its support's (F_A, [(beta, alpha)])) for every valid plan."""
-    for seed in SEEDS:
+def plans_by_support(seeds=SEEDS):
+    """(seed, plan's stage sum, bottleneck, stages per type, its support) for every valid stage plan of the fuzz's
+    problems of at most 4 devices (test_pipeline_stage_sum.py reads them too)."""
+    for seed in seeds:
         p, _ = random_pipelines_problem(seed)
         if len(p.devices) > 4:
             continue
@@ -30,10 +31,13 @@ def _plans_and_lines():
             per_type: dict[str, int] = {}
             for d in devs:
                 per_type[p.device(d).type] = per_type.get(p.device(d).type, 0) + 1
-            total = sum(s.time_ns for s in stages)
-            b = max(s.time_ns for s in stages)
-            a = supports[types]
-            yield seed, total, b, per_type, a.fill_ns, a.fast
+            yield seed, sum(s.time_ns for s in stages), max(s.time_ns for s in stages), per_type, supports[types]
+
+
+def _plans_and_lines():
+    """(plan's stage sum, bottleneck, stages per type, its support's (F_A, [(beta, alpha)])) for every valid plan."""
+    for seed, total, b, per_type, a in plans_by_support():
+        yield seed, total, b, per_type, a.fill_ns, a.fast
 
 
 def test_every_plan_pays_at_least_each_priced_fill():

@@ -12,7 +12,7 @@ from hetpart.partitioner.pipelines import cost_pipelines
 from plan_fuzz import Tally, check_plan, fuzz_one, fuzz_problem
 from test_pipeline_search import brute_pipelines
 
-SEEDS = range(8)
+SEEDS = [*range(8), 33]  # 33: its sync parts are searched (0-7 prune them all at once), so a deadline cuts them
 
 
 def test_no_false_claim_on_any_path():
