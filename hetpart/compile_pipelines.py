@@ -104,7 +104,8 @@ def choose_pipelines_tp(gm: fx.GraphModule, problem: Problem, cluster: Cluster, 
     us = lambda ns: f"{ns / 1000:,.1f} us"  # noqa: E731
     echo("tensor parallel, data-parallel pipelines: " + "; ".join(
         f"degree {r.degree}: " + (f"{us(r.plan.iteration_ns)}, {len(r.plan.pipelines)} pipeline(s)"
-                                  if r.plan is not None else "no plan") + f" (bound {us(r.bound_ns)})"
+                                  if r.plan is not None else "not searched (time limit)" if r.error.startswith(
+                                      "not searched") else "no plan") + f" (bound {us(r.bound_ns)})"
         for r in choice.results) + (f"; skipped: {', '.join(skipped)}" if skipped else "")
          + f"; chose degree {choice.degree}")
     echo("the degrees' parts of the time limit (NOTE [degrees share the time limit]): " + ", ".join(

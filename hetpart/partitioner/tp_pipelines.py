@@ -47,13 +47,16 @@ NOTE [degrees share the time limit]
 `--time-limit` bounds the whole solve, so the degrees share it rather than each taking it: they are
 searched from the fewest slots (the highest degree: the cheapest search) to degree 1 (the most slots),
 each given a part of what is left in proportion to its slots (the search's cost grows with them: on
-llama-7b x hetero-64 with degrees 1-8, equal parts left degree 1, 64 slots, 8-16 s of 45), so time a cheap
-degree does not use goes to the degrees after it, and a degree past its part (the search's fixed costs:
-llama-70b's degree 8, 8 slots, took 6 s of 3) takes from those after it, never past the limit but for the
-last degree's own overrun. A degree's share covers its search, its bound (NOTE [bounds deadline]: the
-search gives its bound part of its own limit) and its baselines; a degree whose search finds no plan
-computes its bound alone within the same part of its share (`_BOUND_SHARE`). Each degree's result
-records its share and seconds; the solve's line prints them.
+llama-7b x hetero-64 with degrees 1-8, equal parts left degree 1, 64 slots, 8-16 s of 45), so time a
+degree does not use goes to the degrees after it. A degree's part covers its search, its bound (NOTE
+[bounds deadline]: the search gives its bound part of its own limit) and its baselines; a degree whose
+search finds no plan computes its bound alone within `_BOUND_SHARE` of its part. A degree may overrun its
+part (the search's fixed costs: llama-70b x hetero-64's degree 8, 8 slots, took 6 s of 3; llama-405b x
+hetero-256's degree 8, 32 slots, 39 s of 3, most of it the one-pipeline baseline's solve) and takes from
+the degrees after it. A degree after the first whose part is under `_LEAST_PART` of the limit is not
+searched (its fixed costs would overrun it further): its plans are then outside every bound computed, so
+the plan's bound is 0 (gap 100%) and the note names the degree left out, as a bound part past its deadline
+is left out (NOTE [bounds deadline]). The solve's lines print each degree's part and seconds.
 """
 
 from __future__ import annotations
@@ -70,6 +73,7 @@ from hetpart.partitioner.pipelines import Pipeline, PipelinesPlan, grad_sync_ns,
 from hetpart.partitioner.problem import Problem
 
 _BOUND_SHARE = 0.15  # a degree without a plan: its bound's part of its share (as NOTE [bounds deadline])
+_LEAST_PART = 0.05  # a degree after the first left less than this part of the limit is not searched
 
 
 @dataclass(frozen=True)
@@ -108,6 +112,11 @@ def choose_pipelines_degree(problems: Mapping[int, Problem], microbatches: int,
         start = time.perf_counter()
         left = [len(problems[u].devices) for u in order[i:]]
         share = max(0.0, t0 + time_limit_s - start) * left[0] / max(1, sum(left))
+        if results and share < _LEAST_PART * time_limit_s:  # too little left to search it: left out, said so
+            results.append(DegreePipelines(t, None, 0, 0.0, f"not searched: {share:.1f} s of the time limit left "
+                                           f"for it (NOTE [degrees share the time limit])", share,
+                                           f"left out: degree {t} was not searched (time limit)"))
+            continue
         try:
             got = plan(problems[t], microbatches, share)
             bound, error, note = got.lower_bound_ns, "", got.bound_note

@@ -211,3 +211,22 @@ def test_bound_note_reads_slots_as_groups():
         assert choice.plan.bound_note.startswith("the least over tensor-parallel degrees 1, 2 ")
         checked += 1
     assert checked >= 2
+
+
+def test_a_degree_left_too_little_time_is_not_searched_and_the_bound_says_so():
+    """NOTE [degrees share the time limit]: the first degree overruns the whole limit, so degree 1 is not searched;
+    its plans are outside every bound computed: the bound is 0 and the note names the degree left out."""
+    problems, M, _ = slot_problems(CASES[0])
+    calls = []
+
+    def plan(p: Problem, m: int, share_s: float) -> PipelinesPlan:
+        calls.append(len(p.devices))
+        time.sleep(0.6)  # past the 0.5 s limit
+        return plan_pipelines(p, m, time_limit_s=5)
+
+    choice = choose_pipelines_degree(problems, M, plan, 0.5)
+    assert calls == [len(problems[2].devices)] and choice.degree == 2
+    one = next(r for r in choice.results if r.degree == 1)
+    assert one.plan is None and one.bound_ns == 0 and one.error.startswith("not searched")
+    assert choice.plan.lower_bound_ns == 0 and choice.plan.solver_status == "FEASIBLE"
+    assert "degree 1's: left out: degree 1 was not searched (time limit)" in choice.plan.bound_note
