@@ -81,7 +81,7 @@ def run_one(model: str, preset: str, args: argparse.Namespace) -> dict:
         for device, why in (plan.get("devices_idle") or {}).items():
             row["reasons"].setdefault(why, []).append(device)
         row["tp"] = max(len(s.get("devices") or [s]) for s in plan["stages"])  # a TP stage lists its group's devices
-        said = re.search(r"^tensor parallel, data-parallel pipelines: (.*?chose degree \d+)", proc.stdout, re.S | re.M)
+        said = re.search(r"^tensor parallel, data-parallel pipelines: (.*?chose\s+degree\s+\d+)", proc.stdout, re.S | re.M)
         parts = re.search(r"^the degrees' parts of the time limit \(.*?\): (.*?degree 1\s+[\d.]+\s+s\s+of\s+[\d.]+\s+s)",
                           proc.stdout, re.S | re.M)  # both lines unwrapped (the console wraps at 160 columns)
         row["degrees"] = " ".join(((said.group(1) if said else "") + (f"; {parts.group(1)}" if parts else "")).split())
