@@ -81,9 +81,11 @@ def run_one(model: str, preset: str, args: argparse.Namespace) -> dict:
         for device, why in (plan.get("devices_idle") or {}).items():
             row["reasons"].setdefault(why, []).append(device)
         row["tp"] = max(len(s.get("devices") or [s]) for s in plan["stages"])  # a TP stage lists its group's devices
-        said = re.search(r"^tensor parallel, data-parallel pipelines: (.*?chose\s+degree\s+\d+)", proc.stdout, re.S | re.M)
-        parts = re.search(r"^the degrees' parts of the time limit \(.*?\): (.*?degree 1\s+[\d.]+\s+s\s+of\s+[\d.]+\s+s)",
-                          proc.stdout, re.S | re.M)  # both lines unwrapped (the console wraps at 160 columns)
+        # The solve's two lines, unwrapped (the console wraps at 160 columns).
+        said = re.search(r"^tensor parallel, data-parallel pipelines: (.*?chose\s+degree\s+\d+)", proc.stdout,
+                         re.S | re.M)
+        parts = re.search(r"^the degrees' parts of the time limit \(.*?\): "
+                          r"(.*?degree 1\s+[\d.]+\s+s\s+of\s+[\d.]+\s+s)", proc.stdout, re.S | re.M)
         row["degrees"] = " ".join(((said.group(1) if said else "") + (f"; {parts.group(1)}" if parts else "")).split())
         row.update(pipelines=len(plan.get("pipelines") or [1]), used=len(plan.get("devices_used") or []),
                    iteration_s=plan["iteration_us"] / 1e6, bound_s=plan["lower_bound_us"] / 1e6,
