@@ -8,7 +8,8 @@
 
 With `--parallel data` (the search of data-parallel pipelines, issue 19) the global batch is one
 microbatch of one sequence per GPU unless `--microbatches-per-gpu` says otherwise, and each row adds the
-pipelines, the tensor-parallel degree (`--max-tensor-parallel N`: the search picks it), the devices used, the step, its bound and gap, the best baseline (plan.json's
+pipelines, the tensor-parallel degree (`--max-tensor-parallel N`: the search picks it), the devices used,
+the step, its bound and gap, the best baseline (plan.json's
 `baselines`) and the plan's speedup over it; the geomean of the speedups closes the table.
 
 Each (model, preset) is one `hetpart partition zoo:MODEL --meta --set dtype=bfloat16 --seq-len 2048
@@ -141,7 +142,8 @@ def data_table(args: argparse.Namespace) -> None:
     """Issue 19's done-when table: `--parallel data` on every model x preset, and the geomean speedup."""
     load = lambda: " ".join(f"{x:.2f}" for x in os.getloadavg())  # noqa: E731
     print(f"load before: {load()}", flush=True)
-    print("| model | preset | M | wall s | RSS GB | trace s | solve s | pipelines | TP | used | iteration s | bound s | gap "
+    print("| model | preset | M | wall s | RSS GB | trace s | solve s | pipelines | TP | used | iteration s | bound s "
+          "| gap "
           "| best baseline s | speedup | idle reasons | join probe: tries / solves / taken, s |", flush=True)
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
     speedups, reasons, degrees = [], [], []
@@ -156,7 +158,8 @@ def data_table(args: argparse.Namespace) -> None:
             if r["speedup"] is not None:
                 speedups.append(r["speedup"])
             speed = f"{r['speedup']:.2f}x" if r["speedup"] is not None else "-"
-            print(f"{head} {r['trace_s']:.1f} | {r['solve_s']:.1f} | {r['pipelines']} | {r['tp']} | {r['used']}/{r['devices']} "
+            print(f"{head} {r['trace_s']:.1f} | {r['solve_s']:.1f} | {r['pipelines']} | {r['tp']} | "
+                  f"{r['used']}/{r['devices']} "
                   f"| {r['iteration_s']:.4g} | {r['bound_s']:.4g} | {r['gap']:.1%} | {r['best']} | {speed}"
                   f"{' (the baseline is the plan)' if r['taken'] else ''} | {r['idle']} | {r['join']} |", flush=True)
             degrees += [f"- {model} / {preset}: {r['degrees']}"] if r["degrees"] else []
