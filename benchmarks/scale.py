@@ -9,8 +9,9 @@
 With `--parallel data` (the search of data-parallel pipelines, issue 19) the global batch is one
 microbatch of one sequence per GPU unless `--microbatches-per-gpu` says otherwise, and each row adds the
 pipelines, the tensor-parallel degree (`--max-tensor-parallel N`: the search picks it), the devices used,
-the step, its bound and gap, the best baseline (plan.json's
-`baselines`) and the plan's speedup over it; the geomean of the speedups closes the table.
+the step, its bound and gap, the best baseline (plan.json's `baselines`) and the plan's speedup over it;
+the geomean of the speedups closes the table; with `--max-tensor-parallel`, each degree's step, bound, part
+of the time limit and seconds follow (NOTE [degrees share the time limit]).
 
 Each (model, preset) is one `hetpart partition zoo:MODEL --meta --set dtype=bfloat16 --seq-len 2048
 --mode training --cluster preset:PRESET --time-limit T --no-pt2` under `/usr/bin/time -v` (issue 19's
