@@ -23,7 +23,7 @@ from hetpart.partitioner.pipelines import (
     PipelinesPlan, cost_pipelines, fixed_pipelines, grad_sync_ns, pipelines_violations,
 )
 from hetpart.partitioner.problem import Problem, Training
-from hetpart.partitioner.tp_pipelines import choose_pipelines_degree, devices_used, grad_sync_nic_ns
+from hetpart.partitioner.tp_pipelines import choose_pipelines_degree, devices_used, grad_sync_nic_ns, slots_note
 
 from test_pipeline_search import brute_pipelines
 
@@ -230,3 +230,13 @@ def test_a_degree_left_too_little_time_is_not_searched_and_the_bound_says_so():
     assert one.plan is None and one.bound_ns == 0 and one.error.startswith("not searched")
     assert choice.plan.lower_bound_ns == 0 and choice.plan.solver_status == "FEASIBLE"
     assert "degree 1's: left out: degree 1 was not searched (time limit)" in choice.plan.bound_note
+
+
+def test_idle_reasons_of_slots_count_groups():
+    """An idle reason written over a slot problem (NOTE [idle reasons]) counts TP groups where it says devices."""
+    why = ("too slow to help: the best-rate pipeline with a l4-24g/tp2 machine (12 devices) has a 21.78 ms "
+           "bottleneck; the model needs at least 1,024 devices of its 24 GiB")
+    assert slots_note(why, 2) == ("too slow to help: the best-rate pipeline with a l4-24g/tp2 machine (12 "
+                                  "tensor-parallel groups of 2 devices) has a 21.78 ms bottleneck; the model needs "
+                                  "at least 1,024 tensor-parallel groups of 2 devices of its 24 GiB")
+    assert slots_note(why, 1) == why
