@@ -476,17 +476,3 @@ def test_parallel_data_with_max_tensor_parallel_keeps_the_fastest_degree_and_wri
     assert ("tensor_parallel" in man["mesh"]) == (chosen == 2)
     assert plan["bound_note"].startswith("the least over tensor-parallel degrees 1, 2 ")  # degree 2's: groups
     assert all(len(s["devices"]) == chosen for q in plan.get("pipelines") or [plan] for s in q["stages"])
-
-
-def test_parallel_data_max_tensor_parallel_under_a_limit_spent_by_lowering(tmp_path, capsys):
-    """NOTE [degrees share the time limit]: a limit the lowering of the degrees already spent still searches the first
-    degree (degree 2, the fewest slots: a plan is written); degree 1 is not searched, its plans outside the bound
-    (0), and the bound's note and the solve's line name it."""
-    out = tmp_path / "out"
-    assert main(["partition", "zoo:gpt-small", "--set", "n_layer=2", "--set", "n_embd=64", "--set", "vocab_size=128",
-                 "--set", "block_size=32", "--batch-size", "8", "--seq-len", "16", "--microbatches", "4", "--no-pt2",
-                 "--mode", "training", "--max-tensor-parallel", "2", "--parallel", "data", "--time-limit", "0.001",
-                 "--cluster", "preset:cpu-8", "--out", str(out)]) == 0
-    plan = json.loads((out / "plan.json").read_text())
-    assert plan["lower_bound_us"] == 0 and "degree 1 was not searched (time limit)" in plan["bound_note"]
-    assert "degree 1: not searched (time limit)" in " ".join(capsys.readouterr().out.split())
