@@ -4,11 +4,14 @@
     .venv/bin/python benchmarks/scale.py --models llama-70b --presets hetero-64 --time-limit 60
     .venv/bin/python benchmarks/scale.py --mode inference --out /tmp/scale
     .venv/bin/python benchmarks/scale.py --parallel data --time-limit 50   # issue 19's done-when table
+    .venv/bin/python benchmarks/scale.py --parallel data --max-tensor-parallel 8 --time-limit 45  # ... TP stages
 
 With `--parallel data` (the search of data-parallel pipelines, issue 19) the global batch is one
 microbatch of one sequence per GPU unless `--microbatches-per-gpu` says otherwise, and each row adds the
-pipelines, the devices used, the step, its bound and gap, the best baseline (plan.json's
-`baselines`) and the plan's speedup over it; the geomean of the speedups closes the table.
+pipelines, the tensor-parallel degree (`--max-tensor-parallel N`: the search picks it), the devices used,
+the step, its bound and gap, the best baseline (plan.json's `baselines`) and the plan's speedup over it;
+the geomean of the speedups closes the table; with `--max-tensor-parallel`, each degree's step, bound, part
+of the time limit and seconds follow (NOTE [degrees share the time limit]).
 
 Each (model, preset) is one `hetpart partition zoo:MODEL --meta --set dtype=bfloat16 --seq-len 2048
 --mode training --cluster preset:PRESET --time-limit T --no-pt2` under `/usr/bin/time -v` (issue 19's
@@ -43,6 +46,8 @@ def run_one(model: str, preset: str, args: argparse.Namespace) -> dict:
         m = _microbatches(model, preset, args)
         schedule = args.schedule.get(model, "1f1b")
         cmd += ["--parallel", "data", "--batch-size", str(m), "--microbatches", str(m), "--schedule", schedule]
+        if args.max_tensor_parallel > 1:  # NOTE [tensor-parallel pipelines]: the search picks the degree
+            cmd += ["--max-tensor-parallel", str(args.max_tensor_parallel)]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     start = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
@@ -77,6 +82,13 @@ def run_one(model: str, preset: str, args: argparse.Namespace) -> dict:
         row["reasons"] = {}
         for device, why in (plan.get("devices_idle") or {}).items():
             row["reasons"].setdefault(why, []).append(device)
+        row["tp"] = max(len(s.get("devices") or [s]) for s in plan["stages"])  # a TP stage lists its group's devices
+        # The solve's two lines, unwrapped (the console wraps at 160 columns).
+        said = re.search(r"^tensor parallel, data-parallel pipelines: (.*?chose\s+degree\s+\d+)", proc.stdout,
+                         re.S | re.M)
+        parts = re.search(r"^the degrees' parts of the time limit \(.*?\): "
+                          r"(.*?degree 1\s+[\d.]+\s+s\s+of\s+[\d.]+\s+s)", proc.stdout, re.S | re.M)
+        row["degrees"] = " ".join(((said.group(1) if said else "") + (f"; {parts.group(1)}" if parts else "")).split())
         row.update(pipelines=len(plan.get("pipelines") or [1]), used=len(plan.get("devices_used") or []),
                    iteration_s=plan["iteration_us"] / 1e6, bound_s=plan["lower_bound_us"] / 1e6,
                    best=f"{best['name']} {best['iteration_us'] / 1e6:.2f}" if best else "none has a plan",
@@ -94,6 +106,8 @@ def main() -> None:
     ap.add_argument("--seq-len", type=int, default=2048)
     ap.add_argument("--out", default="/tmp/hetpart-scale")
     ap.add_argument("--parallel", default="pipeline", choices=["pipeline", "data"])
+    ap.add_argument("--max-tensor-parallel", type=int, default=1,
+                    help="--parallel data: passed to partition, the search picks each plan's TP degree up to this")
     ap.add_argument("--microbatches-per-gpu", type=int, default=1, help="--parallel data: the global batch per GPU")
     ap.add_argument("--schedule", type=lambda t: dict(x.split("=") for x in t.split(",")),
                     default={"llama-405b": "gpipe"}, help="--parallel data: MODEL=SCHEDULE,... (default 1f1b)")
@@ -129,10 +143,11 @@ def data_table(args: argparse.Namespace) -> None:
     """Issue 19's done-when table: `--parallel data` on every model x preset, and the geomean speedup."""
     load = lambda: " ".join(f"{x:.2f}" for x in os.getloadavg())  # noqa: E731
     print(f"load before: {load()}", flush=True)
-    print("| model | preset | M | wall s | RSS GB | trace s | solve s | pipelines | used | iteration s | bound s | gap "
+    print("| model | preset | M | wall s | RSS GB | trace s | solve s | pipelines | TP | used | iteration s | bound s "
+          "| gap "
           "| best baseline s | speedup | idle reasons | join probe: tries / solves / taken, s |", flush=True)
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
-    speedups, reasons = [], []
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
+    speedups, reasons, degrees = [], [], []
     for model in args.models:
         for preset in args.presets:
             r = run_one(model, preset, args)
@@ -144,11 +159,14 @@ def data_table(args: argparse.Namespace) -> None:
             if r["speedup"] is not None:
                 speedups.append(r["speedup"])
             speed = f"{r['speedup']:.2f}x" if r["speedup"] is not None else "-"
-            print(f"{head} {r['trace_s']:.1f} | {r['solve_s']:.1f} | {r['pipelines']} | {r['used']}/{r['devices']} "
+            print(f"{head} {r['trace_s']:.1f} | {r['solve_s']:.1f} | {r['pipelines']} | {r['tp']} | "
+                  f"{r['used']}/{r['devices']} "
                   f"| {r['iteration_s']:.4g} | {r['bound_s']:.4g} | {r['gap']:.1%} | {r['best']} | {speed}"
                   f"{' (the baseline is the plan)' if r['taken'] else ''} | {r['idle']} | {r['join']} |", flush=True)
+            degrees += [f"- {model} / {preset}: {r['degrees']}"] if r["degrees"] else []
             reasons += [f"- {model} / {preset}, {len(devs)} device(s) ({devs[0]} ...): {why}"
                         for why, devs in r["reasons"].items()]
+    print("\n".join(["", "Each degree's search (the solve's line):"] + degrees) if degrees else "", flush=True)
     print("\n".join(["", "Idle reasons (NOTE [idle reasons]):"] + reasons) if reasons else "", flush=True)
     if speedups:
         print(f"geomean speedup over the best baseline: {math.prod(speedups) ** (1 / len(speedups)):.2f}x "

@@ -25,6 +25,7 @@ from hetpart.codegen.pipelines_record import write_pipelines_record, write_shape
 from hetpart.errors import HetpartError
 from hetpart.partitioner.pipelines import PipelinesPlan, fixed_pipelines, pipelines_violations
 from hetpart.partitioner.shape_memo import ShapeMemo
+from hetpart.partitioner.tp_pipelines import slots_note
 from hetpart.pipeline_groups import split_microbatches
 from hetpart.plan_report import PipelineReport, PlanReport
 from hetpart.tensor_parallel import lower_degrees
@@ -84,27 +85,35 @@ def choose_pipelines_tp(gm: fx.GraphModule, problem: Problem, cluster: Cluster, 
                                                                                         TPCompile | None]:
     """`--parallel data --max-tensor-parallel N` (NOTE [tensor-parallel pipelines]): each degree up to N lowered as
     `choose_tp` lowers them, each searched as `--parallel data` searches, the fastest kept by
-    `choose_pipelines_degree` (ties to the smaller degree; its bound the least over the degrees); its baselines, and
-    its compile (None: degree 1)."""
+    `choose_pipelines_degree` (ties to the smaller degree; its bound the least over the degrees; the degrees share
+    `--time-limit`: NOTE [degrees share the time limit]); its baselines, and its compile (None: degree 1)."""
     from hetpart.partitioner.tp_pipelines import choose_pipelines_degree
 
+    start = time.perf_counter()
     lowered, skipped = lower_degrees(gm, problem, cluster, opts.max_tensor_parallel, groups,
                                      opts.training() is not None)
     problems = {1: problem} | {t: tp.problem for t, tp in lowered.items()}
     baselines: dict[int, list[dict]] = {}
 
-    def plan(p: Problem, microbatches: int) -> PipelinesPlan:
+    def plan(p: Problem, microbatches: int, seconds: float) -> PipelinesPlan:
         degree = next(t for t, q in problems.items() if q is p)
-        got, baselines[degree] = plan_data_parallel(p, opts)
+        # The search's limit and its baselines' half of it fit in this degree's share (NOTE [degrees share the
+        # time limit]).
+        got, baselines[degree] = plan_data_parallel(p, dataclasses.replace(opts, time_limit_s=seconds / 1.5))
         return got
 
-    choice = choose_pipelines_degree(problems, opts.microbatches, plan)
+    choice = choose_pipelines_degree(problems, opts.microbatches, plan,
+                                     max(0.0, opts.time_limit_s - (time.perf_counter() - start)))  # after lowering
     us = lambda ns: f"{ns / 1000:,.1f} us"  # noqa: E731
     echo("tensor parallel, data-parallel pipelines: " + "; ".join(
         f"degree {r.degree}: " + (f"{us(r.plan.iteration_ns)}, {len(r.plan.pipelines)} pipeline(s)"
-                                  if r.plan is not None else "no plan") + f" (bound {us(r.bound_ns)})"
+                                  if r.plan is not None else "not searched (time limit)" if r.error.startswith(
+                                      "not searched") else "no plan") + f" (bound {us(r.bound_ns)})"
         for r in choice.results) + (f"; skipped: {', '.join(skipped)}" if skipped else "")
          + f"; chose degree {choice.degree}")
+    echo("the degrees' parts of the time limit (NOTE [degrees share the time limit]): " + ", ".join(
+        f"degree {r.degree} {r.seconds:.1f} s of {r.share_s:.1f} s" for r in sorted(choice.results,
+                                                                                  key=lambda r: -r.degree)))
     return choice.plan, baselines.get(choice.degree, []), lowered.get(choice.degree)
 
 
@@ -213,8 +222,10 @@ def _report(spec: ModelSpec, cluster: Cluster, opts: CompileOptions, pp: Pipelin
                                 stages=[dataclasses.replace(s, pipeline=p.index) for s in r.stages])
                  for p, r in zip(pp.pipelines, reports)]
     used = [d for q in pipelines for s in q.stages for d in s.devices or [s.device]]
-    idle = {d: why for s, why in pp.devices_idle.items() for d in slot_devices.get(s, [s])}
-    idle |= {d.name: f"in no tensor-parallel group of {max(tp.shardings)}" for d in cluster.devices
+    degree = max(tp.shardings) if tp is not None else 1  # a slot's reason counts its groups (NOTE [tensor-parallel
+    # pipelines])
+    idle = {d: slots_note(why, degree) for s, why in pp.devices_idle.items() for d in slot_devices.get(s, [s])}
+    idle |= {d.name: f"in no tensor-parallel group of {degree}" for d in cluster.devices
              if tp is not None and d.name not in used and d.name not in idle}
     return dataclasses.replace(
         reports[0], stages=[s for q in pipelines for s in q.stages], pipelines=pipelines,

@@ -454,9 +454,15 @@ def test_parallel_data_with_max_tensor_parallel_keeps_the_fastest_degree_and_wri
     out = tmp_path / "out"
     assert main(["partition", "zoo:gpt-small", "--set", "n_layer=2", "--set", "n_embd=64", "--set", "vocab_size=128",
                  "--set", "block_size=32", "--batch-size", "8", "--seq-len", "16", "--microbatches", "4", "--no-pt2",
-                 "--mode", "training", "--max-tensor-parallel", "2", "--parallel", "data", "--time-limit", "2",
+                 "--mode", "training", "--max-tensor-parallel", "2", "--parallel", "data", "--time-limit", "6",
                  "--cluster", "preset:cpu-8", "--out", str(out)]) == 0
-    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("tensor parallel, data-parallel"))
+    said = capsys.readouterr().out.splitlines()
+    line = next(x for x in said if x.startswith("tensor parallel, data-parallel"))
+    # NOTE [degrees share the time limit]: degree 2 first, each within what the limit left it.
+    parts = next(x for x in said if x.startswith("the degrees' parts of the time limit"))
+    given = [(int(t), float(took), float(share)) for t, took, share in
+             re.findall(r"degree (\d) ([\d.]+) s of ([\d.]+) s", parts)]
+    assert [t for t, _, _ in given] == [2, 1] and given[0][2] <= 6.0 and given[1][2] <= 6.0 - given[0][1] + 0.1
     steps = {int(t): float(us.replace(",", "")) for t, us in re.findall(r"degree (\d): ([\d,.]+) us,", line)}
     assert sorted(steps) == [1, 2]
     chosen = min(steps, key=lambda t: (steps[t], t))
@@ -465,4 +471,5 @@ def test_parallel_data_with_max_tensor_parallel_keeps_the_fastest_degree_and_wri
     assert abs(plan["iteration_us"] - steps[chosen]) <= 0.1
     man = load_manifest(out)
     assert ("tensor_parallel" in man["mesh"]) == (chosen == 2)
+    assert plan["bound_note"].startswith("the least over tensor-parallel degrees 1, 2 ")  # degree 2's: groups
     assert all(len(s["devices"]) == chosen for q in plan.get("pipelines") or [plan] for s in q["stages"])

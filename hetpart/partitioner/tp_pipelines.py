@@ -42,11 +42,27 @@ stage sends its whole replicated weights (norms, and the embedding or head where
 not split them): T copies where a degree-1 stage sends one. `benchmarks/dp_tp.py` prints the
 per-machine reading (`grad_sync_nic_ns`) beside the plan's sync, so the difference is seen, not hidden.
 The test checks the slot sync against T lane rings costed over the physical devices.
+
+NOTE [degrees share the time limit]
+`--time-limit` bounds the whole solve, so the degrees share it rather than each taking it: they are
+searched from the fewest slots (the highest degree: the cheapest search) to degree 1 (the most slots),
+each given a part of what is left in proportion to its slots (the search's cost grows with them: on
+llama-7b x hetero-64 with degrees 1-8, equal parts left degree 1, 64 slots, 8-16 s of 45), so time a
+degree does not use goes to the degrees after it. A degree's part covers its search, its bound (NOTE
+[bounds deadline]: the search gives its bound part of its own limit) and its baselines; a degree whose
+search finds no plan computes its bound alone within `_BOUND_SHARE` of its part. A degree may overrun its
+part (the search's fixed costs: llama-70b x hetero-64's degree 8, 8 slots, took 6 s of 3; llama-405b x
+hetero-256's degree 8, 32 slots, 39 s of 3, most of it the one-pipeline baseline's solve) and takes from
+the degrees after it. A degree after the first whose part is under `_LEAST_PART` of the limit is not
+searched (its fixed costs would overrun it further): its plans are then outside every bound computed, so
+the plan's bound is 0 (gap 100%) and the note names the degree left out, as a bound part past its deadline
+is left out (NOTE [bounds deadline]). The solve's lines print each degree's part and seconds.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -56,17 +72,22 @@ from hetpart.partitioner.pipeline_bounds import pipelines_lower_bound
 from hetpart.partitioner.pipelines import Pipeline, PipelinesPlan, grad_sync_ns, sync_buckets
 from hetpart.partitioner.problem import Problem
 
+_BOUND_SHARE = 0.15  # a degree without a plan: its bound's part of its share (as NOTE [bounds deadline])
+_LEAST_PART = 0.05  # a degree after the first left less than this part of the limit is not searched
+
 
 @dataclass(frozen=True)
 class DegreePipelines:
     """One degree's search (NOTE [tensor-parallel pipelines]): its plan (None: none found, `error` says why),
-    the bound over its slot problem's plans, and the seconds it took."""
+    the bound over its slot problem's plans, the seconds it took of the seconds it was given."""
 
     degree: int
     plan: PipelinesPlan | None
     bound_ns: int
     seconds: float
     error: str = ""
+    share_s: float = 0.0  # its share of the time limit (NOTE [degrees share the time limit])
+    note: str = ""  # what its bound covers, its slots read as TP groups
 
 
 @dataclass(frozen=True)
@@ -79,34 +100,59 @@ class PipelinesDegreeChoice:
 
 
 def choose_pipelines_degree(problems: Mapping[int, Problem], microbatches: int,
-                            plan: Callable[[Problem, int], PipelinesPlan],
-                            bound_deadline_s: float = 10.0) -> PipelinesDegreeChoice:
-    """NOTE [tensor-parallel pipelines]: `plan(problem, microbatches)` on each degree's slot problem (degree 1:
-    the devices'), the fastest plan kept (ties: the smaller degree), its bound the least over the degrees."""
+                            plan: Callable[[Problem, int, float], PipelinesPlan],
+                            time_limit_s: float) -> PipelinesDegreeChoice:
+    """NOTE [tensor-parallel pipelines]: `plan(problem, microbatches, seconds)` on each degree's slot problem (degree
+    1: the devices'), the fastest plan kept (ties: the smaller degree), its bound the least over the degrees; the
+    degrees share `time_limit_s` (NOTE [degrees share the time limit])."""
     results = []
-    for t in sorted(problems):
+    t0 = time.perf_counter()
+    order = sorted(problems, key=lambda t: (len(problems[t].devices), -t))  # the fewest slots first
+    for i, t in enumerate(order):
         start = time.perf_counter()
+        left = [len(problems[u].devices) for u in order[i:]]
+        share = max(0.0, t0 + time_limit_s - start) * left[0] / max(1, sum(left))
+        if results and share < _LEAST_PART * time_limit_s:  # too little left to search it: left out, said so
+            results.append(DegreePipelines(t, None, 0, 0.0, f"not searched: {share:.1f} s of the time limit left "
+                                           f"for it (NOTE [degrees share the time limit])", share,
+                                           f"left out: degree {t} was not searched (time limit)"))
+            continue
         try:
-            got = plan(problems[t], microbatches)
-            bound, error = got.lower_bound_ns, ""
+            got = plan(problems[t], microbatches, share)
+            bound, error, note = got.lower_bound_ns, "", got.bound_note
         except HetpartError as e:  # no plan found: the bound over this degree's plans on its own
             got, error = None, str(e).splitlines()[0]
-            bound = pipelines_lower_bound(problems[t], microbatches,
-                                          deadline=time.perf_counter() + bound_deadline_s).bound_ns
-        results.append(DegreePipelines(t, got, bound, time.perf_counter() - start, error))
+            alone = pipelines_lower_bound(problems[t], microbatches,
+                                          deadline=time.perf_counter() + _BOUND_SHARE * share)
+            bound, note = alone.bound_ns, alone.note
+        results.append(DegreePipelines(t, got, bound, time.perf_counter() - start, error, share,
+                                       slots_note(note, t)))
+    results.sort(key=lambda r: r.degree)
     found = [r for r in results if r.plan is not None]
     if not found:
         raise HetpartError(f"partitioner: no data-parallel pipelines of tensor-parallel degree "
                            f"{', '.join(str(t) for t in sorted(problems))} found: "
                            + "; ".join(f"degree {r.degree}: {r.error}" for r in results))
     best = min(found, key=lambda r: (r.plan.iteration_ns, r.degree))
-    bound = min(r.bound_ns for r in results)
+    least = min(results, key=lambda r: (r.bound_ns, r.degree))
+    bound = least.bound_ns
     lower = min(bound, best.plan.iteration_ns)
     status = "OPTIMAL" if lower >= best.plan.iteration_ns else (
         best.plan.solver_status if best.plan.solver_status == "WITHIN_GAP" and lower == best.plan.lower_bound_ns
         else "FEASIBLE")
+    note = (f"the least over tensor-parallel degrees {', '.join(str(r.degree) for r in results)} of each degree's "
+            f"bound (NOTE [tensor-parallel pipelines]), degree {least.degree}'s: {least.note}")
     return PipelinesDegreeChoice(best.degree, dataclasses.replace(best.plan, lower_bound_ns=lower,
-                                                                  solver_status=status), tuple(results))
+                                                                  solver_status=status, bound_note=note),
+                                 tuple(results))
+
+
+def slots_note(text: str, degree: int) -> str:
+    """A slot problem's words (its bound's note, its idle reasons) read as groups: its "N devices" are N TP-`degree`
+    groups (NOTE [tensor-parallel pipelines])."""
+    if degree == 1:
+        return text
+    return re.sub(r"\b(\d[\d,]*) devices\b", rf"\1 tensor-parallel groups of {degree} devices", text)
 
 
 def devices_used(plan: PipelinesPlan, degree: int) -> int:
@@ -142,4 +188,5 @@ def grad_sync_nic_ns(problem: Problem, pipelines: list[Pipeline], lanes: int = 1
     return max(nic, grad_sync_ns(problem, pipelines)[0])
 
 
-__all__ = ["DegreePipelines", "PipelinesDegreeChoice", "choose_pipelines_degree", "devices_used", "grad_sync_nic_ns"]
+__all__ = ["DegreePipelines", "PipelinesDegreeChoice", "choose_pipelines_degree", "devices_used", "grad_sync_nic_ns",
+           "slots_note"]

@@ -9,6 +9,7 @@ partition of the slots into pipelines (co-location checked).
 from __future__ import annotations
 
 import random
+import time
 
 import networkx as nx
 import pytest
@@ -22,7 +23,7 @@ from hetpart.partitioner.pipelines import (
     PipelinesPlan, cost_pipelines, fixed_pipelines, grad_sync_ns, pipelines_violations,
 )
 from hetpart.partitioner.problem import Problem, Training
-from hetpart.partitioner.tp_pipelines import choose_pipelines_degree, devices_used, grad_sync_nic_ns
+from hetpart.partitioner.tp_pipelines import choose_pipelines_degree, devices_used, grad_sync_nic_ns, slots_note
 
 from test_pipeline_search import brute_pipelines
 
@@ -142,7 +143,7 @@ def test_choice_over_degrees_against_brute_force():
         opts = {t: brute_pipelines(p, M) for t, p in problems.items()}
         if all(o is None for o in opts.values()):
             continue
-        choice = choose_pipelines_degree(problems, M, lambda p, m: plan_pipelines(p, m, time_limit_s=10))
+        choice = choose_pipelines_degree(problems, M, lambda p, m, s: plan_pipelines(p, m, time_limit_s=s), 30)
         best = min(o for o in opts.values() if o is not None)
         assert choice.plan.lower_bound_ns <= best <= choice.plan.iteration_ns
         assert not pipelines_violations(problems[choice.degree], choice.plan, M)
@@ -170,3 +171,72 @@ def test_sync_of_a_split_weight_is_lanes_of_its_shard():
     # One NIC per machine: both lanes' 500 bytes leave each machine through it, 1,000 bytes at 100 B/us.
     assert grad_sync_nic_ns(p, plan.pipelines, lanes=2) == 2 * 10 + 1000 * 1000 // 100
     assert grad_sync_nic_ns(p, plan.pipelines, lanes=1) == plan.grad_sync_ns
+
+
+def test_degrees_share_the_time_limit():
+    """NOTE [degrees share the time limit]: the degrees are searched from the fewest slots, each given a share of
+    what is left of the limit that ends within it, and time a degree does not use goes to the next."""
+    problems, M, _ = slot_problems(CASES[0])
+    limit_s, given = 20.0, []
+
+    def plan(p: Problem, m: int, share_s: float) -> PipelinesPlan:
+        given.append((len(p.devices), time.perf_counter(), share_s))
+        return plan_pipelines(p, m, time_limit_s=share_s)
+
+    t0 = time.perf_counter()
+    choice = choose_pipelines_degree(problems, M, plan, limit_s)
+    assert [n for n, _, _ in given] == sorted(len(p.devices) for p in problems.values())  # degree 2 first
+    slots = sorted(len(p.devices) for p in problems.values())
+    assert given[0][2] == pytest.approx(limit_s * slots[0] / sum(slots), abs=0.1)  # a part in proportion to slots
+    assert all(start + share <= t0 + limit_s + 0.05 for _, start, share in given)
+    assert given[1][2] > limit_s * slots[1] / sum(slots)  # degree 2 finished early: degree 1 gets what it left
+    assert [r.share_s for r in choice.results] == [given[1][2], given[0][2]]  # results in degree order
+
+
+def test_bound_note_reads_slots_as_groups():
+    """A degree's bound note names its slots as tensor-parallel groups, not devices; the plan's note says the bound
+    is the least over the degrees."""
+    checked = 0
+    for seed in CASES[:4]:
+        problems, M, _ = slot_problems(seed)
+        try:
+            choice = choose_pipelines_degree(problems, M, lambda p, m, s: plan_pipelines(p, m, time_limit_s=s), 20)
+        except HetpartError:
+            continue
+        n = len(problems[2].devices)
+        two = next(r for r in choice.results if r.degree == 2)
+        assert f"the {n} tensor-parallel groups of 2 devices" in two.note and f"the {n} devices" not in two.note
+        one = next(r for r in choice.results if r.degree == 1)
+        assert f"the {len(problems[1].devices)} devices" in one.note
+        assert choice.plan.bound_note.startswith("the least over tensor-parallel degrees 1, 2 ")
+        checked += 1
+    assert checked >= 2
+
+
+def test_a_degree_left_too_little_time_is_not_searched_and_the_bound_says_so():
+    """NOTE [degrees share the time limit]: the first degree overruns the whole limit, so degree 1 is not searched;
+    its plans are outside every bound computed: the bound is 0 and the note names the degree left out."""
+    problems, M, _ = slot_problems(CASES[0])
+    calls = []
+
+    def plan(p: Problem, m: int, share_s: float) -> PipelinesPlan:
+        calls.append(len(p.devices))
+        time.sleep(0.6)  # past the 0.5 s limit
+        return plan_pipelines(p, m, time_limit_s=5)
+
+    choice = choose_pipelines_degree(problems, M, plan, 0.5)
+    assert calls == [len(problems[2].devices)] and choice.degree == 2
+    one = next(r for r in choice.results if r.degree == 1)
+    assert one.plan is None and one.bound_ns == 0 and one.error.startswith("not searched")
+    assert choice.plan.lower_bound_ns == 0 and choice.plan.solver_status == "FEASIBLE"
+    assert "degree 1's: left out: degree 1 was not searched (time limit)" in choice.plan.bound_note
+
+
+def test_idle_reasons_of_slots_count_groups():
+    """An idle reason written over a slot problem (NOTE [idle reasons]) counts TP groups where it says devices."""
+    why = ("too slow to help: the best-rate pipeline with a l4-24g/tp2 machine (12 devices) has a 21.78 ms "
+           "bottleneck; the model needs at least 1,024 devices of its 24 GiB")
+    assert slots_note(why, 2) == ("too slow to help: the best-rate pipeline with a l4-24g/tp2 machine (12 "
+                                  "tensor-parallel groups of 2 devices) has a 21.78 ms bottleneck; the model needs "
+                                  "at least 1,024 tensor-parallel groups of 2 devices of its 24 GiB")
+    assert slots_note(why, 1) == why
