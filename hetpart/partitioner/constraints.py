@@ -10,8 +10,6 @@ name the group or op and say why (NOTE [co-location closure]).
 
 from __future__ import annotations
 
-import networkx as nx
-
 from hetpart.partitioner.infeasible import NoPlan
 from hetpart.partitioner.problem import FORBIDDEN_TYPES, MEM_BYTES, WEIGHTS, Problem
 
@@ -20,14 +18,32 @@ from hetpart.partitioner.problem import FORBIDDEN_TYPES, MEM_BYTES, WEIGHTS, Pro
 # node on a path from u to v is in that stage too. A group's closure (its members plus
 # the nodes on paths between two of them) must therefore fit one device: one device
 # type that runs all of it, and enough memory for its nodes and weights (each once).
+# Every node on such a path lies between its ends in any topological order, so the
+# closure is searched inside the window of positions its members span: one walk down and
+# one up from all the members together, never past the window. (Walking every member's
+# descendants and ancestors through the whole graph cost the 405B-shaped model's 253
+# tensor-parallel groups of up to 27 nodes on 5,806 nodes 20-30 s, before any solver ran:
+# docs/benchmarks.md, "solvelimit".)
 
 
-def closure(problem: Problem, members: list[str]) -> set[str]:
-    """The members and every node on a path between two of them (NOTE [co-location closure])."""
+def closure(problem: Problem, members: list[str], position: dict[str, int] | None = None) -> set[str]:
+    """The members and every node on a path between two of them (NOTE [co-location closure]);
+    `position`: each node's index in a topological order (None: `problem.node_order()`'s)."""
     g = problem.graph
-    down = set(members).union(*(nx.descendants(g, v) for v in members))
-    up = set(members).union(*(nx.ancestors(g, v) for v in members))
-    return down & up
+    if position is None:
+        position = {v: i for i, v in enumerate(problem.node_order())}
+    lo, hi = min(position[v] for v in members), max(position[v] for v in members)
+
+    def reach(step, inside) -> set[str]:
+        seen, todo = set(members), list(members)
+        while todo:
+            for w in step(todo.pop()):
+                if w not in seen and inside(position[w]):
+                    seen.add(w)
+                    todo.append(w)
+        return seen
+
+    return reach(g.successors, lambda i: i <= hi) & reach(g.predecessors, lambda i: i >= lo)
 
 
 def conflicts(problem: Problem) -> list[str]:
@@ -35,7 +51,9 @@ def conflicts(problem: Problem) -> list[str]:
     g = problem.graph
     types = problem.device_types
     out: list[str] = []
-    for v in problem.node_order():
+    order = problem.node_order()
+    position = {v: i for i, v in enumerate(order)}
+    for v in order:
         if not problem.allowed_types(v):
             out.append(f"node {v!r} cannot run on any device type of the cluster: it forbids "
                        f"{sorted(g.nodes[v].get(FORBIDDEN_TYPES, ()))} and the cluster has {types}; "
@@ -49,7 +67,7 @@ def conflicts(problem: Problem) -> list[str]:
                            f"({biggest.name!r}, type {biggest.type!r}) has {biggest.capacity_bytes} bytes "
                            f"(it forbids {sorted(g.nodes[v][FORBIDDEN_TYPES])})")
     for name, members in problem.colocation_groups().items():
-        nodes = closure(problem, members)
+        nodes = closure(problem, members, position)
         extra = sorted(nodes - set(members), key=str)
         where = f"co-location group {name!r} ({len(members)} nodes: {', '.join(map(repr, members[:6]))}" + (
             ", ..." if len(members) > 6 else "") + ")"
