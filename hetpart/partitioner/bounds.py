@@ -395,6 +395,8 @@ def _sequence_bound(problem: Problem, lower_ns: int, upper_ns: int | None, multi
         if caps is None:
             return _SequenceResult(0, True, "skipped")
         how = "by_types"
+    if _past(deadline):
+        return _SequenceResult(0, False, how)  # (its tables alone take seconds on thousands of nodes)
     count_prefix, busy, work, total_work = _cap_tables(problem)
     if busy == 0:
         return _SequenceResult(lower_ns, True, how)
@@ -404,6 +406,8 @@ def _sequence_bound(problem: Problem, lower_ns: int, upper_ns: int | None, multi
         if any(x > 0 for x in lam.values()):
             _, _, wtab, wtotal = _cap_tables(problem, lam)
             checks.append((wtab, wtotal))
+    if _past(deadline):
+        return _SequenceResult(0, False, how)
     nw = len(checks)
     cut, tensors = min_boundary_bytes(problem), min_boundary_bytes(problem, OUT_TENSORS)
     after_two, before_two = inner_boundary_bytes(problem, inner_cut_max_nodes)

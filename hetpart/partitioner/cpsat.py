@@ -89,6 +89,7 @@ def _build(problem: Problem, objective: str = "throughput", microbatches: int = 
     types = problem.device_types
     machines = sorted({s.node for s in slots})
     capacities = sorted(set(capacity.values()))
+    check_clock()  # (the tables below and the variables take seconds on thousands of nodes)
     time_ns = {v: {t: node_time_ns(problem, v, t) for t in types} for v in order}
     out_bytes = {v: g.nodes[v].get(OUT_BYTES, 0) for v in order}
     mem_bytes = {v: g.nodes[v].get(MEM_BYTES, 0) for v in order}
@@ -109,6 +110,7 @@ def _build(problem: Problem, objective: str = "throughput", microbatches: int = 
         mem_t = {v: node_mem_bytes(problem, v, t) for v in order}
         typed_mem[t] = (mem_t, stash_max * sum(mem_t.values()) + sum(held_weight_bytes(problem, w, t) for w in readers))
 
+    check_clock()
     m = cp_model.CpModel()
 
     # --- Variables.

@@ -4,10 +4,13 @@ bounds and brute force on small problems; bounds past their deadline reported as
 (NOTE [bounds deadline]), and what searched (NOTE [what ran])."""
 
 import random
+import time
 
 import pytest
 
 from hetpart.partitioner import Device, Link, solve
+from hetpart.partitioner import bounds as bounds_module
+from hetpart.partitioner import cpsat
 from hetpart.partitioner.bounds import compute_bounds, left_out, sequence_bound_ns
 from hetpart.partitioner.certificate import _plan_count, brute_force
 from hetpart.partitioner.problem import PIN_FIRST, PIN_LAST, Training
@@ -82,6 +85,23 @@ def test_the_cases_above_cover_what_the_bounds_by_types_relax():
         binding += min(d.capacity_bytes for d in p.devices) < 40
         positive += compute_bounds(p, stage_sum_max_multisets=0, sequence_max_states=8).lower_bound_ns > 0
     assert checked >= 25 and spread == checked and binding >= 10 and positive >= checked - 2
+
+
+def test_past_the_deadline_the_sequence_bound_and_the_model_build_no_tables(monkeypatch):
+    # The sequence bound's knapsack tables and the CP-SAT model's cost tables take seconds on thousands of
+    # nodes (docs/benchmarks.md, "solvelimit"): past the deadline neither is built, the bound left out.
+    built = []
+    for module, name in ((bounds_module, "_cap_tables"), (cpsat, "node_time_ns")):
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, _real=real, _name=name, **k: built.append(_name) or _real(*a, **k))
+    p = _problem(3)
+    late = compute_bounds(p, deadline=time.perf_counter() - 1)
+    assert "sequence" in late.unfinished and late.sequence_ns == 0 and "_cap_tables" not in built
+    answer = cpsat.solve_model(p, objective="throughput", microbatches=1, bottleneck_lb_ns=0, external_lb_ns=0,
+                               hint=None, fallback=None, gap=0.0, seed=0, workers=1, t0=time.perf_counter() - 10,
+                               time_limit_s=1)
+    assert answer.status == "NOT_BUILT" and built == []
+    assert compute_bounds(p).unfinished == () and "_cap_tables" in built  # (the counting sees the calls)
 
 
 def test_a_bound_past_its_deadline_is_left_out_and_named():
