@@ -401,11 +401,8 @@ def _sequence_bound(problem: Problem, lower_ns: int, upper_ns: int | None, multi
     if busy == 0:
         return _SequenceResult(lower_ns, True, how)
     # One (knapsack tables, work to run) per work check: the plain one, then the weighted ones.
-    checks = [(work, total_work)]
-    for lam in multipliers:
-        if any(x > 0 for x in lam.values()):
-            _, _, wtab, wtotal = _cap_tables(problem, lam)
-            checks.append((wtab, wtotal))
+    checks = [(work, total_work)] + [_cap_tables(problem, lam)[2:] for lam in multipliers
+                                     if any(x > 0 for x in lam.values())]
     if _past(deadline):
         return _SequenceResult(0, False, how)
     nw = len(checks)
