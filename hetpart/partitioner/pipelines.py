@@ -85,7 +85,7 @@ class PipelinesPlan:
     @property
     def used_devices(self) -> set[str]:
         """The devices some stage of some pipeline runs on (a TP slot's every device)."""
-        return {d for p in self.pipelines for s in p.plan.stages for d in _devices_of(s)}
+        return used_devices(self.pipelines)
 
     @property
     def gap(self) -> float:
@@ -193,10 +193,15 @@ def grad_sync_ns(problem: Problem, pipelines: Sequence[Pipeline]) -> tuple[int, 
     return total, left
 
 
+def used_devices(pipelines: Sequence[Pipeline]) -> set[str]:
+    """The devices some stage of `pipelines` runs on (a TP slot's every device)."""
+    return {d for p in pipelines for s in p.plan.stages for d in _devices_of(s)}
+
+
 def left_out_reason(problem: Problem, p: Pipeline) -> str:
     """Why pipeline `p`'s plan runs no stage on one of its devices, as far as it is known: the stage limit it is
     at (1F1B runs at most as many stages as microbatches; --max-stages), or its plan's optimality."""
-    on = len({x for s in p.plan.stages for x in _devices_of(s)})
+    on = len(used_devices([p]))
     runs = f"pipeline {p.index}'s plan runs {len(p.plan.stages)} stage(s) on {on} of its {len(p.devices)} devices"
     cap = sub_problem(problem, p.devices, p.microbatches).max_stages
     if cap is not None and len(p.plan.stages) >= cap:
@@ -227,7 +232,7 @@ def cost_pipelines(problem: Problem, pipelines: list[Pipeline], *, lower_bound_n
                    bound_note: str = "", stats: dict[str, float] | None = None) -> PipelinesPlan:
     """The `PipelinesPlan` of `pipelines` with its step time, sync and idle devices (NOTE [pipelines plan])."""
     sync, overlapped = grad_sync_ns(problem, pipelines)
-    used = {d for p in pipelines for s in p.plan.stages for d in (_devices_of(s))}
+    used = used_devices(pipelines)
     left_out = left_out_reasons(problem, pipelines, used)
     idle = {d.name: left_out.get(d.name, "in no pipeline") for d in problem.devices if d.name not in used}
     return PipelinesPlan(
