@@ -231,15 +231,22 @@ def seed_candidates(memo: ShapeMemo, codec: ShapeCodec, order: list, devices_of,
 
     schedule = problem.training.schedule if (problem := codec.problem).training is not None else None
     keyed = {codec.shape_key(s): s for s in order}
+    shape_devices: dict = {}  # each shape's devices, found once (each call scans the cluster)
+
+    def devices_of_shape(s) -> list[str]:
+        if s not in shape_devices:
+            shape_devices[s] = devices_of(s)
+        return shape_devices[s]
+
     for key, (m, why) in memo.no_plan.items():
         s = keyed.get(key)
-        if s is not None and no_plan_holds(m, m_ref_of(len(devices_of(s))), len(devices_of(s)), schedule):
+        if s is not None and no_plan_holds(m, m_ref_of(n := len(devices_of_shape(s))), n, schedule):
             no_plan[s] = why
     todo = []
     for key, plans in memo.plans.items():
         s = keyed.get(key) or codec.shape_of(key)
         if s is not None and s not in no_plan:
-            n = len(devices_of(s))
+            n = len(devices_of_shape(s))
             todo += [(-mp.m_ref / max(1, mp.time_ns) / n, key, i, s, mp) for i, mp in enumerate(plans)]
     out = []
     for k, (_, _, _, s, mp) in enumerate(sorted(todo, key=lambda t: t[:3])):
@@ -248,7 +255,7 @@ def seed_candidates(memo: ShapeMemo, codec: ShapeCodec, order: list, devices_of,
         got = codec.decode(s, mp)
         if got is None:
             continue
-        devs = devices_of(s)
+        devs = devices_of_shape(s)
         m = mp.m_ref if schedule == "gpipe" else m_ref_of(len(devs))  # GPipe: runs up to the m it was solved for
         if no_plan_holds(mp.m_ref, m, len(devs), schedule):  # the same memory: the costs recorded
             plan = _memo_plan(problem, got[0], got[1], mp.costs, m)
