@@ -17,6 +17,7 @@ import networkx as nx
 
 from hetpart.errors import HetpartError
 from hetpart.partitioner.evaluate import bottleneck_ns, evaluate
+from hetpart.partitioner.constraints import closure
 from hetpart.partitioner.problem import COLOCATE, PIN, PIN_LAST, TIME_NS, WEIGHTS, Plan, Problem
 
 MODULE = "module"  # optional str: the node's module, as frameworks place them (NOTE [export modules])
@@ -33,21 +34,6 @@ def layer_order(problem: Problem, order: list[str] | None = None) -> list[str]:
     return list(seen)
 
 
-def _closure(g: nx.DiGraph, members: set[str]) -> set[str]:
-    """The members and every node on a path between two of them (NOTE [co-location closure] in
-    partitioner/constraints.py), by one search down and one up from all members at once."""
-    def reach(step) -> set[str]:
-        seen, todo = set(members), list(members)
-        while todo:
-            for w in step(todo.pop()):
-                if w not in seen:
-                    seen.add(w)
-                    todo.append(w)
-        return seen
-
-    return reach(g.successors) & reach(g.predecessors)
-
-
 def _members(problem: Problem) -> dict[str, set[str]]:
     members: dict[str, set[str]] = {}
     for v, attrs in problem.graph.nodes(data=True):
@@ -62,9 +48,15 @@ def _under(weight: str, modules: set[str]) -> bool:
     return any(".".join(parts[:i]) in modules for i in range(1, len(parts)))
 
 
-def _interleaved(g: nx.DiGraph, name: str, members: set[str]) -> bool:
-    """Whether module `name` runs at several places with other modules between (NOTE [aligned modules])."""
-    return any(g.nodes[v].get(MODULE) not in (None, name) for v in _closure(g, members))
+def _interleaved(problem: Problem, name: str, members: set[str], position: dict[str, int]) -> bool:
+    """Whether module `name` runs at several places with other modules between (NOTE [aligned modules]);
+    `position`: each node's index in a topological order, as `closure` takes it."""
+    g = problem.graph
+    return any(g.nodes[v].get(MODULE) not in (None, name) for v in closure(problem, sorted(members), position))
+
+
+def _positions(problem: Problem) -> dict[str, int]:
+    return {v: i for i, v in enumerate(problem.node_order())}
 
 
 def align_to_layers(problem: Problem) -> list[str]:
@@ -78,10 +70,10 @@ def align_to_layers(problem: Problem) -> list[str]:
     if not names:
         raise HetpartError("--align layers: the model has no submodules to align to (every op is at its top level); "
                            "plan with the default --align ops")
-    members = _members(problem)
+    members, position = _members(problem), _positions(problem)
     free = []
     for name in names:
-        if _interleaved(g, name, members[name]):
+        if _interleaved(problem, name, members[name], position):
             free.append(name)  # called at two places with other modules between: NOTE [aligned modules]
             continue
         for v in members[name]:
@@ -167,8 +159,8 @@ def round_to_layers(problem: Problem, plan: Plan) -> LayerPlan | None:
             k = plan.stage_of[v]
             share[attrs[MODULE]][k] = share[attrs[MODULE]].get(k, 0) + attrs[TIME_NS][types[k]]
     split = [name for name in names if len(share[name]) > 1]
-    members = _members(problem) if split else {}
-    free = {name for name in split if _interleaved(g, name, members[name])}
+    members, position = (_members(problem), _positions(problem)) if split else ({}, {})
+    free = {name for name in split if _interleaved(problem, name, members[name], position)}
     if len(free) == len(names):
         free = set()
     names = [name for name in names if name not in free]
