@@ -50,9 +50,9 @@ def _number(kind: type = int, *, minimum: float | None = None, positive: bool = 
 SEED_MAX = 2**31 - 1  # CP-SAT's random_seed is a 32-bit int
 PROCESSES_MAX = 1024  # --concurrent, --threads, --workers: processes or threads this machine starts
 _COUNT = _number(int, minimum=1)  # sizes and counts: batch, sequence, microbatches, steps, repeats
-_SECONDS = _number(float, positive=True)
 # A solver's --time-limit: OR-Tools' linear solver takes it as whole ms in an int64 (OverflowError, a traceback,
-# past about 9.2e15 s); a million seconds (11.6 days) is more than any solve here is worth waiting for.
+# past about 9.2e15 s); a million seconds (11.6 days) is more than any solve here is worth waiting for. `run
+# --timeout` takes the same cap.
 TIME_LIMIT_MAX = 1e6
 _TIME_LIMIT = _number(float, positive=True, maximum=TIME_LIMIT_MAX)
 _SEED = _number(int, minimum=0, maximum=SEED_MAX)
@@ -191,7 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "padded to its device's speed; no cgroups needed)")
     run.add_argument("--as-nodes", action="store_true",
                      help="start one torchrun per planned node (launch.sh's), all on loopback: a multi-node rehearsal")
-    run.add_argument("--timeout", type=_number(float, positive=True, maximum=1e6), default=600,
+    run.add_argument("--timeout", type=_TIME_LIMIT, default=600,
                      help="seconds before the run is stopped")
     run.add_argument("--master-port", type=_number(int, minimum=1, maximum=65535), default=None,
                      help="torchrun's rendezvous port on 127.0.0.1 (default: a free one)")

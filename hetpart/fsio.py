@@ -56,7 +56,7 @@ from hetpart.errors import HetpartError
 
 ARTIFACTS_MARKER = ".hetpart"  # in every artifacts directory: the format version and every file partition wrote
 ARTIFACTS_ROOT_FILES = {"manifest.json", "manifest.json.hmac", ARTIFACTS_MARKER}
-ARTIFACTS_OWNED_DIRS = {"logs"}  # `run`'s
+ARTIFACTS_OWNED_DIRS = {"logs"}  # `run`'s: its whole contents are replaced by the next run
 
 
 def inside_artifacts(path: Path, follow: bool = True) -> str | None:

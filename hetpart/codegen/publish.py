@@ -18,7 +18,7 @@ from pathlib import Path
 
 from hetpart.codegen.artifacts import FORMAT_VERSION, sha256, write_json
 from hetpart.errors import HetpartError
-from hetpart.fsio import ARTIFACTS_MARKER, check_outside_artifacts, exclusive_lock
+from hetpart.fsio import ARTIFACTS_MARKER, ARTIFACTS_OWNED_DIRS, check_outside_artifacts, exclusive_lock
 from hetpart.trust import NotAPlainFile
 
 MARKER = ARTIFACTS_MARKER  # in every artifacts directory: the format version and every file partition wrote
@@ -74,7 +74,6 @@ MARKER = ARTIFACTS_MARKER  # in every artifacts directory: the format version an
 # which replaces logs/ and measured.json in the same way (hetpart/runtime/launch.py).
 MARKER_VERSION = 1
 LATER_FILES = {"measured.json"}  # written by `run --measure`
-LATER_DIRS = {"logs"}  # `run`'s: its whole contents are replaced by the next run
 LOGS_MARKER = ".hetpart-logs"  # in logs/: every file `run` (its torchruns) wrote there
 
 
@@ -166,8 +165,8 @@ def check_replaceable(out: Path) -> None:
             if path.is_symlink():
                 raise _refuse(out, f"holds '{entry}', a symbolic link (hetpart writes none)", "remove the link")
             if name in dirs:
-                ok = entry in folders or entry in LATER_DIRS
-                foreign = foreign_log(path) if entry in LATER_DIRS and entry not in folders else None
+                ok = entry in folders or entry in ARTIFACTS_OWNED_DIRS
+                foreign = foreign_log(path) if entry in ARTIFACTS_OWNED_DIRS and entry not in folders else None
                 if foreign is not None:
                     raise _refuse(out, f"holds '{entry}/{foreign}', which hetpart did not write",
                                   f"move '{entry}/{foreign}' out of it")
@@ -177,7 +176,7 @@ def check_replaceable(out: Path) -> None:
                                          or (name == "weights.safetensors" and rel.as_posix() in folders))
             if not ok:
                 raise _refuse(out, f"holds '{entry}', which hetpart did not write", f"move '{entry}' out of it")
-        dirs[:] = [d for d in dirs if (rel / d).as_posix() not in LATER_DIRS]
+        dirs[:] = [d for d in dirs if (rel / d).as_posix() not in ARTIFACTS_OWNED_DIRS]
 
 
 def _check_out(out: Path, force: bool) -> bool:
