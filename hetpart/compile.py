@@ -440,20 +440,18 @@ def compile_model(spec: ModelSpec, cluster_spec: str | Cluster, out: Path, opts:
             echo(f"note: --align layers: {len(free)} module(s) run at several places with others between "
                  f"({', '.join(free[:4])}{', ...' if len(free) > 4 else ''}); their calls are placed one by one")
         tp = None
+        if places is not None:  # degrees per machine (one pipeline: check_tp_options): NOTE [mixed-degree pipeline]
+            tp = tp_per_machine(gm, problem, cluster, places, groups, training is not None, echo)
+        elif opts.tensor_parallel > 1:  # every slot a TP group: NOTE [tensor-parallel costs], [tensor-parallel pipelines]
+            tp = tp_lowering(gm, problem, cluster, opts.tensor_parallel, groups, training is not None, echo)
         if opts.pipelines is not None or opts.parallel == "data":  # several data-parallel pipelines (issue 19)
             from hetpart.compile_pipelines import compile_pipelines
 
-            if opts.tensor_parallel > 1:  # of TP stages: NOTE [tensor-parallel pipelines]
-                tp = tp_lowering(gm, problem, cluster, opts.tensor_parallel, groups, training is not None, echo)
             return compile_pipelines(
                 spec, cluster, opts, out, tmp, gm=gm, pm=pm, problem=problem, groups=groups, inputs=inputs,
                 on_meta=on_meta, checkpoint_names=names, profiles=profiles, model_sha256=model_sha256,
                 sign_key=sign_key, times=times, echo=echo, progress=progress, tp=tp)
-        if places is not None:  # degrees per machine: NOTE [mixed-degree pipeline]
-            tp = tp_per_machine(gm, problem, cluster, places, groups, training is not None, echo)
-            problem = tp.problem
-        elif opts.tensor_parallel > 1:  # every slot a TP group: NOTE [tensor-parallel costs]
-            tp = tp_lowering(gm, problem, cluster, opts.tensor_parallel, groups, training is not None, echo)
+        if tp is not None:
             problem = tp.problem
         if (cap := one_f_one_b_stage_cap(problem, opts.schedule, opts.microbatches)) is not None:
             problem.max_stages = cap  # NOTE [1F1B stages]

@@ -134,7 +134,7 @@ def compile_pipelines(spec: ModelSpec, cluster: Cluster, opts: CompileOptions, o
     from hetpart.codegen.tp import tp_pipelines_manifest
     from hetpart.compile import CompileResult, finish_artifacts, mark_stages, plan_report, write_rank_dirs
 
-    device_problem, problem = problem, tp.problem if tp is not None else problem  # the devices', the slots'
+    device_problem = problem  # the devices' (the pipelines are planned on the slots' problem with `tp`)
     microbatch_size = spec.batch_size // opts.microbatches
     # 3. Plan every pipeline on its devices and check the whole independently of the solver.
     start = time.perf_counter()
@@ -143,9 +143,9 @@ def compile_pipelines(spec: ModelSpec, cluster: Cluster, opts: CompileOptions, o
         memo = getattr(opts.replan, "memo", None) or ShapeMemo("")
         if opts.max_tensor_parallel > 1:  # NOTE [tensor-parallel pipelines]: the degree chosen with the pipelines
             pp, baselines, tp = choose_pipelines_tp(gm, problem, cluster, opts, groups, echo)
-            problem = tp.problem if tp is not None else problem
         else:
-            pp, baselines = plan_data_parallel(problem, opts, memo)
+            pp, baselines = plan_data_parallel(tp.problem if tp is not None else problem, opts, memo)
+    problem = tp.problem if tp is not None else device_problem  # the problem planned on
     solve_s = time.perf_counter() - start
     times.add("solve", solve_s, quiet=True)
     if opts.verbose:
@@ -226,8 +226,9 @@ def _report(spec: ModelSpec, cluster: Cluster, opts: CompileOptions, pp: Pipelin
     degree = max(tp.shardings) if tp is not None else 1  # a slot's reason counts its groups (NOTE [tensor-parallel
     # pipelines])
     idle = {d: slots_note(why, degree) for s, why in pp.devices_idle.items() for d in slot_devices.get(s, [s])}
-    idle |= {d.name: f"in no tensor-parallel group of {degree}" for d in cluster.devices
-             if tp is not None and d.name not in used and d.name not in idle}
+    if tp is not None:
+        idle |= {d.name: f"in no tensor-parallel group of {degree}" for d in cluster.devices
+                 if d.name not in used and d.name not in idle}
     return dataclasses.replace(
         reports[0], stages=[s for q in pipelines for s in q.stages], pipelines=pipelines,
         bottleneck_us=max(q.bottleneck_us for q in pipelines), lower_bound_us=us(pp.lower_bound_ns),
