@@ -59,23 +59,39 @@ ARTIFACTS_ROOT_FILES = {"manifest.json", "manifest.json.hmac", ARTIFACTS_MARKER}
 ARTIFACTS_OWNED_DIRS = {"logs"}  # `run`'s: its whole contents are replaced by the next run
 
 
+def read_artifacts_marker(top: Path) -> tuple[object, frozenset[str]] | None:
+    """The `.hetpart` marker of the directory `top`: (its marker_version, the files it lists); None where `top`
+    has none (or a link in its place). A ValueError saying why where the marker cannot be read as one."""
+    import json
+
+    marker = top / ARTIFACTS_MARKER
+    if marker.is_symlink() or not marker.is_file():
+        return None
+    try:
+        data = json.loads(marker.read_text())
+        files = data["files"]
+        version = data.get("marker_version")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as err:
+        raise ValueError(f"{type(err).__name__}: {err}"[:200]) from None
+    if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
+        raise ValueError("its 'files' is not a list of paths")
+    return version, frozenset(files)
+
+
 def inside_artifacts(path: Path, follow: bool = True) -> str | None:
     """Why writing `path` would change or break an artifacts directory (NOTE [outputs outside the
     artifacts]): '<a file|inside a folder> of the artifacts directory DIR ...'; None if it would not.
     `follow=False`: a link at `path` itself is replaced, not followed (NOTE [safe writes]), so its own place counts."""
-    import json
-
     path = Path(os.path.abspath(path))
     target = path.parent.resolve() / path.name if not follow and path.is_symlink() else path.resolve()
     for top in target.parents:
-        marker = top / ARTIFACTS_MARKER
-        if marker.is_symlink() or not marker.is_file():
-            continue
         try:
-            listed = json.loads(marker.read_text())["files"]
-            listed = {f for f in listed if isinstance(f, str)} if isinstance(listed, list) else set()
-        except (OSError, ValueError, KeyError, TypeError, RecursionError):
-            listed = set()
+            marker = read_artifacts_marker(top)
+        except ValueError:  # a damaged marker still marks an artifacts directory
+            marker = (None, frozenset())
+        if marker is None:
+            continue
+        listed = marker[1]
         rel = target.relative_to(top)
         if rel.as_posix() in listed | ARTIFACTS_ROOT_FILES:
             return f"a file of the artifacts directory '{top}'"

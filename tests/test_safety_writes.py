@@ -26,6 +26,7 @@ from hetpart.cli import main
 from hetpart.codegen import launch_script
 from hetpart.codegen.artifacts import FORMAT_VERSION
 from hetpart.codegen.publish import MARKER, write_logs_marker
+from hetpart.fsio import inside_artifacts
 from hetpart.frontend import ModelSpec, load_model
 from hetpart.runtime.artifacts import check_rank_files, load_manifest
 
@@ -108,6 +109,24 @@ def test_force_refuses_a_hetpart_directory_holding_a_file_of_someone_else(copy, 
     assert main(["partition", *MLP, "--out", str(copy), "--force"]) == 2
     assert f"'{copy}' holds '{named}', which hetpart did not write" in _error(capsys)
     assert _tree(copy) == before and sorted(p.name for p in copy.parent.iterdir()) == ["out"]
+
+
+@pytest.mark.parametrize("marker", [
+    "[" * 100_000,  # nested past Python's recursion limit: a traceback before one parser read it
+    '{"marker_version": 1, "files": "plan.json"}',  # a string: read once as a set of its letters
+    '{"marker_version": 1, "files": [["plan.json"]]}',
+    '{"marker_version": 2, "files": []}',
+    "[]",
+])
+def test_force_refuses_a_marker_it_cannot_read_and_outputs_still_stay_outside(copy, tmp_path, capsys, marker):
+    (copy / MARKER).write_text(marker)
+    before = _tree(copy)
+    assert main(["partition", *MLP, "--out", str(copy), "--force"]) == 2
+    assert f"'{copy}' has a {MARKER} marker this hetpart cannot read" in _error(capsys)
+    assert _tree(copy) == before and sorted(p.name for p in copy.parent.iterdir()) == ["out"]
+    # A damaged marker still marks an artifacts directory (NOTE [outputs outside the artifacts]).
+    assert "a file of the artifacts directory" in inside_artifacts(copy / "manifest.json")
+    assert "a folder of the artifacts directory" in inside_artifacts(copy / "logs" / "x")
 
 
 def test_force_refuses_a_symlink_or_the_directory_holding_the_current_one(copy, tmp_path, monkeypatch, capsys):

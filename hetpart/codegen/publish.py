@@ -18,7 +18,8 @@ from pathlib import Path
 
 from hetpart.codegen.artifacts import FORMAT_VERSION, sha256, write_json
 from hetpart.errors import HetpartError
-from hetpart.fsio import ARTIFACTS_MARKER, ARTIFACTS_OWNED_DIRS, check_outside_artifacts, exclusive_lock
+from hetpart.fsio import (ARTIFACTS_MARKER, ARTIFACTS_OWNED_DIRS, check_outside_artifacts, exclusive_lock,
+                          read_artifacts_marker)
 from hetpart.trust import NotAPlainFile
 
 MARKER = ARTIFACTS_MARKER  # in every artifacts directory: the format version and every file partition wrote
@@ -139,17 +140,16 @@ def _refuse(out: Path, why: str, todo: str = "remove it yourself") -> HetpartErr
 
 def check_replaceable(out: Path) -> None:
     """An error unless every entry of `out` is one hetpart writes (NOTE [what --force replaces])."""
-    marker = out / MARKER
-    if marker.is_symlink() or not marker.is_file():
+    try:
+        marker = read_artifacts_marker(out)
+    except ValueError as err:
+        raise _refuse(out, f"has a {MARKER} marker this hetpart cannot read ({err})") from None
+    if marker is None:
         raise _refuse(out, f"has no {MARKER} marker (it was not written by `hetpart partition`, or by a "
                            "version before markers)")
-    try:
-        data = json.loads(marker.read_text())
-        listed = set(data["files"])
-        if data.get("marker_version") != MARKER_VERSION:
-            raise ValueError(f"marker_version {data.get('marker_version')!r}")
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        raise _refuse(out, f"has a {MARKER} marker this hetpart cannot read ({err})") from None
+    version, listed = marker
+    if version != MARKER_VERSION:
+        raise _refuse(out, f"has a {MARKER} marker this hetpart cannot read (marker_version {version!r})")
     try:
         cwd = Path.cwd().resolve()
     except OSError:  # the current directory was removed: it is in no directory
