@@ -20,6 +20,7 @@ from hetpart.codegen.artifacts import FORMAT_VERSION, sha256, write_json
 from hetpart.errors import HetpartError
 from hetpart.fsio import (ARTIFACTS_MARKER, ARTIFACTS_OWNED_DIRS, check_outside_artifacts, exclusive_lock,
                           read_artifacts_marker)
+from hetpart.procs import running
 from hetpart.trust import NotAPlainFile
 
 MARKER = ARTIFACTS_MARKER  # in every artifacts directory: the format version and every file partition wrote
@@ -277,21 +278,9 @@ def _remove_stale_staging(parent: Path, name: str) -> None:
         if (not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or not stat.S_ISREG(marker.st_mode)
                 or not isinstance(owner, dict) or owner.get("staging_for") != name
                 or not isinstance(owner.get("pid"), int) or owner.get("host") != socket.gethostname()
-                or _running(owner["pid"])):
+                or running(owner["pid"])):
             continue
         shutil.rmtree(path, ignore_errors=True)  # never follows a link inside
-
-
-def _running(pid: int) -> bool:
-    if pid <= 0:
-        return True  # not a process: never taken as a dead one
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # another user's: it runs
-        return True
-    return True
 
 
 @contextlib.contextmanager

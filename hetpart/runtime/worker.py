@@ -31,6 +31,7 @@ import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 
 from hetpart.errors import HetpartError
+from hetpart.procs import process_start
 from hetpart.runtime.checkpoint import CheckpointRun
 from hetpart.runtime.emulate import SleepPadding
 from hetpart.runtime import tp
@@ -336,29 +337,11 @@ def outputs_file(pipeline: int | None) -> str:
 LAUNCHER_PID_ENV = "HETPART_LAUNCHER_PID"  # set by `hetpart run` for its ranks: NOTE [orphaned ranks]
 
 
-def _process_start(pid: int) -> str | None:
-    """The start time of process `pid` (field 22 of /proc/PID/stat), "" where /proc cannot tell
-    (alive by signal 0), None where the process is gone (a zombie, not yet reaped, is gone)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return None if fields[0] in ("Z", "X") else fields[19]
-    except FileNotFoundError:
-        return None
-    except (OSError, IndexError):
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return None
-        except OSError:  # another user's process: it exists
-            pass
-        return ""
-
-
 def _launcher(text: str) -> tuple[int, str] | None:
     """The launcher's pid and start time from LAUNCHER_PID_ENV; None where unset (launch.sh, a test)."""
     if not text.isdigit():
         return None
-    start = _process_start(int(text))
+    start = process_start(int(text))
     return (int(text), start) if start is not None else (int(text), "gone")
 
 
@@ -383,7 +366,7 @@ def _exit_with_parent(io_dir: Path, poll_s: float = 1.0) -> None:
 
     def watch() -> None:
         while (os.getppid() == parent and (io_dir.is_dir() or not watch_io)
-               and (launcher is None or _process_start(launcher[0]) == launcher[1])):
+               and (launcher is None or process_start(launcher[0]) == launcher[1])):
             time.sleep(poll_s)
         os._exit(1)
 
