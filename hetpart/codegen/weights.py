@@ -92,6 +92,14 @@ TORCH_DTYPES = {v: k for k, v in SAFETENSORS_DTYPES.items()}
 MANIFEST_VERSION = 2  # 2: entries may carry a tensor-parallel `split`; version 1 (no splits) is read too
 
 
+def split_full_shape(shape: tuple[int, ...], split: dict[str, int] | None) -> tuple[int, ...]:
+    """The whole tensor's shape, of which a tensor of `shape` is TP rank `split["rank"]`'s part (`shard_tensor`'s:
+    `split["degree"]` times as long on `split["dim"]`, NOTE [weight manifests]); `shape` where `split` is None."""
+    if split is None:
+        return tuple(shape)
+    return tuple(n * split["degree"] if d == split["dim"] else n for d, n in enumerate(shape))
+
+
 @dataclass(frozen=True)
 class WeightEntry:
     """One tensor of a rank's weights.safetensors, as weights.json records it."""
@@ -121,9 +129,7 @@ class WeightEntry:
     @property
     def full_shape(self) -> tuple[int, ...]:
         """The checkpoint tensor's shape: the entry's, or for a TP part the whole split weight's."""
-        if self.split is None:
-            return self.shape
-        return tuple(n * self.split["degree"] if d == self.split["dim"] else n for d, n in enumerate(self.shape))
+        return split_full_shape(self.shape, self.split)
 
     @property
     def nbytes(self) -> int:

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from hetpart.codegen.weights import split_full_shape
 from hetpart.errors import HetpartError
 
 Box = tuple[tuple[int, int], ...]  # [lo, hi) per dim of the full tensor
@@ -108,10 +109,8 @@ def saved_layouts(tensors: dict[str, torch.Tensor], shards: dict[str, dict[str, 
         fqn = rest if kind == "weight" else rest.rsplit("/", 1)[0]
         shard = shards.get(fqn)
         if kind == "weight" or shard is None or t.dim() == 0:
-            shape = list(t.shape)
-            if kind == "weight" and shard is not None:
-                shape[shard["dim"]] *= shard["degree"]
-            out[key] = shard_layout(tuple(shape), shard if t.dim() else None)
+            shape = split_full_shape(tuple(t.shape), shard if kind == "weight" else None)
+            out[key] = shard_layout(shape, shard if t.dim() else None)
             if out[key].local_shape() != tuple(t.shape):
                 raise HetpartError(f"checkpoint: {fqn}'s shard is {list(t.shape)}, not a 1/{shard['degree']} "
                                    f"part on dim {shard['dim']}")
