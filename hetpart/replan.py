@@ -3,7 +3,7 @@
 NOTE [re-plan from the stored analysis]
 `partition` writes ir/analysis.json (`write_analysis` in codegen/analysis.py): the lowered, torch-free Problem it solved (every
 node's time per device type of its cluster, bytes, weights) and the cluster it planned for. The manifest
-hashes it like every file of ir/, and `replan` reads it only through the manifest (`read_listed`). From
+hashes it like every file of ir/, and `replan` reads it only through the manifest (`read_listed_json`). From
 it `replan` plans without tracing: the problem moved onto the new device set (`retarget`: its devices
 and links; the device types must be ones it costed), the from-scratch plan (`solve`) and the
 lexicographic one (NOTE [lexicographic re-plan] in partitioner/replan.py), with the bytes each moves,
@@ -23,7 +23,6 @@ one of degrees mixed per machine at each machine's: NOTE [re-plan of mixed degre
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -135,7 +134,7 @@ def replan(old: Path, out: Path, *, cluster: str | None = None, lose: tuple[str,
            add: tuple[str, ...] = (), slack: float = 0.02, time_limit_s: float = 30.0, seed: int = 0,
            force: bool = False, echo: Callable[[str], None] = print) -> Any:
     """Re-plan OLD_DIR for the new device set and write NEW_DIR; the CompileResult."""
-    from hetpart.runtime.artifacts import check_listed_files, load_manifest, read_listed, read_plan
+    from hetpart.runtime.artifacts import check_listed_files, load_manifest, read_listed_json, read_plan
     from hetpart.runtime.tp import is_mixed, is_tp
 
     manifest = load_manifest(old)
@@ -148,7 +147,7 @@ def replan(old: Path, out: Path, *, cluster: str | None = None, lose: tuple[str,
                            "into it")
     if ANALYSIS not in manifest["files"]:
         raise HetpartError(f"{old} has no {ANALYSIS} (partitioned by an earlier hetpart); partition again to re-plan")
-    data = json.loads(read_listed(old, manifest, ANALYSIS))
+    data = read_listed_json(old, manifest, ANALYSIS)
     if data.get("version") != ANALYSIS_VERSION:
         raise HetpartError(f"{old}/{ANALYSIS}: version {data.get('version')}, this hetpart reads {ANALYSIS_VERSION}")
     stored, old_cluster = problem_from_json(data["problem"]), cluster_from_json(data["cluster"])
@@ -289,17 +288,17 @@ def replan_pipelines_dir(old: Path, out: Path, manifest: dict, plan: Any, stored
     from hetpart.partitioner.replan_deadline import replan_pipelines_within
     from hetpart.partitioner.replan_pipelines import pipelines_from_json
     from hetpart.partitioner.shape_memo import ShapeMemo
-    from hetpart.runtime.artifacts import _parse_json, read_listed
+    from hetpart.runtime.artifacts import read_listed_json
     from hetpart.runtime.tp import is_tp
 
     if PIPELINES_RECORD not in manifest["files"]:
         raise HetpartError(f"{old} has no {PIPELINES_RECORD} (its pipelines were partitioned by an earlier hetpart); "
                            "partition again to re-plan")
-    old_pipes = pipelines_from_json(json.loads(read_listed(old, manifest, PIPELINES_RECORD)),
+    old_pipes = pipelines_from_json(read_listed_json(old, manifest, PIPELINES_RECORD),
                                     str(old / PIPELINES_RECORD))
     start = time.perf_counter()
     # NOTE [shape memo]: the old search's solved shapes, read through the manifest (hashed as all of ir/).
-    memo = ShapeMemo.from_json(_parse_json(old / SHAPE_MEMO, read_listed(old, manifest, SHAPE_MEMO)), str(
+    memo = ShapeMemo.from_json(read_listed_json(old, manifest, SHAPE_MEMO), str(
         old / SHAPE_MEMO)) if SHAPE_MEMO in manifest["files"] else ShapeMemo("")
     options: dict[str, Any] = {}
     if is_tp(manifest):  # pipelines of TP stages, re-planned over TP slots: NOTE [re-plan of tensor-parallel pipelines]

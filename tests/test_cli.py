@@ -121,3 +121,25 @@ def test_replan_keeps_an_optimizer_of_no_state(tmp_path, capsys):
     capsys.readouterr()
     before, after = (json.loads((d / "plan.json").read_text()) for d in (old, new))
     assert before["optimizer_bytes_per_param"] == after["optimizer_bytes_per_param"] == 0
+
+
+def test_replan_refuses_an_analysis_that_is_no_json_object(tmp_path, capsys):
+    """ir/analysis.json rewritten (its digest in an unsigned manifest too) is refused with exit 2, no traceback."""
+    import hashlib
+    import json
+
+    from hetpart.cli import main
+
+    old = tmp_path / "old"
+    assert main(["partition", "zoo:mlp", "--set", "hidden=32", "--set", "n_blocks=2", "--no-pt2",
+                 "--cluster", "preset:cpu-2", "--time-limit", "5", "--out", str(old)]) == 0
+    for text in ("[]", "[" * 100_000):
+        (old / "ir" / "analysis.json").write_text(text)
+        manifest = json.loads((old / "manifest.json").read_text())
+        manifest["files"]["ir/analysis.json"] = hashlib.sha256(text.encode()).hexdigest()
+        (old / "manifest.json").write_text(json.dumps(manifest))
+        capsys.readouterr()
+        assert main(["replan", str(old), "--lose", "local/1", "--out", str(tmp_path / "new")]) == 2
+        err = capsys.readouterr().err
+        assert "analysis.json" in err and "Traceback" not in err, err
+    assert not (tmp_path / "new").exists()

@@ -336,9 +336,15 @@ def read_listed(out: Path, manifest: dict[str, Any], relative: str) -> bytes:
     return data
 
 
+def read_listed_json(out: Path, manifest: dict[str, Any], relative: str) -> dict[str, Any]:
+    """A top-level JSON file the manifest lists (plan.json, ir/analysis.json, ...), checked against its sha256; a
+    HetpartError unless it is a JSON object (`read_json`'s checks)."""
+    return _parse_json(out / relative, read_listed(out, manifest, relative))
+
+
 def read_plan(out: Path, manifest: dict[str, Any]) -> PlanReport:
     """plan.json, checked against its sha256 in the manifest, every field's type checked (NOTE [plan.json fields])."""
-    return load_plan(out / "plan.json", _parse_json(out / "plan.json", read_listed(out, manifest, "plan.json")))
+    return load_plan(out / "plan.json", read_listed_json(out, manifest, "plan.json"))
 
 
 def check_listed_files(out: Path, manifest: dict[str, Any]) -> None:
