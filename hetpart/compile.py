@@ -532,8 +532,7 @@ def compile_model(spec: ModelSpec, cluster_spec: str | Cluster, out: Path, opts:
         pj = report.to_json()
         write_json(tmp / "plan.json", pj)
         rank_devices = plan.device_of_stage if tp is None else [n for s in shown.stages for n in s.devices]
-        planned = [PlannedDevice(d.name, d.type.name, d.machine)
-                   for d in (next(c for c in cluster.devices if c.name == n) for n in rank_devices)]
+        planned = PlannedDevice.of_ranks(cluster, rank_devices)
         if tp is not None:
             man = tp.manifest(manifest(ranks, files, planned), ranks, plan)
         elif vplan is not None:

@@ -21,7 +21,7 @@ import json
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -33,6 +33,9 @@ from hetpart.fsio import atomic_write
 from hetpart.ir import info
 from hetpart.timings import StepTimes
 from hetpart.trust import MANIFEST_FORMAT_VERSION, sha256_file, write_signature
+
+if TYPE_CHECKING:
+    from hetpart.devices import Cluster
 
 FORMAT_VERSION = MANIFEST_FORMAT_VERSION
 sha256 = sha256_file
@@ -97,6 +100,12 @@ class PlannedDevice:
     name: str  # "<machine>/<index>"
     type: str  # device type name; "cpu" runs on the host
     machine: str
+
+    @staticmethod
+    def of_ranks(cluster: Cluster, names: list[str]) -> list[PlannedDevice]:
+        """Each rank's device, named in `names` (one per rank), as the manifest records it."""
+        by_name = {d.name: d for d in cluster.devices}  # once: Cluster.devices builds a new list per read
+        return [PlannedDevice(by_name[n].name, by_name[n].type.name, by_name[n].machine) for n in names]
 
 
 def launch_groups(devices: list[PlannedDevice]) -> list[list[int]]:
