@@ -14,6 +14,7 @@ from typing import NoReturn
 
 from hetpart import __version__
 from hetpart.errors import HetpartError
+from hetpart.time_limit import TIME_LIMIT_MAX_S
 
 def _key_value(text: str) -> tuple[str, str]:
     key, sep, value = text.partition("=")
@@ -50,11 +51,9 @@ def _number(kind: type = int, *, minimum: float | None = None, positive: bool = 
 SEED_MAX = 2**31 - 1  # CP-SAT's random_seed is a 32-bit int
 PROCESSES_MAX = 1024  # --concurrent, --threads, --workers: processes or threads this machine starts
 _COUNT = _number(int, minimum=1)  # sizes and counts: batch, sequence, microbatches, steps, repeats
-# A solver's --time-limit: OR-Tools' linear solver takes it as whole ms in an int64 (OverflowError, a traceback,
-# past about 9.2e15 s); a million seconds (11.6 days) is more than any solve here is worth waiting for. `run
-# --timeout` takes the same cap.
-TIME_LIMIT_MAX = 1e6
-_TIME_LIMIT = _number(float, positive=True, maximum=TIME_LIMIT_MAX)
+# A solver's --time-limit: at most the cap the solvers apply (hetpart/time_limit.py), refused above it rather
+# than cut silently. `run --timeout` takes the same cap.
+_TIME_LIMIT = _number(float, positive=True, maximum=TIME_LIMIT_MAX_S)
 _SEED = _number(int, minimum=0, maximum=SEED_MAX)
 _PROCESSES = _number(int, minimum=1, maximum=PROCESSES_MAX)
 

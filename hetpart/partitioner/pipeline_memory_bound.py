@@ -17,6 +17,7 @@ from hetpart.partitioner.costs import held_weight_bytes
 from hetpart.partitioner.pipeline_bound_parts import Part, parts_search, whole_ns_at_least
 from hetpart.partitioner.pipeline_transfer_floor import cut_nodes, transfer_floor
 from hetpart.partitioner.problem import MEM_BYTES, TIME_NS, WEIGHTS, Problem
+from hetpart.time_limit import linear_solver_limit_ms
 
 # NOTE [pipelines memory bound]
 # NOTE [pipelines bound] checks memory per pipeline only; under 1F1B stage k of S stashes S - k
@@ -449,7 +450,7 @@ class _ManyLp:
             for i, level, x in rows.where:
                 x.SetUb(float(st.count[i]) if level <= most else 0.0)
         if self.deadline is not None:  # GLOP stops there (status not OPTIMAL: no claim)
-            self.s.SetTimeLimit(max(1, int(1000 * (self.deadline - time.perf_counter()))))
+            self.s.SetTimeLimit(linear_solver_limit_ms(self.deadline - time.perf_counter()))
         status = self.s.Solve()
         if status == pywraplp.Solver.INFEASIBLE:
             return False

@@ -171,3 +171,15 @@ def test_pieces_of_one_machine_sync_over_its_own_link():
     plan = plan_pipelines(p, M, time_limit_s=10)
     assert plan.iteration_ns == brute_pipelines(p, M) == 2124
     assert sorted((q.devices, q.microbatches) for q in plan.pipelines) == [(("d0",), 1), (("d3",), 3)]
+
+
+@pytest.mark.parametrize("far", [1e16, float("inf")])
+def test_a_deadline_past_the_time_limit_cap_is_capped_where_the_solver_takes_it(far):
+    """A library caller's far deadline (no CLI between: hetpart/time_limit.py) overflowed pywraplp's int64 ms."""
+    p, M = tight_problem(3)
+    supports = _supports(p)
+    full = max(supports, key=lambda a: len(a.types))
+    args = (p, M, full.lam, min(a.fill_ns for a in supports), min(a.largest_op_ns for a in supports), need_bytes(p),
+            memory_parts(p, M), 0)
+    got, whole = memory_lower_bound(*args, deadline=time.perf_counter() + far), memory_lower_bound(*args)
+    assert got.finished and (got.bound_ns, got.one_pipeline_ns) == (whole.bound_ns, whole.one_pipeline_ns)
