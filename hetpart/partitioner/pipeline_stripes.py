@@ -51,10 +51,7 @@ class StripeResult:
 def stripe_sets(problem: Problem, used: set[str]) -> list[tuple[tuple[str, ...], int]]:
     """(machines U, stripes f) to try (NOTE [striped pipelines]): U the machines of `used` devices and every
     machine; f each common divisor >= 2 of the class counts of U's machines, the most stripes first."""
-    classes: dict[str, dict[tuple[str, int], int]] = {}
-    for d in problem.devices:
-        c = classes.setdefault(d.node, {})
-        c[(d.type, d.capacity_bytes)] = c.get((d.type, d.capacity_bytes), 0) + 1
+    classes = {m: problem.device_kinds(m) for m in dict.fromkeys(d.node for d in problem.devices)}
     on = tuple(sorted({problem.device(d).node for d in used}))
     out: list[tuple[tuple[str, ...], int]] = []
     for machines in (on, tuple(sorted(classes))):
@@ -97,14 +94,14 @@ def striped(problem: Problem, groups: list[tuple[str, ...]], plan: Plan, microba
 
 def stripe_probe(problem: Problem, best: PipelinesPlan, microbatches: int,
                  solve: Callable[[tuple[str, ...], int, float], Plan | None], limit_s: Callable[[int], float],
-                 end: float) -> StripeResult:
+                 end: float, need: int | None = None) -> StripeResult:
     """NOTE [striped pipelines] from `best` until `end` (a perf_counter value): each (U, f) of `stripe_sets`
-    whose stripe has the memory to hold the model and no more devices than `best`'s longest pipeline, one stripe
-    solved by `solve(devices, microbatches, limit_s)` within `limit_s(devices)`; the fastest valid plan of stripes
-    kept when its step is below `best`'s."""
+    whose stripe has the memory to hold the model (`need`: `need_bytes`, which the search has) and no more devices
+    than `best`'s longest pipeline, one stripe solved by `solve(devices, microbatches, limit_s)` within
+    `limit_s(devices)`; the fastest valid plan of stripes kept when its step is below `best`'s."""
     t0 = time.perf_counter()
     out = StripeResult(plan=best)
-    need = need_bytes(problem)
+    need = need_bytes(problem) if need is None else need
     longest = max(len(p.devices) for p in best.pipelines)
     used = best.used_devices
     gpipe = problem.training is not None and problem.training.schedule == "gpipe"

@@ -179,6 +179,22 @@ class Problem:
         except KeyError:
             raise KeyError(name) from None
 
+    def device_kinds(self, machine: str | None = None) -> dict[tuple[str, int], int]:
+        """Devices per kind (type, capacity_bytes), in first-seen order: of every machine, or of `machine`
+        (none: {}). Counted once per `devices` list, like `device`'s index (each LP of NOTE [pipelines bound]
+        and each striped machine set read it); the caller gets its own copy."""
+        key = (id(self.devices), len(self.devices))
+        cached = self.__dict__.get("_device_kinds")
+        if cached is None or cached[0] != key:
+            per: dict[str | None, dict[tuple[str, int], int]] = {None: {}}
+            for d in self.devices:
+                for m in (None, d.node):
+                    c = per.setdefault(m, {})
+                    c[(d.type, d.capacity_bytes)] = c.get((d.type, d.capacity_bytes), 0) + 1
+            cached = (key, per)
+            self.__dict__["_device_kinds"] = cached
+        return dict(cached[1].get(machine, {}))
+
     @property
     def slots(self) -> list[Slot]:
         """The slots a stage may run on (NOTE [slots]): one "device" slot per device, in device order."""

@@ -61,6 +61,25 @@ def test_stripe_sets_and_devices():
                 assert sum(p.device(d).node == m for d in grp) == len(on) // f
 
 
+def test_device_kinds_count_every_kind_per_machine_and_follow_the_device_list():
+    """Problem.device_kinds, read by stripe_sets and by each LP of NOTE [pipelines bound]: a Counter of (type,
+    capacity) over the devices (of one machine), kept right as devices are added or the list replaced."""
+    from collections import Counter
+
+    p = stripy()
+    for step in range(3):
+        want = Counter((d.type, d.capacity_bytes) for d in p.devices)
+        assert p.device_kinds() == want
+        for m in {d.node for d in p.devices}:
+            assert p.device_kinds(m) == Counter((d.type, d.capacity_bytes) for d in p.devices if d.node == m)
+        assert p.device_kinds("nowhere") == {}
+        p.device_kinds()[("gpu", 250)] = 99  # a copy: the cache is not changed
+        if step == 0:
+            p.devices += [Device("h0", "gpu", "n2", 300)]
+        else:
+            p.devices = [d for d in p.devices if d.node != "n0"]
+
+
 @pytest.mark.parametrize("old_ns", [50, 120])
 def test_stripes_are_interchangeable(old_ns):
     """NOTE [striped pipelines]: stripe 0's best plan renamed to stripe 1 is stripe 1's best plan (brute force over
