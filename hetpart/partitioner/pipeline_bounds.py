@@ -239,10 +239,7 @@ class _Lp:
     def __init__(self, problem: Problem, supports: list[_Support], microbatches: int, k_range: tuple[int, int | None],
                  min_size: int, need: int | None = None, deadline: float | None = None,
                  separate: bool = True) -> None:
-        kinds: dict[tuple[str, int], int] = {}
-        for d in problem.devices:
-            kinds[(d.type, d.capacity_bytes)] = kinds.get((d.type, d.capacity_bytes), 0) + 1
-        self.kinds, self.supports, self.M = kinds, supports, microbatches
+        self.kinds, self.supports, self.M = problem.device_kinds(), supports, microbatches
         self.need = need_bytes(problem) if need is None else need
         self.k_range, self.min_size, self.deadline = k_range, min_size, deadline
         self.cut_short = False  # the deadline stopped NOTE [stage sum cuts]'s lines at some T

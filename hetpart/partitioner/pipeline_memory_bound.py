@@ -213,9 +213,7 @@ def _setup(problem: Problem, microbatches: int, lam: dict[str, float], fill_ns: 
            need_bytes: int) -> _Setup:
     t = problem.training
     schedule = None if t is None else t.schedule
-    kinds: dict[tuple[str, int], int] = {}
-    for d in problem.devices:
-        kinds[(d.type, d.capacity_bytes)] = kinds.get((d.type, d.capacity_bytes), 0) + 1
+    kinds = problem.device_kinds()
     kind_list = sorted(kinds)
     c, w, a = _node_data(problem, lam)
     work = max(float(c.sum()), 1e-300)
