@@ -343,8 +343,29 @@ def read_listed_json(out: Path, manifest: dict[str, Any], relative: str) -> dict
 
 
 def read_plan(out: Path, manifest: dict[str, Any]) -> PlanReport:
-    """plan.json, checked against its sha256 in the manifest, every field's type checked (NOTE [plan.json fields])."""
-    return load_plan(out / "plan.json", read_listed_json(out, manifest, "plan.json"))
+    """plan.json, checked against its sha256 in the manifest, every field's type checked (NOTE [plan.json fields]),
+    and its stages those the manifest runs."""
+    plan = load_plan(out / "plan.json", read_listed_json(out, manifest, "plan.json"))
+    _check_plan_stages(out, manifest, plan)
+    return plan
+
+
+def _check_plan_stages(out: Path, manifest: dict[str, Any], plan: PlanReport) -> None:
+    """Every stage a manifest entry runs (its pipeline's, in a plan of several) is one of plan.json's, and every
+    stage of plan.json is run: an edited plan.json (its digest edited too) would show numbers of another plan."""
+    several = bool(plan.pipelines) and any("pipeline" in e for e in manifest["ranks"])
+    stages = [len(q.stages) for q in plan.pipelines or []] if several else [len(plan.stages)]
+    ran = set()
+    for e in stage_entries(manifest):
+        p = e.get("pipeline", 0) if several else 0
+        if not (isinstance(p, int) and 0 <= p < len(stages) and 0 <= e["stage"] < stages[p]):
+            where = f"pipeline {p}'s stage" if several else "stage"
+            raise HetpartError(f"{out / 'plan.json'} has no {where} {e['stage']}, which manifest.json's rank "
+                               f"{e['rank']} runs: the two are of different plans; {REDO}")
+        ran.add((p, e["stage"]))
+    if len(ran) != sum(stages):
+        raise HetpartError(f"{out / 'plan.json'} has {sum(stages)} stages, manifest.json runs {len(ran)}: the two are "
+                           f"of different plans; {REDO}")
 
 
 def check_listed_files(out: Path, manifest: dict[str, Any]) -> None:

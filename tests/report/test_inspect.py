@@ -61,3 +61,33 @@ def test_inspect_errors_list_what_exists(partitioned, capsys):
     assert main(["inspect", str(partitioned.out), "--ir", "lowering"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("hetpart: error: --ir lowering") and "04 op-cost" in err and "05 partition" in err
+
+
+def test_a_plan_json_of_other_stages_than_the_manifest_is_refused(partitioned, tmp_path, capsys):
+    """plan.json edited with its digest (an unsigned directory): a stage dropped, or one added, is refused by every
+    reader (read_plan) with exit 2; `inspect --stage` of the dropped one was an IndexError traceback."""
+    import hashlib
+    import shutil
+
+    plan = json.loads((partitioned.out / "plan.json").read_text())
+    assert len(plan["stages"]) >= 2
+    for edit, want in (("drop", "has no stage"), ("add", "stages, manifest.json runs")):
+        out = tmp_path / edit
+        shutil.copytree(partitioned.out, out)
+        edited = json.loads(json.dumps(plan))
+        if edit == "drop":
+            edited["stages"].pop()
+        else:
+            edited["stages"].append({**edited["stages"][-1], "index": len(edited["stages"])})
+        text = json.dumps(edited)
+        (out / "plan.json").write_text(text)
+        manifest = json.loads((out / "manifest.json").read_text())
+        manifest["files"]["plan.json"] = hashlib.sha256(text.encode()).hexdigest()
+        (out / "manifest.json").write_text(json.dumps(manifest))
+        last = str(len(plan["stages"]) - 1)
+        for args in ([], ["--json"], ["--stage", last]):
+            capsys.readouterr()
+            assert main(["inspect", str(out), *args]) == 2, (edit, args)
+            err = capsys.readouterr().err
+            assert err.startswith("hetpart: error: ") and want in err and "Traceback" not in err, err
+        assert main(["export", str(out), "--format", "torchtitan"]) == 2
