@@ -264,12 +264,13 @@ def _placement(args: argparse.Namespace) -> int:
 def _shard_weights(args: argparse.Namespace, console: Console) -> int:
     from hetpart.codegen.weights import shard_weights
     from hetpart.runtime.artifacts import check_before_shard
+    from hetpart.units import format_bytes
 
     key = check_before_shard(args.out, args.sign_key)  # what it reads, and the signature it replaces
     result = shard_weights(args.out, args.checkpoint, allow_cast=args.allow_cast, sign_key=key,
                            echo=lambda text: console.print(text, markup=False, highlight=False))
     console.print(f"wrote weights.safetensors for {result.ranks} rank(s): {result.tensors} tensor(s), "
-                  f"{result.bytes_written / 1e6:.1f} MB, {result.from_checkpoint} from {args.checkpoint}"
+                  f"{format_bytes(result.bytes_written)}, {result.from_checkpoint} from {args.checkpoint}"
                   + (f" ({result.cast} converted)" if result.cast else ""))
     return 0
 

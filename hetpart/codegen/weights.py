@@ -81,6 +81,7 @@ from safetensors.torch import load_file, save_file
 from hetpart.errors import HetpartError
 from hetpart.fsio import AtomicWrites, real_dir
 from hetpart.trust import SIGNATURE_NAME, is_signed, read_plain, signature
+from hetpart.units import format_bytes
 
 # torch dtype <-> the dtype names of the safetensors format.
 SAFETENSORS_DTYPES: dict[torch.dtype, str] = {
@@ -474,7 +475,7 @@ def shard_weights(out: Path, checkpoint: Path, *, allow_cast: bool = False, sign
                                    ) from None
             result.tensors += len(entries)
             result.bytes_written += sum(e.nbytes for e in entries)
-            echo(f"rank {rank['rank']}: {len(entries)} tensor(s), {sum(e.nbytes for e in entries) / 1e6:.1f} MB")
+            echo(f"rank {rank['rank']}: {len(entries)} tensor(s), {format_bytes(sum(e.nbytes for e in entries))}")
         for rank, digest in zip(ranks, digests):
             rank["files"]["weights.safetensors"] = digest
         by_dir = {rank["dir"]: digest for rank, digest in zip(ranks, digests)}

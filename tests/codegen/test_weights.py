@@ -85,7 +85,14 @@ def test_shard_weights_from_sharded_index_runs_like_the_original(gpt_meta, tmp_p
         weight_map.update({k: f"model-{i}.safetensors" for k in part})
     (ckpt / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
     assert main(["shard-weights", str(out), str(ckpt)]) == 0
-    assert "wrote weights.safetensors for" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "wrote weights.safetensors for" in printed
+    from hetpart.units import format_bytes
+
+    # Sizes as every message prints them (units.format_bytes): this model's ~0.1 MB once printed as "0.1 MB".
+    total = sum(WeightEntry.from_json(t).nbytes for e in load_manifest(out)["ranks"]
+                for t in json.loads((out / e["dir"] / "weights.json").read_text())["tensors"])
+    assert f"tensor(s), {format_bytes(total)}, " in printed, printed
     got, expected = run_stages(out)
     assert len(got) == len(expected) and all(torch.equal(a, b) for a, b in zip(got, expected))
     from tests.test_artifacts_speed_weights import tensor_copies
