@@ -351,8 +351,9 @@ def read_plan(out: Path, manifest: dict[str, Any]) -> PlanReport:
 
 
 def _check_plan_stages(out: Path, manifest: dict[str, Any], plan: PlanReport) -> None:
-    """Every stage a manifest entry runs (its pipeline's, in a plan of several) is one of plan.json's, and every
-    stage of plan.json is run: an edited plan.json (its digest edited too) would show numbers of another plan."""
+    """Every stage a manifest entry runs (its pipeline's, in a plan of several) is one of plan.json's, every stage
+    of plan.json is run, and by as many virtual stages per device: an edited plan.json (its digest edited too)
+    would show numbers of another plan (`export --format schedule-csv` put stage 7 of 4 devices on rank 7)."""
     several = bool(plan.pipelines) and any("pipeline" in e for e in manifest["ranks"])
     stages = [len(q.stages) for q in plan.pipelines or []] if several else [len(plan.stages)]
     ran = set()
@@ -366,6 +367,9 @@ def _check_plan_stages(out: Path, manifest: dict[str, Any], plan: PlanReport) ->
     if len(ran) != sum(stages):
         raise HetpartError(f"{out / 'plan.json'} has {sum(stages)} stages, manifest.json runs {len(ran)}: the two are "
                            f"of different plans; {REDO}")
+    if (plan.virtual_stages or 1) != virtual_stages(manifest):  # NOTE [virtual-stage manifest]
+        raise HetpartError(f"{out / 'plan.json'} runs {plan.virtual_stages or 1} virtual stage(s) per device, "
+                           f"manifest.json {virtual_stages(manifest)}: the two are of different plans; {REDO}")
 
 
 def check_listed_files(out: Path, manifest: dict[str, Any]) -> None:

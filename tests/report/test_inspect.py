@@ -71,12 +71,15 @@ def test_a_plan_json_of_other_stages_than_the_manifest_is_refused(partitioned, t
 
     plan = json.loads((partitioned.out / "plan.json").read_text())
     assert len(plan["stages"]) >= 2
-    for edit, want in (("drop", "has no stage"), ("add", "stages, manifest.json runs")):
+    for edit, want in (("drop", "has no stage"), ("add", "stages, manifest.json runs"),
+                       ("virtual", "virtual stage(s) per device, manifest.json 1")):
         out = tmp_path / edit
         shutil.copytree(partitioned.out, out)
         edited = json.loads(json.dumps(plan))
         if edit == "drop":
             edited["stages"].pop()
+        elif edit == "virtual":  # each device two stages: not what the manifest runs
+            edited["virtual_stages"] = 2
         else:
             edited["stages"].append({**edited["stages"][-1], "index": len(edited["stages"])})
         text = json.dumps(edited)
