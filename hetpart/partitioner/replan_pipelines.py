@@ -49,7 +49,8 @@ from hetpart.partitioner.pipeline_outer import Candidate, _split
 from hetpart.partitioner.pipelines import (
     Pipeline, PipelinesPlan, cost_pipelines, pipeline_time_ns, pipelines_violations, sub_problem,
 )
-from hetpart.partitioner.problem import Plan, Problem
+from hetpart.partitioner.costs import slot_capacity_bytes
+from hetpart.partitioner.problem import Plan, Problem, StageCost
 from hetpart.partitioner.replan import Moves, relabel_stages, stage_moves, stage_weights
 from hetpart.partitioner.replan_deadline import MIN_SOLVE_S, REPAIR_SOLVE_SHARE, Deadline, expected_solves
 from hetpart.partitioner.verify import plan_violations
@@ -149,10 +150,19 @@ class PipelinesReplan:
 
 
 def pipeline_plan(problem: Problem, devices: Sequence[str], stage_of: dict[str, int], device_of_stage: Sequence[str],
-                  microbatches: int) -> Plan:
-    """A pipeline's plan of `stage_of` on `device_of_stage`, costed by `evaluate` on its sub-problem."""
-    sub = sub_problem(problem, devices, microbatches)
-    stages = evaluate(sub, stage_of, list(device_of_stage))
+                  microbatches: int, costs: Sequence[Sequence[int]] | None = None) -> Plan:
+    """A pipeline's plan of `stage_of` on `device_of_stage`, costed by `evaluate` on its sub-problem; or, given
+    `costs` (per stage: compute_ns, comm_in_ns, comm_out_ns, memory_bytes), with the costs `evaluate` gave it
+    before (NOTE [shape memo]: the same problem, devices of the same types, capacities and links, the same stash)."""
+    if costs is None:
+        stages = evaluate(sub_problem(problem, devices, microbatches), stage_of, list(device_of_stage))
+    else:
+        nodes: list[list[str]] = [[] for _ in device_of_stage]
+        for v in problem.graph.nodes:  # in graph order, as `evaluate` lists them
+            nodes[stage_of[v]].append(v)
+        slots = [problem.slot(d) for d in device_of_stage]
+        stages = [StageCost(k, s.devices[0], s.type, nodes[k], c[0], c[1], c[2], c[3], slot_capacity_bytes(problem, s),
+                            slot=s.name, devices=s.devices) for k, (s, c) in enumerate(zip(slots, costs))]
     plan = Plan(stage_of=dict(stage_of), slot_of_stage=list(device_of_stage), stages=stages,
                 bottleneck_ns=bottleneck_ns(stages), lower_bound_ns=0, solver_status="FEASIBLE", solve_seconds=0.0,
                 objective="iteration", microbatches=microbatches)
