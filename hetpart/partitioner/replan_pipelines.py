@@ -26,6 +26,16 @@ a. the batch re-split: every old pipeline whose devices all survive keeps its st
 b. the from-scratch plan, as is and relabeled (NOTE [large re-plan]'s `relabel_stages` over every
    pipeline's stages at once: machines of one kind swap whole, devices of one type and capacity
    inside a machine swap, so every stage keeps its costs and the sync its links; re-costed anyway).
+c. striped pipelines (NOTE [striped pipelines]), as is and relabeled: over every machine left, then
+   over every machine left but one kind's (llama-7b on hetero-64 less l-0: the stripes of the six
+   machines that are not l's run 0.9353x the step of all seven's), the most stripes each. A stripe
+   plan that loses a machine loses every pipeline (each has a stage on it), and a 2 s search has no
+   time left for its stripe probe (a stripe's limit is 1 s), so its re-splits repair all of them and
+   its from-scratch plan is no stripe (llama-7b: 1.04-1.07 of the 30 s reference's step). Stripe 0
+   is taken from NOTE [shape memo] when the memo holds its machine kinds and f, else solved by the
+   search's planner (on layers, 0.1-0.3 s of CPU on llama-7b) and recorded there, so an event that
+   returns to a cluster seen before solves none; within STRIPES_SHARE of the limit (NOTE [re-plan
+   deadline]), the first whatever the time.
 The choice is NOTE [lexicographic re-plan]'s, over these candidates: B the least iteration of any
 (the from-scratch plan's unless a re-split is faster), then among those within floor(B x (1 +
 slack)) the fewest bytes between machines, then within, then the least iteration. Bytes are
@@ -57,6 +67,7 @@ from hetpart.partitioner.verify import plan_violations
 
 PIPELINES_RECORD_VERSION = 1
 _UNIFORM_ABOVE = 3  # broken pipelines: above, every one gets the same option (3^B combinations otherwise)
+_STRIPE_LIMIT_S = 1.0  # one stripe's solve at most (the search's _SHAPE_LIMIT_S; NOTE [re-plan pipelines] c)
 
 
 @dataclass(frozen=True)
@@ -230,6 +241,65 @@ def relabeled(problem: Problem, pp: PipelinesPlan, holders: Mapping[str, tuple[s
             for f, p in zip(first, pp.pipelines)]
 
 
+def relabeled_plan(problem: Problem, pp: PipelinesPlan, holders: Mapping[str, tuple[str, ...]],
+                   what: str) -> PipelinesPlan:
+    """`pp` relabeled (`relabeled`): the same stages on other devices of their kinds, the same shares, re-costed."""
+    pipes = []
+    for p, (devices, stage_of, dos) in zip(pp.pipelines, relabeled(problem, pp, holders)):
+        plan = pipeline_plan(problem, devices, stage_of, dos, p.microbatches)
+        pipes.append(Pipeline(p.index, tuple(dos), p.microbatches, plan, pipeline_time_ns(plan, p.microbatches)))
+    return cost_pipelines(problem, pipes, solver_status="FEASIBLE",
+                          bound_note=f"re-planned (NOTE [re-plan pipelines]): {what}")
+
+
+def stripe_candidates(problem: Problem, holders: Mapping[str, tuple[str, ...]], microbatches: int, *,
+                      deadline: Deadline, seed: int, memo=None) -> list[PipelinesCandidate]:
+    """NOTE [re-plan pipelines] c: striped pipelines (NOTE [striped pipelines]) over every machine left, then over
+    every machine left but one kind's, the most stripes each; stripe 0 from `memo` (NOTE [shape memo]) or solved by
+    the search's planner within `deadline` (the first whatever the time), the solved ones added to `memo`; each as
+    is and relabeled."""
+    from hetpart.partitioner.pipeline_bounds import need_bytes
+    from hetpart.partitioner.pipeline_layers import layer_problem
+    from hetpart.partitioner.pipeline_search import Shape, _class_devices, machine_kinds
+    from hetpart.partitioner.pipeline_shape import _solve_shape
+    from hetpart.partitioner.pipeline_stripes import stripe_devices, stripe_microbatches, stripe_sets, striped
+    from hetpart.partitioner.shape_memo import memo_codec, record_stripes, stripe_seeds
+    from hetpart.partitioner.solve import SolveOptions
+
+    kinds, kind_of = machine_kinds(problem)
+    codec = memo_codec(memo, problem, microbatches, kinds, _class_devices, Shape)
+    known = {(machines, f): plan for machines, f, plan in stripe_seeds(memo, codec, microbatches)}
+    sets: list[tuple[tuple[str, ...], int]] = []
+    for leave in [None] + list(range(len(kinds))):  # every machine, then every machine but one kind's
+        on = {d.name for d in problem.devices if kind_of[d.node] != leave}
+        machines = tuple(sorted({problem.device(d).node for d in on}))
+        sets += [s for s in stripe_sets(problem, on) if s[0] == machines and s not in sets][:1]  # the most stripes
+    need, layers, solved, out = need_bytes(problem), None, [], []
+    for i, (machines, f) in enumerate(sets):
+        if microbatches < f or (i and deadline.left() < MIN_SOLVE_S and (machines, f) not in known):
+            continue
+        groups = stripe_devices(problem, machines, f)
+        if sum(problem.device(d).capacity_bytes for d in groups[0]) < need:
+            continue  # NOTE [pipelines bound] (f): no plan of it holds the model
+        m = stripe_microbatches(problem, microbatches, f)
+        plan = known.get((machines, f))
+        if plan is None:
+            layers = layers or layer_problem(problem)
+            plan = _solve_shape(problem, groups[0], m, SolveOptions(seed=seed), min(_STRIPE_LIMIT_S, max(
+                MIN_SOLVE_S, deadline.left())), layers)
+            if plan is None:
+                continue
+            solved.append((machines, f, groups[0], plan, m))
+        pp = striped(problem, groups, plan, microbatches)
+        if pipelines_violations(problem, pp, microbatches):
+            continue
+        name = f"stripes: {f} x {len(plan.stages)} stages on {len(machines)} machines"
+        for how, got in ((name, pp), (name + ", relabeled", relabeled_plan(problem, pp, holders, "stripes relabeled"))):
+            out.append(PipelinesCandidate(how, got, ["new"] * len(got.pipelines), pipelines_moves(problem, got, holders)))
+    record_stripes(memo, codec, solved)
+    return out
+
+
 @dataclass
 class _Solves:
     """The sub-solves of one re-plan, each once (keyed by what it solves)."""
@@ -358,12 +428,7 @@ def replan_pipelines(problem: Problem, old: Sequence[OldPipeline], holders: Mapp
         first = PipelinesCandidate("from scratch", scratch, ["from scratch"] * len(scratch.pipelines),
                                    pipelines_moves(problem, scratch, holders))
         cands.append(first)
-        pipes = []  # the same stages on other devices of their kinds, the same shares
-        for p, (devices, stage_of, dos) in zip(scratch.pipelines, relabeled(problem, scratch, holders)):
-            plan = pipeline_plan(problem, devices, stage_of, dos, p.microbatches)
-            pipes.append(Pipeline(p.index, tuple(dos), p.microbatches, plan, pipeline_time_ns(plan, p.microbatches)))
-        pp = cost_pipelines(problem, pipes, solver_status="FEASIBLE",
-                            bound_note="re-planned (NOTE [re-plan pipelines]): the from-scratch plan relabeled")
+        pp = relabeled_plan(problem, scratch, holders, "the from-scratch plan relabeled")
         cands.append(PipelinesCandidate("from scratch, relabeled", pp, ["from scratch"] * len(pp.pipelines),
                                         pipelines_moves(problem, pp, holders)))
     cands += resplits if resplits is not None else resplit_candidates(

@@ -218,3 +218,57 @@ def test_the_re_splits_solves_share_one_deadline(seed, monkeypatch):
     assert limits, "the lost device's pipeline is repaired or replaced: some solve ran"
     assert sum(limits) <= T + replan_deadline.MIN_SOLVE_S
     assert all(lim >= replan_deadline.MIN_SOLVE_S for lim in limits) and got.candidates
+
+
+def _three_machines():
+    """`stripy` (test_pipeline_stripes) with a second GPU machine n2 and slow 'old' devices on n1 (400 ns an op):
+    stripes over every machine, and over the GPU machines alone (NOTE [re-plan pipelines] c: every machine but
+    one kind's)."""
+    from test_pipeline_stripes import stripy
+
+    p = stripy(400)
+    p.devices += [Device(f"h{i}", "gpu", "n2", 250) for i in range(2)]
+    p.intra_node_links["n2"] = Link(100_000, 0)
+    return p, {w: ("g0",) for w in p.weights}
+
+
+def test_stripes_over_every_machine_or_all_but_a_kind_cost_what_brute_force_says(monkeypatch):
+    """Each stripe candidate runs f copies of stripe 0's solved plan; its step equals brute force's best over its
+    own device groups (stripes are interchangeable: NOTE [striped pipelines]); the set without the slow kind is
+    among them; a stripe of one machine (too little memory) is not tried; the memo keeps the solved stripes, so
+    the same re-plan again solves none and gives the same candidates."""
+    from hetpart.partitioner import pipeline_shape
+    from hetpart.partitioner.pipeline_stripes import stripe_devices
+    from hetpart.partitioner.replan_deadline import Deadline
+    from hetpart.partitioner.replan_pipelines import stripe_candidates
+    from hetpart.partitioner.shape_memo import ShapeMemo
+
+    from test_pipeline_search import brute_groups
+
+    p, holders = _three_machines()
+    M, memo = 4, ShapeMemo("")
+    got = stripe_candidates(p, holders, M, deadline=Deadline(30), seed=0, memo=memo)
+    plain = {c.name: c for c in got if not c.name.endswith("relabeled")}
+    assert set(plain) == {"stripes: 2 x 2 stages on 3 machines", "stripes: 2 x 2 stages on 2 machines"}
+    for c in got:
+        assert not pipelines_violations(p, c.plan, M)
+    for name, machines in (("stripes: 2 x 2 stages on 3 machines", ("n0", "n1", "n2")),
+                           ("stripes: 2 x 2 stages on 2 machines", ("n0", "n2"))):
+        groups = stripe_devices(p, machines, 2)
+        assert all(set(q.plan.slot_of_stage) <= set(g) for q, g in zip(plain[name].plan.pipelines, groups))
+        assert plain[name].plan.iteration_ns == brute_groups(p, groups, M)
+    assert len(memo.stripes) == 2
+    monkeypatch.setattr(pipeline_shape, "_solve_shape", lambda *a, **k: pytest.fail("solved again"))
+    again = stripe_candidates(p, holders, M, deadline=Deadline(30), seed=0, memo=memo)
+    assert [(c.name, c.plan.iteration_ns) for c in again] == [(c.name, c.plan.iteration_ns) for c in got]
+
+
+def test_the_stripes_keep_to_their_deadline_after_the_first(monkeypatch):
+    """With the deadline spent, the first set (every machine) is still solved, the others are not."""
+    from hetpart.partitioner.replan_deadline import Deadline
+    from hetpart.partitioner.replan_pipelines import stripe_candidates
+
+    p, holders = _three_machines()
+    got = stripe_candidates(p, holders, 4, deadline=Deadline(0), seed=0)
+    assert {c.name for c in got} == {"stripes: 2 x 2 stages on 3 machines",
+                                     "stripes: 2 x 2 stages on 3 machines, relabeled"}
