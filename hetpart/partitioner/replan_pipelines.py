@@ -27,8 +27,9 @@ b. the from-scratch plan, as is and relabeled (NOTE [large re-plan]'s `relabel_s
    pipeline's stages at once: machines of one kind swap whole, devices of one type and capacity
    inside a machine swap, so every stage keeps its costs and the sync its links; re-costed anyway).
 c. striped pipelines (NOTE [striped pipelines]), as is and relabeled: over every machine left, then
-   over every machine left but one kind's (llama-7b on hetero-64 less l-0: the stripes of the six
-   machines that are not l's run 0.9353x the step of all seven's), the most stripes each. A stripe
+   over every machine left but one kind's (llama-7b on hetero-64 less l-0: the 30 s reference is 8
+   stripes of six machines, l-1 idle, and the re-plan's stripes of all seven run 1.0299x its step),
+   the most stripes each. A stripe
    plan that loses a machine loses every pipeline (each has a stage on it), and a 2 s search has no
    time left for its stripe probe (a stripe's limit is 1 s), so its re-splits repair all of them and
    its from-scratch plan is no stripe (llama-7b: 1.04-1.07 of the 30 s reference's step). Stripe 0
