@@ -48,6 +48,7 @@ lower bound printed is the from-scratch plan's, which bounds every plan of the n
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import time
@@ -55,13 +56,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from hetpart.errors import HetpartError
+from hetpart.partitioner.costs import slot_capacity_bytes
 from hetpart.partitioner.evaluate import bottleneck_ns, evaluate
 from hetpart.partitioner.pipeline_outer import Candidate, _split
 from hetpart.partitioner.pipelines import (
     Pipeline, PipelinesPlan, cost_pipelines, pipeline_time_ns, pipelines_violations, sub_problem,
 )
-from hetpart.partitioner.costs import slot_capacity_bytes
-from hetpart.partitioner.problem import Plan, Problem, StageCost
+from hetpart.partitioner.problem import WEIGHTS, Plan, Problem, StageCost
 from hetpart.partitioner.replan import Moves, relabel_stages, stage_moves, stage_weights
 from hetpart.partitioner.replan_deadline import MIN_SOLVE_S, REPAIR_SOLVE_SHARE, Deadline, expected_solves
 from hetpart.partitioner.verify import plan_violations
@@ -257,10 +258,10 @@ def stripe_candidates(problem: Problem, holders: Mapping[str, tuple[str, ...]], 
                       deadline: Deadline, seed: int, memo=None) -> list[PipelinesCandidate]:
     """NOTE [re-plan pipelines] c: striped pipelines (NOTE [striped pipelines]) over every machine left, then over
     every machine left but one kind's, the most stripes each; stripe 0 from `memo` (NOTE [shape memo]) or solved by
-    the search's planner within `deadline` (the first whatever the time), the solved ones added to `memo`; each as
-    is and relabeled."""
+    the search's planner in each of `_held_orders` within `deadline` (the first whatever the time, with its whole
+    _STRIPE_LIMIT_S: a solve cut short lands its stages elsewhere), the solved ones added to `memo`; each as is and
+    relabeled."""
     from hetpart.partitioner.pipeline_bounds import need_bytes
-    from hetpart.partitioner.pipeline_layers import layer_problem
     from hetpart.partitioner.pipeline_search import Shape, _class_devices, machine_kinds
     from hetpart.partitioner.pipeline_shape import _solve_shape
     from hetpart.partitioner.pipeline_stripes import stripe_devices, stripe_microbatches, stripe_sets, striped
@@ -269,35 +270,68 @@ def stripe_candidates(problem: Problem, holders: Mapping[str, tuple[str, ...]], 
 
     kinds, kind_of = machine_kinds(problem)
     codec = memo_codec(memo, problem, microbatches, kinds, _class_devices, Shape)
-    known = {(machines, f): plan for machines, f, plan in stripe_seeds(memo, codec, microbatches)}
+    known: dict[tuple, list[Plan]] = {}
+    for machines, f, plan in stripe_seeds(memo, codec, microbatches):
+        known.setdefault((machines, f), []).append(plan)
     sets: list[tuple[tuple[str, ...], int]] = []
     for leave in [None] + list(range(len(kinds))):  # every machine, then every machine but one kind's
         on = {d.name for d in problem.devices if kind_of[d.node] != leave}
         machines = tuple(sorted({problem.device(d).node for d in on}))
         sets += [s for s in stripe_sets(problem, on) if s[0] == machines and s not in sets][:1]  # the most stripes
-    need, layers, solved, out = need_bytes(problem), None, [], []
+    need, orders, solved, out = need_bytes(problem), None, [], []
     for i, (machines, f) in enumerate(sets):
-        if microbatches < f or (i and deadline.left() < MIN_SOLVE_S and (machines, f) not in known):
-            continue
         groups = stripe_devices(problem, machines, f)
-        if sum(problem.device(d).capacity_bytes for d in groups[0]) < need:
+        if microbatches < f or sum(problem.device(d).capacity_bytes for d in groups[0]) < need:
             continue  # NOTE [pipelines bound] (f): no plan of it holds the model
         m = stripe_microbatches(problem, microbatches, f)
-        plan = known.get((machines, f))
-        if plan is None:
-            layers = layers or layer_problem(problem)
-            plan = _solve_shape(problem, groups[0], m, SolveOptions(seed=seed), min(_STRIPE_LIMIT_S, max(
-                MIN_SOLVE_S, deadline.left())), layers)
-            if plan is None:
+        plans = known.get((machines, f), [])
+        if not plans:
+            orders = orders or _held_orders(problem, holders)
+        for k, (prob, layers) in enumerate(orders if not plans else []):
+            if (i or k) and deadline.left() < MIN_SOLVE_S:
+                break
+            limit_s = _STRIPE_LIMIT_S if not (i or k) else min(_STRIPE_LIMIT_S, max(MIN_SOLVE_S, deadline.left()))
+            plan = _solve_shape(prob, groups[0], m, SolveOptions(seed=seed), limit_s, layers)
+            if plan is not None:
+                plan = pipeline_plan(problem, groups[0], plan.stage_of, plan.slot_of_stage, m)  # costed on `problem`
+                plans.append(plan)
+                solved.append((machines, f, groups[0], plan, m))
+        for plan in plans:
+            pp = striped(problem, groups, plan, microbatches)
+            if pipelines_violations(problem, pp, microbatches):
                 continue
-            solved.append((machines, f, groups[0], plan, m))
-        pp = striped(problem, groups, plan, microbatches)
-        if pipelines_violations(problem, pp, microbatches):
-            continue
-        name = f"stripes: {f} x {len(plan.stages)} stages on {len(machines)} machines"
-        for how, got in ((name, pp), (name + ", relabeled", relabeled_plan(problem, pp, holders, "stripes relabeled"))):
-            out.append(PipelinesCandidate(how, got, ["new"] * len(got.pipelines), pipelines_moves(problem, got, holders)))
+            name = f"stripes: {f} x {len(plan.stages)} stages on {len(machines)} machines"
+            for how, got in ((name, pp), (name + ", relabeled",
+                                          relabeled_plan(problem, pp, holders, "stripes relabeled"))):
+                out.append(PipelinesCandidate(how, got, ["new"] * len(got.pipelines),
+                                              pipelines_moves(problem, got, holders)))
     record_stripes(memo, codec, solved)
+    return out
+
+
+def _held_orders(problem: Problem, holders: Mapping[str, tuple[str, ...]]) -> list[tuple[Problem, object]]:
+    """NOTE [re-plan pipelines] c: `problem` (and its layers) with its devices ordered by where their machines hold
+    the model (the first node, in graph order, whose weight a device of the machine holds; machines that hold
+    none last), that order reversed, and as it is: the planner's device order steers which machine each stage
+    lands on (llama-7b less s-0: the reversed order gave the old stripes' machine order and 65 GiB moved, as it
+    is 316 GiB, at the same step)."""
+    from hetpart.partitioner.pipeline_layers import layer_problem
+
+    node_of = {d.name: d.node for d in problem.devices}
+    first: dict[str, int] = {}
+    for i, v in enumerate(problem.graph.nodes):
+        for w in problem.graph.nodes[v].get(WEIGHTS, ()):
+            for d in holders.get(w, ()):
+                if d in node_of:
+                    first.setdefault(node_of[d], i)
+    out, seen = [], []
+    for sign in (-1, 1, None):
+        devices = problem.devices if sign is None else sorted(
+            problem.devices, key=lambda d: (d.node not in first, sign * first.get(d.node, 0)))
+        if [d.name for d in devices] not in seen:
+            seen.append([d.name for d in devices])
+            prob = problem if sign is None else dataclasses.replace(problem, devices=list(devices))
+            out.append((prob, layer_problem(prob)))
     return out
 
 

@@ -272,3 +272,29 @@ def test_the_stripes_keep_to_their_deadline_after_the_first(monkeypatch):
     got = stripe_candidates(p, holders, 4, deadline=Deadline(0), seed=0)
     assert {c.name for c in got} == {"stripes: 2 x 2 stages on 3 machines",
                                      "stripes: 2 x 2 stages on 3 machines, relabeled"}
+
+
+def test_stripes_of_a_striped_plan_on_the_same_machines_move_nothing():
+    """NOTE [re-plan pipelines] c: with the state where a striped plan put it, the stripes solved in the device
+    orders of `_held_orders` (as held, reversed, as is) and relabeled include one that moves no byte; the orders
+    list the machines by where they hold the model."""
+    from hetpart.partitioner.replan import stage_weights
+    from hetpart.partitioner.replan_deadline import Deadline
+    from hetpart.partitioner.replan_pipelines import _held_orders, stripe_candidates
+
+    p, holders = _three_machines()
+    first = [c for c in stripe_candidates(p, holders, 4, deadline=Deadline(30), seed=0)
+             if c.name.startswith("stripes: 2 x 2 stages on 2 machines")][0]
+    held: dict[str, list[str]] = {}
+    for q in first.plan.pipelines:
+        for k, ws in stage_weights(p, q.plan.stage_of).items():
+            for w in ws:
+                held.setdefault(w, []).append(q.plan.slot_of_stage[k])
+    held_t = {w: tuple(ds) for w, ds in held.items()}
+    got = stripe_candidates(p, held_t, 4, deadline=Deadline(30), seed=0)
+    assert min(c.moves.between_bytes + c.moves.within_bytes for c in got) == 0
+    by = [[d.node for d in prob.devices] for prob, _ in _held_orders(p, held_t)]
+    first_held = p.device(held_t["wa"][0]).node  # the machine that holds the model's first weight
+    assert by[-1] == [d.node for d in p.devices]  # as is, last
+    assert by[1][:2] == [first_held] * 2 and by[0][2:4] == [first_held] * 2  # as held; reversed
+    assert by[0][-2:] == by[1][-2:] == ["n1", "n1"]  # n1 holds nothing: last in both
