@@ -259,8 +259,8 @@ def stripe_candidates(problem: Problem, holders: Mapping[str, tuple[str, ...]], 
     """NOTE [re-plan pipelines] c: striped pipelines (NOTE [striped pipelines]) over every machine left, then over
     every machine left but one kind's, the most stripes each; stripe 0 from `memo` (NOTE [shape memo]) or solved by
     the search's planner in each of `_held_orders` within `deadline` (the first whatever the time, with its whole
-    _STRIPE_LIMIT_S: a solve cut short lands its stages elsewhere), the solved ones added to `memo`; each as is and
-    relabeled."""
+    _STRIPE_LIMIT_S: a solve cut short lands its stages elsewhere; a memo plan was solved for other holdings), the
+    solved ones added to `memo`; each as is and relabeled."""
     from hetpart.partitioner.pipeline_bounds import need_bytes
     from hetpart.partitioner.pipeline_search import Shape, _class_devices, machine_kinds
     from hetpart.partitioner.pipeline_shape import _solve_shape
@@ -284,12 +284,14 @@ def stripe_candidates(problem: Problem, holders: Mapping[str, tuple[str, ...]], 
         if microbatches < f or sum(problem.device(d).capacity_bytes for d in groups[0]) < need:
             continue  # NOTE [pipelines bound] (f): no plan of it holds the model
         m = stripe_microbatches(problem, microbatches, f)
-        plans = known.get((machines, f), [])
-        if not plans:
-            orders = orders or _held_orders(problem, holders)
-        for k, (prob, layers) in enumerate(orders if not plans else []):
+        plans = list(known.get((machines, f), []))  # the memo's, and the held orders' solved in time
+        for k in range(3):
             if (i or k) and deadline.left() < MIN_SOLVE_S:
                 break
+            orders = orders or _held_orders(problem, holders)
+            if k >= len(orders):
+                break
+            prob, layers = orders[k]
             limit_s = _STRIPE_LIMIT_S if not (i or k) else min(_STRIPE_LIMIT_S, max(MIN_SOLVE_S, deadline.left()))
             plan = _solve_shape(prob, groups[0], m, SolveOptions(seed=seed), limit_s, layers)
             if plan is not None:
@@ -311,23 +313,27 @@ def stripe_candidates(problem: Problem, holders: Mapping[str, tuple[str, ...]], 
 
 def _held_orders(problem: Problem, holders: Mapping[str, tuple[str, ...]]) -> list[tuple[Problem, object]]:
     """NOTE [re-plan pipelines] c: `problem` (and its layers) with its devices ordered by where their machines hold
-    the model (the first node, in graph order, whose weight a device of the machine holds; machines that hold
-    none last), that order reversed, and as it is: the planner's device order steers which machine each stage
+    the model (the first node, in graph order, whose weight a device of the machine holds; a machine that holds
+    none just after one of its kind that does, else last), that order reversed, and as it is: the planner's device order steers which machine each stage
     lands on (llama-7b less s-0: the reversed order gave the old stripes' machine order and 65 GiB moved, as it
     is 316 GiB, at the same step)."""
     from hetpart.partitioner.pipeline_layers import layer_problem
 
     node_of = {d.name: d.node for d in problem.devices}
-    first: dict[str, int] = {}
+    first: dict[str, float] = {}
     for i, v in enumerate(problem.graph.nodes):
         for w in problem.graph.nodes[v].get(WEIGHTS, ()):
             for d in holders.get(w, ()):
                 if d in node_of:
                     first.setdefault(node_of[d], i)
+    kind = {d.node: (d.type, d.capacity_bytes) for d in problem.devices}
+    for m in sorted(set(node_of.values()) - set(first)):  # a machine that holds none: beside one of its kind
+        first[m] = min((x for u, x in first.items() if kind[u] == kind[m] and u in node_of.values()),
+                       default=float("inf")) + 0.5
     out, seen = [], []
     for sign in (-1, 1, None):
         devices = problem.devices if sign is None else sorted(
-            problem.devices, key=lambda d: (d.node not in first, sign * first.get(d.node, 0)))
+            problem.devices, key=lambda d: (first[d.node] == float("inf"), sign * min(first[d.node], 1e18)))
         if [d.name for d in devices] not in seen:
             seen.append([d.name for d in devices])
             prob = problem if sign is None else dataclasses.replace(problem, devices=list(devices))
