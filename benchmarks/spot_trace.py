@@ -43,7 +43,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hetpart.codegen.analysis import cluster_from_json  # noqa: E402
+from hetpart.codegen.analysis import ANALYSIS, cluster_from_json  # noqa: E402
+from hetpart.codegen.pipelines_record import PIPELINES_RECORD, SHAPE_MEMO  # noqa: E402
 from hetpart.devices import Cluster  # noqa: E402
 from hetpart.errors import HetpartError  # noqa: E402
 from hetpart.partitioner.costs import transfer_ns  # noqa: E402
@@ -107,7 +108,7 @@ def _replayed(plan_json: dict, rows: list[dict], end_s: float, good: dict[str, f
 
 
 def replay(path: Path, args: argparse.Namespace) -> dict:
-    data = json.loads((path / "ir" / "analysis.json").read_text())
+    data = json.loads((path / ANALYSIS).read_text())
     stored, full = problem_from_json(data["problem"]), cluster_from_json(data["cluster"])
     plan_json = json.loads((path / "plan.json").read_text())
     manifest = json.loads((path / "manifest.json").read_text())
@@ -209,11 +210,11 @@ def replay_pipelines(path: Path, stored, full: Cluster, plan_json: dict, manifes
     from hetpart.partitioner.shape_memo import ShapeMemo
     from hetpart.partitioner.solve import SolveOptions
 
-    old = pipelines_from_json(json.loads((path / "ir" / "pipelines.json").read_text()), str(path))
+    old = pipelines_from_json(json.loads((path / PIPELINES_RECORD).read_text()), str(path / PIPELINES_RECORD))
     holders = holders_of(manifest["ranks"])
     # NOTE [shape memo]: the partition's solved shapes, carried from event to event as `hetpart replan` carries
     # them from OLD_DIR to NEW_DIR (each search adds its own); --no-memo: every search from nothing, as before.
-    memo_file = path / "ir" / "shapes.json"
+    memo_file = path / SHAPE_MEMO
     memo = None if args.no_memo or not memo_file.exists() else ShapeMemo.from_json(
         json.loads(memo_file.read_text()), str(memo_file))
     prior = [json.loads(x) for x in args.references.read_text().splitlines() if x.startswith("{")] if (

@@ -33,7 +33,9 @@ from hetpart.partitioner.pipeline_shape import (
 from hetpart.partitioner.pipeline_stripes import stripe_probe
 from hetpart.partitioner.pipelines import PipelinesPlan, cost_pipelines, pipelines_violations
 from hetpart.partitioner.problem import MEM_BYTES, Problem
-from hetpart.partitioner.shape_memo import ShapeMemo, memo_codec, record_search, seed_candidates
+from hetpart.partitioner.shape_memo import (
+    ShapeMemo, memo_codec, record_search, record_stripes, seed_candidates, stripe_seeds,
+)
 from hetpart.partitioner.solve import SolveOptions
 
 # NOTE [pipeline shapes]
@@ -445,7 +447,9 @@ def _plan_and_facts(problem: Problem, microbatches: int, options: SolveOptions |
     # NOTE [striped pipelines]: 1/f of each machine the plan runs on (or of every machine) per pipeline, f of them.
     first_answer, first_plan = min(tried_answers, key=lambda ab: ab[1].iteration_ns)
     stripes = stripe_probe(problem, first_plan, microbatches,
-                           lambda devs, m, limit_s: solve_shape(devs, m, limit_s).plan, shape_limit, deadline(0.8), need)
+                           lambda devs, m, limit_s: solve_shape(devs, m, limit_s).plan, shape_limit, deadline(0.8),
+                           need, seeds=stripe_seeds(memo, codec, microbatches))  # NOTE [shape memo]
+    record_stripes(memo, codec, stripes.solved)
     # NOTE [op-level refinement]: the answer's shapes op by op in the time left, and the outer program again.
     solved = len(cands)
     on_ops = [(o[0], None) for o in ordered]  # each order within its share of the refinement's limit

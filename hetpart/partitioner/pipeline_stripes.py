@@ -15,6 +15,8 @@ from hetpart.partitioner.pipeline_outer import renamed
 from hetpart.partitioner.pipelines import PipelinesPlan, cost_pipelines, pipelines_violations
 from hetpart.partitioner.problem import Plan, Problem
 
+_SEEDS_AT_LEAST = 4  # memo stripes tried whatever the time (each a recost of f pipelines, ~0.1 s on llama-7b)
+
 # NOTE [striped pipelines]
 # A shape (NOTE [pipeline shapes]) is whole machines or a piece of one machine, so f pipelines that each take
 # 1/f of every device class of the same machines are not among them. In training they can win: when the f
@@ -37,6 +39,9 @@ from hetpart.partitioner.problem import Plan, Problem
 # than the probe has left (llama-70b on hetero-64 spent 5.9 s of its 45 on six tries). The whole plan is costed
 # by `cost_pipelines` (the exact sync), checked by `pipelines_violations`, and kept only when its step is lower.
 # The bound is untouched: NOTE [pipelines bound] holds for every partition of the devices, stripes included.
+# A re-plan's probe first takes the stripes NOTE [shape memo] kept (stripe 0's plan, keyed by the machines'
+# kinds and f; a 2 s re-plan has no time left to solve one: its limit_s is at least 1 s), then solves the sets
+# the memo lacks as above; each solved stripe goes into the memo.
 
 
 @dataclass
@@ -45,6 +50,8 @@ class StripeResult:
 
     plan: PipelinesPlan
     tries: list[tuple[int, int, int | None]] = field(default_factory=list)  # (machines, stripes, step ns or None)
+    # (machines, stripes, stripe 0's devices, its plan, its microbatches) of each stripe solved (NOTE [shape memo])
+    solved: list[tuple[tuple[str, ...], int, tuple[str, ...], Plan, int]] = field(default_factory=list)
     stats: dict[str, float] = field(default_factory=dict)
 
 
@@ -82,6 +89,13 @@ def stripe_devices(problem: Problem, machines: tuple[str, ...], stripes: int) ->
     return [tuple(g) for g in groups]
 
 
+def stripe_microbatches(problem: Problem, microbatches: int, stripes: int) -> int:
+    """The microbatches one stripe is solved for (NOTE [striped pipelines]: 1F1B the smaller share, GPipe the
+    larger)."""
+    gpipe = problem.training is not None and problem.training.schedule == "gpipe"
+    return -(-microbatches // stripes) if gpipe else microbatches // stripes
+
+
 def striped(problem: Problem, groups: list[tuple[str, ...]], plan: Plan, microbatches: int) -> PipelinesPlan:
     """`plan` (of `groups[0]`) run by every group, the batch split as evenly as it goes (NOTE [striped
     pipelines]), costed by `cost_pipelines`."""
@@ -94,20 +108,32 @@ def striped(problem: Problem, groups: list[tuple[str, ...]], plan: Plan, microba
 
 def stripe_probe(problem: Problem, best: PipelinesPlan, microbatches: int,
                  solve: Callable[[tuple[str, ...], int, float], Plan | None], limit_s: Callable[[int], float],
-                 end: float, need: int | None = None) -> StripeResult:
-    """NOTE [striped pipelines] from `best` until `end` (a perf_counter value): each (U, f) of `stripe_sets`
-    whose stripe has the memory to hold the model (`need`: `need_bytes`, which the search has) and no more devices
-    than `best`'s longest pipeline, one stripe solved by `solve(devices, microbatches, limit_s)` within
+                 end: float, need: int | None = None,
+                 seeds: list[tuple[tuple[str, ...], int, Plan]] = ()) -> StripeResult:  # type: ignore[assignment]
+    """NOTE [striped pipelines] from `best` until `end` (a perf_counter value): each (U, f) of `seeds` (stripe 0's
+    plan given: NOTE [shape memo]; the first _SEEDS_AT_LEAST whatever the time), then each of `stripe_sets` not
+    seeded whose stripe has the memory to hold the model (`need`: `need_bytes`, which the search has) and no more
+    devices than `best`'s longest pipeline, one stripe solved by `solve(devices, microbatches, limit_s)` within
     `limit_s(devices)`; the fastest valid plan of stripes kept when its step is below `best`'s."""
     t0 = time.perf_counter()
     out = StripeResult(plan=best)
     need = need_bytes(problem) if need is None else need
     longest = max(len(p.devices) for p in best.pipelines)
     used = best.used_devices
-    gpipe = problem.training is not None and problem.training.schedule == "gpipe"
+    done: set[tuple[tuple[str, ...], int]] = set()
+    for i, (machines, f, plan) in enumerate(seeds):
+        if i >= _SEEDS_AT_LEAST and time.perf_counter() > end:
+            break
+        done.add((machines, f))
+        got = striped(problem, stripe_devices(problem, machines, f), plan, microbatches)
+        ok = not pipelines_violations(problem, got, microbatches)
+        out.tries.append((len(machines), f, got.iteration_ns if ok else None))
+        if ok and got.iteration_ns < out.plan.iteration_ns:
+            out.plan = got
+    seeded = len(out.tries)
     for machines, f in stripe_sets(problem, used):
         left = end - time.perf_counter()
-        if left <= 0 or microbatches < f:
+        if left <= 0 or microbatches < f or (machines, f) in done:
             continue
         groups = stripe_devices(problem, machines, f)
         if len(groups[0]) > longest:
@@ -116,11 +142,12 @@ def stripe_probe(problem: Problem, best: PipelinesPlan, microbatches: int,
             continue  # NOTE [pipelines bound] (f): no plan of it holds the model (llama-70b: 6 or 12 GPUs)
         if limit_s(len(groups[0])) > left:
             continue  # its solve would overrun the probe's time (a stripe of every 1,024-GPU machine: 128 devices)
-        m = -(-microbatches // f) if gpipe else microbatches // f
+        m = stripe_microbatches(problem, microbatches, f)
         plan = solve(groups[0], m, limit_s(len(groups[0])))
         if plan is None:
             out.tries.append((len(machines), f, None))
             continue
+        out.solved.append((machines, f, groups[0], plan, m))
         got = striped(problem, groups, plan, microbatches)
         if pipelines_violations(problem, got, microbatches):
             out.tries.append((len(machines), f, None))
@@ -129,5 +156,6 @@ def stripe_probe(problem: Problem, best: PipelinesPlan, microbatches: int,
         if got.iteration_ns < out.plan.iteration_ns:
             out.plan = got
     out.stats = {"stripe_tries": float(len(out.tries)), "stripe_taken": float(out.plan is not best),
+                 "stripes_from_memo": float(seeded),
                  "stripe_seconds": time.perf_counter() - t0}
     return out

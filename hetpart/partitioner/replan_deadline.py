@@ -23,7 +23,10 @@ shares:
   baselines, each capped by what is left of T. The re-splits go first because the reference overruns
   its limits by a second or two at these sizes (its bound, baselines and idle reasons are not under
   them: measured 2.0-3.9 s at limits of 0.7 + 0.3 s on hetero-64); run first, it left the repairs
-  nothing, and the 7B's returning machines got no pipeline of their own.
+  nothing, and the 7B's returning machines got no pipeline of their own. Last, the stripes (NOTE
+  [re-plan pipelines] c) get STRIPES_SHARE of T of their own (the first whatever the time): after the
+  search, whose stripe probe then seeds none of theirs twice, and apart from its deadline, which the
+  reference's overrun has spent by then.
 Before this, each of these solves had T of its own, so a data-parallel re-plan of a broken 70B
 pipeline took the reference (about 1.5 T) plus up to four repairs of T each and their lexicographic
 steps (11.8 s at T = 2 s). What the shared deadline costs is a shorter reference and shorter repairs:
@@ -45,6 +48,7 @@ PIPELINES_SEARCH_SHARE = 0.35  # ... then the from-scratch search's share of T
 PIPELINES_BASELINE_SHARE = 0.15  # ... and its baselines'
 REPAIR_SOLVE_SHARE = 0.6  # a repair's part: its sub-problem's solve, the rest its lexicographic step
 MIN_SOLVE_S = 0.1  # below this a solve is not started
+STRIPES_SHARE = 0.25  # data-parallel pipelines: the stripes' solves (NOTE [re-plan pipelines] c), after the search
 
 
 @dataclass
@@ -87,7 +91,7 @@ def replan_pipelines_within(problem: Problem, old: Sequence, holders: Mapping[st
     `time_limit_s` (NOTE [re-plan deadline]): (the PipelinesReplan, the reference's seconds). `memo`: the solved
     shapes the from-scratch search starts from (NOTE [shape memo]), extended with its own."""
     from hetpart.partitioner.pipeline_search import plan_with_baselines
-    from hetpart.partitioner.replan_pipelines import replan_pipelines, resplit_candidates
+    from hetpart.partitioner.replan_pipelines import replan_pipelines, resplit_candidates, stripe_candidates
     from hetpart.partitioner.solve import SolveOptions
 
     deadline = Deadline(time_limit_s)
@@ -103,7 +107,10 @@ def replan_pipelines_within(problem: Problem, old: Sequence, holders: Mapping[st
             echo(f"note: the from-scratch --parallel data plan: {str(err).splitlines()[0]}; the batch re-splits only")
         scratch = None
     reference_s = time.perf_counter() - reference_start
-    return replan_pipelines(problem, old, holders, scratch, slack=slack, seed=seed, resplits=resplits), reference_s
+    stripes = stripe_candidates(problem, holders, microbatches, deadline=Deadline(STRIPES_SHARE * time_limit_s),
+                                seed=seed, memo=memo)
+    return replan_pipelines(problem, old, holders, scratch, slack=slack, seed=seed,
+                            resplits=resplits + stripes), reference_s
 
 
 def expected_solves(broken: int, free: bool) -> int:

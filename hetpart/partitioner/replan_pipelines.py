@@ -26,6 +26,17 @@ a. the batch re-split: every old pipeline whose devices all survive keeps its st
 b. the from-scratch plan, as is and relabeled (NOTE [large re-plan]'s `relabel_stages` over every
    pipeline's stages at once: machines of one kind swap whole, devices of one type and capacity
    inside a machine swap, so every stage keeps its costs and the sync its links; re-costed anyway).
+c. striped pipelines (NOTE [striped pipelines]), as is and relabeled: over every machine left, then
+   over every machine left but one kind's (llama-7b on hetero-64 less l-0: the 30 s reference is 8
+   stripes of six machines, l-1 idle, and the re-plan's stripes of all seven run 1.0299x its step),
+   the most stripes each. A stripe
+   plan that loses a machine loses every pipeline (each has a stage on it), and a 2 s search has no
+   time left for its stripe probe (a stripe's limit is 1 s), so its re-splits repair all of them and
+   its from-scratch plan is no stripe (llama-7b: 1.04-1.07 of the 30 s reference's step). Stripe 0
+   is taken from NOTE [shape memo] when the memo holds its machine kinds and f, else solved by the
+   search's planner (on layers, 0.1-0.3 s of CPU on llama-7b) and recorded there, so an event that
+   returns to a cluster seen before solves none; within STRIPES_SHARE of the limit (NOTE [re-plan
+   deadline]), the first whatever the time.
 The choice is NOTE [lexicographic re-plan]'s, over these candidates: B the least iteration of any
 (the from-scratch plan's unless a re-split is faster), then among those within floor(B x (1 +
 slack)) the fewest bytes between machines, then within, then the least iteration. Bytes are
@@ -37,6 +48,7 @@ lower bound printed is the from-scratch plan's, which bounds every plan of the n
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import time
@@ -44,18 +56,20 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from hetpart.errors import HetpartError
+from hetpart.partitioner.costs import slot_capacity_bytes
 from hetpart.partitioner.evaluate import bottleneck_ns, evaluate
 from hetpart.partitioner.pipeline_outer import Candidate, _split
 from hetpart.partitioner.pipelines import (
     Pipeline, PipelinesPlan, cost_pipelines, pipeline_time_ns, pipelines_violations, sub_problem,
 )
-from hetpart.partitioner.problem import Plan, Problem
+from hetpart.partitioner.problem import WEIGHTS, Plan, Problem, StageCost
 from hetpart.partitioner.replan import Moves, relabel_stages, stage_moves, stage_weights
 from hetpart.partitioner.replan_deadline import MIN_SOLVE_S, REPAIR_SOLVE_SHARE, Deadline, expected_solves
 from hetpart.partitioner.verify import plan_violations
 
 PIPELINES_RECORD_VERSION = 1
 _UNIFORM_ABOVE = 3  # broken pipelines: above, every one gets the same option (3^B combinations otherwise)
+_STRIPE_LIMIT_S = 1.0  # one stripe's solve at most (the search's _SHAPE_LIMIT_S; NOTE [re-plan pipelines] c)
 
 
 @dataclass(frozen=True)
@@ -149,10 +163,19 @@ class PipelinesReplan:
 
 
 def pipeline_plan(problem: Problem, devices: Sequence[str], stage_of: dict[str, int], device_of_stage: Sequence[str],
-                  microbatches: int) -> Plan:
-    """A pipeline's plan of `stage_of` on `device_of_stage`, costed by `evaluate` on its sub-problem."""
-    sub = sub_problem(problem, devices, microbatches)
-    stages = evaluate(sub, stage_of, list(device_of_stage))
+                  microbatches: int, costs: Sequence[Sequence[int]] | None = None) -> Plan:
+    """A pipeline's plan of `stage_of` on `device_of_stage`, costed by `evaluate` on its sub-problem; or, given
+    `costs` (per stage: compute_ns, comm_in_ns, comm_out_ns, memory_bytes), with the costs `evaluate` gave it
+    before (NOTE [shape memo]: the same problem, devices of the same types, capacities and links, the same stash)."""
+    if costs is None:
+        stages = evaluate(sub_problem(problem, devices, microbatches), stage_of, list(device_of_stage))
+    else:
+        nodes: list[list[str]] = [[] for _ in device_of_stage]
+        for v in problem.graph.nodes:  # in graph order, as `evaluate` lists them
+            nodes[stage_of[v]].append(v)
+        slots = [problem.slot(d) for d in device_of_stage]
+        stages = [StageCost(k, s.devices[0], s.type, nodes[k], c[0], c[1], c[2], c[3], slot_capacity_bytes(problem, s),
+                            slot=s.name, devices=s.devices) for k, (s, c) in enumerate(zip(slots, costs))]
     plan = Plan(stage_of=dict(stage_of), slot_of_stage=list(device_of_stage), stages=stages,
                 bottleneck_ns=bottleneck_ns(stages), lower_bound_ns=0, solver_status="FEASIBLE", solve_seconds=0.0,
                 objective="iteration", microbatches=microbatches)
@@ -218,6 +241,104 @@ def relabeled(problem: Problem, pp: PipelinesPlan, holders: Mapping[str, tuple[s
     new = relabel_stages(problem, held, devices, holders)
     return [(tuple(new[f:f + len(p.plan.slot_of_stage)]), p.plan.stage_of, tuple(new[f:f + len(p.plan.slot_of_stage)]))
             for f, p in zip(first, pp.pipelines)]
+
+
+def relabeled_plan(problem: Problem, pp: PipelinesPlan, holders: Mapping[str, tuple[str, ...]],
+                   what: str) -> PipelinesPlan:
+    """`pp` relabeled (`relabeled`): the same stages on other devices of their kinds, the same shares, re-costed."""
+    pipes = []
+    for p, (devices, stage_of, dos) in zip(pp.pipelines, relabeled(problem, pp, holders)):
+        plan = pipeline_plan(problem, devices, stage_of, dos, p.microbatches)
+        pipes.append(Pipeline(p.index, tuple(dos), p.microbatches, plan, pipeline_time_ns(plan, p.microbatches)))
+    return cost_pipelines(problem, pipes, solver_status="FEASIBLE",
+                          bound_note=f"re-planned (NOTE [re-plan pipelines]): {what}")
+
+
+def stripe_candidates(problem: Problem, holders: Mapping[str, tuple[str, ...]], microbatches: int, *,
+                      deadline: Deadline, seed: int, memo=None) -> list[PipelinesCandidate]:
+    """NOTE [re-plan pipelines] c: striped pipelines (NOTE [striped pipelines]) over every machine left, then over
+    every machine left but one kind's, the most stripes each; stripe 0 from `memo` (NOTE [shape memo]) or solved by
+    the search's planner in each of `_held_orders` within `deadline` (the first whatever the time, with its whole
+    _STRIPE_LIMIT_S: a solve cut short lands its stages elsewhere; a memo plan was solved for other holdings), the
+    solved ones added to `memo`; each as is and relabeled."""
+    from hetpart.partitioner.pipeline_bounds import need_bytes
+    from hetpart.partitioner.pipeline_search import Shape, _class_devices, machine_kinds
+    from hetpart.partitioner.pipeline_shape import _solve_shape
+    from hetpart.partitioner.pipeline_stripes import stripe_devices, stripe_microbatches, stripe_sets, striped
+    from hetpart.partitioner.shape_memo import memo_codec, record_stripes, stripe_seeds
+    from hetpart.partitioner.solve import SolveOptions
+
+    kinds, kind_of = machine_kinds(problem)
+    codec = memo_codec(memo, problem, microbatches, kinds, _class_devices, Shape)
+    known: dict[tuple, list[Plan]] = {}
+    for machines, f, plan in stripe_seeds(memo, codec, microbatches):
+        known.setdefault((machines, f), []).append(plan)
+    sets: list[tuple[tuple[str, ...], int]] = []
+    for leave in [None] + list(range(len(kinds))):  # every machine, then every machine but one kind's
+        on = {d.name for d in problem.devices if kind_of[d.node] != leave}
+        machines = tuple(sorted({problem.device(d).node for d in on}))
+        sets += [s for s in stripe_sets(problem, on) if s[0] == machines and s not in sets][:1]  # the most stripes
+    need, orders, solved, out = need_bytes(problem), None, [], []
+    for i, (machines, f) in enumerate(sets):
+        groups = stripe_devices(problem, machines, f)
+        if microbatches < f or sum(problem.device(d).capacity_bytes for d in groups[0]) < need:
+            continue  # NOTE [pipelines bound] (f): no plan of it holds the model
+        m = stripe_microbatches(problem, microbatches, f)
+        plans = list(known.get((machines, f), []))  # the memo's, and the held orders' solved in time
+        for k in range(3):
+            if (i or k) and deadline.left() < MIN_SOLVE_S:
+                break
+            orders = orders or _held_orders(problem, holders)
+            if k >= len(orders):
+                break
+            prob, layers = orders[k]
+            limit_s = _STRIPE_LIMIT_S if not (i or k) else min(_STRIPE_LIMIT_S, max(MIN_SOLVE_S, deadline.left()))
+            plan = _solve_shape(prob, groups[0], m, SolveOptions(seed=seed), limit_s, layers)
+            if plan is not None:
+                plan = pipeline_plan(problem, groups[0], plan.stage_of, plan.slot_of_stage, m)  # costed on `problem`
+                plans.append(plan)
+                solved.append((machines, f, groups[0], plan, m))
+        for plan in plans:
+            pp = striped(problem, groups, plan, microbatches)
+            if pipelines_violations(problem, pp, microbatches):
+                continue
+            name = f"stripes: {f} x {len(plan.stages)} stages on {len(machines)} machines"
+            for how, got in ((name, pp), (name + ", relabeled",
+                                          relabeled_plan(problem, pp, holders, "stripes relabeled"))):
+                out.append(PipelinesCandidate(how, got, ["new"] * len(got.pipelines),
+                                              pipelines_moves(problem, got, holders)))
+    record_stripes(memo, codec, solved)
+    return out
+
+
+def _held_orders(problem: Problem, holders: Mapping[str, tuple[str, ...]]) -> list[tuple[Problem, object]]:
+    """NOTE [re-plan pipelines] c: `problem` (and its layers) with its devices ordered by where their machines hold
+    the model (the first node, in graph order, whose weight a device of the machine holds; a machine that holds
+    none just after one of its kind that does, else last), that order reversed, and as it is: the planner's device order steers which machine each stage
+    lands on (llama-7b less s-0: the reversed order gave the old stripes' machine order and 65 GiB moved, as it
+    is 316 GiB, at the same step)."""
+    from hetpart.partitioner.pipeline_layers import layer_problem
+
+    node_of = {d.name: d.node for d in problem.devices}
+    first: dict[str, float] = {}
+    for i, v in enumerate(problem.graph.nodes):
+        for w in problem.graph.nodes[v].get(WEIGHTS, ()):
+            for d in holders.get(w, ()):
+                if d in node_of:
+                    first.setdefault(node_of[d], i)
+    kind = {d.node: (d.type, d.capacity_bytes) for d in problem.devices}
+    for m in sorted(set(node_of.values()) - set(first)):  # a machine that holds none: beside one of its kind
+        first[m] = min((x for u, x in first.items() if kind[u] == kind[m] and u in node_of.values()),
+                       default=float("inf")) + 0.5
+    out, seen = [], []
+    for sign in (-1, 1, None):
+        devices = problem.devices if sign is None else sorted(
+            problem.devices, key=lambda d: (first[d.node] == float("inf"), sign * min(first[d.node], 1e18)))
+        if [d.name for d in devices] not in seen:
+            seen.append([d.name for d in devices])
+            prob = problem if sign is None else dataclasses.replace(problem, devices=list(devices))
+            out.append((prob, layer_problem(prob)))
+    return out
 
 
 @dataclass
@@ -348,12 +469,7 @@ def replan_pipelines(problem: Problem, old: Sequence[OldPipeline], holders: Mapp
         first = PipelinesCandidate("from scratch", scratch, ["from scratch"] * len(scratch.pipelines),
                                    pipelines_moves(problem, scratch, holders))
         cands.append(first)
-        pipes = []  # the same stages on other devices of their kinds, the same shares
-        for p, (devices, stage_of, dos) in zip(scratch.pipelines, relabeled(problem, scratch, holders)):
-            plan = pipeline_plan(problem, devices, stage_of, dos, p.microbatches)
-            pipes.append(Pipeline(p.index, tuple(dos), p.microbatches, plan, pipeline_time_ns(plan, p.microbatches)))
-        pp = cost_pipelines(problem, pipes, solver_status="FEASIBLE",
-                            bound_note="re-planned (NOTE [re-plan pipelines]): the from-scratch plan relabeled")
+        pp = relabeled_plan(problem, scratch, holders, "the from-scratch plan relabeled")
         cands.append(PipelinesCandidate("from scratch, relabeled", pp, ["from scratch"] * len(pp.pipelines),
                                         pipelines_moves(problem, pp, holders)))
     cands += resplits if resplits is not None else resplit_candidates(

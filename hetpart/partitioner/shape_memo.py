@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 import networkx as nx
 
 from hetpart.errors import HetpartError
-from hetpart.partitioner.problem import Plan, Problem, StageCost
+from hetpart.partitioner.problem import Plan, Problem
 from hetpart.partitioner.problem_json import problem_to_json
 
 SHAPES_VERSION = 1
@@ -96,13 +96,15 @@ class ShapeMemo:
     fingerprint: str
     plans: dict[str, list[MemoPlan]] = field(default_factory=dict)
     no_plan: dict[str, tuple[int, str]] = field(default_factory=dict)  # shape key -> (m_ref, why)
+    stripes: dict[str, list[MemoPlan]] = field(default_factory=dict)  # `stripe_key` -> stripe 0's plans
     seeded: int = 0  # plans the last search took from the memo (for the report)
     ignored: bool = False  # the last search was given another problem's memo, and emptied it
 
     def to_json(self) -> dict:
         return {"version": SHAPES_VERSION, "fingerprint": self.fingerprint,
                 "plans": {k: [vars(p) for p in v] for k, v in sorted(self.plans.items())},
-                "no_plan": {k: list(v) for k, v in sorted(self.no_plan.items())}}
+                "no_plan": {k: list(v) for k, v in sorted(self.no_plan.items())},
+                "stripes": {k: [vars(p) for p in v] for k, v in sorted(self.stripes.items())}}
 
     @staticmethod
     def from_json(data: object, where: str) -> ShapeMemo:
@@ -111,13 +113,15 @@ class ShapeMemo:
             if data.get("version") != SHAPES_VERSION:  # type: ignore[union-attr]
                 raise HetpartError(f"{where}: version {data.get('version')}, this hetpart reads {SHAPES_VERSION}: "  # type: ignore[union-attr]
                                    "partition again to keep a memo of solved shapes")
-            return ShapeMemo(str(data["fingerprint"]),  # type: ignore[index]
-                             {str(k): [MemoPlan(int(p["m_ref"]), [[int(a), int(b)] for a, b in p["stages"]],
-                                                [[str(s[0]), int(s[1]), int(s[2]), int(s[3])] for s in p["slots"]],
-                                                int(p["time_ns"]), [[int(x) for x in c[:4]] for c in p["costs"]])
-                                    for p in v]
-                              for k, v in data["plans"].items()},  # type: ignore[index]
-                             {str(k): (int(v[0]), str(v[1])) for k, v in data["no_plan"].items()})  # type: ignore[index]
+            def plans(by_key: dict) -> dict[str, list[MemoPlan]]:
+                return {str(k): [MemoPlan(int(p["m_ref"]), [[int(a), int(b)] for a, b in p["stages"]],
+                                          [[str(s[0]), int(s[1]), int(s[2]), int(s[3])] for s in p["slots"]],
+                                          int(p["time_ns"]), [[int(x) for x in c[:4]] for c in p["costs"]])
+                                 for p in v] for k, v in by_key.items()}
+
+            return ShapeMemo(str(data["fingerprint"]), plans(data["plans"]),  # type: ignore[index]
+                             {str(k): (int(v[0]), str(v[1])) for k, v in data["no_plan"].items()},  # type: ignore[index]
+                             plans(data.get("stripes", {})))  # type: ignore[union-attr]  # none before stripes were kept
         except HetpartError:
             raise
         except (AttributeError, KeyError, TypeError, ValueError, IndexError) as e:
@@ -130,6 +134,7 @@ class ShapeCodec:
     def __init__(self, problem: Problem, kinds, class_devices, shape_type) -> None:
         self.problem, self.kinds, self.class_devices, self.shape_type = problem, kinds, class_devices, shape_type
         self.keys = [kind_key(k, problem.intra_node_links.get(k.machines[0])) for k in kinds]
+        self.kind_of = {m: j for j, k in enumerate(kinds) for m in k.machines}
         self.order = list(problem.graph.nodes)
 
     def shape_key(self, shape) -> str:
@@ -164,9 +169,39 @@ class ShapeCodec:
                         out[d] = [self.keys[j], mo, ci, ix]
         return out
 
-    def encode(self, shape, plan: Plan, m_ref: int, time_ns: int) -> MemoPlan | None:
-        """The plan as a MemoPlan; None when a stage's slot is not one device of the shape (a TP slot)."""
-        pos = self._positions(shape)
+    def stripe_key(self, machines: tuple[str, ...], stripes: int) -> str:
+        """NOTE [striped pipelines] of `stripes` over `machines`, by the machines' kinds (NOTE [shape memo])."""
+        counts: dict[str, int] = {}
+        for m in machines:
+            counts[self.keys[self.kind_of[m]]] = counts.get(self.keys[self.kind_of[m]], 0) + 1
+        return json.dumps(["stripes", sorted([k, n] for k, n in counts.items()), stripes])
+
+    def stripe_of(self, key: str) -> tuple[tuple[str, ...], int] | None:
+        """(machines, stripes) of this cluster for a memo's stripe key (the first machines of each kind, as a
+        shape takes them); None when it has too few machines of a kind."""
+        data = json.loads(key)
+        machines: list[str] = []
+        for k, n in data[1]:
+            if k not in self.keys or len(self.kinds[self.keys.index(k)].machines) < n:
+                return None
+            machines += self.kinds[self.keys.index(k)].machines[:n]
+        return tuple(sorted(machines)), int(data[2])
+
+    def stripe_positions(self, machines: tuple[str, ...], group: tuple[str, ...]) -> dict[str, list]:
+        """Each device of `group` (a stripe of `machines`) -> its position: kind, machine ordinal among
+        `machines` of that kind, device class, index in the class."""
+        out, inside = {}, set(group)
+        for m in machines:
+            j = self.kind_of[m]
+            mo = [u for u in machines if self.kind_of[u] == j].index(m)
+            for ci, devs in enumerate(self.class_devices(self.problem, self.kinds[j], m)):
+                out.update({d: [self.keys[j], mo, ci, ix] for ix, d in enumerate(devs) if d in inside})
+        return out
+
+    def encode(self, shape, plan: Plan, m_ref: int, time_ns: int, pos: dict[str, list] | None = None) -> MemoPlan | None:
+        """The plan as a MemoPlan (`pos`: its devices' positions, default the shape's); None when a stage's slot
+        is not one device of the shape (a TP slot)."""
+        pos = self._positions(shape) if pos is None else pos
         if any(s not in pos for s in plan.slot_of_stage) or len(plan.stages) != len(plan.slot_of_stage):
             return None
         runs: list[list[int]] = []
@@ -179,11 +214,12 @@ class ShapeCodec:
         return MemoPlan(m_ref, runs, [pos[s] for s in plan.slot_of_stage], time_ns,
                         [[st.compute_ns, st.comm_in_ns, st.comm_out_ns, st.memory_bytes] for st in plan.stages])
 
-    def decode(self, shape, mp: MemoPlan) -> tuple[dict[str, int], list[str]] | None:
-        """(stage_of, device per stage) on this cluster; None when the memo plan does not fit the graph or shape."""
+    def decode(self, shape, mp: MemoPlan, pos: dict[str, list] | None = None) -> tuple[dict[str, int], list[str]] | None:
+        """(stage_of, device per stage) on this cluster (`pos` as `encode`'s); None when the memo plan does not fit
+        the graph or shape."""
         if sum(n for _, n in mp.stages) != len(self.order) or len(mp.costs) != len(mp.slots):
             return None
-        by_pos = {json.dumps(p): d for d, p in self._positions(shape).items()}
+        by_pos = {json.dumps(p): d for d, p in (self._positions(shape) if pos is None else pos).items()}
         devices = [by_pos.get(json.dumps(p)) for p in mp.slots]
         if None in devices or len(set(devices)) != len(devices):
             return None
@@ -214,7 +250,8 @@ def memo_codec(memo: ShapeMemo | None, problem: Problem, microbatches: int, kind
     fingerprint = problem_fingerprint(problem, microbatches)
     if memo.fingerprint != fingerprint:
         memo.ignored = bool(memo.plans or memo.no_plan)
-        memo.fingerprint, memo.plans, memo.no_plan = fingerprint, {}, {}
+        memo.ignored = memo.ignored or bool(memo.stripes)
+        memo.fingerprint, memo.plans, memo.no_plan, memo.stripes = fingerprint, {}, {}, {}
     return ShapeCodec(problem, kinds, class_devices, shape_type)
 
 
@@ -258,7 +295,7 @@ def seed_candidates(memo: ShapeMemo, codec: ShapeCodec, order: list, devices_of,
         devs = devices_of_shape(s)
         m = mp.m_ref if schedule == "gpipe" else m_ref_of(len(devs))  # GPipe: runs up to the m it was solved for
         if no_plan_holds(mp.m_ref, m, len(devs), schedule):  # the same memory: the costs recorded
-            plan = _memo_plan(problem, got[0], got[1], mp.costs, m)
+            plan = pipeline_plan(problem, devs, got[0], got[1], m, mp.costs)
         else:  # 1F1B at fewer microbatches than devices: its stash may change, evaluate and check it again
             plan = pipeline_plan(problem, devs, got[0], got[1], m)
             if plan_violations(sub_problem(problem, devs, m), plan):
@@ -268,25 +305,6 @@ def seed_candidates(memo: ShapeMemo, codec: ShapeCodec, order: list, devices_of,
             out.append(c)
     memo.seeded = len(out)
     return out
-
-
-def _memo_plan(problem: Problem, stage_of: dict[str, int], devices: list[str], costs: list[list[int]], m: int) -> Plan:
-    """A memo plan with the stage costs `evaluate` gave it when recorded (NOTE [shape memo]: the same problem,
-    devices of the same types, capacities and links, the same stash), as `replan_pipelines.pipeline_plan` builds one."""
-    from hetpart.partitioner.costs import slot_capacity_bytes
-    from hetpart.partitioner.evaluate import bottleneck_ns
-    from hetpart.partitioner.pipelines import pipeline_time_ns
-
-    nodes: list[list[str]] = [[] for _ in devices]
-    for v, k in stage_of.items():  # in graph order, as `evaluate` lists them
-        nodes[k].append(v)
-    slots = [problem.slot(d) for d in devices]
-    stages = [StageCost(k, s.devices[0], s.type, nodes[k], c[0], c[1], c[2], c[3], slot_capacity_bytes(problem, s),
-                        slot=s.name, devices=s.devices) for k, (s, c) in enumerate(zip(slots, costs))]
-    plan = Plan(stage_of=stage_of, slot_of_stage=list(devices), stages=stages, bottleneck_ns=bottleneck_ns(stages),
-                lower_bound_ns=0, solver_status="FEASIBLE", solve_seconds=0.0, objective="iteration", microbatches=m)
-    plan.objective_ns = pipeline_time_ns(plan, m)
-    return plan
 
 
 def record_search(memo: ShapeMemo | None, codec: ShapeCodec | None, cands: list, no_plan: dict,
@@ -304,10 +322,53 @@ def record_search(memo: ShapeMemo | None, codec: ShapeCodec | None, cands: list,
             memo.no_plan[key] = (m, no_plan[s])
 
 
+def stripe_seeds(memo: ShapeMemo | None, codec: ShapeCodec | None, microbatches: int) -> list:
+    """NOTE [shape memo] for NOTE [striped pipelines]: each memo stripe whose machine kinds this cluster has, as
+    (machines, stripes, stripe 0's plan at the microbatches the probe gives it), the most samples per ns of the
+    whole striped plan first; the probe costs and checks each whole plan (`pipelines_violations`) as its own."""
+    if memo is None or codec is None:
+        return []
+    from hetpart.partitioner.pipeline_stripes import stripe_devices, stripe_microbatches
+    from hetpart.partitioner.replan_pipelines import pipeline_plan
+
+    problem = codec.problem
+    schedule = problem.training.schedule if problem.training is not None else None
+    todo = []
+    for key, plans in memo.stripes.items():
+        got = codec.stripe_of(key)
+        if got is not None and got[1] <= microbatches:
+            todo += [(-got[1] * mp.m_ref / max(1, mp.time_ns), key, i, got, mp) for i, mp in enumerate(plans)]
+    out = []
+    for _, _, _, (machines, f), mp in sorted(todo, key=lambda t: t[:3]):
+        group = stripe_devices(problem, machines, f)[0]
+        got = codec.decode(None, mp, codec.stripe_positions(machines, group))
+        if got is None:
+            continue
+        m = stripe_microbatches(problem, microbatches, f)
+        same = no_plan_holds(mp.m_ref, m, len(group), schedule)  # the same stash: the costs recorded
+        out.append((machines, f, pipeline_plan(problem, group, got[0], got[1], m, mp.costs if same else None)))
+    return out
+
+
+def record_stripes(memo: ShapeMemo | None, codec: ShapeCodec | None, solved: list) -> None:
+    """Keep the stripe probe's solved stripes ((machines, stripes, stripe 0's devices, its plan, m) each)."""
+    if memo is None or codec is None:
+        return
+    from hetpart.partitioner.pipelines import pipeline_time_ns
+
+    for machines, f, group, plan, m in solved:
+        mp = codec.encode(None, plan, m, pipeline_time_ns(plan, m), codec.stripe_positions(machines, group))
+        if mp is None:
+            continue
+        key = codec.stripe_key(machines, f)
+        kept = [p for p in memo.stripes.get(key, []) if (p.stages, p.slots) != (mp.stages, mp.slots)] + [mp]
+        memo.stripes[key] = sorted(kept, key=lambda p: p.time_ns)[:_PLANS_PER_SHAPE]
+
+
 def no_plan_holds(memo_m: int, m_ref: int, devices: int, schedule: str | None) -> bool:
     """NOTE [shape memo]: a memo's "no plan" at `memo_m` microbatches holds for a solve at `m_ref`."""
     return memo_m == m_ref or (schedule == "1f1b" and min(memo_m, m_ref) >= devices)
 
 
 __all__ = ["MemoPlan", "ShapeCodec", "ShapeMemo", "SHAPES_VERSION", "memo_codec", "no_plan_holds", "problem_fingerprint",
-           "record_search", "seed_candidates"]
+           "record_search", "record_stripes", "seed_candidates", "stripe_seeds"]

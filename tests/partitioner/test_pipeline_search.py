@@ -394,7 +394,7 @@ def one_kind_shapes_only(monkeypatch) -> None:
                         lambda p, kinds: [s for s in real(p, kinds) if len(search.kinds_of(s)) == 1])
     monkeypatch.setattr(search, "_lp_shapes", lambda *a: [])
     real_stripes = search.stripe_probe  # NOTE [striped pipelines] mixes kinds too: given no time here
-    monkeypatch.setattr(search, "stripe_probe", lambda *a: real_stripes(*a[:5], time.perf_counter() - 1.0))
+    monkeypatch.setattr(search, "stripe_probe", lambda *a, **k: real_stripes(*a[:5], time.perf_counter() - 1.0))
 
 
 # Brute force over the join choices: the slow machine given to either fast machine's pipeline.

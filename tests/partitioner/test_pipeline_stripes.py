@@ -39,7 +39,7 @@ def no_stripes(monkeypatch) -> None:
     import hetpart.partitioner.pipeline_search as search
 
     real = search.stripe_probe
-    monkeypatch.setattr(search, "stripe_probe", lambda *a: real(*a[:5], time.perf_counter() - 1.0))
+    monkeypatch.setattr(search, "stripe_probe", lambda *a, **k: real(*a[:5], time.perf_counter() - 1.0))
 
 
 def test_stripe_sets_and_devices():

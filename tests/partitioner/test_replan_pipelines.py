@@ -218,3 +218,84 @@ def test_the_re_splits_solves_share_one_deadline(seed, monkeypatch):
     assert limits, "the lost device's pipeline is repaired or replaced: some solve ran"
     assert sum(limits) <= T + replan_deadline.MIN_SOLVE_S
     assert all(lim >= replan_deadline.MIN_SOLVE_S for lim in limits) and got.candidates
+
+
+def _three_machines():
+    """`stripy` (test_pipeline_stripes) with a second GPU machine n2 and slow 'old' devices on n1 (400 ns an op):
+    stripes over every machine, and over the GPU machines alone (NOTE [re-plan pipelines] c: every machine but
+    one kind's)."""
+    from test_pipeline_stripes import stripy
+
+    p = stripy(400)
+    p.devices += [Device(f"h{i}", "gpu", "n2", 250) for i in range(2)]
+    p.intra_node_links["n2"] = Link(100_000, 0)
+    return p, {w: ("g0",) for w in p.weights}
+
+
+def test_stripes_over_every_machine_or_all_but_a_kind_cost_what_brute_force_says(monkeypatch):
+    """Each stripe candidate runs f copies of stripe 0's solved plan; its step equals brute force's best over its
+    own device groups (stripes are interchangeable: NOTE [striped pipelines]); the set without the slow kind is
+    among them; a stripe of one machine (too little memory) is not tried; the memo keeps the solved stripes, so
+    the same re-plan with nothing solved gives them again."""
+    from hetpart.partitioner import pipeline_shape
+    from hetpart.partitioner.pipeline_stripes import stripe_devices
+    from hetpart.partitioner.replan_deadline import Deadline
+    from hetpart.partitioner.replan_pipelines import stripe_candidates
+    from hetpart.partitioner.shape_memo import ShapeMemo
+
+    from test_pipeline_search import brute_groups
+
+    p, holders = _three_machines()
+    M, memo = 4, ShapeMemo("")
+    got = stripe_candidates(p, holders, M, deadline=Deadline(30), seed=0, memo=memo)
+    plain = {c.name: c for c in got if not c.name.endswith("relabeled")}
+    assert set(plain) == {"stripes: 2 x 2 stages on 3 machines", "stripes: 2 x 2 stages on 2 machines"}
+    for c in got:
+        assert not pipelines_violations(p, c.plan, M)
+    for name, machines in (("stripes: 2 x 2 stages on 3 machines", ("n0", "n1", "n2")),
+                           ("stripes: 2 x 2 stages on 2 machines", ("n0", "n2"))):
+        groups = stripe_devices(p, machines, 2)
+        assert all(set(q.plan.slot_of_stage) <= set(g) for q, g in zip(plain[name].plan.pipelines, groups))
+        assert plain[name].plan.iteration_ns == brute_groups(p, groups, M)
+    assert len(memo.stripes) == 2
+    monkeypatch.setattr(pipeline_shape, "_solve_shape", lambda *a, **k: None)  # nothing solved: the memo's alone
+    again = stripe_candidates(p, holders, M, deadline=Deadline(30), seed=0, memo=memo)
+    assert {c.name for c in again} == {c.name for c in got}
+    assert {(c.name, c.plan.iteration_ns) for c in again} <= {(c.name, c.plan.iteration_ns) for c in got}
+
+
+def test_the_stripes_keep_to_their_deadline_after_the_first(monkeypatch):
+    """With the deadline spent, the first set (every machine) is still solved, the others are not."""
+    from hetpart.partitioner.replan_deadline import Deadline
+    from hetpart.partitioner.replan_pipelines import stripe_candidates
+
+    p, holders = _three_machines()
+    got = stripe_candidates(p, holders, 4, deadline=Deadline(0), seed=0)
+    assert {c.name for c in got} == {"stripes: 2 x 2 stages on 3 machines",
+                                     "stripes: 2 x 2 stages on 3 machines, relabeled"}
+
+
+def test_stripes_of_a_striped_plan_on_the_same_machines_move_nothing():
+    """NOTE [re-plan pipelines] c: with the state where a striped plan put it, the stripes solved in the device
+    orders of `_held_orders` (as held, reversed, as is) and relabeled include one that moves no byte; the orders
+    list the machines by where they hold the model."""
+    from hetpart.partitioner.replan import stage_weights
+    from hetpart.partitioner.replan_deadline import Deadline
+    from hetpart.partitioner.replan_pipelines import _held_orders, stripe_candidates
+
+    p, holders = _three_machines()
+    first = [c for c in stripe_candidates(p, holders, 4, deadline=Deadline(30), seed=0)
+             if c.name.startswith("stripes: 2 x 2 stages on 2 machines")][0]
+    held: dict[str, list[str]] = {}
+    for q in first.plan.pipelines:
+        for k, ws in stage_weights(p, q.plan.stage_of).items():
+            for w in ws:
+                held.setdefault(w, []).append(q.plan.slot_of_stage[k])
+    held_t = {w: tuple(ds) for w, ds in held.items()}
+    got = stripe_candidates(p, held_t, 4, deadline=Deadline(30), seed=0)
+    assert min(c.moves.between_bytes + c.moves.within_bytes for c in got) == 0
+    by = [[d.node for d in prob.devices] for prob, _ in _held_orders(p, held_t)]
+    first_held = p.device(held_t["wa"][0]).node  # the machine that holds the model's first weight
+    assert by[-1] == [d.node for d in p.devices]  # as is, last
+    assert by[1][:2] == [first_held] * 2 and by[0][2:4] == [first_held] * 2  # as held; reversed
+    assert by[0][-2:] == by[1][-2:] == ["n1", "n1"]  # n1 holds nothing: last in both

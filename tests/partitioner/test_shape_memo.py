@@ -121,3 +121,70 @@ def test_a_memo_plan_costs_what_evaluate_says_on_the_new_cluster(seed):
         again = evaluate(sub_problem(q, c.devices, c.m_ref), c.plan.stage_of, list(c.plan.slot_of_stage))
         assert c.plan.stages == again
         assert set(c.plan.slot_of_stage) <= set(c.devices) and {d.name for d in q.devices} >= set(c.devices)
+
+
+def _stripy_memo():
+    """`stripy` (two machines of two devices, whose optimum is two stripes: NOTE [striped pipelines]) and the
+    memo its search leaves, carried through JSON as ir/shapes.json carries it."""
+    from test_pipeline_stripes import stripy
+
+    p, M = stripy(), 4
+    memo = ShapeMemo("")
+    plan_pipelines(p, M, time_limit_s=20, memo=memo)
+    return p, M, ShapeMemo.from_json(json.loads(json.dumps(memo.to_json())), "memo")
+
+
+def test_the_memo_keeps_stripes_and_a_search_without_time_for_them_takes_them(monkeypatch):
+    """NOTE [shape memo] for stripes: the probe's solved stripe is kept by its machines' kinds and f; a search
+    whose probe has no time to solve one (a 2 s re-plan's) still takes it from the memo, and the plan is brute
+    force's optimum, valid and costed as `cost_pipelines` says."""
+    import time
+
+    from test_pipeline_stripes import no_stripes
+
+    p, M, memo = _stripy_memo()
+    assert [json.loads(k)[2] for k in memo.stripes] == [2]  # f = 2 over both machines
+    optimum = brute_pipelines(p, M)
+    no_stripes(monkeypatch)
+    assert plan_pipelines(p, M, time_limit_s=20).iteration_ns == 350  # no stripes solved: the one pipeline
+    from hetpart.partitioner import pipeline_stripes
+
+    monkeypatch.setattr(pipeline_search, "stripe_probe", lambda *a, **k: pipeline_stripes.stripe_probe(
+        *a[:5], time.perf_counter() - 1.0, **k))  # its end passed: only the memo's stripes are tried
+    got = plan_pipelines(p, M, time_limit_s=20, memo=memo)
+    assert got.stats["stripes_from_memo"] == 1.0 and got.stats["stripe_taken"] == 1.0
+    assert got.iteration_ns == optimum == 302 and not pipelines_violations(p, got, M)
+    assert cost_pipelines(p, got.pipelines, solver_status="x").iteration_ns == got.iteration_ns
+    assert got.lower_bound_ns <= optimum
+
+
+def test_a_memo_stripe_maps_onto_a_bigger_cluster_with_evaluates_costs():
+    """The stripe's kinds are in a cluster with one more machine of a kind: the seed runs on the first machines of
+    each kind, stripe 0's stages cost what `evaluate` says on its devices, and a cluster short of a kind gets none."""
+    from hetpart.partitioner import Device, Link
+    from hetpart.partitioner.evaluate import evaluate
+    from hetpart.partitioner.pipeline_search import Shape, _class_devices, machine_kinds
+    from hetpart.partitioner.pipeline_stripes import stripe_devices
+    from hetpart.partitioner.pipelines import sub_problem
+    from hetpart.partitioner.shape_memo import ShapeCodec, stripe_seeds
+
+    p, M, memo = _stripy_memo()
+    q = dataclasses.replace(p, devices=[Device(f"h{i}", "gpu", "m9", 250) for i in range(2)] + list(p.devices),
+                            intra_node_links={**p.intra_node_links, "m9": Link(100_000, 0)})
+    kinds, _ = machine_kinds(q)
+    seeds = stripe_seeds(memo, ShapeCodec(q, kinds, _class_devices, Shape), M)
+    assert len(seeds) == 1
+    machines, f, plan = seeds[0]
+    assert f == 2 and machines == ("m9", "n1")  # the first machine of each kind (m9 sorts before n0)
+    group = stripe_devices(q, machines, f)[0]
+    assert set(plan.slot_of_stage) <= set(group)
+    assert plan.stages == evaluate(sub_problem(q, group, M // f), plan.stage_of, list(plan.slot_of_stage))
+    short = dataclasses.replace(p, devices=[d for d in p.devices if d.node == "n0"],
+                                intra_node_links={"n0": p.intra_node_links["n0"]})
+    kinds, _ = machine_kinds(short)
+    assert stripe_seeds(memo, ShapeCodec(short, kinds, _class_devices, Shape), M) == []
+
+
+def test_a_memo_written_before_stripes_were_kept_is_read():
+    memo = ShapeMemo.from_json({"version": 1, "fingerprint": "x", "plans": {}, "no_plan": {}}, "out/ir/shapes.json")
+    assert memo.stripes == {} and "stripes" in memo.to_json()
