@@ -109,6 +109,8 @@ def _layout_baseline(problem: Problem, M: int, name: str, speed_aware: bool,
             break  # (never before a layout is ranked: "none fits" must be true)
         pipes: list[tuple[list[str], Plan]] = []
         for j in range(D // pp):
+            if ranked and rank_end is not None and time.perf_counter() > rank_end:
+                break  # the pipelines costed so far are this pp's layouts (an evaluation took 0.18 s on 3,690 nodes)
             devs = names[j * pp:(j + 1) * pp]
             if speed_aware:
                 sizes = _proportional(blocks, [1.0 / max(1, type_time[problem.device(d).type]) for d in devs])
