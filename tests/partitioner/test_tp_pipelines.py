@@ -244,7 +244,9 @@ def test_a_degree_left_too_little_time_keeps_its_search_free_bound():
         if two.error.startswith("not searched"):
             assert "not searched (time limit), its search-free bound" in two.note
         checked += 1
-    assert checked >= 4
+        if checked == 4:
+            break
+    assert checked == 4
 
 
 def test_a_degree_whose_bound_is_past_the_best_plan_is_pruned():
@@ -253,24 +255,29 @@ def test_a_degree_whose_bound_is_past_the_best_plan_is_pruned():
     checked = 0
     for seed in range(40):
         problems, M, _ = slot_problems(seed)
-        quick = {t: quick_pipelines_bound(p, M).bound_ns for t, p in problems.items()}
-        opts = {t: brute_pipelines(p, M) for t, p in problems.items()}
-        if opts[1] is None or quick[2] < opts[1]:
-            continue
+        quick = quick_pipelines_bound(problems[2], M).bound_ns
         calls = []
 
         def plan(t: int, p: Problem, m: int, share_s: float) -> PipelinesPlan:
             calls.append(t)
             return plan_pipelines(p, m, time_limit_s=share_s)
 
-        choice = choose_pipelines_degree(problems, M, plan, 20)
+        try:
+            choice = choose_pipelines_degree(problems, M, plan, 20)
+        except HetpartError:
+            continue
         one = next(r for r in choice.results if r.degree == 1)
         two = next(r for r in choice.results if r.degree == 2)
-        if quick[2] >= one.plan.iteration_ns:  # degree 1's plan found (it may be above its optimum)
-            assert calls == [1] and two.error.startswith("pruned") and two.bound_ns == quick[2]
-            assert choice.degree == 1
-            checked += 1
-        assert choice.plan.lower_bound_ns <= min(o for o in opts.values() if o is not None)
+        pruned = one.plan is not None and quick >= one.plan.iteration_ns
+        assert two.error.startswith("pruned") == pruned and (calls == [1]) == pruned
+        if not pruned:
+            continue
+        assert two.bound_ns == quick and choice.degree == 1
+        opts = [o for o in (brute_pipelines(p, M) for p in problems.values()) if o is not None]
+        assert choice.plan.lower_bound_ns <= min(opts) <= choice.plan.iteration_ns
+        checked += 1
+        if checked == 2:
+            break
     assert checked >= 1
 
 
