@@ -65,7 +65,7 @@ def main() -> None:
             opts = SolveOptions(time_limit_s=args.time_limit)
             # Each degree its whole limit, to compare the degrees (the CLI shares it: NOTE [degrees share the time
             # limit]); the total given is what they may take together.
-            choice = choose_pipelines_degree(problems, m, lambda p, mb, _share: plan_with_baselines(
+            choice = choose_pipelines_degree(problems, m, lambda _t, p, mb, _share: plan_with_baselines(
                 p, mb, opts, baseline_limit_s=args.time_limit / 2)[0], 1.5 * args.time_limit * len(degrees))
             one = next((r.plan for r in choice.results if r.degree == 1 and r.plan is not None), None)
             for r in choice.results:

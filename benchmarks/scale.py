@@ -87,8 +87,8 @@ def run_one(model: str, preset: str, args: argparse.Namespace) -> dict:
         said = re.search(r"^tensor parallel, data-parallel pipelines: (.*?chose\s+degree\s+\d+)", proc.stdout,
                          re.S | re.M)
         parts = re.search(r"^the degrees' parts of the time limit \(.*?\): "
-                          r"(.*?degree 1\s+[\d.]+\s+s\s+of\s+[\d.]+\s+s)", proc.stdout, re.S | re.M)
-        row["degrees"] = " ".join(((said.group(1) if said else "") + (f"; {parts.group(1)}" if parts else "")).split())
+                          r"((?:degree\s+\d+\s+[\d.]+\s+s\s+of\s+[\d.]+\s+s,?\s*)+)", proc.stdout, re.S | re.M)
+        row["degrees"] = " ".join(((said.group(1) if said else "") + (f"; {parts.group(1).strip()}" if parts else "")).split())
         row.update(pipelines=len(plan.get("pipelines") or [1]), used=len(plan.get("devices_used") or []),
                    iteration_s=plan["iteration_us"] / 1e6, bound_s=plan["lower_bound_us"] / 1e6,
                    best=f"{best['name']} {best['iteration_us'] / 1e6:.2f}" if best else "none has a plan",

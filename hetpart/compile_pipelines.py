@@ -28,7 +28,7 @@ from hetpart.partitioner.shape_memo import ShapeMemo
 from hetpart.partitioner.tp_pipelines import slots_note
 from hetpart.pipeline_groups import split_microbatches
 from hetpart.plan_report import PipelineReport, PlanReport
-from hetpart.tensor_parallel import lower_degrees
+from hetpart.tensor_parallel import _us, lower_degrees
 
 if TYPE_CHECKING:
     import torch.fx as fx
@@ -97,24 +97,21 @@ def choose_pipelines_tp(gm: fx.GraphModule, problem: Problem, cluster: Cluster, 
     problems = {1: problem} | {t: tp.problem for t, tp in lowered.items()}
     baselines: dict[int, list[dict]] = {}
 
-    def plan(p: Problem, microbatches: int, seconds: float) -> PipelinesPlan:
-        degree = next(t for t, q in problems.items() if q is p)
+    def plan(degree: int, p: Problem, microbatches: int, seconds: float) -> PipelinesPlan:
         # The search and its baselines fit in this degree's share (NOTE [degrees share the time limit]).
         got, baselines[degree] = plan_data_parallel(p, dataclasses.replace(opts, time_limit_s=seconds))
         return got
 
     choice = choose_pipelines_degree(problems, opts.microbatches, plan,
                                      max(0.0, opts.time_limit_s - (time.perf_counter() - start)))  # after lowering
-    us = lambda ns: f"{ns / 1000:,.1f} us"  # noqa: E731
     echo("tensor parallel, data-parallel pipelines: " + "; ".join(
-        f"degree {r.degree}: " + (f"{us(r.plan.iteration_ns)}, {len(r.plan.pipelines)} pipeline(s)"
-                                  if r.plan is not None else "not searched (time limit)" if r.error.startswith(
-                                      "not searched") else "no plan") + f" (bound {us(r.bound_ns)})"
-        for r in choice.results) + (f"; skipped: {', '.join(skipped)}" if skipped else "")
-         + f"; chose degree {choice.degree}")
-    echo("the degrees' parts of the time limit (NOTE [degrees share the time limit]): " + ", ".join(
-        f"degree {r.degree} {r.seconds:.1f} s of {r.share_s:.1f} s" for r in sorted(choice.results,
-                                                                                  key=lambda r: -r.degree)))
+        f"degree {r.degree}: " + (f"{_us(r.plan.iteration_ns)}, {len(r.plan.pipelines)} pipeline(s)"
+                                  if r.plan is not None else r.error.split(":")[0] if r.error.startswith(
+                                      ("not searched", "pruned")) else "no plan") + f" (bound {_us(r.bound_ns)})"
+        for r in sorted(choice.results, key=lambda r: r.degree)) + (f"; skipped: {', '.join(skipped)}" if skipped
+                                                                     else "") + f"; chose degree {choice.degree}")
+    echo("the degrees' parts of the time limit (NOTE [degrees share the time limit]): "
+         + ", ".join(f"degree {r.degree} {r.seconds:.1f} s of {r.share_s:.1f} s" for r in choice.results))
     return choice.plan, baselines.get(choice.degree, []), lowered.get(choice.degree)
 
 

@@ -458,11 +458,11 @@ def test_parallel_data_with_max_tensor_parallel_keeps_the_fastest_degree_and_wri
                  "--cluster", "preset:cpu-8", "--out", str(out)]) == 0
     said = capsys.readouterr().out.splitlines()
     line = next(x for x in said if x.startswith("tensor parallel, data-parallel"))
-    # NOTE [degrees share the time limit]: degree 2 first, each within what the limit left it.
+    # NOTE [degrees share the time limit]: degree 1 first, each within what the limit left it.
     parts = next(x for x in said if x.startswith("the degrees' parts of the time limit"))
     given = [(int(t), float(took), float(share)) for t, took, share in
              re.findall(r"degree (\d) ([\d.]+) s of ([\d.]+) s", parts)]
-    assert [t for t, _, _ in given] == [2, 1] and given[0][2] <= 6.0 and given[1][2] <= 6.0 - given[0][1] + 0.1
+    assert [t for t, _, _ in given] == [1, 2] and given[0][2] <= 6.0 and given[1][2] <= 6.0 - given[0][1] + 0.1
     steps = {int(t): float(us.replace(",", "")) for t, us in re.findall(r"degree (\d): ([\d,.]+) us,", line)}
     assert sorted(steps) == [1, 2]
     chosen = min(steps, key=lambda t: (steps[t], t))

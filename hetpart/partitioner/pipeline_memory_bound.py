@@ -210,7 +210,7 @@ class _Setup:
 
 
 def _setup(problem: Problem, microbatches: int, lam: dict[str, float], fill_ns: float, largest_ns: float,
-           need_bytes: int) -> _Setup:
+           need_bytes: int, deadline: float | None = None) -> _Setup:
     t = problem.training
     schedule = None if t is None else t.schedule
     kinds = problem.device_kinds()
@@ -227,7 +227,7 @@ def _setup(problem: Problem, microbatches: int, lam: dict[str, float], fill_ns: 
     scale_t = 1.0 / max(fill_ns, 1.0)
     lam_n = [lam.get(k[0], 0.0) / scale_t / work for k in kind_list]
     rate = sum(lam_i * kinds[k] for lam_i, k in zip(lam_n, kind_list))
-    floor = transfer_floor(problem, top if schedule == "1f1b" else max_stages)  # NOTE [boundary transfer floor]
+    floor = transfer_floor(problem, top if schedule == "1f1b" else max_stages, deadline=deadline)  # NOTE [boundary transfer floor]
     return _Setup(tau=[floor.tau_ns[k] * scale_t for k in kind_list],
                   delta=[floor.delta_ns[k] * scale_t for k in kind_list],
                   exempt=float(floor.exempt_sides), per_machine=float(floor.machine_devices),
@@ -491,7 +491,10 @@ def memory_lower_bound(problem: Problem, microbatches: int, lam: dict[str, float
     t = problem.training
     if t is not None and (t.schedule not in ("1f1b", "gpipe") or t.virtual_stages != 1):
         return MemoryBound(0, 0, 0.0, True, f"no memory bound for the {t.schedule} schedule")
-    st = _setup(problem, microbatches, lam, fill_ns, largest_ns, need_bytes)
+    if _past(deadline):  # its setup alone takes seconds on thousands of nodes: not begun past the deadline
+        return MemoryBound(0, 0, time.perf_counter() - t0, False, "memory per stage (NOTE [pipelines memory bound]), "
+                           "not begun before the deadline")
+    st = _setup(problem, microbatches, lam, fill_ns, largest_ns, need_bytes, deadline)
     lo = max(1.0, start_ns, fill_ns)
     witness: dict = {}
     one, done = one_pipeline_bound_ns(st, microbatches, deadline, witness)

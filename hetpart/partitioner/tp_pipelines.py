@@ -18,7 +18,8 @@ degree, `passes/tensor_parallel.py`); degrees mixed across pipelines would need 
 between rings of different shard sizes, which no cost or runtime here has. The plan space of
 `choose_pipelines_degree` is the union of the degrees' spaces; its bound the least of theirs (each
 degree's `plan_pipelines` bound covers every plan of its slot problem, NOTE [pipelines bound]; a
-degree whose search found no plan gets `pipelines_lower_bound` on its own), so it stays valid, and
+degree whose search found no plan gets `pipelines_lower_bound` on its own, and every degree NOTE [quick
+pipelines bound], searched or not), so it stays valid, and
 tests/partitioner/test_tp_pipelines.py checks bound <= optimum <= plan against brute force on small
 slot problems. Ties go to the smaller degree. Devices used: a used slot is T devices.
 
@@ -44,19 +45,27 @@ per-machine reading (`grad_sync_nic_ns`) beside the plan's sync, so the differen
 The test checks the slot sync against T lane rings costed over the physical devices.
 
 NOTE [degrees share the time limit]
-`--time-limit` bounds the whole solve, so the degrees share it rather than each taking it: they are
-searched from the fewest slots (the highest degree: the cheapest search) to degree 1 (the most slots),
-each given a part of what is left in proportion to its slots (the search's cost grows with them: on
-llama-7b x hetero-64 with degrees 1-8, equal parts left degree 1, 64 slots, 8-16 s of 45), so time a
-degree does not use goes to the degrees after it. A degree's part covers its search, its bound (NOTE
-[bounds deadline]: the search gives its bound part of its own limit) and its baselines; a degree whose
-search finds no plan computes its bound alone within `_BOUND_SHARE` of its part. A degree may overrun its
-part (the search's fixed costs: llama-70b x hetero-64's degree 8, 8 slots, took 6 s of 3; llama-405b x
-hetero-256's degree 8, 32 slots, 39 s of 3, most of it the one-pipeline baseline's solve) and takes from
-the degrees after it. A degree after the first whose part is under `_LEAST_PART` of the limit is not
-searched (its fixed costs would overrun it further): its plans are then outside every bound computed, so
-the plan's bound is 0 (gap 100%) and the note names the degree left out, as a bound part past its deadline
-is left out (NOTE [bounds deadline]). The solve's lines print each degree's part and seconds.
+`--time-limit` bounds the whole solve, so the degrees share it rather than each taking it:
+1. Every degree's search-free bound first, NOTE [quick pipelines bound] (milliseconds per degree), so no
+   degree is ever outside every bound: one not searched, or whose search ran out of time before its
+   NOTE [pipelines bound] finished, keeps that bound (the larger of the two where both finished).
+2. Degree 1 is searched first, with at least `_DEGREE1_PART` of the limit (more where its slots' share of
+   all the degrees' slots is larger): `--max-tensor-parallel N` must not be worse than degree 1 alone, and
+   before this order the higher degrees, searched first, overran their parts (fixed costs that do not
+   shrink with the limit: llama-70b x hetero-256's degrees 8, 4 and 2 took 66 s of 45) and left degree 1
+   unsearched, its plan a degree-4 baseline's 8.31 s against degree 1's 6.60 (docs/benchmarks.md, "scaletp").
+3. Then the others, the most promising (least bound) first (fewest slots among equals), each given a part of
+   what is left in proportion to its slots; time a degree does not use goes to the degrees after it.
+4. A degree whose bound is at least the best plan found so far cannot give a faster plan: it is not
+   searched (pruned, certified by its bound, which stays in the least over the degrees and cannot lower it
+   below the plan). A degree whose part is under `_LEAST_PART` of the limit is not searched either (its
+   fixed costs would overrun it further): its bound is its search-free one, and the note says so.
+5. Time left after the searches tightens the least bound: NOTE [pipelines bound] on the degree whose bound
+   is least, until the deadline (a bound cut by the deadline is still a bound, the larger kept).
+A degree's part covers its search, its bound (NOTE [bounds deadline]: the search gives its bound part of
+its own limit) and its baselines; a degree whose search finds no plan computes its bound alone within
+`_BOUND_SHARE` of its part. A degree may still overrun its part and take from the degrees after it. The
+solve's lines print each degree's part and seconds, in the order searched.
 """
 
 from __future__ import annotations
@@ -69,11 +78,14 @@ from dataclasses import dataclass
 
 from hetpart.errors import HetpartError
 from hetpart.partitioner.pipeline_bounds import pipelines_lower_bound
+from hetpart.partitioner.pipeline_quick_bound import quick_pipelines_bound
 from hetpart.partitioner.pipelines import Pipeline, PipelinesPlan, grad_sync_ns, sync_buckets
 from hetpart.partitioner.problem import Problem
 
+_DEGREE1_PART = 0.5  # degree 1's part of the limit at least, searched first
 _BOUND_SHARE = 0.15  # a degree without a plan: its bound's part of its share (as NOTE [bounds deadline])
-_LEAST_PART = 0.05  # a degree after the first left less than this part of the limit is not searched
+_LEAST_PART = 0.1  # a degree after the first left less than this part of the limit is not searched (at 0.05,
+# llama-70b x hetero-256's degrees 2 and 4 took 9.8 and 6.9 s of 2.5 and 2.9 s parts: seconds of fixed costs)
 
 
 @dataclass(frozen=True)
@@ -92,7 +104,8 @@ class DegreePipelines:
 
 @dataclass(frozen=True)
 class PipelinesDegreeChoice:
-    """The degree kept and its plan, the bound and status over every degree searched, and each degree's result."""
+    """The degree kept and its plan, the bound and status over every degree, and each degree's result (in the order
+    searched)."""
 
     degree: int
     plan: PipelinesPlan
@@ -100,51 +113,93 @@ class PipelinesDegreeChoice:
 
 
 def choose_pipelines_degree(problems: Mapping[int, Problem], microbatches: int,
-                            plan: Callable[[Problem, int, float], PipelinesPlan],
+                            plan: Callable[[int, Problem, int, float], PipelinesPlan],
                             time_limit_s: float) -> PipelinesDegreeChoice:
-    """NOTE [tensor-parallel pipelines]: `plan(problem, microbatches, seconds)` on each degree's slot problem (degree
-    1: the devices'), the fastest plan kept (ties: the smaller degree), its bound the least over the degrees; the
-    degrees share `time_limit_s` (NOTE [degrees share the time limit])."""
-    results = []
+    """NOTE [tensor-parallel pipelines]: `plan(degree, problem, microbatches, seconds)` on each degree's slot problem
+    (degree 1: the devices'), the fastest plan kept (ties: the smaller degree), its bound the least over the degrees;
+    the degrees share `time_limit_s` (NOTE [degrees share the time limit])."""
     t0 = time.perf_counter()
-    order = sorted(problems, key=lambda t: (len(problems[t].devices), -t))  # the fewest slots first
+    end = t0 + time_limit_s
+    # 1. Every degree's search-free bound, under the clock.
+    bounds: dict[int, tuple[int, str]] = {}
+    for t in sorted(problems):
+        if time.perf_counter() > end:
+            bounds[t] = (0, "no bound: the time limit ran out before its search-free bound")
+            continue
+        quick = quick_pipelines_bound(problems[t], microbatches)
+        bounds[t] = (quick.bound_ns, quick.note)
+    # 2-3. Degree 1 first, then the least bound first.
+    rest = sorted((t for t in problems if t != 1), key=lambda t: (bounds[t][0], len(problems[t].devices), t))
+    order = [t for t in (1, *rest) if t in problems]
+    results: dict[int, DegreePipelines] = {}
+    finished: set[int] = set()  # degrees whose NOTE [pipelines bound] finished
+    best_ns: int | None = None
     for i, t in enumerate(order):
         start = time.perf_counter()
-        left = [len(problems[u].devices) for u in order[i:]]
-        share = max(0.0, t0 + time_limit_s - start) * left[0] / max(1, sum(left))
-        if results and share < _LEAST_PART * time_limit_s:  # too little left to search it: left out, said so
-            results.append(DegreePipelines(t, None, 0, 0.0, f"not searched: {share:.1f} s of the time limit left "
-                                           f"for it (NOTE [degrees share the time limit])", share,
-                                           f"left out: degree {t} was not searched (time limit)"))
+        bound, note = bounds[t]
+        if best_ns is not None and bound >= best_ns:  # 4. it cannot give a faster plan
+            results[t] = DegreePipelines(t, None, bound, 0.0, f"pruned: its bound {bound:,} ns is at least the best "
+                                         f"plan's {best_ns:,} ns (NOTE [degrees share the time limit])", 0.0,
+                                         slots_note(note, t))
+            continue
+        left = [len(problems[u].devices) for u in order[i:] if u not in results]
+        share = max(0.0, end - start) * left[0] / max(1, sum(left))
+        if t == 1:
+            share = max(share, min(max(0.0, end - start), _DEGREE1_PART * time_limit_s))
+        if results and share < _LEAST_PART * time_limit_s:  # too little left to search it: its quick bound, said so
+            results[t] = DegreePipelines(t, None, bound, 0.0, f"not searched: {share:.1f} s of the time limit left "
+                                         f"for it (NOTE [degrees share the time limit])", share,
+                                         slots_note(f"not searched (time limit), its search-free bound: {note}", t))
             continue
         try:
-            got = plan(problems[t], microbatches, share)
-            bound, error, note = got.lower_bound_ns, "", got.bound_note
+            got = plan(t, problems[t], microbatches, share)
+            error = ""
+            if got.lower_bound_ns > bound:
+                bound, note = got.lower_bound_ns, got.bound_note
+                finished |= {t} if "past the deadline" not in note else set()
+            best_ns = got.iteration_ns if best_ns is None else min(best_ns, got.iteration_ns)
         except HetpartError as e:  # no plan found: the bound over this degree's plans on its own
             got, error = None, str(e).splitlines()[0]
             alone = pipelines_lower_bound(problems[t], microbatches,
                                           deadline=time.perf_counter() + _BOUND_SHARE * share)
-            bound, note = alone.bound_ns, alone.note
-        results.append(DegreePipelines(t, got, bound, time.perf_counter() - start, error, share,
-                                       slots_note(note, t)))
-    results.sort(key=lambda r: r.degree)
-    found = [r for r in results if r.plan is not None]
+            if alone.bound_ns > bound:
+                bound, note = alone.bound_ns, alone.note
+            finished |= set() if alone.unfinished else {t}
+        results[t] = DegreePipelines(t, got, bound, time.perf_counter() - start, error, share, slots_note(note, t))
+    found = [r for r in results.values() if r.plan is not None]
     if not found:
         raise HetpartError(f"partitioner: no data-parallel pipelines of tensor-parallel degree "
                            f"{', '.join(str(t) for t in sorted(problems))} found: "
-                           + "; ".join(f"degree {r.degree}: {r.error}" for r in results))
+                           + "; ".join(f"degree {t}: {results[t].error}" for t in sorted(results)))
     best = min(found, key=lambda r: (r.plan.iteration_ns, r.degree))
-    least = min(results, key=lambda r: (r.bound_ns, r.degree))
-    bound = least.bound_ns
-    lower = min(bound, best.plan.iteration_ns)
+    _tighten(problems, microbatches, results, finished, best.plan.iteration_ns, end)  # 5.
+    ordered = tuple(results[t] for t in order)
+    least = min(ordered, key=lambda r: (r.bound_ns, r.degree))
+    lower = min(least.bound_ns, best.plan.iteration_ns)
     status = "OPTIMAL" if lower >= best.plan.iteration_ns else (
         best.plan.solver_status if best.plan.solver_status == "WITHIN_GAP" and lower == best.plan.lower_bound_ns
         else "FEASIBLE")
-    note = (f"the least over tensor-parallel degrees {', '.join(str(r.degree) for r in results)} of each degree's "
+    note = (f"the least over tensor-parallel degrees {', '.join(str(t) for t in sorted(results))} of each degree's "
             f"bound (NOTE [tensor-parallel pipelines]), degree {least.degree}'s: {least.note}")
     return PipelinesDegreeChoice(best.degree, dataclasses.replace(best.plan, lower_bound_ns=lower,
-                                                                  solver_status=status, bound_note=note),
-                                 tuple(results))
+                                                                  solver_status=status, bound_note=note), ordered)
+
+
+def _tighten(problems: Mapping[int, Problem], microbatches: int, results: dict[int, DegreePipelines],
+             finished: set[int], best_ns: int, end: float) -> None:
+    """NOTE [degrees share the time limit] 5: while time is left, NOTE [pipelines bound] on the degree whose bound is
+    least and below the plan, each degree once and none whose bound already `finished`."""
+    tried = set(finished)
+    while time.perf_counter() < end:
+        open_ = [r for t, r in results.items() if t not in tried and r.bound_ns < best_ns]
+        if not open_:
+            return
+        r = min(open_, key=lambda r: (r.bound_ns, r.degree))
+        tried.add(r.degree)
+        full = pipelines_lower_bound(problems[r.degree], microbatches, deadline=end, upper_ns=best_ns)
+        if full.bound_ns > r.bound_ns:
+            results[r.degree] = dataclasses.replace(r, bound_ns=full.bound_ns, note=slots_note(
+                f"{full.note} (computed after the searches, NOTE [degrees share the time limit])", r.degree))
 
 
 def slots_note(text: str, degree: int) -> str:

@@ -19,8 +19,12 @@ def test_a_deadline_never_turns_into_no_layout_fits_nor_changes_a_strategy_s_pla
         full = {b.name: b for b in pipeline_baselines(p, M, time_limit_s=30, single=False)}
         past = {b.name: b for b in pipeline_baselines(p, M, time_limit_s=1e-9, single=False)}
         for name in ("megatron", "metis"):
-            # A deadline already gone still ranks one layout: "no layout fits" only where none does.
-            assert (past[name].plan is None) == (full[name].plan is None), (seed, name, past[name].note)
+            # A deadline already gone stops before any layout is ranked (llama-70b x hetero-256 spent 32 s past it
+            # proving none fits): it says so, and "no layout fits" only where none does.
+            if past[name].plan is None and full[name].plan is not None:
+                assert "found before its deadline" in past[name].note and "fits in memory with" not in past[name].note
+            else:
+                assert (past[name].plan is None) == (full[name].plan is None), (seed, name, past[name].note)
             if full[name].plan is None:
                 assert "fits in memory" in full[name].note or "breaks" in full[name].note
                 continue

@@ -100,7 +100,7 @@ def test_floor_keeps_the_bound_at_most_the_brute_force_optimum_and_raises_it():
 def _without_floor(p: Problem, M: int) -> int:
     real = pipeline_memory_bound.transfer_floor
     try:
-        pipeline_memory_bound.transfer_floor = lambda problem, stages: dataclasses.replace(
+        pipeline_memory_bound.transfer_floor = lambda problem, stages, deadline=None: dataclasses.replace(
             real(problem, stages), beta_bytes=0, tau_ns={k: 0 for k in real(problem, stages).tau_ns},
             delta_ns={k: 0 for k in real(problem, stages).delta_ns})
         return pipelines_lower_bound(p, M).bound_ns
@@ -136,7 +136,7 @@ def test_a_floor_that_exempts_no_side_exceeds_some_optimum():
         opt = brute_pipelines(p, M)
         assert pipelines_lower_bound(p, M).bound_ns <= opt
         try:
-            pipeline_memory_bound.transfer_floor = lambda problem, stages: dataclasses.replace(
+            pipeline_memory_bound.transfer_floor = lambda problem, stages, deadline=None: dataclasses.replace(
                 real(problem, stages), cheap=-1)  # exempt_sides = 0
             over += pipelines_lower_bound(p, M).bound_ns > opt
         finally:
@@ -161,6 +161,12 @@ def test_floor_of_a_layer_chain():
     assert f.beta_bytes == 30 and f.cheap == 3 and f.exempt_sides == 8 and f.machine_devices == 2
     assert f.tau_ns == {("a", 10**6): 1 + 300, ("b", 10**6): 2 + 3000}  # b: the network beats its own link
     assert f.delta_ns == {("a", 10**6): 3002 - 301, ("b", 10**6): 0}
+    # Past a deadline the gaps left get mu 0 (weaker, still a floor) and the table is not kept; a finished one is.
+    fresh = dataclasses.replace(p)
+    assert gap_table(fresh, deadline=0.0) == [(0, 1), (2, 1), (0, 1), (0, 1), (0, 1), (0, 1), (0, 1)]
+    assert "_gap_table" not in fresh.__dict__
+    assert transfer_floor(fresh, stages=6, deadline=0.0).beta_bytes == 0  # one gap of 2 bytes: too few to charge
+    assert gap_table(p) is gap_table(p)
 
 
 @pytest.mark.parametrize("seed", [1, 3])

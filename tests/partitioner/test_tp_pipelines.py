@@ -18,6 +18,7 @@ from hetpart.errors import HetpartError
 from hetpart.partitioner import COLOCATE, MEM_BYTES, OUT_BYTES, PIN, PIN_FIRST, PIN_LAST, TIME_NS, WEIGHTS, Device, Link
 from hetpart.partitioner.costs import allreduce_ns, tp_shard_bytes
 from hetpart.partitioner.pipeline_bounds import pipelines_lower_bound
+from hetpart.partitioner.pipeline_quick_bound import quick_pipelines_bound
 from hetpart.partitioner.pipeline_search import plan_pipelines
 from hetpart.partitioner.pipelines import (
     PipelinesPlan, cost_pipelines, fixed_pipelines, grad_sync_ns, pipelines_violations,
@@ -143,7 +144,7 @@ def test_choice_over_degrees_against_brute_force():
         opts = {t: brute_pipelines(p, M) for t, p in problems.items()}
         if all(o is None for o in opts.values()):
             continue
-        choice = choose_pipelines_degree(problems, M, lambda p, m, s: plan_pipelines(p, m, time_limit_s=s), 30)
+        choice = choose_pipelines_degree(problems, M, lambda _t, p, m, s: plan_pipelines(p, m, time_limit_s=s), 30)
         best = min(o for o in opts.values() if o is not None)
         assert choice.plan.lower_bound_ns <= best <= choice.plan.iteration_ns
         assert not pipelines_violations(problems[choice.degree], choice.plan, M)
@@ -174,23 +175,24 @@ def test_sync_of_a_split_weight_is_lanes_of_its_shard():
 
 
 def test_degrees_share_the_time_limit():
-    """NOTE [degrees share the time limit]: the degrees are searched from the fewest slots, each given a share of
-    what is left of the limit that ends within it, and time a degree does not use goes to the next."""
-    problems, M, _ = slot_problems(CASES[0])
+    """NOTE [degrees share the time limit]: degree 1 first, with at least half the limit, then the others, each given
+    a share of what is left of the limit that ends within it; time a degree does not use goes to the next."""
+    problems, M, _ = slot_problems(CASES[0], degrees=(1, 2))
     limit_s, given = 20.0, []
 
-    def plan(p: Problem, m: int, share_s: float) -> PipelinesPlan:
-        given.append((len(p.devices), time.perf_counter(), share_s))
+    def plan(t: int, p: Problem, m: int, share_s: float) -> PipelinesPlan:
+        assert p is problems[t]
+        given.append((t, time.perf_counter(), share_s))
         return plan_pipelines(p, m, time_limit_s=share_s)
 
     t0 = time.perf_counter()
     choice = choose_pipelines_degree(problems, M, plan, limit_s)
-    assert [n for n, _, _ in given] == sorted(len(p.devices) for p in problems.values())  # degree 2 first
-    slots = sorted(len(p.devices) for p in problems.values())
-    assert given[0][2] == pytest.approx(limit_s * slots[0] / sum(slots), abs=0.1)  # a part in proportion to slots
+    assert [t for t, _, _ in given][0] == 1 and given[0][2] >= limit_s / 2 - 0.1
     assert all(start + share <= t0 + limit_s + 0.05 for _, start, share in given)
-    assert given[1][2] > limit_s * slots[1] / sum(slots)  # degree 2 finished early: degree 1 gets what it left
-    assert [r.share_s for r in choice.results] == [given[1][2], given[0][2]]  # results in degree order
+    if len(given) == 2:  # degree 2 not pruned by its bound: it gets what degree 1 left
+        assert given[1][2] > limit_s - given[0][2] - 0.1
+    assert [r.degree for r in choice.results] == [t for t, _, _ in given] + [
+        r.degree for r in choice.results if r.error.startswith("pruned")]
 
 
 def test_bound_note_reads_slots_as_groups():
@@ -200,7 +202,7 @@ def test_bound_note_reads_slots_as_groups():
     for seed in CASES[:4]:
         problems, M, _ = slot_problems(seed)
         try:
-            choice = choose_pipelines_degree(problems, M, lambda p, m, s: plan_pipelines(p, m, time_limit_s=s), 20)
+            choice = choose_pipelines_degree(problems, M, lambda _t, p, m, s: plan_pipelines(p, m, time_limit_s=s), 20)
         except HetpartError:
             continue
         n = len(problems[2].devices)
@@ -213,23 +215,89 @@ def test_bound_note_reads_slots_as_groups():
     assert checked >= 2
 
 
-def test_a_degree_left_too_little_time_is_not_searched_and_the_bound_says_so():
-    """NOTE [degrees share the time limit]: the first degree overruns the whole limit, so degree 1 is not searched;
-    its plans are outside every bound computed: the bound is 0 and the note names the degree left out."""
+def test_a_degree_left_too_little_time_keeps_its_search_free_bound():
+    """NOTE [degrees share the time limit]: degree 1 overruns the whole limit, so degree 2 is not searched; its
+    plans keep NOTE [quick pipelines bound] (never 0 again: scaletp's 70B rows printed gap 100%), which is at most
+    its optimum, and the plan's bound is the least over the degrees."""
+    checked = 0
+    for seed in CASES:
+        problems, M, _ = slot_problems(seed)
+        opts = {t: brute_pipelines(p, M) for t, p in problems.items()}
+        if opts[1] is None:
+            continue
+        calls = []
+
+        def plan(t: int, p: Problem, m: int, share_s: float) -> PipelinesPlan:
+            calls.append(t)
+            time.sleep(0.6)  # past the 0.5 s limit
+            return plan_pipelines(p, m, time_limit_s=5)
+
+        choice = choose_pipelines_degree(problems, M, plan, 0.5)
+        assert calls == [1] and choice.degree == 1
+        two = next(r for r in choice.results if r.degree == 2)
+        assert two.plan is None and (two.error.startswith("not searched") or two.error.startswith("pruned"))
+        quick = quick_pipelines_bound(problems[2], M).bound_ns
+        assert two.bound_ns == quick > 0
+        if opts[2] is not None:
+            assert two.bound_ns <= opts[2]
+        assert 0 < choice.plan.lower_bound_ns <= min(o for o in opts.values() if o is not None)
+        if two.error.startswith("not searched"):
+            assert "not searched (time limit), its search-free bound" in two.note
+        checked += 1
+        if checked == 4:
+            break
+    assert checked == 4
+
+
+def test_a_degree_whose_bound_is_past_the_best_plan_is_pruned():
+    """NOTE [degrees share the time limit] 4: a degree whose bound is at least the best plan found is not searched;
+    its bound stays in the least over the degrees, so the plan's bound is still at most every degree's optimum."""
+    checked = 0
+    for seed in range(40):
+        problems, M, _ = slot_problems(seed)
+        quick = quick_pipelines_bound(problems[2], M).bound_ns
+        calls = []
+
+        def plan(t: int, p: Problem, m: int, share_s: float) -> PipelinesPlan:
+            calls.append(t)
+            return plan_pipelines(p, m, time_limit_s=share_s)
+
+        try:
+            choice = choose_pipelines_degree(problems, M, plan, 20)
+        except HetpartError:
+            continue
+        one = next(r for r in choice.results if r.degree == 1)
+        two = next(r for r in choice.results if r.degree == 2)
+        pruned = one.plan is not None and quick >= one.plan.iteration_ns
+        assert two.error.startswith("pruned") == pruned and (calls == [1]) == pruned
+        if not pruned:
+            continue
+        assert two.bound_ns == quick and choice.degree == 1
+        opts = [o for o in (brute_pipelines(p, M) for p in problems.values()) if o is not None]
+        assert choice.plan.lower_bound_ns <= min(opts) <= choice.plan.iteration_ns
+        checked += 1
+        if checked == 2:
+            break
+    assert checked >= 1
+
+
+def test_degree_one_is_not_starved_by_overrunning_degrees():
+    """NOTE [degrees share the time limit] 2: higher degrees whose searches overrun their parts (scaletp's 70b/256:
+    degrees 8, 4, 2 took 66 s of 45 and left degree 1 unsearched) no longer starve degree 1: it is searched first
+    with at least half the limit, so the plan is never worse than degree 1's."""
     problems, M, _ = slot_problems(CASES[0])
-    calls = []
+    shares = {}
 
-    def plan(p: Problem, m: int, share_s: float) -> PipelinesPlan:
-        calls.append(len(p.devices))
-        time.sleep(0.6)  # past the 0.5 s limit
-        return plan_pipelines(p, m, time_limit_s=5)
+    def plan(t: int, p: Problem, m: int, share_s: float) -> PipelinesPlan:
+        shares[t] = share_s
+        if t > 1:
+            time.sleep(1.0)  # far past its part
+        return plan_pipelines(p, m, time_limit_s=min(share_s, 5))
 
-    choice = choose_pipelines_degree(problems, M, plan, 0.5)
-    assert calls == [len(problems[2].devices)] and choice.degree == 2
-    one = next(r for r in choice.results if r.degree == 1)
-    assert one.plan is None and one.bound_ns == 0 and one.error.startswith("not searched")
-    assert choice.plan.lower_bound_ns == 0 and choice.plan.solver_status == "FEASIBLE"
-    assert "degree 1's: left out: degree 1 was not searched (time limit)" in choice.plan.bound_note
+    choice = choose_pipelines_degree(problems, M, plan, 1.0)
+    assert shares[1] >= 0.5 and next(iter(shares)) == 1
+    alone = plan_pipelines(problems[1], M, time_limit_s=1.0)
+    assert choice.plan.iteration_ns <= alone.iteration_ns
 
 
 def test_idle_reasons_of_slots_count_groups():
