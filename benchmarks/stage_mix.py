@@ -62,7 +62,7 @@ def main() -> None:
     per_type = t.T @ count
     classes = StageSum(time_ns[:, cols], ok, count)
     mixed = StageSum(per_type[None, :], np.ones((1, len(cols)), dtype=bool), np.ones(1))
-    print(f"model per type (ms): " + ", ".join(f"{k} {v / 1e6:.1f}" for k, v in zip(shape, per_type)))
+    print("model per type (ms): " + ", ".join(f"{k} {v / 1e6:.1f}" for k, v in zip(shape, per_type)))
     print(f"{len(count)} node classes; least T of {args.microbatches} microbatches on {shape}:")
     print(f"  node classes split freely across types: {least_time_ns(classes, devices, args.microbatches) / 1e6:.1f} ms")
     print(f"  every stage the model's mix:            {least_time_ns(mixed, devices, args.microbatches) / 1e6:.1f} ms")
