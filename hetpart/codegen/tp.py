@@ -282,7 +282,8 @@ def _leaders_mesh(ranks: list[StageGraph], shardings: Sequence[ShardingPlan | No
                                  "degree": len(s), "weights": split[k]} for k, s in enumerate(stages)]}
 
 
-def slice_weights_groups(ranks: list[StageGraph], stages: Sequence[tuple[list[int], dict[str, dict], str]]) -> list[dict]:
+def slice_weights_groups(ranks: list[StageGraph],
+                         stages: Sequence[tuple[list[int], dict[str, dict], str]]) -> list[dict]:
     """NOTE [mixed-degree gradient sync] in partitioner/tp_sync.py: the weights groups of stages of several degrees
     (each its ranks, its split weights' {dim, chunks} and its name for errors): one per set of ranks summing the same
     slices, `slices` giving each split weight's slice (index of `of` along dim, in each of its chunks). A weight split
@@ -316,9 +317,9 @@ def slice_weights_groups(ranks: list[StageGraph], stages: Sequence[tuple[list[in
 # NOTE [tensor-parallel pipelines mesh]
 # Data-parallel pipelines whose every stage is a TP group of one degree t (`--pipelines` or
 # `--parallel data` with `--tensor-parallel t`; NOTE [tensor-parallel pipelines] in
-# partitioner/tp_pipelines.py plans them). Ranks are numbered pipeline-major, stage-major inside a
-# pipeline, TP index inside a stage. The mesh joins NOTE [the mesh]'s several pipelines and NOTE
-# [tensor-parallel stages]'s lanes:
+# partitioner/tp_pipelines.py plans them; several degrees: NOTE [mixed-degree pipelines mesh]).
+# Ranks are numbered pipeline-major, stage-major inside a pipeline, TP index inside a stage. The
+# mesh joins NOTE [the mesh]'s several pipelines and NOTE [tensor-parallel stages]'s lanes:
 #   "pipelines": [{"index": p, "lanes": ["pipeline-p-tp0", ...], "stages": [[0, 1], [2, 3]],
 #                  "microbatches": m_p, "microbatch_offset": ...}, ...]    one lane group per TP index
 #   "tensor_parallel": [{"pipeline": p, "stage": k, "group": "tp-p-k", "ranks", "degree", "weights"}, ...]
@@ -393,8 +394,8 @@ def _mixed_pipelines_mesh(ranks: list[StageGraph], shardings: list[list[Sharding
             "rank_groups": [[g["name"] for g in groups if r in g["ranks"]] for r in range(len(ranks))]}
 
 
-def tp_pipelines_manifest(man: dict, ranks: list[StageGraph], shardings: list[list[ShardingPlan | None]], shares: list[int],
-                          microbatch_size: int) -> dict:
+def tp_pipelines_manifest(man: dict, ranks: list[StageGraph], shardings: list[list[ShardingPlan | None]],
+                          shares: list[int], microbatch_size: int) -> dict:
     """`man` (codegen's manifest of every pipeline's rank graphs, pipeline-major) with the mesh of
     `tp_pipelines_mesh` and each rank's pipeline, its share of the batch and its TP place."""
     from hetpart.codegen.artifacts import place_pipelines  # artifacts imports this module (stage.py's TP block)
