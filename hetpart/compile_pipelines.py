@@ -142,7 +142,19 @@ def compile_pipelines(spec: ModelSpec, cluster: Cluster, opts: CompileOptions, o
         # NOTE [shape memo]: the search's solved shapes (a re-plan's: those it started from and its own).
         memo = getattr(opts.replan, "memo", None) or ShapeMemo("")
         if opts.max_tensor_parallel > 1:  # NOTE [tensor-parallel pipelines]: the degree chosen with the pipelines
-            pp, baselines, tp = choose_pipelines_tp(gm, problem, cluster, opts, groups, echo)
+            uniform_s = opts.time_limit_s * (2 / 3 if opts.tensor_parallel_per_machine else 1)
+            pp, baselines, tp = choose_pipelines_tp(gm, problem, cluster, dataclasses.replace(
+                opts, time_limit_s=uniform_s), groups, echo)
+            if opts.tensor_parallel_per_machine:  # NOTE [per-machine pipelines candidates]
+                from hetpart.pipelines_per_machine import per_machine_pipelines
+
+                from hetpart.tensor_parallel import tp_lowering
+
+                lower = lambda t: tp_lowering(gm, problem, cluster, t, groups, opts.training() is not None,  # noqa: E731
+                                              lambda _: None)
+                pp, baselines, tp = per_machine_pipelines(problem, cluster, opts, plan_data_parallel,
+                                                          (pp, baselines, tp), lower, opts.time_limit_s - uniform_s,
+                                                          echo)
         else:
             pp, baselines = plan_data_parallel(tp.problem if tp is not None else problem, opts, memo)
     problem = tp.problem if tp is not None else device_problem  # the problem planned on

@@ -31,8 +31,8 @@ def check_tp_options(degree: int, data_parallel: bool, strategy: str, max_degree
     """`--tensor-parallel T` (or `KEY=T,...`: `machines`, `degree` their largest) and `--max-tensor-parallel N`:
     each one of TP_DEGREES, not both, not with a baseline's strategy; data-parallel pipelines (`data_parallel`:
     `--pipelines`, `fixed_pipelines`, or `--parallel data`) take one degree for every stage, forced or (`--parallel
-    data`) chosen (NOTE [tensor-parallel pipelines]), or the degrees per machine given (NOTE [mixed-degree
-    gradient sync] in partitioner/tp_sync.py)."""
+    data`) chosen (NOTE [tensor-parallel pipelines]), or the degrees per machine given or tried (NOTE [mixed-degree
+    gradient sync] in partitioner/tp_sync.py, NOTE [per-machine pipelines candidates])."""
     for flag, value in (("--tensor-parallel", degree), ("--max-tensor-parallel", max_degree)):
         if value not in TP_DEGREES:
             raise HetpartError(f"{flag} {value}: expected one of {', '.join(map(str, TP_DEGREES))}")
@@ -41,10 +41,6 @@ def check_tp_options(degree: int, data_parallel: bool, strategy: str, max_degree
     if degree > 1 and max_degree > 1:
         raise HetpartError(f"--tensor-parallel {given} forces the degree, --max-tensor-parallel {max_degree} lets "
                            "the solve choose it: pass one of them")
-    if per_machine and max_degree > 1 and data_parallel:  # NOTE [tensor-parallel pipelines]
-        raise HetpartError(f"{flag} --tensor-parallel-per-machine with --pipelines or --parallel data is not "
-                           "supported yet: the search chooses one degree for every stage there; give the degrees "
-                           "per machine yourself (--tensor-parallel MACHINE=T,...), or --max-tensor-parallel N alone")
     if max_degree > 1 and fixed_pipelines:
         raise HetpartError(f"{flag} with --pipelines is not supported: --pipelines gives the devices, so give the "
                            "degree too (--tensor-parallel T), or let --parallel data search both")
