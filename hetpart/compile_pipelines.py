@@ -236,10 +236,13 @@ def _report(spec: ModelSpec, cluster: Cluster, opts: CompileOptions, pp: Pipelin
                  for p, r in zip(pp.pipelines, reports)]
     used = [d for q in pipelines for s in q.stages for d in s.devices or [s.device]]
     degree = max(tp.shardings) if tp is not None else 1  # a slot's reason counts its groups (NOTE [tensor-parallel
-    # pipelines])
-    idle = {d: slots_note(why, degree) for s, why in pp.devices_idle.items() for d in slot_devices.get(s, [s])}
+    # pipelines]); degrees per machine: its slots, of several degrees (its "devices" read as slots)
+    mixed = tp is not None and tp.places is not None
+    idle = {d: slots_note(why, 1 if mixed else degree).replace(" devices", " slots" if mixed else " devices")
+            for s, why in pp.devices_idle.items() for d in slot_devices.get(s, [s])}
     if tp is not None:
-        idle |= {d.name: f"in no tensor-parallel group of {degree}" for d in cluster.devices
+        idle |= {d.name: "in no slot of its machine's tensor-parallel degree" if mixed else
+                 f"in no tensor-parallel group of {degree}" for d in cluster.devices
                  if d.name not in used and d.name not in idle}
     return dataclasses.replace(
         reports[0], stages=[s for q in pipelines for s in q.stages], pipelines=pipelines,

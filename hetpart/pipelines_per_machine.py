@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 from hetpart.errors import HetpartError
 from hetpart.partitioner.tp_choice import mixed_problem
 from hetpart.tensor_parallel import mixed_compile, places_line, tp_slots
+from hetpart.tp_machines import places
 
 if TYPE_CHECKING:
     from hetpart.compile import CompileOptions
@@ -96,14 +97,8 @@ def per_machine_pipelines(problem: Problem, cluster: Cluster, opts: CompileOptio
 def place_kinds(cluster: Cluster) -> dict[str, tuple]:
     """Each place (a machine's devices of one type, `machine:type`) -> its kind: the type, how many devices of it
     the machine has, and the machine's link (places of one kind are interchangeable)."""
-    out = {}
-    for m in cluster.machines:
-        count: dict[str, int] = {}
-        for d in m.devices:
-            count[d.type.name] = count.get(d.type.name, 0) + 1
-        for ty, n in count.items():
-            out[f"{m.name}:{ty}"] = (ty, n, m.link.bandwidth_bytes_per_s, m.link.latency_s)
-    return out
+    return {place: (ty, n, m.link.bandwidth_bytes_per_s, m.link.latency_s)
+            for place, (m, ty, n) in places(cluster).items()}
 
 
 __all__ = ["per_machine_pipelines", "place_kinds"]
