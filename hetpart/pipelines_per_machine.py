@@ -8,13 +8,14 @@ degrees] in partitioner/tp_choice.py), the machines of that kind go to the other
 the `--max-tensor-parallel` cap N from T = 1) and every other place keeps its degree: the assignment's
 slot problem (`mixed_problem`, its gradient sync NOTE [mixed-degree gradient sync]) is searched as
 `--parallel data` searches, and an assignment faster than the best so far is kept, the next kind tried
-from it; the kinds share the last third of the limit. So a fleet of NVLink machines beside PCIe ones
-gets "TP T on the NVLink machines, TP 1 on the PCIe ones" as a candidate, judged by the same cost model
-as the uniform degrees. The plan
-kept is the fastest; its bound is the least of the uniform degrees' bound and each tried assignment's
-own (each bounds every plan of its slot problem), so it covers the union of the spaces searched, not
-every assignment of degrees to machines (pipelines of overlapping slots have no relaxation here); the
-bound note says so.
+from it. The kinds share the last third of the limit, the slowest link first where they go to TP 1
+(the all-reduces cost most there), the fastest first where they go to N; a kind left under `_LEAST_S`
+is not tried. So a fleet of NVLink machines beside PCIe ones gets "TP T on the NVLink machines, TP 1
+on the PCIe ones" as its first candidate, judged by the same cost model as the uniform degrees. The
+plan kept is the fastest; its bound is the least of the uniform degrees' bound and each tried
+assignment's own (each bounds every plan of its slot problem), so it covers the union of the spaces
+searched, not every assignment of degrees to machines (pipelines of overlapping slots have no
+relaxation here, and an assignment not tried is outside it); the bound note says so.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ if TYPE_CHECKING:
     from hetpart.partitioner import Problem
     from hetpart.partitioner.pipelines import PipelinesPlan
     from hetpart.tensor_parallel import TPCompile
+
+_LEAST_S = 0.5  # an assignment left less than this of the time limit is not searched
 
 Planner = Callable[["Problem", "CompileOptions"], tuple["PipelinesPlan", list[dict]]]
 
@@ -57,7 +60,8 @@ def per_machine_pipelines(problem: Problem, cluster: Cluster, opts: CompileOptio
         echo(f"tensor parallel per machine: nothing to try ({str(err).splitlines()[0]})")
         return best
     kind_of = place_kinds(cluster)
-    kinds = sorted(set(kind_of.values()))
+    # TP 1 pays most where a machine's link is slowest (its all-reduces), TP N where it is fastest: tried first
+    kinds = sorted(set(kind_of.values()), key=lambda k: (k[2] if other == 1 else -k[2], k))
     slots = tp_slots(problem, {high: lowered})
     current = dict.fromkeys(sorted(kind_of), degree)
     bound, tried = pp.lower_bound_ns, []
@@ -71,6 +75,10 @@ def per_machine_pipelines(problem: Problem, cluster: Cluster, opts: CompileOptio
         cand = mixed_compile(mixed_problem({1: problem, high: lowered.problem}, chosen), {high: lowered}, trial,
                              problem.weights)
         seconds = max(0.0, deadline - time.perf_counter()) / (len(kinds) - i)
+        if seconds < _LEAST_S:  # its space is then not searched, nor in the bound
+            echo(f"tensor parallel per machine: {places_line(trial)}: not tried ({seconds:.1f} s of the time limit "
+                 "left for it)")
+            continue
         try:
             got, base = plan(cand.problem, dataclasses.replace(opts, time_limit_s=seconds))
         except HetpartError as err:
