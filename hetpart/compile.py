@@ -396,13 +396,13 @@ def compile_model(spec: ModelSpec, cluster_spec: str | Cluster, out: Path, opts:
     sign_key = read_key(opts.sign_key, out) if opts.sign_key is not None else None
     model_sha256 = model_file_sha256(spec)  # the file as it is traced: NOTE [model files] in runtime/artifacts.py
     cluster = load_cluster(cluster_spec) if isinstance(cluster_spec, str) else cluster_spec
-    if opts.pipelines is not None:  # before tracing: every device of --pipelines is the cluster's, once
-        check_groups(opts.pipelines, [d.name for d in cluster.devices])
-        if opts.tensor_parallel > 1:  # whole TP groups, the slots planned on (NOTE [tensor-parallel pipelines])
-            opts = replace(opts, pipelines=tp_pipeline_slots(opts.pipelines, cluster, opts.tensor_parallel))
     places = degree_of_place(opts.tensor_parallel_machines, cluster) if opts.tensor_parallel_machines else None
     if opts.tensor_parallel_places:  # a re-plan's degrees, every place of the cluster (uniform or all TP 1 too)
         places = dict(opts.tensor_parallel_places)
+    if opts.pipelines is not None:  # before tracing: every device of --pipelines is the cluster's, once
+        check_groups(opts.pipelines, [d.name for d in cluster.devices])
+        if opts.tensor_parallel > 1:  # whole TP groups, the slots planned on (NOTE [tensor-parallel pipelines])
+            opts = replace(opts, pipelines=tp_pipeline_slots(opts.pipelines, cluster, opts.tensor_parallel, places))
     profiles = load_profiles(opts.profiles, cluster)
     for t, prof in sorted(profiles.items()):
         if opts.mode == "training" and not prof.backward_ns:
@@ -440,7 +440,7 @@ def compile_model(spec: ModelSpec, cluster_spec: str | Cluster, out: Path, opts:
             echo(f"note: --align layers: {len(free)} module(s) run at several places with others between "
                  f"({', '.join(free[:4])}{', ...' if len(free) > 4 else ''}); their calls are placed one by one")
         tp = None
-        if places is not None:  # degrees per machine (one pipeline: check_tp_options): NOTE [mixed-degree pipeline]
+        if places is not None:  # degrees per machine: NOTE [mixed-degree pipeline], [mixed-degree gradient sync]
             tp = tp_per_machine(gm, problem, cluster, places, groups, training is not None, echo)
         elif opts.tensor_parallel > 1:  # every slot a TP group: NOTE [tensor-parallel costs], [tensor-parallel pipelines]
             tp = tp_lowering(gm, problem, cluster, opts.tensor_parallel, groups, training is not None, echo)

@@ -139,7 +139,19 @@ def compile_pipelines(spec: ModelSpec, cluster: Cluster, opts: CompileOptions, o
         # NOTE [shape memo]: the search's solved shapes (a re-plan's: those it started from and its own).
         memo = getattr(opts.replan, "memo", None) or ShapeMemo("")
         if opts.max_tensor_parallel > 1:  # NOTE [tensor-parallel pipelines]: the degree chosen with the pipelines
-            pp, baselines, tp = choose_pipelines_tp(gm, problem, cluster, opts, groups, echo)
+            uniform_s = opts.time_limit_s * (2 / 3 if opts.tensor_parallel_per_machine else 1)
+            pp, baselines, tp = choose_pipelines_tp(gm, problem, cluster, dataclasses.replace(
+                opts, time_limit_s=uniform_s), groups, echo)
+            if opts.tensor_parallel_per_machine:  # NOTE [per-machine pipelines candidates]
+                from hetpart.pipelines_per_machine import per_machine_pipelines
+
+                from hetpart.tensor_parallel import tp_lowering
+
+                lower = lambda t: tp_lowering(gm, problem, cluster, t, groups, opts.training() is not None,  # noqa: E731
+                                              lambda _: None)
+                pp, baselines, tp = per_machine_pipelines(problem, cluster, opts, plan_data_parallel,
+                                                          (pp, baselines, tp), lower, opts.time_limit_s - uniform_s,
+                                                          echo)
         else:
             pp, baselines = plan_data_parallel(tp.problem if tp is not None else problem, opts, memo)
     problem = tp.problem if tp is not None else device_problem  # the problem planned on
@@ -221,10 +233,13 @@ def _report(spec: ModelSpec, cluster: Cluster, opts: CompileOptions, pp: Pipelin
                  for p, r in zip(pp.pipelines, reports)]
     used = [d for q in pipelines for s in q.stages for d in s.devices or [s.device]]
     degree = max(tp.shardings) if tp is not None else 1  # a slot's reason counts its groups (NOTE [tensor-parallel
-    # pipelines])
-    idle = {d: slots_note(why, degree) for s, why in pp.devices_idle.items() for d in slot_devices.get(s, [s])}
+    # pipelines]); degrees per machine: its slots, of several degrees (its "devices" read as slots)
+    mixed = tp is not None and tp.places is not None
+    idle = {d: slots_note(why, 1 if mixed else degree).replace(" devices", " slots" if mixed else " devices")
+            for s, why in pp.devices_idle.items() for d in slot_devices.get(s, [s])}
     if tp is not None:
-        idle |= {d.name: f"in no tensor-parallel group of {degree}" for d in cluster.devices
+        idle |= {d.name: "in no slot of its machine's tensor-parallel degree" if mixed else
+                 f"in no tensor-parallel group of {degree}" for d in cluster.devices
                  if d.name not in used and d.name not in idle}
     return dataclasses.replace(
         reports[0], stages=[s for q in pipelines for s in q.stages], pipelines=pipelines,

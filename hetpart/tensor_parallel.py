@@ -20,7 +20,8 @@ from hetpart.partitioner.costs import tp_shard_bytes
 from hetpart.partitioner.problem import FORWARD_NS, Plan, Problem
 from hetpart.partitioner.tp_choice import MixedChoice, TPSlot, choose_degree, choose_mixed, mixed_problem
 from hetpart.passes.tensor_parallel import TP_META, ShardingPlan, describe
-from hetpart.passes.tp_lower import TPGroup, lower_tensor_parallel, tp_groups
+from hetpart.partitioner.tp_sync import TPSyncLayout
+from hetpart.passes.tp_lower import TPGroup, lower_tensor_parallel, tp_groups, tp_type
 from hetpart.tp_machines import TP_DEGREES
 
 
@@ -30,7 +31,8 @@ def check_tp_options(degree: int, data_parallel: bool, strategy: str, max_degree
     """`--tensor-parallel T` (or `KEY=T,...`: `machines`, `degree` their largest) and `--max-tensor-parallel N`:
     each one of TP_DEGREES, not both, not with a baseline's strategy; data-parallel pipelines (`data_parallel`:
     `--pipelines`, `fixed_pipelines`, or `--parallel data`) take one degree for every stage, forced or (`--parallel
-    data`) chosen (NOTE [tensor-parallel pipelines])."""
+    data`) chosen (NOTE [tensor-parallel pipelines]), or the degrees per machine given or tried (NOTE [mixed-degree
+    gradient sync] in partitioner/tp_sync.py, NOTE [per-machine pipelines candidates])."""
     for flag, value in (("--tensor-parallel", degree), ("--max-tensor-parallel", max_degree)):
         if value not in TP_DEGREES:
             raise HetpartError(f"{flag} {value}: expected one of {', '.join(map(str, TP_DEGREES))}")
@@ -39,10 +41,6 @@ def check_tp_options(degree: int, data_parallel: bool, strategy: str, max_degree
     if degree > 1 and max_degree > 1:
         raise HetpartError(f"--tensor-parallel {given} forces the degree, --max-tensor-parallel {max_degree} lets "
                            "the solve choose it: pass one of them")
-    if (machines or (per_machine and max_degree > 1)) and data_parallel:  # NOTE [tensor-parallel pipelines]
-        raise HetpartError(f"{flag}{' --tensor-parallel-per-machine' if per_machine else ''} with --pipelines or "
-                           "--parallel data is not supported yet: data-parallel pipelines take one degree for every "
-                           "stage (--tensor-parallel T, or --max-tensor-parallel N with --parallel data)")
     if max_degree > 1 and fixed_pipelines:
         raise HetpartError(f"{flag} with --pipelines is not supported: --pipelines gives the devices, so give the "
                            "degree too (--tensor-parallel T), or let --parallel data search both")
@@ -111,20 +109,33 @@ class TPCompile:
         return tp_manifest(man, ranks, self.stage_shardings(plan))
 
 
-def mixed_compile(problem: Problem, lowered: dict[int, "TPCompile"], degree_of_place: dict[str, int]) -> TPCompile:
+def mixed_compile(problem: Problem, lowered: dict[int, "TPCompile"], degree_of_place: dict[str, int],
+                  whole: dict[str, int]) -> TPCompile:
     """The compile of a plan whose degree is chosen per machine (`degree_of_place`: TPSlot.place -> degree; NOTE
-    [mixed tensor-parallel degrees]) on `problem`, that choice's problem: the used degrees' shardings and groups."""
+    [mixed tensor-parallel degrees]) on `problem`, that choice's problem: the used degrees' shardings and groups,
+    and the problem with what its gradient sync slices (NOTE [mixed-degree gradient sync]; `whole`: each weight's
+    bytes unsplit)."""
     used = {t for t in degree_of_place.values() if t > 1}
     groups = [g for t in sorted(used) for g in lowered[t].groups if degree_of_place.get(f"{g.machine}:{g.type}") == t]
-    return TPCompile(problem, {t: lowered[t].sharding for t in sorted(used)}, groups, dict(degree_of_place))
+    shardings = {t: lowered[t].sharding for t in sorted(used)}
+    layout = TPSyncLayout({tp_type(g.type, len(g.devices)): len(g.devices) for g in groups},
+                          {t: {w: (x.dim, x.chunks) for w, x in sorted(sh.weights.items())} for t, sh in shardings.items()},
+                          dict(whole))
+    return TPCompile(dataclasses.replace(problem, tp_sync=layout), shardings, groups, dict(degree_of_place))
 
 
 def tp_pipeline_slots(pipelines: tuple[tuple[str, ...], ...], cluster: Cluster,
-                      degree: int) -> tuple[tuple[str, ...], ...]:
+                      degree: int, places: dict[str, int] | None = None) -> tuple[tuple[str, ...], ...]:
     """`--pipelines` with `--tensor-parallel T` (NOTE [tensor-parallel pipelines]): each pipeline's devices as the
     TP slots they make up (`tp_groups`: T devices of one type in one machine, in cluster order), in the order of
-    their first devices; a device left out of every whole slot of its pipeline is refused, before the trace."""
-    slots = tp_groups(cluster, degree)
+    their first devices; with `places` (`--tensor-parallel MACHINE=T,...`), each machine's at its degree (a device
+    at degree 1: itself); a device left out of every whole slot of its pipeline is refused, before the trace."""
+    if places is None:
+        slots = tp_groups(cluster, degree)
+    else:
+        slots = [g for t in sorted(set(places.values())) for g in tp_groups(cluster, t)
+                 if places.get(f"{g.machine}:{g.type}") == t]
+        slots = [dataclasses.replace(g, name=g.devices[0]) if len(g.devices) == 1 else g for g in slots]
     out = []
     for p, devices in enumerate(pipelines):
         mine = sorted((g for g in slots if set(g.devices) <= set(devices)), key=lambda g: devices.index(g.devices[0]))
@@ -214,7 +225,7 @@ def choose_tp(gm: fx.GraphModule, problem: Problem, cluster: Cluster, max_degree
     gain = (f", predicted {1 - mixed.plan.value_ns / uniform.plan.value_ns:.1%} faster than degree {uniform.degree} "
             "everywhere" if uniform is not None else " (no uniform degree fits)")
     echo(f"chose degrees per machine: {places_line(mixed.degree_of_place)}{gain}")
-    return mixed_compile(mixed.problem, lowered, mixed.degree_of_place), mixed.plan
+    return mixed_compile(mixed.problem, lowered, mixed.degree_of_place, problem.weights), mixed.plan
 
 
 def places_line(degree_of_place: dict[str, int]) -> str:
@@ -233,7 +244,7 @@ def tp_per_machine(gm: fx.GraphModule, problem: Problem, cluster: Cluster, degre
     chosen = [s for t, ss in slots.items() for s in ss if degree_of_place[s.place] == t]
     echo(f"tensor parallel per machine: {places_line(degree_of_place)} ({len(chosen)} slot(s))")
     return mixed_compile(mixed_problem({1: problem} | {t: lowered[t].problem for t in used}, chosen), lowered,
-                         degree_of_place)
+                         degree_of_place, problem.weights)
 
 
 def tp_lowering(gm: fx.GraphModule, problem: Problem, cluster: Cluster, degree: int, groups: dict[str, str],

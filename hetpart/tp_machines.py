@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from hetpart.devices.cluster import Cluster
+from hetpart.devices.cluster import Cluster, Machine
 from hetpart.errors import HetpartError, did_you_mean
 
 TP_DEGREES = (1, 2, 4, 8)
@@ -57,16 +57,12 @@ def degree_of_place(pairs: Sequence[tuple[str, int]], cluster: Cluster) -> dict[
                                f"{', '.join(sorted(types))}){did_you_mean(key, known)}")
     given = dict(pairs)
     out: dict[str, int] = {}
-    for m in cluster.machines:
-        count: dict[str, int] = {}
-        for d in m.devices:
-            count[d.type.name] = count.get(d.type.name, 0) + 1
-        for ty, n in count.items():
-            t = given.get(m.name, given.get(ty, 1))
-            if n % t:
-                raise HetpartError(f"--tensor-parallel {text}: machine '{m.name}' has {n} {ty} device(s), which "
-                                   f"TP {t} does not divide: give it a degree that divides {n}")
-            out[f"{m.name}:{ty}"] = t
+    for place, (m, ty, n) in places(cluster).items():
+        t = given.get(m.name, given.get(ty, 1))
+        if n % t:
+            raise HetpartError(f"--tensor-parallel {text}: machine '{m.name}' has {n} {ty} device(s), which "
+                               f"TP {t} does not divide: give it a degree that divides {n}")
+        out[place] = t
     if len(set(out.values())) == 1:
         t = next(iter(out.values()))
         raise HetpartError(f"--tensor-parallel {text} puts every machine at TP {t}: "
@@ -74,4 +70,15 @@ def degree_of_place(pairs: Sequence[tuple[str, int]], cluster: Cluster) -> dict[
     return out
 
 
-__all__ = ["TP_DEGREES", "degree_of_place", "parse_tensor_parallel"]
+def places(cluster: Cluster) -> dict[str, tuple[Machine, str, int]]:
+    """Each place, a machine's devices of one type (`machine:type`, `TPSlot.place`) -> (the machine, the type, how
+    many devices of it the machine has), in cluster order."""
+    out: dict[str, tuple[Machine, str, int]] = {}
+    for m in cluster.machines:
+        for d in m.devices:
+            place = f"{m.name}:{d.type.name}"
+            out[place] = (m, d.type.name, out[place][2] + 1 if place in out else 1)
+    return out
+
+
+__all__ = ["TP_DEGREES", "degree_of_place", "parse_tensor_parallel", "places"]

@@ -152,11 +152,8 @@ def test_bad_tensor_parallel_options_are_refused():
         check_tp_options(3, False, "optimal")
     check_tp_options(2, True, "optimal", fixed_pipelines=True)  # one degree composes with data-parallel pipelines
     check_tp_options(1, True, "optimal", max_degree=4)  # chosen by --parallel data's search
-    with pytest.raises(HetpartError, match="--pipelines or --parallel data is not supported yet: data-parallel "
-                                           "pipelines take one degree for every stage"):
-        check_tp_options(2, True, "optimal", machines=(("local", 2),))
-    with pytest.raises(HetpartError, match="^--max-tensor-parallel 2 --tensor-parallel-per-machine with --pipelines"):
-        check_tp_options(1, True, "optimal", max_degree=2, per_machine=True)
+    check_tp_options(2, True, "optimal", machines=(("a", 2),))  # NOTE [mixed-degree gradient sync]
+    check_tp_options(1, True, "optimal", max_degree=2, per_machine=True)  # NOTE [per-machine pipelines candidates]
     with pytest.raises(HetpartError, match="^--max-tensor-parallel 2 with --strategy metis is not supported"):
         check_tp_options(1, False, "metis", max_degree=2)  # the flag the user gave, not --tensor-parallel
     with pytest.raises(HetpartError, match="^--max-tensor-parallel 4 with --pipelines is not supported: --pipelines "
@@ -323,21 +320,29 @@ def test_bad_degrees_per_machine_exit_2_in_one_line_before_anything_is_traced(gi
     assert not (tmp_path / "out").exists()
 
 
-def test_a_mixed_mesh_sums_a_tied_weight_over_every_holder_and_refuses_one_split_and_held_elsewhere():
+def test_a_mixed_mesh_sums_a_tied_weight_over_every_holder_and_one_split_and_held_elsewhere_by_slices():
     # NOTE [mixed-degree pipeline]: stage 0 at TP 2 (ranks 0, 1), stage 1 at TP 1 (rank 2); `wte` is read by both
-    # (tied) and replicated: one weights group of all three ranks. Split in stage 0 and held by stage 1: refused.
+    # (tied) and replicated: one weights group of all three ranks. Split in stage 0 and held whole by stage 1: each
+    # half summed over its TP-2 rank and rank 2 (NOTE [mixed-degree gradient sync]); split along other dims: refused.
     from types import SimpleNamespace
 
     from hetpart.codegen.tp import tp_mesh
     from hetpart.passes.tensor_parallel import ShardingPlan
 
-    ranks = [SimpleNamespace(weights={"a": "wte", "b": "fc"})] * 2 + [SimpleNamespace(weights={"a": "wte"})]
+    gm = SimpleNamespace(a=SimpleNamespace(shape=(4, 8)), b=SimpleNamespace(shape=(2, 8)))
+    ranks = [SimpleNamespace(weights={"a": "wte", "b": "fc"}, gm=gm)] * 2 + [SimpleNamespace(weights={"a": "wte"})]
     mesh = tp_mesh(ranks, [ShardingPlan(2, weights={"fc": WeightShard(0)}), None])
     assert mesh["tp_boundaries"] == "leaders" and mesh["stages"] == [[0, 1], [2]]
     assert [(g["name"], g["ranks"]) for g in mesh["groups"]] == [("pipeline", [0, 2]), ("tp-0", [0, 1]),
                                                                ("weights-0", [0, 1, 2])]
-    with pytest.raises(HetpartError, match=r"splits 'wte' in one tensor-parallel stage and holds it in another"):
-        tp_mesh(ranks, [ShardingPlan(2, weights={"wte": WeightShard(0)}), None])
+    mesh = tp_mesh(ranks, [ShardingPlan(2, weights={"wte": WeightShard(1)}), None])
+    assert [(g["ranks"], g["weights"], g["slices"]) for g in mesh["groups"] if g["kind"] == "weights"] == [
+        ([0, 2], ["wte"], {"wte": {"index": 0, "of": 2, "dim": 1, "chunks": 1}}),
+        ([1, 2], ["wte"], {"wte": {"index": 1, "of": 2, "dim": 1, "chunks": 1}})]
+    with pytest.raises(HetpartError, match=r"split 'wte' in different ways \(stage 0 \(TP 2\): dim 0, 1 chunk\(s\); "
+                                           r"stage 2 \(TP 2\): dim 1, 1 chunk\(s\)\)"):
+        tp_mesh(ranks + ranks[:2], [ShardingPlan(2, weights={"wte": WeightShard(0)}), None,
+                                    ShardingPlan(2, weights={"wte": WeightShard(1)})])
 
 
 def test_degrees_per_machine_whose_plan_uses_no_tp_group_is_written_without_tp(tmp_path, capsys):

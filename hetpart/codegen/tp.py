@@ -270,34 +270,56 @@ def tp_mesh(ranks: list[StageGraph], shardings: Sequence[ShardingPlan | None]) -
 
 def _leaders_mesh(ranks: list[StageGraph], shardings: Sequence[ShardingPlan | None], stages: list[list[int]]) -> dict:
     """NOTE [mixed-degree pipeline] in runtime/tp_pipeline.py: one pipeline group of the stages' leaders (TP rank 0),
-    a TP group per stage of degree > 1, and one weights group per set of stages holding copies of the same weights
-    (every rank of those stages: each adds its gradient divided by its stage's degree). A weight split in one stage
-    and held by another too would need its shards summed across layouts: refused."""
+    a TP group per stage of degree > 1, and the weights groups of NOTE [mixed-degree gradient sync] (a weight several
+    stages hold: each slice summed over the ranks holding it, a replicated copy divided by its stage's degree)."""
     split = [stage_weight_shards(ranks[s[0]], p) for s, p in zip(stages, shardings)]
     groups: list[dict] = [{"name": "pipeline", "kind": "pipeline", "ranks": [s[0] for s in stages]}]
     groups += [{"name": f"tp-{k}", "kind": "tp", "ranks": s} for k, s in enumerate(stages) if len(s) > 1]
-    leaders = _holders(ranks, [s[0] for s in stages])
-    stage_of = {s[0]: k for k, s in enumerate(stages)}
-    for i, (rs, names) in enumerate(leaders):
-        both = sorted(n for n in names if any(n in split[stage_of[r]] for r in rs))
-        if both:
-            raise HetpartError(f"the plan splits {both[0]!r} in one tensor-parallel stage and holds it in another "
-                               "(stages " + ", ".join(str(stage_of[r]) for r in rs) + "), which a plan mixing "
-                               "degrees does not sum yet: pass one --tensor-parallel degree for every machine")
-        groups.append({"name": f"weights-{i}", "kind": "weights", "ranks": [r for x in rs for r in stages[stage_of[x]]],
-                       "weights": names})
+    groups += slice_weights_groups(ranks, [(s, w, f"stage {k}") for k, (s, w) in enumerate(zip(stages, split))])
     return {"stages": stages, "groups": groups, "tp_boundaries": "leaders",
             "rank_groups": [[g["name"] for g in groups if r in g["ranks"]] for r in range(len(ranks))],
             "tensor_parallel": [{"stage": k, "group": f"tp-{k}" if len(s) > 1 else None, "ranks": s,
                                  "degree": len(s), "weights": split[k]} for k, s in enumerate(stages)]}
 
 
+def slice_weights_groups(ranks: list[StageGraph],
+                         stages: Sequence[tuple[list[int], dict[str, dict], str]]) -> list[dict]:
+    """NOTE [mixed-degree gradient sync] in partitioner/tp_sync.py: the weights groups of stages of several degrees
+    (each its ranks, its split weights' {dim, chunks} and its name for errors): one per set of ranks summing the same
+    slices, `slices` giving each split weight's slice (index of `of` along dim, in each of its chunks). A weight split
+    along different dims, or whose chunk does not divide in `of` slices, is refused."""
+    from hetpart.partitioner.tp_sync import HeldBy, slice_buckets, weight_slices
+
+    held: dict[str, list[HeldBy]] = {}
+    size: dict[str, tuple[int, int]] = {}  # a split weight -> (a stage's degree, its shard's size along the dim)
+    for rs, split, where in stages:
+        attr_of = {fqn: attr for attr, fqn in ranks[rs[0]].weights.items()}
+        for w in sorted(attr_of):
+            spec = split.get(w)
+            held.setdefault(w, []).append(HeldBy(tuple(rs), (spec["dim"], spec["chunks"]) if spec else None,
+                                                 f"{where} (TP {len(rs)})"))
+            if spec:
+                size[w] = (len(rs), getattr(ranks[rs[0]].gm, attr_of[w]).shape[spec["dim"]])
+    slices = weight_slices(held)
+    for x in slices:
+        if x.split is not None and x.index == 0:
+            t, n = size[x.weight]
+            if (n * t) % (x.split[1] * x.of):
+                raise HetpartError(f"{x.weight!r}: its {x.split[1]} chunk(s) of {n * t // x.split[1]} along dim "
+                                   f"{x.split[0]} do not split in {x.of} equal slices, which its gradient sync "
+                                   "across tensor-parallel degrees needs: give its stages one degree")
+    return [{"name": f"weights-{i}", "kind": "weights", "ranks": list(rs), "weights": [x.weight for x in xs],
+             "slices": {x.weight: {"index": x.index, "of": x.of, "dim": x.split[0], "chunks": x.split[1]}
+                        for x in xs if x.split is not None}}
+            for i, (rs, xs) in enumerate(sorted(slice_buckets(slices).items()))]
+
+
 # NOTE [tensor-parallel pipelines mesh]
 # Data-parallel pipelines whose every stage is a TP group of one degree t (`--pipelines` or
 # `--parallel data` with `--tensor-parallel t`; NOTE [tensor-parallel pipelines] in
-# partitioner/tp_pipelines.py plans them). Ranks are numbered pipeline-major, stage-major inside a
-# pipeline, TP index inside a stage. The mesh joins NOTE [the mesh]'s several pipelines and NOTE
-# [tensor-parallel stages]'s lanes:
+# partitioner/tp_pipelines.py plans them; several degrees: NOTE [mixed-degree pipelines mesh]).
+# Ranks are numbered pipeline-major, stage-major inside a pipeline, TP index inside a stage. The
+# mesh joins NOTE [the mesh]'s several pipelines and NOTE [tensor-parallel stages]'s lanes:
 #   "pipelines": [{"index": p, "lanes": ["pipeline-p-tp0", ...], "stages": [[0, 1], [2, 3]],
 #                  "microbatches": m_p, "microbatch_offset": ...}, ...]    one lane group per TP index
 #   "tensor_parallel": [{"pipeline": p, "stage": k, "group": "tp-p-k", "ranks", "degree", "weights"}, ...]
@@ -311,9 +333,12 @@ def _leaders_mesh(ranks: list[StageGraph], shardings: Sequence[ShardingPlan | No
 # sums its own. That is Megatron-LM's data-parallel group (the ranks of one TP index), one ring per
 # TP index as NOTE [tensor-parallel gradient sync] costs it. `check_tp_mesh` (runtime/tp.py) checks
 # the whole record, each weights group against the ranks' own weight lists and TP places.
-def tp_pipelines_mesh(ranks: list[StageGraph], shardings: list[list[ShardingPlan]], shares: list[int]) -> dict:
+def tp_pipelines_mesh(ranks: list[StageGraph], shardings: list[list[ShardingPlan | None]], shares: list[int]) -> dict:
     """The mesh of data-parallel pipelines whose every stage is a TP group of one degree (NOTE [tensor-parallel
-    pipelines mesh]): pipeline p's stages `shardings[p]` with `shares[p]` microbatches, ranks pipeline-major."""
+    pipelines mesh]): pipeline p's stages `shardings[p]` with `shares[p]` microbatches, ranks pipeline-major; of
+    stages at several degrees (None: 1), NOTE [mixed-degree pipelines mesh]."""
+    if len({p.degree if p is not None else 1 for plans in shardings for p in plans}) > 1:
+        return _mixed_pipelines_mesh(ranks, shardings, shares)
     t = shardings[0][0].degree
     pipelines: list[dict] = []
     entries: list[dict] = []
@@ -337,14 +362,48 @@ def tp_pipelines_mesh(ranks: list[StageGraph], shardings: list[list[ShardingPlan
             "rank_groups": [[g["name"] for g in groups if r in g["ranks"]] for r in range(len(ranks))]}
 
 
-def tp_pipelines_manifest(man: dict, ranks: list[StageGraph], shardings: list[list[ShardingPlan]], shares: list[int],
-                          microbatch_size: int) -> dict:
+# NOTE [mixed-degree pipelines mesh]
+# Data-parallel pipelines whose stages run at several TP degrees (`--tensor-parallel MACHINE=T,...` with
+# `--pipelines` or `--parallel data`): each pipeline runs as NOTE [mixed-degree pipeline] in
+# runtime/tp_pipeline.py runs one (its own pipeline group "pipeline-p" of its stages' leaders, a TP group
+# "tp-p-k" per stage of degree > 1, a uniform pipeline too: one scheme per plan), and the gradients are
+# summed across every pipeline by NOTE [mixed-degree gradient sync]'s slice groups. `tp_boundaries` is
+# "leaders" (format version 3); each pipeline entry names its "group" as a mesh of pipelines without TP does.
+def _mixed_pipelines_mesh(ranks: list[StageGraph], shardings: list[list[ShardingPlan | None]],
+                          shares: list[int]) -> dict:
+    """NOTE [mixed-degree pipelines mesh]: pipeline p's stages at `shardings[p]`'s degrees, ranks pipeline-major."""
+    pipelines: list[dict] = []
+    entries: list[dict] = []
+    first = offset = 0
+    for p, (plans, m) in enumerate(zip(shardings, shares)):
+        stages = _stage_ranks(plans)
+        stages = [[first + r for r in s] for s in stages]
+        first = stages[-1][-1] + 1
+        pipelines.append({"index": p, "group": f"pipeline-{p}", "stages": stages, "microbatches": m,
+                          "microbatch_offset": offset})
+        offset += m
+        entries += [{"pipeline": p, "stage": k, "group": f"tp-{p}-{k}" if len(s) > 1 else None, "ranks": s,
+                     "degree": len(s), "weights": stage_weight_shards(ranks[s[0]], plan)}
+                    for k, (s, plan) in enumerate(zip(stages, plans))]
+    groups: list[dict] = [{"name": q["group"], "kind": "pipeline", "ranks": [s[0] for s in q["stages"]]}
+                          for q in pipelines]
+    groups += [{"name": e["group"], "kind": "tp", "ranks": e["ranks"]} for e in entries if e["group"] is not None]
+    groups += slice_weights_groups(ranks, [(e["ranks"], e["weights"], f"pipeline {e['pipeline']} stage {e['stage']}")
+                                           for e in entries])
+    return {"pipelines": pipelines, "groups": groups, "tensor_parallel": entries, "tp_boundaries": "leaders",
+            "rank_groups": [[g["name"] for g in groups if r in g["ranks"]] for r in range(len(ranks))]}
+
+
+def tp_pipelines_manifest(man: dict, ranks: list[StageGraph], shardings: list[list[ShardingPlan | None]],
+                          shares: list[int], microbatch_size: int) -> dict:
     """`man` (codegen's manifest of every pipeline's rank graphs, pipeline-major) with the mesh of
     `tp_pipelines_mesh` and each rank's pipeline, its share of the batch and its TP place."""
     from hetpart.codegen.artifacts import place_pipelines  # artifacts imports this module (stage.py's TP block)
 
     man["mesh"] = tp_pipelines_mesh(ranks, shardings, shares)
     place_pipelines(man, microbatch_size)
+    if man["mesh"].get("tp_boundaries") == "leaders":  # NOTE [mixed-degree pipelines mesh]
+        man["format_version"] = MIXED_FORMAT_VERSION
     return _place_tp(man)
 
 

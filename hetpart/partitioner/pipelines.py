@@ -28,6 +28,7 @@ from hetpart.errors import HetpartError
 from hetpart.partitioner.costs import allreduce_ns
 from hetpart.partitioner.evaluate import objective_ns
 from hetpart.partitioner.problem import WEIGHTS, Link, Plan, Problem, StageCost
+from hetpart.partitioner.tp_sync import HeldBy, slice_buckets, slice_bytes, weight_slices
 from hetpart.partitioner.verify import plan_violations
 
 # NOTE [pipelines plan]
@@ -50,7 +51,8 @@ from hetpart.partitioner.verify import plan_violations
 # (`grad_sync_ns`). `grad_sync_overlapped_ns` estimates what is left when each device starts its
 # all-reduces as soon as its last backward ends: stage k of a pipeline finishes its backwards
 # before the stages 0..k-1 finish theirs, which hides up to their stage times. Devices that are TP
-# groups: NOTE [tensor-parallel gradient sync] (tp_pipelines.py), the network's sharing there too.
+# groups: NOTE [tensor-parallel gradient sync] (tp_pipelines.py), the network's sharing there too;
+# TP groups of several degrees: NOTE [mixed-degree gradient sync] (tp_sync.py).
 
 
 @dataclass
@@ -138,11 +140,15 @@ def pipeline_time_ns(plan: Plan, microbatches: int) -> int:
 
 def _ring_link(problem: Problem, devices: Sequence[str]) -> Link:
     """The slowest link a ring over `devices` crosses (NOTE [gradient sync])."""
-    machines = {problem.device(d).node for d in devices}
-    if len(machines) == 1:
-        return problem.intra_node_links.get(next(iter(machines)), problem.network)
-    shared = [problem.intra_node_links[m] for m in machines
-              if m in problem.intra_node_links and sum(problem.device(d).node == m for d in devices) > 1]
+    return _ring_link_over(problem, [problem.device(d).node for d in devices])
+
+
+def _ring_link_over(problem: Problem, machines: Sequence[str]) -> Link:
+    """The slowest link a ring of ranks on `machines` (one entry per rank) crosses (NOTE [gradient sync])."""
+    if len(set(machines)) == 1:
+        return problem.intra_node_links.get(machines[0], problem.network)
+    shared = [problem.intra_node_links[m] for m in set(machines)
+              if m in problem.intra_node_links and machines.count(m) > 1]
     return min([problem.network, *shared], key=lambda link: (link.bandwidth_bytes_per_us, -link.latency_ns))
 
 
@@ -170,14 +176,40 @@ def sync_buckets(problem: Problem, pipelines: Sequence[Pipeline]) -> dict[tuple[
     return buckets
 
 
+def mixed_sync_buckets(problem: Problem, pipelines: Sequence[Pipeline]) -> dict[tuple[tuple[str, int], ...], int]:
+    """NOTE [mixed-degree gradient sync]'s buckets over slots of several degrees (`problem.tp_sync`): the ranks
+    summing the same slices (a rank: (slot, TP index)) -> those slices' bytes."""
+    layout = problem.tp_sync
+    assert layout is not None
+    g = problem.graph
+    held: dict[str, list[HeldBy]] = {}
+    for p in pipelines:
+        for s in p.plan.stages:
+            t = layout.degree_of_type.get(problem.device(s.device).type, 1)
+            split = layout.split.get(t, {})
+            for w in sorted({w for v in s.nodes for w in g.nodes[v].get(WEIGHTS, ())}):
+                held.setdefault(w, []).append(HeldBy(tuple((s.device, j) for j in range(t)), split.get(w),
+                                                     f"pipeline {p.index} stage {s.index} (TP {t})"))
+    return {ranks: sum(slice_bytes(layout.whole_bytes.get(x.weight, problem.weights[x.weight]), x.of) for x in xs)
+            for ranks, xs in slice_buckets(weight_slices(held)).items()}
+
+
 def grad_sync_ns(problem: Problem, pipelines: Sequence[Pipeline]) -> tuple[int, int]:
     """(not overlapped, overlapped) gradient synchronisation of a step (NOTE [gradient sync]); (0, 0) in inference.
-    Over TP slots: NOTE [tensor-parallel gradient sync] in tp_pipelines.py."""
+    Over TP slots: NOTE [tensor-parallel gradient sync] in tp_pipelines.py; over slots of several degrees
+    (`problem.tp_sync`): NOTE [mixed-degree gradient sync] in tp_sync.py."""
     if problem.training is None:
         return 0, 0
-    buckets = sync_buckets(problem, pipelines)
-    per_device: dict[str, int] = {}
-    for devs, nbytes in buckets.items():
+    per_device: dict[str, int] = {}  # a device, or a slot whose ranks differ (its slowest rank's)
+    if problem.tp_sync is not None:  # NOTE [mixed-degree gradient sync] in tp_sync.py
+        per_rank: dict[tuple[str, int], int] = {}
+        for ranks, nbytes in mixed_sync_buckets(problem, pipelines).items():
+            t = allreduce_ns(_ring_link_over(problem, [problem.device(d).node for d, _ in ranks]), nbytes, len(ranks))
+            for r in ranks:
+                per_rank[r] = per_rank.get(r, 0) + t
+        for (d, _), t in per_rank.items():
+            per_device[d] = max(per_device.get(d, 0), t)
+    for devs, nbytes in (sync_buckets(problem, pipelines) if problem.tp_sync is None else {}).items():
         t = allreduce_ns(_ring_link(problem, devs), nbytes, len(devs))
         for d in devs:
             per_device[d] = per_device.get(d, 0) + t

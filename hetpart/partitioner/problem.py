@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 import networkx as nx
 
 from hetpart.errors import HetpartError
+from hetpart.partitioner.tp_sync import TPSyncLayout
 
 if TYPE_CHECKING:
     from hetpart.partitioner.bounds import Bounds
@@ -165,6 +166,9 @@ class Problem:
     # slot type -> weight -> held bytes (weight + training state) where a type's differ from `weights` and
     # `training.state_bytes`; None: every type holds the same (NOTE [memory per slot type] in costs.py)
     held_bytes_of: dict[str, dict[str, int]] | None = None
+    # slots of several TP degrees: what their gradient sync slices (NOTE [mixed-degree gradient sync] in
+    # tp_sync.py); None: NOTE [gradient sync] over the slots as they are
+    tp_sync: TPSyncLayout | None = None
 
     def device(self, name: str) -> Device:
         # An index by name, rebuilt when `devices` is replaced or changes length (a linear search per

@@ -17,6 +17,7 @@ from typing import Any
 import networkx as nx
 
 from hetpart.partitioner.problem import FORBIDDEN_TYPES, WEIGHTS, Device, Link, Problem, Training
+from hetpart.partitioner.tp_sync import TPSyncLayout
 
 _TUPLES = (WEIGHTS, FORBIDDEN_TYPES)  # node attributes that are tuples (JSON has lists)
 
@@ -32,6 +33,7 @@ def problem_to_json(problem: Problem) -> dict[str, Any]:
         "max_stages": problem.max_stages,
         "training": dataclasses.asdict(problem.training) if problem.training is not None else None,
         "held_bytes_of": problem.held_bytes_of,  # a mixed-degree problem's memory per slot type
+        "tp_sync": problem.tp_sync.to_json() if problem.tp_sync is not None else None,  # and its gradient sync
     }
 
 
@@ -48,7 +50,8 @@ def problem_from_json(data: dict[str, Any]) -> Problem:
         intra_node_links={m: Link(**link) for m, link in data["intra_node_links"].items()},
         network=Link(**data["network"]), max_stages=data["max_stages"],
         training=Training(**training) if training is not None else None,
-        held_bytes_of={k: dict(v) for k, v in held.items()} if (held := data.get("held_bytes_of")) else None)
+        held_bytes_of={k: dict(v) for k, v in held.items()} if (held := data.get("held_bytes_of")) else None,
+        tp_sync=TPSyncLayout.from_json(sync) if (sync := data.get("tp_sync")) else None)
 
 
 def costed_types(problem: Problem) -> set[str]:

@@ -14,8 +14,8 @@ slots, each stage one slot. Every cost is one already defined for slots, per ran
 - the gradient sync is NOTE [gradient sync] over the slots: NOTE [tensor-parallel gradient sync].
 The degree is uniform over the plan: lane i of one pipeline's stage meets lane i of every other
 pipeline's stage holding the same weights only when both split them the same way (one sharding per
-degree, `passes/tensor_parallel.py`); degrees mixed across pipelines would need a gradient resharded
-between rings of different shard sizes, which no cost or runtime here has. The plan space of
+degree, `passes/tensor_parallel.py`); degrees given per machine (`--tensor-parallel MACHINE=T,...`) mix
+across pipelines with the slice groups of NOTE [mixed-degree gradient sync] (tp_sync.py). The plan space of
 `choose_pipelines_degree` is the union of the degrees' spaces; its bound the least of theirs (each
 degree's `plan_pipelines` bound covers every plan of its slot problem, NOTE [pipelines bound]; a
 degree whose search found no plan gets `pipelines_lower_bound` on its own, and every degree NOTE [quick

@@ -44,13 +44,15 @@ def check_tp_mesh(path: Path, mesh: dict[str, Any], ranks: list[dict[str, Any]],
     groups, tp, several = mesh.get("groups"), mesh.get("tensor_parallel"), "pipelines" in mesh
     leaders = mesh.get("tp_boundaries") == "leaders"
     if mesh.get("tp_boundaries", "lanes") not in ("lanes", "leaders") or (
-            version is not None and leaders != (version == MIXED_FORMAT_VERSION)) or (several and leaders):
+            version is not None and leaders != (version == MIXED_FORMAT_VERSION)):
         raise HetpartError(f"{path}: mesh.tp_boundaries is 'leaders' exactly in a manifest of format version "
-                           f"{MIXED_FORMAT_VERSION}, of one pipeline{EDITED}")
+                           f"{MIXED_FORMAT_VERSION}{EDITED}")
     if several:  # NOTE [tensor-parallel pipelines mesh]: each pipeline's batch share checked as without TP
         from hetpart.runtime.artifacts import _mesh_pipelines
 
-        pipelines = [q["stages"] for q in mesh["pipelines"]] if _mesh_pipelines(path, mesh, ranks, lanes=True) else []
+        # with leaders (NOTE [mixed-degree pipelines mesh]) each pipeline names its one group, else its lanes
+        pipelines = [q["stages"] for q in mesh["pipelines"]] if _mesh_pipelines(path, mesh, ranks,
+                                                                                 lanes=not leaders) else []
     else:
         pipelines = [mesh.get("stages")]
     stages = [s for q in pipelines if isinstance(q, list) for s in q]
@@ -66,7 +68,9 @@ def check_tp_mesh(path: Path, mesh: dict[str, Any], ranks: list[dict[str, Any]],
     by_name = {g["name"]: g for g in groups if isinstance(g, dict) and isinstance(g.get("name"), str)}
     if len(by_name) != len(groups) or any(g.get("kind") not in ("pipeline", "tp", "weights") for g in groups):
         raise HetpartError(f"{path}: mesh.groups must be uniquely named pipeline, tp or weights groups{EDITED}")
-    if leaders:
+    if leaders and several:
+        lanes = {q["group"]: [s[0] for s in q["stages"]] for q in mesh["pipelines"]}
+    elif leaders:
         lanes = {"pipeline": [s[0] for s in stages]}
     elif several:
         lanes = {name: [s[j] for s in q["stages"]] for q in mesh["pipelines"]
@@ -113,6 +117,8 @@ def check_tp_mesh(path: Path, mesh: dict[str, Any], ranks: list[dict[str, Any]],
         raise HetpartError(f"{path}: mesh.groups has a tp group no stage runs on{EDITED}")
     if not leaders:
         _check_lane_weights(path, [g for g in groups if g.get("kind") == "weights"], ranks)
+    else:
+        _check_slice_weights(path, [g for g in groups if g.get("kind") == "weights"], ranks, tp)
     expected = [[g["name"] for g in groups if r in g.get("ranks", [])] for r in range(len(ranks))]
     if mesh.get("rank_groups") != expected:
         raise HetpartError(f"{path}: mesh.rank_groups must list the groups holding each rank ({expected}){EDITED}")
@@ -145,12 +151,46 @@ def _check_lane_weights(path: Path, groups: list[dict[str, Any]], ranks: list[di
                            f"holds{EDITED}")
 
 
+def _check_slice_weights(path: Path, groups: list[dict[str, Any]], ranks: list[dict[str, Any]],
+                         tp: list[dict[str, Any]]) -> None:
+    """NOTE [mixed-degree gradient sync] in partitioner/tp_sync.py: the weights groups are exactly the slice groups
+    the ranks' own weight lists and their stages' splits give (a slice summed over other ranks, or a copy left out,
+    would be a wrong gradient, not an error)."""
+    from hetpart.partitioner.tp_sync import HeldBy, slice_buckets, weight_slices
+
+    held: dict[str, list[HeldBy]] = {}
+    for i, entry in enumerate(tp):
+        for name in sorted(ranks[entry["ranks"][0]]["weights"]):
+            spec = entry["weights"].get(name)
+            held.setdefault(name, []).append(HeldBy(tuple(entry["ranks"]), (spec["dim"], spec["chunks"])
+                                                    if spec else None, f"mesh.tensor_parallel[{i}]"))
+    try:
+        want = {rs: {x.weight: x for x in xs} for rs, xs in slice_buckets(weight_slices(held)).items()}
+    except HetpartError as err:
+        raise HetpartError(f"{path}: {err}{EDITED}") from None
+    got: dict[tuple, dict] = {}
+    for g in groups:
+        slices = g.get("slices", {})
+        if not (isinstance(g.get("ranks"), list) and isinstance(g.get("weights"), list) and isinstance(slices, dict)):
+            raise HetpartError(f"{path}: weights group {g.get('name')} needs ranks, weights and slices{EDITED}")
+        got[tuple(g["ranks"])] = {w: slices.get(w) for w in g["weights"]}
+    for rs in sorted(set(want) | set(got)):
+        expect = {w: None if x.split is None else {"index": x.index, "of": x.of, "dim": x.split[0],
+                                                   "chunks": x.split[1]} for w, x in want.get(rs, {}).items()}
+        if got.get(rs) != expect:
+            raise HetpartError(f"{path}: the weights group of ranks {list(rs)} must sum "
+                               f"{sorted(expect) or 'nothing'} (their slices: NOTE [mixed-degree gradient sync]), "
+                               f"it sums {sorted(got.get(rs, {})) or 'nothing'}{EDITED}")
+
+
 def lane_group(manifest: dict[str, Any], rank: int) -> str:
     """The pipeline group of `rank`'s TP index (its lane): the peers it sends to and receives from; with mixed
     degrees the leaders' one group (NOTE [mixed-degree pipeline] in runtime/tp_pipeline.py)."""
     entry = manifest["ranks"][rank]
     if "pipelines" in manifest["mesh"]:  # NOTE [tensor-parallel pipelines mesh] in codegen/tp.py
-        return manifest["mesh"]["pipelines"][entry["pipeline"]]["lanes"][entry["tp"]["rank"]]
+        q = manifest["mesh"]["pipelines"][entry["pipeline"]]
+        return q["group"] if is_mixed(manifest) else q["lanes"][entry["tp"]["rank"]]  # NOTE [mixed-degree pipelines
+        # mesh]: the pipeline's leaders
     return "pipeline" if is_mixed(manifest) else f"pipeline-tp{entry['tp']['rank']}"
 
 

@@ -30,8 +30,9 @@ format version 3) runs one pipeline group of the stages' *leaders*, each stage's
 - a weight several stages hold (a tied embedding and LM head) is summed over one weights group
   of every rank of those stages, each adding its gradient divided by its stage's degree (the
   TP ranks of a stage hold equal, whole gradients of a replicated weight), so every copy gets
-  the sum of the stages' gradients. A weight split in one stage and held by another is refused
-  by codegen (their shard layouts differ).
+  the sum of the stages' gradients; a weight split in one stage and held by another is summed
+  slice by slice (NOTE [mixed-degree gradient sync] in partitioner/tp_sync.py). Data-parallel
+  pipelines of several degrees run each pipeline so: NOTE [mixed-degree pipelines mesh] in codegen/tp.py.
 Uniform plans keep their lanes: no broadcast hop inside the group, and their artifacts stay as
 they were (version 2). The cost model charges a boundary once over the link between the two
 stages' machines (NOTE [tensor-parallel costs] in passes/tp_lower.py); the broadcast inside the
@@ -175,11 +176,14 @@ def mixed_stage(manifest: dict[str, Any], entry: dict[str, Any], groups: dict[st
     """For a rank of a plan of mixed degrees (NOTE [mixed-degree pipeline]): its stage module with the boundaries'
     operators, its PipelineStage class and that class's extra keywords (a stage of degree 1: the module, a plain
     PipelineStage, none)."""
-    stage_tp = manifest["mesh"]["tensor_parallel"][entry["stage"]]
+    from hetpart.runtime.artifacts import rank_pipeline
+
+    stage_tp = next(e for e in manifest["mesh"]["tensor_parallel"] if entry["rank"] in e["ranks"])
     if stage_tp["group"] is None:
         return module, PipelineStage, {}
     leader, group = stage_tp["ranks"][0], groups[stage_tp["group"]]
-    last = len(manifest["mesh"]["stages"]) - 1
+    last = len(rank_pipeline(manifest, entry["rank"]).stages) - 1  # of its own pipeline (NOTE [mixed-degree
+    # pipelines mesh] in codegen/tp.py)
     wrapped = TPEdges(module, leader, group, entry=entry["stage"] > 0, exit=entry["stage"] < last)
     cls = LeaderStage if entry["tp"]["rank"] == 0 else FollowerStage
     return wrapped, cls, {"leader": leader, "tp_group": group}

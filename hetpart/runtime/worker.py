@@ -44,8 +44,9 @@ from hetpart.trust import read_key
 # first forward, so tests/runtime/test_faults.py can kill a rank mid-run deterministically
 # (with HETPART_TEST_CRASH_AFTER=N, after its N-th: tests/runtime/test_spot.py, after a checkpoint).
 # Tests only; unset, it costs one dictionary lookup per forward.
-# HETPART_TEST_BREAK_GRAD_SYNC=scale|sync breaks NOTE [pipelines gradients] on purpose (each
-# pipeline's own mean instead of the global batch's; no all-reduce), so tests/runtime/
+# HETPART_TEST_BREAK_GRAD_SYNC=scale|sync|degree breaks NOTE [pipelines gradients] on purpose (each
+# pipeline's own mean instead of the global batch's; no all-reduce; a TP stage's replicated copies not
+# divided by its degree, NOTE [mixed-degree gradient sync]), so tests/runtime/
 # test_pipelines_run.py can check that `--verify` then fails. Tests only. =virtual counts the gradient of
 # the last of a rank's virtual stages twice (NOTE [virtual-stage manifest]), for tests/runtime/test_schedules.py.
 # HETPART_TEST_BREAK_TP=shard|copy breaks a tensor-parallel stage (runtime/tp.py `break_for_test`:
@@ -154,36 +155,53 @@ def mesh_groups(manifest: dict, training: bool) -> dict[str, dist.ProcessGroup]:
             if g["kind"] in ("pipeline", "tp") or training}
 
 
-def shared_weight_groups(manifest: dict) -> list[tuple[tuple[int, ...], list[str]]]:
-    """The mesh's `weights` groups: (the ranks holding copies of the same weights, those weights' names)."""
-    return [(tuple(g["ranks"]), g["weights"]) for g in manifest["mesh"]["groups"] if g["kind"] == "weights"]
+def shared_weight_groups(manifest: dict) -> list[tuple[tuple[int, ...], list[str], dict[str, dict]]]:
+    """The mesh's `weights` groups: (the ranks holding copies of the same weights, those weights' names, the slice
+    each group sums of a split weight: NOTE [mixed-degree gradient sync] in partitioner/tp_sync.py)."""
+    return [(tuple(g["ranks"]), g["weights"], g.get("slices", {})) for g in manifest["mesh"]["groups"]
+            if g["kind"] == "weights"]
 
 
-def sum_shared_grads(module: torch.nn.Module, groups: list, process_groups: list, degree: int = 1) -> None:
+def sum_shared_grads(module: torch.nn.Module, groups: list, process_groups: list, degree: int = 1,
+                     split: tuple[int, frozenset[str]] = (0, frozenset())) -> None:
     """Sum the gradients of every weight that several ranks hold, over its mesh group.
 
     NOTE [replicated weights]: a weight read by several stages (a tied embedding and LM
     head) is a copy on each of their ranks; each copy gets the gradient of its own uses,
     so the copies' gradients are summed before the optimizer step and they stay equal.
     `degree` > 1: this rank's stage's TP degree in a plan of mixed degrees, whose weights groups hold every
-    TP rank of a stage, each adding its (whole, equal) gradient divided by the degree (NOTE [mixed-degree
-    pipeline] in runtime/tp_pipeline.py)."""
+    TP rank of a stage, each adding its (whole, equal) gradient of a weight it does not split divided by the
+    degree; `split`: (this rank's TP index, the weights its stage splits); a group's `slices` name the part of
+    a split weight it sums (NOTE [mixed-degree gradient sync] in partitioner/tp_sync.py)."""
     if not groups:
         return
     names = _weight_names(module)
     by_name = {names[attr]: p for attr, p in module.named_parameters() if attr in names}
-    for (ranks, weights), pg in zip(groups, process_groups):
-        if dist.get_rank() not in ranks:
-            continue
+    mine = [(weights, slices, pg) for (ranks, weights, slices), pg in zip(groups, process_groups)
+            if dist.get_rank() in ranks]
+    for name in {n for weights, _, _ in mine for n in weights}:
+        p = by_name.get(name)
+        if p is not None and p.grad is None:
+            p.grad = torch.zeros_like(p)
+        if (p is not None and degree > 1 and name not in split[1]  # each rank's copy adds 1/degree, once
+                and os.environ.get("HETPART_TEST_BREAK_GRAD_SYNC") != "degree"):  # NOTE [test-only crash hook]
+            p.grad.div_(degree)
+    for weights, slices, pg in mine:  # in the mesh's order on every rank: the collectives pair up
         for name in weights:
             p = by_name.get(name)
             if p is None:
                 continue
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-            if degree > 1:
-                p.grad.div_(degree)
-            dist.all_reduce(p.grad, group=pg)
+            if name not in slices:
+                dist.all_reduce(p.grad, group=pg)
+                continue
+            spec = slices[name]  # this rank's part of the slice: a shard holds of/degree of them, a copy all
+            pieces, local = ((spec["of"] // degree, spec["index"] - split[0] * (spec["of"] // degree))
+                             if name in split[1] else (spec["of"], spec["index"]))
+            views = [c.chunk(pieces, dim=spec["dim"])[local] for c in p.grad.chunk(spec["chunks"], dim=spec["dim"])]
+            buf = torch.cat(views, dim=spec["dim"]).contiguous()
+            dist.all_reduce(buf, group=pg)
+            for v, part in zip(views, buf.chunk(len(views), dim=spec["dim"])):
+                v.copy_(part)
 
 
 # NOTE [pipelines gradients]
@@ -199,10 +217,11 @@ def sum_shared_grads(module: torch.nn.Module, groups: list, process_groups: list
 # then steps every copy alike, and `run --verify` compares the loss, every copy's gradient and
 # the weights after the last step with the unpartitioned model on the global batch.
 def sync_gradients(module: torch.nn.Module, groups: list, process_groups: list, microbatches: int,
-                   pipeline_microbatches: int, degree: int = 1) -> None:
+                   pipeline_microbatches: int, degree: int = 1,
+                   split: tuple[int, frozenset[str]] = (0, frozenset())) -> None:
     """NOTE [pipelines gradients]: this rank's summed gradients divided by the global `microbatches`, then
-    summed over the weights groups (`pipeline_microbatches`: its pipeline's share, for the test hook; `degree`:
-    `sum_shared_grads`')."""
+    summed over the weights groups (`pipeline_microbatches`: its pipeline's share, for the test hook; `degree`,
+    `split`: `sum_shared_grads`')."""
     broken = os.environ.get("HETPART_TEST_BREAK_GRAD_SYNC")  # NOTE [test-only crash hook]
     divisor = pipeline_microbatches if broken == "scale" else microbatches
     if broken == "virtual" and hasattr(module, "stages"):  # runtime/schedules.py's RankStages
@@ -213,7 +232,7 @@ def sync_gradients(module: torch.nn.Module, groups: list, process_groups: list, 
         if p.grad is not None:
             p.grad.div_(divisor)
     if broken != "sync":
-        sum_shared_grads(module, groups, process_groups, degree)
+        sum_shared_grads(module, groups, process_groups, degree, split)
 
 
 def run_rank(out: Path, io_dir: Path, mode: str, schedule_name: str | None, microbatches: int, steps: int,
@@ -293,7 +312,8 @@ def run_rank(out: Path, io_dir: Path, mode: str, schedule_name: str | None, micr
                 result = schedule.step(*args, **kwargs)
             if training:
                 sync_gradients(module, shared, process_groups, microbatches, share,  # NOTE [pipelines gradients]
-                               entry["tp"]["degree"] if tp.is_mixed(manifest) else 1)
+                               entry["tp"]["degree"] if tp.is_mixed(manifest) else 1,
+                               (tp.tp_rank(entry), frozenset(shards)))
                 tp.break_for_test(module, manifest, entry, weight_names)  # NOTE [test-only crash hook]
             step_seconds.append(time.perf_counter() - start)
             if actions is not None:

@@ -1,0 +1,112 @@
+"""`--parallel data --max-tensor-parallel N --tensor-parallel-per-machine`: degrees per machine as more candidates.
+
+NOTE [per-machine pipelines candidates]
+`choose_pipelines_tp` (compile_pipelines.py) searches each uniform degree's data-parallel pipelines
+and keeps the best, degree T, in two thirds of `--time-limit`. From there, one kind of machine at a
+time (its device type and count and its link: `place_kinds`; as step 4 of NOTE [mixed tensor-parallel
+degrees] in partitioner/tp_choice.py), the machines of that kind go to the other end (TP 1 from T > 1,
+the `--max-tensor-parallel` cap N from T = 1) and every other place keeps its degree: the assignment's
+slot problem (`mixed_problem`, its gradient sync NOTE [mixed-degree gradient sync]) is searched as
+`--parallel data` searches, and an assignment faster than the best so far is kept, the next kind tried
+from it. The kinds share the last third of the limit, the slowest link first where they go to TP 1
+(the all-reduces cost most there), the fastest first where they go to N; a kind left under `_LEAST_S`
+is not tried. So a fleet of NVLink machines beside PCIe ones gets "TP T on the NVLink machines, TP 1
+on the PCIe ones" as its first candidate, judged by the same cost model as the uniform degrees. The
+plan kept is the fastest; its bound is the least of the uniform degrees' bound and each tried
+assignment's own (each bounds every plan of its slot problem), so it covers the union of the spaces
+searched, not every assignment of degrees to machines (pipelines of overlapping slots have no
+relaxation here, and an assignment not tried is outside it); the bound note says so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from hetpart.errors import HetpartError
+from hetpart.partitioner.tp_choice import mixed_problem
+from hetpart.tensor_parallel import mixed_compile, places_line, tp_slots
+from hetpart.tp_machines import places
+
+if TYPE_CHECKING:
+    from hetpart.compile import CompileOptions
+    from hetpart.devices import Cluster
+    from hetpart.partitioner import Problem
+    from hetpart.partitioner.pipelines import PipelinesPlan
+    from hetpart.tensor_parallel import TPCompile
+
+_LEAST_S = 0.5  # an assignment left less than this of the time limit is not searched
+
+Planner = Callable[["Problem", "CompileOptions"], tuple["PipelinesPlan", list[dict]]]
+
+
+def per_machine_pipelines(problem: Problem, cluster: Cluster, opts: CompileOptions, plan: Planner,
+                          best: tuple[PipelinesPlan, list[dict], TPCompile | None], lower: Callable[[int], TPCompile],
+                          time_limit_s: float, echo: Callable[[str], None]
+                          ) -> tuple[PipelinesPlan, list[dict], TPCompile | None]:
+    """NOTE [per-machine pipelines candidates]: from `best` (the uniform degrees' plan, baselines and compile;
+    `problem`: the devices'), each kind of machine (`place_kinds`) at the other end in turn (TP 1 from a best
+    degree T > 1, `opts.max_tensor_parallel` from T = 1; `lower(t)`: degree t's compile), searched by `plan(problem,
+    opts)` within `time_limit_s`; the fastest plan kept, its bound the least over everything searched."""
+    pp, baselines, tp = best
+    degree = max(tp.shardings) if tp is not None else 1
+    other = 1 if degree > 1 else opts.max_tensor_parallel
+    high = max(degree, other)
+    try:
+        lowered = tp if tp is not None else lower(high)
+    except HetpartError as err:
+        echo(f"tensor parallel per machine: nothing to try ({str(err).splitlines()[0]})")
+        return best
+    kind_of = place_kinds(cluster)
+    # TP 1 pays most where a machine's link is slowest (its all-reduces), TP N where it is fastest: tried first
+    kinds = sorted(set(kind_of.values()), key=lambda k: (k[2] if other == 1 else -k[2], k))
+    slots = tp_slots(problem, {high: lowered})
+    current = dict.fromkeys(sorted(kind_of), degree)
+    bound, tried = pp.lower_bound_ns, []
+    deadline = time.perf_counter() + time_limit_s
+    us = lambda ns: f"{ns / 1000:,.1f} us"  # noqa: E731
+    for i, kind in enumerate(kinds):
+        trial = {p: other if kind_of[p] == kind else t for p, t in current.items()}
+        if len(set(trial.values())) == 1:  # every place at one degree: a uniform plan, searched already
+            continue
+        chosen = [s for t, ss in slots.items() for s in ss if trial[s.place] == t]
+        cand = mixed_compile(mixed_problem({1: problem, high: lowered.problem}, chosen), {high: lowered}, trial,
+                             problem.weights)
+        seconds = max(0.0, deadline - time.perf_counter()) / (len(kinds) - i)
+        if seconds < _LEAST_S:  # its space is then not searched, nor in the bound
+            echo(f"tensor parallel per machine: {places_line(trial)}: not tried ({seconds:.1f} s of the time limit "
+                 "left for it)")
+            continue
+        try:
+            got, base = plan(cand.problem, dataclasses.replace(opts, time_limit_s=seconds))
+        except HetpartError as err:
+            echo(f"tensor parallel per machine: {places_line(trial)}: no plan ({str(err).splitlines()[0]})")
+            continue
+        bound = min(bound, got.lower_bound_ns)
+        tried.append(places_line(trial))
+        echo(f"tensor parallel per machine: {places_line(trial)}: {us(got.iteration_ns)} (bound "
+             f"{us(got.lower_bound_ns)}), best so far {us(pp.iteration_ns)}")
+        if got.iteration_ns < pp.iteration_ns:
+            pp, baselines, tp, current = got, base, cand, trial
+    if not tried:
+        return pp, baselines, tp
+    lower_ns = min(bound, pp.iteration_ns)
+    note = (f"the least of the uniform degrees' bound and those of the degrees per machine tried ({'; '.join(tried)}): "
+            f"it covers those spaces, not every assignment of degrees to machines (NOTE [per-machine pipelines "
+            f"candidates])")
+    kept = places_line(tp.places) if tp is not None and tp.places else f"degree {degree} everywhere"
+    echo(f"tensor parallel per machine: kept {kept}")
+    return dataclasses.replace(pp, lower_bound_ns=lower_ns, bound_note=note,
+                               solver_status="OPTIMAL" if lower_ns >= pp.iteration_ns else "FEASIBLE"), baselines, tp
+
+
+def place_kinds(cluster: Cluster) -> dict[str, tuple]:
+    """Each place (a machine's devices of one type, `machine:type`) -> its kind: the type, how many devices of it
+    the machine has, and the machine's link (places of one kind are interchangeable)."""
+    return {place: (ty, n, m.link.bandwidth_bytes_per_s, m.link.latency_s)
+            for place, (m, ty, n) in places(cluster).items()}
+
+
+__all__ = ["per_machine_pipelines", "place_kinds"]
