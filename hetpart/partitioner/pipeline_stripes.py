@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 import types
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from math import gcd
 from typing import Callable
@@ -109,7 +110,7 @@ def striped(problem: Problem, groups: list[tuple[str, ...]], plan: Plan, microba
 def stripe_probe(problem: Problem, best: PipelinesPlan, microbatches: int,
                  solve: Callable[[tuple[str, ...], int, float], Plan | None], limit_s: Callable[[int], float],
                  end: float, need: int | None = None,
-                 seeds: list[tuple[tuple[str, ...], int, Plan]] = ()) -> StripeResult:  # type: ignore[assignment]
+                 seeds: Sequence[tuple[tuple[str, ...], int, Plan]] = ()) -> StripeResult:
     """NOTE [striped pipelines] from `best` until `end` (a perf_counter value): each (U, f) of `seeds` (stripe 0's
     plan given: NOTE [shape memo]; the first _SEEDS_AT_LEAST whatever the time), then each of `stripe_sets` not
     seeded whose stripe has the memory to hold the model (`need`: `need_bytes`, which the search has) and no more

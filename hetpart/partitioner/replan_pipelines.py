@@ -311,21 +311,25 @@ def stripe_candidates(problem: Problem, holders: Mapping[str, tuple[str, ...]], 
     return out
 
 
-def _held_orders(problem: Problem, holders: Mapping[str, tuple[str, ...]]) -> list[tuple[Problem, object]]:
+def _held_orders(problem: Problem, holders) -> list[tuple[Problem, object]]:
     """NOTE [re-plan pipelines] c: `problem` (and its layers) with its devices ordered by where their machines hold
-    the model (the first node, in graph order, whose weight a device of the machine holds; a machine that holds
-    none just after one of its kind that does, else last), that order reversed, and as it is: the planner's device order steers which machine each stage
-    lands on (llama-7b less s-0: the reversed order gave the old stripes' machine order and 65 GiB moved, as it
-    is 316 GiB, at the same step)."""
+    the model (by the first node, in graph order, whose weight a device of the machine holds; a machine that holds
+    none just after one of its kind that does, else last): from the machine whose holdings come last to the
+    first, then the other way, then as it is. The planner's device order steers which machine each stage lands
+    on: llama-7b less s-0, the first of these gave the old stripes' machine order and 65 GiB moved between
+    machines, the cluster's own order 316 GiB, at the same step."""
     from hetpart.partitioner.pipeline_layers import layer_problem
 
+    from hetpart.partitioner.replan_holdings import as_holdings
+
     node_of = {d.name: d.node for d in problem.devices}
+    held = as_holdings(problem, holders)  # a weight's parts (shards) and the machines that hold each
     first: dict[str, float] = {}
     for i, v in enumerate(problem.graph.nodes):
         for w in problem.graph.nodes[v].get(WEIGHTS, ()):
-            for d in holders.get(w, ()):
-                if d in node_of:
-                    first.setdefault(node_of[d], i)
+            for part in held.parts.get(w, ()):
+                for m in held.machines.get(part, ()):
+                    first.setdefault(m, i)
     kind = {d.node: (d.type, d.capacity_bytes) for d in problem.devices}
     for m in sorted(set(node_of.values()) - set(first)):  # a machine that holds none: beside one of its kind
         first[m] = min((x for u, x in first.items() if kind[u] == kind[m] and u in node_of.values()),

@@ -29,7 +29,12 @@ program, refinement, join probe and stripes run on the candidates, and the answe
 devices (`realize`) and checked (`pipelines_violations`) as any plan of the search, so a memo can steer the
 choice but not make a printed step or a certificate false (ir/shapes.json is hashed by the manifest as
 ir/analysis.json is, whose costs the re-plan takes as they are).
-docs/benchmarks.md ("spot21c") measures what it gives a 2 s re-plan on the trace.
+Striped pipelines (NOTE [striped pipelines]) are kept the same way in `stripes`: stripe 0's plan, keyed by its
+machines' kinds and the stripe count (`ShapeCodec.stripe_key`), its devices as positions among those machines;
+on a cluster with at least as many machines of those kinds it maps onto the first machines of each kind
+(`stripe_seeds`), and the stripe probe and the re-plan's stripe candidates (NOTE [re-plan pipelines] c) take it
+before they solve, costing and checking the whole striped plan as their own.
+docs/benchmarks.md ("spot21c", "spot21d") measures what it gives a 2 s re-plan on the trace.
 """
 
 from __future__ import annotations
@@ -120,8 +125,9 @@ class ShapeMemo:
                                  for p in v] for k, v in by_key.items()}
 
             return ShapeMemo(str(data["fingerprint"]), plans(data["plans"]),  # type: ignore[index]
-                             {str(k): (int(v[0]), str(v[1])) for k, v in data["no_plan"].items()},  # type: ignore[index]
-                             plans(data.get("stripes", {})))  # type: ignore[union-attr]  # none before stripes were kept
+                             {str(k): (int(v[0]), str(v[1]))
+                              for k, v in data["no_plan"].items()},  # type: ignore[index]
+                             plans(data.get("stripes", {})))  # type: ignore[union-attr]  # none in older memos
         except HetpartError:
             raise
         except (AttributeError, KeyError, TypeError, ValueError, IndexError) as e:
@@ -198,7 +204,8 @@ class ShapeCodec:
                 out.update({d: [self.keys[j], mo, ci, ix] for ix, d in enumerate(devs) if d in inside})
         return out
 
-    def encode(self, shape, plan: Plan, m_ref: int, time_ns: int, pos: dict[str, list] | None = None) -> MemoPlan | None:
+    def encode(self, shape, plan: Plan, m_ref: int, time_ns: int,
+               pos: dict[str, list] | None = None) -> MemoPlan | None:
         """The plan as a MemoPlan (`pos`: its devices' positions, default the shape's); None when a stage's slot
         is not one device of the shape (a TP slot)."""
         pos = self._positions(shape) if pos is None else pos
@@ -214,7 +221,8 @@ class ShapeCodec:
         return MemoPlan(m_ref, runs, [pos[s] for s in plan.slot_of_stage], time_ns,
                         [[st.compute_ns, st.comm_in_ns, st.comm_out_ns, st.memory_bytes] for st in plan.stages])
 
-    def decode(self, shape, mp: MemoPlan, pos: dict[str, list] | None = None) -> tuple[dict[str, int], list[str]] | None:
+    def decode(self, shape, mp: MemoPlan,
+               pos: dict[str, list] | None = None) -> tuple[dict[str, int], list[str]] | None:
         """(stage_of, device per stage) on this cluster (`pos` as `encode`'s); None when the memo plan does not fit
         the graph or shape."""
         if sum(n for _, n in mp.stages) != len(self.order) or len(mp.costs) != len(mp.slots):
