@@ -26,7 +26,6 @@ from typing import Any
 
 import torch
 
-from hetpart.codegen.weights import split_full_shape
 from hetpart.errors import HetpartError
 
 Box = tuple[tuple[int, int], ...]  # [lo, hi) per dim of the full tensor
@@ -103,6 +102,8 @@ def shard_layout(shape: tuple[int, ...], shard: dict[str, int] | None) -> Layout
 def saved_layouts(tensors: dict[str, torch.Tensor], shards: dict[str, dict[str, int]]) -> dict[str, Layout]:
     """The layout of each tensor a rank writes ("weight/<fqn>", "optimizer/<fqn>/<key>"), its split weights'
     (`shards`: FQN -> dim, chunks, rank, degree; runtime/tp.py `weight_shards`) from their shard's shape."""
+    from hetpart.codegen.weights import split_full_shape  # here: importing hetpart.codegen costs every rank start-up
+
     out: dict[str, Layout] = {}
     for key, t in tensors.items():
         kind, rest = key.split("/", 1)
