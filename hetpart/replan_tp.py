@@ -66,6 +66,13 @@ run over slots instead of devices, every other step the one above (`tp_slots`):
   (one pipeline: NOTE [tensor-parallel stages]'s), which `run --resume` fills from the old ranks'
   shards (NOTE [checkpoint slices]).
 A new cluster with no t devices of one type on any machine is refused as above (exit 2).
+Pipelines planned over slots of several degrees (`--pipelines` or `--parallel data` with `--tensor-parallel
+MACHINE=T,...`, NOTE [mixed-degree pipelines mesh] in codegen/tp.py) are refused by `replan` (exit 2, before
+anything is written): their stored problem holds slots of each degree but no `tensor_parallel` record of the
+places' degrees and split weights (NOTE [re-plan of mixed degrees] needs one), `tp_slots` and `holdings_of`
+are one degree's, and `compile_pipelines` writes a `PipelinesChoice` at one degree. The advice is a
+`partition` for the new cluster, then `run --resume`, which reads their checkpoint's slices into any plan
+(tests/runtime/test_dp_tp_mixed_run.py runs it: --verify equal to 4 steps of the model).
 """
 
 from __future__ import annotations

@@ -574,8 +574,8 @@ def resume_commands(out: Path, run: CheckpointRun, dead_device: str | None, step
                     not_replanned: str | None = None) -> str:
     """What `hetpart run` prints when a rank died: the last complete checkpoint and the commands that re-plan
     onto the devices still alive and resume from it (`flags`: the run's own, repeated). A plan `hetpart replan`
-    refuses (`not_replanned` says what it runs: virtual stages) gets the resume command after
-    a new `partition` instead."""
+    refuses (`not_replanned` says what it runs: virtual stages, data-parallel pipelines at mixed degrees) gets the
+    resume command after a new `partition` instead."""
     if run.save_dir is None:
         return ""
     found = complete_checkpoints(run.save_dir)

@@ -34,7 +34,7 @@ from hetpart.plan_report import PlanReport, as_json
 from hetpart.frontend import ModelSpec, check_example_batch, load_model
 from hetpart.frontend.hf import HFModel, OutputStructure
 from hetpart.runtime.artifacts import check_rank_files, dim_size, load_manifest, symbol_sizes
-from hetpart.runtime.tp import whole_weights
+from hetpart.runtime.tp import is_mixed, whole_weights
 from hetpart.runtime.artifacts import check_listed_files, mesh_pipelines, model_spec_for_run, read_plan
 from hetpart.runtime.checkpoint import CheckpointFlags, run_checkpoints, with_resume_commands
 from hetpart.runtime.measured import measurement
@@ -337,10 +337,15 @@ def _run_torchruns(cmds: list[list[str]], manifest: dict, log_dir: Path, opts: "
                        failed if len(cmds) > 1 else None, opts.master_port)
 
 
-def _not_replanned(plan: PlanReport) -> str | None:
+def _not_replanned(plan: PlanReport, manifest: dict) -> str | None:
     """What this plan runs that `hetpart replan` refuses (the advice after a rank died differs), or None."""
-    # Tensor-parallel stages, of one degree or mixed per machine, are re-planned (NOTE [re-plan of mixed degrees]).
-    return "virtual stages" if plan.virtual_stages is not None else None
+    # Tensor-parallel stages, of one degree or mixed per machine, are re-planned (NOTE [re-plan of mixed degrees]);
+    # data-parallel pipelines at mixed degrees are not (NOTE [re-plan of tensor-parallel pipelines] in replan_tp.py).
+    if plan.virtual_stages is not None:
+        return "virtual stages"
+    if plan.pipelines is not None and is_mixed(manifest):
+        return "data-parallel pipelines at different tensor-parallel degrees"
+    return None
 
 
 def _check_own_outputs(out: Path, log_dir: Path, measure: bool) -> None:
@@ -550,7 +555,7 @@ def run_pipeline(out: Path, opts: RunOptions = RunOptions(), echo: Callable[[str
             with emulating(emulation, io_dir, echo) if emulation is not None else contextlib.nullcontext():
                 _run_torchruns([c + worker_args for c in cmds], manifest, log_dir, opts)
         except RunFailed as err:  # a rank died: the last checkpoint and how to resume (NOTE [checkpoint layout])
-            raise with_resume_commands(err, out, ckpt, opts, _not_replanned(plan)) from None
+            raise with_resume_commands(err, out, ckpt, opts, _not_replanned(plan, manifest)) from None
         finally:
             write_logs_marker(log_dir)  # every file torchrun wrote, which the next run or --force may remove
         outputs = _outputs(io_dir, manifest)

@@ -6,8 +6,10 @@ model: `--pipelines a/0..a/3;b/0,b/1 --tensor-parallel a=2` runs zoo:gpt-small (
 TP-2 stages and one of two TP-1 stages (6 ranks). Every split weight's gradient is summed slice by slice (a TP-1
 rank joins both slices' groups, a TP-2 rank one), every replicated one over every holder with each TP-2 copy
 halved; it trains 2 steps of 1F1B and infers equal to the model (outputs, loss, every gathered gradient and updated
-weight, rtol 1e-5), and fails `--verify` with the halving left out. An edited mesh is refused before any rank
-starts. (preset:cpu-8 is one machine, whose devices take one degree: hence the two machines here.)
+weight, rtol 1e-5), and fails `--verify` with the halving left out. `hetpart replan` refuses it (exit 2, NOTE [re-plan
+of tensor-parallel pipelines] in replan_tp.py); its checkpoint resumes on a new partition equal to 4 model steps.
+An edited mesh is refused before any rank starts. (preset:cpu-8 is one machine, whose devices take one degree:
+hence the two machines here.)
 """
 
 import json
@@ -25,11 +27,11 @@ GPT = ["zoo:gpt-small", "--set", "n_layer=2", "--set", "n_embd=64", "--set", "vo
        "--schedule", "1f1b", "--tensor-parallel", "a=2"]
 
 
-def _cluster(path):
+def _cluster(path, b=2):
     dev = '{type = "cpu", mem = "1.5 MiB"}'
     path.write_text("[network]\nbandwidth_GBps = 1\nlatency_us = 50\n" + "".join(
         f'[[nodes]]\nname = "{m}"\ndevices = [{", ".join([dev] * n)}]\nlink = {{ bandwidth_GBps = 2, latency_us = 20 }}\n'
-        for m, n in (("a", 4), ("b", 2))))
+        for m, n in (("a", 4), ("b", b))))
     return path
 
 
@@ -79,13 +81,38 @@ def test_the_mesh_sums_each_slice_over_the_ranks_holding_it(mixed):
     assert qkv == {0: [96, 64], 1: [96, 64], 2: None, 3: None, 4: [192, 64], 5: None}
 
 
-def test_pipelines_of_tp2_and_tp1_stages_train_1f1b_and_infer_equal_to_the_model(mixed, capsys):
-    assert main(["run", str(mixed), "--mode", "training", "--schedule", "1f1b", "--steps", "2", "--verify"]) == 0
+def test_pipelines_of_tp2_and_tp1_stages_train_1f1b_infer_and_resume_on_a_new_partition(mixed, tmp_path, capsys):
+    ck, new = tmp_path / "ck", tmp_path / "new"
+    assert main(["run", str(mixed), "--mode", "training", "--schedule", "1f1b", "--steps", "2", "--verify",
+                 "--checkpoint-every", "2", "--checkpoint-dir", str(ck)]) == 0
     out = capsys.readouterr().out
     assert "2 pipelines (2 + 2 stages, 2 + 2 microbatches): 6 rank(s)" in out and "verify: PASS" in out
     assert "max_weight_rel_err" in out and "max_grad_rel_err" in out
     assert main(["run", str(mixed), "--mode", "inference", "--verify"]) == 0
     assert "verify: PASS" in capsys.readouterr().out
+    # b/1 lost: what `replan` advises (NOTE [re-plan of tensor-parallel pipelines]) -- partition for the devices
+    # left, resume -- equals 4 steps of the model; the checkpoint's TP-1 wholes and TP-2 slices read into TP 2.
+    assert main(["partition", *GPT, "--cluster", str(_cluster(tmp_path / "lost.toml", b=1)), "--out", str(new),
+                 "--pipelines", "a/0,a/1;a/2,a/3", "--pipeline-microbatches", "2,2"]) == 0
+    capsys.readouterr()
+    assert main(["run", str(new), "--mode", "training", "--schedule", "1f1b", "--steps", "2", "--resume", str(ck),
+                 "--verify"]) == 0
+    ran = capsys.readouterr().out
+    assert "after step 2" in ran and "4 rank(s)" in ran and "verify: PASS" in ran and "max_weight_rel_err=" in ran
+
+
+def test_replan_refuses_pipelines_of_mixed_degrees_and_says_what_to_do(mixed, tmp_path, capsys):
+    assert main(["replan", str(mixed), "--lose", "b/1", "--out", str(tmp_path / "new")]) == 2
+    err = capsys.readouterr().err
+    assert f"{mixed} runs data-parallel pipelines planned over tensor-parallel slots of degrees [1, 2]" in err, err
+    assert "does not re-plan" in err and "partition the model again for the new cluster" in err and "--resume" in err
+    assert "Traceback" not in err and not (tmp_path / "new").exists()
+    # After a rank dies, `run` advises the same (a partition, then --resume), not the replan command.
+    from hetpart.runtime.artifacts import read_plan
+    from hetpart.runtime.launch import _not_replanned
+
+    man = load_manifest(mixed)
+    assert _not_replanned(read_plan(mixed, man), man) == "data-parallel pipelines at different tensor-parallel degrees"
 
 
 def test_replicated_copies_not_divided_by_their_degree_fail_verify(mixed, monkeypatch, capsys):
