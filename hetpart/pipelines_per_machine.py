@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 from hetpart.errors import HetpartError
 from hetpart.partitioner.tp_choice import mixed_problem
+from hetpart.tensor_parallel import _us as us
 from hetpart.tensor_parallel import mixed_compile, places_line, tp_slots
 from hetpart.tp_machines import places
 
@@ -66,7 +67,6 @@ def per_machine_pipelines(problem: Problem, cluster: Cluster, opts: CompileOptio
     current = dict.fromkeys(sorted(kind_of), degree)
     bound, tried = pp.lower_bound_ns, []
     deadline = time.perf_counter() + time_limit_s
-    us = lambda ns: f"{ns / 1000:,.1f} us"  # noqa: E731
     for i, kind in enumerate(kinds):
         trial = {p: other if kind_of[p] == kind else t for p, t in current.items()}
         if len(set(trial.values())) == 1:  # every place at one degree: a uniform plan, searched already
