@@ -20,7 +20,7 @@ from hetpart.partitioner.pipeline_bounds import pipelines_lower_bound
 from hetpart.partitioner.pipeline_quick_bound import quick_pipelines_bound
 from hetpart.partitioner.pipeline_search import plan_pipelines
 from hetpart.partitioner.pipelines import (
-    Pipeline, cost_pipelines, grad_sync_ns, mixed_sync_buckets, pipelines_violations, sub_problem)
+    Pipeline, cost_pipelines, fixed_pipelines, grad_sync_ns, mixed_sync_buckets, pipelines_violations, sub_problem)
 from hetpart.partitioner.problem import Plan, Problem
 from hetpart.partitioner.tp_choice import TPSlot, mixed_problem
 from hetpart.partitioner.tp_sync import TPSyncLayout
@@ -139,3 +139,51 @@ def test_a_bound_too_strong_is_above_an_optimum(monkeypatch):
     floor = pipeline_bounds.sync_floor_ns
     monkeypatch.setattr(pipeline_bounds, "sync_floor_ns", lambda *a, **k: int(floor(*a, **k) * 1.5))
     assert _above_optimum([20], plans=False)
+
+
+def test_a_coarsened_solve_prints_the_slices_sync():
+    """The coarse problem of NOTE [coarsened solve] keeps no `tp_sync` (its merged weights have no one split), but
+    it only ever plans single pipelines: a pipelines plan is costed on the problem it was asked for. Two pipelines,
+    one with a TP-2 stage, solved coarsened: the step is the slowest pipeline plus the slices' sync (every weight
+    split at TP 2: the degree-1 stages' ranks join both slices), not the sync of the same weights as whole rings."""
+    from test_pipeline_layers import layered
+
+    from hetpart.partitioner import TIME_NS, WEIGHTS, Device, Link
+    from hetpart.partitioner.costs import allreduce_ns, tp_shard_bytes
+
+    p = layered()
+    g = p.graph.copy()
+    for _, a in g.nodes(data=True):
+        a[TIME_NS] = {**a[TIME_NS], "fast/tp2": int(a[TIME_NS]["fast"] * 0.6)}
+    whole = dict(p.weights)
+    link = Link(5000, 20)
+    p = dataclasses.replace(
+        p, graph=g, devices=[d for d in p.devices if d.node != "fast1"] + [Device("t", "fast/tp2", "fast1", 16_000)],
+        weights={w: tp_shard_bytes(b, 2) for w, b in whole.items()}, held_bytes_of={"fast": whole, "slow": whole},
+        intra_node_links={d.node: link for d in p.devices}, network=link,
+        tp_sync=TPSyncLayout({"fast/tp2": 2}, {2: {w: (0, 1) for w in whole}}, whole))
+    plan = fixed_pipelines(p, [["t", "fast0/0"], ["fast0/1", "slow0/0"]], [2, 2], time_limit_s=10, coarsen_above=10)
+    assert all(q.plan.stats.coarsened for q in plan.pipelines)
+    # By hand: each degree-1 rank sums, per weight, both its halves with a TP-2 rank (2 ranks) or the whole weight
+    # with the other pipeline's degree-1 rank (2 ranks); buckets by ranks; the slowest rank's sum.
+    stage_of = {}
+    for q in plan.pipelines:
+        for s in q.plan.stages:
+            for v in s.nodes:
+                stage_of.setdefault(v, []).append(s.device)
+    buckets: dict[tuple, int] = {}
+    for v in g.nodes:
+        for w in g.nodes[v][WEIGHTS]:
+            a, b = stage_of[v]
+            if a == "t":
+                for j in range(2):
+                    buckets[(("t", j), (b, 0))] = buckets.get((("t", j), (b, 0)), 0) + whole[w] // 2
+            elif a != b:
+                buckets[((a, 0), (b, 0))] = buckets.get(((a, 0), (b, 0)), 0) + whole[w]
+    per_rank: dict[tuple, int] = {}
+    for ranks, nbytes in buckets.items():
+        for r in ranks:
+            per_rank[r] = per_rank.get(r, 0) + allreduce_ns(link, nbytes, 2)
+    sync = max(per_rank.values())
+    assert plan.grad_sync_ns == sync and plan.iteration_ns == max(q.time_ns for q in plan.pipelines) + sync
+    assert sync != grad_sync_ns(dataclasses.replace(p, tp_sync=None), plan.pipelines)[0]
