@@ -94,8 +94,8 @@ def per_machine_pipelines(problem: Problem, cluster: Cluster, opts: CompileOptio
         return pp, baselines, tp
     lower_ns = min(bound, pp.iteration_ns)
     note = (f"the least of the uniform degrees' bound and those of the degrees per machine tried ({'; '.join(tried)}): "
-            f"it covers those spaces, not every assignment of degrees to machines (NOTE [per-machine pipelines "
-            f"candidates])")
+            "it covers those spaces, not every assignment of degrees to machines "
+            "(NOTE [per-machine pipelines candidates])")
     kept = places_line(tp.places) if tp is not None and tp.places else f"degree {degree} everywhere"
     echo(f"tensor parallel per machine: kept {kept}")
     return dataclasses.replace(pp, lower_bound_ns=lower_ns, bound_note=note,

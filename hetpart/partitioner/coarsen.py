@@ -40,7 +40,10 @@ if TYPE_CHECKING:
 # - conservatively: transfers. A run sends the sum of its members' values (bytes and tensors) read outside
 #   it, as far as its last external reader: a value that stops earlier is charged on
 #   more boundaries than in the fine plan. Pins: a run with a PIN_FIRST (PIN_LAST)
-#   member is pinned as a whole; one with both cannot be (`pin_cuts` separates them).
+#   member is pinned as a whole; one with both cannot be (`pin_cuts` separates them);
+# - not: the gradient sync's slices (`Problem.tp_sync`; a merged weight has no one split).
+#   A coarse problem plans single pipelines only, and a pipelines plan's step is costed on
+#   the problem it was asked for (tests/partitioner/test_mixed_pipelines_bound.py).
 # So a coarse plan's fine cost (`evaluate` on the original problem) is at most its
 # coarse cost, and the coarse solver's bound is NOT a bound of the original problem
 # (the coarse plans are a subset of the fine ones, with costs rounded up): only the

@@ -63,7 +63,14 @@ from hetpart.partitioner.problem import MEM_BYTES, TIME_NS, WEIGHTS, Problem
 # over a link no faster than the fastest, with 2(k-1) latencies at least once. The smallest
 # pipeline, of n_s devices, has a stage holding at least W / n_s of the W weight bytes (and some
 # stage holds the largest weight), so sync >= sigma(n_s, k); with more pipelines than the largest
-# machine has devices, a ring crosses machines and its link is no faster than the network. The
+# machine has devices, a ring crosses machines and its link is no faster than the network. Over slots of
+# several degrees (`Problem.tp_sync`, NOTE [mixed-degree gradient sync]) the same holds: each slice's
+# all-reduce has a rank of every pipeline (r >= k); a rank of a degree-t stage sums of/t slices of
+# ceil(whole/of) bytes of a weight it splits (at least its shard at t) or the whole one it replicates,
+# so at least the weight's `Problem.weights` (`mixed_problem` keeps the least over the degrees, the
+# shard at the largest); its buckets' costs add up; and k slots on one machine take k of its slots.
+# tests/partitioner/test_mixed_pipelines_bound.py checks sigma against every plan of small mixed
+# problems (slices over both degrees included) and the bound against their brute-force optimum. The
 # plans are split by k (1; 2-3; 4-15; 16-63; 64 and more; and at one more than the largest
 # machine's devices) and by n_s (every value up to 32, then geometric cells [g, g'), charged
 # sigma(g' - 1, k_lo)); each part adds "sum p_A in the k range" and "every pipeline has >= g
