@@ -308,10 +308,10 @@ def replan_pipelines_dir(old: Path, out: Path, manifest: dict, plan: Any, stored
         if len(degrees) > 1:  # NOTE [re-plan of tensor-parallel pipelines]: one degree's slots only
             raise HetpartError(
                 f"{old} runs data-parallel pipelines planned over tensor-parallel slots of degrees {degrees} "
-                "(--tensor-parallel MACHINE=T), which `hetpart replan` does not re-plan (NOTE [re-plan of "
-                "tensor-parallel pipelines] says why): partition the model again for the new cluster (`hetpart "
-                "partition ... --cluster NEW --out NEW_DIR`), then `hetpart run NEW_DIR --resume CHECKPOINT` reads "
-                "this plan's checkpoint into it")
+                "(--tensor-parallel MACHINE=T), which `hetpart replan` does not re-plan "
+                "(NOTE [re-plan of tensor-parallel pipelines] says why): partition the model again for the new "
+                "cluster (`hetpart partition ... --cluster NEW --out NEW_DIR`), then `hetpart run NEW_DIR --resume "
+                "CHECKPOINT` reads this plan's checkpoint into it")
         slots = tp_slots(old, manifest, stored, old_cluster, target)
         problem, holders, target, options["tensor_parallel"] = slots.problem, slots.holdings, slots.target, slots.degree
         echo(_kept_line(slots))
