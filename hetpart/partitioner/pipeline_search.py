@@ -475,7 +475,7 @@ def _plan_and_facts(problem: Problem, microbatches: int, options: SolveOptions |
     # the search has not solved is solved by its planner, in each device order (NOTE [stash order]).
     planner = JoinPlanner(
         devices=lambda s: shape_devices(problem, kinds, s), orders=1 + len(ordered), no_plan=no_plan,
-        solve=solve_shape, limit_s=shape_limit)
+        solve=solve_shape, limit_s=shape_limit, expect_s=lambda n: slowest * n ** 1.5)  # as the shapes' loop skips
     probe = join_probe(problem, kinds, cands, answer, best, microbatches, planner, deadline(1.0),
                        shape_devices, _class_devices)
     answer, best = probe.answer, probe.plan
