@@ -65,6 +65,10 @@ class JoinPlanner:
     limit_s: Callable[[int], float]  # the search's seconds for one device order of a shape of so many devices
     orders: int  # device orders each solve runs (NOTE [stash order]): what is left is shared among them
     no_plan: dict = field(default_factory=dict)  # shapes with no plan, not for time: why (NOTE [shape misses])
+    # The seconds a solve of so many devices (every order) is expected to take, from the search's own solves: a
+    # joined shape expected past `end` is not begun (its DP's fixed work overran the probe by 8.6 s on llama-70b
+    # x hetero-64 under load; docs/benchmarks.md, "search19").
+    expect_s: Callable[[int], float] = lambda n: 0.0
     solved: list = field(default_factory=list)  # the shapes solved here
 
     def candidate(self, problem: Problem, cands: list[Candidate], shape, m: int, microbatches: int,
@@ -78,7 +82,11 @@ class JoinPlanner:
         devs = self.devices(shape)
         sched = problem.training.schedule if problem.training is not None else None
         m_ref = min(microbatches, max(m, len(devs))) if sched == "1f1b" else microbatches  # as the search does
-        limit_s = min(max(0.0, end - time.perf_counter()) / self.orders, self.limit_s(len(devs)))
+        left = max(0.0, end - time.perf_counter())
+        if self.expect_s(len(devs)) > left:  # a timed-out miss: not remembered, as NOTE [shape misses] says
+            return None, False, (f"not solved: a shape of {len(devs)} devices takes about "
+                                 f"{self.expect_s(len(devs)):.2g} s, {left:.2g} s were left")
+        limit_s = min(left / self.orders, self.limit_s(len(devs)))
         self.solved.append(shape)
         solved = self.solve(devs, m_ref, limit_s)
         if solved.plan is None and sched == "gpipe" and m < microbatches and time.perf_counter() + limit_s < end:

@@ -230,13 +230,23 @@ def _support_rate(problem: Problem, devices: tuple[str, ...], supports) -> tuple
 # first); each shape is also solved with its devices in that order (kinds the LP left out last),
 # and the faster of the two plans kept. Llama-70b on hetero-64 (docs/benchmarks.md, "The bound
 # after bound19"): 64 GPUs in the preset's order 11.7 s, A100-80G then H100 first 6.73 s. The
-# whole machines nearest the LP's devices of each kind are a shape of their own, solved second
-# (`_lp_shapes`, halved until at most _EVERYTHING_FIRST devices): there the LP also uses the 16
-# A100-40G (mean stash level 29, under a layer each), and those 48 GPUs take 6.25-6.39 s (device
-# order) where the shapes reached took 6.61 s. The LP's order is that of one pipeline of the whole
+# whole machines nearest the LP's devices of each kind are a shape of their own, solved first
+# (`_lp_shapes`, halved until at most _EVERYTHING_FIRST devices; NOTE [LP shapes first]): there the
+# LP also uses the 16 A100-40G (mean stash level 29, under a layer each), and those 48 GPUs take
+# 6.25-6.39 s (device order) where the shapes reached took 6.61 s. The LP's order is that of one pipeline of the whole
 # batch; on hetero-256 (256 microbatches) it puts the A100-40G last, and the 48-GPU shape then
 # leaves them idle (5,566 ms at 48 microbatches against 5,292 with them): a third order, the
 # slowest kinds first and among them the most memory first (`_slow_first`), is tried too.
+
+
+# NOTE [LP shapes first]
+# The LP's shapes (`_lp_shapes`) are solved right after the small shape that times `solve`, before the
+# one pipeline on every device, and each may take a third of the search's time left (the others a sixth):
+# under load the search's share is spent early. Llama-70b on hetero-64 at --time-limit 45 (30 s for the
+# search): the LP's 48 GPUs give 6.25 s when their three device orders get about 1.5 s each; before, the
+# 64-GPU pipeline went first (2-4 s, 8.2-10 s iterations: the one-pipeline baseline's plan, which
+# `plan_with_baselines` solves again beside the search) and left the 48 GPUs 0.6 s, which gave 8.12 s
+# (docs/benchmarks.md, "search19").
 
 
 def _lp_shapes(kinds: list[MachineKind], devices: dict[tuple[str, int], float], fits) -> list[Shape]:
@@ -346,14 +356,13 @@ def _plan_and_facts(problem: Problem, microbatches: int, options: SolveOptions |
 
     lp = _lp_shapes(kinds, bound.stash_devices, fits)
     shapes += [v for v in lp if v not in shapes]
-    order = order[:1] + lp + [s for s in order[1:] if s not in lp]
-    # One pipeline on every device before it, so the plan is never worse than today's -- up to
-    # _EVERYTHING_FIRST devices: above, `solve` on all of them overruns its share of the limit (31 s
-    # for a 4.4 s share on 1,024 devices, 30 s for 5 s on 256), and one pipeline is far behind anyway.
+    # One pipeline on every device right after them (NOTE [LP shapes first]), so the plan is never worse than
+    # today's -- up to _EVERYTHING_FIRST devices: above, `solve` on all of them overruns its share of the limit
+    # (31 s for a 4.4 s share on 1,024 devices, 30 s for 5 s on 256), and one pipeline is far behind anyway.
     everything = Shape(machines=tuple(len(k.machines) for k in kinds))
-    if everything in order and len(problem.devices) <= _EVERYTHING_FIRST:
-        order.remove(everything)
-        order.insert(0, everything)
+    first = lp + ([everything] if everything in order and everything not in lp
+                  and len(problem.devices) <= _EVERYTHING_FIRST else [])
+    order = order[:1] + first + [s for s in order[1:] if s not in first]
     # --- Solve the shapes in turn (NOTE [pipeline shapes]) until the search's share is spent.
     def shape_limit(n: int) -> float:  # the seconds one shape of n devices may take (search, stripes, joins)
         return max(_SHAPE_LIMIT_S, limit * _SHAPE_SHARE, _SHAPE_S_PER_DEVICE * n ** 1.5)
@@ -393,7 +402,8 @@ def _plan_and_facts(problem: Problem, microbatches: int, options: SolveOptions |
         t_shape = time.perf_counter()
         # 1F1B: a plan of S stages runs any m >= S; GPipe: any m up to the m it was solved for (the stash).
         m_ref = m_ref_of(len(devs))
-        per_shape = min(left / min(6, len(order) - tried), shape_limit(len(devs)))
+        # NOTE [LP shapes first]: the LP's shapes may take a third of what is left, the others a sixth at most.
+        per_shape = min(left / (3 if s in lp else min(6, len(order) - tried)), shape_limit(len(devs)))
         solved = solve_shape(devs, m_ref, per_shape)
         plan = solved.plan
         if plan is None and sched == "gpipe" and share < microbatches:
@@ -465,7 +475,7 @@ def _plan_and_facts(problem: Problem, microbatches: int, options: SolveOptions |
     # the search has not solved is solved by its planner, in each device order (NOTE [stash order]).
     planner = JoinPlanner(
         devices=lambda s: shape_devices(problem, kinds, s), orders=1 + len(ordered), no_plan=no_plan,
-        solve=solve_shape, limit_s=shape_limit)
+        solve=solve_shape, limit_s=shape_limit, expect_s=lambda n: slowest * n ** 1.5)  # as the shapes' loop skips
     probe = join_probe(problem, kinds, cands, answer, best, microbatches, planner, deadline(1.0),
                        shape_devices, _class_devices)
     answer, best = probe.answer, probe.plan

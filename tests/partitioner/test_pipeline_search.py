@@ -499,3 +499,26 @@ def test_the_join_planner_remembers_only_a_miss_that_is_not_the_limits():
     assert planner.candidate(p1, [], "S", M, M, end) == (None, True, "no plan of it fits in memory")
     assert planner.candidate(p1, [], "S", M, M, end) == (None, False, "no plan of it fits in memory")
     assert len(calls) == 2
+
+
+def test_the_join_planner_begins_no_solve_expected_past_its_end():
+    """NOTE [join probe]: a joined shape whose solve the search expects to overrun the time left is not begun, and
+    not remembered as a miss (NOTE [shape misses]); with time enough it is solved."""
+    from hetpart.partitioner.pipeline_join import JoinPlanner, ShapeSolve
+
+    p, M = small_problem(3)
+    calls = []
+
+    def solve(devs, m, limit_s):
+        calls.append(m)
+        return ShapeSolve(None, why="no plan of it fits in memory")
+
+    n = len(p.devices)
+    planner = JoinPlanner(devices=lambda s: tuple(d.name for d in p.devices), solve=solve, limit_s=lambda n: 0.5,
+                          orders=1, expect_s=lambda k: 5.0 * k)
+    p1 = dataclasses.replace(p, training=None)
+    got = planner.candidate(p1, [], "S", M, M, time.perf_counter() + 5.0 * n - 1)
+    assert got[:2] == (None, False) and got[2].startswith(f"not solved: a shape of {n} devices takes about")
+    assert calls == [] and "S" not in planner.no_plan and planner.solved == []
+    assert planner.candidate(p1, [], "S", M, M, time.perf_counter() + 5.0 * n + 60)[1] is True
+    assert calls == [M]
