@@ -37,6 +37,19 @@ c. striped pipelines (NOTE [striped pipelines]), as is and relabeled: over every
    search's planner (on layers, 0.1-0.3 s of CPU on llama-7b) and recorded there, so an event that
    returns to a cluster seen before solves none; within STRIPES_SHARE of the limit (NOTE [re-plan
    deadline]), the first whatever the time.
+d. bytes-first stripes: a new stripe layout re-cuts every replica (llama-7b, spot21d: 226-371 GiB an event where
+   the machine set or the stripe count changed), and the solve cuts for time alone. So each stripe 0 of c (the
+   one moving the fewest bytes first; those after it within the same share of the deadline) is re-cut by NOTE
+   [re-plan DP] (`bytes_first_plan`) on its own devices in its own order, relabeled first (`_relabeled_in`: the
+   order c's relabeling gives, taken back into stripe 0's devices) (each used or skipped, the group's other
+   devices free), the holdings those of every device (a machine that holds a weight on any device counts: every
+   stripe's stage on it reads it there), under the caps floor(bottleneck x (1 + s x slack)) for s in
+   _STRIPE_CAPS (the step grows with the bottleneck: sum + (m - 1) x bottleneck, so s = 1 lands near the limit,
+   below it or not, and the smaller s leave room); each plan found is costed on the problem, kept when within
+   its cap, moving fewer bytes (stripe 0's: between, then within) than the plan it re-cut, and valid, striped
+   and relabeled as in c (named "..., bytes-first"). Its bytes are the DP's count on
+   stripe 0 only (the others' stages are on the same machines, so between-machine bytes are the same; within
+   ones may differ), recounted exactly by `pipelines_moves` for the choice.
 The choice is NOTE [lexicographic re-plan]'s, over these candidates: B the least iteration of any
 (the from-scratch plan's unless a re-split is faster), then among those within floor(B x (1 +
 slack)) the fewest bytes between machines, then within, then the least iteration. Bytes are
@@ -63,13 +76,14 @@ from hetpart.partitioner.pipelines import (
     Pipeline, PipelinesPlan, cost_pipelines, pipeline_time_ns, pipelines_violations, sub_problem,
 )
 from hetpart.partitioner.problem import WEIGHTS, Plan, Problem, StageCost
-from hetpart.partitioner.replan import Moves, relabel_stages, stage_moves, stage_weights
+from hetpart.partitioner.replan import Moves, moves, relabel_stages, stage_moves, stage_weights
 from hetpart.partitioner.replan_deadline import MIN_SOLVE_S, REPAIR_SOLVE_SHARE, Deadline, expected_solves
 from hetpart.partitioner.verify import plan_violations
 
 PIPELINES_RECORD_VERSION = 1
 _UNIFORM_ABOVE = 3  # broken pipelines: above, every one gets the same option (3^B combinations otherwise)
 _STRIPE_LIMIT_S = 1.0  # one stripe's solve at most (the search's _SHAPE_LIMIT_S; NOTE [re-plan pipelines] c)
+_STRIPE_CAPS = (1.0, 0.5, 0.0)  # NOTE [re-plan pipelines] d: a stripe's bytes-first cap, bottleneck x (1 + this x slack)
 
 
 @dataclass(frozen=True)
@@ -255,7 +269,7 @@ def relabeled_plan(problem: Problem, pp: PipelinesPlan, holders: Mapping[str, tu
 
 
 def stripe_candidates(problem: Problem, holders: Mapping[str, tuple[str, ...]], microbatches: int, *,
-                      deadline: Deadline, seed: int, memo=None) -> list[PipelinesCandidate]:
+                      deadline: Deadline, seed: int, memo=None, slack: float = 0.02) -> list[PipelinesCandidate]:
     """NOTE [re-plan pipelines] c: striped pipelines (NOTE [striped pipelines]) over every machine left, then over
     every machine left but one kind's, the most stripes each; stripe 0 from `memo` (NOTE [shape memo]) or solved by
     the search's planner in each of `_held_orders` within `deadline` (the first whatever the time, with its whole
@@ -298,17 +312,77 @@ def stripe_candidates(problem: Problem, holders: Mapping[str, tuple[str, ...]], 
                 plan = pipeline_plan(problem, groups[0], plan.stage_of, plan.slot_of_stage, m)  # costed on `problem`
                 plans.append(plan)
                 solved.append((machines, f, groups[0], plan, m))
-        for plan in plans:
+        tagged = [(plan, "") for plan in plans] + [
+            (plan, ", bytes-first") for plan in _bytes_first_stripes(problem, groups[0], plans, m, holders, slack,
+                                                                     deadline)]
+        for plan, tag in tagged:
             pp = striped(problem, groups, plan, microbatches)
             if pipelines_violations(problem, pp, microbatches):
                 continue
-            name = f"stripes: {f} x {len(plan.stages)} stages on {len(machines)} machines"
+            name = f"stripes: {f} x {len(plan.stages)} stages on {len(machines)} machines{tag}"
             for how, got in ((name, pp), (name + ", relabeled",
                                           relabeled_plan(problem, pp, holders, "stripes relabeled"))):
                 out.append(PipelinesCandidate(how, got, ["new"] * len(got.pipelines),
                                               pipelines_moves(problem, got, holders)))
     record_stripes(memo, codec, solved)
     return out
+
+
+def _bytes_first_stripes(problem: Problem, devices: tuple[str, ...], plans: Sequence[Plan], microbatches: int,
+                         holders, slack: float, deadline: Deadline) -> list[Plan]:
+    """NOTE [re-plan pipelines] d: for each of `plans` (stripe 0's, on `devices`, for `microbatches`), NOTE [re-plan
+    DP]'s bytes-first cuts in its own device order, under the caps of `_STRIPE_CAPS`; each plan found, costed on
+    `problem`, within the cap and valid, and not one of `plans` already. Those after the first within `deadline`."""
+    from hetpart.partitioner.dp import order_tables
+    from hetpart.partitioner.replan_dp import bytes_first_plan
+    from hetpart.partitioner.replan_holdings import as_holdings
+
+    sub = sub_problem(problem, devices, microbatches)
+    tab, held, out = None, as_holdings(problem, holders), []  # holdings over every device: machines hold them
+    seen = {(tuple(sorted(p.stage_of.items())), tuple(p.slot_of_stage)) for p in plans}
+    order = {id(p): _relabeled_in(problem, devices, p, held) for p in plans}
+    now = {id(p): _between_within(moves(problem, p.stage_of, order[id(p)], held)) for p in plans}
+    for i, plan in enumerate(sorted(plans, key=lambda p: now[id(p)])):  # the plan that moves the fewest bytes first
+        if i and deadline.left() < MIN_SOLVE_S:
+            break
+        tab = tab or order_tables(sub)
+        at = {v: j for j, v in enumerate(tab.order)}
+        own = [at[v] for v, k in plan.stage_of.items() if at[v] > 0 and plan.stage_of[tab.order[at[v] - 1]] != k]
+        for share in _STRIPE_CAPS:
+            cap = math.floor(plan.bottleneck_ns * (1 + share * slack))
+            got = bytes_first_plan(sub, tab, held, order[id(plan)], cap, own)
+            if got is None:
+                continue
+            stage_of = {v: k for k in range(len(got.devices)) for v in tab.order[got.cuts[k]:got.cuts[k + 1]]}
+            key = (tuple(sorted(stage_of.items())), tuple(got.devices))
+            if key in seen:
+                continue
+            seen.add(key)
+            new = pipeline_plan(problem, devices, stage_of, got.devices, microbatches)
+            if (new.bottleneck_ns <= cap and _between_within(moves(problem, stage_of, list(got.devices), held))
+                    < now[id(plan)] and not plan_violations(sub, new)):
+                out.append(new)  # fewer bytes than the plan it re-cut (a stripe moves them on every replica)
+    return out
+
+
+def _relabeled_in(problem: Problem, devices: Sequence[str], plan: Plan, holders) -> list[str]:
+    """NOTE [re-plan pipelines] d: the devices of stripe `plan` (on `devices`, stripe 0) relabeled for the fewest
+    bytes (`relabel_stages`: machines of one kind swap whole), each then taken back to `devices`' device of the
+    same machine and class (a stripe's devices of a class on a machine are interchangeable)."""
+    new = relabel_stages(problem, stage_weights(problem, plan.stage_of), list(plan.slot_of_stage), holders)
+    free: dict[tuple, list[str]] = {}
+    for name in devices:
+        d = problem.device(name)
+        free.setdefault((d.node, d.type, d.capacity_bytes), []).append(name)
+    out = []
+    for name in new:
+        d = problem.device(name)
+        out.append(free[(d.node, d.type, d.capacity_bytes)].pop(0))
+    return out
+
+
+def _between_within(m: Moves) -> tuple[int, int]:
+    return m.between_bytes, m.within_bytes
 
 
 def _held_orders(problem: Problem, holders) -> list[tuple[Problem, object]]:
