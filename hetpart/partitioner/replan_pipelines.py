@@ -38,18 +38,19 @@ c. striped pipelines (NOTE [striped pipelines]), as is and relabeled: over every
    returns to a cluster seen before solves none; within STRIPES_SHARE of the limit (NOTE [re-plan
    deadline]), the first whatever the time.
 d. bytes-first stripes: a new stripe layout re-cuts every replica (llama-7b, spot21d: 226-371 GiB an event where
-   the machine set or the stripe count changed), and the solve cuts for time alone. So each stripe 0 of c (the
-   one moving the fewest bytes first; those after it within the same share of the deadline) is re-cut by NOTE
-   [re-plan DP] (`bytes_first_plan`) on its own devices in its own order, relabeled first (`_relabeled_in`: the
-   order c's relabeling gives, taken back into stripe 0's devices) (each used or skipped, the group's other
-   devices free), the holdings those of every device (a machine that holds a weight on any device counts: every
-   stripe's stage on it reads it there), under the caps floor(bottleneck x (1 + s x slack)) for s in
-   _STRIPE_CAPS (the step grows with the bottleneck: sum + (m - 1) x bottleneck, so s = 1 lands near the limit,
-   below it or not, and the smaller s leave room); each plan found is costed on the problem, kept when within
-   its cap, moving fewer bytes (stripe 0's: between, then within) than the plan it re-cut, and valid, striped
-   and relabeled as in c (named "..., bytes-first"). Its bytes are the DP's count on
-   stripe 0 only (the others' stages are on the same machines, so between-machine bytes are the same; within
-   ones may differ), recounted exactly by `pipelines_moves` for the choice.
+   the machine set or the stripe count changed), and the solve cuts for time alone. So stripe 0 is re-cut by
+   NOTE [re-plan DP] (`bytes_first_plan`) on its group's devices, each used or skipped: first in the order the
+   holdings give (`_held_stripe_order`: machines by the first node whose weight they hold; devices of machines
+   holding none are the DP's free ones) under the fastest solved stripe's caps, then in each solved stripe's own
+   order relabeled (`_relabeled_in`: c's relabeling taken back into the group; the one moving the fewest bytes
+   first) under its caps; after the first order, only within the same share of the deadline. The holdings are
+   those of every device (a machine holding a weight on any device counts: every stripe's stage there reads it
+   there), and the caps floor(bottleneck x (1 + s x slack)) for s in _STRIPE_CAPS (the step grows with the
+   bottleneck, sum + (m - 1) x bottleneck: s = 1 lands near the limit, the smaller s leave room). Each plan found
+   is costed on the problem and kept when within its cap, moving fewer bytes (stripe 0's, between then within)
+   than every solved one, and valid; striped and relabeled as in c ("..., bytes-first"). The DP counts stripe 0
+   only (the others' stages lie on the same machines: the same bytes between machines; within may differ); the
+   choice recounts every stripe exactly (`pipelines_moves`).
 The choice is NOTE [lexicographic re-plan]'s, over these candidates: B the least iteration of any
 (the from-scratch plan's unless a re-split is faster), then among those within floor(B x (1 +
 slack)) the fewest bytes between machines, then within, then the least iteration. Bytes are
@@ -330,27 +331,34 @@ def stripe_candidates(problem: Problem, holders: Mapping[str, tuple[str, ...]], 
 
 def _bytes_first_stripes(problem: Problem, devices: tuple[str, ...], plans: Sequence[Plan], microbatches: int,
                          holders, slack: float, deadline: Deadline) -> list[Plan]:
-    """NOTE [re-plan pipelines] d: for each of `plans` (stripe 0's, on `devices`, for `microbatches`), NOTE [re-plan
-    DP]'s bytes-first cuts in its own device order, under the caps of `_STRIPE_CAPS`; each plan found, costed on
-    `problem`, within the cap and valid, and not one of `plans` already. Those after the first within `deadline`."""
+    """NOTE [re-plan pipelines] d: NOTE [re-plan DP]'s bytes-first cuts of stripe 0 (on `devices`, for
+    `microbatches`) in the device order the holdings give (`_held_stripe_order`) under the fastest of `plans`'
+    caps, then in each of `plans`' own orders relabeled under its caps (the one moving the fewest bytes first),
+    the caps those of `_STRIPE_CAPS`; each plan found, costed on `problem`, within its cap, moving fewer bytes than
+    every one of `plans`, and valid. After the first order, only within `deadline`."""
     from hetpart.partitioner.dp import order_tables
     from hetpart.partitioner.replan_dp import bytes_first_plan
     from hetpart.partitioner.replan_holdings import as_holdings
 
+    if not plans:
+        return []
     sub = sub_problem(problem, devices, microbatches)
-    tab, held, out = None, as_holdings(problem, holders), []  # holdings over every device: machines hold them
-    seen = {(tuple(sorted(p.stage_of.items())), tuple(p.slot_of_stage)) for p in plans}
+    tab, held, out = order_tables(sub), as_holdings(problem, holders), []  # holdings of every device: machines'
+    at = {v: j for j, v in enumerate(tab.order)}
     order = {id(p): _relabeled_in(problem, devices, p, held) for p in plans}
     now = {id(p): _between_within(moves(problem, p.stage_of, order[id(p)], held)) for p in plans}
-    for i, plan in enumerate(sorted(plans, key=lambda p: now[id(p)])):  # the plan that moves the fewest bytes first
+    fewest = min(now.values())
+    fastest = min(plans, key=lambda p: p.bottleneck_ns)
+    jobs = [(_held_stripe_order(problem, devices, held), fastest)]
+    jobs += [(order[id(p)], p) for p in sorted(plans, key=lambda p: now[id(p)])]
+    seen = {(tuple(sorted(p.stage_of.items())), tuple(order[id(p)])) for p in plans}
+    for i, (old_order, plan) in enumerate(jobs):
         if i and deadline.left() < MIN_SOLVE_S:
             break
-        tab = tab or order_tables(sub)
-        at = {v: j for j, v in enumerate(tab.order)}
         own = [at[v] for v, k in plan.stage_of.items() if at[v] > 0 and plan.stage_of[tab.order[at[v] - 1]] != k]
         for share in _STRIPE_CAPS:
             cap = math.floor(plan.bottleneck_ns * (1 + share * slack))
-            got = bytes_first_plan(sub, tab, held, order[id(plan)], cap, own)
+            got = bytes_first_plan(sub, tab, held, old_order, cap, own)
             if got is None:
                 continue
             stage_of = {v: k for k in range(len(got.devices)) for v in tab.order[got.cuts[k]:got.cuts[k + 1]]}
@@ -360,9 +368,22 @@ def _bytes_first_stripes(problem: Problem, devices: tuple[str, ...], plans: Sequ
             seen.add(key)
             new = pipeline_plan(problem, devices, stage_of, got.devices, microbatches)
             if (new.bottleneck_ns <= cap and _between_within(moves(problem, stage_of, list(got.devices), held))
-                    < now[id(plan)] and not plan_violations(sub, new)):
-                out.append(new)  # fewer bytes than the plan it re-cut (a stripe moves them on every replica)
+                    < fewest and not plan_violations(sub, new)):
+                out.append(new)  # fewer bytes than any plan solved (a stripe moves them on every replica)
     return out
+
+
+def _held_stripe_order(problem: Problem, devices: Sequence[str], held) -> list[str]:
+    """NOTE [re-plan pipelines] d: stripe 0's `devices` on machines that hold some weight, ordered by the first node
+    (in graph order) whose weight their machine holds; the others left out (the DP's free devices)."""
+    first: dict[str, int] = {}
+    for i, v in enumerate(problem.graph.nodes):
+        for w in problem.graph.nodes[v].get(WEIGHTS, ()):
+            for part in held.parts.get(w, ()):
+                for m in held.machines.get(part, ()):
+                    first.setdefault(m, i)
+    on = [d for d in devices if problem.device(d).node in first]
+    return sorted(on, key=lambda d: (first[problem.device(d).node], on.index(d)))
 
 
 def _relabeled_in(problem: Problem, devices: Sequence[str], plan: Plan, holders) -> list[str]:
