@@ -48,7 +48,9 @@ d. bytes-first stripes: a new stripe layout re-cuts every replica (llama-7b, spo
    there), and the caps floor(bottleneck x (1 + s x slack)) for s in _STRIPE_CAPS (the step grows with the
    bottleneck, sum + (m - 1) x bottleneck: s = 1 lands near the limit, the smaller s leave room). Each plan found
    is costed on the problem and kept when within its cap, moving fewer bytes (stripe 0's, between then within)
-   than every solved one, and valid; striped and relabeled as in c ("..., bytes-first"). The DP counts stripe 0
+   than every solved one, and valid; per cap the fewest bytes (each candidate stripes, checks and recosts f
+   pipelines: 0.1-0.3 s on llama-7b); striped and relabeled as in c ("..., bytes-first"). A relabeling that
+   changes no device (c and d) is not a second candidate. The DP counts stripe 0
    only (the others' stages lie on the same machines: the same bytes between machines; within may differ); the
    choice recounts every stripe exactly (`pipelines_moves`).
 The choice is NOTE [lexicographic re-plan]'s, over these candidates: B the least iteration of any
@@ -84,7 +86,7 @@ from hetpart.partitioner.verify import plan_violations
 PIPELINES_RECORD_VERSION = 1
 _UNIFORM_ABOVE = 3  # broken pipelines: above, every one gets the same option (3^B combinations otherwise)
 _STRIPE_LIMIT_S = 1.0  # one stripe's solve at most (the search's _SHAPE_LIMIT_S; NOTE [re-plan pipelines] c)
-_STRIPE_CAPS = (1.0, 0.5, 0.0)  # NOTE [re-plan pipelines] d: a stripe's bytes-first cap, bottleneck x (1 + this x slack)
+_STRIPE_CAPS = (1.0, 0.5, 0.0)  # NOTE [re-plan pipelines] d: bytes-first caps, bottleneck x (1 + this x slack)
 
 
 @dataclass(frozen=True)
@@ -321,8 +323,11 @@ def stripe_candidates(problem: Problem, holders: Mapping[str, tuple[str, ...]], 
             if pipelines_violations(problem, pp, microbatches):
                 continue
             name = f"stripes: {f} x {len(plan.stages)} stages on {len(machines)} machines{tag}"
-            for how, got in ((name, pp), (name + ", relabeled",
-                                          relabeled_plan(problem, pp, holders, "stripes relabeled"))):
+            moved = relabeled(problem, pp, holders)
+            tries = [(name, pp)]
+            if any(tuple(q.plan.slot_of_stage) != r[2] for q, r in zip(pp.pipelines, moved)):
+                tries.append((name + ", relabeled", relabeled_plan(problem, pp, holders, "stripes relabeled")))
+            for how, got in tries:
                 out.append(PipelinesCandidate(how, got, ["new"] * len(got.pipelines),
                                               pipelines_moves(problem, got, holders)))
     record_stripes(memo, codec, solved)
@@ -343,7 +348,7 @@ def _bytes_first_stripes(problem: Problem, devices: tuple[str, ...], plans: Sequ
     if not plans:
         return []
     sub = sub_problem(problem, devices, microbatches)
-    tab, held, out = order_tables(sub), as_holdings(problem, holders), []  # holdings of every device: machines'
+    tab, held = order_tables(sub), as_holdings(problem, holders)  # holdings of every device: machines'
     at = {v: j for j, v in enumerate(tab.order)}
     order = {id(p): _relabeled_in(problem, devices, p, held) for p in plans}
     now = {id(p): _between_within(moves(problem, p.stage_of, order[id(p)], held)) for p in plans}
@@ -352,6 +357,7 @@ def _bytes_first_stripes(problem: Problem, devices: tuple[str, ...], plans: Sequ
     jobs = [(_held_stripe_order(problem, devices, held), fastest)]
     jobs += [(order[id(p)], p) for p in sorted(plans, key=lambda p: now[id(p)])]
     seen = {(tuple(sorted(p.stage_of.items())), tuple(order[id(p)])) for p in plans}
+    best: dict[float, tuple[tuple[int, int], Plan]] = {}  # per cap share: the fewest bytes found
     for i, (old_order, plan) in enumerate(jobs):
         if i and deadline.left() < MIN_SOLVE_S:
             break
@@ -367,9 +373,14 @@ def _bytes_first_stripes(problem: Problem, devices: tuple[str, ...], plans: Sequ
                 continue
             seen.add(key)
             new = pipeline_plan(problem, devices, stage_of, got.devices, microbatches)
-            if (new.bottleneck_ns <= cap and _between_within(moves(problem, stage_of, list(got.devices), held))
-                    < fewest and not plan_violations(sub, new)):
-                out.append(new)  # fewer bytes than any plan solved (a stripe moves them on every replica)
+            bw = _between_within(moves(problem, stage_of, list(got.devices), held))
+            if (new.bottleneck_ns <= cap and bw < min(fewest, best.get(share, (fewest,))[0])
+                    and not plan_violations(sub, new)):
+                best[share] = (bw, new)  # fewer bytes than any plan solved (a stripe moves them on every replica)
+    out = []
+    for _, plan in best.values():
+        if all(plan.stage_of != p.stage_of or plan.slot_of_stage != p.slot_of_stage for p in out):
+            out.append(plan)
     return out
 
 
