@@ -384,15 +384,22 @@ def _bytes_first_stripes(problem: Problem, devices: tuple[str, ...], plans: Sequ
     return out
 
 
-def _held_stripe_order(problem: Problem, devices: Sequence[str], held) -> list[str]:
-    """NOTE [re-plan pipelines] d: stripe 0's `devices` on machines that hold some weight, ordered by the first node
-    (in graph order) whose weight their machine holds; the others left out (the DP's free devices)."""
+def _first_held(problem: Problem, held) -> dict[str, int]:
+    """Machine -> the first node, by its index in graph order, whose weight (a part of it) the machine holds
+    (`held`: Holdings); machines that hold none are absent."""
     first: dict[str, int] = {}
     for i, v in enumerate(problem.graph.nodes):
         for w in problem.graph.nodes[v].get(WEIGHTS, ()):
             for part in held.parts.get(w, ()):
                 for m in held.machines.get(part, ()):
                     first.setdefault(m, i)
+    return first
+
+
+def _held_stripe_order(problem: Problem, devices: Sequence[str], held) -> list[str]:
+    """NOTE [re-plan pipelines] d: stripe 0's `devices` on machines that hold some weight, ordered by the first node
+    (in graph order) whose weight their machine holds; the others left out (the DP's free devices)."""
+    first = _first_held(problem, held)
     on = [d for d in devices if problem.device(d).node in first]
     return sorted(on, key=lambda d: (first[problem.device(d).node], on.index(d)))
 
@@ -429,13 +436,7 @@ def _held_orders(problem: Problem, holders) -> list[tuple[Problem, object]]:
     from hetpart.partitioner.replan_holdings import as_holdings
 
     node_of = {d.name: d.node for d in problem.devices}
-    held = as_holdings(problem, holders)  # a weight's parts (shards) and the machines that hold each
-    first: dict[str, float] = {}
-    for i, v in enumerate(problem.graph.nodes):
-        for w in problem.graph.nodes[v].get(WEIGHTS, ()):
-            for part in held.parts.get(w, ()):
-                for m in held.machines.get(part, ()):
-                    first.setdefault(m, i)
+    first: dict[str, float] = dict(_first_held(problem, as_holdings(problem, holders)))
     kind = {d.node: (d.type, d.capacity_bytes) for d in problem.devices}
     for m in sorted(set(node_of.values()) - set(first)):  # a machine that holds none: beside one of its kind
         first[m] = min((x for u, x in first.items() if kind[u] == kind[m] and u in node_of.values()),
