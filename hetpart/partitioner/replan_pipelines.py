@@ -43,10 +43,12 @@ d. bytes-first stripes: a new stripe layout re-cuts every replica (llama-7b, spo
    holdings give (`_held_stripe_order`: machines by the first node whose weight they hold; devices of machines
    holding none are the DP's free ones) under the fastest solved stripe's caps, then in each solved stripe's own
    order relabeled (`_relabeled_in`: c's relabeling taken back into the group; the one moving the fewest bytes
-   first) under its caps; after the first order, only within the same share of the deadline. The holdings are
+   first) under its caps; after every set's solves (which so keep their time), and after each set's first
+   order only within the same share of the deadline. The holdings are
    those of every device (a machine holding a weight on any device counts: every stripe's stage there reads it
    there), and the caps floor(bottleneck x (1 + s x slack)) for s in _STRIPE_CAPS (the step grows with the
-   bottleneck, sum + (m - 1) x bottleneck: s = 1 lands near the limit, the smaller s leave room). Each plan found
+   bottleneck, sum + (m - 1) x bottleneck: s = 1 lands near the limit, s = 1/2 leaves room; s = 0, -1/2 and -1
+   found nothing more on llama-7b's trace, and each candidate costs CPU). Each plan found
    is costed on the problem and kept when within its cap, moving fewer bytes (stripe 0's, between then within)
    than every solved one, and valid; per cap the fewest bytes (each candidate stripes, checks and recosts f
    pipelines: 0.1-0.3 s on llama-7b); striped and relabeled as in c ("..., bytes-first"). A relabeling that
@@ -86,7 +88,7 @@ from hetpart.partitioner.verify import plan_violations
 PIPELINES_RECORD_VERSION = 1
 _UNIFORM_ABOVE = 3  # broken pipelines: above, every one gets the same option (3^B combinations otherwise)
 _STRIPE_LIMIT_S = 1.0  # one stripe's solve at most (the search's _SHAPE_LIMIT_S; NOTE [re-plan pipelines] c)
-_STRIPE_CAPS = (1.0, 0.5, 0.0)  # NOTE [re-plan pipelines] d: bytes-first caps, bottleneck x (1 + this x slack)
+_STRIPE_CAPS = (1.0, 0.5)  # NOTE [re-plan pipelines] d: bytes-first caps, bottleneck x (1 + this x slack)
 
 
 @dataclass(frozen=True)
@@ -295,7 +297,7 @@ def stripe_candidates(problem: Problem, holders: Mapping[str, tuple[str, ...]], 
         on = {d.name for d in problem.devices if kind_of[d.node] != leave}
         machines = tuple(sorted({problem.device(d).node for d in on}))
         sets += [s for s in stripe_sets(problem, on) if s[0] == machines and s not in sets][:1]  # the most stripes
-    need, orders, solved, out = need_bytes(problem), None, [], []
+    need, orders, solved, out, done = need_bytes(problem), None, [], [], []
     for i, (machines, f) in enumerate(sets):
         groups = stripe_devices(problem, machines, f)
         if microbatches < f or sum(problem.device(d).capacity_bytes for d in groups[0]) < need:
@@ -315,6 +317,9 @@ def stripe_candidates(problem: Problem, holders: Mapping[str, tuple[str, ...]], 
                 plan = pipeline_plan(problem, groups[0], plan.stage_of, plan.slot_of_stage, m)  # costed on `problem`
                 plans.append(plan)
                 solved.append((machines, f, groups[0], plan, m))
+        done.append((machines, f, groups, m, plans))
+    # NOTE [re-plan pipelines] d after every set's solves, so that they keep the time they had without it.
+    for machines, f, groups, m, plans in done:
         tagged = [(plan, "") for plan in plans] + [
             (plan, ", bytes-first") for plan in _bytes_first_stripes(problem, groups[0], plans, m, holders, slack,
                                                                      deadline)]
