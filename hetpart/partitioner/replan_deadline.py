@@ -108,7 +108,7 @@ def replan_pipelines_within(problem: Problem, old: Sequence, holders: Mapping[st
         scratch = None
     reference_s = time.perf_counter() - reference_start
     stripes = stripe_candidates(problem, holders, microbatches, deadline=Deadline(STRIPES_SHARE * time_limit_s),
-                                seed=seed, memo=memo)
+                                seed=seed, memo=memo, slack=slack)
     return replan_pipelines(problem, old, holders, scratch, slack=slack, seed=seed,
                             resplits=resplits + stripes), reference_s
 

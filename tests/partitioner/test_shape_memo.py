@@ -188,3 +188,12 @@ def test_a_memo_stripe_maps_onto_a_bigger_cluster_with_evaluates_costs():
 def test_a_memo_written_before_stripes_were_kept_is_read():
     memo = ShapeMemo.from_json({"version": 1, "fingerprint": "x", "plans": {}, "no_plan": {}}, "out/ir/shapes.json")
     assert memo.stripes == {} and "stripes" in memo.to_json()
+
+
+def test_a_memo_written_before_tp_sync_still_matches_its_problem():
+    """A problem without a TP sync layout (`Problem.tp_sync` None) keeps the fingerprint it had before that field
+    existed, so memos (ir/shapes.json) written then still seed re-plans: the hash below is what hetpart at 9d17809
+    computed for this problem (test_replan_pipelines._problem(0), 6 microbatches)."""
+    from test_replan_pipelines import _problem
+
+    assert problem_fingerprint(_problem(0), 6) == "a6e95eccad0b26f94a8d13398faf42d5278f75f705b6093d46fed9244b322571"
