@@ -91,7 +91,8 @@ def replan_pipelines_within(problem: Problem, old: Sequence, holders: Mapping[st
     `time_limit_s` (NOTE [re-plan deadline]): (the PipelinesReplan, the reference's seconds). `memo`: the solved
     shapes the from-scratch search starts from (NOTE [shape memo]), extended with its own."""
     from hetpart.partitioner.pipeline_search import plan_with_baselines
-    from hetpart.partitioner.replan_pipelines import replan_pipelines, resplit_candidates, stripe_candidates
+    from hetpart.partitioner.replan_pipelines import replan_pipelines, resplit_candidates
+    from hetpart.partitioner.replan_stripes import stripe_candidates
     from hetpart.partitioner.solve import SolveOptions
 
     deadline = Deadline(time_limit_s)

@@ -240,7 +240,7 @@ def test_stripes_over_every_machine_or_all_but_a_kind_cost_what_brute_force_says
     from hetpart.partitioner import pipeline_shape
     from hetpart.partitioner.pipeline_stripes import stripe_devices
     from hetpart.partitioner.replan_deadline import Deadline
-    from hetpart.partitioner.replan_pipelines import stripe_candidates
+    from hetpart.partitioner.replan_stripes import stripe_candidates
     from hetpart.partitioner.shape_memo import ShapeMemo
 
     from test_pipeline_search import brute_groups
@@ -267,7 +267,7 @@ def test_stripes_over_every_machine_or_all_but_a_kind_cost_what_brute_force_says
 def test_the_stripes_keep_to_their_deadline_after_the_first(monkeypatch):
     """With the deadline spent, the first set (every machine) is still solved, the others are not."""
     from hetpart.partitioner.replan_deadline import Deadline
-    from hetpart.partitioner.replan_pipelines import stripe_candidates
+    from hetpart.partitioner.replan_stripes import stripe_candidates
 
     p, holders = _three_machines()
     got = stripe_candidates(p, holders, 4, deadline=Deadline(0), seed=0)
@@ -281,7 +281,7 @@ def test_stripes_of_a_striped_plan_on_the_same_machines_move_nothing():
     list the machines by where they hold the model."""
     from hetpart.partitioner.replan import stage_weights
     from hetpart.partitioner.replan_deadline import Deadline
-    from hetpart.partitioner.replan_pipelines import _held_orders, stripe_candidates
+    from hetpart.partitioner.replan_stripes import _held_orders, stripe_candidates
 
     p, holders = _three_machines()
     first = [c for c in stripe_candidates(p, holders, 4, deadline=Deadline(30), seed=0)
@@ -336,7 +336,7 @@ def test_bytes_first_stripes_move_fewer_bytes_than_the_solved_ones_somewhere():
     """NOTE [re-plan pipelines] d earns its keep: over these layouts, a bytes-first stripe moves fewer bytes between
     machines than every stripe solved for time, within the slack, in some case."""
     from hetpart.partitioner.replan_deadline import Deadline
-    from hetpart.partitioner.replan_pipelines import stripe_candidates
+    from hetpart.partitioner.replan_stripes import stripe_candidates
 
     fewer = 0
     for seed in range(6):
@@ -357,7 +357,7 @@ def test_bytes_first_stripes_move_no_more_than_any_cut_of_a_solved_stripe_under_
     at its own cuts) whose stages keep within that stripe's bottleneck x (1 + slack) (brute force over the cuts);
     each bytes-first candidate is valid, within its cap, and moves what this test counts."""
     from hetpart.partitioner.replan_deadline import Deadline
-    from hetpart.partitioner.replan_pipelines import _relabeled_in, stripe_candidates
+    from hetpart.partitioner.replan_stripes import _relabeled_in, stripe_candidates
 
     rng = random.Random(seed)
     n, slack, M = 9, 0.3, 8

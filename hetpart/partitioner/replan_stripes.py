@@ -1,0 +1,207 @@
+"""NOTE [re-plan pipelines] c and d (replan_pipelines.py): striped pipelines as re-plan candidates, stripe 0 solved
+in the device orders of where the machines hold the model, then re-cut bytes-first. Nothing here imports torch."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+
+from hetpart.partitioner.pipelines import pipelines_violations, sub_problem
+from hetpart.partitioner.problem import WEIGHTS, Plan, Problem
+from hetpart.partitioner.replan import Moves, moves, relabel_stages, stage_weights
+from hetpart.partitioner.replan_deadline import MIN_SOLVE_S, Deadline
+from hetpart.partitioner.replan_pipelines import (
+    PipelinesCandidate,
+    pipeline_plan,
+    pipelines_moves,
+    relabeled,
+    relabeled_plan,
+)
+from hetpart.partitioner.verify import plan_violations
+
+_STRIPE_LIMIT_S = 1.0  # one stripe's solve at most (the search's _SHAPE_LIMIT_S; NOTE [re-plan pipelines] c)
+_STRIPE_CAPS = (1.0, 0.5)  # NOTE [re-plan pipelines] d: bytes-first caps, bottleneck x (1 + this x slack)
+
+
+def stripe_candidates(problem: Problem, holders: Mapping[str, tuple[str, ...]], microbatches: int, *,
+                      deadline: Deadline, seed: int, memo=None, slack: float = 0.02) -> list[PipelinesCandidate]:
+    """NOTE [re-plan pipelines] c: striped pipelines (NOTE [striped pipelines]) over every machine left, then over
+    every machine left but one kind's, the most stripes each; stripe 0 from `memo` (NOTE [shape memo]) or solved by
+    the search's planner in each of `_held_orders` within `deadline` (the first whatever the time, with its whole
+    _STRIPE_LIMIT_S: a solve cut short lands its stages elsewhere; a memo plan was solved for other holdings), the
+    solved ones added to `memo`; each as is and relabeled."""
+    from hetpart.partitioner.pipeline_bounds import need_bytes
+    from hetpart.partitioner.pipeline_search import Shape, _class_devices, machine_kinds
+    from hetpart.partitioner.pipeline_shape import _solve_shape
+    from hetpart.partitioner.pipeline_stripes import stripe_devices, stripe_microbatches, stripe_sets, striped
+    from hetpart.partitioner.shape_memo import memo_codec, record_stripes, stripe_seeds
+    from hetpart.partitioner.solve import SolveOptions
+
+    kinds, kind_of = machine_kinds(problem)
+    codec = memo_codec(memo, problem, microbatches, kinds, _class_devices, Shape)
+    known: dict[tuple, list[Plan]] = {}
+    for machines, f, plan in stripe_seeds(memo, codec, microbatches):
+        known.setdefault((machines, f), []).append(plan)
+    sets: list[tuple[tuple[str, ...], int]] = []
+    for leave in [None] + list(range(len(kinds))):  # every machine, then every machine but one kind's
+        on = {d.name for d in problem.devices if kind_of[d.node] != leave}
+        machines = tuple(sorted({problem.device(d).node for d in on}))
+        sets += [s for s in stripe_sets(problem, on) if s[0] == machines and s not in sets][:1]  # the most stripes
+    need, orders, solved, out, done = need_bytes(problem), None, [], [], []
+    for i, (machines, f) in enumerate(sets):
+        groups = stripe_devices(problem, machines, f)
+        if microbatches < f or sum(problem.device(d).capacity_bytes for d in groups[0]) < need:
+            continue  # NOTE [pipelines bound] (f): no plan of it holds the model
+        m = stripe_microbatches(problem, microbatches, f)
+        plans = list(known.get((machines, f), []))  # the memo's, and the held orders' solved in time
+        for k in range(3):
+            if (i or k) and deadline.left() < MIN_SOLVE_S:
+                break
+            orders = orders or _held_orders(problem, holders)
+            if k >= len(orders):
+                break
+            prob, layers = orders[k]
+            limit_s = _STRIPE_LIMIT_S if not (i or k) else min(_STRIPE_LIMIT_S, max(MIN_SOLVE_S, deadline.left()))
+            plan = _solve_shape(prob, groups[0], m, SolveOptions(seed=seed), limit_s, layers)
+            if plan is not None:
+                plan = pipeline_plan(problem, groups[0], plan.stage_of, plan.slot_of_stage, m)  # costed on `problem`
+                plans.append(plan)
+                solved.append((machines, f, groups[0], plan, m))
+        done.append((machines, f, groups, m, plans))
+    # NOTE [re-plan pipelines] d after every set's solves, so that they keep the time they had without it.
+    for machines, f, groups, m, plans in done:
+        tagged = [(plan, "") for plan in plans] + [
+            (plan, ", bytes-first") for plan in _bytes_first_stripes(problem, groups[0], plans, m, holders, slack,
+                                                                     deadline)]
+        for plan, tag in tagged:
+            pp = striped(problem, groups, plan, microbatches)
+            if pipelines_violations(problem, pp, microbatches):
+                continue
+            name = f"stripes: {f} x {len(plan.stages)} stages on {len(machines)} machines{tag}"
+            moved = relabeled(problem, pp, holders)
+            tries = [(name, pp)]
+            if any(tuple(q.plan.slot_of_stage) != r[2] for q, r in zip(pp.pipelines, moved)):
+                tries.append((name + ", relabeled", relabeled_plan(problem, pp, holders, "stripes relabeled")))
+            for how, got in tries:
+                out.append(PipelinesCandidate(how, got, ["new"] * len(got.pipelines),
+                                              pipelines_moves(problem, got, holders)))
+    record_stripes(memo, codec, solved)
+    return out
+
+
+def _bytes_first_stripes(problem: Problem, devices: tuple[str, ...], plans: Sequence[Plan], microbatches: int,
+                         holders, slack: float, deadline: Deadline) -> list[Plan]:
+    """NOTE [re-plan pipelines] d: NOTE [re-plan DP]'s bytes-first cuts of stripe 0 (on `devices`, for
+    `microbatches`) in the device order the holdings give (`_held_stripe_order`) under the fastest of `plans`'
+    caps, then in each of `plans`' own orders relabeled under its caps (the one moving the fewest bytes first),
+    the caps those of `_STRIPE_CAPS`; each plan found, costed on `problem`, within its cap, moving fewer bytes than
+    every one of `plans`, and valid. After the first order, only within `deadline`."""
+    from hetpart.partitioner.dp import order_tables
+    from hetpart.partitioner.replan_dp import bytes_first_plan
+    from hetpart.partitioner.replan_holdings import as_holdings
+
+    if not plans:
+        return []
+    sub = sub_problem(problem, devices, microbatches)
+    tab, held = order_tables(sub), as_holdings(problem, holders)  # holdings of every device: machines'
+    at = {v: j for j, v in enumerate(tab.order)}
+    order = {id(p): _relabeled_in(problem, devices, p, held) for p in plans}
+    now = {id(p): _between_within(moves(problem, p.stage_of, order[id(p)], held)) for p in plans}
+    fewest = min(now.values())
+    fastest = min(plans, key=lambda p: p.bottleneck_ns)
+    jobs = [(_held_stripe_order(problem, devices, held), fastest)]
+    jobs += [(order[id(p)], p) for p in sorted(plans, key=lambda p: now[id(p)])]
+    seen = {(tuple(sorted(p.stage_of.items())), tuple(order[id(p)])) for p in plans}
+    best: dict[float, tuple[tuple[int, int], Plan]] = {}  # per cap share: the fewest bytes found
+    for i, (old_order, plan) in enumerate(jobs):
+        if i and deadline.left() < MIN_SOLVE_S:
+            break
+        own = [at[v] for v, k in plan.stage_of.items() if at[v] > 0 and plan.stage_of[tab.order[at[v] - 1]] != k]
+        for share in _STRIPE_CAPS:
+            cap = math.floor(plan.bottleneck_ns * (1 + share * slack))
+            got = bytes_first_plan(sub, tab, held, old_order, cap, own)
+            if got is None:
+                continue
+            stage_of = {v: k for k in range(len(got.devices)) for v in tab.order[got.cuts[k]:got.cuts[k + 1]]}
+            key = (tuple(sorted(stage_of.items())), tuple(got.devices))
+            if key in seen:
+                continue
+            seen.add(key)
+            new = pipeline_plan(problem, devices, stage_of, got.devices, microbatches)
+            bw = _between_within(moves(problem, stage_of, list(got.devices), held))
+            if (new.bottleneck_ns <= cap and bw < min(fewest, best.get(share, (fewest,))[0])
+                    and not plan_violations(sub, new)):
+                best[share] = (bw, new)  # fewer bytes than any plan solved (a stripe moves them on every replica)
+    out = []
+    for _, plan in best.values():
+        if all(plan.stage_of != p.stage_of or plan.slot_of_stage != p.slot_of_stage for p in out):
+            out.append(plan)
+    return out
+
+
+def _first_held(problem: Problem, held) -> dict[str, int]:
+    """Machine -> the first node, by its index in graph order, whose weight (a part of it) the machine holds
+    (`held`: Holdings); machines that hold none are absent."""
+    first: dict[str, int] = {}
+    for i, v in enumerate(problem.graph.nodes):
+        for w in problem.graph.nodes[v].get(WEIGHTS, ()):
+            for part in held.parts.get(w, ()):
+                for m in held.machines.get(part, ()):
+                    first.setdefault(m, i)
+    return first
+
+
+def _held_stripe_order(problem: Problem, devices: Sequence[str], held) -> list[str]:
+    """NOTE [re-plan pipelines] d: stripe 0's `devices` on machines that hold some weight, ordered by the first node
+    (in graph order) whose weight their machine holds; the others left out (the DP's free devices)."""
+    first = _first_held(problem, held)
+    on = [d for d in devices if problem.device(d).node in first]
+    return sorted(on, key=lambda d: (first[problem.device(d).node], on.index(d)))
+
+
+def _relabeled_in(problem: Problem, devices: Sequence[str], plan: Plan, holders) -> list[str]:
+    """NOTE [re-plan pipelines] d: the devices of stripe `plan` (on `devices`, stripe 0) relabeled for the fewest
+    bytes (`relabel_stages`: machines of one kind swap whole), each then taken back to `devices`' device of the
+    same machine and class (a stripe's devices of a class on a machine are interchangeable)."""
+    new = relabel_stages(problem, stage_weights(problem, plan.stage_of), list(plan.slot_of_stage), holders)
+    free: dict[tuple, list[str]] = {}
+    for name in devices:
+        d = problem.device(name)
+        free.setdefault((d.node, d.type, d.capacity_bytes), []).append(name)
+    out = []
+    for name in new:
+        d = problem.device(name)
+        out.append(free[(d.node, d.type, d.capacity_bytes)].pop(0))
+    return out
+
+
+def _between_within(m: Moves) -> tuple[int, int]:
+    return m.between_bytes, m.within_bytes
+
+
+def _held_orders(problem: Problem, holders) -> list[tuple[Problem, object]]:
+    """NOTE [re-plan pipelines] c: `problem` (and its layers) with its devices ordered by where their machines hold
+    the model (by the first node, in graph order, whose weight a device of the machine holds; a machine that holds
+    none just after one of its kind that does, else last): from the machine whose holdings come last to the
+    first, then the other way, then as it is. The planner's device order steers which machine each stage lands
+    on: llama-7b less s-0, the first of these gave the old stripes' machine order and 65 GiB moved between
+    machines, the cluster's own order 316 GiB, at the same step."""
+    from hetpart.partitioner.pipeline_layers import layer_problem
+    from hetpart.partitioner.replan_holdings import as_holdings
+
+    node_of = {d.name: d.node for d in problem.devices}
+    first: dict[str, float] = dict(_first_held(problem, as_holdings(problem, holders)))
+    kind = {d.node: (d.type, d.capacity_bytes) for d in problem.devices}
+    for m in sorted(set(node_of.values()) - set(first)):  # a machine that holds none: beside one of its kind
+        first[m] = min((x for u, x in first.items() if kind[u] == kind[m] and u in node_of.values()),
+                       default=float("inf")) + 0.5
+    out, seen = [], []
+    for sign in (-1, 1, None):
+        devices = problem.devices if sign is None else sorted(
+            problem.devices, key=lambda d: (first[d.node] == float("inf"), sign * min(first[d.node], 1e18)))
+        if [d.name for d in devices] not in seen:
+            seen.append([d.name for d in devices])
+            prob = problem if sign is None else dataclasses.replace(problem, devices=list(devices))
+            out.append((prob, layer_problem(prob)))
+    return out
