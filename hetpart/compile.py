@@ -104,9 +104,8 @@ class CompileOptions:
         place options are checked, before anything is traced (`compile_model` calls it; so may a front end)."""
         if chooses_schedule(self):  # NOTE [schedule choice]: checked as a candidate's options
             return check_auto(self, batch_size, out)
-        check_tp_options(self.tensor_parallel, self.pipelines is not None or self.parallel == "data",
-                         self.strategy, self.max_tensor_parallel, self.tensor_parallel_machines,
-                         fixed_pipelines=self.pipelines is not None, per_machine=self.tensor_parallel_per_machine)
+        check_tp_options(self.tensor_parallel, self.strategy, self.max_tensor_parallel, self.tensor_parallel_machines,
+                         fixed_pipelines=self.pipelines is not None)
         if self.tensor_parallel_per_machine and self.max_tensor_parallel <= 1:
             raise HetpartError("--tensor-parallel-per-machine searches the degrees --max-tensor-parallel N allows: "
                                "pass --max-tensor-parallel 2 (or more) with it")

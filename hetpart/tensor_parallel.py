@@ -25,14 +25,13 @@ from hetpart.passes.tp_lower import TPGroup, lower_tensor_parallel, tp_groups, t
 from hetpart.tp_machines import TP_DEGREES
 
 
-def check_tp_options(degree: int, data_parallel: bool, strategy: str, max_degree: int = 1,
-                     machines: tuple[tuple[str, int], ...] = (), fixed_pipelines: bool = False,
-                     per_machine: bool = False) -> None:
+def check_tp_options(degree: int, strategy: str, max_degree: int = 1, machines: tuple[tuple[str, int], ...] = (),
+                     fixed_pipelines: bool = False) -> None:
     """`--tensor-parallel T` (or `KEY=T,...`: `machines`, `degree` their largest) and `--max-tensor-parallel N`:
-    each one of TP_DEGREES, not both, not with a baseline's strategy; data-parallel pipelines (`data_parallel`:
-    `--pipelines`, `fixed_pipelines`, or `--parallel data`) take one degree for every stage, forced or (`--parallel
-    data`) chosen (NOTE [tensor-parallel pipelines]), or the degrees per machine given or tried (NOTE [mixed-degree
-    gradient sync] in partitioner/tp_sync.py, NOTE [per-machine pipelines candidates])."""
+    each one of TP_DEGREES, not both, not with a baseline's strategy, not chosen over `--pipelines`' given devices
+    (`fixed_pipelines`). Data-parallel pipelines take one degree for every stage, forced or (`--parallel data`)
+    chosen (NOTE [tensor-parallel pipelines]), or the degrees per machine given or tried (NOTE [mixed-degree
+    gradient sync] in partitioner/tp_sync.py, NOTE [per-machine pipelines candidates]): nothing to refuse there."""
     for flag, value in (("--tensor-parallel", degree), ("--max-tensor-parallel", max_degree)):
         if value not in TP_DEGREES:
             raise HetpartError(f"{flag} {value}: expected one of {', '.join(map(str, TP_DEGREES))}")

@@ -149,23 +149,23 @@ def test_tp_costs_shard_time_collectives_memory_and_regions_in_one_stage(gpt):
 
 def test_bad_tensor_parallel_options_are_refused():
     with pytest.raises(HetpartError, match="expected one of 1, 2, 4, 8"):
-        check_tp_options(3, False, "optimal")
-    check_tp_options(2, True, "optimal", fixed_pipelines=True)  # one degree composes with data-parallel pipelines
-    check_tp_options(1, True, "optimal", max_degree=4)  # chosen by --parallel data's search
-    check_tp_options(2, True, "optimal", machines=(("a", 2),))  # NOTE [mixed-degree gradient sync]
-    check_tp_options(1, True, "optimal", max_degree=2, per_machine=True)  # NOTE [per-machine pipelines candidates]
+        check_tp_options(3, "optimal")
+    check_tp_options(2, "optimal", fixed_pipelines=True)  # one degree composes with data-parallel pipelines
+    check_tp_options(1, "optimal", max_degree=4)  # chosen by --parallel data's search
+    check_tp_options(2, "optimal", machines=(("a", 2),))  # NOTE [mixed-degree gradient sync]
+    check_tp_options(1, "optimal", max_degree=2)  # NOTE [per-machine pipelines candidates]
     with pytest.raises(HetpartError, match="^--max-tensor-parallel 2 with --strategy metis is not supported"):
-        check_tp_options(1, False, "metis", max_degree=2)  # the flag the user gave, not --tensor-parallel
+        check_tp_options(1, "metis", max_degree=2)  # the flag the user gave, not --tensor-parallel
     with pytest.raises(HetpartError, match="^--max-tensor-parallel 4 with --pipelines is not supported: --pipelines "
                                            "gives the devices"):
-        check_tp_options(1, True, "optimal", max_degree=4, fixed_pipelines=True)
+        check_tp_options(1, "optimal", max_degree=4, fixed_pipelines=True)
     with pytest.raises(HetpartError, match="no machine with 4 devices of one type"):
         tp_groups(load_cluster("preset:cpu-2"), 4)
 
 
 def test_both_tp_flags_are_refused_together():
     with pytest.raises(HetpartError, match="pass one of them"):
-        check_tp_options(2, False, "optimal", max_degree=4)
+        check_tp_options(2, "optimal", max_degree=4)
 
 
 def test_max_tensor_parallel_solves_each_degree_and_keeps_the_best(tmp_path, capsys):
