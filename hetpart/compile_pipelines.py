@@ -185,8 +185,7 @@ def compile_pipelines(spec: ModelSpec, cluster: Cluster, opts: CompileOptions, o
     pj = report.to_json()
     write_json(tmp / "plan.json", pj)
     rank_devices = [name for q in report.pipelines or [report] for st in q.stages for name in st.devices or [st.device]]
-    planned = [PlannedDevice(d.name, d.type.name, d.machine)
-               for d in (next(c for c in cluster.devices if c.name == name) for name in rank_devices)]
+    planned = PlannedDevice.of_ranks(cluster, rank_devices)
     several = len(pp.pipelines) > 1
     if tp is not None and several:  # NOTE [tensor-parallel pipelines mesh]
         man = tp_pipelines_manifest(manifest(stages, files, planned), stages,
@@ -235,7 +234,7 @@ def _report(spec: ModelSpec, cluster: Cluster, opts: CompileOptions, pp: Pipelin
     degree = max(tp.shardings) if tp is not None else 1  # a slot's reason counts its groups (NOTE [tensor-parallel
     # pipelines]); degrees per machine: its slots, of several degrees (its "devices" read as slots)
     mixed = tp is not None and tp.places is not None
-    idle = {d: slots_note(why, 1 if mixed else degree).replace(" devices", " slots" if mixed else " devices")
+    idle = {d: why.replace(" devices", " slots") if mixed else slots_note(why, degree)
             for s, why in pp.devices_idle.items() for d in slot_devices.get(s, [s])}
     if tp is not None:
         idle |= {d.name: "in no slot of its machine's tensor-parallel degree" if mixed else

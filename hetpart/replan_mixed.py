@@ -57,6 +57,7 @@ from hetpart.partitioner.problem import Device
 from hetpart.partitioner.replan import chosen_plan
 from hetpart.partitioner.replan_holdings import Holdings, MixedRank, mixed_holdings
 from hetpart.replan import ReplanChoice
+from hetpart.tp_machines import places as machine_places
 
 
 def costed_keys(stored: Problem, old_cluster: Cluster) -> dict[tuple[str, int, Any], str]:
@@ -80,44 +81,39 @@ def new_places(record: dict, keys: dict[tuple[str, int, Any], str], target: Clus
     """Each place of `target` -> its degree (NOTE [re-plan of mixed degrees])."""
     old = record["degree_of_place"]
     out = {}
-    for m in target.machines:
-        count: dict[str, int] = {}
-        for d in m.devices:
-            count[d.type.name] = count.get(d.type.name, 0) + 1
-        for ty, n in count.items():
-            place = f"{m.name}:{ty}"
-            if not any(k_ty == ty for (k_ty, _, _) in keys):
-                raise HetpartError(
-                    f"machine '{m.name}' has {n} {ty} device(s), a device type the old plan never costed (it costed "
-                    f"{', '.join(sorted({k[0] for k in keys}))}): `hetpart replan` keeps the stored costs; partition "
-                    "from scratch with `hetpart partition ... --cluster NEW` (`run --resume` reads the checkpoint "
-                    "into any plan)")
-            costed = sorted({t for (k_ty, t, link) in keys if k_ty == ty and link in (None, m.link)}, reverse=True)
-            elsewhere = sorted({t for (k_ty, t, link) in keys if k_ty == ty} - set(costed))  # on other links only
-            was = old.get(place)
-            if was is not None and was <= n and was in costed:
-                out[place] = was
-                continue
-            fits = [t for t in costed if t <= n and (was is None or t <= was)]
-            relinked = was is not None and was <= n and was in elsewhere  # its degree costed over another link
-            if not fits:
-                raise HetpartError(
-                    f"machine '{m.name}' has {n} {ty} device(s)" + (" left" if was is not None else "")
-                    + (f" (it ran tensor-parallel degree {was})" if was is not None else "")
-                    + f", and the old plan costed {ty} only at degree(s) {', '.join(map(str, sorted(costed))) or 'none'} "
-                    f"over its link ({_link_text(m.link)})"
-                    + (f", degree(s) {', '.join(map(str, elsewhere))} only over another link (a TP group's stored "
-                       "costs are for its machine's link)" if elsewhere else "")
-                    + ": `hetpart replan` keeps the stored costs; partition from scratch for the new cluster (`run "
-                    "--resume` reads the checkpoint into any plan)")
-            out[place] = fits[0]
-            if relinked:
-                why = (f"its link is now {_link_text(m.link)}, and the stored costs of TP {was} are for the old "
-                       f"link: partition from scratch to cost TP {was} over the new one")
-            else:
-                why = f"{n} device(s) left" if was is not None else ""
-            echo(f"note: {place} runs TP {fits[0]}" + (f" (was TP {was}: {why})" if was is not None
-                                                       else " (new to the plan)"))
+    for place, (m, ty, n) in machine_places(target).items():
+        if not any(k_ty == ty for (k_ty, _, _) in keys):
+            raise HetpartError(
+                f"machine '{m.name}' has {n} {ty} device(s), a device type the old plan never costed (it costed "
+                f"{', '.join(sorted({k[0] for k in keys}))}): `hetpart replan` keeps the stored costs; partition "
+                "from scratch with `hetpart partition ... --cluster NEW` (`run --resume` reads the checkpoint "
+                "into any plan)")
+        costed = sorted({t for (k_ty, t, link) in keys if k_ty == ty and link in (None, m.link)}, reverse=True)
+        elsewhere = sorted({t for (k_ty, t, link) in keys if k_ty == ty} - set(costed))  # on other links only
+        was = old.get(place)
+        if was is not None and was <= n and was in costed:
+            out[place] = was
+            continue
+        fits = [t for t in costed if t <= n and (was is None or t <= was)]
+        relinked = was is not None and was <= n and was in elsewhere  # its degree costed over another link
+        if not fits:
+            raise HetpartError(
+                f"machine '{m.name}' has {n} {ty} device(s)" + (" left" if was is not None else "")
+                + (f" (it ran tensor-parallel degree {was})" if was is not None else "")
+                + f", and the old plan costed {ty} only at degree(s) {', '.join(map(str, sorted(costed))) or 'none'} "
+                f"over its link ({_link_text(m.link)})"
+                + (f", degree(s) {', '.join(map(str, elsewhere))} only over another link (a TP group's stored "
+                   "costs are for its machine's link)" if elsewhere else "")
+                + ": `hetpart replan` keeps the stored costs; partition from scratch for the new cluster (`run "
+                "--resume` reads the checkpoint into any plan)")
+        out[place] = fits[0]
+        if relinked:
+            why = (f"its link is now {_link_text(m.link)}, and the stored costs of TP {was} are for the old "
+                   f"link: partition from scratch to cost TP {was} over the new one")
+        else:
+            why = f"{n} device(s) left" if was is not None else ""
+        echo(f"note: {place} runs TP {fits[0]}" + (f" (was TP {was}: {why})" if was is not None
+                                                   else " (new to the plan)"))
     return out
 
 

@@ -95,10 +95,7 @@ class Shape:
 
 def machine_kinds(problem: Problem) -> tuple[list[MachineKind], dict[str, int]]:
     """The kinds and each machine's kind index."""
-    per: dict[str, dict[tuple[str, int], int]] = {}
-    for d in problem.devices:
-        c = per.setdefault(d.node, {})
-        c[(d.type, d.capacity_bytes)] = c.get((d.type, d.capacity_bytes), 0) + 1
+    per = {m: problem.device_kinds(m) for m in dict.fromkeys(d.node for d in problem.devices)}
     groups: dict[tuple, list[str]] = {}
     for m, c in per.items():
         link = problem.intra_node_links.get(m)

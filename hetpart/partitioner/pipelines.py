@@ -209,10 +209,11 @@ def grad_sync_ns(problem: Problem, pipelines: Sequence[Pipeline]) -> tuple[int, 
                 per_rank[r] = per_rank.get(r, 0) + t
         for (d, _), t in per_rank.items():
             per_device[d] = max(per_device.get(d, 0), t)
-    for devs, nbytes in (sync_buckets(problem, pipelines) if problem.tp_sync is None else {}).items():
-        t = allreduce_ns(_ring_link(problem, devs), nbytes, len(devs))
-        for d in devs:
-            per_device[d] = per_device.get(d, 0) + t
+    else:
+        for devs, nbytes in sync_buckets(problem, pipelines).items():
+            t = allreduce_ns(_ring_link(problem, devs), nbytes, len(devs))
+            for d in devs:
+                per_device[d] = per_device.get(d, 0) + t
     hidden: dict[str, int] = {}  # device -> backward time of the stages before its own
     for p in pipelines:
         before = 0

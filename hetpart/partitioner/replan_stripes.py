@@ -157,7 +157,7 @@ def _held_stripe_order(problem: Problem, devices: Sequence[str], held) -> list[s
     (in graph order) whose weight their machine holds; the others left out (the DP's free devices)."""
     first = _first_held(problem, held)
     on = [d for d in devices if problem.device(d).node in first]
-    return sorted(on, key=lambda d: (first[problem.device(d).node], on.index(d)))
+    return sorted(on, key=lambda d: first[problem.device(d).node])  # stable: ties keep `devices`' order
 
 
 def _relabeled_in(problem: Problem, devices: Sequence[str], plan: Plan, holders) -> list[str]:

@@ -259,8 +259,7 @@ def memo_codec(memo: ShapeMemo | None, problem: Problem, microbatches: int, kind
         return None
     fingerprint = problem_fingerprint(problem, microbatches)
     if memo.fingerprint != fingerprint:
-        memo.ignored = bool(memo.plans or memo.no_plan)
-        memo.ignored = memo.ignored or bool(memo.stripes)
+        memo.ignored = bool(memo.plans or memo.no_plan or memo.stripes)
         memo.fingerprint, memo.plans, memo.no_plan, memo.stripes = fingerprint, {}, {}, {}
     return ShapeCodec(problem, kinds, class_devices, shape_type)
 

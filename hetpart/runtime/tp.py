@@ -51,8 +51,7 @@ def check_tp_mesh(path: Path, mesh: dict[str, Any], ranks: list[dict[str, Any]],
         from hetpart.runtime.artifacts import _mesh_pipelines
 
         # with leaders (NOTE [mixed-degree pipelines mesh]) each pipeline names its one group, else its lanes
-        pipelines = [q["stages"] for q in mesh["pipelines"]] if _mesh_pipelines(path, mesh, ranks,
-                                                                                 lanes=not leaders) else []
+        pipelines = [stages for _, stages in _mesh_pipelines(path, mesh, ranks, lanes=not leaders)]
     else:
         pipelines = [mesh.get("stages")]
     stages = [s for q in pipelines if isinstance(q, list) for s in q]
