@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -82,13 +83,26 @@ def plan_data_parallel(problem: Problem, opts: CompileOptions,
     return fixed_pipelines(problem, groups, shares, **fields), []
 
 
+@dataclass
+class TPPipelines:
+    """`--parallel data --max-tensor-parallel N`'s pipelines so far: the plan kept, its baselines (plan.json's), its
+    compile (None: degree 1), its search's solved shapes (NOTE [shape memo]: what ir/shapes.json records), and every
+    uniform degree lowered, those skipped with why (NOTE [per-machine pipelines candidates] starts from them)."""
+
+    plan: PipelinesPlan
+    baselines: list[dict]
+    tp: TPCompile | None
+    memo: ShapeMemo
+    lowered: dict[int, TPCompile]
+    skipped: list[str]
+
+
 def choose_pipelines_tp(gm: fx.GraphModule, problem: Problem, cluster: Cluster, opts: CompileOptions,
-                        groups: dict[str, str], echo: Callable[[str], None]) -> tuple[PipelinesPlan, list[dict],
-                                                                                        TPCompile | None]:
+                        groups: dict[str, str], echo: Callable[[str], None]) -> TPPipelines:
     """`--parallel data --max-tensor-parallel N` (NOTE [tensor-parallel pipelines]): each degree up to N lowered as
-    `choose_tp` lowers them, each searched as `--parallel data` searches, the fastest kept by
-    `choose_pipelines_degree` (ties to the smaller degree; its bound the least over the degrees; the degrees share
-    `--time-limit`: NOTE [degrees share the time limit]); its baselines, and its compile (None: degree 1)."""
+    `choose_tp` lowers them, each searched as `--parallel data` searches (each with its own shape memo), the fastest
+    kept by `choose_pipelines_degree` (ties to the smaller degree; its bound the least over the degrees; the degrees
+    share `--time-limit`: NOTE [degrees share the time limit])."""
     from hetpart.partitioner.tp_pipelines import choose_pipelines_degree
 
     start = time.perf_counter()
@@ -96,10 +110,11 @@ def choose_pipelines_tp(gm: fx.GraphModule, problem: Problem, cluster: Cluster, 
                                      opts.training() is not None)
     problems = {1: problem} | {t: tp.problem for t, tp in lowered.items()}
     baselines: dict[int, list[dict]] = {}
+    memos = {t: ShapeMemo("") for t in problems}  # NOTE [shape memo]: one per degree's problem
 
     def plan(degree: int, p: Problem, microbatches: int, seconds: float) -> PipelinesPlan:
         # The search and its baselines fit in this degree's share (NOTE [degrees share the time limit]).
-        got, baselines[degree] = plan_data_parallel(p, dataclasses.replace(opts, time_limit_s=seconds))
+        got, baselines[degree] = plan_data_parallel(p, dataclasses.replace(opts, time_limit_s=seconds), memos[degree])
         return got
 
     choice = choose_pipelines_degree(problems, opts.microbatches, plan,
@@ -112,7 +127,8 @@ def choose_pipelines_tp(gm: fx.GraphModule, problem: Problem, cluster: Cluster, 
                                                                      else "") + f"; chose degree {choice.degree}")
     echo("the degrees' parts of the time limit (NOTE [degrees share the time limit]): "
          + ", ".join(f"degree {r.degree} {r.seconds:.1f} s of {r.share_s:.1f} s" for r in choice.results))
-    return choice.plan, baselines.get(choice.degree, []), lowered.get(choice.degree)
+    return TPPipelines(choice.plan, baselines.get(choice.degree, []), lowered.get(choice.degree),
+                       memos[choice.degree], lowered, skipped)
 
 
 def _baselines_json(baselines: list) -> list[dict]:
@@ -140,18 +156,15 @@ def compile_pipelines(spec: ModelSpec, cluster: Cluster, opts: CompileOptions, o
         memo = getattr(opts.replan, "memo", None) or ShapeMemo("")
         if opts.max_tensor_parallel > 1:  # NOTE [tensor-parallel pipelines]: the degree chosen with the pipelines
             uniform_s = opts.time_limit_s * (2 / 3 if opts.tensor_parallel_per_machine else 1)
-            pp, baselines, tp = choose_pipelines_tp(gm, problem, cluster, dataclasses.replace(
-                opts, time_limit_s=uniform_s), groups, echo)
+            chosen = choose_pipelines_tp(gm, problem, cluster, dataclasses.replace(opts, time_limit_s=uniform_s),
+                                         groups, echo)
             if opts.tensor_parallel_per_machine:  # NOTE [per-machine pipelines candidates]
                 from hetpart.pipelines_per_machine import per_machine_pipelines
 
-                from hetpart.tensor_parallel import tp_lowering
-
-                lower = lambda t: tp_lowering(gm, problem, cluster, t, groups, opts.training() is not None,  # noqa: E731
-                                              lambda _: None)
-                pp, baselines, tp = per_machine_pipelines(problem, cluster, opts, plan_data_parallel,
-                                                          (pp, baselines, tp), lower, opts.time_limit_s - uniform_s,
-                                                          echo)
+                chosen = per_machine_pipelines(problem, cluster, opts, plan_data_parallel, chosen,
+                                               opts.time_limit_s - uniform_s, echo)
+            pp, baselines, tp = chosen.plan, chosen.baselines, chosen.tp
+            memo = chosen.memo  # the kept search's solved shapes (NOTE [shape memo])
         else:
             pp, baselines = plan_data_parallel(tp.problem if tp is not None else problem, opts, memo)
     problem = tp.problem if tp is not None else device_problem  # the problem planned on

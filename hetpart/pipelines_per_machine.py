@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from hetpart.errors import HetpartError
+from hetpart.partitioner.shape_memo import ShapeMemo
 from hetpart.partitioner.tp_choice import mixed_problem
 from hetpart.tensor_parallel import _us as us
 from hetpart.tensor_parallel import mixed_compile, places_line, tp_slots
@@ -33,32 +34,31 @@ from hetpart.tp_machines import places
 
 if TYPE_CHECKING:
     from hetpart.compile import CompileOptions
+    from hetpart.compile_pipelines import TPPipelines
     from hetpart.devices import Cluster
     from hetpart.partitioner import Problem
     from hetpart.partitioner.pipelines import PipelinesPlan
-    from hetpart.tensor_parallel import TPCompile
 
 _LEAST_S = 0.5  # an assignment left less than this of the time limit is not searched
 
-Planner = Callable[["Problem", "CompileOptions"], tuple["PipelinesPlan", list[dict]]]
+Planner = Callable[["Problem", "CompileOptions", "ShapeMemo"], tuple["PipelinesPlan", list[dict]]]
 
 
 def per_machine_pipelines(problem: Problem, cluster: Cluster, opts: CompileOptions, plan: Planner,
-                          best: tuple[PipelinesPlan, list[dict], TPCompile | None], lower: Callable[[int], TPCompile],
-                          time_limit_s: float, echo: Callable[[str], None]
-                          ) -> tuple[PipelinesPlan, list[dict], TPCompile | None]:
-    """NOTE [per-machine pipelines candidates]: from `best` (the uniform degrees' plan, baselines and compile;
+                          best: TPPipelines, time_limit_s: float, echo: Callable[[str], None]) -> TPPipelines:
+    """NOTE [per-machine pipelines candidates]: from `best` (the uniform degrees' choice, each degree lowered;
     `problem`: the devices'), each kind of machine (`place_kinds`) at the other end in turn (TP 1 from a best
-    degree T > 1, `opts.max_tensor_parallel` from T = 1; `lower(t)`: degree t's compile), searched by `plan(problem,
-    opts)` within `time_limit_s`; the fastest plan kept, its bound the least over everything searched."""
-    pp, baselines, tp = best
+    degree T > 1, `opts.max_tensor_parallel` from T = 1), searched by `plan(problem, opts, memo)` within
+    `time_limit_s`; the fastest plan kept (with its search's shape memo), its bound the least over everything
+    searched."""
+    pp, tp = best.plan, best.tp
     degree = max(tp.shardings) if tp is not None else 1
     other = 1 if degree > 1 else opts.max_tensor_parallel
     high = max(degree, other)
-    try:
-        lowered = tp if tp is not None else lower(high)
-    except HetpartError as err:
-        echo(f"tensor parallel per machine: nothing to try ({str(err).splitlines()[0]})")
+    lowered = tp if tp is not None else best.lowered.get(high)
+    if lowered is None:  # degree `high` was skipped (`lower_degrees` says why)
+        why = next((s for s in best.skipped if s.startswith(f"{high} ")), f"{high} (not lowered)")
+        echo(f"tensor parallel per machine: nothing to try: degree {why} was not lowered")
         return best
     kind_of = place_kinds(cluster)
     # TP 1 pays most where a machine's link is slowest (its all-reduces), TP N where it is fastest: tried first
@@ -79,8 +79,9 @@ def per_machine_pipelines(problem: Problem, cluster: Cluster, opts: CompileOptio
             echo(f"tensor parallel per machine: {places_line(trial)}: not tried ({seconds:.1f} s of the time limit "
                  "left for it)")
             continue
+        memo = ShapeMemo("")  # this assignment's solved shapes (NOTE [shape memo])
         try:
-            got, base = plan(cand.problem, dataclasses.replace(opts, time_limit_s=seconds))
+            got, base = plan(cand.problem, dataclasses.replace(opts, time_limit_s=seconds), memo)
         except HetpartError as err:
             echo(f"tensor parallel per machine: {places_line(trial)}: no plan ({str(err).splitlines()[0]})")
             continue
@@ -89,17 +90,19 @@ def per_machine_pipelines(problem: Problem, cluster: Cluster, opts: CompileOptio
         echo(f"tensor parallel per machine: {places_line(trial)}: {us(got.iteration_ns)} (bound "
              f"{us(got.lower_bound_ns)}), best so far {us(pp.iteration_ns)}")
         if got.iteration_ns < pp.iteration_ns:
-            pp, baselines, tp, current = got, base, cand, trial
+            pp, tp, current = got, cand, trial
+            best = dataclasses.replace(best, plan=got, baselines=base, tp=cand, memo=memo)
     if not tried:
-        return pp, baselines, tp
+        return best
     lower_ns = min(bound, pp.iteration_ns)
     note = (f"the least of the uniform degrees' bound and those of the degrees per machine tried ({'; '.join(tried)}): "
             "it covers those spaces, not every assignment of degrees to machines "
             "(NOTE [per-machine pipelines candidates])")
     kept = places_line(tp.places) if tp is not None and tp.places else f"degree {degree} everywhere"
     echo(f"tensor parallel per machine: kept {kept}")
-    return dataclasses.replace(pp, lower_bound_ns=lower_ns, bound_note=note,
-                               solver_status="OPTIMAL" if lower_ns >= pp.iteration_ns else "FEASIBLE"), baselines, tp
+    return dataclasses.replace(best, plan=dataclasses.replace(
+        pp, lower_bound_ns=lower_ns, bound_note=note,
+        solver_status="OPTIMAL" if lower_ns >= pp.iteration_ns else "FEASIBLE"))
 
 
 def place_kinds(cluster: Cluster) -> dict[str, tuple]:

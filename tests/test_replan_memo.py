@@ -32,3 +32,21 @@ def test_replan_starts_from_the_memo_and_a_changed_memo_is_refused(tmp_path, cap
     path.write_text(path.read_text().replace('"m_ref":', '"m_ref": ', 1))
     assert main(["replan", str(old), "--lose", "b/1", "--out", str(tmp_path / "new2"), "--time-limit", "3"]) == 2
     assert "shapes.json' does not match its sha256 in manifest.json" in capsys.readouterr().err
+
+
+def test_partition_with_max_tensor_parallel_writes_the_kept_degrees_shapes(tmp_path):
+    """`--parallel data --max-tensor-parallel 2`: ir/shapes.json holds the shapes the kept degree's search solved, of
+    the problem ir/analysis.json stores (each degree's search has its own memo), what `hetpart replan` plans from
+    (it was not written on this path before)."""
+    from hetpart.partitioner.problem_json import problem_from_json
+    from hetpart.partitioner.shape_memo import problem_fingerprint
+
+    old = tmp_path / "old"
+    assert main(["partition", "zoo:gpt-small", "--set", "n_layer=2", "--set", "n_embd=64", "--set", "vocab_size=128",
+                 "--set", "block_size=32", "--batch-size", "8", "--seq-len", "16", "--microbatches", "4", "--no-pt2",
+                 "--mode", "training", "--max-tensor-parallel", "2", "--parallel", "data", "--time-limit", "6",
+                 "--cluster", "preset:cpu-8", "--out", str(old)]) == 0
+    memo = json.loads((old / "ir" / "shapes.json").read_text())
+    stored = problem_from_json(json.loads((old / "ir" / "analysis.json").read_text())["problem"])
+    assert memo["plans"] and memo["fingerprint"] == problem_fingerprint(stored, 4)
+    assert "ir/shapes.json" in json.loads((old / "manifest.json").read_text())["files"]
