@@ -261,4 +261,5 @@ def _report(spec: ModelSpec, cluster: Cluster, opts: CompileOptions, pp: Pipelin
         iteration_us=us(pp.iteration_ns), grad_sync_us=us(pp.grad_sync_ns),
         grad_sync_overlapped_us=us(pp.grad_sync_overlapped_ns), devices_used=used,
         devices_idle=dict(sorted(idle.items())), bound_note=pp.bound_note or None,
+        bound_unfinished=list(pp.bound_unfinished) or None,
         search_stats={k: round(v, 6) for k, v in sorted(pp.stats.items())} if pp.stats else None)

@@ -65,7 +65,7 @@ def per_machine_pipelines(problem: Problem, cluster: Cluster, opts: CompileOptio
     kinds = sorted(set(kind_of.values()), key=lambda k: (k[2] if other == 1 else -k[2], k))
     slots = tp_slots(problem, {high: lowered})
     current = dict.fromkeys(sorted(kind_of), degree)
-    bound, tried = pp.lower_bound_ns, []
+    (bound, unfinished), tried = (pp.lower_bound_ns, pp.bound_unfinished), []
     deadline = time.perf_counter() + time_limit_s
     for i, kind in enumerate(kinds):
         trial = {p: other if kind_of[p] == kind else t for p, t in current.items()}
@@ -85,7 +85,8 @@ def per_machine_pipelines(problem: Problem, cluster: Cluster, opts: CompileOptio
         except HetpartError as err:
             echo(f"tensor parallel per machine: {places_line(trial)}: no plan ({str(err).splitlines()[0]})")
             continue
-        bound = min(bound, got.lower_bound_ns)
+        if got.lower_bound_ns < bound:  # the least bound, and the parts of it its deadline cut
+            bound, unfinished = got.lower_bound_ns, got.bound_unfinished
         tried.append(places_line(trial))
         echo(f"tensor parallel per machine: {places_line(trial)}: {us(got.iteration_ns)} (bound "
              f"{us(got.lower_bound_ns)}), best so far {us(pp.iteration_ns)}")
@@ -101,7 +102,7 @@ def per_machine_pipelines(problem: Problem, cluster: Cluster, opts: CompileOptio
     kept = places_line(tp.places) if tp is not None and tp.places else f"degree {degree} everywhere"
     echo(f"tensor parallel per machine: kept {kept}")
     return dataclasses.replace(best, plan=dataclasses.replace(
-        pp, lower_bound_ns=lower_ns, bound_note=note,
+        pp, lower_bound_ns=lower_ns, bound_note=note, bound_unfinished=unfinished,
         solver_status="OPTIMAL" if lower_ns >= pp.iteration_ns else "FEASIBLE"))
 
 

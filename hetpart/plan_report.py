@@ -170,9 +170,11 @@ class PlanReport:
     grad_sync_overlapped_us: float | None = _f(NUMBER + (NoneType,), None, omit_none=True)
     devices_used: list[str] | None = _f((list, NoneType), None, omit_none=True)
     devices_idle: dict | None = _f((dict, NoneType), None, omit_none=True)  # device -> why no stage runs on it
-    # What the pipelines' lower bound covers and leaves out (PipelinesPlan.bound_note): the parts the time limit
-    # cut say so ("past the deadline"), so a gap read off a cut bound is not taken for one of a whole bound.
+    # What the pipelines' lower bound covers and leaves out (PipelinesPlan.bound_note, in words), and the parts of
+    # it the time limit cut (PipelinesPlan.bound_unfinished: `sync`, `stage sums`, `memory`; left out when none), so
+    # a gap read off a cut bound is not taken for one of a whole bound.
     bound_note: str | None = _f((str, NoneType), None, omit_none=True)
+    bound_unfinished: list[str] | None = _f((list, NoneType), None, omit_none=True)
     # `--parallel data`'s search: its stats (seconds, shapes tried and solved, NOTE [join probe]'s join_tries,
     # join_solves, join_taken, join_seconds, join_finished); left out of other plans.
     search_stats: dict | None = _f((dict, NoneType), None, omit_none=True)

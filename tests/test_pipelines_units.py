@@ -414,8 +414,11 @@ def test_the_bound_note_is_written_and_printed_with_what_the_deadline_cut():
 
     note = ("every partition of the 4 devices into pipelines ...; left out: transfers between stages above the least a "
             "boundary carries, bucket latencies; the gradient-sync floor (past the deadline)")
-    plan = load_plan(Path("plan.json"), json.loads(json.dumps(_plan(bound_note=note, solver_status="FEASIBLE"))))
-    assert plan.bound_note == note
+    plan = load_plan(Path("plan.json"), json.loads(json.dumps(_plan(bound_note=note, solver_status="FEASIBLE",
+                                                                    bound_unfinished=["sync"]))))
+    assert plan.bound_note == note and plan.bound_unfinished == ["sync"]  # the cut parts, as PipelinesPlan has them
+    with pytest.raises(HetpartError, match="bound_unfinished"):
+        load_plan(Path("plan.json"), _plan(bound_note=note, bound_unfinished="sync"))
     assert f"lower bound: {note}" in pipelines_lines(plan)
     proven = load_plan(Path("plan.json"), _plan(bound_note=note, solver_status="OPTIMAL", gap=0.0))
     assert not [ln for ln in pipelines_lines(proven) if ln.startswith("lower bound:")]

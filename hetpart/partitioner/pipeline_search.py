@@ -496,7 +496,8 @@ def _plan_and_facts(problem: Problem, microbatches: int, options: SolveOptions |
     note = bound.note + ("" if exhausted else "; the outer program did not finish: a better mix of these shapes "
                          "may exist") + ("" if covered >= set(shapes) else f"; {len(set(shapes) - covered)} of "
                                          f"{len(shapes)} shapes not tried (time limit)")
-    out = dataclasses.replace(best, lower_bound_ns=lower, solver_status=status, bound_note=note, stats=stats)
+    out = dataclasses.replace(best, lower_bound_ns=lower, solver_status=status, bound_note=note, stats=stats,
+                              bound_unfinished=tuple(bound.unfinished))
     out.devices_idle = idle_reasons(problem, out, microbatches, facts)
     return out, facts
 
@@ -542,15 +543,15 @@ def plan_with_baselines(problem: Problem, microbatches: int, options: SolveOptio
         return plan, baselines
     if plan is None:  # the bound holds for every plan: compute it on its own
         bound = pipelines_lower_bound(problem, microbatches, deadline=time.perf_counter() + 0.15 * opts.time_limit_s)
-        search_bound, stats = bound.bound_ns, {}
+        search_bound, stats, unfinished = bound.bound_ns, {}, tuple(bound.unfinished)
         why = f"{bound.note}; the plan is the {best.name} baseline's: the search found none ({failed})"
     else:
-        search_bound, stats = plan.lower_bound_ns, dict(plan.stats)
+        search_bound, stats, unfinished = plan.lower_bound_ns, dict(plan.stats), plan.bound_unfinished
         why = (f"{plan.bound_note}; the plan is the {best.name} baseline's, faster than the search's "
                f"{plan.iteration_ns} ns")
     lower, status = _certified(best.plan.iteration_ns, search_bound, opts.gap)
     taken = dataclasses.replace(best.plan, lower_bound_ns=lower, solver_status=status,
-                                stats={**stats, f"plan_from_{best.name}": 1.0},
+                                stats={**stats, f"plan_from_{best.name}": 1.0}, bound_unfinished=unfinished,
                                 bound_note=f"{why} (NOTE [baselines as candidates])")
     taken.devices_idle = idle_reasons(problem, taken, microbatches, facts)
     return taken, baselines

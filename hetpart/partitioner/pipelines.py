@@ -78,6 +78,7 @@ class PipelinesPlan:
     solver_status: str  # "OPTIMAL", "WITHIN_GAP", "FEASIBLE" or "FIXED" (pipelines given by the caller)
     devices_idle: dict[str, str] = field(default_factory=dict)  # device -> why no stage runs on it
     bound_note: str = ""  # what the bound covers and which parts of it were left out (e.g. past the deadline)
+    bound_unfinished: tuple[str, ...] = ()  # the bound's parts its deadline cut (PipelinesBound.unfinished)
     stats: dict[str, float] = field(default_factory=dict)
 
     @property

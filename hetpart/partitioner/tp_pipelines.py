@@ -100,6 +100,7 @@ class DegreePipelines:
     error: str = ""
     share_s: float = 0.0  # its share of the time limit (NOTE [degrees share the time limit])
     note: str = ""  # what its bound covers, its slots read as TP groups
+    unfinished: tuple[str, ...] = ()  # the parts of that bound its deadline cut (PipelinesBound.unfinished)
 
 
 @dataclass(frozen=True)
@@ -121,13 +122,13 @@ def choose_pipelines_degree(problems: Mapping[int, Problem], microbatches: int,
     t0 = time.perf_counter()
     end = t0 + time_limit_s
     # 1. Every degree's search-free bound, under the clock.
-    bounds: dict[int, tuple[int, str]] = {}
+    bounds: dict[int, tuple[int, str, tuple[str, ...]]] = {}
     for t in sorted(problems):
         if time.perf_counter() > end:
-            bounds[t] = (0, "no bound: the time limit ran out before its search-free bound")
+            bounds[t] = (0, "no bound: the time limit ran out before its search-free bound", ("search-free",))
             continue
         quick = quick_pipelines_bound(problems[t], microbatches)
-        bounds[t] = (quick.bound_ns, quick.note)
+        bounds[t] = (quick.bound_ns, quick.note, tuple(quick.unfinished))
     # 2-3. Degree 1 first, then the least bound first.
     rest = sorted((t for t in problems if t != 1), key=lambda t: (bounds[t][0], len(problems[t].devices), t))
     order = [t for t in (1, *rest) if t in problems]
@@ -136,11 +137,11 @@ def choose_pipelines_degree(problems: Mapping[int, Problem], microbatches: int,
     best_ns: int | None = None
     for i, t in enumerate(order):
         start = time.perf_counter()
-        bound, note = bounds[t]
+        bound, note, unfinished = bounds[t]
         if best_ns is not None and bound >= best_ns:  # 4. it cannot give a faster plan
             results[t] = DegreePipelines(t, None, bound, 0.0, f"pruned: its bound {bound:,} ns is at least the best "
                                          f"plan's {best_ns:,} ns (NOTE [degrees share the time limit])", 0.0,
-                                         slots_note(note, t))
+                                         slots_note(note, t), unfinished)
             continue
         left = [len(problems[u].devices) for u in order[i:] if u not in results]
         share = max(0.0, end - start) * left[0] / max(1, sum(left))
@@ -149,23 +150,25 @@ def choose_pipelines_degree(problems: Mapping[int, Problem], microbatches: int,
         if results and share < _LEAST_PART * time_limit_s:  # too little left to search it: its quick bound, said so
             results[t] = DegreePipelines(t, None, bound, 0.0, f"not searched: {share:.1f} s of the time limit left "
                                          f"for it (NOTE [degrees share the time limit])", share,
-                                         slots_note(f"not searched (time limit), its search-free bound: {note}", t))
+                                         slots_note(f"not searched (time limit), its search-free bound: {note}", t),
+                                         unfinished)
             continue
         try:
             got = plan(t, problems[t], microbatches, share)
             error = ""
             if got.lower_bound_ns > bound:
-                bound, note = got.lower_bound_ns, got.bound_note
-                finished |= {t} if "past the deadline" not in note else set()
+                bound, note, unfinished = got.lower_bound_ns, got.bound_note, got.bound_unfinished
+                finished |= set() if unfinished else {t}
             best_ns = got.iteration_ns if best_ns is None else min(best_ns, got.iteration_ns)
         except HetpartError as e:  # no plan found: the bound over this degree's plans on its own
             got, error = None, str(e).splitlines()[0]
             alone = pipelines_lower_bound(problems[t], microbatches,
                                           deadline=time.perf_counter() + _BOUND_SHARE * share)
             if alone.bound_ns > bound:
-                bound, note = alone.bound_ns, alone.note
+                bound, note, unfinished = alone.bound_ns, alone.note, tuple(alone.unfinished)
             finished |= set() if alone.unfinished else {t}
-        results[t] = DegreePipelines(t, got, bound, time.perf_counter() - start, error, share, slots_note(note, t))
+        results[t] = DegreePipelines(t, got, bound, time.perf_counter() - start, error, share, slots_note(note, t),
+                                     unfinished)
     found = [r for r in results.values() if r.plan is not None]
     if not found:
         raise HetpartError(f"partitioner: no data-parallel pipelines of tensor-parallel degree "
@@ -181,8 +184,9 @@ def choose_pipelines_degree(problems: Mapping[int, Problem], microbatches: int,
         else "FEASIBLE")
     note = (f"the least over tensor-parallel degrees {', '.join(str(t) for t in sorted(results))} of each degree's "
             f"bound (NOTE [tensor-parallel pipelines]), degree {least.degree}'s: {least.note}")
-    return PipelinesDegreeChoice(best.degree, dataclasses.replace(best.plan, lower_bound_ns=lower,
-                                                                  solver_status=status, bound_note=note), ordered)
+    return PipelinesDegreeChoice(best.degree, dataclasses.replace(
+        best.plan, lower_bound_ns=lower, solver_status=status, bound_note=note, bound_unfinished=least.unfinished),
+        ordered)
 
 
 def _tighten(problems: Mapping[int, Problem], microbatches: int, results: dict[int, DegreePipelines],
@@ -199,7 +203,8 @@ def _tighten(problems: Mapping[int, Problem], microbatches: int, results: dict[i
         full = pipelines_lower_bound(problems[r.degree], microbatches, deadline=end, upper_ns=best_ns)
         if full.bound_ns > r.bound_ns:
             results[r.degree] = dataclasses.replace(r, bound_ns=full.bound_ns, note=slots_note(
-                f"{full.note} (computed after the searches, NOTE [degrees share the time limit])", r.degree))
+                f"{full.note} (computed after the searches, NOTE [degrees share the time limit])", r.degree),
+                unfinished=tuple(full.unfinished))
 
 
 def slots_note(text: str, degree: int) -> str:

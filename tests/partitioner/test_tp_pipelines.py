@@ -308,3 +308,32 @@ def test_idle_reasons_of_slots_count_groups():
                                   "tensor-parallel groups of 2 devices) has a 21.78 ms bottleneck; the model needs "
                                   "at least 1,024 tensor-parallel groups of 2 devices of its 24 GiB")
     assert slots_note(why, 1) == why
+
+
+@pytest.mark.parametrize("cut", [True, False])
+def test_a_degree_is_tightened_when_its_search_bound_was_cut(monkeypatch, cut):
+    """NOTE [degrees share the time limit] 5 tightens a searched degree's bound only when the time limit cut it:
+    `PipelinesPlan.bound_unfinished` says so (the note's words are for people: "past the deadline" there without the
+    field is a finished bound), and the plan kept carries the least bound's cut parts."""
+    import dataclasses
+
+    import hetpart.partitioner.tp_pipelines as tpp
+
+    problems, M, _ = slot_problems(CASES[0])
+    tightened = []
+    real = tpp.pipelines_lower_bound
+    monkeypatch.setattr(tpp, "pipelines_lower_bound", lambda p, m, **kw: tightened.append(p) or real(p, m, **kw))
+
+    def plan(t: int, p: Problem, m: int, share_s: float) -> PipelinesPlan:
+        got = plan_pipelines(p, m, time_limit_s=min(share_s, 5))
+        bound = quick_pipelines_bound(p, m).bound_ns + 1  # above the search-free bound: the search's is kept
+        return dataclasses.replace(got, lower_bound_ns=bound, bound_unfinished=("sync",) if cut else (),
+                                   bound_note="the search's bound" + ("" if cut else " (past the deadline)"))
+
+    choice = choose_pipelines_degree(problems, M, plan, 20)
+    searched = [r for r in choice.results if r.plan is not None]
+    assert searched and all(r.bound_ns < choice.plan.iteration_ns for r in searched)
+    assert bool(tightened) == cut and all(r.unfinished == (("sync",) if cut else ()) for r in searched
+                                          if "computed after the searches" not in r.note)
+    least = min(choice.results, key=lambda r: (r.bound_ns, r.degree))
+    assert choice.plan.bound_unfinished == least.unfinished
