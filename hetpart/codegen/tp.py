@@ -288,18 +288,14 @@ def slice_weights_groups(ranks: list[StageGraph],
     (each its ranks, its split weights' {dim, chunks} and its name for errors): one per set of ranks summing the same
     slices, `slices` giving each split weight's slice (index of `of` along dim, in each of its chunks). A weight split
     along different dims, or whose chunk does not divide in `of` slices, is refused."""
-    from hetpart.partitioner.tp_sync import HeldBy, slice_buckets, weight_slices
+    from hetpart.partitioner.tp_sync import held_by, slice_buckets, weight_slices
 
-    held: dict[str, list[HeldBy]] = {}
+    held = held_by((rs, ranks[rs[0]].weights.values(), split, f"{where} (TP {len(rs)})") for rs, split, where in stages)
     size: dict[str, tuple[int, int]] = {}  # a split weight -> (a stage's degree, its shard's size along the dim)
-    for rs, split, where in stages:
+    for rs, split, _ in stages:
         attr_of = {fqn: attr for attr, fqn in ranks[rs[0]].weights.items()}
-        for w in sorted(attr_of):
-            spec = split.get(w)
-            held.setdefault(w, []).append(HeldBy(tuple(rs), (spec["dim"], spec["chunks"]) if spec else None,
-                                                 f"{where} (TP {len(rs)})"))
-            if spec:
-                size[w] = (len(rs), getattr(ranks[rs[0]].gm, attr_of[w]).shape[spec["dim"]])
+        size |= {w: (len(rs), getattr(ranks[rs[0]].gm, attr_of[w]).shape[spec["dim"]])
+                 for w, spec in split.items() if w in attr_of}
     slices = weight_slices(held)
     for x in slices:
         if x.split is not None and x.index == 0:

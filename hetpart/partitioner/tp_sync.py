@@ -28,7 +28,7 @@ weights summed per TP index, no division); this is used where the degrees differ
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from hetpart.errors import HetpartError
@@ -73,6 +73,24 @@ class WeightSlice:
     of: int
     split: tuple[int, int] | None  # the dim and chunks the slices are taken along (None: of == 1, the whole)
     ranks: tuple[Hashable, ...]
+
+
+def held_by(stages: Iterable[tuple[Sequence[Hashable], Iterable[str], Mapping[str, Mapping[str, int]], str]]
+            ) -> dict[str, list[HeldBy]]:
+    """Each weight -> the stages holding it, in the order of `stages`: each its ranks (TP order), the weights its
+    ranks hold, its split weights' {"dim", "chunks"} and its name for errors; what `weight_slices` takes (the mesh
+    codegen writes and the check `hetpart run` makes of it, NOTE [mixed-degree gradient sync]).
+
+        >>> held_by([((0, 1), ["w", "n"], {"w": {"dim": 0, "chunks": 1}}, "stage 0"), ((2,), ["w"], {}, "stage 1")])
+        {'n': [HeldBy(ranks=(0, 1), split=None, where='stage 0')], 'w': [HeldBy(ranks=(0, 1), split=(0, 1), \
+where='stage 0'), HeldBy(ranks=(2,), split=None, where='stage 1')]}
+    """
+    held: dict[str, list[HeldBy]] = {}
+    for ranks, weights, split, where in stages:
+        for w in sorted(weights):
+            spec = split.get(w)
+            held.setdefault(w, []).append(HeldBy(tuple(ranks), (spec["dim"], spec["chunks"]) if spec else None, where))
+    return held
 
 
 def weight_slices(held: Mapping[str, Sequence[HeldBy]]) -> list[WeightSlice]:
@@ -125,4 +143,4 @@ def slice_buckets(slices: Sequence[WeightSlice]) -> dict[tuple[Hashable, ...], l
     return out
 
 
-__all__ = ["HeldBy", "TPSyncLayout", "WeightSlice", "slice_buckets", "slice_bytes", "weight_slices"]
+__all__ = ["HeldBy", "TPSyncLayout", "WeightSlice", "held_by", "slice_buckets", "slice_bytes", "weight_slices"]

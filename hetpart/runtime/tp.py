@@ -155,14 +155,10 @@ def _check_slice_weights(path: Path, groups: list[dict[str, Any]], ranks: list[d
     """NOTE [mixed-degree gradient sync] in partitioner/tp_sync.py: the weights groups are exactly the slice groups
     the ranks' own weight lists and their stages' splits give (a slice summed over other ranks, or a copy left out,
     would be a wrong gradient, not an error)."""
-    from hetpart.partitioner.tp_sync import HeldBy, slice_buckets, weight_slices
+    from hetpart.partitioner.tp_sync import held_by, slice_buckets, weight_slices
 
-    held: dict[str, list[HeldBy]] = {}
-    for i, entry in enumerate(tp):
-        for name in sorted(ranks[entry["ranks"][0]]["weights"]):
-            spec = entry["weights"].get(name)
-            held.setdefault(name, []).append(HeldBy(tuple(entry["ranks"]), (spec["dim"], spec["chunks"])
-                                                    if spec else None, f"mesh.tensor_parallel[{i}]"))
+    held = held_by((e["ranks"], ranks[e["ranks"][0]]["weights"], e["weights"], f"mesh.tensor_parallel[{i}]")
+                   for i, e in enumerate(tp))
     try:
         want = {rs: {x.weight: x for x in xs} for rs, xs in slice_buckets(weight_slices(held)).items()}
     except HetpartError as err:
