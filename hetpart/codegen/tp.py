@@ -336,18 +336,7 @@ def tp_pipelines_mesh(ranks: list[StageGraph], shardings: list[list[ShardingPlan
     if len({p.degree if p is not None else 1 for plans in shardings for p in plans}) > 1:
         return _mixed_pipelines_mesh(ranks, shardings, shares)
     t = shardings[0][0].degree
-    pipelines: list[dict] = []
-    entries: list[dict] = []
-    first = offset = 0
-    for p, (plans, m) in enumerate(zip(shardings, shares)):
-        stages = [list(range(first + k * t, first + (k + 1) * t)) for k in range(len(plans))]
-        first, lanes = first + t * len(plans), [f"pipeline-{p}-tp{j}" for j in range(t)]
-        pipelines.append({"index": p, "lanes": lanes, "stages": stages, "microbatches": m,
-                          "microbatch_offset": offset})
-        offset += m
-        entries += [{"pipeline": p, "stage": k, "group": f"tp-{p}-{k}", "ranks": s, "degree": t,
-                     "weights": stage_weight_shards(ranks[s[0]], plan)}
-                    for k, (s, plan) in enumerate(zip(stages, plans))]
+    pipelines, entries = _pipelines_stages(ranks, shardings, shares, lanes=True)
     groups: list[dict] = [{"name": name, "kind": "pipeline", "ranks": [s[j] for s in q["stages"]]}
                           for q in pipelines for j, name in enumerate(q["lanes"])]
     groups += [{"name": e["group"], "kind": "tp", "ranks": e["ranks"]} for e in entries]
@@ -356,6 +345,27 @@ def tp_pipelines_mesh(ranks: list[StageGraph], shardings: list[list[ShardingPlan
                    for i, (rs, names) in enumerate(_holders(ranks, [e["ranks"][j] for e in entries]))]
     return {"pipelines": pipelines, "groups": groups, "tensor_parallel": entries,
             "rank_groups": [[g["name"] for g in groups if r in g["ranks"]] for r in range(len(ranks))]}
+
+
+def _pipelines_stages(ranks: list[StageGraph], shardings: list[list[ShardingPlan | None]], shares: list[int], *,
+                      lanes: bool) -> tuple[list[dict], list[dict]]:
+    """The mesh's `pipelines` (each with its lanes, one per TP index, or with `lanes` False its one group) and
+    `tensor_parallel` entries (a stage of degree 1: no TP group): ranks pipeline-major, stage-major inside a pipeline,
+    TP index inside a stage (NOTE [tensor-parallel pipelines mesh], NOTE [mixed-degree pipelines mesh])."""
+    pipelines: list[dict] = []
+    entries: list[dict] = []
+    first = offset = 0
+    for p, (plans, m) in enumerate(zip(shardings, shares)):
+        stages = [[first + r for r in s] for s in _stage_ranks(plans)]
+        first = stages[-1][-1] + 1
+        group = {"lanes": [f"pipeline-{p}-tp{j}" for j in range(len(stages[0]))]} if lanes else {
+            "group": f"pipeline-{p}"}
+        pipelines.append({"index": p, **group, "stages": stages, "microbatches": m, "microbatch_offset": offset})
+        offset += m
+        entries += [{"pipeline": p, "stage": k, "group": f"tp-{p}-{k}" if len(s) > 1 else None, "ranks": s,
+                     "degree": len(s), "weights": stage_weight_shards(ranks[s[0]], plan)}
+                    for k, (s, plan) in enumerate(zip(stages, plans))]
+    return pipelines, entries
 
 
 # NOTE [mixed-degree pipelines mesh]
@@ -368,19 +378,7 @@ def tp_pipelines_mesh(ranks: list[StageGraph], shardings: list[list[ShardingPlan
 def _mixed_pipelines_mesh(ranks: list[StageGraph], shardings: list[list[ShardingPlan | None]],
                           shares: list[int]) -> dict:
     """NOTE [mixed-degree pipelines mesh]: pipeline p's stages at `shardings[p]`'s degrees, ranks pipeline-major."""
-    pipelines: list[dict] = []
-    entries: list[dict] = []
-    first = offset = 0
-    for p, (plans, m) in enumerate(zip(shardings, shares)):
-        stages = _stage_ranks(plans)
-        stages = [[first + r for r in s] for s in stages]
-        first = stages[-1][-1] + 1
-        pipelines.append({"index": p, "group": f"pipeline-{p}", "stages": stages, "microbatches": m,
-                          "microbatch_offset": offset})
-        offset += m
-        entries += [{"pipeline": p, "stage": k, "group": f"tp-{p}-{k}" if len(s) > 1 else None, "ranks": s,
-                     "degree": len(s), "weights": stage_weight_shards(ranks[s[0]], plan)}
-                    for k, (s, plan) in enumerate(zip(stages, plans))]
+    pipelines, entries = _pipelines_stages(ranks, shardings, shares, lanes=False)
     groups: list[dict] = [{"name": q["group"], "kind": "pipeline", "ranks": [s[0] for s in q["stages"]]}
                           for q in pipelines]
     groups += [{"name": e["group"], "kind": "tp", "ranks": e["ranks"]} for e in entries if e["group"] is not None]
