@@ -396,27 +396,26 @@ def tp_pipelines_manifest(man: dict, ranks: list[StageGraph], shardings: list[li
 
     man["mesh"] = tp_pipelines_mesh(ranks, shardings, shares)
     place_pipelines(man, microbatch_size)
-    if man["mesh"].get("tp_boundaries") == "leaders":  # NOTE [mixed-degree pipelines mesh]
-        man["format_version"] = MIXED_FORMAT_VERSION
     return _place_tp(man)
 
 
 def _place_tp(man: dict) -> dict:
-    """Each rank's place in its stage's TP group, from the mesh's `tensor_parallel` record."""
+    """Each rank's place in its stage's TP group, from the mesh's `tensor_parallel` record; a mesh of mixed degrees
+    is format version 3 (NOTE [mixed-degree pipeline] in runtime/tp_pipeline.py, NOTE [mixed-degree pipelines
+    mesh])."""
     for entry in man["mesh"]["tensor_parallel"]:
         for j, r in enumerate(entry["ranks"]):
             man["ranks"][r]["tp"] = {"rank": j, "degree": entry["degree"], "group": entry["group"]}
+    if man["mesh"].get("tp_boundaries") == "leaders":
+        man["format_version"] = MIXED_FORMAT_VERSION
     return man
 
 
 def tp_manifest(man: dict, ranks: list[StageGraph], shardings: Sequence[ShardingPlan | None]) -> dict:
-    """`man` (codegen's manifest of the rank graphs) with the TP mesh and each rank's place in its group; a mesh of
-    mixed degrees is format version 3 (NOTE [mixed-degree pipeline] in runtime/tp_pipeline.py)."""
+    """`man` (codegen's manifest of the rank graphs) with the TP mesh and each rank's place in its group
+    (`_place_tp`)."""
     man["mesh"] = tp_mesh(ranks, shardings)
-    _place_tp(man)
-    if man["mesh"].get("tp_boundaries") == "leaders":
-        man["format_version"] = MIXED_FORMAT_VERSION
-    return man
+    return _place_tp(man)
 
 
 __all__ = ["TP_FUNCTIONS", "TP_SOURCE", "shard_stage", "shard_tensor", "tp_manifest", "tp_mesh",
