@@ -289,7 +289,7 @@ def replan_pipelines_dir(old: Path, out: Path, manifest: dict, plan: Any, stored
     from hetpart.partitioner.replan_pipelines import pipelines_from_json
     from hetpart.partitioner.shape_memo import ShapeMemo
     from hetpart.runtime.artifacts import read_listed_json
-    from hetpart.runtime.tp import is_tp
+    from hetpart.runtime.tp import is_mixed, is_tp, tp_degrees
 
     if PIPELINES_RECORD not in manifest["files"]:
         raise HetpartError(f"{old} has no {PIPELINES_RECORD} (its pipelines were partitioned by an earlier hetpart); "
@@ -304,10 +304,10 @@ def replan_pipelines_dir(old: Path, out: Path, manifest: dict, plan: Any, stored
     if is_tp(manifest):  # pipelines of TP stages, re-planned over TP slots: NOTE [re-plan of tensor-parallel pipelines]
         from hetpart.replan_tp import tp_slots
 
-        degrees = sorted({len(d.name.split("+")) for d in stored.devices})  # each stored slot's TP degree
-        if len(degrees) > 1:  # NOTE [re-plan of tensor-parallel pipelines]: one degree's slots only
+        if is_mixed(manifest):  # NOTE [re-plan of tensor-parallel pipelines]: one degree's slots only
             raise HetpartError(
-                f"{old} runs data-parallel pipelines planned over tensor-parallel slots of degrees {degrees} "
+                f"{old} runs data-parallel pipelines planned over tensor-parallel slots of degrees "
+                f"{tp_degrees(manifest)} "
                 "(--tensor-parallel MACHINE=T), which `hetpart replan` does not re-plan "
                 "(NOTE [re-plan of tensor-parallel pipelines] says why): partition the model again for the new "
                 "cluster (`hetpart partition ... --cluster NEW --out NEW_DIR`), then `hetpart run NEW_DIR --resume "

@@ -25,10 +25,16 @@ def is_tp(manifest: dict[str, Any]) -> bool:
     return "tensor_parallel" in manifest["mesh"]
 
 
+def tp_degrees(manifest: dict[str, Any]) -> list[int]:
+    """The TP degrees of the plan's stages, each once, in order (none: a plan without TP stages)."""
+    return sorted({entry["degree"] for entry in manifest["mesh"].get("tensor_parallel") or ()})
+
+
 def is_mixed(manifest: dict[str, Any]) -> bool:
     """Whether the plan's TP stages have different degrees, their boundaries between the stages' leaders only
-    (NOTE [mixed-degree pipeline] in runtime/tp_pipeline.py); otherwise each TP index has its lane."""
-    return manifest["mesh"].get("tp_boundaries") == "leaders"
+    (NOTE [mixed-degree pipeline] in runtime/tp_pipeline.py: the mesh's `tp_boundaries` is then "leaders",
+    `check_tp_mesh` checks); otherwise each TP index has its lane. The one test of it: launcher, worker, replan."""
+    return len(tp_degrees(manifest)) > 1
 
 
 def check_tp_mesh(path: Path, mesh: dict[str, Any], ranks: list[dict[str, Any]], version: int | None = None) -> None:
@@ -194,7 +200,9 @@ def tp_rank(entry: dict[str, Any]) -> int:
     return entry.get("tp", {}).get("rank", 0)
 
 
-def _stage_tp(manifest: dict[str, Any], entry: dict[str, Any]) -> dict[str, Any] | None:
+def tp_entry(manifest: dict[str, Any], entry: dict[str, Any]) -> dict[str, Any] | None:
+    """The mesh's `tensor_parallel` entry of this rank's stage (its ranks, degree, group, split weights); None outside
+    tensor parallelism."""
     if not is_tp(manifest):
         return None
     return next(e for e in manifest["mesh"]["tensor_parallel"] if entry["rank"] in e["ranks"])
@@ -203,7 +211,7 @@ def _stage_tp(manifest: dict[str, Any], entry: dict[str, Any]) -> dict[str, Any]
 def weight_shards(manifest: dict[str, Any], entry: dict[str, Any]) -> dict[str, dict[str, int]]:
     """This rank's split weights: FQN -> the split's dim and chunks, and the rank's place (rank, degree) in its TP
     group; {} outside tensor parallelism. What a checkpoint records of its shards (NOTE [checkpoint slices])."""
-    stage_tp = _stage_tp(manifest, entry)
+    stage_tp = tp_entry(manifest, entry)
     if stage_tp is None:
         return {}
     return {name: {"dim": spec["dim"], "chunks": spec["chunks"], "rank": tp_rank(entry), "degree": stage_tp["degree"]}
@@ -213,7 +221,7 @@ def weight_shards(manifest: dict[str, Any], entry: dict[str, Any]) -> dict[str, 
 def attach_group(module: torch.nn.Module, manifest: dict[str, Any], entry: dict[str, Any],
                  groups: dict[str, dist.ProcessGroup]) -> None:
     """Point the stage.py's collectives (`TP_GROUP`) at this stage's TP process group."""
-    stage_tp = _stage_tp(manifest, entry)
+    stage_tp = tp_entry(manifest, entry)
     if stage_tp is not None and stage_tp["group"] is not None:  # None: a stage of degree 1 beside TP stages
         sys.modules[type(module).__module__].TP_GROUP = groups[stage_tp["group"]]
 
@@ -226,7 +234,7 @@ def gather_shards(tensors: dict[str, torch.Tensor], manifest: dict[str, Any], en
     from hetpart.codegen.tp import unshard_tensor
     from hetpart.passes.tensor_parallel import WeightShard
 
-    stage_tp = _stage_tp(manifest, entry)
+    stage_tp = tp_entry(manifest, entry)
     if stage_tp is None:
         return tensors
     out = dict(tensors)
@@ -263,7 +271,7 @@ def break_for_test(module: torch.nn.Module, manifest: dict[str, Any], entry: dic
                    names: dict[str, str]) -> None:
     """HETPART_TEST_BREAK_TP=shard (tests only, NOTE [test-only crash hook] in worker.py): TP rank 1 doubles its
     split weights' gradients, so that `--verify` must fail on exactly those shards."""
-    stage_tp = _stage_tp(manifest, entry)
+    stage_tp = tp_entry(manifest, entry)
     if os.environ.get("HETPART_TEST_BREAK_TP") != "shard" or stage_tp is None or tp_rank(entry) != 1:
         return
     for attr, p in module.named_parameters():
@@ -272,4 +280,4 @@ def break_for_test(module: torch.nn.Module, manifest: dict[str, Any], entry: dic
 
 
 __all__ = ["attach_group", "break_for_test", "check_tp_mesh", "gather_shards", "is_mixed", "is_tp", "lane_group",
-           "tp_rank", "weight_shards", "whole_weights"]
+           "tp_degrees", "tp_entry", "tp_rank", "weight_shards", "whole_weights"]

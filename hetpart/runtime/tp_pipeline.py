@@ -177,9 +177,10 @@ def mixed_stage(manifest: dict[str, Any], entry: dict[str, Any], groups: dict[st
     operators, its PipelineStage class and that class's extra keywords (a stage of degree 1: the module, a plain
     PipelineStage, none)."""
     from hetpart.runtime.artifacts import rank_pipeline
+    from hetpart.runtime.tp import tp_entry
 
-    stage_tp = next(e for e in manifest["mesh"]["tensor_parallel"] if entry["rank"] in e["ranks"])
-    if stage_tp["group"] is None:
+    stage_tp = tp_entry(manifest, entry)
+    if stage_tp is None or stage_tp["group"] is None:
         return module, PipelineStage, {}
     leader, group = stage_tp["ranks"][0], groups[stage_tp["group"]]
     last = len(rank_pipeline(manifest, entry["rank"]).stages) - 1  # of its own pipeline (NOTE [mixed-degree
