@@ -299,14 +299,14 @@ def test_an_edited_plan_of_pipelines_is_refused(edit, message):
 def test_each_rank_divides_its_summed_gradients_by_the_global_microbatches(monkeypatch):
     import torch
 
-    from hetpart.runtime.worker import sync_gradients
+    from hetpart.runtime.worker import SharedGrads, sync_gradients
 
     layer = torch.nn.Linear(2, 1)
     for hook, divisor in ((None, 12), ("scale", 4)):
         if hook:
             monkeypatch.setenv("HETPART_TEST_BREAK_GRAD_SYNC", hook)
         layer.weight.grad = torch.full_like(layer.weight, 12.0)
-        sync_gradients(layer, [], [], microbatches=12, pipeline_microbatches=4)
+        sync_gradients(layer, SharedGrads(), microbatches=12, pipeline_microbatches=4)
         assert torch.equal(layer.weight.grad, torch.full_like(layer.weight, 12.0 / divisor))
 
 

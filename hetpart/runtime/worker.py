@@ -24,7 +24,9 @@ import signal
 import sys
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -162,46 +164,74 @@ def shared_weight_groups(manifest: dict) -> list[tuple[tuple[int, ...], list[str
             if g["kind"] == "weights"]
 
 
-def sum_shared_grads(module: torch.nn.Module, groups: list, process_groups: list, degree: int = 1,
-                     split: tuple[int, frozenset[str]] = (0, frozenset())) -> None:
+@dataclass
+class SharedGrads:
+    """What `sum_shared_grads` does on this rank each step, derived once before the steps (the hot path): the
+    parameters its weights groups sum (a zero gradient made where a step left none), those first divided by its
+    stage's degree, and per group (in the mesh's order: the collectives pair up on every rank) each parameter with
+    its slice (pieces, local piece, dim, chunks; None: the whole gradient)."""
+
+    held: list[torch.nn.Parameter] = field(default_factory=list)
+    divided: list[torch.nn.Parameter] = field(default_factory=list)
+    degree: int = 1
+    groups: list[tuple[Any, list[tuple[torch.nn.Parameter, tuple[int, int, int, int] | None]]]] = field(
+        default_factory=list)
+
+
+def shared_grads(module: torch.nn.Module, groups: list, process_groups: list, degree: int = 1,
+                 split: tuple[int, frozenset[str]] = (0, frozenset())) -> SharedGrads:
+    """This rank's part of the weights groups (`shared_weight_groups`, their `process_groups`) as `SharedGrads`.
+    `degree` > 1: this rank's stage's TP degree in a plan of mixed degrees, whose weights groups hold every TP rank
+    of a stage, each adding its (whole, equal) gradient of a weight it does not split divided by the degree;
+    `split`: (this rank's TP index, the weights its stage splits); a group's `slices` name the part of a split
+    weight it sums (NOTE [mixed-degree gradient sync] in partitioner/tp_sync.py)."""
+    if not groups:
+        return SharedGrads()
+    names = _weight_names(module)
+    by_name = {names[attr]: p for attr, p in module.named_parameters() if attr in names}
+    mine = [(weights, slices, pg) for (ranks, weights, slices), pg in zip(groups, process_groups)
+            if dist.get_rank() in ranks]
+    held = sorted({n for weights, _, _ in mine for n in weights if n in by_name})
+    broken = os.environ.get("HETPART_TEST_BREAK_GRAD_SYNC") == "degree"  # NOTE [test-only crash hook]
+    out = SharedGrads([by_name[n] for n in held], [by_name[n] for n in held if degree > 1 and n not in split[1]
+                                                    and not broken], degree)  # each rank's copy adds 1/degree
+    for weights, slices, pg in mine:
+        parts: list[tuple[torch.nn.Parameter, tuple[int, int, int, int] | None]] = []
+        for name in (n for n in weights if n in by_name):
+            spec = slices.get(name)  # this rank's part of the slice: a shard holds of/degree of them, a copy all
+            if spec is None:
+                parts.append((by_name[name], None))
+                continue
+            pieces, local = ((spec["of"] // degree, spec["index"] - split[0] * (spec["of"] // degree))
+                             if name in split[1] else (spec["of"], spec["index"]))
+            parts.append((by_name[name], (pieces, local, spec["dim"], spec["chunks"])))
+        out.groups.append((pg, parts))
+    return out
+
+
+def sum_shared_grads(shared: SharedGrads) -> None:
     """Sum the gradients of every weight that several ranks hold, over its mesh group.
 
     NOTE [replicated weights]: a weight read by several stages (a tied embedding and LM
     head) is a copy on each of their ranks; each copy gets the gradient of its own uses,
     so the copies' gradients are summed before the optimizer step and they stay equal.
-    `degree` > 1: this rank's stage's TP degree in a plan of mixed degrees, whose weights groups hold every
-    TP rank of a stage, each adding its (whole, equal) gradient of a weight it does not split divided by the
-    degree; `split`: (this rank's TP index, the weights its stage splits); a group's `slices` name the part of
-    a split weight it sums (NOTE [mixed-degree gradient sync] in partitioner/tp_sync.py)."""
-    if not groups:
-        return
-    names = _weight_names(module)
-    by_name = {names[attr]: p for attr, p in module.named_parameters() if attr in names}
-    mine = [(weights, slices, pg) for (ranks, weights, slices), pg in zip(groups, process_groups)
-            if dist.get_rank() in ranks]
-    for name in {n for weights, _, _ in mine for n in weights}:
-        p = by_name.get(name)
-        if p is not None and p.grad is None:
+    Degrees mixed per stage: `shared_grads`."""
+    for p in shared.held:
+        if p.grad is None:
             p.grad = torch.zeros_like(p)
-        if (p is not None and degree > 1 and name not in split[1]  # each rank's copy adds 1/degree, once
-                and os.environ.get("HETPART_TEST_BREAK_GRAD_SYNC") != "degree"):  # NOTE [test-only crash hook]
-            p.grad.div_(degree)
-    for weights, slices, pg in mine:  # in the mesh's order on every rank: the collectives pair up
-        for name in weights:
-            p = by_name.get(name)
-            if p is None:
-                continue
-            if name not in slices:
+    for p in shared.divided:
+        p.grad.div_(shared.degree)
+    for pg, parts in shared.groups:
+        for p, part in parts:
+            if part is None:
                 dist.all_reduce(p.grad, group=pg)
                 continue
-            spec = slices[name]  # this rank's part of the slice: a shard holds of/degree of them, a copy all
-            pieces, local = ((spec["of"] // degree, spec["index"] - split[0] * (spec["of"] // degree))
-                             if name in split[1] else (spec["of"], spec["index"]))
-            views = [c.chunk(pieces, dim=spec["dim"])[local] for c in p.grad.chunk(spec["chunks"], dim=spec["dim"])]
-            buf = torch.cat(views, dim=spec["dim"]).contiguous()
+            pieces, local, dim, chunks = part
+            views = [c.chunk(pieces, dim=dim)[local] for c in p.grad.chunk(chunks, dim=dim)]
+            buf = torch.cat(views, dim=dim).contiguous()
             dist.all_reduce(buf, group=pg)
-            for v, part in zip(views, buf.chunk(len(views), dim=spec["dim"])):
-                v.copy_(part)
+            for v, piece in zip(views, buf.chunk(len(views), dim=dim)):
+                v.copy_(piece)
 
 
 # NOTE [pipelines gradients]
@@ -216,12 +246,9 @@ def sum_shared_grads(module: torch.nn.Module, groups: list, process_groups: list
 # copy. One pipeline is the case M = m_p: what pipelining's scaling did before. The optimizer
 # then steps every copy alike, and `run --verify` compares the loss, every copy's gradient and
 # the weights after the last step with the unpartitioned model on the global batch.
-def sync_gradients(module: torch.nn.Module, groups: list, process_groups: list, microbatches: int,
-                   pipeline_microbatches: int, degree: int = 1,
-                   split: tuple[int, frozenset[str]] = (0, frozenset())) -> None:
+def sync_gradients(module: torch.nn.Module, shared: SharedGrads, microbatches: int, pipeline_microbatches: int) -> None:
     """NOTE [pipelines gradients]: this rank's summed gradients divided by the global `microbatches`, then
-    summed over the weights groups (`pipeline_microbatches`: its pipeline's share, for the test hook; `degree`,
-    `split`: `sum_shared_grads`')."""
+    summed over the weights groups (`shared`; `pipeline_microbatches`: its pipeline's share, for the test hook)."""
     broken = os.environ.get("HETPART_TEST_BREAK_GRAD_SYNC")  # NOTE [test-only crash hook]
     divisor = pipeline_microbatches if broken == "scale" else microbatches
     if broken == "virtual" and hasattr(module, "stages"):  # runtime/schedules.py's RankStages
@@ -232,7 +259,7 @@ def sync_gradients(module: torch.nn.Module, groups: list, process_groups: list, 
         if p.grad is not None:
             p.grad.div_(divisor)
     if broken != "sync":
-        sum_shared_grads(module, groups, process_groups, degree, split)
+        sum_shared_grads(shared)
 
 
 def run_rank(out: Path, io_dir: Path, mode: str, schedule_name: str | None, microbatches: int, steps: int,
@@ -273,13 +300,14 @@ def run_rank(out: Path, io_dir: Path, mode: str, schedule_name: str | None, micr
             padding.wrap(s, "backward_weight_one_chunk")
     first, last, output_entry = built.first, built.last, built.output_entry
     params = [p for p in module.parameters() if p.requires_grad]
-    shared = shared_weight_groups(manifest) if training else []
     process_groups = [groups[g["name"]] for g in mesh["groups"] if g["kind"] == "weights" and training]
     optimizer = torch.optim.SGD(params, lr=lr) if training and params else None
     checkpoint = checkpoint or CheckpointRun()
     weight_names = _weight_names(module)  # stage attribute -> weight FQN, fixed for the run
     shards = tp.weight_shards(manifest, entry)  # a TP rank's parts of its split weights (NOTE [checkpoint slices])
     checkpoint.before_loop(entry, module, optimizer, weight_names, params, shards)  # --resume
+    shared = shared_grads(module, shared_weight_groups(manifest) if training else [], process_groups,  # once
+                          entry["tp"]["degree"] if tp.is_mixed(manifest) else 1, (tp.tp_rank(entry), frozenset(shards)))
     args: tuple = ()
     rows = slice(None)  # this pipeline's rows of the global batch: its microbatches, in order
     if pipe.microbatches is not None:
@@ -311,9 +339,7 @@ def run_rank(out: Path, io_dir: Path, mode: str, schedule_name: str | None, micr
             with torch.no_grad() if not training else contextlib.nullcontext():
                 result = schedule.step(*args, **kwargs)
             if training:
-                sync_gradients(module, shared, process_groups, microbatches, share,  # NOTE [pipelines gradients]
-                               entry["tp"]["degree"] if tp.is_mixed(manifest) else 1,
-                               (tp.tp_rank(entry), frozenset(shards)))
+                sync_gradients(module, shared, microbatches, share)  # NOTE [pipelines gradients]
                 tp.break_for_test(module, manifest, entry, weight_names)  # NOTE [test-only crash hook]
             step_seconds.append(time.perf_counter() - start)
             if actions is not None:
