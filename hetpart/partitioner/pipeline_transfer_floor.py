@@ -109,9 +109,9 @@ def gap_table(problem: Problem, deadline: float | None = None) -> list[tuple[int
     `deadline` (a perf_counter value) the gaps left get mu 0, weaker and still a floor, and the table is not kept."""
     g = problem.graph
     key = (id(g), g.number_of_nodes())
-    cached = problem.__dict__.get("_gap_table")
-    if cached is not None and cached[0] == key:
-        return cached[1]
+    cached = problem.kept("gap table", key)  # NOTE [problem caches]
+    if cached is not None:
+        return cached
     order = list(nx.topological_sort(g))
     pos = {v: i for i, v in enumerate(order)}
     last = [max((pos[v] for v in g.successors(u)), default=-1) for u in order]
@@ -126,7 +126,7 @@ def gap_table(problem: Problem, deadline: float | None = None) -> list[tuple[int
             cut = deadline is not None and time.perf_counter() > deadline
         out.append((mu, hi - lo))
     if not cut:
-        problem.__dict__["_gap_table"] = (key, out)
+        problem.keep("gap table", key, out)
     return out
 
 

@@ -25,8 +25,9 @@ time on its device's type plus the transfer time of the boundaries on both of it
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import networkx as nx
 
@@ -147,6 +148,16 @@ class Training:
     virtual_stages: int = 1  # stages per device of an interleaved schedule (NOTE [virtual stages plan] in virtual.py)
 
 
+T = TypeVar("T")
+
+# NOTE [problem caches]
+# What is derived from a problem's fields and read often (the device index, its kinds, its slots, the
+# transfer floor's gap table, ...) is kept on the problem by `Problem.kept`, under a name and a key saying
+# what it was derived from (the ids and lengths of the fields it reads: a field is replaced or appended to,
+# as a re-plan's `devices` is, and a changed key derives it again). It is no dataclass field, so
+# `dataclasses.replace` and equality ignore it, and a replaced problem derives its own.
+
+
 @dataclass
 class Problem:
     """A DAG with integer costs, the devices, and the links between them.
@@ -170,16 +181,29 @@ class Problem:
     # tp_sync.py); None: NOTE [gradient sync] over the slots as they are
     tp_sync: TPSyncLayout | None = None
 
+    def kept(self, name: str, key: Hashable, build: Callable[[], T] | None = None) -> T | None:
+        """NOTE [problem caches]: the value kept under `name` for `key`; else `build()`'s, kept (None with no
+        `build`: the caller derives it and `keep`s it when it may)."""
+        hit = self.__dict__.setdefault("_kept", {}).get(name)
+        if hit is not None and hit[0] == key:
+            return hit[1]
+        if build is None:
+            return None
+        value = build()
+        self.keep(name, key, value)
+        return value
+
+    def keep(self, name: str, key: Hashable, value: object) -> None:
+        """Keep `value` under `name` for `key` (NOTE [problem caches])."""
+        self.__dict__.setdefault("_kept", {})[name] = (key, value)
+
     def device(self, name: str) -> Device:
-        # An index by name, rebuilt when `devices` is replaced or changes length (a linear search per
-        # call made the DP quadratic in devices: 4.8 s on 4,096 devices, NOTE [bounds deadline]).
-        key = (id(self.devices), len(self.devices))
-        cached = self.__dict__.get("_device_index")
-        if cached is None or cached[0] != key:
-            cached = (key, {d.name: d for d in reversed(self.devices)})
-            self.__dict__["_device_index"] = cached
+        # An index by name (a linear search per call made the DP quadratic in devices: 4.8 s on 4,096 devices,
+        # NOTE [bounds deadline]).
+        index = self.kept("device index", (id(self.devices), len(self.devices)),
+                          lambda: {d.name: d for d in reversed(self.devices)})
         try:
-            return cached[1][name]
+            return index[name]
         except KeyError:
             raise KeyError(name) from None
 
@@ -187,17 +211,15 @@ class Problem:
         """Devices per kind (type, capacity_bytes), in first-seen order: of every machine, or of `machine`
         (none: {}). Counted once per `devices` list, like `device`'s index (each LP of NOTE [pipelines bound]
         and each striped machine set read it); the caller gets its own copy."""
-        key = (id(self.devices), len(self.devices))
-        cached = self.__dict__.get("_device_kinds")
-        if cached is None or cached[0] != key:
+        def count() -> dict[str | None, dict[tuple[str, int], int]]:
             per: dict[str | None, dict[tuple[str, int], int]] = {None: {}}
             for d in self.devices:
                 for m in (None, d.node):
                     c = per.setdefault(m, {})
                     c[(d.type, d.capacity_bytes)] = c.get((d.type, d.capacity_bytes), 0) + 1
-            cached = (key, per)
-            self.__dict__["_device_kinds"] = cached
-        return dict(cached[1].get(machine, {}))
+            return per
+
+        return dict(self.kept("device kinds", (id(self.devices), len(self.devices)), count).get(machine, {}))
 
     @property
     def slots(self) -> list[Slot]:
@@ -212,15 +234,12 @@ class Problem:
             raise KeyError(name) from None
 
     def _slot_index(self) -> tuple[list[Slot], dict[str, Slot]]:
-        # Rebuilt when `devices` is replaced or changes length, like `device`'s index.
-        key = (id(self.devices), len(self.devices))
-        cached = self.__dict__.get("_slots")
-        if cached is None or cached[0] != key:
+        def index() -> tuple[list[Slot], dict[str, Slot]]:
             slots = [Slot(name=d.name, kind="device", devices=(d.name,), type=d.type, node=d.node)
                      for d in self.devices]
-            cached = (key, (slots, {s.name: s for s in reversed(slots)}))
-            self.__dict__["_slots"] = cached
-        return cached[1]
+            return slots, {s.name: s for s in reversed(slots)}
+
+        return self.kept("slots", (id(self.devices), len(self.devices)), index)  # NOTE [problem caches]
 
     def link(self, a: str, b: str) -> Link:
         """The link between devices named `a` and `b` (`costs.link_between`)."""
