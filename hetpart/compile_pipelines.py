@@ -29,7 +29,8 @@ from hetpart.partitioner.shape_memo import ShapeMemo
 from hetpart.partitioner.tp_pipelines import slots_note
 from hetpart.pipeline_groups import split_microbatches
 from hetpart.plan_report import PipelineReport, PlanReport
-from hetpart.tensor_parallel import _us, lower_degrees
+from hetpart.tensor_parallel import lower_degrees
+from hetpart.units import format_us
 
 if TYPE_CHECKING:
     import torch.fx as fx
@@ -120,9 +121,9 @@ def choose_pipelines_tp(gm: fx.GraphModule, problem: Problem, cluster: Cluster, 
     choice = choose_pipelines_degree(problems, opts.microbatches, plan,
                                      max(0.0, opts.time_limit_s - (time.perf_counter() - start)))  # after lowering
     echo("tensor parallel, data-parallel pipelines: " + "; ".join(
-        f"degree {r.degree}: " + (f"{_us(r.plan.iteration_ns)}, {len(r.plan.pipelines)} pipeline(s)"
+        f"degree {r.degree}: " + (f"{format_us(r.plan.iteration_ns)}, {len(r.plan.pipelines)} pipeline(s)"
                                   if r.plan is not None else r.error.split(":")[0] if r.error.startswith(
-                                      ("not searched", "pruned")) else "no plan") + f" (bound {_us(r.bound_ns)})"
+                                      ("not searched", "pruned")) else "no plan") + f" (bound {format_us(r.bound_ns)})"
         for r in sorted(choice.results, key=lambda r: r.degree)) + (f"; skipped: {', '.join(skipped)}" if skipped
                                                                      else "") + f"; chose degree {choice.degree}")
     echo("the degrees' parts of the time limit (NOTE [degrees share the time limit]): "

@@ -28,9 +28,9 @@ from typing import TYPE_CHECKING
 from hetpart.errors import HetpartError
 from hetpart.partitioner.shape_memo import ShapeMemo
 from hetpart.partitioner.tp_choice import mixed_problem
-from hetpart.tensor_parallel import _us as us
 from hetpart.tensor_parallel import mixed_compile, places_line, tp_slots
 from hetpart.tp_machines import places
+from hetpart.units import format_us
 
 if TYPE_CHECKING:
     from hetpart.compile import CompileOptions
@@ -88,8 +88,8 @@ def per_machine_pipelines(problem: Problem, cluster: Cluster, opts: CompileOptio
         if got.lower_bound_ns < bound:  # the least bound, and the parts of it its deadline cut
             bound, unfinished = got.lower_bound_ns, got.bound_unfinished
         tried.append(places_line(trial))
-        echo(f"tensor parallel per machine: {places_line(trial)}: {us(got.iteration_ns)} (bound "
-             f"{us(got.lower_bound_ns)}), best so far {us(pp.iteration_ns)}")
+        echo(f"tensor parallel per machine: {places_line(trial)}: {format_us(got.iteration_ns)} (bound "
+             f"{format_us(got.lower_bound_ns)}), best so far {format_us(pp.iteration_ns)}")
         if got.iteration_ns < pp.iteration_ns:
             pp, tp, current = got, cand, trial
             best = dataclasses.replace(best, plan=got, baselines=base, tp=cand, memo=memo)

@@ -23,6 +23,7 @@ from hetpart.passes.tensor_parallel import TP_META, ShardingPlan, describe
 from hetpart.partitioner.tp_sync import TPSyncLayout
 from hetpart.passes.tp_lower import TPGroup, lower_tensor_parallel, tp_groups, tp_type
 from hetpart.tp_machines import TP_DEGREES
+from hetpart.units import format_us
 
 
 def check_tp_options(degree: int, strategy: str, max_degree: int = 1, machines: tuple[tuple[str, int], ...] = (),
@@ -163,18 +164,14 @@ def tp_slots(problem: Problem, lowered: dict[int, "TPCompile"]) -> dict[int, lis
     return out
 
 
-def _us(ns: int | None) -> str:
-    return "no plan fits" if ns is None else f"{ns / 1000:,.1f} us"
-
-
 def mixed_summary(choice: MixedChoice) -> str:
     """What `--max-tensor-parallel` found mixing degrees per machine, in a line."""
     by_degree: dict[int, list[str]] = {}
     for place, t in sorted(choice.degree_of_place.items()):
         by_degree.setdefault(t, []).append(place.split(":")[0])
     found = [r.value_ns for r in choice.mixed if r.value_ns is not None]
-    return (f"mixed per machine: relaxation bound {_us(choice.relaxed.bound_ns)}, best of {len(choice.mixed)} "
-            f"assignment(s) {_us(min(found) if found else None)}"
+    return (f"mixed per machine: relaxation bound {format_us(choice.relaxed.bound_ns)}, best of {len(choice.mixed)} "
+            f"assignment(s) {format_us(min(found) if found else None)}"
             + (f" (TP {'; TP '.join(f'{t} on {len(ms)} machine(s)' for t, ms in sorted(by_degree.items()))})"
                if choice.is_mixed else ""))
 
@@ -213,7 +210,7 @@ def choose_tp(gm: fx.GraphModule, problem: Problem, cluster: Cluster, max_degree
     written = mixed is not None and mixed.is_mixed  # written and run: NOTE [mixed-degree pipeline]
     if uniform is None and not written:
         raise HetpartError("no tensor-parallel degree fits this cluster's memory")
-    echo("tensor parallel: " + "; ".join(f"degree {r.degree}: {_us(r.value_ns)} (bound {_us(r.bound_ns)})"
+    echo("tensor parallel: " + "; ".join(f"degree {r.degree}: {format_us(r.value_ns)} (bound {format_us(r.bound_ns)})"
                                          for r in (uniform.results if uniform is not None else ()))
          + (f"; skipped: {', '.join(skipped)}" if skipped else "") + ("" if written else f"; chose degree "
                                                                          f"{uniform.degree}"))

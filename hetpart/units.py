@@ -11,3 +11,9 @@ def format_bytes(n: float) -> str:
             value = n / scale
             return f"{value:,.0f} {unit}" if abs(value) >= 1000 else f"{value:.3g} {unit}"
     return f"{n:,.0f} B"
+
+
+def format_us(ns: float | None) -> str:
+    """Nanoseconds as microseconds to a tenth, with separators: "1,234.5 us"; None (no time: no plan) as "no plan
+    fits"."""
+    return "no plan fits" if ns is None else f"{ns / 1000:,.1f} us"
