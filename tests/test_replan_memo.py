@@ -27,6 +27,8 @@ def test_replan_starts_from_the_memo_and_a_changed_memo_is_refused(tmp_path, cap
     assert again["fingerprint"] == memo["fingerprint"]  # the same model and costs: the memo carries on
     assert set(memo["plans"]) <= set(again["plans"])
     assert "ir/shapes.json" in json.loads((new / "manifest.json").read_text())["files"]
+    for plan in (json.loads((d / "plan.json").read_text()) for d in (old, new)):  # the cut parts, in words and listed
+        assert ("(past the deadline)" in plan["bound_note"]) == bool(plan.get("bound_unfinished")), plan["bound_note"]
 
     path = old / "ir" / "shapes.json"
     path.write_text(path.read_text().replace('"m_ref":', '"m_ref": ', 1))
