@@ -44,6 +44,18 @@ from hetpart.partitioner.solve import SolveOptions, solve
 # hetero-256's 256 devices). The baseline `--strategy NAME` writes runs with no deadline: the plan a
 # user runs does not change with --time-limit.
 
+# NOTE [baseline deadline]
+# Each baseline keeps to its share of `pipeline_baselines`' limit or does not begin (issue 19: every step of the
+# solve respects --time-limit): a layout baseline whose deadline has passed when it is reached does no work at
+# all (its block split alone took 0.5-1 s on llama-70b's 3,690 nodes), and the one-pipeline baseline is not
+# begun when what is left is less than its `solve` is expected to take -- the search's slowest shape solve per
+# devices^1.5 (`single_expect_s`, the same estimate by which the search skips a shape), or nothing is left:
+# its solve does 2-7 s of fixed work whatever its limit (the DP's order tables, the bounds' data, the check of
+# the constraints), so on a TP degree's part of llama-70b x hetero-256 it took 2.5 s of 1.1 s left
+# (docs/benchmarks.md, "limit19"). A baseline left out says so in its note; the plan and its bound do not change.
+# The layout baselines' plans are checked by `pipelines_violations` when found (`checked`), so the caller
+# does not check them again (0.2-0.7 s each on 3,690 nodes).
+
 TOP_EXACT = 8  # (pp, dp) pairs recosted exactly, with sync
 
 
@@ -54,6 +66,7 @@ class PipelinesBaseline:
     name: str
     plan: PipelinesPlan | None
     note: str
+    checked: bool = False  # `plan` passed `pipelines_violations` already (NOTE [baseline deadline])
 
 
 def _signature(problem: Problem, devices: list[str]) -> tuple:
@@ -93,11 +106,15 @@ def _proportional(total: int, weights: list[float], least: int = 1) -> list[int]
     return out
 
 
-def _layout_baseline(problem: Problem, M: int, name: str, speed_aware: bool,
-                     deadline: float | None) -> tuple[PipelinesPlan | None, str]:
+def _layout_baseline(problem: Problem, M: int, name: str, speed_aware: bool, deadline: float | None,
+                     blocks_of: tuple[list[str], list[int], int] | None = None) -> tuple[PipelinesPlan | None, str]:
     """NOTE [pipeline baselines]'s megatron (speed_aware False) or metis: the best (pp, dp) found by `deadline`
-    (None: every layout, as `--strategy NAME` runs it), and why there is none when there is none."""
-    order, block, blocks = _blocks_of(problem)
+    (None: every layout, as `--strategy NAME` runs it), and why there is none when there is none; `blocks_of`:
+    `_blocks_of(problem)` when the caller has it."""
+    if deadline is not None and time.perf_counter() >= deadline:  # NOTE [baseline deadline]: not begun
+        return None, ("no (pp, dp) layout found before its deadline: it had passed when the baseline was reached, "
+                      "so none was tried (NOTE [baseline deadline])")
+    order, block, blocks = blocks_of or _blocks_of(problem)
     names = [d.name for d in problem.devices]
     D = len(names)
     one_f1b = problem.training is not None and problem.training.schedule == "1f1b"
@@ -196,24 +213,34 @@ def single_pipeline(problem: Problem, M: int, options: SolveOptions | None = Non
 
 def pipeline_baselines(problem: Problem, microbatches: int, time_limit_s: float = 30.0,
                        options: SolveOptions | None = None, single: bool = True,
-                       exact: str | None = None) -> list[PipelinesBaseline]:
+                       exact: str | None = None, single_expect_s: float = 0.0) -> list[PipelinesBaseline]:
     """NOTE [pipeline baselines], each within its share of `time_limit_s` (megatron and metis a quarter
     each, one-pipeline the half; `single` False leaves one-pipeline out: `solve` on a thousand devices
     overruns its limit by minutes); a baseline with no valid plan has `plan` None and says why. Baseline
-    `exact` (megatron or metis, the one `--strategy` writes) ranks every layout whatever the limit."""
+    `exact` (megatron or metis, the one `--strategy` writes) ranks every layout whatever the limit; the others
+    keep to their deadlines or are not begun (NOTE [baseline deadline]: one-pipeline not when less than
+    `single_expect_s` is left, what its solve is expected to take)."""
     t0 = time.perf_counter()
     out = []
+    blocks: list = []  # `_blocks_of(problem)`, computed once for both (0.4 s on 3,690 nodes)
     for name, aware, share in (("megatron", False, 0.25), ("metis", True, 0.5)):
+        if not blocks and (name == exact or time.perf_counter() < t0 + share * time_limit_s):
+            blocks.append(_blocks_of(problem))
         got, why = _layout_baseline(problem, microbatches, name, aware,
-                                    None if name == exact else t0 + share * time_limit_s)
-        out.append(PipelinesBaseline(name, got, got.bound_note if got else why))
+                                    None if name == exact else t0 + share * time_limit_s, *blocks)
+        out.append(PipelinesBaseline(name, got, got.bound_note if got else why, checked=got is not None))
     if not single:
         out.append(PipelinesBaseline("one-pipeline", None, f"not run: one pipeline over {len(problem.devices)} "
                                      "devices is not solved for the comparison (its solve overruns the limit)"))
         return out
+    left = time_limit_s - (time.perf_counter() - t0)
+    if exact is None and (left <= 0 or left < single_expect_s):  # NOTE [baseline deadline]
+        out.append(PipelinesBaseline("one-pipeline", None, f"not run: {max(0.0, left):.1f} s of the baselines' "
+                                     f"{time_limit_s:.1f} s left for it, its solve on {len(problem.devices)} devices "
+                                     f"is expected to take {single_expect_s:.1f} s (NOTE [baseline deadline])"))
+        return out
     try:
-        left = max(0.5, time_limit_s - (time.perf_counter() - t0))
-        single = single_pipeline(problem, microbatches, options, time_limit_s=left)
+        single = single_pipeline(problem, microbatches, options, time_limit_s=max(0.5, left))
         out.append(PipelinesBaseline("one-pipeline", single, single.bound_note))
     except HetpartError as e:
         out.append(PipelinesBaseline("one-pipeline", None, str(e).splitlines()[0]))
