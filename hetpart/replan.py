@@ -134,12 +134,14 @@ def replan(old: Path, out: Path, *, cluster: str | None = None, lose: tuple[str,
            add: tuple[str, ...] = (), slack: float = 0.02, time_limit_s: float = 30.0, seed: int = 0,
            force: bool = False, echo: Callable[[str], None] = print) -> Any:
     """Re-plan OLD_DIR for the new device set and write NEW_DIR; the CompileResult."""
+    from hetpart.codegen.publish import check_out
     from hetpart.runtime.artifacts import check_listed_files, load_manifest, read_listed_json, read_plan
     from hetpart.runtime.tp import is_mixed, is_tp
 
     manifest = load_manifest(old)
     plan = read_plan(old, manifest)
     check_listed_files(old, manifest)
+    check_out(out, force)  # NEW_DIR as `partition` checks it, before the re-plan prints a plan it could not write
     if plan.virtual_stages is not None:
         raise HetpartError(f"{old} runs {plan.virtual_stages} virtual stages per device (an interleaved schedule), "
                            "which `hetpart replan` does not re-plan (NOTE [re-plan of tensor-parallel plans] says "

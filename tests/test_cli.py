@@ -143,3 +143,19 @@ def test_replan_refuses_an_analysis_that_is_no_json_object(tmp_path, capsys):
         err = capsys.readouterr().err
         assert "analysis.json" in err and "Traceback" not in err, err
     assert not (tmp_path / "new").exists()
+
+
+def test_replan_refuses_an_existing_out_before_it_re_plans(tmp_path, capsys):
+    """NEW_DIR is checked as `partition` checks --out before the re-plan runs: an existing one without --force is
+    refused (exit 2) with nothing re-planned or printed (it printed a whole re-plan, then refused to write it)."""
+    old = tmp_path / "old"
+    assert main(["partition", "zoo:mlp", "--set", "hidden=64", "--set", "n_blocks=3", "--batch-size", "8",
+                 "--microbatches", "2", "--no-pt2", "--cluster", "preset:cpu-4", "--time-limit", "3",
+                 "--out", str(old)]) == 0
+    before = (old / "plan.json").read_text()
+    capsys.readouterr()
+    for out in (old, tmp_path):  # its own OLD_DIR, a directory hetpart did not write
+        assert main(["replan", str(old), "--lose", "local/1", "--out", str(out), "--time-limit", "2"]) == 2
+        got = capsys.readouterr()
+        assert "already exists; pass --force" in got.err and "re-planned" not in got.out and not got.out, got
+    assert (old / "plan.json").read_text() == before

@@ -180,6 +180,19 @@ def check_replaceable(out: Path) -> None:
         dirs[:] = [d for d in dirs if (rel / d).as_posix() not in ARTIFACTS_OWNED_DIRS]
 
 
+def check_out(out: Path, force: bool) -> None:
+    """What `staging_dir` checks of `out` before it makes anything: an error where it would refuse `out`; for a
+    command that works a while before it writes (`replan` re-plans first, and printed a plan it then did not write)."""
+    _checked_out(out, force)
+
+
+def _checked_out(out: Path, force: bool) -> tuple[Path, bool]:
+    """`out` as written to (absolute, no link: `_no_link`), and whether it exists (then replaceable: `_check_out`)."""
+    out = _no_link(out)
+    check_outside_artifacts(out, "--out")  # NOTE [outputs outside the artifacts] in fsio.py
+    return out, _check_out(out, force)
+
+
 def _check_out(out: Path, force: bool) -> bool:
     """Whether `out` exists (then --force was given and hetpart wrote it); an error otherwise."""
     if not out.exists():
@@ -290,9 +303,7 @@ def staging_dir(out: Path, force: bool) -> Iterator[Path]:
     On failure nothing is left: not the directory, nor the parent directories it created.
     With `force`, an existing `out` is replaced only if hetpart wrote it (NOTE [what --force replaces]).
     """
-    out = _no_link(out)
-    check_outside_artifacts(out, "--out")  # NOTE [outputs outside the artifacts] in fsio.py
-    existed = _check_out(out, force)
+    out, existed = _checked_out(out, force)
     parent = out.parent
     created = [p for p in (parent, *parent.parents) if not p.exists()]  # deepest first
     done = False
