@@ -260,10 +260,11 @@ def relabeled(problem: Problem, pp: PipelinesPlan, holders: Mapping[str, tuple[s
 
 
 def relabeled_plan(problem: Problem, pp: PipelinesPlan, holders: Mapping[str, tuple[str, ...]],
-                   what: str) -> PipelinesPlan:
-    """`pp` relabeled (`relabeled`): the same stages on other devices of their kinds, the same shares, re-costed."""
+                   what: str, parts: list[tuple] | None = None) -> PipelinesPlan:
+    """`pp` relabeled (`relabeled`, or `parts`: its answer made already): the same stages on other devices of their
+    kinds, the same shares, re-costed."""
     pipes = []
-    for p, (devices, stage_of, dos) in zip(pp.pipelines, relabeled(problem, pp, holders)):
+    for p, (devices, stage_of, dos) in zip(pp.pipelines, parts or relabeled(problem, pp, holders)):
         plan = pipeline_plan(problem, devices, stage_of, dos, p.microbatches)
         pipes.append(Pipeline(p.index, tuple(dos), p.microbatches, plan, pipeline_time_ns(plan, p.microbatches)))
     return cost_pipelines(problem, pipes, solver_status="FEASIBLE",

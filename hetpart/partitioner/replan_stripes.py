@@ -35,9 +35,12 @@ def stripe_candidates(problem: Problem, holders: Mapping[str, tuple[str, ...]], 
     from hetpart.partitioner.pipeline_search import Shape, _class_devices, machine_kinds
     from hetpart.partitioner.pipeline_shape import _solve_shape
     from hetpart.partitioner.pipeline_stripes import stripe_devices, stripe_microbatches, stripe_sets, striped
+    from hetpart.partitioner.replan_holdings import as_holdings
     from hetpart.partitioner.shape_memo import memo_codec, record_stripes, stripe_seeds
     from hetpart.partitioner.solve import SolveOptions
 
+    held = as_holdings(problem, holders)  # once for every set: the holdings, and each machine's first held node
+    first = _first_held(problem, held)
     kinds, kind_of = machine_kinds(problem)
     codec = memo_codec(memo, problem, microbatches, kinds, _class_devices, Shape)
     known: dict[tuple, list[Plan]] = {}
@@ -58,7 +61,7 @@ def stripe_candidates(problem: Problem, holders: Mapping[str, tuple[str, ...]], 
         for k in range(3):
             if (i or k) and deadline.left() < MIN_SOLVE_S:
                 break
-            orders = orders or _held_orders(problem, holders)
+            orders = orders or _held_orders(problem, first)
             if k >= len(orders):
                 break
             prob, layers = orders[k]
@@ -72,45 +75,45 @@ def stripe_candidates(problem: Problem, holders: Mapping[str, tuple[str, ...]], 
     # NOTE [re-plan pipelines] d after every set's solves, so that they keep the time they had without it.
     for machines, f, groups, m, plans in done:
         tagged = [(plan, "") for plan in plans] + [
-            (plan, ", bytes-first") for plan in _bytes_first_stripes(problem, groups[0], plans, m, holders, slack,
-                                                                     deadline)]
+            (plan, ", bytes-first") for plan in _bytes_first_stripes(problem, groups[0], plans, m, held, first,
+                                                                     slack, deadline)]
         for plan, tag in tagged:
             pp = striped(problem, groups, plan, microbatches)
             if pipelines_violations(problem, pp, microbatches):
                 continue
             name = f"stripes: {f} x {len(plan.stages)} stages on {len(machines)} machines{tag}"
-            moved = relabeled(problem, pp, holders)
+            moved = relabeled(problem, pp, held)
             tries = [(name, pp)]
             if any(tuple(q.plan.slot_of_stage) != r[2] for q, r in zip(pp.pipelines, moved)):
-                tries.append((name + ", relabeled", relabeled_plan(problem, pp, holders, "stripes relabeled")))
+                tries.append((name + ", relabeled", relabeled_plan(problem, pp, held, "stripes relabeled", moved)))
             for how, got in tries:
                 out.append(PipelinesCandidate(how, got, ["new"] * len(got.pipelines),
-                                              pipelines_moves(problem, got, holders)))
+                                              pipelines_moves(problem, got, held)))
     record_stripes(memo, codec, solved)
     return out
 
 
 def _bytes_first_stripes(problem: Problem, devices: tuple[str, ...], plans: Sequence[Plan], microbatches: int,
-                         holders, slack: float, deadline: Deadline) -> list[Plan]:
+                         held, first: Mapping[str, int], slack: float, deadline: Deadline) -> list[Plan]:
     """NOTE [re-plan pipelines] d: NOTE [re-plan DP]'s bytes-first cuts of stripe 0 (on `devices`, for
     `microbatches`) in the device order the holdings give (`_held_stripe_order`) under the fastest of `plans`'
     caps, then in each of `plans`' own orders relabeled under its caps (the one moving the fewest bytes first),
     the caps those of `_STRIPE_CAPS`; each plan found, costed on `problem`, within its cap, moving fewer bytes than
-    every one of `plans`, and valid. After the first order, only within `deadline`."""
+    every one of `plans`, and valid. After the first order, only within `deadline`. `held`: the Holdings of every
+    device; `first`: `_first_held`'s (both made once per re-plan, by `stripe_candidates`)."""
     from hetpart.partitioner.dp import order_tables
     from hetpart.partitioner.replan_dp import bytes_first_plan
-    from hetpart.partitioner.replan_holdings import as_holdings
 
     if not plans:
         return []
     sub = sub_problem(problem, devices, microbatches)
-    tab, held = order_tables(sub), as_holdings(problem, holders)  # holdings of every device: machines'
+    tab = order_tables(sub)  # `held`: holdings of every device: machines'
     at = {v: j for j, v in enumerate(tab.order)}
     order = {id(p): _relabeled_in(problem, devices, p, held) for p in plans}
     now = {id(p): _between_within(moves(problem, p.stage_of, order[id(p)], held)) for p in plans}
     fewest = min(now.values())
     fastest = min(plans, key=lambda p: p.bottleneck_ns)
-    jobs = [(_held_stripe_order(problem, devices, held), fastest)]
+    jobs = [(_held_stripe_order(problem, devices, first), fastest)]
     jobs += [(order[id(p)], p) for p in sorted(plans, key=lambda p: now[id(p)])]
     seen = {(tuple(sorted(p.stage_of.items())), tuple(order[id(p)])) for p in plans}
     best: dict[float, tuple[tuple[int, int], Plan]] = {}  # per cap share: the fewest bytes found
@@ -152,10 +155,10 @@ def _first_held(problem: Problem, held) -> dict[str, int]:
     return first
 
 
-def _held_stripe_order(problem: Problem, devices: Sequence[str], held) -> list[str]:
+def _held_stripe_order(problem: Problem, devices: Sequence[str], first: Mapping[str, int]) -> list[str]:
     """NOTE [re-plan pipelines] d: stripe 0's `devices` on machines that hold some weight, ordered by the first node
-    (in graph order) whose weight their machine holds; the others left out (the DP's free devices)."""
-    first = _first_held(problem, held)
+    (in graph order) whose weight their machine holds (`first`: `_first_held`'s); the others left out (the DP's
+    free devices)."""
     on = [d for d in devices if problem.device(d).node in first]
     return sorted(on, key=lambda d: first[problem.device(d).node])  # stable: ties keep `devices`' order
 
@@ -180,18 +183,17 @@ def _between_within(m: Moves) -> tuple[int, int]:
     return m.between_bytes, m.within_bytes
 
 
-def _held_orders(problem: Problem, holders) -> list[tuple[Problem, object]]:
+def _held_orders(problem: Problem, held_first: Mapping[str, int]) -> list[tuple[Problem, object]]:
     """NOTE [re-plan pipelines] c: `problem` (and its layers) with its devices ordered by where their machines hold
     the model (by the first node, in graph order, whose weight a device of the machine holds; a machine that holds
     none just after one of its kind that does, else last): from the machine whose holdings come last to the
     first, then the other way, then as it is. The planner's device order steers which machine each stage lands
     on: llama-7b less s-0, the first of these gave the old stripes' machine order and 65 GiB moved between
-    machines, the cluster's own order 316 GiB, at the same step."""
+    machines, the cluster's own order 316 GiB, at the same step. `held_first`: `_first_held`'s."""
     from hetpart.partitioner.pipeline_layers import layer_problem
-    from hetpart.partitioner.replan_holdings import as_holdings
 
     node_of = {d.name: d.node for d in problem.devices}
-    first: dict[str, float] = dict(_first_held(problem, as_holdings(problem, holders)))
+    first: dict[str, float] = dict(held_first)
     kind = {d.node: (d.type, d.capacity_bytes) for d in problem.devices}
     for m in sorted(set(node_of.values()) - set(first)):  # a machine that holds none: beside one of its kind
         first[m] = min((x for u, x in first.items() if kind[u] == kind[m] and u in node_of.values()),

@@ -281,7 +281,8 @@ def test_stripes_of_a_striped_plan_on_the_same_machines_move_nothing():
     list the machines by where they hold the model."""
     from hetpart.partitioner.replan import stage_weights
     from hetpart.partitioner.replan_deadline import Deadline
-    from hetpart.partitioner.replan_stripes import _held_orders, stripe_candidates
+    from hetpart.partitioner.replan_holdings import as_holdings
+    from hetpart.partitioner.replan_stripes import _first_held, _held_orders, stripe_candidates
 
     p, holders = _three_machines()
     first = [c for c in stripe_candidates(p, holders, 4, deadline=Deadline(30), seed=0)
@@ -294,7 +295,7 @@ def test_stripes_of_a_striped_plan_on_the_same_machines_move_nothing():
     held_t = {w: tuple(ds) for w, ds in held.items()}
     got = stripe_candidates(p, held_t, 4, deadline=Deadline(30), seed=0)
     assert min(c.moves.between_bytes + c.moves.within_bytes for c in got) == 0
-    by = [[d.node for d in prob.devices] for prob, _ in _held_orders(p, held_t)]
+    by = [[d.node for d in prob.devices] for prob, _ in _held_orders(p, _first_held(p, as_holdings(p, held_t)))]
     first_held = p.device(held_t["wa"][0]).node  # the machine that holds the model's first weight
     assert by[-1] == [d.node for d in p.devices]  # as is, last
     assert by[1][:2] == [first_held] * 2 and by[0][2:4] == [first_held] * 2  # as held; reversed
