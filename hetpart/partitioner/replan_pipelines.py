@@ -46,10 +46,15 @@ d. bytes-first stripes: a new stripe layout re-cuts every replica (llama-7b, spo
    first) under its caps; after every set's solves (which so keep their time), and after each set's first
    order only within the same share of the deadline. The holdings are
    those of every device (a machine holding a weight on any device counts: every stripe's stage there reads it
-   there), and the caps floor(bottleneck x (1 + s x slack)) for s in _STRIPE_CAPS (the step grows with the
-   bottleneck, sum + (m - 1) x bottleneck: s = 1 lands near the limit, s = 1/2 leaves room; s = 0, -1/2 and -1
-   found nothing more on llama-7b's trace, and each candidate costs CPU). Each plan found
-   is costed on the problem and kept when within its cap, moving fewer bytes (stripe 0's, between then within)
+   there), and the caps are on the step (sum + (m - 1) x bottleneck, `pipeline_time_ns`), as --slack is on the
+   iteration: floor(step x (1 + s x slack)) for s in _STRIPE_CAPS (s = 1 lands near the limit, s = 1/2 leaves
+   room; s = 0, -1/2 and -1 found nothing more on llama-7b's trace, and each candidate costs CPU). The DP caps
+   a bottleneck, so each step cap takes up to _STEP_TRIES DPs (`_step_capped`): the first at floor(bottleneck x
+   (1 + s x slack)), each next at the bottleneck where the last plan's stages (their sum as is) meet the step
+   cap; a plan with one stage more carries more fill, so its bottleneck must be lower (llama-7b, "lose l-0": 7
+   stages at 10 GiB but 1.039x the step, which a bottleneck cap let through and the choice then dropped; on
+   the chain of the tests, 3 stages at a bottleneck past the first cap within the step cap). Each plan found
+   is costed on the problem and kept when within its step cap, moving fewer bytes (stripe 0's, between then within)
    than every solved one, and valid; per cap the fewest bytes (each candidate stripes, checks and recosts f
    pipelines: 0.1-0.3 s on llama-7b); striped and relabeled as in c ("..., bytes-first"). A relabeling that
    changes no device (c and d) is not a second candidate. The DP counts stripe 0

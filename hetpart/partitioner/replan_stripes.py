@@ -21,7 +21,8 @@ from hetpart.partitioner.replan_pipelines import (
 from hetpart.partitioner.verify import plan_violations
 
 _STRIPE_LIMIT_S = 1.0  # one stripe's solve at most (the search's _SHAPE_LIMIT_S; NOTE [re-plan pipelines] c)
-_STRIPE_CAPS = (1.0, 0.5)  # NOTE [re-plan pipelines] d: bytes-first caps, bottleneck x (1 + this x slack)
+_STRIPE_CAPS = (1.0, 0.5)  # NOTE [re-plan pipelines] d: bytes-first caps, step x (1 + this x slack)
+_STEP_TRIES = 3  # NOTE [re-plan pipelines] d: bytes-first DPs per cap, each at the bottleneck the last's step left
 
 
 def stripe_candidates(problem: Problem, holders: Mapping[str, tuple[str, ...]], microbatches: int, *,
@@ -98,11 +99,11 @@ def _bytes_first_stripes(problem: Problem, devices: tuple[str, ...], plans: Sequ
     """NOTE [re-plan pipelines] d: NOTE [re-plan DP]'s bytes-first cuts of stripe 0 (on `devices`, for
     `microbatches`) in the device order the holdings give (`_held_stripe_order`) under the fastest of `plans`'
     caps, then in each of `plans`' own orders relabeled under its caps (the one moving the fewest bytes first),
-    the caps those of `_STRIPE_CAPS`; each plan found, costed on `problem`, within its cap, moving fewer bytes than
-    every one of `plans`, and valid. After the first order, only within `deadline`. `held`: the Holdings of every
+    the caps on the step (`pipeline_time_ns`) those of `_STRIPE_CAPS`, each met by up to `_STEP_TRIES` DPs whose
+    bottleneck caps the last plan's step leaves; each plan found, costed on `problem`, within its step cap, moving
+    fewer bytes than every one of `plans`, and valid. After the first order, only within `deadline`. `held`: the Holdings of every
     device; `first`: `_first_held`'s (both made once per re-plan, by `stripe_candidates`)."""
     from hetpart.partitioner.dp import order_tables
-    from hetpart.partitioner.replan_dp import bytes_first_plan
 
     if not plans:
         return []
@@ -112,7 +113,7 @@ def _bytes_first_stripes(problem: Problem, devices: tuple[str, ...], plans: Sequ
     order = {id(p): _relabeled_in(problem, devices, p, held) for p in plans}
     now = {id(p): _between_within(moves(problem, p.stage_of, order[id(p)], held)) for p in plans}
     fewest = min(now.values())
-    fastest = min(plans, key=lambda p: p.bottleneck_ns)
+    fastest = min(plans, key=lambda p: p.objective_ns)  # the least step
     jobs = [(_held_stripe_order(problem, devices, first), fastest)]
     jobs += [(order[id(p)], p) for p in sorted(plans, key=lambda p: now[id(p)])]
     seen = {(tuple(sorted(p.stage_of.items())), tuple(order[id(p)])) for p in plans}
@@ -122,24 +123,45 @@ def _bytes_first_stripes(problem: Problem, devices: tuple[str, ...], plans: Sequ
             break
         own = [at[v] for v, k in plan.stage_of.items() if at[v] > 0 and plan.stage_of[tab.order[at[v] - 1]] != k]
         for share in _STRIPE_CAPS:
-            cap = math.floor(plan.bottleneck_ns * (1 + share * slack))
-            got = bytes_first_plan(sub, tab, held, old_order, cap, own)
-            if got is None:
-                continue
-            stage_of = {v: k for k in range(len(got.devices)) for v in tab.order[got.cuts[k]:got.cuts[k + 1]]}
-            key = (tuple(sorted(stage_of.items())), tuple(got.devices))
-            if key in seen:
-                continue
-            seen.add(key)
-            new = pipeline_plan(problem, devices, stage_of, got.devices, microbatches)
-            bw = _between_within(moves(problem, stage_of, list(got.devices), held))
-            if (new.bottleneck_ns <= cap and bw < min(fewest, best.get(share, (fewest,))[0])
-                    and not plan_violations(sub, new)):
-                best[share] = (bw, new)  # fewer bytes than any plan solved (a stripe moves them on every replica)
+            step_cap = math.floor(plan.objective_ns * (1 + share * slack))  # NOTE [re-plan pipelines] d: the step
+            for new, _ in _step_capped(problem, devices, sub, tab, held, old_order, own, microbatches, step_cap,
+                                       math.floor(plan.bottleneck_ns * (1 + share * slack))):
+                key = (tuple(sorted(new.stage_of.items())), tuple(new.slot_of_stage))
+                if key in seen:
+                    continue
+                seen.add(key)
+                bw = _between_within(moves(problem, new.stage_of, list(new.slot_of_stage), held))
+                if (new.objective_ns <= step_cap and bw < min(fewest, best.get(share, (fewest,))[0])
+                        and not plan_violations(sub, new)):
+                    best[share] = (bw, new)  # fewer bytes than any plan solved (moved on every replica)
     out = []
     for _, plan in best.values():
         if all(plan.stage_of != p.stage_of or plan.slot_of_stage != p.slot_of_stage for p in out):
             out.append(plan)
+    return out
+
+
+def _step_capped(problem: Problem, devices: tuple[str, ...], sub: Problem, tab, held, old_order: list[str],
+                 own: list[int], microbatches: int, step_cap: int, cap: int) -> list[tuple[Plan, int]]:
+    """NOTE [re-plan pipelines] d: NOTE [re-plan DP]'s bytes-first plans of stripe 0 (on `devices`; `sub`, `tab`
+    its sub-problem and order tables) in `old_order`, each with the bottleneck cap it was found under: first `cap`,
+    then the bottleneck at which the last plan's stages would meet `step_cap` (step = the stages' sum + (m - 1) x
+    bottleneck: its sum taken as is), until a cap repeats, none is found, or `_STEP_TRIES` DPs. Each costed on
+    `problem`; not filtered (the caller keeps those within `step_cap`)."""
+    from hetpart.partitioner.replan_dp import bytes_first_plan
+
+    out: list[tuple[Plan, int]] = []
+    tried: set[int] = set()
+    while cap > 0 and cap not in tried and len(tried) < _STEP_TRIES:
+        tried.add(cap)
+        got = bytes_first_plan(sub, tab, held, old_order, cap, own)
+        if got is None:
+            break
+        stage_of = {v: k for k in range(len(got.devices)) for v in tab.order[got.cuts[k]:got.cuts[k + 1]]}
+        new = pipeline_plan(problem, devices, stage_of, got.devices, microbatches)
+        out.append((new, cap))
+        fill = new.objective_ns - (microbatches - 1) * new.bottleneck_ns  # the stages' sum
+        cap = (step_cap - fill) // max(1, microbatches - 1)
     return out
 
 
