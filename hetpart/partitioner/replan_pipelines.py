@@ -35,7 +35,7 @@ c. striped pipelines (NOTE [striped pipelines]), as is and relabeled: over every
    its from-scratch plan is no stripe (llama-7b: 1.04-1.07 of the 30 s reference's step). Stripe 0
    is taken from NOTE [shape memo] when the memo holds its machine kinds and f, else solved by the
    search's planner (on layers, 0.1-0.3 s of CPU on llama-7b) and recorded there, so an event that
-   returns to a cluster seen before solves none; within STRIPES_SHARE of the limit (NOTE [re-plan
+   returns to a cluster seen before solves none; within what is left of the limit, at least STRIPES_SHARE of it (NOTE [re-plan
    deadline]), the first whatever the time.
 d. bytes-first stripes: a new stripe layout re-cuts every replica (llama-7b, spot21d: 226-371 GiB an event where
    the machine set or the stripe count changed), and the solve cuts for time alone. So stripe 0 is re-cut by
@@ -145,6 +145,7 @@ class PipelinesCandidate:
     plan: PipelinesPlan
     how: list[str]  # per pipeline: "kept", "repaired", "new", "from scratch"
     moves: Moves
+    checked: bool = False  # `pipelines_violations` found none already (the choice does not check it again)
 
     def key(self) -> tuple[int, int, int]:
         """NOTE [lexicographic re-plan]'s order once within the limit."""
@@ -415,7 +416,7 @@ def replan_pipelines(problem: Problem, old: Sequence[OldPipeline], holders: Mapp
 
     def ok(c: PipelinesCandidate) -> bool:
         if id(c) not in valid:
-            valid[id(c)] = c is first or not pipelines_violations(problem, c.plan, microbatches)
+            valid[id(c)] = c is first or c.checked or not pipelines_violations(problem, c.plan, microbatches)
         return valid[id(c)]
 
     while True:

@@ -87,9 +87,9 @@ def stripe_candidates(problem: Problem, holders: Mapping[str, tuple[str, ...]], 
             tries = [(name, pp)]
             if any(tuple(q.plan.slot_of_stage) != r[2] for q, r in zip(pp.pipelines, moved)):
                 tries.append((name + ", relabeled", relabeled_plan(problem, pp, held, "stripes relabeled", moved)))
-            for how, got in tries:
+            for how, got in tries:  # the first checked above
                 out.append(PipelinesCandidate(how, got, ["new"] * len(got.pipelines),
-                                              pipelines_moves(problem, got, held)))
+                                              pipelines_moves(problem, got, held), checked=got is pp))
     record_stripes(memo, codec, solved)
     return out
 
