@@ -17,6 +17,7 @@ import random
 import networkx as nx
 import pytest
 
+from hetpart.errors import HetpartError
 from hetpart.partitioner import MEM_BYTES, OUT_BYTES, PIN, PIN_FIRST, PIN_LAST, TIME_NS, WEIGHTS, Device, Link
 from hetpart.partitioner.pipeline_search import plan_pipelines
 from hetpart.partitioner.pipelines import fixed_pipelines, pipelines_violations, sub_problem
@@ -218,6 +219,44 @@ def test_the_re_splits_solves_share_one_deadline(seed, monkeypatch):
     assert limits, "the lost device's pipeline is repaired or replaced: some solve ran"
     assert sum(limits) <= T + replan_deadline.MIN_SOLVE_S
     assert all(lim >= replan_deadline.MIN_SOLVE_S for lim in limits) and got.candidates
+
+
+def test_a_data_parallel_re_plan_s_steps_share_one_time_limit(monkeypatch):
+    # NOTE [re-plan deadline], on a clock the test moves: the re-splits, the from-scratch search and its baselines
+    # each run their whole limit (the worst case); the stripes' deadline is what is left of T, so the limits
+    # together are T (they were 1.25 T: the stripes had 0.25 T of their own); the one-pipeline baseline is not
+    # asked for (its solve overran its limit by a second on 56 GPUs).
+    from hetpart.partitioner import pipeline_search, replan_deadline, replan_pipelines as rp, replan_stripes
+
+    clock, spent, asked = [0.0], {}, {}
+    monkeypatch.setattr(replan_deadline.time, "perf_counter", lambda: clock[0])
+
+    def resplits(*a, deadline, **k):
+        spent["resplits"] = deadline.left()
+        clock[0] += deadline.left()
+        return []
+
+    def reference(problem, m, options, *, baseline_limit_s, memo, single_up_to):
+        spent["reference"] = options.time_limit_s + baseline_limit_s
+        asked["single_up_to"] = single_up_to
+        clock[0] += spent["reference"]
+        raise HetpartError("none in time")
+
+    def stripes(*a, deadline, **k):
+        spent["stripes"] = deadline.left()
+        clock[0] += deadline.left()
+        return []
+
+    monkeypatch.setattr(rp, "resplit_candidates", resplits)
+    monkeypatch.setattr(pipeline_search, "plan_with_baselines", reference)
+    monkeypatch.setattr(replan_stripes, "stripe_candidates", stripes)
+    problem, old, holders, _ = _case(0)
+    T = 4.0
+    with pytest.raises(HetpartError):  # no candidate at all: what matters is the time each step was given
+        replan_deadline.replan_pipelines_within(problem, old, holders, 4, slack=0.02, time_limit_s=T, seed=0)
+    assert asked["single_up_to"] == 0
+    assert spent["stripes"] >= replan_deadline.STRIPES_SHARE * T - 1e-9
+    assert sum(spent.values()) == pytest.approx(T)
 
 
 def _three_machines():
