@@ -35,8 +35,8 @@ c. striped pipelines (NOTE [striped pipelines]), as is and relabeled: over every
    its from-scratch plan is no stripe (llama-7b: 1.04-1.07 of the 30 s reference's step). Stripe 0
    is taken from NOTE [shape memo] when the memo holds its machine kinds and f, else solved by the
    search's planner (on layers, 0.1-0.3 s of CPU on llama-7b) and recorded there, so an event that
-   returns to a cluster seen before solves none; within what is left of the limit, at least STRIPES_SHARE of it (NOTE [re-plan
-   deadline]), the first whatever the time.
+   returns to a cluster seen before solves none; within what is left of the limit, at least STRIPES_SHARE of
+   it (NOTE [re-plan deadline]), the first whatever the time.
 d. bytes-first stripes: a new stripe layout re-cuts every replica (llama-7b, spot21d: 226-371 GiB an event where
    the machine set or the stripe count changed), and the solve cuts for time alone. So stripe 0 is re-cut by
    NOTE [re-plan DP] (`bytes_first_plan`) on its group's devices, each used or skipped: first in the order the

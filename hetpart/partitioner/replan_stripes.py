@@ -101,8 +101,8 @@ def _bytes_first_stripes(problem: Problem, devices: tuple[str, ...], plans: Sequ
     caps, then in each of `plans`' own orders relabeled under its caps (the one moving the fewest bytes first),
     the caps on the step (`pipeline_time_ns`) those of `_STRIPE_CAPS`, each met by up to `_STEP_TRIES` DPs whose
     bottleneck caps the last plan's step leaves; each plan found, costed on `problem`, within its step cap, moving
-    fewer bytes than every one of `plans`, and valid. After the first order, only within `deadline`. `held`: the Holdings of every
-    device; `first`: `_first_held`'s (both made once per re-plan, by `stripe_candidates`)."""
+    fewer bytes than every one of `plans`, and valid. After the first order, only within `deadline`. `held`: the
+    Holdings of every device; `first`: `_first_held`'s (both made once per re-plan, by `stripe_candidates`)."""
     from hetpart.partitioner.dp import order_tables
 
     if not plans:
