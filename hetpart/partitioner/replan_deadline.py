@@ -20,13 +20,19 @@ shares:
   MIN_SOLVE_S left is not run (its candidates are not made: those printed are those made, and the
   from-scratch plan is always among them when it found one). Then the reference
   `plan_with_baselines`: PIPELINES_SEARCH_SHARE of T for its search, PIPELINES_BASELINE_SHARE for its
-  baselines, each capped by what is left of T. The re-splits go first because the reference overruns
-  its limits by a second or two at these sizes (its bound, baselines and idle reasons are not under
-  them: measured 2.0-3.9 s at limits of 0.7 + 0.3 s on hetero-64); run first, it left the repairs
-  nothing, and the 7B's returning machines got no pipeline of their own. Last, the stripes (NOTE
-  [re-plan pipelines] c) get STRIPES_SHARE of T of their own (the first whatever the time): after the
-  search, whose stripe probe then seeds none of theirs twice, and apart from its deadline, which the
-  reference's overrun has spent by then.
+  baselines (megatron and metis: the one-pipeline baseline is left out, `single_up_to=0`), each capped
+  by what is left of T. The re-splits go first because the reference overruns its limits (its bound and
+  idle reasons are not under them); run first, it left the repairs nothing, and the 7B's returning
+  machines got no pipeline of their own. Last, the stripes (NOTE [re-plan pipelines] c) get what is left
+  of T, at least STRIPES_SHARE of it (the first whatever the time): after the search, whose stripe probe
+  then seeds none of theirs twice. The shares sum to T, so a re-plan whose steps keep their limits ends
+  at about T. Measured (bytes21b, llama-7b on hetero-64 less a machine, T = 2 s, idle machine): the
+  re-plan took 4.4-6.0 s, because (1) the shares summed to 1.25 T (the stripes had 0.25 T of their own
+  beside the others' T) and (2) the one-pipeline baseline's `solve` on all 56 GPUs took 1.4 s at its
+  0.3 s limit (its bounds, DP hint and coarse search are outside CP-SAT's limit): 1.1 s over for a
+  baseline the search already covers (its shapes include one pipeline on every device). What is still
+  outside every limit: the search's own overrun (about 0.4 s at 0.7 s), a repair's, and checking,
+  striping and relabeling each candidate (0.2-0.8 s).
 Before this, each of these solves had T of its own, so a data-parallel re-plan of a broken 70B
 pipeline took the reference (about 1.5 T) plus up to four repairs of T each and their lexicographic
 steps (11.8 s at T = 2 s). What the shared deadline costs is a shorter reference and shorter repairs:
@@ -43,12 +49,12 @@ from hetpart.errors import HetpartError
 from hetpart.partitioner.problem import Problem
 
 REFERENCE_SHARE = 0.6  # one pipeline: the from-scratch solve's share of T
-RESPLIT_SHARE = 0.5  # data-parallel pipelines: the re-splits' solves (repairs, a further pipeline), first
-PIPELINES_SEARCH_SHARE = 0.35  # ... then the from-scratch search's share of T
-PIPELINES_BASELINE_SHARE = 0.15  # ... and its baselines'
+RESPLIT_SHARE = 0.4  # data-parallel pipelines: the re-splits' solves (repairs, a further pipeline), first
+PIPELINES_SEARCH_SHARE = 0.3  # ... then the from-scratch search's share of T
+PIPELINES_BASELINE_SHARE = 0.1  # ... and its baselines'
 REPAIR_SOLVE_SHARE = 0.6  # a repair's part: its sub-problem's solve, the rest its lexicographic step
 MIN_SOLVE_S = 0.1  # below this a solve is not started
-STRIPES_SHARE = 0.25  # data-parallel pipelines: the stripes' solves (NOTE [re-plan pipelines] c), after the search
+STRIPES_SHARE = 0.2  # data-parallel pipelines: the stripes' solves (NOTE [re-plan pipelines] c), the rest of T
 
 
 @dataclass
@@ -102,13 +108,14 @@ def replan_pipelines_within(problem: Problem, old: Sequence, holders: Mapping[st
     try:
         scratch, _ = plan_with_baselines(
             problem, microbatches, SolveOptions(time_limit_s=deadline.of_total(PIPELINES_SEARCH_SHARE), seed=seed),
-            baseline_limit_s=deadline.of_total(PIPELINES_BASELINE_SHARE), memo=memo)
+            baseline_limit_s=deadline.of_total(PIPELINES_BASELINE_SHARE), memo=memo, single_up_to=0)
     except HetpartError as err:  # the re-splits may still run the batch (NOTE [re-plan pipelines])
         if echo is not None:
             echo(f"note: the from-scratch --parallel data plan: {str(err).splitlines()[0]}; the batch re-splits only")
         scratch = None
     reference_s = time.perf_counter() - reference_start
-    stripes = stripe_candidates(problem, holders, microbatches, deadline=Deadline(STRIPES_SHARE * time_limit_s),
+    stripes = stripe_candidates(problem, holders, microbatches,
+                                deadline=Deadline(max(deadline.left(), STRIPES_SHARE * time_limit_s)),
                                 seed=seed, memo=memo, slack=slack)
     return replan_pipelines(problem, old, holders, scratch, slack=slack, seed=seed,
                             resplits=resplits + stripes), reference_s

@@ -35,8 +35,8 @@ c. striped pipelines (NOTE [striped pipelines]), as is and relabeled: over every
    its from-scratch plan is no stripe (llama-7b: 1.04-1.07 of the 30 s reference's step). Stripe 0
    is taken from NOTE [shape memo] when the memo holds its machine kinds and f, else solved by the
    search's planner (on layers, 0.1-0.3 s of CPU on llama-7b) and recorded there, so an event that
-   returns to a cluster seen before solves none; within STRIPES_SHARE of the limit (NOTE [re-plan
-   deadline]), the first whatever the time.
+   returns to a cluster seen before solves none; within what is left of the limit, at least STRIPES_SHARE of
+   it (NOTE [re-plan deadline]), the first whatever the time.
 d. bytes-first stripes: a new stripe layout re-cuts every replica (llama-7b, spot21d: 226-371 GiB an event where
    the machine set or the stripe count changed), and the solve cuts for time alone. So stripe 0 is re-cut by
    NOTE [re-plan DP] (`bytes_first_plan`) on its group's devices, each used or skipped: first in the order the
@@ -46,10 +46,15 @@ d. bytes-first stripes: a new stripe layout re-cuts every replica (llama-7b, spo
    first) under its caps; after every set's solves (which so keep their time), and after each set's first
    order only within the same share of the deadline. The holdings are
    those of every device (a machine holding a weight on any device counts: every stripe's stage there reads it
-   there), and the caps floor(bottleneck x (1 + s x slack)) for s in _STRIPE_CAPS (the step grows with the
-   bottleneck, sum + (m - 1) x bottleneck: s = 1 lands near the limit, s = 1/2 leaves room; s = 0, -1/2 and -1
-   found nothing more on llama-7b's trace, and each candidate costs CPU). Each plan found
-   is costed on the problem and kept when within its cap, moving fewer bytes (stripe 0's, between then within)
+   there), and the caps are on the step (sum + (m - 1) x bottleneck, `pipeline_time_ns`), as --slack is on the
+   iteration: floor(step x (1 + s x slack)) for s in _STRIPE_CAPS (s = 1 lands near the limit, s = 1/2 leaves
+   room; s = 0, -1/2 and -1 found nothing more on llama-7b's trace, and each candidate costs CPU). The DP caps
+   a bottleneck, so each step cap takes up to _STEP_TRIES DPs (`_step_capped`): the first at floor(bottleneck x
+   (1 + s x slack)), each next at the bottleneck where the last plan's stages (their sum as is) meet the step
+   cap; a plan with one stage more carries more fill, so its bottleneck must be lower (llama-7b, "lose l-0": 7
+   stages at 10 GiB but 1.039x the step, which a bottleneck cap let through and the choice then dropped; on
+   the chain of the tests, 3 stages at a bottleneck past the first cap within the step cap). Each plan found
+   is costed on the problem and kept when within its step cap, moving fewer bytes (stripe 0's, between then within)
    than every solved one, and valid; per cap the fewest bytes (each candidate stripes, checks and recosts f
    pipelines: 0.1-0.3 s on llama-7b); striped and relabeled as in c ("..., bytes-first"). A relabeling that
    changes no device (c and d) is not a second candidate. The DP counts stripe 0
@@ -140,6 +145,7 @@ class PipelinesCandidate:
     plan: PipelinesPlan
     how: list[str]  # per pipeline: "kept", "repaired", "new", "from scratch"
     moves: Moves
+    checked: bool = False  # `pipelines_violations` found none already (the choice does not check it again)
 
     def key(self) -> tuple[int, int, int]:
         """NOTE [lexicographic re-plan]'s order once within the limit."""
@@ -260,10 +266,11 @@ def relabeled(problem: Problem, pp: PipelinesPlan, holders: Mapping[str, tuple[s
 
 
 def relabeled_plan(problem: Problem, pp: PipelinesPlan, holders: Mapping[str, tuple[str, ...]],
-                   what: str) -> PipelinesPlan:
-    """`pp` relabeled (`relabeled`): the same stages on other devices of their kinds, the same shares, re-costed."""
+                   what: str, parts: list[tuple] | None = None) -> PipelinesPlan:
+    """`pp` relabeled (`relabeled`, or `parts`: its answer made already): the same stages on other devices of their
+    kinds, the same shares, re-costed."""
     pipes = []
-    for p, (devices, stage_of, dos) in zip(pp.pipelines, relabeled(problem, pp, holders)):
+    for p, (devices, stage_of, dos) in zip(pp.pipelines, parts or relabeled(problem, pp, holders)):
         plan = pipeline_plan(problem, devices, stage_of, dos, p.microbatches)
         pipes.append(Pipeline(p.index, tuple(dos), p.microbatches, plan, pipeline_time_ns(plan, p.microbatches)))
     return cost_pipelines(problem, pipes, solver_status="FEASIBLE",
@@ -409,7 +416,7 @@ def replan_pipelines(problem: Problem, old: Sequence[OldPipeline], holders: Mapp
 
     def ok(c: PipelinesCandidate) -> bool:
         if id(c) not in valid:
-            valid[id(c)] = c is first or not pipelines_violations(problem, c.plan, microbatches)
+            valid[id(c)] = c is first or c.checked or not pipelines_violations(problem, c.plan, microbatches)
         return valid[id(c)]
 
     while True:

@@ -21,7 +21,8 @@ from hetpart.partitioner.replan_pipelines import (
 from hetpart.partitioner.verify import plan_violations
 
 _STRIPE_LIMIT_S = 1.0  # one stripe's solve at most (the search's _SHAPE_LIMIT_S; NOTE [re-plan pipelines] c)
-_STRIPE_CAPS = (1.0, 0.5)  # NOTE [re-plan pipelines] d: bytes-first caps, bottleneck x (1 + this x slack)
+_STRIPE_CAPS = (1.0, 0.5)  # NOTE [re-plan pipelines] d: bytes-first caps, step x (1 + this x slack)
+_STEP_TRIES = 3  # NOTE [re-plan pipelines] d: bytes-first DPs per cap, each at the bottleneck the last's step left
 
 
 def stripe_candidates(problem: Problem, holders: Mapping[str, tuple[str, ...]], microbatches: int, *,
@@ -35,9 +36,12 @@ def stripe_candidates(problem: Problem, holders: Mapping[str, tuple[str, ...]], 
     from hetpart.partitioner.pipeline_search import Shape, _class_devices, machine_kinds
     from hetpart.partitioner.pipeline_shape import _solve_shape
     from hetpart.partitioner.pipeline_stripes import stripe_devices, stripe_microbatches, stripe_sets, striped
+    from hetpart.partitioner.replan_holdings import as_holdings
     from hetpart.partitioner.shape_memo import memo_codec, record_stripes, stripe_seeds
     from hetpart.partitioner.solve import SolveOptions
 
+    held = as_holdings(problem, holders)  # once for every set: the holdings, and each machine's first held node
+    first = _first_held(problem, held)
     kinds, kind_of = machine_kinds(problem)
     codec = memo_codec(memo, problem, microbatches, kinds, _class_devices, Shape)
     known: dict[tuple, list[Plan]] = {}
@@ -58,7 +62,7 @@ def stripe_candidates(problem: Problem, holders: Mapping[str, tuple[str, ...]], 
         for k in range(3):
             if (i or k) and deadline.left() < MIN_SOLVE_S:
                 break
-            orders = orders or _held_orders(problem, holders)
+            orders = orders or _held_orders(problem, first)
             if k >= len(orders):
                 break
             prob, layers = orders[k]
@@ -72,45 +76,45 @@ def stripe_candidates(problem: Problem, holders: Mapping[str, tuple[str, ...]], 
     # NOTE [re-plan pipelines] d after every set's solves, so that they keep the time they had without it.
     for machines, f, groups, m, plans in done:
         tagged = [(plan, "") for plan in plans] + [
-            (plan, ", bytes-first") for plan in _bytes_first_stripes(problem, groups[0], plans, m, holders, slack,
-                                                                     deadline)]
+            (plan, ", bytes-first") for plan in _bytes_first_stripes(problem, groups[0], plans, m, held, first,
+                                                                     slack, deadline)]
         for plan, tag in tagged:
             pp = striped(problem, groups, plan, microbatches)
             if pipelines_violations(problem, pp, microbatches):
                 continue
             name = f"stripes: {f} x {len(plan.stages)} stages on {len(machines)} machines{tag}"
-            moved = relabeled(problem, pp, holders)
+            moved = relabeled(problem, pp, held)
             tries = [(name, pp)]
             if any(tuple(q.plan.slot_of_stage) != r[2] for q, r in zip(pp.pipelines, moved)):
-                tries.append((name + ", relabeled", relabeled_plan(problem, pp, holders, "stripes relabeled")))
-            for how, got in tries:
+                tries.append((name + ", relabeled", relabeled_plan(problem, pp, held, "stripes relabeled", moved)))
+            for how, got in tries:  # the first checked above
                 out.append(PipelinesCandidate(how, got, ["new"] * len(got.pipelines),
-                                              pipelines_moves(problem, got, holders)))
+                                              pipelines_moves(problem, got, held), checked=got is pp))
     record_stripes(memo, codec, solved)
     return out
 
 
 def _bytes_first_stripes(problem: Problem, devices: tuple[str, ...], plans: Sequence[Plan], microbatches: int,
-                         holders, slack: float, deadline: Deadline) -> list[Plan]:
+                         held, first: Mapping[str, int], slack: float, deadline: Deadline) -> list[Plan]:
     """NOTE [re-plan pipelines] d: NOTE [re-plan DP]'s bytes-first cuts of stripe 0 (on `devices`, for
     `microbatches`) in the device order the holdings give (`_held_stripe_order`) under the fastest of `plans`'
     caps, then in each of `plans`' own orders relabeled under its caps (the one moving the fewest bytes first),
-    the caps those of `_STRIPE_CAPS`; each plan found, costed on `problem`, within its cap, moving fewer bytes than
-    every one of `plans`, and valid. After the first order, only within `deadline`."""
+    the caps on the step (`pipeline_time_ns`) those of `_STRIPE_CAPS`, each met by up to `_STEP_TRIES` DPs whose
+    bottleneck caps the last plan's step leaves; each plan found, costed on `problem`, within its step cap, moving
+    fewer bytes than every one of `plans`, and valid. After the first order, only within `deadline`. `held`: the
+    Holdings of every device; `first`: `_first_held`'s (both made once per re-plan, by `stripe_candidates`)."""
     from hetpart.partitioner.dp import order_tables
-    from hetpart.partitioner.replan_dp import bytes_first_plan
-    from hetpart.partitioner.replan_holdings import as_holdings
 
     if not plans:
         return []
     sub = sub_problem(problem, devices, microbatches)
-    tab, held = order_tables(sub), as_holdings(problem, holders)  # holdings of every device: machines'
+    tab = order_tables(sub)  # `held`: holdings of every device: machines'
     at = {v: j for j, v in enumerate(tab.order)}
     order = {id(p): _relabeled_in(problem, devices, p, held) for p in plans}
     now = {id(p): _between_within(moves(problem, p.stage_of, order[id(p)], held)) for p in plans}
     fewest = min(now.values())
-    fastest = min(plans, key=lambda p: p.bottleneck_ns)
-    jobs = [(_held_stripe_order(problem, devices, held), fastest)]
+    fastest = min(plans, key=lambda p: p.objective_ns)  # the least step
+    jobs = [(_held_stripe_order(problem, devices, first), fastest)]
     jobs += [(order[id(p)], p) for p in sorted(plans, key=lambda p: now[id(p)])]
     seen = {(tuple(sorted(p.stage_of.items())), tuple(order[id(p)])) for p in plans}
     best: dict[float, tuple[tuple[int, int], Plan]] = {}  # per cap share: the fewest bytes found
@@ -119,24 +123,45 @@ def _bytes_first_stripes(problem: Problem, devices: tuple[str, ...], plans: Sequ
             break
         own = [at[v] for v, k in plan.stage_of.items() if at[v] > 0 and plan.stage_of[tab.order[at[v] - 1]] != k]
         for share in _STRIPE_CAPS:
-            cap = math.floor(plan.bottleneck_ns * (1 + share * slack))
-            got = bytes_first_plan(sub, tab, held, old_order, cap, own)
-            if got is None:
-                continue
-            stage_of = {v: k for k in range(len(got.devices)) for v in tab.order[got.cuts[k]:got.cuts[k + 1]]}
-            key = (tuple(sorted(stage_of.items())), tuple(got.devices))
-            if key in seen:
-                continue
-            seen.add(key)
-            new = pipeline_plan(problem, devices, stage_of, got.devices, microbatches)
-            bw = _between_within(moves(problem, stage_of, list(got.devices), held))
-            if (new.bottleneck_ns <= cap and bw < min(fewest, best.get(share, (fewest,))[0])
-                    and not plan_violations(sub, new)):
-                best[share] = (bw, new)  # fewer bytes than any plan solved (a stripe moves them on every replica)
+            step_cap = math.floor(plan.objective_ns * (1 + share * slack))  # NOTE [re-plan pipelines] d: the step
+            for new, _ in _step_capped(problem, devices, sub, tab, held, old_order, own, microbatches, step_cap,
+                                       math.floor(plan.bottleneck_ns * (1 + share * slack))):
+                key = (tuple(sorted(new.stage_of.items())), tuple(new.slot_of_stage))
+                if key in seen:
+                    continue
+                seen.add(key)
+                bw = _between_within(moves(problem, new.stage_of, list(new.slot_of_stage), held))
+                if (new.objective_ns <= step_cap and bw < min(fewest, best.get(share, (fewest,))[0])
+                        and not plan_violations(sub, new)):
+                    best[share] = (bw, new)  # fewer bytes than any plan solved (moved on every replica)
     out = []
     for _, plan in best.values():
         if all(plan.stage_of != p.stage_of or plan.slot_of_stage != p.slot_of_stage for p in out):
             out.append(plan)
+    return out
+
+
+def _step_capped(problem: Problem, devices: tuple[str, ...], sub: Problem, tab, held, old_order: list[str],
+                 own: list[int], microbatches: int, step_cap: int, cap: int) -> list[tuple[Plan, int]]:
+    """NOTE [re-plan pipelines] d: NOTE [re-plan DP]'s bytes-first plans of stripe 0 (on `devices`; `sub`, `tab`
+    its sub-problem and order tables) in `old_order`, each with the bottleneck cap it was found under: first `cap`,
+    then the bottleneck at which the last plan's stages would meet `step_cap` (step = the stages' sum + (m - 1) x
+    bottleneck: its sum taken as is), until a cap repeats, none is found, or `_STEP_TRIES` DPs. Each costed on
+    `problem`; not filtered (the caller keeps those within `step_cap`)."""
+    from hetpart.partitioner.replan_dp import bytes_first_plan
+
+    out: list[tuple[Plan, int]] = []
+    tried: set[int] = set()
+    while cap > 0 and cap not in tried and len(tried) < _STEP_TRIES:
+        tried.add(cap)
+        got = bytes_first_plan(sub, tab, held, old_order, cap, own)
+        if got is None:
+            break
+        stage_of = {v: k for k in range(len(got.devices)) for v in tab.order[got.cuts[k]:got.cuts[k + 1]]}
+        new = pipeline_plan(problem, devices, stage_of, got.devices, microbatches)
+        out.append((new, cap))
+        fill = new.objective_ns - (microbatches - 1) * new.bottleneck_ns  # the stages' sum
+        cap = (step_cap - fill) // max(1, microbatches - 1)
     return out
 
 
@@ -152,10 +177,10 @@ def _first_held(problem: Problem, held) -> dict[str, int]:
     return first
 
 
-def _held_stripe_order(problem: Problem, devices: Sequence[str], held) -> list[str]:
+def _held_stripe_order(problem: Problem, devices: Sequence[str], first: Mapping[str, int]) -> list[str]:
     """NOTE [re-plan pipelines] d: stripe 0's `devices` on machines that hold some weight, ordered by the first node
-    (in graph order) whose weight their machine holds; the others left out (the DP's free devices)."""
-    first = _first_held(problem, held)
+    (in graph order) whose weight their machine holds (`first`: `_first_held`'s); the others left out (the DP's
+    free devices)."""
     on = [d for d in devices if problem.device(d).node in first]
     return sorted(on, key=lambda d: first[problem.device(d).node])  # stable: ties keep `devices`' order
 
@@ -180,18 +205,17 @@ def _between_within(m: Moves) -> tuple[int, int]:
     return m.between_bytes, m.within_bytes
 
 
-def _held_orders(problem: Problem, holders) -> list[tuple[Problem, object]]:
+def _held_orders(problem: Problem, held_first: Mapping[str, int]) -> list[tuple[Problem, object]]:
     """NOTE [re-plan pipelines] c: `problem` (and its layers) with its devices ordered by where their machines hold
     the model (by the first node, in graph order, whose weight a device of the machine holds; a machine that holds
     none just after one of its kind that does, else last): from the machine whose holdings come last to the
     first, then the other way, then as it is. The planner's device order steers which machine each stage lands
     on: llama-7b less s-0, the first of these gave the old stripes' machine order and 65 GiB moved between
-    machines, the cluster's own order 316 GiB, at the same step."""
+    machines, the cluster's own order 316 GiB, at the same step. `held_first`: `_first_held`'s."""
     from hetpart.partitioner.pipeline_layers import layer_problem
-    from hetpart.partitioner.replan_holdings import as_holdings
 
     node_of = {d.name: d.node for d in problem.devices}
-    first: dict[str, float] = dict(_first_held(problem, as_holdings(problem, holders)))
+    first: dict[str, float] = dict(held_first)
     kind = {d.node: (d.type, d.capacity_bytes) for d in problem.devices}
     for m in sorted(set(node_of.values()) - set(first)):  # a machine that holds none: beside one of its kind
         first[m] = min((x for u, x in first.items() if kind[u] == kind[m] and u in node_of.values()),

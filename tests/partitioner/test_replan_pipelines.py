@@ -17,6 +17,7 @@ import random
 import networkx as nx
 import pytest
 
+from hetpart.errors import HetpartError
 from hetpart.partitioner import MEM_BYTES, OUT_BYTES, PIN, PIN_FIRST, PIN_LAST, TIME_NS, WEIGHTS, Device, Link
 from hetpart.partitioner.pipeline_search import plan_pipelines
 from hetpart.partitioner.pipelines import fixed_pipelines, pipelines_violations, sub_problem
@@ -220,6 +221,44 @@ def test_the_re_splits_solves_share_one_deadline(seed, monkeypatch):
     assert all(lim >= replan_deadline.MIN_SOLVE_S for lim in limits) and got.candidates
 
 
+def test_a_data_parallel_re_plan_s_steps_share_one_time_limit(monkeypatch):
+    # NOTE [re-plan deadline], on a clock the test moves: the re-splits, the from-scratch search and its baselines
+    # each run their whole limit (the worst case); the stripes' deadline is what is left of T, so the limits
+    # together are T (they were 1.25 T: the stripes had 0.25 T of their own); the one-pipeline baseline is not
+    # asked for (its solve overran its limit by a second on 56 GPUs).
+    from hetpart.partitioner import pipeline_search, replan_deadline, replan_pipelines as rp, replan_stripes
+
+    clock, spent, asked = [0.0], {}, {}
+    monkeypatch.setattr(replan_deadline.time, "perf_counter", lambda: clock[0])
+
+    def resplits(*a, deadline, **k):
+        spent["resplits"] = deadline.left()
+        clock[0] += deadline.left()
+        return []
+
+    def reference(problem, m, options, *, baseline_limit_s, memo, single_up_to):
+        spent["reference"] = options.time_limit_s + baseline_limit_s
+        asked["single_up_to"] = single_up_to
+        clock[0] += spent["reference"]
+        raise HetpartError("none in time")
+
+    def stripes(*a, deadline, **k):
+        spent["stripes"] = deadline.left()
+        clock[0] += deadline.left()
+        return []
+
+    monkeypatch.setattr(rp, "resplit_candidates", resplits)
+    monkeypatch.setattr(pipeline_search, "plan_with_baselines", reference)
+    monkeypatch.setattr(replan_stripes, "stripe_candidates", stripes)
+    problem, old, holders, _ = _case(0)
+    T = 4.0
+    with pytest.raises(HetpartError):  # no candidate at all: what matters is the time each step was given
+        replan_deadline.replan_pipelines_within(problem, old, holders, 4, slack=0.02, time_limit_s=T, seed=0)
+    assert asked["single_up_to"] == 0
+    assert spent["stripes"] >= replan_deadline.STRIPES_SHARE * T - 1e-9
+    assert sum(spent.values()) == pytest.approx(T)
+
+
 def _three_machines():
     """`stripy` (test_pipeline_stripes) with a second GPU machine n2 and slow 'old' devices on n1 (400 ns an op):
     stripes over every machine, and over the GPU machines alone (NOTE [re-plan pipelines] c: every machine but
@@ -281,7 +320,8 @@ def test_stripes_of_a_striped_plan_on_the_same_machines_move_nothing():
     list the machines by where they hold the model."""
     from hetpart.partitioner.replan import stage_weights
     from hetpart.partitioner.replan_deadline import Deadline
-    from hetpart.partitioner.replan_stripes import _held_orders, stripe_candidates
+    from hetpart.partitioner.replan_holdings import as_holdings
+    from hetpart.partitioner.replan_stripes import _first_held, _held_orders, stripe_candidates
 
     p, holders = _three_machines()
     first = [c for c in stripe_candidates(p, holders, 4, deadline=Deadline(30), seed=0)
@@ -294,7 +334,7 @@ def test_stripes_of_a_striped_plan_on_the_same_machines_move_nothing():
     held_t = {w: tuple(ds) for w, ds in held.items()}
     got = stripe_candidates(p, held_t, 4, deadline=Deadline(30), seed=0)
     assert min(c.moves.between_bytes + c.moves.within_bytes for c in got) == 0
-    by = [[d.node for d in prob.devices] for prob, _ in _held_orders(p, held_t)]
+    by = [[d.node for d in prob.devices] for prob, _ in _held_orders(p, _first_held(p, as_holdings(p, held_t)))]
     first_held = p.device(held_t["wa"][0]).node  # the machine that holds the model's first weight
     assert by[-1] == [d.node for d in p.devices]  # as is, last
     assert by[1][:2] == [first_held] * 2 and by[0][2:4] == [first_held] * 2  # as held; reversed
@@ -349,15 +389,34 @@ def test_bytes_first_stripes_move_fewer_bytes_than_the_solved_ones_somewhere():
     assert fewer
 
 
+def _brute_between(p: Problem, q, holders, devices: list[str], n: int, cap: int) -> int | None:
+    """The fewest bytes stripe 0 reads from other machines over every cut of the chain into len(devices) stages on
+    `devices` in order whose bottleneck is within `cap` and that is valid (brute force); None: no such cut."""
+    S, order_nodes, brute = len(devices), [f"v{i}" for i in range(n)], None
+    for cuts in itertools.combinations(range(1, n), S - 1):
+        bounds = [0, *cuts, n]
+        stage_of = {order_nodes[i]: k for k in range(S) for i in range(bounds[k], bounds[k + 1])}
+        plan = pipeline_plan(p, q.devices, stage_of, devices, q.microbatches)
+        if plan.bottleneck_ns > cap or plan_violations(sub_problem(p, q.devices, q.microbatches), plan):
+            continue
+        b = _stripe0_between(p, stage_of, devices, holders)
+        brute = b if brute is None else min(brute, b)
+    return brute
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_bytes_first_stripes_move_no_more_than_any_cut_of_a_solved_stripe_under_its_cap(seed):
-    """NOTE [re-plan pipelines] d: with the state where an old stripe layout left it, the stripe candidates
-    (bytes-first ones among them) include one whose stripe moves no more between machines than the best of every
-    cut of a solved stripe in its relabeled device order (`_relabeled_in`, which moves no more than the solved order
-    at its own cuts) whose stages keep within that stripe's bottleneck x (1 + slack) (brute force over the cuts);
-    each bytes-first candidate is valid, within its cap, and moves what this test counts."""
+    """NOTE [re-plan pipelines] d: with the state where an old stripe layout left it, each bytes-first candidate is
+    valid, moves what this test counts, and keeps stripe 0's step within a solved stripe's step x (1 + slack); in
+    each solved stripe's relabeled device order (`_relabeled_in`, which moves no more than the solved order at its
+    own cuts), every plan `_step_capped` finds keeps within the bottleneck cap it was found under, each cap after
+    the first is the one at which the last plan's stages meet the step cap, each plan moves no more between
+    machines than every cut of the chain on that order within its cap (brute force), and one within the step cap
+    and valid bounds the candidates' best."""
+    from hetpart.partitioner.dp import order_tables
     from hetpart.partitioner.replan_deadline import Deadline
-    from hetpart.partitioner.replan_stripes import _relabeled_in, stripe_candidates
+    from hetpart.partitioner.replan_holdings import as_holdings
+    from hetpart.partitioner.replan_stripes import _relabeled_in, _step_capped, stripe_candidates
 
     rng = random.Random(seed)
     n, slack, M = 9, 0.3, 8
@@ -371,24 +430,30 @@ def test_bytes_first_stripes_move_no_more_than_any_cut_of_a_solved_stripe_under_
         assert (c.moves.between_bytes, c.moves.within_bytes) == _bytes(p, c.plan, holders)
     best = min(_stripe0_between(p, c.plan.pipelines[0].plan.stage_of, c.plan.pipelines[0].plan.slot_of_stage,
                                 holders) for c in got)
-    caps = [math.floor(c.plan.pipelines[0].plan.bottleneck_ns * (1 + slack)) for c in plain]
+    step_caps = [math.floor(c.plan.pipelines[0].plan.objective_ns * (1 + slack)) for c in plain]
     for c in got:
         if "bytes-first" in c.name:
-            assert c.plan.pipelines[0].plan.bottleneck_ns <= max(caps)
-    order_nodes = [f"v{i}" for i in range(n)]
-    for c, cap in zip(plain, caps):
+            assert c.plan.pipelines[0].plan.objective_ns <= max(step_caps)
+    for c, step_cap in zip(plain, step_caps):
         q = c.plan.pipelines[0]
         devices, S = _relabeled_in(p, q.devices, q.plan, holders), len(q.plan.slot_of_stage)
         assert len(set(devices)) == S and set(devices) <= set(q.devices)  # distinct devices of stripe 0's group
         assert (_stripe0_between(p, q.plan.stage_of, devices, holders)
                 <= _stripe0_between(p, q.plan.stage_of, list(q.plan.slot_of_stage), holders))
-        brute = None
-        for cuts in itertools.combinations(range(1, n), S - 1):
-            bounds = [0, *cuts, n]
-            stage_of = {order_nodes[i]: k for k in range(S) for i in range(bounds[k], bounds[k + 1])}
-            plan = pipeline_plan(p, q.devices, stage_of, devices, q.microbatches)
-            if plan.bottleneck_ns > cap or plan_violations(sub_problem(p, q.devices, q.microbatches), plan):
-                continue
-            b = _stripe0_between(p, stage_of, devices, holders)
-            brute = b if brute is None else min(brute, b)
-        assert brute is not None and best <= brute
+        sub = sub_problem(p, q.devices, q.microbatches)
+        tab = order_tables(sub)
+        at = {v: j for j, v in enumerate(tab.order)}
+        own = [at[v] for v, k in q.plan.stage_of.items() if at[v] > 0 and q.plan.stage_of[tab.order[at[v] - 1]] != k]
+        found = _step_capped(p, q.devices, sub, tab, as_holdings(p, holders), devices, own, q.microbatches, step_cap,
+                             math.floor(q.plan.bottleneck_ns * (1 + slack)))
+        assert found and found[0][1] == math.floor(q.plan.bottleneck_ns * (1 + slack))
+        for (a, _), (_, cap) in zip(found, found[1:]):
+            fill = a.objective_ns - (q.microbatches - 1) * a.bottleneck_ns
+            assert cap == (step_cap - fill) // (q.microbatches - 1)
+        for plan, cap in found:
+            assert plan.bottleneck_ns <= cap
+            mine = _stripe0_between(p, plan.stage_of, list(plan.slot_of_stage), holders)
+            brute = _brute_between(p, q, holders, devices, n, cap)
+            assert brute is None or mine <= brute
+            if plan.objective_ns <= step_cap and not plan_violations(sub, plan):
+                assert best <= mine
