@@ -122,3 +122,30 @@ def test_the_405b_config_is_meta_only_with_its_parameter_count():
     assert sum(p.numel() for p in params) == 2 * 128256 * 16384 + 2 * per_layer + 16384
     assert 2 * 128256 * 16384 + 126 * per_layer + 16384 == 405_853_388_800
     assert tuple(tokens.shape) == (2, 8)
+
+
+@pytest.mark.parametrize("flags", [
+    ["--meta"],
+    ["--parallel", "data", "--batch-size", "2", "--microbatches", "2"],
+    ["--parallel", "data", "--batch-size", "2", "--microbatches", "2", "--max-tensor-parallel", "2"],
+    ["--tensor-parallel", "2"],
+], ids=["meta", "parallel-data", "max-tensor-parallel", "tensor-parallel"])
+def test_the_refusal_before_the_trace_holds_on_every_planning_path(tmp_path, capfd, monkeypatch, flags):
+    """Issue 19: --meta, --parallel data and the tensor-parallel paths check the parameters against the cluster's
+    memory before the trace too (NOTE [refused before the trace]); a model the cluster holds in all is traced, whatever
+    the degree (a TP plan may hold what no single device does)."""
+    import hetpart.compile
+    from hetpart.cli import main
+
+    def no_trace(*args, **kwargs):
+        raise AssertionError("traced a model the cluster cannot hold")
+
+    monkeypatch.setattr(hetpart.compile, "export_model", no_trace)
+    capfd.readouterr()
+    status = main(["partition", "zoo:mlp", "--cluster", _tiny_cluster(tmp_path, "2 MiB"), "--out",
+                   str(tmp_path / "out"), "--mode", "training", *flags])
+    err = capfd.readouterr().err
+    assert status == 2 and "refused before tracing" in err and "Traceback" not in err, err
+    with pytest.raises(AssertionError, match="traced a model"):  # 2 x 40 MiB hold its 32.4 MiB: on to the trace
+        main(["partition", "zoo:mlp", "--cluster", _tiny_cluster(tmp_path, "40 MiB"), "--out", str(tmp_path / "out"),
+              "--mode", "training", *flags])

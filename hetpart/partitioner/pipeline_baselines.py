@@ -47,14 +47,15 @@ from hetpart.partitioner.solve import SolveOptions, solve
 # NOTE [baseline deadline]
 # Each baseline keeps to its share of `pipeline_baselines`' limit or does not begin (issue 19: every step of the
 # solve respects --time-limit): a layout baseline whose deadline has passed when it is reached does no work at
-# all (its block split alone took 0.5-1 s on llama-70b's 3,690 nodes), and the one-pipeline baseline is not
-# begun when what is left is less than its `solve` is expected to take -- the search's slowest shape solve per
-# devices^1.5 (`single_expect_s`, the same estimate by which the search skips a shape), or nothing is left:
-# its solve does 2-7 s of fixed work whatever its limit (the DP's order tables, the bounds' data, the check of
-# the constraints), so on a TP degree's part of llama-70b x hetero-256 it took 2.5 s of 1.1 s left
-# (docs/benchmarks.md, "limit19"). A baseline left out says so in its note; the plan and its bound do not change.
-# The layout baselines' plans are checked by `pipelines_violations` when found (`checked`), so the caller
-# does not check them again (0.2-0.7 s each on 3,690 nodes).
+# all (its block split alone took 0.5-1 s on llama-70b's 3,690 nodes; megatron and metis now share one split),
+# and the one-pipeline baseline is not begun when nothing is left of the baselines' limit (before, it was given
+# at least 0.5 s). Not kept to: once begun, its `solve` does 2-7 s of fixed work whatever its limit (the DP's
+# order tables, the bounds' data), 2.5 s with 1.1 s left on a TP degree's part of llama-70b x hetero-256; no
+# estimate the search has predicts it (its shapes are solved on layers, in three device orders), and leaving
+# it out where it would have ended in time changes the baselines a plan is compared with (docs/benchmarks.md,
+# "limit19"). A baseline left out says so in its note; the plan and its bound do not change. The layout
+# baselines' plans are checked by `pipelines_violations` when found (`checked`), so the caller does not check
+# them again (0.2-0.7 s each on 3,690 nodes).
 
 TOP_EXACT = 8  # (pp, dp) pairs recosted exactly, with sync
 
@@ -213,13 +214,12 @@ def single_pipeline(problem: Problem, M: int, options: SolveOptions | None = Non
 
 def pipeline_baselines(problem: Problem, microbatches: int, time_limit_s: float = 30.0,
                        options: SolveOptions | None = None, single: bool = True,
-                       exact: str | None = None, single_expect_s: float = 0.0) -> list[PipelinesBaseline]:
+                       exact: str | None = None) -> list[PipelinesBaseline]:
     """NOTE [pipeline baselines], each within its share of `time_limit_s` (megatron and metis a quarter
     each, one-pipeline the half; `single` False leaves one-pipeline out: `solve` on a thousand devices
     overruns its limit by minutes); a baseline with no valid plan has `plan` None and says why. Baseline
     `exact` (megatron or metis, the one `--strategy` writes) ranks every layout whatever the limit; the others
-    keep to their deadlines or are not begun (NOTE [baseline deadline]: one-pipeline not when less than
-    `single_expect_s` is left, what its solve is expected to take)."""
+    keep to their deadlines or are not begun (NOTE [baseline deadline])."""
     t0 = time.perf_counter()
     out = []
     blocks: list = []  # `_blocks_of(problem)`, computed once for both (0.4 s on 3,690 nodes)
@@ -234,13 +234,12 @@ def pipeline_baselines(problem: Problem, microbatches: int, time_limit_s: float 
                                      "devices is not solved for the comparison (its solve overruns the limit)"))
         return out
     left = time_limit_s - (time.perf_counter() - t0)
-    if exact is None and (left <= 0 or left < single_expect_s):  # NOTE [baseline deadline]
-        out.append(PipelinesBaseline("one-pipeline", None, f"not run: {max(0.0, left):.1f} s of the baselines' "
-                                     f"{time_limit_s:.1f} s left for it, its solve on {len(problem.devices)} devices "
-                                     f"is expected to take {single_expect_s:.1f} s (NOTE [baseline deadline])"))
+    if exact is None and left <= 0:  # NOTE [baseline deadline]
+        out.append(PipelinesBaseline("one-pipeline", None, f"not run: nothing was left of the baselines' "
+                                     f"{time_limit_s:.2g} s when megatron and metis ended (NOTE [baseline deadline])"))
         return out
     try:
-        single = single_pipeline(problem, microbatches, options, time_limit_s=max(0.5, left))
+        single = single_pipeline(problem, microbatches, options, time_limit_s=left if exact is None else max(0.5, left))
         out.append(PipelinesBaseline("one-pipeline", single, single.bound_note))
     except HetpartError as e:
         out.append(PipelinesBaseline("one-pipeline", None, str(e).splitlines()[0]))

@@ -492,7 +492,6 @@ def _plan_and_facts(problem: Problem, microbatches: int, options: SolveOptions |
              "outer_optimal": float(exhausted), "shapes_from_memo": float(from_memo),
              "outer_step_ns": float(outer_step_ns), "kmax": float(kmax),
              "layer_nodes": float(layers.layers if layers is not None else 0),  # NOTE [shapes on layers]
-             "shape_s_per_device_1_5": slowest,  # the slowest shape solve's s per devices^1.5: NOTE [baseline deadline]
              **probe.stats, **stripes.stats}  # NOTE [join probe], NOTE [striped pipelines]
     note = bound.note + ("" if exhausted else "; the outer program did not finish: a better mix of these shapes "
                          "may exist") + ("" if covered >= set(shapes) else f"; {len(set(shapes) - covered)} of "
@@ -533,12 +532,8 @@ def plan_with_baselines(problem: Problem, microbatches: int, options: SolveOptio
         failed = ""
     except HetpartError as e:  # no shape solved in time: a baseline may still have a plan
         plan, facts, failed = None, None, str(e).splitlines()[0]
-    # NOTE [baseline deadline]: the one-pipeline solve is expected to take as the search's slowest shape did per
-    # devices^1.5 (the search's own test before each shape), and is not begun when that is more than it has left.
-    per = plan.stats.get("shape_s_per_device_1_5", 0.0) if plan is not None else 0.0
     baselines = pipeline_baselines(problem, microbatches, time_limit_s=baseline_limit_s, options=opts,
-                                   single=len(problem.devices) <= single_up_to,
-                                   single_expect_s=per * len(problem.devices) ** 1.5)
+                                   single=len(problem.devices) <= single_up_to)
     valid = [b for b in baselines if b.plan is not None
              and (b.checked or not pipelines_violations(problem, b.plan, microbatches))]
     best = min(valid, key=lambda b: b.plan.iteration_ns, default=None)
