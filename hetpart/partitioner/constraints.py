@@ -51,21 +51,17 @@ def conflicts(problem: Problem) -> list[str]:
     g = problem.graph
     types = problem.device_types
 
-    def allowed_types(v: str) -> list[str]:  # `Problem.allowed_types`, the types listed once (not once per node)
-        forbidden = g.nodes[v].get(FORBIDDEN_TYPES)
-        return [t for t in types if t not in forbidden] if forbidden else types
-
     out: list[str] = []
     order = problem.node_order()
     position = {v: i for i, v in enumerate(order)}
     for v in order:
-        if not allowed_types(v):
+        if not problem.allowed_types(v):
             out.append(f"node {v!r} cannot run on any device type of the cluster: it forbids "
                        f"{sorted(g.nodes[v].get(FORBIDDEN_TYPES, ()))} and the cluster has {types}; "
                        "add a device of another type or give the op a kernel on one of these")
         elif g.nodes[v].get(FORBIDDEN_TYPES):
             need = g.nodes[v].get(MEM_BYTES, 0) + sum(problem.weights[w] for w in set(g.nodes[v].get(WEIGHTS, ())))
-            allowed = [d for d in problem.devices if d.type in allowed_types(v)]
+            allowed = [d for d in problem.devices if d.type in problem.allowed_types(v)]
             biggest = max(allowed, key=lambda d: d.capacity_bytes)
             if need > biggest.capacity_bytes:
                 out.append(f"node {v!r} needs {need} bytes but the largest device of a type it may run on "
@@ -78,7 +74,7 @@ def conflicts(problem: Problem) -> list[str]:
             ", ..." if len(members) > 6 else "") + ")"
         via = (f"; with the {len(extra)} node(s) on paths between them ({', '.join(map(repr, extra[:4]))}"
                + (", ..." if len(extra) > 4 else "") + "), which must share their stage") if extra else ""
-        allowed = [t for t in types if all(t in allowed_types(v) for v in nodes)]
+        allowed = [t for t in types if all(t in problem.allowed_types(v) for v in nodes)]
         if not allowed:
             blockers = [f"{v!r} forbids {sorted(g.nodes[v].get(FORBIDDEN_TYPES, ()))}" for v in sorted(nodes, key=str)
                         if g.nodes[v].get(FORBIDDEN_TYPES)]

@@ -249,7 +249,11 @@ class Problem:
 
     @property
     def device_types(self) -> list[str]:
-        return sorted({d.type for d in self.devices})
+        """The cluster's device types, sorted; listed once per `devices` list (NOTE [problem caches]: each
+        `allowed_types` call reads them), the caller gets its own copy."""
+        types = self.kept("device types", (id(self.devices), len(self.devices)),
+                          lambda: tuple(sorted({d.type for d in self.devices})))
+        return list(types)
 
     def node_order(self) -> list[str]:
         """One stable topological order: PIN_FIRST nodes as early, PIN_LAST as late as edges allow.
@@ -284,7 +288,9 @@ class Problem:
 
     def allowed_types(self, v: str) -> list[str]:
         """The device types of the cluster that can run node `v` (not in its FORBIDDEN_TYPES)."""
-        forbidden = set(self.graph.nodes[v].get(FORBIDDEN_TYPES, ()))
+        forbidden = self.graph.nodes[v].get(FORBIDDEN_TYPES)
+        if not forbidden:
+            return self.device_types  # (a fresh list of the kept types)
         return [t for t in self.device_types if t not in forbidden]
 
     def validate(self) -> None:
