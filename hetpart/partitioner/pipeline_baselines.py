@@ -107,15 +107,16 @@ def _proportional(total: int, weights: list[float], least: int = 1) -> list[int]
     return out
 
 
-def _layout_baseline(problem: Problem, M: int, name: str, speed_aware: bool, deadline: float | None,
-                     blocks_of: tuple[list[str], list[int], int] | None = None) -> tuple[PipelinesPlan | None, str]:
+def _layout_baseline(problem: Problem, M: int, name: str, speed_aware: bool,
+                     deadline: float | None) -> tuple[PipelinesPlan | None, str]:
     """NOTE [pipeline baselines]'s megatron (speed_aware False) or metis: the best (pp, dp) found by `deadline`
-    (None: every layout, as `--strategy NAME` runs it), and why there is none when there is none; `blocks_of`:
-    `_blocks_of(problem)` when the caller has it."""
+    (None: every layout, as `--strategy NAME` runs it), and why there is none when there is none."""
     if deadline is not None and time.perf_counter() >= deadline:  # NOTE [baseline deadline]: not begun
         return None, ("no (pp, dp) layout found before its deadline: it had passed when the baseline was reached, "
                       "so none was tried (NOTE [baseline deadline])")
-    order, block, blocks = blocks_of or _blocks_of(problem)
+    # The blocks once for both baselines (0.4 s on 3,690 nodes; NOTE [problem caches]).
+    key = (id(problem.graph), problem.graph.number_of_nodes(), id(problem.devices), len(problem.devices))
+    order, block, blocks = problem.kept("equal blocks", key, lambda: _blocks_of(problem))
     names = [d.name for d in problem.devices]
     D = len(names)
     one_f1b = problem.training is not None and problem.training.schedule == "1f1b"
@@ -222,12 +223,9 @@ def pipeline_baselines(problem: Problem, microbatches: int, time_limit_s: float 
     keep to their deadlines or are not begun (NOTE [baseline deadline])."""
     t0 = time.perf_counter()
     out = []
-    blocks: list = []  # `_blocks_of(problem)`, computed once for both (0.4 s on 3,690 nodes)
     for name, aware, share in (("megatron", False, 0.25), ("metis", True, 0.5)):
-        if not blocks and (name == exact or time.perf_counter() < t0 + share * time_limit_s):
-            blocks.append(_blocks_of(problem))
         got, why = _layout_baseline(problem, microbatches, name, aware,
-                                    None if name == exact else t0 + share * time_limit_s, *blocks)
+                                    None if name == exact else t0 + share * time_limit_s)
         out.append(PipelinesBaseline(name, got, got.bound_note if got else why, checked=got is not None))
     if not single:
         out.append(PipelinesBaseline("one-pipeline", None, f"not run: one pipeline over {len(problem.devices)} "
@@ -259,7 +257,7 @@ def strategy_pipelines(problem: Problem, microbatches: int, name: str, options: 
     if b.plan is None:
         raise HetpartError(f"--strategy {name}: no plan for this model and cluster ({b.note}); pick another "
                            "--strategy")
-    bad = pipelines_violations(problem, b.plan, microbatches)
+    bad = [] if b.checked else pipelines_violations(problem, b.plan, microbatches)
     if bad:  # megatron and metis are checked when found; the one-pipeline solve is checked here
         raise HetpartError(f"--strategy {name}: its plan breaks {len(bad)} rule(s) ({'; '.join(bad[:3])}); pick "
                            "another --strategy")
