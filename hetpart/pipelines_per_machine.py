@@ -51,11 +51,10 @@ def per_machine_pipelines(problem: Problem, cluster: Cluster, opts: CompileOptio
     degree T > 1, `opts.max_tensor_parallel` from T = 1), searched by `plan(problem, opts, memo)` within
     `time_limit_s`; the fastest plan kept (with its search's shape memo), its bound the least over everything
     searched."""
-    pp, tp = best.plan, best.tp
-    degree = max(tp.shardings) if tp is not None else 1
+    degree = max(best.tp.shardings) if best.tp is not None else 1
     other = 1 if degree > 1 else opts.max_tensor_parallel
     high = max(degree, other)
-    lowered = tp if tp is not None else best.lowered.get(high)
+    lowered = best.tp if best.tp is not None else best.lowered.get(high)
     if lowered is None:  # degree `high` was skipped (`lower_degrees` says why)
         why = next((s for s in best.skipped if s.startswith(f"{high} ")), f"{high} (not lowered)")
         echo(f"tensor parallel per machine: nothing to try: degree {why} was not lowered")
@@ -65,7 +64,7 @@ def per_machine_pipelines(problem: Problem, cluster: Cluster, opts: CompileOptio
     kinds = sorted(set(kind_of.values()), key=lambda k: (k[2] if other == 1 else -k[2], k))
     slots = tp_slots(problem, {high: lowered})
     current = dict.fromkeys(sorted(kind_of), degree)
-    (bound, unfinished), tried = (pp.lower_bound_ns, pp.bound_unfinished), []
+    (bound, unfinished), tried = (best.plan.lower_bound_ns, best.plan.bound_unfinished), []
     deadline = time.perf_counter() + time_limit_s
     for i, kind in enumerate(kinds):
         trial = {p: other if kind_of[p] == kind else t for p, t in current.items()}
@@ -89,21 +88,21 @@ def per_machine_pipelines(problem: Problem, cluster: Cluster, opts: CompileOptio
             bound, unfinished = got.lower_bound_ns, got.bound_unfinished
         tried.append(places_line(trial))
         echo(f"tensor parallel per machine: {places_line(trial)}: {format_us(got.iteration_ns)} (bound "
-             f"{format_us(got.lower_bound_ns)}), best so far {format_us(pp.iteration_ns)}")
-        if got.iteration_ns < pp.iteration_ns:
-            pp, tp, current = got, cand, trial
+             f"{format_us(got.lower_bound_ns)}), best so far {format_us(best.plan.iteration_ns)}")
+        if got.iteration_ns < best.plan.iteration_ns:
+            current = trial
             best = dataclasses.replace(best, plan=got, baselines=base, tp=cand, memo=memo)
     if not tried:
         return best
-    lower_ns = min(bound, pp.iteration_ns)
+    lower_ns = min(bound, best.plan.iteration_ns)
     note = (f"the least of the uniform degrees' bound and those of the degrees per machine tried ({'; '.join(tried)}): "
             "it covers those spaces, not every assignment of degrees to machines "
             "(NOTE [per-machine pipelines candidates])")
-    kept = places_line(tp.places) if tp is not None and tp.places else f"degree {degree} everywhere"
+    kept = places_line(best.tp.places) if best.tp is not None and best.tp.places else f"degree {degree} everywhere"
     echo(f"tensor parallel per machine: kept {kept}")
     return dataclasses.replace(best, plan=dataclasses.replace(
-        pp, lower_bound_ns=lower_ns, bound_note=note, bound_unfinished=unfinished,
-        solver_status="OPTIMAL" if lower_ns >= pp.iteration_ns else "FEASIBLE"))
+        best.plan, lower_bound_ns=lower_ns, bound_note=note, bound_unfinished=unfinished,
+        solver_status="OPTIMAL" if lower_ns >= best.plan.iteration_ns else "FEASIBLE"))
 
 
 def place_kinds(cluster: Cluster) -> dict[str, tuple]:
