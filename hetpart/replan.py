@@ -250,11 +250,12 @@ class PipelinesChoice:
             pipes.append(Pipeline(p.index, p.devices, p.microbatches, plan, pipeline_time_ns(plan, p.microbatches)))
         bound = (f"the bound is the from-scratch plan's: {scratch.bound_note}" if scratch is not None else
                  "no bound: the from-scratch search found no plan")
-        planned = cost_pipelines(problem, pipes, lower_bound_ns=scratch.lower_bound_ns if scratch is not None else 0,
-                                 solver_status="FEASIBLE",
-                                 bound_note=f"re-planned (NOTE [re-plan pipelines]): {self.result.chosen.name}; {bound}")
-        # the from-scratch bound's parts its deadline cut, as its note says them (plan.json's bound_unfinished)
-        return dataclasses.replace(planned, bound_unfinished=scratch.bound_unfinished if scratch is not None else ())
+        # the bound's parts cut by its deadline are the from-scratch bound's, as its note says (plan.json's
+        # bound_unfinished)
+        return cost_pipelines(problem, pipes, lower_bound_ns=scratch.lower_bound_ns if scratch is not None else 0,
+                              solver_status="FEASIBLE",
+                              bound_note=f"re-planned (NOTE [re-plan pipelines]): {self.result.chosen.name}; {bound}",
+                              bound_unfinished=scratch.bound_unfinished if scratch is not None else ())
 
 
 def describe_pipelines(result: Any, plan_s: float, lost: list[str]) -> list[str]:

@@ -103,10 +103,10 @@ def plan_degree(old: Path, manifest: dict, stored: Problem) -> int:
     """The degree of every stage of an old TP plan; an error where the stages' degrees differ or the stored
     problem was not lowered at it (NOTE [re-plan of tensor-parallel plans])."""
     from hetpart.passes.tp_lower import tp_type
-    from hetpart.runtime.tp import is_mixed, tp_degrees
+    from hetpart.runtime.tp import tp_degrees
 
     degrees = tp_degrees(manifest)
-    if is_mixed(manifest):
+    if len(degrees) > 1:  # (`runtime.tp.is_mixed`, the degrees at hand)
         raise HetpartError(f"{old} mixes tensor-parallel degrees {degrees} but has no record of them (partitioned by "
                            "an earlier hetpart): partition again to re-plan it (NOTE [re-plan of mixed degrees])")
     t = degrees[0]

@@ -263,7 +263,8 @@ def left_out_reasons(problem: Problem, pipelines: Sequence[Pipeline], used: set[
 
 
 def cost_pipelines(problem: Problem, pipelines: list[Pipeline], *, lower_bound_ns: int = 0, solver_status: str,
-                   bound_note: str = "", stats: dict[str, float] | None = None) -> PipelinesPlan:
+                   bound_note: str = "", stats: dict[str, float] | None = None,
+                   bound_unfinished: tuple[str, ...] = ()) -> PipelinesPlan:
     """The `PipelinesPlan` of `pipelines` with its step time, sync and idle devices (NOTE [pipelines plan])."""
     sync, overlapped = grad_sync_ns(problem, pipelines)
     used = used_devices(pipelines)
@@ -272,7 +273,7 @@ def cost_pipelines(problem: Problem, pipelines: list[Pipeline], *, lower_bound_n
     return PipelinesPlan(
         pipelines=pipelines, iteration_ns=max(p.time_ns for p in pipelines) + sync, grad_sync_ns=sync,
         grad_sync_overlapped_ns=overlapped, lower_bound_ns=lower_bound_ns, solver_status=solver_status,
-        devices_idle=idle, bound_note=bound_note, stats=dict(stats or {}))
+        devices_idle=idle, bound_note=bound_note, stats=dict(stats or {}), bound_unfinished=bound_unfinished)
 
 
 def fixed_pipelines(problem: Problem, groups: Sequence[Sequence[str]], microbatches: Sequence[int],
