@@ -93,6 +93,11 @@ class Shape:
     piece: tuple[int, ...] = ()
 
 
+def _solve_growth(devices: int) -> float:
+    """How a shape's solve time grows with its devices: as devices^1.5 (0.7 s on 24, 22 s on 256)."""
+    return devices ** 1.5
+
+
 def machine_kinds(problem: Problem) -> tuple[list[MachineKind], dict[str, int]]:
     """The kinds and each machine's kind index."""
     per = {m: problem.device_kinds(m) for m in dict.fromkeys(d.node for d in problem.devices)}
@@ -362,7 +367,7 @@ def _plan_and_facts(problem: Problem, microbatches: int, options: SolveOptions |
     order = order[:1] + first + [s for s in order[1:] if s not in first]
     # --- Solve the shapes in turn (NOTE [pipeline shapes]) until the search's share is spent.
     def shape_limit(n: int) -> float:  # the seconds one shape of n devices may take (search, stripes, joins)
-        return max(_SHAPE_LIMIT_S, limit * _SHAPE_SHARE, _SHAPE_S_PER_DEVICE * n ** 1.5)
+        return max(_SHAPE_LIMIT_S, limit * _SHAPE_SHARE, _SHAPE_S_PER_DEVICE * _solve_growth(n))
 
     def solve_shape(devs: tuple[str, ...], m: int, limit_s: float) -> ShapeSolve:  # in every device order
         return _solve_shape_why(problem, devs, m, opts, limit_s, layers, ordered)
@@ -385,6 +390,10 @@ def _plan_and_facts(problem: Problem, microbatches: int, options: SolveOptions |
     facts = ShapeFacts(kind_of_machine=kind_of, in_shape={j for s in shapes for j in kinds_of(s)},
                        kind_names=kind_names(kinds))
     slowest = 0.0  # the most seconds per devices^1.5 a shape's solve took so far
+
+    def expect_s(n: int) -> float:  # the seconds a shape of n devices is expected to take, at the slowest pace
+        return slowest * _solve_growth(n)
+
     timed_out = 0  # shapes whose solve ran out of its time without a plan
     search_end = deadline(0.6)
     for s in order:
@@ -392,7 +401,7 @@ def _plan_and_facts(problem: Problem, microbatches: int, options: SolveOptions |
         if left <= 0:
             break
         devs = shape_devices(problem, kinds, s)
-        if slowest and len(devs) ** 1.5 * slowest > left:
+        if slowest and expect_s(len(devs)) > left:
             continue  # `solve` would likely overrun what is left (about devices^1.5: 0.7 s on 24, 22 s on 256)
         share = max(1, microbatches * len(devs) // max(1, usable))
         sched = problem.training.schedule if problem.training is not None else None
@@ -410,7 +419,7 @@ def _plan_and_facts(problem: Problem, microbatches: int, options: SolveOptions |
         facts.tried |= kinds_of(s)
         for j in kinds_of(s):
             facts.tried_count[j] = facts.tried_count.get(j, 0) + 1
-        slowest = max(slowest, (time.perf_counter() - t_shape) / len(devs) ** 1.5)
+        slowest = max(slowest, (time.perf_counter() - t_shape) / _solve_growth(len(devs)))
         got = candidate(problem, s, devs, plan, m_ref, microbatches)
         if got is None:
             if plan is None and solved.timed_out:
@@ -472,7 +481,7 @@ def _plan_and_facts(problem: Problem, microbatches: int, options: SolveOptions |
     # the search has not solved is solved by its planner, in each device order (NOTE [stash order]).
     planner = JoinPlanner(
         devices=lambda s: shape_devices(problem, kinds, s), orders=1 + len(ordered), no_plan=no_plan,
-        solve=solve_shape, limit_s=shape_limit, expect_s=lambda n: slowest * n ** 1.5)  # as the shapes' loop skips
+        solve=solve_shape, limit_s=shape_limit, expect_s=expect_s)  # as the shapes' loop skips
     probe = join_probe(problem, kinds, cands, answer, best, microbatches, planner, deadline(1.0),
                        shape_devices, _class_devices)
     answer, best = probe.answer, probe.plan
