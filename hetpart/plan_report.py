@@ -171,8 +171,9 @@ class PlanReport:
     devices_used: list[str] | None = _f((list, NoneType), None, omit_none=True)
     devices_idle: dict | None = _f((dict, NoneType), None, omit_none=True)  # device -> why no stage runs on it
     # What the pipelines' lower bound covers and leaves out (PipelinesPlan.bound_note, in words), and the parts of
-    # it the time limit cut (PipelinesPlan.bound_unfinished: `sync`, `stage sums`, `memory`; left out when none), so
-    # a gap read off a cut bound is not taken for one of a whole bound.
+    # it the time limit cut (PipelinesPlan.bound_unfinished: `sync`, `stage sums`, `memory`; `pipelines` where the
+    # whole LP bound was cut, `search-free` where a TP degree's search-free bound was not begun; left out when none),
+    # so a gap read off a cut bound is not taken for one of a whole bound.
     bound_note: str | None = _f((str, NoneType), None, omit_none=True)
     bound_unfinished: list[str] | None = _f((list, NoneType), None, omit_none=True)
     # `--parallel data`'s search: its stats (seconds, shapes tried and solved, NOTE [join probe]'s join_tries,

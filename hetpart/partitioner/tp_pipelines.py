@@ -77,7 +77,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from hetpart.errors import HetpartError
-from hetpart.partitioner.pipeline_bounds import pipelines_lower_bound
+from hetpart.partitioner.pipeline_bounds import PipelinesBound, pipelines_lower_bound
 from hetpart.partitioner.pipeline_quick_bound import quick_pipelines_bound
 from hetpart.partitioner.pipelines import Pipeline, PipelinesPlan, grad_sync_ns, sync_buckets
 from hetpart.partitioner.problem import Problem
@@ -121,54 +121,53 @@ def choose_pipelines_degree(problems: Mapping[int, Problem], microbatches: int,
     the degrees share `time_limit_s` (NOTE [degrees share the time limit])."""
     t0 = time.perf_counter()
     end = t0 + time_limit_s
-    # 1. Every degree's search-free bound, under the clock.
-    bounds: dict[int, tuple[int, str, tuple[str, ...]]] = {}
+    # 1. Every degree's search-free bound, under the clock (none: bound 0, its part "search-free" cut).
+    bounds: dict[int, PipelinesBound] = {}
     for t in sorted(problems):
         if time.perf_counter() > end:
-            bounds[t] = (0, "no bound: the time limit ran out before its search-free bound", ("search-free",))
+            bounds[t] = PipelinesBound(0, 0, "no bound: the time limit ran out before its search-free bound", 0.0,
+                                       ["search-free"])
             continue
-        quick = quick_pipelines_bound(problems[t], microbatches)
-        bounds[t] = (quick.bound_ns, quick.note, tuple(quick.unfinished))
+        bounds[t] = quick_pipelines_bound(problems[t], microbatches)
     # 2-3. Degree 1 first, then the least bound first.
-    rest = sorted((t for t in problems if t != 1), key=lambda t: (bounds[t][0], len(problems[t].devices), t))
+    rest = sorted((t for t in problems if t != 1), key=lambda t: (bounds[t].bound_ns, len(problems[t].devices), t))
     order = [t for t in (1, *rest) if t in problems]
     results: dict[int, DegreePipelines] = {}
     finished: set[int] = set()  # degrees whose NOTE [pipelines bound] finished
     best_ns: int | None = None
     for i, t in enumerate(order):
         start = time.perf_counter()
-        bound, note, unfinished = bounds[t]
-        if best_ns is not None and bound >= best_ns:  # 4. it cannot give a faster plan
-            results[t] = DegreePipelines(t, None, bound, 0.0, f"pruned: its bound {bound:,} ns is at least the best "
-                                         f"plan's {best_ns:,} ns (NOTE [degrees share the time limit])", 0.0,
-                                         slots_note(note, t), unfinished)
+        bound = bounds[t]  # the degree's bound so far: its search's or its own where larger
+        if best_ns is not None and bound.bound_ns >= best_ns:  # 4. it cannot give a faster plan
+            results[t] = _result(t, None, bound, 0.0, f"pruned: its bound {bound.bound_ns:,} ns is at least the "
+                                 f"best plan's {best_ns:,} ns (NOTE [degrees share the time limit])", 0.0)
             continue
         left = [len(problems[u].devices) for u in order[i:] if u not in results]
         share = max(0.0, end - start) * left[0] / max(1, sum(left))
         if t == 1:
             share = max(share, min(max(0.0, end - start), _DEGREE1_PART * time_limit_s))
         if results and share < _LEAST_PART * time_limit_s:  # too little left to search it: its quick bound, said so
-            results[t] = DegreePipelines(t, None, bound, 0.0, f"not searched: {share:.1f} s of the time limit left "
-                                         f"for it (NOTE [degrees share the time limit])", share,
-                                         slots_note(f"not searched (time limit), its search-free bound: {note}", t),
-                                         unfinished)
+            results[t] = _result(t, None, dataclasses.replace(
+                bound, note=f"not searched (time limit), its search-free bound: {bound.note}"), 0.0,
+                f"not searched: {share:.1f} s of the time limit left for it (NOTE [degrees share the time limit])",
+                share)
             continue
         try:
             got = plan(t, problems[t], microbatches, share)
             error = ""
-            if got.lower_bound_ns > bound:
-                bound, note, unfinished = got.lower_bound_ns, got.bound_note, got.bound_unfinished
-                finished |= set() if unfinished else {t}
+            if got.lower_bound_ns > bound.bound_ns:
+                bound = dataclasses.replace(bound, bound_ns=got.lower_bound_ns, note=got.bound_note,
+                                            unfinished=list(got.bound_unfinished))
+                finished |= set() if bound.unfinished else {t}
             best_ns = got.iteration_ns if best_ns is None else min(best_ns, got.iteration_ns)
         except HetpartError as e:  # no plan found: the bound over this degree's plans on its own
             got, error = None, str(e).splitlines()[0]
             alone = pipelines_lower_bound(problems[t], microbatches,
                                           deadline=time.perf_counter() + _BOUND_SHARE * share)
-            if alone.bound_ns > bound:
-                bound, note, unfinished = alone.bound_ns, alone.note, tuple(alone.unfinished)
+            if alone.bound_ns > bound.bound_ns:
+                bound = alone
             finished |= set() if alone.unfinished else {t}
-        results[t] = DegreePipelines(t, got, bound, time.perf_counter() - start, error, share, slots_note(note, t),
-                                     unfinished)
+        results[t] = _result(t, got, bound, time.perf_counter() - start, error, share)
     found = [r for r in results.values() if r.plan is not None]
     if not found:
         raise HetpartError(f"partitioner: no data-parallel pipelines of tensor-parallel degree "
@@ -187,6 +186,13 @@ def choose_pipelines_degree(problems: Mapping[int, Problem], microbatches: int,
     return PipelinesDegreeChoice(best.degree, dataclasses.replace(
         best.plan, lower_bound_ns=lower, solver_status=status, bound_note=note, bound_unfinished=least.unfinished),
         ordered)
+
+
+def _result(degree: int, plan: PipelinesPlan | None, bound: PipelinesBound, seconds: float, error: str,
+            share_s: float) -> DegreePipelines:
+    """A degree's `DegreePipelines`, its bound's note read as TP groups."""
+    return DegreePipelines(degree, plan, bound.bound_ns, seconds, error, share_s, slots_note(bound.note, degree),
+                           tuple(bound.unfinished))
 
 
 def _tighten(problems: Mapping[int, Problem], microbatches: int, results: dict[int, DegreePipelines],
