@@ -221,11 +221,13 @@ def test_the_re_splits_solves_share_one_deadline(seed, monkeypatch):
     assert all(lim >= replan_deadline.MIN_SOLVE_S for lim in limits) and got.candidates
 
 
-def test_a_data_parallel_re_plan_s_steps_share_one_time_limit(monkeypatch):
-    # NOTE [re-plan deadline], on a clock the test moves: the re-splits, the from-scratch search and its baselines
-    # each run their whole limit (the worst case); the stripes' deadline is what is left of T, so the limits
-    # together are T (they were 1.25 T: the stripes had 0.25 T of their own); the one-pipeline baseline is not
-    # asked for (its solve overran its limit by a second on 56 GPUs).
+@pytest.mark.parametrize("reference_part", [1.0, 0.5])
+def test_a_data_parallel_re_plan_s_steps_share_one_time_limit(monkeypatch, reference_part):
+    # NOTE [re-plan deadline], on a clock the test moves: the re-splits run their whole limit, the from-scratch
+    # search and its baselines `reference_part` of theirs (1: the worst case); the stripes' deadline is what is
+    # left of T, at least STRIPES_SHARE of it, so the limits together are T (they were 1.25 T: the stripes had
+    # 0.25 T of their own); the one-pipeline baseline is not asked for (its solve overran its limit by a second
+    # on 56 GPUs).
     from hetpart.partitioner import pipeline_search, replan_deadline, replan_pipelines as rp, replan_stripes
 
     clock, spent, asked = [0.0], {}, {}
@@ -237,7 +239,7 @@ def test_a_data_parallel_re_plan_s_steps_share_one_time_limit(monkeypatch):
         return []
 
     def reference(problem, m, options, *, baseline_limit_s, memo, single_up_to):
-        spent["reference"] = options.time_limit_s + baseline_limit_s
+        spent["reference"] = reference_part * (options.time_limit_s + baseline_limit_s)
         asked["single_up_to"] = single_up_to
         clock[0] += spent["reference"]
         raise HetpartError("none in time")
@@ -256,6 +258,7 @@ def test_a_data_parallel_re_plan_s_steps_share_one_time_limit(monkeypatch):
         replan_deadline.replan_pipelines_within(problem, old, holders, 4, slack=0.02, time_limit_s=T, seed=0)
     assert asked["single_up_to"] == 0
     assert spent["stripes"] >= replan_deadline.STRIPES_SHARE * T - 1e-9
+    assert spent["stripes"] == pytest.approx(T - spent["resplits"] - spent["reference"])  # all that was left
     assert sum(spent.values()) == pytest.approx(T)
 
 
