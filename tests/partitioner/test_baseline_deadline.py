@@ -81,3 +81,38 @@ def test_a_search_past_its_deadline_solves_no_shape_and_says_so(monkeypatch):
     msg = str(e.value)
     assert "no pipeline shape was solved within" in msg and "0 tried" in msg and "raise --time-limit" in msg
     assert "none of the baselines (megatron, metis, one-pipeline) has a plan" in msg
+
+
+def test_strategy_checks_a_layout_baseline_s_plan_once(monkeypatch):
+    """`--strategy megatron` / `metis`: the baseline's plan comes checked, so `strategy_pipelines` does not run
+    `pipelines_violations` on it again (each check re-evaluates every pipeline)."""
+    real, seen = pb.pipelines_violations, []
+
+    def counted(problem, plan, m):
+        seen.append(plan)
+        return real(problem, plan, m)
+
+    monkeypatch.setattr(pb, "pipelines_violations", counted)
+    done = set()
+    for seed, p, M in _one_f1b():
+        for name in ("megatron", "metis"):
+            seen.clear()
+            try:
+                _, baselines = pb.strategy_pipelines(p, M, name, time_limit_s=30)
+            except HetpartError:
+                continue
+            b = next(b for b in baselines if b.name == name)
+            assert b.checked and sum(plan is b.plan for plan in seen) == 1, (seed, name)
+            done.add(name)
+        if done == {"megatron", "metis"}:
+            break
+    assert done == {"megatron", "metis"}
+
+
+def test_megatron_and_metis_split_the_blocks_once(monkeypatch):
+    """Both layout baselines read one block split (NOTE [equal blocks]), kept on the problem: 0.4 s on 3,690 nodes."""
+    real, calls = pb._blocks_of, []
+    monkeypatch.setattr(pb, "_blocks_of", lambda problem: calls.append(1) or real(problem))
+    p, M = small_problem(0)
+    got = {b.name: b for b in pipeline_baselines(p, M, time_limit_s=30, single=False)}
+    assert got["megatron"].plan is not None and got["metis"].plan is not None and len(calls) == 1
