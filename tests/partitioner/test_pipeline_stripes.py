@@ -80,6 +80,27 @@ def test_device_kinds_count_every_kind_per_machine_and_follow_the_device_list():
             p.devices = [d for d in p.devices if d.node != "n0"]
 
 
+def test_device_types_and_allowed_types_follow_the_device_list():
+    """Problem.device_types, kept per devices list (NOTE [problem caches]) and read by allowed_types once per node:
+    right as devices are added or the list replaced; each call's list the caller's own."""
+    from hetpart.partitioner import FORBIDDEN_TYPES
+
+    p = stripy()
+    v = next(iter(p.graph.nodes))
+    for step in range(3):
+        want = sorted({d.type for d in p.devices})
+        assert p.device_types == want and p.allowed_types(v) == want
+        p.graph.nodes[v][FORBIDDEN_TYPES] = ["gpu"]
+        assert p.allowed_types(v) == [t for t in want if t != "gpu"]
+        del p.graph.nodes[v][FORBIDDEN_TYPES]
+        p.device_types.append("x")  # a copy: the cache is not changed
+        p.allowed_types(v).append("x")
+        if step == 0:
+            p.devices += [Device("t0", "tpu", "n2", 300)]
+        else:
+            p.devices = [d for d in p.devices if d.type != "gpu"]
+
+
 @pytest.mark.parametrize("old_ns", [50, 120])
 def test_stripes_are_interchangeable(old_ns):
     """NOTE [striped pipelines]: stripe 0's best plan renamed to stripe 1 is stripe 1's best plan (brute force over
