@@ -8,7 +8,7 @@ import networkx as nx
 import pytest
 import torch
 
-from hetpart.codegen.tp import TP_FUNCTIONS, shard_tensor, unshard_tensor
+from hetpart.codegen.tp import TP_FUNCTIONS
 from hetpart.compile import analyze
 from hetpart.devices import load_cluster
 from hetpart.frontend import ModelSpec
@@ -17,8 +17,9 @@ from hetpart.partitioner.costs import allreduce_ns, tp_shard_bytes
 from hetpart.partitioner.problem import COLOCATE, TIME_NS
 from hetpart.passes import lower_to_problem
 from hetpart.passes.lower import TrainingSpec, group_of
-from hetpart.passes.tensor_parallel import WeightShard, analyse
+from hetpart.passes.tensor_parallel import analyse
 from hetpart.passes.tp_lower import lower_tensor_parallel, tp_groups
+from hetpart.shards import WeightShard, shard_tensor, unshard_tensor
 from hetpart.tensor_parallel import check_tp_options
 from hetpart.errors import HetpartError
 

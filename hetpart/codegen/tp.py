@@ -34,7 +34,8 @@ import torch.fx as fx
 
 from hetpart.codegen.split import StageGraph
 from hetpart.errors import HetpartError
-from hetpart.passes.tensor_parallel import ShardingPlan, WeightShard
+from hetpart.passes.tensor_parallel import ShardingPlan
+from hetpart.shards import shard_tensor
 from hetpart.trust import MIXED_FORMAT_VERSION
 
 aten = torch.ops.aten
@@ -112,23 +113,6 @@ copy, all_reduce, all_gather = _namespace["tp_copy"], _namespace["tp_all_reduce"
 for _fn, _name in ((copy, "copy"), (all_reduce, "all_reduce"), (all_gather, "all_gather")):
     _fn.__module__, _fn.__name__, _fn.__qualname__ = "tp", _name, _name
 TP_FUNCTIONS = {"tp_copy": copy, "tp_all_reduce": all_reduce, "tp_all_gather": all_gather}  # FX's name -> function
-
-
-def shard_tensor(tensor: torch.Tensor, shard: WeightShard, rank: int, degree: int) -> torch.Tensor:
-    """Rank `rank`'s part of `tensor`: each of its `shard.chunks` equal parts along `shard.dim` split in `degree`.
-
-        >>> shard_tensor(torch.arange(12), WeightShard(0, chunks=3), 1, 2).tolist()
-        [2, 3, 6, 7, 10, 11]
-    """
-    parts = tensor.chunk(shard.chunks, dim=shard.dim)
-    return torch.cat([p.chunk(degree, dim=shard.dim)[rank] for p in parts], dim=shard.dim).contiguous()
-
-
-def unshard_tensor(parts: list[torch.Tensor], shard: WeightShard) -> torch.Tensor:
-    """The whole tensor from every rank's part, in rank order (the inverse of `shard_tensor`)."""
-    per_rank = [p.chunk(shard.chunks, dim=shard.dim) for p in parts]
-    return torch.cat([torch.cat([r[c] for r in per_rank], dim=shard.dim) for c in range(shard.chunks)],
-                     dim=shard.dim)
 
 
 def shard_stage(stage: StageGraph, plan: ShardingPlan, rank: int) -> StageGraph:
@@ -418,5 +402,5 @@ def tp_manifest(man: dict, ranks: list[StageGraph], shardings: Sequence[Sharding
     return _place_tp(man)
 
 
-__all__ = ["TP_FUNCTIONS", "TP_SOURCE", "shard_stage", "shard_tensor", "tp_manifest", "tp_mesh",
-           "tp_pipelines_manifest", "tp_pipelines_mesh", "tp_stage_graphs", "unshard_tensor"]
+__all__ = ["TP_FUNCTIONS", "TP_SOURCE", "shard_stage", "tp_manifest", "tp_mesh",
+           "tp_pipelines_manifest", "tp_pipelines_mesh", "tp_stage_graphs"]

@@ -80,6 +80,7 @@ from safetensors.torch import load_file, save_file
 
 from hetpart.errors import HetpartError
 from hetpart.fsio import AtomicWrites, real_dir
+from hetpart.shards import split_full_shape
 from hetpart.trust import SIGNATURE_NAME, is_signed, read_plain, signature
 from hetpart.units import format_bytes
 
@@ -91,14 +92,6 @@ SAFETENSORS_DTYPES: dict[torch.dtype, str] = {
 }
 TORCH_DTYPES = {v: k for k, v in SAFETENSORS_DTYPES.items()}
 MANIFEST_VERSION = 2  # 2: entries may carry a tensor-parallel `split`; version 1 (no splits) is read too
-
-
-def split_full_shape(shape: tuple[int, ...], split: dict[str, int] | None) -> tuple[int, ...]:
-    """The whole tensor's shape, of which a tensor of `shape` is TP rank `split["rank"]`'s part (`shard_tensor`'s:
-    `split["degree"]` times as long on `split["dim"]`, NOTE [weight manifests]); `shape` where `split` is None."""
-    if split is None:
-        return tuple(shape)
-    return tuple(n * split["degree"] if d == split["dim"] else n for d, n in enumerate(shape))
 
 
 @dataclass(frozen=True)

@@ -14,9 +14,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
+import torch
 import torch.fx as fx
 
 META_KEY = "hetpart"
+# torch dtype -> the short name `NodeInfo.dtype` and the manifest record (a rank maps it back: runtime/worker.py).
+DTYPE_NAMES = {
+    torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", torch.float64: "f64",
+    torch.int64: "i64", torch.int32: "i32", torch.int16: "i16", torch.int8: "i8", torch.uint8: "u8",
+    torch.bool: "b8", torch.complex64: "c64",
+}
 
 
 @dataclass
@@ -26,7 +33,7 @@ class NodeInfo:
     # shape pass
     is_tensor: bool | None = None  # False for SymInts, tuples, None outputs
     shape: tuple[str, ...] | None = None  # symbolic, e.g. ("s0", "64", "128")
-    dtype: str | None = None  # short name, e.g. "f32"; "tuple" or "scalar" for non-tensors
+    dtype: str | None = None  # short name (DTYPE_NAMES), e.g. "f32"; "tuple" or "scalar" for non-tensors
     out_bytes: int | None = None  # bytes of the output at microbatch size (0 for non-tensors)
     # flops pass
     flops: int | None = None  # at microbatch size

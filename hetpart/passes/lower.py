@@ -41,12 +41,12 @@ import torch.fx as fx
 from hetpart.devices import Cluster
 from hetpart.errors import HetpartError
 from hetpart.ir import info
+from hetpart.ir.info import DTYPE_NAMES
 from hetpart.partitioner.problem import (
     FORWARD_NS, LAYER, MEM_BYTES, OUT_BYTES, OUT_TENSORS, PIN, PIN_FIRST, PIN_LAST, TIME_NS, WEIGHTS, Device, Link, Problem,
     Training,
 )
 from hetpart.partitioner.costs import training_state_bytes
-from hetpart.passes.shape import DTYPE_NAMES
 
 # NOTE [training costs]
 # A training plan is costed per microbatch of forward plus backward:

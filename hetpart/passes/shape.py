@@ -15,14 +15,9 @@ import torch
 import torch.fx as fx
 
 from hetpart.ir import info
+from hetpart.ir.info import DTYPE_NAMES
 from hetpart.passes.manager import PassContext, PassResult
 from hetpart.passes.meta import meta_run
-
-DTYPE_NAMES = {
-    torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", torch.float64: "f64",
-    torch.int64: "i64", torch.int32: "i32", torch.int16: "i16", torch.int8: "i8", torch.uint8: "u8",
-    torch.bool: "b8", torch.complex64: "c64",
-}
 
 
 def tensor_bytes(value: Any) -> int:

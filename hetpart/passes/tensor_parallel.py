@@ -39,6 +39,7 @@ import torch
 import torch.fx as fx
 
 from hetpart.passes.manager import PassContext, PassResult
+from hetpart.shards import WeightShard
 
 aten = torch.ops.aten
 TP_META = "tensor_parallel"  # gm.meta key: {degree: ShardingPlan}
@@ -48,17 +49,6 @@ _SAME_SHAPE = {aten.clone.default, aten.contiguous.default, aten.alias.default, 
                aten._to_copy.default, aten.to.dtype, aten.to.dtype_layout, aten.dropout.default,
                aten.lift_fresh_copy.default}
 _DIM_MAPS = {aten.unsqueeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.flatten.using_ints}
-
-
-@dataclass(frozen=True)
-class WeightShard:
-    """How one weight is split across a tensor-parallel group."""
-
-    dim: int  # the dim split in t equal parts: 0 for a column linear's weight and bias, 1 for a row's
-    chunks: int = 1  # a fused weight's equal parts along `dim` (q, k, v), each split in t
-
-    def to_json(self) -> dict:
-        return {"dim": self.dim, "chunks": self.chunks}
 
 
 @dataclass
@@ -374,4 +364,4 @@ def describe(plan: ShardingPlan) -> list[str]:
     return lines
 
 
-__all__ = ["ShardingPlan", "TP_META", "TensorParallelPass", "WeightShard", "analyse", "describe"]
+__all__ = ["ShardingPlan", "TP_META", "TensorParallelPass", "analyse", "describe"]

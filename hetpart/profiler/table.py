@@ -33,6 +33,7 @@ import torch.fx as fx
 
 from hetpart.errors import HetpartError
 from hetpart.fsio import atomic_write, check_outside_artifacts
+from hetpart.ir.info import DTYPE_NAMES
 
 
 FORMAT_VERSION = 1
@@ -40,8 +41,6 @@ FORMAT_VERSION = 1
 
 def _describe(value: Any) -> str:
     if isinstance(value, torch.Tensor):
-        from hetpart.passes.shape import DTYPE_NAMES
-
         dtype = DTYPE_NAMES.get(value.dtype, str(value.dtype).removeprefix("torch."))
         return f"{dtype}[{','.join(str(int(d)) for d in value.shape)}]"
     if isinstance(value, (tuple, list)):

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from hetpart.errors import HetpartError
+from hetpart.shards import WeightShard, shard_tensor, split_full_shape
 
 Box = tuple[tuple[int, int], ...]  # [lo, hi) per dim of the full tensor
 
@@ -84,9 +85,6 @@ def shard_layout(shape: tuple[int, ...], shard: dict[str, int] | None) -> Layout
     `shard["dim"]` in `shard["chunks"]` (None: replicated), derived from `shard_tensor` itself."""
     if shard is None:
         return Layout(tuple(shape))
-    from hetpart.codegen.tp import shard_tensor
-    from hetpart.passes.tensor_parallel import WeightShard
-
     dim = shard["dim"]
     index = shard_tensor(torch.arange(shape[dim]), WeightShard(0, shard["chunks"]), shard["rank"],
                          shard["degree"]).tolist()
@@ -102,8 +100,6 @@ def shard_layout(shape: tuple[int, ...], shard: dict[str, int] | None) -> Layout
 def saved_layouts(tensors: dict[str, torch.Tensor], shards: dict[str, dict[str, int]]) -> dict[str, Layout]:
     """The layout of each tensor a rank writes ("weight/<fqn>", "optimizer/<fqn>/<key>"), its split weights'
     (`shards`: FQN -> dim, chunks, rank, degree; runtime/tp.py `weight_shards`) from their shard's shape."""
-    from hetpart.codegen.weights import split_full_shape  # here: importing hetpart.codegen costs every rank start-up
-
     out: dict[str, Layout] = {}
     for key, t in tensors.items():
         kind, rest = key.split("/", 1)

@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from hetpart.errors import HetpartError
+from hetpart.shards import WeightShard, unshard_tensor
 
 EDITED = "; the manifest was edited or is damaged: partition again"
 
@@ -231,9 +232,6 @@ def gather_shards(tensors: dict[str, torch.Tensor], manifest: dict[str, Any], en
     """`tensors` (weight FQN -> this rank's value or gradient) with each split weight's parts gathered from
     the TP group into the whole tensor, for --verify against the unpartitioned model. Every TP rank of the
     stage calls it with the same names (it runs collectives, on `device`: nccl gathers GPU tensors only)."""
-    from hetpart.codegen.tp import unshard_tensor
-    from hetpart.passes.tensor_parallel import WeightShard
-
     stage_tp = tp_entry(manifest, entry)
     if stage_tp is None:
         return tensors
@@ -254,9 +252,6 @@ def whole_weights(loaded: list[dict[str, torch.Tensor]], manifest: dict[str, Any
     put together (NOTE [tensor-parallel stages]); the reference model of --verify loads them."""
     if not is_tp(manifest):
         return loaded
-    from hetpart.codegen.tp import unshard_tensor
-    from hetpart.passes.tensor_parallel import WeightShard
-
     out = [dict(t) for t in loaded]
     for stage_tp in manifest["mesh"]["tensor_parallel"]:
         for name, spec in stage_tp["weights"].items():

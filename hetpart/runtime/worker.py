@@ -33,6 +33,7 @@ import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 
 from hetpart.errors import HetpartError
+from hetpart.ir.info import DTYPE_NAMES
 from hetpart.procs import process_start
 from hetpart.runtime.checkpoint import CheckpointRun
 from hetpart.runtime.emulate import SleepPadding
@@ -120,8 +121,6 @@ def _static_metadata(manifest: dict, entry: dict, sizes: dict[str, int], device:
     only: training also needs gradient metadata. `sent`: what the stage sends, where the manifest's
     next rank does not run the next stage (virtual stages: NOTE [virtual-stage manifest]).
     """
-    from hetpart.passes.shape import DTYPE_NAMES
-
     dtypes = {name: dtype for dtype, name in DTYPE_NAMES.items()}
 
     def zeros(values: list[dict]) -> tuple[torch.Tensor, ...] | None:

@@ -12,9 +12,7 @@ import shutil
 import pytest
 import torch
 
-from hetpart.codegen.tp import shard_tensor
 from hetpart.errors import HetpartError
-from hetpart.passes.tensor_parallel import WeightShard
 from hetpart.runtime.checkpoint import (
     finish_checkpoint, load_rank, part_layouts, rank_state, read_checkpoint, save_rank,
 )
@@ -22,6 +20,7 @@ from hetpart.runtime.checkpoint_slices import (
     Layout, SliceRead, assemble, needed_layout, plan_reads, saved_layouts, shard_layout,
 )
 from hetpart.runtime.schedules import RankStages
+from hetpart.shards import WeightShard, shard_tensor
 
 MODEL = {"model": "zoo:mlp", "overrides": {}, "seed": 0}
 DATA = {"batch_size": 8, "seq_len": 1, "seed": 0, "microbatches": 2}

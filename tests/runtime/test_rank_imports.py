@@ -1,7 +1,9 @@
-"""A rank's start-up imports (NOTE in hetpart/runtime/checkpoint_slices.py `saved_layouts`): every torchrun rank
+"""A rank's start-up imports (hetpart/shards.py's docstring): every torchrun rank
 imports hetpart.runtime.worker, so what it pulls in is paid once per rank per launch. Importing hetpart.codegen (its
 package imports export, passes, partitioner, models, ortools) added 0.3-0.6 CPU-s to each of the suite's ~200 rank
-starts when checkpoint_slices imported a helper from it at module level."""
+starts when checkpoint_slices imported a helper from it at module level. The same holds for what a rank imports on
+the way: an inference rank's boundary dtypes, a checkpoint's shard layouts, --verify's gathered shards each imported
+a package of the compiler inside the function (0.4-0.8 CPU-s a rank); they read hetpart.ir.info and hetpart.shards."""
 
 import json
 import subprocess
@@ -12,10 +14,29 @@ _NOT_AT_START = ("hetpart.codegen", "hetpart.partitioner", "hetpart.passes", "he
                  "hetpart.export", "ortools")
 
 
-def test_a_rank_imports_none_of_the_compiler_at_start_up():
-    code = ("import json, sys; import hetpart.runtime.worker; "
-            "print(json.dumps(sorted(m for m in sys.modules)))")
-    loaded = json.loads(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
-                                       text=True).stdout)
+def _compiler_modules(code: str) -> list[str]:
+    loaded = json.loads(subprocess.run([sys.executable, "-c", code + "; print(json.dumps(sorted(sys.modules)))"],
+                                       check=True, capture_output=True, text=True).stdout.splitlines()[-1])
     assert "hetpart.runtime.worker" in loaded  # the probe itself works
-    assert not [m for m in loaded if m.split(".")[0] == "ortools" or m.startswith(_NOT_AT_START[:-1])]
+    return [m for m in loaded if m.split(".")[0] == "ortools" or m.startswith(_NOT_AT_START[:-1])]
+
+
+def test_a_rank_imports_none_of_the_compiler_at_start_up():
+    assert not _compiler_modules("import json, sys; import hetpart.runtime.worker")
+
+
+def test_a_rank_imports_none_of_the_compiler_for_boundaries_checkpoints_or_verify():
+    code = ("import json, sys, torch; import hetpart.runtime.worker as w; "
+            "from hetpart.runtime import checkpoint_slices as cs, tp; "
+            # an inference rank's boundary metadata (the manifest's dtype names mapped back to torch's)
+            "meta = w._static_metadata({}, {'inputs': [{'shape': ['2'], 'dtype': 'bf16'}]}, {}, torch.device('cpu'), "
+            "sent=[]); assert meta['input_args'][0].dtype == torch.bfloat16, meta; "
+            # a TP rank's checkpoint layouts: TP rank 1 of 2 holds rows 4..8 of the whole
+            "lay = cs.saved_layouts({'weight/a': torch.zeros(4, 3)}, {'a': {'dim': 0, 'chunks': 1, 'rank': 1, "
+            "'degree': 2}}); assert lay['weight/a'].pieces == ((4, 8),), lay; "
+            # the whole weights --verify reads, from each TP rank's part
+            "man = {'format_version': 2, 'mesh': {'tensor_parallel': [{'ranks': [0, 1], 'weights': "
+            "{'a': {'dim': 1, 'chunks': 1}}}]}}; "
+            "whole = tp.whole_weights([{'a': torch.zeros(2, 1)}, {'a': torch.ones(2, 1)}], man); "
+            "assert whole[0]['a'].tolist() == [[0.0, 1.0], [0.0, 1.0]], whole")
+    assert not _compiler_modules(code)
