@@ -26,12 +26,15 @@ _STEP_TRIES = 3  # NOTE [re-plan pipelines] d: bytes-first DPs per cap, each at 
 
 
 def stripe_candidates(problem: Problem, holders: Mapping[str, tuple[str, ...]], microbatches: int, *,
-                      deadline: Deadline, seed: int, memo=None, slack: float = 0.02) -> list[PipelinesCandidate]:
+                      deadline: Deadline, seed: int, memo=None, slack: float = 0.02,
+                      left_out: list[str] | None = None) -> list[PipelinesCandidate]:
     """NOTE [re-plan pipelines] c: striped pipelines (NOTE [striped pipelines]) over every machine left, then over
     every machine left but one kind's, the most stripes each; stripe 0 from `memo` (NOTE [shape memo]) or solved by
     the search's planner in each of `_held_orders` within `deadline` (the first whatever the time, with its whole
     _STRIPE_LIMIT_S: a solve cut short lands its stages elsewhere; a memo plan was solved for other holdings), the
-    solved ones added to `memo`; each as is and relabeled."""
+    solved ones added to `memo`; each as is and relabeled. After the first stripe plan's candidates, each next
+    plan's (and the bytes-first re-cuts, NOTE [re-plan pipelines] d) only while `deadline` has time left; what it
+    cut is appended to `left_out` (NOTE [re-plan deadline]: the re-plan's note says it)."""
     from hetpart.partitioner.pipeline_bounds import need_bytes
     from hetpart.partitioner.pipeline_search import Shape, _class_devices, machine_kinds
     from hetpart.partitioner.pipeline_shape import _solve_shape
@@ -74,11 +77,19 @@ def stripe_candidates(problem: Problem, holders: Mapping[str, tuple[str, ...]], 
                 solved.append((machines, f, groups[0], plan, m))
         done.append((machines, f, groups, m, plans))
     # NOTE [re-plan pipelines] d after every set's solves, so that they keep the time they had without it.
+    cut = {"stripe plan(s) not striped": 0, "stripe set(s) not re-cut bytes-first": 0}
     for machines, f, groups, m, plans in done:
-        tagged = [(plan, "") for plan in plans] + [
-            (plan, ", bytes-first") for plan in _bytes_first_stripes(problem, groups[0], plans, m, held, first,
-                                                                     slack, deadline)]
+        if deadline.left() >= MIN_SOLVE_S:
+            tagged = [(plan, "") for plan in plans] + [
+                (plan, ", bytes-first") for plan in _bytes_first_stripes(problem, groups[0], plans, m, held, first,
+                                                                         slack, deadline)]
+        else:  # no time for the DPs (NOTE [re-plan deadline])
+            tagged = [(plan, "") for plan in plans]
+            cut["stripe set(s) not re-cut bytes-first"] += bool(plans)
         for plan, tag in tagged:
+            if out and deadline.left() <= 0:  # the first plan's candidates whatever the time
+                cut["stripe plan(s) not striped"] += 1
+                continue
             pp = striped(problem, groups, plan, microbatches)
             if pipelines_violations(problem, pp, microbatches):
                 continue
@@ -91,6 +102,8 @@ def stripe_candidates(problem: Problem, holders: Mapping[str, tuple[str, ...]], 
                 out.append(PipelinesCandidate(how, got, ["new"] * len(got.pipelines),
                                               pipelines_moves(problem, got, held), checked=got is pp))
     record_stripes(memo, codec, solved)
+    if left_out is not None:
+        left_out += [f"{n} {what} (past the deadline)" for what, n in cut.items() if n]
     return out
 
 
