@@ -140,7 +140,9 @@ def _bytes_first_stripes(problem: Problem, devices: tuple[str, ...], plans: Sequ
         if i and deadline.left() < MIN_SOLVE_S:
             break
         own = [at[v] for v, k in plan.stage_of.items() if at[v] > 0 and plan.stage_of[tab.order[at[v] - 1]] != k]
-        for share in _STRIPE_CAPS:
+        for j, share in enumerate(_STRIPE_CAPS):
+            if j and deadline.left() < MIN_SOLVE_S:  # the clock between caps too (NOTE [re-plan deadline])
+                break
             step_cap = math.floor(plan.objective_ns * (1 + share * slack))  # NOTE [re-plan pipelines] d: the step
             for new, _ in _step_capped(problem, devices, sub, tab, held, old_order, own, microbatches, step_cap,
                                        math.floor(plan.bottleneck_ns * (1 + share * slack))):
