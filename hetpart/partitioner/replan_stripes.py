@@ -34,8 +34,9 @@ def stripe_candidates(problem: Problem, holders: Mapping[str, tuple[str, ...]], 
     the search's planner in each of `_held_orders` within `deadline` (the first whatever the time, with its whole
     _STRIPE_LIMIT_S: a solve cut short lands its stages elsewhere; a memo plan was solved for other holdings), the
     solved ones added to `memo`; each as is and relabeled. After the first stripe plan's candidates, each next
-    plan's (and the bytes-first re-cuts, NOTE [re-plan pipelines] d) only while `deadline` has time left; what it
-    cut is appended to `left_out` (NOTE [re-plan deadline]: the re-plan's note says it)."""
+    plan's only while `deadline` has time left, and the bytes-first re-cuts (NOTE [re-plan pipelines] d) of every
+    set but the first; what it cut is appended to `left_out` (NOTE [re-plan deadline]: the re-plan's note says
+    it)."""
     from hetpart.partitioner.pipeline_bounds import need_bytes
     from hetpart.partitioner.pipeline_search import Shape, _class_devices, machine_kinds
     from hetpart.partitioner.pipeline_shape import _solve_shape
@@ -83,8 +84,9 @@ def stripe_candidates(problem: Problem, holders: Mapping[str, tuple[str, ...]], 
         done.append((machines, f, groups, m, plans))
     # NOTE [re-plan pipelines] d after every set's solves, so that they keep the time they had without it.
     cut = {"stripe plan(s) not striped": 0, "stripe set(s) not re-cut bytes-first": 0}
-    for machines, f, groups, m, plans in done:
-        if deadline.left() >= MIN_SOLVE_S:
+    for n, (machines, f, groups, m, plans) in enumerate(done):
+        if not n or deadline.left() >= MIN_SOLVE_S:  # the first set's whatever the time: its bytes-first
+            # stripes were every one chosen on llama-7b's trace (replan5s), each past the stripes' deadline
             tagged = [(plan, "") for plan in plans] + [
                 (plan, ", bytes-first") for plan in _bytes_first_stripes(problem, groups[0], plans, m, held, first,
                                                                          slack, deadline)]
@@ -141,7 +143,7 @@ def _bytes_first_stripes(problem: Problem, devices: tuple[str, ...], plans: Sequ
             break
         own = [at[v] for v, k in plan.stage_of.items() if at[v] > 0 and plan.stage_of[tab.order[at[v] - 1]] != k]
         for j, share in enumerate(_STRIPE_CAPS):
-            if j and deadline.left() < MIN_SOLVE_S:  # the clock between caps too (NOTE [re-plan deadline])
+            if i and j and deadline.left() < MIN_SOLVE_S:  # the clock between caps too (NOTE [re-plan deadline])
                 break
             step_cap = math.floor(plan.objective_ns * (1 + share * slack))  # NOTE [re-plan pipelines] d: the step
             for new, _ in _step_capped(problem, devices, sub, tab, held, old_order, own, microbatches, step_cap,

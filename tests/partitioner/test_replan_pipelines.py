@@ -316,8 +316,9 @@ def test_the_stripes_keep_to_their_deadline_after_the_first(monkeypatch):
 
 def test_past_their_deadline_the_stripes_make_no_more_candidates_and_say_what_they_left_out(monkeypatch):
     """NOTE [re-plan deadline]: on a clock the test moves, the deadline passes while the first plan is striped:
-    its candidates (as is, relabeled) are kept, every later plan's are not striped, no bytes-first DP runs, and
-    `left_out` says so; with time, the same call cuts nothing and makes more candidates, all valid."""
+    its candidates (as is, relabeled) are kept, every later plan's are not striped, no bytes-first DP of a later
+    set runs, and `left_out` says so; with time, the same call cuts nothing and makes more candidates, all valid;
+    with the deadline spent from the start, the first set's bytes-first DPs still run (theirs were chosen)."""
     from hetpart.partitioner import pipeline_stripes, replan_deadline, replan_stripes
     from hetpart.partitioner.replan_deadline import Deadline
     from hetpart.partitioner.replan_stripes import stripe_candidates
@@ -343,6 +344,9 @@ def test_past_their_deadline_the_stripes_make_no_more_candidates_and_say_what_th
     assert {c.name for c in got} <= {c.name for c in full} and 1 <= len(got) <= 2
     assert all(not pipelines_violations(p, c.plan, 4) for c in got)
     assert any("not striped" in x for x in left_out) and any("not re-cut bytes-first" in x for x in left_out)
+    dps[0] = 0
+    stripe_candidates(p, holders, 4, deadline=Deadline(0), seed=0)
+    assert dps[0] == 1
 
 
 def test_stripes_of_a_striped_plan_on_the_same_machines_move_nothing():
