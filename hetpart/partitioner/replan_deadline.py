@@ -34,10 +34,11 @@ shares:
   outside every limit: the search's own overrun (about 0.4 s at 0.7 s), a repair's, and checking,
   striping and relabeling each candidate (0.2-0.8 s). So the stripes check the clock between candidates
   (replan5s: a profile of one event found 4.8 s of stripe work in a 0.5 s share, none of it under a limit):
-  past their deadline, after the first stripe plan's candidates (as is and relabeled), no further stripe
-  plan is striped, checked or relabeled, and with less than MIN_SOLVE_S left no bytes-first DP is begun
-  but the first set's in its first order (cut too, they moved 2.38x fewer bytes than re-sharding over
-  llama-7b's trace against 2.83x: every bytes-first stripe chosen there was the first set's);
+  past their deadline, after the first stripe plan's candidates (as is and relabeled), no further solved
+  stripe plan is striped, checked or relabeled, and with less than MIN_SOLVE_S left no bytes-first DP is
+  begun but the first set's in the held order (made candidates whatever the time: every bytes-first stripe
+  chosen on llama-7b's trace was the first set's, and with them cut too the trace moved 2.38x fewer bytes
+  than re-sharding, against 2.83x);
   what was cut is listed in the re-plan's `left_out` (plan.json's `replan.left_out`, the plan's bound note
   and `hetpart replan`'s output), so a plan chosen without them says so.
 Before this, each of these solves had T of its own, so a data-parallel re-plan of a broken 70B

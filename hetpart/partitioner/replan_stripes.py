@@ -34,8 +34,8 @@ def stripe_candidates(problem: Problem, holders: Mapping[str, tuple[str, ...]], 
     the search's planner in each of `_held_orders` within `deadline` (the first whatever the time, with its whole
     _STRIPE_LIMIT_S: a solve cut short lands its stages elsewhere; a memo plan was solved for other holdings), the
     solved ones added to `memo`; each as is and relabeled. After the first stripe plan's candidates, each next
-    plan's only while `deadline` has time left, and the bytes-first re-cuts (NOTE [re-plan pipelines] d) of every
-    set but the first; what it cut is appended to `left_out` (NOTE [re-plan deadline]: the re-plan's note says
+    solved plan's only while `deadline` has time left, and the bytes-first re-cuts (NOTE [re-plan pipelines] d)
+    and their candidates of every set but the first; what it cut is appended to `left_out` (NOTE [re-plan deadline]: the re-plan's note says
     it)."""
     from hetpart.partitioner.pipeline_bounds import need_bytes
     from hetpart.partitioner.pipeline_search import Shape, _class_devices, machine_kinds
@@ -94,7 +94,7 @@ def stripe_candidates(problem: Problem, holders: Mapping[str, tuple[str, ...]], 
             tagged = [(plan, "") for plan in plans]
             cut["stripe set(s) not re-cut bytes-first"] += bool(plans)
         for plan, tag in tagged:
-            if out and deadline.left() <= 0:  # the first plan's candidates whatever the time
+            if out and deadline.left() <= 0 and not (tag and not n):  # the first plan's, the first set's DPs
                 cut["stripe plan(s) not striped"] += 1
                 continue
             pp = striped(problem, groups, plan, microbatches)
