@@ -278,6 +278,7 @@ def replay_pipelines(path: Path, stored, full: Cluster, plan_json: dict, manifes
             "scratch_stages": label,
             "replan_s": round(replan_s, 2), "cpu_s": round(cpu_s, 2), "scratch_solve_s": round(scratch_s, 2),
             "lexicographic_s": round(replan_s - scratch_s, 2), "move_s": round(mv.time_ns * 1e-9, 3),
+            "left_out": result.left_out,  # NOTE [re-plan deadline]: candidates the deadline cut
             "moved_GiB": round((mv.between_bytes + mv.within_bytes + mv.checkpoint_bytes) / 2**30, 2),
             "between_GiB": round(mv.between_bytes / 2**30, 2),
             "network_GiB": round((mv.between_bytes + mv.checkpoint_bytes) / 2**30, 2),

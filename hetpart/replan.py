@@ -254,7 +254,8 @@ class PipelinesChoice:
         # bound_unfinished)
         return cost_pipelines(problem, pipes, lower_bound_ns=scratch.lower_bound_ns if scratch is not None else 0,
                               solver_status="FEASIBLE",
-                              bound_note=f"re-planned (NOTE [re-plan pipelines]): {self.result.chosen.name}; {bound}",
+                              bound_note=f"re-planned (NOTE [re-plan pipelines]): {self.result.chosen.name}; {bound}"
+                              + "".join(f"; left out at --time-limit: {x}" for x in self.result.left_out),
                               bound_unfinished=scratch.bound_unfinished if scratch is not None else ())
 
 
@@ -282,6 +283,8 @@ def describe_pipelines(result: Any, plan_s: float, lost: list[str]) -> list[str]
     lines.append(f"  slack {result.slack:.0%}: iteration limit {result.limit_ns / 1000:.1f} us (best candidate "
                  f"{result.best_ns / 1000:.1f} us; {ref}); '*' chosen: the fewest bytes "
                  "between machines, then within, of those within the limit ('-': over it); NOTE [re-plan pipelines]")
+    if result.left_out:
+        lines.append(f"  left out at the --time-limit: {'; '.join(result.left_out)} (NOTE [re-plan deadline])")
     return lines
 
 

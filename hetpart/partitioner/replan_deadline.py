@@ -32,7 +32,15 @@ shares:
   0.3 s limit (its bounds, DP hint and coarse search are outside CP-SAT's limit): 1.1 s over for a
   baseline the search already covers (its shapes include one pipeline on every device). What is still
   outside every limit: the search's own overrun (about 0.4 s at 0.7 s), a repair's, and checking,
-  striping and relabeling each candidate (0.2-0.8 s).
+  striping and relabeling each candidate (0.2-0.8 s). So the stripes check the clock between candidates
+  (replan5s: a profile of one event found 4.8 s of stripe work in a 0.5 s share, none of it under a limit):
+  past their deadline, after the first stripe plan's candidates (as is and relabeled), no further solved
+  stripe plan is striped, checked or relabeled, and with less than MIN_SOLVE_S left no bytes-first DP is
+  begun but the first set's in the held order (made candidates whatever the time: every bytes-first stripe
+  chosen on llama-7b's trace was the first set's, and with them cut too the trace moved 2.38x fewer bytes
+  than re-sharding, against 2.83x);
+  what was cut is listed in the re-plan's `left_out` (plan.json's `replan.left_out`, the plan's bound note
+  and `hetpart replan`'s output), so a plan chosen without them says so.
 Before this, each of these solves had T of its own, so a data-parallel re-plan of a broken 70B
 pipeline took the reference (about 1.5 T) plus up to four repairs of T each and their lexicographic
 steps (11.8 s at T = 2 s). What the shared deadline costs is a shorter reference and shorter repairs:
@@ -114,11 +122,13 @@ def replan_pipelines_within(problem: Problem, old: Sequence, holders: Mapping[st
             echo(f"note: the from-scratch --parallel data plan: {str(err).splitlines()[0]}; the batch re-splits only")
         scratch = None
     reference_s = time.perf_counter() - reference_start
+    left_out: list[str] = []
     stripes = stripe_candidates(problem, holders, microbatches,
                                 deadline=Deadline(max(deadline.left(), STRIPES_SHARE * time_limit_s)),
-                                seed=seed, memo=memo, slack=slack)
-    return replan_pipelines(problem, old, holders, scratch, slack=slack, seed=seed,
-                            resplits=resplits + stripes), reference_s
+                                seed=seed, memo=memo, slack=slack, left_out=left_out)
+    result = replan_pipelines(problem, old, holders, scratch, slack=slack, seed=seed, resplits=resplits + stripes)
+    result.left_out = left_out
+    return result, reference_s
 
 
 def expected_solves(broken: int, free: bool) -> int:

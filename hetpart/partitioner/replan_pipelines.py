@@ -163,6 +163,7 @@ class PipelinesReplan:
     best_ns: int  # the least iteration of any candidate
     limit_ns: int  # floor(best_ns x (1 + slack))
     seconds: float = 0.0
+    left_out: list[str] = field(default_factory=list)  # NOTE [re-plan deadline]: candidates its deadline cut
 
     def to_json(self) -> dict:
         """plan.json's `replan` record."""
@@ -181,7 +182,7 @@ class PipelinesReplan:
                 "candidates": [{"name": c.name, "iteration_us": us(c.plan.iteration_ns),
                                 "between_machines_bytes": c.moves.between_bytes,
                                 "within_machines_bytes": c.moves.within_bytes} for c in self.candidates],
-                "replan_s": round(self.seconds, 3)}
+                "replan_s": round(self.seconds, 3), "left_out": list(self.left_out)}
 
 
 def pipeline_plan(problem: Problem, devices: Sequence[str], stage_of: dict[str, int], device_of_stage: Sequence[str],

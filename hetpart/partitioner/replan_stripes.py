@@ -4,8 +4,9 @@ in the device orders of where the machines hold the model, then re-cut bytes-fir
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from hetpart.partitioner.pipelines import pipelines_violations, sub_problem
 from hetpart.partitioner.problem import WEIGHTS, Plan, Problem
@@ -26,12 +27,16 @@ _STEP_TRIES = 3  # NOTE [re-plan pipelines] d: bytes-first DPs per cap, each at 
 
 
 def stripe_candidates(problem: Problem, holders: Mapping[str, tuple[str, ...]], microbatches: int, *,
-                      deadline: Deadline, seed: int, memo=None, slack: float = 0.02) -> list[PipelinesCandidate]:
+                      deadline: Deadline, seed: int, memo=None, slack: float = 0.02,
+                      left_out: list[str] | None = None) -> list[PipelinesCandidate]:
     """NOTE [re-plan pipelines] c: striped pipelines (NOTE [striped pipelines]) over every machine left, then over
     every machine left but one kind's, the most stripes each; stripe 0 from `memo` (NOTE [shape memo]) or solved by
     the search's planner in each of `_held_orders` within `deadline` (the first whatever the time, with its whole
     _STRIPE_LIMIT_S: a solve cut short lands its stages elsewhere; a memo plan was solved for other holdings), the
-    solved ones added to `memo`; each as is and relabeled."""
+    solved ones added to `memo`; each as is and relabeled. After the first stripe plan's candidates, each next
+    solved plan's only while `deadline` has time left, and the bytes-first re-cuts (NOTE [re-plan pipelines] d)
+    and their candidates of every set but the first; what it cut is appended to `left_out` (NOTE [re-plan deadline]: the re-plan's note says
+    it)."""
     from hetpart.partitioner.pipeline_bounds import need_bytes
     from hetpart.partitioner.pipeline_search import Shape, _class_devices, machine_kinds
     from hetpart.partitioner.pipeline_shape import _solve_shape
@@ -53,6 +58,7 @@ def stripe_candidates(problem: Problem, holders: Mapping[str, tuple[str, ...]], 
         machines = tuple(sorted({problem.device(d).node for d in on}))
         sets += [s for s in stripe_sets(problem, on) if s[0] == machines and s not in sets][:1]  # the most stripes
     need, orders, solved, out, done = need_bytes(problem), None, [], [], []
+    lazy: dict[int, object] = {}  # each held order's layers
     for i, (machines, f) in enumerate(sets):
         groups = stripe_devices(problem, machines, f)
         if microbatches < f or sum(problem.device(d).capacity_bytes for d in groups[0]) < need:
@@ -65,7 +71,10 @@ def stripe_candidates(problem: Problem, holders: Mapping[str, tuple[str, ...]], 
             orders = orders or _held_orders(problem, first)
             if k >= len(orders):
                 break
-            prob, layers = orders[k]
+            prob, layers_of = orders[k]
+            if k not in lazy:  # made when first solved in, once for every set
+                lazy[k] = layers_of()
+            layers = lazy[k]
             limit_s = _STRIPE_LIMIT_S if not (i or k) else min(_STRIPE_LIMIT_S, max(MIN_SOLVE_S, deadline.left()))
             plan = _solve_shape(prob, groups[0], m, SolveOptions(seed=seed), limit_s, layers)
             if plan is not None:
@@ -74,11 +83,20 @@ def stripe_candidates(problem: Problem, holders: Mapping[str, tuple[str, ...]], 
                 solved.append((machines, f, groups[0], plan, m))
         done.append((machines, f, groups, m, plans))
     # NOTE [re-plan pipelines] d after every set's solves, so that they keep the time they had without it.
-    for machines, f, groups, m, plans in done:
-        tagged = [(plan, "") for plan in plans] + [
-            (plan, ", bytes-first") for plan in _bytes_first_stripes(problem, groups[0], plans, m, held, first,
-                                                                     slack, deadline)]
+    cut = {"stripe plan(s) not striped": 0, "stripe set(s) not re-cut bytes-first": 0}
+    for n, (machines, f, groups, m, plans) in enumerate(done):
+        if not n or deadline.left() >= MIN_SOLVE_S:  # the first set's whatever the time: its bytes-first
+            # stripes were every one chosen on llama-7b's trace (replan5s), each past the stripes' deadline
+            tagged = [(plan, "") for plan in plans] + [
+                (plan, ", bytes-first") for plan in _bytes_first_stripes(problem, groups[0], plans, m, held, first,
+                                                                         slack, deadline)]
+        else:  # no time for the DPs (NOTE [re-plan deadline])
+            tagged = [(plan, "") for plan in plans]
+            cut["stripe set(s) not re-cut bytes-first"] += bool(plans)
         for plan, tag in tagged:
+            if out and deadline.left() <= 0 and not (tag and not n):  # the first plan's, the first set's DPs
+                cut["stripe plan(s) not striped"] += 1
+                continue
             pp = striped(problem, groups, plan, microbatches)
             if pipelines_violations(problem, pp, microbatches):
                 continue
@@ -91,6 +109,8 @@ def stripe_candidates(problem: Problem, holders: Mapping[str, tuple[str, ...]], 
                 out.append(PipelinesCandidate(how, got, ["new"] * len(got.pipelines),
                                               pipelines_moves(problem, got, held), checked=got is pp))
     record_stripes(memo, codec, solved)
+    if left_out is not None:
+        left_out += [f"{n} {what} (past the deadline)" for what, n in cut.items() if n]
     return out
 
 
@@ -122,7 +142,9 @@ def _bytes_first_stripes(problem: Problem, devices: tuple[str, ...], plans: Sequ
         if i and deadline.left() < MIN_SOLVE_S:
             break
         own = [at[v] for v, k in plan.stage_of.items() if at[v] > 0 and plan.stage_of[tab.order[at[v] - 1]] != k]
-        for share in _STRIPE_CAPS:
+        for j, share in enumerate(_STRIPE_CAPS):
+            if i and j and deadline.left() < MIN_SOLVE_S:  # the clock between caps too (NOTE [re-plan deadline])
+                break
             step_cap = math.floor(plan.objective_ns * (1 + share * slack))  # NOTE [re-plan pipelines] d: the step
             for new, _ in _step_capped(problem, devices, sub, tab, held, old_order, own, microbatches, step_cap,
                                        math.floor(plan.bottleneck_ns * (1 + share * slack))):
@@ -205,8 +227,9 @@ def _between_within(m: Moves) -> tuple[int, int]:
     return m.between_bytes, m.within_bytes
 
 
-def _held_orders(problem: Problem, held_first: Mapping[str, int]) -> list[tuple[Problem, object]]:
-    """NOTE [re-plan pipelines] c: `problem` (and its layers) with its devices ordered by where their machines hold
+def _held_orders(problem: Problem, held_first: Mapping[str, int]) -> list[tuple[Problem, Callable[[], object]]]:
+    """NOTE [re-plan pipelines] c: `problem` (and what makes its layers: 0.2 s each on llama-7b, so only for the
+    orders solved in before the deadline) with its devices ordered by where their machines hold
     the model (by the first node, in graph order, whose weight a device of the machine holds; a machine that holds
     none just after one of its kind that does, else last): from the machine whose holdings come last to the
     first, then the other way, then as it is. The planner's device order steers which machine each stage lands
@@ -227,5 +250,5 @@ def _held_orders(problem: Problem, held_first: Mapping[str, int]) -> list[tuple[
         if [d.name for d in devices] not in seen:
             seen.append([d.name for d in devices])
             prob = problem if sign is None else dataclasses.replace(problem, devices=list(devices))
-            out.append((prob, layer_problem(prob)))
+            out.append((prob, functools.partial(layer_problem, prob)))
     return out

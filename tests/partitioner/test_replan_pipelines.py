@@ -317,6 +317,41 @@ def test_the_stripes_keep_to_their_deadline_after_the_first(monkeypatch):
                                      "stripes: 2 x 2 stages on 3 machines, relabeled"}
 
 
+def test_past_their_deadline_the_stripes_make_no_more_candidates_and_say_what_they_left_out(monkeypatch):
+    """NOTE [re-plan deadline]: on a clock the test moves, the deadline passes while the first plan is striped:
+    its candidates (as is, relabeled) are kept, every later plan's are not striped, no bytes-first DP of a later
+    set runs, and `left_out` says so; with time, the same call cuts nothing and makes more candidates, all valid;
+    with the deadline spent from the start, the first set's bytes-first DPs still run (theirs were chosen)."""
+    from hetpart.partitioner import pipeline_stripes, replan_deadline, replan_stripes
+    from hetpart.partitioner.replan_deadline import Deadline
+    from hetpart.partitioner.replan_stripes import stripe_candidates
+
+    p, holders = _three_machines()
+    roomy: list[str] = []
+    full = stripe_candidates(p, holders, 4, deadline=Deadline(30), seed=0, left_out=roomy)
+    assert roomy == [] and len({c.name for c in full}) > 2
+    clock, striped, dps = [0.0], [0], [0]
+    monkeypatch.setattr(replan_deadline.time, "perf_counter", lambda: clock[0])
+    real_striped = pipeline_stripes.striped
+
+    def striping(*a, **k):  # the first stripe plan's striping spends the deadline
+        striped[0] += 1
+        clock[0] += 100.0
+        return real_striped(*a, **k)
+
+    monkeypatch.setattr(pipeline_stripes, "striped", striping)
+    monkeypatch.setattr(replan_stripes, "_bytes_first_stripes", lambda *a, **k: dps.__setitem__(0, dps[0] + 1) or [])
+    left_out: list[str] = []
+    got = stripe_candidates(p, holders, 4, deadline=Deadline(50), seed=0, left_out=left_out)
+    assert striped[0] == 1 and dps[0] == 1  # the first set's DPs ran in time, the second set's not begun
+    assert {c.name for c in got} <= {c.name for c in full} and 1 <= len(got) <= 2
+    assert all(not pipelines_violations(p, c.plan, 4) for c in got)
+    assert any("not striped" in x for x in left_out) and any("not re-cut bytes-first" in x for x in left_out)
+    dps[0] = 0
+    stripe_candidates(p, holders, 4, deadline=Deadline(0), seed=0)
+    assert dps[0] == 1
+
+
 def test_stripes_of_a_striped_plan_on_the_same_machines_move_nothing():
     """NOTE [re-plan pipelines] c: with the state where a striped plan put it, the stripes solved in the device
     orders of `_held_orders` (as held, reversed, as is) and relabeled include one that moves no byte; the orders
