@@ -21,7 +21,7 @@ from hetpart.partitioner.costs import held_weight_bytes
 from hetpart.partitioner.lp_bounds import _LpData, _solve_lp
 from hetpart.partitioner.pipeline_bound_parts import Part, parts_search, whole_ns_at_least
 from hetpart.partitioner.pipeline_memory_bound import MemoryBound, memory_lower_bound
-from hetpart.partitioner.pipeline_mix_bound import StageMix, bottleneck_floor, stage_mix
+from hetpart.partitioner.pipeline_mix_bound import StageMix, part_floors, slack_rows, stage_mix
 from hetpart.partitioner.pipeline_stage_sum import StageSum
 from hetpart.partitioner.problem import MEM_BYTES, TIME_NS, WEIGHTS, Problem
 
@@ -275,7 +275,8 @@ class _Lp:
         per_type: dict[str, int] = {}
         for c, n in self.kinds.items():
             per_type[c[0]] = per_type.get(c[0], 0) + n
-        self.floor = {a.types: bottleneck_floor(a.largest_op_ns, a.work, a.lam, per_type, most) for a in supports}
+        self.floors = {a.types: part_floors(a.largest_op_ns, a.work, a.lam, {t: per_type.get(t, 0) for t in a.types},
+                                            most, min_size) for a in supports}
 
     def max_microbatches(self, T: float) -> float:
         """The LP's most microbatches within step T (pipelines only, no sync); -1 when infeasible."""
@@ -313,11 +314,12 @@ class _Lp:
             if a.work > 0:
                 s.Add(w[a.types] <= T / a.work * lam_y)
             if a.largest_op_ns > 0:
-                s.Add(w[a.types] <= T / max(a.largest_op_ns, self.floor[a.types]) * p[a.types])
+                s.Add(w[a.types] <= T / max(a.largest_op_ns, self.floors[a.types].floor) * p[a.types])
             for beta, alpha in a.cuts:
                 self._line(s, a, p, y, z, w, T, beta, alpha)
             for beta, alpha in a.mix_cuts:
-                self._line(s, a, p, y, z, w, T, beta, alpha, self._slack(a, beta))
+                for extra in slack_rows(a.delta, beta, a.lam, a.work, self.floors[a.types]):
+                    self._line(s, a, p, y, z, w, T, beta, alpha, extra)
             if CROSS_EVERYWHERE and a.work > 0:  # NOTE [priced fill]'s negative control (invalid where T >= alpha)
                 for beta, alpha in a.fast:
                     if T >= alpha > a.fill_ns:
@@ -352,34 +354,38 @@ class _Lp:
                 beta = {t: float(b) for t, b in zip(a.types, got[0]) if b > 0}
                 if wa * (1 - got[1] / T) + float(got[0] @ n) < za - pa - 1e-6 * max(1.0, pa):
                     new.append((a, beta, got[1], False))
-                if a.mix is not None:  # NOTE [stage mix bound] (4)
-                    slack = np.array([a.delta[t] for t in a.types]) * n / self.floor[a.types]
-                    got = a.mix.cut_at((n + slack) * T / wa)
-                    if got is not None and (wa * (1 - got[1] / T) + float(got[0] @ n) + float((1 + got[0]) @ slack)
-                                            < za - pa - 1e-6 * max(1.0, pa)):
-                        new.append((a, {t: float(b) for t, b in zip(a.types, got[0]) if b > 0}, got[1], True))
+                f = self.floors[a.types]
+                for per in ([1 / f.floor] if f.floor > 0 else []) + ([f.rate_lo] if f.rate_lo > 0 else []):
+                    if a.mix is None:  # NOTE [stage mix bound] (4), at either row's slack
+                        break
+                    got = a.mix.cut_at((n + np.array([a.delta[t] for t in a.types]) * n * per) * T / wa)
+                    if got is None:
+                        continue
+                    beta = {t: float(b) for t, b in zip(a.types, got[0]) if b > 0}
+                    left = min(wa * (1 - got[1] / T) + q * pa
+                               + sum((beta.get(t, 0.0) + x.get(t, 0.0)) * k for t, k in zip(a.types, n))
+                               for x, q in slack_rows(a.delta, beta, a.lam, a.work, f))
+                    if left < za - pa - 1e-6 * max(1.0, pa):
+                        new.append((a, beta, got[1], True))
             if not new:
                 break
             for a, beta, alpha, mixed in new:
                 (a.mix_cuts if mixed else a.cuts).append((beta, alpha))
-                self._line(s, a, p, y, z, w, T, beta, alpha, self._slack(a, beta) if mixed else None)
+                for extra in slack_rows(a.delta, beta, a.lam, a.work, self.floors[a.types]) if mixed else [None]:
+                    self._line(s, a, p, y, z, w, T, beta, alpha, extra)
         return value
 
-    def _slack(self, a: _Support, beta: dict[str, float]) -> dict[str, float]:
-        """NOTE [stage mix bound] (3): (1 + beta_t) delta_t / B per type, the row's extra coefficient on y."""
-        return {t: (1.0 + beta.get(t, 0.0)) * a.delta[t] / self.floor[a.types] for t in a.types}
-
     def _line(self, s, a: _Support, p, y, z, w, T: float, beta: dict[str, float], alpha: float,
-              extra: dict[str, float] | None = None) -> None:
-        """NOTE [stage sum cuts] (1)'s row for one line: z - p <= w (1 - alpha / T) + (beta + extra) . y (set
+              extra: tuple[dict[str, float], float] | None = None) -> None:
+        """NOTE [stage sum cuts] (1)'s row for one line: z - p <= w (1 - alpha / T) + (beta + e) . y + e_p p (set
         coefficient by coefficient: the natural API's expressions took most of the bound's time with hundreds of
-        lines); `extra`: NOTE [stage mix bound] (3)'s slack."""
+        lines); `extra` = (e, e_p): NOTE [stage mix bound]'s slack, else 0."""
         row = s.Constraint(-s.infinity(), 0.0)
         row.SetCoefficient(z[a.types], 1.0)
-        row.SetCoefficient(p[a.types], -1.0)
+        row.SetCoefficient(p[a.types], -1.0 - (extra[1] if extra else 0.0))
         row.SetCoefficient(w[a.types], alpha / T - 1.0)
         for c in self.kinds:
-            coef = beta.get(c[0], 0.0) + (extra or {}).get(c[0], 0.0)
+            coef = beta.get(c[0], 0.0) + (extra[0].get(c[0], 0.0) if extra else 0.0)
             if c[0] in a.types and coef > 0:
                 row.SetCoefficient(y[a.types, c], -coef)
 

@@ -41,13 +41,19 @@ from hetpart.partitioner.problem import TIME_NS, Problem
 #     D - (k_lo - 1) g devices (k_lo pipelines of at least g each; under 1F1B also at most M - (k_lo - 1) stages,
 #     (h)), each type at most its devices (`bottleneck_floor`). The row sums over a support's pipelines like the
 #     others: z_A - p_A <= w_A (1 - alpha_mix / T) + (beta + (1 + beta) * delta / B) . y_A.
+# (5) A second row per line, as B is set by the part's largest pipeline: per pipeline x = c . n_i (c = (1 + beta)
+#     delta) and 1 / b_i <= y = lambda . n_i / Lambda ((b)); with x <= x_hi (the most c . n of a pipeline of the
+#     part, `_greedy`) and y >= y_lo (the least lambda . n of a pipeline of at least g devices, one of each type),
+#     (x_hi - x)(y - y_lo) >= 0 gives x y <= x y_lo + x_hi (y - y_lo), linear in n_i: exact for pipelines of the
+#     part's least size, where B charges them as if they were its largest. Both rows hold; the LP keeps both.
 # (4) The lines: beta = 0 in the pool (the whole model on the support's fastest type, against F_A's every node on
 #     its own fastest), then where the LP's point needs them, as NOTE [stage sum cuts] (2): the row's right side
 #     over beta is (w_A / T) (T - alpha_mix + beta . C) + delta . y_A / B with C = (T / w_A) (y_A + delta y_A / B),
 #     least at the line touching alpha_mix's Z at C.
 # Types some node may not run on get no delta (a stage there cannot hold the mix): supports with them get no line.
-# What (3)'s B costs: on llama-7b / hetero-64 B is about 6 ms against the plan's 47 ms bottleneck, so delta / B
-# gives back about 0.15 microbatch per A100 stage of the roughly one per pipeline the mix is worth.
+# What the slack costs: on llama-7b / hetero-64 (delta 0.94-1.21 ms on the A100s, 0.63 on the L4, the H100 the
+# reference) B is about 6 ms in the part that binds (4-8 pipelines of >= 8 devices: up to 40 devices each) against
+# the plan's 47 ms bottleneck, so (3) alone gave back most of the gain (565.7 -> 566.2 ms); with (5) 581.6 ms.
 
 DELTA_SCALE = 1.0  # the negative control of NOTE [stage mix bound]: the slack scaled (0.5 is invalid)
 
@@ -129,16 +135,53 @@ def stage_mix(problem: Problem, deadline: float | None = None) -> StageMix | Non
     return StageMix(ref, model, delta)
 
 
-def bottleneck_floor(largest_op_ns: float, work: float, lam: dict[str, float], devices: dict[str, int],
-                     most_devices: int) -> float:
-    """NOTE [stage mix bound] (3)'s B: no pipeline of at most `most_devices` devices (at most `devices[t]` of type
-    t) over a support (lambda `lam`, Lambda `work`) has a bottleneck below it."""
-    best, left = 0.0, max(0, most_devices)
-    for t in sorted(lam, key=lambda t: -lam[t]):
+def _greedy(weight: dict[str, float], devices: dict[str, int], most: int, least: int = 0, high: bool = True) -> float:
+    """The most (`high`) or least of weight . n over n_t <= devices[t] for t in weight, n_t >= 1 each, and
+    least <= sum n <= most (the least: one of each type, then the lightest)."""
+    if not high:
+        total = sum(weight.values())
+        left = max(0, least - len(weight))
+        for t in sorted(weight, key=lambda t: weight[t]):
+            take = min(left, max(0, devices.get(t, 0) - 1))
+            total += weight[t] * take
+            left -= take
+        return total
+    total, left = 0.0, max(0, most)
+    for t in sorted(weight, key=lambda t: -weight[t]):
         take = min(left, devices.get(t, 0))
-        best += lam[t] * take
+        total += weight[t] * take
         left -= take
-    floor = largest_op_ns
-    if work > 0 and best > 0:
-        floor = max(floor, work / best)
-    return floor
+    return total
+
+
+@dataclass
+class PartFloors:
+    """NOTE [stage mix bound] (3) for one support in one LP part: B, the least lambda . n / Lambda of a pipeline
+    of at least `least` devices, the part's most devices per pipeline and the devices per type."""
+
+    floor: float
+    rate_lo: float
+    most: int
+    devices: dict[str, int]
+
+
+def part_floors(largest_op_ns: float, work: float, lam: dict[str, float], devices: dict[str, int], most: int,
+                least: int) -> PartFloors:
+    """NOTE [stage mix bound] (3)'s B (no pipeline of at most `most` devices, `devices[t]` of type t, over a support
+    of lambda `lam` and Lambda `work` has a bottleneck below it) and (5)'s least rate."""
+    best = _greedy(lam, devices, most)
+    floor = max(largest_op_ns, work / best) if work > 0 and best > 0 else largest_op_ns
+    rate_lo = _greedy(lam, devices, most, least, high=False) / work if work > 0 else 0.0
+    return PartFloors(floor, rate_lo, most, devices)
+
+
+def slack_rows(delta: dict[str, float], beta: dict[str, float], lam: dict[str, float], work: float,
+               f: PartFloors) -> list[tuple[dict[str, float], float]]:
+    """Upper bounds on sum_i ((1 + beta) delta) . n_i / b_i over a support's pipelines in a part, each as
+    (coefficient per type on y, coefficient on p): (3)'s over B, and (5)'s McCormick row."""
+    c = {t: (1.0 + beta.get(t, 0.0)) * d for t, d in delta.items()}
+    rows = [({t: x / f.floor for t, x in c.items()}, 0.0)] if f.floor > 0 else []
+    if work > 0 and f.rate_lo > 0:
+        top = _greedy(c, f.devices, f.most)
+        rows.append(({t: c[t] * f.rate_lo + top * lam[t] / work for t in c}, -top * f.rate_lo))
+    return rows
