@@ -50,6 +50,7 @@ from hetpart.partitioner.problem import TIME_NS, Problem
 #     its own fastest), then where the LP's point needs them, as NOTE [stage sum cuts] (2): the row's right side
 #     over beta is (w_A / T) (T - alpha_mix + beta . C) + delta . y_A / B with C = (T / w_A) (y_A + delta y_A / B),
 #     least at the line touching alpha_mix's Z at C.
+# NOTE [pipelines memory bound] takes (1) per stage where its bottleneck is fixed (no B there; its q shares).
 # Types some node may not run on get no delta (a stage there cannot hold the mix): supports with them get no line.
 # What the slack costs: on llama-7b / hetero-64 (delta 0.94-1.21 ms on the A100s, 0.63 on the L4, the H100 the
 # reference) B is about 6 ms in the part that binds (4-8 pipelines of >= 8 devices: up to 40 devices each) against
