@@ -117,11 +117,12 @@ class _Support:
     mix_cuts: list[tuple[dict[str, float], float]] = field(default_factory=list)  # its lines found so far
 
     def with_mix(self, mix: StageMix | None) -> None:
-        """NOTE [stage mix bound]'s Z and slack on this support, and its pool line (beta = 0)."""
+        """NOTE [stage mix bound]'s Z and slack on this support, and its pool: beta = 0 and NOTE [priced fill]'s
+        prices on the one class (the lines the deadline leaves when it stops the separation)."""
         self.mix = mix.sums(self.types) if mix is not None else None
         if self.mix is not None:
             self.delta = {t: float(mix.delta[t]) for t in self.types}
-            self.mix_cuts = [({}, min(mix.model_ns[t] for t in self.types))]
+            self.mix_cuts = [({}, min(mix.model_ns[t] for t in self.types)), *_price_lines(self.mix, list(self.types))]
 
 
 def need_bytes(problem: Problem) -> int:
@@ -543,6 +544,11 @@ def pipelines_lower_bound(problem: Problem, microbatches: int, deadline: float |
         return PipelinesBound(0, 0, "no set of device types runs every node: no plan, no bound", 0.0)
     need = need_bytes(problem)  # once: each part's LP reads it (213 scans of a 3,690-node graph took 2 s)
     lo = min(a.fill_ns for a in supports)
+    # NOTE [stage mix bound]: its pool lines in both passes, its separated lines in the second (its closures within
+    # the deadline, as the lines are).
+    mix = stage_mix(problem, deadline) if MIX else None
+    for a in supports:
+        a.with_mix(mix)
     one, free, best, unfinished = _lp_bound(problem, supports, microbatches, need, upper_ns, deadline, False)
     if one is None or free is None:
         return PipelinesBound(0, 0, "the pipelines bound did not finish before the deadline", time.perf_counter() - t0,
@@ -551,10 +557,6 @@ def pipelines_lower_bound(problem: Problem, microbatches: int, deadline: float |
         return PipelinesBound(0, 0, "no set of pipelines holds the model in memory: no plan, no bound",
                               time.perf_counter() - t0)
     # NOTE [stage sum cuts] (4): again with the lines the LP's points need, while time is left; the larger holds.
-    # NOTE [stage mix bound]'s lines join them there (its closures, like the lines, only while time is left).
-    mix = stage_mix(problem, deadline) if MIX and not _past(deadline) else None
-    for a in supports:
-        a.with_mix(mix)
     more = (_lp_bound(problem, supports, microbatches, need, upper_ns, deadline, True, (one, free, best))
             if not _past(deadline) else (None, None, 0.0, ["pipelines"]))
     if more[0] is not None and more[1] is not None:
