@@ -21,6 +21,7 @@ from hetpart.partitioner.costs import held_weight_bytes
 from hetpart.partitioner.lp_bounds import _LpData, _solve_lp
 from hetpart.partitioner.pipeline_bound_parts import Part, parts_search, whole_ns_at_least
 from hetpart.partitioner.pipeline_memory_bound import MemoryBound, memory_lower_bound
+from hetpart.partitioner.pipeline_mix_bound import StageMix, part_floors, slack_rows, stage_mix
 from hetpart.partitioner.pipeline_stage_sum import StageSum
 from hetpart.partitioner.problem import MEM_BYTES, TIME_NS, WEIGHTS, Problem
 
@@ -111,6 +112,17 @@ class _Support:
     fast: list[tuple[dict[str, float], float]]  # (beta, alpha(beta)) of (d), NOTE [priced fill]
     sums: StageSum  # its least stage sum, NOTE [stage sum cuts]
     cuts: list[tuple[dict[str, float], float]] = field(default_factory=list)  # the lines found so far
+    mix: StageSum | None = None  # alpha_mix's Z of NOTE [stage mix bound], None: no such lines
+    delta: dict[str, float] = field(default_factory=dict)  # its slack per type
+    mix_cuts: list[tuple[dict[str, float], float]] = field(default_factory=list)  # its lines found so far
+
+    def with_mix(self, mix: StageMix | None) -> None:
+        """NOTE [stage mix bound]'s Z and slack on this support, and its pool: beta = 0 and NOTE [priced fill]'s
+        prices on the one class (the lines the deadline leaves when it stops the separation)."""
+        self.mix = mix.sums(self.types) if mix is not None else None
+        if self.mix is not None:
+            self.delta = {t: float(mix.delta[t]) for t in self.types}
+            self.mix_cuts = [({}, min(mix.model_ns[t] for t in self.types)), *_price_lines(self.mix, list(self.types))]
 
 
 def need_bytes(problem: Problem) -> int:
@@ -166,6 +178,7 @@ def _node_classes(problem: Problem) -> tuple[list[str], np.ndarray, np.ndarray, 
 _PRICE_SCALES = (1.4,)  # theta of NOTE [priced fill] (0.7 and 1.0 too, and 6 tangent lines per t1: 557.5 ms
 # instead of 556.4 on llama-7b / hetero-64 for 2.3x the LP's time, which under load ran past the bound's deadline)
 _CUT_ROUNDS = 8  # LP solves per T at most, NOTE [stage sum cuts] (2)
+MIX = True  # NOTE [stage mix bound]'s lines (False: the bound without them, for the tests' comparisons)
 CROSS_EVERYWHERE = False  # the negative control of NOTE [priced fill]: its crossing row where T >= alpha too (invalid)
 
 
@@ -256,6 +269,15 @@ class _Lp:
         # (g) GPipe stashes every microbatch a pipeline runs: m_i times its activations besides the model.
         g = problem.graph
         self.act = sum(g.nodes[v].get(MEM_BYTES, 0) for v in g.nodes) if self.schedule == "gpipe" else 0
+        # NOTE [stage mix bound] (3): every pipeline's bottleneck is at least B in this part.
+        most = len(problem.devices) - (k_range[0] - 1) * min_size
+        if self.schedule == "1f1b":
+            most = min(most, microbatches - (k_range[0] - 1))
+        per_type: dict[str, int] = {}
+        for c, n in self.kinds.items():
+            per_type[c[0]] = per_type.get(c[0], 0) + n
+        self.floors = {a.types: part_floors(a.largest_op_ns, a.work, a.lam, {t: per_type.get(t, 0) for t in a.types},
+                                            most, min_size) for a in supports}
 
     def max_microbatches(self, T: float) -> float:
         """The LP's most microbatches within step T (pipelines only, no sync); -1 when infeasible."""
@@ -293,9 +315,12 @@ class _Lp:
             if a.work > 0:
                 s.Add(w[a.types] <= T / a.work * lam_y)
             if a.largest_op_ns > 0:
-                s.Add(w[a.types] <= T / a.largest_op_ns * p[a.types])
+                s.Add(w[a.types] <= T / max(a.largest_op_ns, self.floors[a.types].floor) * p[a.types])
             for beta, alpha in a.cuts:
                 self._line(s, a, p, y, z, w, T, beta, alpha)
+            for beta, alpha in a.mix_cuts:
+                for extra in slack_rows(a.delta, beta, a.lam, a.work, self.floors[a.types]):
+                    self._line(s, a, p, y, z, w, T, beta, alpha, extra)
             if CROSS_EVERYWHERE and a.work > 0:  # NOTE [priced fill]'s negative control (invalid where T >= alpha)
                 for beta, alpha in a.fast:
                     if T >= alpha > a.fill_ns:
@@ -329,24 +354,41 @@ class _Lp:
                     continue
                 beta = {t: float(b) for t, b in zip(a.types, got[0]) if b > 0}
                 if wa * (1 - got[1] / T) + float(got[0] @ n) < za - pa - 1e-6 * max(1.0, pa):
-                    new.append((a, beta, got[1]))
+                    new.append((a, beta, got[1], False))
+                f = self.floors[a.types]
+                for per in ([1 / f.floor] if f.floor > 0 else []) + ([f.rate_lo] if f.rate_lo > 0 else []):
+                    if a.mix is None:  # NOTE [stage mix bound] (4), at either row's slack
+                        break
+                    got = a.mix.cut_at((n + np.array([a.delta[t] for t in a.types]) * n * per) * T / wa)
+                    if got is None:
+                        continue
+                    beta = {t: float(b) for t, b in zip(a.types, got[0]) if b > 0}
+                    left = min(wa * (1 - got[1] / T) + q * pa
+                               + sum((beta.get(t, 0.0) + x.get(t, 0.0)) * k for t, k in zip(a.types, n))
+                               for x, q in slack_rows(a.delta, beta, a.lam, a.work, f))
+                    if left < za - pa - 1e-6 * max(1.0, pa):
+                        new.append((a, beta, got[1], True))
             if not new:
                 break
-            for a, beta, alpha in new:
-                a.cuts.append((beta, alpha))
-                self._line(s, a, p, y, z, w, T, beta, alpha)
+            for a, beta, alpha, mixed in new:
+                (a.mix_cuts if mixed else a.cuts).append((beta, alpha))
+                for extra in slack_rows(a.delta, beta, a.lam, a.work, self.floors[a.types]) if mixed else [None]:
+                    self._line(s, a, p, y, z, w, T, beta, alpha, extra)
         return value
 
-    def _line(self, s, a: _Support, p, y, z, w, T: float, beta: dict[str, float], alpha: float) -> None:
-        """NOTE [stage sum cuts] (1)'s row for one line: z - p <= w (1 - alpha / T) + beta . y (set coefficient
-        by coefficient: the natural API's expressions took most of the bound's time with hundreds of lines)."""
+    def _line(self, s, a: _Support, p, y, z, w, T: float, beta: dict[str, float], alpha: float,
+              extra: tuple[dict[str, float], float] | None = None) -> None:
+        """NOTE [stage sum cuts] (1)'s row for one line: z - p <= w (1 - alpha / T) + (beta + e) . y + e_p p (set
+        coefficient by coefficient: the natural API's expressions took most of the bound's time with hundreds of
+        lines); `extra` = (e, e_p): NOTE [stage mix bound]'s slack, else 0."""
         row = s.Constraint(-s.infinity(), 0.0)
         row.SetCoefficient(z[a.types], 1.0)
-        row.SetCoefficient(p[a.types], -1.0)
+        row.SetCoefficient(p[a.types], -1.0 - (extra[1] if extra else 0.0))
         row.SetCoefficient(w[a.types], alpha / T - 1.0)
         for c in self.kinds:
-            if beta.get(c[0], 0.0) > 0:
-                row.SetCoefficient(y[a.types, c], -beta[c[0]])
+            coef = beta.get(c[0], 0.0) + (extra[0].get(c[0], 0.0) if extra else 0.0)
+            if c[0] in a.types and coef > 0:
+                row.SetCoefficient(y[a.types, c], -coef)
 
     def feasible(self, T: float) -> bool:
         # Near-feasible counts as feasible: a float LP may only make the bound lower, never unsound.
@@ -502,6 +544,11 @@ def pipelines_lower_bound(problem: Problem, microbatches: int, deadline: float |
         return PipelinesBound(0, 0, "no set of device types runs every node: no plan, no bound", 0.0)
     need = need_bytes(problem)  # once: each part's LP reads it (213 scans of a 3,690-node graph took 2 s)
     lo = min(a.fill_ns for a in supports)
+    # NOTE [stage mix bound]: its pool lines in both passes, its separated lines in the second (its closures within
+    # the deadline, as the lines are).
+    mix = stage_mix(problem, deadline) if MIX else None
+    for a in supports:
+        a.with_mix(mix)
     one, free, best, unfinished = _lp_bound(problem, supports, microbatches, need, upper_ns, deadline, False)
     if one is None or free is None:
         return PipelinesBound(0, 0, "the pipelines bound did not finish before the deadline", time.perf_counter() - t0,
@@ -517,6 +564,8 @@ def pipelines_lower_bound(problem: Problem, microbatches: int, deadline: float |
         unfinished = [] if not more[3] else [*unfinished, "stage sums"]
     else:
         unfinished.append("stage sums")
+    if MIX and mix is None and "stage sums" not in unfinished:
+        unfinished.append("stage mix")
     bound = whole_ns_at_least(best)
     one_ns = whole_ns_at_least(one)
     # NOTE [pipelines memory bound]: memory per stage; the larger of the two bounds holds.
@@ -530,6 +579,8 @@ def pipelines_lower_bound(problem: Problem, microbatches: int, deadline: float |
     left = ("transfers between stages above the least a boundary carries, bucket latencies"
             + ("; part of the gradient-sync floor (past the deadline)" if "sync" in unfinished else "")
             + ("; some lines of the exact stage sums (past the deadline)" if "stage sums" in unfinished else "")
+            + ("; the stage mix (its closures past the deadline, or a type some node cannot run on)"
+               if "stage mix" in unfinished else "")
             + ("; part of the memory-per-stage bound (past the deadline)" if not mem.finished else ""))
     note = (f"every partition of the {len(problem.devices)} devices into pipelines, every stage plan and "
             f"microbatch split (NOTE [pipelines bound], NOTE [pipelines memory bound]); left out: {left}")

@@ -15,6 +15,7 @@ from ortools.linear_solver import pywraplp
 
 from hetpart.partitioner.costs import held_weight_bytes
 from hetpart.partitioner.pipeline_bound_parts import Part, parts_search, whole_ns_at_least
+from hetpart.partitioner.pipeline_mix_bound import stage_mix
 from hetpart.partitioner.pipeline_transfer_floor import cut_nodes, transfer_floor
 from hetpart.partitioner.problem import MEM_BYTES, TIME_NS, WEIGHTS, Problem
 from hetpart.time_limit import linear_solver_limit_ms
@@ -61,7 +62,11 @@ from hetpart.time_limit import linear_solver_limit_ms
 # k >= 2 are split into parts by k and the smallest pipeline's size, each charged its least sync
 # (NOTE [memory bound parts]). The bound is the lesser of the one- and many-pipeline values. Both
 # LPs charge each stage the least transfers of its boundaries (NOTE [boundary transfer floor] in
-# pipeline_transfer_floor.py). Left out (only weaker): transfers above that floor, NOTE [pipelines
+# pipeline_transfer_floor.py). Both also take NOTE [stage mix bound] (1) per stage, where b is known (no B):
+# besides its work e, each (kind, level cell) gets q, its share of the model's reference time (stage k: r(X_k) / R),
+# sum q >= 1 per pipeline, q <= x (b + delta_t) / W_t (compute_k >= W_t q_k - delta_t and compute_k <= b), and the
+# stage sum >= sum (W_t q - delta_t x) + the same transfers: a second floor on (b)'s stage sums, where stages hold
+# the model's mix. Left out (only weaker): transfers above that floor, NOTE [pipelines
 # bound]'s supports (the larger of the two bounds is taken), interleaved schedules (no bound here: 0).
 
 _EXACT_LEVELS = 8  # stash levels one by one up to here, then cells of ratio _LEVEL_RATIO (many pipelines)
@@ -71,6 +76,7 @@ _ONE_EXACT_LEVELS, _ONE_LEVEL_RATIO = 32, 1.03  # the same for one pipeline: a s
 _B_RATIO = 1.01  # bottleneck cells of NOTE [pipelines memory bound], one pipeline
 _MANY_RATIO = 1.04  # ... and of the classes of many pipelines
 _BLOCKS = 300  # blocks of NOTE [pipelines memory bound] (e) at most, about
+MIX = True  # NOTE [stage mix bound]'s rows (False: without them, for the tests' comparisons)
 
 
 @dataclass
@@ -207,6 +213,7 @@ class _Setup:
     delta: list[float]  # ... and what a side over the network costs more
     exempt: float  # sides of one pipeline that may pay nothing
     per_machine: float  # g: devices on the largest machine
+    mix: list[tuple[float, float]] | None = None  # NOTE [stage mix bound]: (W_t, delta_t) per kind, LP time units
 
 
 def _setup(problem: Problem, microbatches: int, lam: dict[str, float], fill_ns: float, largest_ns: float,
@@ -228,6 +235,10 @@ def _setup(problem: Problem, microbatches: int, lam: dict[str, float], fill_ns: 
     lam_n = [lam.get(k[0], 0.0) / scale_t / work for k in kind_list]
     rate = sum(lam_i * kinds[k] for lam_i, k in zip(lam_n, kind_list))
     floor = transfer_floor(problem, top if schedule == "1f1b" else max_stages, deadline=deadline)  # NOTE [boundary transfer floor]
+    got = stage_mix(problem, deadline) if MIX else None
+    mix = None
+    if got is not None and all(got.delta[k[0]] is not None for k in kind_list):
+        mix = [(got.model_ns[k[0]] * scale_t, got.delta[k[0]] * scale_t) for k in kind_list]
     return _Setup(tau=[floor.tau_ns[k] * scale_t for k in kind_list],
                   delta=[floor.delta_ns[k] * scale_t for k in kind_list],
                   exempt=float(floor.exempt_sides), per_machine=float(floor.machine_devices),
@@ -236,7 +247,7 @@ def _setup(problem: Problem, microbatches: int, lam: dict[str, float], fill_ns: 
                   col={s: i for i, s in enumerate(levels)}, levels_1f1b=cells, levels_one=fine,
                   max_stages=max_stages,
                   mem=[cap / max(1.0, need_bytes) for _, cap in kind_list], fill=fill_ns * scale_t,
-                  largest=largest_ns * scale_t, scale_t=scale_t, schedule=schedule)
+                  largest=largest_ns * scale_t, scale_t=scale_t, schedule=schedule, mix=mix)
 
 
 def _cells_for(st: _Setup, level_of_gpipe: int, most_stages: int, one: bool = False
@@ -270,6 +281,7 @@ class _Rows:
         cover, stage_time, memory = [], [], []
         kind_x: list[list] = [[] for _ in st.kinds]
         kind_e: list[list] = [[] for _ in st.kinds]
+        self.mix_caps, share, mix_time = [], [], []  # NOTE [stage mix bound] per stage, b known
         for level, width, k_col in cells:
             xs = []
             for i in range(len(st.kinds)):
@@ -286,6 +298,11 @@ class _Rows:
                 if st.lam[i] > 0:
                     stage_time.append((e, -1.0 / st.lam[i]))  # x_k >= e_k / lambda
                 memory.append((x, st.mem[i]))
+                if st.mix is not None:
+                    q = s.NumVar(0.0, inf, "")
+                    self.mix_caps.append((_row(s, -inf, 0.0, [(q, 1.0)]), x, st.mix[i]))  # q <= x (b + delta) / W
+                    share.append((q, 1.0))
+                    mix_time += [(q, -st.mix[i][0]), (x, st.mix[i][1])]
             # (d) one stage per level per pipeline.
             _row(s, -inf, float(width), xs) if one else _row(s, -inf, 0.0, xs + [(p, -float(width))])
         # NOTE [boundary transfer floor]: per kind, u exempt sides and n expensive sides over the network.
@@ -299,7 +316,9 @@ class _Rows:
             row = _row(s, -inf, 0.0, [(e, 1.0) for e in kind_e[i]] + [(u, -st.lam[i] * st.tau[i]),
                                                                       (n, st.lam[i] * st.delta[i])])
             self.transfer.append((row, kind_x[i], st.lam[i], st.tau[i]))
-            stage_time += [(x, -2.0 * st.tau[i]) for x in kind_x[i]] + [(u, st.tau[i]), (n, -st.delta[i])]
+            moved = [(x, -2.0 * st.tau[i]) for x in kind_x[i]] + [(u, st.tau[i]), (n, -st.delta[i])]
+            stage_time += moved
+            mix_time += moved
             exempt.append((u, 1.0))
             network.append((n, 1.0))
             devices += [(x, -2.0 / st.per_machine) for x in kind_x[i]]
@@ -313,6 +332,12 @@ class _Rows:
         _row(s, lb, inf, memory + unit)  # the devices hold the model
         _row(s, st.fill if one else 0.0, inf, [(z, 1.0)] + ([] if one else [(p, -st.fill)]))
         _row(s, 0.0, inf, [(z, 1.0)] + stage_time)  # (b) the stage sums
+        if share:  # NOTE [stage mix bound]: every pipeline holds the whole reference time, stages its mix
+            _row(s, lb, inf, share + unit)
+            summed: dict = {}  # a device's x is in its cap's slack and in its transfers: one coefficient
+            for var, coef in mix_time:
+                summed[var.index()] = (var, summed.get(var.index(), (var, 0.0))[1] + coef)
+            _row(s, 0.0, inf, [(z, 1.0)] + list(summed.values()))
 
     def set_b(self, b: float) -> None:
         """(b), (c): one device's work at its level, at most K and lambda b."""
@@ -321,6 +346,8 @@ class _Rows:
         for row, xs, lam, tau in self.transfer:  # NOTE [boundary transfer floor]
             for x in xs:
                 row.SetCoefficient(x, -lam * (b - 2.0 * tau))
+        for row, x, (model, delta) in self.mix_caps:
+            row.SetCoefficient(x, -(b + delta) / max(model, 1e-300))
 
 
 class _OneLp:

@@ -206,7 +206,8 @@ def _left_out_said(bound, met: bool) -> list[str]:
     for part in bound.unfinished:
         words = {"pipelines": "did not finish", "sync": "gradient-sync floor (past the deadline)",
                  "memory": "memory-per-stage bound (past the deadline)",
-                 "stage sums": "exact stage sums (past the deadline)"}[part]
+                 "stage sums": "exact stage sums (past the deadline)",
+                 "stage mix": "the stage mix (its closures past the deadline"}[part]
         if words not in bound.note:
             out.append(f"the bound left out {part} but its note does not say so ({bound.note!r})")
     return out
