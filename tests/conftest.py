@@ -4,6 +4,7 @@ several tests read (NOTE [shared launches] in tests/shared_runs.py)."""
 from __future__ import annotations
 
 import os
+import signal
 
 import pytest
 
@@ -47,6 +48,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.nodeid in named:
             item.add_marker(pytest.mark.xdist_group(named[item.nodeid]))
+
+
+@pytest.fixture
+def sigint():
+    """Sets SIGINT's handler for the test, and puts the suite's back after: a suite started in the background by
+    a shell without job control inherits SIGINT ignored (Python then installs no KeyboardInterrupt handler)."""
+    before = signal.getsignal(signal.SIGINT)
+    yield lambda handler: signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGINT, before)
 
 
 @pytest.fixture(scope="session")

@@ -401,10 +401,11 @@ def test_a_signed_directory_verifies_through_an_interrupted_commit_and_is_repair
 
 @pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 128 + signal.SIGTERM), (signal.SIGINT, 130)])
 @pytest.mark.parametrize("signed", [False, True])
-def test_a_signal_during_the_renames_lands_after_them(meta_plan, meta_copy, sign_key, monkeypatch, capsys,
+def test_a_signal_during_the_renames_lands_after_them(meta_plan, meta_copy, sign_key, monkeypatch, capsys, sigint,
                                                       sig, code, signed):
     out, ckpt, other = meta_copy, meta_plan[1], meta_plan[2]
     key = ["--sign-key", str(sign_key)] if signed else []
+    sigint(signal.default_int_handler)  # as in a terminal, however the suite was started
     assert main(["shard-weights", str(out), str(ckpt), *key]) == 0
     _fail_rename(monkeypatch, 2, then=lambda: signal.raise_signal(sig))  # as /tmp/redteam/sw/partial.py
     assert main(["shard-weights", str(out), str(other), *key]) == code
@@ -412,6 +413,16 @@ def test_a_signal_during_the_renames_lands_after_them(meta_plan, meta_copy, sign
     got = load_file(str(out / "rank1" / "weights.safetensors"))
     want = load_file(str(other))
     assert got and all(torch.equal(t, want[k]) for k, t in got.items())
+
+
+def test_a_sigint_the_shell_ignores_stays_ignored_through_the_renames(meta_plan, meta_copy, monkeypatch, sigint):
+    out, ckpt, other = meta_copy, meta_plan[1], meta_plan[2]
+    sigint(signal.SIG_IGN)  # as under `nohup` or `cmd &` in a script
+    assert main(["shard-weights", str(out), str(ckpt)]) == 0
+    _fail_rename(monkeypatch, 2, then=lambda: signal.raise_signal(signal.SIGINT))
+    assert main(["shard-weights", str(out), str(other)]) == 0  # held, then handed to SIG_IGN: nothing stops
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN  # and the disposition is the caller's again
+    _check_as_run_does(out)
 
 
 # shard-weights whose renames each touch `marker` and then pause, so that a signal from outside lands among them.
