@@ -26,7 +26,7 @@ from hetpart.partitioner.verify import plan_violations
 
 _STRIPE_LIMIT_S = 1.0  # one stripe's solve at most (the search's _SHAPE_LIMIT_S; NOTE [re-plan pipelines] c)
 _STRIPE_CAPS = (1.0, 0.5)  # NOTE [re-plan pipelines] d: bytes-first caps, step x (1 + this x slack)
-_NEAR_S = 0.4  # NOTE [re-plan pipelines] e: seconds for the near orders after the first (each a few DPs)
+_NEAR_S = 0.2  # NOTE [re-plan pipelines] e: seconds for the near orders after the first (each a few DPs)
 _STEP_TRIES = 3  # NOTE [re-plan pipelines] d: bytes-first DPs per cap, each at the bottleneck the last's step left
 
 

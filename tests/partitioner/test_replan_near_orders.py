@@ -23,6 +23,15 @@ from test_replan_pipelines import _brute_between, _chain_of_three_machines, _str
 SLACK, M = 0.3, 8
 
 
+@pytest.fixture(autouse=True)
+def _every_near_order(monkeypatch):
+    """The near orders' own time (`_NEAR_S`, a wall-clock cap) out of the way: these tests check what the orders
+    find, not when they stop, and a loaded machine must not make them skip one."""
+    from hetpart.partitioner import replan_stripes
+
+    monkeypatch.setattr(replan_stripes, "_NEAR_S", 600.0)
+
+
 def _case(seed: int):
     from hetpart.partitioner.replan_deadline import Deadline
     from hetpart.partitioner.replan_stripes import stripe_candidates
@@ -184,3 +193,30 @@ def test_near_orders_move_fewer_bytes_than_the_held_and_solved_orders_somewhere(
     without = [fewest(seed) for seed in range(12)]
     assert any(a < b for a, b in zip(with_near, without))
     assert all(a <= b for a, b in zip(with_near, without))
+
+
+@pytest.mark.parametrize("near_s", [0.0, 600.0])
+def test_past_their_own_time_only_the_first_near_order_is_tried(monkeypatch, near_s):
+    """NOTE [re-plan pipelines] e: the near orders stop at `_NEAR_S`, the first tried whatever the time; with time,
+    more than the first are tried (`_step_capped` records the order objects it is given)."""
+    from hetpart.partitioner import replan_stripes
+
+    tried, made = [], []
+    real_near, real_capped = replan_stripes._near_orders, replan_stripes._step_capped
+
+    def near(problem, order):
+        made.append(real_near(problem, order))  # one list per stripe set
+        return made[-1]
+
+    def capped(problem, devices, sub, tab, held, old_order, *a):
+        tried.append(old_order)
+        return real_capped(problem, devices, sub, tab, held, old_order, *a)
+
+    monkeypatch.setattr(replan_stripes, "_near_orders", near)
+    monkeypatch.setattr(replan_stripes, "_step_capped", capped)
+    monkeypatch.setattr(replan_stripes, "_NEAR_S", near_s)
+    _case(1)
+    assert any(len(orders) > 2 for orders in made)
+    used = [[o for o in orders if any(t is o for t in tried)] for orders in made]
+    assert all(u[:1] == orders[:1] for u, orders in zip(used, made))
+    assert all(len(u) == 1 for u in used) if near_s == 0 else any(len(u) > 1 for u in used)
