@@ -60,6 +60,18 @@ d. bytes-first stripes: a new stripe layout re-cuts every replica (llama-7b, spo
    changes no device (c and d) is not a second candidate. The DP counts stripe 0
    only (the others' stages lie on the same machines: the same bytes between machines; within may differ); the
    choice recounts every stripe exactly (`pipelines_moves`).
+e. bytes-first stripes in orders near the held one: where the machine set or the stage count changes (llama-7b
+   on hetero-64, bytes21c: "lose a-1", "add a-0", 286-321 GiB), no plan in the held order is within the step
+   cap (a balanced stripe is tight: its stages all sit near the bottleneck, and which device types take the
+   first and last stage, which pay one boundary less, decides whether it fits), and a solved stripe's order
+   shares little with where the state lies. So d's DPs also run, on the devices of the machines the fastest
+   solved stripe uses (its stage count: the others idle), in the held order (the machines it lacks last) and in
+   each order one machine's block move or one swap of two away from it (`_near_orders`, the fewest places moved
+   first), under the fastest's caps; with the positions where a plan in that order on every device would cut
+   (`_greedy_cuts`: each stage ending as late as it may, and starting as early as it may) among the DP's, and an
+   order where the forward pass finds no end for some stage is skipped. These run whatever the re-plan's
+   deadline for _NEAR_S of their own (the first whatever the time; each order a few DPs, about 5 ms each on
+   llama-7b's stripe of 6-8 devices); kept as d's are.
 The choice is NOTE [lexicographic re-plan]'s, over these candidates: B the least iteration of any
 (the from-scratch plan's unless a re-split is faster), then among those within floor(B x (1 +
 slack)) the fewest bytes between machines, then within, then the least iteration. Bytes are

@@ -1,12 +1,15 @@
-"""NOTE [re-plan pipelines] c and d (replan_pipelines.py): striped pipelines as re-plan candidates, stripe 0 solved
+"""NOTE [re-plan pipelines] c, d and e (replan_pipelines.py): striped pipelines as re-plan candidates, stripe 0 solved
 in the device orders of where the machines hold the model, then re-cut bytes-first. Nothing here imports torch."""
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import math
 from collections.abc import Callable, Mapping, Sequence
+
+import numpy as np
 
 from hetpart.partitioner.pipelines import pipelines_violations, sub_problem
 from hetpart.partitioner.problem import WEIGHTS, Plan, Problem
@@ -23,6 +26,7 @@ from hetpart.partitioner.verify import plan_violations
 
 _STRIPE_LIMIT_S = 1.0  # one stripe's solve at most (the search's _SHAPE_LIMIT_S; NOTE [re-plan pipelines] c)
 _STRIPE_CAPS = (1.0, 0.5)  # NOTE [re-plan pipelines] d: bytes-first caps, step x (1 + this x slack)
+_NEAR_S = 0.2  # NOTE [re-plan pipelines] e: seconds for the near orders after the first (each a few DPs)
 _STEP_TRIES = 3  # NOTE [re-plan pipelines] d: bytes-first DPs per cap, each at the bottleneck the last's step left
 
 
@@ -121,7 +125,9 @@ def _bytes_first_stripes(problem: Problem, devices: tuple[str, ...], plans: Sequ
     caps, then in each of `plans`' own orders relabeled under its caps (the one moving the fewest bytes first),
     the caps on the step (`pipeline_time_ns`) those of `_STRIPE_CAPS`, each met by up to `_STEP_TRIES` DPs whose
     bottleneck caps the last plan's step leaves; each plan found, costed on `problem`, within its step cap, moving
-    fewer bytes than every one of `plans`, and valid. After the first order, only within `deadline`. `held`: the
+    fewer bytes than every one of `plans`, and valid. Between the held order and the solved ones, NOTE [re-plan
+    pipelines] e's near orders on the machines the fastest uses, under its caps, for `_NEAR_S` whatever `deadline`
+    says (the first whatever the time). The solved orders only within `deadline`. `held`: the
     Holdings of every device; `first`: `_first_held`'s (both made once per re-plan, by `stripe_candidates`)."""
     from hetpart.partitioner.dp import order_tables
 
@@ -129,25 +135,49 @@ def _bytes_first_stripes(problem: Problem, devices: tuple[str, ...], plans: Sequ
         return []
     sub = sub_problem(problem, devices, microbatches)
     tab = order_tables(sub)  # `held`: holdings of every device: machines'
-    at = {v: j for j, v in enumerate(tab.order)}
     order = {id(p): _relabeled_in(problem, devices, p, held) for p in plans}
     now = {id(p): _between_within(moves(problem, p.stage_of, order[id(p)], held)) for p in plans}
     fewest = min(now.values())
     fastest = min(plans, key=lambda p: p.objective_ns)  # the least step
-    jobs = [(_held_stripe_order(problem, devices, first), fastest)]
-    jobs += [(order[id(p)], p) for p in sorted(plans, key=lambda p: now[id(p)])]
+    tables = {devices: (sub, tab)}  # the DP's sub-problem and order tables per device set
+    jobs = [(_held_stripe_order(problem, devices, first), fastest, devices, "held")]
+    # NOTE [re-plan pipelines] e: orders near the held one, on the machines the fastest solved stripe uses
+    on = {problem.device(d).node for d in fastest.slot_of_stage}
+    used = tuple(d for d in devices if problem.device(d).node in on)
+    jobs += [(o, fastest, used, "near") for o in _near_orders(problem, [d for d in jobs[0][0] if d in used]
+                                                            + [d for d in used if d not in jobs[0][0]])]
+    jobs += [(order[id(p)], p, devices, "solved") for p in sorted(plans, key=lambda p: now[id(p)])]
     seen = {(tuple(sorted(p.stage_of.items())), tuple(order[id(p)])) for p in plans}
     best: dict[float, tuple[tuple[int, int], Plan]] = {}  # per cap share: the fewest bytes found
-    for i, (old_order, plan) in enumerate(jobs):
-        if i and deadline.left() < MIN_SOLVE_S:
+    near = None  # NOTE [re-plan pipelines] e: the near orders' own time, whatever `deadline` says
+    for i, (old_order, plan, on_devices, kind) in enumerate(jobs):
+        if kind == "near":
+            near = near or Deadline(_NEAR_S)
+            if i > 1 and near.left() <= 0:
+                continue  # the first near order whatever the time
+        always = kind != "solved"
+        if not always and deadline.left() < MIN_SOLVE_S:
             break
-        own = [at[v] for v, k in plan.stage_of.items() if at[v] > 0 and plan.stage_of[tab.order[at[v] - 1]] != k]
+        if on_devices not in tables:
+            on_sub = sub_problem(problem, on_devices, microbatches)
+            tables[on_devices] = (on_sub, order_tables(on_sub))
+        job_sub, job_tab = tables[on_devices]
+        at = {v: j for j, v in enumerate(job_tab.order)}
+        own = [at[v] for v, k in plan.stage_of.items()
+               if at[v] > 0 and plan.stage_of[job_tab.order[at[v] - 1]] != k]
         for j, share in enumerate(_STRIPE_CAPS):
-            if i and j and deadline.left() < MIN_SOLVE_S:  # the clock between caps too (NOTE [re-plan deadline])
+            if not always and j and deadline.left() < MIN_SOLVE_S:  # the clock between caps too
                 break
             step_cap = math.floor(plan.objective_ns * (1 + share * slack))  # NOTE [re-plan pipelines] d: the step
-            for new, _ in _step_capped(problem, devices, sub, tab, held, old_order, own, microbatches, step_cap,
-                                       math.floor(plan.bottleneck_ns * (1 + share * slack))):
+            cap = math.floor(plan.bottleneck_ns * (1 + share * slack))
+            extra = own
+            if kind != "solved":  # held and near orders: where a balanced plan in it cuts
+                greedy = _greedy_cuts(problem, job_sub, job_tab, old_order, cap)
+                if greedy is None and i:
+                    continue  # no plan in this order within the cap (NOTE [re-plan pipelines] e)
+                extra = own + (greedy or [])
+            for new, _ in _step_capped(problem, devices, job_sub, job_tab, held, old_order, extra, microbatches,
+                                       step_cap, cap):
                 key = (tuple(sorted(new.stage_of.items())), tuple(new.slot_of_stage))
                 if key in seen:
                     continue
@@ -185,6 +215,75 @@ def _step_capped(problem: Problem, devices: tuple[str, ...], sub: Problem, tab, 
         fill = new.objective_ns - (microbatches - 1) * new.bottleneck_ns  # the stages' sum
         cap = (step_cap - fill) // max(1, microbatches - 1)
     return out
+
+
+def _near_orders(problem: Problem, order: Sequence[str]) -> list[list[str]]:
+    """NOTE [re-plan pipelines] e: `order` (devices), then each order with one machine's devices (a block, in
+    `order`'s order) moved to another place among the machines or two machines' blocks swapped, the fewest
+    places moved first; each once, `order` first."""
+    blocks: list[list[str]] = []
+    for d in order:
+        if blocks and problem.device(blocks[-1][0]).node == problem.device(d).node:
+            blocks[-1].append(d)
+        else:
+            blocks.append([d])
+    out, seen = [], set()
+
+    def add(bs: list[list[str]]) -> None:
+        flat = tuple(d for b in bs for d in b)
+        if flat not in seen:
+            seen.add(flat)
+            out.append(list(flat))
+
+    near = [(abs(a - b), a, b, "move") for a in range(len(blocks)) for b in range(len(blocks)) if a != b]
+    near += [(b - a, a, b, "swap") for a, b in itertools.combinations(range(len(blocks)), 2)]
+    add(blocks)
+    for _, a, b, how in sorted(near, key=lambda x: x[0]):  # the nearest first (NOTE [re-plan pipelines] e)
+        bs = list(blocks)
+        if how == "move":
+            bs.insert(b, bs.pop(a))
+        else:
+            bs[a], bs[b] = bs[b], bs[a]
+        add(bs)
+    return out
+
+
+def _greedy_cuts(problem: Problem, sub: Problem, tab, order: Sequence[str], cap: int) -> list[int] | None:
+    """NOTE [re-plan pipelines] e: the cut positions of a plan on every device of `order` in turn whose stages
+    each take at most `cap` (compute and both boundaries, costs.py's terms; memory not checked): each stage
+    ending as late as it may (forward), and each starting as early as it may (backward); None: the forward
+    pass finds no end for some stage (the last stage is not checked: a boundary's time is not monotone in
+    where it lies, so a later end is not always better; the DP decides).""" 
+    from hetpart.partitioner.costs import link_between, transfer_ns
+    from hetpart.partitioner.dp import valid_cuts
+
+    n, S = tab.n, len(order)
+    valid = valid_cuts(tab)
+
+    def boundary(k: int, at) -> np.ndarray:  # the boundary after stage k, at positions `at`
+        return transfer_ns(link_between(sub, order[k], order[k + 1]), tab.cut_bytes[at], tab.cut_tensors[at])
+
+    fw, start = [], 0
+    for k in range(S - 1):
+        comp = tab.comp[sub.slot(order[k]).type]
+        js = np.arange(start + 1, n)
+        took = (comp[js] - comp[start] + (boundary(k - 1, np.array([start]))[0] if k else 0) + boundary(k, js))
+        ok = js[(took <= cap) & valid[js]]
+        if not len(ok):
+            return None
+        start = int(ok.max())
+        fw.append(start)
+    bw, end = [], n
+    for k in range(S - 1, 0, -1):
+        comp = tab.comp[sub.slot(order[k]).type]
+        iis = np.arange(1, end)
+        took = (comp[end] - comp[iis] + (boundary(k, np.array([end]))[0] if k < S - 1 else 0) + boundary(k - 1, iis))
+        ok = iis[(took <= cap) & valid[iis]]
+        if not len(ok):
+            break
+        end = int(ok.min())
+        bw.append(end)
+    return sorted(set(fw + bw))
 
 
 def _first_held(problem: Problem, held) -> dict[str, int]:
