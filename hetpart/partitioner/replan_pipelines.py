@@ -69,9 +69,10 @@ e. bytes-first stripes in orders near the held one: where the machine set or the
    each order one machine's block move or one swap of two away from it (`_near_orders`, the fewest places moved
    first), under the fastest's caps; with the positions where a plan in that order on every device would cut
    (`_greedy_cuts`: each stage ending as late as it may, and starting as early as it may) among the DP's, and an
-   order where the forward pass finds no end for some stage is skipped. These run whatever the re-plan's
-   deadline for _NEAR_S of their own (the first whatever the time; each order a few DPs, about 5 ms each on
-   llama-7b's stripe of 6-8 devices); kept as d's are.
+   order where the forward pass finds no end for some stage is skipped. These run for _NEAR_S at most, and
+   only within the re-plan's deadline (NOTE [re-plan deadline]: the user's --time-limit; the first whatever the
+   time, as d's first; each order a few DPs, about 5 ms each on llama-7b's stripe of 6-8 devices); kept as d's
+   are.
 The choice is NOTE [lexicographic re-plan]'s, over these candidates: B the least iteration of any
 (the from-scratch plan's unless a re-split is faster), then among those within floor(B x (1 +
 slack)) the fewest bytes between machines, then within, then the least iteration. Bytes are

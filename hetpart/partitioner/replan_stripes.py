@@ -126,8 +126,8 @@ def _bytes_first_stripes(problem: Problem, devices: tuple[str, ...], plans: Sequ
     the caps on the step (`pipeline_time_ns`) those of `_STRIPE_CAPS`, each met by up to `_STEP_TRIES` DPs whose
     bottleneck caps the last plan's step leaves; each plan found, costed on `problem`, within its step cap, moving
     fewer bytes than every one of `plans`, and valid. Between the held order and the solved ones, NOTE [re-plan
-    pipelines] e's near orders on the machines the fastest uses, under its caps, for `_NEAR_S` whatever `deadline`
-    says (the first whatever the time). The solved orders only within `deadline`. `held`: the
+    pipelines] e's near orders on the machines the fastest uses, under its caps, for `_NEAR_S` at most and only
+    within `deadline` (the first whatever the time). The solved orders only within `deadline`. `held`: the
     Holdings of every device; `first`: `_first_held`'s (both made once per re-plan, by `stripe_candidates`)."""
     from hetpart.partitioner.dp import order_tables
 
@@ -149,10 +149,10 @@ def _bytes_first_stripes(problem: Problem, devices: tuple[str, ...], plans: Sequ
     jobs += [(order[id(p)], p, devices, "solved") for p in sorted(plans, key=lambda p: now[id(p)])]
     seen = {(tuple(sorted(p.stage_of.items())), tuple(order[id(p)])) for p in plans}
     best: dict[float, tuple[tuple[int, int], Plan]] = {}  # per cap share: the fewest bytes found
-    near = None  # NOTE [re-plan pipelines] e: the near orders' own time, whatever `deadline` says
+    near = None  # NOTE [re-plan pipelines] e: the near orders' own time, within `deadline`'s
     for i, (old_order, plan, on_devices, kind) in enumerate(jobs):
         if kind == "near":
-            near = near or Deadline(_NEAR_S)
+            near = near or Deadline(min(_NEAR_S, deadline.left()))
             if i > 1 and near.left() <= 0:
                 continue  # the first near order whatever the time
         always = kind != "solved"

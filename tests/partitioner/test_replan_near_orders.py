@@ -32,12 +32,12 @@ def _every_near_order(monkeypatch):
     monkeypatch.setattr(replan_stripes, "_NEAR_S", 600.0)
 
 
-def _case(seed: int):
+def _case(seed: int, deadline_s: float = 30):
     from hetpart.partitioner.replan_deadline import Deadline
     from hetpart.partitioner.replan_stripes import stripe_candidates
 
     p, holders = _four_kinds(random.Random(seed), 9)
-    return p, holders, stripe_candidates(p, holders, M, deadline=Deadline(30), seed=0, slack=SLACK)
+    return p, holders, stripe_candidates(p, holders, M, deadline=Deadline(deadline_s), seed=0, slack=SLACK)
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -195,10 +195,11 @@ def test_near_orders_move_fewer_bytes_than_the_held_and_solved_orders_somewhere(
     assert all(a <= b for a, b in zip(with_near, without))
 
 
-@pytest.mark.parametrize("near_s", [0.0, 600.0])
-def test_past_their_own_time_only_the_first_near_order_is_tried(monkeypatch, near_s):
-    """NOTE [re-plan pipelines] e: the near orders stop at `_NEAR_S`, the first tried whatever the time; with time,
-    more than the first are tried (`_step_capped` records the order objects it is given)."""
+@pytest.mark.parametrize("near_s, deadline_s", [(0.0, 30), (600.0, 30), (600.0, 0)])
+def test_past_their_own_time_only_the_first_near_order_is_tried(monkeypatch, near_s, deadline_s):
+    """NOTE [re-plan pipelines] e: the near orders stop at `_NEAR_S` or at the re-plan's deadline (the user's
+    --time-limit), the first tried whatever the time; with time, more than the first are tried (`_step_capped`
+    records the order objects it is given)."""
     from hetpart.partitioner import replan_stripes
 
     tried, made = [], []
@@ -215,8 +216,8 @@ def test_past_their_own_time_only_the_first_near_order_is_tried(monkeypatch, nea
     monkeypatch.setattr(replan_stripes, "_near_orders", near)
     monkeypatch.setattr(replan_stripes, "_step_capped", capped)
     monkeypatch.setattr(replan_stripes, "_NEAR_S", near_s)
-    _case(1)
+    _case(1, deadline_s)
     assert any(len(orders) > 2 for orders in made)
     used = [[o for o in orders if any(t is o for t in tried)] for orders in made]
     assert all(u[:1] == orders[:1] for u, orders in zip(used, made))
-    assert all(len(u) == 1 for u in used) if near_s == 0 else any(len(u) > 1 for u in used)
+    assert all(len(u) == 1 for u in used) if near_s * deadline_s == 0 else any(len(u) > 1 for u in used)
