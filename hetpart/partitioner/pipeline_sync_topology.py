@@ -54,6 +54,9 @@ from hetpart.partitioner.problem import WEIGHTS, Problem
 #     L = min(W, L_q) with q machines (and L = W). It is never below sigma (X >= 0, sync(L) >= sigma).
 #     (X's fastest-link term is the transfers the LP leaves out everywhere, charged here in the parts of
 #     k >= 2 only; NOTE [pipelines memory bound] charges them per stage, where the memory LP binds.)
+# Cost: NOTE [boundary transfer floor]'s gap table (kept on the problem; NOTE [pipelines memory bound] reads
+# it too), which stops at the bound's deadline (NOTE [bounds deadline]: the gaps left get mu 0, a smaller X,
+# still a floor), then arithmetic per part.
 # Nothing here reads device types: a machine of several types changes no step, so mixed machines take
 # the same floor. Left to sigma (no topology charged): problems whose memory or sync is per slot type
 # (`held_bytes_of`, `tp_sync`: slots of several TP degrees) and inference (no sync). Left out (only
