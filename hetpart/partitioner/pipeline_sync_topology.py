@@ -30,7 +30,7 @@ from hetpart.partitioner.problem import WEIGHTS, Problem
 #     devices. So the machines a pipeline's stages run on have memory at least
 #     need + (k - 1) f L (need: `need_bytes`; f: the least held bytes per weight byte), and at least
 #     ceil(g_lo / g) of them (g: the largest machine's devices). Q(L): the fewest machines of the
-#     cluster (largest first) meeting both. A machine holding a local weight has k devices, so
+#     cluster (largest first) meeting both. A machine holding a local weight has >= k devices, so
 #     k > g forces L = 0 (sigma at network speed, as before).
 # (3) Boundaries. A pipeline on >= Q machines has >= Q - 1 boundaries between stages on two machines,
 #     each over the network (`machine_link`); at most C(beta) - 2 of its boundaries carry fewer than
