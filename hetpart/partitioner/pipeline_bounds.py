@@ -23,6 +23,7 @@ from hetpart.partitioner.pipeline_bound_parts import Part, parts_search, whole_n
 from hetpart.partitioner.pipeline_memory_bound import MemoryBound, memory_lower_bound
 from hetpart.partitioner.pipeline_mix_bound import StageMix, part_floors, slack_rows, stage_mix
 from hetpart.partitioner.pipeline_stage_sum import StageSum
+from hetpart.partitioner.pipeline_sync_topology import ring_floor_ns, sync_topology, topology_sync_ns
 from hetpart.partitioner.problem import MEM_BYTES, TIME_NS, WEIGHTS, Problem
 
 # NOTE [pipelines bound]
@@ -74,8 +75,8 @@ from hetpart.partitioner.problem import MEM_BYTES, TIME_NS, WEIGHTS, Problem
 # problems (slices over both degrees included) and the bound against their brute-force optimum. The
 # plans are split by k (1; 2-3; 4-15; 16-63; 64 and more; and at one more than the largest
 # machine's devices) and by n_s (every value up to 32, then geometric cells [g, g'), charged
-# sigma(g' - 1, k_lo)); each part adds "sum p_A in the k range" and "every pipeline has >= g
-# devices" to the LP. The bound is the least over the parts of their LP's T plus their sigma;
+# sigma(g' - 1, k_lo), raised by NOTE [sync topology floor]); each part adds "sum p_A in the k
+# range" and "every pipeline has >= g devices" to the LP. The bound is the least over the parts of their LP's T plus their sigma;
 # k = 1 has no sync. The parts are searched best first (`parts_search` of NOTE [memory bound parts]);
 # past the deadline every part left is charged what it was shown not to reach, at least the LP with
 # no part's rows (k >= 1, any size: a relaxation of each part), plus its own sync, not that LP alone
@@ -179,6 +180,7 @@ _PRICE_SCALES = (1.4,)  # theta of NOTE [priced fill] (0.7 and 1.0 too, and 6 ta
 # instead of 556.4 on llama-7b / hetero-64 for 2.3x the LP's time, which under load ran past the bound's deadline)
 _CUT_ROUNDS = 8  # LP solves per T at most, NOTE [stage sum cuts] (2)
 MIX = True  # NOTE [stage mix bound]'s lines (False: the bound without them, for the tests' comparisons)
+TOPOLOGY = True  # NOTE [sync topology floor] in the parts' charge (False: sigma alone, for the tests' comparisons)
 CROSS_EVERYWHERE = False  # the negative control of NOTE [priced fill]: its crossing row where T >= alpha too (invalid)
 
 
@@ -432,7 +434,7 @@ def sync_floor_ns(problem: Problem, smallest_pipeline: int, pipelines: int, cros
         # faster than the network (`_ring_link`: the slowest it crosses).
         bw = problem.network.bandwidth_bytes_per_us
     held = max(sum(sizes) / max(1, smallest_pipeline), max(sizes))
-    return int(2 * (pipelines - 1) * lat + math.floor(2 * (pipelines - 1) / pipelines * held * 1000 / bw))
+    return ring_floor_ns(pipelines, lat, held / bw)
 
 
 def _read_weight_bytes(problem: Problem) -> list[int]:
@@ -503,10 +505,13 @@ def _lp_bound(problem: Problem, supports: list[_Support], microbatches: int, nee
     if microbatches >= 2:
         best = min(one, free)  # any k, no sync charged: valid on its own
         if problem.training is not None:
+            devices = len(problem.devices)
             cells = _size_cells(len(problem.devices))
-            parts = [Part(k_lo, k_hi, g_lo, sync_floor_ns(problem, g_next - 1, k_lo))
+            topo = sync_topology(problem, _read_weight_bytes(problem), need, deadline) if TOPOLOGY else None
+            parts = [Part(k_lo, k_hi, g_lo, topology_sync_ns(topo, min(devices // k_lo, g_next - 1), k_lo, g_lo,
+                                                            sync_floor_ns(problem, g_next - 1, k_lo)))
                      for k_lo, k_hi in _k_ranges(problem) if k_lo <= microbatches
-                     for g_lo, g_next in zip(cells, cells[1:])]
+                     for g_lo, g_next in zip(cells, cells[1:]) if g_lo * k_lo <= devices]
             by_part: dict[Part, _Lp] = {}
             now: list[_Lp] = []
 

@@ -12,7 +12,8 @@ from hetpart.partitioner.pipelines import cost_pipelines
 from plan_fuzz import Tally, check_plan, fuzz_one, fuzz_problem
 from test_pipeline_search import brute_pipelines
 
-SEEDS = [*range(8), 33]  # 33: its sync parts are searched (0-7 prune them all at once), so a deadline cuts them
+SEEDS = [*range(8), 41]  # 41: its sync parts are searched (0-7 prune them all at once), so a deadline cuts them
+# (33 did before NOTE [sync topology floor]: its parts' charges and fewer cells put its draw at the search's end)
 
 
 def test_no_false_claim_on_any_path():
