@@ -33,7 +33,9 @@ from hetpart.partitioner.problem import Problem
 # from it (one idle machine fewer) until no try helps, no machine is idle or the limit is reached.
 # The last round's tries are made against the plan kept: NOTE [idle reasons] quotes them (llama-70b
 # on hetero-64: "adding one l4-24g machine to pipeline 0 gives 9,628 ms (+54.1%)"; a joined plan
-# that runs nothing on the machine "adds nothing"). The bound is untouched (it covers
+# that runs nothing on the machine "adds nothing"; a split that gives a joined pipeline no microbatches -- its
+# fewest take longer than the others need for the whole batch -- quotes no step: the plan it costs is not a
+# join, and "gives X" would price a plan without the machine, as the plan fuzz found). The bound is untouched (it covers
 # every plan); the gap and status are computed from the plan kept. Stats: join_tries (joins
 # costed), join_solves (shapes solved for them), join_taken, join_seconds, join_finished (1 when
 # the last round tried every join before the limit).
@@ -176,6 +178,12 @@ def join_probe(problem: Problem, kinds, cands: list[Candidate], answer: OuterAns
                 if trial is None:
                     tries.append(JoinTry(j, i, pipes[:copies], None,
                                          f"the {microbatches} microbatches do not split over the pipelines"))
+                    continue
+                had = out.answer.copies[k] if k < len(out.answer.copies) else 0
+                if trial.copies[k] < had + copies:  # the split runs nothing on a joined pipeline: no join
+                    tries.append(JoinTry(j, i, pipes[:copies], None, "the batch's least-time split gives the joined "
+                                         f"pipeline no microbatches: its fewest ({joined.lo}) take longer than the "
+                                         "others take for the whole batch"))
                     continue
                 got = cost_pipelines(problem, realize(problem, kinds, cands, trial, shape_devices, class_devices),
                                      solver_status="FEASIBLE")
