@@ -438,16 +438,15 @@ def sync_floor_ns(problem: Problem, smallest_pipeline: int, pipelines: int, cros
 
 
 def _read_weight_bytes(problem: Problem) -> list[int]:
-    """The bytes of every weight some node reads, kept on the problem (as `Problem.device`'s index is): the
-    search ranks hundreds of shapes by their sync floor, and a 5,806-node graph took 18 s to rescan each time."""
-    key = (id(problem.graph), problem.graph.number_of_nodes(), id(problem.weights))
-    cached = problem.__dict__.get("_read_weight_bytes")
-    if cached is None or cached[0] != key:
+    """The bytes of every weight some node reads, kept on the problem (NOTE [problem caches]): the search ranks
+    hundreds of shapes by their sync floor, and a 5,806-node graph took 18 s to rescan each time."""
+    def build() -> list[int]:
         g = problem.graph
         read = {w for v in g.nodes for w in g.nodes[v].get(WEIGHTS, ())}
-        cached = (key, [problem.weights[w] for w in sorted(read)])
-        problem.__dict__["_read_weight_bytes"] = cached
-    return cached[1]
+        return [problem.weights[w] for w in sorted(read)]
+
+    return problem.kept("read_weight_bytes", (id(problem.graph), problem.graph.number_of_nodes(),
+                                              id(problem.weights)), build)
 
 
 def _largest_machine(problem: Problem) -> int:
