@@ -68,8 +68,10 @@ e. bytes-first stripes in orders near the held one: where the machine set or the
    solved stripe uses (its stage count: the others idle), in the held order (the machines it lacks last) and in
    each order one machine's block move or one swap of two away from it (`_near_orders`, the fewest places moved
    first), under the fastest's caps; with the positions where a plan in that order on every device would cut
-   (`_greedy_cuts`: each stage ending as late as it may, and starting as early as it may) among the DP's, and an
-   order where the forward pass finds no end for some stage is skipped. These run for _NEAR_S at most, and
+   (`_greedy_cuts`: each stage ending as late as it may, and starting as early as it may, hints only) among
+   the DP's. (An order was once skipped where the forward pass found no end for a stage; review19 showed
+   plans within the cap in such orders -- a late end can leave the next stage no node, and a boundary's time is
+   not monotone in where it lies -- so every order runs its DPs.) These run for _NEAR_S at most, and
    only within the re-plan's deadline (NOTE [re-plan deadline]: the user's --time-limit; the first whatever the
    time, as d's first; each order a few DPs, about 5 ms each on llama-7b's stripe of 6-8 devices); kept as d's
    are.

@@ -26,7 +26,7 @@ from hetpart.partitioner.verify import plan_violations
 
 _STRIPE_LIMIT_S = 1.0  # one stripe's solve at most (the search's _SHAPE_LIMIT_S; NOTE [re-plan pipelines] c)
 _STRIPE_CAPS = (1.0, 0.5)  # NOTE [re-plan pipelines] d: bytes-first caps, step x (1 + this x slack)
-_NEAR_S = 0.2  # NOTE [re-plan pipelines] e: seconds for the near orders after the first (each a few DPs)
+_NEAR_S = 0.2  # NOTE [re-plan pipelines] e: seconds for the near orders, the first among them (each a few DPs)
 _STEP_TRIES = 3  # NOTE [re-plan pipelines] d: bytes-first DPs per cap, each at the bottleneck the last's step left
 
 
@@ -172,10 +172,7 @@ def _bytes_first_stripes(problem: Problem, devices: tuple[str, ...], plans: Sequ
             cap = math.floor(plan.bottleneck_ns * (1 + share * slack))
             extra = own
             if kind != "solved":  # held and near orders: where a balanced plan in it cuts
-                greedy = _greedy_cuts(problem, job_sub, job_tab, old_order, cap)
-                if greedy is None and i:
-                    continue  # no plan in this order within the cap (NOTE [re-plan pipelines] e)
-                extra = own + (greedy or [])
+                extra = own + _greedy_cuts(problem, job_sub, job_tab, old_order, cap)
             for new, _ in _step_capped(problem, devices, job_sub, job_tab, held, old_order, extra, microbatches,
                                        step_cap, cap):
                 key = (tuple(sorted(new.stage_of.items())), tuple(new.slot_of_stage))
@@ -248,12 +245,12 @@ def _near_orders(problem: Problem, order: Sequence[str]) -> list[list[str]]:
     return out
 
 
-def _greedy_cuts(problem: Problem, sub: Problem, tab, order: Sequence[str], cap: int) -> list[int] | None:
-    """NOTE [re-plan pipelines] e: the cut positions of a plan on every device of `order` in turn whose stages
-    each take at most `cap` (compute and both boundaries, costs.py's terms; memory not checked): each stage
-    ending as late as it may (forward), and each starting as early as it may (backward); None: the forward
-    pass finds no end for some stage (the last stage is not checked: a boundary's time is not monotone in
-    where it lies, so a later end is not always better; the DP decides).""" 
+def _greedy_cuts(problem: Problem, sub: Problem, tab, order: Sequence[str], cap: int) -> list[int]:
+    """NOTE [re-plan pipelines] e: hints for the DP, the cut positions of a plan on every device of `order` in
+    turn whose stages each take at most `cap` (compute and both boundaries, costs.py's terms; memory not
+    checked): each stage ending as late as it may (forward), and each starting as early as it may (backward),
+    each pass up to the first stage it finds no place for. Not a proof of anything: a stage ending as late as it
+    may can leave the next no node, and a boundary's time is not monotone in where it lies."""
     from hetpart.partitioner.costs import link_between, transfer_ns
     from hetpart.partitioner.dp import valid_cuts
 
@@ -270,7 +267,7 @@ def _greedy_cuts(problem: Problem, sub: Problem, tab, order: Sequence[str], cap:
         took = (comp[js] - comp[start] + (boundary(k - 1, np.array([start]))[0] if k else 0) + boundary(k, js))
         ok = js[(took <= cap) & valid[js]]
         if not len(ok):
-            return None
+            break  # the DP decides (a stage ending later may have left the next one nothing, or a dear boundary)
         start = int(ok.max())
         fw.append(start)
     bw, end = [], n
