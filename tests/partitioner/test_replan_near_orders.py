@@ -117,19 +117,16 @@ def test_the_near_orders_are_the_order_each_one_machine_move_and_each_swap_once(
     assert {tuple(o) for o in got} == want
 
 
-@pytest.mark.parametrize("seed", range(12))
-def test_every_near_order_runs_its_dps_while_there_is_time(monkeypatch, seed):
-    """NOTE [re-plan pipelines] e: `_greedy_cuts` only adds hints; no near order is skipped on its say-so (review19:
-    a stage ending as late as it may can leave the next no node, and a boundary's time is not monotone in where it
-    lies, so "the forward pass finds no end" did not mean "no plan in this order within the cap"). With time, every
-    near order of every stripe set reaches `_step_capped` at both caps."""
+def _recording(monkeypatch) -> tuple[list, list]:
+    """(made, tried): each stripe set's near orders as `_near_orders` made them, and every order object
+    `_step_capped` was given."""
     from hetpart.partitioner import replan_stripes
 
     made, tried = [], []
     real_near, real_capped = replan_stripes._near_orders, replan_stripes._step_capped
 
     def near(problem, order):
-        made.append(real_near(problem, order))
+        made.append(real_near(problem, order))  # one list per stripe set
         return made[-1]
 
     def capped(problem, devices, sub, tab, held, old_order, *a):
@@ -138,6 +135,18 @@ def test_every_near_order_runs_its_dps_while_there_is_time(monkeypatch, seed):
 
     monkeypatch.setattr(replan_stripes, "_near_orders", near)
     monkeypatch.setattr(replan_stripes, "_step_capped", capped)
+    return made, tried
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_every_near_order_runs_its_dps_while_there_is_time(monkeypatch, seed):
+    """NOTE [re-plan pipelines] e: `_greedy_cuts` only adds hints; no near order is skipped on its say-so (review19:
+    a stage ending as late as it may can leave the next no node, and a boundary's time is not monotone in where it
+    lies, so "the forward pass finds no end" did not mean "no plan in this order within the cap"). With time, every
+    near order of every stripe set reaches `_step_capped` at both caps."""
+    from hetpart.partitioner import replan_stripes
+
+    made, tried = _recording(monkeypatch)
     _case(seed)
     for orders in made:
         counts = [sum(t is o for t in tried) for o in orders]
@@ -191,19 +200,7 @@ def test_past_their_own_time_only_the_first_near_order_is_tried(monkeypatch, nea
     records the order objects it is given)."""
     from hetpart.partitioner import replan_stripes
 
-    tried, made = [], []
-    real_near, real_capped = replan_stripes._near_orders, replan_stripes._step_capped
-
-    def near(problem, order):
-        made.append(real_near(problem, order))  # one list per stripe set
-        return made[-1]
-
-    def capped(problem, devices, sub, tab, held, old_order, *a):
-        tried.append(old_order)
-        return real_capped(problem, devices, sub, tab, held, old_order, *a)
-
-    monkeypatch.setattr(replan_stripes, "_near_orders", near)
-    monkeypatch.setattr(replan_stripes, "_step_capped", capped)
+    made, tried = _recording(monkeypatch)
     monkeypatch.setattr(replan_stripes, "_NEAR_S", near_s)
     _case(1, deadline_s)
     assert any(len(orders) > 2 for orders in made)
