@@ -139,3 +139,47 @@ def test_the_bound_with_the_floor_stays_at_most_the_optimum_and_rises():
         finally:
             pipeline_bounds.TOPOLOGY = True
     assert raised >= 3, raised
+
+
+def _exact_topology_ns(topo, smallest: int, k: int, least_size: int) -> int:
+    """NOTE [sync topology floor]'s least over L in exact arithmetic (Fractions): the machines each L needs
+    counted without rounding."""
+    import math
+    from fractions import Fraction as F
+
+    from hetpart.partitioner.pipeline_sync_topology import _sync_ns
+
+    w, extra = topo.weight_bytes, F(k - 1) * F(topo.held_per_byte)
+    least = math.ceil(max(1, least_size) / topo.machine_devices)
+    tops = [F(0)] if k > topo.machine_devices else [
+        F(0), F(w), *((F(c) - topo.need) / extra for c in topo.machine_caps[1:])]
+    best = math.inf
+    for L in tops:
+        L = min(F(w), max(F(0), L))
+        q = next((i for i, c in enumerate(topo.machine_caps) if c >= topo.need + extra * L), None)
+        if q is not None:
+            best = min(best, topo.crossing_ns(max(least, q), least_size) + _sync_ns(topo, float(L), smallest, k))
+    return int(best)
+
+
+def test_the_floor_is_never_above_its_exact_least():
+    """review19: a part's L at a machine's capacity, put back through floats, could land an ulp above it and be
+    charged one machine more than that L needs (about 0.5% of these draws before the fix)."""
+    import random
+
+    from hetpart.partitioner.pipeline_sync_topology import SyncTopology, topology_sync_ns
+
+    rng = random.Random(0)
+    above = 0
+    for _ in range(20_000):
+        k, f = rng.randint(2, 8), rng.choice([3.0, 4.0, 5.0, 7.0, 2.5])
+        caps = sorted((rng.randint(10**10, 10**12) for _ in range(rng.randint(2, 5))), reverse=True)
+        prefix = [0]
+        for c in caps:
+            prefix.append(prefix[-1] + c)
+        W = rng.randint(10**9, 10**12)
+        topo = SyncTopology(weight_bytes=W, largest_weight=W // 50, latency_ns=1000, net_bw=25_000,
+                            fast_bw=450_000, need=rng.randint(10**9, caps[0]), held_per_byte=f, machine_devices=8,
+                            machine_caps=prefix, sides=[(2, 2_000_000, 100_000)])
+        above += topology_sync_ns(topo, 16, k, 8, 0) > _exact_topology_ns(topo, 16, k, 8)
+    assert above == 0
