@@ -101,6 +101,23 @@ def test_a_batch_no_mix_of_shapes_can_run_is_refused_for_memory():
         solve_outer(kinds, [shape], 5, 2, 5.0)
 
 
+def test_outer_horizon_admits_a_candidate_at_its_most_microbatches():
+    """NOTE [outer horizon]: one machine, one shape whose plan runs all 8 microbatches (GPipe: hi = 8), times in units
+    of 10 ns where the step's rounding per term (up(sum - b) + 8 up(b) = 0 + 16 units) exceeds the step rounded once
+    (up(11 + 7 * 11) = 9 units). The batch runs on that one pipeline; before, the model was INFEASIBLE and the batch
+    refused for memory. Negative control: 9 microbatches, more than its plan holds, are still refused."""
+    from hetpart.partitioner.pipeline_outer import Candidate, solve_outer
+    from hetpart.partitioner.pipeline_search import MachineKind, Shape
+
+    kinds = [MachineKind("k0", (("gpu", 200),), (2,), ("n0",))]
+    shape = Candidate(Shape(machines=(1,)), ("g0", "g1"), None, 8, 1, 8, 11, 11, [0, 0])
+    got = solve_outer(kinds, [shape], 8, 1, 5.0, unit_ns=10)
+    assert got is not None and got.copies == [1] and got.microbatches == [8]
+    assert got.step_units * got.unit_ns >= 11 + 7 * 11  # the model never underestimates the step
+    with pytest.raises(HetpartError, match="no mix of the 1 solved pipeline shapes runs the 9 microbatches"):
+        solve_outer(kinds, [shape], 9, 1, 5.0, unit_ns=10)
+
+
 def test_reason_numbers_are_those_of_an_independent_evaluation(monkeypatch):
     """NOTE [idle reasons] with NOTE [join probe]: the slow machine of `joinable(2000)` cannot help (the mixes
     hidden, as in test_pipeline_search). Its reason quotes the fastest pipeline with it at its fewest microbatch
