@@ -401,6 +401,8 @@ def _plan_and_facts(problem: Problem, microbatches: int, options: SolveOptions |
             continue  # `solve` would likely overrun what is left (about devices^1.5: 0.7 s on 24, 22 s on 256)
         share = max(1, microbatches * len(devs) // max(1, usable))
         sched = problem.training.schedule if problem.training is not None else None
+        if sched == "gpipe":  # NOTE [GPipe stash estimate]: no fewer than the batch over the most pipelines
+            share = gpipe_share(problem, need, act, len(devs), usable)
         t_shape = time.perf_counter()
         # 1F1B: a plan of S stages runs any m >= S; GPipe: any m up to the m it was solved for (the stash).
         m_ref = m_ref_of(len(devs))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import networkx as nx
 
+from hetpart.errors import HetpartError
 from hetpart.partitioner import MEM_BYTES, OUT_BYTES, PIN, PIN_FIRST, PIN_LAST, TIME_NS, WEIGHTS, Device, Link
 from hetpart.partitioner.pipeline_bounds import pipelines_lower_bound
 from hetpart.partitioner.pipeline_layers import layer_problem, solve_on_layers
@@ -126,15 +127,37 @@ def test_gpipe_shapes_hold_the_stash_of_the_batch():
     they were those holding one microbatch (9-13 machines, 26 and all 44), none of 27-43."""
     from hetpart.partitioner.pipeline_search import enumerate_shapes, machine_kinds
 
+    gpipe = _one_pipeline_fits()
+    kinds, _ = machine_kinds(gpipe)
+    sizes = sorted({s.machines[0] for s in enumerate_shapes(gpipe, kinds)})
+    assert any(40 <= n < 44 for n in sizes), sizes
+    assert min(sizes) >= 34, sizes  # none that cannot hold 0.85 of the batch's stash
+
+
+def _one_pipeline_fits() -> Problem:
+    """44 one-device machines of 10,000 bytes; `layered`'s model with 600 bytes of activations per op; 8
+    microbatches under GPipe: one pipeline at most fits (NOTE [GPipe stash estimate])."""
     p = layered()
     g = p.graph.copy()
     for v in g.nodes:
         g.nodes[v][MEM_BYTES] = 600
     devices = [Device(f"m{i}/0", "fast", f"m{i}", 10_000) for i in range(44)]
-    gpipe = Problem(graph=g, weights=p.weights, devices=devices, intra_node_links={d.node: Link(1000, 100)
-                                                                                   for d in devices},
-                    network=p.network, training=Training("gpipe", 8, dict(p.training.state_bytes)))
-    kinds, _ = machine_kinds(gpipe)
-    sizes = sorted({s.machines[0] for s in enumerate_shapes(gpipe, kinds)})
-    assert any(40 <= n < 44 for n in sizes), sizes
-    assert min(sizes) >= 34, sizes  # none that cannot hold 0.85 of the batch's stash
+    return Problem(graph=g, weights=p.weights, devices=devices, intra_node_links={d.node: Link(1000, 100)
+                                                                                  for d in devices},
+                   network=p.network, training=Training("gpipe", 8, dict(p.training.state_bytes)))
+
+
+def test_no_fewer_microbatches_are_tried_where_one_pipeline_fits(monkeypatch):
+    """NOTE [GPipe stash estimate] in the search: where the cluster's memory holds one pipeline at most, it runs the
+    whole batch, so a shape whose plan cannot stash all 8 is not solved again for fewer (`_most_gpipe`: before,
+    every such shape took up to four more solves, and the 405B-shaped model's degree 8 spent its part on them)."""
+    import hetpart.partitioner.pipeline_search as ps
+
+    calls = []
+    real = ps._most_gpipe
+    monkeypatch.setattr(ps, "_most_gpipe", lambda *a: calls.append(a[3]) or real(*a))
+    try:
+        plan_pipelines(_one_pipeline_fits(), 8, time_limit_s=5)
+    except HetpartError:
+        pass  # whether a plan fits is not the point: which microbatches were tried is
+    assert calls == []
