@@ -312,19 +312,14 @@ def _plan_and_facts(problem: Problem, microbatches: int, options: SolveOptions |
     supports = _supports(problem)
     need, act = need_bytes(problem), sum(problem.graph.nodes[v].get(MEM_BYTES, 0) for v in problem.graph.nodes)
     usable = sum(len(k.machines) * sum(k.counts) for k in kinds)
-    gpipe = problem.training is not None and problem.training.schedule == "gpipe"
     ranked: dict[int, list[tuple[tuple[bool, float], Shape]]] = {}
     for s in shapes:
         devs = shape_devices(problem, kinds, s)
         fill, b = _support_rate(problem, devs, supports)
         share = max(1, microbatches * len(devs) // max(1, usable))
-        copies = usable / len(devs)  # pipelines like it the cluster runs (GPipe: as memory holds them)
-        if gpipe:  # NOTE [GPipe stash estimate]
-            share = gpipe_share(problem, need, act, len(devs), usable)
-            copies = microbatches / share
         # Microbatches per device per ns if every pipeline were like this one, its sync at its floor.
         sync = sync_floor_ns(problem, len(devs), max(2, usable // len(devs))) if len(devs) < usable else 0
-        per_device = (copies * share / (fill + (share - 1) * b + sync)) / usable if math.isfinite(fill + b) else 0.0
+        per_device = (share / (fill + (share - 1) * b + sync)) / len(devs) if math.isfinite(fill + b) else 0.0
         main = s.piece_kind if s.piece_kind >= 0 else max(range(len(kinds)), key=lambda j: s.machines[j])
         # Shapes with little memory to spare go last: per-stage memory (the 1F1B stash, whole ops) often
         # leaves them no plan (the 405B-shaped model's 72-GPU shapes, 4% over the model, have none).
