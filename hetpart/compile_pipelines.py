@@ -14,6 +14,7 @@ fields]) are new.
 from __future__ import annotations
 
 import dataclasses
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -143,14 +144,15 @@ def choose_pipelines_tp(gm: fx.GraphModule, problem: Problem, cluster: Cluster, 
 # where no degree was asked for: the 405B-shaped model on hetero-256 (GPipe, 8 microbatches) is refused at
 # TP 1 (only the 80-GB devices hold a layer with its stash of 8, and the shapes the search reached run 2 at
 # most), while `--max-tensor-parallel 8` plans it (docs/benchmarks.md, "rows19").
-# Not "no set of the devices holds the model": TP splits the memory a stage needs, it adds none to the cluster.
-_MEMORY_REFUSALS = ("fills its memory", "whose every stage fits")
+# Not "no set of the devices holds the model": TP splits the memory a stage needs, it adds none to the cluster. A
+# search out of time whose shapes tried mostly had no plan in memory says so too (the 405B's TP 1 after rows19).
+_MEMORY_REFUSALS = re.compile(r"fills its memory|whose every stage fits|[1-9][\d,]* fit no plan in memory")
 
 
 def _tp_hint(error: HetpartError, opts: CompileOptions) -> HetpartError:
     """NOTE [tensor-parallel hint]: `error`, with the hint where it is a memory refusal and no degree was asked."""
     text = str(error)
-    if opts.tensor_parallel > 1 or opts.max_tensor_parallel > 1 or not any(r in text for r in _MEMORY_REFUSALS):
+    if opts.tensor_parallel > 1 or opts.max_tensor_parallel > 1 or not _MEMORY_REFUSALS.search(text):
         return error
     return HetpartError(f"{text}; tensor parallelism splits each weight and its training state over T devices of a "
                         "machine: pass --max-tensor-parallel 8 (or --tensor-parallel T) to plan stages of TP groups")

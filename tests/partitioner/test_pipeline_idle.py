@@ -241,6 +241,11 @@ def test_a_memory_refusal_at_one_device_per_stage_suggests_tensor_parallelism():
 
     asked = CompileOptions(parallel="data", microbatches=4, time_limit_s=6, max_tensor_parallel=2)
     assert str(_tp_hint(HetpartError(str(e.value).split("; tensor")[0]), asked)) == str(e.value).split("; tensor")[0]
-    for other in (HetpartError("partitioner: no pipeline shape was solved within 6 s: raise --time-limit"),
+    for other in (HetpartError("partitioner: no pipeline shape was solved within 6 s (3 shapes hold the model, 3 "
+                               "tried: 0 fit no plan in memory, 3 ran out of the time each was given): raise "
+                               "--time-limit"),
                   HetpartError("partitioner: no set of the 3 devices holds the model (303 bytes ...)")):
         assert _tp_hint(other, opts) is other  # time, or the cluster's whole memory: TP adds none
+    mostly = HetpartError("partitioner: no pipeline shape was solved within 30 s (400 shapes hold the model, 34 tried: "
+                          "26 fit no plan in memory, 8 ran out of the time each was given): raise --time-limit")
+    assert "pass --max-tensor-parallel 8" in str(_tp_hint(mostly, opts))
