@@ -14,6 +14,7 @@ fields]) are new.
 from __future__ import annotations
 
 import dataclasses
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -68,8 +69,12 @@ def plan_data_parallel(problem: Problem, opts: CompileOptions,
         # --time-limit is the search's and its baselines' together: two thirds and one third (before, each
         # had its own, and a partition at --time-limit 45 solved for 63-65 s: docs/benchmarks.md "scaletp")
         search_s = opts.time_limit_s * 2 / 3
-        pp, baselines = plan_with_baselines(problem, opts.microbatches, SolveOptions(time_limit_s=search_s, **fields),
-                                            baseline_limit_s=opts.time_limit_s - search_s, memo=memo)
+        try:
+            pp, baselines = plan_with_baselines(problem, opts.microbatches,
+                                                SolveOptions(time_limit_s=search_s, **fields),
+                                                baseline_limit_s=opts.time_limit_s - search_s, memo=memo)
+        except HetpartError as e:
+            raise _tp_hint(e, opts) from None
         return pp, _baselines_json(baselines)
     groups = [list(g) for g in opts.pipelines or ()]
     shares = list(opts.pipeline_microbatches) if opts.pipeline_microbatches is not None else None
@@ -130,6 +135,27 @@ def choose_pipelines_tp(gm: fx.GraphModule, problem: Problem, cluster: Cluster, 
          + ", ".join(f"degree {r.degree} {r.seconds:.1f} s of {r.share_s:.1f} s" for r in choice.results))
     return TPPipelines(choice.plan, baselines.get(choice.degree, []), lowered.get(choice.degree),
                        memos[choice.degree], lowered, skipped)
+
+
+# NOTE [tensor-parallel hint]
+# A `--parallel data` search at one device per stage refused for memory (every shape's stages too small for
+# their weights, training state and stash) may have plans once each stage is a tensor-parallel group: a TP-T
+# rank holds 1/T of each split weight and of its state (NOTE [tensor-parallel costs]). The refusal says so
+# where no degree was asked for: the 405B-shaped model on hetero-256 (GPipe, 8 microbatches) is refused at
+# TP 1 (only the 80-GB devices hold a layer with its stash of 8, and the shapes the search reached run 2 at
+# most), while `--max-tensor-parallel 8` plans it (docs/benchmarks.md, "rows19").
+# Not "no set of the devices holds the model": TP splits the memory a stage needs, it adds none to the cluster. A
+# search out of time whose shapes tried mostly had no plan in memory says so too (the 405B's TP 1 after rows19).
+_MEMORY_REFUSALS = re.compile(r"fills its memory|whose every stage fits|[1-9][\d,]* fit no plan in memory")
+
+
+def _tp_hint(error: HetpartError, opts: CompileOptions) -> HetpartError:
+    """NOTE [tensor-parallel hint]: `error`, with the hint where it is a memory refusal and no degree was asked."""
+    text = str(error)
+    if opts.tensor_parallel > 1 or opts.max_tensor_parallel > 1 or not _MEMORY_REFUSALS.search(text):
+        return error
+    return HetpartError(f"{text}; tensor parallelism splits each weight and its training state over T devices of a "
+                        "machine: pass --max-tensor-parallel 8 (or --tensor-parallel T) to plan stages of TP groups")
 
 
 def _baselines_json(baselines: list) -> list[dict]:

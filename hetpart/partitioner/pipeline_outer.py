@@ -36,6 +36,14 @@ from hetpart.partitioner.problem import Link, Plan, Problem
 # the two answers the one with the lower true step is kept, so a model that runs out of time on a
 # loaded machine leaves the greedy plan, not its first poor solution.
 
+# NOTE [outer horizon]
+# T's upper bound (the horizon) must admit every candidate at its most microbatches as the constraint
+# charges it: up(sum_s - b_s) + up(b_s) q_s, each term rounded up on its own. Rounded once, as
+# up(sum_s + (q_s - 1) b_s), it can be a unit or two less, and when the only mix that runs the batch is the
+# candidate defining it, CP-SAT proved the model INFEASIBLE and the search refused the batch for memory:
+# the 405B-shaped model at tensor-parallel degree 8 on hetero-256, whose 24-slot pipeline runs all 8
+# microbatches (3,980 ms) but needed 12,749 units against a horizon of 12,748 (docs/benchmarks.md, "rows19").
+
 _MAX_PATTERNS = 2_000  # piece patterns per machine kind at most
 
 
@@ -152,7 +160,8 @@ def solve_outer(kinds, cands: list[Candidate], M: int, kmax: int, time_limit_s: 
     None when none was found in time; HetpartError when CP-SAT proves that no mix runs the batch."""
     up = lambda ns: -(-int(ns) // unit_ns)  # noqa: E731 (round up: the model never underestimates)
     m = cp_model.CpModel()
-    horizon = max(up(c.sum_ns + (c.hi - 1) * c.bottleneck_ns) for c in cands)
+    # The most T any candidate's constraint below can ask, rounded as it is (NOTE [outer horizon]).
+    horizon = max(up(c.sum_ns - c.bottleneck_ns) + up(c.bottleneck_ns) * c.hi for c in cands)
     sync_top = max(up(max(c.sync_ns)) for c in cands)
     # --- Variables.
     T = m.new_int_var(0, horizon, "pipelines")

@@ -28,7 +28,7 @@ from hetpart.partitioner.pipeline_outer import (
 )
 from hetpart.partitioner.pipeline_refine import refine_answer
 from hetpart.partitioner.pipeline_shape import (
-    ShapeSolve, _most_gpipe, _slow_first, _solve_shape, _solve_shape_why, stash_ordered,
+    ShapeSolve, _most_gpipe, _slow_first, _solve_shape, _solve_shape_why, gpipe_share, stash_need_bytes, stash_ordered,
 )
 from hetpart.partitioner.pipeline_stripes import stripe_probe
 from hetpart.partitioner.pipelines import PipelinesPlan, cost_pipelines, pipelines_violations
@@ -154,7 +154,9 @@ def enumerate_shapes(problem: Problem, kinds: list[MachineKind]) -> list[Shape]:
     most = [len(k.machines) for k in kinds]
     per_machine = [sum(k.counts) for k in kinds]
     act = sum(problem.graph.nodes[v].get(MEM_BYTES, 0) for v in problem.graph.nodes)
-    want = lambda vec: stash_need_bytes(problem, need, act, sum(n * d for n, d in zip(vec, per_machine)))  # noqa: E731
+    usable = sum(len(k.machines) * sum(k.counts) for k in kinds)
+    want = lambda vec: stash_need_bytes(problem, need, act, sum(n * d for n, d in zip(vec, per_machine)),  # noqa: E731
+                                        usable)
     # The most machines one kind needs alone, plus one, bounds how many machines a vector has.
     alone = [next((c for c in range(1, n + 1) if c * cap >= want([c if i == j else 0 for i in range(len(most))])),
                   None) for j, (cap, n) in enumerate(zip(full, most))]
@@ -191,17 +193,6 @@ def enumerate_shapes(problem: Problem, kinds: list[MachineKind]) -> list[Shape]:
         if sum(vec) > longest and cap >= min(need, _LOOSE * want(vec)) and Shape(machines=vec) not in found:
             found.append(Shape(machines=vec))
     return shapes + found
-
-
-def stash_need_bytes(problem: Problem, need: int, act_bytes: int, devices: int) -> float:
-    """NOTE [pipeline shapes]'s estimate (not a bound) of the memory a pipeline of `devices` stages needs:
-    `need` (one microbatch of activations) plus, under 1F1B, stage k of S stashing S - k microbatches,
-    (S + 1) / 2 on average when the activations spread evenly over the stages."""
-    t = problem.training
-    if t is None or t.schedule != "1f1b":
-        return float(need)
-    stages = min(devices, t.microbatches if problem.max_stages is None else min(t.microbatches, problem.max_stages))
-    return need + act_bytes * (stages - 1) / 2
 
 
 def _vectors(most: list[int], longest: int):
@@ -333,7 +324,7 @@ def _plan_and_facts(problem: Problem, microbatches: int, options: SolveOptions |
         # Shapes with little memory to spare go last: per-stage memory (the 1F1B stash, whole ops) often
         # leaves them no plan (the 405B-shaped model's 72-GPU shapes, 4% over the model, have none).
         tight = sum(problem.device(d).capacity_bytes for d in devs) < _ROOMY * stash_need_bytes(
-            problem, need, act, len(devs))
+            problem, need, act, len(devs), usable)
         ranked.setdefault(main, []).append(((tight, -per_device), s))
     # Best first within each kind, the kinds in turn.
     queues = [[s for _, s in sorted(v, key=lambda e: (e[0], e[1].machines, e[1].piece))]
@@ -405,6 +396,8 @@ def _plan_and_facts(problem: Problem, microbatches: int, options: SolveOptions |
             continue  # `solve` would likely overrun what is left (about devices^1.5: 0.7 s on 24, 22 s on 256)
         share = max(1, microbatches * len(devs) // max(1, usable))
         sched = problem.training.schedule if problem.training is not None else None
+        if sched == "gpipe":  # NOTE [GPipe stash estimate]: no fewer than the batch over the most pipelines
+            share = gpipe_share(problem, need, act, len(devs), usable)
         t_shape = time.perf_counter()
         # 1F1B: a plan of S stages runs any m >= S; GPipe: any m up to the m it was solved for (the stash).
         m_ref = m_ref_of(len(devs))

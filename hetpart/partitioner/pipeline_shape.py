@@ -49,6 +49,44 @@ def stash_ordered(problem: Problem, layers: LayerProblem | None, order: list[tup
         layers.coarse, problem=dataclasses.replace(coarse, devices=sorted(coarse.devices, key=key))))
 
 
+def stash_need_bytes(problem: Problem, need: int, act_bytes: int, devices: int, usable: int | None = None) -> float:
+    """NOTE [pipeline shapes]'s estimate (not a bound) of the memory a pipeline of `devices` stages needs:
+    `need` (one microbatch of activations) plus, under 1F1B, stage k of S stashing S - k microbatches,
+    (S + 1) / 2 on average when the activations spread evenly over the stages; under GPipe, the
+    `gpipe_share` microbatches it runs (NOTE [GPipe stash estimate]), on `usable` devices (default: all)."""
+    t = problem.training
+    if t is not None and t.schedule == "gpipe":
+        return float(need + act_bytes * (gpipe_share(problem, need, act_bytes, devices, usable) - 1))
+    if t is None or t.schedule != "1f1b":
+        return float(need)
+    stages = min(devices, t.microbatches if problem.max_stages is None else min(t.microbatches, problem.max_stages))
+    return need + act_bytes * (stages - 1) / 2
+
+
+# NOTE [GPipe stash estimate]
+# Under GPipe every stage keeps all the microbatches its pipeline runs, so what a shape needs depends on
+# its share of the batch: M x devices / usable were every pipeline of its size, but never less than the
+# batch over the most pipelines the cluster's memory holds. A pipeline running m microbatches holds its
+# weights and state and m microbatches of activations, `need + (m - 1) act` at least (more where stages
+# replicate weights), so k pipelines running M in all need k (need - act) + M act: at most
+# (capacity - M act) / (need - act) of them fit. Before, the estimate was `need` (one microbatch) under
+# GPipe, so the shapes enumerated were those holding one microbatch: the 405B-shaped model at TP 8 on
+# hetero-256 (8 microbatches; one pipeline at most fits: two need 1,984 GiB per rank, the slots
+# hold 1,792) tried only 9-12-slot shapes, each running 2-3 microbatches, and no mix of them runs the batch
+# (docs/benchmarks.md, "rows19").
+def gpipe_share(problem: Problem, need: int, act_bytes: int, devices: int, usable: int | None = None) -> int:
+    """NOTE [GPipe stash estimate]: the microbatches a GPipe pipeline of `devices` of the `usable` is
+    estimated to run."""
+    m = problem.training.microbatches if problem.training is not None else 1
+    usable = max(1, usable or len(problem.devices))
+    share = max(1, m * devices // usable)
+    capacity = sum(d.capacity_bytes for d in problem.devices)
+    if need > act_bytes:  # the most pipelines the cluster's memory holds (NOTE [GPipe stash estimate])
+        most = max(1, (capacity - m * act_bytes) // (need - act_bytes))
+        share = max(share, -(-m // most))
+    return min(m, share)
+
+
 # NOTE [shape misses]
 # A shape's solve ends without a plan in two ways, and the search tells them apart: its limit ran
 # out (OutOfTime: CP-SAT found none and proved none impossible in its time, its model was not

@@ -55,7 +55,12 @@ NOTE [degrees share the time limit]
    shrink with the limit: llama-70b x hetero-256's degrees 8, 4 and 2 took 66 s of 45) and left degree 1
    unsearched, its plan a degree-4 baseline's 8.31 s against degree 1's 6.60 (docs/benchmarks.md, "scaletp").
 3. Then the others, the most promising (least bound) first (fewest slots among equals), each given a part of
-   what is left in proportion to its slots; time a degree does not use goes to the degrees after it.
+   what is left in proportion to its slots, but at least an equal part of it (what is left over the
+   degrees left): the search's time grows with its slots, its fixed costs do not shrink with them, and in
+   proportion alone the degree with the fewest slots, often the most promising, got too little to find a
+   plan (the 405B-shaped model on hetero-256: degree 8, second in the order by bound, got 4.2 s of 45 and
+   was not searched, while degree 2, whose plan was 2.1x slower, took 17.5 s; docs/benchmarks.md,
+   "rows19"). Time a degree does not use goes to the degrees after it.
 4. A degree whose bound is at least the best plan found so far cannot give a faster plan: it is not
    searched (pruned, certified by its bound, which stays in the least over the degrees and cannot lower it
    below the plan). A degree whose part is under `_LEAST_PART` of the limit is not searched either (its
@@ -146,6 +151,8 @@ def choose_pipelines_degree(problems: Mapping[int, Problem], microbatches: int,
         share = max(0.0, end - start) * left[0] / max(1, sum(left))
         if t == 1:
             share = max(share, min(max(0.0, end - start), _DEGREE1_PART * time_limit_s))
+        else:  # 3. at least an equal part of what is left, however few its slots
+            share = max(share, max(0.0, end - start) / len(left))
         if results and share < _LEAST_PART * time_limit_s:  # too little left to search it: its quick bound, said so
             results[t] = _result(t, None, dataclasses.replace(
                 bound, note=f"not searched (time limit), its search-free bound: {bound.note}"), 0.0,

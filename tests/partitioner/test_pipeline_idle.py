@@ -101,6 +101,23 @@ def test_a_batch_no_mix_of_shapes_can_run_is_refused_for_memory():
         solve_outer(kinds, [shape], 5, 2, 5.0)
 
 
+def test_outer_horizon_admits_a_candidate_at_its_most_microbatches():
+    """NOTE [outer horizon]: one machine, one shape whose plan runs all 8 microbatches (GPipe: hi = 8), times in units
+    of 10 ns where the step's rounding per term (up(sum - b) + 8 up(b) = 0 + 16 units) exceeds the step rounded once
+    (up(11 + 7 * 11) = 9 units). The batch runs on that one pipeline; before, the model was INFEASIBLE and the batch
+    refused for memory. Negative control: 9 microbatches, more than its plan holds, are still refused."""
+    from hetpart.partitioner.pipeline_outer import Candidate, solve_outer
+    from hetpart.partitioner.pipeline_search import MachineKind, Shape
+
+    kinds = [MachineKind("k0", (("gpu", 200),), (2,), ("n0",))]
+    shape = Candidate(Shape(machines=(1,)), ("g0", "g1"), None, 8, 1, 8, 11, 11, [0, 0])
+    got = solve_outer(kinds, [shape], 8, 1, 5.0, unit_ns=10)
+    assert got is not None and got.copies == [1] and got.microbatches == [8]
+    assert got.step_units * got.unit_ns >= 11 + 7 * 11  # the model never underestimates the step
+    with pytest.raises(HetpartError, match="no mix of the 1 solved pipeline shapes runs the 9 microbatches"):
+        solve_outer(kinds, [shape], 9, 1, 5.0, unit_ns=10)
+
+
 def test_reason_numbers_are_those_of_an_independent_evaluation(monkeypatch):
     """NOTE [idle reasons] with NOTE [join probe]: the slow machine of `joinable(2000)` cannot help (the mixes
     hidden, as in test_pipeline_search). Its reason quotes the fastest pipeline with it at its fewest microbatch
@@ -204,3 +221,31 @@ def test_two_machine_kinds_of_one_device_type_are_named_apart_in_the_reasons():
             named = [n for n in facts.kind_names if f" {n} machine" in reason]  # "a K machine", "only K machines"
             assert named in ([], [own]), (d, reason)
     assert clashes == 2
+
+
+def test_a_memory_refusal_at_one_device_per_stage_suggests_tensor_parallelism():
+    """NOTE [tensor-parallel hint]: `--parallel data` refused for memory with no degree asked names
+    --max-tensor-parallel; with a degree asked (or a refusal that is not memory's) the error is unchanged."""
+    from hetpart.compile import CompileOptions
+    from hetpart.compile_pipelines import plan_data_parallel
+
+    g = _chain(mem_bytes=100)
+    p = Problem(graph=g, weights={"wa": 1, "wb": 1, "wc": 1},
+                devices=[Device(f"g{i}", "gpu", "n0", 250) for i in range(3)],
+                intra_node_links={"n0": Link(1000, 0)}, network=Link(1000, 0), training=Training("gpipe", 4, {}))
+    opts = CompileOptions(parallel="data", microbatches=4, time_limit_s=6)
+    with pytest.raises(HetpartError, match="pass --max-tensor-parallel 8") as e:
+        plan_data_parallel(p, opts)
+    assert "whose every stage fits" in str(e.value)
+    from hetpart.compile_pipelines import _tp_hint
+
+    asked = CompileOptions(parallel="data", microbatches=4, time_limit_s=6, max_tensor_parallel=2)
+    assert str(_tp_hint(HetpartError(str(e.value).split("; tensor")[0]), asked)) == str(e.value).split("; tensor")[0]
+    for other in (HetpartError("partitioner: no pipeline shape was solved within 6 s (3 shapes hold the model, 3 "
+                               "tried: 0 fit no plan in memory, 3 ran out of the time each was given): raise "
+                               "--time-limit"),
+                  HetpartError("partitioner: no set of the 3 devices holds the model (303 bytes ...)")):
+        assert _tp_hint(other, opts) is other  # time, or the cluster's whole memory: TP adds none
+    mostly = HetpartError("partitioner: no pipeline shape was solved within 30 s (400 shapes hold the model, 34 tried: "
+                          "26 fit no plan in memory, 8 ran out of the time each was given): raise --time-limit")
+    assert "pass --max-tensor-parallel 8" in str(_tp_hint(mostly, opts))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import networkx as nx
 
+from hetpart.errors import HetpartError
 from hetpart.partitioner import MEM_BYTES, OUT_BYTES, PIN, PIN_FIRST, PIN_LAST, TIME_NS, WEIGHTS, Device, Link
 from hetpart.partitioner.pipeline_bounds import pipelines_lower_bound
 from hetpart.partitioner.pipeline_layers import layer_problem, solve_on_layers
@@ -90,8 +91,7 @@ def test_search_on_layers_keeps_the_real_problems_bound():
 
 def test_the_stash_estimate_grows_with_the_stages_under_1f1b_only():
     """NOTE [pipeline shapes]: stage k of S keeps S - k microbatches, (S + 1) / 2 on average: the estimate adds
-    (S - 1) / 2 microbatches of activations to the model's need, S capped by the batch; GPipe and inference
-    add nothing (their stash is not the shape's)."""
+    (S - 1) / 2 microbatches of activations to the model's need, S capped by the batch (GPipe: the next test)."""
     from hetpart.partitioner.pipeline_search import stash_need_bytes
 
     p = layered()
@@ -100,6 +100,64 @@ def test_the_stash_estimate_grows_with_the_stages_under_1f1b_only():
     assert stash_need_bytes(one_f1b, 1000, 100, 1) == 1000
     assert stash_need_bytes(one_f1b, 1000, 100, 3) == 1100
     assert stash_need_bytes(one_f1b, 1000, 100, 9) == 1200  # 5 stages at most: 5 microbatches
+
+
+
+def test_the_gpipe_stash_estimate_is_the_share_of_the_batch_memory_allows():
+    """NOTE [GPipe stash estimate]: a GPipe pipeline stashes every microbatch it runs: its share of the batch were
+    every pipeline of its size (M x devices / usable), but at least the batch over the most pipelines the
+    cluster's memory holds ((capacity - M act) / (need - act)). Before, GPipe added nothing to `need`."""
+    from hetpart.partitioner.pipeline_search import stash_need_bytes
+
+    p = layered()  # 6 devices of 16,000 bytes: 96,000
     gpipe = Problem(graph=p.graph, weights=p.weights, devices=p.devices, intra_node_links=p.intra_node_links,
                     network=p.network, training=Training("gpipe", 5, {}))
-    assert stash_need_bytes(gpipe, 1000, 100, 9) == 1000
+    assert stash_need_bytes(gpipe, 1000, 100, 1) == 1000  # 5 x 1 // 6 = 0: one microbatch
+    assert stash_need_bytes(gpipe, 1000, 100, 3) == 1100  # 5 x 3 // 6 = 2
+    assert stash_need_bytes(gpipe, 1000, 100, 3, usable=3) == 1400  # every microbatch
+    assert stash_need_bytes(gpipe, 40_000, 1_480, 1) == 40_000 + 2 * 1_480  # 2 pipelines fit: 3 of the 5 at least
+    assert stash_need_bytes(gpipe, 50_000, 1_480, 1) == 50_000 + 4 * 1_480  # 1 pipeline fits: all 5
+
+
+def test_gpipe_shapes_hold_the_stash_of_the_batch():
+    """NOTE [GPipe stash estimate] in the enumeration: 44 one-device machines of 10,000 bytes, a model of 44,400
+    bytes of weights and state and 44,400 of activations per microbatch, 8 microbatches under GPipe: one pipeline
+    at most fits (two need 2 x 44,400 + 8 x 44,400 bytes, the cluster holds 440,000), and it stashes all 8:
+    399,600 bytes, 40 machines. The shapes tried hold that (34 machines and up, within _LOOSE of it); before,
+    they were those holding one microbatch (9-13 machines, 26 and all 44), none of 27-43."""
+    from hetpart.partitioner.pipeline_search import enumerate_shapes, machine_kinds
+
+    gpipe = _one_pipeline_fits()
+    kinds, _ = machine_kinds(gpipe)
+    sizes = sorted({s.machines[0] for s in enumerate_shapes(gpipe, kinds)})
+    assert any(40 <= n < 44 for n in sizes), sizes
+    assert min(sizes) >= 34, sizes  # none that cannot hold 0.85 of the batch's stash
+
+
+def _one_pipeline_fits() -> Problem:
+    """44 one-device machines of 10,000 bytes; `layered`'s model with 600 bytes of activations per op; 8
+    microbatches under GPipe: one pipeline at most fits (NOTE [GPipe stash estimate])."""
+    p = layered()
+    g = p.graph.copy()
+    for v in g.nodes:
+        g.nodes[v][MEM_BYTES] = 600
+    devices = [Device(f"m{i}/0", "fast", f"m{i}", 10_000) for i in range(44)]
+    return Problem(graph=g, weights=p.weights, devices=devices, intra_node_links={d.node: Link(1000, 100)
+                                                                                  for d in devices},
+                   network=p.network, training=Training("gpipe", 8, dict(p.training.state_bytes)))
+
+
+def test_no_fewer_microbatches_are_tried_where_one_pipeline_fits(monkeypatch):
+    """NOTE [GPipe stash estimate] in the search: where the cluster's memory holds one pipeline at most, it runs the
+    whole batch, so a shape whose plan cannot stash all 8 is not solved again for fewer (`_most_gpipe`: before,
+    every such shape took up to four more solves, and the 405B-shaped model's degree 8 spent its part on them)."""
+    import hetpart.partitioner.pipeline_search as ps
+
+    calls = []
+    real = ps._most_gpipe
+    monkeypatch.setattr(ps, "_most_gpipe", lambda *a: calls.append(a[3]) or real(*a))
+    try:
+        plan_pipelines(_one_pipeline_fits(), 8, time_limit_s=5)
+    except HetpartError:
+        pass  # whether a plan fits is not the point: which microbatches were tried is
+    assert calls == []

@@ -337,3 +337,31 @@ def test_a_degree_is_tightened_when_its_search_bound_was_cut(monkeypatch, cut):
                                           if "computed after the searches" not in r.note)
     least = min(choice.results, key=lambda r: (r.bound_ns, r.degree))
     assert choice.plan.bound_unfinished == least.unfinished
+
+
+def test_the_degree_with_fewest_slots_gets_at_least_an_equal_part(monkeypatch):
+    """NOTE [degrees share the time limit] 3: after degree 1, the most promising degree is given at least an equal
+    part of what is left, however few its slots. Here degree 2 (half the slots of degree 3, the least bound) comes
+    second: in proportion to slots alone it got a third of what was left (the 405B-shaped model's degree 8 on
+    hetero-256: 4.2 s of 45, under the least part, so not searched at all), now half, and the last degree the rest."""
+    import hetpart.partitioner.tp_pipelines as tpp
+    from hetpart.partitioner.pipeline_bounds import PipelinesBound
+
+    one, two = slot_problems(CASES[0])[0].values()
+    problems = {1: one, 2: two, 3: one}  # degree 3: degree 1's slots again, twice degree 2's
+    monkeypatch.setattr(tpp, "quick_pipelines_bound", lambda p, m: PipelinesBound(
+        len(p.devices) * (1 if p is two else 3), 0, "quick", 0.0))
+    given: dict[int, tuple[float, float]] = {}
+
+    def plan(t: int, p: Problem, m: int, share_s: float) -> PipelinesPlan:
+        given[t] = (time.perf_counter(), share_s)
+        raise HetpartError("no plan")  # nothing found: nothing pruned, every degree searched
+
+    monkeypatch.setattr(tpp, "pipelines_lower_bound", lambda p, m, deadline: PipelinesBound(0, 0, "none", 0.0))
+    t0 = time.perf_counter()
+    with pytest.raises(HetpartError):
+        choose_pipelines_degree(problems, 4, plan, 10.0)
+    assert list(given) == [1, 2, 3]
+    left = t0 + 10.0 - given[2][0]
+    assert given[2][1] >= left / 2 - 0.05  # before: left * 2 / (2 + 4) = left / 3
+    assert given[3][1] >= t0 + 10.0 - given[3][0] - 0.05  # the last degree: all that is left
