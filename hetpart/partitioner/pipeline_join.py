@@ -33,7 +33,8 @@ from hetpart.partitioner.problem import Problem
 # from it (one idle machine fewer) until no try helps, no machine is idle or the limit is reached.
 # The last round's tries are made against the plan kept: NOTE [idle reasons] quotes them (llama-70b
 # on hetero-64: "adding one l4-24g machine to pipeline 0 gives 9,628 ms (+54.1%)"; a joined plan
-# that runs nothing on the machine "adds nothing"; a split that gives a joined pipeline no microbatches -- its
+# that runs on no more machines of the kind than the plan "adds nothing" (machines of a kind are interchangeable:
+# it may run on the added one and leave another out); a split that gives a joined pipeline no microbatches -- its
 # fewest take longer than the others need for the whole batch -- quotes no step: the plan it costs is not a
 # join, and "gives X" would price a plan without the machine, as the plan fuzz found). The bound is untouched (it covers
 # every plan); the gap and status are computed from the plan kept. Stats: join_tries (joins
@@ -187,8 +188,10 @@ def join_probe(problem: Problem, kinds, cands: list[Candidate], answer: OuterAns
                     continue
                 got = cost_pipelines(problem, realize(problem, kinds, cands, trial, shape_devices, class_devices),
                                      solver_status="FEASIBLE")
-                added = set(joined.devices) - set(c.devices)  # canonical devices: the added machine's
-                left_out = not any(d in added for st in joined.plan.stages for d in _devices_of(st))
+                # Machines of a kind are interchangeable: the joined plan may run on the added machine and leave
+                # another of its kind out, so count the kind's busy machines (review19), not the added one's.
+                kind = set(kinds[j].machines)
+                left_out = _busy_machines(problem, got, kind) <= _busy_machines(problem, out.plan, kind)
                 tries.append(JoinTry(j, i, pipes[:copies], got.iteration_ns, left_out=left_out))
                 found.append((got, trial))
         out.tries, out.untried = tries, untried
@@ -201,6 +204,12 @@ def join_probe(problem: Problem, kinds, cands: list[Candidate], answer: OuterAns
     stats["join_finished"] = float(not out.untried)
     out.stats, out.solved = stats, list(planner.solved)
     return out
+
+
+def _busy_machines(problem: Problem, plan: PipelinesPlan, machines: set[str]) -> int:
+    """How many of `machines` run a stage of `plan`."""
+    return len({problem.device(d).node for q in plan.pipelines for st in q.plan.stages for d in _devices_of(st)}
+               & machines)
 
 
 def _joined_answer(cands: list[Candidate], answer: OuterAnswer, base: int, joined: int, copies: int,

@@ -399,11 +399,15 @@ def check_join_numbers(p: Problem, M: int, plan: PipelinesPlan, rec, opt: int | 
         on = lambda pp: sum(1 for q in pp.pipelines for x in q.devices if x in kind_devices)  # noqa: E731
         if on(joined) <= on(plan):
             out.append(f"{d}: the quoted join has no more devices of its kind than the plan")
-        added = {x for q in joined.pipelines for x in q.devices} - {x for q in plan.pipelines for x in q.devices}
-        runs = {x for q in joined.pipelines for st in q.plan.stages for x in (st.devices or (st.device,))}
-        if ("adds nothing" in m.group(0)) != (not added & runs):
+        # Machines of a kind are interchangeable: a join adds a machine when its plan runs stages on more of the
+        # kind's machines than the plan does (review19: one moved to another machine of its kind is no join).
+        kind_machines = {x.node for x in p.devices if facts.kind_of_machine[x.node] == j}
+        busy = lambda pp: len(kind_machines & {p.device(x).node for q in pp.pipelines  # noqa: E731
+                                               for st in q.plan.stages for x in (st.devices or (st.device,))})
+        if ("adds nothing" in m.group(0)) != (busy(joined) <= busy(plan)):
             out.append(f"{d}: says the join {'adds nothing' if 'adds nothing' in m.group(0) else 'runs'} on the "
-                       f"added machine, its plan runs stages on {sorted(added & runs)} of {sorted(added)}")
+                       f"added machine, its plan runs stages on {busy(joined)} machine(s) of the kind, the plan on "
+                       f"{busy(plan)}")
         pipes = tuple(int(x) for x in m.group(2).split(","))
         if pipes != t.pipelines:
             out.append(f"{d}: quotes pipelines {pipes}, the join gave the machine to {t.pipelines}")
