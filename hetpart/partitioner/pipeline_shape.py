@@ -80,7 +80,9 @@ def gpipe_share(problem: Problem, need: int, act_bytes: int, devices: int, usabl
     m = problem.training.microbatches if problem.training is not None else 1
     usable = max(1, usable or len(problem.devices))
     share = max(1, m * devices // usable)
-    capacity = sum(d.capacity_bytes for d in problem.devices)
+    # Called per count vector by the shapes' enumeration: the devices' sum kept (NOTE [problem caches]).
+    capacity = problem.kept("capacity_bytes", id(problem.devices),
+                            lambda: sum(d.capacity_bytes for d in problem.devices))
     if need > act_bytes:  # the most pipelines the cluster's memory holds (NOTE [GPipe stash estimate])
         most = max(1, (capacity - m * act_bytes) // (need - act_bytes))
         share = max(share, -(-m // most))

@@ -139,7 +139,8 @@ def _bytes_first_stripes(problem: Problem, devices: tuple[str, ...], plans: Sequ
     now = {id(p): _between_within(moves(problem, p.stage_of, order[id(p)], held)) for p in plans}
     fewest = min(now.values())
     fastest = min(plans, key=lambda p: p.objective_ns)  # the least step
-    tables = {devices: (sub, tab)}  # the DP's sub-problem and order tables per device set
+    tables = {devices: (sub, tab, {v: j for j, v in enumerate(tab.order)})}  # per device set: the DP's sub-problem,
+    # order tables and each node's place in their order
     jobs = [(_held_stripe_order(problem, devices, first), fastest, devices, "held")]
     # NOTE [re-plan pipelines] e: orders near the held one, on the machines the fastest solved stripe uses
     on = {problem.device(d).node for d in fastest.slot_of_stage}
@@ -160,9 +161,9 @@ def _bytes_first_stripes(problem: Problem, devices: tuple[str, ...], plans: Sequ
             break
         if on_devices not in tables:
             on_sub = sub_problem(problem, on_devices, microbatches)
-            tables[on_devices] = (on_sub, order_tables(on_sub))
-        job_sub, job_tab = tables[on_devices]
-        at = {v: j for j, v in enumerate(job_tab.order)}
+            on_tab = order_tables(on_sub)
+            tables[on_devices] = (on_sub, on_tab, {v: j for j, v in enumerate(on_tab.order)})
+        job_sub, job_tab, at = tables[on_devices]
         own = [at[v] for v, k in plan.stage_of.items()
                if at[v] > 0 and plan.stage_of[job_tab.order[at[v] - 1]] != k]
         for j, share in enumerate(_STRIPE_CAPS):
@@ -172,7 +173,7 @@ def _bytes_first_stripes(problem: Problem, devices: tuple[str, ...], plans: Sequ
             cap = math.floor(plan.bottleneck_ns * (1 + share * slack))
             extra = own
             if kind != "solved":  # held and near orders: where a balanced plan in it cuts
-                extra = own + _greedy_cuts(problem, job_sub, job_tab, old_order, cap)
+                extra = own + _greedy_cuts(job_sub, job_tab, old_order, cap)
             for new, _ in _step_capped(problem, devices, job_sub, job_tab, held, old_order, extra, microbatches,
                                        step_cap, cap):
                 key = (tuple(sorted(new.stage_of.items())), tuple(new.slot_of_stage))
@@ -245,7 +246,7 @@ def _near_orders(problem: Problem, order: Sequence[str]) -> list[list[str]]:
     return out
 
 
-def _greedy_cuts(problem: Problem, sub: Problem, tab, order: Sequence[str], cap: int) -> list[int]:
+def _greedy_cuts(sub: Problem, tab, order: Sequence[str], cap: int) -> list[int]:
     """NOTE [re-plan pipelines] e: hints for the DP, the cut positions of a plan on every device of `order` in
     turn whose stages each take at most `cap` (compute and both boundaries, costs.py's terms; memory not
     checked): each stage ending as late as it may (forward), and each starting as early as it may (backward),

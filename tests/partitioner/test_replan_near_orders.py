@@ -67,7 +67,7 @@ def test_in_every_near_order_the_dp_moves_no_more_than_any_cut_within_its_cap(se
         for share in (1.0, 0.5):
             cap = math.floor(q.plan.bottleneck_ns * (1 + share * SLACK))
             step_cap = math.floor(q.plan.objective_ns * (1 + share * SLACK))
-            greedy = _greedy_cuts(p, sub, tab, order, cap)
+            greedy = _greedy_cuts(sub, tab, order, cap)
             found = _step_capped(p, q.devices, sub, tab, held, order, greedy or [], q.microbatches, step_cap, cap)
             brute = _brute_between(p, q, holders, order, 9, cap)
             if not found:
