@@ -224,7 +224,6 @@ class _Decider:
 
         self.c_net = least_ns(problem.network)
         self.c_min = min([least_ns(link) for link in links] + [self.c_net])
-        g = problem.graph
         node_time = np.stack([node_times_ns(problem, tab.order, t) for t in types], axis=1).astype(np.float64)
         node_allowed = np.array([[t in problem.allowed_types(v) for t in types] for v in tab.order])
         member_int = tab.member.astype(np.float64)

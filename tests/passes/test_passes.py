@@ -4,7 +4,6 @@ import pytest
 import torch
 import torch.fx as fx
 
-from hetpart.devices import load_cluster
 from hetpart.errors import HetpartError
 from hetpart.ir import info
 from hetpart.partitioner import MEM_BYTES, OUT_BYTES, PIN, PIN_FIRST, PIN_LAST, TIME_NS, WEIGHTS
