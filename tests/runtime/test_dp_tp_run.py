@@ -1,7 +1,8 @@
 """Data-parallel pipelines of tensor-parallel stages under one torchrun (issues 19 and 20 composed): zoo:gpt-small
-as 2 pipelines x 2 stages x TP 2 on preset:cpu-8 trains 2 steps of 1F1B and infers equal to the model on the
-global batch (outputs, loss, every gathered gradient and updated weight, rtol 1e-5); each rank holds only its
-shards; pipelines of 1 and 2 TP-2 stages train GPipe equal to the model too; a mesh edited to disagree (a
+as 2 pipelines x 2 stages x TP 2 on preset:cpu-8 trains 2 steps of 1F1B equal to the model on the global batch
+(outputs, loss, every gathered gradient and updated weight, rtol 1e-5); each rank holds only its shards; pipelines
+of 1 and 2 TP-2 stages train GPipe and infer equal to the model too (the 6-rank plan runs the inference: its
+pipelines hold one TP stage and two, the 8-rank plan's two each); a mesh edited to disagree (a
 gradient group mixing shard indices, a lane or a pipeline moved) is refused with exit 2 before any rank starts
 (NOTE [tensor-parallel pipelines mesh] in codegen/tp.py).
 """
@@ -116,19 +117,17 @@ def test_a_gradient_group_mixing_shard_indices_stops_run_with_exit_2(dp_tp, tmp_
     assert "must hold ranks of one TP index" in err and "Traceback" not in err and not (bad / "logs").exists()
 
 
-def test_two_pipelines_of_tp2_stages_train_1f1b_and_infer_equal_to_the_model(dp_tp, capsys):
+def test_two_pipelines_of_tp2_stages_train_1f1b_equal_to_the_model(dp_tp, capsys):
     assert main(["run", str(dp_tp), "--mode", "training", "--schedule", "1f1b", "--steps", "2", "--verify"]) == 0
     ran = capsys.readouterr().out
     assert "of 2 pipelines (2 + 2 stages, 2 + 2 microbatches): 8 rank(s)" in ran and "verify: PASS" in ran
     assert "max_grad_rel_err=" in ran and "max_weight_rel_err=" in ran and "max_loss_rel_err=" in ran
-    assert main(["run", str(dp_tp), "--mode", "inference", "--verify"]) == 0
-    ran = capsys.readouterr().out
-    assert "verify: PASS" in ran and "outputs: 8x16x128" in ran
 
 
-def test_pipelines_of_one_and_two_tp2_stages_train_gpipe_equal_to_the_model(tmp_path, capsys):
+def test_pipelines_of_one_and_two_tp2_stages_train_gpipe_and_infer_equal_to_the_model(tmp_path, capsys):
     """Pipelines whose cuts do not line up: pipeline 0 one TP-2 stage, pipeline 1 two; shard j of a weight is summed
-    between TP rank j of pipeline 0's stage and TP rank j of whichever stage of pipeline 1 holds it."""
+    between TP rank j of pipeline 0's stage and TP rank j of whichever stage of pipeline 1 holds it. Inference on the
+    same artifacts: each pipeline's rows of the batch, through its TP stages, put back in order."""
     out = tmp_path / "out"
     args = [a if a != "1f1b" else "gpipe" for a in GPT]
     assert main(["partition", *args, "--pipelines", "local/0,local/1;local/2,local/3,local/4,local/5",
@@ -143,3 +142,6 @@ def test_pipelines_of_one_and_two_tp2_stages_train_gpipe_equal_to_the_model(tmp_
     assert main(["run", str(out), "--mode", "training", "--schedule", "gpipe", "--steps", "2", "--verify"]) == 0
     ran = capsys.readouterr().out
     assert "of 2 pipelines (1 + 2 stages, 2 + 2 microbatches): 6 rank(s)" in ran and "verify: PASS" in ran
+    assert main(["run", str(out), "--mode", "inference", "--verify"]) == 0
+    ran = capsys.readouterr().out
+    assert "verify: PASS" in ran and "outputs: 8x16x128" in ran

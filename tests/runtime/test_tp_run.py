@@ -71,10 +71,11 @@ def test_each_rank_holds_only_its_shards_and_the_manifest_records_the_groups(gpt
 
 
 def test_gpt_two_stages_by_tp2_train_1f1b_equal_to_the_model_checkpoint_resume_and_replan(gpt_tp, tmp_path, capsys):
-    """2 steps with a checkpoint (each rank its shards, NOTE [checkpoint slices]), then 2 more resumed from it:
-    both equal to the model (the resumed run: to 4 steps of it from the same initial weights). Then issue 21 on a
-    TP plan (NOTE [re-plan of tensor-parallel plans]): local/3 is lost, `hetpart replan` keeps TP 2 on the group
-    that survives whole (one stage, 2 ranks), and 2 steps resumed from the same checkpoint equal 4 of the model."""
+    """2 steps with a checkpoint (each rank its shards, NOTE [checkpoint slices]), equal to the model. Then issue 21
+    on a TP plan (NOTE [re-plan of tensor-parallel plans]): local/3 is lost, `hetpart replan` keeps TP 2 on the group
+    that survives whole (one stage, 2 ranks), and 2 steps resumed from the checkpoint equal 4 of the model from the
+    same initial weights. (TP ranks resuming their own shards in the same layout under torchrun:
+    tests/runtime/test_replan_dp_tp_run.py, whose kept pipeline moves no byte.)"""
     ck = tmp_path / "ck"
     train = ["run", str(gpt_tp), "--mode", "training", "--schedule", "1f1b", "--steps", "2", "--verify"]
     assert main([*train, "--checkpoint-every", "2", "--checkpoint-dir", str(ck)]) == 0
@@ -88,9 +89,6 @@ def test_gpt_two_stages_by_tp2_train_1f1b_equal_to_the_model_checkpoint_resume_a
     assert part["layout"]["weight/blocks.0.mlp.proj.weight"] == {"shape": [64, 256], "dim": 1, "slices": [[128, 256]]}
     assert part["layout"]["weight/blocks.0.ln_1.weight"] == {"shape": [64], "replicated": True}
     assert _shapes(step / "rank1.safetensors")["weight/blocks.0.attn.qkv.weight"] == [96, 64]  # never the whole
-    assert main([*train, "--resume", str(ck)]) == 0
-    ran = capsys.readouterr().out
-    assert "after step 2" in ran and "4 rank(s)" in ran and "verify: PASS" in ran, ran
     # A changed byte in one rank's shards: refused before any rank starts.
     bad = tmp_path / "bad"
     shutil.copytree(step, bad)
