@@ -410,7 +410,7 @@ def check_checkpoint_dir(ck: Path, first_step: int, steps: int, every: int) -> l
     the steps it will write."""
     planned = [s for s in range(first_step + 1, first_step + steps + 1) if s % every == 0]
     if ck.exists() or ck.is_symlink():
-        real_dir(ck, "checkpoints")
+        real_dir(ck, "checkpoints", "pass another --checkpoint-dir")
     else:
         try:
             ck.mkdir(parents=True)
