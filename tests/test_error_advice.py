@@ -44,3 +44,36 @@ def test_export_of_a_pipelines_plan_does_not_call_its_pipelines_different(device
     text = str(err.value)
     assert "different shapes" not in text and f"({len(devices)} pipeline" in text
     assert "1 pipelines" not in text
+
+
+def test_resume_of_a_file_says_it_is_not_a_directory(tmp_path):
+    from hetpart.runtime.checkpoint import find_checkpoint
+
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(HetpartError, match="--resume .*notes.txt: not a directory"):
+        find_checkpoint(tmp_path / "notes.txt")
+    with pytest.raises(HetpartError, match="--resume .*gone: no such directory"):
+        find_checkpoint(tmp_path / "gone")
+
+
+@pytest.mark.parametrize("every, steps, silent", [(3, 2, False), (2, 2, True), (3, 4, True)])
+def test_a_run_whose_checkpoint_every_writes_none_says_so(tmp_path, monkeypatch, capsys, every, steps, silent):
+    """`run --checkpoint-every 3 --steps 2` wrote no checkpoint and said nothing; the note comes before any rank
+    starts (the launch is stopped right after it here)."""
+    import hetpart.runtime.launch as launch
+
+    out = tmp_path / "mlp"
+    assert main(["partition", "zoo:mlp", "--set", "hidden=32", "--set", "n_blocks=2", "--cluster", "preset:cpu-2",
+                 "--no-pt2", "--mode", "training", "--out", str(out)]) == 0
+    capsys.readouterr()
+
+    def stop(_out):
+        raise HetpartError("stopped here by the test")
+
+    monkeypatch.setattr(launch, "is_signed", stop)
+    assert main(["run", str(out), "--mode", "training", "--steps", str(steps), "--checkpoint-every", str(every),
+                 "--checkpoint-dir", str(tmp_path / "ck")]) == 2
+    got = capsys.readouterr()
+    assert "stopped here by the test" in got.err
+    note = f"note: --checkpoint-every {every}: no step of this run (1 to {steps}) is a multiple of it"
+    assert (note not in got.out + got.err) == silent
