@@ -1,5 +1,6 @@
-"""Errors that tell the user what to do say something true about their input (ux20): advice written for one
-caller (`partition again`, "pipelines of different shapes") was printed for others where it was false."""
+"""What hetpart says is true of the user's input and plan (ux20): error advice written for one caller
+(`partition again`, "pipelines of different shapes") was printed for others where it was false, a run that
+writes no checkpoint said nothing, a re-plan named the devices lost but not those added."""
 
 from __future__ import annotations
 
@@ -77,3 +78,15 @@ def test_a_run_whose_checkpoint_every_writes_none_says_so(tmp_path, monkeypatch,
     assert "stopped here by the test" in got.err
     note = f"note: --checkpoint-every {every}: no step of this run (1 to {steps}) is a multiple of it"
     assert (note not in got.out + got.err) == silent
+
+
+def test_replan_names_the_devices_it_added_as_it_names_those_lost(tmp_path, capsys):
+    """`replan --add cpu@local` printed "re-planned in ... (no trace)" and nothing of the device it added, where
+    `--lose` is named ("; lost: local/2")."""
+    old = tmp_path / "mlp"
+    assert main(["partition", "zoo:mlp", "--set", "hidden=32", "--set", "n_blocks=2", "--cluster", "preset:cpu-2",
+                 "--no-pt2", "--mode", "training", "--out", str(old)]) == 0
+    capsys.readouterr()
+    assert main(["replan", str(old), "--add", "cpu@local", "--lose", "local/0", "--out", str(tmp_path / "new")]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("re-planned "))
+    assert line.endswith("; lost: local/0; added: local/2"), line
