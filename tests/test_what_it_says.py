@@ -90,3 +90,11 @@ def test_replan_names_the_devices_it_added_as_it_names_those_lost(tmp_path, caps
     assert main(["replan", str(old), "--add", "cpu@local", "--lose", "local/0", "--out", str(tmp_path / "new")]) == 0
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("re-planned "))
     assert line.endswith("; lost: local/0; added: local/2"), line
+
+
+def test_virtual_stages_summary_gives_memory_in_the_table_s_units(tmp_path, capsys):
+    """Each device's line read "4.0 MiB of 262144.0 MiB" beside a table in KiB/MiB/GiB ("/ 128 GiB" a stage)."""
+    assert main(["partition", "zoo:mlp", "--cluster", "preset:cpu-4", "--out", str(tmp_path / "v"), "--schedule",
+                 "interleaved-1f1b", "--mode", "training", "--no-pt2"]) == 0
+    lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("  local/")]
+    assert len(lines) == 4 and all(x.endswith(" of 256 GiB") for x in lines), lines
