@@ -90,8 +90,8 @@ def _partition(args: argparse.Namespace, console: Console) -> int:
     print_schedule_choice(result.report, console)  # --schedule/--microbatches auto (NOTE [schedule choice])
     _print_strategy(result.report, console)
     ranks = sum(len(s.devices) or 1 for s in result.report.stages)  # NOTE [tensor-parallel stages]: a group's
-    console.print(f"wrote {args.out}/ (plan.json, manifest.json, rank0..rank{ranks - 1}, ir/, "
-                  "report.html)")
+    dirs = "rank0" if ranks == 1 else f"rank0..rank{ranks - 1}"
+    console.print(f"wrote {args.out}/ (plan.json, manifest.json, {dirs}, ir/, report.html)")
     return 0
 
 

@@ -194,13 +194,15 @@ def exclusive_file(path: Path) -> TextIO:
     return os.fdopen(fd, "w")
 
 
-def real_dir(path: Path, what: str) -> Path:
-    """`path` if it is a directory and not a symlink; else an error naming `what` it is for."""
+def real_dir(path: Path, what: str, instead: str = "partition again") -> Path:
+    """`path` if it is a directory and not a symlink; else an error naming `what` it is for, and what to do
+    `instead` of removing it (for a folder of the artifacts: partition again; for a path the user chose: choose
+    another)."""
     if path.is_symlink():
         raise HetpartError(f"'{path}' is a symbolic link; hetpart writes {what} there and never follows a link: "
                            "remove the link")
     if not path.is_dir():
-        raise HetpartError(f"'{path}' is not a directory; hetpart writes {what} there: remove it or partition again")
+        raise HetpartError(f"'{path}' is not a directory; hetpart writes {what} there: remove it or {instead}")
     return path
 
 

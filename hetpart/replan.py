@@ -211,8 +211,9 @@ def _write_replan(old: Path, out: Path, manifest: dict, plan: Any, stored: Probl
     from hetpart.runtime.artifacts import model_spec_for_run
 
     lost = sorted({d.name for d in old_cluster.devices} - {d.name for d in target.devices})
+    added = sorted({d.name for d in target.devices} - {d.name for d in old_cluster.devices})
     for line in describe_fn(result, plan_s, lost):
-        echo(line)
+        echo(line + (f"; added: {', '.join(added)}" if added and line.startswith("re-planned ") else ""))
     record = {**result.to_json(), "from": str(old), "lost": lost, "replan_s": round(plan_s, 3)}
     opts = CompileOptions(microbatches=plan.microbatches, seed=seed, force=force, mode=plan.mode,
                           schedule=plan.schedule, optimizer_bytes_per_param=8 if plan.optimizer_bytes_per_param is None

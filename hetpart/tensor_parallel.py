@@ -216,8 +216,12 @@ def choose_tp(gm: fx.GraphModule, problem: Problem, cluster: Cluster, max_degree
                                                                          f"{uniform.degree}"))
     if mixed is not None:
         echo(f"tensor parallel {mixed_summary(mixed)}")
-    if not written:
-        return lowered.get(uniform.degree), uniform.plan
+    if not written:  # the uniform plan; searched with the mixed plans too, its bound is the whole space's
+        plan = uniform.plan
+        if mixed is not None and mixed.plan.lower_bound_ns < plan.lower_bound_ns:
+            plan = dataclasses.replace(plan, lower_bound_ns=mixed.plan.lower_bound_ns, solver_status=(
+                "OPTIMAL" if plan.value_ns <= mixed.plan.lower_bound_ns else "FEASIBLE"))
+        return lowered.get(uniform.degree), plan
     gain = (f", predicted {1 - mixed.plan.value_ns / uniform.plan.value_ns:.1%} faster than degree {uniform.degree} "
             "everywhere" if uniform is not None else " (no uniform degree fits)")
     echo(f"chose degrees per machine: {places_line(mixed.degree_of_place)}{gain}")

@@ -159,3 +159,17 @@ def test_replan_refuses_an_existing_out_before_it_re_plans(tmp_path, capsys):
         got = capsys.readouterr()
         assert "already exists; pass --force" in got.err and "re-planned" not in got.out and not got.out, got
     assert (old / "plan.json").read_text() == before
+
+
+@pytest.mark.parametrize("devices, dirs", [(1, "rank0, "), (2, "rank0..rank1, ")])
+def test_the_wrote_line_names_the_rank_folders_written(tmp_path, capsys, devices, dirs):
+    """One stage wrote "rank0..rank0" (ux20); the folders named are the ones on disk."""
+    cluster = tmp_path / "c.toml"
+    cluster.write_text('[network]\nbandwidth_GBps = 1\nlatency_us = 10\n[[nodes]]\nname = "m"\n'
+                       f'devices = {["cpu"] * devices!r}\n'.replace("'", '"')
+                       + 'link = { bandwidth_GBps = 1000, latency_us = 1 }\n')
+    out = tmp_path / "out"
+    assert main(["partition", *MLP, "--cluster", str(cluster), "--out", str(out), "--no-pt2"]) == 0
+    wrote = [line for line in capsys.readouterr().out.splitlines() if line.startswith("wrote ")]
+    assert wrote and f"manifest.json, {dirs}ir/" in wrote[0], wrote
+    assert sorted(p.name for p in out.glob("rank*")) == [f"rank{k}" for k in range(devices)]

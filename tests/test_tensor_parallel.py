@@ -238,6 +238,31 @@ def test_max_tensor_parallel_also_searches_degrees_per_machine(tmp_path, capsys)
         assert all(len(s["devices"]) == chosen for s in plan["stages"])
 
 
+def test_a_uniform_plan_kept_by_the_per_machine_search_is_certified_over_the_mixed_plans_too(tmp_path, capsys):
+    # NOTE [mixed tensor-parallel degrees]: the space searched is every uniform degree and every plan of degrees
+    # per machine, so the bound is the least of the uniform degrees' and the relaxation's. ux20: a uniform plan
+    # kept carried its uniform bound only: README's gpt-small on mixed-4 read "lower bound 134 us | gap 0.00% |
+    # solver OPTIMAL" beside "relaxation bound 117.6 us", and the mixed solves' bounds are not used.
+    import json
+    import re
+
+    from hetpart.cli import main
+
+    out = tmp_path / "out"
+    assert main(["partition", "zoo:gpt-small", "--cluster", "preset:mixed-4", "--no-pt2", "--max-tensor-parallel",
+                 "2", "--tensor-parallel-per-machine", "--time-limit", "10", "--out", str(out)]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    line = text[text.index("tensor parallel: "):]
+    bounds = [float(v.replace(",", "")) for v in re.findall(r"degree \d: [\d,.]+ us \(bound ([\d,.]+) us\)",
+                                                            line.split("; chose")[0])]
+    relaxed = float(re.search(r"per machine: relaxation bound ([\d,.]+) us", line)[1].replace(",", ""))
+    assert len(bounds) == 2 and relaxed < min(bounds)  # the case: the relaxation bounds lower than every degree
+    plan = json.loads((out / "plan.json").read_text())
+    assert plan["lower_bound_us"] == pytest.approx(relaxed, abs=0.05)
+    assert plan["solver_status"] == "FEASIBLE" and plan["gap"] > 0
+    assert f"gap {plan['gap']:.2%}" in text
+
+
 def test_a_winning_mixed_plan_is_written_with_each_stage_at_its_machine_s_degree(tmp_path, capsys, monkeypatch):
     # NOTE [mixed-degree pipeline]: the search's choice is written when it mixes degrees. Here the mixed choice
     # is made to win by hand: TP 2 on machine a, TP 1 on b, solved as its own problem (a real plan of it).

@@ -9,6 +9,7 @@ from hetpart.codegen.split import StageGraph
 from hetpart.errors import HetpartError
 from hetpart.partitioner.virtual import VirtualPlan, virtual_name
 from hetpart.plan_report import PlanReport
+from hetpart.units import format_bytes
 
 # NOTE [virtual-stage manifest]
 # A plan of S = v*D stages on D devices (NOTE [virtual stages plan] in partitioner/virtual.py)
@@ -71,5 +72,5 @@ def virtual_summary(vplan: VirtualPlan) -> str:
     for r, d in enumerate(vplan.devices):
         cap = vplan.problem.device(virtual_name(d, 0)).capacity_bytes * vplan.virtual_stages
         lines.append(f"  {d}: stages {list(range(r, len(stages), len(vplan.devices)))}, {loads[r] / 1000:.1f} us per "
-                     f"microbatch, {mem[r] / 2**20:.1f} MiB of {cap / 2**20:.1f} MiB")
+                     f"microbatch, {format_bytes(mem[r])} of {format_bytes(cap)}")
     return "\n".join(lines)

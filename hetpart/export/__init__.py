@@ -20,11 +20,13 @@ __all__ = ["FORMATS", "Exported", "export_plan", "export_text"]
 def export_text(pj: dict, fmt: str, out_file: Path | None = None) -> Exported:
     """The config of format `fmt` for plan.json `pj`; `out_file`: where it will be written (torchtitan
     names its schedule CSV beside it)."""
-    if pj.get("pipelines"):  # several data-parallel pipelines (issue 19): no format here describes them yet
+    if pj.get("pipelines"):  # data-parallel pipelines (issue 19), even one: no format here describes them yet
+        n = len(pj["pipelines"])
         raise HetpartError(
-            f"export --format {fmt}: this plan has {len(pj['pipelines'])} data-parallel pipelines of different "
-            "shapes, which none of the export formats can describe (each takes one pipeline); export a plan "
-            "partitioned without --pipelines/--parallel data, or run this one with `hetpart run`")
+            f"export --format {fmt}: this plan is of data-parallel pipelines ({n} pipeline{'s' if n > 1 else ''}, "
+            "from --pipelines or --parallel data), which no export format here describes yet (each takes a "
+            "plan partitioned without them); export a plan partitioned without --pipelines/--parallel data, "
+            "or run this one with `hetpart run`")
     if fmt == "torchtitan":
         csv_path = None if out_file is None else str(out_file.resolve().with_suffix(".schedule.csv"))
         return export_torchtitan(pj, csv_path)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from hetpart.errors import HetpartError
 from hetpart.partitioner.pipeline_bounds import _supports, need_bytes, pipelines_lower_bound, sync_floor_ns
-from hetpart.partitioner.pipeline_idle import ShapeFacts, idle_reasons, kind_names, learn
+from hetpart.partitioner.pipeline_idle import ShapeFacts, format_ns, idle_reasons, kind_names, learn
 from hetpart.partitioner.pipeline_join import JoinPlanner, join_probe
 from hetpart.partitioner.pipeline_layers import layer_problem
 from hetpart.partitioner.pipeline_outer import (
@@ -551,7 +551,7 @@ def plan_with_baselines(problem: Problem, microbatches: int, options: SolveOptio
     else:
         search_bound, stats, unfinished = plan.lower_bound_ns, dict(plan.stats), plan.bound_unfinished
         why = (f"{plan.bound_note}; the plan is the {best.name} baseline's, faster than the search's "
-               f"{plan.iteration_ns} ns")
+               f"{format_ns(plan.iteration_ns)}")
     lower, status = _certified(best.plan.iteration_ns, search_bound, opts.gap)
     taken = dataclasses.replace(best.plan, lower_bound_ns=lower, solver_status=status,
                                 stats={**stats, f"plan_from_{best.name}": 1.0}, bound_unfinished=unfinished,

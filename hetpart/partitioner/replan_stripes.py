@@ -83,11 +83,14 @@ def stripe_candidates(problem: Problem, holders: Mapping[str, tuple[str, ...]], 
             plan = _solve_shape(prob, groups[0], m, SolveOptions(seed=seed), limit_s, layers)
             if plan is not None:
                 plan = pipeline_plan(problem, groups[0], plan.stage_of, plan.slot_of_stage, m)  # costed on `problem`
+                if any(q.stage_of == plan.stage_of and q.slot_of_stage == plan.slot_of_stage for q in plans):
+                    continue  # another held order's plan already (one candidate each, not a table row twice)
                 plans.append(plan)
                 solved.append((machines, f, groups[0], plan, m))
         done.append((machines, f, groups, m, plans))
     # NOTE [re-plan pipelines] d after every set's solves, so that they keep the time they had without it.
     cut = {"stripe plan(s) not striped": 0, "stripe set(s) not re-cut bytes-first": 0}
+    seen: set[tuple] = set()
     for n, (machines, f, groups, m, plans) in enumerate(done):
         if not n or deadline.left() >= MIN_SOLVE_S:  # the first set's whatever the time: its bytes-first
             # stripes were every one chosen on llama-7b's trace (replan5s), each past the stripes' deadline
@@ -109,13 +112,22 @@ def stripe_candidates(problem: Problem, holders: Mapping[str, tuple[str, ...]], 
             tries = [(name, pp)]
             if any(tuple(q.plan.slot_of_stage) != r[2] for q, r in zip(pp.pipelines, moved)):
                 tries.append((name + ", relabeled", relabeled_plan(problem, pp, held, "stripes relabeled", moved)))
-            for how, got in tries:  # the first checked above
+            for how, got in tries:  # the first checked above; a plan met already is not a candidate twice
+                if (sig := _signature(got)) in seen:
+                    continue
+                seen.add(sig)
                 out.append(PipelinesCandidate(how, got, ["new"] * len(got.pipelines),
                                               pipelines_moves(problem, got, held), checked=got is pp))
     record_stripes(memo, codec, solved)
     if left_out is not None:
         left_out += [f"{n} {what} (past the deadline)" for what, n in cut.items() if n]
     return out
+
+
+def _signature(pp) -> tuple:
+    """What makes two stripe candidates the same plan: every pipeline's devices, cuts and microbatches."""
+    return tuple((tuple(q.devices), q.microbatches, tuple(sorted(q.plan.stage_of.items())),
+                  tuple(q.plan.slot_of_stage)) for q in pp.pipelines)
 
 
 def _bytes_first_stripes(problem: Problem, devices: tuple[str, ...], plans: Sequence[Plan], microbatches: int,

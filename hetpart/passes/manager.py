@@ -83,7 +83,7 @@ def check_dump_dir(where: Path) -> None:
     check_outside_artifacts(where, "--dump-ir")  # NOTE [outputs outside the artifacts] in fsio.py
     if not (where.exists() or where.is_symlink()):
         return
-    real_dir(where, "the IR dumps")
+    real_dir(where, "the IR dumps", "choose another --dump-ir DIR")
     entries = sorted(p.name for p in where.iterdir())
     if not entries:
         return

@@ -204,8 +204,8 @@ def find_checkpoint(path: Path) -> Path:
     if (path / MANIFEST).is_file():
         return path
     if not path.is_dir():
-        raise HetpartError(f"--resume {path}: no such directory; pass the --checkpoint-dir of a training run "
-                           "(or one of its step-<N> folders)")
+        raise HetpartError(f"--resume {path}: {'not a' if path.exists() else 'no such'} directory; pass the "
+                           "--checkpoint-dir of a training run (or one of its step-<N> folders)")
     found = complete_checkpoints(path)
     if not found:
         raise HetpartError(f"--resume {path}: no complete checkpoint there (a step-<N> folder with {MANIFEST}); "
@@ -410,7 +410,7 @@ def check_checkpoint_dir(ck: Path, first_step: int, steps: int, every: int) -> l
     the steps it will write."""
     planned = [s for s in range(first_step + 1, first_step + steps + 1) if s % every == 0]
     if ck.exists() or ck.is_symlink():
-        real_dir(ck, "checkpoints")
+        real_dir(ck, "checkpoints", "pass another --checkpoint-dir")
     else:
         try:
             ck.mkdir(parents=True)

@@ -507,6 +507,9 @@ def run_pipeline(out: Path, opts: RunOptions = RunOptions(), echo: Callable[[str
                                mode=opts.emulate_by) if opts.emulate else None  # NOTE [emulated devices] in runtime/emulate.py: one slot per rank
     ckpt = run_checkpoints(manifest, as_json(plan.model), spec, m, opts, echo)  # NOTE [checkpoint layout]
     first_step = ckpt.first_step if ckpt is not None else 0
+    if ckpt is not None and ckpt.every and first_step // ckpt.every == (first_step + opts.steps) // ckpt.every:
+        echo(f"note: --checkpoint-every {ckpt.every}: no step of this run ({first_step + 1} to "
+             f"{first_step + opts.steps}) is a multiple of it, so it writes no checkpoint")
     if emulation is not None and emulation.mode == "quota":
         find_hierarchy()  # a writable cgroup, before anything runs
     if key is None and is_signed(out):

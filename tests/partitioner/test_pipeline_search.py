@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import random
+import re
 import time
 
 import networkx as nx
@@ -235,6 +236,7 @@ def test_a_baseline_faster_than_the_search_is_the_plan(monkeypatch):
     device), the fastest valid baseline is returned instead, with the search's bound kept and the status
     recomputed against it; with the search left alone its answer is kept when no baseline beats it."""
     import hetpart.partitioner.pipeline_search as search
+    from hetpart.partitioner.pipeline_idle import format_ns
     from hetpart.partitioner.pipelines import fixed_pipelines
 
     p, M = small_problem(3)
@@ -258,6 +260,9 @@ def test_a_baseline_faster_than_the_search_is_the_plan(monkeypatch):
     assert plan.lower_bound_ns == min(honest.lower_bound_ns, plan.iteration_ns) > 0
     assert plan.solver_status == ("OPTIMAL" if plan.lower_bound_ns >= plan.iteration_ns else "FEASIBLE")
     assert f"plan_from_{fastest.name}" in plan.stats and fastest.name in plan.bound_note
+    # the search's step in the unit every printed time has (ux20: it was raw nanoseconds, "4017129 ns")
+    assert f"faster than the search's {format_ns(slow(p, M).iteration_ns)} " in plan.bound_note
+    assert not re.search(r"\d{5,} ns", plan.bound_note)
 
 
 def test_a_search_that_finds_nothing_falls_back_to_the_best_baseline(monkeypatch):

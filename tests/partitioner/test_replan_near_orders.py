@@ -207,3 +207,13 @@ def test_past_their_own_time_only_the_first_near_order_is_tried(monkeypatch, nea
     used = [[o for o in orders if any(t is o for t in tried)] for orders in made]
     assert all(u[:1] == orders[:1] for u, orders in zip(used, made))
     assert all(len(u) == 1 for u in used) if near_s * deadline_s == 0 else any(len(u) > 1 for u in used)
+
+
+@pytest.mark.parametrize("seed", [0, 2])
+def test_no_stripe_plan_is_a_candidate_twice(seed):
+    """ux20: each held order's solve of the same stripe plan, and two plans relabeled onto the same one, were each
+    a candidate: `replan` printed the same row two or three times ("stripes: 5 x 1 stages on 1 machines")."""
+    _, _, got = _case(seed)
+    plans = [tuple((q.devices, q.microbatches, sorted(q.plan.stage_of.items()), q.plan.slot_of_stage)
+                   for q in c.plan.pipelines) for c in got]
+    assert got and all(plans.count(x) == 1 for x in plans)

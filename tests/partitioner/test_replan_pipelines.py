@@ -495,3 +495,31 @@ def test_bytes_first_stripes_move_no_more_than_any_cut_of_a_solved_stripe_under_
             assert brute is None or mine <= brute
             if plan.objective_ns <= step_cap and not plan_violations(sub, plan):
                 assert best <= mine
+
+
+def test_a_re_plan_onto_too_little_memory_says_memory_not_time_limit():
+    """ux20: `replan --cluster` onto devices that together cannot hold one copy of the model said "raise
+    --time-limit, or add devices"; no time limit helps there. With the memory there, the same failure (no
+    candidate in time) still names the time limit (the negative control)."""
+    from hetpart.partitioner import replan_deadline
+
+    problem, old, holders, _ = _case(0)
+    tiny = dataclasses.replace(problem, devices=[dataclasses.replace(d, capacity_bytes=10) for d in problem.devices])
+    with pytest.raises(HetpartError) as err:
+        replan_deadline.replan_pipelines_within(tiny, old, holders, M, slack=0.02, time_limit_s=2, seed=0)
+    assert "no plan fits whatever the --time-limit; add devices with more memory" in str(err.value)
+    assert "raise --time-limit" not in str(err.value)
+
+
+def test_a_re_plan_that_found_nothing_in_time_still_names_the_time_limit(monkeypatch):
+    from hetpart.partitioner import pipeline_search, replan_deadline, replan_pipelines as rp, replan_stripes
+
+    def none(*a, **k):
+        raise HetpartError("none in time")
+
+    monkeypatch.setattr(rp, "resplit_candidates", lambda *a, **k: [])
+    monkeypatch.setattr(pipeline_search, "plan_with_baselines", none)
+    monkeypatch.setattr(replan_stripes, "stripe_candidates", lambda *a, **k: [])
+    problem, old, holders, _ = _case(0)
+    with pytest.raises(HetpartError, match="raise --time-limit"):
+        replan_deadline.replan_pipelines_within(problem, old, holders, M, slack=0.02, time_limit_s=2, seed=0)

@@ -1,0 +1,100 @@
+"""What hetpart says is true of the user's input and plan (ux20): error advice written for one caller
+(`partition again`, "pipelines of different shapes") was printed for others where it was false, a run that
+writes no checkpoint said nothing, a re-plan named the devices lost but not those added."""
+
+from __future__ import annotations
+
+import pytest
+
+from hetpart.cli import main
+from hetpart.errors import HetpartError
+from hetpart.export import export_text
+from hetpart.passes.manager import check_dump_dir
+from hetpart.runtime.checkpoint import check_checkpoint_dir
+
+
+def test_a_file_at_the_checkpoint_dir_asks_for_another_dir_not_a_new_partition(tmp_path):
+    ck = tmp_path / "notes.txt"
+    ck.write_text("mine")
+    with pytest.raises(HetpartError, match="is not a directory") as err:
+        check_checkpoint_dir(ck, 0, 2, 1)
+    assert "pass another --checkpoint-dir" in str(err.value) and "partition again" not in str(err.value)
+    assert ck.read_text() == "mine"
+
+
+def test_a_file_at_dump_ir_asks_for_another_dir_not_a_new_partition(tmp_path, capsys):
+    where = tmp_path / "notes.txt"
+    where.write_text("mine")
+    with pytest.raises(HetpartError, match="is not a directory") as err:
+        check_dump_dir(where)
+    assert "choose another --dump-ir DIR" in str(err.value) and "partition again" not in str(err.value)
+    out = tmp_path / "out"
+    assert main(["partition", "zoo:mlp", "--set", "hidden=32", "--set", "n_blocks=2", "--cluster", "preset:cpu-2",
+                 "--no-pt2", "--out", str(out), "--dump-ir", str(where)]) == 2
+    assert "choose another --dump-ir DIR" in capsys.readouterr().err
+    assert where.read_text() == "mine" and not out.exists()
+
+
+@pytest.mark.parametrize("devices", [[["d0", "d1", "d2"]], [["d0", "d1"], ["d2", "d3"]]])
+def test_export_of_a_pipelines_plan_does_not_call_its_pipelines_different(devices):
+    """A `--parallel data` answer of one pipeline, or of stripes (pipelines of the same shape), was refused as
+    "1 data-parallel pipelines of different shapes"."""
+    pj = {"pipelines": [{"index": i, "devices": d, "microbatches": 2} for i, d in enumerate(devices)]}
+    with pytest.raises(HetpartError) as err:
+        export_text(pj, "megatron")
+    text = str(err.value)
+    assert "different shapes" not in text and f"({len(devices)} pipeline" in text
+    assert "1 pipelines" not in text
+
+
+def test_resume_of_a_file_says_it_is_not_a_directory(tmp_path):
+    from hetpart.runtime.checkpoint import find_checkpoint
+
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(HetpartError, match="--resume .*notes.txt: not a directory"):
+        find_checkpoint(tmp_path / "notes.txt")
+    with pytest.raises(HetpartError, match="--resume .*gone: no such directory"):
+        find_checkpoint(tmp_path / "gone")
+
+
+@pytest.mark.parametrize("every, steps, silent", [(3, 2, False), (2, 2, True), (3, 4, True)])
+def test_a_run_whose_checkpoint_every_writes_none_says_so(tmp_path, monkeypatch, capsys, every, steps, silent):
+    """`run --checkpoint-every 3 --steps 2` wrote no checkpoint and said nothing; the note comes before any rank
+    starts (the launch is stopped right after it here)."""
+    import hetpart.runtime.launch as launch
+
+    out = tmp_path / "mlp"
+    assert main(["partition", "zoo:mlp", "--set", "hidden=32", "--set", "n_blocks=2", "--cluster", "preset:cpu-2",
+                 "--no-pt2", "--mode", "training", "--out", str(out)]) == 0
+    capsys.readouterr()
+
+    def stop(_out):
+        raise HetpartError("stopped here by the test")
+
+    monkeypatch.setattr(launch, "is_signed", stop)
+    assert main(["run", str(out), "--mode", "training", "--steps", str(steps), "--checkpoint-every", str(every),
+                 "--checkpoint-dir", str(tmp_path / "ck")]) == 2
+    got = capsys.readouterr()
+    assert "stopped here by the test" in got.err
+    note = f"note: --checkpoint-every {every}: no step of this run (1 to {steps}) is a multiple of it"
+    assert (note not in got.out + got.err) == silent
+
+
+def test_replan_names_the_devices_it_added_as_it_names_those_lost(tmp_path, capsys):
+    """`replan --add cpu@local` printed "re-planned in ... (no trace)" and nothing of the device it added, where
+    `--lose` is named ("; lost: local/2")."""
+    old = tmp_path / "mlp"
+    assert main(["partition", "zoo:mlp", "--set", "hidden=32", "--set", "n_blocks=2", "--cluster", "preset:cpu-2",
+                 "--no-pt2", "--mode", "training", "--out", str(old)]) == 0
+    capsys.readouterr()
+    assert main(["replan", str(old), "--add", "cpu@local", "--lose", "local/0", "--out", str(tmp_path / "new")]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("re-planned "))
+    assert line.endswith("; lost: local/0; added: local/2"), line
+
+
+def test_virtual_stages_summary_gives_memory_in_the_table_s_units(tmp_path, capsys):
+    """Each device's line read "4.0 MiB of 262144.0 MiB" beside a table in KiB/MiB/GiB ("/ 128 GiB" a stage)."""
+    assert main(["partition", "zoo:mlp", "--cluster", "preset:cpu-4", "--out", str(tmp_path / "v"), "--schedule",
+                 "interleaved-1f1b", "--mode", "training", "--no-pt2"]) == 0
+    lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("  local/")]
+    assert len(lines) == 4 and all(x.endswith(" of 256 GiB") for x in lines), lines
