@@ -249,7 +249,9 @@ class PipelinesChoice:
         for p in chosen.pipelines:
             plan = pipeline_plan(problem, p.devices, p.plan.stage_of, p.plan.slot_of_stage, p.microbatches)
             pipes.append(Pipeline(p.index, p.devices, p.microbatches, plan, pipeline_time_ns(plan, p.microbatches)))
-        bound = (f"the bound is the from-scratch plan's: {scratch.bound_note}" if scratch is not None else
+        # (the from-scratch note is quoted whole: where that plan was a baseline's, it says so of that plan)
+        bound = (f"the bound is the from-scratch plan's, whose own note reads \"{scratch.bound_note}\""
+                 if scratch is not None else
                  "no bound: the from-scratch search found no plan")
         # the bound's parts cut by its deadline are the from-scratch bound's, as its note says (plan.json's
         # bound_unfinished)

@@ -86,6 +86,8 @@ def test_losing_a_device_drops_its_group_keeps_pipeline_0_and_counts_bytes_per_s
                                                            for d in s["devices"]]
     assert "local/6" in plan["devices_idle"] and plan["solver_status"] != "OPTIMAL"
     assert "re-planned (NOTE [re-plan pipelines])" in plan["bound_note"]
+    # the from-scratch plan's note quoted as its own (ux20: "the plan is the megatron baseline's" read as the chosen's)
+    assert "the bound is the from-scratch plan's, whose own note reads \"" in plan["bound_note"]
     assert plan["lower_bound_us"] == record["from_scratch"]["lower_bound_us"]
     assert all(c["iteration_us"] >= plan["lower_bound_us"] for c in record["candidates"])  # it bounds every one
 
