@@ -8,6 +8,7 @@ baselines]). Nothing here imports torch.
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -33,8 +34,10 @@ from hetpart.partitioner.solve import SolveOptions, solve
 #   fewer layers (uneven layers per stage) when the even split runs out of memory.
 # - metis: Metis-style heterogeneity-aware splits on the same layouts: each stage gets blocks in proportion
 #   to its device's speed (1 / the model's time on its type), or where that does not fit, the split whose
-#   slowest stage compute is least among those that fit (as above, the cap on compute); each pipeline gets
-#   microbatches in proportion to its speed (1 / its bottleneck), largest remainders first.
+#   slowest stage compute is least among those that fit (as above, the cap on compute); the microbatches
+#   split so that the slowest pipeline's time (fill plus a bottleneck per microbatch) is least, one at a time to
+#   the pipeline done first (before, in proportion to 1 / the bottleneck: a slow pipeline's fill then made it
+#   the slowest, and metis kept to the fastest machines; llama-70b x hetero-1024, 8 H100 pipelines of 32).
 # - one-pipeline: today's `solve` on every device, for the iteration objective of all M
 #   microbatches (NOTE [objectives]): `--parallel pipeline`.
 # The machines a user picks: the pipelines are laid along the devices fastest first, largest memory first and in
@@ -205,6 +208,22 @@ class _Blocks:
         return split(hi)
 
 
+def _balanced(total: int, plans: list[Plan], least: int) -> list[int] | None:
+    """`total` microbatches over the pipelines of `plans`, each at least `least`, the slowest pipeline's time
+    (its stages' sum plus a bottleneck per further microbatch) least: one at a time to the one done first."""
+    if total < least * len(plans) or not plans:
+        return None
+    out = [least] * len(plans)
+    fill = [sum(s.time_ns for s in p.stages) - p.bottleneck_ns for p in plans]
+    heap = [(fill[j] + (least + 1) * p.bottleneck_ns, j) for j, p in enumerate(plans)]
+    heapq.heapify(heap)
+    for _ in range(total - least * len(plans)):
+        _, j = heapq.heappop(heap)
+        out[j] += 1
+        heapq.heappush(heap, (fill[j] + (out[j] + 1) * plans[j].bottleneck_ns, j))
+    return out
+
+
 def _layout_baseline(problem: Problem, M: int, name: str, speed_aware: bool,
                      deadline: float | None) -> tuple[PipelinesPlan | None, str]:
     """NOTE [pipeline baselines]'s megatron (speed_aware False) or metis: the best (pp, dp) found by `deadline`
@@ -290,7 +309,7 @@ def _layout_baseline(problem: Problem, M: int, name: str, speed_aware: bool,
             for dp in range(1, min(len(pipes), M) + 1):
                 chosen = pipes[:dp]
                 if speed_aware:
-                    shares = _proportional(M, [1.0 / max(1, p.bottleneck_ns) for _, p in chosen])
+                    shares = _balanced(M, [p for _, p in chosen], pp if one_f1b else 1)
                 else:
                     shares = [M // dp + (j < M % dp) for j in range(dp)]
                 if shares is None or (one_f1b and min(shares) < pp):
