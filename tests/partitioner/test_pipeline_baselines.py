@@ -102,3 +102,35 @@ def test_the_layout_baselines_are_valid_plans_on_the_fuzz_problems():
             if plans == 1:  # the negative control: the check sees a broken plan
                 assert pipelines_violations(p, b.plan, M + 1)
     assert plans >= 60
+
+
+def test_metis_shares_make_the_slowest_pipeline_least_against_brute_force():
+    """NOTE [pipeline baselines]'s metis split of the microbatches: the slowest pipeline's time (its stages' sum
+    plus a bottleneck per further microbatch) is the least over every split with at least `least` each; the
+    proportional split it replaced is not (a slow pipeline's fill), the negative control."""
+    import itertools
+    import random
+    from types import SimpleNamespace
+
+    from hetpart.partitioner.pipeline_baselines import _balanced, _proportional
+
+    def worst(plans, shares):
+        return max(sum(s.time_ns for s in p.stages) + (m - 1) * p.bottleneck_ns for p, m in zip(plans, shares))
+
+    rng, beaten = random.Random(19), 0
+    for _ in range(200):
+        plans = []
+        for _ in range(rng.choice([2, 3])):
+            times = [rng.randint(1, 50) for _ in range(rng.randint(1, 4))]
+            plans.append(SimpleNamespace(stages=[SimpleNamespace(time_ns=t) for t in times], bottleneck_ns=max(times)))
+        total, least = rng.randint(2, 12), rng.choice([1, 2])
+        got = _balanced(total, plans, least)
+        splits = [s for s in itertools.product(range(least, total + 1), repeat=len(plans)) if sum(s) == total]
+        if not splits:
+            assert got is None
+            continue
+        assert sum(got) == total and min(got) >= least
+        assert worst(plans, got) == min(worst(plans, s) for s in splits)
+        old = _proportional(total, [1.0 / p.bottleneck_ns for p in plans], least)
+        beaten += old is not None and worst(plans, old) > worst(plans, got)
+    assert beaten >= 10
