@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 from hetpart.errors import HetpartError
 from hetpart.partitioner.baselines import DATA_PARALLEL_STRATEGIES, _equal_blocks
-from hetpart.partitioner.costs import held_weight_bytes, node_mem_bytes, node_time_ns, stash_microbatches
+from hetpart.partitioner.costs import allreduce_ns, held_weight_bytes, node_mem_bytes, node_time_ns, stash_microbatches
 from hetpart.partitioner.evaluate import evaluate
 from hetpart.partitioner.pipelines import (
-    Pipeline, PipelinesPlan, cost_pipelines, pipeline_time_ns, pipelines_violations, sub_problem,
+    Pipeline, PipelinesPlan, _ring_link_over, cost_pipelines, pipeline_time_ns, pipelines_violations, sub_problem,
 )
 from hetpart.partitioner.problem import WEIGHTS, Plan, Problem
 from hetpart.partitioner.solve import SolveOptions, solve
@@ -49,8 +49,10 @@ from hetpart.partitioner.solve import SolveOptions, solve
 # microbatch, weights and state), the stash of its pipeline's own microbatches where that matters (GPipe: all
 # of its share, not all M); the counts are `evaluate`'s where no weight is read in two blocks, else they
 # overstate and `evaluate` decides. The best over every (pp, dp) with pp x dp <= the devices: all pairs are
-# ranked by their slowest pipeline, the best TOP_EXACT recosted with their gradient sync, and the fastest that
-# passes `pipelines_violations` kept.
+# ranked by their slowest pipeline plus a sync estimate (each stage's weights all-reduced over the dp pipelines
+# across the slowest link between their machines; without it llama-7b x hetero-64's metis recosted only pp=2
+# layouts of 10-16 pipelines, whose sync made them 1.17x slower than pp=4, dp=4), the best TOP_EXACT recosted
+# with their gradient sync, and the fastest that passes `pipelines_violations` kept.
 # A pipeline's plan is costed once per distinct device signature (types, capacities, machine
 # boundaries) and microbatch count, also when the best pairs are recosted (the stages renamed
 # onto each pipeline's devices), so a 1,024-device cluster costs a few hundred evaluations, not
@@ -279,6 +281,16 @@ def _layout_baseline(problem: Problem, M: int, name: str, speed_aware: bool,
             return fitted
         return sizes if plain and not sums.exact else None  # the counts overstate shared weights: evaluate decides
 
+    held: dict[int, int] = {}
+
+    def stage_bytes(plan: Plan) -> int:
+        """The most weight bytes a stage of `plan` holds: its share of the gradient sync."""
+        if id(plan) not in held:
+            g = problem.graph
+            held[id(plan)] = max(sum(problem.weights[w] for w in {w for v in s.nodes for w in g.nodes[v].get(
+                WEIGHTS, ())}) for s in plan.stages)
+        return held[id(plan)]
+
     ranked = []
     start = time.perf_counter()
     rank_end = None if deadline is None else start + 0.6 * (deadline - start)  # the rest: recost with sync
@@ -300,7 +312,7 @@ def _layout_baseline(problem: Problem, M: int, name: str, speed_aware: bool,
             pipes: list[tuple[list[str], Plan]] = []
             for j in range(D // pp):
                 if ranked and rank_end is not None and time.perf_counter() > rank_end:
-                    break  # the pipelines costed so far are this pp's layouts (an evaluation took 0.18 s on 3,690 nodes)
+                    break  # the pipelines costed so far are this pp's layouts (an evaluation: 0.18 s on 3,690 nodes)
                 devs = devices[j * pp:(j + 1) * pp]
                 plan, fits = pipeline(devs, pp, m0)
                 if fits:  # a pipeline that does not fit is left out: the user runs on the machines that hold it
@@ -321,6 +333,9 @@ def _layout_baseline(problem: Problem, M: int, name: str, speed_aware: bool,
                     chosen = [(devs, plan) for devs, (plan, _) in chosen]
                 worst = max(sum(s.time_ns for s in p.stages) + (m - 1) * p.bottleneck_ns
                             for (_, p), m in zip(chosen, shares))
+                if problem.training is not None and dp > 1:  # the sync, as if every pipeline split as the first
+                    ring = _ring_link_over(problem, [problem.device(devs[0]).node for devs, _ in chosen])
+                    worst += allreduce_ns(ring, stage_bytes(chosen[0][1]), dp)
                 ranked.append((worst, pp, dp, shares, chosen))
     costed_layouts = []
     recosted: dict[tuple, tuple[list[str], list]] = {}  # (signature, plan, m) -> the first devices' stages
