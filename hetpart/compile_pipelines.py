@@ -14,7 +14,6 @@ fields]) are new.
 from __future__ import annotations
 
 import dataclasses
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from hetpart.codegen import PlannedDevice, manifest, split_stages, write_json
 from hetpart.codegen.analysis import write_analysis
 from hetpart.codegen.pipelines_record import write_pipelines_record, write_shape_memo
 from hetpart.errors import HetpartError
+from hetpart.partitioner.infeasible import PipelinesRefused
 from hetpart.partitioner.pipelines import PipelinesPlan, fixed_pipelines, pipelines_violations
 from hetpart.partitioner.shape_memo import ShapeMemo
 from hetpart.partitioner.tp_pipelines import slots_note
@@ -145,17 +145,20 @@ def choose_pipelines_tp(gm: fx.GraphModule, problem: Problem, cluster: Cluster, 
 # TP 1 (only the 80-GB devices hold a layer with its stash of 8, and the shapes the search reached run 2 at
 # most), while `--max-tensor-parallel 8` plans it (docs/benchmarks.md, "rows19").
 # Not "no set of the devices holds the model": TP splits the memory a stage needs, it adds none to the cluster. A
-# search out of time whose shapes tried mostly had no plan in memory says so too (the 405B's TP 1 after rows19).
-_MEMORY_REFUSALS = re.compile(r"fills its memory|whose every stage fits|[1-9][\d,]* fit no plan in memory")
+# search out of time some of whose shapes tried had no plan in memory says so too (the 405B's TP 1 after rows19).
+# Which refusal is memory's is decided where it is raised: the search's `PipelinesRefused` counts the shapes it
+# refused for memory (partitioner/infeasible.py), and the hint reads that count, never the message's words (a
+# regex over them, before, would have dropped the hint the day a message was reworded).
 
 
 def _tp_hint(error: HetpartError, opts: CompileOptions) -> HetpartError:
     """NOTE [tensor-parallel hint]: `error`, with the hint where it is a memory refusal and no degree was asked."""
-    text = str(error)
-    if opts.tensor_parallel > 1 or opts.max_tensor_parallel > 1 or not _MEMORY_REFUSALS.search(text):
+    if opts.tensor_parallel > 1 or opts.max_tensor_parallel > 1 or not isinstance(error, PipelinesRefused) or (
+            not error.memory_refused):
         return error
-    return HetpartError(f"{text}; tensor parallelism splits each weight and its training state over T devices of a "
-                        "machine: pass --max-tensor-parallel 8 (or --tensor-parallel T) to plan stages of TP groups")
+    return PipelinesRefused(f"{error}; tensor parallelism splits each weight and its training state over T devices "
+                            "of a machine: pass --max-tensor-parallel 8 (or --tensor-parallel T) to plan stages of TP "
+                            "groups", error.memory_refused)
 
 
 def _baselines_json(baselines: list) -> list[dict]:

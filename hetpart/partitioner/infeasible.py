@@ -1,4 +1,5 @@
-"""Why no plan fits, in the data's terms: the messages of `solve`'s memory errors."""
+"""Why no plan fits, in the data's terms: the messages of `solve`'s memory errors, and the errors that say which
+refusal it was (`NoPlan`, `OutOfTime`, the pipelines search's `PipelinesRefused`)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,18 @@ class OutOfTime(HetpartError):
     """`solve` found no plan, proved none impossible, and its time limit is what ran out: a longer limit may find
     one. A HetpartError that is neither this nor NoPlan is a search that ended without either (say, the DP alone
     found no contiguous plan): its message says what to do."""
+
+
+class PipelinesRefused(HetpartError):
+    """The pipelines search (`--parallel data`) ended without a plan. `memory_refused` counts the pipeline shapes it
+    refused for memory (NOTE [shape misses]: none of a shape's plans has every stage fit; or the stash of the
+    microbatches caps every solved shape's runs, so no mix runs the batch), set where the refusal is decided; 0:
+    refused for another reason (time, the outer program, the options). NOTE [tensor-parallel hint] reads it, never
+    the message's words."""
+
+    def __init__(self, message: str, memory_refused: int = 0) -> None:
+        super().__init__(message)
+        self.memory_refused = memory_refused
 
 
 def node_need(problem: Problem, v: str) -> int:

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from ortools.sat.python import cp_model
 
-from hetpart.errors import HetpartError
 from hetpart.partitioner.evaluate import evaluate
+from hetpart.partitioner.infeasible import PipelinesRefused
 from hetpart.partitioner.pipelines import Pipeline, grad_sync_ns, pipeline_time_ns, sub_problem, weight_holders
 from hetpart.partitioner.problem import Link, Plan, Problem
 
@@ -220,10 +220,10 @@ def solve_outer(kinds, cands: list[Candidate], M: int, kmax: int, time_limit_s: 
     solver.parameters.random_seed = seed
     status = solver.solve(m)
     if status == cp_model.INFEASIBLE:
-        raise HetpartError(
+        raise PipelinesRefused(
             f"partitioner: no mix of the {len(cands)} solved pipeline shapes runs the {M} microbatches: each "
             f"shape's plan runs at most {max(c.hi for c in cands)} (the stash of its microbatches fills its "
-            "memory) and the machines do not hold enough of them; use fewer microbatches, or add memory")
+            "memory) and the machines do not hold enough of them; use fewer microbatches, or add memory", len(cands))
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None
     return OuterAnswer(

@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass
 
 from hetpart.errors import HetpartError
+from hetpart.partitioner.infeasible import PipelinesRefused
 from hetpart.partitioner.pipeline_bounds import _supports, need_bytes, pipelines_lower_bound, sync_floor_ns
 from hetpart.partitioner.pipeline_idle import ShapeFacts, format_ns, idle_reasons, kind_names, learn
 from hetpart.partitioner.pipeline_join import JoinPlanner, join_probe
@@ -422,18 +423,18 @@ def _plan_and_facts(problem: Problem, microbatches: int, options: SolveOptions |
             continue
         cands.append(got)
     if not cands and all(s in no_plan for s in shapes):  # NOTE [shape misses]: none timed out
-        raise HetpartError(
+        raise PipelinesRefused(
             f"partitioner: none of the {len(shapes)} pipeline shapes whose memory holds the model in total has a "
             f"plan{' cut at layer boundaries' if layers is not None else ''} whose every stage fits (weights, "
-            "training state and the activations it stashes): add memory, or stash fewer microbatches")
+            "training state and the activations it stashes): add memory, or stash fewer microbatches", len(no_plan))
     if not cands:
         many = tried - len(no_plan_m) - timed_out  # plans whose 1F1B stages outnumber the batch's microbatches
-        raise HetpartError(
+        raise PipelinesRefused(
             f"partitioner: no pipeline shape was solved within {limit:g} s ({len(shapes)} shapes hold the model, "
             f"{tried} tried: {len(no_plan)} fit no plan in memory, {timed_out} ran out of the time each was given, "
             f"{many} have plans of more stages than the {microbatches} microbatches 1F1B needs): " + " or ".join(
                 (["raise --time-limit"] if timed_out or not covered >= set(shapes) else [])
-                + (["more microbatches"] if many else [])))
+                + (["more microbatches"] if many else [])), len(no_plan))
     # --- The outer program (NOTE [outer program]).
     pieces = {j: max((p for p in _patterns_per_kind(kinds, cands).get(j, [])), default=0) for j in range(len(kinds))}
     kmax = max(1, min(microbatches, sum(len(k.machines) * max(1, pieces.get(j, 0)) for j, k in enumerate(kinds))))
@@ -531,17 +532,18 @@ def plan_with_baselines(problem: Problem, microbatches: int, options: SolveOptio
     opts = options or SolveOptions()
     try:
         plan, facts = _plan_and_facts(problem, microbatches, opts, memo=memo)
-        failed = ""
+        failed, refused = "", 0
     except HetpartError as e:  # no shape solved in time: a baseline may still have a plan
         plan, facts, failed = None, None, str(e).splitlines()[0]
+        refused = e.memory_refused if isinstance(e, PipelinesRefused) else 0  # NOTE [tensor-parallel hint]
     baselines = pipeline_baselines(problem, microbatches, time_limit_s=baseline_limit_s, options=opts,
                                    single=len(problem.devices) <= single_up_to)
     valid = [b for b in baselines if b.plan is not None
              and (b.checked or not pipelines_violations(problem, b.plan, microbatches))]
     best = min(valid, key=lambda b: b.plan.iteration_ns, default=None)
     if plan is None and best is None:
-        raise HetpartError(f"{failed}; and none of the baselines ({', '.join(b.name for b in baselines)}) has a plan"
-                           + _one_f1b_hint(problem, microbatches, opts))
+        raise PipelinesRefused(f"{failed}; and none of the baselines ({', '.join(b.name for b in baselines)}) has a "
+                               "plan" + _one_f1b_hint(problem, microbatches, opts), refused)
     if plan is not None and (best is None or best.plan.iteration_ns >= plan.iteration_ns):
         return plan, baselines
     if plan is None:  # the bound holds for every plan: compute it on its own

@@ -222,30 +222,3 @@ def test_two_machine_kinds_of_one_device_type_are_named_apart_in_the_reasons():
             assert named in ([], [own]), (d, reason)
     assert clashes == 2
 
-
-def test_a_memory_refusal_at_one_device_per_stage_suggests_tensor_parallelism():
-    """NOTE [tensor-parallel hint]: `--parallel data` refused for memory with no degree asked names
-    --max-tensor-parallel; with a degree asked (or a refusal that is not memory's) the error is unchanged."""
-    from hetpart.compile import CompileOptions
-    from hetpart.compile_pipelines import plan_data_parallel
-
-    g = _chain(mem_bytes=100)
-    p = Problem(graph=g, weights={"wa": 1, "wb": 1, "wc": 1},
-                devices=[Device(f"g{i}", "gpu", "n0", 250) for i in range(3)],
-                intra_node_links={"n0": Link(1000, 0)}, network=Link(1000, 0), training=Training("gpipe", 4, {}))
-    opts = CompileOptions(parallel="data", microbatches=4, time_limit_s=6)
-    with pytest.raises(HetpartError, match="pass --max-tensor-parallel 8") as e:
-        plan_data_parallel(p, opts)
-    assert "whose every stage fits" in str(e.value)
-    from hetpart.compile_pipelines import _tp_hint
-
-    asked = CompileOptions(parallel="data", microbatches=4, time_limit_s=6, max_tensor_parallel=2)
-    assert str(_tp_hint(HetpartError(str(e.value).split("; tensor")[0]), asked)) == str(e.value).split("; tensor")[0]
-    for other in (HetpartError("partitioner: no pipeline shape was solved within 6 s (3 shapes hold the model, 3 "
-                               "tried: 0 fit no plan in memory, 3 ran out of the time each was given): raise "
-                               "--time-limit"),
-                  HetpartError("partitioner: no set of the 3 devices holds the model (303 bytes ...)")):
-        assert _tp_hint(other, opts) is other  # time, or the cluster's whole memory: TP adds none
-    mostly = HetpartError("partitioner: no pipeline shape was solved within 30 s (400 shapes hold the model, 34 tried: "
-                          "26 fit no plan in memory, 8 ran out of the time each was given): raise --time-limit")
-    assert "pass --max-tensor-parallel 8" in str(_tp_hint(mostly, opts))
