@@ -287,13 +287,17 @@ def plan_pipelines(problem: Problem, microbatches: int, options: SolveOptions | 
     return _plan_and_facts(problem, microbatches, options, memo=memo, **overrides)[0]
 
 
+def _check_microbatches(microbatches: int) -> None:
+    if microbatches < 1:  # a bad option: raised before the search, never caught as the search's refusal
+        raise HetpartError(f"partitioner: the batch needs at least 1 microbatch, got {microbatches}")
+
+
 def _plan_and_facts(problem: Problem, microbatches: int, options: SolveOptions | None = None,
                     memo: ShapeMemo | None = None, **overrides: object) -> tuple[PipelinesPlan, ShapeFacts]:
     """`plan_pipelines`, and what it learnt about the machine kinds' shapes (NOTE [idle reasons])."""
     t0 = time.perf_counter()
     opts = dataclasses.replace(options or SolveOptions(), **overrides) if overrides else options or SolveOptions()
-    if microbatches < 1:
-        raise HetpartError(f"partitioner: the batch needs at least 1 microbatch, got {microbatches}")
+    _check_microbatches(microbatches)
     problem.validate()
     limit = opts.time_limit_s
     deadline = lambda share: t0 + share * limit  # noqa: E731
@@ -356,7 +360,7 @@ def _plan_and_facts(problem: Problem, microbatches: int, options: SolveOptions |
     everything = Shape(machines=tuple(len(k.machines) for k in kinds))
     first = lp + ([everything] if everything in order and everything not in lp
                   and len(problem.devices) <= _EVERYTHING_FIRST else [])
-    order = order[:1] + first + [s for s in order[1:] if s not in first]
+    order = order[:1] + [s for s in first if s not in order[:1]] + [s for s in order[1:] if s not in first]  # once each
     # --- Solve the shapes in turn (NOTE [pipeline shapes]) until the search's share is spent.
     def shape_limit(n: int) -> float:  # the seconds one shape of n devices may take (search, stripes, joins)
         return max(_SHAPE_LIMIT_S, limit * _SHAPE_SHARE, _SHAPE_S_PER_DEVICE * _solve_growth(n))
@@ -530,6 +534,7 @@ def plan_with_baselines(problem: Problem, microbatches: int, options: SolveOptio
     from hetpart.partitioner.pipeline_baselines import pipeline_baselines
 
     opts = options or SolveOptions()
+    _check_microbatches(microbatches)  # (the baselines would run on it: a ZeroDivisionError in their split)
     try:
         plan, facts = _plan_and_facts(problem, microbatches, opts, memo=memo)
         failed, refused = "", 0

@@ -155,3 +155,21 @@ def test_a_reworded_memory_refusal_still_gets_the_hint(monkeypatch):
         text = str(e).removesuffix(_HINT)
         assert not _OLD_REGEX.search(text) and any(new in text for new in words.values()), text
         assert e.memory_refused >= 1 and str(e).endswith(_HINT), str(e)
+
+
+def test_the_search_solves_each_shape_once(monkeypatch):
+    """The shapes' order put the first shape again among the LP's (reason19: the same devices solved twice, and
+    counted twice among the "N tried" of an out-of-time refusal)."""
+    real = pipeline_search._solve_shape_why
+    calls = []
+
+    def solve(problem, devices, *rest):
+        calls.append(devices)
+        return real(problem, devices, *rest)
+
+    monkeypatch.setattr(pipeline_search, "_solve_shape_why", solve)
+    for per_machine in (1, 2, 3):  # roomy GPUs: plans exist (4 calls for 3 shapes before, on 4 or 6 devices)
+        calls.clear()
+        plan_data_parallel(_problem(6, 10**6, "1f1b", per_machine),
+                           CompileOptions(parallel="data", microbatches=4, time_limit_s=3))
+        assert calls and len(calls) == len(set(calls)), calls
