@@ -154,6 +154,14 @@ class CompileResult:
     pipelines: PipelinesPlan | None = None  # several data-parallel pipelines (`plan`: pipeline 0's)
 
 
+def _labelled(record: object, plan: Plan | None = None) -> dict | None:
+    """`bounds` or `certificate` as plan.json writes it: with the problem it is of, for a plan chosen over several
+    (NOTE [bound over a union])."""
+    if record is None:
+        return None
+    return record.to_json() | ({"problem": plan.bound_problem} if plan is not None and plan.bound_problem else {})
+
+
 def plan_report(spec: ModelSpec, cluster: Cluster, opts: CompileOptions, plan: Plan, microbatch_size: int, *,
                 stage_flops: list[int], stage_param_bytes: list[int], forward_ns: list[int] | None,
                 model_sha256: str | None, on_meta: bool, gm_meta: dict, baselines: list[dict],
@@ -187,7 +195,7 @@ def plan_report(spec: ModelSpec, cluster: Cluster, opts: CompileOptions, plan: P
         microbatches=opts.microbatches, microbatch_size=microbatch_size,
         bottleneck_us=us(plan.bottleneck_ns), lower_bound_us=us(plan.lower_bound_ns), gap=round(plan.gap, 6),
         solver_status=plan.solver_status,
-        certificate=plan.certificate.to_json() if plan.certificate else None,
+        certificate=_labelled(plan.certificate, plan),
         predicted_samples_per_s=(round(microbatch_size / (plan.bottleneck_ns * 1e-9), 3)
                                  if plan.bottleneck_ns else None),
         stages=stages,
@@ -197,7 +205,11 @@ def plan_report(spec: ModelSpec, cluster: Cluster, opts: CompileOptions, plan: P
         outputs=gm_meta.get("outputs"),  # a dict or list output's keys (NOTE [model outputs] in export.py)
         optimizer_bytes_per_param=opts.optimizer_bytes_per_param if opts.mode == "training" else None,
         baselines=baselines,  # what other tools would plan, in the same cost model (issue 5)
-        bounds=plan.bounds.to_json() if plan.bounds else None,
+        bounds=_labelled(plan.bounds, plan),
+        bound_problems=[{"problem": b.problem, "value_us": None if b.value_ns is None else us(b.value_ns),
+                         "lower_bound_us": None if b.bound_ns is None else us(b.bound_ns),
+                         "taken": b.problem == plan.bound_problem, "bounds": _labelled(b.bounds),
+                         "certificate": _labelled(b.certificate)} for b in plan.union] or None,
         strategy=opts.strategy,
         emulation=emulation,
         align=opts.align,

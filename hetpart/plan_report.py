@@ -56,6 +56,28 @@ def _f(kind: Any, default: Any = dataclasses.MISSING, *, omit_none: bool = False
 # leaves all of these out and reads exactly as before.
 
 
+def bound_record_errors(plan: dict) -> list[str]:
+    """Where plan.json's bound fields disagree (NOTE [bound over a union] in partitioner/tp_choice.py): the taken
+    problem's bound is `lower_bound_us` and the least of `bound_problems`, and `bounds` and `certificate` name it."""
+    problems = plan.get("bound_problems")
+    if not problems:
+        return []
+    errors = []
+    taken = [p for p in problems if p.get("taken")]
+    if len(taken) != 1:
+        return [f"bound_problems: {len(taken)} taken, expected 1"]
+    least = min(p["lower_bound_us"] for p in problems if p["lower_bound_us"] is not None)
+    for what, value in (("the taken problem's bound", taken[0]["lower_bound_us"]), ("the least bound", least),
+                        ("bounds.lower_bound_us", (plan.get("bounds") or {}).get("lower_bound_us"))):
+        if value is None or abs(value - plan["lower_bound_us"]) > 1e-3:
+            errors.append(f"lower_bound_us {plan['lower_bound_us']} is not {what} ({value})")
+    for name in ("bounds", "certificate"):
+        own = taken[0].get(name)
+        if plan.get(name) != (None if own is None else {**own, "problem": taken[0]["problem"]}):
+            errors.append(f"{name} is not the taken problem's ({taken[0]['problem']})")
+    return errors
+
+
 @dataclass(frozen=True, kw_only=True)
 class ModelRecord:
     """The model spec the plan was traced from (frontend.ModelSpec.to_json), and a file model's sha256."""
@@ -176,6 +198,10 @@ class PlanReport:
     # so a gap read off a cut bound is not taken for one of a whole bound.
     bound_note: str | None = _f((str, NoneType), None, omit_none=True)
     bound_unfinished: list[str] | None = _f((list, NoneType), None, omit_none=True)
+    # A plan chosen over several problems (`--max-tensor-parallel`): each one's value, bound, `bounds` and
+    # `certificate`, the one whose bound is `lower_bound_us` marked `taken` (NOTE [bound over a union] in
+    # partitioner/tp_choice.py); the top-level `bounds` and `certificate` are the taken one's, with its `problem`.
+    bound_problems: list | None = _f((list, NoneType), None, omit_none=True)
     # `--parallel data`'s search: its stats (seconds, shapes tried and solved, NOTE [join probe]'s join_tries,
     # join_solves, join_taken, join_seconds, join_finished); left out of other plans.
     search_stats: dict | None = _f((dict, NoneType), None, omit_none=True)

@@ -18,7 +18,9 @@ from hetpart.devices import Cluster
 from hetpart.errors import HetpartError
 from hetpart.partitioner.costs import tp_shard_bytes
 from hetpart.partitioner.problem import FORWARD_NS, Plan, Problem
-from hetpart.partitioner.tp_choice import MixedChoice, TPSlot, choose_degree, choose_mixed, mixed_problem
+from hetpart.partitioner.tp_choice import (
+    MixedChoice, TPSlot, choose_degree, choose_mixed, least_bound, mixed_problem,
+)
 from hetpart.passes.tensor_parallel import TP_META, ShardingPlan, describe
 from hetpart.partitioner.tp_sync import TPSyncLayout
 from hetpart.passes.tp_lower import TPGroup, lower_tensor_parallel, tp_groups, tp_type
@@ -217,10 +219,7 @@ def choose_tp(gm: fx.GraphModule, problem: Problem, cluster: Cluster, max_degree
     if mixed is not None:
         echo(f"tensor parallel {mixed_summary(mixed)}")
     if not written:  # the uniform plan; searched with the mixed plans too, its bound is the whole space's
-        plan = uniform.plan
-        if mixed is not None and mixed.plan.lower_bound_ns < plan.lower_bound_ns:
-            plan = dataclasses.replace(plan, lower_bound_ns=mixed.plan.lower_bound_ns, solver_status=(
-                "OPTIMAL" if plan.value_ns <= mixed.plan.lower_bound_ns else "FEASIBLE"))
+        plan = uniform.plan if mixed is None else least_bound(uniform.plan, mixed.plan.union, f"TP {uniform.degree}")
         return lowered.get(uniform.degree), plan
     gain = (f", predicted {1 - mixed.plan.value_ns / uniform.plan.value_ns:.1%} faster than degree {uniform.degree} "
             "everywhere" if uniform is not None else " (no uniform degree fits)")

@@ -261,6 +261,29 @@ def test_a_uniform_plan_kept_by_the_per_machine_search_is_certified_over_the_mix
     assert plan["lower_bound_us"] == pytest.approx(relaxed, abs=0.05)
     assert plan["solver_status"] == "FEASIBLE" and plan["gap"] > 0
     assert f"gap {plan['gap']:.2%}" in text
+    # cert20, NOTE [bound over a union]: `bounds` and `certificate` are the relaxation's, and say so (they were
+    # TP 1's: a bound of 134 us beside the plan's 117.6); every problem's bound is listed, the one taken marked.
+    from hetpart.plan_report import bound_record_errors
+    from hetpart.partitioner.tp_choice import RELAXATION
+
+    assert plan["bounds"]["problem"] == plan["certificate"]["problem"] == RELAXATION
+    assert plan["bounds"]["lower_bound_us"] == pytest.approx(plan["lower_bound_us"])
+    assert [(p["problem"], p["taken"]) for p in plan["bound_problems"]] == [
+        ("TP 1", False), ("TP 2", False), (RELAXATION, True)]
+    assert [p["lower_bound_us"] for p in plan["bound_problems"][:2]] == pytest.approx(bounds, abs=0.05)
+    assert bound_record_errors(plan) == []
+    assert f"search (of {RELAXATION}, whose bound is the plan's): " in text
+    assert f"{RELAXATION} {relaxed:,.1f} us (taken)" in text
+    tampered = [{**plan, "lower_bound_us": min(bounds)},  # the negative controls: each fails the check
+                {**plan, "certificate": {**plan["bound_problems"][0]["certificate"], "problem": RELAXATION}},
+                {**plan, "bounds": plan["bound_problems"][0]["bounds"]}]
+    assert all(bound_record_errors(t) for t in tampered)
+    from hetpart.plan_report import load_plan
+    from hetpart.report.table import search_lines
+
+    assert not any("disagree" in x for x in search_lines(load_plan(out / "plan.json", plan)))
+    assert all(any("bound fields disagree" in x for x in search_lines(load_plan(out / "plan.json", t)))
+               for t in tampered)  # what `hetpart inspect` prints of a hand-edited plan.json
 
 
 def test_a_winning_mixed_plan_is_written_with_each_stage_at_its_machine_s_degree(tmp_path, capsys, monkeypatch):

@@ -400,6 +400,18 @@ class Certificate:
                 "verdict": self.verdict, "reproved_bound": self.reproved_bound, "warning": self.warning}
 
 
+@dataclass(frozen=True)
+class SubBound:
+    """One problem of a union a plan was chosen over (NOTE [bound over a union] in tp_choice.py): its best plan's
+    value and proven bound (None: no plan fits), and that bound's search-free bounds and certificate."""
+
+    problem: str  # "TP 2", "mixed relaxation", ...
+    value_ns: int | None
+    bound_ns: int | None
+    bounds: Bounds | None = None
+    certificate: Certificate | None = None
+
+
 @dataclass
 class Plan:
     """The answer: which stage each node is in, which slot runs each stage (NOTE [slots]).
@@ -420,6 +432,10 @@ class Plan:
     objective_ns: int | None = None  # the plan's value of `objective`; None means bottleneck_ns
     microbatches: int = 1  # M of the iteration objective
     certificate: Certificate | None = None  # the bound's provenance and its re-proof (certificate.py)
+    # A plan chosen over several problems: each one's bound, and the one whose bound, `bounds` and `certificate`
+    # these are (NOTE [bound over a union] in tp_choice.py); () and "" for a plan of one problem.
+    union: tuple[SubBound, ...] = ()
+    bound_problem: str = ""
 
     @property
     def device_of_stage(self) -> list[str]:

@@ -41,6 +41,15 @@ pipeline: NOTE [mixed-degree pipeline] in runtime/tp_pipeline.py); `choose_tp` i
 says what it gains over the best uniform degree. The search runs only when asked
 (`--tensor-parallel-per-machine`): it costs up to 13 solves more. `--tensor-parallel MACHINE=T,...` solves one
 assignment given by the user (`mixed_problem` over its slots).
+
+NOTE [bound over a union]
+A plan chosen over several problems (the degrees, the relaxation) has a bound that is the least of
+theirs, not its own problem's: the plan keeps each problem's bound (`Plan.union`: its value, bound,
+search-free bounds and certificate) and names the one taken (`bound_problem`; ties: the plan's own
+problem). Its `bounds` and `certificate` are that problem's, so plan.json's `bounds`, `certificate`
+(each with `problem`), `bound_problems` and `lower_bound_us` all state the same bound and say of
+which problem; a --check-certificate verdict is the re-proof of that problem's bound, the plan's.
+A mixed assignment's own bound is left out: the relaxation bounds it.
 """
 
 from __future__ import annotations
@@ -55,7 +64,7 @@ import networkx as nx
 from hetpart.errors import HetpartError
 from hetpart.partitioner.costs import held_weight_bytes
 from hetpart.partitioner.problem import (
-    COLOCATE, FORWARD_NS, MEM_BYTES, MEM_BYTES_OF, TIME_NS, Plan, Problem,
+    COLOCATE, FORWARD_NS, MEM_BYTES, MEM_BYTES_OF, TIME_NS, Plan, Problem, SubBound,
 )
 
 
@@ -88,6 +97,24 @@ def _result(t: int, plan: Plan | None) -> DegreeResult:
     return DegreeResult(t, plan.value_ns if plan else None, plan.lower_bound_ns if plan else None)
 
 
+def _sub(problem: str, plan: Plan | None) -> SubBound:
+    if plan is None:
+        return SubBound(problem, None, None)
+    return SubBound(problem, plan.value_ns, plan.lower_bound_ns, plan.bounds, plan.certificate)
+
+
+def least_bound(best: Plan, union: Sequence[SubBound], own: str | None) -> Plan:
+    """NOTE [bound over a union]: `best` (a plan of the problem named `own`; None: of none of `union`) with the least
+    bound of `union`, that problem's bounds and certificate, and its status against that bound."""
+    have = [s for s in union if s.bound_ns is not None]
+    bound = min(s.bound_ns for s in have)
+    taken = min(have, key=lambda s: (s.bound_ns, s.problem != own))
+    status = best.solver_status if own is not None and bound >= best.lower_bound_ns else (
+        "OPTIMAL" if best.value_ns <= bound else "FEASIBLE")
+    return dataclasses.replace(best, lower_bound_ns=bound, solver_status=status, bounds=taken.bounds,
+                               certificate=taken.certificate, union=tuple(union), bound_problem=taken.problem)
+
+
 def choose_degree(problems: Mapping[int, Problem], solve: Callable[[Problem], Plan | None]) -> DegreeChoice:
     """NOTE [tensor-parallel degree choice]: `solve` each degree's problem; the least plan, with the least bound."""
     plans: dict[int, Plan] = {}
@@ -101,12 +128,9 @@ def choose_degree(problems: Mapping[int, Problem], solve: Callable[[Problem], Pl
         raise HetpartError(f"no tensor-parallel degree of {', '.join(map(str, sorted(problems)))} has a plan that "
                            "fits this cluster's memory")
     degree = min(plans, key=lambda t: (plans[t].value_ns, t))
-    best = plans[degree]
     # A degree without a plan has none that fits: it adds nothing to the space, and so no bound to the least.
-    bound = min(plans[t].lower_bound_ns for t in plans)
-    status = best.solver_status if bound >= best.lower_bound_ns else (
-        "OPTIMAL" if best.value_ns <= bound else "FEASIBLE")
-    return DegreeChoice(degree, dataclasses.replace(best, lower_bound_ns=bound, solver_status=status), tuple(results))
+    union = [_sub(f"TP {t}", plans.get(t)) for t in sorted(problems)]
+    return DegreeChoice(degree, least_bound(plans[degree], union, f"TP {degree}"), tuple(results))
 
 
 @dataclass(frozen=True)
@@ -173,6 +197,9 @@ def mixed_problem(problems: Mapping[int, Problem], slots: Sequence[TPSlot]) -> P
     physical = len({d for s in slots for d in s.devices})
     limits = [physical] + [problems[t].max_stages for t in used if problems[t].max_stages]
     return dataclasses.replace(free, max_stages=min(limits), held_bytes_of=held_of or None)
+
+
+RELAXATION = "mixed relaxation"  # NOTE [mixed tensor-parallel degrees] step 2, as `Plan.union` names it
 
 
 @dataclass(frozen=True)
@@ -263,13 +290,11 @@ def choose_mixed(problems: Mapping[int, Problem], slots_of: Mapping[int, Sequenc
     if not found:
         raise HetpartError(f"no tensor-parallel degree of {', '.join(map(str, sorted(problems)))}, uniform or "
                            "mixed per machine, has a plan that fits this cluster's memory")
-    _, best, problem, degree_of = min(found, key=lambda f: (f[1].value_ns, f[0]))
-    bound = min(([uniform.plan.lower_bound_ns] if uniform is not None else [])
-                + ([relaxed.lower_bound_ns] if relaxed is not None else []))
-    status = "OPTIMAL" if best.value_ns <= bound else "FEASIBLE"
-    plan = dataclasses.replace(best, lower_bound_ns=bound, solver_status=status)
+    key, best, problem, degree_of = min(found, key=lambda f: (f[1].value_ns, f[0]))
+    union = [*(uniform.plan.union if uniform is not None else ()), _sub(RELAXATION, relaxed)]
+    plan = least_bound(best, union, f"TP {key[1]}" if key[0] == 0 else None)
     return MixedChoice(plan, problem, degree_of, uniform, _result(0, relaxed), tuple(mixed), tuple(tried))
 
 
-__all__ = ["DegreeChoice", "DegreeResult", "MixedChoice", "TPSlot", "choose_degree", "choose_mixed",
-           "mixed_problem"]
+__all__ = ["DegreeChoice", "DegreeResult", "MixedChoice", "RELAXATION", "TPSlot", "choose_degree", "choose_mixed",
+           "least_bound", "mixed_problem"]

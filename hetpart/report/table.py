@@ -8,7 +8,7 @@ from rich.table import Table
 
 from hetpart.partitioner.bounds import left_out
 from hetpart.partitioner.simulate import Timeline, simulate
-from hetpart.plan_report import PlanReport, StageReport
+from hetpart.plan_report import PlanReport, StageReport, bound_record_errors
 from hetpart.units import format_bytes
 
 
@@ -78,7 +78,13 @@ def plan_summary(plan: PlanReport) -> str:
 def search_lines(plan: PlanReport) -> list[str]:
     """What searched for the plan, and the bounds it went without (plan.json's `bounds`)."""
     bounds = plan.bounds or {}
-    lines = [f"search: {bounds['search']}"] if bounds.get("search") else []
+    of = f" (of {bounds['problem']}, whose bound is the plan's)" if bounds.get("problem") else ""
+    lines = [f"search{of}: {bounds['search']}"] if bounds.get("search") else []
+    if plan.bound_problems:  # NOTE [bound over a union] in partitioner/tp_choice.py
+        lines.append("lower bound: the least of " + ", ".join(
+            f"{p['problem']} {p['lower_bound_us']:,.1f} us" + (" (taken)" if p["taken"] else "")
+            for p in plan.bound_problems if p["lower_bound_us"] is not None))
+        lines += [f"warning: plan.json's bound fields disagree: {e}" for e in bound_record_errors(plan.to_json())]
     if missing := left_out(bounds):
         lines.append(f"bounds: {missing}")
     return lines

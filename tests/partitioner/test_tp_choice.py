@@ -38,6 +38,30 @@ def test_a_degree_proven_optimal_alone_is_not_optimal_over_the_union():
     assert [(r.degree, r.value_ns) for r in choice.results] == [(1, 100), (2, 90), (4, None)]
 
 
+def test_the_bound_taken_from_another_degree_brings_its_bounds_and_certificate():
+    # NOTE [bound over a union]: degree 2's plan is kept, degree 1's bound is the plan's: so are its bounds and
+    # certificate (cert20: they were degree 2's, stating 90 beside a plan bound of 60), and the union names both.
+    import dataclasses
+
+    from hetpart.partitioner.problem import Certificate
+
+    p = random_problem(0)
+    plan = solve(p, time_limit_s=5)
+    one = dataclasses.replace(plan, bottleneck_ns=100, objective_ns=100, lower_bound_ns=60, solver_status="FEASIBLE",
+                              bounds=dataclasses.replace(plan.bounds, solver_ns=60), certificate=Certificate("one", ""))
+    two = dataclasses.replace(plan, bottleneck_ns=90, objective_ns=90, lower_bound_ns=90, solver_status="OPTIMAL",
+                              bounds=dataclasses.replace(plan.bounds, solver_ns=90), certificate=Certificate("two", ""))
+    answers = iter([one, two])
+    choice = choose_degree({1: p, 2: p}, lambda q: next(answers))
+    assert choice.degree == 2 and choice.plan.bound_problem == "TP 1"
+    assert choice.plan.certificate.bound_source == "one" and choice.plan.bounds.solver_ns == 60
+    assert [(b.problem, b.bound_ns, b.certificate.bound_source) for b in choice.plan.union] == [
+        ("TP 1", 60, "one"), ("TP 2", 90, "two")]
+    answers = iter([dataclasses.replace(one, lower_bound_ns=90), two])  # a tie: the plan's own problem's
+    choice = choose_degree({1: p, 2: p}, lambda q: next(answers))
+    assert choice.plan.bound_problem == "TP 2" and choice.plan.certificate.bound_source == "two"
+
+
 # --- NOTE [mixed tensor-parallel degrees]: a degree per machine, against brute force over every assignment.
 
 import dataclasses as _dc
