@@ -3,8 +3,11 @@ several tests read (NOTE [shared launches] in tests/shared_runs.py)."""
 
 from __future__ import annotations
 
+import json
 import os
+import resource
 import signal
+import time
 
 import pytest
 
@@ -48,6 +51,25 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.nodeid in named:
             item.add_marker(pytest.mark.xdist_group(named[item.nodeid]))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem):
+    """With HETPART_TEST_CPU=FILE, appends one JSON line {nodeid, cpu_s, children_s} per test to FILE: the CPU
+    seconds of this process (the xdist worker) over the test's setup, call and teardown, plus those of the child
+    processes it waited for (torchrun and its ranks), which cpu_s includes. Nothing without the variable."""
+    path = os.environ.get("HETPART_TEST_CPU")
+    if not path:
+        yield
+        return
+    own, kids = time.process_time(), resource.getrusage(resource.RUSAGE_CHILDREN)
+    yield
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    children = (after.ru_utime - kids.ru_utime) + (after.ru_stime - kids.ru_stime)
+    line = {"nodeid": item.nodeid, "cpu_s": round(time.process_time() - own + children, 3),
+            "children_s": round(children, 3)}
+    with open(path, "a") as f:  # one short append per line: the two workers' lines do not interleave
+        f.write(json.dumps(line) + "\n")
 
 
 @pytest.fixture
