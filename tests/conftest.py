@@ -68,7 +68,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem):
-    """With HETPART_TEST_CPU=FILE, appends one JSON line {nodeid, cpu_s, children_s} per test to FILE: the CPU
+    """With HETPART_TEST_CPU=FILE, appends one JSON line {nodeid, worker, cpu_s, children_s} per test to FILE: the CPU
     seconds of this process (the xdist worker) over the test's setup, call and teardown, plus those of the child
     processes it waited for (torchrun and its ranks), which cpu_s includes. Nothing without the variable."""
     path = os.environ.get("HETPART_TEST_CPU")
@@ -79,8 +79,8 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem):
     yield
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     children = (after.ru_utime - kids.ru_utime) + (after.ru_stime - kids.ru_stime)
-    line = {"nodeid": item.nodeid, "cpu_s": round(time.process_time() - own + children, 3),
-            "children_s": round(children, 3)}
+    line = {"nodeid": item.nodeid, "worker": os.environ.get("PYTEST_XDIST_WORKER", ""),
+            "cpu_s": round(time.process_time() - own + children, 3), "children_s": round(children, 3)}
     with open(path, "a") as f:  # one short append per line: the two workers' lines do not interleave
         f.write(json.dumps(line) + "\n")
 
