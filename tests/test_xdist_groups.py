@@ -65,7 +65,7 @@ class _LoadgroupWorker(_Collected):
 
 def test_a_loadgroup_worker_reports_each_group_as_its_node_id_suffix(request):
     """xdist's scheduler groups tests by the `@NAME` suffix of the node ids a worker collects (`_split_scope`), not by
-    the marks: with pytest 9.2 xdist 3.8's suffix never reached the id, and every shared launch ran once per worker
+    the marks: with pytest 9.2 xdist 3.8's suffix never reached the id, and a shared launch could run once per worker
     (suite7). Each grouped test's id ends in its group, the others carry none."""
     from xdist.scheduler.loadgroup import LoadGroupScheduling
 
