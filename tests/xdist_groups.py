@@ -13,8 +13,8 @@ tests/test_strategy.py). So every such fixture runs once per session, as it does
 from a `@NAME` suffix of the test's id, which it writes into an attribute pytest 9.2 no longer reads (every test
 then went wherever a worker was free, so a shared launch could run once per worker: suite7); the conftest's
 `pytest_collection_modifyitems` (a wrapper) writes it after xdist's hook, where pytest keeps the id
-(`group_suffixed`). Only the fixtures in REPEATABLE run once per worker instead: cheap (well under a second or two) and read by
-tests across the suite, one group of all their readers would put a fifth of the suite on one worker.
+(`group_suffixed`). Only the fixtures in REPEATABLE run once per worker instead: cheap (well under a second or
+two) and read by tests across the suite, one group of all their readers would put a fifth of the suite on one worker.
 A test that uses none of them is a group of its own and goes wherever a worker is free.
 Serially (`pytest` without -n) the marks do nothing.
 """
