@@ -3,8 +3,11 @@ several tests read (NOTE [shared launches] in tests/shared_runs.py)."""
 
 from __future__ import annotations
 
+import json
 import os
+import resource
 import signal
+import time
 
 import pytest
 
@@ -19,7 +22,7 @@ from hetpart.compile import analyze
 from hetpart.devices import load_cluster
 from hetpart.frontend import ModelSpec
 from tests.shared_runs import GPT_CPU2, SharedRun, cli_output
-from tests.xdist_groups import FixtureUse, groups, instance_key
+from tests.xdist_groups import FixtureUse, group_suffixed, groups, instance_key
 
 SMALL = {
     "mlp": ModelSpec("zoo:mlp", {"n_blocks": "3", "hidden": "32"}, batch_size=8, seq_len=1),
@@ -33,10 +36,12 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "xdist_group(name): run on one xdist worker (NOTE [xdist groups])")
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook turns the marks into `@group` node-id suffixes
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+@pytest.hookimpl(wrapper=True)  # its first part before xdist's own hook turns the marks into `@group` suffixes
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]):
     """Mark the tests that share a module- or session-scoped fixture of the project with one xdist group,
-    so that `-n 2 --dist loadgroup` runs each such fixture once: NOTE [xdist groups] in tests/xdist_groups.py."""
+    so that `-n 2 --dist loadgroup` runs each such fixture once: NOTE [xdist groups] in tests/xdist_groups.py.
+    After the other hooks, on an xdist worker of `--dist loadgroup`, write each grouped test's `@group` suffix
+    where pytest 9.2 keeps a node's id (xdist 3.8 writes it where pytest no longer reads it)."""
     found = []
     for item in items:
         info = getattr(item, "_fixtureinfo", None)
@@ -48,6 +53,36 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.nodeid in named:
             item.add_marker(pytest.mark.xdist_group(named[item.nodeid]))
+    result = yield
+    if getattr(config.option, "loadgroup", False):  # set on xdist workers only
+        for item in items:
+            want = group_suffixed(item.nodeid, [str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                                                for m in item.iter_markers("xdist_group")])
+            if want != item.nodeid:
+                from _pytest.nodeid import NodeId  # pytest >= 9.2: a node's id, in `_id`
+
+                item._id = NodeId.parse(want)
+                assert item.nodeid == want, (item.nodeid, want)
+    return result
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem):
+    """With HETPART_TEST_CPU=FILE, appends one JSON line {nodeid, worker, cpu_s, children_s} per test to FILE: the CPU
+    seconds of this process (the xdist worker) over the test's setup, call and teardown, plus those of the child
+    processes it waited for (torchrun and its ranks), which cpu_s includes. Nothing without the variable."""
+    path = os.environ.get("HETPART_TEST_CPU")
+    if not path:
+        yield
+        return
+    own, kids = time.process_time(), resource.getrusage(resource.RUSAGE_CHILDREN)
+    yield
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    children = (after.ru_utime - kids.ru_utime) + (after.ru_stime - kids.ru_stime)
+    line = {"nodeid": item.nodeid, "worker": os.environ.get("PYTEST_XDIST_WORKER", ""),
+            "cpu_s": round(time.process_time() - own + children, 3), "children_s": round(children, 3)}
+    with open(path, "a") as f:  # one short append per line: the two workers' lines do not interleave
+        f.write(json.dumps(line) + "\n")
 
 
 @pytest.fixture

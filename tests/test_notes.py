@@ -27,6 +27,8 @@ import tokenize
 from collections import defaultdict
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 SCANNED = ("hetpart", "benchmarks", "tests", "docs", "README.md")
 _DEFINITION = re.compile(r"NOTE \[([^\]\n]+)\](?::|\s*$)")
@@ -88,12 +90,17 @@ def mentions_in(text: str) -> list[str]:
 
 
 @functools.cache
+def _texts() -> tuple[tuple[Path, str], ...]:
+    """Each scanned file and its text, read once."""
+    return tuple((path, path.read_text()) for path in _sources())
+
+
+@functools.cache
 def _survey() -> tuple[dict[str, list[str]], dict[str, int]]:
     """(name -> where it is defined, name -> how often it is cited)."""
     defined: dict[str, list[str]] = defaultdict(list)
     cited: dict[str, int] = defaultdict(int)
-    for path in _sources():
-        text = path.read_text()
+    for path, text in _texts():
         own = definitions_in(text) if path.suffix == ".py" else []
         for name, line in own:
             defined[name].append(f"{path.relative_to(ROOT)}:{line}")
@@ -102,6 +109,13 @@ def _survey() -> tuple[dict[str, list[str]], dict[str, int]]:
         for name, _ in own:
             cited[name] -= 1  # its definition's own mention
     return defined, {k: v for k, v in cited.items() if v > 0 and k not in PLACEHOLDERS}
+
+
+@pytest.fixture(scope="module")
+def survey() -> tuple[dict[str, list[str]], dict[str, int]]:
+    """`_survey()`: a module fixture, so that the tests reading it run on one xdist worker and the tree is parsed
+    once a session, not once per worker (NOTE [xdist groups])."""
+    return _survey()
 
 
 def test_the_rule_tells_definitions_from_citations():
@@ -134,8 +148,8 @@ def f():
     assert mentions_in("text (NOTE [what the\n# partitioner sees]) and NOTE\n   [x]") == ["what the partitioner sees", "x"]
 
 
-def test_every_cited_note_has_exactly_one_definition():
-    defined, cited = _survey()
+def test_every_cited_note_has_exactly_one_definition(survey):
+    defined, cited = survey
     twice = {name: where for name, where in defined.items() if len(where) > 1}
     assert not twice, f"notes defined more than once (keep one, cite it from the others): {twice}"
     undefined = sorted(set(cited) - set(defined) - set(ALLOW_UNDEFINED))
@@ -145,21 +159,21 @@ def test_every_cited_note_has_exactly_one_definition():
     assert not fixed, f"fixed: remove {fixed} from ALLOW_UNDEFINED"
 
 
-def test_every_note_is_cited():
-    defined, cited = _survey()
+def test_every_note_is_cited(survey):
+    defined, cited = survey
     uncited = sorted(set(defined) - set(cited) - set(ALLOW_UNCITED) - set(STANDALONE))
     assert not uncited, {name: defined[name] for name in uncited}
     fixed = sorted(name for name in ALLOW_UNCITED if name in cited or name not in defined)
     assert not fixed, f"fixed: remove {fixed} from ALLOW_UNCITED"
 
 
-def test_a_note_cited_with_its_file_is_defined_in_that_file():
+def test_a_note_cited_with_its_file_is_defined_in_that_file(survey):
     # `NOTE [name] in path/file.py` or `NOTE [name] (file.py)`: the path is the end of the definition's.
-    defined, _ = _survey()
+    defined, _ = survey
     wrong = {}
-    for path in _sources():
+    for path, text in _texts():
         here = str(path.relative_to(ROOT))
-        for m in _POINTER.finditer(_LINE_JOIN.sub(" ", path.read_text())):
+        for m in _POINTER.finditer(_LINE_JOIN.sub(" ", text)):
             name, file = " ".join(m.group(1).split()), m.group(2)
             where = [w.rsplit(":", 1)[0] for w in defined.get(name, [])]
             if where and not any(w == file or w.endswith("/" + file) for w in where):

@@ -54,3 +54,30 @@ def test_the_readers_of_a_module_fixture_share_one_group_and_others_have_none(co
     free = [item for item in collected if not {"equal_layers_run", "training_1f1b_run", "two_rank_out"}
             & set(item.fixturenames) and not _group(item)]
     assert free, "some of these files' tests share nothing"
+
+
+class _LoadgroupWorker(_Collected):
+    """`_Collected` with the option xdist's `setup_config` gives a worker of `--dist loadgroup`."""
+
+    def pytest_configure(self, config: pytest.Config) -> None:
+        config.option.loadgroup = True
+
+
+def test_a_loadgroup_worker_reports_each_group_as_its_node_id_suffix(request):
+    """xdist's scheduler groups tests by the `@NAME` suffix of the node ids a worker collects (`_split_scope`), not by
+    the marks: with pytest 9.2 xdist 3.8's suffix never reached the id, and a shared launch could run once per worker
+    (suite7). Each grouped test's id ends in its group, the others carry none."""
+    from xdist.scheduler.loadgroup import LoadGroupScheduling
+
+    plugin = _LoadgroupWorker()
+    with contextlib.redirect_stdout(io.StringIO()):
+        code = pytest.main(["--collect-only", "-q", "-p", "no:cacheprovider", "--rootdir", str(request.config.rootpath),
+                            *(str(request.config.rootpath / f) for f in FILES)], plugins=[plugin])
+    assert code == 0 and plugin.items
+    scope = LoadGroupScheduling._split_scope
+    grouped = 0
+    for item in plugin.items:
+        names = _group(item)
+        assert scope(None, item.nodeid) == ("_".join(sorted(names)) if names else item.nodeid), item.nodeid
+        grouped += bool(names)
+    assert grouped >= 3

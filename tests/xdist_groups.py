@@ -9,9 +9,12 @@ marks every test that uses a module- or session-scoped fixture of the project (d
 and `groups` joins the tests that share one into a group: the connected components of the graph of
 tests and the fixture instances they use (a test of test_torchrun.py that reads both its module's
 `two_rank_out` and the session's `equal_layers_run` joins the equal-layers run's other readers in
-tests/test_strategy.py). So every such fixture runs once per session, as it does serially. Only the
-fixtures in REPEATABLE run once per worker instead: cheap (well under a second or two) and read by
-tests across the suite, one group of all their readers would put a fifth of the suite on one worker.
+tests/test_strategy.py). So every such fixture runs once per session, as it does serially. xdist reads the group
+from a `@NAME` suffix of the test's id, which it writes into an attribute pytest 9.2 no longer reads (every test
+then went wherever a worker was free, so a shared launch could run once per worker: suite7); the conftest's
+`pytest_collection_modifyitems` (a wrapper) writes it after xdist's hook, where pytest keeps the id
+(`group_suffixed`). Only the fixtures in REPEATABLE run once per worker instead: cheap (well under a second or
+two) and read by tests across the suite, one group of all their readers would put a fifth of the suite on one worker.
 A test that uses none of them is a group of its own and goes wherever a worker is free.
 Serially (`pytest` without -n) the marks do nothing.
 """
@@ -74,3 +77,18 @@ def groups(tests: list[FixtureUse]) -> dict[str, str]:
             if kind == "test":
                 named[nodeid] = name
     return {test.nodeid: named[test.nodeid] for test in tests if test.nodeid in named}
+
+
+def group_suffixed(nodeid: str, names: list[str]) -> str:
+    """`nodeid` as pytest-xdist's loadgroup scheduler reads a grouped test: `NODEID@NAME` (the names sorted and
+    joined by `_`), unchanged when it is suffixed already or has no group. See NOTE [xdist groups]: pytest 9.2 keeps a
+    node's id in `_id`, so xdist 3.8's own suffixing (`item._nodeid = ...`) no longer reaches the scheduler.
+
+        >>> group_suffixed("a.py::t[1]", ["b.py::out"])
+        'a.py::t[1]@b.py::out'
+        >>> group_suffixed("a.py::t@b.py::out", ["b.py::out"]), group_suffixed("a.py::t", [])
+        ('a.py::t@b.py::out', 'a.py::t')
+    """
+    if not names or "@" in nodeid:
+        return nodeid
+    return f"{nodeid}@{'_'.join(sorted(set(names)))}"

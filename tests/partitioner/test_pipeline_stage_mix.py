@@ -9,10 +9,12 @@ same for NOTE [pipelines memory bound]'s rows of the stage mix (its q shares), a
 from __future__ import annotations
 
 import dataclasses
+import functools
 import random
 
 import networkx as nx
 import numpy as np
+import pytest
 
 import hetpart.partitioner.pipeline_bounds as bounds
 import hetpart.partitioner.pipeline_memory_bound as memory_bound
@@ -27,6 +29,9 @@ from hetpart.partitioner.problem import LAYER, Problem, Training
 from test_pipeline_search import brute_pipelines
 
 SEEDS = range(24)
+# The brute-force optima are computed once (`_optimum`) and read by four tests: one xdist worker runs the module
+# (NOTE [xdist groups]; its conftest marks only fixtures of packages under tests/, and tests/partitioner is none).
+pytestmark = pytest.mark.xdist_group("test_pipeline_stage_mix")
 # The op kinds of a layer: (base ns on the fast type, the fast type's speed-up over "slow", over "mid").
 KINDS = {"matmul": (40, 6.0, 3.0), "norm": (12, 1.5, 1.2), "act": (8, 1.8, 1.3)}
 
@@ -66,6 +71,12 @@ def layered_problem(seed: int) -> tuple[Problem, int]:
     problem = Problem(graph=g, weights=weights, devices=devices, intra_node_links={f"m{m}": link for m in range(2)},
                       network=Link(20, 5), training=training)
     return problem, rng.randint(2, 6)
+
+
+@functools.cache
+def _optimum(seed: int) -> int | None:
+    """The brute-force optimum of `layered_problem(seed)` (None: no valid plan); a pure function of the seed."""
+    return brute_pipelines(*layered_problem(seed))
 
 
 def _stages(seed: int):
@@ -139,7 +150,7 @@ def _bounds() -> list[tuple[int, int | None, int, int]]:
         bounds.MIX = False
         without = pipelines_lower_bound(p, M, memory=False).bound_ns
         bounds.MIX = True
-        out.append((seed, brute_pipelines(p, M), without, pipelines_lower_bound(p, M, memory=False).bound_ns))
+        out.append((seed, _optimum(seed), without, pipelines_lower_bound(p, M, memory=False).bound_ns))
     return out
 
 
@@ -156,7 +167,7 @@ def test_negative_control_with_no_slack_the_bound_passes_the_optimum(monkeypatch
     """Stages taken as the model's exact mix (delta = 0, the relaxation's mistake NOTE [stage mix bound] (1) avoids):
     seed 16 (of 0-23, /tmp/gap19f/scan.py) bounds 288 ns against its optimum 278."""
     p, M = layered_problem(16)
-    optimum = brute_pipelines(p, M)
+    optimum = _optimum(16)
     assert pipelines_lower_bound(p, M, memory=False).bound_ns <= optimum == 278
     monkeypatch.setattr(mix_bound, "DELTA_SCALE", 0.0)
     assert pipelines_lower_bound(p, M, memory=False).bound_ns > optimum
@@ -171,7 +182,7 @@ def test_the_memory_bound_with_the_mix_rows_stays_below_brute_force_and_rises(mo
     raised = 0
     for seed in SEEDS:
         p, M = layered_problem(seed)
-        optimum = brute_pipelines(p, M)
+        optimum = _optimum(seed)
         monkeypatch.setattr(memory_bound, "MIX", False)
         without = pipelines_lower_bound(p, M).bound_ns
         monkeypatch.setattr(memory_bound, "MIX", True)
@@ -188,7 +199,7 @@ def test_negative_control_the_memory_bound_with_no_slack_passes_the_optimum(monk
     """The memory bound's mix rows with delta = 0 bound seed 16 at 287 ns against its optimum 278."""
     monkeypatch.setattr(bounds, "MIX", False)
     p, M = layered_problem(16)
-    optimum = brute_pipelines(p, M)
+    optimum = _optimum(16)
     assert pipelines_lower_bound(p, M).bound_ns <= optimum
     monkeypatch.setattr(mix_bound, "DELTA_SCALE", 0.0)
     assert pipelines_lower_bound(p, M).bound_ns > optimum
