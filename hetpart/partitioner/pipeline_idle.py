@@ -144,8 +144,9 @@ def idle_reasons(problem: Problem, plan: PipelinesPlan, microbatches: int, facts
                       f"(the smallest needs {format_bytes(smallest_op)})")
         elif d in left_out:
             out[d] = left_out[d]
-        elif facts is None:
-            out[d] = "in no pipeline"
+        elif facts is None:  # only a baseline's plan taken where the search found none (plan_with_baselines)
+            out[d] = ("in no pipeline of the baseline's layout taken as the plan: the search found no plan of its own, "
+                      "so no shape it solved says why (NOTE [baselines as candidates])")
         elif j not in facts.in_shape:
             out[d] = f"memory: no pipeline containing it can hold the model ({holds})"
         elif j not in facts.tried:

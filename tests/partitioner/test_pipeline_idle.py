@@ -222,3 +222,19 @@ def test_two_machine_kinds_of_one_device_type_are_named_apart_in_the_reasons():
             assert named in ([], [own]), (d, reason)
     assert clashes == 2
 
+
+
+def test_a_baselines_plan_taken_without_search_facts_says_so():
+    """The 405B x hetero-256 row printed 'in no pipeline' for 56 devices when the search found no plan and a
+    baseline's was taken: the reason now says where the plan came from and why nothing more is known."""
+    from hetpart.partitioner.pipeline_baselines import pipeline_baselines
+    from hetpart.partitioner.pipeline_idle import idle_reasons
+
+    p = _machines(4, Link(1000, 0), _chain())
+    p = Problem(graph=p.graph, weights=p.weights, devices=[Device(d.name, d.type, d.node, 400) for d in p.devices],
+                intra_node_links=p.intra_node_links, network=p.network, training=p.training)  # one GPU holds all
+    got = next(b.plan for b in pipeline_baselines(p, 2, time_limit_s=10, single=False) if b.plan is not None)
+    idle = idle_reasons(p, got, 2, None)
+    outside = {d.name for d in p.devices} - {d for q in got.pipelines for d in q.devices}
+    assert outside and set(idle) >= outside
+    assert all("the search found no plan of its own" in idle[d] for d in outside), idle
