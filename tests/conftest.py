@@ -55,12 +55,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.xdist_group(named[item.nodeid]))
     result = yield
     if getattr(config.option, "loadgroup", False):  # set on xdist workers only
+        from _pytest.nodeid import NodeId  # pytest >= 9.2: a node's id, in `_id`
+
         for item in items:
             want = group_suffixed(item.nodeid, [str(m.args[0] if m.args else m.kwargs.get("name", "default"))
                                                 for m in item.iter_markers("xdist_group")])
             if want != item.nodeid:
-                from _pytest.nodeid import NodeId  # pytest >= 9.2: a node's id, in `_id`
-
                 item._id = NodeId.parse(want)
                 assert item.nodeid == want, (item.nodeid, want)
     return result

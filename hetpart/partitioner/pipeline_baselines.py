@@ -21,6 +21,7 @@ from hetpart.partitioner.pipelines import (
     Pipeline, PipelinesPlan, _ring_link_over, cost_pipelines, pipeline_time_ns, pipelines_violations, sub_problem,
 )
 from hetpart.partitioner.problem import WEIGHTS, Plan, Problem
+from hetpart.partitioner.replan import stage_weights
 from hetpart.partitioner.solve import SolveOptions, solve
 
 # NOTE [pipeline baselines]
@@ -286,9 +287,8 @@ def _layout_baseline(problem: Problem, M: int, name: str, speed_aware: bool,
     def stage_bytes(plan: Plan) -> int:
         """The most weight bytes a stage of `plan` holds: its share of the gradient sync."""
         if id(plan) not in held:
-            g = problem.graph
-            held[id(plan)] = max(sum(problem.weights[w] for w in {w for v in s.nodes for w in g.nodes[v].get(
-                WEIGHTS, ())}) for s in plan.stages)
+            held[id(plan)] = max(sum(problem.weights[w] for w in ws) for ws in stage_weights(problem, plan.stage_of)
+                                 .values())
         return held[id(plan)]
 
     ranked = []
