@@ -136,6 +136,10 @@ class CompileOptions:
                 and out.resolve() in (self.dump_ir.resolve(), *self.dump_ir.resolve().parents)):
             raise HetpartError(f"--dump-ir {self.dump_ir} is inside --out {out}, which this run creates or replaces; "
                                "pass a --dump-ir DIR outside it (OUT/ir/ gets the dumps anyway)")
+        if self.dump_ir is not None and out is not None and self.dump_ir.resolve() in out.resolve().parents:
+            # (refused only once traced, before: the staging directory and lock beside --out are no dumps)
+            raise HetpartError(f"--out {out} is inside --dump-ir {self.dump_ir}, which holds hetpart's IR dumps "
+                               "only (NOTE [--dump-ir DIR is hetpart's]); pass an --out outside it")
 
     def training(self) -> TrainingSpec | None:
         """The training spec of `--mode training`; None for inference."""

@@ -36,6 +36,15 @@ the folders of its listed files (`rank<k>/`, `ir/`: `run` refuses any file there
 does not list, and advises removing it). `inside_artifacts` finds such a path through the
 `.hetpart` marker of every folder above it (links resolved); the top of an artifacts directory
 (`art/titan.toml`, `art/ck/`) is fine: nothing reads or removes a new name there.
+
+NOTE [an output is no input]
+An output must not replace what the same command reads: `replan OLD --out OLD --force` replaced the old
+plan by the new one (OLD was hetpart's, so --force's rules let it go), losing the plan to go back to, the
+`logs/` of the run that died and `measured.json`, while the new plan's `replan.from` named itself; without
+--force it advised passing --force. `export DIR --key K --out K --force` wrote the config over the signing
+key. `replaces_input` refuses, whatever --force says and before anything runs, an output at an input's
+place or a directory holding one (the input's links resolved; a link at the output itself counts as its own
+place where the write replaces the link, `follow=False`, as NOTE [safe writes] does).
 """
 
 from __future__ import annotations
@@ -112,6 +121,17 @@ def check_outside_artifacts(path: Path, flag: str, follow: bool = True) -> None:
     if why is not None:
         raise HetpartError(f"{flag} {path} is {why}: choose a path outside it (beside the artifacts directory, "
                            "or at its top)")
+
+
+def replaces_input(out: Path, inputs: dict[str, Path | None], follow: bool = True) -> str | None:
+    """The name of the first of `inputs` (what the command reads, by the flag naming it) that writing `out` would
+    replace: `out`'s own place, or inside it (NOTE [an output is no input]); None where none is."""
+    out = Path(os.path.abspath(out))
+    place = out.parent.resolve() / out.name if not follow and out.is_symlink() else out.resolve()
+    for name, path in inputs.items():
+        if path is not None and place in (real := Path(os.path.abspath(path)).resolve(), *real.parents):
+            return name
+    return None
 
 
 def _default_mode() -> int:

@@ -23,6 +23,7 @@ one of degrees mixed per machine at each machine's: NOTE [re-plan of mixed degre
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ from hetpart.devices import Cluster, load_cluster
 from hetpart.devices.catalog import CATALOG
 from hetpart.devices.cluster import ClusterDevice, Machine
 from hetpart.errors import HetpartError
+from hetpart.fsio import replaces_input
 from hetpart.partitioner import Plan, Problem
 from hetpart.partitioner.problem_json import costed_types, problem_from_json
 from hetpart.partitioner.replan import LARGE_STATUSES, Replan, chosen_plan, holders_of
@@ -138,6 +140,12 @@ def replan(old: Path, out: Path, *, cluster: str | None = None, lose: tuple[str,
     from hetpart.runtime.artifacts import check_listed_files, load_manifest, read_listed_json, read_plan
     from hetpart.runtime.tp import is_mixed, is_tp
 
+    if replaces_input(out, {"OLD_DIR": old}):  # NOTE [an output is no input] in fsio.py; --force or not
+        real = Path(os.path.abspath(old)).resolve()
+        raise HetpartError(f"--out {out} {'is' if Path(os.path.abspath(out)).resolve() == real else 'holds'} "
+                           f"OLD_DIR {old}, the plan this re-plan reads: writing there would replace the old plan, "
+                           "and the logs/ and measured.json of its runs; nothing was changed: pass a new --out "
+                           f"(such as {real}-replan)")
     manifest = load_manifest(old)
     plan = read_plan(old, manifest)
     check_listed_files(old, manifest)

@@ -154,10 +154,12 @@ def test_replan_refuses_an_existing_out_before_it_re_plans(tmp_path, capsys):
                  "--out", str(old)]) == 0
     before = (old / "plan.json").read_text()
     capsys.readouterr()
-    for out in (old, tmp_path):  # its own OLD_DIR, a directory hetpart did not write
+    # its own OLD_DIR (NOTE [an output is no input]: not "pass --force"), a directory hetpart did not write
+    for out, says in ((old, "is OLD_DIR"), (tmp_path / "elsewhere", "already exists; pass --force")):
+        out.mkdir(exist_ok=True)
         assert main(["replan", str(old), "--lose", "local/1", "--out", str(out), "--time-limit", "2"]) == 2
         got = capsys.readouterr()
-        assert "already exists; pass --force" in got.err and "re-planned" not in got.out and not got.out, got
+        assert says in got.err and "re-planned" not in got.out and not got.out, got
     assert (old / "plan.json").read_text() == before
 
 
