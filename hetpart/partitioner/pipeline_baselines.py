@@ -20,8 +20,7 @@ from hetpart.partitioner.evaluate import evaluate
 from hetpart.partitioner.pipelines import (
     Pipeline, PipelinesPlan, _ring_link_over, cost_pipelines, pipeline_time_ns, pipelines_violations, sub_problem,
 )
-from hetpart.partitioner.problem import WEIGHTS, Plan, Problem
-from hetpart.partitioner.replan import stage_weights
+from hetpart.partitioner.problem import Plan, Problem, stage_weights
 from hetpart.partitioner.solve import SolveOptions, solve
 
 # NOTE [pipeline baselines]
@@ -152,15 +151,14 @@ class _Blocks:
         for v, b in zip(order, block):
             self.nodes[b].append(v)
         self.sums: dict[str, tuple[list[int], list[int], list[int]]] = {}
-        read_in = [{w for v in nodes for w in problem.graph.nodes[v].get(WEIGHTS, ())} for nodes in self.nodes]
-        self.exact = sum(map(len, read_in)) == len(set().union(*read_in))  # no weight read in two blocks
+        self.read_in = [problem.weights_read(nodes) for nodes in self.nodes]
+        self.exact = sum(map(len, self.read_in)) == len(set().union(*self.read_in))  # no weight read in two blocks
 
     def of(self, t: str) -> tuple[list[int], list[int], list[int]]:
         if t not in self.sums:
-            g, act, held, time_ = self.problem.graph, [0], [0], [0]
-            for nodes in self.nodes:
+            act, held, time_ = [0], [0], [0]
+            for nodes, ws in zip(self.nodes, self.read_in):
                 act.append(act[-1] + sum(node_mem_bytes(self.problem, v, t) for v in nodes))
-                ws = {w for v in nodes for w in g.nodes[v].get(WEIGHTS, ())}
                 held.append(held[-1] + sum(held_weight_bytes(self.problem, w, t) for w in ws))
                 time_.append(time_[-1] + sum(node_time_ns(self.problem, v, t) for v in nodes))
             self.sums[t] = act, held, time_

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from hetpart.errors import HetpartError
 from hetpart.partitioner.costs import allreduce_ns
 from hetpart.partitioner.evaluate import objective_ns
-from hetpart.partitioner.problem import WEIGHTS, Link, Plan, Problem, StageCost
+from hetpart.partitioner.problem import Link, Plan, Problem, StageCost
 from hetpart.partitioner.tp_sync import HeldBy, slice_buckets, slice_bytes, weight_slices
 from hetpart.partitioner.verify import plan_violations
 
@@ -155,11 +155,10 @@ def _ring_link_over(problem: Problem, machines: Sequence[str]) -> Link:
 
 def weight_holders(problem: Problem, pipelines: Sequence[Pipeline]) -> dict[str, list[str]]:
     """Weight -> the devices holding it, in pipeline and stage order (each stage holds every weight its nodes read)."""
-    g = problem.graph
     holders: dict[str, list[str]] = {}
     for p in pipelines:
         for s in p.plan.stages:
-            held = sorted({w for v in s.nodes for w in g.nodes[v].get(WEIGHTS, ())})
+            held = sorted(problem.weights_read(s.nodes))
             for d in _devices_of(s):
                 for w in held:
                     holders.setdefault(w, []).append(d)
@@ -182,13 +181,12 @@ def mixed_sync_buckets(problem: Problem, pipelines: Sequence[Pipeline]) -> dict[
     summing the same slices (a rank: (slot, TP index)) -> those slices' bytes."""
     layout = problem.tp_sync
     assert layout is not None
-    g = problem.graph
     held: dict[str, list[HeldBy]] = {}
     for p in pipelines:
         for s in p.plan.stages:
             t = layout.degree_of_type.get(problem.device(s.device).type, 1)
             split = layout.split.get(t, {})
-            for w in sorted({w for v in s.nodes for w in g.nodes[v].get(WEIGHTS, ())}):
+            for w in sorted(problem.weights_read(s.nodes)):
                 held.setdefault(w, []).append(HeldBy(tuple((s.device, j) for j in range(t)), split.get(w),
                                                      f"pipeline {p.index} stage {s.index} (TP {t})"))
     return {ranks: sum(slice_bytes(layout.whole_bytes.get(x.weight, problem.weights[x.weight]), x.of) for x in xs)

@@ -25,7 +25,7 @@ time on its device's type plus the transfer time of the boundaries on both of it
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
 
@@ -293,6 +293,11 @@ class Problem:
             return self.device_types  # (a fresh list of the kept types)
         return [t for t in self.device_types if t not in forbidden]
 
+    def weights_read(self, nodes: Iterable[str]) -> set[str]:
+        """The weights `nodes` read, each once: what a stage (or block) of them holds, whatever the node order."""
+        g = self.graph
+        return {w for v in nodes for w in g.nodes[v].get(WEIGHTS, ())}
+
     def validate(self) -> None:
         """Raise HetpartError listing every way this problem is malformed."""
         errors: list[str] = []
@@ -471,3 +476,11 @@ def _plan_init(self: Plan, *args: object, device_of_stage: list[str] | None = No
 
 
 Plan.__init__ = _plan_init  # type: ignore[method-assign]
+
+
+def stage_weights(problem: Problem, stage_of: Mapping[str, int]) -> dict[int, set[str]]:
+    """Stage -> the weights its nodes read (`Problem.weights_read`), the stages in the order they first appear."""
+    nodes: dict[int, list[str]] = {}
+    for v, k in stage_of.items():
+        nodes.setdefault(k, []).append(v)
+    return {k: problem.weights_read(vs) for k, vs in nodes.items()}

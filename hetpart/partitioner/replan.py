@@ -35,7 +35,7 @@ from ortools.sat.python import cp_model
 from hetpart.errors import HetpartError
 from hetpart.partitioner.costs import machine_link, transfer_ns
 from hetpart.partitioner.evaluate import bottleneck_ns, evaluate
-from hetpart.partitioner.problem import WEIGHTS, Plan, Problem
+from hetpart.partitioner.problem import WEIGHTS, Plan, Problem, stage_weights
 from hetpart.partitioner.replan_holdings import Holdings, as_holdings, state_to_move_bytes  # noqa: F401 (re-exported)
 
 Holders = Mapping[str, tuple[str, ...]] | Holdings  # weight -> old devices, or NOTE [re-plan by shard]'s parts
@@ -79,14 +79,6 @@ class Moves:
                 "links": [{"link": k, "bytes": self.link_bytes[k], "time_us": round(self.link_time_ns[k] / 1000, 3)}
                           for k in sorted(self.link_bytes)],
                 "predicted_time_us": round(self.time_ns / 1000, 3)}
-
-
-def stage_weights(problem: Problem, stage_of: Mapping[str, int]) -> dict[int, set[str]]:
-    """Stage -> the weights its nodes read (a stage holds each weight once)."""
-    held: dict[int, set[str]] = {}
-    for v, k in stage_of.items():
-        held.setdefault(k, set()).update(problem.graph.nodes[v].get(WEIGHTS, ()))
-    return held
 
 
 def moves(problem: Problem, stage_of: Mapping[str, int], device_of_stage: list[str], holders: Holders) -> Moves:

@@ -100,7 +100,8 @@ from hetpart.partitioner.pipelines import (
     Pipeline, PipelinesPlan, cost_pipelines, pipeline_time_ns, pipelines_violations, sub_problem,
 )
 from hetpart.partitioner.problem import Plan, Problem, StageCost
-from hetpart.partitioner.replan import Moves, relabel_stages, stage_moves, stage_weights
+from hetpart.partitioner.problem import stage_weights
+from hetpart.partitioner.replan import Moves, relabel_stages, stage_moves
 from hetpart.partitioner.replan_deadline import MIN_SOLVE_S, REPAIR_SOLVE_SHARE, Deadline, expected_solves
 from hetpart.partitioner.verify import plan_violations
 

@@ -13,7 +13,8 @@ import numpy as np
 
 from hetpart.partitioner.pipelines import pipelines_violations, sub_problem
 from hetpart.partitioner.problem import WEIGHTS, Plan, Problem
-from hetpart.partitioner.replan import Moves, moves, relabel_stages, stage_weights
+from hetpart.partitioner.problem import stage_weights
+from hetpart.partitioner.replan import Moves, moves, relabel_stages
 from hetpart.partitioner.replan_deadline import MIN_SOLVE_S, Deadline
 from hetpart.partitioner.replan_pipelines import (
     PipelinesCandidate,
