@@ -31,6 +31,22 @@ class PipelinesRefused(HetpartError):
         self.memory_refused = memory_refused
 
 
+def check_holds_model(problem: Problem) -> None:
+    """PipelinesRefused (none for memory's shapes: NOTE [tensor-parallel hint]) where the devices together hold less
+    than one copy of the model, the least any pipeline needs (`need_bytes`, NOTE [pipelines bound] (f)): no plan of
+    pipelines fits, whatever the time. The one refusal of it, before any work: the search's, and the re-plan's of
+    pipelines (replan_deadline.py), which once wrote its own after the search's note had said it."""
+    from hetpart.partitioner.pipeline_bounds import need_bytes
+    from hetpart.units import format_bytes
+
+    have, need = sum(d.capacity_bytes for d in problem.devices), need_bytes(problem)
+    if have < need:
+        raise PipelinesRefused(f"partitioner: no set of the {len(problem.devices)} devices holds the model (together "
+                               f"they hold {format_bytes(have)}, less than one copy of it needs: {format_bytes(need)} "
+                               "of weights, training state and one microbatch of activations): no plan fits "
+                               "whatever the --time-limit; add devices with more memory")
+
+
 def node_need(problem: Problem, v: str) -> int:
     """Memory `v` needs wherever it goes: in training, the least stash of any stage (GPipe: M; 1F1B: 1)."""
     attrs = problem.graph.nodes[v]

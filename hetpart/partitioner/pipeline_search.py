@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 
 from hetpart.errors import HetpartError
-from hetpart.partitioner.infeasible import PipelinesRefused
+from hetpart.partitioner.infeasible import PipelinesRefused, check_holds_model
 from hetpart.partitioner.pipeline_bounds import _supports, need_bytes, pipelines_lower_bound, sync_floor_ns
 from hetpart.partitioner.pipeline_idle import ShapeFacts, format_ns, idle_reasons, kind_names, learn
 from hetpart.partitioner.pipeline_join import JoinPlanner, join_probe
@@ -299,6 +299,7 @@ def _plan_and_facts(problem: Problem, microbatches: int, options: SolveOptions |
     opts = dataclasses.replace(options or SolveOptions(), **overrides) if overrides else options or SolveOptions()
     _check_microbatches(microbatches)
     problem.validate()
+    check_holds_model(problem)  # before the bound and the shapes: no time helps
     limit = opts.time_limit_s
     deadline = lambda share: t0 + share * limit  # noqa: E731
     # NOTE [bounds deadline]: the bound's share of the limit, and a tenth more for its memory part.

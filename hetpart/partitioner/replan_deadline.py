@@ -55,7 +55,6 @@ from dataclasses import dataclass, field
 
 from hetpart.errors import HetpartError
 from hetpart.partitioner.problem import Problem
-from hetpart.units import format_bytes
 
 REFERENCE_SHARE = 0.6  # one pipeline: the from-scratch solve's share of T
 RESPLIT_SHARE = 0.4  # data-parallel pipelines: the re-splits' solves (repairs, a further pipeline), first
@@ -105,12 +104,13 @@ def replan_pipelines_within(problem: Problem, old: Sequence, holders: Mapping[st
     """The from-scratch `--parallel data` plan and NOTE [re-plan pipelines]'s choice within one deadline of
     `time_limit_s` (NOTE [re-plan deadline]): (the PipelinesReplan, the reference's seconds). `memo`: the solved
     shapes the from-scratch search starts from (NOTE [shape memo]), extended with its own."""
-    from hetpart.partitioner.pipeline_bounds import need_bytes
+    from hetpart.partitioner.infeasible import check_holds_model
     from hetpart.partitioner.pipeline_search import plan_with_baselines
     from hetpart.partitioner.replan_pipelines import replan_pipelines, resplit_candidates
     from hetpart.partitioner.replan_stripes import stripe_candidates
     from hetpart.partitioner.solve import SolveOptions
 
+    check_holds_model(problem)  # the search's own refusal, before any candidate is tried (no time helps)
     deadline = Deadline(time_limit_s)
     resplits = resplit_candidates(problem, old, holders, microbatches, slack=slack, seed=seed,
                                   deadline=Deadline(RESPLIT_SHARE * time_limit_s))
@@ -128,16 +128,7 @@ def replan_pipelines_within(problem: Problem, old: Sequence, holders: Mapping[st
     stripes = stripe_candidates(problem, holders, microbatches,
                                 deadline=Deadline(max(deadline.left(), STRIPES_SHARE * time_limit_s)),
                                 seed=seed, memo=memo, slack=slack, left_out=left_out)
-    try:
-        result = replan_pipelines(problem, old, holders, scratch, slack=slack, seed=seed, resplits=resplits + stripes)
-    except HetpartError:  # no candidate: where no time could help, say so (NOTE [pipelines bound] (f))
-        have, need = sum(d.capacity_bytes for d in problem.devices), need_bytes(problem)
-        if scratch is None and have < need:
-            raise HetpartError(f"the new cluster's {len(problem.devices)} device(s) hold {format_bytes(have)} in all, "
-                               f"less than one copy of the model needs ({format_bytes(need)} of weights, "
-                               "training state and one microbatch of activations): no plan fits whatever the "
-                               "--time-limit; add devices with more memory") from None
-        raise
+    result = replan_pipelines(problem, old, holders, scratch, slack=slack, seed=seed, resplits=resplits + stripes)
     result.left_out = left_out
     return result, reference_s
 

@@ -511,6 +511,34 @@ def test_a_re_plan_onto_too_little_memory_says_memory_not_time_limit():
     assert "raise --time-limit" not in str(err.value)
 
 
+def test_a_re_plan_onto_too_little_memory_is_refused_once_by_the_search_s_own_check(monkeypatch):
+    """trust21: the re-plan wrote its own refusal (the new cluster's bytes against the model's) after the search's
+    had been echoed as a note ("no set of the 6 devices holds the model ..."), and only once the re-splits, the
+    search, its baselines and the stripes had run. Now the one check (`infeasible.check_holds_model`) refuses first:
+    the search's message, word for word, nothing echoed, no candidate tried."""
+    from hetpart.partitioner import replan_deadline, replan_pipelines as rp
+    from hetpart.partitioner.infeasible import PipelinesRefused
+
+    def tried(*a, **k):
+        raise AssertionError("a candidate was tried for a cluster that cannot hold the model")
+
+    problem, old, holders, _ = _case(0)
+    tiny = dataclasses.replace(problem, devices=[dataclasses.replace(d, capacity_bytes=10) for d in problem.devices])
+    with pytest.raises(PipelinesRefused) as search:
+        plan_pipelines(tiny, M, time_limit_s=2)
+    monkeypatch.setattr(rp, "resplit_candidates", tried)
+    echoed: list[str] = []
+    with pytest.raises(PipelinesRefused) as err:
+        replan_deadline.replan_pipelines_within(tiny, old, holders, M, slack=0.02, time_limit_s=2, seed=0,
+                                                echo=echoed.append)
+    assert str(err.value) == str(search.value) and not echoed and err.value.memory_refused == 0
+    assert str(err.value).startswith("partitioner: no set of the 5 devices holds the model (together they hold 50 B")
+    monkeypatch.undo()  # the negative control: with the memory there, the re-plan runs (and echoes no refusal)
+    result, _ = replan_deadline.replan_pipelines_within(problem, old, holders, M, slack=0.02, time_limit_s=2, seed=0,
+                                                        echo=echoed.append)
+    assert result.chosen is not None and not any("holds the model" in line for line in echoed)
+
+
 def test_a_re_plan_that_found_nothing_in_time_still_names_the_time_limit(monkeypatch):
     from hetpart.partitioner import pipeline_search, replan_deadline, replan_pipelines as rp, replan_stripes
 
