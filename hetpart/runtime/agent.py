@@ -14,10 +14,14 @@ the rendezvous store's threads.
 A forked rank has its RANK in os.environ but not in /proc/PID/environ (a fork keeps the server's), where
 `--emulate`'s mover finds its ranks (`_own_ranks` in emulate.py): emulated runs start each rank as an
 interpreter of its own, as plain torchrun does, and so do the launch files `export` writes for other machines.
+Its command line is the server's too: a rank names itself hetpart-rankN (`_name_process` in worker.py).
+The agent reports one failure where exec'd ranks' torchrun lists each: NOTE [the cause fails first] in
+worker.py keeps that one the cause.
 """
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 
 from torch.distributed import run as torchrun
@@ -27,7 +31,19 @@ WORKER = "hetpart.runtime.worker"
 
 def main() -> None:
     multiprocessing.set_forkserver_preload([WORKER])
-    torchrun.main()
+    try:
+        torchrun.main()
+    finally:
+        _stop_forkserver()
+
+
+def _stop_forkserver() -> None:
+    """End the forkserver and reap it before torchrun exits: its ranks' CPU time then counts in torchrun's
+    (and `hetpart run`'s) children, as an exec'd rank's does, and no server outlives the run."""
+    from multiprocessing import forkserver
+
+    with contextlib.suppress(AttributeError, OSError):  # `_stop`: CPython's own, since 3.4
+        forkserver._forkserver._stop()
 
 
 if __name__ == "__main__":

@@ -203,6 +203,8 @@ def test_every_rank_exits_when_the_launcher_is_killed_or_hung_up(tmp_path):
             while len(ranks_started_by(launcher.pid)) < world:  # every rank started
                 assert launcher.poll() is None and time.monotonic() < deadline, log.read_text()
                 time.sleep(0.2)
+            for pid in ranks_started_by(launcher.pid):  # forked from torchrun's forkserver (NOTE [forked ranks])
+                assert b"multiprocessing.forkserver" in (Path("/proc") / str(pid) / "cmdline").read_bytes()
             while "step" not in "".join(p.read_text(errors="replace") for p in (out / "logs").rglob("stdout.log")):
                 assert launcher.poll() is None and time.monotonic() < deadline, log.read_text()
                 time.sleep(0.2)  # the ranks past their start, stepping
@@ -242,3 +244,20 @@ def test_stop_waits_out_and_ends_a_rank_that_outlives_its_torchrun(tmp_path):
         for pid in _with_marker(marker):  # only what this test started
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_ranks_are_forked_from_torchruns_forkserver_except_under_emulate(tmp_path):
+    """NOTE [forked ranks]: `hetpart run` starts torchrun as hetpart.runtime.agent with the forkserver and the worker's
+    file; emulated runs (whose mover finds ranks by their /proc environment) keep torchrun's exec'd ranks."""
+    manifest = {"world_size": 3, "nodes": [{"node_rank": 0, "ranks": [0, 1]}, {"node_rank": 1, "ranks": [2]}]}
+    for as_nodes, port in ((False, None), (True, None), (False, 29999)):
+        forked = launch._torchrun_commands(manifest, tmp_path, as_nodes, port, forked=True)
+        execd = launch._torchrun_commands(manifest, tmp_path, as_nodes, port, forked=False)
+        assert len(forked) == len(execd) == (2 if as_nodes else 1)
+        for f, e in zip(forked, execd):
+            assert f[1:3] == ["-m", "hetpart.runtime.agent"] and e[1:3] == ["-m", "torch.distributed.run"]
+            assert f[-4:-1] == ["--start-method", "forkserver", "--run-path"] and Path(f[-1]) == Path(
+                launch.__file__).with_name("worker.py") and Path(f[-1]).is_file()
+            same = [a for a in f[3:-4] if port or not a.startswith("--master-port=")]  # a free port each call
+            assert e[-2:] == ["-m", "hetpart.runtime.worker"] and same == [
+                a for a in e[3:-2] if port or not a.startswith("--master-port=")]  # the same torchrun flags
