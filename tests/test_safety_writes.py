@@ -29,6 +29,7 @@ from hetpart.codegen.publish import MARKER, write_logs_marker
 from hetpart.fsio import inside_artifacts
 from hetpart.frontend import ModelSpec, load_model
 from hetpart.runtime.artifacts import check_rank_files, load_manifest
+from tests.launched import ranks_started_by, started_by
 
 MLP = ["zoo:mlp", "--set", "hidden=32", "--set", "n_blocks=2", "--cluster", "preset:cpu-2", "--no-pt2",
        "--time-limit", "5"]
@@ -535,35 +536,22 @@ def test_a_staging_directory_a_killed_partition_left_is_removed_by_the_next_one(
     assert not (out / ".hetpart-staging").exists()  # removed before the artifacts marker: it lists no such file
 
 
-def _processes_on(out: Path, also: bytes = b"") -> list[int]:
-    """Pids of processes (hetpart, torchrun, ranks) whose command line names `out` (and holds `also`)."""
-    pids = []
-    for proc in Path("/proc").iterdir():
-        try:
-            cmdline = (proc / "cmdline").read_bytes() if proc.name.isdigit() else b""
-        except OSError:  # gone meanwhile
-            continue
-        if str(out).encode() in cmdline and also in cmdline:
-            pids.append(int(proc.name))
-    return pids
-
-
 def test_sigterm_to_run_stops_torchrun_and_every_rank(tmp_path):
     out = tmp_path / "out"
     assert main(["partition", *MLP_2RANK, "--out", str(out)]) == 0
     proc = _python("-m", "hetpart", "run", str(out), "--steps", "1000000")
     try:
-        _wait_for(lambda: len(_processes_on(out, b"hetpart.runtime.worker")) >= 2)  # both ranks started
+        _wait_for(lambda: len(ranks_started_by(proc.pid)) >= 2)  # both ranks started
         proc.send_signal(signal.SIGTERM)
         signalled = time.monotonic()
         _, err = proc.communicate(timeout=60)
-        left = _processes_on(out)
+        left = started_by(proc.pid)
         while left and time.monotonic() < signalled + 10:  # the issue's bound
             time.sleep(0.2)
-            left = _processes_on(out)
+            left = started_by(proc.pid)
     finally:
         proc.kill()
-        for pid in _processes_on(out):  # what an old hetpart would leave running
+        for pid in started_by(proc.pid):  # what an old hetpart would leave running
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
     assert proc.returncode == 128 + signal.SIGTERM, err

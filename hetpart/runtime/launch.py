@@ -210,15 +210,20 @@ def _check_port_free(port: int) -> None:
                                "port, or leave --master-port out to let hetpart pick a free one") from None
 
 
-def _torchrun_commands(manifest: dict, log_dir: Path, as_nodes: bool, master_port: int | None) -> list[list[str]]:
-    """One torchrun for the whole plan, or one per planned node (NOTE [ranks are stages]).
+def _torchrun_commands(manifest: dict, log_dir: Path, as_nodes: bool, master_port: int | None,
+                       forked: bool) -> list[list[str]]:
+    """One torchrun for the whole plan, or one per planned node (NOTE [ranks are stages]), each ending where
+    the worker's own arguments follow.
 
     Without --master-port a single torchrun rendezvouses on a port of its own choosing (`--standalone`).
+    `forked`: the ranks are forks of one interpreter that imported the worker (NOTE [forked ranks] in agent.py).
     """
-    torchrun = [sys.executable, "-m", "torch.distributed.run"]
+    torchrun = [sys.executable, "-m", "hetpart.runtime.agent" if forked else "torch.distributed.run"]
+    entry = (["--start-method", "forkserver", "--run-path", str(Path(__file__).with_name("worker.py"))] if forked
+             else ["-m", "hetpart.runtime.worker"])
     if not as_nodes and master_port is None:
         return [torchrun + ["--standalone", "--nnodes=1", f"--nproc-per-node={manifest['world_size']}",
-                            "--log-dir", str(log_dir), "--redirects", "3"]]
+                            "--log-dir", str(log_dir), "--redirects", "3"] + entry]
     port = master_port if master_port is not None else _free_port()
     nodes = manifest["nodes"] if as_nodes else [{"node_rank": 0, "ranks": list(range(manifest["world_size"]))}]
     return [
@@ -226,7 +231,7 @@ def _torchrun_commands(manifest: dict, log_dir: Path, as_nodes: bool, master_por
                     f"--nproc-per-node={len(node['ranks'])}", "--rdzv-backend=static",
                     "--master-addr=127.0.0.1", f"--master-port={port}",
                     "--log-dir", str(log_dir / f"node{node['node_rank']}" if as_nodes else log_dir),
-                    "--redirects", "3"]
+                    "--redirects", "3"] + entry
         for node in nodes
     ]
 
@@ -300,6 +305,7 @@ def _run_torchruns(cmds: list[list[str]], manifest: dict, log_dir: Path, opts: "
     torchrun to fail (or the --timeout) stops every other torchrun, and the error names the rank."""
     env = {**os.environ, "OMP_NUM_THREADS": str(rank_threads())}
     env["PYTHONSAFEPATH"] = "1"  # torchrun and the ranks never import from the working directory (it may be DIR)
+    env["PYTHONUNBUFFERED"] = "1"  # a rank's lines reach its log as it prints them (torchrun's `python -u`)
     from hetpart.runtime.worker import LAUNCHER_PID_ENV
 
     env[LAUNCHER_PID_ENV] = str(os.getpid())  # the ranks exit when this process is gone: NOTE [orphaned ranks]
@@ -534,7 +540,7 @@ def run_pipeline(out: Path, opts: RunOptions = RunOptions(), echo: Callable[[str
         target = _target(manifest, spec.batch_size, spec.seq_len, spec.seed) if training else None
         if target is not None:
             save_file({"target": target}, str(io_dir / "target.safetensors"))
-        worker_args = ["-m", "hetpart.runtime.worker", str(out), "--io", str(io_dir), "--microbatches", str(m),
+        worker_args = [str(out), "--io", str(io_dir), "--microbatches", str(m),
                        "--mode", opts.mode, "--schedule", opts.schedule, "--steps", str(opts.steps),
                        "--lr", str(opts.lr), "--timeout", f"{opts.timeout_s:g}",
                        "--batch-size", str(spec.batch_size), "--seq-len", str(spec.seq_len),
@@ -545,7 +551,7 @@ def run_pipeline(out: Path, opts: RunOptions = RunOptions(), echo: Callable[[str
             worker_args += ["--dump-weights"]  # the weights after the last step, for --verify
         worker_args += ["--checkpoint", ckpt.to_json()] if ckpt is not None else []
         worker_args += ["--timeline"] if opts.measure else []  # NOTE [action timeline] in runtime/timeline.py
-        cmds = _torchrun_commands(manifest, log_dir, opts.as_nodes, opts.master_port)
+        cmds = _torchrun_commands(manifest, log_dir, opts.as_nodes, opts.master_port, forked=not opts.emulate)
         where = (f"{len(cmds)} torchrun node(s) on loopback" if opts.as_nodes else "one torchrun")
         pipelines = mesh_pipelines(manifest)
         if len(pipelines) > 1:  # several data-parallel pipelines (issue 19)

@@ -1,6 +1,7 @@
 """One torchrun rank: load this rank's stage, run the pipeline schedule, report.
 
-Run by `hetpart run` as `torchrun ... -m hetpart.runtime.worker OUT --io DIR ...`.
+Run by `hetpart run` as `python -m hetpart.runtime.agent ... --run-path worker.py OUT --io DIR ...` (NOTE [forked
+ranks] in agent.py), or by torchrun as `torchrun ... -m hetpart.runtime.worker OUT --io DIR ...`.
 Rank 0 reads the inputs from DIR/inputs.safetensors, the last rank the training
 target from DIR/target.safetensors; the last rank writes the first step's
 outputs to DIR/outputs.safetensors and, in training, every rank writes its
@@ -418,7 +419,35 @@ def _exit_with_parent(io_dir: Path, poll_s: float = 1.0) -> None:
     threading.Thread(target=watch, name="hetpart-parent-watch", daemon=True).start()
 
 
+# NOTE [the cause fails first]: when a rank dies (killed, or out at once with a HetpartError), its
+# peers fail too, in the collective or receive that waited for it ("connection reset by peer"). torchrun
+# names the failure it observes first: exec'd ranks' failures are ordered by a clock of seconds, and a
+# forked rank's agent (NOTE [forked ranks] in agent.py) reports only the first process it finds dead,
+# which, where two died between its polls (0.1 s apart), is the lower rank. A rank that raises anything
+# but a HetpartError therefore waits CAUSE_FIRST_S before it exits: the rank that caused it has been
+# observed by then, and `hetpart run` names it (and its device, for the re-plan commands). A rank whose
+# own error is the cause is named too: its peers wait as long after it.
+CAUSE_FIRST_S = 1.0
+RANK_NAME = "hetpart-rank"  # a rank's process name (/proc/PID/comm, what ps and top show): RANK_NAME + its rank
+
+
+def _name_process(rank: str | None) -> None:
+    """Name this process hetpart-rankN where ps and top show it.
+
+    A forked rank's command line is its forkserver's (NOTE [forked ranks] in agent.py), which names neither the
+    rank nor the artifacts: the name tells the ranks apart from torchrun and its server. Linux only (prctl
+    PR_SET_NAME, 15 bytes); elsewhere the process keeps its name."""
+    if rank is None or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(15, (RANK_NAME + rank).encode()[:15], 0, 0, 0)
+
+
 def main(argv: list[str] | None = None) -> int:
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # started by torchrun, not a test calling main
+        _name_process(os.environ.get("RANK"))
     parser = argparse.ArgumentParser(prog="hetpart.runtime.worker")
     parser.add_argument("out", type=Path)
     parser.add_argument("--io", type=Path, required=True)
@@ -466,6 +495,10 @@ def main(argv: list[str] | None = None) -> int:
             # orders failures by a clock of seconds, lists this one too (`_failure` in launch.py).
             os._exit(HetpartError.exit_code)
         return 2
+    except Exception:
+        if "TORCHELASTIC_RUN_ID" in os.environ:  # NOTE [the cause fails first]
+            time.sleep(CAUSE_FIRST_S)
+        raise
     finally:
         dist.destroy_process_group()
     return 0

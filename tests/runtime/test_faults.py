@@ -22,6 +22,7 @@ import pytest
 
 from hetpart.cli import main
 from hetpart.runtime import launch
+from tests.launched import ranks_started_by, started_by
 
 # One CPU per machine, each too small for all of zoo:mlp below (8.6 MB): the plan has two stages.
 TWO_MACHINES = """
@@ -54,12 +55,12 @@ def two_ranks(tmp_path_factory) -> Path:
     return _partition(tmp_path_factory.mktemp("faults") / "mlp", "preset:cpu-2")
 
 
-def _running_ranks(out: Path) -> list[int]:
-    """Pids of processes (torchrun or a rank) still running on the artifacts in `out`."""
+def _with_marker(marker: Path) -> list[int]:
+    """Pids of processes whose command line holds `marker` (a test's own stand-ins for torchrun and a rank)."""
     pids = []
     for proc in Path("/proc").iterdir():
         try:
-            if proc.name.isdigit() and str(out).encode() in (proc / "cmdline").read_bytes():
+            if proc.name.isdigit() and str(marker).encode() in (proc / "cmdline").read_bytes():
                 pids.append(int(proc.name))
         except OSError:  # gone meanwhile
             pass
@@ -79,7 +80,7 @@ def test_a_killed_rank_stops_the_run_and_is_named(two_ranks, monkeypatch, capsys
     assert "rank 1 (stage 1 on local/1) was killed by SIGKILL" in err, err
     assert "rank 1: loaded rank1/stage.py" in err, "the tail of the dead rank's own log"
     assert "(--timeout)" not in err, "stopped by the failure, not by --timeout"
-    assert _running_ranks(two_ranks) == []
+    assert started_by() == [], "torchrun, its server and every rank ended with the run"
 
 
 def test_a_killed_rank_on_one_node_stops_the_other_node(tmp_path, monkeypatch, capsys):
@@ -96,7 +97,7 @@ def test_a_killed_rank_on_one_node_stops_the_other_node(tmp_path, monkeypatch, c
     assert "rank 0 (stage 0 on " in err and "was killed by SIGKILL" in err, err
     assert "node0" in err, "the dead rank's log is under its node's log directory"
     assert "(--timeout)" not in err, "the launcher stopped the other node, not --timeout"
-    assert _running_ranks(out) == []
+    assert started_by() == [], "torchrun, its server and every rank ended with the run"
 
 
 def test_a_rank_that_cannot_find_its_files(two_ranks, tmp_path, monkeypatch, capsys):
@@ -116,7 +117,7 @@ def test_a_rank_that_cannot_find_its_files(two_ranks, tmp_path, monkeypatch, cap
     err = _error(capsys)
     assert "rank 1 (stage 1 on local/1) exited with status 2" in err, err
     assert "hetpart: rank 1: " in err and "rank1/stage.py' is missing" in err
-    assert _running_ranks(copy) == []
+    assert started_by() == [], "torchrun, its server and every rank ended with the run"
 
 
 @pytest.fixture()
@@ -141,14 +142,14 @@ def test_a_port_taken_after_the_check_fails_fast(two_ranks, taken_port, monkeypa
     err = _error(capsys)
     assert "(--timeout)" not in err, "the bind failure ends the run, not --timeout"
     assert f"could not listen on port {taken_port} of 127.0.0.1: address already in use" in err
-    assert _running_ranks(two_ranks) == []
+    assert started_by() == [], "torchrun, its server and every rank ended with the run"
 
 
 def test_a_run_past_its_timeout_is_stopped(two_ranks, capsys):
     assert main(["run", str(two_ranks), "--timeout", "2"]) == 1
     err = _error(capsys)
     assert "did not finish in 2 s (--timeout); every rank was stopped" in err
-    assert _running_ranks(two_ranks) == []
+    assert started_by() == [], "torchrun, its server and every rank ended with the run"
 
 
 def test_bad_timeout_and_port_values(two_ranks, capsys):
@@ -199,9 +200,11 @@ def test_every_rank_exits_when_the_launcher_is_killed_or_hung_up(tmp_path):
         deadline = time.monotonic() + 120
         for sig, out in outs.items():
             launcher, log = launchers[sig], tmp_path / f"run-{sig.name}.log"
-            while len([p for p in _running_ranks(out) if p != launcher.pid]) < world + 1:  # torchrun, every rank
+            while len(ranks_started_by(launcher.pid)) < world:  # every rank started
                 assert launcher.poll() is None and time.monotonic() < deadline, log.read_text()
                 time.sleep(0.2)
+            for pid in ranks_started_by(launcher.pid):  # forked from torchrun's forkserver (NOTE [forked ranks])
+                assert b"multiprocessing.forkserver" in (Path("/proc") / str(pid) / "cmdline").read_bytes()
             while "step" not in "".join(p.read_text(errors="replace") for p in (out / "logs").rglob("stdout.log")):
                 assert launcher.poll() is None and time.monotonic() < deadline, log.read_text()
                 time.sleep(0.2)  # the ranks past their start, stepping
@@ -211,13 +214,13 @@ def test_every_rank_exits_when_the_launcher_is_killed_or_hung_up(tmp_path):
         assert launchers[signal.SIGHUP].wait(timeout=60) == 128 + signal.SIGHUP, \
             (tmp_path / "run-SIGHUP.log").read_text()
         deadline = time.monotonic() + 30  # the watchdog polls each second; torchrun then stops
-        while any(_running_ranks(out) for out in outs.values()) and time.monotonic() < deadline:
+        while any(started_by(launcher.pid) for launcher in launchers.values()) and time.monotonic() < deadline:
             time.sleep(0.2)
-        for sig, out in outs.items():
-            assert not _running_ranks(out), f"ranks outlived the launcher ({sig.name})"
+        for sig, launcher in launchers.items():
+            assert not started_by(launcher.pid), f"torchrun or ranks outlived the launcher ({sig.name})"
     finally:
-        for out in outs.values():
-            for pid in _running_ranks(out):  # what this test started, if the assertion failed
+        for launcher in launchers.values():
+            for pid in started_by(launcher.pid):  # what this test started, if the assertion failed
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
         for launcher in launchers.values():
@@ -234,10 +237,27 @@ def test_stop_waits_out_and_ends_a_rank_that_outlives_its_torchrun(tmp_path):
                                f"'-c', {child!r}]); time.sleep(60)"], start_new_session=True)
     try:
         time.sleep(1.0)  # the child runs and ignores SIGTERM
-        assert _running_ranks(marker)
+        assert _with_marker(marker)
         launch._stop([leader], grace_s=1)
-        assert _running_ranks(marker) == []
+        assert _with_marker(marker) == []
     finally:
-        for pid in _running_ranks(marker):  # only what this test started
+        for pid in _with_marker(marker):  # only what this test started
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_ranks_are_forked_from_torchruns_forkserver_except_under_emulate(tmp_path):
+    """NOTE [forked ranks]: `hetpart run` starts torchrun as hetpart.runtime.agent with the forkserver and the worker's
+    file; emulated runs (whose mover finds ranks by their /proc environment) keep torchrun's exec'd ranks."""
+    manifest = {"world_size": 3, "nodes": [{"node_rank": 0, "ranks": [0, 1]}, {"node_rank": 1, "ranks": [2]}]}
+    for as_nodes, port in ((False, None), (True, None), (False, 29999)):
+        forked = launch._torchrun_commands(manifest, tmp_path, as_nodes, port, forked=True)
+        execd = launch._torchrun_commands(manifest, tmp_path, as_nodes, port, forked=False)
+        assert len(forked) == len(execd) == (2 if as_nodes else 1)
+        for f, e in zip(forked, execd):
+            assert f[1:3] == ["-m", "hetpart.runtime.agent"] and e[1:3] == ["-m", "torch.distributed.run"]
+            assert f[-4:-1] == ["--start-method", "forkserver", "--run-path"] and Path(f[-1]) == Path(
+                launch.__file__).with_name("worker.py") and Path(f[-1]).is_file()
+            same = [a for a in f[3:-4] if port or not a.startswith("--master-port=")]  # a free port each call
+            assert e[-2:] == ["-m", "hetpart.runtime.worker"] and same == [
+                a for a in e[3:-2] if port or not a.startswith("--master-port=")]  # the same torchrun flags
