@@ -147,13 +147,14 @@ def _replan(args: argparse.Namespace, console: Console) -> int:
 def _print_measured(measured: dict, console: Console) -> None:
     table = Table(box=box.SIMPLE_HEAD, title=f"measured vs predicted ({measured['schedule']}, "
                                              f"{measured['microbatches']} microbatches, per microbatch)")
-    for col in ("stage", "device", "measured", "CPU time", "predicted compute", "CPU / predicted"):
+    # NOTE [measured forward] in runtime/measured.py: a rank's forward, against the plan's forward
+    for col in ("rank", "device", "measured forward", "CPU time", "predicted forward", "CPU / predicted"):
         table.add_column(col, justify="left" if col == "device" else "right")
     for s in measured["stages"]:
-        cpu = s["measured_cpu_time_us"]
-        ratio = cpu / s["predicted_compute_us"] if s["predicted_compute_us"] else float("nan")
+        cpu, predicted = s["measured_cpu_time_us"], s["predicted_forward_us"]
+        ratio = cpu / predicted if predicted else float("nan")
         table.add_row(str(s["index"]), s["device"], f"{s['measured_time_us']:.1f} us", f"{cpu:.1f} us",
-                      f"{s['predicted_compute_us']:.1f} us", f"{ratio:.2f}")
+                      f"{predicted:.1f} us", f"{ratio:.2f}")
     console.print(table)
     predicted = measured["predicted_step_time_us"]
     console.print(f"step: measured {measured['step_time_us'] / 1e3:.2f} ms"
