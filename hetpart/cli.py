@@ -151,8 +151,8 @@ def _step_said(seconds: list[float]) -> str:
         return f"{seconds[0] * 1e3:.1f} ms"
     import statistics
 
-    return (f"{statistics.median(seconds[1:]) * 1e3:.1f} ms (the median of the run's last {len(seconds) - 1} step(s); "
-            f"its first, which warms up, took {seconds[0] * 1e3:.1f} ms)")
+    rest = "the run's second step" if len(seconds) == 2 else f"the median of the run's last {len(seconds) - 1} steps"
+    return f"{statistics.median(seconds[1:]) * 1e3:.1f} ms ({rest}; its first, which warms up, took {seconds[0] * 1e3:.1f} ms)"
 
 
 # NOTE [the step printed]: `pipeline step:` was the run's first step, which warms up (pipelining's shape inference,
