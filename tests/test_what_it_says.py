@@ -18,6 +18,7 @@ from hetpart.runtime.artifacts import load_manifest, read_plan
 from hetpart.runtime.checkpoint import check_checkpoint_dir
 from hetpart.runtime.launch import RunOptions
 from hetpart.runtime.measured import measurement
+from hetpart.runtime.worker import rank_said
 
 
 def test_a_file_at_the_checkpoint_dir_asks_for_another_dir_not_a_new_partition(tmp_path):
@@ -128,3 +129,9 @@ def test_measure_sets_a_training_stage_s_forward_against_the_plan_s_forward(tmp_
     _print_measured(measured, Console(width=200))
     rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.strip()[:1].isdigit()]
     assert len(rows) == len(plan.stages) and all(r[-1] == "2.00" for r in rows), rows
+
+
+def test_a_rank_s_error_names_its_rank_once(monkeypatch):
+    monkeypatch.setenv("RANK", "2")
+    assert rank_said(HetpartError("rank 2: 'out/rank2/weights.safetensors' does not match")).count("rank 2: ") == 1
+    assert rank_said(HetpartError("the batch is odd")) == "rank 2: the batch is odd"  # the control: named once
