@@ -156,9 +156,10 @@ def _step_said(seconds: list[float]) -> str:
 
 
 # NOTE [the step printed]: `pipeline step:` was the run's first step, which warms up (pipelining's shape inference,
-# the first allocations, gloo's first connections), whatever --steps said: `run --steps 3 --measure` printed
-# "pipeline step: 65.0 ms" above "step: measured 41.50 ms" (ux21). Past one step it is the median of the steps
-# after the first, the figure measured.json's `step_time_us` is (runtime/measured.py), and the first is named.
+# the first allocations, gloo's first connections), whatever --steps said: `run --steps 3 --measure` printed it
+# above the measured step, two different figures for one step (docs/benchmarks.md, "ux21"). Past one step it is
+# the median of the steps after the first, the figure measured.json's `step_time_us` is (runtime/measured.py),
+# and the first is named.
 def _print_measured(measured: dict, console: Console) -> None:
     table = Table(box=box.SIMPLE_HEAD, title=f"measured vs predicted ({measured['schedule']}, "
                                              f"{measured['microbatches']} microbatches, per microbatch)")

@@ -35,9 +35,9 @@ def measurement(io_dir: Path, world: int, m: int, plan: PlanReport, opts: Any, t
 
     NOTE [measured forward]: only the forward is timed, so a stage is compared with the plan's forward,
     `predicted_forward_us`: in training a stage's `compute_us` is its forward plus its backward (NOTE [training
-    costs] in passes/lower.py), about three times the forward, and `run --measure` once printed the forward's CPU
-    time over it, a third of the true ratio (ux21). `index` is the rank, which is the stage only where one
-    pipeline runs one stage per rank.
+    costs] in passes/lower.py), and `run --measure` printed the forward's CPU time over it, a ratio too small by
+    as much as the backward costs (docs/benchmarks.md, "ux21"). `index` is the rank, which is the stage only where
+    one pipeline runs one stage per rank.
     """
     from hetpart.partitioner.simulate import simulate
 
