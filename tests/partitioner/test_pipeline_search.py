@@ -252,6 +252,9 @@ def test_devices_holding_one_copy_but_no_stash_are_not_told_they_hold_no_copy():
     assert brute_pipelines(problem("1f1b", 700), 8) is not None  # the advice holds
     assert not pipelines_violations(problem("1f1b", 700), plan_pipelines(problem("1f1b", 700), 8, time_limit_s=5), 8)
     assert brute_pipelines(problem("gpipe", 1200), 8) is not None  # the control: memory enough, GPipe plans
+    with pytest.raises(HetpartError) as err:  # 1F1B: the search's estimate, no claim that no plan fits
+        plan_pipelines(problem("1f1b", 300), 8, time_limit_s=5)
+    assert "the search estimates" in str(err.value) and "no plan fits" not in str(err.value), str(err.value)
 
 
 def test_a_baseline_faster_than_the_search_is_the_plan(monkeypatch):
