@@ -226,6 +226,15 @@ def real_dir(path: Path, what: str, instead: str = "partition again") -> Path:
     return path
 
 
+def unused_name(path: Path) -> Path:
+    """`path`, or the first of `path`2, `path`3, ... that does not exist: a name for a command hetpart prints to
+    write (the re-plan after a rank died, whose `replan --out` refuses a folder that exists)."""
+    n = 1
+    while os.path.lexists(path.with_name(path.name + (str(n) if n > 1 else ""))):
+        n += 1
+    return path.with_name(path.name + (str(n) if n > 1 else ""))
+
+
 def fresh_dir(path: Path, what: str) -> Path:
     """An empty directory at `path` (a previous one removed): an error if a link or a file is there."""
     if path.is_symlink() or path.exists():

@@ -1,16 +1,24 @@
 """What hetpart says is true of the user's input and plan (ux20): error advice written for one caller
 (`partition again`, "pipelines of different shapes") was printed for others where it was false, a run that
-writes no checkpoint said nothing, a re-plan named the devices lost but not those added."""
+writes no checkpoint said nothing, a re-plan named the devices lost but not those added. And ux21's: `run --measure`
+set a training stage's measured forward against the plan's forward plus backward."""
 
 from __future__ import annotations
 
-import pytest
+import json
 
-from hetpart.cli import main
+import pytest
+from rich.console import Console
+
+from hetpart.cli import _print_measured, main
 from hetpart.errors import HetpartError
 from hetpart.export import export_text
 from hetpart.passes.manager import check_dump_dir
+from hetpart.runtime.artifacts import load_manifest, read_plan
 from hetpart.runtime.checkpoint import check_checkpoint_dir
+from hetpart.runtime.launch import RunOptions
+from hetpart.runtime.measured import measurement
+from hetpart.runtime.worker import rank_said
 
 
 def test_a_file_at_the_checkpoint_dir_asks_for_another_dir_not_a_new_partition(tmp_path):
@@ -98,3 +106,32 @@ def test_virtual_stages_summary_gives_memory_in_the_table_s_units(tmp_path, caps
                  "interleaved-1f1b", "--mode", "training", "--no-pt2"]) == 0
     lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("  local/")]
     assert len(lines) == 4 and all(x.endswith(" of 256 GiB") for x in lines), lines
+
+
+def test_measure_sets_a_training_stage_s_forward_against_the_plan_s_forward(tmp_path, capsys):
+    """NOTE [measured forward]: each rank's forward timed at twice the plan's forward reads 2.00; it read the
+    forward over the forward plus backward (about 0.9 here), so a cost model 2x slow looked 10% fast."""
+    out = tmp_path / "out"
+    assert main(["partition", "zoo:mlp", "--set", "hidden=32", "--set", "n_blocks=2", "--cluster", "preset:cpu-2",
+                 "--mode", "training", "--no-pt2", "--out", str(out)]) == 0
+    manifest = load_manifest(out)
+    plan, io = read_plan(out, manifest), tmp_path / "io"
+    io.mkdir()
+    for rank, stage in enumerate(plan.stages):
+        took = [[stage.forward_us * 2e-6] * plan.microbatches] * 2
+        (io / f"timing{rank}.json").write_text(json.dumps({"step_s": [0.01, 0.01], "forward_s": took,
+                                                            "forward_cpu_s": took}))
+    measured = measurement(io, manifest["world_size"], plan.microbatches, plan, RunOptions("training", steps=2), 1)
+    for row, stage in zip(measured["stages"], plan.stages, strict=True):
+        assert row["predicted_forward_us"] == pytest.approx(stage.forward_us, abs=1e-3)
+        assert stage.forward_us < 0.8 * stage.compute_us  # the control: the backward is in compute_us
+    capsys.readouterr()
+    _print_measured(measured, Console(width=200))
+    rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.strip()[:1].isdigit()]
+    assert len(rows) == len(plan.stages) and all(r[-1] == "2.00" for r in rows), rows
+
+
+def test_a_rank_s_error_names_its_rank_once(monkeypatch):
+    monkeypatch.setenv("RANK", "2")
+    assert rank_said(HetpartError("rank 2: 'out/rank2/weights.safetensors' does not match")).count("rank 2: ") == 1
+    assert rank_said(HetpartError("the batch is odd")) == "rank 2: the batch is odd"  # the control: named once

@@ -106,3 +106,32 @@ def constraints_note(problem: Problem) -> str:
     return (f"\n  The plan must also keep {len(groups)} co-location group(s) ({names}) "
             f"in one stage each and {len(forbidding)} op(s) off the device types they forbid "
             f"(e.g. {', '.join(map(repr, forbidding[:3]))}); relax those if the memory above looks sufficient.")
+
+
+# NOTE [no shape holds the stash]
+# The pipelines search refuses before any solve when NOTE [pipeline shapes] enumerates no shape: the devices
+# together hold one copy of the model (`check_holds_model` passed), but no set of them holds it with the
+# activations its stages stash, by `stash_need_bytes`' estimate. It once said "no set of the N devices holds the
+# model", next to a figure the devices did hold. Under GPipe the estimate for a pipeline of every device is a
+# bound on every plan (k pipelines running M microbatches in all hold k copies of the weights and state and M
+# microbatches of activations, at least one copy and M microbatches), so where the devices hold less no plan
+# fits; otherwise (1F1B: stages stash (S + 1) / 2 microbatches on average) it is an estimate, and the refusal
+# says it is the search's.
+def no_shape_refusal(problem: Problem, need: int, act: int, want: float) -> HetpartError:
+    """NOTE [no shape holds the stash]: the refusal when the search has no shape to try; `need` and `act`: one
+    copy's bytes and one microbatch's activations, `want`: the stash estimate for one pipeline of every device."""
+    from hetpart.units import format_bytes
+
+    t, n = problem.training, len(problem.devices)
+    have = sum(d.capacity_bytes for d in problem.devices)
+    gpipe = t is not None and t.schedule == "gpipe"
+    stash = (f"with GPipe's stash of all {t.microbatches} microbatches ({format_bytes(act)} of activations each) "
+             f"one pipeline of all {n} needs {format_bytes(int(want))}, and more pipelines need more: no plan fits "
+             "whatever the --time-limit" if gpipe and have < want else
+             f"with the microbatches its stages stash the search estimates that one pipeline of all {n} needs "
+             f"{format_bytes(int(want))} (NOTE [pipeline shapes]), and tried no shape")
+    fix = "pass --schedule 1f1b (a stage stashes fewer microbatches), " if gpipe else ""
+    return HetpartError(f"partitioner: the {n} devices hold {format_bytes(have)}, more than one copy of the model "
+                        f"needs ({format_bytes(need)} of weights, training state and one microbatch of activations), "
+                        f"but no pipeline of them holds it with the activations its stages stash: {stash}; {fix}"
+                        "pass a smaller --batch-size, or add devices with more memory")

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 
 from hetpart.errors import HetpartError
-from hetpart.partitioner.infeasible import PipelinesRefused, check_holds_model
+from hetpart.partitioner.infeasible import PipelinesRefused, check_holds_model, no_shape_refusal
 from hetpart.partitioner.pipeline_bounds import _supports, need_bytes, pipelines_lower_bound, sync_floor_ns
 from hetpart.partitioner.pipeline_idle import ShapeFacts, format_ns, idle_reasons, kind_names, learn
 from hetpart.partitioner.pipeline_join import JoinPlanner, join_probe
@@ -311,12 +311,10 @@ def _plan_and_facts(problem: Problem, microbatches: int, options: SolveOptions |
                if order] if one_f1b else []
     kinds, kind_of = machine_kinds(problem)
     shapes = enumerate_shapes(problem, kinds)
-    if not shapes:
-        raise HetpartError(
-            f"partitioner: no set of the {len(problem.devices)} devices holds the model ({need_bytes(problem)} bytes "
-            "of weights, training state and one microbatch of activations): add devices with more memory")
-    supports = _supports(problem)
     need, act = need_bytes(problem), sum(problem.graph.nodes[v].get(MEM_BYTES, 0) for v in problem.graph.nodes)
+    if not shapes:  # the devices hold one copy (check_holds_model), but no shape holds it with its stash
+        raise no_shape_refusal(problem, need, act, stash_need_bytes(problem, need, act, len(problem.devices)))
+    supports = _supports(problem)
     usable = sum(len(k.machines) * sum(k.counts) for k in kinds)
     ranked: dict[int, list[tuple[tuple[bool, float], Shape]]] = {}
     for s in shapes:

@@ -46,7 +46,7 @@ import torch
 from hetpart.errors import HetpartError
 from hetpart.runtime.checkpoint_slices import Layout, SliceRead, assemble, needed_layout, plan_reads, saved_layouts
 from hetpart.runtime.stages import rank_stage_entries
-from hetpart.fsio import AtomicWrites, check_outside_artifacts, real_dir
+from hetpart.fsio import AtomicWrites, check_outside_artifacts, real_dir, unused_name
 from hetpart.trust import NotAPlainFile, sha256_bytes, sha256_file
 
 FORMAT = "hetpart-checkpoint"
@@ -585,7 +585,7 @@ def resume_commands(out: Path, run: CheckpointRun, dead_device: str | None, step
     left = run.first_step + steps - last.step
     if left <= 0:
         return f"\nthe last checkpoint, {last.path}, is of the run's last step {last.step}: nothing left to train"
-    new = out.with_name(out.name + "-replan")
+    new = unused_name(out.with_name(out.name + "-replan"))  # one left by an earlier failure is not replaced
     resume = (f"hetpart run {_shown(new)} --mode training {' '.join(flags)}--resume {_shown(last.path)} "
               f"--steps {left} --checkpoint-every {run.every} --checkpoint-dir {_shown(run.save_dir)}")
     if not_replanned is not None:

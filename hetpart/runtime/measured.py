@@ -32,6 +32,12 @@ def measurement(io_dir: Path, world: int, m: int, plan: PlanReport, opts: Any, t
     for a core. `measured_cpu_time_us` is the rank thread's CPU time in the forward
     (`time.thread_time`; ranks run one intra-op thread unless OMP_NUM_THREADS says
     otherwise), the time its device was busy, which is what the plan predicts.
+
+    NOTE [measured forward]: only the forward is timed, so a stage is compared with the plan's forward,
+    `predicted_forward_us`: in training a stage's `compute_us` is its forward plus its backward (NOTE [training
+    costs] in passes/lower.py), and `run --measure` printed the forward's CPU time over it, a ratio too small by
+    as much as the backward costs (docs/benchmarks.md, "ux21"). `index` is the rank, which is the stage only where
+    one pipeline runs one stage per rank.
     """
     from hetpart.partitioner.simulate import simulate
 
@@ -62,6 +68,9 @@ def measurement(io_dir: Path, world: int, m: int, plan: PlanReport, opts: Any, t
             # other ranks (or other jobs) share (NOTE [measured CPU time])
             "measured_cpu_time_us": round(statistics.median(cpu) * 1e6, 3),
             "predicted_compute_us": round(sum(s.compute_us for s in mine), 3),
+            # what the measured forward is compared with: in training compute_us is forward plus backward
+            # (NOTE [measured forward])
+            "predicted_forward_us": round(sum(s.compute_us if s.forward_us is None else s.forward_us for s in mine), 3),
             "predicted_time_us": round(sum(s.predicted_time_us for s in mine), 3),
             "forward_us": time_stats_us(forwards),  # every forward of a microbatch: its spread, not only the median
             "forward_cpu_us": time_stats_us(cpu),

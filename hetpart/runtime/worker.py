@@ -431,6 +431,13 @@ CAUSE_FIRST_S = 1.0
 RANK_NAME = "hetpart-rank"  # a rank's process name (/proc/PID/comm, what ps and top show): RANK_NAME + its rank
 
 
+def rank_said(err: Exception) -> str:
+    """A rank's error, named by its rank once: the artifacts' checks already say "rank K: " (the log read
+    "hetpart: rank 2: rank 2: 'g4/rank2/weights.safetensors' does not match its sha256", ux21)."""
+    who = f"rank {os.environ.get('RANK')}: "
+    return str(err) if str(err).startswith(who) else who + str(err)
+
+
 def _name_process(rank: str | None) -> None:
     """Name this process hetpart-rankN where ps and top show it.
 
@@ -474,7 +481,7 @@ def main(argv: list[str] | None = None) -> int:
         key = read_key(args.key, args.out) if args.key is not None else None
         manifest = load_manifest(args.out, key)
     except HetpartError as err:
-        print(f"hetpart: rank {os.environ.get('RANK')}: {err}", file=sys.stderr, flush=True)
+        print(f"hetpart: {rank_said(err)}", file=sys.stderr, flush=True)
         return 2
     use_cuda = args.device == "auto" and manifest["backend"] == "nccl" and torch.cuda.is_available()
     padding = SleepPadding.for_rank(args.io, int(os.environ.get("RANK", "0")))  # NOTE [emulation by sleep]
@@ -488,7 +495,7 @@ def main(argv: list[str] | None = None) -> int:
                  args.batch_size, args.seq_len, key, args.dump_weights,
                  CheckpointRun.from_json(args.checkpoint) if args.checkpoint else None, args.timeline, padding)
     except HetpartError as err:
-        print(f"hetpart: rank {os.environ.get('RANK')}: {err}", file=sys.stderr, flush=True)
+        print(f"hetpart: {rank_said(err)}", file=sys.stderr, flush=True)
         if "TORCHELASTIC_RUN_ID" in os.environ:
             # Out at once, before destroy_process_group closes the sockets: a peer waiting in a
             # collective then fails (status 1) no earlier than this rank, and torchrun, which

@@ -231,6 +231,32 @@ def test_refusals_say_what_to_do():
         plan_pipelines(p, 0, time_limit_s=5)
 
 
+def test_devices_holding_one_copy_but_no_stash_are_not_told_they_hold_no_copy():
+    """NOTE [no shape holds the stash]: 4 devices of 700 B hold one copy (1,000 B) but not GPipe's stash of 8
+    microbatches, so the search has no shape; it said "no set of the 4 devices holds the model"."""
+    g, weights = nx.DiGraph(), {f"w{i}": 100 for i in range(4)}
+    for i in range(4):
+        g.add_node(f"v{i}", **{TIME_NS: {"fast": 50}, MEM_BYTES: 100, OUT_BYTES: 10 * (i < 3), WEIGHTS: (f"w{i}",),
+                              PIN: PIN_FIRST if i == 0 else PIN_LAST if i == 3 else None, LAYER: f"blocks.{i}"})
+        g.add_edges_from([(f"v{i - 1}", f"v{i}")] if i else [])
+    problem = lambda schedule, cap: Problem(  # noqa: E731
+        graph=g, weights=weights, devices=[Device(f"d{j}", "fast", f"m{j}", cap) for j in range(4)],
+        intra_node_links={f"m{j}": Link(100, 1) for j in range(4)}, network=Link(10, 10),
+        training=Training(schedule, 8, dict.fromkeys(weights, 50)))
+    with pytest.raises(HetpartError) as err:
+        plan_pipelines(problem("gpipe", 700), 8, time_limit_s=5)
+    said = str(err.value)
+    assert "no set of" not in said and "the 4 devices hold 2.73 KiB, more than one copy" in said, said
+    assert "no plan fits" in said and "--schedule 1f1b" in said
+    assert brute_pipelines(problem("gpipe", 700), 8) is None  # no plan fits: every plan, brute force
+    assert brute_pipelines(problem("1f1b", 700), 8) is not None  # the advice holds
+    assert not pipelines_violations(problem("1f1b", 700), plan_pipelines(problem("1f1b", 700), 8, time_limit_s=5), 8)
+    assert brute_pipelines(problem("gpipe", 1200), 8) is not None  # the control: memory enough, GPipe plans
+    with pytest.raises(HetpartError) as err:  # 1F1B: the search's estimate, no claim that no plan fits
+        plan_pipelines(problem("1f1b", 300), 8, time_limit_s=5)
+    assert "the search estimates" in str(err.value) and "no plan fits" not in str(err.value), str(err.value)
+
+
 def test_a_baseline_faster_than_the_search_is_the_plan(monkeypatch):
     """NOTE [baselines as candidates]: with the search's answer made slow on purpose (one pipeline on one
     device), the fastest valid baseline is returned instead, with the search's bound kept and the status

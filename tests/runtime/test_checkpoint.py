@@ -176,3 +176,7 @@ def test_after_a_rank_died_the_printed_commands_re_plan_only_plans_replan_takes(
     assert command.startswith("hetpart run ") and " && " not in command and "--steps 2" in command
     assert "partition the model again" in text and "(without local/2)" in text and "--lose" not in text
     assert "nothing left to train" in resume_commands(tmp_path / "out", run, "local/2", 2, flags, not_replanned="virtual stages")
+    # A re-plan left by an earlier failure: `replan --out` would refuse it ("already exists"), so a new name (ux21)
+    (tmp_path / "out-replan").mkdir()
+    text = resume_commands(tmp_path / "out", run, "local/2", 4, flags)
+    assert f"--out {tmp_path / 'out-replan2'} && hetpart run {tmp_path / 'out-replan2'} " in text, text

@@ -48,6 +48,10 @@ def test_two_ranks_verify_and_measure_at_another_batch_and_sequence_length(two_r
     assert measured["step_time_us"] > measured["stages"][-1]["measured_time_us"]
     assert measured["predicted_step_time_us"] > 0
     assert "measured vs predicted" in out
+    # NOTE [the step printed]: the step printed is the one measured.json has, not the first (warm-up) step's
+    printed = float(out.split("pipeline step: ")[1].split()[0])
+    assert printed == pytest.approx(measured["step_time_us"] / 1e3, abs=0.051), out
+    assert "its first, which warms up, took" in out
     # NOTE [action timeline]: each rank's forwards of both steps, rank 0's sends matched with rank 1's recvs
     timeline = measured["timeline"]
     for events in timeline["ranks"]:
