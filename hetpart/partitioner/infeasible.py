@@ -116,10 +116,12 @@ def constraints_note(problem: Problem) -> str:
 # bound on every plan (k pipelines running M microbatches in all hold k copies of the weights and state and M
 # microbatches of activations, at least one copy and M microbatches), so where the devices hold less no plan
 # fits; otherwise (1F1B: stages stash (S + 1) / 2 microbatches on average) it is an estimate, and the refusal
-# says it is the search's.
-def no_shape_refusal(problem: Problem, need: int, act: int, want: float) -> HetpartError:
+# says it is the search's. It suggests --schedule 1f1b only where 1F1B's estimate for one pipeline of every device
+# fits the devices' memory.
+def no_shape_refusal(problem: Problem, need: int, act: int, want: float, want_1f1b: float) -> HetpartError:
     """NOTE [no shape holds the stash]: the refusal when the search has no shape to try; `need` and `act`: one
-    copy's bytes and one microbatch's activations, `want`: the stash estimate for one pipeline of every device."""
+    copy's bytes and one microbatch's activations, `want` and `want_1f1b`: the stash estimate for one pipeline of
+    every device under the problem's schedule and under 1F1B."""
     from hetpart.units import format_bytes
 
     t, n = problem.training, len(problem.devices)
@@ -130,7 +132,8 @@ def no_shape_refusal(problem: Problem, need: int, act: int, want: float) -> Hetp
              "whatever the --time-limit" if gpipe and have < want else
              f"with the microbatches its stages stash the search estimates that one pipeline of all {n} needs "
              f"{format_bytes(int(want))} (NOTE [pipeline shapes]), and tried no shape")
-    fix = "pass --schedule 1f1b (a stage stashes fewer microbatches), " if gpipe else ""
+    fix = ("pass --schedule 1f1b (a stage stashes fewer microbatches), " if gpipe and want_1f1b <= have else
+           f"1F1B's stash does not fit either (the search estimates {format_bytes(int(want_1f1b))}); " if gpipe else "")
     return HetpartError(f"partitioner: the {n} devices hold {format_bytes(have)}, more than one copy of the model "
                         f"needs ({format_bytes(need)} of weights, training state and one microbatch of activations), "
                         f"but no pipeline of them holds it with the activations its stages stash: {stash}; {fix}"

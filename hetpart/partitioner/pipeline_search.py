@@ -313,7 +313,10 @@ def _plan_and_facts(problem: Problem, microbatches: int, options: SolveOptions |
     shapes = enumerate_shapes(problem, kinds)
     need, act = need_bytes(problem), sum(problem.graph.nodes[v].get(MEM_BYTES, 0) for v in problem.graph.nodes)
     if not shapes:  # the devices hold one copy (check_holds_model), but no shape holds it with its stash
-        raise no_shape_refusal(problem, need, act, stash_need_bytes(problem, need, act, len(problem.devices)))
+        as_1f1b = (dataclasses.replace(problem, training=dataclasses.replace(problem.training, schedule="1f1b"))
+                   if problem.training is not None else problem)
+        raise no_shape_refusal(problem, need, act, stash_need_bytes(problem, need, act, len(problem.devices)),
+                               stash_need_bytes(as_1f1b, need, act, len(problem.devices)))
     supports = _supports(problem)
     usable = sum(len(k.machines) * sum(k.counts) for k in kinds)
     ranked: dict[int, list[tuple[tuple[bool, float], Shape]]] = {}
