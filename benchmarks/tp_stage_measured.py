@@ -107,13 +107,9 @@ def _print_collectives(splits: dict, runs: dict) -> None:
                   f"{med['itself_us']:.2f} | {med['itself_median_us']:.2f} | {med['coll_pred']:.2f} |")
 
 
-def _print_against_scaled(runs: list, scaled_plans: list[Path], clusters: list[str]) -> None:
+def _print_against_scaled(runs: list, scaled_plans: list[Path]) -> None:
     """The TP plan's measured forwards and steps against its prediction with the profile's TP entries and without
-    them (the roofline's scaling, as before tp20), round by round; then its ops alone (the forward less its
-    collectives and skew, NOTE [collective skew]) against the predicted ops (compute less the priced all-reduces)."""
-    from hetpart.devices.cluster import load_cluster
-    from hetpart.passes.tp_lower import _link
-
+    them (the roofline's scaling, as before tp20), round by round."""
     print("\nTP 2 against the prediction with the TP profile (NOTE [tensor-parallel profile]) and without its TP "
           "entries (scaled shards):\n")
     print("| rank | measured forward ms | predicted ms: TP profile / scaled | measured / predicted: TP profile "
@@ -136,23 +132,6 @@ def _print_against_scaled(runs: list, scaled_plans: list[Path], clusters: list[s
     print(f"| step | {statistics.median(steps):.2f} | {statistics.median(new_s):.2f} / {statistics.median(was_s):.2f} | "
           f"{statistics.median(a):.2f} ({', '.join(f'{x:.2f}' for x in a)}) | {statistics.median(b):.2f} "
           f"({', '.join(f'{x:.2f}' for x in b)}) |")
-    if not runs[0][0].get("timeline"):
-        return
-    print("\n| rank | ops wall ms | ops CPU ms | ops predicted ms: TP profile / scaled | ops CPU / predicted: TP profile "
-          "(per round) | ops CPU / predicted: scaled (per round) |")
-    print("|---|---|---|---|---|---|")
-    for k, first in enumerate(runs[0][0]["timeline"]["collectives"]):
-        rank = first["rank"]
-        rows = []
-        for (m, _, _), plan, cluster in zip(runs, old, clusters):
-            split = m["timeline"]["collectives"][k]
-            coll = _priced_collectives_ms(m["timeline"]["ranks"][rank], _link(load_cluster(cluster).machines[0].link))
-            rows.append((split["ops_wall_us"] / 1e3, split["ops_cpu_us"] / 1e3,
-                         m["stages"][rank]["predicted_compute_us"] / 1e3 - coll, plan.stages[0].compute_us / 1e3 - coll))
-        a, b = [r[1] / r[2] for r in rows], [r[1] / r[3] for r in rows]
-        med = [statistics.median(r[i] for r in rows) for i in range(4)]
-        print(f"| {rank} | {med[0]:.2f} | {med[1]:.2f} | {med[2]:.2f} / {med[3]:.2f} | {statistics.median(a):.2f} "
-              f"({', '.join(f'{x:.2f}' for x in a)}) | {statistics.median(b):.2f} ({', '.join(f'{x:.2f}' for x in b)}) |")
 
 
 def main() -> int:
@@ -264,7 +243,7 @@ def main() -> int:
                             zip(runs[name], clusters, scales) if m.get("timeline")]
         _print_collectives(splits, runs)
         if scaled_plans and not args.emulate:  # (its predictions are not divided by the emulation's scale)
-            _print_against_scaled(runs["TP 2"], scaled_plans, clusters)
+            _print_against_scaled(runs["TP 2"], scaled_plans)
     print(f"\nload average at the end: {os.getloadavg()}")
     return 0
 
