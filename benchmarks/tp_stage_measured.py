@@ -5,13 +5,8 @@
 
 1. profile the model's ops once (`hetpart profile`, one thread, as a rank runs), without --emulate
    with the cluster's siblings (`profile --cluster`: as many processes as ranks share the machine,
-   NOTE [concurrent profile]); `--alone` profiles with nothing beside it; and, unless
-   --scaled-shards, with `--tensor-parallel 2`: each op also timed as a TP rank runs it, beside
-   its peer running the same op (NOTE [tensor-parallel profile] in hetpart/profiler/tp_profile.py);
+   NOTE [concurrent profile]); `--alone` profiles with nothing beside it;
 2. `hetpart partition --profile` twice: `--tensor-parallel 2` and the one-device-per-stage plan;
-   with the TP profile, the TP plan also on a copy of the profile without its TP entries (the
-   roofline's scaling of the whole ops, as before tp20), whose prediction is printed against the
-   same measured runs (the plan is the same: one stage on both cores);
 3. interleaved runs (A B A B ..., --rounds of each) of `hetpart run --measure --steps N
    [--emulate]`, the first step left out;
 4. prints, per rank, the median forward of one microbatch (wall, and the rank thread's CPU time)
@@ -107,33 +102,6 @@ def _print_collectives(splits: dict, runs: dict) -> None:
                   f"{med['itself_us']:.2f} | {med['itself_median_us']:.2f} | {med['coll_pred']:.2f} |")
 
 
-def _print_against_scaled(runs: list, scaled_plans: list[Path]) -> None:
-    """The TP plan's measured forwards and steps against its prediction with the profile's TP entries and without
-    them (the roofline's scaling, as before tp20), round by round."""
-    print("\nTP 2 against the prediction with the TP profile (NOTE [tensor-parallel profile]) and without its TP "
-          "entries (scaled shards):\n")
-    print("| rank | measured forward ms | predicted ms: TP profile / scaled | measured / predicted: TP profile "
-          "(per round) | measured / predicted: scaled (per round) |")
-    print("|---|---|---|---|---|")
-    old = [load_plan(out / "plan.json", json.loads((out / "plan.json").read_text())) for out in scaled_plans]
-    for k in range(len(runs[0][0]["stages"])):
-        fwds = [m["stages"][k]["measured_time_us"] / 1e3 for m, _, _ in runs]
-        new = [m["stages"][k]["predicted_compute_us"] / 1e3 for m, _, _ in runs]
-        was = [plan.stages[0].compute_us / 1e3 for plan in old]  # one stage: every rank's prediction
-        a, b = [f / p for f, p in zip(fwds, new)], [f / p for f, p in zip(fwds, was)]
-        print(f"| {k} | {statistics.median(fwds):.2f} | {statistics.median(new):.2f} / {statistics.median(was):.2f} | "
-              f"{statistics.median(a):.2f} ({', '.join(f'{x:.2f}' for x in a)}) | {statistics.median(b):.2f} "
-              f"({', '.join(f'{x:.2f}' for x in b)}) |")
-    steps = [m["step_time_us"] / 1e3 for m, _, _ in runs]
-    new_s = [simulated_step(load_plan(out / "plan.json", json.loads((out / "plan.json").read_text()))).step_ns / 1e6
-             for _, _, out in runs]
-    was_s = [simulated_step(plan).step_ns / 1e6 for plan in old]
-    a, b = [f / p for f, p in zip(steps, new_s)], [f / p for f, p in zip(steps, was_s)]
-    print(f"| step | {statistics.median(steps):.2f} | {statistics.median(new_s):.2f} / {statistics.median(was_s):.2f} | "
-          f"{statistics.median(a):.2f} ({', '.join(f'{x:.2f}' for x in a)}) | {statistics.median(b):.2f} "
-          f"({', '.join(f'{x:.2f}' for x in b)}) |")
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--cluster", default="preset:cpu-2")
@@ -151,9 +119,6 @@ def main() -> int:
                              "[collectives between work]); about a TP rank's ops between two of its all-reduces here")
     parser.add_argument("--link-repeats", type=int, default=200, help="--measure-link: timed calls per size")
     parser.add_argument("--alone", action="store_true", help="profile with no siblings (as before tpmeasure)")
-    parser.add_argument("--scaled-shards", action="store_true",
-                        help="profile without --tensor-parallel: TP ranks priced by the roofline's scaling of the "
-                             "whole ops (as before tp20)")
     args = parser.parse_args()
     model = [*MODEL, "--microbatches", str(args.microbatches)]
     print(f"load average at start: {os.getloadavg()} on {os.cpu_count()} cores", flush=True)
@@ -177,21 +142,15 @@ def main() -> int:
         clusters = [cluster_now(0)]
         profile = work / "cpu.json"
         siblings = ["--cluster", clusters[0]] if not (args.emulate or args.alone) else []
-        tp_profile = [] if args.scaled_shards else ["--tensor-parallel", "2"]
-        _hetpart("profile", *model, *siblings, *(["--backward"] if args.mode == "training" else []), *tp_profile,
+        _hetpart("profile", *model, *siblings, *(["--backward"] if args.mode == "training" else []),
                  "--out", str(profile))
-        scaled = work / "cpu-scaled.json"  # the same profile without its TP entries (NOTE [tensor-parallel costs])
-        scaled.write_text(json.dumps({k: v for k, v in json.loads(profile.read_text()).items()
-                                      if k != "tp_forward_ns"}))
         names = {"TP 2": ["--tensor-parallel", "2"], "one device per stage": []}
 
-        def plan_now(name: str, r: int, prof: Path = profile, tag: str = "") -> Path:
-            out = work / f"{name.replace(' ', '_')}{tag}-{r}"
-            _hetpart("partition", *model, "--cluster", clusters[r], "--mode", args.mode, "--profile", str(prof),
+        def plan_now(name: str, r: int) -> Path:
+            out = work / f"{name.replace(' ', '_')}-{r}"
+            _hetpart("partition", *model, "--cluster", clusters[r], "--mode", args.mode, "--profile", str(profile),
                      "--out", str(out), "--no-pt2", *names[name])
             return out
-
-        scaled_plans: list[Path] = []  # per round: the TP plan on the profile without its TP entries
 
         # runs[name]: per round (measured.json, load, plan dir); with --measure-link each round is planned on the link
         # measured just before it (the machine's collectives change from minute to minute: NOTE [collectives between
@@ -202,9 +161,6 @@ def main() -> int:
                 clusters.append(cluster_now(r))
             elif r > 0:
                 clusters.append(clusters[0])
-            if not args.scaled_shards:
-                scaled_plans.append(plan_now("TP 2", r, scaled, "-scaled") if r == 0 or args.measure_link
-                                    else scaled_plans[0])
             for name in names:  # interleaved: A B, A B, ...
                 out = plan_now(name, r) if r == 0 or args.measure_link else runs[name][0][2]
                 load = os.getloadavg()[0]
@@ -242,8 +198,6 @@ def main() -> int:
             splits[name] = [(m["timeline"]["collectives"], c, sc) for (m, _, _), c, sc in
                             zip(runs[name], clusters, scales) if m.get("timeline")]
         _print_collectives(splits, runs)
-        if scaled_plans and not args.emulate:  # (its predictions are not divided by the emulation's scale)
-            _print_against_scaled(runs["TP 2"], scaled_plans)
     print(f"\nload average at the end: {os.getloadavg()}")
     return 0
 

@@ -212,8 +212,7 @@ def _profile(args: argparse.Namespace, console: Console) -> int:
     if cluster is not None:
         concurrent = ranks_sharing_a_machine(cluster, args.device_type)
     prof = profile_model(spec, args.microbatches, args.device_type, device=args.device, repeats=args.repeats,
-                         warmup=args.warmup, threads=args.threads, backward=args.backward, concurrent=concurrent,
-                         tensor_parallel=args.tensor_parallel)
+                         warmup=args.warmup, threads=args.threads, backward=args.backward, concurrent=concurrent)
     prof = prof.scaled(args.speed_scale)
     prof.save(args.out)
     total_us = sum(prof.forward_ns.values()) / 1e3
@@ -222,10 +221,7 @@ def _profile(args: argparse.Namespace, console: Console) -> int:
                   f"({prof.threads} thread(s)" + (f", {prof.concurrent} processes side by side" if prof.concurrent > 1
                                                    else "") + f") as device type '{prof.device_type}'"
                   + (f" ({prof.speed_scale:g}x this machine's speed)" if prof.speed_scale != 1 else "") + ": "
-                  f"{total_us:.1f} us over one of each"
-                  + "".join(f"; as a rank of tensor-parallel {t}: {sum(len(x) for x in roles.values())} ops"
-                            for t, roles in prof.tp_forward_ns.items()) + f"; wrote {args.out}",
-                  markup=False, highlight=False)
+                  f"{total_us:.1f} us over one of each; wrote {args.out}", markup=False, highlight=False)
     return 0
 
 

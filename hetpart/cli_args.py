@@ -276,11 +276,6 @@ def build_parser() -> argparse.ArgumentParser:
                             "other ranks will: N = the ranks `hetpart run` starts on it (default 1)")
     share.add_argument("--cluster", default=None, metavar="FILE|preset:NAME",
                        help="--concurrent from a cluster: the most devices of --device-type on one of its nodes")
-    prof.add_argument("--tensor-parallel", type=_number(int, minimum=1, maximum=PROCESSES_MAX), default=1,
-                      metavar="T", help="also time each op as a rank of a tensor-parallel group of T runs it: at its "
-                      "shard's size, beside T-1 processes running the same op at the same time (NOTE "
-                      "[tensor-parallel profile]); `partition --tensor-parallel T` then prices TP ranks with these "
-                      "times (default 1: none)")
     prof.add_argument("--seed", type=_SEED, default=0, help="seed for weights and inputs")
 
     link = sub.add_parser("profile-link", help="time gloo collectives between local processes and fit the "

@@ -48,9 +48,6 @@ class NodeInfo:
     # op-cost pass
     cost_ns: dict[str, int] = field(default_factory=dict)  # device type -> time at microbatch size
     bwd_cost_ns: dict[str, int] = field(default_factory=dict)  # training only: backward time per device type
-    # device type -> degree -> role -> forward time as a TP rank runs it, where a profile measured it (NOTE
-    # [tensor-parallel profile]; NOTE [tensor-parallel costs] reads it)
-    tp_cost_ns: dict[str, dict[int, dict[str, int]]] = field(default_factory=dict)
     # partition
     stage: int | None = None
 

@@ -85,10 +85,6 @@ class OpCostPass:
                 else:
                     costs[name] = 0 if is_view(node) else op_time_ns(ni, dev, node)
             ni.cost_ns = costs
-            # NOTE [tensor-parallel profile]: the op's times as TP ranks run it, by degree and role, where measured
-            ni.tp_cost_ns = {name: tp for name, p in profiles.items() if key is not None and (tp := {
-                t: {role: table[key] for role, table in roles.items() if key in table}
-                for t, roles in p.tp_forward_ns.items() if any(key in table for table in roles.values())})}
             if training:
                 bkey = backward_key(node, values, needs) if key is not None and ni.needs_grad else None
                 ni.bwd_cost_ns = {}

@@ -68,16 +68,6 @@ class ShardingPlan:
         """FX node -> its region's index."""
         return {n: i for i, nodes in enumerate(self.regions) for n in nodes}
 
-    def role(self, name: str) -> str:
-        """How a rank runs FX node `name`: "row" (a row linear: its part of the contraction, then its bias once),
-        "split" (a column linear or an op on a split value: at the shard's size) or "whole" (replicated). NOTE
-        [tensor-parallel costs] prices each role; NOTE [tensor-parallel profile] measures each."""
-        if name in self.reduce_after:
-            return "row"
-        if name in self.sharded or any(name in cs for cs in self.copy_before.values()):
-            return "split"
-        return "whole"
-
 
 class _Conflict(Exception):
     def __init__(self, seeds: set[str]) -> None:

@@ -11,11 +11,6 @@ is `<type>/tp<t>` (`tp_type`), costed as follows, each term from the one formula
   On a profiled type, the measured time is scaled by the roofline's ratio shard / whole.
   Other ops run whole, replicated on every rank; so does a view of a split value, whose profiled
   time is dispatch (no kernel to shrink) that every rank pays whole.
-  Where the profile has the op as a rank of this degree runs it (`profile --tensor-parallel`,
-  NOTE [tensor-parallel profile] in profiler/tp_profile.py: the shard's own op, beside its peers
-  running the same op; a row linear with its bias added after the all-reduce), that measured
-  forward replaces all of the above for every role (`ShardingPlan.role`), whole ops included:
-  `_shard_time_ns` is the one place either is chosen. Backward keeps the scaling.
 - collectives, over the machine's link with `costs.allreduce_ns` (ring, t ranks): each row
   linear's output all-reduced forward (g); in training each column-linear input's gradient
   all-reduced backward (f), charged to its first column linear; a split model output's
@@ -88,13 +83,9 @@ def _link(spec) -> Link:
 
 
 def _shard_time_ns(node: fx.Node, degree: int, dev, whole_ns: int, flops: int, nbytes: int, out_bytes: int,
-                   role: str, measured: int | None = None) -> int:
-    """An op's time on a rank of `degree` (NOTE [tensor-parallel costs]): `measured` where a profile has it as that
-    rank runs it, else `whole_ns` (its time whole) for a replicated op and scaled to the shard for a split one."""
-    if measured is not None:
-        return measured
-    row = role == "row"
-    if role == "whole" or is_view(node) or (flops == 0 and nbytes == 0):
+                   row: bool) -> int:
+    """An op's time at the shard's size (NOTE [tensor-parallel costs]); `whole_ns` its time whole."""
+    if is_view(node) or (flops == 0 and nbytes == 0):
         return whole_ns  # no kernel to shrink: a profiled view's time is dispatch, paid whole by every rank
     shard_bytes = (max(0, nbytes - out_bytes) // degree + out_bytes) if row else nbytes // degree
     key = peak_key(node, info(node).dtype)
@@ -126,7 +117,7 @@ def lower_tensor_parallel(problem: Problem, gm: fx.GraphModule, cluster: Cluster
             g.nodes[v][TIME_NS][key] = 0
             if training:
                 g.nodes[v].setdefault(FORWARD_NS, {})[key] = 0
-    rows = set(plan.reduce_after)
+    rows, columns = set(plan.reduce_after), {c for cs in plan.copy_before.values() for c in cs}
     first_column = {cs[0]: x for x, cs in plan.copy_before.items()}
     by_name = {n.name: n for n in gm.graph.nodes}
     for node in gm.graph.nodes:
@@ -134,15 +125,16 @@ def lower_tensor_parallel(problem: Problem, gm: fx.GraphModule, cluster: Cluster
         if v is None or node.op != "call_function":
             continue
         ni = info(node)
-        role = plan.role(node.name)
+        split = node.name in plan.sharded or node.name in rows or node.name in columns
         for key, (ty, m) in keyed.items():
             dev = cluster.device_types[ty]
             fwd, bwd = ni.cost_ns.get(ty, 0), ni.bwd_cost_ns.get(ty, 0) if training else 0
-            fwd = _shard_time_ns(node, t, dev, fwd, ni.flops or 0, ni.bytes_moved or 0, ni.out_bytes or 0, role,
-                                 ni.tp_cost_ns.get(ty, {}).get(t, {}).get(role))
-            if training:
-                bwd = _shard_time_ns(node, t, dev, bwd, ni.bwd_flops or 0, ni.bwd_bytes_moved or 0,
-                                     ni.out_bytes or 0, "whole" if role == "whole" else "split")
+            if split:
+                row = node.name in rows
+                fwd = _shard_time_ns(node, t, dev, fwd, ni.flops or 0, ni.bytes_moved or 0, ni.out_bytes or 0, row)
+                if training:
+                    bwd = _shard_time_ns(node, t, dev, bwd, ni.bwd_flops or 0, ni.bwd_bytes_moved or 0,
+                                         ni.out_bytes or 0, False)
             if node.name in rows:  # g: the partial output all-reduced forward
                 fwd += allreduce_ns(links[m], ni.out_bytes or 0, t)
             if node.name in plan.gather_before_output:  # a split model output made whole

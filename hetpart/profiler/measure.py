@@ -228,27 +228,16 @@ def profile_graph(gm: fx.GraphModule, inputs: tuple, device_type: str, *, device
 
 def profile_model(spec: Any, microbatches: int, device_type: str, *, device: str = "cpu", repeats: int = 20,
                   warmup: int = 3, threads: int | None = None, backward: bool = False,
-                  concurrent: int = 1, tensor_parallel: int = 1) -> Profile:
+                  concurrent: int = 1) -> Profile:
     """`hetpart profile`: build and export `spec` (a ModelSpec) as `partition` does, then `profile_graph`
-    at the microbatch size `spec.batch_size / microbatches` on the model's own example inputs; with
-    `tensor_parallel` T > 1, also each op as a rank of T runs it (NOTE [tensor-parallel profile])."""
+    at the microbatch size `spec.batch_size / microbatches` on the model's own example inputs."""
     if microbatches < 1 or spec.batch_size % microbatches:
         raise HetpartError(f"--microbatches {microbatches} must be >= 1 and divide --batch-size {spec.batch_size}")
     module, inputs = load_model(spec)
     gm = export_model(module, inputs)
-    if tensor_parallel > 1 and device != "cpu":
-        raise HetpartError(f"--tensor-parallel {tensor_parallel}: only with --device cpu (its ranks share this "
-                           "machine's cores); leave --tensor-parallel out")
     micro = spec.batch_size // microbatches
-    prof = profile_graph(gm, tuple(x[:micro] for x in inputs), device_type, device=device, repeats=repeats,
+    return profile_graph(gm, tuple(x[:micro] for x in inputs), device_type, device=device, repeats=repeats,
                          warmup=warmup, threads=threads, backward=backward, concurrent=concurrent,
                          microbatches=microbatches,
                          source=f"{spec.model} {dict(spec.overrides)} "
                          f"microbatch {micro} seq_len {spec.seq_len}")
-    if tensor_parallel > 1:
-        from hetpart.profiler.tp_profile import profile_tensor_parallel
-
-        prof.tp_forward_ns = {tensor_parallel: profile_tensor_parallel(
-            gm, tuple(x[:micro] for x in inputs), tensor_parallel, batch_size=spec.batch_size, threads=prof.threads,
-            repeats=repeats, warmup=warmup)}
-    return prof

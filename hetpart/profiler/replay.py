@@ -210,12 +210,10 @@ class Replay:
         return Replay({int(i): decode_value(x, tensors) for i, x in data["inputs"]},
                        {int(i): decode_value(w, tensors) for i, w in data["weights"]}, steps)
 
-    def compile(self, part: int = 0, parts: int = 1,
-                before_step: Callable[[], None] | None = None) -> Callable[[], dict[int, Any]]:
+    def compile(self, part: int = 0, parts: int = 1) -> Callable[[], dict[int, Any]]:
         """A pass over part `part` of `parts` (0-based) of the graph, cut where the ops' times, measured
         on a first full pass, add up to equal shares; the values it reads from before its part are
-        kept from that pass. A pass returns the values by slot (freed ones gone), calling `before_step`
-        before each step (NOTE [tensor-parallel profile]'s barrier; not in the first pass)."""
+        kept from that pass. A pass returns the values by slot (freed ones gone)."""
         def resolve(target: Any) -> Any:
             if isinstance(target, tuple) and target and target[0] == "op":
                 return getattr(getattr(getattr(torch.ops, target[1]), target[2]), target[3])
@@ -232,14 +230,11 @@ class Replay:
                 return {k: load(v, values) for k, v in value.items()}
             return value
 
-        def run(todo: list, values: dict[int, Any], free: bool = True, hook: Callable | None = None) -> list[int]:
+        def run(todo: list, values: dict[int, Any], free: bool = True) -> list[int]:
             times_ns = []
             for i, target, args, kwargs, freed in todo:
-                loaded_args, loaded_kwargs = load(args, values), load(kwargs, values)
-                if hook is not None:
-                    hook()
                 start = time.perf_counter_ns()
-                values[i] = target(*loaded_args, **loaded_kwargs)
+                values[i] = target(*load(args, values), **load(kwargs, values))
                 times_ns.append(time.perf_counter_ns() - start)
                 for d in freed if free else ():
                     values.pop(d, None)
@@ -253,7 +248,7 @@ class Replay:
 
         def one_pass() -> dict[int, Any]:
             values = dict(before)
-            run(mine, values, hook=before_step)
+            run(mine, values)
             return values
         return one_pass
 

@@ -89,9 +89,8 @@ class Siblings:
     """
 
     def __init__(self, replay: Replay | None, count: int, threads: int, parts: int | None = None,
-                 duty: float = 1.0, start_s: float = 300, stop_s: float = 30, lockstep: Path | None = None) -> None:
+                 duty: float = 1.0, start_s: float = 300, stop_s: float = 30) -> None:
         self.replay, self.count, self.threads, self.duty = replay, count, threads, duty
-        self.lockstep = lockstep  # the barrier file of NOTE [tensor-parallel profile]: each runs the whole graph
         self.parts = count + 1 if parts is None else parts  # sibling k runs part k + 1 of them
         self.start_s, self.stop_s = start_s, stop_s
         self.procs: list[subprocess.Popen] = []
@@ -113,10 +112,6 @@ class Siblings:
                 code = ("from hetpart.profiler.siblings import sibling_main; "
                         f"sibling_main({str(path)!r}, {self.threads}, {(k + 1) % self.parts}, {self.parts}, "
                         f"{self.duty!r})")
-                if self.lockstep is not None:
-                    code = ("from hetpart.profiler.tp_profile import lockstep_main; "
-                            f"lockstep_main({str(path)!r}, {self.threads}, {str(self.lockstep)!r}, {k + 1}, "
-                            f"{self.count + 1})")
                 with (Path(self._dir.name) / f"sibling{k}.err").open("w") as err:
                     self.procs.append(subprocess.Popen([sys.executable, "-c", code], env=env, stdin=subprocess.PIPE,
                                                        stdout=subprocess.PIPE, stderr=err, text=True))

@@ -94,9 +94,6 @@ class Profile:
     sibling_passes: int = 0  # passes the concurrent-1 siblings ran meanwhile, all together
     sibling_duty: float = 1.0  # the share of the time each sibling computed (`sibling_duty`)
     speed_scale: float = 1.0  # the device it stands for runs this many times as fast as the one measured
-    # degree -> role -> whole op's key -> ns as a rank of that degree runs it (NOTE [tensor-parallel profile]);
-    # empty without `profile --tensor-parallel`
-    tp_forward_ns: dict[int, dict[str, dict[str, int]]] = field(default_factory=dict)
 
     def scaled(self, speed_scale: float) -> Profile:
         """This profile for a device `speed_scale` times as fast as the one measured (`hetpart profile
@@ -107,8 +104,6 @@ class Profile:
                                "speed relative to this machine: 0.5 is half as fast, 2 twice as fast)")
         scale = lambda table: {k: round(ns / speed_scale) for k, ns in table.items()}  # noqa: E731
         return dataclasses.replace(self, forward_ns=scale(self.forward_ns), backward_ns=scale(self.backward_ns),
-                                   tp_forward_ns={t: {role: scale(table) for role, table in roles.items()}
-                                                  for t, roles in self.tp_forward_ns.items()},
                                    speed_scale=self.speed_scale * speed_scale)
 
     def to_json(self) -> dict:
@@ -118,9 +113,7 @@ class Profile:
                 "torch_version": torch.__version__,
                 "source": self.source,
                 "forward_ns": dict(sorted(self.forward_ns.items())),
-                "backward_ns": dict(sorted(self.backward_ns.items())),
-                **({"tp_forward_ns": {str(t): {role: dict(sorted(table.items())) for role, table in sorted(roles.items())}
-                                      for t, roles in sorted(self.tp_forward_ns.items())}} if self.tp_forward_ns else {})}
+                "backward_ns": dict(sorted(self.backward_ns.items()))}
 
     def save(self, path: Path) -> None:
         """Write the profile to `path` whole or not at all; a symlink there is replaced, its target never
@@ -163,24 +156,7 @@ class Profile:
                                "write it again with `hetpart profile`")
         return Profile(data["device_type"], threads, data["forward_ns"], backward,
                        str(data.get("device", "cpu")), str(data.get("source", "")), str(data.get("clock", "wall")),
-                       concurrent, passes, float(duty), float(speed), _tp_tables(path, data.get("tp_forward_ns", {})))
-
-
-TP_ROLES = ("row", "split", "whole")  # `ShardingPlan.role`
-
-
-def _tp_tables(path: Path, data: object) -> dict[int, dict[str, dict[str, int]]]:
-    """A profile file's `tp_forward_ns` (NOTE [tensor-parallel profile]), checked: degree -> role -> key -> ns."""
-    def ok(t: object, roles: object) -> bool:
-        return (isinstance(t, str) and t.isdigit() and int(t) > 1 and isinstance(roles, dict)
-                and all(r in TP_ROLES and isinstance(table, dict) and all(
-                    isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in table.values())
-                    for r, table in roles.items()))
-    if not isinstance(data, dict) or not all(ok(t, roles) for t, roles in data.items()):
-        raise HetpartError(f"--profile {path}: tp_forward_ns must map degrees (2 or more) to roles "
-                           f"({', '.join(TP_ROLES)}) to op keys to non-negative integers (ns); write it again with "
-                           "`hetpart profile --tensor-parallel T`")
-    return {int(t): {r: dict(table) for r, table in roles.items()} for t, roles in data.items()}
+                       concurrent, passes, float(duty), float(speed))
 
 
 def check_output_path(path: Path) -> None:
