@@ -174,7 +174,9 @@ def _print_measured(measured: dict, console: Console) -> None:
     console.print(table)
     predicted = measured["predicted_step_time_us"]
     console.print(f"step: measured {measured['step_time_us'] / 1e3:.2f} ms"
-                  + (f", simulated {predicted / 1e3:.2f} ms" if predicted is not None else ""))
+                  + (f", simulated {predicted / 1e3:.2f} ms" if predicted is not None else "")
+                  + (" (the schedule's: the optimizer step is in the measured step only)"
+                     if predicted is not None and measured["mode"] == "training" else ""))
 
 
 def _print_strategy(report: PlanReport, console: Console) -> None:

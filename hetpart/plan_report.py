@@ -136,6 +136,17 @@ class StageReport:
         return self.devices or [self.device]
 
 
+def simulation_inputs(stages: list[StageReport], training: bool) -> tuple[list[int], list[int], list[int] | None]:
+    """`stages` as `simulate` plays them, ns: each stage's forward, each boundary's transfer, and in training each
+    stage's backward (None in inference). A training plan's compute_us is forward + backward and its comm_out_us
+    carries the activations and their gradients, half each way (NOTE [training costs] in passes/lower.py)."""
+    ns = lambda us: round(us * 1000)  # noqa: E731
+    if training:
+        return ([ns(s.compute_us if s.forward_us is None else s.forward_us) for s in stages],
+                [ns(s.comm_out_us) // 2 for s in stages[:-1]], [ns(s.backward_us or 0.0) for s in stages])
+    return [ns(s.compute_us) for s in stages], [ns(s.comm_out_us) for s in stages[:-1]], None
+
+
 @dataclass(frozen=True, kw_only=True)
 class PipelineReport:
     """One of several data-parallel pipelines (NOTE [plan.json fields]): its devices, share and stages."""

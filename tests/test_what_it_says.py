@@ -17,6 +17,9 @@ from hetpart.passes.manager import check_dump_dir
 from hetpart.runtime.artifacts import load_manifest, read_plan
 from hetpart.runtime.checkpoint import check_checkpoint_dir
 from hetpart.runtime.launch import RunOptions
+from hetpart.partitioner.simulate import simulate
+from hetpart.plan_report import simulation_inputs
+from hetpart.report.table import simulated_step
 from hetpart.runtime.measured import measurement
 from hetpart.runtime.worker import rank_said
 
@@ -121,7 +124,13 @@ def test_measure_sets_a_training_stage_s_forward_against_the_plan_s_forward(tmp_
         took = [[stage.forward_us * 2e-6] * plan.microbatches] * 2
         (io / f"timing{rank}.json").write_text(json.dumps({"step_s": [0.01, 0.01], "forward_s": took,
                                                             "forward_cpu_s": took}))
-    measured = measurement(io, manifest["world_size"], plan.microbatches, plan, RunOptions("training", steps=2), 1)
+    measured = measurement(io, manifest["world_size"], plan.microbatches, plan,
+                           RunOptions("training", steps=2, schedule=plan.schedule), 1)
+    # the training step simulated as partition prints it (report.table.simulated_step): it was null in training
+    assert measured["predicted_step_time_us"] == pytest.approx(simulated_step(plan).step_ns / 1000, abs=1e-3)
+    forward, transfer, _ = simulation_inputs(plan.stages, training=True)
+    forward_only = simulate(forward, transfer, plan.microbatches, plan.schedule).step_ns / 1000
+    assert forward_only < 0.8 * measured["predicted_step_time_us"]  # the control: the backwards are in it
     for row, stage in zip(measured["stages"], plan.stages, strict=True):
         assert row["predicted_forward_us"] == pytest.approx(stage.forward_us, abs=1e-3)
         assert stage.forward_us < 0.8 * stage.compute_us  # the control: the backward is in compute_us

@@ -8,7 +8,7 @@ from rich.table import Table
 
 from hetpart.partitioner.bounds import left_out
 from hetpart.partitioner.simulate import Timeline, simulate
-from hetpart.plan_report import PlanReport, StageReport, bound_record_errors
+from hetpart.plan_report import PlanReport, StageReport, bound_record_errors, simulation_inputs
 from hetpart.units import format_bytes
 
 
@@ -35,16 +35,9 @@ def simulated_step(plan: PlanReport) -> Timeline:
     the schedule is plan.json's `schedule` (default GPipe).
     """
     stages = plan.stages
-    ns = lambda us: round(us * 1000)  # noqa: E731
     ranks = len(stages) // (plan.virtual_stages or 1)  # several stages per rank: NOTE [virtual-stage schedules]
-    if all(s.backward_us is not None for s in stages):
-        # A training plan's compute_us is forward + backward and its comm_out_us carries the activations
-        # and their gradients (NOTE [training costs] in passes/lower.py): half each way.
-        return simulate([ns(s.compute_us if s.forward_us is None else s.forward_us) for s in stages],
-                        [ns(s.comm_out_us) // 2 for s in stages[:-1]], plan.microbatches,
-                        plan.schedule, backward_ns=[ns(s.backward_us) for s in stages], ranks=ranks)
-    return simulate([ns(s.compute_us) for s in stages], [ns(s.comm_out_us) for s in stages[:-1]],
-                    plan.microbatches, plan.schedule, ranks=ranks)
+    forward, transfer, backward = simulation_inputs(stages, all(s.backward_us is not None for s in stages))
+    return simulate(forward, transfer, plan.microbatches, plan.schedule, backward_ns=backward, ranks=ranks)
 
 
 def plan_table(plan: PlanReport) -> Table:

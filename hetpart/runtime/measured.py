@@ -7,7 +7,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from hetpart.plan_report import PlanReport
+from hetpart.plan_report import PlanReport, simulation_inputs
 from hetpart.runtime.collectives import rank_collectives
 from hetpart.runtime.handoff import analyse
 
@@ -78,10 +78,13 @@ def measurement(io_dir: Path, world: int, m: int, plan: PlanReport, opts: Any, t
         if rank == world - 1:
             last_steps = data["step_s"][keep]
     predicted = None
-    if opts.mode == "inference" and v == 1:  # the slowest pipeline's step (one pipeline: the plan's stages, all m)
-        predicted = max(round(simulate([round(s.compute_us * 1000) for s in stages],
-                                       [round(s.comm_out_us * 1000) for s in stages[:-1]], share,
-                                       opts.schedule).step_ns / 1000, 3)
+    training = opts.mode == "training"
+    # The slowest pipeline's step (one pipeline: the plan's stages, all m); in training one pipeline's schedule
+    # with its backwards, where the plan has them (partitioned for training): the schedule only, not the
+    # optimizer's step nor a gradient sync, which the measured step includes
+    if v == 1 and (not training or (not plan.pipelines and all(s.backward_us is not None for s in plan.stages))):
+        predicted = max(round(simulate(*(played := simulation_inputs(stages, training))[:2], share, opts.schedule,
+                                       backward_ns=played[2]).step_ns / 1000, 3)
                         for stages, share in ([(q.stages, q.microbatches) for q in plan.pipelines] if plan.pipelines
                                               else [(plan.stages, m)]))
     timeline = None
