@@ -358,7 +358,8 @@ def main(argv: list[str] | None = None) -> int:
         return _main(argv)
     except Terminated as err:
         with contextlib.suppress(OSError):  # the terminal that hung up may be gone
-            print("hetpart: terminated" if err.signum == signal.SIGTERM else "hetpart: hangup", file=sys.stderr)
+            print(("hetpart: terminated" if err.signum == signal.SIGTERM else "hetpart: hangup")
+                  + getattr(err, "resume_note", ""), file=sys.stderr)
         return 128 + err.signum
     finally:
         for sig, handler in previous.items():
@@ -399,8 +400,8 @@ def _main(argv: list[str] | None) -> int:
     except HetpartError as err:
         print(f"hetpart: error: {err}", file=sys.stderr)
         return err.exit_code
-    except KeyboardInterrupt:
-        print("hetpart: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as err:  # a training run's last checkpoint and resume command, where it has them
+        print("hetpart: interrupted" + getattr(err, "resume_note", ""), file=sys.stderr)
         return 130
     except BaseException as err:
         if isinstance(err, (Exception, Terminated)):

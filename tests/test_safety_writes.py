@@ -537,11 +537,16 @@ def test_a_staging_directory_a_killed_partition_left_is_removed_by_the_next_one(
 
 
 def test_sigterm_to_run_stops_torchrun_and_every_rank(tmp_path):
-    out = tmp_path / "out"
+    """... and names the last complete checkpoint and the command that trains the steps left (ux21)."""
+    from hetpart.runtime.checkpoint import complete_checkpoints
+
+    out, ck = tmp_path / "out", tmp_path / "ck"
     assert main(["partition", *MLP_2RANK, "--out", str(out)]) == 0
-    proc = _python("-m", "hetpart", "run", str(out), "--steps", "1000000")
+    proc = _python("-m", "hetpart", "run", str(out), "--mode", "training", "--steps", "1000000", "--checkpoint-every",
+                   "1", "--checkpoint-dir", str(ck))
     try:
         _wait_for(lambda: len(ranks_started_by(proc.pid)) >= 2)  # both ranks started
+        _wait_for(lambda: ck.is_dir() and complete_checkpoints(ck))  # a checkpoint to resume from
         proc.send_signal(signal.SIGTERM)
         signalled = time.monotonic()
         _, err = proc.communicate(timeout=60)
@@ -556,6 +561,9 @@ def test_sigterm_to_run_stops_torchrun_and_every_rank(tmp_path):
                 os.kill(pid, signal.SIGKILL)
     assert proc.returncode == 128 + signal.SIGTERM, err
     assert left == [], "torchrun and its ranks end with hetpart"
+    assert "hetpart: terminated; the last complete checkpoint is " in err, err
+    last = complete_checkpoints(ck)[-1]
+    assert f"--resume {last} " in err and f"hetpart run {out} --mode training " in err, err
 
 
 # --- 6. launch.sh quotes every value ------------------------------------------------------------

@@ -543,25 +543,18 @@ def run_checkpoints(manifest: dict[str, Any], plan_model: dict[str, Any], spec: 
                       mode=opts.mode, checkpoint_dir=flags.dir, every=flags.every, keep=flags.keep,
                       resume=flags.resume)
     if run is not None and run.resume is not None:
-        echo(f"resuming from {_shown(run.resume, quote=False)} (after step {run.first_step}; every file's sha256 "
+        echo(f"resuming from {shown(run.resume, quote=False)} (after step {run.first_step}; every file's sha256 "
              "checked)")
     return run
 
 
-def with_resume_commands(err: HetpartError, out: Path, run: CheckpointRun | None, opts: Any,
-                         not_replanned: str | None = None) -> HetpartError:
-    """A failed run's error, with the resume commands where a rank died and checkpoints were on."""
-    if run is None or getattr(err, "dead_device", None) is None:
-        return err
-    flags = [f"--schedule {opts.schedule} "] + [f"{flag} {value} " for flag, value in (
-        ("--microbatches", opts.microbatches), ("--batch-size", opts.batch_size), ("--seq-len", opts.seq_len))
-        if value is not None]
-    new = type(err)(str(err) + resume_commands(out, run, err.dead_device, opts.steps, flags, not_replanned))
-    new.exit_code = err.exit_code
-    return new
+def resume_line(out: Path, run: CheckpointRun, last: Path, left: int, flags: list[str]) -> str:
+    """The `hetpart run OUT ... --resume LAST` that trains the `left` steps after the checkpoint `last`."""
+    return (f"hetpart run {shown(out)} --mode training {' '.join(flags)}--resume {shown(last)} "
+            f"--steps {left} --checkpoint-every {run.every} --checkpoint-dir {shown(run.save_dir)}")
 
 
-def _shown(path: Path, quote: bool = True) -> str:
+def shown(path: Path, quote: bool = True) -> str:
     """A path to print: relative to the working directory where it is inside it; `quote`d for a shell command."""
     try:
         path = path.resolve().relative_to(Path.cwd().resolve())
@@ -586,14 +579,13 @@ def resume_commands(out: Path, run: CheckpointRun, dead_device: str | None, step
     if left <= 0:
         return f"\nthe last checkpoint, {last.path}, is of the run's last step {last.step}: nothing left to train"
     new = unused_name(out.with_name(out.name + "-replan"))  # one left by an earlier failure is not replaced
-    resume = (f"hetpart run {_shown(new)} --mode training {' '.join(flags)}--resume {_shown(last.path)} "
-              f"--steps {left} --checkpoint-every {run.every} --checkpoint-dir {_shown(run.save_dir)}")
+    resume = resume_line(new, run, last.path, left, flags)
     if not_replanned is not None:
         without = f" (without {dead_device})" if dead_device else ""
-        return (f"\nthe last complete checkpoint is {_shown(last.path)} (step {last.step}); this plan runs "
+        return (f"\nthe last complete checkpoint is {shown(last.path)} (step {last.step}); this plan runs "
                 f"{not_replanned}, which `hetpart replan` does not re-plan: partition the model again for the devices still "
-                f"alive{without} with `--out {_shown(new)}`, then train the {left} step(s) left:\n  {resume}")
+                f"alive{without} with `--out {shown(new)}`, then train the {left} step(s) left:\n  {resume}")
     lose = f" --lose {shlex.quote(dead_device)}" if dead_device else ""
-    return (f"\nthe last complete checkpoint is {_shown(last.path)} (step {last.step}); to re-plan onto the devices still "
-            f"alive and train the {left} step(s) left:\n  hetpart replan {_shown(out)}{lose} --out {_shown(new)} && "
+    return (f"\nthe last complete checkpoint is {shown(last.path)} (step {last.step}); to re-plan onto the devices still "
+            f"alive and train the {left} step(s) left:\n  hetpart replan {shown(out)}{lose} --out {shown(new)} && "
             f"{resume}")

@@ -1,9 +1,8 @@
 """`hetpart run DIR`: launch torchrun on this machine, one CPU process per stage.
 
-The launcher builds the example inputs from the model spec recorded in
-plan.json, starts torchrun (gloo, loopback), collects the last rank's outputs
-and, with `verify=True`, runs the unpartitioned model on the same inputs with
-the same weights and compares.
+The launcher builds the example inputs from the model spec recorded in plan.json, starts torchrun (gloo,
+loopback), collects the last rank's outputs and, with `verify=True`, runs the unpartitioned model on the same
+inputs with the same weights and compares.
 """
 
 from __future__ import annotations
@@ -28,7 +27,7 @@ from safetensors.torch import load_file, save_file
 from torch.utils import _pytree as pytree
 
 from hetpart.codegen.publish import foreign_log, is_measured_json, write_logs_marker
-from hetpart.errors import HetpartError
+from hetpart.errors import HetpartError, Terminated
 from hetpart.fsio import atomic_write, exclusive_file, fresh_dir
 from hetpart.plan_report import PlanReport, as_json
 from hetpart.frontend import ModelSpec, check_example_batch, load_model
@@ -36,7 +35,8 @@ from hetpart.frontend.hf import HFModel, OutputStructure
 from hetpart.runtime.artifacts import check_rank_files, dim_size, load_manifest, symbol_sizes
 from hetpart.runtime.tp import is_mixed, whole_weights
 from hetpart.runtime.artifacts import check_listed_files, mesh_pipelines, model_spec_for_run, read_plan
-from hetpart.runtime.checkpoint import CheckpointFlags, run_checkpoints, with_resume_commands
+from hetpart.runtime.checkpoint import CheckpointFlags, run_checkpoints
+from hetpart.runtime.resume import stopped_resume, with_resume_commands
 from hetpart.runtime.measured import measurement
 from hetpart.runtime.emulate import emulating, emulation_plan, find_hierarchy
 from hetpart.runtime.schedules import SCHEDULES, check_schedule, default_schedule
@@ -213,9 +213,7 @@ def _check_port_free(port: int) -> None:
 def _torchrun_commands(manifest: dict, log_dir: Path, as_nodes: bool, master_port: int | None,
                        forked: bool) -> list[list[str]]:
     """One torchrun for the whole plan, or one per planned node (NOTE [ranks are stages]), each ending where
-    the worker's own arguments follow.
-
-    Without --master-port a single torchrun rendezvouses on a port of its own choosing (`--standalone`).
+    the worker's own arguments follow. Without --master-port a single torchrun rendezvouses on a port of its own choosing (`--standalone`).
     `forked`: the ranks are forks of one interpreter that imported the worker (NOTE [forked ranks] in agent.py).
     """
     torchrun = [sys.executable, "-m", "hetpart.runtime.agent" if forked else "torch.distributed.run"]
@@ -565,6 +563,9 @@ def run_pipeline(out: Path, opts: RunOptions = RunOptions(), echo: Callable[[str
                 _run_torchruns([c + worker_args for c in cmds], manifest, log_dir, opts)
         except RunFailed as err:  # a rank died: the last checkpoint and how to resume (NOTE [checkpoint layout])
             raise with_resume_commands(err, out, ckpt, opts, _not_replanned(plan, manifest)) from None
+        except (KeyboardInterrupt, Terminated) as err:  # the user stopped it: the last checkpoint, how to go on
+            err.resume_note = stopped_resume(out, ckpt, opts)  # printed by the CLI after "interrupted"
+            raise
         finally:
             write_logs_marker(log_dir)  # every file torchrun wrote, which the next run or --force may remove
         outputs = _outputs(io_dir, manifest)

@@ -180,3 +180,27 @@ def test_after_a_rank_died_the_printed_commands_re_plan_only_plans_replan_takes(
     (tmp_path / "out-replan").mkdir()
     text = resume_commands(tmp_path / "out", run, "local/2", 4, flags)
     assert f"--out {tmp_path / 'out-replan2'} && hetpart run {tmp_path / 'out-replan2'} " in text, text
+
+
+def test_a_run_the_user_stopped_names_its_last_checkpoint_and_the_resume_on_the_same_plan(tmp_path):
+    """Ctrl-C, SIGTERM or SIGHUP in a training run with checkpoints (ux21): the last complete checkpoint and the
+    `hetpart run` of the same plan that trains the steps left; nothing where nothing can be resumed."""
+    from types import SimpleNamespace
+
+    from hetpart.runtime.resume import stopped_resume
+
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    opts = SimpleNamespace(schedule="1f1b", microbatches=4, batch_size=None, seq_len=None, steps=6)
+    run = CheckpointRun(save_dir=ck, every=2)
+    assert stopped_resume(tmp_path / "out", run, opts) == ""  # the control: no checkpoint complete yet
+    assert stopped_resume(tmp_path / "out", None, opts) == ""  # no checkpoints asked for
+    _write(ck, 2, *_trained(1))
+    (ck / "step-000004").mkdir()  # an incomplete one (killed while writing): not the last complete
+    note = stopped_resume(tmp_path / "out", run, opts)
+    assert "the last complete checkpoint is " in note and "step-000002" in note and "(step 2)" in note, note
+    command = note.rsplit("\n", 1)[1].strip()
+    assert command.startswith(f"hetpart run {tmp_path / 'out'} --mode training --schedule 1f1b ") and " && " not in command
+    assert "--microbatches 4" in command and f"--resume {ck / 'step-000002'}" in command and "--steps 4" in command
+    assert "replan" not in note  # every device is alive: the same plan goes on
+    assert "last step 2" in stopped_resume(tmp_path / "out", run, SimpleNamespace(**{**vars(opts), "steps": 2}))
