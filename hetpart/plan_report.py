@@ -131,6 +131,11 @@ class StageReport:
         return self.comm_in_us + self.comm_out_us
 
     @property
+    def plan_forward_us(self) -> float:
+        """The stage's forward of one microbatch: compute_us is forward + backward in a training plan."""
+        return self.compute_us if self.forward_us is None else self.forward_us
+
+    @property
     def slot_devices(self) -> list[str]:
         """The devices this stage's slot holds (a plan before slots: its one device)."""
         return self.devices or [self.device]
@@ -142,7 +147,7 @@ def simulation_inputs(stages: list[StageReport], training: bool) -> tuple[list[i
     carries the activations and their gradients, half each way (NOTE [training costs] in passes/lower.py)."""
     ns = lambda us: round(us * 1000)  # noqa: E731
     if training:
-        return ([ns(s.compute_us if s.forward_us is None else s.forward_us) for s in stages],
+        return ([ns(s.plan_forward_us) for s in stages],
                 [ns(s.comm_out_us) // 2 for s in stages[:-1]], [ns(s.backward_us or 0.0) for s in stages])
     return [ns(s.compute_us) for s in stages], [ns(s.comm_out_us) for s in stages[:-1]], None
 

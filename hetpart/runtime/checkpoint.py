@@ -548,6 +548,13 @@ def run_checkpoints(manifest: dict[str, Any], plan_model: dict[str, Any], spec: 
     return run
 
 
+def last_checkpoint(run: CheckpointRun, steps: int) -> tuple[Checkpoint | None, int]:
+    """The run's last complete checkpoint (None where none is) and the steps of a `steps`-step run left after it."""
+    found = complete_checkpoints(run.save_dir) if run.save_dir is not None else []
+    last = read_checkpoint(found[-1], check_tensors=False) if found else None
+    return last, run.first_step + steps - (last.step if last is not None else run.first_step)
+
+
 def resume_line(out: Path, run: CheckpointRun, last: Path, left: int, flags: list[str]) -> str:
     """The `hetpart run OUT ... --resume LAST` that trains the `left` steps after the checkpoint `last`."""
     return (f"hetpart run {shown(out)} --mode training {' '.join(flags)}--resume {shown(last)} "
@@ -571,11 +578,9 @@ def resume_commands(out: Path, run: CheckpointRun, dead_device: str | None, step
     resume command after a new `partition` instead."""
     if run.save_dir is None:
         return ""
-    found = complete_checkpoints(run.save_dir)
-    if not found:
+    last, left = last_checkpoint(run, steps)
+    if last is None:
         return f"\nno checkpoint was complete before the failure (--checkpoint-dir {run.save_dir}): nothing to resume"
-    last = read_checkpoint(found[-1], check_tensors=False)
-    left = run.first_step + steps - last.step
     if left <= 0:
         return f"\nthe last checkpoint, {last.path}, is of the run's last step {last.step}: nothing left to train"
     new = unused_name(out.with_name(out.name + "-replan"))  # one left by an earlier failure is not replaced

@@ -212,10 +212,10 @@ def _check_port_free(port: int) -> None:
 
 def _torchrun_commands(manifest: dict, log_dir: Path, as_nodes: bool, master_port: int | None,
                        forked: bool) -> list[list[str]]:
-    """One torchrun for the whole plan, or one per planned node (NOTE [ranks are stages]), each ending where
-    the worker's own arguments follow. Without --master-port a single torchrun rendezvouses on a port of its own choosing (`--standalone`).
-    `forked`: the ranks are forks of one interpreter that imported the worker (NOTE [forked ranks] in agent.py).
-    """
+    """One torchrun for the whole plan, or one per planned node (NOTE [ranks are stages]), each ending where the
+    worker's own arguments follow. Without --master-port a single torchrun rendezvouses on a port of its own
+    choosing (`--standalone`). `forked`: the ranks are forks of one interpreter that imported the worker (NOTE
+    [forked ranks] in agent.py)."""
     torchrun = [sys.executable, "-m", "hetpart.runtime.agent" if forked else "torch.distributed.run"]
     entry = (["--start-method", "forkserver", "--run-path", str(Path(__file__).with_name("worker.py"))] if forked
              else ["-m", "hetpart.runtime.worker"])

@@ -70,7 +70,7 @@ def measurement(io_dir: Path, world: int, m: int, plan: PlanReport, opts: Any, t
             "predicted_compute_us": round(sum(s.compute_us for s in mine), 3),
             # what the measured forward is compared with: in training compute_us is forward plus backward
             # (NOTE [measured forward])
-            "predicted_forward_us": round(sum(s.compute_us if s.forward_us is None else s.forward_us for s in mine), 3),
+            "predicted_forward_us": round(sum(s.plan_forward_us for s in mine), 3),
             "predicted_time_us": round(sum(s.predicted_time_us for s in mine), 3),
             "forward_us": time_stats_us(forwards),  # every forward of a microbatch: its spread, not only the median
             "forward_cpu_us": time_stats_us(cpu),
@@ -82,11 +82,13 @@ def measurement(io_dir: Path, world: int, m: int, plan: PlanReport, opts: Any, t
     # The slowest pipeline's step (one pipeline: the plan's stages, all m); in training one pipeline's schedule
     # with its backwards, where the plan has them (partitioned for training): the schedule only, not the
     # optimizer's step nor a gradient sync, which the measured step includes
+    def step_us(stages: list, share: int) -> float:
+        forward, transfer, backward = simulation_inputs(stages, training)
+        return round(simulate(forward, transfer, share, opts.schedule, backward_ns=backward).step_ns / 1000, 3)
+
     if v == 1 and (not training or (not plan.pipelines and all(s.backward_us is not None for s in plan.stages))):
-        predicted = max(round(simulate(*(played := simulation_inputs(stages, training))[:2], share, opts.schedule,
-                                       backward_ns=played[2]).step_ns / 1000, 3)
-                        for stages, share in ([(q.stages, q.microbatches) for q in plan.pipelines] if plan.pipelines
-                                              else [(plan.stages, m)]))
+        predicted = max(step_us(stages, share) for stages, share in
+                        ([(q.stages, q.microbatches) for q in plan.pipelines] if plan.pipelines else [(plan.stages, m)]))
     timeline = None
     if all(timelines):  # NOTE [action timeline]: every action of every rank, and where the step went
         timeline = {"clock": "time.monotonic_ns (one clock for the ranks of a machine)", "ranks": timelines,

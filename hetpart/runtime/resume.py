@@ -8,8 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from hetpart.errors import HetpartError
-from hetpart.runtime.checkpoint import (CheckpointRun, complete_checkpoints, read_checkpoint, resume_commands,
-                                        resume_line, shown)
+from hetpart.runtime.checkpoint import CheckpointRun, last_checkpoint, resume_commands, resume_line, shown
 
 
 def _flags(opts: Any) -> list[str]:
@@ -33,10 +32,9 @@ def stopped_resume(out: Path, run: CheckpointRun | None, opts: Any) -> str:
     """A training run the user stopped (Ctrl-C, SIGTERM, SIGHUP) with checkpoints on: the last complete checkpoint
     and the command that trains the steps left on the same plan ("" without checkpoints, or with none complete:
     then nothing can be resumed and the run's own message says enough)."""
-    if run is None or run.save_dir is None or not (found := complete_checkpoints(run.save_dir)):
+    last, left = last_checkpoint(run, opts.steps) if run is not None else (None, 0)
+    if last is None:
         return ""
-    last = read_checkpoint(found[-1], check_tensors=False)
-    left = run.first_step + opts.steps - last.step
     if left <= 0:
         return f"; the last checkpoint, {shown(last.path)}, is of the run's last step {last.step}"
     return (f"; the last complete checkpoint is {shown(last.path)} (step {last.step}); to train the {left} step(s) "
