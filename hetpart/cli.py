@@ -114,7 +114,7 @@ def _run(args: argparse.Namespace, console: Console) -> int:
     opts = RunOptions(mode=args.mode, schedule=args.schedule, microbatches=args.microbatches, steps=args.steps,
                       verify=args.verify, timeout_s=args.timeout, as_nodes=args.as_nodes, master_port=args.master_port,
                       measure=args.measure, batch_size=args.batch_size, seq_len=args.seq_len, emulate=args.emulate,
-                      emulate_by=args.emulate_by,
+                      emulate_by=args.emulate_by, optimizer=args.optimizer, lr=args.lr,
                       model=_model_arg(args.model) if args.model else None, trust_model_file=args.trust_model_file,
                       key=args.key, checkpoints=CheckpointFlags(args.checkpoint_dir, args.checkpoint_every,
                                                                 args.keep_checkpoints, args.resume),
