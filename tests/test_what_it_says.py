@@ -1,7 +1,10 @@
 """What hetpart says is true of the user's input and plan (ux20): error advice written for one caller
 (`partition again`, "pipelines of different shapes") was printed for others where it was false, a run that
 writes no checkpoint said nothing, a re-plan named the devices lost but not those added. And ux21's: `run --measure`
-set a training stage's measured forward against the plan's forward plus backward."""
+set a training stage's measured forward against the plan's forward plus backward; and the five ux21 left (ux22): a
+re-plan's idle devices "in no pipeline", a 1-device pipeline not called optimal, no predicted step for pipelines or
+virtual stages in training, a changed file's advice that failed as printed (the 1F1B advice said twice: in
+tests/partitioner/test_pipeline_idle.py)."""
 
 from __future__ import annotations
 
@@ -144,3 +147,32 @@ def test_a_rank_s_error_names_its_rank_once(monkeypatch):
     monkeypatch.setenv("RANK", "2")
     assert rank_said(HetpartError("rank 2: 'out/rank2/weights.safetensors' does not match")).count("rank 2: ") == 1
     assert rank_said(HetpartError("the batch is odd")) == "rank 2: the batch is odd"  # the control: named once
+
+
+def test_the_advice_for_a_changed_rank_file_is_a_partition_that_replaces_the_directory(tmp_path, capsys):
+    """ux21: "rank 1: '.../weights.safetensors' does not match its sha256 in manifest.json ...; re-run `hetpart
+    partition`", which, run again on that --out, ends "already exists; pass --force to replace it"."""
+    import shlex
+
+    from hetpart.runtime.artifacts import check_listed_files, check_rank_files
+
+    args = ["zoo:mlp", "--set", "hidden=256", "--set", "n_blocks=4", "--batch-size", "64", "--microbatches", "2",
+            "--cluster", "preset:cpu-2", "--no-pt2"]  # two ranks (test_errors.py's)
+    out = tmp_path / "my plan"  # a space: the printed command quotes it
+    assert main(["partition", *args, "--out", str(out)]) == 0
+    weights = out / "rank1" / "weights.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1
+    weights.write_bytes(bytes(data))
+    capsys.readouterr()
+    assert main(["run", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "rank1/weights.safetensors' does not match its sha256" in err, err
+    printed = err.split("re-run `", 1)[1].split("`", 1)[0]
+    assert printed.startswith("hetpart partition ... --out "), err
+    argv = shlex.split(printed.replace("...", shlex.join(args)))  # the model and flags in place of its "..."
+    assert main(argv[1:]) == 0, capsys.readouterr().err  # as printed: no "already exists"
+    manifest = load_manifest(out)
+    check_listed_files(out, manifest)
+    for entry in manifest["ranks"]:
+        check_rank_files(out, entry)  # every file as the manifest says: the changed one replaced
