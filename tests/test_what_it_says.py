@@ -149,6 +149,55 @@ def test_a_rank_s_error_names_its_rank_once(monkeypatch):
     assert rank_said(HetpartError("the batch is odd")) == "rank 2: the batch is odd"  # the control: named once
 
 
+def _fake_timings(io, world: int, forwards_per_step: int) -> None:
+    """timing{rank}.json as each rank of a 2-step run writes it, every forward at 1 ms."""
+    io.mkdir()
+    for rank in range(world):
+        took = [[1e-3] * forwards_per_step] * 2
+        (io / f"timing{rank}.json").write_text(json.dumps({"step_s": [0.01, 0.01], "forward_s": took,
+                                                            "forward_cpu_s": took}))
+
+
+@pytest.mark.parametrize("flags, mode", [
+    (["--cluster", "preset:mixed-4", "--parallel", "data", "--mode", "training"], "training"),  # 1-stage pipelines
+    (["--cluster", "preset:cpu-2", "--schedule", "interleaved-1f1b", "--mode", "training"], "training"),  # V = 2
+    (["--cluster", "preset:cpu-2", "--mode", "training"], "inference"),  # an inference run of a training plan
+    (["--cluster", "preset:cpu-2"], "training"),  # a training run of an inference plan: none, and why
+])
+def test_measure_predicts_the_step_of_pipelines_and_virtual_stages_or_says_why_not(tmp_path, capsys, flags, mode):
+    """NOTE [predicted step] (ux21): measured.json's `predicted_step_time_us` was null in training for several
+    data-parallel pipelines and for virtual stages, so `run --measure` printed the measured step alone; an inference
+    run of a training plan played each stage's forward plus backward as its forward."""
+    out = tmp_path / "out"
+    assert main(["partition", "zoo:mlp", "--set", "hidden=64", "--set", "n_blocks=3", "--batch-size", "24",
+                 "--microbatches", "6", "--no-pt2", "--time-limit", "5", *flags, "--out", str(out)]) == 0
+    manifest = load_manifest(out)
+    plan, world = read_plan(out, manifest), manifest["world_size"]
+    _fake_timings(tmp_path / "io", world, plan.microbatches * len(plan.stages) // world)
+    measured = measurement(tmp_path / "io", world, plan.microbatches, plan,
+                           RunOptions(mode, steps=2, schedule=plan.schedule), 1)
+    got, what = measured["predicted_step_time_us"], measured["predicted_step"]
+    capsys.readouterr()
+    _print_measured(measured, Console(width=300))
+    step_line = capsys.readouterr().out.splitlines()[-1]
+    if "--parallel" in flags:  # 1-stage pipelines: the schedule is each one's share of forwards and backwards,
+        # so the prediction is the plan's iteration, the slowest pipeline + the gradient sync, as partition prints
+        assert all(len(q.stages) == 1 for q in plan.pipelines) and len(plan.pipelines) > 1 and plan.grad_sync_us > 0
+        assert got == pytest.approx(plan.iteration_us, abs=2e-3) and "gradient sync" in what
+    elif plan.virtual_stages:  # the step partition simulates for the plan, over 2 ranks of 2 stages each
+        assert world == 2 and len(plan.stages) == 4
+        assert got == pytest.approx(simulated_step(plan).step_ns / 1000, abs=1e-3) and "2 ranks of 2" in what
+    elif mode == "inference":  # forwards only: under the plan's step of forwards and backwards
+        forward, transfer, _ = simulation_inputs(plan.stages, training=True)
+        assert got == pytest.approx(simulate(forward, transfer, plan.microbatches).step_ns / 1000, abs=1e-3)
+        assert got < 0.6 * simulated_step(plan).step_ns / 1000  # the control: what it read before, backwards in
+    else:
+        assert got is None and "partitioned for inference" in what
+        assert step_line.endswith(f"({what})"), step_line
+    if got is not None:
+        assert f"simulated {got / 1e3:.2f} ms ({what}" in step_line, step_line
+
+
 def test_the_advice_for_a_changed_rank_file_is_a_partition_that_replaces_the_directory(tmp_path, capsys):
     """ux21: "rank 1: '.../weights.safetensors' does not match its sha256 in manifest.json ...; re-run `hetpart
     partition`", which, run again on that --out, ends "already exists; pass --force to replace it"."""
