@@ -198,6 +198,34 @@ def test_measure_predicts_the_step_of_pipelines_and_virtual_stages_or_says_why_n
         assert f"simulated {got / 1e3:.2f} ms ({what}" in step_line, step_line
 
 
+@pytest.fixture(scope="module")
+def p4_replan(tmp_path_factory):
+    """ux21's `p4` (2 pipelines of 2 stages on cpu-4, training) re-planned after local/3 died: the printed lines of
+    the re-plan and its plan.json."""
+    import contextlib
+    import io
+
+    old = tmp_path_factory.mktemp("p4") / "p4"
+    assert main(["partition", "zoo:gpt-small", "--set", "n_layer=2", "--cluster", "preset:cpu-4", "--mode",
+                 "training", "--pipelines", "local/0,local/1;local/2,local/3", "--no-pt2", "--out", str(old)]) == 0
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert main(["replan", str(old), "--lose", "local/3", "--out", f"{old}-replan"]) == 0
+    return printed.getvalue(), json.loads((old.parent / "p4-replan" / "plan.json").read_text())
+
+
+def test_a_pipeline_on_one_device_is_optimal_at_its_time(p4_replan):
+    """NOTE [a pipeline's own bound] (ux21): a 1-stage pipeline printed "(solver FEASIBLE)" and plan.json's
+    `lower_bound_us` 0.0, where its one plan is optimal."""
+    printed, plan = p4_replan
+    one = [q for q in plan["pipelines"] if len(q["devices"]) == 1]
+    assert one, plan["pipelines"]  # the re-plan: one pipeline, on local/0
+    for q in one:
+        assert q["solver_status"] == "OPTIMAL" and q["lower_bound_us"] == q["time_us"] > 0
+        assert f"pipeline {q['index']}: 1 stage(s)" in printed
+    assert "(solver FEASIBLE)" not in printed and all(q["lower_bound_us"] != 0 for q in plan["pipelines"])
+
+
 def test_the_advice_for_a_changed_rank_file_is_a_partition_that_replaces_the_directory(tmp_path, capsys):
     """ux21: "rank 1: '.../weights.safetensors' does not match its sha256 in manifest.json ...; re-run `hetpart
     partition`", which, run again on that --out, ends "already exists; pass --force to replace it"."""
