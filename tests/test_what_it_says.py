@@ -22,7 +22,7 @@ from hetpart.runtime.checkpoint import check_checkpoint_dir
 from hetpart.runtime.launch import RunOptions
 from hetpart.partitioner.simulate import simulate
 from hetpart.plan_report import simulation_inputs
-from hetpart.report.table import simulated_step
+from hetpart.report.table import idle_lines, simulated_step
 from hetpart.runtime.measured import measurement
 from hetpart.runtime.worker import rank_said
 
@@ -212,6 +212,17 @@ def p4_replan(tmp_path_factory):
     with contextlib.redirect_stdout(printed):
         assert main(["replan", str(old), "--lose", "local/3", "--out", f"{old}-replan"]) == 0
     return printed.getvalue(), json.loads((old.parent / "p4-replan" / "plan.json").read_text())
+
+
+def test_a_data_parallel_re_plan_says_why_each_idle_device_is_idle(p4_replan):
+    """NOTE [re-plan idle reasons] (ux21): "idle: local/1, local/2: in no pipeline" in the output and plan.json."""
+    printed, plan = p4_replan
+    idle = plan["devices_idle"]
+    assert set(idle) == {"local/0", "local/1", "local/2"} - set(plan["devices_used"]) and idle, plan["devices_used"]
+    kinds = ("memory", "not planned", "stage limit", "too slow to help", "left out", "microbatches", "link", "bytes")
+    assert all(why.split(":")[0] in kinds for why in idle.values()), idle
+    words = " ".join(printed.split())  # (rich wraps the lines)
+    assert all(" ".join(line.split()) in words for line in idle_lines(idle)), printed
 
 
 def test_a_pipeline_on_one_device_is_optimal_at_its_time(p4_replan):
