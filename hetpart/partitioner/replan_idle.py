@@ -25,7 +25,8 @@ from hetpart.units import format_bytes
 # - too slow to help: candidates run a stage on it, every one over the limit, or within it at no more bytes
 #   than the chosen plan but a longer iteration: the fastest of them against the limit (or the chosen plan);
 # - none of the candidates runs a stage on it: the from-scratch plan leaves it idle too, for the search's
-#   reason; without a from-scratch plan (none in time), that no re-split or stripe candidate used it.
+#   reason (its kind first, as every reason's); without a from-scratch plan (none in time), that no re-split or
+#   stripe candidate used it.
 # As NOTE [idle reasons], these are the cost model's explanations of the choice among the candidates listed,
 # not proofs about every plan.
 
@@ -64,8 +65,9 @@ def replan_idle_reasons(problem: Problem, result) -> dict[str, str]:
             out[d] = (f"too slow to help: the fastest candidate that runs a stage on it, '{c.name}', takes "
                       f"{format_ns(c.plan.iteration_ns)}, {over}")
         elif scratch is not None and d in scratch.plan.devices_idle:
-            out[d] = f"the from-scratch plan leaves it idle too: {scratch.plan.devices_idle[d]}"
+            kind, _, why = scratch.plan.devices_idle[d].partition(": ")
+            out[d] = f"{kind}: the from-scratch plan leaves it idle too, as the search says: {why}"
         else:
-            out[d] = ("not planned: the from-scratch search found no plan within the time limit, and no re-split or "
-                      "stripe candidate runs a stage on it")
+            out[d] = ("not planned: the from-scratch search gave no plan (its note above says why), and no re-split "
+                      "or stripe candidate runs a stage on it")
     return dict(sorted(out.items()))

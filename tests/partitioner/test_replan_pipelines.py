@@ -191,6 +191,7 @@ def test_each_device_a_re_plan_leaves_idle_gets_the_reason_its_candidates_give()
     # reasons and with a cheaper candidate on the device, and a relabeled choice whose candidates on it are over
     # the limit; without a from-scratch plan, the re-splits' own reasons.
     from hetpart.partitioner.pipelines import used_devices
+    from hetpart.partitioner.replan_idle import replan_idle_reasons
 
     seen = set()
     for seed in range(5):
@@ -213,12 +214,25 @@ def test_each_device_a_re_plan_leaves_idle_gets_the_reason_its_candidates_give()
                                           f"'{fastest.name}'"), why
                     assert (fastest.plan.iteration_ns > got.limit_ns) == ("over the limit" in why)
                 elif got.scratch is not None:
-                    assert why == f"the from-scratch plan leaves it idle too: {scratch.devices_idle[d]}"
+                    kind, _, said = scratch.devices_idle[d].partition(": ")
+                    assert why == f"{kind}: the from-scratch plan leaves it idle too, as the search says: {said}"
                 else:
                     assert why.startswith("not planned: ")
                 seen.add((why.split(":")[0], chosen is got.scratch))
     assert {("bytes", True), ("too slow to help", False)} <= seen, seen
     assert any(scratch for _, scratch in seen - {("bytes", True)}), seen  # the search's own reasons
+    # A choice of the relabeled from-scratch plan among the two from-scratch candidates alone (seed 0: it runs on m0
+    # only): no candidate runs a stage on m1/0, m2/0, m2/1, and the from-scratch plan's reasons are said as its.
+    problem, old, holders, scratch = _case(0)
+    got = replan_pipelines(problem, old, holders, scratch, time_limit_s=1)
+    two = [c for c in got.candidates if c.name.startswith("from scratch")]
+    assert [c.name for c in two] == ["from scratch", "from scratch, relabeled"]
+    got = dataclasses.replace(got, chosen=two[1], candidates=two)
+    idle = replan_idle_reasons(problem, got)
+    assert set(idle) == {"m1/0", "m2/0", "m2/1"} == set(scratch.devices_idle), idle
+    for d, why in idle.items():
+        kind, _, said = scratch.devices_idle[d].partition(": ")
+        assert why == f"{kind}: the from-scratch plan leaves it idle too, as the search says: {said}"
 
 
 def test_without_a_from_scratch_plan_the_re_splits_alone_are_chosen_from():
