@@ -132,7 +132,8 @@ def pipelines_lines(plan: PlanReport) -> list[str]:
     """Each pipeline's share and time, the step (slowest pipeline + gradient sync), and why a device is idle."""
     lines = [f"pipeline {q.index}: {len(q.stages)} stage(s), {q.microbatches} microbatch(es) of the "
              f"{plan.microbatches}, bottleneck {format_us(q.bottleneck_us)}, its share takes {format_us(q.time_us)} "
-             f"(solver {q.solver_status})" for q in plan.pipelines or []]
+             f"(solver {q.solver_status}" + (", no bound of its own)" if q.lower_bound_us is None else ")")
+             for q in plan.pipelines or []]
     slowest = max(q.time_us for q in plan.pipelines or [])
     sync = (f" + gradient sync {format_us(plan.grad_sync_us or 0)} ({format_us(plan.grad_sync_overlapped_us or 0)} "
             "left if overlapped with the backward)") if plan.training else ""

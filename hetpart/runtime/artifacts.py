@@ -10,6 +10,7 @@ import dataclasses
 from dataclasses import dataclass
 import json
 import operator
+import shlex
 import sys
 import types
 from collections.abc import Callable
@@ -290,15 +291,24 @@ def _mesh_pipelines(path: Path, mesh: dict[str, Any], ranks: list[dict[str, Any]
     return out
 
 
+def redo_into(out: Path) -> str:
+    """The advice where a file of the artifacts directory `out` is missing or changed: `hetpart partition` into it
+    again, which replaces it only with --force (NOTE [what --force replaces]); REDO named no --force, and the
+    command failed as printed ("output directory ... already exists", ux21)."""
+    return (f"re-run `hetpart partition ... --out {shlex.quote(str(out))} --force` with the model and flags that "
+            "wrote it (--force: it replaces that directory, which hetpart wrote)")
+
+
 def _refuse(who: str, path: Path, reason: str, out: Path) -> HetpartError:
     if reason == "missing":
-        return HetpartError(f"{who}'{path}' is missing; {REDO}")
+        return HetpartError(f"{who}'{path}' is missing; {redo_into(out)}")
     return HetpartError(f"{who}'{path}' is {reason}; the files `run` reads must be plain files inside '{out}' "
                         f"(README.md, Trust model): {REDO}")
 
 
-def _mismatch(who: str, path: Path) -> HetpartError:
-    return HetpartError(f"{who}'{path}' does not match its sha256 in manifest.json (modified or corrupted); {REDO}")
+def _mismatch(who: str, path: Path, out: Path) -> HetpartError:
+    return HetpartError(f"{who}'{path}' does not match its sha256 in manifest.json (modified or corrupted); "
+                        f"{redo_into(out)}")
 
 
 def _inside(out: Path, path: Path) -> bool:
@@ -316,10 +326,10 @@ def check_file(out: Path, relative: str, digest: str, who: str = "", read: bool 
         if read:
             data = read_plain(path)
             if sha256_bytes(data) != digest:
-                raise _mismatch(who, path)
+                raise _mismatch(who, path, out)
             return data
         if sha256_file(path) != digest:
-            raise _mismatch(who, path)
+            raise _mismatch(who, path, out)
         return None
     except NotAPlainFile as err:
         raise _refuse(who, path, err.reason, out) from None
