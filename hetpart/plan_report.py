@@ -17,10 +17,10 @@ from pathlib import Path
 from types import NoneType
 from typing import Any
 
-from hetpart.errors import HetpartError
+from hetpart.errors import REDO_PARTITION, HetpartError
 
 FORMAT_VERSION = 1  # the layout only grew (stages' `slot`, `devices`): readers of version 1 read it as before
-REDO = "re-run `hetpart partition`"
+REDO = REDO_PARTITION
 NUMBER = (int, float)
 
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from hetpart.errors import HetpartError
+from hetpart.errors import REDO_PARTITION, HetpartError
 from hetpart.plan_report import PlanReport, as_json, load_plan
 from hetpart.runtime.stages import check_virtual_mesh, stage_entries, virtual_stages
 from hetpart.trust import (
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from hetpart.frontend import ModelSpec
 
 FORMAT_VERSION = MANIFEST_FORMAT_VERSION
-REDO = "re-run `hetpart partition`"
+REDO = REDO_PARTITION
 EDITED = f"; the manifest was edited or truncated: {REDO}"
 
 
@@ -81,7 +81,7 @@ def load_manifest(out: Path, key: bytes | None = None) -> dict[str, Any]:
     if version not in (FORMAT_VERSION, MIXED_FORMAT_VERSION):  # 3: mixed TP degrees (NOTE [mixed-degree pipeline])
         raise HetpartError(
             f"{path}: format version {version!r}, this hetpart reads versions {FORMAT_VERSION} and "
-            f"{MIXED_FORMAT_VERSION}; re-run `hetpart partition` with this version"
+            f"{MIXED_FORMAT_VERSION}: {REDO_PARTITION}, with this hetpart"
         )
     _check_structure(path, manifest)
     return manifest
@@ -571,7 +571,7 @@ def dim_size(dim: object, sizes: dict[str, int]) -> int | None:
     except (SyntaxError, ValueError, ZeroDivisionError, RecursionError, MemoryError):
         shown = repr(dim) if len(repr(dim)) <= 80 else repr(dim)[:77] + "..."
         raise HetpartError(f"manifest.json: cannot read the dimension {shown} (expected an integer in 0..2**40 or an "
-                           "expression of symbols s0, s1, ... with + - * // % Max Min); re-run `hetpart partition`") from None
+                           f"expression of symbols s0, s1, ... with + - * // % Max Min); {REDO}") from None
 
 
 def symbol_sizes(manifest: dict[str, Any], batch_size: int, seq_len: int) -> dict[str, int]:
