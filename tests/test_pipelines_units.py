@@ -294,7 +294,9 @@ def test_a_pipeline_s_own_bound_is_its_time_on_one_device_its_solve_s_or_none():
     nx.set_node_attributes(g, {"a": ("w",), "b": (), "c": ()}, "weights")
     p = Problem(graph=g, weights={"w": 1000}, devices=[Device(f"g{i}", "gpu", "n0", 10**6) for i in range(4)],
                 intra_node_links={"n0": Link(1000, 0)}, network=Link(100, 0))
-    one, two = fixed_pipelines(p, [["g0"], ["g1", "g2"]], [2, 3]).pipelines
+    fixed = fixed_pipelines(p, [["g0"], ["g1", "g2"]], [2, 3])
+    one, two = fixed.pipelines
+    assert fixed.devices_idle == {"g3": "not in any group of --pipelines"}  # was "in no pipeline" (ux22's 'left')
     assert own_bound(one) == (one.time_ns, "OPTIMAL") == (2 * 120, "OPTIMAL")  # its one plan: 2 x (30+50+40)
     assert own_bound(two) == (two.plan.lower_bound_ns, two.plan.solver_status) and 0 < two.plan.lower_bound_ns
     costed = pipeline_plan(p, two.devices, two.plan.stage_of, two.plan.slot_of_stage, 3)  # as a re-plan costs it
@@ -408,7 +410,7 @@ def test_compiled_pipelines_group_every_holder_of_a_weight_and_store_each_weight
 
     load_manifest(out)  # the references check out
     plan = json.loads((out / "plan.json").read_text())
-    assert plan["devices_idle"] == {"local/4": "in no pipeline", "local/5": "in no pipeline"}
+    assert plan["devices_idle"] == {"local/4": "not in any group of --pipelines", "local/5": "not in any group of --pipelines"}
     page = (out / "report.html").read_text()  # the slowest pipeline's schedule, stages named p.k
     assert "2 data-parallel pipelines" in page and '></span>1.0</td>' in page
     assert plan["grad_sync_us"] > 0 and plan["iteration_us"] == pytest.approx(

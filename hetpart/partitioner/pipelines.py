@@ -306,8 +306,11 @@ def fixed_pipelines(problem: Problem, groups: Sequence[Sequence[str]], microbatc
         out.append(Pipeline(index=i, devices=tuple(devs), microbatches=m, plan=plan,
                             time_ns=pipeline_time_ns(plan, m)))
     bound = max(p.plan.lower_bound_ns for p in out)
-    return cost_pipelines(problem, out, lower_bound_ns=bound, solver_status="FIXED",
+    plan = cost_pipelines(problem, out, lower_bound_ns=bound, solver_status="FIXED",
                           bound_note="the slowest pipeline's own bound on these device groups and batch shares")
+    grouped = {d for devs in groups for d in devs}  # a device the user's groups leave out is idle by their choice
+    plan.devices_idle.update({d: "not in any group of --pipelines" for d in plan.devices_idle if d not in grouped})
+    return plan
 
 
 def pipelines_violations(problem: Problem, plan: PipelinesPlan, microbatches: int | None = None) -> list[str]:
