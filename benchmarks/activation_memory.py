@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/activation_memory.py                      # the zoo and a Llama-70B-shaped layer
     .venv/bin/python benchmarks/activation_memory.py --cases llama gpt-small
+    python benchmarks/activation_memory.py --device cuda       # on a GPU (benchmarks/gpu_check.sh runs it)
 
 A training stage holds its weights and state plus the stash: the activations of every microbatch it has run
 forward and not yet backward (NOTE [training memory] in hetpart/partitioner/costs.py). The cost model counts
@@ -15,7 +16,10 @@ saved tensors are what a stashed microbatch keeps; the ratio says by how much th
 under-states it. Beside it, the peak a one-microbatch forward and backward reaches above the weights and their
 gradients (a second step, in a fresh process, the first having allocated the gradients): /proc/self/status's
 VmHWM after `clear_refs` 5 (Linux resets the high-water mark) less VmRSS before, so the saved tensors plus the
-step's temporaries, as the allocator holds them. Activations are float32 here; the ratios do not depend on it.
+step's temporaries, as the allocator holds them. With `--device cuda` (untested: no GPU was lent to the session
+that wrote it) the model runs on the GPU and the peak is `torch.cuda.max_memory_allocated` over the second step
+less `torch.cuda.memory_allocated` before it: exact, without the CUDA context and the allocator's cache.
+Activations are float32 here; the ratios do not depend on it.
 """
 
 from __future__ import annotations
@@ -67,9 +71,14 @@ def predicted_bytes(model: str, overrides: dict[str, str], seq: int, out: Path) 
     return sum(n.get("mem_bytes", 0) for n in nodes)
 
 
-def saved_bytes(model: str, overrides: dict[str, str], seq: int) -> tuple[int, int]:
-    """(bytes of the tensors autograd saves in one microbatch's forward, how many storages)."""
+def _built(model: str, overrides: dict[str, str], seq: int, device: str) -> tuple[torch.nn.Module, tuple]:
     module, inputs = load_model(ModelSpec(model, overrides, batch_size=MICROBATCH, seq_len=seq))
+    return module.to(device), tuple(x.to(device) for x in inputs)
+
+
+def saved_bytes(model: str, overrides: dict[str, str], seq: int, device: str = "cpu") -> tuple[int, int]:
+    """(bytes of the tensors autograd saves in one microbatch's forward, how many storages)."""
+    module, inputs = _built(model, overrides, seq, device)
     module.train()
     own = {t.untyped_storage()._cdata for t in [*module.parameters(), *module.buffers()]}
     seen: dict[int, tuple[int, object]] = {}
@@ -91,14 +100,14 @@ def _status(key: str) -> int:
         return next(int(ln.split()[1]) * 1024 for ln in f if ln.startswith(key))
 
 
-def peak_bytes(model: str, overrides: dict[str, str], seq: int) -> int:
+def peak_bytes(model: str, overrides: dict[str, str], seq: int, device: str = "cpu") -> int:
     """In this (fresh) process: the resident memory a second forward and backward of one microbatch reaches
     above what the process held before it (weights, their gradients from the first step)."""
     import gc
 
     from torch.utils import _pytree as pytree
 
-    module, inputs = load_model(ModelSpec(model, overrides, batch_size=MICROBATCH, seq_len=seq))
+    module, inputs = _built(model, overrides, seq, device)
     module.train()
     torch.set_num_threads(1)
 
@@ -108,6 +117,13 @@ def peak_bytes(model: str, overrides: dict[str, str], seq: int) -> int:
 
     step()
     gc.collect()
+    if device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        step()
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - before
     before = _status("VmRSS:")
     Path("/proc/self/clear_refs").write_text("5")  # the high-water mark from here
     step()
@@ -117,10 +133,11 @@ def peak_bytes(model: str, overrides: dict[str, str], seq: int) -> int:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--peak", choices=list(CASES), help=argparse.SUPPRESS)  # one case's peak, in a fresh process
     args = ap.parse_args()
     if args.peak:
-        print(peak_bytes(*CASES[args.peak]))
+        print(peak_bytes(*CASES[args.peak], args.device))
         return 0
     print(f"load before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}  ({time.strftime('%H:%M:%S', time.gmtime())} UTC)")
     print("| case | predicted activations / microbatch | saved by autograd | storages | predicted / saved "
@@ -131,12 +148,12 @@ def main() -> int:
         for name in args.cases:
             model, overrides, seq = CASES[name]
             pred = predicted_bytes(model, overrides, seq, Path(tmp) / name)
-            saved, count = saved_bytes(model, overrides, seq)
+            saved, count = saved_bytes(model, overrides, seq, args.device)
             # glibc maps every block of 64 KiB or more on its own and unmaps it when freed (a fixed threshold), so
             # the resident set follows the live tensors instead of keeping the first step's heap for the second.
             env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}
-            peak = int(subprocess.run([sys.executable, __file__, "--peak", name], check=True, capture_output=True,
-                                      text=True, env=env).stdout.split()[-1])
+            peak = int(subprocess.run([sys.executable, __file__, "--peak", name, "--device", args.device], check=True,
+                                      capture_output=True, text=True, env=env).stdout.split()[-1])
             ratios.append(pred / saved)
             print(f"| {name} (seq {seq}, microbatch {MICROBATCH}) | {pred / 2**20:.2f} MiB | {saved / 2**20:.2f} MiB "
                   f"| {count} | {pred / saved:.2f}x | {peak / 2**20:.2f} MiB | {pred / peak:.2f}x |", flush=True)
