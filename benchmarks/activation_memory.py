@@ -59,7 +59,7 @@ MICROBATCH = 2  # samples per microbatch (load_model builds at least 2)
 
 def predicted_bytes(model: str, overrides: dict[str, str], seq: int, out: Path) -> int:
     """The cost model's activations of one microbatch: every node's mem_bytes in the lowered problem."""
-    cmd = [str(ROOT / ".venv/bin/hetpart"), "partition", model, "--mode", "training", "--cluster", "preset:cpu-2",
+    cmd = [sys.executable, "-m", "hetpart", "partition", model, "--mode", "training", "--cluster", "preset:cpu-2",
            "--batch-size", str(2 * MICROBATCH), "--microbatches", "2", "--seq-len", str(seq), "--no-pt2",
            "--time-limit", "5", "--out", str(out)]
     for k, v in overrides.items():
