@@ -42,7 +42,7 @@ from hetpart.partitioner.lp_bounds import (  # noqa: F401 (LP_MAX_ITEMS, lp_work
     lp_work_bound_ns,
 )
 from hetpart.partitioner.problem import (
-    MEM_BYTES, OUT_BYTES, OUT_TENSORS, PIN, PIN_FIRST, PIN_LAST, WEIGHTS, Link, Problem,
+    MEM_BYTES, OUT_BYTES, OUT_TENSORS, PIN, PIN_FIRST, PIN_LAST, Link, Problem,
 )
 from hetpart.partitioner.type_bounds import (
     STAGE_SUM_MAX_MULTISETS, TYPES_MAX, TypeFleet, devices_per_machine, fewest_machines, saturated_caps,
@@ -115,7 +115,7 @@ def model_bytes(problem: Problem) -> int:
     """Memory the whole model needs at least, over all stages: every node's mem_bytes (times the
     least stash) and every weight read, once, with its training state."""
     g = problem.graph
-    weights = {w for v in g.nodes for w in g.nodes[v].get(WEIGHTS, ())}
+    weights = problem.weights_read(g.nodes)
     return (least_stash(problem) * sum(g.nodes[v].get(MEM_BYTES, 0) for v in g.nodes)
             + sum(held_weight_bytes(problem, w) for w in weights))
 

@@ -81,7 +81,7 @@ def conflicts(problem: Problem) -> list[str]:
             out.append(f"{where}{via}: no device type can run all of them ({'; '.join(blockers[:6])}); "
                        "drop a forbidden type or split the group")
             continue
-        weights = {w for v in nodes for w in g.nodes[v].get(WEIGHTS, ())}
+        weights = problem.weights_read(nodes)
         need = sum(g.nodes[v].get(MEM_BYTES, 0) for v in nodes) + sum(problem.weights[w] for w in weights)
         fits = [d for d in problem.devices if d.type in allowed and d.capacity_bytes >= need]
         if not fits:

@@ -20,7 +20,7 @@ from hetpart.partitioner.costs import (  # noqa: F401 (re-exported: callers impo
     stash_microbatches,
     transfer_ns,
 )
-from hetpart.partitioner.problem import OUT_TENSORS, WEIGHTS, Problem, StageCost
+from hetpart.partitioner.problem import OUT_TENSORS, Problem, StageCost
 
 
 def evaluate(problem: Problem, stage_of: dict[str, int], slot_of_stage: list[str]) -> list[StageCost]:
@@ -59,7 +59,7 @@ def evaluate(problem: Problem, stage_of: dict[str, int], slot_of_stage: list[str
 
     stages = []
     for k, (slot, nodes) in enumerate(zip(slots, nodes_of)):
-        weights = {w for v in nodes for w in g.nodes[v].get(WEIGHTS, ())}
+        weights = problem.weights_read(nodes)
         stages.append(
             StageCost(
                 index=k,

@@ -58,7 +58,7 @@ def node_need(problem: Problem, v: str) -> int:
 def infeasible_message(problem: Problem) -> str:
     """Why no plan fits, in the data's terms."""
     g = problem.graph
-    weights = sorted({w for v in g.nodes for w in g.nodes[v].get(WEIGHTS, ())})
+    weights = sorted(problem.weights_read(g.nodes))
     activations = sum(g.nodes[v].get(MEM_BYTES, 0) for v in g.nodes)
     need = stage_memory_bytes(problem, activations, dict.fromkeys(weights, 1), 0, 1)
     capacity = sum(d.capacity_bytes for d in problem.devices)

@@ -24,7 +24,7 @@ from hetpart.partitioner.pipeline_memory_bound import MemoryBound, memory_lower_
 from hetpart.partitioner.pipeline_mix_bound import StageMix, part_floors, slack_rows, stage_mix
 from hetpart.partitioner.pipeline_stage_sum import StageSum
 from hetpart.partitioner.pipeline_sync_topology import ring_floor_ns, sync_topology, topology_sync_ns
-from hetpart.partitioner.problem import MEM_BYTES, TIME_NS, WEIGHTS, Problem
+from hetpart.partitioner.problem import MEM_BYTES, TIME_NS, Problem
 
 # NOTE [pipelines bound]
 # Take any plan: pipelines i = 1..k over disjoint devices, pipeline i running m_i >= 1
@@ -130,7 +130,7 @@ def need_bytes(problem: Problem) -> int:
     """Memory every pipeline needs at least (NOTE [pipelines bound] (f)): each weight read, with its
     training state, and one microbatch of every node's activations."""
     g = problem.graph
-    read = {w for v in g.nodes for w in g.nodes[v].get(WEIGHTS, ())}
+    read = problem.weights_read(g.nodes)
     return sum(held_weight_bytes(problem, w) for w in read) + sum(g.nodes[v].get(MEM_BYTES, 0) for v in g.nodes)
 
 
@@ -442,7 +442,7 @@ def _read_weight_bytes(problem: Problem) -> list[int]:
     hundreds of shapes by their sync floor, and a 5,806-node graph took 18 s to rescan each time."""
     def build() -> list[int]:
         g = problem.graph
-        read = {w for v in g.nodes for w in g.nodes[v].get(WEIGHTS, ())}
+        read = problem.weights_read(g.nodes)
         return [problem.weights[w] for w in sorted(read)]
 
     return problem.kept("read_weight_bytes", (id(problem.graph), problem.graph.number_of_nodes(),

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from hetpart.partitioner.costs import held_weight_bytes, transfer_ns
 from hetpart.partitioner.pipeline_transfer_floor import gap_table
-from hetpart.partitioner.problem import WEIGHTS, Problem
+from hetpart.partitioner.problem import Problem
 
 # NOTE [sync topology floor]
 # NOTE [pipelines bound] charges each part (k >= k_lo pipelines, the smallest of at most n devices, each
@@ -102,7 +102,7 @@ def sync_topology(problem: Problem, sizes: list[int], need: int, deadline: float
     if not sizes or max(sizes) <= 0:
         return None
     g = problem.graph
-    read = {w for v in g.nodes for w in g.nodes[v].get(WEIGHTS, ())}
+    read = problem.weights_read(g.nodes)
     ratios = [held_weight_bytes(problem, w) / problem.weights[w] for w in read if problem.weights[w] > 0]
     caps: dict[str, int] = {}
     per: dict[str, int] = {}
