@@ -83,7 +83,14 @@ def _partition(args: argparse.Namespace, console: Console) -> int:
                           max_tensor_parallel=args.max_tensor_parallel,
                           tensor_parallel_per_machine=args.tensor_parallel_per_machine,
                           max_microbatches=args.max_microbatches, **pipelines)
-    result = compile_model(spec, args.cluster, args.out, opts,
+    cluster = args.cluster
+    if args.memory_reserve:  # NOTE [memory reserve]: taken off every device once, before anything plans
+        from hetpart.devices import load_cluster
+        from hetpart.devices.catalog import GiB
+        from hetpart.devices.cluster import with_reserve
+
+        cluster = with_reserve(load_cluster(args.cluster), round(args.memory_reserve * GiB))
+    result = compile_model(spec, cluster, args.out, opts,
                            echo=lambda text: console.print(text, markup=False, highlight=False),
                            progress=Progress.for_console(console))
     print_plan(result.report, console)

@@ -99,6 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
                            "simulated step (README: Choosing the schedule)")
     part.add_argument("--virtual-stages", type=_COUNT, default=None, metavar="V",
                       help="with an interleaved --schedule: stages per device, V*D in all (default 2)")
+    part.add_argument("--memory-reserve", type=_number(float, minimum=0), default=0.0, metavar="GIB",
+                      help="plan with GIB of every device's memory left free, for what the plan does not count (the "
+                           "CUDA context, NCCL's buffers, the allocator's slack; default 0)")
     part.add_argument("--optimizer-bytes-per-param", type=_number(int, minimum=0, maximum=1024), default=8, metavar="N",
                       help="training: optimizer state per parameter (default 8: Adam's two fp32 moments)")
     part.add_argument("--profile", dest="profiles", action="append", type=Path, default=[], metavar="FILE",

@@ -194,7 +194,7 @@ def plan_report(spec: ModelSpec, cluster: Cluster, opts: CompileOptions, plan: P
         model=ModelRecord(**spec.to_json(), file_sha256=model_sha256),
         cluster=ClusterRecord(name=cluster.name, devices=[
             ClusterDevice(name=d.name, type=d.type.name, machine=d.machine, mem_bytes=d.mem_bytes, core=d.core)
-            for d in cluster.devices]),
+            for d in cluster.devices], memory_reserve_bytes=cluster.memory_reserve_bytes or None),
         mode=opts.mode, schedule=opts.schedule, objective="throughput",
         microbatches=opts.microbatches, microbatch_size=microbatch_size,
         bottleneck_us=us(plan.bottleneck_ns), lower_bound_us=us(plan.lower_bound_ns), gap=round(plan.gap, 6),

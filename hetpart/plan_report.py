@@ -102,6 +102,7 @@ class ClusterDevice:
 class ClusterRecord:
     name: str = _f(str)
     devices: list[ClusterDevice] = _f(list, items=ClusterDevice)
+    memory_reserve_bytes: int | None = _f((int, NoneType), None, omit_none=True)  # NOTE [memory reserve]
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -33,7 +33,7 @@ from typing import Any
 from hetpart.codegen.analysis import ANALYSIS, ANALYSIS_VERSION, cluster_from_json
 from hetpart.devices import Cluster, load_cluster
 from hetpart.devices.catalog import CATALOG
-from hetpart.devices.cluster import ClusterDevice, Machine
+from hetpart.devices.cluster import ClusterDevice, Machine, with_reserve
 from hetpart.errors import HetpartError
 from hetpart.fsio import replaces_input
 from hetpart.partitioner import Plan, Problem
@@ -47,7 +47,7 @@ def new_cluster(old: Cluster, spec: str | None, lose: tuple[str, ...], add: tupl
     if spec is not None:
         if lose or add:
             raise HetpartError("--cluster gives the whole new device set; leave out --lose and --add with it")
-        return load_cluster(spec)
+        return with_reserve(load_cluster(spec), old.memory_reserve_bytes)  # NOTE [memory reserve]
     if not lose and not add:
         raise HetpartError("say what changed: --cluster NEW_CLUSTER, or --lose DEVICE ... and/or --add TYPE@MACHINE")
     names = [d.name for d in old.devices]
@@ -55,6 +55,7 @@ def new_cluster(old: Cluster, spec: str | None, lose: tuple[str, ...], add: tupl
         if name not in names:
             raise HetpartError(f"--lose {name}: the old cluster has no such device (its devices: {', '.join(names)})")
     machines = {m.name: list(m.devices) for m in old.machines}
+    added: set[str] = set()
     for item in add:
         type_name, _, machine = item.partition("@")
         if machine not in machines:
@@ -64,6 +65,7 @@ def new_cluster(old: Cluster, spec: str | None, lose: tuple[str, ...], add: tupl
         if dtype is None:
             raise HetpartError(f"--add {item}: unknown device type '{type_name}' (see `hetpart devices`)")
         taken = [int(d.name.rsplit("/", 1)[1]) for d in machines[machine] if d.name.rsplit("/", 1)[1].isdigit()]
+        added.add(f"{machine}/{max(taken, default=-1) + 1}")
         machines[machine].append(ClusterDevice(f"{machine}/{max(taken, default=-1) + 1}", dtype, machine,
                                                dtype.mem_bytes))
     kept = tuple(Machine(m.name, tuple(d for d in machines[m.name] if d.name not in lose), m.link)
@@ -71,7 +73,8 @@ def new_cluster(old: Cluster, spec: str | None, lose: tuple[str, ...], add: tupl
     kept = tuple(m for m in kept if m.devices)
     if not kept:
         raise HetpartError("--lose removes every device: nothing is left to plan for")
-    return Cluster(f"{old.name}-replan", kept, old.network)
+    # NOTE [memory reserve]: the old devices have it off already, the added ones get it here
+    return with_reserve(Cluster(f"{old.name}-replan", kept, old.network), old.memory_reserve_bytes, fresh=added)
 
 
 def retarget(stored: Problem, cluster: Cluster) -> Problem:

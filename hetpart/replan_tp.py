@@ -139,7 +139,7 @@ def keep_groups(target: Cluster, old_groups: list[tuple[str, ...]], degree: int 
             order += [d for g in groups for d in g]
             rest += unused
         machines.append(Machine(m.name, tuple(order + rest), m.link))
-    return Cluster(target.name, tuple(machines), target.network)
+    return Cluster(target.name, tuple(machines), target.network, target.memory_reserve_bytes)
 
 
 def holds_shard(j: int, old_degree: int, i: int, degree: int) -> bool:

@@ -24,7 +24,8 @@ def cluster_to_json(cluster: Cluster) -> dict[str, Any]:
     return {"name": cluster.name, "network": dataclasses.asdict(cluster.network), "device_types": types,
             "machines": [{"name": m.name, "link": dataclasses.asdict(m.link),
                           "devices": [{"name": d.name, "type": d.type.name, "mem_bytes": d.mem_bytes, "core": d.core}
-                                      for d in m.devices]} for m in cluster.machines]}
+                                      for d in m.devices]} for m in cluster.machines],
+            **({"memory_reserve_bytes": cluster.memory_reserve_bytes} if cluster.memory_reserve_bytes else {})}
 
 
 def cluster_from_json(data: dict[str, Any]) -> Cluster:
@@ -33,7 +34,7 @@ def cluster_from_json(data: dict[str, Any]) -> Cluster:
     return Cluster(data["name"], tuple(
         Machine(m["name"], tuple(ClusterDevice(d["name"], types[d["type"]], m["name"], d["mem_bytes"], d["core"])
                                  for d in m["devices"]), LinkSpec(**m["link"]))
-        for m in data["machines"]), LinkSpec(**data["network"]))
+        for m in data["machines"]), LinkSpec(**data["network"]), data.get("memory_reserve_bytes", 0))
 
 
 def write_analysis(tmp: Path, problem: Problem, cluster: Cluster, tensor_parallel: dict | None = None) -> None:

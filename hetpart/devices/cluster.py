@@ -56,6 +56,7 @@ class Cluster:
     name: str
     machines: tuple[Machine, ...]
     network: LinkSpec
+    memory_reserve_bytes: int = 0  # NOTE [memory reserve]: already taken off every device's mem_bytes
 
     @property
     def devices(self) -> list[ClusterDevice]:
@@ -514,6 +515,32 @@ def parse_cluster(text: str, label: str, name: str) -> Cluster:
     network = _link(src, data.get("network", {"bandwidth_GBps": 12.5, "latency_us": 10}), "[network]",
                     src.section("[network]", 0))
     return Cluster(name=name, machines=tuple(machines), network=network)
+
+
+# NOTE [memory reserve]
+# `partition --memory-reserve GIB` plans with GIB of every device's memory left free, for what the cost model does
+# not count (NOTE [memory the runtime adds] in report/table.py: the CUDA context, NCCL's buffers, the allocator's
+# slack, the backward's temporaries). `with_reserve` takes it off each device's `mem_bytes` once, when the cluster is
+# loaded, and records it on the Cluster, so everything downstream (the check before the trace excepted: it only
+# refuses what cannot fit at all) plans, bounds and prints against the memory left; plan.json's cluster record
+# and ir/analysis.json carry it. A re-plan keeps it: devices of the old cluster already have it taken off, and the
+# devices it brings (`--add`, `--cluster`) get it taken off in `replan.new_cluster`.
+
+
+def with_reserve(cluster: Cluster, reserve_bytes: int, fresh: set[str] | None = None) -> Cluster:
+    """NOTE [memory reserve]: `cluster` with `reserve_bytes` taken off the memory of its devices (of those named in
+    `fresh`, where given: the others have it off already), and recorded."""
+    if reserve_bytes <= 0:
+        return cluster
+    short = [d for d in cluster.devices if (fresh is None or d.name in fresh) and d.mem_bytes <= reserve_bytes]
+    if short:
+        d = short[0]
+        raise HetpartError(f"--memory-reserve {reserve_bytes / GiB:g} GiB: device {d.name} ({d.type.name}) has "
+                           f"{d.mem_bytes / GiB:.4g} GiB in all, nothing would be left to plan on; reserve less")
+    machines = tuple(Machine(m.name, tuple(
+        ClusterDevice(d.name, d.type, d.machine, d.mem_bytes - reserve_bytes, d.core)
+        if fresh is None or d.name in fresh else d for d in m.devices), m.link) for m in cluster.machines)
+    return Cluster(cluster.name, machines, cluster.network, reserve_bytes)
 
 
 def load_cluster(spec: str) -> Cluster:

@@ -165,7 +165,7 @@ def idle_lines(devices_idle: dict[str, str]) -> list[str]:
 # allocator's slack, the backward's temporaries (measured on this CPU: up to 1.25x the activation term of a
 # one-microbatch step, docs/benchmarks.md "actmem"). The planner may fill a device to its last byte (llama-70b
 # on preset:hetero-64 planned a100-40g stages at 99.9%), so a stage above TIGHT_MEMORY of its device is named
-# with the way to plan with room; the plan itself is the cost model's and is not changed.
+# with the ways to plan with room (NOTE [memory reserve]); the plan itself is the cost model's and is not changed.
 TIGHT_MEMORY = 0.95
 
 
@@ -180,8 +180,8 @@ def memory_note(plan: PlanReport) -> str | None:
             f"memory (stage {worst.index} on {worst.device}: {worst.memory_bytes / worst.capacity_bytes:.1%} of its "
             f"{format_bytes(worst.capacity_bytes)}); hetpart counts weights, gradients, optimizer state and stashed "
             "activations, not the CUDA context, NCCL's buffers, the allocator's slack or the backward's "
-            "temporaries: to plan with room, give those devices less memory in a cluster file (`mem_GiB` per "
-            "device or device type, docs/devices.md)")
+            "temporaries: to plan with room, pass --memory-reserve GIB (every device) or give those devices less "
+            "memory in a cluster file (`mem_GiB`, docs/devices.md)")
 
 
 def print_plan(plan: PlanReport, console: Console | None = None) -> None:

@@ -165,4 +165,4 @@ def test_a_stage_near_its_devices_memory_is_named_with_the_way_to_leave_room(par
         buf = io.StringIO()
         print_plan(plan, Console(file=buf, width=300))
         assert ("plan over 95% of their device's memory" in buf.getvalue()) == noted
-    assert f"stage {stage['index']} on {stage['device']}: 95.1% of its" in note and "`mem_GiB`" in note
+    assert f"stage {stage['index']} on {stage['device']}: 95.1% of its" in note and "--memory-reserve GIB" in note
