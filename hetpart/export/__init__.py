@@ -47,7 +47,7 @@ def export_plan(out: Path, fmt: str, out_file: Path | None = None, key: Path | N
     and write the config to `out_file` (and its companions) if given: a file already there only with
     `force`, never one of an artifacts directory (NOTE [outputs outside the artifacts] in fsio.py).
     Nothing is written on an error."""
-    from hetpart.fsio import AtomicWrites, check_outside_artifacts, replaces_input
+    from hetpart.fsio import AtomicWrites, check_not_special, check_outside_artifacts, replaces_input
     from hetpart.runtime.artifacts import load_manifest, read_plan
     from hetpart.trust import read_key
 
@@ -63,6 +63,7 @@ def export_plan(out: Path, fmt: str, out_file: Path | None = None, key: Path | N
         targets = {out_file: result.text} | {out_file.with_suffix(suffix): text
                                              for suffix, text in result.extra_files.items()}
         for path in targets:
+            check_not_special(path, "--out", "leave out --out to print the config to stdout (`> FILE` keeps it)")
             check_outside_artifacts(path, "--out", follow=False)
             if replaces_input(path, {"--key": key}, follow=False):  # NOTE [an output is no input] in fsio.py
                 raise HetpartError(f"--out: this export writes '{path}', which is the --key file {key} it reads: "
