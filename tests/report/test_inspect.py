@@ -94,3 +94,24 @@ def test_a_plan_json_of_other_stages_than_the_manifest_is_refused(partitioned, t
             err = capsys.readouterr().err
             assert err.startswith("hetpart: error: ") and want in err and "Traceback" not in err, err
         assert main(["export", str(out), "--format", "torchtitan"]) == 2
+
+
+def test_inspect_into_a_closed_pipe_ends_quietly(partitioned):
+    """review22 (NOTE [closed stdout]): `inspect --json | head -1` was a BrokenPipeError traceback, and `inspect | head`
+    (rich) said "the model's code called sys.exit(1)", exit 2. The pipe's reader is closed before hetpart starts, so
+    its first write fails whatever the timing."""
+    import os
+    import subprocess
+    import sys
+
+    ended = {}
+    for extra in (["--json"], []):
+        read, write = os.pipe()
+        os.close(read)
+        try:
+            done = subprocess.run([sys.executable, "-P", "-m", "hetpart", "inspect", str(partitioned.out), *extra],
+                                  stdout=write, stderr=subprocess.PIPE, text=True, timeout=120)
+        finally:
+            os.close(write)
+        ended[" ".join(extra) or "table"] = (done.returncode, done.stderr[-300:])
+    assert ended == {"--json": (141, ""), "table": (141, "")}
