@@ -115,3 +115,25 @@ def test_inspect_into_a_closed_pipe_ends_quietly(partitioned):
             os.close(write)
         ended[" ".join(extra) or "table"] = (done.returncode, done.stderr[-300:])
     assert ended == {"--json": (141, ""), "table": (141, "")}
+
+
+def test_dump_ir_dir_of_an_earlier_run_keeps_no_dump_of_it(partitioned, tmp_path):
+    """review22: a --dump-ir DIR reused after a --tensor-parallel run kept its 05-tensor-parallel.txt and
+    06-partition.txt beside the new 05-partition.txt (and a failing run, the earlier run's dumps after the failing
+    pass), each passing for this run's. A run now first removes the dumps the marker lists."""
+    import shutil
+
+    from tests.report.conftest import MLP
+
+    dumps = tmp_path / "dumps"
+    shutil.copytree(partitioned.dump_dir, dumps)
+    marker = json.loads((dumps / ".hetpart-dumps").read_text())
+    for stale in ("05-tensor-parallel.txt", "06-partition.txt"):  # what a --tensor-parallel 2 run writes there
+        (dumps / stale).write_text(f"// ===== IR after {stale[:-4]} =====\n")
+        marker["files"].append(stale)
+    (dumps / ".hetpart-dumps").write_text(json.dumps(marker))
+    assert main(["partition", *MLP, "--cluster", "preset:mixed-4", "--out", str(tmp_path / "out"), "--dump-ir",
+                 str(dumps), "--no-pt2"]) == 0
+    assert sorted(p.name for p in dumps.iterdir()) == sorted(p.name for p in partitioned.dump_dir.iterdir())
+    assert json.loads((dumps / ".hetpart-dumps").read_text()) == json.loads(
+        (partitioned.dump_dir / ".hetpart-dumps").read_text())
