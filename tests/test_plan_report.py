@@ -74,6 +74,9 @@ def test_optional_fields_of_older_plans_take_their_defaults_and_stay_out_of_the_
     (lambda d: d.update(dynamic=[]), "'dynamic' is missing or not a dict or null (got [])"),
     (lambda d: d.update(model="zoo:toy"), "'model' is missing or not a dict (got 'zoo:toy')"),
     (lambda d: d["stages"].append("x"), "stages[2] must be an object"),
+    # review22: 0 microbatches was read, and `export --format schedule-csv` wrote an empty CSV (exit 0)
+    (lambda d: d.update(microbatches=0), "'microbatches' is 0, expected 1 or more"),
+    (lambda d: d.update(microbatch_size=-2), "'microbatch_size' is -2, expected 1 or more"),
 ])
 def test_a_hand_edited_plan_is_refused_naming_the_field(edit, message):
     data = _plan_json()

@@ -46,7 +46,15 @@ def layer_plan(pj: dict, fmt: str) -> LayerPlan:
         raise HetpartError(f"--format {fmt} places whole modules, but plan.json has no layer-rounded plan: the model "
                            "has no submodules (every op is at its top level; use --format schedule-csv), or the plan "
                            "was written by an older hetpart (re-run `hetpart partition`)")
-    return LayerPlan.from_json(data)
+    edited = "plan.json's `layers` (the plan rounded to whole layers) was edited or truncated: re-run `hetpart partition`"
+    try:
+        lp = LayerPlan.from_json(data)
+    except ValueError as err:
+        raise HetpartError(f"--format {fmt}: {edited} ({err})") from None
+    unknown = sorted(set(lp.devices) - {s["device"] for s in pj["stages"]})
+    if unknown:
+        raise HetpartError(f"--format {fmt}: {edited} (its devices {', '.join(unknown)} run no stage of the plan)")
+    return lp
 
 
 def rounding_note(lp: LayerPlan) -> str:

@@ -179,3 +179,27 @@ def test_accelerate_refuses_a_plan_across_machines_and_numbers_gpus_per_machine(
     pj = plan_json(machines=("a",) * 4, types_=("a100-80g", "cpu", "t4-16g", "t4-16g"))
     dmap = json.loads(export_text(pj, "accelerate").text)
     assert dmap["wte"] == 0 and dmap["blocks.2"] == "cpu" and dmap["blocks.4"] == 1 and dmap["lm_head"] == 2
+
+
+@pytest.mark.parametrize("edit, says", [
+    (lambda lp: lp["stage_of_layer"].__setitem__(0, 9), "a stage outside 0..3"),  # was an IndexError traceback
+    (lambda lp: lp.__setitem__("names", lp["names"][:3]), "3 names and 9 stage_of_layer"),  # was a truncated map
+    (lambda lp: lp["devices"].__setitem__(0, "zz/9"), "its devices zz/9 run no stage"),  # was a KeyError traceback
+    (lambda lp: lp.__setitem__("names", 5), "TypeError"),
+])
+@pytest.mark.parametrize("fmt", ["torchtitan", "megatron", "deepspeed", "accelerate"])
+def test_an_edited_layers_section_is_an_error_not_a_wrong_config(fmt, edit, says):
+    """review22: plan.json's `layers` edited (with its sha256): DeepSpeed's `parts` came out with a stage 9 of 4
+    (exit 0), fewer names than stages cut the map short, torchtitan and Megatron were tracebacks."""
+    pj = plan_json(machines=("a",) * 4)
+    edit(pj["layers"])
+    with pytest.raises(HetpartError, match=re.escape(says)) as err:
+        export_text(pj, fmt)
+    assert "was edited or truncated" in str(err.value)
+
+
+@pytest.mark.parametrize("fmt", ["schedule-csv", "torchtitan"])
+def test_an_unknown_schedule_is_an_error_not_a_1f1b_csv(fmt):
+    """review22: schedule 'zz' (plan.json edited) wrote a 1F1B CSV (schedule-csv) or a KeyError traceback (torchtitan)."""
+    with pytest.raises(HetpartError, match="schedule 'zz' is not one hetpart plans"):
+        export_text(plan_json(schedule="zz"), fmt)
