@@ -52,6 +52,12 @@ def test_inspect_json_for_tools(partitioned, capsys):
     assert step["schedule"] == "gpipe" and 0 < step["bubble_fraction"] < 1
     assert step["step_us"] >= plan["microbatches"] * plan["bottleneck_us"] - 0.01
     assert [d["name"] for d in data["ir"]][-1] == "partition"
+    # "prints it all": every field of plan.json, as it is there (review22: `mode`, `schedule`, `certificate`, ...
+    # were missing); `cluster` is its name, `stages` add derived columns to plan.json's.
+    assert data["mode"] == plan["mode"] and data["cluster"] == plan["cluster"]["name"]
+    assert {k: v for k, v in data.items() if k in plan and k not in ("cluster", "stages")} == {
+        k: v for k, v in plan.items() if k not in ("cluster", "stages")}
+    assert [{k: s[k] for k in p} for s, p in zip(data["stages"], plan["stages"])] == plan["stages"]
 
 
 def test_inspect_errors_list_what_exists(partitioned, capsys):
@@ -137,3 +143,24 @@ def test_dump_ir_dir_of_an_earlier_run_keeps_no_dump_of_it(partitioned, tmp_path
     assert sorted(p.name for p in dumps.iterdir()) == sorted(p.name for p in partitioned.dump_dir.iterdir())
     assert json.loads((dumps / ".hetpart-dumps").read_text()) == json.loads(
         (partitioned.dump_dir / ".hetpart-dumps").read_text())
+
+
+def test_inspect_stage_of_a_tensor_parallel_plan_names_the_group(tmp_path, capsys):
+    """review22: `inspect --stage 1` of a --tensor-parallel 2 plan showed rank 2's file without saying it is TP rank 0
+    of ranks 2 and 3, and a stage that does not exist listed the stages once per rank ("stages: 0, 0, 1, 1")."""
+    out = tmp_path / "tp"
+    assert main(["partition", "zoo:gpt-small", "--set", "n_layer=2", "--set", "n_embd=64", "--set", "vocab_size=128",
+                 "--set", "block_size=32", "--seq-len", "16", "--cluster", "preset:cpu-4", "--tensor-parallel", "2",
+                 "--no-pt2", "--out", str(out)]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    last = manifest["ranks"][-1]
+    group = [e["rank"] for e in manifest["ranks"] if e["stage"] == last["stage"]]
+    assert len(group) == 2
+    capsys.readouterr()
+    assert main(["inspect", str(out), "--stage", str(last["stage"])]) == 0
+    head = capsys.readouterr().out.splitlines()[0]
+    assert head.startswith(f"# rank {group[0]}, stage {last['stage']} of {last['stage'] + 1}, TP rank 0 of 2 "
+                           f"(the group's ranks: {group[0]}, {group[1]}): ")
+    assert main(["inspect", str(out), "--stage", "7"]) == 2
+    stages = ", ".join(map(str, range(last["stage"] + 1)))
+    assert f"has no stage 7 (stages: {stages})" in capsys.readouterr().err
