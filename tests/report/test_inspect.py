@@ -164,3 +164,12 @@ def test_inspect_stage_of_a_tensor_parallel_plan_names_the_group(tmp_path, capsy
     assert main(["inspect", str(out), "--stage", "7"]) == 2
     stages = ", ".join(map(str, range(last["stage"] + 1)))
     assert f"has no stage 7 (stages: {stages})" in capsys.readouterr().err
+
+
+def test_a_file_of_the_artifacts_for_the_directory_says_which_directory(partitioned, capsys):
+    """review22: `inspect out/plan.json` said "artifacts directory 'out/plan.json' not found; create it with
+    `hetpart partition ... --out out/plan.json`"."""
+    for command in (["inspect"], ["export", "--format", "schedule-csv"]):
+        assert main([*command, str(partitioned.out / "plan.json")]) == 2
+        err = capsys.readouterr().err
+        assert "is a file, not an artifacts directory" in err and f"did you mean '{partitioned.out}'?" in err
