@@ -66,6 +66,12 @@ def check_profile_type(name: str, cluster: Any = None) -> None:
 
     custom = sorted(set(cluster.device_types) - set(CATALOG)) if cluster is not None else []
     if name in CATALOG or name in custom:
+        used = sorted({d.type.name for m in cluster.machines for d in m.devices}) if cluster is not None else [name]
+        if name not in used:  # review22: was profiled as 1 process, a profile `partition --cluster` then refuses
+            raise HetpartError(f"--device-type {name}: cluster '{cluster.name}' has no device of that type (its "
+                               f"devices: {', '.join(used)}); --cluster counts the ranks of the type that share a "
+                               "machine, and `partition --cluster` takes only profiles of its own types: give the "
+                               "cluster you will partition for, or --concurrent N instead of --cluster")
         return
     where = (f"; cluster '{cluster.name}' adds: {', '.join(custom)}" if custom else
              f"; cluster '{cluster.name}' adds none" if cluster is not None else

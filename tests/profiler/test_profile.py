@@ -196,6 +196,11 @@ def test_concurrent_errors_and_old_profiles(mlp_profile, tmp_path, capsys):
 
     assert main(["profile", *MLP, "--out", str(tmp_path / "p.json"), "--concurrent", "0"]) == 2
     assert "--concurrent 0: expected 1 or more processes" in capsys.readouterr().err
+    # review22: a type the cluster has none of was profiled alone, a profile that `partition --cluster` refuses.
+    assert main(["profile", *MLP, "--out", str(tmp_path / "p.json"), "--device-type", "t4-16g", "--cluster",
+                 "preset:cpu-4"]) == 2
+    assert "cluster 'cpu-4' has no device of that type (its devices: cpu)" in capsys.readouterr().err
+    assert not (tmp_path / "p.json").exists()
     # --cluster: the most devices of the profiled type on one node of it.
     assert ranks_sharing_a_machine(load_cluster("preset:cpu-4"), "cpu") == 4
     assert ranks_sharing_a_machine(load_cluster("preset:mixed-4"), "a100-80g") == 2
