@@ -18,13 +18,16 @@ from hetpart.report.table import share_of_bottleneck, simulated_step, transfer_u
 _DUMP = re.compile(r"^(\d+)-(.+)\.txt$")
 
 
-def ir_dumps(out: Path) -> list[tuple[int, str, Path]]:
-    """(number, pass name, path) of every `ir/NN-<name>.txt`, in order."""
+def ir_dumps(out: Path, manifest: dict[str, Any]) -> list[tuple[int, str, Path]]:
+    """(number, pass name, path) of every `ir/NN-<name>.txt` the manifest lists, in order: not what the folder holds
+    (review22: `--json` listed a file put there by hand, and `--ir 4` of a listed dump that was deleted said "no
+    such IR dump" instead of that it is missing)."""
     found = []
-    for path in sorted((out / "ir").glob("*.txt")):
-        m = _DUMP.match(path.name)
+    for relative in sorted(manifest["files"]):
+        folder, _, name = relative.partition("/")
+        m = _DUMP.match(name) if folder == "ir" else None
         if m:
-            found.append((int(m.group(1)), m.group(2), path))
+            found.append((int(m.group(1)), m.group(2), out / relative))
     return found
 
 
@@ -32,7 +35,7 @@ def ir_dump(out: Path, key: str, manifest: dict[str, Any]) -> str:
     """The dump named by number (`3`, `03`) or pass name (`op-cost`), checked against the manifest."""
     from hetpart.runtime.artifacts import read_listed
 
-    dumps = ir_dumps(out)
+    dumps = ir_dumps(out, manifest)
     for number, name, path in dumps:
         if (key.isdigit() and int(key) == number) or key == name:
             return read_listed(out, manifest, path.relative_to(out).as_posix()).decode()
@@ -110,7 +113,7 @@ def inspect_json(out: Path, manifest: dict[str, Any], plan: PlanReport) -> dict[
             "schedule": step.schedule, "step_us": round(step.step_ns / 1000, 3),
             "bubble_fraction": round(step.bubble_fraction, 6)},
         "stages": stages,
-        "ir": [{"number": n, "name": name, "file": str(p.relative_to(out))} for n, name, p in ir_dumps(out)],
+        "ir": [{"number": n, "name": name, "file": str(p.relative_to(out))} for n, name, p in ir_dumps(out, manifest)],
     }
 
 

@@ -173,3 +173,19 @@ def test_a_file_of_the_artifacts_for_the_directory_says_which_directory(partitio
         assert main([*command, str(partitioned.out / "plan.json")]) == 2
         err = capsys.readouterr().err
         assert "is a file, not an artifacts directory" in err and f"did you mean '{partitioned.out}'?" in err
+
+
+def test_ir_dumps_are_the_ones_the_manifest_lists(partitioned, tmp_path, capsys):
+    """review22: the dumps came from the folder: `--json` listed a file put in ir/ by hand, and `--ir 4` of a deleted
+    04-op-cost.txt said "no such IR dump (dumps: ..., 05 partition)" instead of that it is missing."""
+    import shutil
+
+    out = tmp_path / "out"
+    shutil.copytree(partitioned.out, out)
+    (out / "ir" / "04-op-cost.txt").unlink()
+    (out / "ir" / "07-extra.txt").write_text("not hetpart's\n")
+    assert main(["inspect", str(out), "--ir", "4"]) == 2
+    assert "ir/04-op-cost.txt' is missing" in capsys.readouterr().err
+    assert main(["inspect", str(out), "--json"]) == 0
+    listed = sorted(f for f in json.loads((out / "manifest.json").read_text())["files"] if f.endswith(".txt"))
+    assert [d["file"] for d in json.loads(capsys.readouterr().out)["ir"]] == listed
