@@ -1,6 +1,7 @@
 """`hetpart partition --dump-ir/--verbose` and `hetpart inspect --stage/--ir/--json`."""
 
 import json
+import re
 
 from hetpart.cli import main
 
@@ -164,6 +165,13 @@ def test_inspect_stage_of_a_tensor_parallel_plan_names_the_group(tmp_path, capsy
     assert main(["inspect", str(out), "--stage", "7"]) == 2
     stages = ", ".join(map(str, range(last["stage"] + 1)))
     assert f"has no stage 7 (stages: {stages})" in capsys.readouterr().err
+    # The dump after the tensor-parallel pass shows what it decided (it was 04-op-cost.txt again): every weight the
+    # manifest's mesh splits, with its dim and parts, and the row linears' all-reduces.
+    dump = (out / "ir" / "05-tensor-parallel.txt").read_text()
+    split = {w: s for group in manifest["mesh"]["tensor_parallel"] for w, s in group["weights"].items()}
+    shown = dict(re.findall(r"= weight\((\S+)\)\s+#.* tp2=shard:(\S+)", dump))
+    assert shown == {w: f"{s['dim']}" + (f"x{s['chunks']}" if s["chunks"] > 1 else "") for w, s in split.items()}
+    assert "tp2=allreduce" in dump and "tp2=split:" in dump
 
 
 def test_a_file_of_the_artifacts_for_the_directory_says_which_directory(partitioned, capsys):
