@@ -295,9 +295,33 @@ def accelerate_device_map(pj: dict, lp: LayerPlan) -> dict[str, int | str]:
     for d in pj["cluster"]["devices"]:
         if d["machine"] == machines[0]:
             ordinal[d["name"]] = "cpu" if d["type"] == "cpu" else sum(1 for v in ordinal.values() if v != "cpu")
-    return {name: ordinal[lp.devices[k]] for name, k in zip(lp.names, lp.stage_of_layer)}
+    device_map = {name: ordinal[lp.devices[k]] for name, k in zip(lp.names, lp.stage_of_layer)}
+    on_cpu = [name for name, where in device_map.items() if where == "cpu"]
+    if on_cpu and len(set(device_map.values())) > 1:  # NOTE [accelerate's cpu]
+        shown = ", ".join(on_cpu[:4]) + (", ..." if len(on_cpu) > 4 else "")
+        raise HetpartError(f"--format accelerate: the plan runs {shown} on the CPU beside GPUs, but in accelerate's "
+                           "device_map \"cpu\" beside a GPU offloads a module's weights to CPU memory and runs it on "
+                           "the first GPU (dispatch_model's main_device), not on the CPU: partition for the machine's "
+                           "GPUs only (a cluster file without its \"cpu\"), or export --format torchtitan, megatron "
+                           "or deepspeed")
+    return device_map
+
+
+# NOTE [accelerate's cpu]
+# accelerate's dispatch_model runs a module mapped to "cpu" on its main device, the first GPU of the map,
+# with the weights kept in CPU memory and copied over at each forward (execution_device in
+# accelerate/big_modeling.py): "cpu" is offloading there, not a place to compute, unless every module
+# is on the CPU. A plan that computes some layers on the CPU beside GPUs is refused (review22: the
+# README's own example ran its CPU stage on the A100 and said its predicted time carried over). And
+# accelerate runs the devices one after another, not as a pipeline, so a plan's per-microbatch
+# bottleneck is not its step time there: the note says so.
 
 
 def export_accelerate(pj: dict) -> Exported:
     lp = layer_plan(pj, "accelerate")
-    return Exported(json.dumps(accelerate_device_map(pj, lp), indent=1) + "\n", notes=[rounding_note(lp)])
+    device_map = accelerate_device_map(pj, lp)
+    total = round(sum(lp.rounded_stage_us), 3)
+    sequential = (f"note: accelerate runs the devices one after another, not as a pipeline: there a microbatch of "
+                  f"{pj['microbatch_size']} takes up to the stages' times added up, {total:g} us (each transfer counted "
+                  f"on both of its sides), where a pipeline of them takes the bottleneck per microbatch")
+    return Exported(json.dumps(device_map, indent=1) + "\n", notes=[rounding_note(lp), sequential])

@@ -17,7 +17,7 @@ GPT = ["zoo:gpt-small", "--set", "n_layer=3", "--set", "n_embd=32", "--set", "n_
 CLUSTER = """
 [[nodes]]
 name = "box"
-devices = ["a100-80g", "t4-16g", "cpu"]
+devices = ["a100-80g", "t4-16g"]
 link = { bandwidth_GBps = 16, latency_us = 5 }
 """
 
@@ -48,7 +48,7 @@ def test_accelerate_dispatches_the_exported_device_map(planned, tmp_path, capsys
     assert main(["export", str(planned["layers"]), "--format", "accelerate", "--out", str(out)]) == 0
     assert "carries over" in capsys.readouterr().err
     dmap = json.loads(out.read_text())
-    assert set(dmap.values()) <= {0, 1, "cpu"} and len(set(dmap.values())) > 1
+    assert set(dmap.values()) == {0, 1}
 
     accelerate = pytest.importorskip("accelerate")  # the dev extra installs it
     from accelerate.utils import check_device_map

@@ -176,9 +176,27 @@ def test_accelerate_refuses_a_plan_across_machines_and_numbers_gpus_per_machine(
         export_text(plan_json(), "accelerate")
     import json
 
+    # GPUs are numbered per machine, the CPU skipped (here the plan leaves it idle: NOTE [accelerate's cpu]).
     pj = plan_json(machines=("a",) * 4, types_=("a100-80g", "cpu", "t4-16g", "t4-16g"))
+    pj["layers"].update(devices=["a/0", "a/2", "a/3"], stage_of_layer=[0, 0, 0, 0, 1, 1, 1, 2, 2],
+                        rounded_stage_us=[100.0, 102.0, 103.0])
     dmap = json.loads(export_text(pj, "accelerate").text)
-    assert dmap["wte"] == 0 and dmap["blocks.2"] == "cpu" and dmap["blocks.4"] == 1 and dmap["lm_head"] == 2
+    assert dmap["wte"] == 0 and dmap["blocks.2"] == 1 and dmap["lm_head"] == 2
+
+
+def test_accelerate_refuses_a_plan_that_computes_on_the_cpu_beside_gpus():
+    """review22 (NOTE [accelerate's cpu]): a device_map's "cpu" beside a GPU is offloading (run on the first GPU), so
+    the README's box plan ran its CPU stage on the A100 while the note said its predicted time carried over."""
+    pj = plan_json(machines=("a",) * 4, types_=("a100-80g", "cpu", "t4-16g", "t4-16g"))
+    with pytest.raises(HetpartError, match=r"runs blocks.2 on the CPU beside GPUs.*main_device"):
+        export_text(pj, "accelerate")
+    import json
+
+    only_cpus = plan_json(machines=("a",) * 4, types_=("cpu",) * 4)  # every module on the CPU: it runs there
+    exported = export_text(only_cpus, "accelerate")
+    assert set(json.loads(exported.text).values()) == {"cpu"}
+    assert any("one after another, not as a pipeline" in note and "added up, 406 us" in note
+               for note in exported.notes)  # 100 + 101 + 102 + 103
 
 
 @pytest.mark.parametrize("edit, says", [
