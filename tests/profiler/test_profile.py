@@ -299,3 +299,15 @@ def test_replay_values_encode_by_tag_and_unknown_ones_fail_clearly(tmp_path):
     (tmp_path / "replay.json").write_text(json.dumps(data))
     with pytest.raises(HetpartError, match="no value it writes"):
         Replay.load(tmp_path)
+
+
+def test_profile_out_a_link_to_a_fifo_is_refused_before_profiling(tmp_path, capsys):
+    """review22: `profile --out /dev/stdout` (a link to the process's stdout) passed the checks made before
+    profiling (a link is replaced, not read) and failed only at the write; a FIFO stands in for the stream."""
+    import os
+
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "stdout").symlink_to(tmp_path / "fifo")
+    assert main(["profile", *MLP, "--out", str(tmp_path / "stdout"), "--repeats", "1", "--warmup", "0"]) == 2
+    out, err = capsys.readouterr()
+    assert "profiled" not in out and err.startswith(f"hetpart: error: --out {tmp_path / 'stdout'} is a link to a FIFO")
