@@ -57,13 +57,18 @@ def layer_plan(pj: dict, fmt: str) -> LayerPlan:
     return lp
 
 
-def rounding_note(lp: LayerPlan) -> str:
-    """What rounding an op-level plan to whole layers costs, in the plan's own cost model."""
+def rounding_note(lp: LayerPlan, pj: dict) -> str:
+    """What rounding an op-level plan to whole layers costs, in the plan's own cost model, and which of its devices
+    the rounding leaves without a layer (review22: a 3-stage plan was exported as 2 stages without a word)."""
+    note = _rounding_note(lp)
     if lp.shared:
-        shared = (f"; {', '.join(lp.shared[:4])} run(s) at several places with other modules between, listed at "
-                  "the stage of the first call")
-        return _rounding_note(lp) + shared
-    return _rounding_note(lp)
+        note += (f"; {', '.join(lp.shared[:4])} run(s) at several places with other modules between, listed at "
+                 "the stage of the first call")
+    idle = [s["device"] for s in pj["stages"] if s["device"] not in lp.devices]
+    if idle:
+        note += (f"; {len(lp.devices)} of the plan's {len(pj['stages'])} stages keep a whole layer: "
+                 f"{', '.join(idle)} would stay idle, and the config has {len(lp.devices)} stages")
+    return note
 
 
 def _rounding_note(lp: LayerPlan) -> str:
@@ -178,7 +183,7 @@ def export_torchtitan(pj: dict, csv_path: str | None) -> Exported:
     lines.append("module_fqns_per_model_part = [")
     lines += [f"    {_toml_list(p)}," for p in parts]
     lines.append("]")
-    notes = [rounding_note(lp)]
+    notes = [rounding_note(lp, pj)]
     if csv_path is None:
         notes.append("note: pass --out FILE to also write FILE's schedule CSV (pipeline_parallel_schedule_csv)")
     return Exported("\n".join(lines) + "\n", extra, notes)
@@ -232,7 +237,7 @@ def export_megatron(pj: dict) -> Exported:
     lp = layer_plan(pj, "megatron")
     first, last = decoder_blocks(lp.names, "megatron")
     counts = [sum(1 for i in range(first, last + 1) if lp.stage_of_layer[i] == k) for k in range(len(lp.devices))]
-    notes = [rounding_note(lp)]
+    notes = [rounding_note(lp, pj)]
     pre, post = lp.names[:first], lp.names[last + 1:]
     if {lp.stage_of_layer[i] for i in range(first)} - {0} or {lp.stage_of_layer[i] for i in
                                                              range(last + 1, len(lp.names))} - {len(counts) - 1}:
@@ -274,7 +279,7 @@ def export_deepspeed(pj: dict) -> Exported:
         "stage_devices": lp.devices,
         "predicted_stage_us": lp.rounded_stage_us,
     }
-    notes = [rounding_note(lp), "note: DeepSpeed's partition_method takes no list: set `self.parts` in a "
+    notes = [rounding_note(lp, pj), "note: DeepSpeed's partition_method takes no list: set `self.parts` in a "
              "PipelineModule subclass's _partition_layers (README, `hetpart export`)"]
     return Exported(json.dumps(data, indent=1) + "\n", notes=notes)
 
@@ -324,4 +329,4 @@ def export_accelerate(pj: dict) -> Exported:
     sequential = (f"note: accelerate runs the devices one after another, not as a pipeline: there a microbatch of "
                   f"{pj['microbatch_size']} takes up to the stages' times added up, {total:g} us (each transfer counted "
                   f"on both of its sides), where a pipeline of them takes the bottleneck per microbatch")
-    return Exported(json.dumps(device_map, indent=1) + "\n", notes=[rounding_note(lp), sequential])
+    return Exported(json.dumps(device_map, indent=1) + "\n", notes=[rounding_note(lp, pj), sequential])

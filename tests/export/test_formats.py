@@ -221,3 +221,14 @@ def test_an_unknown_schedule_is_an_error_not_a_1f1b_csv(fmt):
     """review22: schedule 'zz' (plan.json edited) wrote a 1F1B CSV (schedule-csv) or a KeyError traceback (torchtitan)."""
     with pytest.raises(HetpartError, match="schedule 'zz' is not one hetpart plans"):
         export_text(plan_json(schedule="zz"), fmt)
+
+
+@pytest.mark.parametrize("fmt", ["torchtitan", "megatron", "deepspeed"])
+def test_a_stage_the_rounding_leaves_without_a_layer_is_named(fmt):
+    """review22: a 3-stage plan whose rounding keeps 2 stages was exported as 2 stages without a word (gpt-small with
+    2 blocks on mixed-4: a/0 held only parts of blocks)."""
+    pj = plan_json(stage_of_layer=(0, 0, 0, 0, 1, 1, 1, 2, 2))
+    pj["layers"].update(devices=["a/0", "b/0", "b/1"], rounded_stage_us=[100.0, 102.0, 103.0])
+    notes = " ".join(export_text(pj, fmt).notes)
+    assert "3 of the plan's 4 stages keep a whole layer: a/1 would stay idle, and the config has 3 stages" in notes
+    assert "stay idle" not in " ".join(export_text(plan_json(), fmt).notes)
