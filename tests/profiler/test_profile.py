@@ -311,3 +311,12 @@ def test_profile_out_a_link_to_a_fifo_is_refused_before_profiling(tmp_path, caps
     assert main(["profile", *MLP, "--out", str(tmp_path / "stdout"), "--repeats", "1", "--warmup", "0"]) == 2
     out, err = capsys.readouterr()
     assert "profiled" not in out and err.startswith(f"hetpart: error: --out {tmp_path / 'stdout'} is a link to a FIFO")
+
+
+def test_profile_of_a_meta_only_model_says_why_it_cannot(tmp_path, capsys):
+    """review22: `profile zoo:llama-7b` (meta-only: no weights are ever built) failed in torch.export with "Tensor on
+    device cpu is not on the expected device meta!" and advice about the example inputs."""
+    assert main(["profile", "zoo:llama-7b", "--out", str(tmp_path / "p.json"), "--seq-len", "8", "--repeats", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "zoo:llama-7b is built on the meta device only" in err and "n_layers=1" in err and "Tensor on" not in err
+    assert not (tmp_path / "p.json").exists()
