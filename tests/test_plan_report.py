@@ -91,3 +91,13 @@ def test_every_field_has_a_json_type():
     for cls in (PlanReport, StageReport):
         for f in dataclasses.fields(cls):
             assert f.metadata.get("kind") is not None, f"{cls.__name__}.{f.name}"
+
+
+@pytest.mark.parametrize("rate, shown", [(80000.0, "80,000"), (2.8695, "2.87"), (0.6024, "0.602"), (10.24, "10.2")])
+def test_the_summary_line_prints_a_small_throughput_to_three_figures(rate, shown):
+    """review22: "{:,.0f}" printed a Llama-7B plan's 0.602 samples/s as "1" (and Llama-70B's 2.87 as "3")."""
+    from hetpart.report.table import plan_summary
+
+    data = _plan_json()
+    data["predicted_samples_per_s"] = rate
+    assert f"throughput {shown} samples/s  |" in plan_summary(load_plan(PATH, data))
