@@ -14,7 +14,9 @@
 #   2. partition onto 2 x h200-141g twice: roofline only, and with the profile;
 #   3. load each plan's stages and time them back to back on the GPU, on one microbatch
 #      (CUDA-synchronised, median of 50 after 10 warm-ups), against each plan's compute_us.
-# Prints a markdown table for docs/benchmarks.md; every file goes to OUT_DIR (default: a temp dir).
+# Then benchmarks/activation_memory.py --device cuda: each zoo model's activation memory, predicted against
+# autograd's saved tensors and torch.cuda.max_memory_allocated over a step.
+# Prints markdown tables for docs/benchmarks.md; every file goes to OUT_DIR (default: a temp dir).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-$(mktemp -d -t gpu-check-XXXX)}
@@ -95,4 +97,6 @@ for m in ("gpt-small", "llama", "resnet", "t5", "unet"):
                 values = stage(*values)
                 values = values if isinstance(values, tuple) else (values,)
 EOF
+# The cost model's activation memory against the GPU's own count (NOTE [memory the runtime adds]; "actmem").
+timeout 300 "$PY" benchmarks/activation_memory.py --device cuda
 uptime

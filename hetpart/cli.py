@@ -116,7 +116,7 @@ def _run(args: argparse.Namespace, console: Console) -> int:
     opts = RunOptions(mode=args.mode, schedule=args.schedule, microbatches=args.microbatches, steps=args.steps,
                       verify=args.verify, timeout_s=args.timeout, as_nodes=args.as_nodes, master_port=args.master_port,
                       measure=args.measure, batch_size=args.batch_size, seq_len=args.seq_len, emulate=args.emulate,
-                      emulate_by=args.emulate_by,
+                      emulate_by=args.emulate_by, optimizer=args.optimizer, lr=args.lr,
                       model=_model_arg(args.model) if args.model else None, trust_model_file=args.trust_model_file,
                       key=args.key, checkpoints=CheckpointFlags(args.checkpoint_dir, args.checkpoint_every,
                                                                 args.keep_checkpoints, args.resume),
@@ -174,11 +174,12 @@ def _print_measured(measured: dict, console: Console) -> None:
         table.add_row(str(s["index"]), s["device"], f"{s['measured_time_us']:.1f} us", f"{cpu:.1f} us",
                       f"{predicted:.1f} us", f"{ratio:.2f}")
     console.print(table)
-    predicted = measured["predicted_step_time_us"]
+    predicted, what = measured["predicted_step_time_us"], measured.get("predicted_step")  # NOTE [predicted step]
     console.print(f"step: measured {measured['step_time_us'] / 1e3:.2f} ms"
                   + (f", simulated {predicted / 1e3:.2f} ms" if predicted is not None else "")
-                  + (" (the schedule's: the optimizer step is in the measured step only)"
-                     if predicted is not None and measured["mode"] == "training" else ""))
+                  + (f" ({what}" + ("; the optimizer step is in the measured step only)" if measured["mode"] ==
+                                    "training" and predicted is not None else ")") if what else ""),
+                  markup=False, highlight=False)
 
 
 def _print_strategy(report: PlanReport, console: Console) -> None:

@@ -171,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("out", type=Path, help="artifacts directory")
     run.add_argument("--verify", action="store_true", help="compare outputs (and gradients) with the unpartitioned model")
     run.add_argument("--mode", choices=["inference", "training"], default="inference",
-                     help="training: MSE loss on the first output, SGD step on every rank")
+                     help="training: MSE loss on the first output, an optimizer step on every rank (--optimizer)")
     run.add_argument("--schedule", choices=["gpipe", "1f1b", "interleaved-1f1b", "interleaved-zb"], default=None,
                      help="pipeline schedule (default: the plan's; gpipe in inference unless the plan is interleaved)")
     run.add_argument("--microbatches", type=_COUNT, default=None, help="default: the plan's")
@@ -206,6 +206,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--atol", type=_number(float), default=None,
                      help="--verify: tolerance in units of each output's largest |element| (default 1e-5)")
 
+    run.add_argument("--optimizer", choices=["sgd", "adamw"], default=None,
+                     help="training: the optimizer every rank steps, and --verify's reference (default sgd; on a "
+                          "--resume, the checkpoint's)")
+    run.add_argument("--lr", type=_number(float, positive=True), default=None,
+                     help="training: the learning rate (default 0.001; on a --resume, the checkpoint's)")
     run.add_argument("--checkpoint-dir", type=Path, default=None, metavar="CK",
                      help="training: write each rank's weights and optimizer state here (safetensors, hashed)")
     run.add_argument("--checkpoint-every", type=_COUNT, default=None, metavar="K", help="a checkpoint every K steps")

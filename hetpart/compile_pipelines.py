@@ -25,7 +25,7 @@ from hetpart.codegen.analysis import write_analysis
 from hetpart.codegen.pipelines_record import write_pipelines_record, write_shape_memo
 from hetpart.errors import HetpartError
 from hetpart.partitioner.infeasible import PipelinesRefused
-from hetpart.partitioner.pipelines import PipelinesPlan, fixed_pipelines, pipelines_violations
+from hetpart.partitioner.pipelines import PipelinesPlan, fixed_pipelines, own_bound, pipelines_violations
 from hetpart.partitioner.shape_memo import ShapeMemo
 from hetpart.partitioner.tp_pipelines import slots_note
 from hetpart.pipeline_groups import split_microbatches
@@ -270,9 +270,9 @@ def _report(spec: ModelSpec, cluster: Cluster, opts: CompileOptions, pp: Pipelin
     pipelines = [PipelineReport(index=p.index, microbatches=p.microbatches,
                                 devices=[d for s in p.devices for d in slot_devices.get(s, [s])],
                                 time_us=us(p.time_ns), bottleneck_us=us(p.plan.bottleneck_ns),
-                                lower_bound_us=us(p.plan.lower_bound_ns), solver_status=p.plan.solver_status,
+                                lower_bound_us=None if bound is None else us(bound), solver_status=status,
                                 stages=[dataclasses.replace(s, pipeline=p.index) for s in r.stages])
-                 for p, r in zip(pp.pipelines, reports)]
+                 for p, r, (bound, status) in zip(pp.pipelines, reports, map(own_bound, pp.pipelines))]
     used = [d for q in pipelines for s in q.stages for d in s.devices or [s.device]]
     degree = max(tp.shardings) if tp is not None else 1  # a slot's reason counts its groups (NOTE [tensor-parallel
     # pipelines]); degrees per machine: its slots, of several degrees (its "devices" read as slots)

@@ -17,10 +17,10 @@ from pathlib import Path
 from types import NoneType
 from typing import Any
 
-from hetpart.errors import HetpartError
+from hetpart.errors import REDO_PARTITION, HetpartError
 
 FORMAT_VERSION = 1  # the layout only grew (stages' `slot`, `devices`): readers of version 1 read it as before
-REDO = "re-run `hetpart partition`"
+REDO = REDO_PARTITION
 NUMBER = (int, float)
 
 
@@ -160,7 +160,7 @@ class PipelineReport:
     devices: list[str] = _f(list)  # the device group it was planned on
     time_us: float = _f(NUMBER)  # its stages' time for its microbatches (NOTE [pipelines plan])
     bottleneck_us: float = _f(NUMBER)
-    lower_bound_us: float = _f(NUMBER)
+    lower_bound_us: float | None = _f(NUMBER + (NoneType,))  # null: none of its own (NOTE [a pipeline's own bound])
     solver_status: str = _f(str)
     stages: list[StageReport] = _f(list, items=StageReport)
 

@@ -263,11 +263,13 @@ class PipelinesChoice:
                  "no bound: the from-scratch search found no plan")
         # the bound's parts cut by its deadline are the from-scratch bound's, as its note says (plan.json's
         # bound_unfinished)
-        return cost_pipelines(problem, pipes, lower_bound_ns=scratch.lower_bound_ns if scratch is not None else 0,
-                              solver_status="FEASIBLE",
-                              bound_note=f"re-planned (NOTE [re-plan pipelines]): {self.result.chosen.name}; {bound}"
-                              + "".join(f"; left out at --time-limit: {x}" for x in self.result.left_out),
-                              bound_unfinished=scratch.bound_unfinished if scratch is not None else ())
+        out = cost_pipelines(problem, pipes, lower_bound_ns=scratch.lower_bound_ns if scratch is not None else 0,
+                             solver_status="FEASIBLE",
+                             bound_note=f"re-planned (NOTE [re-plan pipelines]): {self.result.chosen.name}; {bound}"
+                             + "".join(f"; left out at --time-limit: {x}" for x in self.result.left_out),
+                             bound_unfinished=scratch.bound_unfinished if scratch is not None else ())
+        out.devices_idle = dict(self.result.devices_idle)  # NOTE [re-plan idle reasons]: the same devices idle
+        return out
 
 
 def describe_pipelines(result: Any, plan_s: float, lost: list[str]) -> list[str]:

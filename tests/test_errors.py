@@ -215,7 +215,8 @@ CASES: dict[str, Case] = {
                                   lambda art: (art / "rank1" / "weights.safetensors").unlink()),
     "tampered-artifact-file": Case(["run", "{art}"],
                                    ["rank 1: '{art}/rank1/weights.safetensors' does not match its sha256 in "
-                                    "manifest.json (modified or corrupted)"], _flip_last_byte),
+                                    "manifest.json (modified or corrupted); re-run `hetpart partition ... --out "
+                                    "{art} --force`"], _flip_last_byte),
     "tampered-stage-source": Case(["run", "{art}"], ["rank 0: '{art}/rank0/stage.py' does not match its sha256"],
                                   lambda art: (art / "rank0" / "stage.py").write_text("import os\n")),
     "run-microbatches-do-not-divide-batch": Case(["run", "{art}", "--microbatches", "3"],

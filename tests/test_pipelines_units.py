@@ -278,6 +278,40 @@ def test_idle_devices_of_one_reason_are_one_line_and_search_stats_read_back():
     assert [ln for ln in pipelines_lines(plan) if ln.startswith("idle: ")] == idle_lines(idle)
 
 
+def test_a_pipeline_s_own_bound_is_its_time_on_one_device_its_solve_s_or_none():
+    """NOTE [a pipeline's own bound] (ux21: a 1-stage pipeline of a `--parallel data` plan read "(solver
+    FEASIBLE)" with bound 0.0): on one device OPTIMAL at its time; solved on its own devices, that solve's bound;
+    costed from another plan (the search's, a re-plan's), none: null in plan.json and said so."""
+    import networkx as nx
+
+    from hetpart.partitioner.pipelines import Pipeline, fixed_pipelines, own_bound, pipeline_time_ns
+    from hetpart.partitioner.problem import Device, Link, Problem
+    from hetpart.partitioner.replan_pipelines import pipeline_plan
+    from hetpart.report.table import pipelines_lines
+
+    g = nx.path_graph(["a", "b", "c"], create_using=nx.DiGraph)
+    nx.set_node_attributes(g, {"a": {"gpu": 30}, "b": {"gpu": 50}, "c": {"gpu": 40}}, "time_ns")
+    nx.set_node_attributes(g, {"a": ("w",), "b": (), "c": ()}, "weights")
+    p = Problem(graph=g, weights={"w": 1000}, devices=[Device(f"g{i}", "gpu", "n0", 10**6) for i in range(4)],
+                intra_node_links={"n0": Link(1000, 0)}, network=Link(100, 0))
+    fixed = fixed_pipelines(p, [["g0"], ["g1", "g2"]], [2, 3])
+    one, two = fixed.pipelines
+    assert fixed.devices_idle == {"g3": "not in any group of --pipelines"}  # was "in no pipeline" (ux22's 'left')
+    assert own_bound(one) == (one.time_ns, "OPTIMAL") == (2 * 120, "OPTIMAL")  # its one plan: 2 x (30+50+40)
+    assert own_bound(two) == (two.plan.lower_bound_ns, two.plan.solver_status) and 0 < two.plan.lower_bound_ns
+    costed = pipeline_plan(p, two.devices, two.plan.stage_of, two.plan.slot_of_stage, 3)  # as a re-plan costs it
+    assert costed.lower_bound_ns == 0 and own_bound(Pipeline(1, two.devices, 3, costed, two.time_ns)) == (
+        None, "FEASIBLE")
+    alone = pipeline_plan(p, ("g3",), dict.fromkeys("abc", 0), ("g3",), 2)
+    assert (alone.lower_bound_ns, alone.solver_status) == (0, "FEASIBLE")  # the plan as costed: no bound
+    assert own_bound(Pipeline(0, ("g3",), 2, alone, pipeline_time_ns(alone, 2))) == (240, "OPTIMAL")
+    data = _plan()
+    data["pipelines"][1]["lower_bound_us"] = None
+    data["pipelines"][1]["solver_status"] = "FEASIBLE"
+    lines = pipelines_lines(load_plan(Path("plan.json"), json.loads(json.dumps(data))))
+    assert lines[0].endswith("(solver OPTIMAL)") and lines[1].endswith("(solver FEASIBLE, no bound of its own)")
+
+
 @pytest.mark.parametrize(("edit", "message"), [
     (lambda p: p["stages"].reverse(), "'stages' must be the pipelines' stages in rank order"),
     (lambda p: p.update(microbatches=5), "the pipelines' microbatches add up to 6, 'microbatches' is 5"),
@@ -376,7 +410,7 @@ def test_compiled_pipelines_group_every_holder_of_a_weight_and_store_each_weight
 
     load_manifest(out)  # the references check out
     plan = json.loads((out / "plan.json").read_text())
-    assert plan["devices_idle"] == {"local/4": "in no pipeline", "local/5": "in no pipeline"}
+    assert plan["devices_idle"] == {"local/4": "not in any group of --pipelines", "local/5": "not in any group of --pipelines"}
     page = (out / "report.html").read_text()  # the slowest pipeline's schedule, stages named p.k
     assert "2 data-parallel pipelines" in page and '></span>1.0</td>' in page
     assert plan["grad_sync_us"] > 0 and plan["iteration_us"] == pytest.approx(

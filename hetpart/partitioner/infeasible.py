@@ -26,9 +26,11 @@ class PipelinesRefused(HetpartError):
     refused for another reason (time, the outer program, the options). NOTE [tensor-parallel hint] reads it, never
     the message's words."""
 
-    def __init__(self, message: str, memory_refused: int = 0) -> None:
+    def __init__(self, message: str, memory_refused: int = 0, without_1f1b: str | None = None) -> None:
         super().__init__(message)
         self.memory_refused = memory_refused
+        # The message less its 1F1B advice, for a caller that gives its own (NOTE [no shape holds the stash])
+        self.without_1f1b = without_1f1b
 
 
 def check_holds_model(problem: Problem) -> None:
@@ -117,8 +119,10 @@ def constraints_note(problem: Problem) -> str:
 # microbatches of activations, at least one copy and M microbatches), so where the devices hold less no plan
 # fits; otherwise (1F1B: stages stash (S + 1) / 2 microbatches on average) it is an estimate, and the refusal
 # says it is the search's. It suggests --schedule 1f1b only where 1F1B's estimate for one pipeline of every device
-# fits the devices' memory.
-def no_shape_refusal(problem: Problem, need: int, act: int, want: float, want_1f1b: float) -> HetpartError:
+# fits the devices' memory. `plan_with_baselines` follows it with the baselines' own 1F1B hint where a 1F1B plan
+# was solved (`_one_f1b_hint`: a plan of N stages fits), so that message's 1F1B part is left out there
+# (`without_1f1b`): the advice appeared twice (ux21), and an estimate's "does not fit either" beside a plan found.
+def no_shape_refusal(problem: Problem, need: int, act: int, want: float, want_1f1b: float) -> PipelinesRefused:
     """NOTE [no shape holds the stash]: the refusal when the search has no shape to try; `need` and `act`: one
     copy's bytes and one microbatch's activations, `want` and `want_1f1b`: the stash estimate for one pipeline of
     every device under the problem's schedule and under 1F1B."""
@@ -134,7 +138,9 @@ def no_shape_refusal(problem: Problem, need: int, act: int, want: float, want_1f
              f"{format_bytes(int(want))} (NOTE [pipeline shapes]), and tried no shape")
     fix = ("pass --schedule 1f1b (a stage stashes fewer microbatches), " if gpipe and want_1f1b <= have else
            f"1F1B's stash does not fit either (the search estimates {format_bytes(int(want_1f1b))}); " if gpipe else "")
-    return HetpartError(f"partitioner: the {n} devices hold {format_bytes(have)}, more than one copy of the model "
-                        f"needs ({format_bytes(need)} of weights, training state and one microbatch of activations), "
-                        f"but no pipeline of them holds it with the activations its stages stash: {stash}; {fix}"
-                        "pass a smaller --batch-size, or add devices with more memory")
+    said = lambda fix: (  # noqa: E731
+        f"partitioner: the {n} devices hold {format_bytes(have)}, more than one copy of the model needs "
+        f"({format_bytes(need)} of weights, training state and one microbatch of activations), but no pipeline of "
+        f"them holds it with the activations its stages stash: {stash}; {fix}pass a smaller --batch-size, or add "
+        "devices with more memory")
+    return PipelinesRefused(said(fix), without_1f1b=said("") if fix else None)

@@ -115,13 +115,25 @@ def format_ns(ns: float) -> str:
     return f"{ns:,.0f} ns"
 
 
+def plan_only_reasons(problem: Problem, plan: PipelinesPlan) -> dict[str, str]:
+    """NOTE [idle reasons]'s reasons that need nothing but `plan`, for the idle devices they hold for: memory (it
+    holds no op) and left out of its pipeline's plan."""
+    used = plan.used_devices
+    smallest_op = min((node_need(problem, v) for v in problem.graph.nodes), default=0)
+    out = left_out_reasons(problem, plan.pipelines, used)
+    for dev in problem.devices:
+        if dev.name not in used and dev.capacity_bytes < smallest_op:
+            out[dev.name] = (f"memory: {format_bytes(dev.capacity_bytes)} holds no op with its weights "
+                             f"(the smallest needs {format_bytes(smallest_op)})")
+    return out
+
+
 def idle_reasons(problem: Problem, plan: PipelinesPlan, microbatches: int, facts: ShapeFacts | None) -> dict[str, str]:
     """NOTE [idle reasons] for every device no stage of `plan` runs on; `facts` None (no search): the reasons
     that need no shapes (memory per op, left out of its pipeline, microbatches of one-device pipelines)."""
     used = plan.used_devices
     busy_machines = {problem.device(d).node for d in used}
-    left_out = left_out_reasons(problem, plan.pipelines, used)
-    smallest_op = min((node_need(problem, v) for v in problem.graph.nodes), default=0)
+    first = plan_only_reasons(problem, plan)
     need = need_bytes(problem)
     training = problem.training
     one_f1b = training is not None and training.schedule == "1f1b"
@@ -139,11 +151,8 @@ def idle_reasons(problem: Problem, plan: PipelinesPlan, microbatches: int, facts
         holds = (f"the model's {format_bytes(need)} of weights, training state and one microbatch of activations "
                  f"need at least {math.ceil(need / max(1, dev.capacity_bytes))} devices of its "
                  f"{format_bytes(dev.capacity_bytes)}")
-        if dev.capacity_bytes < smallest_op:
-            out[d] = (f"memory: {format_bytes(dev.capacity_bytes)} holds no op with its weights "
-                      f"(the smallest needs {format_bytes(smallest_op)})")
-        elif d in left_out:
-            out[d] = left_out[d]
+        if d in first:  # memory per op, or left out of its pipeline
+            out[d] = first[d]
         elif facts is None:  # only a baseline's plan taken where the search found none (plan_with_baselines)
             out[d] = ("in no pipeline of the baseline's layout taken as the plan: the search found no plan of its own, "
                       "so no shape it solved says why (NOTE [baselines as candidates])")
@@ -174,7 +183,7 @@ def idle_reasons(problem: Problem, plan: PipelinesPlan, microbatches: int, facts
                     out[d] += (f"; the best-rate pipeline with a {name} machine ({devices} devices) has a "
                                f"{format_ns(bottleneck)} bottleneck, and the fastest with one takes "
                                f"{format_ns(fewest_ns)} for its fewest microbatches")
-        if facts is not None and d not in left_out and dev.capacity_bytes >= smallest_op:
+        if facts is not None and d not in first:
             alone = sum(facts.kind_of_machine[x.node] == j for x in problem.devices)
             short = holds if alone * dev.capacity_bytes < need and holds not in out[d] else ""
             out[d] += _numbers(facts, j, name, plan, short, alone)

@@ -539,18 +539,22 @@ def plan_with_baselines(problem: Problem, microbatches: int, options: SolveOptio
     _check_microbatches(microbatches)  # (the baselines would run on it: a ZeroDivisionError in their split)
     try:
         plan, facts = _plan_and_facts(problem, microbatches, opts, memo=memo)
-        failed, refused = "", 0
+        failed, refused, own_1f1b = "", 0, None
     except HetpartError as e:  # no shape solved in time: a baseline may still have a plan
         plan, facts, failed = None, None, str(e).splitlines()[0]
         refused = e.memory_refused if isinstance(e, PipelinesRefused) else 0  # NOTE [tensor-parallel hint]
+        own_1f1b = e.without_1f1b if isinstance(e, PipelinesRefused) else None  # NOTE [no shape holds the stash]
     baselines = pipeline_baselines(problem, microbatches, time_limit_s=baseline_limit_s, options=opts,
                                    single=len(problem.devices) <= single_up_to)
     valid = [b for b in baselines if b.plan is not None
              and (b.checked or not pipelines_violations(problem, b.plan, microbatches))]
     best = min(valid, key=lambda b: b.plan.iteration_ns, default=None)
     if plan is None and best is None:
+        hint = _one_f1b_hint(problem, microbatches, opts)
+        if hint and own_1f1b:  # the 1F1B advice once (NOTE [no shape holds the stash])
+            failed = own_1f1b.splitlines()[0]
         raise PipelinesRefused(f"{failed}; and none of the baselines ({', '.join(b.name for b in baselines)}) has a "
-                               "plan" + _one_f1b_hint(problem, microbatches, opts), refused)
+                               "plan" + hint, refused)
     if plan is not None and (best is None or best.plan.iteration_ns >= plan.iteration_ns):
         return plan, baselines
     if plan is None:  # the bound holds for every plan: compute it on its own

@@ -230,6 +230,21 @@ def used_devices(pipelines: Sequence[Pipeline]) -> set[str]:
     return {d for p in pipelines for s in p.plan.stages for d in _devices_of(s)}
 
 
+# NOTE [a pipeline's own bound]
+# plan.json gives each pipeline of a plan of several its own bound and solver status (PipelineReport). A pipeline
+# on one device (or slot) has one plan, every node on it: OPTIMAL, its bound its time. A pipeline `solve` planned
+# on its own devices for its microbatches (`fixed_pipelines`, the one-pipeline baseline) keeps that solve's bound
+# and status. Any other has no bound of its own (null; the search's, costed from a shape solved for other
+# microbatches or on layers, NOTE [shapes on layers]; a re-plan's; a baseline's): the plan's bound (NOTE
+# [pipelines bound]) covers its pipelines together. Every search pipeline read "FEASIBLE" with bound 0.0 once,
+# a pipeline of one device included (ux21).
+def own_bound(p: Pipeline) -> tuple[int | None, str]:
+    """NOTE [a pipeline's own bound]: (its bound in ns, None where none was computed; its status)."""
+    if len(p.devices) == 1:
+        return p.time_ns, "OPTIMAL"
+    return (p.plan.lower_bound_ns or None), p.plan.solver_status
+
+
 def left_out_reason(problem: Problem, p: Pipeline) -> str:
     """Why pipeline `p`'s plan runs no stage on one of its devices, as far as it is known: the stage limit it is
     at (1F1B runs at most as many stages as microbatches; --max-stages), or its plan's optimality."""
@@ -291,8 +306,11 @@ def fixed_pipelines(problem: Problem, groups: Sequence[Sequence[str]], microbatc
         out.append(Pipeline(index=i, devices=tuple(devs), microbatches=m, plan=plan,
                             time_ns=pipeline_time_ns(plan, m)))
     bound = max(p.plan.lower_bound_ns for p in out)
-    return cost_pipelines(problem, out, lower_bound_ns=bound, solver_status="FIXED",
+    plan = cost_pipelines(problem, out, lower_bound_ns=bound, solver_status="FIXED",
                           bound_note="the slowest pipeline's own bound on these device groups and batch shares")
+    grouped = {d for devs in groups for d in devs}  # a device the user's groups leave out is idle by their choice
+    plan.devices_idle.update({d: "not in any group of --pipelines" for d in plan.devices_idle if d not in grouped})
+    return plan
 
 
 def pipelines_violations(problem: Problem, plan: PipelinesPlan, microbatches: int | None = None) -> list[str]:

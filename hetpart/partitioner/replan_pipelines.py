@@ -102,6 +102,7 @@ from hetpart.partitioner.pipelines import (
 from hetpart.partitioner.problem import Plan, Problem, StageCost
 from hetpart.partitioner.problem import stage_weights
 from hetpart.partitioner.replan import Moves, relabel_stages, stage_moves
+from hetpart.partitioner.replan_idle import replan_idle_reasons
 from hetpart.partitioner.replan_deadline import MIN_SOLVE_S, REPAIR_SOLVE_SHARE, Deadline, expected_solves
 from hetpart.partitioner.verify import plan_violations
 
@@ -180,6 +181,7 @@ class PipelinesReplan:
     limit_ns: int  # floor(best_ns x (1 + slack))
     seconds: float = 0.0
     left_out: list[str] = field(default_factory=list)  # NOTE [re-plan deadline]: candidates its deadline cut
+    devices_idle: dict[str, str] = field(default_factory=dict)  # NOTE [re-plan idle reasons], of `chosen`
 
     def to_json(self) -> dict:
         """plan.json's `replan` record."""
@@ -446,4 +448,6 @@ def replan_pipelines(problem: Problem, old: Sequence[OldPipeline], holders: Mapp
         if ok(chosen) and ok(min(cands, key=lambda c: c.plan.iteration_ns)):
             break
         cands = [c for c in cands if ok(c)]  # rare: check them all, keep the valid ones
-    return PipelinesReplan(chosen, first, cands, slack, best, limit, time.perf_counter() - start)
+    out = PipelinesReplan(chosen, first, cands, slack, best, limit, time.perf_counter() - start)
+    out.devices_idle = replan_idle_reasons(problem, out)
+    return out

@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from hetpart.errors import HetpartError
+from hetpart.errors import REDO_PARTITION, HetpartError
 from hetpart.plan_report import PlanReport, as_json
 from hetpart.report.table import share_of_bottleneck, simulated_step, transfer_us
 
@@ -73,7 +73,7 @@ def stage_text(out: Path, manifest: dict[str, Any], plan: PlanReport, stage: int
     source = out / entry["dir"] / "stage.py"
     digest = entry["files"].get("stage.py")
     if digest is None:
-        raise HetpartError(f"manifest.json lists no sha256 for {entry['dir']}/stage.py; re-run `hetpart partition`")
+        raise HetpartError(f"manifest.json lists no sha256 for {entry['dir']}/stage.py; {REDO_PARTITION}")
     text = check_file(out, f"{entry['dir']}/stage.py", digest, f"rank {entry['rank']}: ", read=True)
     where = (f"stage {entry['stage']} of pipeline {entry['pipeline']}" if "pipeline" in entry
              else f"stage {stage} of {len(plan.stages)}")

@@ -132,7 +132,8 @@ def pipelines_lines(plan: PlanReport) -> list[str]:
     """Each pipeline's share and time, the step (slowest pipeline + gradient sync), and why a device is idle."""
     lines = [f"pipeline {q.index}: {len(q.stages)} stage(s), {q.microbatches} microbatch(es) of the "
              f"{plan.microbatches}, bottleneck {format_us(q.bottleneck_us)}, its share takes {format_us(q.time_us)} "
-             f"(solver {q.solver_status})" for q in plan.pipelines or []]
+             f"(solver {q.solver_status}" + (", no bound of its own)" if q.lower_bound_us is None else ")")
+             for q in plan.pipelines or []]
     slowest = max(q.time_us for q in plan.pipelines or [])
     sync = (f" + gradient sync {format_us(plan.grad_sync_us or 0)} ({format_us(plan.grad_sync_overlapped_us or 0)} "
             "left if overlapped with the backward)") if plan.training else ""
@@ -158,11 +159,37 @@ def idle_lines(devices_idle: dict[str, str]) -> list[str]:
     return out
 
 
+# NOTE [memory the runtime adds]
+# A stage's memory is what the cost model counts (NOTE [training memory]): weights, gradients, optimizer state
+# and the stashed activations. A process holds more: the CUDA context, NCCL's buffers, the caching
+# allocator's slack, the backward's temporaries (measured on this CPU: up to 1.25x the activation term of a
+# one-microbatch step, docs/benchmarks.md "actmem"). The planner may fill a device to its last byte (llama-70b
+# on preset:hetero-64 planned a100-40g stages at 99.9%), so a stage above TIGHT_MEMORY of its device is named
+# with the way to plan with room; the plan itself is the cost model's and is not changed.
+TIGHT_MEMORY = 0.95
+
+
+def memory_note(plan: PlanReport) -> str | None:
+    """NOTE [memory the runtime adds]: the stages above TIGHT_MEMORY of their device's memory, or None."""
+    tight = [s for s in plan.stages if s.capacity_bytes and s.memory_bytes > TIGHT_MEMORY * s.capacity_bytes]
+    if not tight:
+        return None
+    worst = max(tight, key=lambda s: s.memory_bytes / s.capacity_bytes)
+    types = sorted({s.device_type for s in tight})
+    return (f"note: {len(tight)} stage(s) on {', '.join(types)} plan over {TIGHT_MEMORY:.0%} of their device's "
+            f"memory (stage {worst.index} on {worst.device}: {worst.memory_bytes / worst.capacity_bytes:.1%} of its "
+            f"{format_bytes(worst.capacity_bytes)}); hetpart counts weights, gradients, optimizer state and stashed "
+            "activations, not the CUDA context, NCCL's buffers, the allocator's slack or the backward's "
+            "temporaries: to plan with room, give those devices less memory in a cluster file (`mem_GiB` per "
+            "device or device type, docs/devices.md)")
+
+
 def print_plan(plan: PlanReport, console: Console | None = None) -> None:
     console = console or Console()
+    note = memory_note(plan)  # NOTE [memory the runtime adds]
     if plan.pipelines:  # several data-parallel pipelines (issue 19)
         console.print(pipelines_table(plan))
-        for line in pipelines_lines(plan):
+        for line in pipelines_lines(plan) + ([note] if note else []):
             console.print(line, markup=False, highlight=False)
         return
     console.print(plan_table(plan))
@@ -173,7 +200,7 @@ def print_plan(plan: PlanReport, console: Console | None = None) -> None:
                   f"bubble {step.bubble_fraction:.0%}", markup=False, highlight=False)
     for line in search_lines(plan):  # NOTE [what ran] in partitioner/solve.py
         console.print(line, markup=False, highlight=False)
-    for line in baseline_lines(plan):
+    for line in baseline_lines(plan) + ([note] if note else []):
         console.print(line, markup=False, highlight=False)
     dynamic = plan.dynamic  # which dims `hetpart run --batch-size/--seq-len` may change
     if dynamic is not None:

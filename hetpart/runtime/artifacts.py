@@ -10,6 +10,7 @@ import dataclasses
 from dataclasses import dataclass
 import json
 import operator
+import shlex
 import sys
 import types
 from collections.abc import Callable
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from hetpart.errors import HetpartError
+from hetpart.errors import REDO_PARTITION, HetpartError
 from hetpart.plan_report import PlanReport, as_json, load_plan
 from hetpart.runtime.stages import check_virtual_mesh, stage_entries, virtual_stages
 from hetpart.trust import (
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
     from hetpart.frontend import ModelSpec
 
 FORMAT_VERSION = MANIFEST_FORMAT_VERSION
-REDO = "re-run `hetpart partition`"
+REDO = REDO_PARTITION
 EDITED = f"; the manifest was edited or truncated: {REDO}"
 
 
@@ -84,7 +85,7 @@ def load_manifest(out: Path, key: bytes | None = None) -> dict[str, Any]:
     if version not in (FORMAT_VERSION, MIXED_FORMAT_VERSION):  # 3: mixed TP degrees (NOTE [mixed-degree pipeline])
         raise HetpartError(
             f"{path}: format version {version!r}, this hetpart reads versions {FORMAT_VERSION} and "
-            f"{MIXED_FORMAT_VERSION}; re-run `hetpart partition` with this version"
+            f"{MIXED_FORMAT_VERSION}: {REDO_PARTITION}, with this hetpart"
         )
     _check_structure(path, manifest)
     return manifest
@@ -294,15 +295,24 @@ def _mesh_pipelines(path: Path, mesh: dict[str, Any], ranks: list[dict[str, Any]
     return out
 
 
+def redo_into(out: Path) -> str:
+    """The advice where a file of the artifacts directory `out` is missing or changed: `hetpart partition` into it
+    again, which replaces it only with --force (NOTE [what --force replaces]); REDO named no --force, and the
+    command failed as printed ("output directory ... already exists", ux21)."""
+    return (f"re-run `hetpart partition ... --out {shlex.quote(str(out))} --force` with the model and flags that "
+            "wrote it (--force: it replaces that directory, which hetpart wrote)")
+
+
 def _refuse(who: str, path: Path, reason: str, out: Path) -> HetpartError:
     if reason == "missing":
-        return HetpartError(f"{who}'{path}' is missing; {REDO}")
+        return HetpartError(f"{who}'{path}' is missing; {redo_into(out)}")
     return HetpartError(f"{who}'{path}' is {reason}; the files `run` reads must be plain files inside '{out}' "
                         f"(README.md, Trust model): {REDO}")
 
 
-def _mismatch(who: str, path: Path) -> HetpartError:
-    return HetpartError(f"{who}'{path}' does not match its sha256 in manifest.json (modified or corrupted); {REDO}")
+def _mismatch(who: str, path: Path, out: Path) -> HetpartError:
+    return HetpartError(f"{who}'{path}' does not match its sha256 in manifest.json (modified or corrupted); "
+                        f"{redo_into(out)}")
 
 
 def _inside(out: Path, path: Path) -> bool:
@@ -320,10 +330,10 @@ def check_file(out: Path, relative: str, digest: str, who: str = "", read: bool 
         if read:
             data = read_plain(path)
             if sha256_bytes(data) != digest:
-                raise _mismatch(who, path)
+                raise _mismatch(who, path, out)
             return data
         if sha256_file(path) != digest:
-            raise _mismatch(who, path)
+            raise _mismatch(who, path, out)
         return None
     except NotAPlainFile as err:
         raise _refuse(who, path, err.reason, out) from None
@@ -565,7 +575,7 @@ def dim_size(dim: object, sizes: dict[str, int]) -> int | None:
     except (SyntaxError, ValueError, ZeroDivisionError, RecursionError, MemoryError):
         shown = repr(dim) if len(repr(dim)) <= 80 else repr(dim)[:77] + "..."
         raise HetpartError(f"manifest.json: cannot read the dimension {shown} (expected an integer in 0..2**40 or an "
-                           "expression of symbols s0, s1, ... with + - * // % Max Min); re-run `hetpart partition`") from None
+                           f"expression of symbols s0, s1, ... with + - * // % Max Min); {REDO}") from None
 
 
 def symbol_sizes(manifest: dict[str, Any], batch_size: int, seq_len: int) -> dict[str, int]:

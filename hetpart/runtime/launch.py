@@ -24,7 +24,6 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
-from torch.utils import _pytree as pytree
 
 from hetpart.codegen.publish import foreign_log, is_measured_json, write_logs_marker
 from hetpart.errors import HetpartError, Terminated
@@ -38,11 +37,12 @@ from hetpart.runtime.artifacts import check_listed_files, mesh_pipelines, model_
 from hetpart.runtime.checkpoint import CheckpointFlags, run_checkpoints
 from hetpart.runtime.resume import stopped_resume, with_resume_commands
 from hetpart.runtime.measured import measurement
+from hetpart.runtime.optimizers import resumed_optimizer
 from hetpart.runtime.emulate import emulating, emulation_plan, find_hierarchy
 from hetpart.runtime.schedules import SCHEDULES, check_schedule, default_schedule
 from hetpart.runtime.stages import stage_entries
-from hetpart.runtime.verify import Tolerances, Verification, check_tensor, reference_training, torch_threads
-from hetpart.runtime.verify import training_checks
+from hetpart.runtime.verify import Tolerances, Verification, check_tensor, rank_threads, reference_outputs
+from hetpart.runtime.verify import reference_training, training_checks
 from hetpart.trust import SIGNATURE_NAME, is_signed, read_key
 
 
@@ -97,11 +97,6 @@ class RunFailed(HetpartError):
 
     exit_code = 1
     dead_device: str | None = None  # the planned device of a rank that died (not one that refused its input)
-
-
-def rank_threads() -> int:
-    """Intra-op threads of each rank: OMP_NUM_THREADS, else 1 (NOTE [profile threads] in profiler/measure.py)."""
-    return int(os.environ.get("OMP_NUM_THREADS", "1"))
 
 
 def _tail(path: Path, lines: int) -> list[str]:
@@ -367,13 +362,14 @@ def _check_own_outputs(out: Path, log_dir: Path, measure: bool) -> None:
 
 @dataclass(frozen=True)
 class RunOptions:
-    mode: str = "inference"  # or "training": loss on the last stage, SGD step on every rank
+    mode: str = "inference"  # or "training": loss on the last stage, an optimizer step on every rank
     schedule: str | None = "gpipe"  # or "1f1b", "interleaved-1f1b", "interleaved-zb"; None: the plan's (schedules.py)
     microbatches: int | None = None  # default: the plan's
     steps: int = 1
     verify: bool = False
     timeout_s: float = 600
-    lr: float = 1e-3
+    optimizer: str | None = None  # training: --optimizer, --lr (None: left out; NOTE [the run's optimizer])
+    lr: float | None = None
     as_nodes: bool = False  # one torchrun per planned node on loopback (a multi-node rehearsal)
     measure: bool = False  # write DIR/measured.json
     emulate: bool = False  # each rank on a core, throttled to its device's speed (NOTE [emulated devices])
@@ -456,13 +452,6 @@ def _target(manifest: dict, batch_size: int, seq_len: int, seed: int) -> torch.T
     return torch.randn(shape, generator=generator)
 
 
-def reference_outputs(module: torch.nn.Module, inputs: tuple) -> tuple[torch.Tensor, ...]:
-    """The unpartitioned model's outputs, flat (NOTE [model outputs] in frontend/export.py), computed with
-    a rank's thread count, so that its reductions are blocked as the ranks' are (NOTE [verify tolerances])."""
-    with torch_threads(rank_threads()), torch.no_grad():
-        return tuple(pytree.tree_leaves(module(*inputs)))
-
-
 def _outputs(io_dir: Path, manifest: dict) -> tuple[torch.Tensor, ...]:
     """The first step's outputs: the last rank's, or every pipeline's last rank's concatenated in batch order."""
     from hetpart.runtime.worker import outputs_file
@@ -511,6 +500,7 @@ def run_pipeline(out: Path, opts: RunOptions = RunOptions(), echo: Callable[[str
                                mode=opts.emulate_by) if opts.emulate else None  # NOTE [emulated devices] in runtime/emulate.py: one slot per rank
     ckpt = run_checkpoints(manifest, as_json(plan.model), spec, m, opts, echo)  # NOTE [checkpoint layout]
     first_step = ckpt.first_step if ckpt is not None else 0
+    optim = resumed_optimizer(opts, ckpt)  # NOTE [the run's optimizer]: the checkpoint's on a resume
     if ckpt is not None and ckpt.every and first_step // ckpt.every == (first_step + opts.steps) // ckpt.every:
         echo(f"note: --checkpoint-every {ckpt.every}: no step of this run ({first_step + 1} to "
              f"{first_step + opts.steps}) is a multiple of it, so it writes no checkpoint")
@@ -540,7 +530,7 @@ def run_pipeline(out: Path, opts: RunOptions = RunOptions(), echo: Callable[[str
             save_file({"target": target}, str(io_dir / "target.safetensors"))
         worker_args = [str(out), "--io", str(io_dir), "--microbatches", str(m),
                        "--mode", opts.mode, "--schedule", opts.schedule, "--steps", str(opts.steps),
-                       "--lr", str(opts.lr), "--timeout", f"{opts.timeout_s:g}",
+                       *optim.worker_args(), "--timeout", f"{opts.timeout_s:g}",
                        "--batch-size", str(spec.batch_size), "--seq-len", str(spec.seq_len),
                        "--device", "auto" if torch.cuda.is_available() and not opts.emulate else "cpu"]
         if opts.key is not None:
@@ -556,7 +546,8 @@ def run_pipeline(out: Path, opts: RunOptions = RunOptions(), echo: Callable[[str
             where += (f" of {len(pipelines)} pipelines ({' + '.join(str(len(q.stages)) for q in pipelines)} stages, "
                       f"{' + '.join(str(q.microbatches) for q in pipelines)} microbatches)")
         backend = manifest["backend"] if torch.cuda.is_available() and not opts.emulate else "gloo on CPU"
-        echo(f"launching {where}: {world} rank(s), {backend}, {opts.mode} with {opts.schedule}, "
+        echo(f"launching {where}: {world} rank(s), {backend}, {opts.mode} with {opts.schedule}"
+             f"{f' and {optim.said()}' if training else ''}, "
              f"{m} microbatch(es), {opts.steps} step(s); logs in {log_dir}")
         try:
             with emulating(emulation, io_dir, echo) if emulation is not None else contextlib.nullcontext():
@@ -582,8 +573,8 @@ def run_pipeline(out: Path, opts: RunOptions = RunOptions(), echo: Callable[[str
         if opts.verify:
             ref_flat: list = []  # the outputs of the run's first step: before the reference trains, or resumed
             take = lambda: ref_flat.extend(reference_outputs(module, inputs))  # noqa: E731 (NOTE [checkpoint layout])
-            reference = reference_training(module, inputs, target, m, first_step + opts.steps, opts.lr,
-                                           rank_threads(), first_step, take) if training else take()
+            reference = reference_training(module, inputs, target, m, first_step + opts.steps, optim,
+                                           rank_threads(), first_step, take, opts.tolerances.atol) if training else take()
             if len(ref_flat) != len(outputs):
                 raise HetpartError(f"verification: the model returns {len(ref_flat)} outputs, the pipeline {len(outputs)}")
             checks = training_checks(io_dir, manifest, reference, opts.tolerances) if training else None

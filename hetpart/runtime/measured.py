@@ -20,6 +20,47 @@ def time_stats_us(seconds: list[float]) -> dict:
             "p10": round(deciles[0], 3), "p90": round(deciles[8], 3)}
 
 
+# NOTE [predicted step]
+# measured.json's `predicted_step_time_us` is the step the plan's costs predict for the run's schedule and
+# microbatches, played by `simulate` (the figure `partition` prints, report.table.simulated_step, with the
+# same stage inputs, plan_report.simulation_inputs): one pipeline's stages (a virtual-stage plan's on its
+# ranks, V stages each); of several data-parallel pipelines the slowest's, each at its own share of the batch,
+# and in training plus the plan's gradient sync (`grad_sync_us`, not overlapped: NOTE [gradient sync]), which the
+# measured step waits for too. A training step is simulated with each stage's backward; the optimizer's step is
+# in the measured step only. An inference run of a plan partitioned for training plays its stages' forwards
+# (`simulation_inputs` of a training plan: `forward_us`, half of each boundary's transfer), not their forward plus
+# backward, which it once did. `predicted_step` says in words what the figure is, or why there is none (a
+# training run of a plan partitioned for inference: its stages carry no backward to simulate). It was null in
+# training for several pipelines and for virtual stages (ux21), and `run --measure` printed the measured step
+# alone.
+def predicted_step(plan: PlanReport, m: int, schedule: str, training: bool, virtual: int) -> tuple[float | None, str]:
+    """NOTE [predicted step]: (the predicted step in us or None, what it is or why there is none); `virtual`: the
+    stages on each rank (1 but for a virtual-stage plan)."""
+    from hetpart.partitioner.simulate import simulate
+
+    planned_training = all(s.backward_us is not None for s in plan.stages)  # the stages carry forward and backward
+    if training and not planned_training:
+        return None, ("none: the plan was partitioned for inference, so its stages carry no backward to simulate a "
+                      "training step with")
+
+    def step_us(stages: list, share: int, ranks: int | None = None) -> float:
+        forward, transfer, backward = simulation_inputs(stages, planned_training)
+        return simulate(forward, transfer, share, schedule, backward_ns=backward if training else None,
+                        ranks=ranks).step_ns / 1000
+
+    what = f"the {schedule} schedule simulated" + (" with each stage's backward" if training else ", forwards only")
+    if plan.pipelines:
+        sync = (plan.grad_sync_us or 0.0) if training else 0.0
+        slowest = max(step_us(q.stages, q.microbatches) for q in plan.pipelines)
+        return round(slowest + sync, 3), (f"{what}, the slowest of the {len(plan.pipelines)} pipelines at its "
+                                          "share of the batch" + (", plus the plan's gradient sync (not overlapped)"
+                                                                 if training else ""))
+    if virtual > 1:
+        ranks = len(plan.stages) // virtual
+        return round(step_us(plan.stages, m, ranks), 3), f"{what} on {ranks} ranks of {virtual} stages each"
+    return round(step_us(plan.stages, m), 3), what
+
+
 def measurement(io_dir: Path, world: int, m: int, plan: PlanReport, opts: Any, threads: int) -> dict:
     """measured.json: each stage's forward time per microbatch and the step time, next to the plan's.
 
@@ -39,8 +80,6 @@ def measurement(io_dir: Path, world: int, m: int, plan: PlanReport, opts: Any, t
     as much as the backward costs (docs/benchmarks.md, "ux21"). `index` is the rank, which is the stage only where
     one pipeline runs one stage per rank.
     """
-    from hetpart.partitioner.simulate import simulate
-
     keep = slice(1, None) if opts.steps > 1 else slice(0, 1)
     stages = []
     last_steps: list[float] = []
@@ -77,18 +116,7 @@ def measurement(io_dir: Path, world: int, m: int, plan: PlanReport, opts: Any, t
         })
         if rank == world - 1:
             last_steps = data["step_s"][keep]
-    predicted = None
-    training = opts.mode == "training"
-    # The slowest pipeline's step (one pipeline: the plan's stages, all m); in training one pipeline's schedule
-    # with its backwards, where the plan has them (partitioned for training): the schedule only, not the
-    # optimizer's step nor a gradient sync, which the measured step includes
-    def step_us(stages: list, share: int) -> float:
-        forward, transfer, backward = simulation_inputs(stages, training)
-        return round(simulate(forward, transfer, share, opts.schedule, backward_ns=backward).step_ns / 1000, 3)
-
-    if v == 1 and (not training or (not plan.pipelines and all(s.backward_us is not None for s in plan.stages))):
-        predicted = max(step_us(stages, share) for stages, share in
-                        ([(q.stages, q.microbatches) for q in plan.pipelines] if plan.pipelines else [(plan.stages, m)]))
+    predicted, predicted_what = predicted_step(plan, m, opts.schedule, opts.mode == "training", v)
     timeline = None
     if all(timelines):  # NOTE [action timeline]: every action of every rank, and where the step went
         timeline = {"clock": "time.monotonic_ns (one clock for the ranks of a machine)", "ranks": timelines,
@@ -107,5 +135,6 @@ def measurement(io_dir: Path, world: int, m: int, plan: PlanReport, opts: Any, t
         "step_us": time_stats_us(last_steps),
         "step_times_us": [round(t * 1e6, 3) for t in last_steps],
         "predicted_step_time_us": predicted,
+        "predicted_step": predicted_what,  # NOTE [predicted step]: what the figure is, or why there is none
         "timeline": timeline,
     }

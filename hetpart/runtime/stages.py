@@ -9,9 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from hetpart.errors import HetpartError
+from hetpart.errors import REDO_PARTITION, HetpartError
 
-EDITED = "; the manifest was edited or truncated: re-run `hetpart partition`"
+EDITED = f"; the manifest was edited or truncated: {REDO_PARTITION}"
 
 
 def rank_stage_entries(entry: dict[str, Any]) -> list[dict[str, Any]]:

@@ -15,10 +15,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hetpart.errors import HetpartError
+from hetpart.errors import REDO_PARTITION, HetpartError
 from hetpart.shards import WeightShard, unshard_tensor
 
-EDITED = "; the manifest was edited or is damaged: partition again"
+EDITED = f"; the manifest was edited or is damaged: {REDO_PARTITION}"
 
 
 def is_tp(manifest: dict[str, Any]) -> bool:

@@ -38,6 +38,7 @@ from hetpart.ir.info import DTYPE_NAMES
 from hetpart.procs import process_start
 from hetpart.runtime.checkpoint import CheckpointRun
 from hetpart.runtime.emulate import SleepPadding
+from hetpart.runtime.optimizers import DEFAULT, DEFAULT_LR, OPTIMIZERS, OptimizerSpec
 from hetpart.runtime import tp
 from hetpart.runtime.artifacts import dim_size, load_manifest, rank_pipeline, read_plan, symbol_sizes
 from hetpart.runtime.schedules import SCHEDULES, build_rank, default_schedule
@@ -263,7 +264,7 @@ def sync_gradients(module: torch.nn.Module, shared: SharedGrads, microbatches: i
 
 
 def run_rank(out: Path, io_dir: Path, mode: str, schedule_name: str | None, microbatches: int, steps: int,
-             lr: float, device: torch.device, batch_size: int | None = None, seq_len: int | None = None,
+             optim: OptimizerSpec, device: torch.device, batch_size: int | None = None, seq_len: int | None = None,
              key: bytes | None = None, dump_weights: bool = False, checkpoint: CheckpointRun | None = None,
              timeline: bool = False, padding: SleepPadding | None = None) -> None:
     """Run this rank's stage; `checkpoint`: save and resume hooks (NOTE [checkpoint layout]); `batch_size` and `seq_len` are the run's (default: the plan's traced ones);
@@ -301,7 +302,7 @@ def run_rank(out: Path, io_dir: Path, mode: str, schedule_name: str | None, micr
     first, last, output_entry = built.first, built.last, built.output_entry
     params = [p for p in module.parameters() if p.requires_grad]
     process_groups = [groups[g["name"]] for g in mesh["groups"] if g["kind"] == "weights" and training]
-    optimizer = torch.optim.SGD(params, lr=lr) if training and params else None
+    optimizer = optim.make(params) if training and params else None  # NOTE [the run's optimizer]
     checkpoint = checkpoint or CheckpointRun()
     weight_names = _weight_names(module)  # stage attribute -> weight FQN, fixed for the run
     shards = tp.weight_shards(manifest, entry)  # a TP rank's parts of its split weights (NOTE [checkpoint slices])
@@ -463,7 +464,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="default: the plan's in training (runtime/schedules.py default_schedule)")
     parser.add_argument("--microbatches", type=int, required=True)
     parser.add_argument("--steps", type=int, default=1)
-    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default=DEFAULT)
+    parser.add_argument("--lr", type=float, default=DEFAULT_LR)
     parser.add_argument("--batch-size", type=int, default=None, help="the inputs' batch (default: the plan's)")
     parser.add_argument("--seq-len", type=int, default=None, help="the inputs' sequence length (default: the plan's)")
     parser.add_argument("--timeout", type=float, default=600,
@@ -491,7 +493,8 @@ def main(argv: list[str] | None = None) -> int:
     dist.init_process_group("nccl" if use_cuda else "gloo", timeout=datetime.timedelta(seconds=args.timeout))
     try:
         device = torch.device(manifest["ranks"][dist.get_rank()]["device"] if use_cuda else "cpu")
-        run_rank(args.out, args.io, args.mode, args.schedule, args.microbatches, args.steps, args.lr, device,
+        run_rank(args.out, args.io, args.mode, args.schedule, args.microbatches, args.steps,
+                 OptimizerSpec(args.optimizer, args.lr), device,
                  args.batch_size, args.seq_len, key, args.dump_weights,
                  CheckpointRun.from_json(args.checkpoint) if args.checkpoint else None, args.timeline, padding)
     except HetpartError as err:

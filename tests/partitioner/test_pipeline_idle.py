@@ -3,6 +3,8 @@ the GPipe refusal that names 1F1B when 1F1B fits."""
 
 from __future__ import annotations
 
+import re
+
 import networkx as nx
 import pytest
 
@@ -85,6 +87,31 @@ def test_gpipe_refusal_names_1f1b_when_it_fits():
     with pytest.raises(HetpartError) as refused:
         plan_with_baselines(small, 4, SolveOptions(time_limit_s=10), baseline_limit_s=5)
     assert "1f1b" not in str(refused.value)
+
+
+def test_the_no_shape_refusal_and_the_baselines_hint_advise_1f1b_once():
+    """NOTE [no shape holds the stash] (ux21): 4 devices of 700 B hold one copy of a chain of 4 ops but not GPipe's
+    stash of 8 microbatches, so the search has no shape; its refusal advised --schedule 1f1b, and the baselines'
+    hint that follows it ("a plan of 2 stages fits") advised it again."""
+    g = nx.path_graph(["v0", "v1", "v2", "v3"], create_using=nx.DiGraph)
+    nx.set_node_attributes(g, dict.fromkeys(g, {"gpu": 50}), TIME_NS)
+    nx.set_node_attributes(g, {v: (f"w{v}",) for v in g}, WEIGHTS)
+    nx.set_node_attributes(g, {"v0": PIN_FIRST, "v1": None, "v2": None, "v3": PIN_LAST}, PIN)
+    nx.set_node_attributes(g, {"v0": 10, "v1": 10, "v2": 10, "v3": 0}, OUT_BYTES)
+    nx.set_node_attributes(g, dict.fromkeys(g, 100), MEM_BYTES)
+    p = Problem(graph=g, weights={f"w{v}": 100 for v in g}, devices=[Device(f"d{j}", "gpu", f"m{j}", 700)
+                                                                     for j in range(4)],
+                intra_node_links={f"m{j}": Link(100, 1) for j in range(4)}, network=Link(10, 10),
+                training=Training("gpipe", 8, {f"w{v}": 50 for v in g}))
+    with pytest.raises(HetpartError) as refused:
+        plan_with_baselines(p, 8, SolveOptions(time_limit_s=5), baseline_limit_s=2)
+    said = str(refused.value)
+    assert said.count("pass --schedule 1f1b") == 1, said
+    assert re.search(r"a plan of \d stages fits: pass --schedule 1f1b$", said), said  # the hint: a plan was solved
+    assert "no plan fits whatever the --time-limit; pass a smaller --batch-size" in said  # the refusal's own words
+    with pytest.raises(HetpartError) as alone:  # the control: the search's refusal alone still advises it
+        plan_pipelines(p, 8, time_limit_s=5)
+    assert str(alone.value).count("pass --schedule 1f1b") == 1 and "none of the baselines" not in str(alone.value)
 
 
 def test_a_batch_no_mix_of_shapes_can_run_is_refused_for_memory():

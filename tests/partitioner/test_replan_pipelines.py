@@ -185,6 +185,56 @@ def test_the_relabeled_from_scratch_plan_moves_the_least_of_every_relabeling(see
                                                                        for s in p.plan.stages]
 
 
+def test_each_device_a_re_plan_leaves_idle_gets_the_reason_its_candidates_give():
+    # NOTE [re-plan idle reasons] (ux21: "idle: local/1, local/2: in no pipeline", a restatement), checked against
+    # the candidates with this file's own byte count; seeds 0-4 give a from-scratch choice with the search's own
+    # reasons and with a cheaper candidate on the device, and a relabeled choice whose candidates on it are over
+    # the limit; without a from-scratch plan, the re-splits' own reasons.
+    from hetpart.partitioner.pipelines import used_devices
+    from hetpart.partitioner.replan_idle import replan_idle_reasons
+
+    seen = set()
+    for seed in range(5):
+        for with_scratch in (True, False):
+            problem, old, holders, scratch = _case(seed)
+            got = replan_pipelines(problem, old, holders, scratch if with_scratch else None, time_limit_s=1)
+            chosen = got.chosen
+            assert set(got.devices_idle) == {d.name for d in problem.devices} - chosen.plan.used_devices
+            mine = _bytes(problem, chosen.plan, holders)
+            for d, why in got.devices_idle.items():
+                on = [c for c in got.candidates if c is not chosen and d in used_devices(c.plan.pipelines)]
+                more = [c for c in on if c.plan.iteration_ns <= got.limit_ns and _bytes(problem, c.plan, holders) > mine]
+                if more:
+                    assert why.startswith("bytes: ") and any(f"'{c.name}' runs a stage on it" in why for c in more)
+                elif chosen is got.scratch:
+                    assert why == scratch.devices_idle[d]
+                elif on:
+                    fastest = min(on, key=lambda c: c.plan.iteration_ns)
+                    assert why.startswith(f"too slow to help: the fastest candidate that runs a stage on it, "
+                                          f"'{fastest.name}'"), why
+                    assert (fastest.plan.iteration_ns > got.limit_ns) == ("over the limit" in why)
+                elif got.scratch is not None:
+                    kind, _, said = scratch.devices_idle[d].partition(": ")
+                    assert why == f"{kind}: the from-scratch plan leaves it idle too, as the search says: {said}"
+                else:
+                    assert why.startswith("not planned: ")
+                seen.add((why.split(":")[0], chosen is got.scratch))
+    assert {("bytes", True), ("too slow to help", False)} <= seen, seen
+    assert any(scratch for _, scratch in seen - {("bytes", True)}), seen  # the search's own reasons
+    # A choice of the relabeled from-scratch plan among the two from-scratch candidates alone (seed 0: it runs on m0
+    # only): no candidate runs a stage on m1/0, m2/0, m2/1, and the from-scratch plan's reasons are said as its.
+    problem, old, holders, scratch = _case(0)
+    got = replan_pipelines(problem, old, holders, scratch, time_limit_s=1)
+    two = [c for c in got.candidates if c.name.startswith("from scratch")]
+    assert [c.name for c in two] == ["from scratch", "from scratch, relabeled"]
+    got = dataclasses.replace(got, chosen=two[1], candidates=two)
+    idle = replan_idle_reasons(problem, got)
+    assert set(idle) == {"m1/0", "m2/0", "m2/1"} == set(scratch.devices_idle), idle
+    for d, why in idle.items():
+        kind, _, said = scratch.devices_idle[d].partition(": ")
+        assert why == f"{kind}: the from-scratch plan leaves it idle too, as the search says: {said}"
+
+
 def test_without_a_from_scratch_plan_the_re_splits_alone_are_chosen_from():
     problem, old, holders, _ = _case(0)
     got = replan_pipelines(problem, old, holders, None, time_limit_s=1)

@@ -142,3 +142,27 @@ def test_console_error_check_catches_a_broken_page(tmp_path):
     page = tmp_path / "broken.html"
     page.write_text("<!DOCTYPE html><html><body><script>undefinedFunction();</script>ok</body></html>")
     assert _console_errors(_chromium(page, "--dump-dom").stderr)
+
+
+def test_a_stage_near_its_devices_memory_is_named_with_the_way_to_leave_room(partitioned):
+    """NOTE [memory the runtime adds]: a stage over 95% of its device's memory gets the note, one under does not."""
+    import io
+    import json
+
+    from rich.console import Console
+
+    from hetpart.plan_report import load_plan
+    from hetpart.report.table import memory_note, print_plan
+
+    data = json.loads((partitioned.out / "plan.json").read_text())
+    assert memory_note(load_plan(partitioned.out / "plan.json", data)) is None  # the mixed-4 GPUs: far from full
+    stage = data["stages"][-1]
+    for share, noted in ((0.949, False), (0.951, True)):
+        stage["capacity_bytes"] = int(stage["memory_bytes"] / share)
+        plan = load_plan(partitioned.out / "plan.json", data)
+        note = memory_note(plan)
+        assert (note is not None) == noted, (share, note)
+        buf = io.StringIO()
+        print_plan(plan, Console(file=buf, width=300))
+        assert ("plan over 95% of their device's memory" in buf.getvalue()) == noted
+    assert f"stage {stage['index']} on {stage['device']}: 95.1% of its" in note and "`mem_GiB`" in note

@@ -14,6 +14,7 @@ from hetpart.runtime.checkpoint import (
     CheckpointRun, complete_checkpoints, check_checkpoint_dir, check_resume, find_checkpoint, finish_checkpoint, load_rank,
     prepare_run, prune, rank_state, read_checkpoint, resume_commands, save_rank, weight_sources,
 )
+from hetpart.runtime.optimizers import OptimizerSpec
 from hetpart.runtime.verify import reference_training
 
 NAMES = {"fc1.weight": "fc1.weight", "fc1.bias": "fc1.bias", "fc2.weight": "fc2.weight", "fc2.bias": "fc2.bias"}
@@ -152,9 +153,9 @@ def test_resume_refuses_another_model_or_batch_and_reads_weights_from_the_neares
 def test_the_reference_of_a_resumed_run_is_the_same_training_checked_from_its_first_step():
     x = torch.randn(8, 4, generator=torch.Generator().manual_seed(2))
     target = torch.randn(8, 3, generator=torch.Generator().manual_seed(3))
-    whole = reference_training(_Named(0), (x,), target, 2, 4, 0.1, 1)
+    whole = reference_training(_Named(0), (x,), target, 2, 4, OptimizerSpec("sgd", 0.1), 1)
     seen = []
-    resumed = reference_training(_Named(0), (x,), target, 2, 4, 0.1, 1, first_step=2,
+    resumed = reference_training(_Named(0), (x,), target, 2, 4, OptimizerSpec("sgd", 0.1), 1, first_step=2,
                                  at_first_step=lambda: seen.append(True))
     assert seen == [True] and resumed.losses.shape == (2, 2)
     assert torch.equal(resumed.losses, whole.losses[2:])

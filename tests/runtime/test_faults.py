@@ -108,7 +108,8 @@ def test_a_rank_that_cannot_find_its_files(two_ranks, tmp_path, monkeypatch, cap
     # The launcher checks every rank's files before it starts torchrun.
     assert main(["run", str(copy)]) == 2
     err = _error(capsys)
-    assert f"rank 1: '{copy / 'rank1' / 'stage.py'}' is missing; re-run `hetpart partition`" in err
+    assert f"rank 1: '{copy / 'rank1' / 'stage.py'}' is missing; re-run `hetpart partition ... --out {copy} --force`" \
+        in err
     assert not (copy / "logs").exists(), "nothing was started"
     # On a real cluster the rank's machine may lack them although the launcher's has them:
     # the rank reports it, and its peer is stopped.

@@ -18,7 +18,7 @@ from safetensors.torch import load_file, save_file
 
 from hetpart.cli import main
 from hetpart.codegen import sha256
-from hetpart.runtime.launch import reference_outputs
+from hetpart.runtime.verify import reference_outputs
 from hetpart.runtime.verify import Tolerances, Verification, check_tensor
 
 SCALED_PY = '''\

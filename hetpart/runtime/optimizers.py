@@ -1,0 +1,125 @@
+"""The optimizer a training run steps: `hetpart run --optimizer sgd|adamw --lr LR` (NOTE [the run's optimizer])."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from hetpart.errors import HetpartError
+
+# NOTE [the run's optimizer]
+# Every rank and --verify's reference step the same optimizer (one place makes it: `OptimizerSpec.make`), so
+# the reference is the unpartitioned model trained as the ranks train their parts: SGD (no state) or AdamW
+# (torch's defaults: betas (0.9, 0.999), eps 1e-8, weight decay 0.01; two moments and a step per weight,
+# what the plan's default --optimizer-bytes-per-param 8 budgets). Both are elementwise, so a weight held
+# by several ranks (tied weights, data-parallel pipelines) stays the same on each once its gradient is.
+# A checkpoint records the optimizer's type and hyperparameters (checkpoint.py `rank_state`); a resumed run
+# steps what the checkpoint was trained with: flags left out are taken from it, flags that differ are
+# refused, since one optimizer's state cannot seed another and --verify retrains the reference with one
+# optimizer and one lr for every step, the resumed ones included.
+
+# NOTE [verify after AdamW]
+# AdamW moves each weight by lr * m / (sqrt(v) + eps), normalised per element: where a gradient cancels to
+# about 0 (1e-9 of a gradient of scale 1e-3), float rounding in it (1e-10, from another order of sums: the
+# pipeline's microbatches, its stages' backward, the data-parallel all-reduce) changes that move by a
+# sizeable part of lr (measured 0.008 lr on zoo:mlp in 2 pipelines). So the weights after an AdamW step are
+# compared with a slack per element: the first-order change of the step when the gradient moves by what
+# the gradient check accepts (atol * its scale), at most 2 lr (the move reversed), summed over the steps
+# (`OptimizerSpec.slack`, on the reference's own state). A weight whose gradient is not near 0 gets almost
+# none, so a rank that does not step or steps the wrong weights still fails. The first step's outputs,
+# gradients and loss are before any AdamW step and keep the strict rule. After that step the trajectories
+# differ by those moves and every later gradient with them (4 steps of the same run left 3 weights outside
+# the slack, 1 step none), so --verify
+# checks one AdamW step from the start only: `resumed_optimizer` refuses more (SGD is linear in the
+# gradient and is checked over any steps and resumes, as issue 21 asks).
+OPTIMIZERS = {"sgd": "SGD", "adamw": "AdamW"}  # the --optimizer name -> torch.optim's class (the checkpoint's "type")
+DEFAULT = "sgd"
+DEFAULT_LR = 1e-3
+
+
+@dataclass(frozen=True)
+class OptimizerSpec:
+    name: str = DEFAULT
+    lr: float = DEFAULT_LR
+
+    def make(self, params: Any) -> torch.optim.Optimizer:
+        """This optimizer over `params` (NOTE [the run's optimizer])."""
+        return getattr(torch.optim, OPTIMIZERS[self.name])(params, lr=self.lr)
+
+    def worker_args(self) -> list[str]:
+        return ["--optimizer", self.name, "--lr", repr(self.lr)]
+
+    def slack(self, optimizer: torch.optim.Optimizer, names: dict[int, list[str]], atol: float,
+              into: dict[str, torch.Tensor]) -> None:
+        """After a step of the reference (`optimizer`, made by `make`): add to `into[name]`, for each weight,
+        how far its value may lie from the reference's because its gradient did (NOTE [verify after AdamW])."""
+        if self.name != "adamw":
+            return
+        for group in optimizer.param_groups:
+            beta2, eps = group["betas"][1], group["eps"]
+            for p in group["params"]:
+                state = optimizer.state.get(p)
+                if p.grad is None or not state:
+                    continue
+                step = float(state["step"])
+                denom = (state["exp_avg_sq"] / (1 - beta2 ** step)).sqrt() + eps
+                moved = (atol * float(p.grad.abs().max()) / denom).clamp(max=2.0) * group["lr"]
+                for name in names.get(id(p), []):
+                    into[name] = into.get(name, 0) + moved.detach()
+
+    def said(self) -> str:
+        return f"{OPTIMIZERS[self.name]} at lr {self.lr:g}"
+
+
+def run_optimizer(name: str | None, lr: float | None, saved: list[dict[str, Any]] | None = None,
+                  where: str = "") -> OptimizerSpec:
+    """The run's optimizer from its --optimizer and --lr (None: left out) and, on a resume, the checkpoint's
+    ranks' optimizer records `saved` (`{"type", "param_groups"}` each; NOTE [the run's optimizer])."""
+    if name is not None and name not in OPTIMIZERS:
+        raise HetpartError(f"--optimizer {name}: expected one of {', '.join(OPTIMIZERS)}")
+    if lr is not None and not (math.isfinite(lr) and lr > 0):
+        raise HetpartError(f"--lr {lr}: expected a positive finite number")
+    if not saved:
+        return OptimizerSpec(name or DEFAULT, DEFAULT_LR if lr is None else lr)
+    kinds = {r["type"] for r in saved if r.get("type") is not None}
+    names = {n for n, cls in OPTIMIZERS.items() if cls in kinds}
+    if len(kinds) != 1 or len(names) != 1:  # a checkpoint of no weights' state, or of one hetpart does not step
+        if not kinds:
+            return OptimizerSpec(name or DEFAULT, DEFAULT_LR if lr is None else lr)
+        raise HetpartError(f"checkpoint '{where}' holds {sorted(kinds)} state; `hetpart run` steps "
+                           f"{', '.join(OPTIMIZERS.values())}: resume it with the optimizer it was trained with")
+    saved_name = names.pop()
+    lrs = {g.get("lr") for r in saved for g in r.get("param_groups", [])}
+    saved_lr = lrs.pop() if len(lrs) == 1 else None
+    if name is not None and name != saved_name:
+        raise HetpartError(f"--optimizer {name}: checkpoint '{where}' was trained with {OPTIMIZERS[saved_name]}; "
+                           f"resume with --optimizer {saved_name} (or leave it out), or train from the start")
+    if lr is not None and saved_lr is not None and lr != saved_lr:
+        raise HetpartError(f"--lr {lr:g}: checkpoint '{where}' was trained at lr {saved_lr:g}; a resumed run steps "
+                           f"the checkpoint's lr (--verify retrains the model at one lr): leave --lr out or pass "
+                           f"--lr {saved_lr!r}")
+    return OptimizerSpec(saved_name, saved_lr if saved_lr is not None else (DEFAULT_LR if lr is None else lr))
+
+
+def resumed_optimizer(opts: Any, run: Any) -> OptimizerSpec:
+    """`run_pipeline`'s hook: the optimizer of the RunOptions `opts`, the checkpoint's where `run` (a
+    CheckpointRun or None) resumes one (NOTE [the run's optimizer])."""
+    if opts.mode != "training" and (opts.optimizer is not None or opts.lr is not None):
+        flag = "--optimizer" if opts.optimizer is not None else "--lr"
+        raise HetpartError(f"{flag}: only a training run steps an optimizer; pass --mode training, or leave {flag} "
+                           "out")
+    saved = None
+    if run is not None and run.resume is not None:
+        from hetpart.runtime.checkpoint import read_checkpoint
+
+        saved = [r["optimizer"] for r in read_checkpoint(run.resume, check_tensors=False).ranks]
+    spec = run_optimizer(opts.optimizer, opts.lr, saved, str(run.resume) if saved is not None else "")
+    if opts.verify and spec.name == "adamw" and (opts.steps > 1 or saved is not None):
+        raise HetpartError("--verify checks one AdamW step from the start (NOTE [verify after AdamW]): its "
+                           "per-weight normalisation turns float rounding in a gradient that cancels to about 0 into "
+                           "a move of up to the lr, which later steps spread to every weight; pass --steps 1 without "
+                           "--resume, or verify the plan with --optimizer sgd")
+    return spec
