@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
+import select
 import signal
 import sys
 import threading
@@ -355,6 +357,41 @@ def _terminate(signum: int, frame: object) -> None:
     raise Terminated(signum)
 
 
+# NOTE [closed stdout]
+# `hetpart inspect DIR --json | head -1` closes the pipe before hetpart is done writing. A plain print then
+# raised BrokenPipeError (a traceback, exit 1), and rich's Console turned it into SystemExit(1), which the CLI
+# took for the model's code exiting ("the model's code called sys.exit(1)", exit 2). Both now end quietly
+# with 141 (128 + SIGPIPE, what `cat` or `git log` give a shell there), stdout pointed at /dev/null so that
+# the interpreter's last flush does not complain. Only when stdout is really closed: a BrokenPipeError of
+# another pipe (a sibling process's stdin) is still a bug with its traceback.
+SIGPIPE_EXIT = 128 + signal.SIGPIPE
+
+
+class _Console(Console):
+    """rich's Console whose closed stdout raises BrokenPipeError instead of SystemExit (NOTE [closed stdout])."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        raise BrokenPipeError("stdout closed")
+
+
+def _stdout_closed() -> bool:
+    """Whether this process's stdout is a pipe whose reader has gone (NOTE [closed stdout])."""
+    try:
+        poll = select.poll()
+        poll.register(sys.__stdout__.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poll.poll(0))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _silence_stdout() -> None:
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.__stdout__.fileno())
+        os.close(devnull)
+
+
 def main(argv: list[str] | None = None) -> int:
     in_main_thread = threading.current_thread() is threading.main_thread()
     previous = {}
@@ -378,7 +415,7 @@ def _main(argv: list[str] | None) -> int:
     # torch's own deprecation notices (pytree LeafSpec) are not the user's to act on.
     warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
     # Tables keep their shape in pipes and logs (rich would wrap them at 80 columns).
-    console = Console() if sys.stdout.isatty() else Console(width=160)
+    console = _Console() if sys.stdout.isatty() else _Console(width=160)
     args = None
     try:
         args = build_parser().parse_args(argv)
@@ -408,6 +445,11 @@ def _main(argv: list[str] | None) -> int:
     except HetpartError as err:
         print(f"hetpart: error: {err}", file=sys.stderr)
         return err.exit_code
+    except BrokenPipeError:
+        if not _stdout_closed():
+            raise  # another pipe than stdout: a bug in hetpart, with its traceback
+        _silence_stdout()  # NOTE [closed stdout]
+        return SIGPIPE_EXIT
     except KeyboardInterrupt as err:  # a training run's last checkpoint and resume command, where it has them
         print("hetpart: interrupted" + getattr(err, "resume_note", ""), file=sys.stderr)
         return 130

@@ -15,7 +15,11 @@ such write goes through `AtomicWrites` (or `atomic_write`, one file):
   to a link's target; a reader sees the old file or the new one, never part;
 - on any failure, an interrupt included, every temp is removed and every old
   file is kept. Several files written in one `AtomicWrites` are renamed only
-  once all of them are complete (all-or-nothing up to the renames).
+  once all of them are complete (all-or-nothing up to the renames);
+- a target that is not a file is refused before anything is written: a device,
+  FIFO or socket there or at a link's end, or any name in /dev (`--out /dev/null
+  --force` run as root renamed a regular file over the device node, and `--out
+  /dev/stdout` over the link to the process's stdout; `special_place`).
 
 A folder hetpart fills whole (logs/) is made fresh by `fresh_dir`, which
 refuses a symlink or a file in its place; files in it are created with
@@ -134,6 +138,35 @@ def replaces_input(out: Path, inputs: dict[str, Path | None], follow: bool = Tru
     return None
 
 
+def special_place(path: Path) -> str | None:
+    """Why `path` is no file hetpart may replace (NOTE [safe writes]): 'a character device', 'a FIFO', ... where it,
+    or what a link there points to, is one; 'a name in /dev' where its folder is /dev; None otherwise."""
+    path = Path(path)
+    kinds = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO"),
+             (stat.S_ISSOCK, "a socket"))
+    for follow in (False, True):
+        try:
+            mode = os.stat(path, follow_symlinks=follow).st_mode
+        except (OSError, ValueError):
+            continue
+        kind = next((name for test, name in kinds if test(mode)), None)
+        if kind is not None:
+            return kind if not follow or not path.is_symlink() else f"a link to {kind}"
+    try:
+        in_dev = Path(os.path.abspath(path)).parent.resolve() == Path("/dev")
+    except (OSError, RuntimeError):
+        in_dev = False
+    return "a name in /dev (a device or a stream, such as /dev/stdout)" if in_dev else None
+
+
+def check_not_special(path: Path, flag: str, instead: str) -> None:
+    """An error if `flag`'s `path` is no file hetpart may replace (`special_place`); `instead`: what to do."""
+    why = special_place(path)
+    if why is not None:
+        raise HetpartError(f"{flag} {path} is {why}, not a file: hetpart writes a file by replacing it whole, and "
+                           f"would replace that itself; {instead}")
+
+
 def _default_mode() -> int:
     """The mode a plain open() gives a new file under this process's umask."""
     umask = os.umask(0)
@@ -156,6 +189,7 @@ class AtomicWrites:
     def open(self, path: Path) -> BinaryIO:
         """A new binary file whose contents become `path` when the block ends without an error."""
         path = Path(path)
+        check_not_special(path, "cannot write:", "name a regular file")
         try:
             fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         except OSError as err:

@@ -279,6 +279,10 @@ def load_plan(path: Path, data: dict[str, Any]) -> PlanReport:
     plan = _from_json(PlanReport, data, path, "")
     if not plan.stages:
         raise HetpartError(f"{path}: 'stages' is empty; {REDO}")
+    for name in ("microbatches", "microbatch_size"):  # export wrote an empty schedule CSV for 0 microbatches
+        if getattr(plan, name) < 1:
+            raise HetpartError(f"{path}: {name!r} is {getattr(plan, name)}, expected 1 or more; the plan was edited or "
+                               f"truncated: {REDO}")
     for k, stage in enumerate(plan.stages):
         if stage.index != k and plan.pipelines is None:
             raise HetpartError(f"{path}: stages[{k}].'index' is {stage.index}, expected {k}; the plan was edited or "

@@ -17,3 +17,10 @@ def format_us(ns: float | None) -> str:
     """Nanoseconds as microseconds to a tenth, with separators: "1,234.5 us"; None (no time: no plan) as "no plan
     fits"."""
     return "no plan fits" if ns is None else f"{ns / 1000:,.1f} us"
+
+
+def format_rate(per_s: float | None) -> str:
+    """A rate (samples per second) as the plan tables print it: whole with separators from 100 up ("14,898"), three
+    significant figures below ("2.87", "0.602"; review22: "{:,.0f}" printed a Llama-7B plan's 0.602 as "1")."""
+    value = per_s or 0.0
+    return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"

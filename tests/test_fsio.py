@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+from pathlib import Path
 
 import pytest
 
@@ -134,3 +135,21 @@ def test_dump_ir_writes_only_into_a_new_empty_or_hetpart_dumps_folder(tmp_path, 
     assert "holds 'notes.txt', which hetpart's dumps did not write" in capsys.readouterr().err
     assert (mine / theirs).read_text() == "precious" and not (tmp_path / "c").exists()
     assert [p.name for p in mine.iterdir()] == [theirs]
+
+
+def test_a_device_fifo_or_name_in_dev_is_refused_not_replaced(tmp_path):
+    """review22: `export --out /dev/null --force`, run as root, renamed a regular file over the device node (and
+    `--out /dev/stdout` over the link to the process's stdout). A FIFO stands in for a device here (no root needed)."""
+    import stat
+
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "link").symlink_to(tmp_path / "fifo")
+    for target, what in (("fifo", "is a FIFO"), ("link", "is a link to a FIFO")):
+        with pytest.raises(HetpartError, match=what):
+            atomic_write(tmp_path / target, "{}")
+    assert stat.S_ISFIFO((tmp_path / "fifo").lstat().st_mode) and (tmp_path / "link").is_symlink()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo", "link"]  # no temp left
+    from hetpart.fsio import special_place
+
+    assert special_place(Path("/dev/stdout")) is not None and special_place(Path("/dev/null")) is not None
+    assert special_place(tmp_path / "new.json") is None

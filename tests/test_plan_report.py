@@ -74,6 +74,9 @@ def test_optional_fields_of_older_plans_take_their_defaults_and_stay_out_of_the_
     (lambda d: d.update(dynamic=[]), "'dynamic' is missing or not a dict or null (got [])"),
     (lambda d: d.update(model="zoo:toy"), "'model' is missing or not a dict (got 'zoo:toy')"),
     (lambda d: d["stages"].append("x"), "stages[2] must be an object"),
+    # review22: 0 microbatches was read, and `export --format schedule-csv` wrote an empty CSV (exit 0)
+    (lambda d: d.update(microbatches=0), "'microbatches' is 0, expected 1 or more"),
+    (lambda d: d.update(microbatch_size=-2), "'microbatch_size' is -2, expected 1 or more"),
 ])
 def test_a_hand_edited_plan_is_refused_naming_the_field(edit, message):
     data = _plan_json()
@@ -88,3 +91,13 @@ def test_every_field_has_a_json_type():
     for cls in (PlanReport, StageReport):
         for f in dataclasses.fields(cls):
             assert f.metadata.get("kind") is not None, f"{cls.__name__}.{f.name}"
+
+
+@pytest.mark.parametrize("rate, shown", [(80000.0, "80,000"), (2.8695, "2.87"), (0.6024, "0.602"), (10.24, "10.2")])
+def test_the_summary_line_prints_a_small_throughput_to_three_figures(rate, shown):
+    """review22: "{:,.0f}" printed a Llama-7B plan's 0.602 samples/s as "1" (and Llama-70B's 2.87 as "3")."""
+    from hetpart.report.table import plan_summary
+
+    data = _plan_json()
+    data["predicted_samples_per_s"] = rate
+    assert f"throughput {shown} samples/s  |" in plan_summary(load_plan(PATH, data))

@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 from hetpart.errors import HetpartError
+from hetpart.partitioner.simulate import SCHEDULES, VIRTUAL_SCHEDULES
 from hetpart.export.formats import (
     FORMATS, Exported, export_accelerate, export_deepspeed, export_megatron, export_schedule_csv, export_torchtitan,
 )
@@ -27,6 +28,10 @@ def export_text(pj: dict, fmt: str, out_file: Path | None = None) -> Exported:
             "from --pipelines or --parallel data), which no export format here describes yet (each takes a "
             "plan partitioned without them); export a plan partitioned without --pipelines/--parallel data, "
             "or run this one with `hetpart run`")
+    known = SCHEDULES + VIRTUAL_SCHEDULES
+    if pj["schedule"] not in known:  # each format writes the schedule's order or name (an unknown one was a 1F1B CSV)
+        raise HetpartError(f"plan.json's schedule {pj['schedule']!r} is not one hetpart plans ({', '.join(known)}): "
+                           "the plan was edited; re-run `hetpart partition`")
     if fmt == "torchtitan":
         csv_path = None if out_file is None else str(out_file.resolve().with_suffix(".schedule.csv"))
         return export_torchtitan(pj, csv_path)
@@ -47,7 +52,7 @@ def export_plan(out: Path, fmt: str, out_file: Path | None = None, key: Path | N
     and write the config to `out_file` (and its companions) if given: a file already there only with
     `force`, never one of an artifacts directory (NOTE [outputs outside the artifacts] in fsio.py).
     Nothing is written on an error."""
-    from hetpart.fsio import AtomicWrites, check_outside_artifacts, replaces_input
+    from hetpart.fsio import AtomicWrites, check_not_special, check_outside_artifacts, replaces_input
     from hetpart.runtime.artifacts import load_manifest, read_plan
     from hetpart.trust import read_key
 
@@ -63,6 +68,7 @@ def export_plan(out: Path, fmt: str, out_file: Path | None = None, key: Path | N
         targets = {out_file: result.text} | {out_file.with_suffix(suffix): text
                                              for suffix, text in result.extra_files.items()}
         for path in targets:
+            check_not_special(path, "--out", "leave out --out to print the config to stdout (`> FILE` keeps it)")
             check_outside_artifacts(path, "--out", follow=False)
             if replaces_input(path, {"--key": key}, follow=False):  # NOTE [an output is no input] in fsio.py
                 raise HetpartError(f"--out: this export writes '{path}', which is the --key file {key} it reads: "

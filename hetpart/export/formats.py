@@ -46,16 +46,29 @@ def layer_plan(pj: dict, fmt: str) -> LayerPlan:
         raise HetpartError(f"--format {fmt} places whole modules, but plan.json has no layer-rounded plan: the model "
                            "has no submodules (every op is at its top level; use --format schedule-csv), or the plan "
                            "was written by an older hetpart (re-run `hetpart partition`)")
-    return LayerPlan.from_json(data)
+    edited = "plan.json's `layers` (the plan rounded to whole layers) was edited or truncated: re-run `hetpart partition`"
+    try:
+        lp = LayerPlan.from_json(data)
+    except ValueError as err:
+        raise HetpartError(f"--format {fmt}: {edited} ({err})") from None
+    unknown = sorted(set(lp.devices) - {s["device"] for s in pj["stages"]})
+    if unknown:
+        raise HetpartError(f"--format {fmt}: {edited} (its devices {', '.join(unknown)} run no stage of the plan)")
+    return lp
 
 
-def rounding_note(lp: LayerPlan) -> str:
-    """What rounding an op-level plan to whole layers costs, in the plan's own cost model."""
+def rounding_note(lp: LayerPlan, pj: dict) -> str:
+    """What rounding an op-level plan to whole layers costs, in the plan's own cost model, and which of its devices
+    the rounding leaves without a layer (review22: a 3-stage plan was exported as 2 stages without a word)."""
+    note = _rounding_note(lp)
     if lp.shared:
-        shared = (f"; {', '.join(lp.shared[:4])} run(s) at several places with other modules between, listed at "
-                  "the stage of the first call")
-        return _rounding_note(lp) + shared
-    return _rounding_note(lp)
+        note += (f"; {', '.join(lp.shared[:4])} run(s) at several places with other modules between, listed at "
+                 "the stage of the first call")
+    idle = [s["device"] for s in pj["stages"] if s["device"] not in lp.devices]
+    if idle:
+        note += (f"; {len(lp.devices)} of the plan's {len(pj['stages'])} stages keep a whole layer: "
+                 f"{', '.join(idle)} would stay idle, and the config has {len(lp.devices)} stages")
+    return note
 
 
 def _rounding_note(lp: LayerPlan) -> str:
@@ -170,7 +183,7 @@ def export_torchtitan(pj: dict, csv_path: str | None) -> Exported:
     lines.append("module_fqns_per_model_part = [")
     lines += [f"    {_toml_list(p)}," for p in parts]
     lines.append("]")
-    notes = [rounding_note(lp)]
+    notes = [rounding_note(lp, pj)]
     if csv_path is None:
         notes.append("note: pass --out FILE to also write FILE's schedule CSV (pipeline_parallel_schedule_csv)")
     return Exported("\n".join(lines) + "\n", extra, notes)
@@ -224,7 +237,7 @@ def export_megatron(pj: dict) -> Exported:
     lp = layer_plan(pj, "megatron")
     first, last = decoder_blocks(lp.names, "megatron")
     counts = [sum(1 for i in range(first, last + 1) if lp.stage_of_layer[i] == k) for k in range(len(lp.devices))]
-    notes = [rounding_note(lp)]
+    notes = [rounding_note(lp, pj)]
     pre, post = lp.names[:first], lp.names[last + 1:]
     if {lp.stage_of_layer[i] for i in range(first)} - {0} or {lp.stage_of_layer[i] for i in
                                                              range(last + 1, len(lp.names))} - {len(counts) - 1}:
@@ -266,7 +279,7 @@ def export_deepspeed(pj: dict) -> Exported:
         "stage_devices": lp.devices,
         "predicted_stage_us": lp.rounded_stage_us,
     }
-    notes = [rounding_note(lp), "note: DeepSpeed's partition_method takes no list: set `self.parts` in a "
+    notes = [rounding_note(lp, pj), "note: DeepSpeed's partition_method takes no list: set `self.parts` in a "
              "PipelineModule subclass's _partition_layers (README, `hetpart export`)"]
     return Exported(json.dumps(data, indent=1) + "\n", notes=notes)
 
@@ -287,9 +300,33 @@ def accelerate_device_map(pj: dict, lp: LayerPlan) -> dict[str, int | str]:
     for d in pj["cluster"]["devices"]:
         if d["machine"] == machines[0]:
             ordinal[d["name"]] = "cpu" if d["type"] == "cpu" else sum(1 for v in ordinal.values() if v != "cpu")
-    return {name: ordinal[lp.devices[k]] for name, k in zip(lp.names, lp.stage_of_layer)}
+    device_map = {name: ordinal[lp.devices[k]] for name, k in zip(lp.names, lp.stage_of_layer)}
+    on_cpu = [name for name, where in device_map.items() if where == "cpu"]
+    if on_cpu and len(set(device_map.values())) > 1:  # NOTE [accelerate's cpu]
+        shown = ", ".join(on_cpu[:4]) + (", ..." if len(on_cpu) > 4 else "")
+        raise HetpartError(f"--format accelerate: the plan runs {shown} on the CPU beside GPUs, but in accelerate's "
+                           "device_map \"cpu\" beside a GPU offloads a module's weights to CPU memory and runs it on "
+                           "the first GPU (dispatch_model's main_device), not on the CPU: partition for the machine's "
+                           "GPUs only (a cluster file without its \"cpu\"), or export --format torchtitan, megatron "
+                           "or deepspeed")
+    return device_map
+
+
+# NOTE [accelerate's cpu]
+# accelerate's dispatch_model runs a module mapped to "cpu" on its main device, the first GPU of the map,
+# with the weights kept in CPU memory and copied over at each forward (execution_device in
+# accelerate/big_modeling.py): "cpu" is offloading there, not a place to compute, unless every module
+# is on the CPU. A plan that computes some layers on the CPU beside GPUs is refused (review22: the
+# README's own example ran its CPU stage on the A100 and said its predicted time carried over). And
+# accelerate runs the devices one after another, not as a pipeline, so a plan's per-microbatch
+# bottleneck is not its step time there: the note says so.
 
 
 def export_accelerate(pj: dict) -> Exported:
     lp = layer_plan(pj, "accelerate")
-    return Exported(json.dumps(accelerate_device_map(pj, lp), indent=1) + "\n", notes=[rounding_note(lp)])
+    device_map = accelerate_device_map(pj, lp)
+    total = round(sum(lp.rounded_stage_us), 3)
+    sequential = (f"note: accelerate runs the devices one after another, not as a pipeline: there a microbatch of "
+                  f"{pj['microbatch_size']} takes up to the stages' times added up, {total:g} us (each transfer counted "
+                  f"on both of its sides), where a pipeline of them takes the bottleneck per microbatch")
+    return Exported(json.dumps(device_map, indent=1) + "\n", notes=[rounding_note(lp, pj), sequential])

@@ -124,6 +124,25 @@ class LayerPlan:
 
     @classmethod
     def from_json(cls, data: dict) -> LayerPlan:
+        """plan.json's `layers`; a ValueError saying what does not hold where it was edited (review22: a layer on
+        stage 9 of 4 was an IndexError, DeepSpeed's `parts` came out wrong, fewer names than stages cut the map)."""
+        try:
+            lp = cls._from_json(data)
+        except (KeyError, TypeError, ValueError, AttributeError) as err:
+            raise ValueError(f"{type(err).__name__}: {err}"[:200]) from None
+        stages = len(lp.devices)
+        if len(lp.stage_of_layer) != len(lp.names) or not all(isinstance(n, str) for n in lp.names + lp.devices):
+            raise ValueError(f"{len(lp.names)} names and {len(lp.stage_of_layer)} stage_of_layer entries; "
+                             "each layer needs its name and its stage")
+        if any(not 0 <= k < stages for k in lp.stage_of_layer + lp.over_memory_stages):
+            raise ValueError(f"a stage outside 0..{stages - 1}, the rounded plan's {stages} stage(s) (devices)")
+        if len(lp.rounded_stage_us) != stages or set(lp.split_by_plan) - set(lp.names):
+            raise ValueError(f"{len(lp.rounded_stage_us)} rounded_stage_us for {stages} stage(s), or a split_by_plan "
+                             "layer that is not among names")
+        return lp
+
+    @classmethod
+    def _from_json(cls, data: dict) -> LayerPlan:
         return cls(names=list(data["names"]), stage_of_layer=[int(k) for k in data["stage_of_layer"]],
                    devices=list(data["devices"]), split_by_plan=list(data["split_by_plan"]),
                    bottleneck_us=float(data["bottleneck_us"]), rounded_bottleneck_us=float(data["rounded_bottleneck_us"]),

@@ -48,6 +48,10 @@ class NodeInfo:
     # op-cost pass
     cost_ns: dict[str, int] = field(default_factory=dict)  # device type -> time at microbatch size
     bwd_cost_ns: dict[str, int] = field(default_factory=dict)  # training only: backward time per device type
+    # tensor-parallel pass (--tensor-parallel): degree -> this node's part in a stage of that degree, e.g.
+    # "split:2" (its output split on dim 2), "shard:0" (a weight split on dim 0), "allreduce" (a row linear's
+    # partial sum); what the dump after that pass shows (NOTE [tensor-parallel sharding] in passes/tensor_parallel.py)
+    tp: dict[int, str] = field(default_factory=dict)
     # partition
     stage: int | None = None
 

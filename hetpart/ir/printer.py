@@ -88,6 +88,7 @@ def _annotations(ni: NodeInfo | None) -> str:
         parts.append(f"bwd_flops={_si(ni.bwd_flops)}")
     if any(ni.bwd_cost_ns.values()):
         parts.extend(f"bwd:{dev}={format_ns(t)}" for dev, t in sorted(ni.bwd_cost_ns.items()))
+    parts.extend(f"tp{t}={part}" for t, part in sorted(ni.tp.items()))
     if ni.stage is not None:
         parts.append(f"stage={ni.stage}")
     return " ".join(parts)

@@ -62,7 +62,9 @@ class PassTiming:
 # files. Dumps go only into a folder that is new, empty, or one hetpart's dumps made:
 # it holds `.hetpart-dumps`, which lists every dump written there, and nothing else
 # (a file hetpart did not write is refused, named, before anything runs). The marker is
-# written before each dump file, so it never misses one of them.
+# written before each dump file, so it never misses one of them. A run first removes the
+# dumps the marker lists (`_clear_dumps`): one it does not write again (06-partition.txt of
+# a --tensor-parallel run, or every dump after the pass that fails now) would pass for its own.
 DUMPS_MARKER = ".hetpart-dumps"
 
 
@@ -93,6 +95,23 @@ def check_dump_dir(where: Path) -> None:
         what = f"holds '{foreign}', which hetpart's dumps did not write" if foreign else f"has no {DUMPS_MARKER} marker"
         raise HetpartError(f"--dump-ir {where} {what}; hetpart writes dumps only into a new or empty folder or one "
                            "of its own dumps: choose another --dump-ir DIR")
+
+
+def _clear_dumps(where: Path) -> None:
+    """Remove the dumps an earlier run left in `where`, as its marker lists them (NOTE [--dump-ir DIR is hetpart's]);
+    `check_dump_dir` has checked that nothing else is there."""
+    listed = _dumps_listed(where)
+    if not listed:
+        return
+    try:
+        for name in sorted(listed):
+            path = where / name
+            if name != DUMPS_MARKER and Path(name).name == name and (path.is_symlink() or path.is_file()):
+                path.unlink()  # a name in `where` only, never a folder
+        atomic_write(where / DUMPS_MARKER, json.dumps({"files": []}, indent=1) + "\n")
+    except OSError as err:
+        raise HetpartError(f"cannot remove the earlier IR dumps in '{where}': {err.strerror}; "
+                           "pass a writable --dump-ir DIR") from None
 
 
 def _mark_dumps(where: Path, names: list[str]) -> None:
@@ -160,6 +179,8 @@ class PassManager:
             raise HetpartError(f"--print-ir-after: unknown pass(es) {sorted(unknown)} (passes: {', '.join(sorted(known))})")
         if self.extra_dump_dir is not None:
             check_dump_dir(self.extra_dump_dir)
+            if self.extra_dump_dir.is_dir():
+                _clear_dumps(self.extra_dump_dir)
         self.emit(gm, 0, "export")
         for index, p in enumerate(self.passes, start=1):
             missing = [f for f in p.requires if not any(has_field(n, f) for n in gm.graph.nodes)]

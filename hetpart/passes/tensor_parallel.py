@@ -38,6 +38,7 @@ import sympy
 import torch
 import torch.fx as fx
 
+from hetpart.ir import info
 from hetpart.passes.manager import PassContext, PassResult
 from hetpart.shards import WeightShard
 
@@ -344,12 +345,33 @@ class TensorParallelPass:
     name: ClassVar[str] = "tensor-parallel"
     summary: ClassVar[str] = "Megatron-style sharding of linears and attention heads, found on the dataflow"
     requires: ClassVar[tuple[str, ...]] = ("shape",)
-    provides: ClassVar[tuple[str, ...]] = ()
+    provides: ClassVar[tuple[str, ...]] = ("tp",)
     degrees: tuple[int, ...] = (2,)
 
     def run(self, gm: fx.GraphModule, ctx: PassContext) -> PassResult:
         gm.meta[TP_META] = {t: analyse(gm, t) for t in self.degrees if t > 1}
+        for t, plan in gm.meta[TP_META].items():  # each node's part, for the IR dump (review22: it showed none)
+            for n in gm.graph.nodes:
+                part = node_part(plan, n)
+                if part is not None:
+                    info(n).tp[t] = part
         return PassResult(gm, changed=False)
+
+
+def node_part(plan: ShardingPlan, node: fx.Node) -> str | None:
+    """`node`'s part in a stage of `plan`'s degree, as the IR dump shows it (NodeInfo.tp); None if replicated."""
+    if node.op == "get_attr" and node.target in plan.weights:
+        shard = plan.weights[node.target]
+        return f"shard:{shard.dim}" + (f"x{shard.chunks}" if shard.chunks > 1 else "")
+    if node.name in plan.reduce_after:
+        return "allreduce"  # a row linear: its partial sum all-reduced (g)
+    if node.name in plan.gather_before_output:
+        return f"split:{plan.gather_before_output[node.name]}+gather"
+    if node.name in plan.sharded:
+        return f"split:{plan.sharded[node.name]}"
+    if node.name in plan.copy_before:
+        return "copy"  # read by column linears: its gradient all-reduced (f)
+    return None
 
 
 def describe(plan: ShardingPlan) -> list[str]:
@@ -364,4 +386,4 @@ def describe(plan: ShardingPlan) -> list[str]:
     return lines
 
 
-__all__ = ["ShardingPlan", "TP_META", "TensorParallelPass", "analyse", "describe"]
+__all__ = ["ShardingPlan", "TP_META", "TensorParallelPass", "analyse", "describe", "node_part"]

@@ -66,6 +66,12 @@ def check_profile_type(name: str, cluster: Any = None) -> None:
 
     custom = sorted(set(cluster.device_types) - set(CATALOG)) if cluster is not None else []
     if name in CATALOG or name in custom:
+        used = sorted({d.type.name for m in cluster.machines for d in m.devices}) if cluster is not None else [name]
+        if name not in used:  # review22: was profiled as 1 process, a profile `partition --cluster` then refuses
+            raise HetpartError(f"--device-type {name}: cluster '{cluster.name}' has no device of that type (its "
+                               f"devices: {', '.join(used)}); --cluster counts the ranks of the type that share a "
+                               "machine, and `partition --cluster` takes only profiles of its own types: give the "
+                               "cluster you will partition for, or --concurrent N instead of --cluster")
         return
     where = (f"; cluster '{cluster.name}' adds: {', '.join(custom)}" if custom else
              f"; cluster '{cluster.name}' adds none" if cluster is not None else
@@ -234,6 +240,12 @@ def profile_model(spec: Any, microbatches: int, device_type: str, *, device: str
     if microbatches < 1 or spec.batch_size % microbatches:
         raise HetpartError(f"--microbatches {microbatches} must be >= 1 and divide --batch-size {spec.batch_size}")
     module, inputs = load_model(spec)
+    if any(p.is_meta for p in module.parameters()):  # review22: was torch.export's "not on the expected device meta"
+        raise HetpartError(f"{spec.model} is built on the meta device only (its weights are never made: a meta-only "
+                           "zoo model, see `hetpart models`), and `hetpart profile` times ops on real weights: profile "
+                           "its family with real weights and fewer layers (zoo:llama with the same --set dims and "
+                           "--set n_layers=1, say); a profile is keyed by op and input shapes, so one layer's ops "
+                           "serve every layer of the big model")
     gm = export_model(module, inputs)
     micro = spec.batch_size // microbatches
     return profile_graph(gm, tuple(x[:micro] for x in inputs), device_type, device=device, repeats=repeats,

@@ -32,7 +32,7 @@ import torch
 import torch.fx as fx
 
 from hetpart.errors import HetpartError
-from hetpart.fsio import atomic_write, check_outside_artifacts
+from hetpart.fsio import atomic_write, check_not_special, check_outside_artifacts
 from hetpart.ir.info import DTYPE_NAMES
 
 
@@ -161,6 +161,7 @@ class Profile:
 
 def check_output_path(path: Path) -> None:
     """`profile --out`: a file that can be written, checked before minutes of profiling."""
+    check_not_special(path, "--out", "choose a file for the profile (`partition --profile FILE` reads it)")
     if path.is_dir():
         raise HetpartError(f"--out {path} is a directory; give a file name, e.g. --out {path / 'profile.json'}")
     parent = path.parent

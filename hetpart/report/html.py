@@ -27,7 +27,7 @@ from hetpart.report.table import (
     simulated_step,
     transfer_us,
 )
-from hetpart.units import format_bytes
+from hetpart.units import format_bytes, format_rate
 
 # ColorBrewer Set3 (partition.dot uses Graphviz's `set312`, the same colours).
 PALETTE = ["#8dd3c7", "#ffffb3", "#bebada", "#fb8072", "#80b1d3", "#fdb462",
@@ -345,7 +345,7 @@ def render_report(plan: PlanReport, graph: BlockGraph) -> str:
     model = plan.model.model
     cards = [
         ("bottleneck per microbatch", format_us(plan.bottleneck_us)),
-        ("predicted throughput", f"{plan.predicted_samples_per_s or 0:,.0f} samples/s"),
+        ("predicted throughput", f"{format_rate(plan.predicted_samples_per_s)} samples/s"),
         ("lower bound", format_us(plan.lower_bound_us)),
         ("gap", f"{plan.gap:.2%}"),
         ("solver", plan.solver_status),

@@ -18,13 +18,16 @@ from hetpart.report.table import share_of_bottleneck, simulated_step, transfer_u
 _DUMP = re.compile(r"^(\d+)-(.+)\.txt$")
 
 
-def ir_dumps(out: Path) -> list[tuple[int, str, Path]]:
-    """(number, pass name, path) of every `ir/NN-<name>.txt`, in order."""
+def ir_dumps(out: Path, manifest: dict[str, Any]) -> list[tuple[int, str, Path]]:
+    """(number, pass name, path) of every `ir/NN-<name>.txt` the manifest lists, in order: not what the folder holds
+    (review22: `--json` listed a file put there by hand, and `--ir 4` of a listed dump that was deleted said "no
+    such IR dump" instead of that it is missing)."""
     found = []
-    for path in sorted((out / "ir").glob("*.txt")):
-        m = _DUMP.match(path.name)
+    for relative in sorted(manifest["files"]):
+        folder, _, name = relative.partition("/")
+        m = _DUMP.match(name) if folder == "ir" else None
         if m:
-            found.append((int(m.group(1)), m.group(2), path))
+            found.append((int(m.group(1)), m.group(2), out / relative))
     return found
 
 
@@ -32,7 +35,7 @@ def ir_dump(out: Path, key: str, manifest: dict[str, Any]) -> str:
     """The dump named by number (`3`, `03`) or pass name (`op-cost`), checked against the manifest."""
     from hetpart.runtime.artifacts import read_listed
 
-    dumps = ir_dumps(out)
+    dumps = ir_dumps(out, manifest)
     for number, name, path in dumps:
         if (key.isdigit() and int(key) == number) or key == name:
             return read_listed(out, manifest, path.relative_to(out).as_posix()).decode()
@@ -49,8 +52,8 @@ def _rank(manifest: dict[str, Any], stage: int, out: Path) -> dict[str, Any]:
                            "pipelines --stage K names rank K (pipeline 0's stages, then pipeline 1's, ...)")
     for entry in manifest["ranks"]:
         if entry["stage"] == stage:
-            return entry
-    known = ", ".join(str(e["stage"]) for e in manifest["ranks"])
+            return entry  # a tensor-parallel stage: its TP rank 0 (the header names the group's ranks)
+    known = ", ".join(map(str, sorted({e["stage"] for e in manifest["ranks"]})))  # a TP stage's ranks share one
     raise HetpartError(f"--stage {stage}: '{out}' has no stage {stage} (stages: {known})")
 
 
@@ -74,8 +77,11 @@ def stage_text(out: Path, manifest: dict[str, Any], plan: PlanReport, stage: int
     text = check_file(out, f"{entry['dir']}/stage.py", digest, f"rank {entry['rank']}: ", read=True)
     where = (f"stage {entry['stage']} of pipeline {entry['pipeline']}" if "pipeline" in entry
              else f"stage {stage} of {len(plan.stages)}")
-    if "tp" in entry and "pipeline" in entry:  # NOTE [tensor-parallel pipelines mesh]: which rank of the group
+    if "tp" in entry:  # which rank of the group (NOTE [tensor-parallel pipelines mesh])
         where += f", TP rank {entry['tp']['rank']} of {entry['tp']['degree']}"
+        if "pipeline" not in entry:  # --stage K names the stage: say where its other TP ranks' files are
+            group = [e["rank"] for e in manifest["ranks"] if e.get("tp", {}).get("group") == entry["tp"]["group"]]
+            where += f" (the group's ranks: {', '.join(map(str, group))})"
     head = [f"# rank {entry['rank']}, {where}: planned on {cost.device} "
             f"({cost.device_type}), {cost.predicted_time_us} us per microbatch",
             f"# file: {source}"]
@@ -96,26 +102,18 @@ def inspect_json(out: Path, manifest: dict[str, Any], plan: PlanReport) -> dict[
                        "share_of_bottleneck": round(share_of_bottleneck(plan, s), 6),
                        "dir": entry.get("dir"), "inputs": entry.get("inputs", []),
                        "outputs": entry.get("outputs", [])})
+    # Every field of plan.json (`mode`, `schedule`, `certificate`, `bounds`, `layers`, ...: review22 found `mode`
+    # missing, so a tool could not tell a training plan's compute_us, forward plus backward, from a forward), then
+    # the derived ones; `cluster` is its name (plan.json has its devices).
     return {
         "out": str(out),
-        "model": as_json(plan.model),
+        **as_json(plan),
         "cluster": plan.cluster.name,
-        "microbatches": plan.microbatches,
-        "microbatch_size": plan.microbatch_size,
-        "bottleneck_us": plan.bottleneck_us,
-        "predicted_samples_per_s": plan.predicted_samples_per_s,
-        "lower_bound_us": plan.lower_bound_us,
-        "gap": plan.gap,
-        "solver_status": plan.solver_status,
-        "dynamic": plan.dynamic,
         "simulated_step": None if plan.pipelines else {  # several pipelines: no one schedule (iteration_us)
             "schedule": step.schedule, "step_us": round(step.step_ns / 1000, 3),
             "bubble_fraction": round(step.bubble_fraction, 6)},
-        "baselines": plan.baselines,
         "stages": stages,
-        **({"pipelines": as_json(plan.pipelines), "iteration_us": plan.iteration_us,
-            "devices_idle": plan.devices_idle} if plan.pipelines else {}),
-        "ir": [{"number": n, "name": name, "file": str(p.relative_to(out))} for n, name, p in ir_dumps(out)],
+        "ir": [{"number": n, "name": name, "file": str(p.relative_to(out))} for n, name, p in ir_dumps(out, manifest)],
     }
 
 

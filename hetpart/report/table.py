@@ -9,7 +9,7 @@ from rich.table import Table
 from hetpart.partitioner.bounds import left_out
 from hetpart.partitioner.simulate import Timeline, simulate
 from hetpart.plan_report import PlanReport, StageReport, bound_record_errors, simulation_inputs
-from hetpart.units import format_bytes
+from hetpart.units import format_bytes, format_rate
 
 
 SCHEDULE_NAMES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "interleaved 1F1B",
@@ -63,7 +63,7 @@ def plan_summary(plan: PlanReport) -> str:
     rate = plan.predicted_samples_per_s
     return (
         f"bottleneck {format_us(plan.bottleneck_us)} per microbatch  |  "
-        f"throughput {rate or 0:,.0f} samples/s  |  lower bound {format_us(plan.lower_bound_us)}  |  "
+        f"throughput {format_rate(rate)} samples/s  |  lower bound {format_us(plan.lower_bound_us)}  |  "
         f"gap {plan.gap:.2%}  |  solver {plan.solver_status}"
     )
 
@@ -138,7 +138,7 @@ def pipelines_lines(plan: PlanReport) -> list[str]:
     sync = (f" + gradient sync {format_us(plan.grad_sync_us or 0)} ({format_us(plan.grad_sync_overlapped_us or 0)} "
             "left if overlapped with the backward)") if plan.training else ""
     lines.append(f"iteration {format_us(plan.iteration_us or 0)} = slowest pipeline {format_us(slowest)}{sync}")
-    lines.append(f"throughput {plan.predicted_samples_per_s or 0:,.0f} samples/s  |  lower bound "
+    lines.append(f"throughput {format_rate(plan.predicted_samples_per_s)} samples/s  |  lower bound "
                  f"{format_us(plan.lower_bound_us)}  |  gap {plan.gap:.2%}  |  solver {plan.solver_status}")
     if plan.bound_note and plan.solver_status != "OPTIMAL":  # what the gap is measured against, cuts included
         lines.append(f"lower bound: {plan.bound_note}")

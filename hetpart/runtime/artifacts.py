@@ -64,6 +64,10 @@ def load_manifest(out: Path, key: bytes | None = None) -> dict[str, Any]:
     """manifest.json, its format version and structure checked; with `key`, its signature first
     (over the very bytes parsed: NOTE [artifacts are code] in hetpart/trust.py)."""
     if not out.is_dir():
+        if out.exists() or out.is_symlink():  # `inspect out/plan.json`: "not found; create it with ... --out out/plan.json"
+            parent = f"; did you mean '{out.parent}'?" if (out.parent / "manifest.json").is_file() else ""
+            raise HetpartError(f"'{out}' is a file, not an artifacts directory (the folder `hetpart partition --out` "
+                               f"writes){parent}")
         raise HetpartError(f"artifacts directory '{out}' not found; create it with `hetpart partition ... --out {out}`")
     path = out / "manifest.json"
     try:

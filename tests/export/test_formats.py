@@ -176,6 +176,59 @@ def test_accelerate_refuses_a_plan_across_machines_and_numbers_gpus_per_machine(
         export_text(plan_json(), "accelerate")
     import json
 
+    # GPUs are numbered per machine, the CPU skipped (here the plan leaves it idle: NOTE [accelerate's cpu]).
     pj = plan_json(machines=("a",) * 4, types_=("a100-80g", "cpu", "t4-16g", "t4-16g"))
+    pj["layers"].update(devices=["a/0", "a/2", "a/3"], stage_of_layer=[0, 0, 0, 0, 1, 1, 1, 2, 2],
+                        rounded_stage_us=[100.0, 102.0, 103.0])
     dmap = json.loads(export_text(pj, "accelerate").text)
-    assert dmap["wte"] == 0 and dmap["blocks.2"] == "cpu" and dmap["blocks.4"] == 1 and dmap["lm_head"] == 2
+    assert dmap["wte"] == 0 and dmap["blocks.2"] == 1 and dmap["lm_head"] == 2
+
+
+def test_accelerate_refuses_a_plan_that_computes_on_the_cpu_beside_gpus():
+    """review22 (NOTE [accelerate's cpu]): a device_map's "cpu" beside a GPU is offloading (run on the first GPU), so
+    the README's box plan ran its CPU stage on the A100 while the note said its predicted time carried over."""
+    pj = plan_json(machines=("a",) * 4, types_=("a100-80g", "cpu", "t4-16g", "t4-16g"))
+    with pytest.raises(HetpartError, match=r"runs blocks.2 on the CPU beside GPUs.*main_device"):
+        export_text(pj, "accelerate")
+    import json
+
+    only_cpus = plan_json(machines=("a",) * 4, types_=("cpu",) * 4)  # every module on the CPU: it runs there
+    exported = export_text(only_cpus, "accelerate")
+    assert set(json.loads(exported.text).values()) == {"cpu"}
+    assert any("one after another, not as a pipeline" in note and "added up, 406 us" in note
+               for note in exported.notes)  # 100 + 101 + 102 + 103
+
+
+@pytest.mark.parametrize("edit, says", [
+    (lambda lp: lp["stage_of_layer"].__setitem__(0, 9), "a stage outside 0..3"),  # was an IndexError traceback
+    (lambda lp: lp.__setitem__("names", lp["names"][:3]), "3 names and 9 stage_of_layer"),  # was a truncated map
+    (lambda lp: lp["devices"].__setitem__(0, "zz/9"), "its devices zz/9 run no stage"),  # was a KeyError traceback
+    (lambda lp: lp.__setitem__("names", 5), "TypeError"),
+])
+@pytest.mark.parametrize("fmt", ["torchtitan", "megatron", "deepspeed", "accelerate"])
+def test_an_edited_layers_section_is_an_error_not_a_wrong_config(fmt, edit, says):
+    """review22: plan.json's `layers` edited (with its sha256): DeepSpeed's `parts` came out with a stage 9 of 4
+    (exit 0), fewer names than stages cut the map short, torchtitan and Megatron were tracebacks."""
+    pj = plan_json(machines=("a",) * 4)
+    edit(pj["layers"])
+    with pytest.raises(HetpartError, match=re.escape(says)) as err:
+        export_text(pj, fmt)
+    assert "was edited or truncated" in str(err.value)
+
+
+@pytest.mark.parametrize("fmt", ["schedule-csv", "torchtitan"])
+def test_an_unknown_schedule_is_an_error_not_a_1f1b_csv(fmt):
+    """review22: schedule 'zz' (plan.json edited) wrote a 1F1B CSV (schedule-csv) or a KeyError traceback (torchtitan)."""
+    with pytest.raises(HetpartError, match="schedule 'zz' is not one hetpart plans"):
+        export_text(plan_json(schedule="zz"), fmt)
+
+
+@pytest.mark.parametrize("fmt", ["torchtitan", "megatron", "deepspeed"])
+def test_a_stage_the_rounding_leaves_without_a_layer_is_named(fmt):
+    """review22: a 3-stage plan whose rounding keeps 2 stages was exported as 2 stages without a word (gpt-small with
+    2 blocks on mixed-4: a/0 held only parts of blocks)."""
+    pj = plan_json(stage_of_layer=(0, 0, 0, 0, 1, 1, 1, 2, 2))
+    pj["layers"].update(devices=["a/0", "b/0", "b/1"], rounded_stage_us=[100.0, 102.0, 103.0])
+    notes = " ".join(export_text(pj, fmt).notes)
+    assert "3 of the plan's 4 stages keep a whole layer: a/1 would stay idle, and the config has 3 stages" in notes
+    assert "stay idle" not in " ".join(export_text(plan_json(), fmt).notes)

@@ -67,7 +67,9 @@ def test_a_profile_file_without_speed_scale_is_measured_as_is_and_a_bad_one_is_r
 def test_custom_types_are_known_only_with_their_cluster(cluster_file):
     cluster = load_cluster(str(cluster_file))
     check_profile_type("slow-cpu", cluster)
-    check_profile_type("t4-16g", cluster)  # the catalog's types stay valid
+    check_profile_type("t4-16g")  # the catalog's types stay valid without a cluster; with one, only those it has
+    with pytest.raises(HetpartError, match=r"cluster 'emulated' has no device of that type \(its devices: fast-cpu"):
+        check_profile_type("t4-16g", cluster)  # review22: a profile `partition --cluster` of it would refuse
     with pytest.raises(HetpartError, match=r"unknown device type 'slow-cpu' .*need --cluster FILE"):
         check_profile_type("slow-cpu")
     with pytest.raises(HetpartError, match=r"unknown device type 'mid-cpu' .*adds: fast-cpu, slow-cpu"):

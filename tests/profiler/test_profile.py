@@ -196,6 +196,11 @@ def test_concurrent_errors_and_old_profiles(mlp_profile, tmp_path, capsys):
 
     assert main(["profile", *MLP, "--out", str(tmp_path / "p.json"), "--concurrent", "0"]) == 2
     assert "--concurrent 0: expected 1 or more processes" in capsys.readouterr().err
+    # review22: a type the cluster has none of was profiled alone, a profile that `partition --cluster` refuses.
+    assert main(["profile", *MLP, "--out", str(tmp_path / "p.json"), "--device-type", "t4-16g", "--cluster",
+                 "preset:cpu-4"]) == 2
+    assert "cluster 'cpu-4' has no device of that type (its devices: cpu)" in capsys.readouterr().err
+    assert not (tmp_path / "p.json").exists()
     # --cluster: the most devices of the profiled type on one node of it.
     assert ranks_sharing_a_machine(load_cluster("preset:cpu-4"), "cpu") == 4
     assert ranks_sharing_a_machine(load_cluster("preset:mixed-4"), "a100-80g") == 2
@@ -294,3 +299,24 @@ def test_replay_values_encode_by_tag_and_unknown_ones_fail_clearly(tmp_path):
     (tmp_path / "replay.json").write_text(json.dumps(data))
     with pytest.raises(HetpartError, match="no value it writes"):
         Replay.load(tmp_path)
+
+
+def test_profile_out_a_link_to_a_fifo_is_refused_before_profiling(tmp_path, capsys):
+    """review22: `profile --out /dev/stdout` (a link to the process's stdout) passed the checks made before
+    profiling (a link is replaced, not read) and failed only at the write; a FIFO stands in for the stream."""
+    import os
+
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "stdout").symlink_to(tmp_path / "fifo")
+    assert main(["profile", *MLP, "--out", str(tmp_path / "stdout"), "--repeats", "1", "--warmup", "0"]) == 2
+    out, err = capsys.readouterr()
+    assert "profiled" not in out and err.startswith(f"hetpart: error: --out {tmp_path / 'stdout'} is a link to a FIFO")
+
+
+def test_profile_of_a_meta_only_model_says_why_it_cannot(tmp_path, capsys):
+    """review22: `profile zoo:llama-7b` (meta-only: no weights are ever built) failed in torch.export with "Tensor on
+    device cpu is not on the expected device meta!" and advice about the example inputs."""
+    assert main(["profile", "zoo:llama-7b", "--out", str(tmp_path / "p.json"), "--seq-len", "8", "--repeats", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "zoo:llama-7b is built on the meta device only" in err and "n_layers=1" in err and "Tensor on" not in err
+    assert not (tmp_path / "p.json").exists()
