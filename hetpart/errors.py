@@ -9,13 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-
-
 # The advice where a file `partition` wrote is missing, edited or damaged: `partition` into the same --out again.
 # That replaces an existing directory only with --force (NOTE [what --force replaces]); without it the advice failed
 # as printed ("output directory ... already exists", ux21). `runtime.artifacts.redo_into` names the directory.
 REDO_PARTITION = ("re-run `hetpart partition` with the model and flags that wrote it, the same --out and --force "
                   "(it replaces a directory hetpart wrote)")
+
 
 class HetpartError(Exception):
     """A user-facing error. `str(err)` is the whole message."""

@@ -78,7 +78,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
-from hetpart.errors import HetpartError
+from hetpart.errors import REDO_PARTITION, HetpartError
 from hetpart.fsio import AtomicWrites, real_dir
 from hetpart.shards import split_full_shape
 from hetpart.trust import SIGNATURE_NAME, is_signed, read_plain, signature
@@ -167,7 +167,7 @@ def read_shared_files(path: Path) -> set[str]:
             raise ValueError("'shared' is not weight -> file")
         return set(shared.values())
     except (OSError, ValueError, AttributeError) as err:
-        raise HetpartError(f"{path}: not a readable weight manifest ({err}); partition again") from None
+        raise HetpartError(f"{path}: not a readable weight manifest ({err}); {REDO_PARTITION}") from None
 
 
 def read_weight_manifest(path: Path) -> list[WeightEntry]:
@@ -175,10 +175,10 @@ def read_weight_manifest(path: Path) -> list[WeightEntry]:
         data = json.loads(path.read_text())
         if data.get("format_version") not in (1, MANIFEST_VERSION):
             raise HetpartError(f"{path}: weight manifest format_version {data.get('format_version')!r}; "
-                               f"this hetpart reads 1 to {MANIFEST_VERSION}: partition again with this version")
+                               f"this hetpart reads 1 to {MANIFEST_VERSION}: {REDO_PARTITION}, with this hetpart")
         return [WeightEntry.from_json(e) for e in data["tensors"]]
     except (OSError, ValueError, KeyError, TypeError) as err:
-        raise HetpartError(f"{path}: not a readable weight manifest ({err}); partition again") from None
+        raise HetpartError(f"{path}: not a readable weight manifest ({err}); {REDO_PARTITION}") from None
 
 
 class Checkpoint:
@@ -348,7 +348,7 @@ def _constant_keys(path: Path) -> set[str]:
         with safe_open(str(path), "pt") as f:
             return set(f.keys())
     except (OSError, SafetensorError) as err:
-        raise HetpartError(f"{path}: not a readable safetensors file ({err}); partition again") from None
+        raise HetpartError(f"{path}: not a readable safetensors file ({err}); {REDO_PARTITION}") from None
 
 
 def plan_sources(out: Path, manifest: dict, ckpt: Checkpoint, allow_cast: bool
@@ -372,7 +372,7 @@ def plan_sources(out: Path, manifest: dict, ckpt: Checkpoint, allow_cast: bool
                                     + (f" (close: {', '.join(close)})" if close else ""))
                 elif e.key not in constants:
                     problems.append(f"rank {rank['rank']}: '{e.key}' is in neither the checkpoint nor "
-                                    f"{rank_dir / 'constants.safetensors'} (partition again)")
+                                    f"{rank_dir / 'constants.safetensors'} ({REDO_PARTITION})")
                 source[e.key] = None
                 continue
             shape, dtype = ckpt.shape_dtype(key)
@@ -477,7 +477,7 @@ def shard_weights(out: Path, checkpoint: Path, *, allow_cast: bool = False, sign
                 parts = file.split("/")
                 if len(parts) != 3 or parts[1] not in by_dir:
                     raise HetpartError(f"{rank_dir / 'weights.json'}: shared file {file!r} is no rank's "
-                                       "weights.safetensors; partition again")
+                                       f"weights.safetensors; {REDO_PARTITION}")
                 rank["files"][file] = by_dir[parts[1]]
         new = (json.dumps(manifest, indent=2) + "\n").encode()
         pending.write(out / "manifest.json", new)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from hetpart.errors import HetpartError
+from hetpart.errors import REDO_PARTITION, HetpartError
 from hetpart.partitioner.simulate import SCHEDULES, VIRTUAL_SCHEDULES
 from hetpart.export.formats import (
     FORMATS, Exported, export_accelerate, export_deepspeed, export_megatron, export_schedule_csv, export_torchtitan,
@@ -31,7 +31,7 @@ def export_text(pj: dict, fmt: str, out_file: Path | None = None) -> Exported:
     known = SCHEDULES + VIRTUAL_SCHEDULES
     if pj["schedule"] not in known:  # each format writes the schedule's order or name (an unknown one was a 1F1B CSV)
         raise HetpartError(f"plan.json's schedule {pj['schedule']!r} is not one hetpart plans ({', '.join(known)}): "
-                           "the plan was edited; re-run `hetpart partition`")
+                           f"the plan was edited; {REDO_PARTITION}")
     if fmt == "torchtitan":
         csv_path = None if out_file is None else str(out_file.resolve().with_suffix(".schedule.csv"))
         return export_torchtitan(pj, csv_path)

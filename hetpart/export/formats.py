@@ -16,7 +16,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 
-from hetpart.errors import HetpartError
+from hetpart.errors import REDO_PARTITION, HetpartError
 from hetpart.export.layers import LayerPlan
 from hetpart.partitioner.simulate import VIRTUAL_SCHEDULES, rank_orders
 
@@ -41,12 +41,12 @@ def layer_plan(pj: dict, fmt: str) -> LayerPlan:
                            "without an interleaved --schedule")
     if "layers" not in pj:
         raise HetpartError(f"--format {fmt}: plan.json has no `layers` section (written by an older hetpart); "
-                           "re-run `hetpart partition`")
+                           f"{REDO_PARTITION}")
     if data is None:
         raise HetpartError(f"--format {fmt} places whole modules, but plan.json has no layer-rounded plan: the model "
                            "has no submodules (every op is at its top level; use --format schedule-csv), or the plan "
-                           "was written by an older hetpart (re-run `hetpart partition`)")
-    edited = "plan.json's `layers` (the plan rounded to whole layers) was edited or truncated: re-run `hetpart partition`"
+                           f"was written by an older hetpart: {REDO_PARTITION}")
+    edited = f"plan.json's `layers` (the plan rounded to whole layers) was edited or truncated: {REDO_PARTITION}"
     try:
         lp = LayerPlan.from_json(data)
     except ValueError as err:

@@ -162,8 +162,9 @@ def idle_lines(devices_idle: dict[str, str]) -> list[str]:
 # NOTE [memory the runtime adds]
 # A stage's memory is what the cost model counts (NOTE [training memory]): weights, gradients, optimizer state
 # and the stashed activations. A process holds more: the CUDA context, NCCL's buffers, the caching
-# allocator's slack, the backward's temporaries (measured on this CPU: up to 1.25x the activation term of a
-# one-microbatch step, docs/benchmarks.md "actmem"). The planner may fill a device to its last byte (llama-70b
+# allocator's slack, the backward's temporaries (measured on this CPU: a one-microbatch step's peak up to 1.25x
+# the activation term on the zoo's transformers and conv nets; 10x on a tiny MLP, whose step is mostly fixed
+# overhead; docs/benchmarks.md "actmem"). The planner may fill a device to its last byte (llama-70b
 # on preset:hetero-64 planned a100-40g stages at 99.9%), so a stage above TIGHT_MEMORY of its device is named
 # with the ways to plan with room (NOTE [memory reserve]); the plan itself is the cost model's and is not changed.
 TIGHT_MEMORY = 0.95

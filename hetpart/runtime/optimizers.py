@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from hetpart.errors import HetpartError
+
+if TYPE_CHECKING:
+    from hetpart.runtime.checkpoint import CheckpointRun
+    from hetpart.runtime.launch import RunOptions
 
 # NOTE [the run's optimizer]
 # Every rank and --verify's reference step the same optimizer (one place makes it: `OptimizerSpec.make`), so
@@ -25,16 +29,18 @@ from hetpart.errors import HetpartError
 # AdamW moves each weight by lr * m / (sqrt(v) + eps), normalised per element: where a gradient cancels to
 # about 0 (1e-9 of a gradient of scale 1e-3), float rounding in it (1e-10, from another order of sums: the
 # pipeline's microbatches, its stages' backward, the data-parallel all-reduce) changes that move by a
-# sizeable part of lr (measured 0.008 lr on zoo:mlp in 2 pipelines). So the weights after an AdamW step are
-# compared with a slack per element: the first-order change of the step when the gradient moves by what
-# the gradient check accepts (atol * its scale), at most 2 lr (the move reversed), summed over the steps
-# (`OptimizerSpec.slack`, on the reference's own state). A weight whose gradient is not near 0 gets almost
-# none, so a rank that does not step or steps the wrong weights still fails. The first step's outputs,
-# gradients and loss are before any AdamW step and keep the strict rule. After that step the trajectories
-# differ by those moves and every later gradient with them (4 steps of the same run left 3 weights outside
-# the slack, 1 step none), so --verify
-# checks one AdamW step from the start only: `resumed_optimizer` refuses more (SGD is linear in the
-# gradient and is checked over any steps and resumes, as issue 21 asks).
+# sizeable part of lr (measured 0.008 lr on zoo:mlp in 2 pipelines), so the weights after an AdamW step are
+# not the model's to the verify tolerance. --verify checks the step in two parts instead: each rank's
+# gradients against the model's (the rule of NOTE [verify tolerances], before any step), and each rank's
+# weights after the step against `OptimizerSpec.stepped`: the same AdamW step replayed from the shipped weights
+# on that rank's own gradients (verify.py `REPLAYED`, 1e-6: the same arithmetic on the same numbers). A rank
+# that does not step, steps SGD, Adam, another lr, eps or weight decay, steps twice or leaves weights out of its
+# optimizer fails. One step cannot tell the betas: bias correction cancels them at step 1. A first
+# version compared the weights with the model's plus a slack per element derived from the gradient
+# tolerance; a review showed it passed a missing weight decay or plain Adam at lr <= 2e-3 (rev23, 22nd stop).
+# The replay needs the step's gradients, which a rank writes for its run's first step only, and the trajectories
+# part after it, so --verify checks one AdamW step from the start: `resumed_optimizer` refuses more steps or a
+# resume (SGD is linear in the gradient and is checked over any steps and resumes, as issue 21 asks).
 OPTIMIZERS = {"sgd": "SGD", "adamw": "AdamW"}  # the --optimizer name -> torch.optim's class (the checkpoint's "type")
 DEFAULT = "sgd"
 DEFAULT_LR = 1e-3
@@ -52,23 +58,18 @@ class OptimizerSpec:
     def worker_args(self) -> list[str]:
         return ["--optimizer", self.name, "--lr", repr(self.lr)]
 
-    def slack(self, optimizer: torch.optim.Optimizer, names: dict[int, list[str]], atol: float,
-              into: dict[str, torch.Tensor]) -> None:
-        """After a step of the reference (`optimizer`, made by `make`): add to `into[name]`, for each weight,
-        how far its value may lie from the reference's because its gradient did (NOTE [verify after AdamW])."""
-        if self.name != "adamw":
-            return
-        for group in optimizer.param_groups:
-            beta2, eps = group["betas"][1], group["eps"]
-            for p in group["params"]:
-                state = optimizer.state.get(p)
-                if p.grad is None or not state:
-                    continue
-                step = float(state["step"])
-                denom = (state["exp_avg_sq"] / (1 - beta2 ** step)).sqrt() + eps
-                moved = (atol * float(p.grad.abs().max()) / denom).clamp(max=2.0) * group["lr"]
-                for name in names.get(id(p), []):
-                    into[name] = into.get(name, 0) + moved.detach()
+    @property
+    def replayed(self) -> bool:
+        """Whether --verify checks the weights after a step by replaying it (NOTE [verify after AdamW])."""
+        return self.name == "adamw"
+
+    def stepped(self, weight: torch.Tensor, grad: torch.Tensor | None) -> torch.Tensor:
+        """`weight` after one step of this optimizer on `grad` (None: no gradient, so no step), from fresh state."""
+        p = torch.nn.Parameter(weight.detach().clone())
+        if grad is not None:
+            p.grad = grad.to(p.dtype)
+            self.make([p]).step()
+        return p.detach()
 
     def said(self) -> str:
         return f"{OPTIMIZERS[self.name]} at lr {self.lr:g}"
@@ -98,13 +99,13 @@ def run_optimizer(name: str | None, lr: float | None, saved: list[dict[str, Any]
         raise HetpartError(f"--optimizer {name}: checkpoint '{where}' was trained with {OPTIMIZERS[saved_name]}; "
                            f"resume with --optimizer {saved_name} (or leave it out), or train from the start")
     if lr is not None and saved_lr is not None and lr != saved_lr:
-        raise HetpartError(f"--lr {lr:g}: checkpoint '{where}' was trained at lr {saved_lr:g}; a resumed run steps "
+        raise HetpartError(f"--lr {lr!r}: checkpoint '{where}' was trained at lr {saved_lr!r}; a resumed run steps "
                            f"the checkpoint's lr (--verify retrains the model at one lr): leave --lr out or pass "
                            f"--lr {saved_lr!r}")
     return OptimizerSpec(saved_name, saved_lr if saved_lr is not None else (DEFAULT_LR if lr is None else lr))
 
 
-def resumed_optimizer(opts: Any, run: Any) -> OptimizerSpec:
+def resumed_optimizer(opts: RunOptions, run: CheckpointRun | None) -> OptimizerSpec:
     """`run_pipeline`'s hook: the optimizer of the RunOptions `opts`, the checkpoint's where `run` (a
     CheckpointRun or None) resumes one (NOTE [the run's optimizer])."""
     if opts.mode != "training" and (opts.optimizer is not None or opts.lr is not None):
@@ -117,9 +118,13 @@ def resumed_optimizer(opts: Any, run: Any) -> OptimizerSpec:
 
         saved = [r["optimizer"] for r in read_checkpoint(run.resume, check_tensors=False).ranks]
     spec = run_optimizer(opts.optimizer, opts.lr, saved, str(run.resume) if saved is not None else "")
-    if opts.verify and spec.name == "adamw" and (opts.steps > 1 or saved is not None):
-        raise HetpartError("--verify checks one AdamW step from the start (NOTE [verify after AdamW]): its "
-                           "per-weight normalisation turns float rounding in a gradient that cancels to about 0 into "
-                           "a move of up to the lr, which later steps spread to every weight; pass --steps 1 without "
-                           "--resume, or verify the plan with --optimizer sgd")
+    if opts.verify and spec.name == "adamw" and saved is not None:
+        raise HetpartError("--verify checks one AdamW step from the start, not a resumed run "
+                           "(NOTE [verify after AdamW]): resume without --verify; check the plan with a fresh run (no --resume): "
+                           "`--optimizer adamw --steps 1 --verify`, or `--optimizer sgd --verify` over any steps")
+    if opts.verify and spec.name == "adamw" and opts.steps > 1:
+        raise HetpartError("--verify checks one AdamW step from the start (NOTE [verify after AdamW]): AdamW turns "
+                           "float rounding in a gradient that cancels to about 0 into a move of up to the lr, which "
+                           "later steps spread to every weight; pass --steps 1, or verify the plan with --optimizer "
+                           "sgd over any steps")
     return spec
