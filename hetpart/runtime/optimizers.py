@@ -94,7 +94,10 @@ def run_optimizer(name: str | None, lr: float | None, saved: list[dict[str, Any]
                            f"{', '.join(OPTIMIZERS.values())}: resume it with the optimizer it was trained with")
     saved_name = names.pop()
     lrs = {g.get("lr") for r in saved for g in r.get("param_groups", [])}
-    saved_lr = lrs.pop() if len(lrs) == 1 else None
+    if len(lrs) > 1:  # the ranks would refuse it too (checkpoint.py `_optimizer_state`), after the launch line
+        raise HetpartError(f"checkpoint '{where}': its ranks were trained at different lrs ({sorted(lrs, key=str)}); "
+                           "hetpart resumes one: resume from another checkpoint")
+    saved_lr = lrs.pop() if lrs else None
     if name is not None and name != saved_name:
         raise HetpartError(f"--optimizer {name}: checkpoint '{where}' was trained with {OPTIMIZERS[saved_name]}; "
                            f"resume with --optimizer {saved_name} (or leave it out), or train from the start")

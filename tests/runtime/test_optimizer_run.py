@@ -110,6 +110,8 @@ def test_the_runs_optimizer(name, lr, saved, expected):
     (None, 0.1, SAVED, "--lr 0.1: checkpoint 'ck' was trained at lr 0.01"),
     (None, None, [{"type": "Adagrad", "param_groups": []}], "holds ['Adagrad'] state"),
     (None, float("nan"), None, "--lr nan: expected a positive finite number"),
+    (None, None, [{"type": "AdamW", "param_groups": [{"lr": 0.01}]}, {"type": "AdamW", "param_groups": [{"lr": 0.02}]}],
+     "its ranks were trained at different lrs ([0.01, 0.02])"),
     ("lion", None, None, "--optimizer lion: expected one of sgd, adamw"),
 ])
 def test_the_runs_optimizer_refused(name, lr, saved, said):
