@@ -7,13 +7,21 @@ with status 2. Anything else escaping is a bug in hetpart.
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Iterable
+from pathlib import Path
 
 # The advice where a file `partition` wrote is missing, edited or damaged: `partition` into the same --out again.
 # That replaces an existing directory only with --force (NOTE [what --force replaces]); without it the advice failed
-# as printed ("output directory ... already exists", ux21). `runtime.artifacts.redo_into` names the directory.
+# as printed ("output directory ... already exists", ux21). `redo_into` names the directory where it is known.
 REDO_PARTITION = ("re-run `hetpart partition` with the model and flags that wrote it, the same --out and --force "
                   "(it replaces a directory hetpart wrote)")
+
+
+def redo_into(out: Path) -> str:
+    """REDO_PARTITION for the artifacts directory `out`, named as a command."""
+    return (f"re-run `hetpart partition ... --out {shlex.quote(str(out))} --force` with the model and flags that "
+            "wrote it (--force: it replaces that directory, which hetpart wrote)")
 
 
 class HetpartError(Exception):

@@ -10,7 +10,6 @@ import dataclasses
 from dataclasses import dataclass
 import json
 import operator
-import shlex
 import sys
 import types
 from collections.abc import Callable
@@ -19,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from hetpart.errors import REDO_PARTITION, HetpartError
+from hetpart.errors import REDO_PARTITION, HetpartError, redo_into
 from hetpart.plan_report import PlanReport, as_json, load_plan
 from hetpart.runtime.stages import check_virtual_mesh, stage_entries, virtual_stages
 from hetpart.trust import (
@@ -293,14 +292,6 @@ def _mesh_pipelines(path: Path, mesh: dict[str, Any], ranks: list[dict[str, Any]
         raise HetpartError(f"{path}: the ranks' batch_rows give microbatches of different sizes; every pipeline "
                            f"runs microbatches of one size{EDITED}")
     return out
-
-
-def redo_into(out: Path) -> str:
-    """The advice where a file of the artifacts directory `out` is missing or changed: `hetpart partition` into it
-    again, which replaces it only with --force (NOTE [what --force replaces]); REDO named no --force, and the
-    command failed as printed ("output directory ... already exists", ux21)."""
-    return (f"re-run `hetpart partition ... --out {shlex.quote(str(out))} --force` with the model and flags that "
-            "wrote it (--force: it replaces that directory, which hetpart wrote)")
 
 
 def _refuse(who: str, path: Path, reason: str, out: Path) -> HetpartError:
