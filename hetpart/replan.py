@@ -65,9 +65,9 @@ def new_cluster(old: Cluster, spec: str | None, lose: tuple[str, ...], add: tupl
         if dtype is None:
             raise HetpartError(f"--add {item}: unknown device type '{type_name}' (see `hetpart devices`)")
         taken = [int(d.name.rsplit("/", 1)[1]) for d in machines[machine] if d.name.rsplit("/", 1)[1].isdigit()]
-        added.add(f"{machine}/{max(taken, default=-1) + 1}")
-        machines[machine].append(ClusterDevice(f"{machine}/{max(taken, default=-1) + 1}", dtype, machine,
-                                               dtype.mem_bytes))
+        name = f"{machine}/{max(taken, default=-1) + 1}"
+        added.add(name)
+        machines[machine].append(ClusterDevice(name, dtype, machine, dtype.mem_bytes))
     kept = tuple(Machine(m.name, tuple(d for d in machines[m.name] if d.name not in lose), m.link)
                  for m in old.machines)
     kept = tuple(m for m in kept if m.devices)

@@ -83,13 +83,12 @@ def run_optimizer(name: str | None, lr: float | None, saved: list[dict[str, Any]
         raise HetpartError(f"--optimizer {name}: expected one of {', '.join(OPTIMIZERS)}")
     if lr is not None and not (math.isfinite(lr) and lr > 0):
         raise HetpartError(f"--lr {lr}: expected a positive finite number")
-    if not saved:
-        return OptimizerSpec(name or DEFAULT, DEFAULT_LR if lr is None else lr)
-    kinds = {r["type"] for r in saved if r.get("type") is not None}
+    asked = OptimizerSpec(name or DEFAULT, DEFAULT_LR if lr is None else lr)
+    kinds = {r["type"] for r in saved or [] if r.get("type") is not None}
+    if not kinds:  # no resume, or a checkpoint of no weights' state
+        return asked
     names = {n for n, cls in OPTIMIZERS.items() if cls in kinds}
-    if len(kinds) != 1 or len(names) != 1:  # a checkpoint of no weights' state, or of one hetpart does not step
-        if not kinds:
-            return OptimizerSpec(name or DEFAULT, DEFAULT_LR if lr is None else lr)
+    if len(kinds) != 1 or len(names) != 1:  # several optimizers' state, or one hetpart does not step
         raise HetpartError(f"checkpoint '{where}' holds {sorted(kinds)} state; `hetpart run` steps "
                            f"{', '.join(OPTIMIZERS.values())}: resume it with the optimizer it was trained with")
     saved_name = names.pop()
@@ -105,7 +104,7 @@ def run_optimizer(name: str | None, lr: float | None, saved: list[dict[str, Any]
         raise HetpartError(f"--lr {lr!r}: checkpoint '{where}' was trained at lr {saved_lr!r}; a resumed run steps "
                            f"the checkpoint's lr (--verify retrains the model at one lr): leave --lr out or pass "
                            f"--lr {saved_lr!r}")
-    return OptimizerSpec(saved_name, saved_lr if saved_lr is not None else (DEFAULT_LR if lr is None else lr))
+    return OptimizerSpec(saved_name, saved_lr if saved_lr is not None else asked.lr)
 
 
 def resumed_optimizer(opts: RunOptions, run: CheckpointRun | None) -> OptimizerSpec:
@@ -123,8 +122,9 @@ def resumed_optimizer(opts: RunOptions, run: CheckpointRun | None) -> OptimizerS
     spec = run_optimizer(opts.optimizer, opts.lr, saved, str(run.resume) if saved is not None else "")
     if opts.verify and spec.name == "adamw" and saved is not None:
         raise HetpartError("--verify checks one AdamW step from the start, not a resumed run "
-                           "(NOTE [verify after AdamW]): resume without --verify; check the plan with a fresh run (no --resume): "
-                           "`--optimizer adamw --steps 1 --verify`, or `--optimizer sgd --verify` over any steps")
+                           "(NOTE [verify after AdamW]): resume without --verify; check the plan with a fresh run "
+                           "(no --resume): `--optimizer adamw --steps 1 --verify`, or `--optimizer sgd --verify` over "
+                           "any steps")
     if opts.verify and spec.name == "adamw" and opts.steps > 1:
         raise HetpartError("--verify checks one AdamW step from the start (NOTE [verify after AdamW]): AdamW turns "
                            "float rounding in a gradient that cancels to about 0 into a move of up to the lr, which "

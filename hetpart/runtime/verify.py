@@ -267,8 +267,8 @@ def reference_training(module: torch.nn.Module, inputs: tuple, target: torch.Ten
     """`steps` steps of `optim` (NOTE [the run's optimizer]) of the model on the global batch, at a rank's
     `threads`: each step's loss is the mean of its `microbatches` microbatch losses (NOTE [pipelines gradients]
     in worker.py). Trains `module`. A run resumed after `first_step` steps (NOTE [checkpoint layout] in
-    checkpoint.py) is checked against steps `first_step`.. only: the gradients of that step, the losses from it on, the weights after the last;
-    `at_first_step` runs before that step (the launcher takes the outputs there)."""
+    checkpoint.py) is checked against steps `first_step`.. only: the gradients of that step, the losses from it
+    on, the weights after the last; `at_first_step` runs before that step (the launcher takes the outputs there)."""
     from hetpart.runtime.worker import training_loss
 
     optimizer = optim.make(module.parameters())
@@ -337,10 +337,9 @@ def training_checks(io_dir: Path, manifest: dict, reference: ReferenceTraining, 
         missing = sorted({name for name, _, _ in got} - set(ref))
         if missing:
             raise HetpartError(f"verification: the pipeline has {what} for {missing[:5]} the model does not")
-        if replay is not None:  # NOTE [verify after AdamW]: each rank's step on its own gradients
-            return [check_tensor(f"{name} (rank {rank})", t, replay(name, rank), REPLAYED, robust=False)
-                    for name, rank, t in got] + unwritten
-        return [check_tensor(f"{name} (rank {rank})", t, ref[name], tol, robust=False)
+        # NOTE [verify after AdamW]: with `replay`, each rank's weights against its step on its own gradients
+        return [check_tensor(f"{name} (rank {rank})", t,
+                             *((replay(name, rank), REPLAYED) if replay else (ref[name], tol)), robust=False)
                 for name, rank, t in got] + unwritten
 
     rank_grads: dict[int, dict[str, torch.Tensor]] = {}
@@ -362,7 +361,7 @@ def training_checks(io_dir: Path, manifest: dict, reference: ReferenceTraining, 
                                  robust=False),
                     check_tensor("loss of each microbatch and step", losses, reference.losses, tol, robust=False)],
             weights=per_rank("weights", reference.weights, "weights",
-                             replay if reference.initial and reference.optim is not None else None) if dumped else [])
+                             replay if reference.initial else None) if dumped else [])
 
 
 def rank_threads() -> int:
