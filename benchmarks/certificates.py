@@ -5,7 +5,7 @@
     PYTHONPATH=. .venv/bin/python benchmarks/certificates.py --placement 0 --partition 0 --pinned 2000
     PYTHONPATH=. .venv/bin/python benchmarks/certificates.py --placement 0 --partition 0 --pinned 2000 --coarse-nodes 2
 
-The problems are those of tests/partitioner/certificate_fuzz.py (seeds 0..N-1): placement with
+The problems are those of tests/partitioner/certificate_fuzz.py (seeds S..S+N-1, `--start S`, 0 unless given): placement with
 3-7 nodes, 1-3 devices, colour classes, memory limits, training graphs, latencies of thousands;
 partition with 2-6 nodes on 1-3 devices of 2 types and machines, memory, a third with ops of
 seconds; `--pinned` adds partition_cases.pinned_problem's (tests/partitioner/test_pins.py): 2-6 nodes
@@ -45,8 +45,8 @@ from hetpart.partitioner import cpsat  # noqa: E402
 from hetpart.placement import units as placement_units  # noqa: E402
 
 
-def run(kind: str, n: int, rows: dict, solve_options: dict) -> None:
-    for seed in range(n):
+def run(kind: str, n: int, rows: dict, solve_options: dict, start: int = 0) -> None:
+    for seed in range(start, start + n):
         if kind == "placement":
             problem = random_placement(seed)
             optimum, slack = placement_optimum(problem)
@@ -73,9 +73,10 @@ def run(kind: str, n: int, rows: dict, solve_options: dict) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--placement", type=int, default=300, help="placement problems (seeds 0..N-1)")
-    ap.add_argument("--partition", type=int, default=300, help="partition problems (seeds 0..N-1)")
-    ap.add_argument("--pinned", type=int, default=0, help="pinned partition problems (seeds 0..N-1)")
+    ap.add_argument("--placement", type=int, default=300, help="placement problems (seeds S..S+N-1)")
+    ap.add_argument("--partition", type=int, default=300, help="partition problems (seeds S..S+N-1)")
+    ap.add_argument("--pinned", type=int, default=0, help="pinned partition problems (seeds S..S+N-1)")
+    ap.add_argument("--start", type=int, default=0, help="the first seed S (the suite fuzzes seeds below 1,000)")
     ap.add_argument("--without-int32-fix", action="store_true", help="take out NOTE [int32 activities]")
     ap.add_argument("--coarse-nodes", type=int, default=None,
                     help="force coarsening on the partition problems' solve paths: coarsen_above=2, coarse_nodes=K")
@@ -86,9 +87,9 @@ def main() -> None:
         cpsat.INT32_SAFE_NS = 2**62
     rows: dict = defaultdict(lambda: defaultdict(int) | {"examples": []})
     t0 = time.perf_counter()
-    run("placement", args.placement, rows, {})
-    run("partition", args.partition, rows, solve_options)
-    run("pinned", args.pinned, rows, solve_options)
+    run("placement", args.placement, rows, {}, args.start)
+    run("partition", args.partition, rows, solve_options, args.start)
+    run("pinned", args.pinned, rows, solve_options, args.start)
     print(f"{'kind':<10} {'path':<26} {'problems':>8} {'OPTIMAL':>8} {'bound>opt':>9} {'claim>opt':>9} "
           f"{'plan<opt':>8}")
     for (kind, path), row in rows.items():

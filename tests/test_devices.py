@@ -40,6 +40,22 @@ def test_catalog_has_required_types_with_datasheet_numbers():
         assert t.flops_per_s("fp32") > 0 and t.mem_bw_bytes_per_s > 0 and t.mem_bytes > 0
 
 
+def test_gpu_capacities_are_what_cuda_reports_not_the_datasheet_gb_read_as_gib():
+    """NOTE [capacity CUDA reports]: a board's total to CUDA is below its nominal size in GiB (the driver keeps part
+    of it), and above that nominal size in decimal GB less a tenth; a catalog that read "16GB" as 16 GiB fails."""
+    import re
+
+    GiB = 1 << 30
+    for t in CATALOG.values():
+        nominal = re.search(r"-(\d+)g$", t.name)
+        if nominal is None:  # mi250x, mi300x, cpu: no size in the name
+            continue
+        gb = int(nominal.group(1))
+        assert 0.9 * gb * 1e9 < t.mem_bytes < gb * GiB, t.name
+    assert CATALOG["t4-16g"].mem_bytes == 14930 << 20  # the smallest total_memory public outputs show (devices.md)
+    assert CATALOG["mi300x"].mem_bytes < 192 * GiB and CATALOG["mi250x"].mem_bytes < 128 * GiB
+
+
 def test_toml_file_loads_with_memory_override(tmp_path):
     f = tmp_path / "c.toml"
     f.write_text('[network]\nbandwidth_GBps = 10\nlatency_us = 5\n[[nodes]]\nname = "x"\n'

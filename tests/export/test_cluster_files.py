@@ -24,7 +24,7 @@ def one_device(entry: str) -> int:
     ('{type = "a100-80g", mem = "40GB"}', 40 * 10**9),
     ('{type = "a100-80g", mem = "512 MiB"}', 512 << 20),
     ('{type = "a100-80g", mem = "1.5 TB"}', 1_500 * 10**9),
-    ('"a100-80g"', 80 << 30),  # the catalog's capacity, in GiB
+    ('"a100-80g"', 81050 << 20),  # the catalog's capacity: what CUDA reports (NOTE [capacity CUDA reports])
 ])
 def test_memory_in_each_unit(entry, nbytes):
     assert one_device(entry) == nbytes

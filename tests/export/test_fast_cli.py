@@ -69,5 +69,5 @@ def test_check_prints_devices_links_and_totals(tmp_path, capsys):
     assert main(["check", str(path)]) == 0
     out = capsys.readouterr().out
     for text in ("a/0", "h100-80g", "a/1", "t4-16g", "b/0", "inside machine a", "machines (network)", "12.5",
-                 "3 device(s) on 2 machine(s): 1 x h100-80g, 1 x t4-16g, 1 x cpu; 344 GiB of memory"):
+                 "3 device(s) on 2 machine(s): 1 x h100-80g, 1 x t4-16g, 1 x cpu; 343.2 GiB of memory"):
         assert text in out, text
