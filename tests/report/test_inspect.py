@@ -71,15 +71,19 @@ def test_inspect_errors_list_what_exists(partitioned, capsys):
 
 
 def test_a_plan_json_of_other_stages_than_the_manifest_is_refused(partitioned, tmp_path, capsys):
-    """plan.json edited with its digest (an unsigned directory): a stage dropped, or one added, is refused by every
-    reader (read_plan) with exit 2; `inspect --stage` of the dropped one was an IndexError traceback."""
+    """plan.json edited with its digest (an unsigned directory): a stage dropped, or one added, a schedule or mode
+    edited to an unknown word, is refused by every reader (read_plan) with exit 2; `inspect --stage` of the dropped
+    one was an IndexError traceback."""
     import hashlib
     import shutil
 
     plan = json.loads((partitioned.out / "plan.json").read_text())
     assert len(plan["stages"]) >= 2
     for edit, want in (("drop", "has no stage"), ("add", "stages, manifest.json runs"),
-                       ("virtual", "virtual stage(s) per device, manifest.json 1")):
+                       ("virtual", "virtual stage(s) per device, manifest.json 1"),
+                       # review22: "simulate: unknown schedule 'zz'" naming no file; an edited mode read as inference
+                       ("schedule", "plan.json: 'schedule' is 'zz', expected one of gpipe, 1f1b"),
+                       ("mode", "plan.json: 'mode' is 'train', expected one of inference, training")):
         out = tmp_path / edit
         shutil.copytree(partitioned.out, out)
         edited = json.loads(json.dumps(plan))
@@ -87,6 +91,8 @@ def test_a_plan_json_of_other_stages_than_the_manifest_is_refused(partitioned, t
             edited["stages"].pop()
         elif edit == "virtual":  # each device two stages: not what the manifest runs
             edited["virtual_stages"] = 2
+        elif edit in ("schedule", "mode"):
+            edited[edit] = {"schedule": "zz", "mode": "train"}[edit]
         else:
             edited["stages"].append({**edited["stages"][-1], "index": len(edited["stages"])})
         text = json.dumps(edited)
