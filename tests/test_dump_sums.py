@@ -40,8 +40,8 @@ def _text_sum_us(lines: list[str], device_type: str) -> tuple[float, float]:
 
 def _check_stage_sums(out: Path) -> list[dict]:
     """Every stage of pipeline 0 (the one the dump shows): its lines' costs on its type sum to compute_us (exactly in
-    graph.json, within the printed rounding in the text) and its forward ones to forward_us; its lines less the
-    getitems are its node_count."""
+    graph.json, within the printed rounding in the text) and its forward ones to forward_us, their flops to its
+    flops; its lines less the getitems are its node_count."""
     plan = json.loads((out / "plan.json").read_text())
     stages = plan["pipelines"][0]["stages"] if plan.get("pipelines") else plan["stages"]
     graph = json.loads((out / "ir" / "graph.json").read_text())["nodes"]
@@ -52,6 +52,7 @@ def _check_stage_sums(out: Path) -> list[dict]:
         forward_ns = sum(n.get("cost_ns", {}).get(ty, 0) for n in mine)
         assert round((forward_ns + sum(n.get("bwd_cost_ns", {}).get(ty, 0) for n in mine)) / 1000, 3) == s[
             "compute_us"], (k, ty)
+        assert sum(n.get("flops", 0) for n in mine) == s["flops"], k
         if s.get("forward_us") is not None:
             assert round(forward_ns / 1000, 3) == s["forward_us"], (k, ty)
         lines = _stage_lines(dump, k)
