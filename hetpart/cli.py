@@ -200,6 +200,9 @@ def _inspect(args: argparse.Namespace, console: Console) -> int:
     from hetpart.runtime.artifacts import load_manifest, read_plan
     from hetpart.trust import read_key
 
+    if args.tp_rank is not None and args.stage is None:
+        raise HetpartError(f"--tp-rank {args.tp_rank} goes with --stage K: it picks a rank of stage K's "
+                           "tensor-parallel group")
     manifest = load_manifest(args.out, read_key(args.key, args.out) if args.key is not None else None)
     plan = read_plan(args.out, manifest)
     if args.json:
@@ -211,7 +214,7 @@ def _inspect(args: argparse.Namespace, console: Console) -> int:
     elif args.stage is not None:
         from hetpart.report.inspect import stage_text
 
-        print(stage_text(args.out, manifest, plan, args.stage), end="")
+        print(stage_text(args.out, manifest, plan, args.stage, args.tp_rank), end="")
     elif args.ir is not None:
         from hetpart.report.inspect import ir_dump
 

@@ -243,6 +243,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="print stage K's stage.py with its inputs and outputs")
     view.add_argument("--ir", metavar="N|NAME", help="print an IR dump from DIR/ir by number or pass name")
     view.add_argument("--json", action="store_true", help="print the plan and its derived numbers as JSON")
+    insp.add_argument("--tp-rank", type=_number(int, minimum=0), metavar="R", default=None,
+                      help="with --stage K of a tensor-parallel stage: print TP rank R of its group (default 0)")
     insp.add_argument("--key", type=Path, default=None, metavar="FILE",
                       help="read only a directory signed with this key (manifest.json.hmac)")
 

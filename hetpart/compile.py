@@ -517,6 +517,8 @@ def compile_model(spec: ModelSpec, cluster_spec: str | Cluster, out: Path, opts:
         if vplan is not None:
             echo(virtual_summary(vplan))
             plan, problem = vplan.on_devices(), real_problem  # the real devices, for what is written
+        if tp is not None:  # the partition dump shows each op's cost on the TP slot (NOTE [tensor-parallel costs])
+            tp.show_costs(gm, cluster, groups, training is not None, [plan])
         mark_stages(gm, pm, plan.stage_of, groups)
         # 4. Cut the graph into stages and write one rank directory per stage.
         with times.step("split"):

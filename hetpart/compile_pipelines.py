@@ -212,6 +212,8 @@ def compile_pipelines(spec: ModelSpec, cluster: Cluster, opts: CompileOptions, o
     write_analysis(tmp, problem, cluster)  # what `hetpart replan` plans from without a trace,
     write_pipelines_record(tmp, pp)  # and the pipelines it may keep (NOTE [re-plan pipelines])
     write_shape_memo(tmp, memo)  # and the shapes its search may start from (NOTE [shape memo])
+    if tp is not None:  # the partition dump shows each op's cost on the TP slots (NOTE [tensor-parallel costs])
+        tp.show_costs(gm, cluster, groups, opts.mode == "training", [p.plan for p in pp.pipelines])
     mark_stages(gm, pm, pp.pipelines[0].plan.stage_of, groups)  # the partition dump shows pipeline 0
     # 4. Split the graph by each pipeline's plan; ranks are numbered pipeline-major (NOTE [the mesh]).
     with times.step("split"):

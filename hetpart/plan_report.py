@@ -22,14 +22,20 @@ from hetpart.errors import REDO_PARTITION, HetpartError
 FORMAT_VERSION = 1  # the layout only grew (stages' `slot`, `devices`): readers of version 1 read it as before
 REDO = REDO_PARTITION
 NUMBER = (int, float)
+# The words `mode` and `schedule` may hold (NOTE [plan.json fields]): the schedules are partitioner/problem.py's
+# SCHEDULES, named again here because this module imports nothing above it (tests/test_plan_report.py keeps the two
+# equal, as tests/export/test_fast_cli.py does names.py's ZOO_NAMES).
+PLAN_MODES = ("inference", "training")
+PLAN_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "interleaved-zb")
 
 
 def _f(kind: Any, default: Any = dataclasses.MISSING, *, omit_none: bool = False, items: type | None = None,
-       factory: Any = dataclasses.MISSING) -> Any:
+       factory: Any = dataclasses.MISSING, words: tuple[str, ...] | None = None) -> Any:
     """A field of JSON type `kind` (a type or tuple of types); `items`: the dataclass of a list's entries or of
-    an object; `omit_none`: left out of the JSON when None. A field without a default is required."""
+    an object; `omit_none`: left out of the JSON when None; `words`: the strings it may hold. A field without a
+    default is required."""
     return field(default=default, default_factory=factory,
-                 metadata={"kind": kind, "items": items, "omit_none": omit_none})
+                 metadata={"kind": kind, "items": items, "omit_none": omit_none, "words": words})
 
 
 # NOTE [plan.json fields]
@@ -39,7 +45,10 @@ def _f(kind: Any, default: Any = dataclasses.MISSING, *, omit_none: bool = False
 # naming the field; an optional one missing takes its default (a plan of an earlier
 # version reads as it did). Booleans are never numbers. Tables that other modules own and
 # serialize (`certificate`, `bounds`, `baselines`, `dynamic`, `outputs`) stay JSON objects
-# here, checked to be objects or lists; their readers read them by key.
+# here, checked to be objects or lists; their readers read them by key. A field of a few words
+# (`mode`, `schedule`) holding another is an error naming it too: an edited `schedule` was
+# "simulate: unknown schedule 'zz'" from `inspect`, naming no file, and an edited `mode` read as
+# inference (review22).
 # `slot` is what a stage runs on and `devices` the devices of that slot: today a slot is one
 # device, named as it (issue 16); `device` stays the slot's first device for older readers.
 # A plan of several data-parallel pipelines (issue 19, NOTE [pipelines plan]) adds `pipelines`,
@@ -173,8 +182,8 @@ class PlanReport:
     hetpart_version: str = _f(str, "")
     model: ModelRecord = _f(dict, items=ModelRecord)
     cluster: ClusterRecord = _f(dict, items=ClusterRecord)
-    mode: str = _f(str, "inference")
-    schedule: str = _f(str, "gpipe")
+    mode: str = _f(str, "inference", words=PLAN_MODES)
+    schedule: str = _f(str, "gpipe", words=PLAN_SCHEDULES)
     objective: str = _f(str, "throughput")
     microbatches: int = _f(int)
     microbatch_size: int = _f(int)
@@ -265,6 +274,9 @@ def _from_json(cls: type, table: Any, path: Path, where: str) -> Any:
         if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
             raise HetpartError(f"{path}: {where}{f.name!r} is missing or not a {_kind_name(kind)} "
                                f"(got {value!r:.40}); the plan was edited or truncated: {REDO}")
+        if f.metadata["words"] is not None and value not in f.metadata["words"]:
+            raise HetpartError(f"{path}: {where}{f.name!r} is {value!r:.40}, expected one of "
+                               f"{', '.join(f.metadata['words'])}; the plan was edited or truncated: {REDO}")
         if items is not None and isinstance(value, list):
             value = [_from_json(items, v, path, f"{where}{f.name}[{k}].") for k, v in enumerate(value)]
         elif items is not None and value is not None:

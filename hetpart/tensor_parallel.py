@@ -23,7 +23,7 @@ from hetpart.partitioner.tp_choice import (
 )
 from hetpart.passes.tensor_parallel import TP_META, ShardingPlan, describe
 from hetpart.partitioner.tp_sync import TPSyncLayout
-from hetpart.passes.tp_lower import TPGroup, lower_tensor_parallel, tp_groups, tp_type
+from hetpart.passes.tp_lower import TPGroup, lower_tensor_parallel, show_tp_costs, tp_groups, tp_op_costs, tp_type
 from hetpart.tp_machines import TP_DEGREES
 from hetpart.units import format_us
 
@@ -94,6 +94,14 @@ class TPCompile:
         g = self.problem.graph
         forward = [sum(g.nodes[v].get(FORWARD_NS, {}).get(s.device_type, 0) for v in s.nodes) for s in plan.stages]
         return dataclasses.replace(plan, stages=stages), forward
+
+    def show_costs(self, gm: fx.GraphModule, cluster: Cluster, groups: dict[str, str], training: bool,
+                   plans: list[Plan]) -> None:
+        """Each op's cost on the TP slot types the `plans` run on, into its annotation beside its one device's, for
+        the partition dump (NOTE [tensor-parallel costs]): a TP stage's lines sum to its compute_us."""
+        types = {s.device_type for p in plans for s in p.stages}
+        for sharding in self.shardings.values():
+            show_tp_costs(gm, tp_op_costs(gm, cluster, sharding, groups, training), types)
 
     def analysis_record(self, whole: Problem) -> dict | None:
         """ir/analysis.json's `tensor_parallel` record of a plan of mixed degrees (None for one degree): each place's

@@ -77,6 +77,10 @@ def test_optional_fields_of_older_plans_take_their_defaults_and_stay_out_of_the_
     # review22: 0 microbatches was read, and `export --format schedule-csv` wrote an empty CSV (exit 0)
     (lambda d: d.update(microbatches=0), "'microbatches' is 0, expected 1 or more"),
     (lambda d: d.update(microbatch_size=-2), "'microbatch_size' is -2, expected 1 or more"),
+    # review22: an edited schedule was "simulate: unknown schedule 'zz'" naming no file; an edited mode read as inference
+    (lambda d: d.update(schedule="zz"),
+     "art/plan.json: 'schedule' is 'zz', expected one of gpipe, 1f1b, interleaved-1f1b, interleaved-zb"),
+    (lambda d: d.update(mode="train"), "art/plan.json: 'mode' is 'train', expected one of inference, training"),
 ])
 def test_a_hand_edited_plan_is_refused_naming_the_field(edit, message):
     data = _plan_json()
@@ -84,6 +88,14 @@ def test_a_hand_edited_plan_is_refused_naming_the_field(edit, message):
     with pytest.raises(HetpartError, match="the plan was edited or truncated|re-run") as err:
         load_plan(PATH, data)
     assert message in str(err.value)
+
+
+def test_the_plan_s_schedule_words_are_the_partitioner_s():
+    """plan_report.py names the schedules again (it imports nothing above it): the same words, in the same order."""
+    from hetpart.partitioner.problem import SCHEDULES
+    from hetpart.plan_report import PLAN_SCHEDULES
+
+    assert PLAN_SCHEDULES == SCHEDULES
 
 
 def test_every_field_has_a_json_type():

@@ -17,6 +17,10 @@ NOTE [what the partitioner sees]
   nodes either: codegen recomputes them in every stage that reads them, and
   the partitioner counts their weights for each op that reads them. See
   NOTE [recomputed constants].
+- So a stage's problem nodes (plan.json's `node_count`, the table's `nodes`)
+  are its lines marked `stage=K` in the partition dump less its getitems
+  (`group_of` gives each getitem its op's problem node); recomputed ops and
+  scalars are marked with no stage (README, "Reading the plan table").
 
 NOTE [recomputed constants]
 Sending such a value would cost a transfer per microbatch at every cut it

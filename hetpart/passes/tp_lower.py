@@ -20,6 +20,10 @@ is `<type>/tp<t>` (`tp_type`), costed as follows, each term from the one formula
 - boundaries: charged once per boundary over the link between the two groups' machines (each
   TP index's lane sends its own copy side by side, NOTE [tensor-parallel stages]).
 - the ops of a region share a stage (COLOCATE), so no split value crosses a boundary.
+Each op's terms are computed once per op (`tp_op_costs`) and summed per problem node; the partition
+dump (ir/NN-partition.txt) shows them per op on the plan's slot types (`cpu/tp2=`, `bwd:cpu/tp2=`)
+beside the op's one-device cost (`show_tp_costs`), so a TP stage's lines sum to its compute_us, as
+any stage's lines do (review22: they showed one device's costs only).
 With every slot of one degree these are exact per rank, and the engines, bounds and verifier
 take them unchanged; a problem mixing degrees (`--max-tensor-parallel`) takes each slot from its
 degree's problem, each type key with its degree's memory (NOTE [mixed tensor-parallel degrees] in
@@ -94,38 +98,34 @@ def _shard_time_ns(node: fx.Node, degree: int, dev, whole_ns: int, flops: int, n
     return shard if whole_ns == whole or whole == 0 else round(whole_ns * shard / whole)
 
 
-def lower_tensor_parallel(problem: Problem, gm: fx.GraphModule, cluster: Cluster, plan: ShardingPlan,
-                          groups: dict[str, str], training: bool) -> tuple[Problem, list[TPGroup]]:
-    """`problem` with every slot a TP group of `plan.degree` (NOTE [tensor-parallel costs])."""
-    t = plan.degree
-    slots = tp_groups(cluster, t)
+def _type_keys(cluster: Cluster, slots: list[TPGroup], degree: int) -> dict[tuple[str, str], str]:
+    """(device type, machine) -> the problem's type key of its slots: one key per device type, or per (type, machine)
+    where its machines' links differ."""
     links = {m.name: _link(m.link) for m in cluster.machines}
-    g = problem.graph.copy()
-    for v in g.nodes:
-        g.nodes[v][TIME_NS] = dict(g.nodes[v][TIME_NS])
-        if FORWARD_NS in g.nodes[v]:
-            g.nodes[v][FORWARD_NS] = dict(g.nodes[v][FORWARD_NS])
-    # One type key per device type, or per (type, machine) where its machines' links differ.
     type_keys = sorted({(s.type, s.machine) for s in slots})
     uniform = {ty: len({links[m] for t2, m in type_keys if t2 == ty}) == 1 for ty, _ in type_keys}
-    key_of = {(ty, m): tp_type(ty, t) if uniform[ty] else f"{tp_type(ty, t)}@{m}" for ty, m in type_keys}
+    return {(ty, m): tp_type(ty, degree) if uniform[ty] else f"{tp_type(ty, degree)}@{m}" for ty, m in type_keys}
+
+
+def tp_op_costs(gm: fx.GraphModule, cluster: Cluster, plan: ShardingPlan, groups: dict[str, str],
+                training: bool) -> dict[str, dict[str, tuple[int, int]]]:
+    """FX op -> type key of each TP slot of `plan.degree` -> its (forward, backward) ns there, collectives included
+    (NOTE [tensor-parallel costs]): what lowering sums per problem node, and the partition dump shows per op."""
+    t = plan.degree
+    links = {m.name: _link(m.link) for m in cluster.machines}
     keyed: dict[str, tuple[str, str]] = {}  # type key -> (type, a machine of it)
-    for ty, m in type_keys:
-        keyed.setdefault(key_of[ty, m], (ty, m))
-    for v in g.nodes:
-        for key in keyed:
-            g.nodes[v][TIME_NS][key] = 0
-            if training:
-                g.nodes[v].setdefault(FORWARD_NS, {})[key] = 0
+    for (ty, m), key in sorted(_type_keys(cluster, tp_groups(cluster, t), t).items()):
+        keyed.setdefault(key, (ty, m))
     rows, columns = set(plan.reduce_after), {c for cs in plan.copy_before.values() for c in cs}
     first_column = {cs[0]: x for x, cs in plan.copy_before.items()}
     by_name = {n.name: n for n in gm.graph.nodes}
+    costs: dict[str, dict[str, tuple[int, int]]] = {}
     for node in gm.graph.nodes:
-        v = groups.get(node.name)
-        if v is None or node.op != "call_function":
+        if groups.get(node.name) is None or node.op != "call_function":
             continue
         ni = info(node)
         split = node.name in plan.sharded or node.name in rows or node.name in columns
+        costs[node.name] = {}
         for key, (ty, m) in keyed.items():
             dev = cluster.device_types[ty]
             fwd, bwd = ni.cost_ns.get(ty, 0), ni.bwd_cost_ns.get(ty, 0) if training else 0
@@ -141,9 +141,44 @@ def lower_tensor_parallel(problem: Problem, gm: fx.GraphModule, cluster: Cluster
                 fwd += allgather_ns(links[m], ni.out_bytes or 0, t)
             if training and node.name in first_column:  # f: the input's gradient all-reduced backward
                 bwd += allreduce_ns(links[m], info(by_name[first_column[node.name]]).out_bytes or 0, t)
+            costs[node.name][key] = (fwd, bwd)
+    return costs
+
+
+def show_tp_costs(gm: fx.GraphModule, costs: dict[str, dict[str, tuple[int, int]]], keys: set[str]) -> None:
+    """Each op's `costs` (`tp_op_costs`) on the slot types `keys` into its annotation, beside its one device's: the
+    partition dump then shows what a TP stage's compute_us sums (NOTE [tensor-parallel costs])."""
+    for node in gm.graph.nodes:
+        for key, (fwd, bwd) in costs.get(node.name, {}).items():
+            if key in keys:
+                info(node).cost_ns[key] = fwd
+                if bwd or info(node).bwd_cost_ns:  # (an inference graph's ops have no backward)
+                    info(node).bwd_cost_ns[key] = bwd
+
+
+def lower_tensor_parallel(problem: Problem, gm: fx.GraphModule, cluster: Cluster, plan: ShardingPlan,
+                          groups: dict[str, str], training: bool) -> tuple[Problem, list[TPGroup]]:
+    """`problem` with every slot a TP group of `plan.degree` (NOTE [tensor-parallel costs])."""
+    t = plan.degree
+    slots = tp_groups(cluster, t)
+    key_of = _type_keys(cluster, slots, t)
+    g = problem.graph.copy()
+    for v in g.nodes:
+        g.nodes[v][TIME_NS] = dict(g.nodes[v][TIME_NS]) | {key: 0 for key in key_of.values()}
+        if training or FORWARD_NS in g.nodes[v]:
+            g.nodes[v][FORWARD_NS] = dict(g.nodes[v].get(FORWARD_NS, {})) | (
+                {key: 0 for key in key_of.values()} if training else {})
+    for name, by_key in tp_op_costs(gm, cluster, plan, groups, training).items():
+        v = groups[name]
+        for key, (fwd, bwd) in by_key.items():
             g.nodes[v][TIME_NS][key] += fwd + bwd
             if training:
                 g.nodes[v][FORWARD_NS][key] += fwd
+    for node in gm.graph.nodes:
+        v = groups.get(node.name)
+        if v is None or node.op != "call_function":
+            continue
+        ni = info(node)
         if node.name in plan.sharded and node.name not in plan.gather_before_output:  # (gathered: whole, and its part)
             g.nodes[v][MEM_BYTES] -= (ni.act_bytes or 0) - tp_shard_bytes(ni.act_bytes or 0, t)
         elif node.name in plan.gather_before_output:
@@ -179,4 +214,4 @@ def _colocate_regions(g: nx.DiGraph, plan: ShardingPlan, groups: dict[str, str])
             g.nodes[v][COLOCATE] = f"tp-region-{i}"
 
 
-__all__ = ["TPGroup", "lower_tensor_parallel", "tp_groups", "tp_type"]
+__all__ = ["TPGroup", "lower_tensor_parallel", "show_tp_costs", "tp_groups", "tp_op_costs", "tp_type"]

@@ -43,18 +43,31 @@ def ir_dump(out: Path, key: str, manifest: dict[str, Any]) -> str:
     raise HetpartError(f"--ir {key}: no such IR dump in '{out / 'ir'}' (dumps: {known})")
 
 
-def _rank(manifest: dict[str, Any], stage: int, out: Path) -> dict[str, Any]:
+def _rank(manifest: dict[str, Any], stage: int, out: Path, tp_rank: int | None = None) -> dict[str, Any]:
     ranks = manifest["ranks"]
     if any("pipeline" in e for e in ranks):  # several pipelines (issue 19): stage numbers repeat, K is the rank
+        if tp_rank is not None:
+            raise HetpartError(f"--tp-rank {tp_rank}: in a plan of several pipelines --stage K names rank K, whichever "
+                               "TP rank it is; leave --tp-rank out")
         if 0 <= stage < len(ranks):
             return ranks[stage]
         raise HetpartError(f"--stage {stage}: '{out}' has ranks 0..{len(ranks) - 1}; in a plan of several "
                            "pipelines --stage K names rank K (pipeline 0's stages, then pipeline 1's, ...)")
-    for entry in manifest["ranks"]:
-        if entry["stage"] == stage:
-            return entry  # a tensor-parallel stage: its TP rank 0 (the header names the group's ranks)
-    known = ", ".join(map(str, sorted({e["stage"] for e in manifest["ranks"]})))  # a TP stage's ranks share one
-    raise HetpartError(f"--stage {stage}: '{out}' has no stage {stage} (stages: {known})")
+    group = [e for e in ranks if e["stage"] == stage]  # a tensor-parallel stage: its group's ranks
+    if not group:
+        known = ", ".join(map(str, sorted({e["stage"] for e in ranks})))  # a TP stage's ranks share one
+        raise HetpartError(f"--stage {stage}: '{out}' has no stage {stage} (stages: {known})")
+    if tp_rank is None:
+        return group[0]  # its TP rank 0 (the header names the group's ranks)
+    by_tp = {e.get("tp", {}).get("rank", 0): e for e in group}
+    if tp_rank in by_tp:
+        return by_tp[tp_rank]
+    if len(group) == 1:
+        raise HetpartError(f"--tp-rank {tp_rank}: stage {stage} of '{out}' runs on one device, not a tensor-parallel "
+                           "group (its one rank is TP rank 0); leave --tp-rank out")
+    raise HetpartError(f"--tp-rank {tp_rank}: stage {stage} of '{out}' runs on a tensor-parallel group of "
+                       f"{len(group)} (TP ranks 0..{len(group) - 1}: ranks "
+                       f"{', '.join(str(e['rank']) for e in group)}); pass one of 0..{len(group) - 1}")
 
 
 def _values(title: str, values: list[dict[str, Any]]) -> list[str]:
@@ -63,9 +76,10 @@ def _values(title: str, values: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def stage_text(out: Path, manifest: dict[str, Any], plan: PlanReport, stage: int) -> str:
-    """A stage's device, inputs and outputs (from manifest.json), then its `stage.py`."""
-    entry = _rank(manifest, stage, out)
+def stage_text(out: Path, manifest: dict[str, Any], plan: PlanReport, stage: int, tp_rank: int | None = None) -> str:
+    """A stage's device, inputs and outputs (from manifest.json), then its `stage.py`; of a tensor-parallel stage, its
+    TP rank `tp_rank` (default 0)."""
+    entry = _rank(manifest, stage, out, tp_rank)
     several = "pipeline" in entry and plan.pipelines  # each pipeline's stages (a TP stage: one row for its ranks)
     cost = plan.pipelines[entry["pipeline"]].stages[entry["stage"]] if several else plan.stages[entry["stage"]]
     from hetpart.runtime.artifacts import check_file

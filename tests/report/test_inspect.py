@@ -71,15 +71,19 @@ def test_inspect_errors_list_what_exists(partitioned, capsys):
 
 
 def test_a_plan_json_of_other_stages_than_the_manifest_is_refused(partitioned, tmp_path, capsys):
-    """plan.json edited with its digest (an unsigned directory): a stage dropped, or one added, is refused by every
-    reader (read_plan) with exit 2; `inspect --stage` of the dropped one was an IndexError traceback."""
+    """plan.json edited with its digest (an unsigned directory): a stage dropped, or one added, a schedule or mode
+    edited to an unknown word, is refused by every reader (read_plan) with exit 2; `inspect --stage` of the dropped
+    one was an IndexError traceback."""
     import hashlib
     import shutil
 
     plan = json.loads((partitioned.out / "plan.json").read_text())
     assert len(plan["stages"]) >= 2
     for edit, want in (("drop", "has no stage"), ("add", "stages, manifest.json runs"),
-                       ("virtual", "virtual stage(s) per device, manifest.json 1")):
+                       ("virtual", "virtual stage(s) per device, manifest.json 1"),
+                       # review22: "simulate: unknown schedule 'zz'" naming no file; an edited mode read as inference
+                       ("schedule", "plan.json: 'schedule' is 'zz', expected one of gpipe, 1f1b"),
+                       ("mode", "plan.json: 'mode' is 'train', expected one of inference, training")):
         out = tmp_path / edit
         shutil.copytree(partitioned.out, out)
         edited = json.loads(json.dumps(plan))
@@ -87,6 +91,8 @@ def test_a_plan_json_of_other_stages_than_the_manifest_is_refused(partitioned, t
             edited["stages"].pop()
         elif edit == "virtual":  # each device two stages: not what the manifest runs
             edited["virtual_stages"] = 2
+        elif edit in ("schedule", "mode"):
+            edited[edit] = {"schedule": "zz", "mode": "train"}[edit]
         else:
             edited["stages"].append({**edited["stages"][-1], "index": len(edited["stages"])})
         text = json.dumps(edited)
@@ -172,6 +178,26 @@ def test_inspect_stage_of_a_tensor_parallel_plan_names_the_group(tmp_path, capsy
     shown = dict(re.findall(r"= weight\((\S+)\)\s+#.* tp2=shard:(\S+)", dump))
     assert shown == {w: f"{s['dim']}" + (f"x{s['chunks']}" if s["chunks"] > 1 else "") for w, s in split.items()}
     assert "tp2=allreduce" in dump and "tp2=split:" in dump
+    # review22: no way to print the group's other ranks; --tp-rank R picks one, a bad R says which there are.
+    assert main(["inspect", str(out), "--stage", str(last["stage"]), "--tp-rank", "1"]) == 0
+    shown = capsys.readouterr().out
+    assert shown.startswith(f"# rank {group[1]}, stage {last['stage']} of {last['stage'] + 1}, TP rank 1 of 2 ")
+    assert shown.endswith((out / f"rank{group[1]}" / "stage.py").read_text())
+    assert (out / f"rank{group[1]}" / "stage.py").read_text() != (out / f"rank{group[0]}" / "stage.py").read_text()
+    for argv, want in ((["--stage", "0", "--tp-rank", "2"], f"--tp-rank 2: stage 0 of '{out}' runs on a "
+                        "tensor-parallel group of 2 (TP ranks 0..1: ranks 0, 1); pass one of 0..1"),
+                       (["--tp-rank", "1"], "--tp-rank 1 goes with --stage K"),
+                       (["--stage", "0", "--tp-rank", "-1"], "--tp-rank")):
+        assert main(["inspect", str(out), *argv]) == 2, argv
+        err = capsys.readouterr().err
+        assert want in err and "Traceback" not in err, err
+
+
+def test_tp_rank_of_a_stage_on_one_device(partitioned, capsys):
+    assert main(["inspect", str(partitioned.out), "--stage", "1", "--tp-rank", "0"]) == 0
+    assert capsys.readouterr().out.endswith((partitioned.out / "rank1" / "stage.py").read_text())
+    assert main(["inspect", str(partitioned.out), "--stage", "1", "--tp-rank", "1"]) == 2
+    assert "runs on one device, not a tensor-parallel group" in capsys.readouterr().err
 
 
 def test_a_file_of_the_artifacts_for_the_directory_says_which_directory(partitioned, capsys):
