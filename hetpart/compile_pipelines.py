@@ -25,7 +25,9 @@ from hetpart.codegen.analysis import write_analysis
 from hetpart.codegen.pipelines_record import write_pipelines_record, write_shape_memo
 from hetpart.errors import HetpartError
 from hetpart.partitioner.infeasible import PipelinesRefused
-from hetpart.partitioner.pipelines import PipelinesPlan, fixed_pipelines, own_bound, pipelines_violations
+from hetpart.partitioner.pipelines import (
+    Pipeline, PipelinesPlan, fixed_pipelines, own_bound, pipelines_violations, sub_problem,
+)
 from hetpart.partitioner.shape_memo import ShapeMemo
 from hetpart.partitioner.tp_pipelines import slots_note
 from hetpart.pipeline_groups import split_microbatches
@@ -222,8 +224,8 @@ def compile_pipelines(spec: ModelSpec, cluster: Cluster, opts: CompileOptions, o
                             pt2=opts.pt2 and not on_meta and tp is None,
                             checkpoint_names=checkpoint_names if on_meta else None, times=times,
                             own_weights={w for p in pp.pipelines for w in tp.split_weights(p.plan)} if tp else set())
-    report = _report(spec, cluster, opts, pp, device_problem, gm, groups, split, microbatch_size, on_meta=on_meta,
-                     model_sha256=model_sha256, profiles=profiles, plan_report=plan_report, tp=tp)
+    report = _report(spec, cluster, opts, pp, device_problem, problem, gm, groups, split, microbatch_size,
+                     on_meta=on_meta, model_sha256=model_sha256, profiles=profiles, plan_report=plan_report, tp=tp)
     report = dataclasses.replace(report, baselines=baselines)  # beside the search's plan (NOTE [pipeline baselines])
     pj = report.to_json()
     write_json(tmp / "plan.json", pj)
@@ -244,12 +246,22 @@ def compile_pipelines(spec: ModelSpec, cluster: Cluster, opts: CompileOptions, o
                          pipelines=pp)
 
 
+def _layers_json(problem: Problem, p: Pipeline) -> dict | None:
+    """Pipeline `p`'s plan rounded to whole layers and costed on its own devices and share, as plan.json records it
+    for `hetpart export`."""
+    from hetpart.export.layers import round_to_layers
+
+    layers = round_to_layers(sub_problem(problem, p.devices, p.microbatches), p.plan)
+    return None if layers is None else layers.to_json()
+
+
 def _report(spec: ModelSpec, cluster: Cluster, opts: CompileOptions, pp: PipelinesPlan, problem: Problem,
-            gm: fx.GraphModule, groups: dict[str, str], split: list, microbatch_size: int, *, on_meta: bool,
-            model_sha256: str | None, profiles: dict, plan_report: Callable, tp: TPCompile | None) -> PlanReport:
+            planned: Problem, gm: fx.GraphModule, groups: dict[str, str], split: list, microbatch_size: int, *,
+            on_meta: bool, model_sha256: str | None, profiles: dict, plan_report: Callable, tp: TPCompile | None) -> PlanReport:
     """plan.json of the pipelines (NOTE [plan.json fields]): each pipeline's stages as `plan_report` writes one
     plan's, and the step's numbers; a single pipeline reads as any one-pipeline plan. `problem`: the devices'
-    (with `tp` the pipelines are planned on its slots, a stage listing its group's devices)."""
+    (with `tp` the pipelines are planned on its slots, a stage listing its group's devices); `planned`: the problem
+    the pipelines were planned on (the slots' with `tp`), which each pipeline's rounding to whole layers reads."""
     from hetpart.compile import emulation_record, stage_sums
 
     us = lambda ns: round(ns / 1000, 3)  # noqa: E731
@@ -263,7 +275,7 @@ def _report(spec: ModelSpec, cluster: Cluster, opts: CompileOptions, pp: Pipelin
         reports.append(plan_report(spec, cluster, opts, shown, microbatch_size, stage_flops=flops,
                                    stage_param_bytes=params, forward_ns=forward_ns if opts.mode == "training" else None,
                                    model_sha256=model_sha256, on_meta=on_meta, gm_meta=gm.meta, baselines=[],
-                                   emulation=emulation))
+                                   emulation=emulation, layers=_layers_json(planned, p)))
     if len(pp.pipelines) == 1 and opts.parallel != "data":  # the search's answer keeps its step, bound and gap
         return reports[0]
     slot_devices = {g.name: list(g.devices) for g in tp.groups} if tp is not None else {}
@@ -271,7 +283,7 @@ def _report(spec: ModelSpec, cluster: Cluster, opts: CompileOptions, pp: Pipelin
                                 devices=[d for s in p.devices for d in slot_devices.get(s, [s])],
                                 time_us=us(p.time_ns), bottleneck_us=us(p.plan.bottleneck_ns),
                                 lower_bound_us=None if bound is None else us(bound), solver_status=status,
-                                stages=[dataclasses.replace(s, pipeline=p.index) for s in r.stages])
+                                stages=[dataclasses.replace(s, pipeline=p.index) for s in r.stages], layers=r.layers)
                  for p, r, (bound, status) in zip(pp.pipelines, reports, map(own_bound, pp.pipelines))]
     used = [d for q in pipelines for s in q.stages for d in s.devices or [s.device]]
     degree = max(tp.shardings) if tp is not None else 1  # a slot's reason counts its groups (NOTE [tensor-parallel
@@ -284,7 +296,7 @@ def _report(spec: ModelSpec, cluster: Cluster, opts: CompileOptions, pp: Pipelin
                  f"in no tensor-parallel group of {degree}" for d in cluster.devices
                  if d.name not in used and d.name not in idle}
     return dataclasses.replace(
-        reports[0], stages=[s for q in pipelines for s in q.stages], pipelines=pipelines,
+        reports[0], stages=[s for q in pipelines for s in q.stages], pipelines=pipelines, layers=None,  # each its own
         bottleneck_us=max(q.bottleneck_us for q in pipelines), lower_bound_us=us(pp.lower_bound_ns),
         gap=round(pp.gap, 6), solver_status=pp.solver_status, certificate=None, bounds=None,
         predicted_samples_per_s=round(spec.batch_size / (pp.iteration_ns * 1e-9), 3) if pp.iteration_ns else None,
