@@ -1,0 +1,90 @@
+"""NOTE [identical replicas] on hand-made plan.json records: what a partition on a preset rarely produces (two
+pipelines of the same stage count cut elsewhere, a batch that cannot split evenly, machines that each hold one
+pipeline, a plan written before pipelines had `layers`)."""
+
+from __future__ import annotations
+
+import copy
+import re
+
+import pytest
+
+from hetpart.errors import HetpartError
+from hetpart.export import export_text
+from tests.export.test_formats import plan_json
+
+NAMES = ["wte", "wpe", "blocks.0", "blocks.1", "blocks.2", "blocks.3", "ln_f", "lm_head"]
+
+
+def pipelines_plan(cuts=((0, 0, 0, 0, 1, 1, 1, 1), (0, 0, 0, 0, 1, 1, 1, 1)), shares=(2, 2),
+                   machines=(("a", "b"), ("a", "b"))) -> dict:
+    """A plan.json of len(cuts) two-stage pipelines, pipeline p on machines[p] (its devices m/p), as partition
+    writes one: each pipeline's stages and `layers`, the top-level stages theirs in rank order."""
+    pipelines = []
+    for p, (cut, share, where) in enumerate(zip(cuts, shares, machines)):
+        one = plan_json(names=NAMES, stage_of_layer=cut, machines=where, types_=("a100-80g", "t4-16g"), split=())
+        for s in one["stages"]:
+            s["device"] = f"{s['machine']}/{2 * p + s['index']}"
+            s.update(devices=[s["device"]], pipeline=p, compute_us=90.0 + 10 * s["index"], comm_in_us=1.0,
+                     comm_out_us=2.0, memory_bytes=1, capacity_bytes=2)
+        one["layers"]["devices"] = [s["device"] for s in one["stages"]]
+        pipelines.append({"index": p, "microbatches": share, "stages": one["stages"], "layers": one["layers"]})
+    pj = plan_json(names=NAMES, machines=("a", "b"), types_=("a100-80g", "t4-16g"))
+    stages = sorted((s for q in pipelines for s in q["stages"]), key=lambda s: s["device"])
+    pj["cluster"]["devices"] = [{"name": s["device"], "type": s["device_type"], "machine": s["machine"],
+                                 "mem_bytes": 1 << 34} for s in stages]
+    pj.update(pipelines=pipelines, stages=[s for q in pipelines for s in q["stages"]], layers=None,
+              microbatches=sum(shares), grad_sync_us=10.0)
+    return pj
+
+
+def test_pipelines_cut_elsewhere_are_named_layer_by_layer():
+    pj = pipelines_plan(cuts=((0, 0, 0, 0, 1, 1, 1, 1), (0, 0, 0, 1, 1, 1, 1, 1)))
+    with pytest.raises(HetpartError, match=re.escape("pipeline 1 cuts the model elsewhere: blocks.1 on stage 1 "
+                                                     "(pipeline 0: stage 0)")):
+        export_text(pj, "torchtitan")
+    export_text(pipelines_plan(), "torchtitan")  # the control: the same cuts are written
+
+
+def test_a_batch_that_cannot_split_evenly_says_which_microbatches_would():
+    with pytest.raises(HetpartError) as err:
+        export_text(pipelines_plan(shares=(3, 2)), "megatron")
+    assert "5 microbatches do not split evenly over 2 pipelines" in str(err.value)
+    assert "partition with --microbatches 6 --pipeline-microbatches 3,3 to plan equal shares" in str(err.value)
+
+
+def test_megatron_adds_the_mapping_flag_where_each_machine_holds_a_pipeline():
+    """Pipeline p on machine m{p}: Megatron's default order (pp outermost) puts stage 0 of both pipelines on ranks 0
+    and 1, one on each machine, which torchrun cannot number; --use-tp-pp-dp-mapping (dp outermost) keeps each
+    machine's ranks together. Pipelines across both machines (the control) keep the default."""
+    own = export_text(pipelines_plan(machines=(("m0", "m0"), ("m1", "m1"))), "megatron")
+    assert "--use-tp-pp-dp-mapping" in own.text
+    assert any("machine m0: ranks 0..1" in n for n in own.notes) and any("machine m1: ranks 2..3" in n
+                                                                           for n in own.notes)
+    across = export_text(pipelines_plan(), "megatron")
+    assert "--use-tp-pp-dp-mapping" not in across.text and any("machine a: ranks 0..1" in n for n in across.notes)
+
+
+def test_torchtitan_says_when_torchrun_cannot_number_its_ranks():
+    notes = " ".join(export_text(pipelines_plan(machines=(("m0", "m0"), ("m1", "m1"))), "torchtitan").notes)
+    assert "ranks in torchtitan's (pp, dp_replicate, tp) order: 0 m0/0, 1 m1/2, 2 m0/1, 3 m1/3" in notes
+    assert "machine(s) m0, m1 hold ranks that are not one block" in notes and "sets RANK" in notes
+
+
+def test_a_pipelines_plan_without_per_pipeline_layers_asks_for_a_new_partition():
+    pj = pipelines_plan()
+    for q in pj["pipelines"]:
+        del q["layers"]
+    with pytest.raises(HetpartError, match=r"pipeline 0 of plan.json's `pipelines` has no `layers` section \(written "
+                                           "by an older hetpart\)"):
+        export_text(pj, "deepspeed")
+
+
+def test_one_pipeline_of_a_data_parallel_search_exports_as_a_plain_pipeline():
+    """`--parallel data` may answer with one pipeline: a plan with `pipelines` of one, its top-level `layers` null."""
+    pj = pipelines_plan(cuts=((0, 0, 0, 0, 1, 1, 1, 1),), shares=(4,), machines=(("a", "b"),))
+    plain = copy.deepcopy(pj)
+    plain.update(layers=pj["pipelines"][0]["layers"])
+    del plain["pipelines"]
+    for fmt in ("torchtitan", "megatron", "deepspeed", "schedule-csv"):
+        assert export_text(pj, fmt).text == export_text(plain, fmt).text, fmt
