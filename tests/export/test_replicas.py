@@ -88,3 +88,29 @@ def test_one_pipeline_of_a_data_parallel_search_exports_as_a_plain_pipeline():
     del plain["pipelines"]
     for fmt in ("torchtitan", "megatron", "deepspeed", "schedule-csv"):
         assert export_text(pj, fmt).text == export_text(plain, fmt).text, fmt
+
+
+@pytest.mark.parametrize("slow_second_machine", [False, True])
+def test_each_pipelines_rounding_is_its_own_even_where_one_rounding_serves_pipelines_alike(slow_second_machine):
+    """NOTE [layers per pipeline]: two pipelines of one plan on machines alike share one rounding, renamed; on a
+    machine with a slower link (the control) the rounding is costed again. Both equal `round_to_layers` on each."""
+    import networkx as nx
+
+    from hetpart.compile_pipelines import _layers_records
+    from hetpart.export.layers import MODULE, round_to_layers
+    from hetpart.partitioner.pipelines import fixed_pipelines, sub_problem
+    from hetpart.partitioner.problem import Device, Link, Problem
+
+    g = nx.path_graph(["a", "b", "c", "d"], create_using=nx.DiGraph)
+    nx.set_node_attributes(g, {v: {"gpu": t} for v, t in zip("abcd", (30_000, 50_000, 40_000, 45_000))}, "time_ns")
+    nx.set_node_attributes(g, 4000, "out_bytes")
+    nx.set_node_attributes(g, {"a": "blocks.0", "b": "blocks.0", "c": "blocks.1", "d": "blocks.1"}, MODULE)
+    links = {"n0": Link(1000, 0), "n1": Link(400 if slow_second_machine else 1000, 0)}
+    p = Problem(graph=g, weights={}, devices=[Device(f"g{i}", "gpu", f"n{i // 2}", 10**6) for i in range(4)],
+                intra_node_links=links, network=Link(10, 0))
+    pp = fixed_pipelines(p, [["g0", "g1"], ["g2", "g3"]], [2, 2])
+    assert [q.plan.stage_of for q in pp.pipelines][0] == pp.pipelines[1].plan.stage_of  # one plan twice
+    got = _layers_records(p, pp.pipelines)
+    direct = [round_to_layers(sub_problem(p, q.devices, q.microbatches), q.plan).to_json() for q in pp.pipelines]
+    assert got == direct and got[1]["devices"] == ["g2", "g3"]
+    assert (got[0]["rounded_stage_us"] != got[1]["rounded_stage_us"]) == slow_second_machine
