@@ -69,14 +69,16 @@ def replicas_of(pj: dict, fmt: str) -> Replicas:
     return replicas(pj, fmt, layer_plan)
 
 
-def rounding_note(lp: LayerPlan, pj: dict) -> str:
+def rounding_note(lp: LayerPlan, pj: dict, idle: list[str] | None = None) -> str:
     """What rounding an op-level plan to whole layers costs, in the plan's own cost model, and which of its devices
-    the rounding leaves without a layer (review22: a 3-stage plan was exported as 2 stages without a word)."""
+    the rounding leaves without a layer (review22: a 3-stage plan was exported as 2 stages without a word); `idle`:
+    those of several pipelines rounded alike."""
     note = _rounding_note(lp)
     if lp.shared:
         note += (f"; {', '.join(lp.shared[:4])} run(s) at several places with other modules between, listed at "
                  "the stage of the first call")
-    idle = [s["device"] for s in pj["stages"] if s["device"] not in lp.devices]
+    if idle is None:
+        idle = [s["device"] for s in pj["stages"] if s["device"] not in lp.devices]
     if idle:
         note += (f"; {len(lp.devices)} of the plan's {len(pj['stages'])} stages keep a whole layer: "
                  f"{', '.join(idle)} would stay idle, and the config has {len(lp.devices)} stages")
@@ -88,11 +90,17 @@ def rounding_notes(pj: dict, rep: Replicas) -> list[str]:
     pipelines = pipelines_of(pj)
     if len(pipelines) == 1:
         return [rounding_note(rep.lp, pj)]
-    by_note: dict[str, list[int]] = {}
-    for p, (lp, q) in enumerate(zip(rep.plans, pipelines)):
-        by_note.setdefault(rounding_note(lp, q), []).append(p)
-    return [note.replace("note: the plan", f"note: pipeline(s) {', '.join(map(str, ps))}: the plan", 1)
-            for note, ps in by_note.items()]
+    alike: dict[tuple, list[int]] = {}  # the same rounding, on each pipeline's own devices: one note
+    for p, lp in enumerate(rep.plans):
+        key = (tuple(lp.split_by_plan), tuple(lp.rounded_stage_us), lp.bottleneck_us, tuple(lp.over_memory_stages),
+               len(lp.devices))
+        alike.setdefault(key, []).append(p)
+    notes = []
+    for ps in alike.values():
+        idle = [s["device"] for p in ps for s in pipelines[p]["stages"] if s["device"] not in rep.plans[p].devices]
+        note = rounding_note(rep.plans[ps[0]], pipelines[ps[0]], idle)
+        notes.append(note.replace("note: the plan", f"note: pipeline(s) {', '.join(map(str, ps))}: the plan", 1))
+    return notes
 
 
 def _rounding_note(lp: LayerPlan) -> str:

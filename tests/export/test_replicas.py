@@ -114,3 +114,14 @@ def test_each_pipelines_rounding_is_its_own_even_where_one_rounding_serves_pipel
     direct = [round_to_layers(sub_problem(p, q.devices, q.microbatches), q.plan).to_json() for q in pp.pipelines]
     assert got == direct and got[1]["devices"] == ["g2", "g3"]
     assert (got[0]["rounded_stage_us"] != got[1]["rounded_stage_us"]) == slow_second_machine
+
+
+def test_pipelines_rounded_alike_get_one_note_naming_every_idle_device():
+    """On hetero-64 two stripes of 13 stages were rounded alike to 8 (each on its own devices): two notes that
+    differed only in the idle devices' names. Now one, with all of them."""
+    pj = pipelines_plan(cuts=((0,) * 8, (0,) * 8))
+    for q in pj["pipelines"]:
+        q["layers"].update(devices=[q["stages"][0]["device"]], rounded_stage_us=[100.0])
+    notes = [n for n in export_text(pj, "megatron").notes if "stay idle" in n]
+    assert len(notes) == 1 and notes[0].startswith("note: pipeline(s) 0, 1: the plan")
+    assert "1 of the plan's 2 stages keep a whole layer: b/1, b/3 would stay idle" in notes[0]
