@@ -188,9 +188,11 @@ def launch_notes(pj: dict, ranks: list[str], order: str) -> list[str]:
         return notes
     per_node = {len(rs) for _, rs in blocks}
     for node, (machine, rs) in enumerate(blocks):
-        visible = ",".join(str(ordinal[ranks[r]]) for r in rs)
+        gpus = [str(ordinal[ranks[r]]) for r in rs if ordinal[ranks[r]] != "cpu"]
+        visible = (f"CUDA_VISIBLE_DEVICES={','.join(gpus)}" if gpus else "") + (
+            "" if len(gpus) == len(rs) else f"{' and ' if gpus else ''}{len(rs) - len(gpus)} rank(s) on its CPU")
         notes.append(f"note: machine {machine}: ranks {rs[0]}..{rs[-1]}, torchrun --nnodes {len(blocks)} --node-rank "
-                     f"{node} --nproc-per-node {len(rs)}, CUDA_VISIBLE_DEVICES={visible}")
+                     f"{node} --nproc-per-node {len(rs)}, {visible}")
     if len(per_node) > 1:
         notes.append("note: the machines run different numbers of ranks: give each its own --nproc-per-node")
     return notes

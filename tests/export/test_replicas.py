@@ -125,3 +125,11 @@ def test_pipelines_rounded_alike_get_one_note_naming_every_idle_device():
     notes = [n for n in export_text(pj, "megatron").notes if "stay idle" in n]
     assert len(notes) == 1 and notes[0].startswith("note: pipeline(s) 0, 1: the plan")
     assert "1 of the plan's 2 stages keep a whole layer: b/1, b/3 would stay idle" in notes[0]
+
+
+def test_cpu_ranks_get_no_cuda_visible_devices():
+    notes = export_text(plan_json(machines=("a",) * 4, types_=("cpu",) * 4), "megatron").notes
+    line = next(n for n in notes if n.startswith("note: machine a:"))
+    assert line.endswith("--nproc-per-node 4, 4 rank(s) on its CPU") and "CUDA_VISIBLE_DEVICES" not in line
+    gpus = export_text(plan_json(machines=("a",) * 4), "megatron").notes  # the control
+    assert any(n.endswith("CUDA_VISIBLE_DEVICES=0,1,2,3") for n in gpus)
