@@ -133,3 +133,13 @@ def test_cpu_ranks_get_no_cuda_visible_devices():
     assert line.endswith("--nproc-per-node 4, 4 rank(s) on its CPU") and "CUDA_VISIBLE_DEVICES" not in line
     gpus = export_text(plan_json(machines=("a",) * 4), "megatron").notes  # the control
     assert any(n.endswith("CUDA_VISIBLE_DEVICES=0,1,2,3") for n in gpus)
+
+
+@pytest.mark.parametrize("fmt", ["torchtitan", "megatron", "deepspeed", "accelerate"])
+def test_virtual_stages_are_still_refused_by_the_layer_formats(fmt):
+    """The replicas' path (replicas_of) keeps layer_plan's refusal of interleaved plans (NOTE [virtual stages plan])."""
+    pj = plan_json()
+    pj["virtual_stages"] = 2
+    with pytest.raises(HetpartError, match="2 virtual stages per device"):
+        export_text(pj, fmt)
+    assert export_text(pj, "schedule-csv").text.startswith("0F0,")
