@@ -318,13 +318,14 @@ def _check(args: argparse.Namespace, console: Console) -> int:
 def _export(args: argparse.Namespace) -> int:
     from hetpart.export import export_plan
 
-    result = export_plan(args.out, args.format, args.file, args.key, args.force)
+    file = None if args.file is not None and str(args.file) == "-" else args.file  # `--out -`: stdout, as without
+    result = export_plan(args.out, args.format, file, args.key, args.force)
     for note in result.notes:
         print(note, file=sys.stderr)
-    if args.file is None:
+    if file is None:
         print(result.text, end="")
     else:
-        wrote = [str(args.file)] + [str(args.file.with_suffix(s)) for s in result.extra_files]
+        wrote = [str(file)] * result.main_file + [str(file.with_suffix(s)) for s in result.extra_files]
         print(f"wrote {', '.join(wrote)}", file=sys.stderr)
     return 0
 

@@ -323,7 +323,8 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("--format", required=True, choices=["torchtitan", "megatron", "deepspeed", "accelerate",
                                                          "schedule-csv"], help="the framework's config to write")
     exp.add_argument("--out", dest="file", type=Path, default=None, metavar="FILE",
-                     help="write it here (torchtitan: and its schedule CSV as FILE.schedule.csv); default: stdout")
+                     help="write it here (torchtitan: and its schedule CSV as FILE.schedule.csv; schedule-csv of "
+                          "several pipelines: FILE.pipeline0.csv, ... instead); default, or `-`: stdout")
     exp.add_argument("--force", action="store_true",
                      help="replace FILE (and its companion) if it exists; never a file of an artifacts directory")
     exp.add_argument("--key", type=Path, default=None, metavar="FILE",

@@ -25,7 +25,9 @@ from hetpart.codegen.analysis import write_analysis
 from hetpart.codegen.pipelines_record import write_pipelines_record, write_shape_memo
 from hetpart.errors import HetpartError
 from hetpart.partitioner.infeasible import PipelinesRefused
-from hetpart.partitioner.pipelines import PipelinesPlan, fixed_pipelines, own_bound, pipelines_violations
+from hetpart.partitioner.pipelines import (
+    Pipeline, PipelinesPlan, fixed_pipelines, own_bound, pipelines_violations, sub_problem,
+)
 from hetpart.partitioner.shape_memo import ShapeMemo
 from hetpart.partitioner.tp_pipelines import slots_note
 from hetpart.pipeline_groups import split_microbatches
@@ -39,6 +41,7 @@ if TYPE_CHECKING:
     from hetpart.compile import CompileOptions, CompileResult
     from hetpart.devices import Cluster
     from hetpart.frontend import ModelSpec
+    from hetpart.export.layers import LayerPlan
     from hetpart.partitioner import Problem
     from hetpart.passes import PassManager
     from hetpart.report.progress import Progress
@@ -224,8 +227,8 @@ def compile_pipelines(spec: ModelSpec, cluster: Cluster, opts: CompileOptions, o
                             pt2=opts.pt2 and not on_meta and tp is None,
                             checkpoint_names=checkpoint_names if on_meta else None, times=times,
                             own_weights={w for p in pp.pipelines for w in tp.split_weights(p.plan)} if tp else set())
-    report = _report(spec, cluster, opts, pp, device_problem, gm, groups, split, microbatch_size, on_meta=on_meta,
-                     model_sha256=model_sha256, profiles=profiles, plan_report=plan_report, tp=tp)
+    report = _report(spec, cluster, opts, pp, device_problem, problem, gm, groups, split, microbatch_size,
+                     on_meta=on_meta, model_sha256=model_sha256, profiles=profiles, plan_report=plan_report, tp=tp)
     report = dataclasses.replace(report, baselines=baselines)  # beside the search's plan (NOTE [pipeline baselines])
     pj = report.to_json()
     write_json(tmp / "plan.json", pj)
@@ -246,18 +249,54 @@ def compile_pipelines(spec: ModelSpec, cluster: Cluster, opts: CompileOptions, o
                          pipelines=pp)
 
 
+# NOTE [layers per pipeline]
+# plan.json records each pipeline's plan rounded to whole layers (`pipelines[p].layers`), so that `hetpart export`
+# can tell identical replicas from pipelines cut elsewhere (NOTE [identical replicas] in export/replicas.py). The
+# rounding costs its plan with `evaluate` on the pipeline's own devices and share (0.78 s under cProfile for
+# one pipeline of llama-70b on hetero-64 at load 7-11, docs/benchmarks.md "export3d"); a plan of many stripes repeats
+# one plan on machines alike: a pipeline whose nodes sit on the same stages, whose share is the same and whose stages'
+# slots have the same types, capacities and links between them as an earlier one's rounds the same way (what
+# `evaluate` and `round_to_layers` read), so it takes that rounding with its own devices' names.
+
+
+def _layers_records(problem: Problem, pipelines: list[Pipeline]) -> list[dict | None]:
+    """Each pipeline's plan rounded to whole layers and costed on its own devices and share, as plan.json records
+    it for `hetpart export` (NOTE [layers per pipeline])."""
+    from hetpart.export.layers import round_to_layers
+    from hetpart.partitioner.costs import link_between, slot_capacity_bytes
+
+    done: dict[tuple, tuple[list[str], LayerPlan | None]] = {}
+    records = []
+    for p in pipelines:
+        sub = sub_problem(problem, p.devices, p.microbatches)
+        slots = p.plan.device_of_stage
+        key = (tuple(sorted(p.plan.stage_of.items())), p.microbatches,
+               tuple((sub.slot(s).type, slot_capacity_bytes(sub, sub.slot(s))) for s in slots),
+               tuple(link_between(sub, a, b) for a, b in zip(slots, slots[1:])))
+        if key not in done:
+            done[key] = (slots, round_to_layers(sub, p.plan))
+        first_slots, layers = done[key]
+        if layers is not None and first_slots != slots:
+            layers = dataclasses.replace(layers, devices=[slots[first_slots.index(d)] for d in layers.devices])
+        records.append(None if layers is None else layers.to_json())
+    return records
+
+
 def _report(spec: ModelSpec, cluster: Cluster, opts: CompileOptions, pp: PipelinesPlan, problem: Problem,
-            gm: fx.GraphModule, groups: dict[str, str], split: list, microbatch_size: int, *, on_meta: bool,
-            model_sha256: str | None, profiles: dict, plan_report: Callable, tp: TPCompile | None) -> PlanReport:
+            planned: Problem, gm: fx.GraphModule, groups: dict[str, str], split: list, microbatch_size: int, *,
+            on_meta: bool, model_sha256: str | None, profiles: dict, plan_report: Callable,
+            tp: TPCompile | None) -> PlanReport:
     """plan.json of the pipelines (NOTE [plan.json fields]): each pipeline's stages as `plan_report` writes one
     plan's, and the step's numbers; a single pipeline reads as any one-pipeline plan. `problem`: the devices'
-    (with `tp` the pipelines are planned on its slots, a stage listing its group's devices)."""
+    (with `tp` the pipelines are planned on its slots, a stage listing its group's devices); `planned`: the problem
+    the pipelines were planned on (the slots' with `tp`), which each pipeline's rounding to whole layers reads."""
     from hetpart.compile import emulation_record, stage_sums
 
     us = lambda ns: round(ns / 1000, 3)  # noqa: E731
     emulation = emulation_record(problem, cluster, profiles)
     reports = []
-    for p, stages in zip(pp.pipelines, split):
+    layers = _layers_records(planned, pp.pipelines)
+    for p, stages, rounded in zip(pp.pipelines, split, layers):
         flops, forward_ns = stage_sums(gm, p.plan, groups)
         shown, params = p.plan, [sum(problem.weights[w] for w in s.weights.values()) for s in stages]
         if tp is not None:  # per rank: a split weight's part (NOTE [tensor-parallel stages])
@@ -265,7 +304,7 @@ def _report(spec: ModelSpec, cluster: Cluster, opts: CompileOptions, pp: Pipelin
         reports.append(plan_report(spec, cluster, opts, shown, microbatch_size, stage_flops=flops,
                                    stage_param_bytes=params, forward_ns=forward_ns if opts.mode == "training" else None,
                                    model_sha256=model_sha256, on_meta=on_meta, gm_meta=gm.meta, baselines=[],
-                                   emulation=emulation))
+                                   emulation=emulation, layers=rounded))
     if len(pp.pipelines) == 1 and opts.parallel != "data":  # the search's answer keeps its step, bound and gap
         return reports[0]
     slot_devices = {g.name: list(g.devices) for g in tp.groups} if tp is not None else {}
@@ -273,7 +312,7 @@ def _report(spec: ModelSpec, cluster: Cluster, opts: CompileOptions, pp: Pipelin
                                 devices=[d for s in p.devices for d in slot_devices.get(s, [s])],
                                 time_us=us(p.time_ns), bottleneck_us=us(p.plan.bottleneck_ns),
                                 lower_bound_us=None if bound is None else us(bound), solver_status=status,
-                                stages=[dataclasses.replace(s, pipeline=p.index) for s in r.stages])
+                                stages=[dataclasses.replace(s, pipeline=p.index) for s in r.stages], layers=r.layers)
                  for p, r, (bound, status) in zip(pp.pipelines, reports, map(own_bound, pp.pipelines))]
     used = [d for q in pipelines for s in q.stages for d in s.devices or [s.device]]
     degree = max(tp.shardings) if tp is not None else 1  # a slot's reason counts its groups (NOTE [tensor-parallel
@@ -286,7 +325,7 @@ def _report(spec: ModelSpec, cluster: Cluster, opts: CompileOptions, pp: Pipelin
                  f"in no tensor-parallel group of {degree}" for d in cluster.devices
                  if d.name not in used and d.name not in idle}
     return dataclasses.replace(
-        reports[0], stages=[s for q in pipelines for s in q.stages], pipelines=pipelines,
+        reports[0], stages=[s for q in pipelines for s in q.stages], pipelines=pipelines, layers=None,  # each its own
         bottleneck_us=max(q.bottleneck_us for q in pipelines), lower_bound_us=us(pp.lower_bound_ns),
         gap=round(pp.gap, 6), solver_status=pp.solver_status, certificate=None, bounds=None,
         predicted_samples_per_s=round(spec.batch_size / (pp.iteration_ns * 1e-9), 3) if pp.iteration_ns else None,

@@ -53,8 +53,9 @@ def _f(kind: Any, default: Any = dataclasses.MISSING, *, omit_none: bool = False
 # device, named as it (issue 16); `device` stays the slot's first device for older readers.
 # A plan of several data-parallel pipelines (issue 19, NOTE [pipelines plan]) adds `pipelines`,
 # each with its share of the batch and its own stages (`index` counts within the pipeline,
-# `pipeline` names it), and the step's numbers: `iteration_us`, `grad_sync_us` (not overlapped)
-# and `grad_sync_overlapped_us`, `devices_used`, `devices_idle` (device -> why no stage runs on
+# `pipeline` names it, `layers` its plan rounded to whole modules for `hetpart export`, as the
+# top-level `layers` of a one-pipeline plan, which a plan of several leaves null), and the step's
+# numbers: `iteration_us`, `grad_sync_us` (not overlapped) and `grad_sync_overlapped_us`, `devices_used`, `devices_idle` (device -> why no stage runs on
 # it, with its numbers: NOTE [idle reasons]), `bound_note` (what `lower_bound_us` covers and what it
 # leaves out: parts of the bound cut by the time limit, shapes left untried), and `search_stats` when
 # `--parallel data` searched.
@@ -173,6 +174,7 @@ class PipelineReport:
     lower_bound_us: float | None = _f(NUMBER + (NoneType,))  # null: none of its own (NOTE [a pipeline's own bound])
     solver_status: str = _f(str)
     stages: list[StageReport] = _f(list, items=StageReport)
+    layers: dict | None = _f((dict, NoneType), None, omit_none=True)  # its plan rounded to whole modules (`export`)
 
 
 @dataclass(frozen=True, kw_only=True)

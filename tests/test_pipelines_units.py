@@ -415,11 +415,13 @@ def test_compiled_pipelines_group_every_holder_of_a_weight_and_store_each_weight
     assert "2 data-parallel pipelines" in page and '></span>1.0</td>' in page
     assert plan["grad_sync_us"] > 0 and plan["iteration_us"] == pytest.approx(
         max(q["time_us"] for q in plan["pipelines"]) + plan["grad_sync_us"], abs=2e-3)
-    from hetpart.export import FORMATS, export_plan  # no export format describes several pipelines: refused
-    for fmt in FORMATS:
-        with pytest.raises(HetpartError, match=r"data-parallel pipelines \(2 pipelines"):
-            export_plan(out, fmt, tmp_path / f"cfg.{fmt}")
-        assert not (tmp_path / f"cfg.{fmt}").exists()
+    from hetpart.export import export_plan  # each pipeline's schedule CSV (NOTE [one CSV per pipeline])
+
+    export_plan(out, "schedule-csv", tmp_path / "s.csv")
+    assert sorted(p.name for p in tmp_path.glob("s*.csv")) == ["s.pipeline0.csv", "s.pipeline1.csv"]
+    with pytest.raises(HetpartError, match="2 data-parallel pipelines, and accelerate's device_map"):
+        export_plan(out, "accelerate", tmp_path / "map.json")
+    assert not (tmp_path / "map.json").exists()
 
 
 def test_inference_metadata_of_a_pipelines_last_stage_is_its_own_outputs_not_the_next_pipelines_inputs():

@@ -15,7 +15,6 @@ from rich.console import Console
 
 from hetpart.cli import _print_measured, main
 from hetpart.errors import HetpartError
-from hetpart.export import export_text
 from hetpart.passes.manager import check_dump_dir
 from hetpart.runtime.artifacts import load_manifest, read_plan
 from hetpart.runtime.checkpoint import check_checkpoint_dir
@@ -47,18 +46,6 @@ def test_a_file_at_dump_ir_asks_for_another_dir_not_a_new_partition(tmp_path, ca
                  "--no-pt2", "--out", str(out), "--dump-ir", str(where)]) == 2
     assert "choose another --dump-ir DIR" in capsys.readouterr().err
     assert where.read_text() == "mine" and not out.exists()
-
-
-@pytest.mark.parametrize("devices", [[["d0", "d1", "d2"]], [["d0", "d1"], ["d2", "d3"]]])
-def test_export_of_a_pipelines_plan_does_not_call_its_pipelines_different(devices):
-    """A `--parallel data` answer of one pipeline, or of stripes (pipelines of the same shape), was refused as
-    "1 data-parallel pipelines of different shapes"."""
-    pj = {"pipelines": [{"index": i, "devices": d, "microbatches": 2} for i, d in enumerate(devices)]}
-    with pytest.raises(HetpartError) as err:
-        export_text(pj, "megatron")
-    text = str(err.value)
-    assert "different shapes" not in text and f"({len(devices)} pipeline" in text
-    assert "1 pipelines" not in text
 
 
 def test_resume_of_a_file_says_it_is_not_a_directory(tmp_path):

@@ -21,13 +21,6 @@ __all__ = ["FORMATS", "Exported", "export_plan", "export_text"]
 def export_text(pj: dict, fmt: str, out_file: Path | None = None) -> Exported:
     """The config of format `fmt` for plan.json `pj`; `out_file`: where it will be written (torchtitan
     names its schedule CSV beside it)."""
-    if pj.get("pipelines"):  # data-parallel pipelines (issue 19), even one: no format here describes them yet
-        n = len(pj["pipelines"])
-        raise HetpartError(
-            f"export --format {fmt}: this plan is of data-parallel pipelines ({n} pipeline{'s' if n > 1 else ''}, "
-            "from --pipelines or --parallel data), which no export format here describes yet (each takes a "
-            "plan partitioned without them); export a plan partitioned without --pipelines/--parallel data, "
-            "or run this one with `hetpart run`")
     known = SCHEDULES + VIRTUAL_SCHEDULES
     if pj["schedule"] not in known:  # each format writes the schedule's order or name (an unknown one was a 1F1B CSV)
         raise HetpartError(f"plan.json's schedule {pj['schedule']!r} is not one hetpart plans ({', '.join(known)}): "
@@ -42,7 +35,7 @@ def export_text(pj: dict, fmt: str, out_file: Path | None = None) -> Exported:
     if fmt == "accelerate":
         return export_accelerate(pj)
     if fmt == "schedule-csv":
-        return export_schedule_csv(pj)
+        return export_schedule_csv(pj, None if out_file is None else out_file.name)
     raise HetpartError(f"--format {fmt}: expected one of {', '.join(FORMATS)}")
 
 
@@ -58,15 +51,12 @@ def export_plan(out: Path, fmt: str, out_file: Path | None = None, key: Path | N
 
     manifest = load_manifest(out, read_key(key, out) if key is not None else None)
     pj = read_plan(out, manifest).to_json()  # checked by the one loader (NOTE [plan.json fields])
-    if "tensor_parallel" in manifest["mesh"]:  # NOTE [tensor-parallel stages]
-        raise HetpartError(f"{out}: a tensor-parallel plan (each stage on a TP group) cannot be exported yet; "
-                           "partition without --tensor-parallel to export")
     result = export_text(pj, fmt, out_file)
     if out_file is not None:
         if out_file.is_dir():
             raise HetpartError(f"--out {out_file} is a directory; give a file name")
-        targets = {out_file: result.text} | {out_file.with_suffix(suffix): text
-                                             for suffix, text in result.extra_files.items()}
+        targets = ({out_file: result.text} if result.main_file else {}) | {
+            out_file.with_suffix(suffix): text for suffix, text in result.extra_files.items()}
         for path in targets:
             check_not_special(path, "--out", "leave out --out to print the config to stdout (`> FILE` keeps it)")
             check_outside_artifacts(path, "--out", follow=False)

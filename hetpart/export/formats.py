@@ -18,6 +18,9 @@ from dataclasses import dataclass, field
 
 from hetpart.errors import REDO_PARTITION, HetpartError
 from hetpart.export.layers import LayerPlan
+from hetpart.export.replicas import (
+    Replicas, launch_notes, one_block_per_machine, pipelines_of, replicas, stage_devices,
+)
 from hetpart.partitioner.simulate import VIRTUAL_SCHEDULES, rank_orders
 
 FORMATS = ("torchtitan", "megatron", "deepspeed", "accelerate", "schedule-csv")
@@ -30,23 +33,25 @@ class Exported:
     text: str
     extra_files: dict[str, str] = field(default_factory=dict)  # suffix of --out's name -> text (torchtitan's CSV)
     notes: list[str] = field(default_factory=list)
+    main_file: bool = True  # False: only `extra_files` are written (NOTE [one CSV per pipeline])
 
 
-def layer_plan(pj: dict, fmt: str) -> LayerPlan:
-    """plan.json's layer-rounded plan, or an error that says why a layer-level format cannot be written."""
+def layer_plan(pj: dict, fmt: str, where: str = "plan.json") -> LayerPlan:
+    """plan.json's layer-rounded plan (or one pipeline's, of a plan of several: `pj` is then that pipeline's
+    record, `where` names it), or an error that says why a layer-level format cannot be written."""
     data = pj.get("layers")
     if pj.get("virtual_stages"):  # NOTE [virtual stages plan]: no layer rounding of them yet
         raise HetpartError(f"--format {fmt}: this plan has {pj['virtual_stages']} virtual stages per device, which "
                            "hetpart does not round to whole modules yet; use --format schedule-csv, or partition "
                            "without an interleaved --schedule")
     if "layers" not in pj:
-        raise HetpartError(f"--format {fmt}: plan.json has no `layers` section (written by an older hetpart); "
+        raise HetpartError(f"--format {fmt}: {where} has no `layers` section (written by an older hetpart); "
                            f"{REDO_PARTITION}")
     if data is None:
-        raise HetpartError(f"--format {fmt} places whole modules, but plan.json has no layer-rounded plan: the model "
+        raise HetpartError(f"--format {fmt} places whole modules, but {where} has no layer-rounded plan: the model "
                            "has no submodules (every op is at its top level; use --format schedule-csv), or the plan "
                            f"was written by an older hetpart: {REDO_PARTITION}")
-    edited = f"plan.json's `layers` (the plan rounded to whole layers) was edited or truncated: {REDO_PARTITION}"
+    edited = f"{where}'s `layers` (the plan rounded to whole layers) was edited or truncated: {REDO_PARTITION}"
     try:
         lp = LayerPlan.from_json(data)
     except ValueError as err:
@@ -57,18 +62,45 @@ def layer_plan(pj: dict, fmt: str) -> LayerPlan:
     return lp
 
 
-def rounding_note(lp: LayerPlan, pj: dict) -> str:
+def replicas_of(pj: dict, fmt: str) -> Replicas:
+    """The plan as identical replicas of one layer-rounded pipeline (NOTE [identical replicas]), or an error."""
+    if pj.get("virtual_stages"):
+        layer_plan(pj, fmt)  # refuses them
+    return replicas(pj, fmt, layer_plan)
+
+
+def rounding_note(lp: LayerPlan, pj: dict, idle: list[str] | None = None) -> str:
     """What rounding an op-level plan to whole layers costs, in the plan's own cost model, and which of its devices
-    the rounding leaves without a layer (review22: a 3-stage plan was exported as 2 stages without a word)."""
+    the rounding leaves without a layer (review22: a 3-stage plan was exported as 2 stages without a word); `idle`:
+    those of several pipelines rounded alike."""
     note = _rounding_note(lp)
     if lp.shared:
         note += (f"; {', '.join(lp.shared[:4])} run(s) at several places with other modules between, listed at "
                  "the stage of the first call")
-    idle = [s["device"] for s in pj["stages"] if s["device"] not in lp.devices]
+    if idle is None:
+        idle = [s["device"] for s in pj["stages"] if s["device"] not in lp.devices]
     if idle:
         note += (f"; {len(lp.devices)} of the plan's {len(pj['stages'])} stages keep a whole layer: "
                  f"{', '.join(idle)} would stay idle, and the config has {len(lp.devices)} stages")
     return note
+
+
+def rounding_notes(pj: dict, rep: Replicas) -> list[str]:
+    """`rounding_note` of each pipeline; pipelines with the same note named once together."""
+    pipelines = pipelines_of(pj)
+    if len(pipelines) == 1:
+        return [rounding_note(rep.lp, pj)]
+    alike: dict[tuple, list[int]] = {}  # the same rounding, on each pipeline's own devices: one note
+    for p, lp in enumerate(rep.plans):
+        key = (tuple(lp.split_by_plan), tuple(lp.rounded_stage_us), lp.bottleneck_us, tuple(lp.over_memory_stages),
+               len(lp.devices))
+        alike.setdefault(key, []).append(p)
+    notes = []
+    for ps in alike.values():
+        idle = [s["device"] for p in ps for s in pipelines[p]["stages"] if s["device"] not in rep.plans[p].devices]
+        note = rounding_note(rep.plans[ps[0]], pipelines[ps[0]], idle)
+        notes.append(note.replace("note: the plan", f"note: pipeline(s) {', '.join(map(str, ps))}: the plan", 1))
+    return notes
 
 
 def _rounding_note(lp: LayerPlan) -> str:
@@ -84,15 +116,20 @@ def _rounding_note(lp: LayerPlan) -> str:
             f"op by op ({loss:+.1f}%){memory}; `hetpart partition --align layers` plans with whole layers")
 
 
-def _header(pj: dict, fmt: str, lp: LayerPlan | None, comment: str = "#") -> list[str]:
+def _header(pj: dict, fmt: str, rep: Replicas | None, comment: str = "#") -> list[str]:
     model = pj["model"]["model"]
     lines = [f"{comment} hetpart export --format {fmt}: {model} on {pj['cluster']['name']}, "
              f"{pj['mode']}, microbatch of {pj['microbatch_size']}"]
     types = {d["name"]: d["type"] for d in pj["cluster"]["devices"]}
-    if lp is not None:
-        for k, (device, layers) in enumerate(zip(lp.devices, lp.layers_of_stage())):
-            lines.append(f"{comment} stage {k} -> rank {k}: {device} ({types[device]}), {lp.rounded_stage_us[k]:g} us: "
-                         + ", ".join(layers))
+    if rep is not None:
+        if rep.pipelines > 1 or rep.degree > 1:
+            lines.append(f"{comment} {rep.pipelines} data-parallel replica(s) of {rep.stages} stage(s), "
+                         f"tensor-parallel degree {rep.degree}, {rep.microbatches} microbatch(es) each")
+        lp = rep.lp
+        for k, layers in enumerate(lp.layers_of_stage()):
+            where = " | ".join("+".join(group[k]) for group in rep.devices)
+            lines.append(f"{comment} stage {k}: {where} ({types[rep.devices[0][k][0]]}), "
+                         f"{lp.rounded_stage_us[k]:g} us: " + ", ".join(layers))
     return lines
 
 
@@ -141,16 +178,62 @@ def _stage_map_notes(pj: dict) -> list[str]:
             f"{s['machine']})" for s in pj["stages"]]
 
 
-def export_schedule_csv(pj: dict) -> Exported:
+def export_schedule_csv(pj: dict, out_name: str | None = None) -> Exported:
     """hetpart's own stages (rank k runs stage k: NOTE [ranks are stages]) and the plan's schedule and M.
     The runtime's validator expects a backward for every forward, so the CSV is a training step's
-    order even for an inference plan."""
-    notes = _stage_map_notes(pj)
+    order even for an inference plan. A plan of several data-parallel pipelines: one CSV per pipeline
+    (NOTE [one CSV per pipeline]); `out_name`, --out's name, names them."""
+    notes = []
     if pj["mode"] != "training":
         notes.append("note: an inference plan: the CSV holds the training step's order (torch's schedule "
                      "runtime runs a backward for every forward)")
-    ranks = len(pj["stages"]) // (pj.get("virtual_stages") or 1)
-    return Exported(schedule_csv(len(pj["stages"]), pj["microbatches"], pj["schedule"], ranks), notes=notes)
+    tp = any(len(stage_devices(s)) > 1 for s in pj["stages"])
+    if tp:
+        notes.append("note: a stage on a tensor-parallel group: every rank of the group runs its stage's row (a "
+                     "PipelineStage per rank, its group the ranks of the same TP index across the stages)")
+    pipelines = pipelines_of(pj)
+    if len(pipelines) == 1:
+        ranks = len(pj["stages"]) // (pj.get("virtual_stages") or 1)
+        text = schedule_csv(len(pj["stages"]), pj["microbatches"], pj["schedule"], ranks)
+        return Exported(text, notes=(_stage_map_notes(pj) if not tp else _group_map_notes(pipelines)) + notes)
+    if out_name is None:
+        raise HetpartError(f"--format schedule-csv: this plan has {len(pipelines)} data-parallel pipelines, one CSV "
+                           "each (torch's schedule runs one pipeline): pass --out FILE.csv to write FILE.pipeline0.csv"
+                           f" .. FILE.pipeline{len(pipelines) - 1}.csv (not `-`: stdout holds one file)")
+    extra = {f".pipeline{q['index']}.csv": schedule_csv(len(q["stages"]), q["microbatches"], pj["schedule"])
+             for q in pipelines}
+    stem = out_name.rsplit(".", 1)[0] if "." in out_name.rpartition("/")[2] else out_name
+    notes = _group_map_notes(pipelines) + [
+        f"note: wrote one CSV per pipeline, {stem}.pipeline<p>.csv, each with its own share of microbatches; rank r "
+        "of a CSV is stage r of that pipeline (its ranks listed above, in hetpart's numbering)"] + notes
+    shares = [q["microbatches"] for q in pipelines]
+    if len(set(shares)) > 1:
+        notes.append(f"note: the pipelines take {'/'.join(map(str, shares))} microbatches: average the gradients "
+                     "weighted by these shares (a plain all-reduce mean weights the replicas equally)")
+    return Exported("", extra_files=extra, notes=notes, main_file=False)
+
+
+# NOTE [one CSV per pipeline]
+# torch.distributed.pipelining's CSV (`_load_csv`) is one pipeline's schedule: row r is the actions of
+# that pipeline group's rank r. A plan of P data-parallel pipelines runs P such groups, each with its own
+# stage count and share of the microbatches, so `--out FILE.csv` writes FILE.pipeline0.csv ..
+# FILE.pipeline{P-1}.csv and no FILE.csv; without --out (or with `-`, stdout) it is refused, as stdout
+# holds one file. The notes list each pipeline's ranks (hetpart's numbering: pipeline-major, each stage's
+# TP group together) and devices.
+
+
+def _group_map_notes(pipelines: list[dict]) -> list[str]:
+    notes, rank = [], 0
+    for q in pipelines:
+        where = []
+        for s in q["stages"]:
+            group = stage_devices(s)
+            ranks = f"rank {rank}" if len(group) == 1 else f"ranks {rank}..{rank + len(group) - 1}"
+            where.append(f"stage {s['index']} -> {ranks}: {'+'.join(group)} ({s['device_type']}, machine "
+                         f"{s['machine']})")
+            rank += len(group)
+        notes.append(f"note: pipeline {q['index']} ({q['microbatches']} microbatch(es)): " + "; ".join(where))
+    return notes
 
 
 # --- torchtitan ---------------------------------------------------------------------------------
@@ -164,29 +247,48 @@ def export_torchtitan(pj: dict, csv_path: str | None) -> Exported:
     `module_fqns_per_model_part: list[list[str]]`, one list of module FQNs per model part, and
     `pipeline_parallel_schedule_csv`, a path whose schedule needs `pipeline_parallel_schedule` to
     be PipelineScheduleSingle, PipelineScheduleMulti or _PipelineScheduleRuntime. Without a CSV
-    path (no --out), the plan's schedule by name ("GPipe" or "1F1B", torch's get_schedule_class)."""
-    lp = layer_plan(pj, "torchtitan")
-    parts = lp.layers_of_stage()
-    lines = _header(pj, "torchtitan", lp) + [
+    path (no --out), the plan's schedule by name ("GPipe" or "1F1B", torch's get_schedule_class).
+    Data-parallel replicas are `data_parallel_replicate_degree` (DDP: hetpart's pipelines replicate
+    weights, never shard them, so `data_parallel_shard_degree` is 1, not its default -1, the ranks left
+    over) and `[training] local_batch_size`, each replica's share: torchtitan's microbatches are
+    local_batch_size / pipeline_parallel_microbatch_size (its default, 8, would not be the plan's).
+    Its mesh is pp, dp_replicate, dp_shard, cp, tp, outermost first (ParallelDims in
+    torchtitan/distributed/parallel_dims.py): the launch notes list the ranks in that order."""
+    rep = replicas_of(pj, "torchtitan")
+    parts = rep.lp.layers_of_stage()
+    mbs = pj["microbatch_size"]
+    lines = _header(pj, "torchtitan", rep) + [
         "# FQNs are the traced model's module names: they apply to a torchtitan model with the same ones",
         "[parallelism]",
         f"pipeline_parallel_degree = {len(parts)}",
-        f"pipeline_parallel_microbatch_size = {pj['microbatch_size']}",
+        f"data_parallel_replicate_degree = {rep.pipelines}",
+        "data_parallel_shard_degree = 1",
+        f"tensor_parallel_degree = {rep.degree}",
+        f"pipeline_parallel_microbatch_size = {mbs}",
     ]
     extra = {}
     if csv_path is not None:
         lines += ['pipeline_parallel_schedule = "PipelineScheduleMulti"',
                   f"pipeline_parallel_schedule_csv = {json.dumps(csv_path)}"]
-        extra[".schedule.csv"] = schedule_csv(len(parts), pj["microbatches"], pj["schedule"])
+        extra[".schedule.csv"] = schedule_csv(len(parts), rep.microbatches, pj["schedule"])
     else:
         lines.append(f"pipeline_parallel_schedule = {json.dumps({'gpipe': 'GPipe', '1f1b': '1F1B'}[pj['schedule']])}")
     lines.append("module_fqns_per_model_part = [")
     lines += [f"    {_toml_list(p)}," for p in parts]
-    lines.append("]")
-    notes = [rounding_note(lp, pj)]
+    lines += ["]", "[training]", f"local_batch_size = {mbs * rep.microbatches}",
+              f"global_batch_size = {mbs * rep.microbatches * rep.pipelines}"]
+    notes = rounding_notes(pj, rep) + _tp_note(rep, "torchtitan applies its model's own TP plan (parallelize_fn)")
+    notes += launch_notes(pj, rep.rank_devices("pp-dp-tp"), "torchtitan's (pp, dp_replicate, tp)")
     if csv_path is None:
         notes.append("note: pass --out FILE to also write FILE's schedule CSV (pipeline_parallel_schedule_csv)")
     return Exported("\n".join(lines) + "\n", extra, notes)
+
+
+def _tp_note(rep: Replicas, how: str) -> list[str]:
+    if rep.degree == 1:
+        return []
+    return [f"note: tensor-parallel degree {rep.degree}: {how}, which may split other weights than hetpart's plan "
+            "(sharding found on the graph, `hetpart inspect`): the predicted times are of hetpart's split"]
 
 
 # --- Megatron-LM --------------------------------------------------------------------------------
@@ -234,25 +336,43 @@ def megatron_layout(lp: LayerPlan) -> str:
 
 
 def export_megatron(pj: dict) -> Exported:
-    lp = layer_plan(pj, "megatron")
+    """Megatron-LM's arguments (megatron/training/arguments.py): the layout as above; TP as
+    --tensor-model-parallel-size; data parallelism is implied, world size / (TP x PP), and the
+    replicas' share as --global-batch-size over --micro-batch-size (Megatron runs global / (micro x DP)
+    microbatches per replica). Its ranks go tp fastest, then dp, then pp (megatron/training/initialize.py: order
+    "tp-cp-ep-dp-pp"); where that splits a machine's ranks and --use-tp-pp-dp-mapping's order ("tp-cp-ep-pp-dp",
+    hetpart's own numbering: each pipeline's ranks together) does not, the export adds that flag, so torchrun
+    can start each machine's ranks (NOTE [identical replicas])."""
+    rep = replicas_of(pj, "megatron")
+    lp = rep.lp
     first, last = decoder_blocks(lp.names, "megatron")
     counts = [sum(1 for i in range(first, last + 1) if lp.stage_of_layer[i] == k) for k in range(len(lp.devices))]
-    notes = [rounding_note(lp, pj)]
+    notes = rounding_notes(pj, rep)
     pre, post = lp.names[:first], lp.names[last + 1:]
     if {lp.stage_of_layer[i] for i in range(first)} - {0} or {lp.stage_of_layer[i] for i in
                                                              range(last + 1, len(lp.names))} - {len(counts) - 1}:
         notes.append(f"note: the plan puts embedding or head layers ({', '.join(pre + post)}) on inner stages; "
                      "Megatron keeps E on the first stage and L on the last")
-    lines = _header(pj, "megatron", lp) + [
+    mbs = pj["microbatch_size"]
+    by_pipeline = rep.rank_devices("dp-pp-tp")
+    mapping = (" --use-tp-pp-dp-mapping" if not one_block_per_machine(pj, rep.rank_devices("pp-dp-tp"))
+               and one_block_per_machine(pj, by_pipeline) else "")
+    lines = _header(pj, "megatron", rep) + [
         f"# embedding (E): {', '.join(pre) or 'none'}; decoder layers (t): {lp.names[first]} .. {lp.names[last]}; "
         f"loss (L): {', '.join(post) or 'none'}",
-        f"--pipeline-model-parallel-size {len(counts)} --num-layers {sum(counts)} "
-        f"--pipeline-model-parallel-layout \"{megatron_layout(lp)}\"",
+        f"# world size {rep.pipelines * rep.stages * rep.degree}: data-parallel size {rep.pipelines} = world size / "
+        f"(tensor {rep.degree} x pipeline {rep.stages})",
+        f"--tensor-model-parallel-size {rep.degree} --pipeline-model-parallel-size {len(counts)} "
+        f"--num-layers {sum(counts)} --pipeline-model-parallel-layout \"{megatron_layout(lp)}\" "
+        f"--micro-batch-size {mbs} --global-batch-size {mbs * rep.microbatches * rep.pipelines}{mapping}",
     ]
     inner = counts[1:-1]
     if len(counts) > 2 and len(set(inner)) == 1 and inner[0] > 0:
         lines.append(f"# or, the same split: --decoder-first-pipeline-num-layers {counts[0]} "
                      f"--decoder-last-pipeline-num-layers {counts[-1]}")
+    notes += _tp_note(rep, "Megatron splits its own layers (ColumnParallelLinear, RowParallelLinear)")
+    order = "Megatron's --use-tp-pp-dp-mapping (dp, pp, tp)" if mapping else "Megatron's (pp, dp, tp)"
+    notes += launch_notes(pj, by_pipeline if mapping else rep.rank_devices("pp-dp-tp"), order)
     return Exported("\n".join(lines) + "\n", notes=notes)
 
 
@@ -269,8 +389,16 @@ def deepspeed_parts(lp: LayerPlan) -> tuple[list[str], list[int]]:
 
 
 def export_deepspeed(pj: dict) -> Exported:
-    lp = layer_plan(pj, "deepspeed")
+    """`PipelineModule(num_stages=S, topology=...)`'s parts, and its topology (deepspeed/runtime/pipe/topology.py):
+    PipeDataParallelTopology(num_pp, num_dp), axes pipe, data; with TP PipeModelDataParallelTopology(num_pp, num_mp,
+    num_dp), axes pipe, data, model; the last axis varies fastest. The batch: train_micro_batch_size_per_gpu x
+    gradient_accumulation_steps (each replica's microbatches) x the data-parallel size is train_batch_size."""
+    rep = replicas_of(pj, "deepspeed")
+    lp = rep.lp
     layers, parts = deepspeed_parts(lp)
+    topology = ({"class": "PipeModelDataParallelTopology", "num_pp": rep.stages, "num_mp": rep.degree,
+                 "num_dp": rep.pipelines} if rep.degree > 1 else
+                {"class": "PipeDataParallelTopology", "num_pp": rep.stages, "num_dp": rep.pipelines})
     data = {
         "format": "deepspeed.pipe.PipelineModule parts",
         "num_stages": len(lp.devices),
@@ -278,9 +406,17 @@ def export_deepspeed(pj: dict) -> Exported:
         "layers": layers,
         "stage_devices": lp.devices,
         "predicted_stage_us": lp.rounded_stage_us,
+        "topology": topology,
+        "ds_config": {"train_micro_batch_size_per_gpu": pj["microbatch_size"],
+                      "gradient_accumulation_steps": rep.microbatches,
+                      "train_batch_size": pj["microbatch_size"] * rep.microbatches * rep.pipelines},
+        "rank_devices": rep.rank_devices("pp-dp-tp"),
     }
-    notes = [rounding_note(lp, pj), "note: DeepSpeed's partition_method takes no list: set `self.parts` in a "
-             "PipelineModule subclass's _partition_layers (README, `hetpart export`)"]
+    notes = rounding_notes(pj, rep) + ["note: DeepSpeed's partition_method takes no list: set `self.parts` in a "
+                                       "PipelineModule subclass's _partition_layers (README, `hetpart export`)"]
+    notes += _tp_note(rep, "DeepSpeed's topology only numbers the TP ranks; the layers must split themselves "
+                           "(Megatron-DeepSpeed's mpu)")
+    notes += launch_notes(pj, data["rank_devices"], f"DeepSpeed's {topology['class']} (pipe, data, model)")
     return Exported(json.dumps(data, indent=1) + "\n", notes=notes)
 
 
@@ -323,7 +459,19 @@ def accelerate_device_map(pj: dict, lp: LayerPlan) -> dict[str, int | str]:
 
 
 def export_accelerate(pj: dict) -> Exported:
-    lp = layer_plan(pj, "accelerate")
+    pipelines = pipelines_of(pj)
+    if len(pipelines) > 1:
+        raise HetpartError(f"--format accelerate: the plan runs {len(pipelines)} data-parallel pipelines, and "
+                           "accelerate's device_map places one copy of the model in one process (its Accelerator "
+                           "refuses to train a dispatched model distributed): export --format torchtitan, megatron "
+                           "or deepspeed (identical replicas), or schedule-csv")
+    grouped = [s for s in pj["stages"] if len(stage_devices(s)) > 1]
+    if grouped:
+        raise HetpartError(f"--format accelerate: stage {grouped[0]['index']} runs tensor-parallel on "
+                           f"{'+'.join(stage_devices(grouped[0]))}, and accelerate's device_map puts each module on "
+                           "one device: partition without --tensor-parallel, or export --format torchtitan, megatron "
+                           "or deepspeed")
+    lp = replicas_of(pj, "accelerate").lp
     device_map = accelerate_device_map(pj, lp)
     total = round(sum(lp.rounded_stage_us), 3)
     sequential = (f"note: accelerate runs the devices one after another, not as a pipeline: there a microbatch of "
