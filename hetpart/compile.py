@@ -80,7 +80,8 @@ class CompileOptions:
     strategy: str = "optimal"  # or a baseline's name: write its plan instead (NOTE [--strategy] in baselines.py)
     align: str = "ops"  # or "layers": cut only between top-level blocks (hetpart/export/layers.py)
     # Data-parallel pipelines (issue 19, hetpart/compile_pipelines.py): each one's devices (`--pipelines`), its
-    # microbatches (default: by speed, NOTE [batch split]), or "data": search them (`--parallel data`).
+    # microbatches (default: the split that finishes first, NOTE [batch split]), or "data": search them
+    # (`--parallel data`).
     pipelines: tuple[tuple[str, ...], ...] | None = None
     pipeline_microbatches: tuple[int, ...] | None = None
     parallel: str = "pipeline"

@@ -14,6 +14,7 @@ fields]) are new.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,11 +27,11 @@ from hetpart.codegen.pipelines_record import write_pipelines_record, write_shape
 from hetpart.errors import HetpartError
 from hetpart.partitioner.infeasible import PipelinesRefused
 from hetpart.partitioner.pipelines import (
-    Pipeline, PipelinesPlan, fixed_pipelines, own_bound, pipelines_violations, sub_problem,
+    Pipeline, PipelinesPlan, fixed_pipelines, own_bound, pipeline_time_ns, pipelines_violations, sub_problem,
 )
 from hetpart.partitioner.shape_memo import ShapeMemo
 from hetpart.partitioner.tp_pipelines import slots_note
-from hetpart.pipeline_groups import split_microbatches
+from hetpart.pipeline_groups import split_by_time
 from hetpart.plan_report import PipelineReport, PlanReport
 from hetpart.tensor_parallel import lower_degrees
 from hetpart.units import format_us
@@ -51,7 +52,7 @@ if TYPE_CHECKING:
 
 def plan_data_parallel(problem: Problem, opts: CompileOptions,
                        memo: ShapeMemo | None = None) -> tuple[PipelinesPlan, list[dict]]:
-    """The pipelines of `--pipelines` (their microbatches given, or split by speed: NOTE [batch split]), or
+    """The pipelines of `--pipelines` (their microbatches given, or split by their times: NOTE [batch split]), or
     of `--parallel data`'s search (its solved shapes kept in `memo`: NOTE [shape memo]); and the baselines
     beside the search's plan, as plan.json records them."""
     fields = {"seed": opts.seed, "gap": opts.gap, "check_certificate": opts.check_certificate}
@@ -83,12 +84,17 @@ def plan_data_parallel(problem: Problem, opts: CompileOptions,
     shares = list(opts.pipeline_microbatches) if opts.pipeline_microbatches is not None else None
     solves = len(groups) * (1 if shares is not None else 2)  # the time limit is shared by every solve
     fields["time_limit_s"] = opts.time_limit_s / solves
-    if shares is None:  # NOTE [batch split]: each group's speed at an equal share, then the split by it
+    if shares is None:  # NOTE [batch split]: each group planned at an equal share, then the split by their times
         equal = [max(1, opts.microbatches // len(groups))] * len(groups)
         probe = fixed_pipelines(problem, groups, equal, **fields)
-        shares = split_microbatches(opts.microbatches, [p.plan.bottleneck_ns for p in probe.pipelines])
+        shares = split_by_time(opts.microbatches, [functools.partial(pipeline_time_ns, p.plan)
+                                                   for p in probe.pipelines])
         if shares == equal:
             return probe, []
+        split = fixed_pipelines(problem, groups, shares, **fields)
+        if sum(equal) == opts.microbatches and probe.iteration_ns < split.iteration_ns:
+            return probe, []  # planned again at their shares, the groups came out slower (NOTE [batch split])
+        return split, []
     return fixed_pipelines(problem, groups, shares, **fields), []
 
 

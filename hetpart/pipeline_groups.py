@@ -5,14 +5,13 @@ imports torch (NOTE [arguments before torch] in cli.py).
 
     >>> parse_pipelines("local/0,local/1;local/2", ["local/0", "local/1", "local/2"])
     (('local/0', 'local/1'), ('local/2',))
-    >>> split_microbatches(6, [200, 130])  # speeds 1/200 and 1/130: 2.36 and 3.64 microbatches
-    [2, 4]
+    >>> split_by_time(6, [lambda m: 200 * (m + 2), lambda m: 130 * m])  # 600 and 650 (2/4: 800 and 520)
+    [1, 5]
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from hetpart.errors import HetpartError, did_you_mean
 
@@ -86,30 +85,26 @@ def check_pipeline_options(groups: Sequence[Sequence[str]] | None, counts: Seque
 
 
 # NOTE [batch split]
-# Without --pipeline-microbatches, pipeline p gets a share of the M microbatches in proportion
-# to its speed, 1 / its bottleneck b_p (a pipeline runs one microbatch per bottleneck once it
-# is full): the quota q_p = M (1/b_p) / sum(1/b). The integer shares are the largest-remainder
-# rounding of q (Hamilton's method): each floor(q_p), then one more to the pipelines furthest
-# below their quota (the largest remainders) until they add up to M, ties to the earlier
-# pipeline. Every pipeline gets at least one microbatch (it has devices to use): a floor of 0
-# is raised to 1 first, and where that overshoots M the pipelines furthest above their quota
-# give one back. Each step moves the share that brings sum |share - quota| down the most, so
-# the result is the integer split closest to the quotas (the sum is separable and convex;
-# tests/test_pipelines_units.py checks it against every split by brute force). The bottlenecks
-# are those of each group's plan at an equal share (`compile_pipelines`): the share changes a
-# training plan's stash, rarely its bottleneck.
-def split_microbatches(total: int, bottlenecks: Sequence[float]) -> list[int]:
-    """NOTE [batch split]: `total` microbatches over pipelines of these bottlenecks (any unit), each >= 1."""
-    if not bottlenecks or total < len(bottlenecks):
-        raise HetpartError(f"{total} microbatch(es) cannot feed {len(bottlenecks)} pipeline(s): each needs one")
-    speeds = [1.0 / b if b > 0 else math.inf for b in bottlenecks]
-    if math.inf in speeds:  # a pipeline that costs nothing: the others get one each
-        speeds = [1.0 if s == math.inf else 0.0 for s in speeds]
-    quota = [total * s / sum(speeds) for s in speeds]
-    shares = [max(1, math.floor(q)) for q in quota]
-    pipelines = range(len(shares))
-    while sum(shares) < total:  # one more to the pipeline furthest below its quota
-        shares[max(pipelines, key=lambda p: (quota[p] - shares[p], -p))] += 1
-    while sum(shares) > total:  # one back from the pipeline furthest above its quota
-        shares[max((p for p in pipelines if shares[p] > 1), key=lambda p: (shares[p] - quota[p], -p))] -= 1
+# Without --pipeline-microbatches, the M microbatches are split so that the slowest pipeline finishes
+# first: each group is planned at an equal share, and t_p(m) is that plan's simulated time for m
+# microbatches (GPipe or 1F1B: its fill and drain as well as its bottleneck, so a long pipeline of
+# fast devices gets less than its speed alone would give it). Every pipeline gets one microbatch
+# (it has devices to use), then each further microbatch goes to the pipeline whose time after taking
+# it is least (ties to the earlier pipeline). Each t_p is nondecreasing in m, so this greedy split
+# minimises max_p t_p(m_p): were some split's maximum T below the greedy's, the greedy would have
+# stopped giving to each pipeline p at or before that split's m_p, short of M in all
+# (tests/test_pipelines_units.py checks it against every split by brute force). Until issue 19's
+# export3d review the split was in proportion to speed, 1 / bottleneck: for a 3-stage and a
+# 1-stage pipeline of 4 microbatches it gave 3/1 where 2/2 is faster in the same cost model. The
+# groups are then planned again at their shares (a training plan's stash follows its share), and
+# `compile_pipelines` keeps the equal-share plans where they are faster still.
+def split_by_time(total: int, times: Sequence[Callable[[int], float]]) -> list[int]:
+    """NOTE [batch split]: `total` microbatches over pipelines whose time for m microbatches is `times[p](m)`
+    (nondecreasing in m), each >= 1, the slowest pipeline's time least."""
+    if not times or total < len(times):
+        raise HetpartError(f"{total} microbatch(es) cannot feed {len(times)} pipeline(s): each needs one")
+    shares = [1] * len(times)
+    for _ in range(total - len(times)):
+        p = min(range(len(times)), key=lambda q: (times[q](shares[q] + 1), q))
+        shares[p] += 1
     return shares
