@@ -46,7 +46,7 @@ import torch
 from hetpart.errors import HetpartError
 from hetpart.runtime.checkpoint_slices import Layout, SliceRead, assemble, needed_layout, plan_reads, saved_layouts
 from hetpart.runtime.stages import rank_stage_entries
-from hetpart.fsio import AtomicWrites, check_outside_artifacts, real_dir, unused_name
+from hetpart.fsio import AtomicWrites, check_outside_artifacts, real_dir
 from hetpart.trust import NotAPlainFile, sha256_bytes, sha256_file
 
 FORMAT = "hetpart-checkpoint"
@@ -161,7 +161,7 @@ def finish_checkpoint(ck: Path, step: int, token: str, world: int, data: dict[st
     return final
 
 
-def _run_of(path: Path) -> dict[str, Any] | None:
+def manifest_of(path: Path) -> dict[str, Any] | None:
     """The checkpoint manifest at `path`, or None if it is not a readable hetpart one."""
     try:
         manifest = json.loads((path / MANIFEST).read_text())
@@ -175,7 +175,7 @@ def prune(ck: Path, keep: int, run: str) -> list[Path]:
     files each one's checkpoint.json lists and the manifest, then its folder if nothing else is left in it.
     Another run's checkpoints are never touched (NOTE [checkpoint layout])."""
     removed = []
-    own = [(path, m) for path in complete_checkpoints(ck) if (m := _run_of(path)) is not None and m.get("run") == run]
+    own = [(path, m) for path in complete_checkpoints(ck) if (m := manifest_of(path)) is not None and m.get("run") == run]
     for path, manifest in own[:-keep] if keep > 0 else []:
         for part in manifest.get("ranks", []):
             for name in (part.get("file"), f"rank{part.get('rank')}.json"):
@@ -548,19 +548,6 @@ def run_checkpoints(manifest: dict[str, Any], plan_model: dict[str, Any], spec: 
     return run
 
 
-def last_checkpoint(run: CheckpointRun, steps: int) -> tuple[Checkpoint | None, int]:
-    """The run's last complete checkpoint (None where none is) and the steps of a `steps`-step run left after it."""
-    found = complete_checkpoints(run.save_dir) if run.save_dir is not None else []
-    last = read_checkpoint(found[-1], check_tensors=False) if found else None
-    return last, run.first_step + steps - (last.step if last is not None else run.first_step)
-
-
-def resume_line(out: Path, run: CheckpointRun, last: Path, left: int, flags: list[str]) -> str:
-    """The `hetpart run OUT ... --resume LAST` that trains the `left` steps after the checkpoint `last`."""
-    return (f"hetpart run {shown(out)} --mode training {' '.join(flags)}--resume {shown(last)} "
-            f"--steps {left} --checkpoint-every {run.every} --checkpoint-dir {shown(run.save_dir)}")
-
-
 def shown(path: Path, quote: bool = True) -> str:
     """A path to print: relative to the working directory where it is inside it; `quote`d for a shell command."""
     try:
@@ -568,29 +555,3 @@ def shown(path: Path, quote: bool = True) -> str:
     except ValueError:
         pass
     return shlex.quote(str(path)) if quote else str(path)
-
-
-def resume_commands(out: Path, run: CheckpointRun, dead_device: str | None, steps: int, flags: list[str],
-                    not_replanned: str | None = None) -> str:
-    """What `hetpart run` prints when a rank died: the last complete checkpoint and the commands that re-plan
-    onto the devices still alive and resume from it (`flags`: the run's own, repeated). A plan `hetpart replan`
-    refuses (`not_replanned` says what it runs: virtual stages, data-parallel pipelines at mixed degrees) gets the
-    resume command after a new `partition` instead."""
-    if run.save_dir is None:
-        return ""
-    last, left = last_checkpoint(run, steps)
-    if last is None:
-        return f"\nno checkpoint was complete before the failure (--checkpoint-dir {run.save_dir}): nothing to resume"
-    if left <= 0:
-        return f"\nthe last checkpoint, {last.path}, is of the run's last step {last.step}: nothing left to train"
-    new = unused_name(out.with_name(out.name + "-replan"))  # one left by an earlier failure is not replaced
-    resume = resume_line(new, run, last.path, left, flags)
-    if not_replanned is not None:
-        without = f" (without {dead_device})" if dead_device else ""
-        return (f"\nthe last complete checkpoint is {shown(last.path)} (step {last.step}); this plan runs "
-                f"{not_replanned}, which `hetpart replan` does not re-plan: partition the model again for the devices still "
-                f"alive{without} with `--out {shown(new)}`, then train the {left} step(s) left:\n  {resume}")
-    lose = f" --lose {shlex.quote(dead_device)}" if dead_device else ""
-    return (f"\nthe last complete checkpoint is {shown(last.path)} (step {last.step}); to re-plan onto the devices still "
-            f"alive and train the {left} step(s) left:\n  hetpart replan {shown(out)}{lose} --out {shown(new)} && "
-            f"{resume}")

@@ -12,9 +12,10 @@ import torch
 from hetpart.errors import HetpartError
 from hetpart.runtime.checkpoint import (
     CheckpointRun, complete_checkpoints, check_checkpoint_dir, check_resume, find_checkpoint, finish_checkpoint, load_rank,
-    prepare_run, prune, rank_state, read_checkpoint, resume_commands, save_rank, weight_sources,
+    prepare_run, prune, rank_state, read_checkpoint, save_rank, weight_sources,
 )
 from hetpart.runtime.optimizers import OptimizerSpec
+from hetpart.runtime.resume import resume_commands
 from hetpart.runtime.verify import reference_training
 
 NAMES = {"fc1.weight": "fc1.weight", "fc1.bias": "fc1.bias", "fc2.weight": "fc2.weight", "fc2.bias": "fc2.bias"}
@@ -167,7 +168,7 @@ def test_after_a_rank_died_the_printed_commands_re_plan_only_plans_replan_takes(
     ck = tmp_path / "ck"
     ck.mkdir()
     _write(ck, 2, *_trained(1))
-    run = CheckpointRun(save_dir=ck, every=2)
+    run = CheckpointRun(save_dir=ck, every=2, token="t")
     flags = ["--schedule 1f1b "]
     text = resume_commands(tmp_path / "out", run, "local/2", 4, flags)
     assert "hetpart replan" in text and "--lose local/2" in text and "--resume" in text and "--steps 2" in text
@@ -193,7 +194,7 @@ def test_a_run_the_user_stopped_names_its_last_checkpoint_and_the_resume_on_the_
     ck = tmp_path / "ck"
     ck.mkdir()
     opts = SimpleNamespace(schedule="1f1b", microbatches=4, batch_size=None, seq_len=None, steps=6)
-    run = CheckpointRun(save_dir=ck, every=2)
+    run = CheckpointRun(save_dir=ck, every=2, token="t")
     assert stopped_resume(tmp_path / "out", run, opts) == ""  # the control: no checkpoint complete yet
     assert stopped_resume(tmp_path / "out", None, opts) == ""  # no checkpoints asked for
     _write(ck, 2, *_trained(1))
@@ -205,3 +206,31 @@ def test_a_run_the_user_stopped_names_its_last_checkpoint_and_the_resume_on_the_
     assert "--microbatches 4" in command and f"--resume {ck / 'step-000002'}" in command and "--steps 4" in command
     assert "replan" not in note  # every device is alive: the same plan goes on
     assert "last step 2" in stopped_resume(tmp_path / "out", run, SimpleNamespace(**{**vars(opts), "steps": 2}))
+
+
+def test_after_a_failure_the_last_checkpoint_named_is_this_runs_never_an_earlier_runs(tmp_path):
+    """review23: a --checkpoint-dir reused by a second run holds the first run's checkpoints too (at other steps:
+    the second run refuses only the steps it would write). The failure message named the newest complete
+    checkpoint there, the earlier run's step 4 (another lr, further along than this run got), and told to resume it
+    for "the 1 step(s) left"; it must name this run's own, else the checkpoint this run resumed from."""
+    from types import SimpleNamespace
+
+    from hetpart.runtime.resume import stopped_resume
+
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    module, opt = _trained(1)
+    _write(ck, 4, module, opt, run="earlier")  # the first run's, further along
+    _write(ck, 3, module, opt, run="this")
+    run = CheckpointRun(save_dir=ck, every=3, token="this")
+    text = resume_commands(tmp_path / "out", run, "local/2", 5, ["--schedule gpipe "])
+    assert f"--resume {ck / 'step-000003'} --steps 2 " in text and "step-000004" not in text, text
+    opts = SimpleNamespace(schedule="gpipe", microbatches=None, batch_size=None, seq_len=None, steps=5)
+    note = stopped_resume(tmp_path / "out", run, opts)
+    assert "(step 3)" in note and "step-000004" not in note, note
+    # A resumed run that died before it wrote a checkpoint of its own: the one it resumed from, all its steps left.
+    resumed = CheckpointRun(save_dir=ck, every=3, token="later", resume=ck / "step-000003", first_step=3)
+    text = resume_commands(tmp_path / "out", resumed, "local/2", 4, ["--schedule gpipe "])
+    assert f"--resume {ck / 'step-000003'} --steps 4 " in text and "step-000004" not in text, text
+    fresh = CheckpointRun(save_dir=ck, every=3, token="other")  # a run that wrote none and resumed none
+    assert "no checkpoint was complete" in resume_commands(tmp_path / "out", fresh, "local/2", 5, ["--schedule gpipe "])
