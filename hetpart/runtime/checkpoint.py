@@ -228,17 +228,49 @@ def check_file_hash(path: Path, digest: str) -> None:
         raise _tampered(path, f"'{path.name}' has sha256 {got[:12]}..., {MANIFEST} says {digest[:12]}...")
 
 
+def _check_fields(path: Path, manifest: dict[str, Any]) -> None:
+    """An error unless checkpoint.json holds what `finish_checkpoint` writes: the step its folder is named by, the
+    data position and model as tables, rank k's part at place k naming rank<k>.safetensors, and the hashes of
+    rank<k>.json for exactly those ranks (review23: a manifest edited by hand gave a traceback, a step other
+    than its folder's resumed at that step, and a file name `../x` was read outside the checkpoint)."""
+    def bad(what: str) -> HetpartError:
+        return _tampered(path / MANIFEST, f"{MANIFEST} {what}")
+
+    step, ranks, files = manifest.get("step"), manifest.get("ranks"), manifest.get("files")
+    if type(step) is not int or step < 0:
+        raise bad(f"has no step count (`step`: {step!r})")
+    named = STEP_DIR.fullmatch(path.name)
+    if named is not None and int(named.group(1)) != step:
+        raise bad(f"says step {step}, its folder is {path.name}")
+    for key in ("data", "model"):
+        if not isinstance(manifest.get(key), dict):
+            raise bad(f"has no `{key}` table")
+    if not isinstance(ranks, list) or not ranks or not isinstance(files, dict):
+        raise bad("has no `ranks` list or `files` table")
+    for k, part in enumerate(ranks):
+        if not (isinstance(part, dict) and part.get("rank") == k and part.get("file") == f"rank{k}.safetensors"
+                and isinstance(part.get("sha256"), str) and isinstance(part.get("weights"), list)
+                and isinstance(part.get("optimizer"), dict)
+                and isinstance(part["optimizer"].get("param_groups"), list)
+                and isinstance(part["optimizer"].get("state"), dict)):
+            raise bad(f"has no part for rank {k} at place {k} of `ranks` (its file rank{k}.safetensors, sha256, "
+                      "weights and optimizer)")
+    if set(files) != {f"rank{k}.json" for k in range(len(ranks))} or not all(isinstance(d, str) for d in files.values()):
+        raise bad(f"`files` lists {sorted(files)[:4]}, not the hashes of rank0.json .. rank{len(ranks) - 1}.json")
+
+
 def read_checkpoint(path: Path, check_tensors: bool = True) -> Checkpoint:
     """The checkpoint at `path` (a step-<N> folder), its manifest and every listed file's sha256 checked."""
     try:
         manifest = json.loads((path / MANIFEST).read_text())
-    except (OSError, ValueError) as err:
+    except (OSError, ValueError, RecursionError) as err:
         raise _tampered(path / MANIFEST, f"{MANIFEST} cannot be read ({err})") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise HetpartError(f"'{path / MANIFEST}' is not a hetpart checkpoint manifest")
     if manifest.get("format_version") not in READS:
         raise HetpartError(f"'{path / MANIFEST}': checkpoint format {manifest.get('format_version')}, this hetpart "
                            f"reads {', '.join(map(str, READS))}")
+    _check_fields(path, manifest)
     for name, digest in manifest["files"].items():
         check_file_hash(path / name, digest)
     ranks = manifest["ranks"]
@@ -247,7 +279,7 @@ def read_checkpoint(path: Path, check_tensors: bool = True) -> Checkpoint:
             raise _tampered(path / f"rank{part['rank']}.json", f"rank {part['rank']}'s part differs from {MANIFEST}")
         if check_tensors:
             check_file_hash(path / part["file"], part["sha256"])
-    return Checkpoint(path, int(manifest["step"]), manifest["data"], manifest["model"], ranks)
+    return Checkpoint(path, manifest["step"], manifest["data"], manifest["model"], ranks)
 
 
 def weight_sources(ckpt: Checkpoint, entry: dict[str, Any], weights: list[str],

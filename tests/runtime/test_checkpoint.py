@@ -4,6 +4,7 @@ resume refuses, and the reference of a resumed run (N previous steps + M more)."
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -234,3 +235,21 @@ def test_after_a_failure_the_last_checkpoint_named_is_this_runs_never_an_earlier
     assert f"--resume {ck / 'step-000003'} --steps 4 " in text and "step-000004" not in text, text
     fresh = CheckpointRun(save_dir=ck, every=3, token="other")  # a run that wrote none and resumed none
     assert "no checkpoint was complete" in resume_commands(tmp_path / "out", fresh, "local/2", 5, ["--schedule gpipe "])
+
+
+@pytest.mark.parametrize("edit, said", [
+    (lambda m: m.__setitem__("step", 0), "says step 0, its folder is step-000002"),  # resumed at step 0 before
+    (lambda m: m.__setitem__("step", "2"), "has no step count"),
+    (lambda m: m.pop("files"), "has no `ranks` list or `files` table"),  # a KeyError traceback before
+    (lambda m: m.pop("data"), "has no `data` table"),
+    (lambda m: m["files"].__setitem__("../plan.json", "0" * 64), "`files` lists"),  # read outside the checkpoint
+    (lambda m: m["ranks"][0].__setitem__("file", "../x.safetensors"), "no part for rank 0"),
+])
+def test_a_checkpoint_manifest_edited_by_hand_is_refused_with_exit_2_not_a_traceback(tmp_path, edit, said):
+    """review23: checkpoint.json is the root of a checkpoint's hashes; its own fields were not checked."""
+    path = _write(tmp_path, 2, *_trained(1))
+    manifest = json.loads((path / "checkpoint.json").read_text())
+    edit(manifest)
+    (path / "checkpoint.json").write_text(json.dumps(manifest))
+    with pytest.raises(HetpartError, match=re.escape(said)):
+        read_checkpoint(path)
