@@ -165,6 +165,29 @@ def test_the_reference_of_a_resumed_run_is_the_same_training_checked_from_its_fi
     assert not torch.equal(resumed.grads["fc1.weight"], whole.grads["fc1.weight"])  # step 2's, not step 0's
 
 
+def test_verify_of_a_resume_says_cannot_tell_where_a_resume_that_loaded_nothing_would_pass():
+    """review23, NOTE [verify a resume]: `run --resume CK --verify` of zoo:llama resumed after 1 step at lr 1e-4
+    said PASS with the ranks' checkpoint loading switched off (they trained from the initial weights): the model's
+    steps before the checkpoint moved it by less than the tolerance. The reference now says whether a resume that
+    loaded nothing would pass, and the weights each rank resumed with are a check of their own."""
+    from hetpart.runtime.verify import TensorCheck, Tolerances, Verification
+
+    x = torch.randn(8, 4, generator=torch.Generator().manual_seed(2))
+    target = torch.randn(8, 3, generator=torch.Generator().manual_seed(3))
+    slow = reference_training(_Named(0), (x,), target, 2, 2, OptimizerSpec("sgd", 1e-7), 1, first_step=1)
+    fast = reference_training(_Named(0), (x,), target, 2, 2, OptimizerSpec("sgd", 0.1), 1, first_step=1)
+    assert not slow.resume_told and fast.resume_told
+    assert sorted(fast.resumed) == sorted(NAMES) and not fast.initial  # the weights before step 1; no AdamW replay
+    fresh = reference_training(_Named(0), (x,), target, 2, 2, OptimizerSpec("sgd", 1e-7), 1)
+    assert fresh.resume_told and not fresh.resumed  # no resume: nothing to tell
+    ok = TensorCheck("fc1.weight (rank 0)", 0.0, 1.0, 0.0, True)
+    assert Verification([ok], [ok], Tolerances(), resumed=[ok], resume_told=False).verdict == "CANNOT TELL"
+    assert Verification([ok], [ok], Tolerances(), resumed=[ok]).verdict == "PASS"
+    bad = TensorCheck("fc1.weight (rank 0)", 1.0, 1.0, 1.0, False)
+    report = Verification([ok], [ok], Tolerances(), resumed=[bad]).report()
+    assert report[-1].startswith("verify: FAIL") and any("weight resumed from the checkpoint of" in r for r in report)
+
+
 def test_after_a_rank_died_the_printed_commands_re_plan_only_plans_replan_takes(tmp_path):
     ck = tmp_path / "ck"
     ck.mkdir()
@@ -253,3 +276,4 @@ def test_a_checkpoint_manifest_edited_by_hand_is_refused_with_exit_2_not_a_trace
     (path / "checkpoint.json").write_text(json.dumps(manifest))
     with pytest.raises(HetpartError, match=re.escape(said)):
         read_checkpoint(path)
+
