@@ -438,21 +438,31 @@ def _optimizer_state(ckpt: Checkpoint, sources: dict[str, dict[str, Any]], tenso
 
 
 def check_checkpoint_dir(ck: Path, first_step: int, steps: int, every: int) -> list[int]:
-    """Before a run: `ck` is a real folder (created if missing) and holds no checkpoint this run would write;
+    """Before a run: `ck` is a real folder, or one that can be made (`make_checkpoint_dir`, once every check of the
+    run passed: a run refused leaves no folder behind, review23), and holds no checkpoint this run would write;
     the steps it will write."""
     planned = [s for s in range(first_step + 1, first_step + steps + 1) if s % every == 0]
     if ck.exists() or ck.is_symlink():
         real_dir(ck, "checkpoints", "pass another --checkpoint-dir")
     else:
-        try:
-            ck.mkdir(parents=True)
-        except OSError as err:
-            raise HetpartError(f"--checkpoint-dir {ck}: cannot create it ({err.strerror})") from None
+        parent = next(p for p in Path(os.path.abspath(ck)).parents if p.exists() or p.is_symlink())
+        if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+            raise HetpartError(f"--checkpoint-dir {ck}: cannot create it ('{parent}' is not a folder you may write "
+                               "in): pass another --checkpoint-dir")
     taken = [s for s in planned if (ck / step_dir_name(s)).exists()]
     if taken:
         raise HetpartError(f"--checkpoint-dir {ck} already holds {step_dir_name(taken[0])}, which this run would "
                            "write: pass another --checkpoint-dir (hetpart never replaces a checkpoint)")
     return planned
+
+
+def make_checkpoint_dir(run: CheckpointRun | None) -> None:
+    """The launcher, once every check passed and just before the ranks start: the --checkpoint-dir, if missing."""
+    if run is not None and run.save_dir is not None and not run.save_dir.is_dir():
+        try:
+            run.save_dir.mkdir(parents=True)
+        except OSError as err:
+            raise HetpartError(f"--checkpoint-dir {run.save_dir}: cannot create it ({err.strerror})") from None
 
 
 # --- The worker's hooks (`run_rank` in worker.py).

@@ -34,7 +34,7 @@ from hetpart.frontend.hf import HFModel, OutputStructure
 from hetpart.runtime.artifacts import check_rank_files, dim_size, load_manifest, symbol_sizes
 from hetpart.runtime.tp import is_mixed, whole_weights
 from hetpart.runtime.artifacts import check_listed_files, mesh_pipelines, model_spec_for_run, read_plan
-from hetpart.runtime.checkpoint import CheckpointFlags, run_checkpoints
+from hetpart.runtime.checkpoint import CheckpointFlags, make_checkpoint_dir, run_checkpoints
 from hetpart.runtime.resume import stopped_resume, with_resume_commands
 from hetpart.runtime.measured import measurement
 from hetpart.runtime.optimizers import resumed_optimizer
@@ -539,6 +539,7 @@ def run_pipeline(out: Path, opts: RunOptions = RunOptions(), echo: Callable[[str
             worker_args += ["--dump-weights"]  # the weights after the last step, for --verify
         worker_args += ["--checkpoint", ckpt.to_json()] if ckpt is not None else []
         worker_args += ["--timeline"] if opts.measure else []  # NOTE [action timeline] in runtime/timeline.py
+        make_checkpoint_dir(ckpt)  # not before: a run refused leaves no folder behind
         cmds = _torchrun_commands(manifest, log_dir, opts.as_nodes, opts.master_port, forked=not opts.emulate)
         where = (f"{len(cmds)} torchrun node(s) on loopback" if opts.as_nodes else "one torchrun")
         pipelines = mesh_pipelines(manifest)

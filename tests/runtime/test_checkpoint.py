@@ -277,3 +277,18 @@ def test_a_checkpoint_manifest_edited_by_hand_is_refused_with_exit_2_not_a_trace
     with pytest.raises(HetpartError, match=re.escape(said)):
         read_checkpoint(path)
 
+
+def test_a_run_refused_after_the_checkpoint_checks_leaves_no_checkpoint_dir_behind(tmp_path):
+    """review23: `run --emulate --checkpoint-dir NEW` without a writable cgroup (exit 2) left NEW behind: the
+    checks made the folder. They only check now; the launcher makes it just before the ranks start."""
+    from hetpart.runtime.checkpoint import make_checkpoint_dir
+
+    ck = tmp_path / "new" / "ck"
+    assert check_checkpoint_dir(ck, 0, 4, 2) == [2, 4]
+    assert not (tmp_path / "new").exists()
+    make_checkpoint_dir(CheckpointRun(save_dir=ck, every=2))
+    assert ck.is_dir()
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(HetpartError, match="cannot create it .* pass another --checkpoint-dir"):
+        check_checkpoint_dir(tmp_path / "notes.txt" / "ck", 0, 1, 1)
+
