@@ -13,11 +13,18 @@ from hetpart.fsio import unused_name
 from hetpart.runtime.checkpoint import Checkpoint, CheckpointRun, manifest_of, complete_checkpoints, read_checkpoint, shown
 
 
+def _model_flags(opts: Any) -> str:
+    """A file model's consent to import it (`--model`, `--trust-model-file`), which `replan` and `run` both need
+    again (NOTE [model files] in artifacts.py; review23: the printed commands failed without it)."""
+    return (f"--model {shlex.quote(opts.model)} " if opts.model else "") + \
+        ("--trust-model-file " if opts.trust_model_file else "")
+
+
 def _flags(opts: Any) -> list[str]:
     """The run's own flags that a resume repeats."""
     return [f"--schedule {opts.schedule} "] + [f"{flag} {value} " for flag, value in (
         ("--microbatches", opts.microbatches), ("--batch-size", opts.batch_size), ("--seq-len", opts.seq_len))
-        if value is not None]
+        if value is not None] + ([_model_flags(opts)] if _model_flags(opts) else [])
 
 
 def with_resume_commands(err: HetpartError, out: Path, run: CheckpointRun | None, opts: Any,
@@ -25,7 +32,8 @@ def with_resume_commands(err: HetpartError, out: Path, run: CheckpointRun | None
     """A failed run's error, with the resume commands where a rank died and checkpoints were on."""
     if run is None or getattr(err, "dead_device", None) is None:
         return err
-    new = type(err)(str(err) + resume_commands(out, run, err.dead_device, opts.steps, _flags(opts), not_replanned))
+    new = type(err)(str(err) + resume_commands(out, run, err.dead_device, opts.steps, _flags(opts), not_replanned,
+                                               _model_flags(opts)))
     new.exit_code = err.exit_code
     return new
 
@@ -57,12 +65,12 @@ def last_checkpoint(run: CheckpointRun, steps: int) -> tuple[Checkpoint | None, 
 
 def resume_line(out: Path, run: CheckpointRun, last: Path, left: int, flags: list[str]) -> str:
     """The `hetpart run OUT ... --resume LAST` that trains the `left` steps after the checkpoint `last`."""
-    return (f"hetpart run {shown(out)} --mode training {' '.join(flags)}--resume {shown(last)} "
+    return (f"hetpart run {shown(out)} --mode training {''.join(flags)}--resume {shown(last)} "
             f"--steps {left} --checkpoint-every {run.every} --checkpoint-dir {shown(run.save_dir)}")
 
 
 def resume_commands(out: Path, run: CheckpointRun, dead_device: str | None, steps: int, flags: list[str],
-                    not_replanned: str | None = None) -> str:
+                    not_replanned: str | None = None, model_flags: str = "") -> str:
     """What `hetpart run` prints when a rank died: the last complete checkpoint and the commands that re-plan
     onto the devices still alive and resume from it (`flags`: the run's own, repeated). A plan `hetpart replan`
     refuses (`not_replanned` says what it runs: virtual stages, data-parallel pipelines at mixed degrees) gets the
@@ -83,5 +91,5 @@ def resume_commands(out: Path, run: CheckpointRun, dead_device: str | None, step
                 f"alive{without} with `--out {shown(new)}`, then train the {left} step(s) left:\n  {resume}")
     lose = f" --lose {shlex.quote(dead_device)}" if dead_device else ""
     return (f"\nthe last complete checkpoint is {shown(last.path)} (step {last.step}); to re-plan onto the devices still "
-            f"alive and train the {left} step(s) left:\n  hetpart replan {shown(out)}{lose} --out {shown(new)} && "
+            f"alive and train the {left} step(s) left:\n  hetpart replan {shown(out)}{lose} {model_flags}--out {shown(new)} && "
             f"{resume}")

@@ -217,7 +217,8 @@ def test_a_run_the_user_stopped_names_its_last_checkpoint_and_the_resume_on_the_
 
     ck = tmp_path / "ck"
     ck.mkdir()
-    opts = SimpleNamespace(schedule="1f1b", microbatches=4, batch_size=None, seq_len=None, steps=6)
+    opts = SimpleNamespace(schedule="1f1b", microbatches=4, batch_size=None, seq_len=None, steps=6, model=None,
+                           trust_model_file=False)
     run = CheckpointRun(save_dir=ck, every=2, token="t")
     assert stopped_resume(tmp_path / "out", run, opts) == ""  # the control: no checkpoint complete yet
     assert stopped_resume(tmp_path / "out", None, opts) == ""  # no checkpoints asked for
@@ -249,7 +250,8 @@ def test_after_a_failure_the_last_checkpoint_named_is_this_runs_never_an_earlier
     run = CheckpointRun(save_dir=ck, every=3, token="this")
     text = resume_commands(tmp_path / "out", run, "local/2", 5, ["--schedule gpipe "])
     assert f"--resume {ck / 'step-000003'} --steps 2 " in text and "step-000004" not in text, text
-    opts = SimpleNamespace(schedule="gpipe", microbatches=None, batch_size=None, seq_len=None, steps=5)
+    opts = SimpleNamespace(schedule="gpipe", microbatches=None, batch_size=None, seq_len=None, steps=5, model=None,
+                           trust_model_file=False)
     note = stopped_resume(tmp_path / "out", run, opts)
     assert "(step 3)" in note and "step-000004" not in note, note
     # A resumed run that died before it wrote a checkpoint of its own: the one it resumed from, all its steps left.
@@ -292,3 +294,23 @@ def test_a_run_refused_after_the_checkpoint_checks_leaves_no_checkpoint_dir_behi
     with pytest.raises(HetpartError, match="cannot create it .* pass another --checkpoint-dir"):
         check_checkpoint_dir(tmp_path / "notes.txt" / "ck", 0, 1, 1)
 
+
+def test_the_printed_commands_of_a_file_model_repeat_its_model_flags(tmp_path):
+    """review23: a file model's run (`--model FILE.py:FN`) that lost a rank printed `hetpart replan ... && hetpart
+    run ...` without --model; both refuse a file model they are not told to import, so they failed as printed."""
+    from types import SimpleNamespace
+
+    from hetpart.runtime.resume import with_resume_commands
+    from hetpart.runtime.launch import RunFailed
+
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    _write(ck, 2, *_trained(1), run="t")
+    run = CheckpointRun(save_dir=ck, every=2, token="t")
+    err = RunFailed("rank 1 died")
+    err.dead_device = "local/1"
+    opts = SimpleNamespace(schedule="gpipe", microbatches=None, batch_size=None, seq_len=None, steps=4,
+                           model="/m/my model.py:build", trust_model_file=True)
+    replan, resume = str(with_resume_commands(err, tmp_path / "out", run, opts)).rsplit("\n", 1)[1].split(" && ")
+    for command in (replan, resume):
+        assert "--model '/m/my model.py:build' --trust-model-file " in command, command
