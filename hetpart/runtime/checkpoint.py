@@ -449,7 +449,7 @@ def check_checkpoint_dir(ck: Path, first_step: int, steps: int, every: int) -> l
         if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
             raise HetpartError(f"--checkpoint-dir {ck}: cannot create it ('{parent}' is not a folder you may write "
                                "in): pass another --checkpoint-dir")
-    taken = [s for s in planned if (ck / step_dir_name(s)).exists()]
+    taken = [s for s in planned if os.path.lexists(ck / step_dir_name(s))]  # a dangling link too (review23)
     if taken:
         raise HetpartError(f"--checkpoint-dir {ck} already holds {step_dir_name(taken[0])}, which this run would "
                            "write: pass another --checkpoint-dir (hetpart never replaces a checkpoint)")

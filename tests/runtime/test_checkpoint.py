@@ -314,3 +314,11 @@ def test_the_printed_commands_of_a_file_model_repeat_its_model_flags(tmp_path):
     replan, resume = str(with_resume_commands(err, tmp_path / "out", run, opts)).rsplit("\n", 1)[1].split(" && ")
     for command in (replan, resume):
         assert "--model '/m/my model.py:build' --trust-model-file " in command, command
+
+
+def test_a_dangling_link_at_a_step_this_run_writes_is_refused_before_the_run(tmp_path):
+    """review23: CK/step-000001 a link to nowhere passed the check (`exists()` follows links), the run trained, and
+    rank 0's rename onto the link failed after the step (exit 1, a traceback in its log)."""
+    (tmp_path / "step-000001").symlink_to(tmp_path / "nowhere")
+    with pytest.raises(HetpartError, match="already holds step-000001"):
+        check_checkpoint_dir(tmp_path, 0, 1, 1)
