@@ -147,7 +147,8 @@ def _replan(args: argparse.Namespace, console: Console) -> int:
 
     result = replan(args.old, args.out, cluster=args.cluster, lose=tuple(args.lose), add=tuple(args.add),
                     slack=args.slack, time_limit_s=args.time_limit, seed=args.seed, force=args.force,
-                    echo=lambda text: console.print(text, markup=False, highlight=False))
+                    echo=lambda text: console.print(text, markup=False, highlight=False), model=args.model,
+                    trust_model_file=args.trust_model_file)
     print_plan(result.report, console)
     console.print(f"wrote {args.out}/ (plan.json with `replan`: the bytes to move per link, beside the from-scratch "
                   "plan's)")

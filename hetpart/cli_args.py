@@ -236,6 +236,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="seconds for the whole re-plan: every solve shares them (default 30)")
     rep.add_argument("--seed", type=_SEED, default=0, help="the solver's seed")
     rep.add_argument("--force", action="store_true", help="replace --out if hetpart wrote it")
+    rep.add_argument("--model", default=None, metavar="FILE.py:FUNCTION",
+                     help="a file model's file (as `run --model`): writing NEW_DIR traces the model again")
+    rep.add_argument("--trust-model-file", action="store_true",
+                     help="import the model file plan.json names (or a --model that differs) as `run` does")
     insp = sub.add_parser("inspect", help="print the plan of an artifacts directory")
     insp.add_argument("out", type=Path, help="artifacts directory")
     view = insp.add_mutually_exclusive_group()

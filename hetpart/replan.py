@@ -137,10 +137,13 @@ def describe(result: Replan, plan_s: float, lost: list[str]) -> list[str]:
 
 def replan(old: Path, out: Path, *, cluster: str | None = None, lose: tuple[str, ...] = (),
            add: tuple[str, ...] = (), slack: float = 0.02, time_limit_s: float = 30.0, seed: int = 0,
-           force: bool = False, echo: Callable[[str], None] = print) -> Any:
-    """Re-plan OLD_DIR for the new device set and write NEW_DIR; the CompileResult."""
+           force: bool = False, echo: Callable[[str], None] = print, model: str | None = None,
+           trust_model_file: bool = False) -> Any:
+    """Re-plan OLD_DIR for the new device set and write NEW_DIR; the CompileResult. `model`, `trust_model_file`:
+    a file model's consent to import it, as `run` takes it (NOTE [model files] in runtime/artifacts.py)."""
     from hetpart.codegen.publish import check_out
-    from hetpart.runtime.artifacts import check_listed_files, load_manifest, read_listed_json, read_plan
+    from hetpart.runtime.artifacts import check_listed_files, load_manifest, model_spec_for_run, read_listed_json
+    from hetpart.runtime.artifacts import read_plan
     from hetpart.runtime.tp import is_mixed, is_tp
 
     if replaces_input(out, {"OLD_DIR": old}):  # NOTE [an output is no input] in fsio.py; --force or not
@@ -153,6 +156,7 @@ def replan(old: Path, out: Path, *, cluster: str | None = None, lose: tuple[str,
     plan = read_plan(old, manifest)
     check_listed_files(old, manifest)
     check_out(out, force)  # NEW_DIR as `partition` checks it, before the re-plan prints a plan it could not write
+    spec = model_spec_for_run(plan, model, trust_model_file, echo, "replan")  # writing NEW_DIR traces it: before any solve
     if plan.virtual_stages is not None:
         raise HetpartError(f"{old} runs {plan.virtual_stages} virtual stages per device (an interleaved schedule), "
                            "which `hetpart replan` does not re-plan (NOTE [re-plan of tensor-parallel plans] says "
@@ -168,26 +172,26 @@ def replan(old: Path, out: Path, *, cluster: str | None = None, lose: tuple[str,
     if plan.pipelines is not None:  # data-parallel pipelines: NOTE [re-plan pipelines] (of TP stages: NOTE [re-plan
         # of tensor-parallel pipelines] in replan_tp.py)
         return replan_pipelines_dir(old, out, manifest, plan, stored, old_cluster, target, slack=slack,
-                                    time_limit_s=time_limit_s, seed=seed, force=force, echo=echo)
+                                    time_limit_s=time_limit_s, seed=seed, force=force, echo=echo, spec=spec)
     if is_mixed(manifest) or "tensor_parallel" in data:  # NOTE [re-plan of mixed degrees], its TP stages or none
         from hetpart.replan_mixed import replan_mixed_dir
 
         return replan_mixed_dir(old, out, manifest, plan, stored, old_cluster, target, data.get("tensor_parallel"),
-                                slack=slack, time_limit_s=time_limit_s, seed=seed, force=force, echo=echo)
+                                slack=slack, time_limit_s=time_limit_s, seed=seed, force=force, echo=echo, spec=spec)
     if is_tp(manifest):  # NOTE [re-plan of tensor-parallel plans]
         return replan_tp_dir(old, out, manifest, plan, stored, old_cluster, target, slack=slack,
-                             time_limit_s=time_limit_s, seed=seed, force=force, echo=echo)
+                             time_limit_s=time_limit_s, seed=seed, force=force, echo=echo, spec=spec)
     start = time.perf_counter()
     problem = retarget(stored, target)
     result = replan_one(problem, holders_of(manifest["ranks"]), slack=slack, time_limit_s=time_limit_s, seed=seed,
                         old_devices=[e["planned_device"] for e in manifest["ranks"]])
     return _write_replan(old, out, manifest, plan, stored, old_cluster, target, result, time.perf_counter() - start,
-                         describe, ReplanChoice, seed=seed, force=force, echo=echo)
+                         describe, ReplanChoice, seed=seed, force=force, echo=echo, spec=spec)
 
 
 def replan_tp_dir(old: Path, out: Path, manifest: dict, plan: Any, stored: Problem, old_cluster: Cluster,
                   target: Cluster, *, slack: float, time_limit_s: float, seed: int, force: bool,
-                  echo: Callable[[str], None]) -> Any:
+                  echo: Callable[[str], None], spec: Any) -> Any:
     """`replan` of a plan of tensor-parallel stages at its degree (NOTE [re-plan of tensor-parallel plans])."""
     from hetpart.replan_tp import tp_slots
 
@@ -200,7 +204,7 @@ def replan_tp_dir(old: Path, out: Path, manifest: dict, plan: Any, stored: Probl
         raise HetpartError(f"re-plan at tensor-parallel degree {slots.degree} (kept from {old}): {err}") from None
     echo(_kept_line(slots))
     return _write_replan(old, out, manifest, plan, stored, old_cluster, slots.target, result,
-                         time.perf_counter() - start, describe, ReplanChoice, seed=seed, force=force, echo=echo,
+                         time.perf_counter() - start, describe, ReplanChoice, seed=seed, force=force, echo=echo, spec=spec,
                          tensor_parallel=slots.degree)
 
 
@@ -215,11 +219,10 @@ def _write_replan(old: Path, out: Path, manifest: dict, plan: Any, stored: Probl
                   target: Cluster, result: Any, plan_s: float,
                   describe_fn: Callable[[Any, float, list[str]], list[str]],
                   choice: Callable[[Problem, Any, dict], Any], *, seed: int, force: bool, echo: Callable[[str], None],
-                  **options: Any) -> Any:
+                  spec: Any, **options: Any) -> Any:
     """Print a re-plan's `result` (`describe_fn`), record it, and write NEW_DIR with it in place of the solve
     (`choice`: ReplanChoice or PipelinesChoice); the old plan's options otherwise, `options` on top."""
     from hetpart.compile import CompileOptions, compile_model
-    from hetpart.runtime.artifacts import model_spec_for_run
 
     lost = sorted({d.name for d in old_cluster.devices} - {d.name for d in target.devices})
     added = sorted({d.name for d in target.devices} - {d.name for d in old_cluster.devices})
@@ -232,8 +235,7 @@ def _write_replan(old: Path, out: Path, manifest: dict, plan: Any, stored: Probl
                           pt2=any("stage.pt2" in e["files"] for e in manifest["ranks"]),
                           meta=plan.weights == "manifest", align=plan.align, replan=choice(stored, result, record),
                           **options)
-    spec = model_spec_for_run(plan, None, False, echo)
-    return compile_model(spec, target, out, opts, echo=echo)
+    return compile_model(spec, target, out, opts, echo=echo)  # `spec`: the model `replan` may build (its --model)
 
 
 # --- Data-parallel pipelines (NOTE [re-plan pipelines] in partitioner/replan_pipelines.py).
@@ -306,7 +308,7 @@ def describe_pipelines(result: Any, plan_s: float, lost: list[str]) -> list[str]
 
 def replan_pipelines_dir(old: Path, out: Path, manifest: dict, plan: Any, stored: Problem, old_cluster: Cluster,
                          target: Cluster, *, slack: float, time_limit_s: float, seed: int, force: bool,
-                         echo: Callable[[str], None]) -> Any:
+                         echo: Callable[[str], None], spec: Any) -> Any:
     """`replan` of a plan of data-parallel pipelines (NOTE [re-plan pipelines]); the CompileResult."""
     from hetpart.codegen.pipelines_record import PIPELINES_RECORD, SHAPE_MEMO
     from hetpart.partitioner.replan_deadline import replan_pipelines_within
@@ -350,4 +352,4 @@ def replan_pipelines_dir(old: Path, out: Path, manifest: dict, plan: Any, stored
         echo(f"the from-scratch search started from {memo.seeded} plan(s) of {old / SHAPE_MEMO} (NOTE [shape memo])")
     choice = lambda stored_, result_, record: PipelinesChoice(stored_, result_, record, memo)  # noqa: E731
     return _write_replan(old, out, manifest, plan, stored, old_cluster, target, result, time.perf_counter() - start,
-                         describe_pipelines, choice, seed=seed, force=force, echo=echo, parallel="data", **options)
+                         describe_pipelines, choice, seed=seed, force=force, echo=echo, spec=spec, parallel="data", **options)

@@ -177,7 +177,7 @@ class MixedReplanChoice(ReplanChoice):
 
 def replan_mixed_dir(old: Path, out: Path, manifest: dict, plan: Any, stored: Problem, old_cluster: Cluster,
                      target: Cluster, record: dict | None, *, slack: float, time_limit_s: float, seed: int,
-                     force: bool, echo: Callable[[str], None]) -> Any:
+                     force: bool, echo: Callable[[str], None], spec: Any) -> Any:
     """`replan` of a plan of mixed tensor-parallel degrees (NOTE [re-plan of mixed degrees]); the CompileResult."""
     from hetpart.codegen.analysis import ANALYSIS
     from hetpart.partitioner.replan_deadline import replan_one
@@ -205,7 +205,7 @@ def replan_mixed_dir(old: Path, out: Path, manifest: dict, plan: Any, stored: Pr
     echo(f"tensor parallel per machine {'kept' if kept else 'now'}: {places_line(places)}; {len(slots)} slot(s), "
          "bytes counted per rank's shard (NOTE [re-plan of mixed degrees])")
     return _write_replan(old, out, manifest, plan, stored, old_cluster, target, result, time.perf_counter() - start,
-                         describe, MixedReplanChoice, seed=seed, force=force, echo=echo,
+                         describe, MixedReplanChoice, seed=seed, force=force, echo=echo, spec=spec,
                          tensor_parallel_places=tuple(sorted(places.items())))
 
 

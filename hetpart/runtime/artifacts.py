@@ -452,7 +452,7 @@ def load_stage(out: Path, entry: dict[str, Any]) -> torch.nn.Module:
 
 
 def model_spec_for_run(plan: PlanReport, model: str | None, trust_model_file: bool,
-                       echo: Callable[[str], None] = print) -> ModelSpec:
+                       echo: Callable[[str], None] = print, command: str = "run") -> ModelSpec:
     """The model `run` may build: plan.json's spec, where a file model's file is the one the user named.
 
     NOTE [model files]: a file model's plan.json names a path on the partitioning machine
@@ -460,7 +460,8 @@ def model_spec_for_run(plan: PlanReport, model: str | None, trust_model_file: bo
     importing it, so it does that only when the user names the file: `--model FILE.py:FN`
     (FN must be the plan's; the file's sha256 must be plan.json's unless
     `--trust-model-file`), or `--trust-model-file` alone (the recorded path). Only the
-    file itself is compared: what it imports is the user's to trust.
+    file itself is compared: what it imports is the user's to trust. `replan` (`command`), which
+    traces the model again to write its rank modules, takes the same two flags.
     """
     from hetpart.frontend import ModelSpec, model_file_sha256
 
@@ -475,8 +476,10 @@ def model_spec_for_run(plan: PlanReport, model: str | None, trust_model_file: bo
     if model is None:
         if not trust_model_file:
             raise HetpartError(
-                f"plan.json's model is the file '{recorded_path}' (function {fn}); `run` builds the model's inputs "
-                "(and with --verify the reference) by importing it, and imports a model file only when you name "
+                f"plan.json's model is the file '{recorded_path}' (function {fn}); `{command}` "
+                + ("builds the model's inputs (and with --verify the reference)" if command == "run" else
+                   "traces the model again to write the new rank modules")
+                + " by importing it, and imports a model file only when you name "
                 f"it: pass --model {recorded_path}:{fn} (its sha256 is compared with the one plan.json recorded "
                 "at partition time), or --trust-model-file to import the recorded path as it is")
         path = Path(recorded_path)

@@ -46,7 +46,7 @@ import torch
 from hetpart.errors import HetpartError
 from hetpart.runtime.checkpoint_slices import Layout, SliceRead, assemble, needed_layout, plan_reads, saved_layouts
 from hetpart.runtime.stages import rank_stage_entries
-from hetpart.fsio import AtomicWrites, check_outside_artifacts, real_dir, unused_name
+from hetpart.fsio import AtomicWrites, check_outside_artifacts, real_dir
 from hetpart.trust import NotAPlainFile, sha256_bytes, sha256_file
 
 FORMAT = "hetpart-checkpoint"
@@ -161,7 +161,7 @@ def finish_checkpoint(ck: Path, step: int, token: str, world: int, data: dict[st
     return final
 
 
-def _run_of(path: Path) -> dict[str, Any] | None:
+def manifest_of(path: Path) -> dict[str, Any] | None:
     """The checkpoint manifest at `path`, or None if it is not a readable hetpart one."""
     try:
         manifest = json.loads((path / MANIFEST).read_text())
@@ -175,7 +175,7 @@ def prune(ck: Path, keep: int, run: str) -> list[Path]:
     files each one's checkpoint.json lists and the manifest, then its folder if nothing else is left in it.
     Another run's checkpoints are never touched (NOTE [checkpoint layout])."""
     removed = []
-    own = [(path, m) for path in complete_checkpoints(ck) if (m := _run_of(path)) is not None and m.get("run") == run]
+    own = [(path, m) for path in complete_checkpoints(ck) if (m := manifest_of(path)) is not None and m.get("run") == run]
     for path, manifest in own[:-keep] if keep > 0 else []:
         for part in manifest.get("ranks", []):
             for name in (part.get("file"), f"rank{part.get('rank')}.json"):
@@ -228,17 +228,49 @@ def check_file_hash(path: Path, digest: str) -> None:
         raise _tampered(path, f"'{path.name}' has sha256 {got[:12]}..., {MANIFEST} says {digest[:12]}...")
 
 
+def _check_fields(path: Path, manifest: dict[str, Any]) -> None:
+    """An error unless checkpoint.json holds what `finish_checkpoint` writes: the step its folder is named by, the
+    data position and model as tables, rank k's part at place k naming rank<k>.safetensors, and the hashes of
+    rank<k>.json for exactly those ranks (review23: a manifest edited by hand gave a traceback, a step other
+    than its folder's resumed at that step, and a file name `../x` was read outside the checkpoint)."""
+    def bad(what: str) -> HetpartError:
+        return _tampered(path / MANIFEST, f"{MANIFEST} {what}")
+
+    step, ranks, files = manifest.get("step"), manifest.get("ranks"), manifest.get("files")
+    if type(step) is not int or step < 0:
+        raise bad(f"has no step count (`step`: {step!r})")
+    named = STEP_DIR.fullmatch(path.name)
+    if named is not None and int(named.group(1)) != step:
+        raise bad(f"says step {step}, its folder is {path.name}")
+    for key in ("data", "model"):
+        if not isinstance(manifest.get(key), dict):
+            raise bad(f"has no `{key}` table")
+    if not isinstance(ranks, list) or not ranks or not isinstance(files, dict):
+        raise bad("has no `ranks` list or `files` table")
+    for k, part in enumerate(ranks):
+        if not (isinstance(part, dict) and part.get("rank") == k and part.get("file") == f"rank{k}.safetensors"
+                and isinstance(part.get("sha256"), str) and isinstance(part.get("weights"), list)
+                and isinstance(part.get("optimizer"), dict)
+                and isinstance(part["optimizer"].get("param_groups"), list)
+                and isinstance(part["optimizer"].get("state"), dict)):
+            raise bad(f"has no part for rank {k} at place {k} of `ranks` (its file rank{k}.safetensors, sha256, "
+                      "weights and optimizer)")
+    if set(files) != {f"rank{k}.json" for k in range(len(ranks))} or not all(isinstance(d, str) for d in files.values()):
+        raise bad(f"`files` lists {sorted(files)[:4]}, not the hashes of rank0.json .. rank{len(ranks) - 1}.json")
+
+
 def read_checkpoint(path: Path, check_tensors: bool = True) -> Checkpoint:
     """The checkpoint at `path` (a step-<N> folder), its manifest and every listed file's sha256 checked."""
     try:
         manifest = json.loads((path / MANIFEST).read_text())
-    except (OSError, ValueError) as err:
+    except (OSError, ValueError, RecursionError) as err:
         raise _tampered(path / MANIFEST, f"{MANIFEST} cannot be read ({err})") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise HetpartError(f"'{path / MANIFEST}' is not a hetpart checkpoint manifest")
     if manifest.get("format_version") not in READS:
         raise HetpartError(f"'{path / MANIFEST}': checkpoint format {manifest.get('format_version')}, this hetpart "
                            f"reads {', '.join(map(str, READS))}")
+    _check_fields(path, manifest)
     for name, digest in manifest["files"].items():
         check_file_hash(path / name, digest)
     ranks = manifest["ranks"]
@@ -247,7 +279,7 @@ def read_checkpoint(path: Path, check_tensors: bool = True) -> Checkpoint:
             raise _tampered(path / f"rank{part['rank']}.json", f"rank {part['rank']}'s part differs from {MANIFEST}")
         if check_tensors:
             check_file_hash(path / part["file"], part["sha256"])
-    return Checkpoint(path, int(manifest["step"]), manifest["data"], manifest["model"], ranks)
+    return Checkpoint(path, manifest["step"], manifest["data"], manifest["model"], ranks)
 
 
 def weight_sources(ckpt: Checkpoint, entry: dict[str, Any], weights: list[str],
@@ -406,21 +438,31 @@ def _optimizer_state(ckpt: Checkpoint, sources: dict[str, dict[str, Any]], tenso
 
 
 def check_checkpoint_dir(ck: Path, first_step: int, steps: int, every: int) -> list[int]:
-    """Before a run: `ck` is a real folder (created if missing) and holds no checkpoint this run would write;
+    """Before a run: `ck` is a real folder, or one that can be made (`make_checkpoint_dir`, once every check of the
+    run passed: a run refused leaves no folder behind, review23), and holds no checkpoint this run would write;
     the steps it will write."""
     planned = [s for s in range(first_step + 1, first_step + steps + 1) if s % every == 0]
     if ck.exists() or ck.is_symlink():
         real_dir(ck, "checkpoints", "pass another --checkpoint-dir")
     else:
-        try:
-            ck.mkdir(parents=True)
-        except OSError as err:
-            raise HetpartError(f"--checkpoint-dir {ck}: cannot create it ({err.strerror})") from None
-    taken = [s for s in planned if (ck / step_dir_name(s)).exists()]
+        parent = next(p for p in Path(os.path.abspath(ck)).parents if p.exists() or p.is_symlink())
+        if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+            raise HetpartError(f"--checkpoint-dir {ck}: cannot create it ('{parent}' is not a folder you may write "
+                               "in): pass another --checkpoint-dir")
+    taken = [s for s in planned if os.path.lexists(ck / step_dir_name(s))]  # a dangling link too (review23)
     if taken:
         raise HetpartError(f"--checkpoint-dir {ck} already holds {step_dir_name(taken[0])}, which this run would "
                            "write: pass another --checkpoint-dir (hetpart never replaces a checkpoint)")
     return planned
+
+
+def make_checkpoint_dir(run: CheckpointRun | None) -> None:
+    """The launcher, once every check passed and just before the ranks start: the --checkpoint-dir, if missing."""
+    if run is not None and run.save_dir is not None and not run.save_dir.is_dir():
+        try:
+            run.save_dir.mkdir(parents=True)
+        except OSError as err:
+            raise HetpartError(f"--checkpoint-dir {run.save_dir}: cannot create it ({err.strerror})") from None
 
 
 # --- The worker's hooks (`run_rank` in worker.py).
@@ -548,19 +590,6 @@ def run_checkpoints(manifest: dict[str, Any], plan_model: dict[str, Any], spec: 
     return run
 
 
-def last_checkpoint(run: CheckpointRun, steps: int) -> tuple[Checkpoint | None, int]:
-    """The run's last complete checkpoint (None where none is) and the steps of a `steps`-step run left after it."""
-    found = complete_checkpoints(run.save_dir) if run.save_dir is not None else []
-    last = read_checkpoint(found[-1], check_tensors=False) if found else None
-    return last, run.first_step + steps - (last.step if last is not None else run.first_step)
-
-
-def resume_line(out: Path, run: CheckpointRun, last: Path, left: int, flags: list[str]) -> str:
-    """The `hetpart run OUT ... --resume LAST` that trains the `left` steps after the checkpoint `last`."""
-    return (f"hetpart run {shown(out)} --mode training {' '.join(flags)}--resume {shown(last)} "
-            f"--steps {left} --checkpoint-every {run.every} --checkpoint-dir {shown(run.save_dir)}")
-
-
 def shown(path: Path, quote: bool = True) -> str:
     """A path to print: relative to the working directory where it is inside it; `quote`d for a shell command."""
     try:
@@ -568,29 +597,3 @@ def shown(path: Path, quote: bool = True) -> str:
     except ValueError:
         pass
     return shlex.quote(str(path)) if quote else str(path)
-
-
-def resume_commands(out: Path, run: CheckpointRun, dead_device: str | None, steps: int, flags: list[str],
-                    not_replanned: str | None = None) -> str:
-    """What `hetpart run` prints when a rank died: the last complete checkpoint and the commands that re-plan
-    onto the devices still alive and resume from it (`flags`: the run's own, repeated). A plan `hetpart replan`
-    refuses (`not_replanned` says what it runs: virtual stages, data-parallel pipelines at mixed degrees) gets the
-    resume command after a new `partition` instead."""
-    if run.save_dir is None:
-        return ""
-    last, left = last_checkpoint(run, steps)
-    if last is None:
-        return f"\nno checkpoint was complete before the failure (--checkpoint-dir {run.save_dir}): nothing to resume"
-    if left <= 0:
-        return f"\nthe last checkpoint, {last.path}, is of the run's last step {last.step}: nothing left to train"
-    new = unused_name(out.with_name(out.name + "-replan"))  # one left by an earlier failure is not replaced
-    resume = resume_line(new, run, last.path, left, flags)
-    if not_replanned is not None:
-        without = f" (without {dead_device})" if dead_device else ""
-        return (f"\nthe last complete checkpoint is {shown(last.path)} (step {last.step}); this plan runs "
-                f"{not_replanned}, which `hetpart replan` does not re-plan: partition the model again for the devices still "
-                f"alive{without} with `--out {shown(new)}`, then train the {left} step(s) left:\n  {resume}")
-    lose = f" --lose {shlex.quote(dead_device)}" if dead_device else ""
-    return (f"\nthe last complete checkpoint is {shown(last.path)} (step {last.step}); to re-plan onto the devices still "
-            f"alive and train the {left} step(s) left:\n  hetpart replan {shown(out)}{lose} --out {shown(new)} && "
-            f"{resume}")

@@ -34,7 +34,7 @@ from hetpart.frontend.hf import HFModel, OutputStructure
 from hetpart.runtime.artifacts import check_rank_files, dim_size, load_manifest, symbol_sizes
 from hetpart.runtime.tp import is_mixed, whole_weights
 from hetpart.runtime.artifacts import check_listed_files, mesh_pipelines, model_spec_for_run, read_plan
-from hetpart.runtime.checkpoint import CheckpointFlags, run_checkpoints
+from hetpart.runtime.checkpoint import CheckpointFlags, make_checkpoint_dir, run_checkpoints
 from hetpart.runtime.resume import stopped_resume, with_resume_commands
 from hetpart.runtime.measured import measurement
 from hetpart.runtime.optimizers import resumed_optimizer
@@ -539,6 +539,7 @@ def run_pipeline(out: Path, opts: RunOptions = RunOptions(), echo: Callable[[str
             worker_args += ["--dump-weights"]  # the weights after the last step, for --verify
         worker_args += ["--checkpoint", ckpt.to_json()] if ckpt is not None else []
         worker_args += ["--timeline"] if opts.measure else []  # NOTE [action timeline] in runtime/timeline.py
+        make_checkpoint_dir(ckpt)  # not before: a run refused leaves no folder behind
         cmds = _torchrun_commands(manifest, log_dir, opts.as_nodes, opts.master_port, forked=not opts.emulate)
         where = (f"{len(cmds)} torchrun node(s) on loopback" if opts.as_nodes else "one torchrun")
         pipelines = mesh_pipelines(manifest)
@@ -574,7 +575,7 @@ def run_pipeline(out: Path, opts: RunOptions = RunOptions(), echo: Callable[[str
             ref_flat: list = []  # the outputs of the run's first step: before the reference trains, or resumed
             take = lambda: ref_flat.extend(reference_outputs(module, inputs))  # noqa: E731 (NOTE [checkpoint layout])
             reference = reference_training(module, inputs, target, m, first_step + opts.steps, optim,
-                                           rank_threads(), first_step, take) if training else take()
+                                           rank_threads(), first_step, take, opts.tolerances) if training else take()
             if len(ref_flat) != len(outputs):
                 raise HetpartError(f"verification: the model returns {len(ref_flat)} outputs, the pipeline {len(outputs)}")
             checks = training_checks(io_dir, manifest, reference, opts.tolerances) if training else None
@@ -582,7 +583,9 @@ def run_pipeline(out: Path, opts: RunOptions = RunOptions(), echo: Callable[[str
                 [check_tensor(f"output {n}", a, b, opts.tolerances)
                  for n, a, b in zip(output_names(structure, len(outputs)), outputs, ref_flat)],
                 checks.grads if checks else [], opts.tolerances, losses=checks.losses if checks else [],
-                weights=checks.weights if checks else [], replayed=bool(training and reference.initial))
+                weights=checks.weights if checks else [], replayed=bool(training and reference.initial),
+                resumed=checks.resumed if checks else [],  # NOTE [verify a resume]
+                resume_told=reference.resume_told if training else True)
     return RunResult(outputs=outputs, step_seconds=step_s[0],
                      max_abs_diff=verification.max_abs_diff if verification else None,
                      grad_rel_err=verification.max_grad_rel_err if verification else None,

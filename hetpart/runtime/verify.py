@@ -88,6 +88,18 @@ from hetpart.runtime.optimizers import OptimizerSpec
 # each weight the manifest gives a rank (`rank_weights`: its stages, virtual ones included) for which the
 # model has a gradient (or value) must be in that rank's file; each one missing is a failed check named
 # "<weight> (rank r)", and the verdict is FAIL.
+# NOTE [verify a resume]
+# A resumed run (`run --resume CK --verify`) is compared with the model trained from the same initial weights for
+# the checkpoint's steps plus the run's. That alone could not tell a resume that loaded the checkpoint from one that
+# loaded nothing and trained from the initial weights: where the steps before the checkpoint move every weight by
+# less than the tolerance (a small lr, few steps; measured on zoo:llama on 2 ranks, 1 step at lr 1e-4: 6e-7 of the
+# scale), the restarted pipeline is within the tolerance of the model too, and --verify said PASS (review23). So
+# each rank also writes the weights it holds right after the resume (worker.py, `resumed<rank>.safetensors`), and
+# they are compared with the model's after the checkpoint's steps, by the rule above. And the reference asks
+# whether the checks could tell at all: a resume that loaded nothing would give the model's own first steps from
+# the initial weights (its weights before them, the gradients of step 0, the losses of steps 0.., the weights
+# after the run's count of steps), which `reference_training` compares with the resumed run's by the same rules.
+# Where every one of them passes, the verdict is CANNOT TELL, exit 1: a resume that loaded nothing would pass too.
 OUTLIER_GAP = 100.0
 VERIFY_RTOL = 1e-5
 VERIFY_ATOL = 1e-5
@@ -178,16 +190,18 @@ class Verification:
     losses: list[TensorCheck] = field(default_factory=list)  # training: each step's and each microbatch's loss
     weights: list[TensorCheck] = field(default_factory=list)  # training: every copy of every weight after the steps
     replayed: bool = False  # the weights against each rank's step replayed (NOTE [verify after AdamW])
+    resumed: list[TensorCheck] = field(default_factory=list)  # --resume: the weights each rank resumed with
+    resume_told: bool = True  # --resume: one that loaded nothing would fail the checks (NOTE [verify a resume])
 
     @property
     def verdict(self) -> str:
         """PASS, FAIL, or CANNOT TELL where every output (or every gradient) is below the smallest normal float."""
-        if not all(c.ok for c in self.outputs + self.grads + self.losses + self.weights):
+        if not all(c.ok for c in self.outputs + self.grads + self.losses + self.weights + self.resumed):
             return "FAIL"
         for group in (self.outputs, self.grads):
             if group and all(c.unreadable for c in group):
                 return "CANNOT TELL"
-        return "PASS"
+        return "PASS" if self.resume_told else "CANNOT TELL"
 
     @property
     def max_abs_diff(self) -> float:
@@ -212,6 +226,9 @@ class Verification:
                          f"max_weight_rel_err={max((c.max_rel_err for c in self.weights), default=0.0):.3g} "
                          "(after the last step" + ("; AdamW: each rank's step replayed on its own gradients, "
                                                    "NOTE [verify after AdamW])" if self.replayed else ")"))
+        if self.resumed:
+            lines.append(f"max_resumed_weight_rel_err={max(c.max_rel_err for c in self.resumed):.3g} (the weights each "
+                         "rank resumed with, against the model's after the checkpoint's steps; NOTE [verify a resume])")
         for c in self.losses:
             if not c.ok:
                 lines.append(f"  {c.describe()}  FAIL")
@@ -225,15 +242,22 @@ class Verification:
             if c.unreadable:
                 lines.append(f"  note: {c.name} is identically 0 (or below the smallest normal float) in the "
                              "model and the pipeline: it cannot tell a right plan from a wrong one")
-        for what, checks in (("gradient", self.grads), ("weight after the last step", self.weights)):
+        for what, checks in (("gradient", self.grads), ("weight after the last step", self.weights),
+                             ("weight resumed from the checkpoint", self.resumed)):
             failed = [c for c in checks if not c.ok]
             for c in sorted(failed, key=lambda c: -c.max_rel_err)[:5]:
                 lines.append(f"  {what} of {c.describe()}  FAIL")
             if len(failed) > 5:
                 lines.append(f"  ... and {len(failed) - 5} more {what}(s) outside the tolerance")
         verdict = self.verdict
-        why = ("; the model's outputs are all 0: equal outputs prove nothing here; verify with inputs or weights "
-               "that give non-zero outputs") if verdict == "CANNOT TELL" else ""
+        why = ""
+        if verdict == "CANNOT TELL" and not self.resume_told:
+            why = ("; the steps before the checkpoint changed the model by less than the tolerance, so a resume that "
+                   "loaded nothing (started from the initial weights) would pass too (NOTE [verify a resume]): verify "
+                   "the resume of a checkpoint written after more steps or at a larger --lr")
+        elif verdict == "CANNOT TELL":
+            why = ("; the model's outputs are all 0: equal outputs prove nothing here; verify with inputs or weights "
+                   "that give non-zero outputs")
         lines.append(f"verify: {verdict} ({self.tolerances.describe()}; "
                      f"--atol {self.tolerances.atol:g} --rtol {self.tolerances.rtol:g}{why})")
         return lines
@@ -259,26 +283,40 @@ class ReferenceTraining:
     weights: dict[str, torch.Tensor]  # every weight after the last step, by each of its names
     optim: OptimizerSpec | None = None  # what stepped it
     initial: dict[str, torch.Tensor] = field(default_factory=dict)  # AdamW: every weight before the first step
+    resumed: dict[str, torch.Tensor] = field(default_factory=dict)  # a resume: every weight before step first_step
+    resume_told: bool = True  # a resume: one that loaded nothing would fail the checks (NOTE [verify a resume])
 
 
 def reference_training(module: torch.nn.Module, inputs: tuple, target: torch.Tensor, microbatches: int, steps: int,
                        optim: OptimizerSpec, threads: int, first_step: int = 0,
-                       at_first_step: Callable[[], None] | None = None) -> ReferenceTraining:
+                       at_first_step: Callable[[], None] | None = None, tol: Tolerances = Tolerances()) -> ReferenceTraining:
     """`steps` steps of `optim` (NOTE [the run's optimizer]) of the model on the global batch, at a rank's
     `threads`: each step's loss is the mean of its `microbatches` microbatch losses (NOTE [pipelines gradients]
     in worker.py). Trains `module`. A run resumed after `first_step` steps (NOTE [checkpoint layout] in
     checkpoint.py) is checked against steps `first_step`.. only: the gradients of that step, the losses from it
-    on, the weights after the last; `at_first_step` runs before that step (the launcher takes the outputs there)."""
+    on, the weights after the last, and the weights before it (NOTE [verify a resume], whether they moved beyond
+    `tol`); `at_first_step` runs before that step (the launcher takes the outputs there)."""
     from hetpart.runtime.worker import training_loss
 
+    def values() -> dict[str, torch.Tensor]:
+        return {name: p.detach().clone() for name, p in module.named_parameters(remove_duplicate=False)}
+
+    def step_grads() -> dict[str, torch.Tensor]:
+        return {name: p.grad.clone() for name, p in module.named_parameters(remove_duplicate=False)
+                if p.grad is not None}
+
     optimizer = optim.make(module.parameters())
-    initial = ({name: p.detach().clone() for name, p in module.named_parameters(remove_duplicate=False)}
-               if optim.replayed else {})  # NOTE [verify after AdamW]
+    initial = values() if optim.replayed or first_step else {}  # NOTE [verify after AdamW], NOTE [verify a resume]
+    run_steps = steps - first_step
+    resumed: dict[str, torch.Tensor] = {}
+    restarted: dict[str, dict[str, torch.Tensor]] = {}  # a resume that loaded nothing: its first gradients, last weights
     grads: dict[str, torch.Tensor] = {}
     losses = []
     chunks = list(zip(*(x.tensor_split(microbatches) for x in inputs)))
     with torch_threads(threads):
         for step in range(steps):
+            if step == first_step and first_step:
+                resumed = values()
             if step == first_step and at_first_step is not None:
                 at_first_step()
             optimizer.zero_grad(set_to_none=True)
@@ -289,11 +327,24 @@ def reference_training(module: torch.nn.Module, inputs: tuple, target: torch.Ten
                 step_losses.append(loss.detach())
             losses.append(torch.stack(step_losses))
             if step == first_step:
-                grads = {name: p.grad.clone() for name, p in module.named_parameters(remove_duplicate=False)
-                         if p.grad is not None}
+                grads = step_grads()
+            if step == 0 and first_step:
+                restarted["grads"] = step_grads()
             optimizer.step()
-    weights = {name: p.detach().clone() for name, p in module.named_parameters(remove_duplicate=False)}
-    return ReferenceTraining(grads, torch.stack(losses[first_step:]).float(), weights, optim, initial)
+            if step == run_steps - 1 and first_step:
+                restarted["weights"] = values()
+    weights = values()
+    told = True
+    if first_step:  # would a resume that loaded nothing pass? (NOTE [verify a resume])
+        same = [check_tensor(k, w, initial[k], tol, robust=False) for k, w in resumed.items()]
+        same += [check_tensor(k, restarted["grads"].get(k, torch.zeros_like(g)), g, tol, robust=False)
+                 for k, g in grads.items()]
+        same += [check_tensor(k, restarted["weights"][k], w, tol, robust=False) for k, w in weights.items()]
+        same.append(check_tensor("losses", torch.stack(losses[:run_steps]), torch.stack(losses[first_step:]), tol,
+                                 robust=False))
+        told = not all(c.ok for c in same)
+    return ReferenceTraining(grads, torch.stack(losses[first_step:]).float(), weights, optim,
+                             initial if optim.replayed else {}, resumed, told)
 
 
 # NOTE [verify after AdamW]'s tolerance: a rank's weights after its AdamW step against that step replayed on the
@@ -308,6 +359,7 @@ class TrainingChecks:
     grads: list[TensorCheck]
     losses: list[TensorCheck]
     weights: list[TensorCheck]
+    resumed: list[TensorCheck] = field(default_factory=list)  # NOTE [verify a resume]
 
 
 def training_checks(io_dir: Path, manifest: dict, reference: ReferenceTraining, tol: Tolerances) -> TrainingChecks:
@@ -361,7 +413,8 @@ def training_checks(io_dir: Path, manifest: dict, reference: ReferenceTraining, 
                                  robust=False),
                     check_tensor("loss of each microbatch and step", losses, reference.losses, tol, robust=False)],
             weights=per_rank("weights", reference.weights, "weights",
-                             replay if reference.initial else None) if dumped else [])
+                             replay if reference.initial else None) if dumped else [],
+            resumed=per_rank("resumed", reference.resumed, "weights") if reference.resumed else [])
 
 
 def rank_threads() -> int:

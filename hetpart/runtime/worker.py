@@ -263,6 +263,14 @@ def sync_gradients(module: torch.nn.Module, shared: SharedGrads, microbatches: i
         sum_shared_grads(shared)
 
 
+def _dump_weights(module: torch.nn.Module, weight_names: dict[str, str], manifest: dict, entry: dict, groups: dict,
+                  device: torch.device, path: Path) -> None:
+    """--verify: every weight this rank holds, whole (a TP rank's shards gathered), by FQN, to `path`."""
+    dumped = {weight_names[attr]: p.detach().cpu().contiguous() for attr, p in module.named_parameters()
+              if attr in weight_names}
+    save_file(tp.gather_shards(dumped, manifest, entry, groups, device), str(path))
+
+
 def run_rank(out: Path, io_dir: Path, mode: str, schedule_name: str | None, microbatches: int, steps: int,
              optim: OptimizerSpec, device: torch.device, batch_size: int | None = None, seq_len: int | None = None,
              key: bytes | None = None, dump_weights: bool = False, checkpoint: CheckpointRun | None = None,
@@ -307,6 +315,8 @@ def run_rank(out: Path, io_dir: Path, mode: str, schedule_name: str | None, micr
     weight_names = _weight_names(module)  # stage attribute -> weight FQN, fixed for the run
     shards = tp.weight_shards(manifest, entry)  # a TP rank's parts of its split weights (NOTE [checkpoint slices])
     checkpoint.before_loop(entry, module, optimizer, weight_names, params, shards)  # --resume
+    if dump_weights and training and checkpoint.resume is not None:  # NOTE [verify a resume] in verify.py
+        _dump_weights(module, weight_names, manifest, entry, groups, device, io_dir / f"resumed{rank}.safetensors")
     shared = shared_grads(module, shared_weight_groups(manifest) if training else [], process_groups,  # once
                           entry["tp"]["degree"] if tp.is_mixed(manifest) else 1, (tp.tp_rank(entry), frozenset(shards)))
     args: tuple = ()
@@ -365,9 +375,7 @@ def run_rank(out: Path, io_dir: Path, mode: str, schedule_name: str | None, micr
         save_file({"losses": torch.stack([torch.stack(step).detach().float().cpu() for step in losses])},
                   str(io_dir / f"losses{rank}.safetensors"))  # [steps, this pipeline's microbatches]
     if dump_weights and training:
-        dumped = {weight_names[attr]: p.detach().cpu().contiguous() for attr, p in module.named_parameters()
-                  if attr in weight_names}
-        save_file(tp.gather_shards(dumped, manifest, entry, groups, device), str(io_dir / f"weights{rank}.safetensors"))
+        _dump_weights(module, weight_names, manifest, entry, groups, device, io_dir / f"weights{rank}.safetensors")
     if rank == world - 1:
         (io_dir / "step_seconds").write_text("\n".join(f"{s}" for s in step_seconds) + "\n")
     (io_dir / f"timing{rank}.json").write_text(json.dumps({"step_s": step_seconds, "forward_s": forwards_per_step,

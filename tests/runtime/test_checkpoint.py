@@ -4,6 +4,7 @@ resume refuses, and the reference of a resumed run (N previous steps + M more)."
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -12,9 +13,10 @@ import torch
 from hetpart.errors import HetpartError
 from hetpart.runtime.checkpoint import (
     CheckpointRun, complete_checkpoints, check_checkpoint_dir, check_resume, find_checkpoint, finish_checkpoint, load_rank,
-    prepare_run, prune, rank_state, read_checkpoint, resume_commands, save_rank, weight_sources,
+    prepare_run, prune, rank_state, read_checkpoint, save_rank, weight_sources,
 )
 from hetpart.runtime.optimizers import OptimizerSpec
+from hetpart.runtime.resume import resume_commands
 from hetpart.runtime.verify import reference_training
 
 NAMES = {"fc1.weight": "fc1.weight", "fc1.bias": "fc1.bias", "fc2.weight": "fc2.weight", "fc2.bias": "fc2.bias"}
@@ -163,11 +165,34 @@ def test_the_reference_of_a_resumed_run_is_the_same_training_checked_from_its_fi
     assert not torch.equal(resumed.grads["fc1.weight"], whole.grads["fc1.weight"])  # step 2's, not step 0's
 
 
+def test_verify_of_a_resume_says_cannot_tell_where_a_resume_that_loaded_nothing_would_pass():
+    """review23, NOTE [verify a resume]: `run --resume CK --verify` of zoo:llama resumed after 1 step at lr 1e-4
+    said PASS with the ranks' checkpoint loading switched off (they trained from the initial weights): the model's
+    steps before the checkpoint moved it by less than the tolerance. The reference now says whether a resume that
+    loaded nothing would pass, and the weights each rank resumed with are a check of their own."""
+    from hetpart.runtime.verify import TensorCheck, Tolerances, Verification
+
+    x = torch.randn(8, 4, generator=torch.Generator().manual_seed(2))
+    target = torch.randn(8, 3, generator=torch.Generator().manual_seed(3))
+    slow = reference_training(_Named(0), (x,), target, 2, 2, OptimizerSpec("sgd", 1e-7), 1, first_step=1)
+    fast = reference_training(_Named(0), (x,), target, 2, 2, OptimizerSpec("sgd", 0.1), 1, first_step=1)
+    assert not slow.resume_told and fast.resume_told
+    assert sorted(fast.resumed) == sorted(NAMES) and not fast.initial  # the weights before step 1; no AdamW replay
+    fresh = reference_training(_Named(0), (x,), target, 2, 2, OptimizerSpec("sgd", 1e-7), 1)
+    assert fresh.resume_told and not fresh.resumed  # no resume: nothing to tell
+    ok = TensorCheck("fc1.weight (rank 0)", 0.0, 1.0, 0.0, True)
+    assert Verification([ok], [ok], Tolerances(), resumed=[ok], resume_told=False).verdict == "CANNOT TELL"
+    assert Verification([ok], [ok], Tolerances(), resumed=[ok]).verdict == "PASS"
+    bad = TensorCheck("fc1.weight (rank 0)", 1.0, 1.0, 1.0, False)
+    report = Verification([ok], [ok], Tolerances(), resumed=[bad]).report()
+    assert report[-1].startswith("verify: FAIL") and any("weight resumed from the checkpoint of" in r for r in report)
+
+
 def test_after_a_rank_died_the_printed_commands_re_plan_only_plans_replan_takes(tmp_path):
     ck = tmp_path / "ck"
     ck.mkdir()
     _write(ck, 2, *_trained(1))
-    run = CheckpointRun(save_dir=ck, every=2)
+    run = CheckpointRun(save_dir=ck, every=2, token="t")
     flags = ["--schedule 1f1b "]
     text = resume_commands(tmp_path / "out", run, "local/2", 4, flags)
     assert "hetpart replan" in text and "--lose local/2" in text and "--resume" in text and "--steps 2" in text
@@ -192,8 +217,9 @@ def test_a_run_the_user_stopped_names_its_last_checkpoint_and_the_resume_on_the_
 
     ck = tmp_path / "ck"
     ck.mkdir()
-    opts = SimpleNamespace(schedule="1f1b", microbatches=4, batch_size=None, seq_len=None, steps=6)
-    run = CheckpointRun(save_dir=ck, every=2)
+    opts = SimpleNamespace(schedule="1f1b", microbatches=4, batch_size=None, seq_len=None, steps=6, model=None,
+                           trust_model_file=False)
+    run = CheckpointRun(save_dir=ck, every=2, token="t")
     assert stopped_resume(tmp_path / "out", run, opts) == ""  # the control: no checkpoint complete yet
     assert stopped_resume(tmp_path / "out", None, opts) == ""  # no checkpoints asked for
     _write(ck, 2, *_trained(1))
@@ -205,3 +231,94 @@ def test_a_run_the_user_stopped_names_its_last_checkpoint_and_the_resume_on_the_
     assert "--microbatches 4" in command and f"--resume {ck / 'step-000002'}" in command and "--steps 4" in command
     assert "replan" not in note  # every device is alive: the same plan goes on
     assert "last step 2" in stopped_resume(tmp_path / "out", run, SimpleNamespace(**{**vars(opts), "steps": 2}))
+
+
+def test_after_a_failure_the_last_checkpoint_named_is_this_runs_never_an_earlier_runs(tmp_path):
+    """review23: a --checkpoint-dir reused by a second run holds the first run's checkpoints too (at other steps:
+    the second run refuses only the steps it would write). The failure message named the newest complete
+    checkpoint there, the earlier run's step 4 (another lr, further along than this run got), and told to resume it
+    for "the 1 step(s) left"; it must name this run's own, else the checkpoint this run resumed from."""
+    from types import SimpleNamespace
+
+    from hetpart.runtime.resume import stopped_resume
+
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    module, opt = _trained(1)
+    _write(ck, 4, module, opt, run="earlier")  # the first run's, further along
+    _write(ck, 3, module, opt, run="this")
+    run = CheckpointRun(save_dir=ck, every=3, token="this")
+    text = resume_commands(tmp_path / "out", run, "local/2", 5, ["--schedule gpipe "])
+    assert f"--resume {ck / 'step-000003'} --steps 2 " in text and "step-000004" not in text, text
+    opts = SimpleNamespace(schedule="gpipe", microbatches=None, batch_size=None, seq_len=None, steps=5, model=None,
+                           trust_model_file=False)
+    note = stopped_resume(tmp_path / "out", run, opts)
+    assert "(step 3)" in note and "step-000004" not in note, note
+    # A resumed run that died before it wrote a checkpoint of its own: the one it resumed from, all its steps left.
+    resumed = CheckpointRun(save_dir=ck, every=3, token="later", resume=ck / "step-000003", first_step=3)
+    text = resume_commands(tmp_path / "out", resumed, "local/2", 4, ["--schedule gpipe "])
+    assert f"--resume {ck / 'step-000003'} --steps 4 " in text and "step-000004" not in text, text
+    fresh = CheckpointRun(save_dir=ck, every=3, token="other")  # a run that wrote none and resumed none
+    assert "no checkpoint was complete" in resume_commands(tmp_path / "out", fresh, "local/2", 5, ["--schedule gpipe "])
+
+
+@pytest.mark.parametrize("edit, said", [
+    (lambda m: m.__setitem__("step", 0), "says step 0, its folder is step-000002"),  # resumed at step 0 before
+    (lambda m: m.__setitem__("step", "2"), "has no step count"),
+    (lambda m: m.pop("files"), "has no `ranks` list or `files` table"),  # a KeyError traceback before
+    (lambda m: m.pop("data"), "has no `data` table"),
+    (lambda m: m["files"].__setitem__("../plan.json", "0" * 64), "`files` lists"),  # read outside the checkpoint
+    (lambda m: m["ranks"][0].__setitem__("file", "../x.safetensors"), "no part for rank 0"),
+])
+def test_a_checkpoint_manifest_edited_by_hand_is_refused_with_exit_2_not_a_traceback(tmp_path, edit, said):
+    """review23: checkpoint.json is the root of a checkpoint's hashes; its own fields were not checked."""
+    path = _write(tmp_path, 2, *_trained(1))
+    manifest = json.loads((path / "checkpoint.json").read_text())
+    edit(manifest)
+    (path / "checkpoint.json").write_text(json.dumps(manifest))
+    with pytest.raises(HetpartError, match=re.escape(said)):
+        read_checkpoint(path)
+
+
+def test_a_run_refused_after_the_checkpoint_checks_leaves_no_checkpoint_dir_behind(tmp_path):
+    """review23: `run --emulate --checkpoint-dir NEW` without a writable cgroup (exit 2) left NEW behind: the
+    checks made the folder. They only check now; the launcher makes it just before the ranks start."""
+    from hetpart.runtime.checkpoint import make_checkpoint_dir
+
+    ck = tmp_path / "new" / "ck"
+    assert check_checkpoint_dir(ck, 0, 4, 2) == [2, 4]
+    assert not (tmp_path / "new").exists()
+    make_checkpoint_dir(CheckpointRun(save_dir=ck, every=2))
+    assert ck.is_dir()
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(HetpartError, match="cannot create it .* pass another --checkpoint-dir"):
+        check_checkpoint_dir(tmp_path / "notes.txt" / "ck", 0, 1, 1)
+
+
+def test_the_printed_commands_of_a_file_model_repeat_its_model_flags(tmp_path):
+    """review23: a file model's run (`--model FILE.py:FN`) that lost a rank printed `hetpart replan ... && hetpart
+    run ...` without --model; both refuse a file model they are not told to import, so they failed as printed."""
+    from types import SimpleNamespace
+
+    from hetpart.runtime.resume import with_resume_commands
+    from hetpart.runtime.launch import RunFailed
+
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    _write(ck, 2, *_trained(1), run="t")
+    run = CheckpointRun(save_dir=ck, every=2, token="t")
+    err = RunFailed("rank 1 died")
+    err.dead_device = "local/1"
+    opts = SimpleNamespace(schedule="gpipe", microbatches=None, batch_size=None, seq_len=None, steps=4,
+                           model="/m/my model.py:build", trust_model_file=True)
+    replan, resume = str(with_resume_commands(err, tmp_path / "out", run, opts)).rsplit("\n", 1)[1].split(" && ")
+    for command in (replan, resume):
+        assert "--model '/m/my model.py:build' --trust-model-file " in command, command
+
+
+def test_a_dangling_link_at_a_step_this_run_writes_is_refused_before_the_run(tmp_path):
+    """review23: CK/step-000001 a link to nowhere passed the check (`exists()` follows links), the run trained, and
+    rank 0's rename onto the link failed after the step (exit 1, a traceback in its log)."""
+    (tmp_path / "step-000001").symlink_to(tmp_path / "nowhere")
+    with pytest.raises(HetpartError, match="already holds step-000001"):
+        check_checkpoint_dir(tmp_path, 0, 1, 1)

@@ -268,6 +268,20 @@ def test_file_model_needs_the_user_to_name_the_file(file_plan, tmp_path, capfd, 
             main(["run", str(file_plan), "--verify", *argv])
 
 
+def test_replan_of_a_file_model_takes_the_file_as_run_does(file_plan, tmp_path, capfd):
+    """review23: `replan` of a file model's plan printed its re-plan, then refused with "`run` builds the model's
+    inputs ... pass --model", which `replan` did not take: a file model could not be re-planned, and the commands
+    `run` prints when a rank dies failed as printed. It takes --model / --trust-model-file now, asked before any
+    solve."""
+    model_py = Path(read_plan(file_plan, load_manifest(file_plan)).model.model.rpartition(":")[0])
+    new = tmp_path / "new"
+    line = _refused(["replan", str(file_plan), "--lose", "local/1", "--out", str(new)], capfd)
+    assert "`replan` traces the model again" in line and f"pass --model {model_py}:build" in line, line
+    assert not new.exists()
+    assert main(["replan", str(file_plan), "--lose", "local/1", "--out", str(new), "--model", f"{model_py}:build"]) == 0
+    assert read_plan(new, load_manifest(new)).model.file_sha256 == hashlib.sha256(model_py.read_bytes()).hexdigest()
+
+
 def test_shard_weights_checks_then_re_signs(tmp_path, keys, capfd, no_torchrun):
     out = tmp_path / "meta"
     small = ["zoo:mlp", "--set", "hidden=32", "--set", "n_blocks=2", "--cluster", "preset:cpu-2", "--no-pt2"]
