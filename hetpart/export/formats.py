@@ -125,11 +125,16 @@ def _header(pj: dict, fmt: str, rep: Replicas | None, comment: str = "#") -> lis
         if rep.pipelines > 1 or rep.degree > 1:
             lines.append(f"{comment} {rep.pipelines} data-parallel replica(s) of {rep.stages} stage(s), "
                          f"tensor-parallel degree {rep.degree}, {rep.microbatches} microbatch(es) each")
-        lp = rep.lp
-        for k, layers in enumerate(lp.layers_of_stage()):
-            where = " | ".join("+".join(group[k]) for group in rep.devices)
-            lines.append(f"{comment} stage {k}: {where} ({types[rep.devices[0][k][0]]}), "
-                         f"{lp.rounded_stage_us[k]:g} us: " + ", ".join(layers))
+        for k, layers in enumerate(rep.lp.layers_of_stage()):
+            # Each replica's stage k on its own devices' type and time: pipelines of other types (a --parallel data
+            # plan's A100 and T4 replicas) were all shown as pipeline 0's.
+            kinds = [(types[group[k][0]], lp.rounded_stage_us[k]) for group, lp in zip(rep.devices, rep.plans)]
+            groups = ["+".join(group[k]) for group in rep.devices]
+            if len(set(kinds)) == 1:
+                where = " | ".join(groups) + f" ({kinds[0][0]}), {kinds[0][1]:g} us"
+            else:
+                where = " | ".join(f"{g} ({ty}, {us:g} us)" for g, (ty, us) in zip(groups, kinds))
+            lines.append(f"{comment} stage {k}: {where}: " + ", ".join(layers))
     return lines
 
 

@@ -165,3 +165,16 @@ def test_torchtitan_replicas_of_one_stage_are_ddp_and_of_a_pipeline_fsdp():
     assert (par["pipeline_parallel_degree"], par["data_parallel_replicate_degree"],
             par["data_parallel_shard_degree"]) == (1, 2, 1)
     assert not any("FSDP" in n for n in alone.notes)
+
+
+def test_the_header_gives_each_replica_its_own_device_type_and_time():
+    """A --parallel data plan of one-stage A100 and T4 replicas (equal shares, the same layers) was headed "stage 0:
+    a/0 | a/1 | b/0 | b/1 (a100-80g), 353.052 us": the T4s named A100s, with the A100s' time."""
+    pj = pipelines_plan()
+    slow = pj["pipelines"][1]
+    slow["stages"][0]["device_type"] = "t4-16g"
+    next(d for d in pj["cluster"]["devices"] if d["name"] == slow["stages"][0]["device"])["type"] = "t4-16g"
+    slow["layers"]["rounded_stage_us"] = [150.0, 101.0]
+    head = [line for line in export_text(pj, "megatron").text.splitlines() if line.startswith("# stage ")]
+    assert head[0].startswith("# stage 0: a/0 (a100-80g, 100 us) | a/2 (t4-16g, 150 us): "), head
+    assert head[1].startswith("# stage 1: b/1 | b/3 (t4-16g), 101 us: "), head  # alike: named once
