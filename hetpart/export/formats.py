@@ -125,11 +125,16 @@ def _header(pj: dict, fmt: str, rep: Replicas | None, comment: str = "#") -> lis
         if rep.pipelines > 1 or rep.degree > 1:
             lines.append(f"{comment} {rep.pipelines} data-parallel replica(s) of {rep.stages} stage(s), "
                          f"tensor-parallel degree {rep.degree}, {rep.microbatches} microbatch(es) each")
-        lp = rep.lp
-        for k, layers in enumerate(lp.layers_of_stage()):
-            where = " | ".join("+".join(group[k]) for group in rep.devices)
-            lines.append(f"{comment} stage {k}: {where} ({types[rep.devices[0][k][0]]}), "
-                         f"{lp.rounded_stage_us[k]:g} us: " + ", ".join(layers))
+        for k, layers in enumerate(rep.lp.layers_of_stage()):
+            # Each replica's stage k on its own devices' type and time: pipelines of other types (a --parallel data
+            # plan's A100 and T4 replicas) were all shown as pipeline 0's.
+            kinds = [(types[group[k][0]], lp.rounded_stage_us[k]) for group, lp in zip(rep.devices, rep.plans)]
+            groups = ["+".join(group[k]) for group in rep.devices]
+            if len(set(kinds)) == 1:
+                where = " | ".join(groups) + f" ({kinds[0][0]}), {kinds[0][1]:g} us"
+            else:
+                where = " | ".join(f"{g} ({ty}, {us:g} us)" for g, (ty, us) in zip(groups, kinds))
+            lines.append(f"{comment} stage {k}: {where}: " + ", ".join(layers))
     return lines
 
 
@@ -248,21 +253,21 @@ def export_torchtitan(pj: dict, csv_path: str | None) -> Exported:
     `pipeline_parallel_schedule_csv`, a path whose schedule needs `pipeline_parallel_schedule` to
     be PipelineScheduleSingle, PipelineScheduleMulti or _PipelineScheduleRuntime. Without a CSV
     path (no --out), the plan's schedule by name ("GPipe" or "1F1B", torch's get_schedule_class).
-    Data-parallel replicas are `data_parallel_replicate_degree` (DDP: hetpart's pipelines replicate
-    weights, never shard them, so `data_parallel_shard_degree` is 1, not its default -1, the ranks left
-    over) and `[training] local_batch_size`, each replica's share: torchtitan's microbatches are
-    local_batch_size / pipeline_parallel_microbatch_size (its default, 8, would not be the plan's).
-    Its mesh is pp, dp_replicate, dp_shard, cp, tp, outermost first (ParallelDims in
-    torchtitan/distributed/parallel_dims.py): the launch notes list the ranks in that order."""
+    Data-parallel replicas are `data_parallel_replicate_degree` (DDP) or `data_parallel_shard_degree`
+    (FSDP) as NOTE [torchtitan's data parallelism] says, and `[training] local_batch_size`, each replica's
+    share: torchtitan's microbatches are local_batch_size / pipeline_parallel_microbatch_size (its default,
+    8, would not be the plan's). Its mesh is pp, dp_replicate, dp_shard, cp, tp, outermost first (ParallelDims
+    in torchtitan/distributed/parallel_dims.py): the launch notes list the ranks in that order."""
     rep = replicas_of(pj, "torchtitan")
     parts = rep.lp.layers_of_stage()
     mbs = pj["microbatch_size"]
+    fsdp = rep.pipelines > 1 and (len(parts) > 1 or rep.degree > 1)  # NOTE [torchtitan's data parallelism]
     lines = _header(pj, "torchtitan", rep) + [
         "# FQNs are the traced model's module names: they apply to a torchtitan model with the same ones",
         "[parallelism]",
         f"pipeline_parallel_degree = {len(parts)}",
-        f"data_parallel_replicate_degree = {rep.pipelines}",
-        "data_parallel_shard_degree = 1",
+        f"data_parallel_replicate_degree = {1 if fsdp else rep.pipelines}",
+        f"data_parallel_shard_degree = {rep.pipelines if fsdp else 1}",
         f"tensor_parallel_degree = {rep.degree}",
         f"pipeline_parallel_microbatch_size = {mbs}",
     ]
@@ -278,10 +283,29 @@ def export_torchtitan(pj: dict, csv_path: str | None) -> Exported:
     lines += ["]", "[training]", f"local_batch_size = {mbs * rep.microbatches}",
               f"global_batch_size = {mbs * rep.microbatches * rep.pipelines}"]
     notes = rounding_notes(pj, rep) + _tp_note(rep, "torchtitan applies its model's own TP plan (parallelize_fn)")
-    notes += launch_notes(pj, rep.rank_devices("pp-dp-tp"), "torchtitan's (pp, dp_replicate, tp)")
+    if fsdp:
+        notes.append(f"note: the {rep.pipelines} data-parallel replicas are FSDP's (data_parallel_shard_degree), as "
+                     "torchtitan runs DDP only without pipeline or tensor parallelism: FSDP shards each stage's "
+                     "weights, gradients and optimizer state over its replicas, so a rank holds less than the plan "
+                     "counts, and the step gathers the weights and reduce-scatters the gradients where the plan "
+                     "costs an all-reduce (NOTE [torchtitan's data parallelism])")
+    notes += launch_notes(pj, rep.rank_devices("pp-dp-tp"),
+                          f"torchtitan's (pp, {'dp_shard' if fsdp else 'dp_replicate'}, tp)")
     if csv_path is None:
         notes.append("note: pass --out FILE to also write FILE's schedule CSV (pipeline_parallel_schedule_csv)")
     return Exported("\n".join(lines) + "\n", extra, notes)
+
+
+# NOTE [torchtitan's data parallelism]
+# hetpart's data-parallel pipelines replicate their weights (each replica holds its stages' whole state and the
+# gradients are all-reduced), which is torchtitan's DDP, `data_parallel_replicate_degree = P` with
+# `data_parallel_shard_degree = 1` (its default, -1, would shard over the ranks left over). But torchtitan applies
+# DDP only when it is the one parallelism: parallelize_llama raises "DDP has not supported > 1D parallelism" when
+# the world is larger than the dp_replicate mesh (torchtitan/models/llama3/infra/parallelize.py), and HSDP needs a
+# shard degree above 1. So P replicas of a pipeline of several stages, or of TP stages, are written as FSDP,
+# `data_parallel_shard_degree = P` (the same mesh position, between pp and tp, and the same batch: torchtitan's
+# data-parallel degree is dp_replicate x dp_shard), and a note says what differs from the plan: each rank holds 1/P
+# of its stage's state, and the gradient all-reduce becomes FSDP's all-gathers and reduce-scatters.
 
 
 def _tp_note(rep: Replicas, how: str) -> list[str]:

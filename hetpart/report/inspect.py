@@ -93,7 +93,9 @@ def stage_text(out: Path, manifest: dict[str, Any], plan: PlanReport, stage: int
              else f"stage {stage} of {len(plan.stages)}")
     if "tp" in entry:  # which rank of the group (NOTE [tensor-parallel pipelines mesh])
         where += f", TP rank {entry['tp']['rank']} of {entry['tp']['degree']}"
-        if "pipeline" not in entry:  # --stage K names the stage: say where its other TP ranks' files are
+        if "pipeline" not in entry and entry["tp"].get("group") is None:  # degrees per machine: a stage at 1
+            where += " (one device, no tensor-parallel group)"  # (every such stage has group None: not a group)
+        elif "pipeline" not in entry:  # --stage K names the stage: say where its other TP ranks' files are
             group = [e["rank"] for e in manifest["ranks"] if e.get("tp", {}).get("group") == entry["tp"]["group"]]
             where += f" (the group's ranks: {', '.join(map(str, group))})"
     head = [f"# rank {entry['rank']}, {where}: planned on {cost.device} "

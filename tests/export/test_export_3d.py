@@ -65,8 +65,15 @@ def test_torchtitan_writes_replicas_and_tp_with_its_mesh_order(plans, capsys, na
     par, training = cfg["parallelism"], cfg["training"]
     groups = stage_groups(plans, name)
     stages = len(groups[0])
-    assert (par["data_parallel_replicate_degree"], par["tensor_parallel_degree"]) == (pipelines, degree)
-    assert par["pipeline_parallel_degree"] == stages and par["data_parallel_shard_degree"] == 1  # not -1: no FSDP
+    replicate, shard = par["data_parallel_replicate_degree"], par["data_parallel_shard_degree"]
+    assert (replicate * shard, par["tensor_parallel_degree"], par["pipeline_parallel_degree"]) == (
+        pipelines, degree, stages)  # torchtitan's data-parallel degree is dp_replicate x dp_shard
+    world = replicate * shard * degree * stages  # ParallelDims._validate: the product is the world size
+    assert world == len({d for q in groups for s in q for d in s})
+    # parallelize_llama: DDP (dp_replicate > 1, no FSDP) only as the one parallelism, else "DDP has not supported
+    # > 1D parallelism"; torchtitan's job refused what main wrote here (NOTE [torchtitan's data parallelism]).
+    assert not (replicate > 1 and shard == 1) or world == replicate
+    assert ("replicas are FSDP's" in err) == (shard > 1)
     pj = json.loads((plans / name / "plan.json").read_text())
     share = pj["microbatches"] // pipelines
     # torchtitan's microbatches: local_batch_size / pipeline_parallel_microbatch_size, the plan's share.

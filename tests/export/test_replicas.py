@@ -67,7 +67,7 @@ def test_megatron_adds_the_mapping_flag_where_each_machine_holds_a_pipeline():
 
 def test_torchtitan_says_when_torchrun_cannot_number_its_ranks():
     notes = " ".join(export_text(pipelines_plan(machines=(("m0", "m0"), ("m1", "m1"))), "torchtitan").notes)
-    assert "ranks in torchtitan's (pp, dp_replicate, tp) order: 0 m0/0, 1 m1/2, 2 m0/1, 3 m1/3" in notes
+    assert "ranks in torchtitan's (pp, dp_shard, tp) order: 0 m0/0, 1 m1/2, 2 m0/1, 3 m1/3" in notes
     assert "machine(s) m0, m1 hold ranks that are not one block" in notes and "sets RANK" in notes
 
 
@@ -143,3 +143,38 @@ def test_virtual_stages_are_still_refused_by_the_layer_formats(fmt):
     with pytest.raises(HetpartError, match="2 virtual stages per device"):
         export_text(pj, fmt)
     assert export_text(pj, "schedule-csv").text.startswith("0F0,")
+
+
+def test_torchtitan_replicas_of_one_stage_are_ddp_and_of_a_pipeline_fsdp():
+    """NOTE [torchtitan's data parallelism]: torchtitan's DDP refuses a mesh of more than data parallelism ("DDP has not
+    supported > 1D parallelism"), so replicas of a 2-stage pipeline are FSDP's shard degree; replicas of one stage
+    (every layer rounded onto stage 0, the other device idle) stay DDP's."""
+    import tomllib
+
+    piped = export_text(pipelines_plan(), "torchtitan")
+    par = tomllib.loads(piped.text)["parallelism"]
+    assert (par["pipeline_parallel_degree"], par["data_parallel_replicate_degree"],
+            par["data_parallel_shard_degree"]) == (2, 1, 2)
+    assert any("replicas are FSDP's" in n for n in piped.notes)
+    pj = pipelines_plan(cuts=((0,) * 8, (0,) * 8))
+    for q in pj["pipelines"]:
+        q["layers"].update(devices=q["layers"]["devices"][:1],  # as the rounding writes it: the idle device left out
+                           rounded_stage_us=q["layers"]["rounded_stage_us"][:1])
+    alone = export_text(pj, "torchtitan")
+    par = tomllib.loads(alone.text)["parallelism"]
+    assert (par["pipeline_parallel_degree"], par["data_parallel_replicate_degree"],
+            par["data_parallel_shard_degree"]) == (1, 2, 1)
+    assert not any("FSDP" in n for n in alone.notes)
+
+
+def test_the_header_gives_each_replica_its_own_device_type_and_time():
+    """A --parallel data plan of one-stage A100 and T4 replicas (equal shares, the same layers) was headed "stage 0:
+    a/0 | a/1 | b/0 | b/1 (a100-80g), 353.052 us": the T4s named A100s, with the A100s' time."""
+    pj = pipelines_plan()
+    slow = pj["pipelines"][1]
+    slow["stages"][0]["device_type"] = "t4-16g"
+    next(d for d in pj["cluster"]["devices"] if d["name"] == slow["stages"][0]["device"])["type"] = "t4-16g"
+    slow["layers"]["rounded_stage_us"] = [150.0, 101.0]
+    head = [line for line in export_text(pj, "megatron").text.splitlines() if line.startswith("# stage ")]
+    assert head[0].startswith("# stage 0: a/0 (a100-80g, 100 us) | a/2 (t4-16g, 150 us): "), head
+    assert head[1].startswith("# stage 1: b/1 | b/3 (t4-16g), 101 us: "), head  # alike: named once

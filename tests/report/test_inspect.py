@@ -223,3 +223,23 @@ def test_ir_dumps_are_the_ones_the_manifest_lists(partitioned, tmp_path, capsys)
     assert main(["inspect", str(out), "--json"]) == 0
     listed = sorted(f for f in json.loads((out / "manifest.json").read_text())["files"] if f.endswith(".txt"))
     assert [d["file"] for d in json.loads(capsys.readouterr().out)["ir"]] == listed
+
+
+def test_a_stage_at_degree_one_beside_tp_groups_names_no_group(tmp_path, capsys):
+    """--tensor-parallel a=2,b=1: b's stages each run on one device, and their manifest entries share group None, so
+    `inspect --stage` of either said "(the group's ranks: 2, 3)", a group that does not exist."""
+    out = tmp_path / "mixed"
+    assert main(["partition", "zoo:gpt-small", "--set", "n_layer=4", "--set", "n_embd=32", "--set", "n_head=2",
+                 "--set", "vocab_size=64", "--set", "block_size=16", "--seq-len", "8", "--cluster", "preset:mixed-4",
+                 "--tensor-parallel", "a=2,b=1", "--no-pt2", "--time-limit", "3", "--out", str(out)]) == 0
+    ranks = json.loads((out / "manifest.json").read_text())["ranks"]
+    alone = [e for e in ranks if e["tp"]["degree"] == 1]
+    assert len(alone) >= 2  # the case: several one-device stages
+    capsys.readouterr()
+    for e in alone:
+        assert main(["inspect", str(out), "--stage", str(e["stage"])]) == 0
+        head = capsys.readouterr().out.splitlines()[0]
+        assert head.startswith(f"# rank {e['rank']}, stage {e['stage']} of ") and "group's ranks" not in head, head
+    grouped = next(e for e in ranks if e["tp"]["degree"] == 2)  # the control: a TP stage still names its group
+    assert main(["inspect", str(out), "--stage", str(grouped["stage"])]) == 0
+    assert "(the group's ranks: " in capsys.readouterr().out.splitlines()[0]
