@@ -29,7 +29,8 @@ from hetpart.partitioner.pipeline_outer import (
 )
 from hetpart.partitioner.pipeline_refine import refine_answer
 from hetpart.partitioner.pipeline_shape import (
-    ShapeSolve, _most_gpipe, _slow_first, _solve_shape, _solve_shape_why, gpipe_share, stash_need_bytes, stash_ordered,
+    ShapeSolve, _most_gpipe, _slow_first, _solve_shape, _solve_shape_why, doubled_shape, gpipe_share, stash_need_bytes,
+    stash_ordered,
 )
 from hetpart.partitioner.pipeline_stripes import stripe_probe
 from hetpart.partitioner.pipelines import PipelinesPlan, cost_pipelines, pipelines_violations
@@ -56,7 +57,7 @@ from hetpart.partitioner.solve import SolveOptions
 # within _LOOSE of the estimate are tried, the DP says which fit);
 # longer ones at doubling sizes and all machines; ranked by
 # NOTE [pipelines bound]'s rate and fill of their support, and solved in that order (kinds taken
-# in turn) until the search's share of the time limit is spent.
+# in turn; NOTE [doubled GPipe shapes] next where one says so) until the search's share of the time limit is spent.
 
 _MAX_SHAPES = 400  # shapes enumerated at most (ranked; the rest are not tried)
 _ROOMY = 1.0  # shapes with less memory than this times `stash_need_bytes` are solved after the others
@@ -394,7 +395,9 @@ def _plan_and_facts(problem: Problem, microbatches: int, options: SolveOptions |
 
     timed_out = 0  # shapes whose solve ran out of its time without a plan
     search_end = deadline(0.6)
-    for s in order:
+    pos = 0
+    while pos < len(order):
+        s, pos = order[pos], pos + 1
         left = search_end - time.perf_counter()
         if left <= 0:
             break
@@ -428,6 +431,10 @@ def _plan_and_facts(problem: Problem, microbatches: int, options: SolveOptions |
                 no_plan[s], no_plan_m[s] = solved.why, m_ref  # NOTE [shape misses]: a miss that is not the limit's
             continue
         cands.append(got)
+        twice = doubled_shape(kinds, s, got.hi, microbatches)  # NOTE [doubled GPipe shapes]
+        if twice is not None and twice not in covered:
+            order = order[:pos] + [twice] + [v for v in order[pos:] if v != twice]
+            shapes += [] if twice in shapes else [twice]
     if not cands and all(s in no_plan for s in shapes):  # NOTE [shape misses]: none timed out
         raise PipelinesRefused(
             f"partitioner: none of the {len(shapes)} pipeline shapes whose memory holds the model in total has a "

@@ -89,6 +89,31 @@ def gpipe_share(problem: Problem, need: int, act_bytes: int, devices: int, usabl
     return min(m, share)
 
 
+# NOTE [doubled GPipe shapes]
+# The shapes' memory is judged by its sum (NOTE [pipeline shapes]), but a stage holds whole layers, and under
+# GPipe each stashes every microbatch it runs: a pipeline twice as long holds half the layers per stage and
+# room for more microbatches than the sum says. So when a shape of one kind's machines alone has a GPipe plan
+# that runs fewer microbatches than its copies need for the batch (M over the copies the kind's machines hold,
+# rounded up), the same kind at twice the machines is solved next, if the machines are there (and again from
+# it). The 405B-shaped model on hetero-1024 at 79.18 GiB per H100 (CUDA's total, NOTE [capacity CUDA
+# reports]), GPipe, 8 microbatches: a stage of two layers stashes one microbatch (80 GiB held two), so 64, 72
+# and 88 H100s run one each and the 32 H100 machines hold four 64-GPU pipelines: the search's plan ran eight
+# pipelines of A100-80G and H100 at one microbatch each, 16.4 s against a bound of 7.94 s; 128 H100s (one
+# layer a stage) run all 8 in 8.38 s (docs/benchmarks.md, "rows405").
+def doubled_shape(kinds, shape, runs: int, microbatches: int):
+    """NOTE [doubled GPipe shapes]: `shape` (pipeline_search.Shape) at twice its machines when it is of one kind's
+    machines alone, its plan runs `runs` microbatches, fewer than its copies need, and the machines are there;
+    else None. (Under 1F1B a plan runs the whole batch: `runs` is M and nothing is doubled.)"""
+    used = [(j, n) for j, n in enumerate(shape.machines) if n]
+    if len(used) != 1:
+        return None
+    j, n = used[0]
+    most = len(kinds[j].machines)
+    if runs >= -(-microbatches // (most // n)) or 2 * n > most:
+        return None
+    return dataclasses.replace(shape, machines=tuple(2 * n if i == j else 0 for i in range(len(shape.machines))))
+
+
 # NOTE [shape misses]
 # A shape's solve ends without a plan in two ways, and the search tells them apart: its limit ran
 # out (OutOfTime: CP-SAT found none and proved none impossible in its time, its model was not
