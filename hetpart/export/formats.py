@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from hetpart.errors import REDO_PARTITION, HetpartError
 from hetpart.export.layers import LayerPlan
 from hetpart.export.replicas import (
-    Replicas, launch_notes, one_block_per_machine, pipelines_of, replicas, stage_devices,
+    Replicas, gpu_ordinals, launch_notes, one_block_per_machine, pipelines_of, replicas, stage_devices,
 )
 from hetpart.partitioner.simulate import VIRTUAL_SCHEDULES, rank_orders
 
@@ -456,10 +456,7 @@ def accelerate_device_map(pj: dict, lp: LayerPlan) -> dict[str, int | str]:
         raise HetpartError(f"--format accelerate: the plan spans machines {', '.join(machines)}, and accelerate "
                            "places a model on one machine's devices; partition for a one-machine cluster, or "
                            "export --format torchtitan, megatron or deepspeed")
-    ordinal: dict[str, int | str] = {}
-    for d in pj["cluster"]["devices"]:
-        if d["machine"] == machines[0]:
-            ordinal[d["name"]] = "cpu" if d["type"] == "cpu" else sum(1 for v in ordinal.values() if v != "cpu")
+    ordinal = gpu_ordinals(pj)
     device_map = {name: ordinal[lp.devices[k]] for name, k in zip(lp.names, lp.stage_of_layer)}
     on_cpu = [name for name, where in device_map.items() if where == "cpu"]
     if on_cpu and len(set(device_map.values())) > 1:  # NOTE [accelerate's cpu]

@@ -167,16 +167,26 @@ def one_block_per_machine(pj: dict, ranks: list[str]) -> bool:
     return len(machines) == len(set(machines))
 
 
+def gpu_ordinals(pj: dict) -> dict[str, int | str]:
+    """Each device of the plan's cluster: "cpu", or its CUDA ordinal, its index among its machine's non-CPU devices
+    in the cluster's order (what a framework's cuda:LOCAL_RANK and accelerate's device_map number)."""
+    ordinal: dict[str, int | str] = {}
+    gpus_on: dict[str, int] = {}
+    for d in pj["cluster"]["devices"]:
+        if d["type"] == "cpu":
+            ordinal[d["name"]] = "cpu"
+        else:
+            ordinal[d["name"]] = gpus_on.get(d["machine"], 0)
+            gpus_on[d["machine"]] = ordinal[d["name"]] + 1
+    return ordinal
+
+
 def launch_notes(pj: dict, ranks: list[str], order: str) -> list[str]:
     """Which device runs each rank (`ranks`, the framework's order, described by `order`), and how to launch them
     there: torchrun numbers ranks machine by machine (node rank x processes per node + local rank), and a framework
     puts a rank on cuda:LOCAL_RANK, so each machine needs its ranks in one block and CUDA_VISIBLE_DEVICES in that
     order (NOTE [identical replicas])."""
-    devices = {d["name"]: d for d in pj["cluster"]["devices"]}
-    ordinal: dict[str, int | str] = {}
-    for d in pj["cluster"]["devices"]:
-        ordinal[d["name"]] = "cpu" if d["type"] == "cpu" else sum(
-            1 for other, v in ordinal.items() if v != "cpu" and devices[other]["machine"] == d["machine"])
+    ordinal = gpu_ordinals(pj)
     notes = [f"note: ranks in {order} order: " + ", ".join(f"{r} {name}" for r, name in enumerate(ranks))]
     blocks = _machine_blocks(pj, ranks)
     machines = [m for m, _ in blocks]
