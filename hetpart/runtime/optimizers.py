@@ -120,12 +120,12 @@ def resumed_optimizer(opts: RunOptions, run: CheckpointRun | None) -> OptimizerS
 
         saved = [r["optimizer"] for r in read_checkpoint(run.resume, check_tensors=False).ranks]
     spec = run_optimizer(opts.optimizer, opts.lr, saved, str(run.resume) if saved is not None else "")
-    if opts.verify and spec.name == "adamw" and saved is not None:
+    if opts.verify and spec.replayed and saved is not None:
         raise HetpartError("--verify checks one AdamW step from the start, not a resumed run "
                            "(NOTE [verify after AdamW]): resume without --verify; check the plan with a fresh run "
                            "(no --resume): `--optimizer adamw --steps 1 --verify`, or `--optimizer sgd --verify` over "
                            "any steps")
-    if opts.verify and spec.name == "adamw" and opts.steps > 1:
+    if opts.verify and spec.replayed and opts.steps > 1:
         raise HetpartError("--verify checks one AdamW step from the start (NOTE [verify after AdamW]): AdamW turns "
                            "float rounding in a gradient that cancels to about 0 into a move of up to the lr, which "
                            "later steps spread to every weight; pass --steps 1, or verify the plan with --optimizer "
