@@ -57,6 +57,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import re
 import shutil
 import stat
 import tempfile
@@ -70,6 +71,34 @@ from hetpart.errors import HetpartError
 ARTIFACTS_MARKER = ".hetpart"  # in every artifacts directory: the format version and every file partition wrote
 ARTIFACTS_ROOT_FILES = {"manifest.json", "manifest.json.hmac", ARTIFACTS_MARKER}
 ARTIFACTS_OWNED_DIRS = {"logs"}  # `run`'s: its whole contents are replaced by the next run
+
+# The checkpoints of `run --checkpoint-dir` (NOTE [checkpoint layout] in runtime/checkpoint.py), named here, below the
+# runtime that writes them and codegen's --force, which keeps them (NOTE [what --force replaces]).
+CHECKPOINT_FORMAT = "hetpart-checkpoint"  # checkpoint.json's `format`
+CHECKPOINT_MANIFEST = "checkpoint.json"
+CHECKPOINT_STEP_DIR = re.compile(r"step-(\d{6,})")  # a complete checkpoint's folder
+CHECKPOINT_PARTIAL_DIR = re.compile(r"\.step-\d{6,}\..+\.partial")  # one a run did not finish writing
+
+
+def is_run_checkpoint(path: Path, depth: int = 1) -> bool:
+    """Whether the folder `path` is a checkpoint `hetpart run` wrote: a step-<N> folder whose checkpoint.json is a
+    hetpart checkpoint's, a .partial one, or (`depth` 1) a --checkpoint-dir holding one."""
+    import json
+
+    if path.is_symlink() or not path.is_dir():
+        return False
+    if CHECKPOINT_PARTIAL_DIR.fullmatch(path.name):
+        return True
+    if CHECKPOINT_STEP_DIR.fullmatch(path.name):
+        try:
+            manifest = json.loads((path / CHECKPOINT_MANIFEST).read_text())
+        except (OSError, ValueError, RecursionError):
+            return False
+        return isinstance(manifest, dict) and manifest.get("format") == CHECKPOINT_FORMAT
+    try:
+        return depth > 0 and any(is_run_checkpoint(p, depth - 1) for p in path.iterdir())
+    except OSError:
+        return False
 
 
 def read_artifacts_marker(top: Path) -> tuple[object, frozenset[str]] | None:

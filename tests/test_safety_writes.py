@@ -686,6 +686,35 @@ def test_force_refuses_a_logs_folder_a_user_made(copy, capsys):
 
 
 
+@pytest.mark.parametrize("where", ["step-000002", "ck/step-000002", "ck/.step-000004.t.partial"])
+def test_force_names_a_runs_checkpoint_in_the_directory_as_one_and_keeps_it(copy, capsys, where):
+    """review23: `run --checkpoint-dir` may write at the top of the artifacts directory, and `partition --force` of it
+    then refused, rightly, but said "holds 'step-000001', which hetpart did not write": it names the checkpoint as
+    `hetpart run`'s now, and says to move it out (NOTE [what --force replaces])."""
+    from hetpart.runtime.checkpoint import finish_checkpoint, save_rank
+
+    ck = copy / where.rpartition("/")[0]
+    ck.mkdir(exist_ok=True)
+    entry = {"planned_device": "local/0", "machine": "local"}
+    save_rank(ck, 2, "t", 0, entry, {"weight/w": torch.ones(2)}, {"type": None, "param_groups": [], "state": {}})
+    if where.endswith(".partial"):  # a run killed before its checkpoint was complete
+        (ck / ".step-000002.t.partial").rename(ck / ".step-000004.t.partial")
+    else:
+        finish_checkpoint(ck, 2, "t", 1, {"batch_size": 2}, {"model": "zoo:mlp"}, keep=None)
+    top = where.split("/")[0]
+    before = _tree(copy)
+    assert main(["partition", *MLP, "--out", str(copy), "--force"]) == 2
+    err = _error(capsys)
+    assert f"holds '{top}', a run's checkpoint(s) that `hetpart run --checkpoint-dir` wrote (--force never removes " \
+        f"one); nothing was changed: move '{top}' out of '{copy}' (`run --resume` reads it from any place)" in err, err
+    assert "which hetpart did not write" not in err
+    assert _tree(copy) == before
+    shutil.rmtree(copy / top)
+    (copy / "step-000009").mkdir()  # a folder of the user's by that name, no checkpoint in it: as before
+    assert main(["partition", *MLP, "--out", str(copy), "--force"]) == 2
+    assert "holds 'step-000009', which hetpart did not write" in _error(capsys)
+
+
 @pytest.mark.parametrize("theirs", ["mynotes.txt", f"{RUN_DIR}/attempt_0/0/mine.txt", "mine/torchrun0.log",
                                     "mine/attempt_0/0/stdout.log"])
 def test_a_file_written_into_logs_during_a_run_is_never_listed_nor_removed(copy, monkeypatch, capsys, theirs):

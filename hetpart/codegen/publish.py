@@ -19,7 +19,7 @@ from pathlib import Path
 from hetpart.codegen.artifacts import FORMAT_VERSION, sha256, write_json
 from hetpart.errors import HetpartError
 from hetpart.fsio import (ARTIFACTS_MARKER, ARTIFACTS_OWNED_DIRS, check_outside_artifacts, exclusive_lock,
-                          read_artifacts_marker)
+                          is_run_checkpoint, read_artifacts_marker)
 from hetpart.procs import running
 from hetpart.trust import NotAPlainFile
 
@@ -33,8 +33,10 @@ MARKER = ARTIFACTS_MARKER  # in every artifacts directory: the format version an
 # commands add (`run`'s logs/ and measured.json, `shard-weights`' weights.safetensors in a
 # rank folder); no symlink, no other file. Anything else (`.`, the folder of the model
 # file, a project with NOTES.md, a directory without the marker or holding the current
-# directory) is refused, naming the entry, and nothing is touched. It is checked before the
-# run and again at publish time.
+# directory) is refused, naming the entry, and nothing is touched; a checkpoint of `run
+# --checkpoint-dir` there (allowed at the top: NOTE [outputs outside the artifacts]) is named as
+# one, with where to move it (`is_run_checkpoint`). It is checked before the run and again at
+# publish time.
 # The swap happens under an exclusive lock on `.<name>.lock` beside `--out`, taken before
 # the first check and held to the rename (NOTE [safe writes] in fsio.py), so a second
 # `partition` to the same --out fails at once instead of losing one result. A directory
@@ -175,6 +177,11 @@ def check_replaceable(out: Path) -> None:
                 ok = path.is_file() and (entry in listed or entry == MARKER
                                          or (entry in LATER_FILES and is_measured_json(path))
                                          or (name == "weights.safetensors" and rel.as_posix() in folders))
+            if not ok and name in dirs and is_run_checkpoint(path):  # a run's checkpoints: kept
+                raise HetpartError(f"--force replaces only what `hetpart partition` wrote, and '{out}' holds "
+                                   f"'{entry}', a run's checkpoint(s) that `hetpart run --checkpoint-dir` wrote "
+                                   f"(--force never removes one); nothing was changed: move '{entry}' out of '{out}' "
+                                   "(`run --resume` reads it from any place), or choose another --out")
             if not ok:
                 raise _refuse(out, f"holds '{entry}', which hetpart did not write", f"move '{entry}' out of it")
         dirs[:] = [d for d in dirs if (rel / d).as_posix() not in ARTIFACTS_OWNED_DIRS]

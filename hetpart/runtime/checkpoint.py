@@ -34,7 +34,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import shlex
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -46,14 +45,15 @@ import torch
 from hetpart.errors import HetpartError
 from hetpart.runtime.checkpoint_slices import Layout, SliceRead, assemble, needed_layout, plan_reads, saved_layouts
 from hetpart.runtime.stages import rank_stage_entries
-from hetpart.fsio import AtomicWrites, check_outside_artifacts, real_dir
+from hetpart.fsio import (CHECKPOINT_FORMAT, CHECKPOINT_MANIFEST, CHECKPOINT_STEP_DIR, AtomicWrites,
+                          check_outside_artifacts, real_dir)
 from hetpart.trust import NotAPlainFile, sha256_bytes, sha256_file
 
-FORMAT = "hetpart-checkpoint"
+FORMAT = CHECKPOINT_FORMAT
 FORMAT_VERSION = 2  # 2: rank<k>.json's `layout` (NOTE [checkpoint slices]); 1 (every tensor whole) is read too
 READS = (1, 2)
-MANIFEST = "checkpoint.json"
-STEP_DIR = re.compile(r"step-(\d{6,})")
+MANIFEST = CHECKPOINT_MANIFEST
+STEP_DIR = CHECKPOINT_STEP_DIR
 
 
 def step_dir_name(step: int) -> str:
