@@ -144,14 +144,19 @@ def _run(args: argparse.Namespace, console: Console) -> int:
 def _replan(args: argparse.Namespace, console: Console) -> int:
     from hetpart.replan import replan
     from hetpart.report import print_plan
+    from hetpart.trust import SIGNATURE_NAME, is_signed
 
     result = replan(args.old, args.out, cluster=args.cluster, lose=tuple(args.lose), add=tuple(args.add),
                     slack=args.slack, time_limit_s=args.time_limit, seed=args.seed, force=args.force,
                     echo=lambda text: console.print(text, markup=False, highlight=False), model=args.model,
-                    trust_model_file=args.trust_model_file)
+                    trust_model_file=args.trust_model_file, checkpoint=args.checkpoint, sign_key=args.sign_key)
     print_plan(result.report, console)
     console.print(f"wrote {args.out}/ (plan.json with `replan`: the bytes to move per link, beside the from-scratch "
-                  "plan's)")
+                  "plan's)" + (f", signed ({SIGNATURE_NAME})" if args.sign_key is not None else ""),
+                  markup=False, highlight=False)
+    if args.sign_key is None and is_signed(args.old):  # NOTE [re-plan of a signed plan]
+        console.print(f"note: {args.old} is signed ({SIGNATURE_NAME}), {args.out} is not: `hetpart run {args.out} "
+                      "--key KEY` refuses it; re-plan with --sign-key KEY to sign it", markup=False, highlight=False)
     return 0
 
 

@@ -240,6 +240,12 @@ def build_parser() -> argparse.ArgumentParser:
                      help="a file model's file (as `run --model`): writing NEW_DIR traces the model again")
     rep.add_argument("--trust-model-file", action="store_true",
                      help="import the model file plan.json names (or a --model that differs) as `run` does")
+    rep.add_argument("--checkpoint", type=Path, default=None, metavar="CK",
+                     help="a checkpoint a run of OLD_DIR wrote (its --checkpoint-dir or a step-<N> folder): count the "
+                     "bytes to move from what it holds (default: as the plan costs them, --optimizer-bytes-per-param)")
+    rep.add_argument("--sign-key", type=Path, default=None, metavar="FILE",
+                     help="sign NEW_DIR's manifest.json with this secret key (as `partition --sign-key`); a signed "
+                     "OLD_DIR's signature is checked with it first")
     insp = sub.add_parser("inspect", help="print the plan of an artifacts directory")
     insp.add_argument("out", type=Path, help="artifacts directory")
     view = insp.add_mutually_exclusive_group()

@@ -18,6 +18,14 @@ devices (ir/pipelines.json, `write_pipelines_record`); its re-plan is NOTE [re-p
 (partitioner/replan_pipelines.py), written by `compile_pipelines` with `PipelinesChoice` in place of its search.
 A plan of tensor-parallel stages is re-planned at its degree: NOTE [re-plan of tensor-parallel plans] (replan_tp.py);
 one of degrees mixed per machine at each machine's: NOTE [re-plan of mixed degrees] (replan_mixed.py).
+
+NOTE [re-plan of a signed plan]
+NEW_DIR is code as OLD_DIR is (NOTE [artifacts are code] in trust.py), and `replan` writes it unsigned unless
+given `--sign-key KEY`, with `partition --sign-key`'s rules: a key of at least 32 bytes, outside NEW_DIR (and
+outside OLD_DIR). Where OLD_DIR is signed, the key checks OLD_DIR's signature first (manifest.json, before
+anything of it is read), so it never signs a plan made from a directory it did not check; OLD_DIR signed with
+another key is refused. Without --sign-key, a signed OLD_DIR gets a NEW_DIR without a signature, which `run
+--key` refuses: `replan` says so in its last line (review23 found it silent).
 """
 
 from __future__ import annotations
@@ -138,13 +146,18 @@ def describe(result: Replan, plan_s: float, lost: list[str]) -> list[str]:
 def replan(old: Path, out: Path, *, cluster: str | None = None, lose: tuple[str, ...] = (),
            add: tuple[str, ...] = (), slack: float = 0.02, time_limit_s: float = 30.0, seed: int = 0,
            force: bool = False, echo: Callable[[str], None] = print, model: str | None = None,
-           trust_model_file: bool = False) -> Any:
+           trust_model_file: bool = False, checkpoint: Path | None = None, sign_key: Path | None = None) -> Any:
     """Re-plan OLD_DIR for the new device set and write NEW_DIR; the CompileResult. `model`, `trust_model_file`:
-    a file model's consent to import it, as `run` takes it (NOTE [model files] in runtime/artifacts.py)."""
+    a file model's consent to import it, as `run` takes it (NOTE [model files] in runtime/artifacts.py);
+    `checkpoint`: a run of OLD_DIR's, whose bytes are counted (NOTE [bytes from a checkpoint]); `sign_key`: a
+    key file signing NEW_DIR, as `partition --sign-key` (NOTE [re-plan of a signed plan])."""
     from hetpart.codegen.publish import check_out
+    from hetpart.plan_report import as_json
+    from hetpart.replan_checkpoint import read_held_state
     from hetpart.runtime.artifacts import check_listed_files, load_manifest, model_spec_for_run, read_listed_json
     from hetpart.runtime.artifacts import read_plan
     from hetpart.runtime.tp import is_mixed, is_tp
+    from hetpart.trust import is_signed, read_key
 
     if replaces_input(out, {"OLD_DIR": old}):  # NOTE [an output is no input] in fsio.py; --force or not
         real = Path(os.path.abspath(old)).resolve()
@@ -152,7 +165,10 @@ def replan(old: Path, out: Path, *, cluster: str | None = None, lose: tuple[str,
                            f"OLD_DIR {old}, the plan this re-plan reads: writing there would replace the old plan, "
                            "and the logs/ and measured.json of its runs; nothing was changed: pass a new --out "
                            f"(such as {real}-replan)")
-    manifest = load_manifest(old)
+    key = read_key(sign_key, out) if sign_key is not None else None  # NOTE [re-plan of a signed plan]
+    if key is not None:
+        read_key(sign_key, old)  # nor inside OLD_DIR, which it checks
+    manifest = load_manifest(old, key if key is not None and is_signed(old) else None)
     plan = read_plan(old, manifest)
     check_listed_files(old, manifest)
     check_out(out, force)  # NEW_DIR as `partition` checks it, before the re-plan prints a plan it could not write
@@ -168,30 +184,33 @@ def replan(old: Path, out: Path, *, cluster: str | None = None, lose: tuple[str,
     if data.get("version") != ANALYSIS_VERSION:
         raise HetpartError(f"{old}/{ANALYSIS}: version {data.get('version')}, this hetpart reads {ANALYSIS_VERSION}")
     stored, old_cluster = problem_from_json(data["problem"]), cluster_from_json(data["cluster"])
+    if checkpoint is not None:  # NOTE [bytes from a checkpoint]: every engine reads a weight's bytes from `stored`
+        stored = dataclasses.replace(stored, checkpoint_state=read_held_state(checkpoint, old, manifest,
+                                                                              as_json(plan.model), stored))
     target = new_cluster(old_cluster, cluster, lose, add)
     if plan.pipelines is not None:  # data-parallel pipelines: NOTE [re-plan pipelines] (of TP stages: NOTE [re-plan
         # of tensor-parallel pipelines] in replan_tp.py)
         return replan_pipelines_dir(old, out, manifest, plan, stored, old_cluster, target, slack=slack,
-                                    time_limit_s=time_limit_s, seed=seed, force=force, echo=echo, spec=spec)
+                                    time_limit_s=time_limit_s, seed=seed, force=force, echo=echo, spec=spec, sign_key=sign_key)
     if is_mixed(manifest) or "tensor_parallel" in data:  # NOTE [re-plan of mixed degrees], its TP stages or none
         from hetpart.replan_mixed import replan_mixed_dir
 
         return replan_mixed_dir(old, out, manifest, plan, stored, old_cluster, target, data.get("tensor_parallel"),
-                                slack=slack, time_limit_s=time_limit_s, seed=seed, force=force, echo=echo, spec=spec)
+                                slack=slack, time_limit_s=time_limit_s, seed=seed, force=force, echo=echo, spec=spec, sign_key=sign_key)
     if is_tp(manifest):  # NOTE [re-plan of tensor-parallel plans]
         return replan_tp_dir(old, out, manifest, plan, stored, old_cluster, target, slack=slack,
-                             time_limit_s=time_limit_s, seed=seed, force=force, echo=echo, spec=spec)
+                             time_limit_s=time_limit_s, seed=seed, force=force, echo=echo, spec=spec, sign_key=sign_key)
     start = time.perf_counter()
     problem = retarget(stored, target)
     result = replan_one(problem, holders_of(manifest["ranks"]), slack=slack, time_limit_s=time_limit_s, seed=seed,
                         old_devices=[e["planned_device"] for e in manifest["ranks"]])
     return _write_replan(old, out, manifest, plan, stored, old_cluster, target, result, time.perf_counter() - start,
-                         describe, ReplanChoice, seed=seed, force=force, echo=echo, spec=spec)
+                         describe, ReplanChoice, seed=seed, force=force, echo=echo, spec=spec, sign_key=sign_key)
 
 
 def replan_tp_dir(old: Path, out: Path, manifest: dict, plan: Any, stored: Problem, old_cluster: Cluster,
                   target: Cluster, *, slack: float, time_limit_s: float, seed: int, force: bool,
-                  echo: Callable[[str], None], spec: Any) -> Any:
+                  echo: Callable[[str], None], spec: Any, sign_key: Path | None = None) -> Any:
     """`replan` of a plan of tensor-parallel stages at its degree (NOTE [re-plan of tensor-parallel plans])."""
     from hetpart.replan_tp import tp_slots
 
@@ -204,7 +223,7 @@ def replan_tp_dir(old: Path, out: Path, manifest: dict, plan: Any, stored: Probl
         raise HetpartError(f"re-plan at tensor-parallel degree {slots.degree} (kept from {old}): {err}") from None
     echo(_kept_line(slots))
     return _write_replan(old, out, manifest, plan, stored, old_cluster, slots.target, result,
-                         time.perf_counter() - start, describe, ReplanChoice, seed=seed, force=force, echo=echo, spec=spec,
+                         time.perf_counter() - start, describe, ReplanChoice, seed=seed, force=force, echo=echo, spec=spec, sign_key=sign_key,
                          tensor_parallel=slots.degree)
 
 
@@ -219,19 +238,25 @@ def _write_replan(old: Path, out: Path, manifest: dict, plan: Any, stored: Probl
                   target: Cluster, result: Any, plan_s: float,
                   describe_fn: Callable[[Any, float, list[str]], list[str]],
                   choice: Callable[[Problem, Any, dict], Any], *, seed: int, force: bool, echo: Callable[[str], None],
-                  spec: Any, **options: Any) -> Any:
-    """Print a re-plan's `result` (`describe_fn`), record it, and write NEW_DIR with it in place of the solve
-    (`choice`: ReplanChoice or PipelinesChoice); the old plan's options otherwise, `options` on top."""
+                  spec: Any, sign_key: Path | None = None, **options: Any) -> Any:
+    """Print a re-plan's `result` (`describe_fn`) and how its bytes were counted, record it, and write NEW_DIR
+    with it in place of the solve (`choice`: ReplanChoice or PipelinesChoice), signed with `sign_key`; the old
+    plan's options otherwise, `options` on top."""
     from hetpart.compile import CompileOptions, compile_model
+    from hetpart.replan_checkpoint import basis_line, basis_record, planned_optimizer_bytes
 
     lost = sorted({d.name for d in old_cluster.devices} - {d.name for d in target.devices})
     added = sorted({d.name for d in target.devices} - {d.name for d in old_cluster.devices})
     for line in describe_fn(result, plan_s, lost):
         echo(line + (f"; added: {', '.join(added)}" if added and line.startswith("re-planned ") else ""))
-    record = {**result.to_json(), "from": str(old), "lost": lost, "replan_s": round(plan_s, 3)}
+    basis = basis_line(stored.checkpoint_state, plan)  # NOTE [bytes from a checkpoint]
+    if basis is not None:
+        echo(basis)
+    record = {**result.to_json(), "from": str(old), "lost": lost, "replan_s": round(plan_s, 3),
+              "bytes_counted": basis_record(stored.checkpoint_state, plan)}
     opts = CompileOptions(microbatches=plan.microbatches, seed=seed, force=force, mode=plan.mode,
-                          schedule=plan.schedule, optimizer_bytes_per_param=8 if plan.optimizer_bytes_per_param is None
-                          else plan.optimizer_bytes_per_param,
+                          schedule=plan.schedule, optimizer_bytes_per_param=planned_optimizer_bytes(plan),
+                          sign_key=sign_key,
                           pt2=any("stage.pt2" in e["files"] for e in manifest["ranks"]),
                           meta=plan.weights == "manifest", align=plan.align, replan=choice(stored, result, record),
                           **options)
@@ -308,7 +333,7 @@ def describe_pipelines(result: Any, plan_s: float, lost: list[str]) -> list[str]
 
 def replan_pipelines_dir(old: Path, out: Path, manifest: dict, plan: Any, stored: Problem, old_cluster: Cluster,
                          target: Cluster, *, slack: float, time_limit_s: float, seed: int, force: bool,
-                         echo: Callable[[str], None], spec: Any) -> Any:
+                         echo: Callable[[str], None], spec: Any, sign_key: Path | None = None) -> Any:
     """`replan` of a plan of data-parallel pipelines (NOTE [re-plan pipelines]); the CompileResult."""
     from hetpart.codegen.pipelines_record import PIPELINES_RECORD, SHAPE_MEMO
     from hetpart.partitioner.replan_deadline import replan_pipelines_within
@@ -352,4 +377,4 @@ def replan_pipelines_dir(old: Path, out: Path, manifest: dict, plan: Any, stored
         echo(f"the from-scratch search started from {memo.seeded} plan(s) of {old / SHAPE_MEMO} (NOTE [shape memo])")
     choice = lambda stored_, result_, record: PipelinesChoice(stored_, result_, record, memo)  # noqa: E731
     return _write_replan(old, out, manifest, plan, stored, old_cluster, target, result, time.perf_counter() - start,
-                         describe_pipelines, choice, seed=seed, force=force, echo=echo, spec=spec, parallel="data", **options)
+                         describe_pipelines, choice, seed=seed, force=force, echo=echo, spec=spec, sign_key=sign_key, parallel="data", **options)

@@ -155,8 +155,11 @@ def holdings_of_mixed(manifest: dict, record: dict, problem: Problem, slots: lis
     tp = manifest["mesh"].get("tensor_parallel")  # none: every stage ended on one device (written without TP)
     old = [MixedRank(e["planned_device"], tp_rank(e), tp[e["stage"]]["degree"] if tp else 1, tuple(e["weights"]),
                      frozenset(weight_shards(manifest, e))) for e in manifest["ranks"]]
+    state, held = record["state_bytes"], problem.checkpoint_state
+    if held is not None:  # NOTE [bytes from a checkpoint] in replan_checkpoint.py: what the checkpoint holds, whole
+        state = {w: held.whole_bytes(w) if w in held.value_bytes else b for w, b in state.items()}
     return mixed_holdings(problem.weights, {s: members for s, members, _ in slots}, {s: t for s, _, t in slots},
-                          {int(t): set(ws) for t, ws in record["split"].items()}, record["state_bytes"],
+                          {int(t): set(ws) for t, ws in record["split"].items()}, state,
                           {d.name: d.machine for d in target.devices}, old)
 
 
@@ -177,7 +180,7 @@ class MixedReplanChoice(ReplanChoice):
 
 def replan_mixed_dir(old: Path, out: Path, manifest: dict, plan: Any, stored: Problem, old_cluster: Cluster,
                      target: Cluster, record: dict | None, *, slack: float, time_limit_s: float, seed: int,
-                     force: bool, echo: Callable[[str], None], spec: Any) -> Any:
+                     force: bool, echo: Callable[[str], None], spec: Any, sign_key: Path | None = None) -> Any:
     """`replan` of a plan of mixed tensor-parallel degrees (NOTE [re-plan of mixed degrees]); the CompileResult."""
     from hetpart.codegen.analysis import ANALYSIS
     from hetpart.partitioner.replan_deadline import replan_one
@@ -205,7 +208,7 @@ def replan_mixed_dir(old: Path, out: Path, manifest: dict, plan: Any, stored: Pr
     echo(f"tensor parallel per machine {'kept' if kept else 'now'}: {places_line(places)}; {len(slots)} slot(s), "
          "bytes counted per rank's shard (NOTE [re-plan of mixed degrees])")
     return _write_replan(old, out, manifest, plan, stored, old_cluster, target, result, time.perf_counter() - start,
-                         describe, MixedReplanChoice, seed=seed, force=force, echo=echo, spec=spec,
+                         describe, MixedReplanChoice, seed=seed, force=force, echo=echo, spec=spec, sign_key=sign_key,
                          tensor_parallel_places=tuple(sorted(places.items())))
 
 

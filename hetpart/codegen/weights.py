@@ -263,6 +263,11 @@ class Checkpoint:
         entry = self._entry(key)
         return tuple(entry["shape"]), entry["dtype"]
 
+    def data_bytes(self, key: str) -> int:
+        """The bytes of the tensor `key`'s data in its file (its header's data_offsets)."""
+        start, end = self._entry(key)["data_offsets"]
+        return end - start
+
     def tensor(self, key: str) -> torch.Tensor:
         """The tensor `key`, read into fresh memory (freed when the caller drops it)."""
         entry, file = self._entry(key), self.file_of[key]

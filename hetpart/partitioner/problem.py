@@ -148,6 +148,28 @@ class Training:
     virtual_stages: int = 1  # stages per device of an interleaved schedule (NOTE [virtual stages plan] in virtual.py)
 
 
+@dataclass(frozen=True)
+class HeldState:
+    """What a run's checkpoint holds of each weight, whole over its ranks (`replan --checkpoint`: NOTE [bytes from
+    a checkpoint] in hetpart/replan_checkpoint.py)."""
+
+    source: str  # the checkpoint read (CK/step-<N>)
+    step: int  # the steps trained before it was written
+    optimizer: str  # the optimizer whose state it holds ("SGD", "AdamW"), or "none"
+    value_bytes: dict[str, int]  # weight -> its value's bytes in the checkpoint, the whole tensor
+    optimizer_bytes: dict[str, int]  # weight -> its optimizer state tensors' bytes there (SGD without momentum: 0)
+
+    def whole_bytes(self, weight: str) -> int:
+        """The checkpoint's bytes of `weight`: its value and its optimizer state."""
+        return self.value_bytes[weight] + self.optimizer_bytes[weight]
+
+    def moved_bytes(self, weight: str, share: int) -> int:
+        """The bytes that move with `share` bytes of `weight`'s value (all of it, or a TP rank's shard, as the
+        problem sizes it): the same share of the checkpoint's value and optimizer state, rounded up."""
+        value = self.value_bytes[weight]
+        return -(-share * self.whole_bytes(weight) // value) if value else self.whole_bytes(weight)
+
+
 T = TypeVar("T")
 
 # NOTE [problem caches]
@@ -180,6 +202,9 @@ class Problem:
     # slots of several TP degrees: what their gradient sync slices (NOTE [mixed-degree gradient sync] in
     # tp_sync.py); None: NOTE [gradient sync] over the slots as they are
     tp_sync: TPSyncLayout | None = None
+    # `replan --checkpoint`: the state that moves with each weight is what a run's checkpoint holds (NOTE [bytes from
+    # a checkpoint] in hetpart/replan_checkpoint.py); None: as the plan costs it (`state_to_move_bytes`)
+    checkpoint_state: HeldState | None = None
 
     def kept(self, name: str, key: Hashable, build: Callable[[], T] | None = None) -> T | None:
         """NOTE [problem caches]: the value kept under `name` for `key`; else `build()`'s, kept (None with no

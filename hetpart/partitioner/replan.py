@@ -18,7 +18,8 @@ What moves (`moves`, recomputed from the plan, never from solver values): for ea
 weight it holds, nothing if its device held it; else from a holder on its machine (within); else from
 a holder on another machine (between); else (every holder lost) from the checkpoint, read over the
 network (between machines too, and the same bytes whichever plan is chosen). The bytes of a weight
-are its value plus its optimizer state (`state_to_move_bytes`): the gradient is recomputed. Each
+are its value plus its optimizer state (`state_to_move_bytes`: as the plan costs it, or as a run's checkpoint
+holds it, NOTE [bytes from a checkpoint] in hetpart/replan_checkpoint.py): the gradient is recomputed. Each
 link's predicted time is costs.transfer_ns of its bytes (one transfer per link); links run in
 parallel, so the whole move takes the slowest link's time.
 """

@@ -37,7 +37,12 @@ from hetpart.partitioner.problem import Problem
 
 def state_to_move_bytes(problem: Problem, weight: str) -> int:
     """Bytes that move with a weight: its value and, in training, its optimizer state (its gradient is
-    recomputed): `held_weight_bytes` less the gradient, which is the weight's own size."""
+    recomputed): what a run's checkpoint holds of it where the problem has one (NOTE [bytes from a checkpoint] in
+    hetpart/replan_checkpoint.py), else as the plan costs it: `held_weight_bytes` less the gradient, which is
+    the weight's own size."""
+    held = problem.checkpoint_state
+    if held is not None and weight in held.value_bytes:
+        return held.moved_bytes(weight, problem.weights[weight])
     held = held_weight_bytes(problem, weight)
     grad = problem.weights[weight] if problem.training is not None and weight in problem.training.state_bytes else 0
     return held - grad

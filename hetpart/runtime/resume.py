@@ -90,6 +90,7 @@ def resume_commands(out: Path, run: CheckpointRun, dead_device: str | None, step
                 f"{not_replanned}, which `hetpart replan` does not re-plan: partition the model again for the devices still "
                 f"alive{without} with `--out {shown(new)}`, then train the {left} step(s) left:\n  {resume}")
     lose = f" --lose {shlex.quote(dead_device)}" if dead_device else ""
+    # --checkpoint: the re-plan counts the bytes to move from what the checkpoint holds (NOTE [bytes from a checkpoint])
     return (f"\nthe last complete checkpoint is {shown(last.path)} (step {last.step}); to re-plan onto the devices still "
-            f"alive and train the {left} step(s) left:\n  hetpart replan {shown(out)}{lose} {model_flags}--out {shown(new)} && "
-            f"{resume}")
+            f"alive and train the {left} step(s) left:\n  hetpart replan {shown(out)}{lose} --checkpoint "
+            f"{shown(last.path)} {model_flags}--out {shown(new)} && {resume}")

@@ -196,6 +196,8 @@ def test_after_a_rank_died_the_printed_commands_re_plan_only_plans_replan_takes(
     flags = ["--schedule 1f1b "]
     text = resume_commands(tmp_path / "out", run, "local/2", 4, flags)
     assert "hetpart replan" in text and "--lose local/2" in text and "--resume" in text and "--steps 2" in text
+    # The re-plan counts its bytes from the checkpoint it resumes from (NOTE [bytes from a checkpoint], spot21b).
+    assert f"--lose local/2 --checkpoint {ck / 'step-000002'} --out " in text, text
     # A virtual-stage plan: `hetpart replan` refuses it, so the advice is a new partition, then the same resume.
     text = resume_commands(tmp_path / "out", run, "local/2", 4, flags, not_replanned="virtual stages")
     command = text.rsplit("\n", 1)[1].strip()

@@ -52,6 +52,13 @@ def test_lose_a_rank_replan_onto_three_and_resume_matches_four_steps(tmp_path, m
     # that the from-scratch plan would not move too.
     assert record["chosen"]["within_machines_bytes"] <= record["from_scratch"]["within_machines_bytes"]
     assert record["chosen"]["from_checkpoint_bytes"] > 0
+    # Counted from the checkpoint the printed command names (`--checkpoint`, spot21b): the lost rank's tensors, SGD's
+    # (no optimizer state), byte for byte; the plan's 8 B/param of Adam state counted 3x that.
+    lost = ck / "step-000002" / "rank2.safetensors"
+    with lost.open("rb") as f:
+        header = int.from_bytes(f.read(8), "little")
+    assert record["chosen"]["from_checkpoint_bytes"] == lost.stat().st_size - 8 - header
+    assert record["bytes_counted"]["from"] == "checkpoint" and record["bytes_counted"]["optimizer"] == "SGD"
     assert main([*run[1:], "--verify"]) == 0
     out = capsys.readouterr().out
     assert "resuming from" in out and "after step 2" in out

@@ -202,6 +202,16 @@ CASES = {
                                      ["this plan's model is zoo:mlp, which hetpart builds itself"]),
     "partition-with-a-short-key": Case(["partition", "zoo:mlp", "--cluster", "preset:cpu-2", "--out", "{art}/new",
                                         "--sign-key", "{short}"], ["key file '{short}' holds 9 byte(s)"]),
+    # NOTE [re-plan of a signed plan]: partition's rules, and OLD_DIR's signature checked with the key first.
+    "replan-with-a-short-key": Case(["replan", "{art}", "--lose", "local/1", "--out", "{art}/new", "--sign-key",
+                                     "{short}"], ["key file '{short}' holds 9 byte(s)"]),
+    "replan-key-inside-the-new-directory": Case(["replan", "{art}", "--lose", "local/1", "--out", "{art}/new",
+                                                 "--sign-key", "{art}/new/key"],
+                                                ["key file '{art}/new/key' is inside '{art}/new', the directory it "
+                                                 "signs"], lambda art: ((art / "new").mkdir(),
+                                                                        (art / "new" / "key").write_text(KEY))),
+    "replan-of-a-plan-signed-with-another-key": Case(["replan", "{art}", "--lose", "local/1", "--out", "{art}/new",
+                                                      "--sign-key", "{other}"], ["does not match this key"]),
 }
 
 
@@ -280,6 +290,27 @@ def test_replan_of_a_file_model_takes_the_file_as_run_does(file_plan, tmp_path, 
     assert not new.exists()
     assert main(["replan", str(file_plan), "--lose", "local/1", "--out", str(new), "--model", f"{model_py}:build"]) == 0
     assert read_plan(new, load_manifest(new)).model.file_sha256 == hashlib.sha256(model_py.read_bytes()).hexdigest()
+
+
+def test_replan_of_a_signed_plan_signs_the_new_one_with_sign_key_and_says_when_it_is_unsigned(signed, keys, tmp_path,
+                                                                                               capfd, no_torchrun):
+    """review23: `replan` of a signed plan wrote an unsigned one, silently, which `run NEW --key K` refused: it has no
+    --sign-key. Now `replan --sign-key KEY` signs NEW_DIR (OLD_DIR's signature checked with it first), and without
+    it the output says NEW_DIR is unsigned (NOTE [re-plan of a signed plan])."""
+    unsigned, new = tmp_path / "unsigned", tmp_path / "new"
+    capfd.readouterr()
+    assert main(["replan", str(signed), "--lose", "local/1", "--out", str(unsigned)]) == 0
+    out = capfd.readouterr().out
+    assert f"note: {signed} is signed ({SIGNATURE_NAME}), {unsigned} is not: `hetpart run {unsigned} --key KEY` " \
+        "refuses it; re-plan with --sign-key KEY to sign it" in " ".join(out.split()), out
+    assert not (unsigned / SIGNATURE_NAME).exists()
+    assert "is not signed" in _refused(["run", str(unsigned), "--key", str(keys["key"])], capfd)
+    assert main(["replan", str(signed), "--lose", "local/1", "--out", str(new), "--sign-key", str(keys["key"])]) == 0
+    out = capfd.readouterr().out
+    assert f"signed ({SIGNATURE_NAME})" in out and "note:" not in out, out
+    with pytest.raises(Launched):
+        main(["run", str(new), "--key", str(keys["key"])])
+    assert "does not match this key" in _refused(["run", str(new), "--key", str(keys["other"])], capfd)
 
 
 def test_shard_weights_checks_then_re_signs(tmp_path, keys, capfd, no_torchrun):

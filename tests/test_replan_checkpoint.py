@@ -1,0 +1,154 @@
+"""NOTE [bytes from a checkpoint] (hetpart/replan_checkpoint.py): `replan --checkpoint CK` counts the bytes to move
+from what a run's checkpoint holds, and says how it counted them without one; a checkpoint another plan's run wrote is
+refused. The checkpoints are written here as a run's ranks write them (`save_rank`, `finish_checkpoint`, the
+artifacts' own weights), without torchrun."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from hetpart.cli import main
+from hetpart.errors import HetpartError
+from hetpart.partitioner.replan_holdings import state_to_move_bytes
+from hetpart.runtime.checkpoint import finish_checkpoint, model_record, save_rank
+from hetpart.units import format_bytes
+
+# Two stages on cpu-2 in training (tests/test_safety_writes.py's MLP_2RANK at batch 256): each rank holds two blocks.
+MLP = ["zoo:mlp", "--set", "hidden=256", "--set", "n_blocks=4", "--batch-size", "256", "--microbatches", "2",
+       "--cluster", "preset:cpu-2", "--no-pt2", "--mode", "training", "--time-limit", "5"]
+
+
+@pytest.fixture(scope="module")
+def old(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("ckreplan") / "old"
+    assert main(["partition", *MLP, "--out", str(out)]) == 0
+    assert len(json.loads((out / "manifest.json").read_text())["ranks"]) == 2
+    return out
+
+
+def write_checkpoint(old: Path, ck: Path, optimizer: str = "SGD", step: int = 2, edit=None) -> Path:
+    """A checkpoint of `step` as a run of `old` writes it: each rank's weights (the artifacts'), and AdamW's two
+    moments and step count per weight; `edit(rank, entry)` changes what a rank records (another plan's)."""
+    manifest = json.loads((old / "manifest.json").read_text())
+    plan = json.loads((old / "plan.json").read_text())
+    ck.mkdir(exist_ok=True)
+    weights = {k: t for e in manifest["ranks"] for k, t in load_file(old / e["dir"] / "weights.safetensors").items()}
+    for entry in manifest["ranks"]:
+        entry = dict(edit(entry["rank"], entry) if edit else entry)
+        tensors = {f"weight/{k}": weights[k] for k in entry["weights"]}
+        if optimizer == "AdamW":
+            for key, t in list(tensors.items()):
+                fqn = key.split("/", 1)[1]
+                tensors[f"optimizer/{fqn}/exp_avg"] = torch.zeros_like(t)
+                tensors[f"optimizer/{fqn}/exp_avg_sq"] = torch.zeros_like(t)
+                tensors[f"optimizer/{fqn}/step"] = torch.tensor(float(step))
+        params = sorted(k.split("/", 1)[1] for k in tensors if k.startswith("weight/"))
+        state = {"type": optimizer, "param_groups": [{"lr": 0.001, "params": params}], "state": {}}
+        save_rank(ck, step, "t", entry["rank"], entry, tensors, state)
+    data = {"batch_size": 256, "seq_len": plan["model"]["seq_len"], "seed": 0, "microbatches": 2,
+            "samples_seen": step * 256}
+    return finish_checkpoint(ck, step, "t", len(manifest["ranks"]), data, model_record(plan["model"]), keep=None)
+
+
+def data_bytes(path: Path) -> int:
+    """A safetensors file's tensor data: its size less the 8-byte length and the JSON header."""
+    with path.open("rb") as f:
+        (header,) = struct.unpack("<Q", f.read(8))
+    return path.stat().st_size - 8 - header
+
+
+def test_replan_counts_what_the_checkpoint_holds_and_says_what_it_assumes_without_one(old, tmp_path, capsys):
+    capsys.readouterr()
+    # Without --checkpoint: as the plan costs them (8 B/param for Adam's moments), and it says so.
+    assert main(["replan", str(old), "--lose", "local/1", "--out", str(tmp_path / "plan-costed")]) == 0
+    out = capsys.readouterr().out
+    assert "bytes as the plan costs them: value + 8 B/param of optimizer state" in out, out
+    assert "--checkpoint CK counts what it holds" in out
+    record = json.loads((tmp_path / "plan-costed" / "plan.json").read_text())["replan"]
+    assert record["bytes_counted"] == {"from": "plan", "optimizer_bytes_per_param": 8}
+    planned = record["chosen"]["from_checkpoint_bytes"]
+
+    # With an SGD checkpoint (`run`'s default: no optimizer state): the lost rank's file, byte for byte.
+    ck = write_checkpoint(old, tmp_path / "ck")
+    lost = data_bytes(ck / "rank1.safetensors")
+    assert planned == 3 * lost  # fp32 values + 8 B/param: the old figure was 3x what the checkpoint holds
+    assert main(["replan", str(old), "--lose", "local/1", "--out", str(tmp_path / "new"),
+                 "--checkpoint", str(tmp_path / "ck")]) == 0
+    out = capsys.readouterr().out
+    record = json.loads((tmp_path / "new" / "plan.json").read_text())["replan"]
+    assert record["chosen"]["from_checkpoint_bytes"] == lost
+    assert record["chosen"]["links"] == [{"link": "checkpoint -> local", "bytes": lost,
+                                         "time_us": record["chosen"]["links"][0]["time_us"]}]
+    assert f"chosen plan's link checkpoint -> local: {format_bytes(lost)}," in out, out
+    counted = record["bytes_counted"]
+    assert counted["from"] == "checkpoint" and counted["step"] == 2 and counted["optimizer"] == "SGD"
+    assert counted["optimizer_bytes"] == 0
+    assert counted["value_bytes"] == data_bytes(ck / "rank0.safetensors") + lost
+    assert f"bytes as checkpoint {ck} holds them (step 2, SGD)" in out, out
+
+
+def test_an_adamw_checkpoints_bytes_are_its_moments_and_step_counts_as_written(old, tmp_path):
+    from hetpart.codegen.analysis import ANALYSIS
+    from hetpart.partitioner.problem_json import problem_from_json
+    from hetpart.plan_report import as_json
+    from hetpart.replan_checkpoint import read_held_state
+    from hetpart.runtime.artifacts import load_manifest, read_plan
+
+    ck = write_checkpoint(old, tmp_path / "ck", "AdamW")
+    manifest = load_manifest(old)
+    stored = problem_from_json(json.loads((old / ANALYSIS).read_text())["problem"])
+    held = read_held_state(ck, old, manifest, as_json(read_plan(old, manifest).model), stored)
+    assert held.optimizer == "AdamW" and held.step == 2
+    stored.checkpoint_state = held
+    for entry in manifest["ranks"]:  # every weight's value, two moments and a 4-byte step: the rank's file
+        assert sum(state_to_move_bytes(stored, w) for w in entry["weights"]) == \
+            data_bytes(ck / f"rank{entry['rank']}.safetensors")
+    for w in stored.weights:
+        assert held.optimizer_bytes[w] == 2 * held.value_bytes[w] + 4
+    # A TP rank's shard moves its share of the checkpoint's bytes (NOTE [re-plan by shard]).
+    w = max(stored.weights, key=stored.weights.get)
+    assert held.value_bytes[w] == stored.weights[w]
+    assert held.moved_bytes(w, stored.weights[w] // 2) == held.whole_bytes(w) // 2
+
+
+def _other_device(rank: int, entry: dict) -> dict:
+    return {**entry, "planned_device": "local/1" if rank == 0 else "local/0"}
+
+
+def _fewer_weights(rank: int, entry: dict) -> dict:
+    return entry if rank == 0 else {**entry, "weights": entry["weights"][1:]}
+
+
+@pytest.mark.parametrize("edit, said", [(_other_device, "rank 0 held"), (_fewer_weights, "rank 1 held")])
+def test_a_checkpoint_of_another_plan_is_refused_with_exit_2_and_nothing_written(old, tmp_path, capsys, edit, said):
+    write_checkpoint(old, tmp_path / "ck", edit=edit)
+    capsys.readouterr()
+    new = tmp_path / "new"
+    assert main(["replan", str(old), "--lose", "local/1", "--out", str(new), "--checkpoint", str(tmp_path / "ck")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("hetpart: error: --checkpoint ") and "Traceback" not in err, err
+    assert said in err and "it is another plan's checkpoint" in err and f"`hetpart run {old} --checkpoint-dir CK`" in err
+    assert not new.exists()
+
+
+def test_a_checkpoint_of_another_model_or_no_checkpoint_is_refused(old, tmp_path, capsys):
+    from hetpart.replan_checkpoint import check_belongs
+    from hetpart.runtime.checkpoint import read_checkpoint
+
+    ckpt = read_checkpoint(write_checkpoint(old, tmp_path / "ck"))
+    manifest = json.loads((old / "manifest.json").read_text())
+    model = json.loads((old / "plan.json").read_text())["model"]
+    with pytest.raises(HetpartError, match=r"is a checkpoint of zoo:mlp .* is a plan of zoo:mlp \{'hidden': '128'"):
+        check_belongs(ckpt, tmp_path / "ck", old, manifest, {**model, "overrides": {"hidden": "128"}})
+    capsys.readouterr()
+    assert main(["replan", str(old), "--lose", "local/1", "--out", str(tmp_path / "new"),
+                 "--checkpoint", str(tmp_path / "nothing")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"hetpart: error: --checkpoint {tmp_path / 'nothing'}: no such directory"), err
+    assert not (tmp_path / "new").exists()
