@@ -6,12 +6,13 @@ Without a checkpoint, `replan` counts each weight's state as the plan costs it: 
 and says so (`basis_line`, plan.json's `replan.bytes_counted`). A run keeps what its optimizer keeps: `run`'s
 default SGD (no momentum) none, so those figures were 3x the checkpoint's (spot21b). With `--checkpoint CK`
 (a --checkpoint-dir, its newest complete checkpoint taken, or a step-<N> folder) `replan` reads the
-checkpoint's manifest (checkpoint.json and every rank<k>.json, their hashes checked; the tensor files'
-sha256 is left to `run --resume`, which checks every file before it reads one: a re-plan reads only their
-headers, seconds instead of a pass over the whole checkpoint) and counts, per weight, the bytes of its value
-and of its optimizer state tensors (`optimizer/<fqn>/<key>`) as they lie there: each tensor's full shape
-(rank<k>.json's layout, NOTE [checkpoint slices]; a format-1 part: its header's) times its element size (its
-data bytes over its elements in the file's header). `HeldState` carries them on the stored problem, and every
+checkpoint as `run --resume` does: checkpoint.json, every rank<k>.json and every tensor file, each file's sha256
+checked before anything of it is read (rev25: the tensor files' headers were read unchecked, so an edited file
+gave its numbers with exit 0, and a symbolic link or a missing file an error about a `.safetensors` argument;
+the check is one pass over the checkpoint, which `run --resume` makes again). It counts, per weight, the bytes
+of its value and of its optimizer state tensors (`optimizer/<fqn>/<key>`) as they lie there: each tensor's full
+shape (rank<k>.json's layout, NOTE [checkpoint slices]; a format-1 part: its header's) times its element size
+(its data bytes over its elements in the file's header). `HeldState` carries them on the stored problem, and every
 engine reads a weight's bytes through `state_to_move_bytes`: a part of a weight moves its share of the
 checkpoint's bytes of it, its bytes in the problem over the checkpoint's value bytes (`HeldState.moved_bytes`):
 a stage holding all of it moves all of them, a TP rank's 1/t shard (the TP problem sizes it so,
@@ -41,9 +42,10 @@ def read_held_state(ck: Path, old: Path, manifest: dict[str, Any], plan_model: d
     from hetpart.runtime.checkpoint import find_checkpoint, read_checkpoint
 
     try:
-        ckpt = read_checkpoint(find_checkpoint(ck), check_tensors=False)
+        ckpt = read_checkpoint(find_checkpoint(ck))  # every file's sha256 before its header is read
     except HetpartError as err:
-        raise HetpartError(f"--checkpoint {ck}: {str(err).removeprefix(f'--resume {ck}: ')}") from None
+        said = str(err).removeprefix(f"--resume {ck}: ").replace("resume from another checkpoint", "pass another one")
+        raise HetpartError(f"--checkpoint {ck}: {said}") from None
     check_belongs(ckpt, ck, old, manifest, plan_model)
     value, optimizer = _tensor_bytes(ckpt, ck)
     missing = sorted(set(stored.weights) - set(value))
@@ -102,7 +104,11 @@ def _tensor_bytes(ckpt: Any, ck: Path) -> tuple[dict[str, int], dict[str, int]]:
             layout = layouts[key]
             local = prod(layout.local_shape())
             nbytes = header.data_bytes(key) * prod(layout.shape) // local if local else 0
-            kind, rest = key.split("/", 1)
+            kind, _, rest = key.partition("/")
+            if kind not in ("weight", "optimizer") or not rest:
+                raise HetpartError(f"--checkpoint {ck}: {ckpt.path / part['file']} holds a tensor {key!r}, neither "
+                                   "`weight/<fqn>` nor `optimizer/<fqn>/<key>` (NOTE [checkpoint layout]): it is no "
+                                   "checkpoint `hetpart run` wrote; pass another one")
             if kind == "weight":
                 value[rest] = value.get(rest, 0) + nbytes
             else:

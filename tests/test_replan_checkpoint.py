@@ -152,3 +152,82 @@ def test_a_checkpoint_of_another_model_or_no_checkpoint_is_refused(old, tmp_path
     err = capsys.readouterr().err
     assert err.startswith(f"hetpart: error: --checkpoint {tmp_path / 'nothing'}: no such directory"), err
     assert not (tmp_path / "new").exists()
+
+
+def _as_float64(ck: Path) -> None:  # the file rewritten whole, its header consistent: twice the bytes per element
+    from safetensors.torch import save_file
+
+    tensors = load_file(ck / "rank1.safetensors")
+    save_file({k: t.double() for k, t in tensors.items()}, str(ck / "rank1.safetensors"))
+
+
+def _symlink(ck: Path) -> None:  # rank 0's file in rank 1's place
+    (ck / "rank1.safetensors").unlink()
+    (ck / "rank1.safetensors").symlink_to(ck / "rank0.safetensors")
+
+
+@pytest.mark.parametrize("change, said", [(_as_float64, "'rank1.safetensors' has sha256"),
+                                          (_symlink, "'rank1.safetensors' is a symbolic link"),
+                                          (lambda ck: (ck / "rank1.safetensors").unlink(),
+                                           "'rank1.safetensors' is missing")])
+def test_a_tensor_file_changed_after_the_run_is_refused_before_its_header_is_read(old, tmp_path, capsys, change, said):
+    """rev25: `replan --checkpoint` read the tensor files' headers before (and without) checking their sha256: a file
+    rewritten in float64 gave twice its values' bytes with exit 0, a symbolic link was followed (and named "holds no
+    tensor"), and a missing file was "not found; pass a .safetensors file" (shard-weights' wording). Every file's
+    hash is checked first now, as `run --resume` does (NOTE [bytes from a checkpoint])."""
+    ck = write_checkpoint(old, tmp_path / "ck")
+    change(ck)
+    capsys.readouterr()
+    new = tmp_path / "new"
+    assert main(["replan", str(old), "--lose", "local/1", "--out", str(new), "--checkpoint", str(ck)]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert err.startswith(f"hetpart: error: --checkpoint {ck}: ") and said in err and "Traceback" not in err, err
+    assert "changed or truncated after hetpart wrote it" in err
+    assert not new.exists()
+
+
+def _rewrite_rank1(ck: Path, edit) -> None:
+    """rank1.json changed by `edit` and checkpoint.json re-hashed to match: a checkpoint edited consistently."""
+    import hashlib
+
+    part = json.loads((ck / "rank1.json").read_text())
+    edit(part)
+    (ck / "rank1.json").write_text(json.dumps(part))
+    manifest = json.loads((ck / "checkpoint.json").read_text())
+    manifest["ranks"][1] = part
+    manifest["files"]["rank1.json"] = hashlib.sha256((ck / "rank1.json").read_bytes()).hexdigest()
+    (ck / "checkpoint.json").write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize("edit", [lambda p: p.pop("device"), lambda p: p["weights"].append(3),
+                                  lambda p: p["optimizer"].update(type=["SGD"])],
+                         ids=["no-device", "a-weight-name-no-string", "optimizer-type-a-list"])
+def test_a_rank_part_edited_and_re_hashed_is_refused_with_exit_2_not_a_traceback(old, tmp_path, capsys, edit):
+    """rev25: rank<k>.json and checkpoint.json edited together (their hashes agree) with a part that has no `device`,
+    a weight name that is no string, or an optimizer type that is a list: `replan --checkpoint` ended in a KeyError
+    or TypeError traceback (exit 1). `read_checkpoint` checks those fields now (its `_check_fields`)."""
+    ck = write_checkpoint(old, tmp_path / "ck")
+    _rewrite_rank1(ck, edit)
+    capsys.readouterr()
+    new = tmp_path / "new"
+    assert main(["replan", str(old), "--lose", "local/1", "--out", str(new), "--checkpoint", str(ck)]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "has no part for rank 1 at place 1 of `ranks`" in err and "Traceback" not in err, err
+    assert not new.exists()
+
+
+def test_a_partial_folder_is_never_taken_as_a_checkpoint_even_with_its_manifest(old, tmp_path, capsys):
+    """rev25: a run killed between writing checkpoint.json and the rename leaves `.step-<N>.<run>.partial` holding
+    all of it; README and NOTE [checkpoint layout] say such a folder is never taken as a checkpoint, but `replan
+    --checkpoint` (and `run --resume`) named directly took it. `find_checkpoint` refuses it now."""
+    ck = write_checkpoint(old, tmp_path / "ck")
+    partial = ck.rename(tmp_path / "ck" / ".step-000002.t.partial")
+    capsys.readouterr()
+    new = tmp_path / "new"
+    assert main(["replan", str(old), "--lose", "local/1", "--out", str(new), "--checkpoint", str(partial)]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert err.startswith(f"hetpart: error: --checkpoint {partial}: a checkpoint a run did not finish writing"), err
+    assert not new.exists()
+    with pytest.raises(HetpartError, match="a checkpoint a run did not finish writing"):
+        from hetpart.runtime.checkpoint import find_checkpoint
+        find_checkpoint(partial)

@@ -45,8 +45,8 @@ import torch
 from hetpart.errors import HetpartError
 from hetpart.runtime.checkpoint_slices import Layout, SliceRead, assemble, needed_layout, plan_reads, saved_layouts
 from hetpart.runtime.stages import rank_stage_entries
-from hetpart.fsio import (CHECKPOINT_FORMAT, CHECKPOINT_MANIFEST, CHECKPOINT_STEP_DIR, AtomicWrites,
-                          check_outside_artifacts, real_dir)
+from hetpart.fsio import (CHECKPOINT_FORMAT, CHECKPOINT_MANIFEST, CHECKPOINT_PARTIAL_DIR, CHECKPOINT_STEP_DIR,
+                          AtomicWrites, check_outside_artifacts, real_dir)
 from hetpart.trust import NotAPlainFile, sha256_bytes, sha256_file
 
 FORMAT = CHECKPOINT_FORMAT
@@ -200,7 +200,11 @@ def complete_checkpoints(ck: Path) -> list[Path]:
 
 
 def find_checkpoint(path: Path) -> Path:
-    """`--resume PATH`: a checkpoint folder, or a checkpoint dir whose newest complete checkpoint is taken."""
+    """`--resume PATH`: a checkpoint folder, or a checkpoint dir whose newest complete checkpoint is taken; never
+    a .partial folder, even one holding checkpoint.json (NOTE [checkpoint layout]: the rename makes it complete)."""
+    if CHECKPOINT_PARTIAL_DIR.fullmatch(path.resolve().name):
+        raise HetpartError(f"--resume {path}: a checkpoint a run did not finish writing (a .partial folder, never "
+                           "taken as one); pass the --checkpoint-dir that holds it, or one of its step-<N> folders")
     if (path / MANIFEST).is_file():
         return path
     if not path.is_dir():
@@ -232,7 +236,9 @@ def _check_fields(path: Path, manifest: dict[str, Any]) -> None:
     """An error unless checkpoint.json holds what `finish_checkpoint` writes: the step its folder is named by, the
     data position and model as tables, rank k's part at place k naming rank<k>.safetensors, and the hashes of
     rank<k>.json for exactly those ranks (review23: a manifest edited by hand gave a traceback, a step other
-    than its folder's resumed at that step, and a file name `../x` was read outside the checkpoint)."""
+    than its folder's resumed at that step, and a file name `../x` was read outside the checkpoint; rev25: a
+    part without `device`, a weight name or an optimizer type that is no string, gave `replan --checkpoint`
+    one)."""
     def bad(what: str) -> HetpartError:
         return _tampered(path / MANIFEST, f"{MANIFEST} {what}")
 
@@ -250,11 +256,15 @@ def _check_fields(path: Path, manifest: dict[str, Any]) -> None:
     for k, part in enumerate(ranks):
         if not (isinstance(part, dict) and part.get("rank") == k and part.get("file") == f"rank{k}.safetensors"
                 and isinstance(part.get("sha256"), str) and isinstance(part.get("weights"), list)
+                and all(isinstance(w, str) for w in part["weights"])
+                and all(isinstance(part.get(key, 0), (str, type(None))) for key in ("device", "machine"))
+                and isinstance(part.get("layout", {}), dict)
                 and isinstance(part.get("optimizer"), dict)
+                and isinstance(part["optimizer"].get("type"), (str, type(None)))
                 and isinstance(part["optimizer"].get("param_groups"), list)
                 and isinstance(part["optimizer"].get("state"), dict)):
             raise bad(f"has no part for rank {k} at place {k} of `ranks` (its file rank{k}.safetensors, sha256, "
-                      "weights and optimizer)")
+                      "weight names, device, machine, layout and optimizer)")
     if set(files) != {f"rank{k}.json" for k in range(len(ranks))} or not all(isinstance(d, str) for d in files.values()):
         raise bad(f"`files` lists {sorted(files)[:4]}, not the hashes of rank0.json .. rank{len(ranks) - 1}.json")
 
