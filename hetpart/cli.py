@@ -157,6 +157,11 @@ def _replan(args: argparse.Namespace, console: Console) -> int:
     if args.sign_key is None and is_signed(args.old):  # NOTE [re-plan of a signed plan]
         console.print(f"note: {args.old} is signed ({SIGNATURE_NAME}), {args.out} is not: `hetpart run {args.out} "
                       "--key KEY` refuses it; re-plan with --sign-key KEY to sign it", markup=False, highlight=False)
+    if args.sign_key is not None and not is_signed(args.old):  # NOTE [re-plan of a signed plan]: nothing to check
+        console.print(f"note: {args.old} is not signed ({SIGNATURE_NAME}), so only its files' sha256 against its "
+                      f"manifest.json were checked: {args.out}'s signature vouches for a plan made from it; make sure "
+                      f"{args.old} is the plan you meant (`hetpart inspect {args.old}`) before you run {args.out}",
+                      markup=False, highlight=False)
     return 0
 
 

@@ -23,9 +23,12 @@ NOTE [re-plan of a signed plan]
 NEW_DIR is code as OLD_DIR is (NOTE [artifacts are code] in trust.py), and `replan` writes it unsigned unless
 given `--sign-key KEY`, with `partition --sign-key`'s rules: a key of at least 32 bytes, outside NEW_DIR (and
 outside OLD_DIR). Where OLD_DIR is signed, the key checks OLD_DIR's signature first (manifest.json, before
-anything of it is read), so it never signs a plan made from a directory it did not check; OLD_DIR signed with
-another key is refused. Without --sign-key, a signed OLD_DIR gets a NEW_DIR without a signature, which `run
---key` refuses: `replan` says so in its last line (review23 found it silent).
+anything of it is read), so it never signs a plan made from a directory whose signature it did not check; OLD_DIR
+signed with another key is refused. An unsigned OLD_DIR (or one whose manifest.json.hmac was removed) has no
+signature to check, only its manifest's hashes, which whoever can change it can rewrite: NEW_DIR is signed all the
+same (a plan partitioned unsigned may be re-planned signed), and `replan` says so in its last line (rev25 found
+it silent). Without --sign-key, a signed OLD_DIR gets a NEW_DIR without a signature, which `run --key` refuses:
+`replan` says so in its last line (review23 found it silent).
 """
 
 from __future__ import annotations

@@ -313,6 +313,26 @@ def test_replan_of_a_signed_plan_signs_the_new_one_with_sign_key_and_says_when_i
     assert "does not match this key" in _refused(["run", str(new), "--key", str(keys["other"])], capfd)
 
 
+def test_replan_sign_key_of_an_unsigned_plan_says_the_signature_vouches_for_what_it_did_not_check(signed, keys,
+                                                                                                 tmp_path, capfd):
+    """rev25: `replan --sign-key` checks a signed OLD_DIR's signature, but an OLD_DIR without one (never signed, or
+    its manifest.json.hmac removed after its manifest was rewritten) was re-planned and the result signed in silence:
+    the new signature vouched for a plan made from a directory nobody checked. It is still signed (a plan partitioned
+    unsigned may be re-planned signed), and the last line says so (NOTE [re-plan of a signed plan])."""
+    stripped, new = tmp_path / "stripped", tmp_path / "new"
+    shutil.copytree(signed, stripped)
+    (stripped / SIGNATURE_NAME).unlink()
+    capfd.readouterr()
+    assert main(["replan", str(stripped), "--lose", "local/1", "--out", str(new), "--sign-key", str(keys["key"])]) == 0
+    out = " ".join(capfd.readouterr().out.split())
+    assert f"note: {stripped} is not signed ({SIGNATURE_NAME}), so only its files' sha256 against its manifest.json " \
+        f"were checked: {new}'s signature vouches for a plan made from it" in out, out
+    assert (new / SIGNATURE_NAME).exists()
+    assert main(["replan", str(signed), "--lose", "local/1", "--out", str(tmp_path / "new2"),
+                 "--sign-key", str(keys["key"])]) == 0
+    assert "note:" not in capfd.readouterr().out  # a signed OLD_DIR's signature was checked: nothing to say
+
+
 def test_shard_weights_checks_then_re_signs(tmp_path, keys, capfd, no_torchrun):
     out = tmp_path / "meta"
     small = ["zoo:mlp", "--set", "hidden=32", "--set", "n_blocks=2", "--cluster", "preset:cpu-2", "--no-pt2"]
