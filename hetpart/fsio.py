@@ -90,7 +90,9 @@ def is_run_checkpoint(path: Path, depth: int = 1) -> bool:
     if CHECKPOINT_PARTIAL_DIR.fullmatch(path.name):
         return True
     if CHECKPOINT_STEP_DIR.fullmatch(path.name):
-        try:
+        try:  # a regular file only (rev25: a FIFO named checkpoint.json hung `partition --force` in its read)
+            if not stat.S_ISREG(os.lstat(path / CHECKPOINT_MANIFEST).st_mode):
+                return False
             manifest = json.loads((path / CHECKPOINT_MANIFEST).read_text())
         except (OSError, ValueError, RecursionError):
             return False

@@ -715,6 +715,30 @@ def test_force_names_a_runs_checkpoint_in_the_directory_as_one_and_keeps_it(copy
     assert "holds 'step-000009', which hetpart did not write" in _error(capsys)
 
 
+def test_force_does_not_hang_on_a_fifo_named_like_a_checkpoints_manifest(copy, capsys):
+    """rev25: `is_run_checkpoint` read a step-<N> folder's checkpoint.json whatever it was: a FIFO there (a user's
+    folder, or a checkpoint tampered with) blocked `partition --force` in the read, for good. Only a regular file is
+    read now, and the folder is the user's as before."""
+    import os
+    import threading
+
+    (copy / "step-000001").mkdir()
+    fifo = copy / "step-000001" / "checkpoint.json"
+    os.mkfifo(fifo)
+    codes: list[int] = []
+    worker = threading.Thread(target=lambda: codes.append(main(["partition", *MLP, "--out", str(copy), "--force"])),
+                              daemon=True)
+    worker.start()
+    worker.join(60)
+    blocked = worker.is_alive()
+    if blocked:  # the old code: open the FIFO's other end, so the blocked read ends and the test process can
+        open(fifo, "w").close()
+        worker.join(10)
+    assert not blocked, "partition --force blocked reading a FIFO named checkpoint.json"
+    assert codes == [2]
+    assert "holds 'step-000001', which hetpart did not write" in _error(capsys)
+
+
 @pytest.mark.parametrize("theirs", ["mynotes.txt", f"{RUN_DIR}/attempt_0/0/mine.txt", "mine/torchrun0.log",
                                     "mine/attempt_0/0/stdout.log"])
 def test_a_file_written_into_logs_during_a_run_is_never_listed_nor_removed(copy, monkeypatch, capsys, theirs):
