@@ -170,7 +170,7 @@ def replan(old: Path, out: Path, *, cluster: str | None = None, lose: tuple[str,
                            f"(such as {real}-replan)")
     key = read_key(sign_key, out) if sign_key is not None else None  # NOTE [re-plan of a signed plan]
     if key is not None:
-        read_key(sign_key, old)  # nor inside OLD_DIR, which it checks
+        read_key(sign_key, old, "whose signature it checks (OLD_DIR)")  # nor inside OLD_DIR, which it checks
     manifest = load_manifest(old, key if key is not None and is_signed(old) else None)
     plan = read_plan(old, manifest)
     check_listed_files(old, manifest)

@@ -102,14 +102,14 @@ def is_sha256(value: object) -> bool:
     return isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)
 
 
-def read_key(path: Path, out: Path | None = None) -> bytes:
+def read_key(path: Path, out: Path | None = None, role: str = "it signs") -> bytes:
     """A signing key from `path`: its bytes less a trailing newline, at least MIN_KEY_BYTES of them.
 
-    A key inside `out` (the directory it signs or checks) is refused: whoever can change the
-    directory could then re-sign it.
+    A key inside `out` (the directory it signs or checks, as `role` says) is refused: whoever can
+    change the directory could then re-sign it.
     """
     if out is not None and path.resolve().is_relative_to(out.resolve()):
-        raise HetpartError(f"key file '{path}' is inside '{out}', the directory it signs: anyone who can change "
+        raise HetpartError(f"key file '{path}' is inside '{out}', the directory {role}: anyone who can change "
                            "the directory could re-sign it; keep the key elsewhere")
     try:
         key = read_plain(path).rstrip(b"\r\n")

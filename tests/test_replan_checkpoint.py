@@ -205,7 +205,7 @@ def _rewrite_rank1(ck: Path, edit) -> None:
 def test_a_rank_part_edited_and_re_hashed_is_refused_with_exit_2_not_a_traceback(old, tmp_path, capsys, edit):
     """rev25: rank<k>.json and checkpoint.json edited together (their hashes agree) with a part that has no `device`,
     a weight name that is no string, or an optimizer type that is a list: `replan --checkpoint` ended in a KeyError
-    or TypeError traceback (exit 1). `read_checkpoint` checks those fields now (its `_check_fields`)."""
+    or TypeError traceback (exit 1). `read_checkpoint` checks those fields now (`check_manifest_fields`)."""
     ck = write_checkpoint(old, tmp_path / "ck")
     _rewrite_rank1(ck, edit)
     capsys.readouterr()

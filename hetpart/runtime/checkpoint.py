@@ -43,6 +43,7 @@ from typing import Any
 import torch
 
 from hetpart.errors import HetpartError
+from hetpart.runtime.checkpoint_manifest import check_manifest_fields
 from hetpart.runtime.checkpoint_slices import Layout, SliceRead, assemble, needed_layout, plan_reads, saved_layouts
 from hetpart.runtime.stages import rank_stage_entries
 from hetpart.fsio import (CHECKPOINT_FORMAT, CHECKPOINT_MANIFEST, CHECKPOINT_PARTIAL_DIR, CHECKPOINT_STEP_DIR,
@@ -200,8 +201,8 @@ def complete_checkpoints(ck: Path) -> list[Path]:
 
 
 def find_checkpoint(path: Path) -> Path:
-    """`--resume PATH`: a checkpoint folder, or a checkpoint dir whose newest complete checkpoint is taken; never
-    a .partial folder, even one holding checkpoint.json (NOTE [checkpoint layout]: the rename makes it complete)."""
+    """`--resume PATH`: a checkpoint folder (never a .partial one: NOTE [checkpoint layout]), or a checkpoint dir
+    whose newest complete checkpoint is taken."""
     if CHECKPOINT_PARTIAL_DIR.fullmatch(path.resolve().name):
         raise HetpartError(f"--resume {path}: a checkpoint a run did not finish writing (a .partial folder, never "
                            "taken as one); pass the --checkpoint-dir that holds it, or one of its step-<N> folders")
@@ -232,43 +233,6 @@ def check_file_hash(path: Path, digest: str) -> None:
         raise _tampered(path, f"'{path.name}' has sha256 {got[:12]}..., {MANIFEST} says {digest[:12]}...")
 
 
-def _check_fields(path: Path, manifest: dict[str, Any]) -> None:
-    """An error unless checkpoint.json holds what `finish_checkpoint` writes: the step its folder is named by, the
-    data position and model as tables, rank k's part at place k naming rank<k>.safetensors, and the hashes of
-    rank<k>.json for exactly those ranks (review23: a manifest edited by hand gave a traceback, a step other
-    than its folder's resumed at that step, and a file name `../x` was read outside the checkpoint; rev25: a
-    part without `device`, a weight name or an optimizer type that is no string, gave `replan --checkpoint`
-    one)."""
-    def bad(what: str) -> HetpartError:
-        return _tampered(path / MANIFEST, f"{MANIFEST} {what}")
-
-    step, ranks, files = manifest.get("step"), manifest.get("ranks"), manifest.get("files")
-    if type(step) is not int or step < 0:
-        raise bad(f"has no step count (`step`: {step!r})")
-    named = STEP_DIR.fullmatch(path.name)
-    if named is not None and int(named.group(1)) != step:
-        raise bad(f"says step {step}, its folder is {path.name}")
-    for key in ("data", "model"):
-        if not isinstance(manifest.get(key), dict):
-            raise bad(f"has no `{key}` table")
-    if not isinstance(ranks, list) or not ranks or not isinstance(files, dict):
-        raise bad("has no `ranks` list or `files` table")
-    for k, part in enumerate(ranks):
-        if not (isinstance(part, dict) and part.get("rank") == k and part.get("file") == f"rank{k}.safetensors"
-                and isinstance(part.get("sha256"), str) and isinstance(part.get("weights"), list)
-                and all(isinstance(w, str) for w in part["weights"])
-                and all(isinstance(part.get(key, 0), (str, type(None))) for key in ("device", "machine"))
-                and isinstance(part.get("layout", {}), dict)
-                and isinstance(part.get("optimizer"), dict)
-                and isinstance(part["optimizer"].get("type"), (str, type(None)))
-                and isinstance(part["optimizer"].get("param_groups"), list)
-                and isinstance(part["optimizer"].get("state"), dict)):
-            raise bad(f"has no part for rank {k} at place {k} of `ranks` (its file rank{k}.safetensors, sha256, "
-                      "weight names, device, machine, layout and optimizer)")
-    if set(files) != {f"rank{k}.json" for k in range(len(ranks))} or not all(isinstance(d, str) for d in files.values()):
-        raise bad(f"`files` lists {sorted(files)[:4]}, not the hashes of rank0.json .. rank{len(ranks) - 1}.json")
-
-
 def read_checkpoint(path: Path, check_tensors: bool = True) -> Checkpoint:
     """The checkpoint at `path` (a step-<N> folder), its manifest and every listed file's sha256 checked."""
     try:
@@ -280,7 +244,7 @@ def read_checkpoint(path: Path, check_tensors: bool = True) -> Checkpoint:
     if manifest.get("format_version") not in READS:
         raise HetpartError(f"'{path / MANIFEST}': checkpoint format {manifest.get('format_version')}, this hetpart "
                            f"reads {', '.join(map(str, READS))}")
-    _check_fields(path, manifest)
+    check_manifest_fields(path, manifest, lambda what: _tampered(path / MANIFEST, f"{MANIFEST} {what}"))
     for name, digest in manifest["files"].items():
         check_file_hash(path / name, digest)
     ranks = manifest["ranks"]

@@ -210,6 +210,12 @@ CASES = {
                                                 ["key file '{art}/new/key' is inside '{art}/new', the directory it "
                                                  "signs"], lambda art: ((art / "new").mkdir(),
                                                                         (art / "new" / "key").write_text(KEY))),
+    # rev25: a key inside OLD_DIR was refused as inside "the directory it signs", which OLD_DIR is not
+    "replan-key-inside-the-old-directory": Case(["replan", "{art}", "--lose", "local/1", "--out", "{art}-new",
+                                                 "--sign-key", "{art}/key"],
+                                                ["key file '{art}/key' is inside '{art}', the directory whose "
+                                                 "signature it checks (OLD_DIR)"],
+                                                lambda art: (art / "key").write_text(KEY)),
     "replan-of-a-plan-signed-with-another-key": Case(["replan", "{art}", "--lose", "local/1", "--out", "{art}/new",
                                                       "--sign-key", "{other}"], ["does not match this key"]),
 }
