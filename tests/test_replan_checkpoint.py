@@ -231,3 +231,28 @@ def test_a_partial_folder_is_never_taken_as_a_checkpoint_even_with_its_manifest(
     with pytest.raises(HetpartError, match="a checkpoint a run did not finish writing"):
         from hetpart.runtime.checkpoint import find_checkpoint
         find_checkpoint(partial)
+
+
+def test_the_printed_replan_after_a_resumed_runs_failure_runs(old, tmp_path, capsys):
+    """rev25: a run resumed from another plan's checkpoint (the plan it was re-planned from) that died before it
+    wrote one of its own printed `hetpart replan OUT --checkpoint <that checkpoint>`, which `replan --checkpoint`
+    refuses (another plan's): the printed command failed with exit 2. It passes --checkpoint only with a checkpoint
+    this run wrote now; the re-plan then counts as the plan costs them, and says so."""
+    import shlex
+
+    from hetpart.runtime.checkpoint import CheckpointRun
+    from hetpart.runtime.resume import resume_commands
+
+    earlier = write_checkpoint(old, tmp_path / "ck", edit=_other_device)  # the plan before the re-plan wrote it
+    run = CheckpointRun(save_dir=tmp_path / "ck", every=2, token="this", resume=earlier, first_step=2)
+    text = resume_commands(old, run, "local/1", 4, ["--schedule gpipe "])
+    replan = shlex.split(text.rsplit("\n", 1)[1].split(" && ")[0])
+    assert replan[:2] == ["hetpart", "replan"], text
+    replan[replan.index("--out") + 1] = str(tmp_path / "new")
+    capsys.readouterr()
+    assert main(replan[1:]) == 0, capsys.readouterr().err
+    assert "bytes as the plan costs them" in capsys.readouterr().out and "--checkpoint" not in replan
+    # A checkpoint this run wrote: --checkpoint, as before (tests/runtime/test_checkpoint.py).
+    own = write_checkpoint(old, tmp_path / "ck", step=4)
+    (own / "checkpoint.json").write_text((own / "checkpoint.json").read_text().replace('"run": "t"', '"run": "this"'))
+    assert f"--checkpoint {own} " in resume_commands(old, run, "local/1", 6, ["--schedule gpipe "])

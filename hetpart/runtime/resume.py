@@ -90,7 +90,12 @@ def resume_commands(out: Path, run: CheckpointRun, dead_device: str | None, step
                 f"{not_replanned}, which `hetpart replan` does not re-plan: partition the model again for the devices still "
                 f"alive{without} with `--out {shown(new)}`, then train the {left} step(s) left:\n  {resume}")
     lose = f" --lose {shlex.quote(dead_device)}" if dead_device else ""
-    # --checkpoint: the re-plan counts the bytes to move from what the checkpoint holds (NOTE [bytes from a checkpoint])
+    # --checkpoint: the re-plan counts the bytes to move from what the checkpoint holds (NOTE [bytes from a
+    # checkpoint]), which must be one this plan's run wrote: the checkpoint a resumed run started from may be another
+    # plan's (the plan it was re-planned from), which `replan --checkpoint` refuses (rev25: the printed command
+    # failed after a second failure), so without a checkpoint of its own the re-plan counts as the plan costs them.
+    own = (manifest_of(last.path) or {}).get("run") == run.token
+    checkpoint = f" --checkpoint {shown(last.path)}" if own else ""
     return (f"\nthe last complete checkpoint is {shown(last.path)} (step {last.step}); to re-plan onto the devices still "
-            f"alive and train the {left} step(s) left:\n  hetpart replan {shown(out)}{lose} --checkpoint "
-            f"{shown(last.path)} {model_flags}--out {shown(new)} && {resume}")
+            f"alive and train the {left} step(s) left:\n  hetpart replan {shown(out)}{lose}{checkpoint} "
+            f"{model_flags}--out {shown(new)} && {resume}")
