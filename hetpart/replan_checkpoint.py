@@ -16,7 +16,9 @@ shape (rank<k>.json's layout, NOTE [checkpoint slices]; a format-1 part: its hea
 engine reads a weight's bytes through `state_to_move_bytes`: a part of a weight moves its share of the
 checkpoint's bytes of it, its bytes in the problem over the checkpoint's value bytes (`HeldState.moved_bytes`):
 a stage holding all of it moves all of them, a TP rank's 1/t shard (the TP problem sizes it so,
-`costs.tp_shard_bytes`) 1/t of them (NOTE [re-plan by shard]). The problem and the checkpoint size a value
+`costs.tp_shard_bytes`) 1/t of them (NOTE [re-plan by shard]), but for its 0-dim state tensors (Adam's step),
+which every rank holds and reads whole (`HeldState.scalar_bytes`; rev25: counted as shares, 4 B x (t-1)/t short
+per split weight); `mixed_holdings` adds them to each rank's part of a weight the same way. The problem and the checkpoint size a value
 alike: a run trains the artifacts' weights in their dtype.
 The checkpoint must be one a run of OLD wrote: the model record `run --resume` checks, and rank k's part
 on OLD's rank k's device holding its weights (OLD's manifest says which device holds what, and the bytes are
@@ -47,14 +49,14 @@ def read_held_state(ck: Path, old: Path, manifest: dict[str, Any], plan_model: d
         said = str(err).removeprefix(f"--resume {ck}: ").replace("resume from another checkpoint", "pass another one")
         raise HetpartError(f"--checkpoint {ck}: {said}") from None
     check_belongs(ckpt, ck, old, manifest, plan_model)
-    value, optimizer = _tensor_bytes(ckpt, ck)
+    value, optimizer, scalar = _tensor_bytes(ckpt, ck)
     missing = sorted(set(stored.weights) - set(value))
     if missing:
         raise HetpartError(f"--checkpoint {ck}: {ckpt.path} holds no tensor of weight(s) {', '.join(missing[:3])} of "
                            f"{old}'s plan: the checkpoint was edited; pass another one")
     kinds = sorted({p["optimizer"]["type"] for p in ckpt.ranks if p["optimizer"]["type"] is not None})
     return HeldState(str(ckpt.path), ckpt.step, "/".join(kinds) or "none", {w: value[w] for w in stored.weights},
-                     {w: optimizer.get(w, 0) for w in stored.weights})
+                     {w: optimizer.get(w, 0) for w in stored.weights}, {w: scalar.get(w, 0) for w in stored.weights})
 
 
 def check_belongs(ckpt: Any, ck: Path, old: Path, manifest: dict[str, Any], plan_model: dict[str, Any]) -> None:
@@ -81,15 +83,16 @@ def check_belongs(ckpt: Any, ck: Path, old: Path, manifest: dict[str, Any], plan
                                "checkpoint" + refuse)
 
 
-def _tensor_bytes(ckpt: Any, ck: Path) -> tuple[dict[str, int], dict[str, int]]:
-    """weight -> the bytes of its value, and of its optimizer state tensors, whole, in `ckpt`'s files (each
-    tensor counted once, from the first part holding it)."""
+def _tensor_bytes(ckpt: Any, ck: Path) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
+    """weight -> the bytes of its value, of its optimizer state tensors, whole, and of those of them that are 0-dim,
+    in `ckpt`'s files (each tensor counted once, from the first part holding it)."""
     from hetpart.codegen.weights import Checkpoint as SafetensorsFile
     from hetpart.runtime.checkpoint import part_layouts
 
     seen: set[str] = set()
     value: dict[str, int] = {}
     optimizer: dict[str, int] = {}
+    scalar: dict[str, int] = {}
     for part in ckpt.ranks:
         layouts = part_layouts(ckpt, part)
         todo = sorted(k for k in layouts if k not in seen)
@@ -114,7 +117,9 @@ def _tensor_bytes(ckpt: Any, ck: Path) -> tuple[dict[str, int], dict[str, int]]:
             else:
                 fqn = rest.rsplit("/", 1)[0]
                 optimizer[fqn] = optimizer.get(fqn, 0) + nbytes
-    return value, optimizer
+                if layout.shape == ():  # Adam's step: every rank of a TP group reads it whole
+                    scalar[fqn] = scalar.get(fqn, 0) + nbytes
+    return value, optimizer, scalar
 
 
 def planned_optimizer_bytes(plan: Any) -> int:

@@ -155,12 +155,14 @@ def holdings_of_mixed(manifest: dict, record: dict, problem: Problem, slots: lis
     tp = manifest["mesh"].get("tensor_parallel")  # none: every stage ended on one device (written without TP)
     old = [MixedRank(e["planned_device"], tp_rank(e), tp[e["stage"]]["degree"] if tp else 1, tuple(e["weights"]),
                      frozenset(weight_shards(manifest, e))) for e in manifest["ranks"]]
-    state, held = record["state_bytes"], problem.checkpoint_state
-    if held is not None:  # NOTE [bytes from a checkpoint] in replan_checkpoint.py: what the checkpoint holds, whole
-        state = {w: held.whole_bytes(w) if w in held.value_bytes else b for w, b in state.items()}
+    state, held, scalar = record["state_bytes"], problem.checkpoint_state, {}
+    if held is not None:  # NOTE [bytes from a checkpoint] in replan_checkpoint.py: what the checkpoint holds, whole,
+        # its 0-dim state tensors apart (every rank reads them whole)
+        state = {w: held.split_bytes(w) if w in held.value_bytes else b for w, b in state.items()}
+        scalar = {w: held.scalar_bytes.get(w, 0) for w in state if w in held.value_bytes}
     return mixed_holdings(problem.weights, {s: members for s, members, _ in slots}, {s: t for s, _, t in slots},
                           {int(t): set(ws) for t, ws in record["split"].items()}, state,
-                          {d.name: d.machine for d in target.devices}, old)
+                          {d.name: d.machine for d in target.devices}, old, scalar)
 
 
 class MixedReplanChoice(ReplanChoice):

@@ -111,10 +111,11 @@ def test_an_adamw_checkpoints_bytes_are_its_moments_and_step_counts_as_written(o
             data_bytes(ck / f"rank{entry['rank']}.safetensors")
     for w in stored.weights:
         assert held.optimizer_bytes[w] == 2 * held.value_bytes[w] + 4
-    # A TP rank's shard moves its share of the checkpoint's bytes (NOTE [re-plan by shard]).
+    # A TP rank's shard moves its share of the checkpoint's bytes (NOTE [re-plan by shard]), and the 4-byte step
+    # whole: every rank reads it (rev25: it was a share too).
     w = max(stored.weights, key=stored.weights.get)
-    assert held.value_bytes[w] == stored.weights[w]
-    assert held.moved_bytes(w, stored.weights[w] // 2) == held.whole_bytes(w) // 2
+    assert held.value_bytes[w] == stored.weights[w] and held.scalar_bytes[w] == 4
+    assert held.moved_bytes(w, stored.weights[w] // 2) == (held.whole_bytes(w) - 4) // 2 + 4
 
 
 def _other_device(rank: int, entry: dict) -> dict:

@@ -158,16 +158,24 @@ class HeldState:
     optimizer: str  # the optimizer whose state it holds ("SGD", "AdamW"), or "none"
     value_bytes: dict[str, int]  # weight -> its value's bytes in the checkpoint, the whole tensor
     optimizer_bytes: dict[str, int]  # weight -> its optimizer state tensors' bytes there (SGD without momentum: 0)
+    # weight -> the bytes of its 0-dim optimizer state tensors (Adam's step), part of optimizer_bytes: never split, a
+    # TP rank's shard reads them whole (`saved_layouts` keeps a 0-dim tensor whole)
+    scalar_bytes: dict[str, int] = field(default_factory=dict)
 
     def whole_bytes(self, weight: str) -> int:
         """The checkpoint's bytes of `weight`: its value and its optimizer state."""
         return self.value_bytes[weight] + self.optimizer_bytes[weight]
 
+    def split_bytes(self, weight: str) -> int:
+        """The bytes of `weight` a TP shard takes its share of: all but its 0-dim state tensors."""
+        return self.whole_bytes(weight) - self.scalar_bytes.get(weight, 0)
+
     def moved_bytes(self, weight: str, share: int) -> int:
         """The bytes that move with `share` bytes of `weight`'s value (all of it, or a TP rank's shard, as the
-        problem sizes it): the same share of the checkpoint's value and optimizer state, rounded up."""
-        value = self.value_bytes[weight]
-        return -(-share * self.whole_bytes(weight) // value) if value else self.whole_bytes(weight)
+        problem sizes it): the same share of the checkpoint's value and optimizer state, rounded up, and its
+        0-dim state tensors whole."""
+        value, scalar = self.value_bytes[weight], self.scalar_bytes.get(weight, 0)
+        return -(-share * self.split_bytes(weight) // value) + scalar if value else self.whole_bytes(weight)
 
 
 T = TypeVar("T")

@@ -157,11 +157,13 @@ def cells(degree: int, index: int, finest: int) -> range:
 
 def mixed_holdings(weights: Iterable[str], slot_devices: Mapping[str, tuple[str, ...]], slot_degree: Mapping[str, int],
                    split_at: Mapping[int, set[str]], state_bytes: Mapping[str, int], alive: Mapping[str, str],
-                   old_ranks: Sequence[MixedRank]) -> Holdings:
+                   old_ranks: Sequence[MixedRank], scalar_bytes: Mapping[str, int] | None = None) -> Holdings:
     """NOTE [re-plan by shard] for slots of mixed tensor-parallel degrees:
     `slot_devices` each slot's devices in TP order, `slot_degree` its degree, `split_at` degree -> the weights its
-    sharding splits, `state_bytes` each weight's whole state that moves (`state_to_move_bytes` unsplit), `alive`
-    every surviving device -> its machine, `old_ranks` the old plan's ranks.
+    sharding splits, `state_bytes` each weight's state that moves, unsplit (`state_to_move_bytes`), `alive`
+    every surviving device -> its machine, `old_ranks` the old plan's ranks; `scalar_bytes`: each weight's state
+    that is never split (a checkpoint's 0-dim tensors, `HeldState.scalar_bytes`), added whole to each rank's first
+    part of it.
 
     A weight is cut in `finest` cells, the largest degree that splits it (old or new), each cell its share of the
     bytes; rank j of a TP-t slot needs the cells of its shard where t splits it, every cell otherwise. A part is one
@@ -193,6 +195,7 @@ def mixed_holdings(weights: Iterable[str], slot_devices: Mapping[str, tuple[str,
             share = [state_bytes[w] // f + (1 if c < state_bytes[w] % f else 0) for c in range(f)]
             mine = []
             for j in range(t):
+                first = len(mine)
                 # The rank's cells with the same old holders are one part: the same sources, slots and machines.
                 by_holders: dict[tuple[str, ...], list[int]] = {}
                 for c in (cells(t, j, f) if w in split_at.get(t, ()) else range(f)):
@@ -205,6 +208,9 @@ def mixed_holdings(weights: Iterable[str], slot_devices: Mapping[str, tuple[str,
                     nbytes[p] = sum(share[c] for c in cs)
                     slots[p] = frozenset(s for s, devs in ours.items() if devs[j] in sources[p])
                     machines[p] = frozenset(alive[d] for d in sources[p])
+                # State never split (a checkpoint's 0-dim tensors): whole, with the rank's first part (NOTE [bytes
+                # from a checkpoint] in hetpart/replan_checkpoint.py)
+                nbytes[mine[first]] += (scalar_bytes or {}).get(w, 0)
             need[str(t)][w] = tuple(mine)
             parts[w] += mine
     return Holdings({w: tuple(ps) for w, ps in parts.items()}, nbytes, slots, machines, sources, dict(alive), old,

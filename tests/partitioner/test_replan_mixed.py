@@ -102,6 +102,19 @@ def test_needed_is_a_slots_share_by_its_degree():
     assert h.lost_bytes(["w", "r"], slots) == 32
 
 
+def test_a_checkpoints_scalar_state_is_needed_whole_by_every_rank():
+    """rev25: Adam's 0-dim `step` of a split weight is never split: a resumed TP rank reads it whole
+    (`saved_layouts`), but the cells counted it as shares (4 B x (t-1)/t short per weight). `scalar_bytes` is added
+    whole to each rank's need (NOTE [bytes from a checkpoint] in hetpart/replan_checkpoint.py)."""
+    slots = {"x/0+y/0": ("x/0", "y/0"), "y/1": ("y/1",)}
+    h = mixed_holdings(["w", "r"], slots, {"x/0+y/0": 2, "y/1": 1}, {2: {"w"}}, {"w": 64, "r": 40},
+                       {"x/0": "x", "y/0": "y", "y/1": "y"},
+                       [MixedRank("x/0", 0, 2, ("w", "r"), frozenset({"w"})),
+                        MixedRank("x/1", 1, 2, ("w", "r"), frozenset({"w"}))], {"w": 4, "r": 4})
+    assert [h.nbytes[p] for p in h.needed("w", "x/0+y/0")] == [32 + 4, 32 + 4]  # each half and the step whole
+    assert h.needed_bytes("w", "y/1") == 64 + 4 and h.needed_bytes("r", "x/0+y/0") == 2 * (40 + 4)
+
+
 def test_a_whole_is_assembled_from_halves_of_two_old_ranks():
     # w (state 64 bytes) split at TP 2 on the old group (m/0, m/1), both alive; the new slot m/0 runs TP 1: half 0
     # is its own, half 1 comes from m/1 within the machine; nothing from the checkpoint.
