@@ -24,10 +24,17 @@ from hetpart.units import format_bytes
 #   runs as many stages as it may (1F1B: as many as its microbatches; --max-stages), "too slow to
 #   help" where that plan is OPTIMAL (a stage on it would not make the pipeline faster), else "left
 #   out" with the plan's status (not proven);
-# - too slow to help: none of the above and none below holds;
-# - too slow to help: every plan of a solved shape with it leaves it out, or every solved shape
-#   whose plan runs a stage on it takes longer for its fewest microbatches (1F1B: as many as its
-#   stages) than the plan's whole step;
+# - not shown to help: every plan of a solved shape with it leaves it out. Those shapes add whole
+#   machines, and a planner that leaves 8 devices out may still run a stage on one: llama-70b on
+#   hetero-64 read "too slow to help: every plan of a pipeline shape with a l4-24g machine leaves its
+#   devices out (a stage on one would make that pipeline slower)", and its 48-GPU pipeline planned
+#   again with one L4 added takes 6,307 ms, 0.9% under the plan's 6,366 (docs/benchmarks.md, "idle19");
+# - too slow to help: every solved shape whose plan runs a stage on it takes longer for its fewest
+#   microbatches (1F1B: as many as its stages) than the plan's whole step. The words say "the search
+#   solved": a claim about the shapes it solved, never about every pipeline (llama-70b on
+#   hetero-1024 read "every pipeline with a a100-80g machine takes at least 9,156 ms for its fewest
+#   microbatches" from 3 solved shapes, while the plan's own pipeline 0 with a last stage on an
+#   A100-80G takes less: docs/benchmarks.md, "idle19");
 # - microbatches: a pipeline with it needs more microbatches than the batch has left once every
 #   pipeline of the plan runs its fewest (1 each; under 1F1B as many as its stages): a larger batch
 #   would use it;
@@ -35,7 +42,14 @@ from hetpart.units import format_bytes
 #   pipelines' time (T x r / (R + r) at rates of one microbatch per bottleneck: r its best shape's,
 #   R the plan's), and the least gradient sync of one more pipeline (NOTE [pipelines bound]'s
 #   floor; over the network when no used device shares the idle one's machine, since then every
-#   ring from it crosses machines) adds more than that.
+#   ring from it crosses machines) adds more than that;
+# - not shown to help: none of the above holds. A pipeline with it runs its fewest microbatches
+#   within the plan's step, there are microbatches for it and the sync floor does not forbid it, and
+#   yet no plan the search found with it has a lower step: that is the search's reach (the time
+#   limit, the shapes it solved), not a property of the device, so the reason does not say "too slow
+#   to help" (it did; on llama-70b over hetero-256 under load the search kept 2 pipelines of 64 H100s
+#   at 8,302 ms and called 192 A100s "too slow to help", while 4 pipelines over 192 devices take 6,646 ms
+#   in the same cost model: docs/benchmarks.md, "idle19").
 # Each reason carries its numbers, all from plans costed by the one cost model (`evaluate` for a
 # pipeline's stages, `cost_pipelines` for a step): a memory reason the model's state
 # (`need_bytes`: weights, training state, one microbatch of activations) against the device's
@@ -60,6 +74,8 @@ class ShapeFacts:
     # kind -> (lo, bottleneck ns, devices, fewest ns) of its best-rate shape whose plan runs a stage on it: its
     # fewest microbatches, its bottleneck, its devices, and the least time of any such shape for its fewest
     best: dict[int, tuple[int, int, int, int]] = field(default_factory=dict)
+    runs_count: dict[int, int] = field(default_factory=dict)  # kind -> solved shapes whose plan runs a stage on it
+    planned_count: dict[int, int] = field(default_factory=dict)  # kind -> solved shapes with it that have a plan
     kind_names: list[str] = field(default_factory=list)  # kind -> its device types ("l4-24g")
     tried_count: dict[int, int] = field(default_factory=dict)  # kind -> shapes with it the search solved
     # kind -> (fewest ns, lo, devices) of the fastest pipeline of its machines only, at its fewest microbatches
@@ -95,6 +111,13 @@ def learn(facts: ShapeFacts, problem: Problem, cands: list[Candidate], probe: Jo
     # Per kind, the shapes whose plans run a stage on it (a plan may leave machines out).
     runs = [{facts.kind_of_machine[problem.device(d).node] for st in c.plan.stages for d in _devices_of(st)}
             for c in cands]
+    facts.runs_count, facts.planned_count = {}, {}
+    for c in cands:
+        for j in kinds_of(c.shape):
+            facts.planned_count[j] = facts.planned_count.get(j, 0) + 1
+    for r in runs:
+        for j in r:
+            facts.runs_count[j] = facts.runs_count.get(j, 0) + 1
     for i in sorted(range(len(cands)), key=lambda i: cands[i].bottleneck_ns * len(cands[i].devices)):
         c = cands[i]
         for j in runs[i]:
@@ -165,12 +188,15 @@ def idle_reasons(problem: Problem, plan: PipelinesPlan, microbatches: int, facts
                       "stage that does not fit (weights, training state and the stash of its microbatches); "
                       f"{holds}")
         elif j not in facts.best:
-            out[d] = (f"too slow to help: every plan of a pipeline shape with a {name} machine leaves its devices out "
-                      "(a stage on one would make that pipeline slower)")
+            shapes = facts.planned_count.get(j, 0)
+            out[d] = (f"not shown to help: every plan of the {shapes} pipeline shape(s) with a {name} machine that the "
+                      "search solved leaves its devices out, but a stage on fewer of its devices was not tried: a "
+                      "plan using one may be faster")
         else:
             lo, bottleneck, devices, fewest_ns = facts.best[j]
             if fewest_ns >= plan.iteration_ns:
-                out[d] = (f"too slow to help: every pipeline with a {name} machine takes at least "
+                out[d] = (f"too slow to help: every pipeline shape the search solved whose plan runs a stage on a "
+                          f"{name} machine ({facts.runs_count.get(j, 0)} shape(s)) takes at least "
                           f"{format_ns(fewest_ns)} for its fewest microbatches"
                           + (" (1F1B: as many as its stages)" if one_f1b else "") + f", more than the plan's whole "
                           f"{step} step")
@@ -178,11 +204,13 @@ def idle_reasons(problem: Problem, plan: PipelinesPlan, microbatches: int, facts
                 out[d] = (f"microbatches: a pipeline with it runs at least {lo}, and the batch's {microbatches} "
                           "are taken by the pipelines' fewest; a larger batch would use it")
             else:
-                out[d] = _link_or_slow(problem, plan, devices, bottleneck, pipes, rate, dev.node not in busy_machines)
-                if out[d].startswith("too slow"):
-                    out[d] += (f"; the best-rate pipeline with a {name} machine ({devices} devices) has a "
-                               f"{format_ns(bottleneck)} bottleneck, and the fastest with one takes "
-                               f"{format_ns(fewest_ns)} for its fewest microbatches")
+                out[d] = _link_or_unshown(problem, plan, devices, bottleneck, pipes, rate,
+                                          dev.node not in busy_machines)
+                if out[d].startswith("not shown"):
+                    out[d] += (f"; the best-rate pipeline with a {name} machine the search solved ({devices} devices) "
+                               f"has a {format_ns(bottleneck)} bottleneck, and the fastest takes "
+                               f"{format_ns(fewest_ns)} for its fewest microbatches, within the plan's {step} step: "
+                               "a plan using it may be faster (a longer --time-limit may find it)")
         if facts is not None and d not in first:
             alone = sum(facts.kind_of_machine[x.node] == j for x in problem.devices)
             short = holds if alone * dev.capacity_bytes < need and holds not in out[d] else ""
@@ -215,12 +243,12 @@ def _numbers(facts: ShapeFacts, j: int, name: str, plan: PipelinesPlan, short: s
     return out + f"; adding one {name} machine to {where} gives {format_ns(t.step_ns)} ({more:+.1%})"
 
 
-def _link_or_slow(problem: Problem, plan: PipelinesPlan, devices: int, bottleneck: int, pipes: int,
-                  rate: float, apart: bool) -> str:
-    """NOTE [idle reasons]'s last two: link, or too slow to help (`apart`: no used device shares its machine)."""
+def _link_or_unshown(problem: Problem, plan: PipelinesPlan, devices: int, bottleneck: int, pipes: int,
+                     rate: float, apart: bool) -> str:
+    """NOTE [idle reasons]'s last two: link, or not shown to help (`apart`: no used device shares its machine)."""
     saving = pipes * (1 / max(1, bottleneck)) / (rate + 1 / max(1, bottleneck))
     more = sync_floor_ns(problem, devices, len(plan.pipelines) + 1, crosses_machines=apart) - plan.grad_sync_ns
     if problem.training is not None and more > saving:
         return (f"link: one more pipeline with it would save at most {format_ns(saving)} of the "
                 f"pipelines' time, but its gradient sync adds at least {format_ns(more)}")
-    return "too slow to help: no plan the search found with it has a lower step"
+    return "not shown to help: no plan the search found with it has a lower step"
