@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from hetpart.partitioner.infeasible import node_need
 from hetpart.partitioner.pipeline_bounds import need_bytes, sync_floor_ns
+from hetpart.partitioner.pipeline_device_join import DeviceTry
 from hetpart.partitioner.pipeline_join import JoinResult, JoinTry
 from hetpart.partitioner.pipeline_outer import Candidate, kinds_of
 from hetpart.partitioner.pipelines import PipelinesPlan, _devices_of, left_out_reasons
@@ -30,11 +31,14 @@ from hetpart.units import format_bytes
 #   devices out (a stage on one would make that pipeline slower)", and its 48-GPU pipeline planned
 #   again with one L4 added takes 6,307 ms, 0.9% under the plan's 6,366 (docs/benchmarks.md, "idle19");
 # - too slow to help: every solved shape whose plan runs a stage on it takes longer for its fewest
-#   microbatches (1F1B: as many as its stages) than the plan's whole step. The words say "the search
-#   solved": a claim about the shapes it solved, never about every pipeline (llama-70b on
-#   hetero-1024 read "every pipeline with a a100-80g machine takes at least 9,156 ms for its fewest
-#   microbatches" from 3 solved shapes, while the plan's own pipeline 0 with a last stage on an
-#   A100-80G takes less: docs/benchmarks.md, "idle19");
+#   microbatches (1F1B: as many as its stages) than the plan's whole step, and NOTE [device join]
+#   gave devices of its kind to the plan's slowest pipelines without lowering the step (else "not
+#   shown to help": the test problem of NOTE [join probe] has a plan 20% faster with one slow device
+#   in each pipeline, which no solved shape showed). The words say "the search solved": a claim
+#   about the shapes it solved, never about every pipeline (llama-70b on hetero-1024 read "every
+#   pipeline with a a100-80g machine takes at least 9,156 ms for its fewest microbatches" from 3
+#   solved shapes, while the plan's own pipeline 0 with a last stage on an A100-80G takes less:
+#   docs/benchmarks.md, "idle19");
 # - microbatches: a pipeline with it needs more microbatches than the batch has left once every
 #   pipeline of the plan runs its fewest (1 each; under 1F1B as many as its stages): a larger batch
 #   would use it;
@@ -58,7 +62,8 @@ from hetpart.units import format_bytes
 # against the plan's step; and, for a device in no pipeline, what NOTE [join probe] found when it
 # gave one machine of its kind to the plan's pipelines ("adding one l4-24g machine to pipeline 0 gives
 # 9,628 ms (+54.1%)"), or that the joined plan leaves it out, or why that join has no plan, or that
-# the time limit came first.
+# the time limit came first; and what NOTE [device join] found giving a few devices of its kind to
+# the plan's slowest pipelines.
 # These are explanations in the cost model's terms, not proofs about every plan; `plan_pipelines`
 # picks the plan, and the bound says how far from the best any plan could be.
 
@@ -83,6 +88,7 @@ class ShapeFacts:
     joins: dict[int, JoinTry] = field(default_factory=dict)  # kind -> NOTE [join probe]'s best try of it
     join_untried: set[int] = field(default_factory=set)  # kinds the probe's last round left untried (time)
     join_plan: tuple[tuple[str, ...], ...] = ()  # the pipelines (devices) the tries were made against
+    device_tries: dict[tuple[str, int], DeviceTry] = field(default_factory=dict)  # NOTE [device join], per kind
 
 
 def kind_names(kinds: list) -> list[str]:
@@ -195,7 +201,9 @@ def idle_reasons(problem: Problem, plan: PipelinesPlan, microbatches: int, facts
         else:
             lo, bottleneck, devices, fewest_ns = facts.best[j]
             if fewest_ns >= plan.iteration_ns:
-                out[d] = (f"too slow to help: every pipeline shape the search solved whose plan runs a stage on a "
+                shown = _device_try(facts, plan, dev) is not None  # NOTE [idle reasons]: the device join tried it
+                out[d] = (f"{'too slow to help' if shown else 'not shown to help'}: every pipeline shape the search "
+                          f"solved whose plan runs a stage on a "
                           f"{name} machine ({facts.runs_count.get(j, 0)} shape(s)) takes at least "
                           f"{format_ns(fewest_ns)} for its fewest microbatches"
                           + (" (1F1B: as many as its stages)" if one_f1b else "") + f", more than the plan's whole "
@@ -214,8 +222,28 @@ def idle_reasons(problem: Problem, plan: PipelinesPlan, microbatches: int, facts
         if facts is not None and d not in first:
             alone = sum(facts.kind_of_machine[x.node] == j for x in problem.devices)
             short = holds if alone * dev.capacity_bytes < need and holds not in out[d] else ""
-            out[d] += _numbers(facts, j, name, plan, short, alone)
+            out[d] += _numbers(facts, j, name, plan, short, alone) + _device_words(facts, plan, dev)
     return out
+
+
+def _device_try(facts: ShapeFacts, plan: PipelinesPlan, dev) -> DeviceTry | None:
+    """NOTE [device join]'s last try of `dev`'s kind when it was made against `plan` and made the slowest pipeline no
+    faster (its planner ran no stage on the devices, or the pipeline's time did not drop)."""
+    t = facts.device_tries.get((dev.type, dev.capacity_bytes))
+    if t is None or t.against != tuple(tuple(p.devices) for p in plan.pipelines):
+        return None
+    return t if t.pipeline_ns is None or t.pipeline_ns >= t.was_ns else None
+
+
+def _device_words(facts: ShapeFacts, plan: PipelinesPlan, dev) -> str:
+    """What NOTE [device join] found for `dev`'s kind against `plan`, "" when it did not try it or it helped."""
+    t = _device_try(facts, plan, dev)
+    if t is None:
+        return ""
+    given = f"{t.per} {dev.type} device(s) more in the slowest pipeline, planned again"
+    if t.pipeline_ns is None:
+        return f"; {given}, runs no stage on them"
+    return f"; {given}, takes {format_ns(t.pipeline_ns)} against {format_ns(t.was_ns)}"
 
 
 def _numbers(facts: ShapeFacts, j: int, name: str, plan: PipelinesPlan, short: str, alone: int) -> str:

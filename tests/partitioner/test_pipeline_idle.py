@@ -317,8 +317,16 @@ def test_too_slow_to_help_claims_only_the_shapes_the_search_solved():
     assert alone.iteration_ns < chosen.iteration_ns  # a pipeline with the kind under the step at its fewest
     facts = _one_kind_facts(p, 10 * chosen.iteration_ns, chosen.iteration_ns)
     why = idle_reasons(p, chosen, 8, facts)["g2"]
+    assert why.startswith("not shown to help: every pipeline shape the search solved whose plan runs a stage on a gpu "
+                          "machine (1 shape(s)) takes at least "), why
+    # NOTE [device join] gave one to the slowest pipeline and its planner ran no stage on it: too slow to help.
+    from hetpart.partitioner.pipeline_device_join import DeviceTry
+
+    facts.device_tries = {("gpu", 200): DeviceTry(1, chosen.iteration_ns, None, None, (("g0", "g1"),))}
+    why = idle_reasons(p, chosen, 8, facts)["g2"]
     assert why.startswith("too slow to help: every pipeline shape the search solved whose plan runs a stage on a gpu "
                           "machine (1 shape(s)) takes at least "), why
+    assert why.endswith("; 1 gpu device(s) more in the slowest pipeline, planned again, runs no stage on them"), why
 
 
 def test_a_kind_whose_solved_shapes_leave_it_out_is_not_called_too_slow_to_help():
