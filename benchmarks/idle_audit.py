@@ -197,10 +197,12 @@ def chosen_parts(chosen: PipelinesPlan) -> list[Part]:
 
 
 def idle_by_machine(problem: Problem, chosen: PipelinesPlan) -> dict[str, list[str]]:
-    used = chosen.used_devices
+    """The devices in no chosen pipeline, per machine (a device a pipeline holds but leaves out is its "left out"
+    reason's, hedged: not audited here)."""
+    held = {d for p in chosen.pipelines for d in p.devices}
     out: dict[str, list[str]] = {}
     for d in problem.devices:
-        if d.name not in used:
+        if d.name not in held:
             out.setdefault(d.node, []).append(d.name)
     return out
 
