@@ -51,9 +51,9 @@ from hetpart.units import format_bytes
 #   within the plan's step, there are microbatches for it and the sync floor does not forbid it, and
 #   yet no plan the search found with it has a lower step: that is the search's reach (the time
 #   limit, the shapes it solved), not a property of the device, so the reason does not say "too slow
-#   to help" (it did; on llama-70b over hetero-256 under load the search kept 2 pipelines of 64 H100s
-#   at 8,302 ms and called 192 A100s "too slow to help", while 4 pipelines over 192 devices take 6,646 ms
-#   in the same cost model: docs/benchmarks.md, "idle19").
+#   to help" (it did; on llama-70b over hetero-256 under load the search kept 2 pipelines of 32 H100s
+#   at 8,302 ms and called its 128 idle A100s "too slow to help", while 4 pipelines of 2 H100 and 2
+#   A100-80G machines take 7,161 ms in the same cost model: docs/benchmarks.md, "idle19").
 # Each reason carries its numbers, all from plans costed by the one cost model (`evaluate` for a
 # pipeline's stages, `cost_pipelines` for a step): a memory reason the model's state
 # (`need_bytes`: weights, training state, one microbatch of activations) against the device's
