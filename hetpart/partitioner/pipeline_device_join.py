@@ -28,7 +28,8 @@ _DEVICES = (1, 2)  # devices of one kind given to each slowest pipeline per try
 # (`renamed`, recosted: stripes and copies of one shape list their devices alike). The plan, the other
 # pipelines and every share of the batch unchanged, is costed by `cost_pipelines` (its sync included),
 # checked by `pipelines_violations`, and kept when its step is lower; the tries go on from it. Each kind's
-# last try is kept for NOTE [idle reasons] (its step, or that the planner ran no stage on the added devices).
+# last try is kept for NOTE [idle reasons] (its step, or that the planner ran no stage on the added devices;
+# a stage of no work, an input placeholder alone, counts as none: it would print the device as used).
 # Stats: device_join_tries, device_join_taken, device_join_seconds.
 
 
@@ -82,7 +83,9 @@ def device_join(problem: Problem, plan: PipelinesPlan, microbatches: int,
             got = solve(devs, first.microbatches, min(left, limit_s(len(devs))))
             stats["device_join_tries"] += 1
             against = tuple(tuple(p.devices) for p in best.pipelines)
-            if got is None or not {d for st in got.stages for d in _devices_of(st)} & set(idle[:k]):
+            # A stage of no work (an input placeholder alone) runs nothing on its device.
+            ran = set() if got is None else {d for st in got.stages if st.compute_ns > 0 for d in _devices_of(st)}
+            if got is None or not ran & set(idle[:k]):
                 tries[kind] = DeviceTry(k, first.time_ns, None, None, against)
                 continue
             ref = types.SimpleNamespace(devices=devs, plan=got)
