@@ -41,6 +41,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from hetpart.errors import HetpartError  # noqa: E402
 from hetpart.partitioner.evaluate import bottleneck_ns, evaluate  # noqa: E402
 from hetpart.partitioner.pipeline_bounds import need_bytes  # noqa: E402
 from hetpart.partitioner.pipeline_layers import layer_problem  # noqa: E402
@@ -304,10 +305,16 @@ def appended(problem: Problem, p: Pipeline, extra: str, at_end: bool, step: int 
 
 def audit(out: Path, limit_s: float) -> list[dict]:
     t0 = time.perf_counter()
-    problem, chosen, pj = load(out)
+    try:
+        problem, chosen, pj = load(out)
+    except (KeyError, TypeError, ValueError) as e:  # not what `partition` writes (HetpartError: an old version)
+        raise HetpartError(f"{out}: ir/analysis.json, ir/pipelines.json or plan.json is not what `hetpart partition "
+                           f"... --parallel data` writes ({type(e).__name__}: {e}): partition again") from None
     M = chosen.microbatches
     want = round(pj["iteration_us"] * 1000)
-    assert abs(chosen.iteration_ns - want) <= 1000, (chosen.iteration_ns, want)
+    if abs(chosen.iteration_ns - want) > 1000:
+        raise HetpartError(f"{out}: its pipelines recost to {chosen.iteration_ns / 1e6:,.1f} ms, plan.json says "
+                           f"{want / 1e6:,.1f} ms (a plan of tensor-parallel slots, or another hetpart's): not audited")
     planner = Planner(problem, limit_s)
     need = need_bytes(problem)
     idle = idle_by_machine(problem, chosen)
@@ -494,7 +501,11 @@ def main() -> None:
             print(f"idle_audit: {out} has no ir/analysis.json and ir/pipelines.json: give a directory "
                   "`hetpart partition ... --parallel data --out DIR` wrote", file=sys.stderr)
             sys.exit(2)
-        rows = audit(out, args.limit_s)
+        try:
+            rows = audit(out, args.limit_s)
+        except HetpartError as e:
+            print(f"idle_audit: {e}", file=sys.stderr)
+            sys.exit(2)
         reasons: dict[str, int] = {}
         for why in json.loads((out / "plan.json").read_text()).get("devices_idle", {}).values():
             reasons[why] = reasons.get(why, 0) + 1
