@@ -206,7 +206,8 @@ def test_a_data_parallel_re_plan_says_why_each_idle_device_is_idle(p4_replan):
     printed, plan = p4_replan
     idle = plan["devices_idle"]
     assert set(idle) == {"local/0", "local/1", "local/2"} - set(plan["devices_used"]) and idle, plan["devices_used"]
-    kinds = ("memory", "not planned", "stage limit", "too slow to help", "left out", "microbatches", "link", "bytes")
+    kinds = ("memory", "not planned", "stage limit", "too slow to help", "left out", "microbatches", "link", "bytes",
+             "not shown to help")
     assert all(why.split(":")[0] in kinds for why in idle.values()), idle
     words = " ".join(printed.split())  # (rich wraps the lines)
     assert all(" ".join(line.split()) in words for line in idle_lines(idle)), printed

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from hetpart.partitioner.infeasible import node_need
 from hetpart.partitioner.pipeline_bounds import need_bytes, sync_floor_ns
+from hetpart.partitioner.pipeline_device_join import DeviceTry
 from hetpart.partitioner.pipeline_join import JoinResult, JoinTry
 from hetpart.partitioner.pipeline_outer import Candidate, kinds_of
 from hetpart.partitioner.pipelines import PipelinesPlan, _devices_of, left_out_reasons
@@ -24,10 +25,20 @@ from hetpart.units import format_bytes
 #   runs as many stages as it may (1F1B: as many as its microbatches; --max-stages), "too slow to
 #   help" where that plan is OPTIMAL (a stage on it would not make the pipeline faster), else "left
 #   out" with the plan's status (not proven);
-# - too slow to help: none of the above and none below holds;
-# - too slow to help: every plan of a solved shape with it leaves it out, or every solved shape
-#   whose plan runs a stage on it takes longer for its fewest microbatches (1F1B: as many as its
-#   stages) than the plan's whole step;
+# - not shown to help: every plan of a solved shape with it leaves it out. Those shapes add whole
+#   machines, and a planner that leaves 8 devices out may still run a stage on one: llama-70b on
+#   hetero-64 read "too slow to help: every plan of a pipeline shape with a l4-24g machine leaves its
+#   devices out (a stage on one would make that pipeline slower)", and its 48-GPU pipeline planned
+#   again with one L4 added takes 6,307 ms, 0.9% under the plan's 6,366 (docs/benchmarks.md, "idle19");
+# - too slow to help: every solved shape whose plan runs a stage on it takes longer for its fewest
+#   microbatches (1F1B: as many as its stages) than the plan's whole step, and NOTE [device join]
+#   gave devices of its kind to the plan's slowest pipelines without lowering the step (else "not
+#   shown to help": the test problem of NOTE [join probe] has a plan 20% faster with one slow device
+#   in each pipeline, which no solved shape showed). The words say "the search solved": a claim
+#   about the shapes it solved, never about every pipeline (llama-70b on hetero-1024 read "every
+#   pipeline with a a100-80g machine takes at least 9,156 ms for its fewest microbatches" from 3
+#   solved shapes, while the plan's own pipeline 0 with a last stage on an A100-80G takes less:
+#   docs/benchmarks.md, "idle19");
 # - microbatches: a pipeline with it needs more microbatches than the batch has left once every
 #   pipeline of the plan runs its fewest (1 each; under 1F1B as many as its stages): a larger batch
 #   would use it;
@@ -35,7 +46,14 @@ from hetpart.units import format_bytes
 #   pipelines' time (T x r / (R + r) at rates of one microbatch per bottleneck: r its best shape's,
 #   R the plan's), and the least gradient sync of one more pipeline (NOTE [pipelines bound]'s
 #   floor; over the network when no used device shares the idle one's machine, since then every
-#   ring from it crosses machines) adds more than that.
+#   ring from it crosses machines) adds more than that;
+# - not shown to help: none of the above holds. A pipeline with it runs its fewest microbatches
+#   within the plan's step, there are microbatches for it and the sync floor does not forbid it, and
+#   yet no plan the search found with it has a lower step: that is the search's reach (the time
+#   limit, the shapes it solved), not a property of the device, so the reason does not say "too slow
+#   to help" (it did; on llama-70b over hetero-256 under load the search kept 2 pipelines of 32 H100s
+#   at 8,302 ms and called its 128 idle A100s "too slow to help", while 4 pipelines of 2 H100 and 2
+#   A100-80G machines take 7,161 ms in the same cost model: docs/benchmarks.md, "idle19").
 # Each reason carries its numbers, all from plans costed by the one cost model (`evaluate` for a
 # pipeline's stages, `cost_pipelines` for a step): a memory reason the model's state
 # (`need_bytes`: weights, training state, one microbatch of activations) against the device's
@@ -44,7 +62,8 @@ from hetpart.units import format_bytes
 # against the plan's step; and, for a device in no pipeline, what NOTE [join probe] found when it
 # gave one machine of its kind to the plan's pipelines ("adding one l4-24g machine to pipeline 0 gives
 # 9,628 ms (+54.1%)"), or that the joined plan leaves it out, or why that join has no plan, or that
-# the time limit came first.
+# the time limit came first; and what NOTE [device join] found giving a few devices of its kind to
+# the plan's slowest pipelines.
 # These are explanations in the cost model's terms, not proofs about every plan; `plan_pipelines`
 # picks the plan, and the bound says how far from the best any plan could be.
 
@@ -60,6 +79,8 @@ class ShapeFacts:
     # kind -> (lo, bottleneck ns, devices, fewest ns) of its best-rate shape whose plan runs a stage on it: its
     # fewest microbatches, its bottleneck, its devices, and the least time of any such shape for its fewest
     best: dict[int, tuple[int, int, int, int]] = field(default_factory=dict)
+    runs_count: dict[int, int] = field(default_factory=dict)  # kind -> solved shapes whose plan runs a stage on it
+    planned_count: dict[int, int] = field(default_factory=dict)  # kind -> solved shapes with it that have a plan
     kind_names: list[str] = field(default_factory=list)  # kind -> its device types ("l4-24g")
     tried_count: dict[int, int] = field(default_factory=dict)  # kind -> shapes with it the search solved
     # kind -> (fewest ns, lo, devices) of the fastest pipeline of its machines only, at its fewest microbatches
@@ -67,6 +88,7 @@ class ShapeFacts:
     joins: dict[int, JoinTry] = field(default_factory=dict)  # kind -> NOTE [join probe]'s best try of it
     join_untried: set[int] = field(default_factory=set)  # kinds the probe's last round left untried (time)
     join_plan: tuple[tuple[str, ...], ...] = ()  # the pipelines (devices) the tries were made against
+    device_tries: dict[tuple[str, int], DeviceTry] = field(default_factory=dict)  # NOTE [device join], per kind
 
 
 def kind_names(kinds: list) -> list[str]:
@@ -95,6 +117,13 @@ def learn(facts: ShapeFacts, problem: Problem, cands: list[Candidate], probe: Jo
     # Per kind, the shapes whose plans run a stage on it (a plan may leave machines out).
     runs = [{facts.kind_of_machine[problem.device(d).node] for st in c.plan.stages for d in _devices_of(st)}
             for c in cands]
+    facts.runs_count, facts.planned_count = {}, {}
+    for c in cands:
+        for j in kinds_of(c.shape):
+            facts.planned_count[j] = facts.planned_count.get(j, 0) + 1
+    for r in runs:
+        for j in r:
+            facts.runs_count[j] = facts.runs_count.get(j, 0) + 1
     for i in sorted(range(len(cands)), key=lambda i: cands[i].bottleneck_ns * len(cands[i].devices)):
         c = cands[i]
         for j in runs[i]:
@@ -165,12 +194,17 @@ def idle_reasons(problem: Problem, plan: PipelinesPlan, microbatches: int, facts
                       "stage that does not fit (weights, training state and the stash of its microbatches); "
                       f"{holds}")
         elif j not in facts.best:
-            out[d] = (f"too slow to help: every plan of a pipeline shape with a {name} machine leaves its devices out "
-                      "(a stage on one would make that pipeline slower)")
+            shapes = facts.planned_count.get(j, 0)
+            out[d] = (f"not shown to help: every plan of the {shapes} pipeline shape(s) with a {name} machine that the "
+                      "search solved leaves its devices out, but a stage on fewer of its devices was not tried: a "
+                      "plan using one may be faster")
         else:
             lo, bottleneck, devices, fewest_ns = facts.best[j]
             if fewest_ns >= plan.iteration_ns:
-                out[d] = (f"too slow to help: every pipeline with a {name} machine takes at least "
+                shown = _device_try(facts, plan, dev) is not None  # NOTE [idle reasons]: the device join tried it
+                out[d] = (f"{'too slow to help' if shown else 'not shown to help'}: every pipeline shape the search "
+                          f"solved whose plan runs a stage on a "
+                          f"{name} machine ({facts.runs_count.get(j, 0)} shape(s)) takes at least "
                           f"{format_ns(fewest_ns)} for its fewest microbatches"
                           + (" (1F1B: as many as its stages)" if one_f1b else "") + f", more than the plan's whole "
                           f"{step} step")
@@ -178,16 +212,38 @@ def idle_reasons(problem: Problem, plan: PipelinesPlan, microbatches: int, facts
                 out[d] = (f"microbatches: a pipeline with it runs at least {lo}, and the batch's {microbatches} "
                           "are taken by the pipelines' fewest; a larger batch would use it")
             else:
-                out[d] = _link_or_slow(problem, plan, devices, bottleneck, pipes, rate, dev.node not in busy_machines)
-                if out[d].startswith("too slow"):
-                    out[d] += (f"; the best-rate pipeline with a {name} machine ({devices} devices) has a "
-                               f"{format_ns(bottleneck)} bottleneck, and the fastest with one takes "
-                               f"{format_ns(fewest_ns)} for its fewest microbatches")
+                out[d] = _link_or_unshown(problem, plan, devices, bottleneck, pipes, rate,
+                                          dev.node not in busy_machines)
+                if out[d].startswith("not shown"):
+                    out[d] += (f"; the best-rate pipeline with a {name} machine the search solved ({devices} devices) "
+                               f"has a {format_ns(bottleneck)} bottleneck, and the fastest takes "
+                               f"{format_ns(fewest_ns)} for its fewest microbatches, within the plan's {step} step: "
+                               "a plan using it may be faster (a longer --time-limit may find it)")
         if facts is not None and d not in first:
             alone = sum(facts.kind_of_machine[x.node] == j for x in problem.devices)
             short = holds if alone * dev.capacity_bytes < need and holds not in out[d] else ""
-            out[d] += _numbers(facts, j, name, plan, short, alone)
+            out[d] += _numbers(facts, j, name, plan, short, alone) + _device_words(facts, plan, dev)
     return out
+
+
+def _device_try(facts: ShapeFacts, plan: PipelinesPlan, dev) -> DeviceTry | None:
+    """NOTE [device join]'s last try of `dev`'s kind when it was made against `plan` and made the slowest pipeline no
+    faster (its planner ran no stage on the devices, or the pipeline's time did not drop)."""
+    t = facts.device_tries.get((dev.type, dev.capacity_bytes))
+    if t is None or t.against != tuple(tuple(p.devices) for p in plan.pipelines):
+        return None
+    return t if t.pipeline_ns is None or t.pipeline_ns >= t.was_ns else None
+
+
+def _device_words(facts: ShapeFacts, plan: PipelinesPlan, dev) -> str:
+    """What NOTE [device join] found for `dev`'s kind against `plan`, "" when it did not try it or it helped."""
+    t = _device_try(facts, plan, dev)
+    if t is None:
+        return ""
+    given = f"{t.per} {dev.type} device(s) more in the slowest pipeline, planned again"
+    if t.pipeline_ns is None:
+        return f"; {given}, runs no stage on them"
+    return f"; {given}, takes {format_ns(t.pipeline_ns)} against {format_ns(t.was_ns)}"
 
 
 def _numbers(facts: ShapeFacts, j: int, name: str, plan: PipelinesPlan, short: str, alone: int) -> str:
@@ -215,12 +271,12 @@ def _numbers(facts: ShapeFacts, j: int, name: str, plan: PipelinesPlan, short: s
     return out + f"; adding one {name} machine to {where} gives {format_ns(t.step_ns)} ({more:+.1%})"
 
 
-def _link_or_slow(problem: Problem, plan: PipelinesPlan, devices: int, bottleneck: int, pipes: int,
-                  rate: float, apart: bool) -> str:
-    """NOTE [idle reasons]'s last two: link, or too slow to help (`apart`: no used device shares its machine)."""
+def _link_or_unshown(problem: Problem, plan: PipelinesPlan, devices: int, bottleneck: int, pipes: int,
+                     rate: float, apart: bool) -> str:
+    """NOTE [idle reasons]'s last two: link, or not shown to help (`apart`: no used device shares its machine)."""
     saving = pipes * (1 / max(1, bottleneck)) / (rate + 1 / max(1, bottleneck))
     more = sync_floor_ns(problem, devices, len(plan.pipelines) + 1, crosses_machines=apart) - plan.grad_sync_ns
     if problem.training is not None and more > saving:
         return (f"link: one more pipeline with it would save at most {format_ns(saving)} of the "
                 f"pipelines' time, but its gradient sync adds at least {format_ns(more)}")
-    return "too slow to help: no plan the search found with it has a lower step"
+    return "not shown to help: no plan the search found with it has a lower step"

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from hetpart.errors import HetpartError
 from hetpart.partitioner.infeasible import PipelinesRefused, check_holds_model, no_shape_refusal
 from hetpart.partitioner.pipeline_bounds import _supports, need_bytes, pipelines_lower_bound, sync_floor_ns
+from hetpart.partitioner.pipeline_device_join import device_join
 from hetpart.partitioner.pipeline_idle import ShapeFacts, format_ns, idle_reasons, kind_names, learn
 from hetpart.partitioner.pipeline_join import JoinPlanner, join_probe
 from hetpart.partitioner.pipeline_layers import layer_problem
@@ -498,6 +499,10 @@ def _plan_and_facts(problem: Problem, microbatches: int, options: SolveOptions |
         mix = cost_pipelines(problem, pipes, solver_status="FEASIBLE")
         best = mix if mix.iteration_ns < best.iteration_ns else best
     best = stripes.plan if stripes.plan.iteration_ns < best.iteration_ns else best
+    # NOTE [device join]: a few idle devices given to the slowest pipelines, in what is left of the limit.
+    best, device_stats, facts.device_tries = device_join(
+        problem, best, microbatches, lambda devs, m, limit_s: solve_shape(devs, m, limit_s / (1 + len(ordered))).plan,
+        shape_limit, expect_s, deadline(1.0))
     violations = pipelines_violations(problem, best, microbatches)
     if violations:
         raise HetpartError("partitioner: internal error, the pipelines plan breaks its rules:\n  "
@@ -508,7 +513,7 @@ def _plan_and_facts(problem: Problem, microbatches: int, options: SolveOptions |
              "outer_optimal": float(exhausted), "shapes_from_memo": float(from_memo),
              "outer_step_ns": float(outer_step_ns), "kmax": float(kmax),
              "layer_nodes": float(layers.layers if layers is not None else 0),  # NOTE [shapes on layers]
-             **probe.stats, **stripes.stats}  # NOTE [join probe], NOTE [striped pipelines]
+             **probe.stats, **stripes.stats, **device_stats}  # NOTE [join probe], [striped pipelines], [device join]
     note = bound.note + ("" if exhausted else "; the outer program did not finish: a better mix of these shapes "
                          "may exist") + ("" if covered >= set(shapes) else f"; {len(set(shapes) - covered)} of "
                                          f"{len(shapes)} shapes not tried (time limit)")

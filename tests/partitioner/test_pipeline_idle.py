@@ -265,3 +265,94 @@ def test_a_baselines_plan_taken_without_search_facts_says_so():
     outside = {d.name for d in p.devices} - {d for q in got.pipelines for d in q.devices}
     assert outside and set(idle) >= outside
     assert all("the search found no plan of its own" in idle[d] for d in outside), idle
+
+
+def _one_kind_facts(p: Problem, fewest_ns: int, bottleneck_ns: int):
+    """NOTE [idle reasons]'s facts as a search that solved one two-device shape of the one machine kind would
+    leave them: its plan runs a stage on the kind, `fewest_ns` for its fewest microbatch, `bottleneck_ns`."""
+    from hetpart.partitioner.pipeline_idle import ShapeFacts
+
+    facts = ShapeFacts(kind_of_machine={d.node: 0 for d in p.devices}, in_shape={0}, tried={0}, solved={0},
+                       best={0: (1, bottleneck_ns, 2, fewest_ns)}, kind_names=["gpu"], tried_count={0: 1})
+    facts.runs_count, facts.planned_count = {0: 1}, {0: 1}  # (set apart: the tests also run on the code before)
+    return facts
+
+
+def test_an_idle_device_a_faster_plan_uses_is_not_called_too_slow_to_help():
+    """idle19: when a pipeline with the idle kind runs its fewest microbatches within the plan's step, there are
+    microbatches for it and no sync forbids it, only the search's reach left it idle; llama-70b on hetero-256
+    read "too slow to help" for 192 A100s that a plan 13.7% faster (same cost model) runs. Here one pipeline on
+    machine n0 runs the 8 microbatches; two pipelines (n0 and n1) run them faster, so n1's devices help."""
+    from hetpart.partitioner.pipeline_idle import idle_reasons
+    from hetpart.partitioner.pipelines import fixed_pipelines
+
+    t = _machines(2, Link(1000, 0), _chain())
+    p = Problem(graph=t.graph, weights=t.weights, devices=t.devices, intra_node_links=t.intra_node_links,
+                network=t.network)  # inference: no sync
+    chosen = fixed_pipelines(p, [["g0", "g1"]], [8])
+    faster = fixed_pipelines(p, [["g0", "g1"], ["g2", "g3"]], [4, 4])
+    assert not pipelines_violations(p, faster, 8) and faster.iteration_ns < chosen.iteration_ns
+    alone = fixed_pipelines(p, [["g2", "g3"]], [1])
+    facts = _one_kind_facts(p, alone.iteration_ns, alone.pipelines[0].plan.bottleneck_ns)
+    why = idle_reasons(p, chosen, 8, facts)
+    assert set(why) == {"g2", "g3"}
+    assert all(not w.startswith("too slow to help") for w in why.values()), why
+    assert why["g2"].startswith("not shown to help: no plan the search found with it has a lower step")
+    assert "a plan using it may be faster" in why["g2"]
+
+
+def test_too_slow_to_help_claims_only_the_shapes_the_search_solved():
+    """idle19: "every pipeline with a a100-80g machine takes at least 9,156 ms for its fewest microbatches" was read
+    from 3 solved shapes (llama-70b on hetero-1024) while other pipelines with one take less. Here the search's one
+    solved shape with the kind (as `facts` say) is slower than the step, but the pipeline on n1 is not: the reason
+    says it speaks of the shapes the search solved, and how many."""
+    from hetpart.partitioner.pipeline_idle import idle_reasons
+    from hetpart.partitioner.pipelines import fixed_pipelines
+
+    t = _machines(2, Link(1000, 0), _chain())
+    p = Problem(graph=t.graph, weights=t.weights, devices=t.devices, intra_node_links=t.intra_node_links,
+                network=t.network)
+    chosen = fixed_pipelines(p, [["g0", "g1"]], [8])
+    alone = fixed_pipelines(p, [["g2", "g3"]], [1])
+    assert alone.iteration_ns < chosen.iteration_ns  # a pipeline with the kind under the step at its fewest
+    facts = _one_kind_facts(p, 10 * chosen.iteration_ns, chosen.iteration_ns)
+    why = idle_reasons(p, chosen, 8, facts)["g2"]
+    assert why.startswith("not shown to help: every pipeline shape the search solved whose plan runs a stage on a gpu "
+                          "machine (1 shape(s)) takes at least "), why
+    # NOTE [device join] gave one to the slowest pipeline and its planner ran no stage on it: too slow to help.
+    from hetpart.partitioner.pipeline_device_join import DeviceTry
+
+    facts.device_tries = {("gpu", 200): DeviceTry(1, chosen.iteration_ns, None, None, (("g0", "g1"),))}
+    why = idle_reasons(p, chosen, 8, facts)["g2"]
+    assert why.startswith("too slow to help: every pipeline shape the search solved whose plan runs a stage on a gpu "
+                          "machine (1 shape(s)) takes at least "), why
+    assert why.endswith("; 1 gpu device(s) more in the slowest pipeline, planned again, runs no stage on them"), why
+
+
+def test_a_kind_whose_solved_shapes_leave_it_out_is_not_called_too_slow_to_help():
+    """idle19: llama-70b on hetero-64 read "too slow to help: every plan of a pipeline shape with a l4-24g machine
+    leaves its devices out (a stage on one would make that pipeline slower)", while its pipeline planned again with
+    one L4 added is 0.9% faster. Here the solved shapes with the kind (as `facts` say) leave it out, and one more
+    device as a third stage takes the 8 microbatches' bottleneck from 110 to 60 ns."""
+    from hetpart.partitioner.pipeline_idle import ShapeFacts, idle_reasons
+    from hetpart.partitioner.pipelines import fixed_pipelines
+
+    g = _chain()  # a -> b -> c -> out, the output pinned last (a stage of it alone holds nothing)
+    g.add_edge("c", "out")
+    nx.set_node_attributes(g, {"c": None, "out": PIN_LAST}, PIN)
+    nx.set_node_attributes(g, {"out": {"gpu": 0}}, TIME_NS)
+    nx.set_node_attributes(g, {"out": (), "c": ("wc",)}, WEIGHTS)
+    nx.set_node_attributes(g, {"out": 0}, OUT_BYTES)
+    nx.set_node_attributes(g, {"out": 0}, MEM_BYTES)
+    t = _machines(2, Link(1000, 0), g)
+    p = Problem(graph=t.graph, weights=t.weights, devices=t.devices, intra_node_links=t.intra_node_links,
+                network=t.network)
+    chosen = fixed_pipelines(p, [["g0", "g1"]], [8])
+    joined = fixed_pipelines(p, [["g0", "g1", "g2"]], [8])
+    assert "g2" in joined.used_devices and joined.iteration_ns < chosen.iteration_ns
+    facts = ShapeFacts(kind_of_machine={d.node: 0 for d in p.devices}, in_shape={0}, tried={0}, solved={0},
+                       kind_names=["gpu"], tried_count={0: 1})
+    facts.planned_count = {0: 1}
+    why = idle_reasons(p, chosen, 8, facts)["g2"]
+    assert why.startswith("not shown to help: every plan of the 1 pipeline shape(s) with a gpu machine that the "
+                          "search solved leaves its devices out"), why

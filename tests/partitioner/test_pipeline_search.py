@@ -463,11 +463,13 @@ def test_join_probe_keeps_to_the_time_limit(monkeypatch):
     import hetpart.partitioner.pipeline_search as search
 
     one_kind_shapes_only(monkeypatch)
-    real = search.join_probe
+    real, devices = search.join_probe, search.device_join
     monkeypatch.setattr(search, "join_probe", lambda *a: real(*a[:7], time.perf_counter() - 1.0, *a[8:]))
+    monkeypatch.setattr(search, "device_join", lambda *a: devices(*a[:6], time.perf_counter() - 1.0))  # its too
     p, M = joinable(70), 12
     plan = plan_pipelines(p, M, time_limit_s=20)
     assert plan.iteration_ns == 650 and plan.stats["join_tries"] == 0 and plan.stats["join_finished"] == 0
+    assert plan.stats["device_join_tries"] == 0
     assert all("the time limit came before the join probe tried it" in plan.devices_idle[d] for d in ("s0", "s1"))
 
 
@@ -555,14 +557,36 @@ def test_the_join_planner_begins_no_solve_expected_past_its_end():
     assert calls == [M]
 
 
+def test_device_join_gives_one_slow_device_to_each_slowest_pipeline(monkeypatch):
+    """NOTE [device join] (idle19): with the mixes hidden and the whole-machine join probe given no time, the two fast
+    pipelines run 6 microbatches each in 650 ns and the slow machine is idle; one slow device as each pipeline's
+    third stage ({a}|{b}|{c}, c at 70 ns there) takes them to 170 + 5 x 70 = 520 ns: more than NOTE [join probe]'s
+    whole machine to one pipeline reaches (590). Before, the plan stayed at 650 ns with both slow devices idle."""
+    import hetpart.partitioner.pipeline_search as search
+    from hetpart.partitioner.pipelines import fixed_pipelines
+
+    one_kind_shapes_only(monkeypatch)
+    real = search.join_probe
+    monkeypatch.setattr(search, "join_probe", lambda *a: real(*a[:7], time.perf_counter() - 1.0, *a[8:]))
+    p, M = joinable(70), 12
+    plan = plan_pipelines(p, M, time_limit_s=20)
+    assert not pipelines_violations(p, plan, M)
+    both = fixed_pipelines(p, [("g0", "g1", "s0"), ("g2", "g3", "s1")], [6, 6])
+    assert {"s0", "s1"} <= both.used_devices and both.iteration_ns == 520
+    assert plan.iteration_ns == both.iteration_ns and {"s0", "s1"} <= plan.used_devices, plan.devices_idle
+    assert plan.stats["device_join_taken"] >= 1
+
+
 def test_a_join_the_split_leaves_idle_quotes_no_step(monkeypatch):
     """NOTE [join probe]: when the batch's least-time split gives the joined pipeline no microbatches, the plan the
     probe costs runs nothing on the added machine, so the idle reason quotes no "gives X" (the plan fuzz found
     "adding one slow machine to pipeline 1 gives 651 ns" priced on a plan without it, seed 47 at 0.03 s). Forced
     here: the split leaves out the joined candidate (the last solved) and runs the batch on the others."""
     import hetpart.partitioner.pipeline_join as join
+    import hetpart.partitioner.pipeline_search as search
 
     one_kind_shapes_only(monkeypatch)
+    monkeypatch.setattr(search, "device_join", lambda problem, plan, *a: (plan, {}, {}))  # it would use them
     real = join._split
 
     def split_without_joined(cands, chosen, M):

@@ -1,0 +1,108 @@
+"""The device join of the pipelines search (NOTE [device join]): idle devices, a few at a time, given to the plan's
+slowest pipelines. Nothing here imports torch."""
+
+from __future__ import annotations
+
+import time
+import types
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from hetpart.partitioner.pipeline_outer import renamed
+from hetpart.partitioner.pipelines import Pipeline, PipelinesPlan, _devices_of, cost_pipelines, pipelines_violations
+from hetpart.partitioner.problem import Plan, Problem
+
+_DEVICES = (1, 2)  # devices of one kind given to each slowest pipeline per try
+
+# NOTE [device join]
+# NOTE [join probe] gives whole machines to the pipelines of the outer program's answer; a machine whose
+# eight devices would add eight stages to a pipeline's fill may still pay for one, and a plan the stripe
+# probe or a one-machine mix found is never joined at all. llama-70b on hetero-64: the plan is one pipeline
+# of 48 GPUs at 64 microbatches (6,366 ms); the probe's 56-device join (a whole L4 machine) planned to
+# 10,207 ms, so the 16 L4s were idle, while the same pipeline planned again with one L4 more takes 6,307 ms
+# (docs/benchmarks.md, "idle19"). So after the search has its plan (stripes and mixes included), in what is
+# left of the time limit, each kind of idle device (type and capacity) gives k devices (k = 1, 2) to each of
+# the plan's slowest pipelines (those whose time is the plan's pipeline time) when it has devices enough:
+# the first of them is planned again on its devices plus its k by the search's planner (in each device
+# order, for its microbatches), and the others run that plan renamed onto their own devices plus theirs
+# (`renamed`, recosted: stripes and copies of one shape list their devices alike). The plan, the other
+# pipelines and every share of the batch unchanged, is costed by `cost_pipelines` (its sync included),
+# checked by `pipelines_violations`, and kept when its step is lower; the tries go on from it. Each kind's
+# last try is kept for NOTE [idle reasons] (its step, or that the planner ran no stage on the added devices;
+# a stage of no work, an input placeholder alone, counts as none: it would print the device as used).
+# Stats: device_join_tries, device_join_taken, device_join_seconds.
+
+
+def _idle_by_kind(problem: Problem, plan: PipelinesPlan) -> dict[tuple[str, int], list[str]]:
+    """The devices in no pipeline, per (type, capacity), taken one machine after another (m0/0, m1/0, m0/1, ...)."""
+    held = {d for p in plan.pipelines for d in p.devices}
+    per: dict[tuple[str, int], dict[str, list[str]]] = {}
+    for d in problem.devices:
+        if d.name not in held:
+            per.setdefault((d.type, d.capacity_bytes), {}).setdefault(d.node, []).append(d.name)
+    out = {}
+    for kind, machines in per.items():
+        rows = list(machines.values())
+        out[kind] = [r[i] for i in range(max(map(len, rows))) for r in rows if i < len(r)]
+    return out
+
+
+@dataclass(frozen=True)
+class DeviceTry:
+    """One try of NOTE [device join]: `per` devices of a kind given to the slowest pipeline of the plan `against` (its
+    pipelines' devices), planned again: that pipeline's time before (`was_ns`) and after (`pipeline_ns`, None where
+    its planner ran no stage on them), and the step with every slowest pipeline so joined (None: too few devices)."""
+
+    per: int
+    was_ns: int
+    pipeline_ns: int | None
+    step_ns: int | None
+    against: tuple[tuple[str, ...], ...]
+
+
+def device_join(problem: Problem, plan: PipelinesPlan, microbatches: int,
+                solve: Callable[[tuple[str, ...], int, float], Plan | None], limit_s: Callable[[int], float],
+                expect_s: Callable[[int], float], end: float
+                ) -> tuple[PipelinesPlan, dict[str, float], dict[tuple[str, int], DeviceTry]]:
+    """NOTE [device join] from `plan` until `end` (a perf_counter value): `solve(devices, microbatches, seconds)`
+    is the search's planner, `limit_s(n)` its seconds for a shape of n devices and `expect_s(n)` what one is
+    expected to take; the plan kept, the stats, and each kind's (type, capacity) last try."""
+    t0 = time.perf_counter()
+    stats = {"device_join_tries": 0.0, "device_join_taken": 0.0}
+    tries: dict[tuple[str, int], DeviceTry] = {}
+    best = plan
+    for k in _DEVICES:
+        for kind, idle in _idle_by_kind(problem, best).items():
+            top = max(p.time_ns for p in best.pipelines)
+            slow = [i for i, p in enumerate(best.pipelines) if p.time_ns == top]
+            left = end - time.perf_counter()
+            first = best.pipelines[slow[0]]
+            devs = tuple(first.devices) + tuple(idle[:k])
+            if len(idle) < k or left <= 0 or expect_s(len(devs)) > left:
+                continue
+            got = solve(devs, first.microbatches, min(left, limit_s(len(devs))))
+            stats["device_join_tries"] += 1
+            against = tuple(tuple(p.devices) for p in best.pipelines)
+            # A stage of no work (an input placeholder alone) runs nothing on its device.
+            ran = set() if got is None else {d for st in got.stages if st.compute_ns > 0 for d in _devices_of(st)}
+            if got is None or not ran & set(idle[:k]):
+                tries[kind] = DeviceTry(k, first.time_ns, None, None, against)
+                continue
+            ref = types.SimpleNamespace(devices=devs, plan=got)
+            joined = renamed(problem, ref, devs, first.microbatches, first.index)  # type: ignore[arg-type]
+            if len(idle) < k * len(slow):  # not every slowest pipeline can have k: the step cannot drop
+                tries[kind] = DeviceTry(k, first.time_ns, joined.time_ns, None, against)
+                continue
+            pipes: list[Pipeline] = list(best.pipelines)
+            for n, i in enumerate(slow):
+                p = best.pipelines[i]
+                own = tuple(p.devices) + tuple(idle[n * k:(n + 1) * k])
+                pipes[i] = renamed(problem, ref, own, p.microbatches, p.index)  # type: ignore[arg-type]
+            trial = cost_pipelines(problem, pipes, solver_status="FEASIBLE")
+            valid = not pipelines_violations(problem, trial, microbatches)
+            tries[kind] = DeviceTry(k, first.time_ns, joined.time_ns, trial.iteration_ns if valid else None, against)
+            if valid and trial.iteration_ns < best.iteration_ns:
+                best = trial
+                stats["device_join_taken"] += 1
+    stats["device_join_seconds"] = time.perf_counter() - t0
+    return best, stats, tries
