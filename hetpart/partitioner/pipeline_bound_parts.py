@@ -25,6 +25,7 @@ class Part:
     k_hi: int | None
     least_size: int
     sync_ns: int
+    outside_ns: int = 0  # the most transfers a plan of the part can have had charged in sync_ns (NOTE [stage mix runs])
 
 
 # NOTE [memory bound parts]

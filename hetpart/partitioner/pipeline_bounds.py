@@ -21,9 +21,10 @@ from hetpart.partitioner.costs import held_weight_bytes
 from hetpart.partitioner.lp_bounds import _LpData, _solve_lp
 from hetpart.partitioner.pipeline_bound_parts import Part, parts_search, whole_ns_at_least
 from hetpart.partitioner.pipeline_memory_bound import MemoryBound, memory_lower_bound
-from hetpart.partitioner.pipeline_mix_bound import StageMix, part_floors, slack_rows, stage_mix
+from hetpart.partitioner.pipeline_mix_bound import (RunFloor, StageMix, part_floors, run_floor, run_slack, slack_rows,
+                                                     stage_mix)
 from hetpart.partitioner.pipeline_stage_sum import StageSum
-from hetpart.partitioner.pipeline_sync_topology import ring_floor_ns, sync_topology, topology_sync_ns
+from hetpart.partitioner.pipeline_sync_topology import crossing_hi_ns, ring_floor_ns, sync_topology, topology_sync_ns
 from hetpart.partitioner.problem import MEM_BYTES, TIME_NS, Problem
 
 # NOTE [pipelines bound]
@@ -116,6 +117,7 @@ class _Support:
     mix: StageSum | None = None  # alpha_mix's Z of NOTE [stage mix bound], None: no such lines
     delta: dict[str, float] = field(default_factory=dict)  # its slack per type
     mix_cuts: list[tuple[dict[str, float], float]] = field(default_factory=list)  # its lines found so far
+    run_cuts: list[tuple[dict[str, float], float]] = field(default_factory=list)  # NOTE [stage mix runs]' lines
 
     def with_mix(self, mix: StageMix | None) -> None:
         """NOTE [stage mix bound]'s Z and slack on this support, and its pool: beta = 0 and NOTE [priced fill]'s
@@ -124,6 +126,7 @@ class _Support:
         if self.mix is not None:
             self.delta = {t: float(mix.delta[t]) for t in self.types}
             self.mix_cuts = [({}, min(mix.model_ns[t] for t in self.types)), *_price_lines(self.mix, list(self.types))]
+            self.run_cuts = list(self.mix_cuts)
 
 
 def need_bytes(problem: Problem) -> int:
@@ -180,6 +183,7 @@ _PRICE_SCALES = (1.4,)  # theta of NOTE [priced fill] (0.7 and 1.0 too, and 6 ta
 # instead of 556.4 on llama-7b / hetero-64 for 2.3x the LP's time, which under load ran past the bound's deadline)
 _CUT_ROUNDS = 8  # LP solves per T at most, NOTE [stage sum cuts] (2)
 MIX = True  # NOTE [stage mix bound]'s lines (False: the bound without them, for the tests' comparisons)
+RUNS = True  # NOTE [stage mix runs]' rows (False: without them, for the tests' comparisons)
 TOPOLOGY = True  # NOTE [sync topology floor] in the parts' charge (False: sigma alone, for the tests' comparisons)
 CROSS_EVERYWHERE = False  # the negative control of NOTE [priced fill]: its crossing row where T >= alpha too (invalid)
 
@@ -260,8 +264,9 @@ class _Lp:
 
     def __init__(self, problem: Problem, supports: list[_Support], microbatches: int, k_range: tuple[int, int | None],
                  min_size: int, need: int | None = None, deadline: float | None = None,
-                 separate: bool = True) -> None:
+                 separate: bool = True, runs: RunFloor | None = None, outside_ns: float = 0.0) -> None:
         self.kinds, self.supports, self.M = problem.device_kinds(), supports, microbatches
+        self.runs, self.outside = runs, outside_ns  # NOTE [stage mix runs]: its constants, and X_hi
         self.need = need_bytes(problem) if need is None else need
         self.k_range, self.min_size, self.deadline = k_range, min_size, deadline
         self.cut_short = False  # the deadline stopped NOTE [stage sum cuts]'s lines at some T
@@ -323,6 +328,8 @@ class _Lp:
             for beta, alpha in a.mix_cuts:
                 for extra in slack_rows(a.delta, beta, a.lam, a.work, self.floors[a.types]):
                     self._line(s, a, p, y, z, w, T, beta, alpha, extra)
+            for beta, alpha in a.run_cuts:
+                self._run_line(s, a, p, y, z, w, T, beta, alpha)
             if CROSS_EVERYWHERE and a.work > 0:  # NOTE [priced fill]'s negative control (invalid where T >= alpha)
                 for beta, alpha in a.fast:
                     if T >= alpha > a.fill_ns:
@@ -357,6 +364,14 @@ class _Lp:
                 beta = {t: float(b) for t, b in zip(a.types, got[0]) if b > 0}
                 if wa * (1 - got[1] / T) + float(got[0] @ n) < za - pa - 1e-6 * max(1.0, pa):
                     new.append((a, beta, got[1], False))
+                if a.mix is not None and self.runs is not None:  # NOTE [stage mix runs]: the line at the point
+                    got = a.mix.cut_at(n * T / wa)
+                    if got is not None:
+                        beta = {t: float(b) for t, b in zip(a.types, got[0]) if b > 0}
+                        k = self._run_k(a, beta)
+                        if k is not None and wa * (1 - (got[1] - k - self.outside) / T) + float(got[0] @ n) < (
+                                za - pa - 1e-6 * max(1.0, pa)):
+                            new.append((a, beta, got[1], None))
                 f = self.floors[a.types]
                 for per in ([1 / f.floor] if f.floor > 0 else []) + ([f.rate_lo] if f.rate_lo > 0 else []):
                     if a.mix is None:  # NOTE [stage mix bound] (4), at either row's slack
@@ -373,6 +388,10 @@ class _Lp:
             if not new:
                 break
             for a, beta, alpha, mixed in new:
+                if mixed is None:
+                    a.run_cuts.append((beta, alpha))
+                    self._run_line(s, a, p, y, z, w, T, beta, alpha)
+                    continue
                 (a.mix_cuts if mixed else a.cuts).append((beta, alpha))
                 for extra in slack_rows(a.delta, beta, a.lam, a.work, self.floors[a.types]) if mixed else [None]:
                     self._line(s, a, p, y, z, w, T, beta, alpha, extra)
@@ -391,6 +410,19 @@ class _Lp:
             coef = beta.get(c[0], 0.0) + (extra[0].get(c[0], 0.0) if extra else 0.0)
             if c[0] in a.types and coef > 0:
                 row.SetCoefficient(y[a.types, c], -coef)
+
+    def _run_k(self, a: _Support, beta: dict[str, float]) -> float | None:
+        """NOTE [stage mix runs]' K for a line of `a`'s alpha_mix (None: no row)."""
+        if not RUNS or a.mix is None:
+            return None
+        return run_slack(a.delta, beta, self.runs)
+
+    def _run_line(self, s, a: _Support, p, y, z, w, T: float, beta: dict[str, float], alpha: float) -> None:
+        """NOTE [stage mix runs]' row: NOTE [stage sum cuts] (1)'s at T + X_hi with alpha_mix - K, in the LP's w (which
+        is sum T / b_i): z - p <= w (T + X_hi - alpha + K) / T + beta . y."""
+        k = self._run_k(a, beta)
+        if k is not None:
+            self._line(s, a, p, y, z, w, T, beta, alpha - k - self.outside)
 
     def feasible(self, T: float) -> bool:
         # Near-feasible counts as feasible: a float LP may only make the bound lower, never unsound.
@@ -493,8 +525,20 @@ def _lp_bound(problem: Problem, supports: list[_Support], microbatches: int, nee
     `below`: those three from fewer lines, where each search starts (NOTE [stage sum cuts] (4))."""
     lo = min(a.fill_ns for a in supports)
     start = below or (lo, lo, lo)
-    lps = [_Lp(problem, supports, microbatches, (1, 2), 1, need, deadline, separate),
-           _Lp(problem, supports, microbatches, (1, None), 1, need, deadline, separate)]
+    runs = run_floor(problem, deadline) if RUNS and MIX else None  # NOTE [stage mix runs]
+    devices = len(problem.devices)
+    cells = _size_cells(devices)
+    topo = (sync_topology(problem, _read_weight_bytes(problem), need, deadline)
+            if TOPOLOGY and microbatches >= 2 and problem.training is not None else None)
+    parts = [Part(k_lo, k_hi, g_lo, topology_sync_ns(topo, min(devices // k_lo, g_next - 1), k_lo, g_lo,
+                                                    sync_floor_ns(problem, g_next - 1, k_lo)),
+                  crossing_hi_ns(topo, k_lo, g_lo))
+             for k_lo, k_hi in _k_ranges(problem) if k_lo <= microbatches
+             for g_lo, g_next in zip(cells, cells[1:]) if g_lo * k_lo <= devices]
+    # The LP of no part's rows is a relaxation of each part's: its run rows at the largest X_hi (NOTE [stage mix runs]).
+    lps = [_Lp(problem, supports, microbatches, (1, 2), 1, need, deadline, separate, runs),
+           _Lp(problem, supports, microbatches, (1, None), 1, need, deadline, separate, runs,
+               max((q.outside_ns for q in parts), default=0))]
     one = _least_T(lps[0], max(lo, start[0]), max(lo, start[0]) * (1.05 if below else 2.0) + 1.0, deadline)
     free = _least_T(lps[1], max(lo, start[1]), max(lo, start[1]) * (1.05 if below else 2.0) + 1.0, deadline)
     if one is None or free is None or not math.isfinite(free):
@@ -504,20 +548,13 @@ def _lp_bound(problem: Problem, supports: list[_Support], microbatches: int, nee
     if microbatches >= 2:
         best = min(one, free)  # any k, no sync charged: valid on its own
         if problem.training is not None:
-            devices = len(problem.devices)
-            cells = _size_cells(len(problem.devices))
-            topo = sync_topology(problem, _read_weight_bytes(problem), need, deadline) if TOPOLOGY else None
-            parts = [Part(k_lo, k_hi, g_lo, topology_sync_ns(topo, min(devices // k_lo, g_next - 1), k_lo, g_lo,
-                                                            sync_floor_ns(problem, g_next - 1, k_lo)))
-                     for k_lo, k_hi in _k_ranges(problem) if k_lo <= microbatches
-                     for g_lo, g_next in zip(cells, cells[1:]) if g_lo * k_lo <= devices]
             by_part: dict[Part, _Lp] = {}
             now: list[_Lp] = []
 
             def set_part(q: Part) -> None:
                 if q not in by_part:
                     by_part[q] = _Lp(problem, supports, microbatches, (q.k_lo, q.k_hi), q.least_size, need, deadline,
-                                     separate)
+                                     separate, runs, q.outside_ns)
                     lps.append(by_part[q])
                 now[:] = [by_part[q]]
 

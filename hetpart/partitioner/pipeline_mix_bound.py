@@ -12,7 +12,9 @@ from dataclasses import dataclass
 import numpy as np
 from ortools.graph.python import max_flow
 
+from hetpart.partitioner.costs import transfer_ns
 from hetpart.partitioner.pipeline_stage_sum import StageSum
+from hetpart.partitioner.pipeline_transfer_floor import gap_table
 from hetpart.partitioner.problem import TIME_NS, Problem
 
 # NOTE [stage mix bound]
@@ -55,6 +57,31 @@ from hetpart.partitioner.problem import TIME_NS, Problem
 # What the slack costs: on llama-7b / hetero-64 (delta 0.94-1.21 ms on the A100s, 0.63 on the L4, the H100 the
 # reference) B is about 6 ms in the part that binds (4-8 pipelines of >= 8 devices: up to 40 devices each) against
 # the plan's 47 ms bottleneck, so (3) alone gave back most of the gain (565.7 -> 566.2 ms); with (5) 581.6 ms.
+# Where every machine holds one type, NOTE [stage mix runs] pays the slack per run of one type instead, with no B.
+
+# NOTE [stage mix runs]
+# (2) of NOTE [stage mix bound] pays the slack delta once per stage, so (3) divides delta . n_i by b_i and needs B,
+# which is small where a part allows long pipelines (llama-7b on hetero-256: B = 2.3 ms, the head's matmul, in the
+# part that binds, 4-8 pipelines of >= 16 devices, up to 208 each: the lines there gave nothing, 592.5 ms for stages
+# whose mix allows 642.7). Where every machine holds devices of one type, pay it per *run* instead: a run is a
+# maximal chain of consecutive stages on one type. A run is the difference of two nested downsets too (the union of
+# its stages), so (1) holds for it: its compute on type t is >= rho_t r(run) - delta_t. Two consecutive runs differ
+# in type, so sit on two machines: the boundary between them goes over the network (`machine_link`) and is in the
+# stage times on both its sides (NOTE [stage time]). With C(beta) and tau_net(beta) of NOTE [boundary transfer
+# floor] (at most C = C(beta) - 2 boundaries of a pipeline carry fewer than beta bytes, NOTE [sync topology floor]
+# (3)'s count, each other one costs a side at least tau_net = `transfer_ns(network, beta)`), a pipeline of R runs
+# has at least R - 1 - C of its boundaries paying 2 tau_net each. So with c_t = (1 + beta_t) delta_t and c = the
+# largest over the support's types, as in (2):
+#     sum_i >= alpha_mix(beta) - b_i beta . n_i - R c + 2 tau_net max(0, R - 1 - C),
+# and where c <= 2 tau_net the least over R >= 1 is at R = 1 + C: sum_i >= alpha_mix - b_i beta . n_i - K,
+# K = (1 + C) c (`run_slack`: the least over beta's thresholds where the condition holds; none where it holds for
+# none). K is one number per pipeline, so in (3) it is K / b_i, summed K w_A / T: the row is NOTE [stage sum cuts]
+# (1)'s with alpha_mix - K, no B at all. In a part of NOTE [sync topology floor] the other rows hold at T - X
+# (X: the transfers charged in the part's sync), while these use the transfers themselves, so they hold at T only:
+# the part's LP takes them at T + X_hi, X_hi the largest X any plan of the part can have had charged (`Part.outside_ns`,
+# NOTE [sync topology floor]'s `crossing_hi_ns`); the LP of no part's rows (`free`) at the largest X_hi of the parts,
+# so it stays a relaxation of each. Left out (only weaker): runs of the reference type cost no slack (delta 0) but
+# are counted in R; the fast link's transfers on the other boundaries; mixed machines (no row).
 
 DELTA_SCALE = 1.0  # the negative control of NOTE [stage mix bound]: the slack scaled (0.5 is invalid)
 
@@ -186,3 +213,36 @@ def slack_rows(delta: dict[str, float], beta: dict[str, float], lam: dict[str, f
         top = _greedy(c, f.devices, f.most)
         rows.append(({t: c[t] * f.rate_lo + top * lam[t] / work for t in c}, -top * f.rate_lo))
     return rows
+
+
+@dataclass
+class RunFloor:
+    """NOTE [stage mix runs]: per threshold beta of NOTE [boundary transfer floor], (C(beta) - 2, tau_net(beta) ns)."""
+
+    sides: list[tuple[int, int]]
+
+
+def run_floor(problem: Problem, deadline: float | None = None) -> RunFloor | None:
+    """NOTE [stage mix runs]'s constants; None where some machine holds two device types (two runs may then share a
+    machine) or the problem's slots are of several TP degrees."""
+    types_of: dict[str, set[str]] = {}
+    for d in problem.devices:
+        types_of.setdefault(d.node, set()).add(d.type)
+    if problem.tp_sync is not None or any(len(ts) > 1 for ts in types_of.values()):
+        return None
+    gaps = gap_table(problem, deadline)  # kept on the problem; past the deadline mu 0 (fewer sides, still valid)
+    betas = sorted({mu for mu, _ in gaps if mu > 0})
+    # C(beta) - 2: the first and last gaps (mu 0, so counted) each hold one downset that is no boundary.
+    return RunFloor([(max(0, sum(n for m, n in gaps if m < b) - 2), int(transfer_ns(problem.network, b)))
+                     for b in betas])
+
+
+def run_slack(delta: dict[str, float], beta: dict[str, float], runs: RunFloor | None) -> float | None:
+    """NOTE [stage mix runs]'s K for prices `beta` over a support of slack `delta` (its types); None: no row."""
+    if runs is None:
+        return None
+    c = max(((1.0 + beta.get(t, 0.0)) * d for t, d in delta.items()), default=0.0)
+    if c <= 0:
+        return 0.0
+    got = [(1 + cheap) * c for cheap, side in runs.sides if c <= 2 * side]
+    return min(got) if got else None

@@ -53,7 +53,9 @@ from hetpart.partitioner.problem import Problem
 #     L: Q(L) steps up at L_q (the most L that q machines allow), sync(L) falls, so the least is at some
 #     L = min(W, L_q) with q machines (and L = W). It is never below sigma (X >= 0, sync(L) >= sigma).
 #     (X's fastest-link term is the transfers the LP leaves out everywhere, charged here in the parts of
-#     k >= 2 only; NOTE [pipelines memory bound] charges them per stage, where the memory LP binds.)
+#     k >= 2 only; NOTE [pipelines memory bound] charges them per stage, where the memory LP binds.) NOTE [stage
+#     mix runs]' rows use transfers themselves, so hold at T only: the LP takes them at T + the largest X(Q(L))
+#     of the part (`crossing_hi_ns`).
 # Cost: NOTE [boundary transfer floor]'s gap table (kept on the problem; NOTE [pipelines memory bound] reads
 # it too), which stops at the bound's deadline (NOTE [bounds deadline]: the gaps left get mu 0, a smaller X,
 # still a floor), then arithmetic per part.
@@ -148,19 +150,35 @@ def topology_sync_ns(topo: SyncTopology | None, smallest: int, pipelines: int, l
     `topo` is None, and never below it."""
     if topo is None or pipelines < 2:
         return sigma_ns
+    best = math.inf
+    for local, q in _steps(topo, pipelines, least_size):
+        best = min(best, topo.crossing_ns(q, least_size) + _sync_ns(topo, local, smallest, pipelines))
+    return max(sigma_ns, int(best)) if math.isfinite(best) else sigma_ns
+
+
+def crossing_hi_ns(topo: SyncTopology | None, pipelines: int, least_size: int) -> int:
+    """The largest X(Q(L)) of (4) over the L a plan of >= `pipelines` pipelines, each of >= `least_size` devices, may
+    have (0 where `topo` is None or one pipeline: nothing charged): what NOTE [stage mix runs]' rows add to T."""
+    if topo is None or pipelines < 2:
+        return 0
+    return max((topo.crossing_ns(q, least_size) for _, q in _steps(topo, pipelines, least_size)), default=0)
+
+
+def _steps(topo: SyncTopology, pipelines: int, least_size: int) -> list[tuple[float, int]]:
+    """(L, Q(L)) at the L where Q steps up (and 0 and W), those some machines hold: Q(L) of any L a plan has is at
+    most that of the next of them."""
     k, w = pipelines, topo.weight_bytes
     least = math.ceil(max(1, least_size) / topo.machine_devices)
     extra = (k - 1) * topo.held_per_byte
-    best = math.inf
     tops = [0.0] if k > topo.machine_devices else [
         0.0, float(w), *((c - topo.need) / extra for c in topo.machine_caps[1:] if extra > 0)]
+    out = []
     for local in tops:
         local = min(float(w), max(0.0, local))
         # Less a relative 1e-9: the L of a machine's capacity, put back through float arithmetic, may land an ulp
         # above it and take one machine more (review19: 929 of 200,000 draws above the exact least); less memory
         # can only lower the floor.
         q = _machines(topo, (topo.need + extra * local) * (1 - 1e-9), least)
-        if q is None:
-            continue  # no machines hold that much: no plan of this L
-        best = min(best, topo.crossing_ns(q, least_size) + _sync_ns(topo, local, smallest, k))
-    return max(sigma_ns, int(best)) if math.isfinite(best) else sigma_ns
+        if q is not None:  # else no machines hold that much: no plan of this L
+            out.append((local, q))
+    return out
