@@ -1,5 +1,6 @@
 """Plans of two or more pipelines split by pipeline count and smallest pipeline size, each charged its least
-gradient sync (NOTE [memory bound parts]); pipeline_memory_bound.py searches them. Nothing here imports torch.
+gradient sync (NOTE [memory bound parts]: `sync_floor_ns`, NOTE [pipelines bound]'s sigma); pipeline_memory_bound.py
+searches them. Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -7,6 +8,9 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
+
+from hetpart.partitioner.pipeline_sync_topology import ring_floor_ns
+from hetpart.partitioner.problem import Problem
 
 
 def whole_ns_at_least(x: float) -> int:
@@ -73,3 +77,63 @@ def parts_search(parts: list[Part], feasible, set_part, free: float, lo: float, 
             top = min(top, T + q.sync_ns)
         else:
             low[q] = T
+
+
+def sync_floor_ns(problem: Problem, smallest_pipeline: int, pipelines: int, crosses_machines: bool = False) -> int:
+    """NOTE [pipelines bound]'s sigma: the least gradient sync of a plan of `pipelines` >= 2 pipelines
+    whose smallest uses `smallest_pipeline` devices (`crosses_machines`: where every ring is known to span
+    two machines, so runs over the network at best)."""
+    if problem.training is None or pipelines < 2:
+        return 0
+    sizes = _read_weight_bytes(problem)
+    if not sizes or max(sizes) <= 0:
+        return 0
+    links = [problem.network, *problem.intra_node_links.values()]
+    lat = min(link.latency_ns for link in links)
+    bw = max(link.bandwidth_bytes_per_us for link in links)
+    if crosses_machines or pipelines > _largest_machine(problem):
+        # More holders than any machine has devices: the ring crosses machines, so takes a link no
+        # faster than the network (`_ring_link`: the slowest it crosses).
+        bw = problem.network.bandwidth_bytes_per_us
+    held = max(sum(sizes) / max(1, smallest_pipeline), max(sizes))
+    return ring_floor_ns(pipelines, lat, held / bw)
+
+
+def _read_weight_bytes(problem: Problem) -> list[int]:
+    """The bytes of every weight some node reads, kept on the problem (NOTE [problem caches]): the search ranks
+    hundreds of shapes by their sync floor, and a 5,806-node graph took 18 s to rescan each time."""
+    def build() -> list[int]:
+        g = problem.graph
+        read = problem.weights_read(g.nodes)
+        return [problem.weights[w] for w in sorted(read)]
+
+    return problem.kept("read_weight_bytes", (id(problem.graph), problem.graph.number_of_nodes(),
+                                              id(problem.weights)), build)
+
+
+def _largest_machine(problem: Problem) -> int:
+    per: dict[str, int] = {}
+    for d in problem.devices:
+        per[d.node] = per.get(d.node, 0) + 1
+    return max(per.values(), default=1)
+
+
+def _k_ranges(problem: Problem) -> list[tuple[int, int | None]]:
+    """NOTE [pipelines bound]'s parts by pipeline count: split where the sync floor changes its terms."""
+    cuts = sorted({2, 4, 16, 64, _largest_machine(problem) + 1})
+    return [(a, b) for a, b in zip(cuts, cuts[1:])] + [(cuts[-1], None)]
+
+
+def memory_parts(problem: Problem, microbatches: int) -> list[Part]:
+    """NOTE [memory bound parts]: plans of >= 2 pipelines by count (`_k_ranges`) and smallest pipeline size
+    (cells doubling from 1 device, those k_lo pipelines can have), each with the least sync of its plans."""
+    if problem.training is None:
+        return [Part(2, None, 1, 0)]
+    devices = len(problem.devices)
+    cells = [1]
+    while cells[-1] <= devices:
+        cells.append(2 * cells[-1])
+    # k_lo pipelines of at least g devices need k_lo g devices, and the smallest has at most D / k_lo.
+    return [Part(k_lo, k_hi, g, sync_floor_ns(problem, min(devices // k_lo, g_next - 1), k_lo))
+            for k_lo, k_hi in _k_ranges(problem) if k_lo <= microbatches
+            for g, g_next in zip(cells, cells[1:]) if g * k_lo <= devices]

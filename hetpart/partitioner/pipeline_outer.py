@@ -141,6 +141,16 @@ def _patterns(counts: tuple[int, ...], pieces: list[tuple[int, ...]]) -> list[li
     return [p for p in out if any(p)]
 
 
+def patterns_per_kind(kinds: list, cands: list[Candidate]) -> dict[int, list[int]]:
+    """Kind (a machine kind with `counts`) -> the piece counts of its patterns (how many pipelines one machine of it
+    can host)."""
+    out = {}
+    for j, kind in enumerate(kinds):
+        pieces = [c.shape.piece for c in cands if c.shape.piece_kind == j]
+        out[j] = [sum(p) for p in _patterns(kind.counts, pieces)]
+    return out
+
+
 @dataclass
 class OuterAnswer:
     """The outer program's choice: pipelines per candidate, their microbatches, the patterns used."""

@@ -26,7 +26,8 @@ from hetpart.partitioner.pipeline_idle import ShapeFacts, format_ns, idle_reason
 from hetpart.partitioner.pipeline_join import JoinPlanner, join_probe
 from hetpart.partitioner.pipeline_layers import layer_problem
 from hetpart.partitioner.pipeline_outer import (
-    Candidate, _patterns, candidate, greedy_outer, kinds_of, one_machine_mixes, realize, solve_outer, sync_estimates,
+    Candidate, candidate, greedy_outer, kinds_of, one_machine_mixes, patterns_per_kind, realize, solve_outer,
+    sync_estimates,
 )
 from hetpart.partitioner.pipeline_refine import refine_answer
 from hetpart.partitioner.pipeline_shape import (
@@ -450,7 +451,7 @@ def _plan_and_facts(problem: Problem, microbatches: int, options: SolveOptions |
                 (["raise --time-limit"] if timed_out or not covered >= set(shapes) else [])
                 + (["more microbatches"] if many else [])), len(no_plan))
     # --- The outer program (NOTE [outer program]).
-    pieces = {j: max((p for p in _patterns_per_kind(kinds, cands).get(j, [])), default=0) for j in range(len(kinds))}
+    pieces = {j: max((p for p in patterns_per_kind(kinds, cands).get(j, [])), default=0) for j in range(len(kinds))}
     kmax = max(1, min(microbatches, sum(len(k.machines) * max(1, pieces.get(j, 0)) for j, k in enumerate(kinds))))
     sync_estimates(problem, cands, kmax)
     unit = max(1, bound.bound_ns // 10_000)
@@ -521,15 +522,6 @@ def _plan_and_facts(problem: Problem, microbatches: int, options: SolveOptions |
                               bound_unfinished=tuple(bound.unfinished))
     out.devices_idle = idle_reasons(problem, out, microbatches, facts)
     return out, facts
-
-
-def _patterns_per_kind(kinds: list[MachineKind], cands: list[Candidate]) -> dict[int, list[int]]:
-    """Kind -> the piece counts of its patterns (how many pipelines one machine of it can host)."""
-    out = {}
-    for j, kind in enumerate(kinds):
-        pieces = [c.shape.piece for c in cands if c.shape.piece_kind == j]
-        out[j] = [sum(p) for p in _patterns(kind.counts, pieces)]
-    return out
 
 
 # NOTE [baselines as candidates]
