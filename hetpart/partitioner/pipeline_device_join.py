@@ -25,7 +25,8 @@ _DEVICES = (1, 2)  # devices of one kind given to each slowest pipeline per try
 # the plan's slowest pipelines (those whose time is the plan's pipeline time) when it has devices enough:
 # the first of them is planned again on its devices plus its k by the search's planner (in each device
 # order, for its microbatches), and the others run that plan renamed onto their own devices plus theirs
-# (`renamed`, recosted: stripes and copies of one shape list their devices alike). The plan, the other
+# (`renamed`, recosted: stripes and copies of one shape list their devices alike; a slowest pipeline of other
+# device kinds, tied with the first, is planned again on its own devices, as no renaming fits it). The plan, the other
 # pipelines and every share of the batch unchanged, is costed by `cost_pipelines` (its sync included),
 # checked by `pipelines_violations`, and kept when its step is lower; the tries go on from it. Each kind's
 # last try is kept for NOTE [idle reasons] (its step, or that the planner ran no stage on the added devices;
@@ -45,6 +46,30 @@ def _idle_by_kind(problem: Problem, plan: PipelinesPlan) -> dict[tuple[str, int]
         rows = list(machines.values())
         out[kind] = [r[i] for i in range(max(map(len, rows))) for r in rows if i < len(r)]
     return out
+
+
+def _ran(plan: Plan | None) -> set[str]:
+    """The devices `plan` runs work on: a stage of no work (an input placeholder alone) runs nothing on its device."""
+    return set() if plan is None else {d for st in plan.stages if st.compute_ns > 0 for d in _devices_of(st)}
+
+
+def _kinds(problem: Problem, devices: tuple[str, ...]) -> tuple[tuple[str, int], ...]:
+    """The (type, capacity) of each of `devices`, in order: a plan renamed onto devices of the same kinds is a plan."""
+    return tuple((problem.device(d).type, problem.device(d).capacity_bytes) for d in devices)
+
+
+def _own_plan(problem: Problem, devs: tuple[str, ...], m: int, added: list[str],
+              solve: Callable[[tuple[str, ...], int, float], Plan | None], limit_s: Callable[[int], float],
+              expect_s: Callable[[int], float], end: float, stats: dict[str, float]) -> types.SimpleNamespace | None:
+    """A slowest pipeline whose devices are of other kinds than the first's planned again on `devs` (its own and
+    its `added` ones), as the first was; None where time is short or the plan runs nothing on `added`."""
+    left = end - time.perf_counter()
+    if left <= 0 or expect_s(len(devs)) > left:
+        return None
+    got = solve(devs, m, min(left, limit_s(len(devs))))
+    stats["device_join_tries"] += 1
+    ran = _ran(got)
+    return types.SimpleNamespace(devices=devs, plan=got) if ran & set(added) else None
 
 
 @dataclass(frozen=True)
@@ -83,8 +108,7 @@ def device_join(problem: Problem, plan: PipelinesPlan, microbatches: int,
             got = solve(devs, first.microbatches, min(left, limit_s(len(devs))))
             stats["device_join_tries"] += 1
             against = tuple(tuple(p.devices) for p in best.pipelines)
-            # A stage of no work (an input placeholder alone) runs nothing on its device.
-            ran = set() if got is None else {d for st in got.stages if st.compute_ns > 0 for d in _devices_of(st)}
+            ran = _ran(got)
             if got is None or not ran & set(idle[:k]):
                 tries[kind] = DeviceTry(k, first.time_ns, None, None, against)
                 continue
@@ -94,10 +118,20 @@ def device_join(problem: Problem, plan: PipelinesPlan, microbatches: int,
                 tries[kind] = DeviceTry(k, first.time_ns, joined.time_ns, None, against)
                 continue
             pipes: list[Pipeline] = list(best.pipelines)
+            refs = {_kinds(problem, devs): ref}
             for n, i in enumerate(slow):
                 p = best.pipelines[i]
                 own = tuple(p.devices) + tuple(idle[n * k:(n + 1) * k])
-                pipes[i] = renamed(problem, ref, own, p.microbatches, p.index)  # type: ignore[arg-type]
+                shape = _kinds(problem, own)
+                if shape not in refs:  # other kinds than the first's: planned on its own devices
+                    refs[shape] = _own_plan(problem, own, p.microbatches, idle[n * k:(n + 1) * k], solve, limit_s,
+                                            expect_s, end, stats)
+                if refs[shape] is None:
+                    break
+                pipes[i] = renamed(problem, refs[shape], own, p.microbatches, p.index)  # type: ignore[arg-type]
+            if any(refs[s] is None for s in refs):  # a slowest pipeline left as it was: the step cannot drop
+                tries[kind] = DeviceTry(k, first.time_ns, joined.time_ns, None, against)
+                continue
             trial = cost_pipelines(problem, pipes, solver_status="FEASIBLE")
             valid = not pipelines_violations(problem, trial, microbatches)
             tries[kind] = DeviceTry(k, first.time_ns, joined.time_ns, trial.iteration_ns if valid else None, against)
