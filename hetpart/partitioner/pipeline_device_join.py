@@ -76,13 +76,14 @@ def _own_plan(problem: Problem, devs: tuple[str, ...], m: int, added: list[str],
 class DeviceTry:
     """One try of NOTE [device join]: `per` devices of a kind given to the slowest pipeline of the plan `against` (its
     pipelines' devices), planned again: that pipeline's time before (`was_ns`) and after (`pipeline_ns`, None where
-    its planner ran no stage on them), and the step with every slowest pipeline so joined (None: too few devices)."""
+    its planner ran no stage on them, or found no plan: `found`), and the step with every slowest pipeline so joined (None: too few devices)."""
 
     per: int
     was_ns: int
     pipeline_ns: int | None
     step_ns: int | None
     against: tuple[tuple[str, ...], ...]
+    found: bool = True  # False: its planner returned no plan in the time it had (pipeline_ns None): nothing shown
 
 
 def device_join(problem: Problem, plan: PipelinesPlan, microbatches: int,
@@ -110,7 +111,7 @@ def device_join(problem: Problem, plan: PipelinesPlan, microbatches: int,
             against = tuple(tuple(p.devices) for p in best.pipelines)
             ran = _ran(got)
             if got is None or not ran & set(idle[:k]):
-                tries[kind] = DeviceTry(k, first.time_ns, None, None, against)
+                tries[kind] = DeviceTry(k, first.time_ns, None, None, against, found=got is not None)
                 continue
             ref = types.SimpleNamespace(devices=devs, plan=got)
             joined = renamed(problem, ref, devs, first.microbatches, first.index)  # type: ignore[arg-type]
