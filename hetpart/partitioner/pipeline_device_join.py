@@ -30,7 +30,9 @@ _DEVICES = (1, 2)  # devices of one kind given to each slowest pipeline per try
 # pipelines and every share of the batch unchanged, is costed by `cost_pipelines` (its sync included),
 # checked by `pipelines_violations`, and kept when its step is lower; the tries go on from it. Each kind's
 # last try is kept for NOTE [idle reasons] (its step, or that the planner ran no stage on the added devices;
-# a stage of no work, an input placeholder alone, counts as none: it would print the device as used).
+# a stage of no work, an input placeholder alone, counts as none: it would print the device as used), but not
+# over one against the same plan that made the pipeline faster (rev26: a planner short of time may do worse
+# with two devices than with one, and the reason would call the kind too slow to help on that alone).
 # Stats: device_join_tries, device_join_taken, device_join_seconds.
 
 
@@ -46,6 +48,20 @@ def _idle_by_kind(problem: Problem, plan: PipelinesPlan) -> dict[tuple[str, int]
         rows = list(machines.values())
         out[kind] = [r[i] for i in range(max(map(len, rows))) for r in rows if i < len(r)]
     return out
+
+
+def _record(tries: dict[tuple[str, int], DeviceTry], kind: tuple[str, int], t: DeviceTry) -> None:
+    """Keep `t` as `kind`'s try, unless the kept one, against the same plan, made the slowest pipeline faster and `t`
+    did not: NOTE [idle reasons] would call the kind too slow to help on the later try alone (rev26)."""
+    was = tries.get(kind)
+    if was is not None and was.against == t.against and _faster(was) and not _faster(t):
+        return
+    tries[kind] = t
+
+
+def _faster(t: DeviceTry) -> bool:
+    """Whether try `t` made its slowest pipeline faster."""
+    return t.pipeline_ns is not None and t.pipeline_ns < t.was_ns
 
 
 def _ran(plan: Plan | None) -> set[str]:
@@ -76,7 +92,8 @@ def _own_plan(problem: Problem, devs: tuple[str, ...], m: int, added: list[str],
 class DeviceTry:
     """One try of NOTE [device join]: `per` devices of a kind given to the slowest pipeline of the plan `against` (its
     pipelines' devices), planned again: that pipeline's time before (`was_ns`) and after (`pipeline_ns`, None where
-    its planner ran no stage on them, or found no plan: `found`), and the step with every slowest pipeline so joined (None: too few devices)."""
+    its planner ran no stage on them, or found no plan: `found`), and the step with every slowest pipeline so
+    joined (None: too few devices)."""
 
     per: int
     was_ns: int
@@ -111,12 +128,12 @@ def device_join(problem: Problem, plan: PipelinesPlan, microbatches: int,
             against = tuple(tuple(p.devices) for p in best.pipelines)
             ran = _ran(got)
             if got is None or not ran & set(idle[:k]):
-                tries[kind] = DeviceTry(k, first.time_ns, None, None, against, found=got is not None)
+                _record(tries, kind, DeviceTry(k, first.time_ns, None, None, against, found=got is not None))
                 continue
             ref = types.SimpleNamespace(devices=devs, plan=got)
             joined = renamed(problem, ref, devs, first.microbatches, first.index)  # type: ignore[arg-type]
             if len(idle) < k * len(slow):  # not every slowest pipeline can have k: the step cannot drop
-                tries[kind] = DeviceTry(k, first.time_ns, joined.time_ns, None, against)
+                _record(tries, kind, DeviceTry(k, first.time_ns, joined.time_ns, None, against))
                 continue
             pipes: list[Pipeline] = list(best.pipelines)
             refs = {_kinds(problem, devs): ref}
@@ -131,11 +148,12 @@ def device_join(problem: Problem, plan: PipelinesPlan, microbatches: int,
                     break
                 pipes[i] = renamed(problem, refs[shape], own, p.microbatches, p.index)  # type: ignore[arg-type]
             if any(refs[s] is None for s in refs):  # a slowest pipeline left as it was: the step cannot drop
-                tries[kind] = DeviceTry(k, first.time_ns, joined.time_ns, None, against)
+                _record(tries, kind, DeviceTry(k, first.time_ns, joined.time_ns, None, against))
                 continue
             trial = cost_pipelines(problem, pipes, solver_status="FEASIBLE")
             valid = not pipelines_violations(problem, trial, microbatches)
-            tries[kind] = DeviceTry(k, first.time_ns, joined.time_ns, trial.iteration_ns if valid else None, against)
+            _record(tries, kind, DeviceTry(k, first.time_ns, joined.time_ns, trial.iteration_ns if valid else None,
+                                           against))
             if valid and trial.iteration_ns < best.iteration_ns:
                 best = trial
                 stats["device_join_taken"] += 1
