@@ -230,8 +230,8 @@ def _device_try(facts: ShapeFacts, plan: PipelinesPlan, dev) -> DeviceTry | None
     """NOTE [device join]'s last try of `dev`'s kind when it was made against `plan` and made the slowest pipeline no
     faster (its planner ran no stage on the devices, or the pipeline's time did not drop)."""
     t = facts.device_tries.get((dev.type, dev.capacity_bytes))
-    if t is None or t.against != tuple(tuple(p.devices) for p in plan.pipelines):
-        return None
+    if t is None or t.against != tuple(tuple(p.devices) for p in plan.pipelines) or not t.found:
+        return None  # not found: a planner out of time shows nothing (rev26: it read "runs no stage on them")
     return t if t.pipeline_ns is None or t.pipeline_ns >= t.was_ns else None
 
 

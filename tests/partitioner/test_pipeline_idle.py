@@ -356,3 +356,26 @@ def test_a_kind_whose_solved_shapes_leave_it_out_is_not_called_too_slow_to_help(
     why = idle_reasons(p, chosen, 8, facts)["g2"]
     assert why.startswith("not shown to help: every plan of the 1 pipeline shape(s) with a gpu machine that the "
                           "search solved leaves its devices out"), why
+
+
+def test_a_device_join_whose_planner_found_no_plan_shows_nothing():
+    """NOTE [device join] (rev26): when the planner given the slowest pipeline's devices plus an idle one returns no
+    plan (its time ran out), the try shows nothing: the reason read "too slow to help: ...; 1 gpu device(s) more in
+    the slowest pipeline, planned again, runs no stage on them", of a plan that was never found."""
+    import time
+
+    from hetpart.partitioner.pipeline_device_join import device_join
+    from hetpart.partitioner.pipeline_idle import idle_reasons
+    from hetpart.partitioner.pipelines import fixed_pipelines
+
+    t = _machines(2, Link(1000, 0), _chain())
+    p = Problem(graph=t.graph, weights=t.weights, devices=t.devices, intra_node_links=t.intra_node_links,
+                network=t.network)
+    chosen = fixed_pipelines(p, [["g0", "g1"]], [8])
+    facts = _one_kind_facts(p, 10 * chosen.iteration_ns, chosen.iteration_ns)
+    best, stats, facts.device_tries = device_join(p, chosen, 8, lambda devs, m, s: None, lambda n: 1.0,
+                                                  lambda n: 0.0, time.perf_counter() + 60)
+    assert best is chosen and stats["device_join_tries"] == 2
+    why = idle_reasons(p, chosen, 8, facts)["g2"]
+    assert why.startswith("not shown to help: every pipeline shape the search solved"), why
+    assert "runs no stage" not in why and "planned again" not in why, why

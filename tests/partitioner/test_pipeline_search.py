@@ -605,3 +605,48 @@ def test_a_join_the_split_leaves_idle_quotes_no_step(monkeypatch):
         why = plan.devices_idle[d]
         assert "machine to pipeline 0 gives" not in why and "adds nothing" not in why, why
         assert "machine to pipeline 0: the batch's least-time split gives the joined pipeline no microbatches" in why
+
+
+def _slow_and_fast() -> Problem:
+    """a -> b (50 ns each on "slow", 10 on "fast", nothing crossing) on three slow devices of m0, two fast of m1."""
+    g = nx.DiGraph()
+    for v in ("a", "b"):
+        g.add_node(v, **{TIME_NS: {"slow": 50, "fast": 10}, MEM_BYTES: 1, OUT_BYTES: 0})
+    g.add_edge("a", "b")
+    devices = ([Device(f"d{i}", "slow", "m0", 10**6) for i in range(3)]
+               + [Device(f"f{i}", "fast", "m1", 10**6) for i in range(2)])
+    return Problem(graph=g, weights={}, devices=devices, intra_node_links={"m0": Link(100, 0), "m1": Link(100, 0)},
+                   network=Link(100, 0))
+
+
+def test_device_join_plans_a_slowest_pipeline_of_other_devices_on_its_own():
+    """NOTE [device join] (rev26): two slowest pipelines of different devices, slow {d0, d1} at 3 microbatches and
+    slow {d2} at 2 (both 200 ns), idle fast f0, f1: the first's plan on {d0, d1, f0} was renamed onto {d2, f1} by
+    position, and f0 has no place there (KeyError before). Each is planned on its own devices now: 60 ns."""
+    from hetpart.partitioner.pipeline_device_join import device_join
+    from hetpart.partitioner.pipelines import fixed_pipelines
+
+    p = _slow_and_fast()
+    plan = fixed_pipelines(p, [("d0", "d1"), ("d2",)], [3, 2])
+    assert [q.time_ns for q in plan.pipelines] == [200, 200]
+    best, stats, _ = device_join(p, plan, 5, lambda devs, m, s: fixed_pipelines(p, [devs], [m]).pipelines[0].plan,
+                                 lambda n: 1.0, lambda n: 0.0, time.perf_counter() + 60)
+    assert not pipelines_violations(p, best, 5)
+    assert best.iteration_ns == 60 and {"f0", "f1"} <= best.used_devices and stats["device_join_taken"] == 1
+
+
+def test_device_join_keeps_the_try_that_made_the_pipeline_faster():
+    """NOTE [device join] (rev26): three tied slowest pipelines and two idle fast devices: one fast device makes the
+    first pipeline faster (too few for all three: no step), then two, planned by a planner short of time, run no
+    stage on them. The kind's kept try is the first: on the second alone NOTE [idle reasons] called it too slow."""
+    from hetpart.partitioner.pipeline_device_join import device_join
+    from hetpart.partitioner.pipelines import fixed_pipelines
+
+    p = _slow_and_fast()
+    plan = fixed_pipelines(p, [("d0",), ("d1",), ("d2",)], [1, 1, 1])
+    def short(devs, m, _s):  # two fast devices more: a plan on the pipeline's own device alone
+        return fixed_pipelines(p, [devs[:1] if len(devs) > 2 else devs], [m]).pipelines[0].plan
+
+    _, stats, tries = device_join(p, plan, 3, short, lambda n: 1.0, lambda n: 0.0, time.perf_counter() + 60)
+    t = tries[("fast", 10**6)]
+    assert stats["device_join_tries"] == 2 and t.per == 1 and t.pipeline_ns < t.was_ns == 100, t
