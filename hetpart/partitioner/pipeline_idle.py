@@ -29,7 +29,9 @@ from hetpart.units import format_bytes
 #   machines, and a planner that leaves 8 devices out may still run a stage on one: llama-70b on
 #   hetero-64 read "too slow to help: every plan of a pipeline shape with a l4-24g machine leaves its
 #   devices out (a stage on one would make that pipeline slower)", and its 48-GPU pipeline planned
-#   again with one L4 added takes 6,307 ms, 0.9% under the plan's 6,366 (docs/benchmarks.md, "idle19");
+#   again with one L4 added takes 6,307 ms, 0.9% under the plan's 6,366 (docs/benchmarks.md, "idle19").
+#   Where the plan itself runs stages on devices of the kind (NOTE [device join] took them), the reason
+#   says so instead of "a stage on fewer of its devices was not tried", which the join's try made false;
 # - too slow to help: every solved shape whose plan runs a stage on it takes longer for its fewest
 #   microbatches (1F1B: as many as its stages) than the plan's whole step, and NOTE [device join]
 #   gave devices of its kind to the plan's slowest pipelines without lowering the step (else "not
@@ -195,9 +197,12 @@ def idle_reasons(problem: Problem, plan: PipelinesPlan, microbatches: int, facts
                       f"{holds}")
         elif j not in facts.best:
             shapes = facts.planned_count.get(j, 0)
+            kin = sum(facts.kind_of_machine[problem.device(u).node] == j for u in used)
             out[d] = (f"not shown to help: every plan of the {shapes} pipeline shape(s) with a {name} machine that the "
-                      "search solved leaves its devices out, but a stage on fewer of its devices was not tried: a "
-                      "plan using one may be faster")
+                      "search solved leaves its devices out, but " + (
+                          f"the plan runs stages on {kin} of its kind's devices (NOTE [device join]): a plan using "
+                          "more may be faster" if kin else
+                          "a stage on fewer of its devices was not tried: a plan using one may be faster"))
         else:
             lo, bottleneck, devices, fewest_ns = facts.best[j]
             if fewest_ns >= plan.iteration_ns:

@@ -356,6 +356,14 @@ def test_a_kind_whose_solved_shapes_leave_it_out_is_not_called_too_slow_to_help(
     why = idle_reasons(p, chosen, 8, facts)["g2"]
     assert why.startswith("not shown to help: every plan of the 1 pipeline shape(s) with a gpu machine that the "
                           "search solved leaves its devices out"), why
+    # The plan runs stages on two devices of g2's kind (as NOTE [device join] leaves llama-70b on hetero-64: one L4
+    # taken, 15 idle): "a stage on fewer of its devices was not tried" would be false (lead, twenty-fourth stop).
+    assert "the plan runs stages on 2 of its kind's devices" in why and "was not tried" not in why, why
+    other = ShapeFacts(kind_of_machine={"n0": 0, "n1": 1}, in_shape={0, 1}, tried={0, 1}, solved={0, 1},
+                       kind_names=["gpu", "gpu-b"], tried_count={0: 1, 1: 1})
+    other.planned_count = {0: 1, 1: 1}
+    why = idle_reasons(p, chosen, 8, other)["g2"]
+    assert "a stage on fewer of its devices was not tried: a plan using one may be faster" in why, why
 
 
 def test_a_device_join_whose_planner_found_no_plan_shows_nothing():
