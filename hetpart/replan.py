@@ -171,7 +171,9 @@ def replan(old: Path, out: Path, *, cluster: str | None = None, lose: tuple[str,
     key = read_key(sign_key, out) if sign_key is not None else None  # NOTE [re-plan of a signed plan]
     if key is not None:
         read_key(sign_key, old, "whose signature it checks (OLD_DIR)")  # nor inside OLD_DIR, which it checks
-    manifest = load_manifest(old, key if key is not None and is_signed(old) else None)
+    manifest = load_manifest(old, key if key is not None and is_signed(old) else None,
+                             advice="re-plan from it only with the key that signed it (--sign-key), or from a "
+                                    f"directory you trust: `hetpart replan` plans from {old}'s plan and analysis")
     plan = read_plan(old, manifest)
     check_listed_files(old, manifest)
     check_out(out, force)  # NEW_DIR as `partition` checks it, before the re-plan prints a plan it could not write

@@ -132,8 +132,12 @@ def write_signature(out: Path, key: bytes) -> None:
     atomic_write(out / SIGNATURE_NAME, signature(read_plain(out / "manifest.json"), key) + "\n")
 
 
-def check_signature(out: Path, manifest_bytes: bytes, key: bytes) -> None:
-    """Refuse `out` unless manifest.json.hmac is the signature of `manifest_bytes` under `key`."""
+RUN_ADVICE = "do not run it, partition again and sign it"
+
+
+def check_signature(out: Path, manifest_bytes: bytes, key: bytes, advice: str = RUN_ADVICE) -> None:
+    """Refuse `out` unless manifest.json.hmac is the signature of `manifest_bytes` under `key`; `advice`: what the
+    refusal says to do (the command's: `replan` reads OLD_DIR to plan from it, it runs nothing)."""
     path = out / SIGNATURE_NAME
     try:
         recorded = read_plain(path).decode("ascii", errors="replace").strip()
@@ -145,8 +149,7 @@ def check_signature(out: Path, manifest_bytes: bytes, key: bytes) -> None:
     expected = signature(manifest_bytes, key).encode()
     if not any([hmac.compare_digest(line.strip().encode(), expected) for line in recorded.splitlines()[:2]]):
         raise HetpartError(f"'{path}': the signature of manifest.json does not match this key: the directory "
-                           "was changed after it was signed, or signed with another key; do not run it, "
-                           "partition again and sign it")
+                           f"was changed after it was signed, or signed with another key; {advice}")
 
 
 def is_signed(out: Path) -> bool:

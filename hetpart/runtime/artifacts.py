@@ -59,9 +59,10 @@ def _parse_json(path: Path, data: bytes) -> Any:
     return value
 
 
-def load_manifest(out: Path, key: bytes | None = None) -> dict[str, Any]:
+def load_manifest(out: Path, key: bytes | None = None, advice: str | None = None) -> dict[str, Any]:
     """manifest.json, its format version and structure checked; with `key`, its signature first
-    (over the very bytes parsed: NOTE [artifacts are code] in hetpart/trust.py)."""
+    (over the very bytes parsed: NOTE [artifacts are code] in hetpart/trust.py); `advice`: what a signature that
+    does not match says to do (`check_signature`'s own where None)."""
     if not out.is_dir():
         if out.exists() or out.is_symlink():  # `inspect out/plan.json`: "not found; create it with ... --out out/plan.json"
             parent = f"; did you mean '{out.parent}'?" if (out.parent / "manifest.json").is_file() else ""
@@ -78,7 +79,7 @@ def load_manifest(out: Path, key: bytes | None = None) -> dict[str, Any]:
         raise HetpartError(f"'{path}' is {err.reason}; the manifest must be a plain file inside '{out}': "
                            f"{REDO}") from None
     if key is not None:
-        check_signature(out, data, key)
+        check_signature(out, data, key) if advice is None else check_signature(out, data, key, advice)
     manifest = _parse_json(path, data)
     version = manifest.get("format_version") if isinstance(manifest, dict) else None
     if version not in (FORMAT_VERSION, MIXED_FORMAT_VERSION):  # 3: mixed TP degrees (NOTE [mixed-degree pipeline])

@@ -217,7 +217,10 @@ CASES = {
                                                  "signature it checks (OLD_DIR)"],
                                                 lambda art: (art / "key").write_text(KEY)),
     "replan-of-a-plan-signed-with-another-key": Case(["replan", "{art}", "--lose", "local/1", "--out", "{art}/new",
-                                                      "--sign-key", "{other}"], ["does not match this key"]),
+                                                      "--sign-key", "{other}"], ["does not match this key",
+                                                                                 # not run's "do not run it" (rev25)
+                                                                                 "re-plan from it only with the key "
+                                                                                 "that signed it (--sign-key)"]),
 }
 
 
