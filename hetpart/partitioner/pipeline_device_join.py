@@ -74,18 +74,26 @@ def _kinds(problem: Problem, devices: tuple[str, ...]) -> tuple[tuple[str, int],
     return tuple((problem.device(d).type, problem.device(d).capacity_bytes) for d in devices)
 
 
+def _solve_in_time(devs: tuple[str, ...], m: int, solve: Callable[[tuple[str, ...], int, float], Plan | None],
+                   limit_s: Callable[[int], float], expect_s: Callable[[int], float], end: float,
+                   stats: dict[str, float]) -> tuple[bool, Plan | None]:
+    """(whether there was time to try, the plan) of `solve` on `devs` at `m` microbatches, given what is left until
+    `end` (at most `limit_s`'s), not started where a shape of that size is expected to take longer."""
+    left = end - time.perf_counter()
+    if left <= 0 or expect_s(len(devs)) > left:
+        return False, None
+    got = solve(devs, m, min(left, limit_s(len(devs))))
+    stats["device_join_tries"] += 1
+    return True, got
+
+
 def _own_plan(problem: Problem, devs: tuple[str, ...], m: int, added: list[str],
               solve: Callable[[tuple[str, ...], int, float], Plan | None], limit_s: Callable[[int], float],
               expect_s: Callable[[int], float], end: float, stats: dict[str, float]) -> types.SimpleNamespace | None:
     """A slowest pipeline whose devices are of other kinds than the first's planned again on `devs` (its own and
     its `added` ones), as the first was; None where time is short or the plan runs nothing on `added`."""
-    left = end - time.perf_counter()
-    if left <= 0 or expect_s(len(devs)) > left:
-        return None
-    got = solve(devs, m, min(left, limit_s(len(devs))))
-    stats["device_join_tries"] += 1
-    ran = _ran(got)
-    return types.SimpleNamespace(devices=devs, plan=got) if ran & set(added) else None
+    _, got = _solve_in_time(devs, m, solve, limit_s, expect_s, end, stats)
+    return types.SimpleNamespace(devices=devs, plan=got) if _ran(got) & set(added) else None
 
 
 @dataclass(frozen=True)
@@ -118,13 +126,13 @@ def device_join(problem: Problem, plan: PipelinesPlan, microbatches: int,
         for kind, idle in _idle_by_kind(problem, best).items():
             top = max(p.time_ns for p in best.pipelines)
             slow = [i for i, p in enumerate(best.pipelines) if p.time_ns == top]
-            left = end - time.perf_counter()
             first = best.pipelines[slow[0]]
             devs = tuple(first.devices) + tuple(idle[:k])
-            if len(idle) < k or left <= 0 or expect_s(len(devs)) > left:
+            if len(idle) < k:
                 continue
-            got = solve(devs, first.microbatches, min(left, limit_s(len(devs))))
-            stats["device_join_tries"] += 1
+            tried, got = _solve_in_time(devs, first.microbatches, solve, limit_s, expect_s, end, stats)
+            if not tried:
+                continue
             against = tuple(tuple(p.devices) for p in best.pipelines)
             ran = _ran(got)
             if got is None or not ran & set(idle[:k]):
