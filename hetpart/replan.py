@@ -160,7 +160,7 @@ def replan(old: Path, out: Path, *, cluster: str | None = None, lose: tuple[str,
     from hetpart.runtime.artifacts import check_listed_files, load_manifest, model_spec_for_run, read_listed_json
     from hetpart.runtime.artifacts import read_plan
     from hetpart.runtime.tp import is_mixed, is_tp
-    from hetpart.trust import is_signed, read_key
+    from hetpart.trust import check_key_outside, is_signed, read_key
 
     if replaces_input(out, {"OLD_DIR": old}):  # NOTE [an output is no input] in fsio.py; --force or not
         real = Path(os.path.abspath(old)).resolve()
@@ -170,7 +170,7 @@ def replan(old: Path, out: Path, *, cluster: str | None = None, lose: tuple[str,
                            f"(such as {real}-replan)")
     key = read_key(sign_key, out) if sign_key is not None else None  # NOTE [re-plan of a signed plan]
     if key is not None:
-        read_key(sign_key, old, "whose signature it checks (OLD_DIR)")  # nor inside OLD_DIR, which it checks
+        check_key_outside(sign_key, old, "whose signature it checks (OLD_DIR)")  # nor inside OLD_DIR, which it checks
     manifest = load_manifest(old, key if key is not None and is_signed(old) else None,
                              advice="re-plan from it only with the key that signed it (--sign-key), or from a "
                                     f"directory you trust: `hetpart replan` plans from {old}'s plan and analysis")

@@ -108,9 +108,8 @@ def read_key(path: Path, out: Path | None = None, role: str = "it signs") -> byt
     A key inside `out` (the directory it signs or checks, as `role` says) is refused: whoever can
     change the directory could then re-sign it.
     """
-    if out is not None and path.resolve().is_relative_to(out.resolve()):
-        raise HetpartError(f"key file '{path}' is inside '{out}', the directory {role}: anyone who can change "
-                           "the directory could re-sign it; keep the key elsewhere")
+    if out is not None:
+        check_key_outside(path, out, role)
     try:
         key = read_plain(path).rstrip(b"\r\n")
     except NotAPlainFile as err:
@@ -120,6 +119,14 @@ def read_key(path: Path, out: Path | None = None, role: str = "it signs") -> byt
         raise HetpartError(f"key file '{path}' holds {len(key)} byte(s); a signing key needs at least "
                            f"{MIN_KEY_BYTES} ({MAKE_A_KEY})")
     return key
+
+
+def check_key_outside(path: Path, directory: Path, role: str = "it signs") -> None:
+    """Refuse a key file inside `directory` (the one it signs or checks, as `role` says): whoever can change the
+    directory could then re-sign it."""
+    if path.resolve().is_relative_to(directory.resolve()):
+        raise HetpartError(f"key file '{path}' is inside '{directory}', the directory {role}: anyone who can change "
+                           "the directory could re-sign it; keep the key elsewhere")
 
 
 def signature(data: bytes, key: bytes) -> str:
