@@ -422,7 +422,7 @@ def audit(out: Path, limit_s: float) -> list[dict]:
     for m in used_machines:
         kinds.setdefault(kind_key(problem, m), []).append(m)
     for ms in kinds.values():
-        if len(ms) < len(idle_machines):
+        if not idle_machines or len(ms) < len(idle_machines):  # no whole machine idle: no pair to make
             continue
         pairs = [tuple(idle[a]) + tuple(d.name for d in problem.devices if d.node == b)
                  for a, b in zip(idle_machines, ms)]
